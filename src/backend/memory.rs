@@ -1,0 +1,546 @@
+//! The in-memory backend: counters in this process, bounded, sharded.
+
+use std::future::{Ready, ready};
+use std::hash::{BuildHasher, Hash, Hasher};
+use std::num::NonZeroUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use hashbrown::DefaultHashBuilder;
+use hashbrown::HashTable;
+use tokio::time::Instant;
+
+use super::{Backend, BackendError, Hit};
+use crate::ConfigError;
+use crate::key::Key;
+use crate::quota::Window;
+
+/// Live keys held by default before new keys are refused.
+pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
+
+/// A shard is swept of expired counters at least once each time it doubles.
+const MIN_SWEEP_LEN: usize = 64;
+
+/// Counters held in this process: the embedded default.
+///
+/// A hit on a key locks one of several shards, reads the clock, and
+/// increments or creates the key's counter; the future it returns is already
+/// complete, and a hit on an existing key allocates nothing.
+///
+/// # Bounded memory
+///
+/// Expired counters are reclaimed as new keys arrive, with no task to
+/// schedule: a shard is swept whenever it has doubled since its last sweep,
+/// and before it refuses a new key. At most [`max_keys`] live keys are held
+/// (split evenly over the shards). When a shard is full of **live** counters,
+/// a new key is refused with [`BackendError::AtCapacity`], which the layer
+/// treats as an outage under its [`FailurePolicy`](crate::FailurePolicy): a
+/// live counter is never evicted to make room, because evicting it would
+/// hand that client a fresh window. Checking that nothing can be reclaimed
+/// costs O(1), so a flood at the cap cannot make each request scan the shard.
+///
+/// Each key costs about 200 bytes, so the default cap of
+/// [`DEFAULT_MAX_KEYS`] is about 200 MB when full.
+///
+/// [`max_keys`]: MemoryBackendBuilder::max_keys
+///
+/// # Time
+///
+/// The clock is tokio's [`Instant`], so tests can pause and advance it.
+#[derive(Clone, Debug)]
+pub struct MemoryBackend {
+    inner: Arc<Inner>,
+}
+
+#[derive(Debug)]
+struct Inner {
+    hasher: DefaultHashBuilder,
+    shards: Box<[Mutex<Shard>]>,
+    shard_bits: u32,
+    keys_per_shard: usize,
+    epoch: Instant,
+}
+
+#[derive(Debug)]
+struct Shard {
+    table: HashTable<Entry>,
+    /// Sweep when the table reaches this length.
+    sweep_at: usize,
+    /// No entry expires before this (nanoseconds since the epoch).
+    min_deadline: u64,
+}
+
+#[derive(Debug)]
+struct Entry {
+    namespace: Key,
+    key: Key,
+    count: u64,
+    /// Nanoseconds since the backend's epoch.
+    deadline: u64,
+}
+
+/// Builds a [`MemoryBackend`] with a key cap and shard count of your choice.
+#[derive(Debug, Clone)]
+pub struct MemoryBackendBuilder {
+    max_keys: usize,
+    shards: usize,
+}
+
+impl Default for MemoryBackendBuilder {
+    fn default() -> Self {
+        let cores = std::thread::available_parallelism().map_or(4, NonZeroUsize::get);
+        Self {
+            max_keys: DEFAULT_MAX_KEYS,
+            shards: (cores * 4).next_power_of_two().clamp(16, 256),
+        }
+    }
+}
+
+impl MemoryBackendBuilder {
+    /// The most live keys held at once; new keys past it are refused with
+    /// [`BackendError::AtCapacity`] until old windows close.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroCapacity`] for zero.
+    pub fn max_keys(mut self, max_keys: usize) -> Result<Self, ConfigError> {
+        if max_keys == 0 {
+            return Err(ConfigError::ZeroCapacity);
+        }
+        self.max_keys = max_keys;
+        Ok(self)
+    }
+
+    /// How many independently locked shards (rounded up to a power of two,
+    /// at least 1). `max_keys` is split evenly over them.
+    pub fn shards(mut self, shards: usize) -> Self {
+        self.shards = shards.max(1).next_power_of_two();
+        self
+    }
+
+    /// The backend.
+    pub fn build(self) -> MemoryBackend {
+        let shards = self.shards.min(self.max_keys.next_power_of_two());
+        let keys_per_shard = self.max_keys.div_ceil(shards);
+        MemoryBackend {
+            inner: Arc::new(Inner {
+                hasher: DefaultHashBuilder::default(),
+                shards: (0..shards)
+                    .map(|_| {
+                        Mutex::new(Shard {
+                            table: HashTable::new(),
+                            sweep_at: MIN_SWEEP_LEN,
+                            min_deadline: u64::MAX,
+                        })
+                    })
+                    .collect(),
+                shard_bits: shards.trailing_zeros(),
+                keys_per_shard,
+                epoch: Instant::now(),
+            }),
+        }
+    }
+}
+
+impl Default for MemoryBackend {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl MemoryBackend {
+    /// A backend holding at most [`DEFAULT_MAX_KEYS`] live keys.
+    pub fn new() -> Self {
+        Self::builder().build()
+    }
+
+    /// Choose the key cap and shard count.
+    pub fn builder() -> MemoryBackendBuilder {
+        MemoryBackendBuilder::default()
+    }
+
+    /// Live and expired-but-unswept counters held now.
+    pub fn len(&self) -> usize {
+        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
+    }
+
+    /// Whether no counter is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most live keys this backend holds.
+    pub fn max_keys(&self) -> usize {
+        self.inner.keys_per_shard * self.inner.shards.len()
+    }
+
+    fn now(&self) -> u64 {
+        nanos(Instant::now().saturating_duration_since(self.inner.epoch))
+    }
+
+    fn locate(&self, namespace: &Key, key: &Key) -> (u64, MutexGuard<'_, Shard>) {
+        let mut state = self.inner.hasher.build_hasher();
+        namespace.hash(&mut state);
+        key.hash(&mut state);
+        let hash = state.finish();
+        let index = if self.inner.shard_bits == 0 {
+            0
+        } else {
+            (hash >> (64 - self.inner.shard_bits)) as usize
+        };
+        (hash, lock(&self.inner.shards[index]))
+    }
+
+    /// The hit itself, at time `now` (nanoseconds since the epoch).
+    pub(crate) fn hit_at(
+        &self,
+        now: u64,
+        namespace: &str,
+        key: &Key,
+        window: Window,
+    ) -> Result<Hit, BackendError> {
+        // The deadline is computed first; it is only ever written into a
+        // counter that this hit creates.
+        let deadline = now.saturating_add(window.as_millis().saturating_mul(1_000_000));
+        let namespace = Key::new(namespace);
+        let (hash, mut shard) = self.locate(&namespace, key);
+        let eq = |e: &Entry| e.key == *key && e.namespace == namespace;
+        if let Some(entry) = shard.table.find_mut(hash, eq) {
+            if entry.deadline > now {
+                entry.count = entry.count.saturating_add(1);
+                return Ok(Hit {
+                    count: entry.count,
+                    reset: Duration::from_nanos(entry.deadline - now),
+                });
+            }
+            // The old window closed: this hit opens a new one.
+            entry.count = 1;
+            entry.deadline = deadline;
+            shard.min_deadline = shard.min_deadline.min(deadline);
+            return Ok(Hit {
+                count: 1,
+                reset: Duration::from_nanos(deadline - now),
+            });
+        }
+        let len = shard.table.len();
+        if len >= shard.sweep_at || len >= self.inner.keys_per_shard {
+            shard.sweep(now, &self.inner.hasher);
+            if shard.table.len() >= self.inner.keys_per_shard {
+                return Err(BackendError::AtCapacity);
+            }
+        }
+        shard.min_deadline = shard.min_deadline.min(deadline);
+        let hasher = &self.inner.hasher;
+        shard.table.insert_unique(
+            hash,
+            Entry {
+                namespace,
+                key: key.clone(),
+                count: 1,
+                deadline,
+            },
+            |e| entry_hash(hasher, e),
+        );
+        Ok(Hit {
+            count: 1,
+            reset: Duration::from_nanos(deadline - now),
+        })
+    }
+
+    fn peek_at(&self, now: u64, namespace: &str, key: &Key) -> Option<Hit> {
+        let namespace = Key::new(namespace);
+        let (hash, shard) = self.locate(&namespace, key);
+        shard
+            .table
+            .find(hash, |e| e.key == *key && e.namespace == namespace)
+            .filter(|e| e.deadline > now)
+            .map(|e| Hit {
+                count: e.count,
+                reset: Duration::from_nanos(e.deadline - now),
+            })
+    }
+
+    fn remove_at(&self, now: u64, namespace: &str, key: &Key) -> bool {
+        let namespace = Key::new(namespace);
+        let (hash, mut shard) = self.locate(&namespace, key);
+        match shard
+            .table
+            .find_entry(hash, |e| e.key == *key && e.namespace == namespace)
+        {
+            Ok(entry) => entry.remove().0.deadline > now,
+            Err(_) => false,
+        }
+    }
+}
+
+impl Shard {
+    /// Drop expired counters, unless none can have expired yet (O(1)).
+    fn sweep(&mut self, now: u64, hasher: &DefaultHashBuilder) {
+        if self.min_deadline > now {
+            self.sweep_at = self.sweep_at.max(self.table.len().saturating_mul(2));
+            return;
+        }
+        let mut min_deadline = u64::MAX;
+        self.table.retain(|e| {
+            let live = e.deadline > now;
+            if live {
+                min_deadline = min_deadline.min(e.deadline);
+            }
+            live
+        });
+        self.min_deadline = min_deadline;
+        let len = self.table.len();
+        if len < self.table.capacity() / 4 {
+            self.table.shrink_to(len * 2, |e| entry_hash(hasher, e));
+        }
+        self.sweep_at = len.saturating_mul(2).max(MIN_SWEEP_LEN);
+    }
+}
+
+fn entry_hash(hasher: &DefaultHashBuilder, entry: &Entry) -> u64 {
+    let mut state = hasher.build_hasher();
+    entry.namespace.hash(&mut state);
+    entry.key.hash(&mut state);
+    state.finish()
+}
+
+fn nanos(duration: Duration) -> u64 {
+    u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
+}
+
+fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
+    // A panic while holding the lock cannot leave a half-written counter
+    // (every write is a single field store), so the data is still sound.
+    shard
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+impl Backend for MemoryBackend {
+    type Future = Ready<Result<Hit, BackendError>>;
+
+    fn hit(&self, namespace: &str, key: &Key, window: Window) -> Self::Future {
+        ready(self.hit_at(self.now(), namespace, key, window))
+    }
+
+    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+        Ok(self.peek_at(self.now(), namespace, key))
+    }
+
+    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+        Ok(self.remove_at(self.now(), namespace, key))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    const MS: u64 = 1_000_000;
+
+    fn window(ms: u64) -> Window {
+        Window::new(Duration::from_millis(ms)).unwrap()
+    }
+
+    #[test]
+    fn the_window_stays_pinned_to_the_first_hit() {
+        let store = MemoryBackend::new();
+        let key = Key::new("alice");
+        let w = window(15 * 60 * 1000);
+        let min = 60 * 1000 * MS;
+        let at = |t: u64| store.hit_at(t, "login", &key, w).unwrap();
+        assert_eq!(
+            at(0),
+            Hit {
+                count: 1,
+                reset: Duration::from_secs(900)
+            }
+        );
+        assert_eq!(
+            at(14 * min),
+            Hit {
+                count: 2,
+                reset: Duration::from_secs(60)
+            },
+            "the 14-minute knock does not move the window"
+        );
+        assert_eq!(at(15 * min - 1).count, 3, "still inside the first window");
+        assert_eq!(
+            at(15 * min + MS),
+            Hit {
+                count: 1,
+                reset: Duration::from_secs(900)
+            },
+            "a new window opens with count 1"
+        );
+        // A client knocking every 14 minutes is not locked out forever: each
+        // window closes 15 minutes after the hit that opened it.
+        let mut opened = 0;
+        for i in 1..=40u64 {
+            let hit = at(15 * min + MS + i * 14 * min);
+            if hit.count == 1 {
+                opened += 1;
+            }
+            assert!(hit.count <= 2, "knock {i} counted {}", hit.count);
+        }
+        assert_eq!(opened, 20, "every other knock opens a fresh window");
+    }
+
+    #[test]
+    fn namespaces_keep_counters_apart() {
+        let store = MemoryBackend::new();
+        let key = Key::new("k");
+        assert_eq!(store.hit_at(0, "a", &key, window(1000)).unwrap().count, 1);
+        assert_eq!(store.hit_at(0, "a", &key, window(1000)).unwrap().count, 2);
+        assert_eq!(store.hit_at(0, "b", &key, window(1000)).unwrap().count, 1);
+    }
+
+    #[test]
+    fn peek_does_not_count_and_reset_deletes() {
+        let store = MemoryBackend::new();
+        let key = Key::new("k");
+        assert_eq!(store.peek_at(0, "n", &key), None);
+        store.hit_at(0, "n", &key, window(1000)).unwrap();
+        store.hit_at(MS, "n", &key, window(1000)).unwrap();
+        assert_eq!(
+            store.peek_at(2 * MS, "n", &key),
+            Some(Hit {
+                count: 2,
+                reset: Duration::from_millis(998)
+            })
+        );
+        assert_eq!(
+            store.peek_at(2 * MS, "n", &key).unwrap().count,
+            2,
+            "peek does not count"
+        );
+        assert!(store.remove_at(3 * MS, "n", &key));
+        assert!(!store.remove_at(3 * MS, "n", &key));
+        assert_eq!(
+            store.hit_at(4 * MS, "n", &key, window(1000)).unwrap().count,
+            1
+        );
+        assert_eq!(store.peek_at(1004 * MS, "n", &key), None, "expired");
+    }
+
+    #[test]
+    fn a_full_store_refuses_new_keys_and_keeps_live_counters() {
+        let store = MemoryBackend::builder()
+            .max_keys(100)
+            .unwrap()
+            .shards(1)
+            .build();
+        let w = window(1000);
+        for i in 0..100 {
+            store.hit_at(0, "n", &Key::display(i), w).unwrap();
+        }
+        // A flood of distinct keys is refused, not let in by eviction.
+        for i in 100..10_000 {
+            assert!(matches!(
+                store.hit_at(MS, "n", &Key::display(i), w),
+                Err(BackendError::AtCapacity)
+            ));
+        }
+        assert_eq!(store.len(), 100);
+        // Every live counter is intact and still counting.
+        for i in 0..100 {
+            assert_eq!(
+                store
+                    .hit_at(2 * MS, "n", &Key::display(i), w)
+                    .unwrap()
+                    .count,
+                2,
+                "key {i}"
+            );
+        }
+        // Once the windows close, room is made without anyone scheduling it.
+        assert_eq!(
+            store
+                .hit_at(1000 * MS, "n", &Key::display(100_000), w)
+                .unwrap()
+                .count,
+            1
+        );
+        assert_eq!(store.len(), 1, "the expired counters were swept");
+    }
+
+    #[test]
+    fn expired_counters_are_reclaimed_as_keys_arrive() {
+        let store = MemoryBackend::builder().shards(1).build();
+        let w = window(10);
+        for i in 0..100_000u64 {
+            // Every key lives 10 ms; a new key arrives every millisecond.
+            store.hit_at(i * MS, "n", &Key::display(i), w).unwrap();
+        }
+        assert!(
+            store.len() < 2 * MIN_SWEEP_LEN.max(20),
+            "held {} counters",
+            store.len()
+        );
+    }
+
+    #[test]
+    fn the_default_cap_holds_under_a_flood_across_shards() {
+        let store = MemoryBackend::builder().max_keys(1000).unwrap().build();
+        let mut refused = 0;
+        for i in 0..50_000 {
+            if store
+                .hit_at(0, "n", &Key::display(i), window(60_000))
+                .is_err()
+            {
+                refused += 1;
+            }
+        }
+        assert!(
+            store.len() <= store.max_keys(),
+            "{} > {}",
+            store.len(),
+            store.max_keys()
+        );
+        assert_eq!(refused, 50_000 - store.len());
+    }
+
+    /// The reference model: a map from key to (count, deadline) where only a
+    /// hit that finds no live counter sets the deadline.
+    #[derive(Default)]
+    struct Model(std::collections::HashMap<u8, (u64, u64)>);
+
+    impl Model {
+        fn hit(&mut self, now: u64, key: u8, window_ns: u64) -> Hit {
+            let entry = self.0.entry(key).or_insert((0, 0));
+            if entry.1 <= now {
+                *entry = (0, now + window_ns);
+            }
+            entry.0 += 1;
+            Hit {
+                count: entry.0,
+                reset: Duration::from_nanos(entry.1 - now),
+            }
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn matches_the_reference_model(
+            window_ms in 1u64..50,
+            steps in proptest::collection::vec((0u64..20_000_000, 0u8..4), 1..300),
+        ) {
+            let store = MemoryBackend::builder().shards(2).build();
+            let mut model = Model::default();
+            let mut now = 0;
+            let w = window(window_ms);
+            let mut opened = std::collections::HashMap::new();
+            for (advance, key) in steps {
+                now += advance;
+                let got = store.hit_at(now, "p", &Key::new([key]), w).unwrap();
+                let want = model.hit(now, key, window_ms * MS);
+                prop_assert_eq!(got, want);
+                // The window never moves once created.
+                if got.count == 1 {
+                    opened.insert(key, now);
+                }
+                prop_assert_eq!(now + got.reset.as_nanos() as u64, opened[&key] + window_ms * MS);
+            }
+        }
+    }
+}

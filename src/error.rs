@@ -1,0 +1,53 @@
+//! Errors raised while building a limiter.
+
+use std::fmt;
+
+/// A configuration mistake, reported when the limiter is built and never while
+/// serving a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The limit was zero: a quota must admit at least one request per window.
+    ZeroLimit,
+    /// The window was zero, negative, or not a number. A window that short is a
+    /// bug in the caller; it is never treated as "no expiry".
+    NonPositiveWindow,
+    /// The window does not fit in 64 bits of milliseconds.
+    WindowTooLong,
+    /// The layer's name is empty, too long, or has a character outside
+    /// `A-Z a-z 0-9 _ - . :` (see [`RateLimitLayer::try_new`](crate::RateLimitLayer::try_new)).
+    InvalidName(String),
+    /// The key-store capacity was zero.
+    ZeroCapacity,
+    /// The backend timeout was zero.
+    ZeroTimeout,
+    /// An IPv6 grouping prefix outside 32..=128 bits.
+    InvalidIpv6Prefix(u8),
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ZeroLimit => f.write_str("a quota's limit must be at least 1"),
+            Self::NonPositiveWindow => f.write_str(
+                "a quota's window must be longer than zero (it is never read as \"no expiry\")",
+            ),
+            Self::WindowTooLong => f.write_str("a quota's window must fit in u64 milliseconds"),
+            Self::InvalidName(name) => write!(
+                f,
+                "invalid limiter name {name:?}: use 1 to {} characters from A-Z a-z 0-9 _ - . :",
+                crate::layer::MAX_NAME_LEN
+            ),
+            Self::ZeroCapacity => f.write_str("the key-store capacity must be at least 1"),
+            Self::ZeroTimeout => f.write_str("the backend timeout must be longer than zero"),
+            Self::InvalidIpv6Prefix(bits) => {
+                write!(
+                    f,
+                    "an IPv6 grouping prefix must be 32 to 128 bits, not {bits}"
+                )
+            }
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}

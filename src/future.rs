@@ -1,0 +1,296 @@
+//! [`ResponseFuture`]: waits for the backend's answer, then for the service.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::header::RETRY_AFTER;
+use http::{HeaderValue, Request, Response, StatusCode};
+use pin_project_lite::pin_project;
+use tokio::time::Sleep;
+use tower_service::Service;
+
+use crate::backend::{Backend, BackendError, Hit};
+use crate::decision::Decision;
+use crate::key::{Key, KeyError};
+use crate::layer::{Core, FailurePolicy};
+use crate::response::{Deny, GrpcCode, grpc_response, status_response};
+
+pin_project! {
+    /// The response future of [`RateLimit`](crate::RateLimit).
+    pub struct ResponseFuture<S, ReqBody, Bk, D>
+    where
+        S: Service<Request<ReqBody>>,
+        Bk: Backend,
+    {
+        #[pin]
+        state: State<Bk::Future, S, Request<ReqBody>, S::Future, S::Response>,
+        core: Arc<Core<Bk, D>>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<H, Svc, Req, F, Res> {
+        // Waiting for the backend's count; the timer is armed only if the
+        // backend does not answer on the first poll.
+        Checking {
+            #[pin]
+            hit: H,
+            #[pin]
+            timer: Option<Sleep>,
+            service: Option<Svc>,
+            request: Option<Req>,
+            key: Key,
+            grpc: bool,
+        },
+        // Passed on: waiting for the service.
+        Inner {
+            #[pin]
+            future: F,
+            decision: Option<Decision>,
+        },
+        // Answered by the limiter itself.
+        Respond {
+            response: Option<Res>,
+        },
+        Done,
+    }
+}
+
+impl<S, ReqBody, Bk, D> ResponseFuture<S, ReqBody, Bk, D>
+where
+    S: Service<Request<ReqBody>>,
+    Bk: Backend,
+{
+    pub(crate) fn checking(
+        core: Arc<Core<Bk, D>>,
+        hit: Bk::Future,
+        service: S,
+        request: Request<ReqBody>,
+        key: Key,
+        grpc: bool,
+    ) -> Self {
+        Self {
+            state: State::Checking {
+                hit,
+                timer: None,
+                service: Some(service),
+                request: Some(request),
+                key,
+                grpc,
+            },
+            core,
+        }
+    }
+
+    pub(crate) fn passing(core: Arc<Core<Bk, D>>, future: S::Future) -> Self {
+        Self {
+            state: State::Inner {
+                future,
+                decision: None,
+            },
+            core,
+        }
+    }
+
+    pub(crate) fn respond(core: Arc<Core<Bk, D>>, response: S::Response) -> Self {
+        Self {
+            state: State::Respond {
+                response: Some(response),
+            },
+            core,
+        }
+    }
+}
+
+impl<S, ReqBody, ResBody, Bk, D> Future for ResponseFuture<S, ReqBody, Bk, D>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    Bk: Backend,
+    D: Deny<ResBody>,
+    ResBody: Default,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                StateProj::Checking {
+                    hit,
+                    mut timer,
+                    service,
+                    request,
+                    key,
+                    grpc,
+                } => {
+                    let result = match hit.poll(cx) {
+                        Poll::Ready(result) => result,
+                        Poll::Pending => {
+                            if timer.is_none() {
+                                timer.set(Some(tokio::time::sleep(this.core.settings.timeout)));
+                            }
+                            let timer = timer.as_pin_mut().expect("the timer was just armed");
+                            ready!(timer.poll(cx));
+                            Err(BackendError::TimedOut)
+                        }
+                    };
+                    match this.core.judge(result, key, *grpc) {
+                        Verdict::Pass(decision) => {
+                            let mut service = service.take().expect("the service is taken once");
+                            let request = request.take().expect("the request is taken once");
+                            let future = service.call(request);
+                            this.state.set(State::Inner { future, decision });
+                        }
+                        Verdict::Respond(response) => {
+                            this.state.set(State::Done);
+                            return Poll::Ready(Ok(response));
+                        }
+                    }
+                }
+                StateProj::Inner { future, decision } => {
+                    let result = ready!(future.poll(cx));
+                    let decision = decision.take();
+                    this.state.set(State::Done);
+                    let mut response = result?;
+                    if let Some(decision) = decision {
+                        this.core
+                            .settings
+                            .headers
+                            .write(response.headers_mut(), &decision, false);
+                        response.extensions_mut().insert(decision);
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Respond { response } => {
+                    let response = response.take().expect("the response is taken once");
+                    this.state.set(State::Done);
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Done => panic!("ResponseFuture polled after it completed"),
+            }
+        }
+    }
+}
+
+impl<S, ReqBody, Bk, D> fmt::Debug for ResponseFuture<S, ReqBody, Bk, D>
+where
+    S: Service<Request<ReqBody>>,
+    Bk: Backend,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Checking { .. } => "checking",
+            State::Inner { .. } => "inner",
+            State::Respond { .. } => "respond",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What the limiter does with a request once the backend has answered.
+enum Verdict<B> {
+    /// Call the service; decorate its response with the decision, if any.
+    Pass(Option<Decision>),
+    /// Answer without calling the service.
+    Respond(Response<B>),
+}
+
+impl<Bk, D> Core<Bk, D> {
+    fn judge<B>(&self, result: Result<Hit, BackendError>, key: &Key, grpc: bool) -> Verdict<B>
+    where
+        D: Deny<B>,
+        B: Default,
+    {
+        let s = &self.settings;
+        let hit = match result {
+            Ok(hit) => hit,
+            Err(err) if err.is_corrupt() => {
+                tracing::error!(limiter = %s.name, %key, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
+                return Verdict::Respond(if grpc {
+                    grpc_response(GrpcCode::Internal, "rate limiter state is corrupt")
+                } else {
+                    status_response(StatusCode::INTERNAL_SERVER_ERROR)
+                });
+            }
+            Err(err) => return self.outage(err, key, grpc),
+        };
+        let decision = Decision::new(
+            s.name.clone(),
+            s.quota.limit(),
+            hit.count,
+            hit.reset,
+            s.shadow,
+        );
+        tracing::debug!(limiter = %s.name, %key, count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
+        if let Some(observer) = &s.observer {
+            observer(&decision);
+        }
+        if decision.passed() {
+            return Verdict::Pass(Some(decision));
+        }
+        let mut response = if grpc {
+            grpc_response(GrpcCode::ResourceExhausted, "rate limit exceeded")
+        } else {
+            self.deny.deny(&decision)
+        };
+        s.headers.write(response.headers_mut(), &decision, true);
+        response.extensions_mut().insert(decision);
+        Verdict::Respond(response)
+    }
+
+    fn outage<B: Default>(&self, err: BackendError, key: &Key, grpc: bool) -> Verdict<B> {
+        let s = &self.settings;
+        let fail_open = s.failure == FailurePolicy::FailOpen;
+        if let Some(suppressed) = s.warn_gate.admit() {
+            let action = if fail_open {
+                "passing requests uncounted"
+            } else {
+                "answering 503"
+            };
+            tracing::warn!(limiter = %s.name, %key, error = %err, suppressed, "rate-limit backend failed: {action}");
+        }
+        if fail_open {
+            return Verdict::Pass(None);
+        }
+        Verdict::Respond(if grpc {
+            grpc_response(GrpcCode::Unavailable, "rate limiter unavailable")
+        } else {
+            let mut response = status_response(StatusCode::SERVICE_UNAVAILABLE);
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        })
+    }
+
+    pub(crate) fn key_error_response<B: Default>(&self, err: &KeyError, grpc: bool) -> Response<B> {
+        let s = &self.settings;
+        match err {
+            KeyError::Misconfigured(_) => {
+                if let Some(suppressed) = s.warn_gate.admit() {
+                    tracing::error!(limiter = %s.name, error = %err, suppressed, "rate-limit key extractor misconfigured: answering 500");
+                }
+            }
+            _ => {
+                tracing::debug!(limiter = %s.name, error = %err, "request without a rate-limit key rejected")
+            }
+        }
+        match (grpc, err.status()) {
+            (false, status) => status_response(status),
+            (true, StatusCode::BAD_REQUEST) => grpc_response(
+                GrpcCode::InvalidArgument,
+                "rate-limit key missing or invalid",
+            ),
+            (true, _) => {
+                grpc_response(GrpcCode::Internal, "rate-limit key extractor misconfigured")
+            }
+        }
+    }
+}

@@ -1,0 +1,364 @@
+//! Which counter a request is charged to.
+//!
+//! A [`KeyExtractor`] reads a [`Key`] from each request. Built-ins:
+//! [`GlobalKey`] (one counter for everyone), [`HeaderKey`] (a header's value,
+//! such as an API key) and, with the `axum` feature, [`PeerIp`] (the
+//! connection's address from axum's `ConnectInfo`). Any
+//! `Fn(&Request<B>) -> Result<Key, KeyError>` is an extractor too.
+//!
+//! ```
+//! use http::Request;
+//! use tower_pinned_window::key::{Key, KeyError, KeyExtractor};
+//!
+//! // Charge each tenant, named in the path's first segment.
+//! let tenant = |req: &Request<()>| {
+//!     let segment = req.uri().path().split('/').nth(1).unwrap_or_default();
+//!     if segment.is_empty() {
+//!         return Err(KeyError::missing("tenant path segment"));
+//!     }
+//!     Ok(Key::new(segment))
+//! };
+//! let req = Request::get("/acme/orders").body(()).unwrap();
+//! assert_eq!(tenant.extract(&req).unwrap(), Key::new("acme"));
+//! ```
+
+#[cfg(feature = "axum")]
+mod peer_ip;
+
+#[cfg(feature = "axum")]
+pub use peer_ip::PeerIp;
+
+use std::fmt;
+use std::hash::{Hash, Hasher};
+
+use http::header::HeaderName;
+use http::{Request, StatusCode};
+use sha2::{Digest, Sha256};
+
+/// The longest key stored as it is, in bytes. A longer key is replaced by
+/// `#` followed by 48 hex digits of its SHA-256, so that no client can make a
+/// store hold large keys.
+pub const MAX_KEY_LEN: usize = 64;
+
+/// Bytes of SHA-256 kept when a long key is hashed (192 bits).
+const HASHED_BYTES: usize = 24;
+
+/// A client's key: at most [`MAX_KEY_LEN`] bytes, held inline (no heap).
+///
+/// Keys are opaque bytes; they need not be UTF-8. A key longer than
+/// [`MAX_KEY_LEN`] is hashed on construction, so it is bounded whatever the
+/// client sends.
+#[derive(Clone)]
+pub struct Key {
+    len: u8,
+    bytes: [u8; MAX_KEY_LEN],
+}
+
+impl Key {
+    /// A key from any bytes; longer than [`MAX_KEY_LEN`] bytes, it is hashed.
+    pub fn new(bytes: impl AsRef<[u8]>) -> Self {
+        let bytes = bytes.as_ref();
+        if bytes.len() <= MAX_KEY_LEN {
+            let mut key = Self::empty();
+            key.bytes[..bytes.len()].copy_from_slice(bytes);
+            key.len = bytes.len() as u8;
+            key
+        } else {
+            Self::hashed(bytes)
+        }
+    }
+
+    /// The key written by `value`'s [`Display`](fmt::Display), without a heap
+    /// allocation; hashed if it runs past [`MAX_KEY_LEN`] bytes.
+    pub fn display(value: impl fmt::Display) -> Self {
+        let mut writer = InlineWriter {
+            key: Self::empty(),
+            hasher: None,
+        };
+        fmt::write(&mut writer, format_args!("{value}")).expect("writing to a key does not fail");
+        match writer.hasher {
+            None => writer.key,
+            Some(hasher) => Self::from_digest(hasher),
+        }
+    }
+
+    fn empty() -> Self {
+        Self {
+            len: 0,
+            bytes: [0; MAX_KEY_LEN],
+        }
+    }
+
+    fn hashed(bytes: &[u8]) -> Self {
+        let mut hasher = Sha256::new();
+        hasher.update(bytes);
+        Self::from_digest(hasher)
+    }
+
+    fn from_digest(hasher: Sha256) -> Self {
+        const HEX: &[u8; 16] = b"0123456789abcdef";
+        let digest = hasher.finalize();
+        let mut key = Self::empty();
+        key.bytes[0] = b'#';
+        for (i, byte) in digest[..HASHED_BYTES].iter().enumerate() {
+            key.bytes[1 + 2 * i] = HEX[usize::from(byte >> 4)];
+            key.bytes[2 + 2 * i] = HEX[usize::from(byte & 0xf)];
+        }
+        key.len = (1 + 2 * HASHED_BYTES) as u8;
+        key
+    }
+
+    /// The key's bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.bytes[..usize::from(self.len)]
+    }
+}
+
+struct InlineWriter {
+    key: Key,
+    hasher: Option<Sha256>,
+}
+
+impl fmt::Write for InlineWriter {
+    fn write_str(&mut self, s: &str) -> fmt::Result {
+        if let Some(hasher) = &mut self.hasher {
+            hasher.update(s.as_bytes());
+            return Ok(());
+        }
+        let start = usize::from(self.key.len);
+        let end = start + s.len();
+        if end <= MAX_KEY_LEN {
+            self.key.bytes[start..end].copy_from_slice(s.as_bytes());
+            self.key.len = end as u8;
+        } else {
+            let mut hasher = Sha256::new();
+            hasher.update(self.key.as_bytes());
+            hasher.update(s.as_bytes());
+            self.hasher = Some(hasher);
+        }
+        Ok(())
+    }
+}
+
+impl PartialEq for Key {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_bytes() == other.as_bytes()
+    }
+}
+
+impl Eq for Key {}
+
+impl Hash for Key {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        self.as_bytes().hash(state);
+    }
+}
+
+impl AsRef<[u8]> for Key {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl fmt::Debug for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Key(\"{}\")", self.as_bytes().escape_ascii())
+    }
+}
+
+/// Shows the key with non-printable bytes escaped, safe for a log line.
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}", self.as_bytes().escape_ascii())
+    }
+}
+
+/// Why no key could be read from a request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum KeyError {
+    /// The request lacks what the key is read from (a header, say): the
+    /// client's fault, answered with 400 when missing keys are rejected.
+    Missing(&'static str),
+    /// What the key is read from is present but unusable: answered with 400.
+    Invalid(&'static str),
+    /// The server is not set up for this extractor (for example axum's
+    /// `ConnectInfo` was never installed): answered with 500.
+    Misconfigured(&'static str),
+}
+
+impl KeyError {
+    /// The request lacks `what`.
+    pub const fn missing(what: &'static str) -> Self {
+        Self::Missing(what)
+    }
+
+    /// `what` is present but unusable.
+    pub const fn invalid(what: &'static str) -> Self {
+        Self::Invalid(what)
+    }
+
+    /// The status a rejected request is answered with.
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::Missing(_) | Self::Invalid(_) => StatusCode::BAD_REQUEST,
+            Self::Misconfigured(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+}
+
+impl fmt::Display for KeyError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Missing(what) => write!(f, "rate-limit key missing: {what}"),
+            Self::Invalid(what) => write!(f, "rate-limit key invalid: {what}"),
+            Self::Misconfigured(what) => {
+                write!(f, "rate-limit key extractor misconfigured: {what}")
+            }
+        }
+    }
+}
+
+impl std::error::Error for KeyError {}
+
+/// Reads the [`Key`] a request is charged to.
+///
+/// Implemented for closures `Fn(&Request<B>) -> Result<Key, KeyError>`.
+pub trait KeyExtractor<B> {
+    /// The request's key, or why there is none.
+    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError>;
+}
+
+impl<B, F> KeyExtractor<B> for F
+where
+    F: Fn(&Request<B>) -> Result<Key, KeyError>,
+{
+    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+        self(request)
+    }
+}
+
+/// One key for every request: the whole service shares one budget.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalKey;
+
+impl<B> KeyExtractor<B> for GlobalKey {
+    fn extract(&self, _request: &Request<B>) -> Result<Key, KeyError> {
+        Ok(Key::new("*"))
+    }
+}
+
+/// The value of one request header (an API key, a user id, a tenant).
+///
+/// A missing or empty header is [`KeyError::Missing`]. When the header is
+/// repeated, the first value is used.
+#[derive(Debug, Clone)]
+pub struct HeaderKey {
+    name: HeaderName,
+}
+
+impl HeaderKey {
+    /// Key requests by the header `name`.
+    pub fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+}
+
+impl<B> KeyExtractor<B> for HeaderKey {
+    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+        match request.headers().get(&self.name) {
+            Some(value) if !value.is_empty() => Ok(Key::new(value.as_bytes())),
+            _ => Err(KeyError::Missing("the configured key header")),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_bounded() {
+        let cases: &[(&str, Vec<u8>, usize)] = &[
+            ("empty", vec![], 0),
+            ("short", b"203.0.113.7".to_vec(), 11),
+            ("at the bound", vec![b'a'; MAX_KEY_LEN], MAX_KEY_LEN),
+            (
+                "one past",
+                vec![b'a'; MAX_KEY_LEN + 1],
+                1 + 2 * HASHED_BYTES,
+            ),
+            ("huge", vec![b'z'; 1 << 20], 1 + 2 * HASHED_BYTES),
+            ("binary", vec![0, 255, 10, 13], 4),
+        ];
+        for (name, input, len) in cases {
+            let key = Key::new(input);
+            assert_eq!(key.as_bytes().len(), *len, "{name}");
+            if input.len() > MAX_KEY_LEN {
+                assert_eq!(key.as_bytes()[0], b'#', "{name}");
+            } else {
+                assert_eq!(key.as_bytes(), &input[..], "{name}");
+            }
+        }
+        assert_ne!(
+            Key::new(vec![b'a'; 100]),
+            Key::new(vec![b'b'; 100]),
+            "distinct long keys hash apart"
+        );
+    }
+
+    #[test]
+    fn display_keys_match_byte_keys() {
+        let ip: std::net::IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(Key::display(ip), Key::new("2001:db8::1"));
+        let long = "x".repeat(200);
+        assert_eq!(
+            Key::display(&long),
+            Key::new(&long),
+            "long keys hash the same either way"
+        );
+        assert_eq!(
+            Key::display(format_args!("{}{}", "a".repeat(40), "b".repeat(40))),
+            Key::new(format!("{}{}", "a".repeat(40), "b".repeat(40)))
+        );
+    }
+
+    #[test]
+    fn header_key_rejects_missing_and_empty() {
+        let extractor = HeaderKey::new(HeaderName::from_static("x-api-key"));
+        let cases = [
+            (
+                "missing",
+                Request::get("/").body(()).unwrap(),
+                Err(KeyError::Missing("the configured key header")),
+            ),
+            (
+                "empty",
+                Request::get("/").header("x-api-key", "").body(()).unwrap(),
+                Err(KeyError::Missing("the configured key header")),
+            ),
+            (
+                "present",
+                Request::get("/")
+                    .header("x-api-key", "k1")
+                    .body(())
+                    .unwrap(),
+                Ok(Key::new("k1")),
+            ),
+            (
+                "opaque bytes",
+                Request::get("/")
+                    .header(
+                        "x-api-key",
+                        http::HeaderValue::from_bytes(b"\xffz").unwrap(),
+                    )
+                    .body(())
+                    .unwrap(),
+                Ok(Key::new(b"\xffz")),
+            ),
+        ];
+        for (name, req, want) in cases {
+            assert_eq!(extractor.extract(&req), want, "{name}");
+        }
+    }
+}

@@ -1,0 +1,56 @@
+//! Tower middleware that rate-limits requests per key in a window **pinned to
+//! the key's first hit**.
+//!
+//! A key's counter is created by its first hit, and its lifetime is attached
+//! then, in the same atomic step, and never refreshed. Hits in between never
+//! move the window, so a client that keeps knocking slowly cannot hold a
+//! window open forever, and a client that stops is let back in on time.
+//!
+//! The data path, one module a step: a request → its [`key`] →
+//! the [`backend`] counts the hit → a [`Decision`] → the
+//! response (passed on, or denied with `429` and `Retry-After`).
+//!
+//! ```
+//! use std::time::Duration;
+//! use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+//! use tower::ServiceExt;
+//! use tower_pinned_window::{Quota, RateLimitLayer};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
+//! let quota = Quota::new(2, Duration::from_secs(10)).unwrap();
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new("api", quota));
+//!
+//! for expected in [StatusCode::OK, StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+//!     let response = app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+//!     assert_eq!(response.status(), expected);
+//! }
+//! let denied = app.oneshot(Request::new(Body::empty())).await.unwrap();
+//! assert_eq!(denied.headers()["retry-after"], "10");
+//! assert_eq!(denied.headers()["ratelimit"], "\"api\";r=0;t=10");
+//! assert_eq!(denied.headers()["ratelimit-policy"], "\"api\";q=2;w=10");
+//! # }
+//! ```
+
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+
+pub mod backend;
+mod decision;
+mod error;
+mod future;
+pub mod key;
+mod layer;
+mod quota;
+mod response;
+mod service;
+
+pub use decision::{Decision, Outcome};
+pub use error::ConfigError;
+pub use future::ResponseFuture;
+pub use layer::{DEFAULT_TIMEOUT, FailurePolicy, MAX_NAME_LEN, OnMissingKey, RateLimitLayer};
+pub use quota::{Quota, Window};
+pub use response::{DefaultDeny, Deny, HeaderStyle};
+pub use service::RateLimit;

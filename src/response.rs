@@ -1,0 +1,178 @@
+//! What a limited request is answered with, and the headers every answer
+//! carries.
+
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use http::{HeaderMap, Response, StatusCode};
+use sfv::{Integer, ItemSerializer, KeyRef, StringRef};
+
+use crate::decision::{Decision, ceil_secs};
+
+/// Which rate-limit headers responses carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum HeaderStyle {
+    /// The IETF fields (draft-ietf-httpapi-ratelimit-headers):
+    /// `RateLimit-Policy: "name";q=100;w=60` and `RateLimit: "name";r=42;t=17`.
+    #[default]
+    Ietf,
+    /// The older `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
+    /// `X-RateLimit-Reset` (seconds until the window closes).
+    Legacy,
+    /// No rate-limit headers (a denial still carries `Retry-After`).
+    None,
+}
+
+/// Builds the response to a request over its limit.
+///
+/// The layer adds `Retry-After` and the rate-limit headers afterwards (unless
+/// the response already has them). Implemented for closures
+/// `Fn(&Decision) -> Response<B>`. A gRPC request (content-type
+/// `application/grpc*`) is always answered with a gRPC status instead, since
+/// a gRPC client could not read anything else.
+pub trait Deny<B> {
+    /// The denial for `decision`.
+    fn deny(&self, decision: &Decision) -> Response<B>;
+}
+
+impl<B, F> Deny<B> for F
+where
+    F: Fn(&Decision) -> Response<B>,
+{
+    fn deny(&self, decision: &Decision) -> Response<B> {
+        self(decision)
+    }
+}
+
+/// `429 Too Many Requests` with an empty body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct DefaultDeny;
+
+impl<B: Default> Deny<B> for DefaultDeny {
+    fn deny(&self, _decision: &Decision) -> Response<B> {
+        status_response(StatusCode::TOO_MANY_REQUESTS)
+    }
+}
+
+pub(crate) fn status_response<B: Default>(status: StatusCode) -> Response<B> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = status;
+    response
+}
+
+/// gRPC status codes the layer answers with.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum GrpcCode {
+    InvalidArgument = 3,
+    ResourceExhausted = 8,
+    Internal = 13,
+    Unavailable = 14,
+}
+
+/// A trailers-only gRPC answer: HTTP 200 with the status in the headers.
+pub(crate) fn grpc_response<B: Default>(code: GrpcCode, message: &'static str) -> Response<B> {
+    let mut response = Response::new(B::default());
+    let headers = response.headers_mut();
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    headers.insert(GRPC_STATUS, HeaderValue::from(code as u16));
+    // The messages are fixed ASCII without characters that need
+    // percent-encoding.
+    headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
+    response
+}
+
+pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
+    headers
+        .get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The per-layer parts of the headers, serialized once.
+#[derive(Debug, Clone)]
+pub(crate) struct Headers {
+    style: HeaderStyle,
+    policy: HeaderValue,
+    limit: HeaderValue,
+}
+
+impl Headers {
+    /// `name` must be a valid sf-string (the layer checks its names).
+    pub(crate) fn new(style: HeaderStyle, name: &str, limit: u64, window_secs: u64) -> Self {
+        let policy = ItemSerializer::new()
+            .bare_item(sf_name(name))
+            .parameter(key("q"), sf_int(limit))
+            .parameter(key("w"), sf_int(window_secs))
+            .finish();
+        Self {
+            style,
+            policy: HeaderValue::try_from(policy).expect("an sf-item is a valid header value"),
+            limit: HeaderValue::from(limit),
+        }
+    }
+
+    pub(crate) fn style(&self) -> HeaderStyle {
+        self.style
+    }
+
+    /// Write the rate-limit headers for `decision` into `headers`, and
+    /// `Retry-After` when `denied`. Headers already present are kept.
+    pub(crate) fn write(&self, headers: &mut HeaderMap, decision: &Decision, denied: bool) {
+        let reset = ceil_secs(decision.reset());
+        if denied && !headers.contains_key(RETRY_AFTER) {
+            headers.insert(RETRY_AFTER, HeaderValue::from(reset));
+        }
+        match self.style {
+            HeaderStyle::Ietf => {
+                if !headers.contains_key(RATELIMIT) {
+                    let mut value = String::with_capacity(decision.name().len() + 32);
+                    let _ = ItemSerializer::with_buffer(&mut value)
+                        .bare_item(sf_name(decision.name()))
+                        .parameter(key("r"), sf_int(decision.remaining()))
+                        .parameter(key("t"), sf_int(reset));
+                    let value =
+                        HeaderValue::try_from(value).expect("an sf-item is a valid header value");
+                    headers.insert(RATELIMIT, value);
+                }
+                headers
+                    .entry(RATELIMIT_POLICY)
+                    .or_insert_with(|| self.policy.clone());
+            }
+            HeaderStyle::Legacy => {
+                headers.entry(X_LIMIT).or_insert_with(|| self.limit.clone());
+                headers
+                    .entry(X_REMAINING)
+                    .or_insert_with(|| HeaderValue::from(decision.remaining()));
+                headers
+                    .entry(X_RESET)
+                    .or_insert_with(|| HeaderValue::from(reset));
+            }
+            HeaderStyle::None => {}
+        }
+    }
+}
+
+/// Whether `name` serializes as an sf-string.
+pub(crate) fn is_sf_string(name: &str) -> bool {
+    StringRef::from_str(name).is_ok()
+}
+
+fn sf_name(name: &str) -> &StringRef {
+    StringRef::from_str(name).expect("layer names are checked when the layer is built")
+}
+
+fn key(name: &'static str) -> &'static KeyRef {
+    KeyRef::constant(name)
+}
+
+/// sf-integers stop at 10^15 - 1; larger values are clamped there.
+fn sf_int(value: u64) -> Integer {
+    const MAX: u64 = 999_999_999_999_999;
+    Integer::try_from(value.min(MAX)).expect("clamped into the sf-integer range")
+}
