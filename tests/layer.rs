@@ -1,0 +1,380 @@
+//! The layer against `service_fn` services, on tokio's paused clock.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response, StatusCode};
+use tokio::time::advance;
+use tower::{Layer, Service, ServiceExt, service_fn};
+use tower_pinned_window::backend::{Backend, BackendError, Hit, MemoryBackend};
+use tower_pinned_window::key::{HeaderKey, Key, KeyError};
+use tower_pinned_window::{
+    Decision, FailurePolicy, HeaderStyle, OnMissingKey, Outcome, Quota, RateLimitLayer, Window,
+};
+
+type Body = String;
+
+fn ok_service() -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone {
+    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new("ok".to_string())) })
+}
+
+fn quota(limit: u64, secs: u64) -> Quota {
+    Quota::new(limit, Duration::from_secs(secs)).unwrap()
+}
+
+fn get() -> Request<Body> {
+    Request::new(String::new())
+}
+
+fn from(client: &str) -> Request<Body> {
+    Request::builder().header("x-client", client).body(String::new()).unwrap()
+}
+
+fn by_client() -> HeaderKey {
+    HeaderKey::new(http::HeaderName::from_static("x-client"))
+}
+
+async fn send<S>(svc: &S, req: Request<Body>) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone,
+{
+    svc.clone().oneshot(req).await.unwrap()
+}
+
+fn header<'a>(res: &'a Response<Body>, name: &str) -> Option<&'a str> {
+    res.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn denies_past_the_limit_with_retry_after_and_ietf_headers() {
+    let svc = RateLimitLayer::new("api", quota(3, 10)).layer(ok_service());
+    for remaining in [2, 1, 0] {
+        let res = send(&svc, get()).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(header(&res, "ratelimit"), Some(format!("\"api\";r={remaining};t=10").as_str()));
+        assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=3;w=10"));
+        assert_eq!(header(&res, "retry-after"), None, "allowed responses carry no Retry-After");
+        let decision = res.extensions().get::<Decision>().expect("decision in extensions");
+        assert_eq!((decision.limit(), decision.remaining()), (3, remaining));
+    }
+    advance(Duration::from_millis(2500)).await;
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("8"), "7.5 s left rounds up to 8");
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=8"));
+    assert!(res.body().is_empty());
+    let decision = res.extensions().get::<Decision>().unwrap();
+    assert_eq!(decision.outcome(), Outcome::Denied);
+    assert_eq!(decision.reset(), Duration::from_millis(7500));
+
+    // The structured fields parse as RFC 9651 items.
+    for name in ["ratelimit", "ratelimit-policy"] {
+        let value = header(&res, name).unwrap();
+        sfv::Parser::new(value).parse::<sfv::List>().unwrap_or_else(|e| panic!("{name}: {value}: {e}"));
+    }
+
+    advance(Duration::from_millis(7500)).await;
+    assert_eq!(send(&svc, get()).await.status(), StatusCode::OK, "the window closed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_at_least_one_second() {
+    let q = Quota::new(1, Duration::from_millis(1500)).unwrap();
+    let svc = RateLimitLayer::new("short", q).layer(ok_service());
+    send(&svc, get()).await;
+    advance(Duration::from_millis(1499)).await;
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("1"), "1 ms left still says 1");
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"short\";q=1;w=2"), "w rounds up");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_window_is_pinned_to_the_first_hit() {
+    let layer = RateLimitLayer::new("login", quota(2, 15 * 60)).key(by_client());
+    let svc = layer.layer(ok_service());
+    let minute = Duration::from_secs(60);
+
+    assert_eq!(header(&send(&svc, from("alice")).await, "ratelimit"), Some("\"login\";r=1;t=900"));
+    advance(14 * minute).await;
+    let res = send(&svc, from("alice")).await;
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=0;t=60"), "the knock at 14 min did not move the window");
+    advance(minute + Duration::from_millis(1)).await;
+    let res = send(&svc, from("alice")).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.extensions().get::<Decision>().unwrap().count(), 1, "15 min + 1 ms opens a new window");
+
+    // Knocking every 14 minutes past the limit is never locked out for good:
+    // each window closes 15 minutes after the hit that opened it.
+    let mut allowed = 0;
+    for _ in 0..12 {
+        advance(14 * minute).await;
+        if send(&svc, from("alice")).await.status() == StatusCode::OK {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 12, "two hits per window never exceed the limit of 2");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_denied_client_is_let_back_in_when_its_window_closes_not_later() {
+    let svc = RateLimitLayer::new("login", quota(1, 60)).key(by_client()).layer(ok_service());
+    assert_eq!(send(&svc, from("bob")).await.status(), StatusCode::OK);
+    // Bob keeps knocking every 10 s while denied; the window does not slide.
+    for _ in 0..5 {
+        advance(Duration::from_secs(10)).await;
+        assert_eq!(send(&svc, from("bob")).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    advance(Duration::from_secs(10)).await;
+    assert_eq!(send(&svc, from("bob")).await.status(), StatusCode::OK, "60 s after his first hit");
+}
+
+#[tokio::test(start_paused = true)]
+async fn keys_are_counted_apart_and_clones_share_one_budget() {
+    let layer = RateLimitLayer::new("api", quota(2, 60)).key(by_client());
+    let a = layer.clone().layer(ok_service());
+    let b = layer.layer(ok_service());
+    let a2 = a.clone();
+    assert_eq!(send(&a, from("x")).await.status(), StatusCode::OK);
+    assert_eq!(send(&b, from("x")).await.status(), StatusCode::OK);
+    assert_eq!(send(&a2, from("x")).await.status(), StatusCode::TOO_MANY_REQUESTS, "clones of layer and service share the budget");
+    assert_eq!(send(&a, from("y")).await.status(), StatusCode::OK, "another key has its own budget");
+}
+
+#[tokio::test(start_paused = true)]
+async fn layers_share_a_backend_only_under_one_name() {
+    let store = MemoryBackend::new();
+    let login = RateLimitLayer::new("login", quota(1, 60)).backend(store.clone()).layer(ok_service());
+    let search = RateLimitLayer::new("search", quota(1, 60)).backend(store.clone()).layer(ok_service());
+    let login_too = RateLimitLayer::new("login", quota(1, 60)).backend(store.clone()).layer(ok_service());
+    assert_eq!(send(&login, get()).await.status(), StatusCode::OK);
+    assert_eq!(send(&search, get()).await.status(), StatusCode::OK, "another name, another counter");
+    assert_eq!(send(&login_too, get()).await.status(), StatusCode::TOO_MANY_REQUESTS, "same name, same counter");
+
+    // reset unblocks the client.
+    assert!(store.reset("login", &Key::new("*")).await.unwrap());
+    assert_eq!(send(&login, get()).await.status(), StatusCode::OK);
+    assert_eq!(store.peek("login", &Key::new("*")).await.unwrap().map(|h| h.count), Some(1));
+}
+
+#[test]
+fn exactly_the_limit_is_admitted_out_of_concurrent_hits() {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    runtime.block_on(async {
+        for (limit, hits) in [(1u64, 200usize), (50, 1000), (999, 1000), (1000, 1000)] {
+            let served = Arc::new(AtomicUsize::new(0));
+            let counter = served.clone();
+            let inner = service_fn(move |_req: Request<Body>| {
+                counter.fetch_add(1, Ordering::SeqCst);
+                async { Ok::<_, Infallible>(Response::new(String::new())) }
+            });
+            let svc = RateLimitLayer::new("burst", quota(limit, 60)).layer(inner);
+            let tasks: Vec<_> = (0..hits)
+                .map(|_| {
+                    let svc = svc.clone();
+                    tokio::spawn(async move { svc.oneshot(get()).await.unwrap().status() })
+                })
+                .collect();
+            let mut ok = 0;
+            for task in tasks {
+                if task.await.unwrap() == StatusCode::OK {
+                    ok += 1;
+                }
+            }
+            assert_eq!(ok, limit.min(hits as u64) as usize, "limit {limit}, {hits} hits");
+            assert_eq!(served.load(Ordering::SeqCst), ok, "the service saw only the admitted");
+        }
+    });
+}
+
+#[tokio::test(start_paused = true)]
+async fn legacy_and_no_headers() {
+    let svc = RateLimitLayer::new("api", quota(1, 30)).headers(HeaderStyle::Legacy).layer(ok_service());
+    let res = send(&svc, get()).await;
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("1"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("30"));
+    assert_eq!(header(&res, "ratelimit"), None);
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+
+    let svc = RateLimitLayer::new("api", quota(1, 30)).headers(HeaderStyle::None).layer(ok_service());
+    let res = send(&svc, get()).await;
+    assert!(res.headers().is_empty(), "{:?}", res.headers());
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers().len(), 1);
+    assert_eq!(header(&res, "retry-after"), Some("30"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_counts_and_never_denies() {
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = seen.clone();
+    let svc = RateLimitLayer::new("new-limit", quota(1, 60))
+        .shadow(true)
+        .on_decision(move |d| log.lock().unwrap().push((d.count(), d.outcome())))
+        .layer(ok_service());
+    for _ in 0..3 {
+        assert_eq!(send(&svc, get()).await.status(), StatusCode::OK);
+    }
+    let res = send(&svc, get()).await;
+    assert_eq!(res.extensions().get::<Decision>().unwrap().outcome(), Outcome::Shadowed);
+    assert_eq!(header(&res, "ratelimit"), Some("\"new-limit\";r=0;t=60"));
+    assert_eq!(
+        *seen.lock().unwrap(),
+        vec![(1, Outcome::Allowed), (2, Outcome::Shadowed), (3, Outcome::Shadowed), (4, Outcome::Shadowed)]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_custom_denial_gets_the_headers_too() {
+    let svc = RateLimitLayer::new("api", quota(1, 60))
+        .deny_with(|d: &Decision| {
+            let mut res = Response::new(format!("slow down, try again in {} s", d.reset_secs()));
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            res.headers_mut().insert("retry-after", HeaderValue::from_static("120"));
+            res
+        })
+        .layer(ok_service());
+    send(&svc, get()).await;
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.body(), "slow down, try again in 60 s");
+    assert_eq!(header(&res, "retry-after"), Some("120"), "a header the denial set is kept");
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=60"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_requests_get_resource_exhausted() {
+    let svc = RateLimitLayer::new("grpc", quota(1, 60)).layer(ok_service());
+    let grpc = || Request::builder().header("content-type", "application/grpc+proto").body(String::new()).unwrap();
+    assert_eq!(send(&svc, grpc()).await.status(), StatusCode::OK);
+    let res = send(&svc, grpc()).await;
+    assert_eq!(res.status(), StatusCode::OK, "gRPC errors travel with HTTP 200");
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    assert_eq!(header(&res, "grpc-message"), Some("rate limit exceeded"));
+    assert_eq!(header(&res, "content-type"), Some("application/grpc"));
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_without_a_key() {
+    let svc = RateLimitLayer::new("api", quota(1, 60)).key(by_client()).layer(ok_service());
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST, "rejected by default");
+
+    let svc = RateLimitLayer::new("api", quota(1, 60))
+        .key(by_client())
+        .on_missing_key(OnMissingKey::Allow)
+        .layer(ok_service());
+    for _ in 0..3 {
+        let res = send(&svc, get()).await;
+        assert_eq!(res.status(), StatusCode::OK, "passed uncounted");
+        assert!(res.extensions().get::<Decision>().is_none());
+    }
+
+    let broken = |_req: &Request<Body>| -> Result<Key, KeyError> { Err(KeyError::Misconfigured("no connect info")) };
+    let svc = RateLimitLayer::new("api", quota(1, 60)).key(broken).layer(ok_service());
+    assert_eq!(send(&svc, get()).await.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    let grpc = Request::builder().header("content-type", "application/grpc").body(String::new()).unwrap();
+    assert_eq!(header(&send(&svc, grpc).await, "grpc-status"), Some("13"));
+}
+
+/// A backend that answers with a fixed error, or never: the failure paths of
+/// the layer need a store that fails on demand.
+#[derive(Clone, Debug)]
+enum Broken {
+    Down,
+    Hangs,
+    Corrupt,
+}
+
+impl Backend for Broken {
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Hit, BackendError>> + Send>>;
+
+    fn hit(&self, namespace: &str, key: &Key, _window: Window) -> Self::Future {
+        let error = match self {
+            Broken::Down => BackendError::Unavailable("connection refused".into()),
+            Broken::Hangs => return Box::pin(std::future::pending()),
+            Broken::Corrupt => BackendError::Corrupt { key: format!("{namespace}:{key}"), detail: "\"abc\"".into() },
+        };
+        Box::pin(std::future::ready(Err(error)))
+    }
+
+    async fn peek(&self, _: &str, _: &Key) -> Result<Option<Hit>, BackendError> {
+        Ok(None)
+    }
+
+    async fn reset(&self, _: &str, _: &Key) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn backend_failures_follow_the_policy_but_corruption_always_stops() {
+    let base = || RateLimitLayer::new("api", quota(1, 60));
+    let cases = [
+        ("down, fail closed", base().backend(Broken::Down), StatusCode::SERVICE_UNAVAILABLE),
+        ("down, fail open", base().backend(Broken::Down).on_failure(FailurePolicy::FailOpen), StatusCode::OK),
+        ("slow, fail closed", base().backend(Broken::Hangs), StatusCode::SERVICE_UNAVAILABLE),
+        ("slow, fail open", base().backend(Broken::Hangs).on_failure(FailurePolicy::FailOpen), StatusCode::OK),
+        ("corrupt, fail closed", base().backend(Broken::Corrupt), StatusCode::INTERNAL_SERVER_ERROR),
+        ("corrupt, fail open", base().backend(Broken::Corrupt).on_failure(FailurePolicy::FailOpen), StatusCode::INTERNAL_SERVER_ERROR),
+    ];
+    for (name, layer, want) in cases {
+        let svc = layer.layer(ok_service());
+        let started = tokio::time::Instant::now();
+        let res = send(&svc, get()).await;
+        assert_eq!(res.status(), want, "{name}");
+        if want == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(header(&res, "retry-after"), Some("1"), "{name}");
+        }
+        if name.starts_with("slow") {
+            assert_eq!(started.elapsed(), tower_pinned_window::DEFAULT_TIMEOUT, "{name}: the timeout bounds the wait");
+        } else {
+            assert_eq!(started.elapsed(), Duration::ZERO, "{name}");
+        }
+    }
+    let svc = base().backend(Broken::Hangs).timeout(Duration::from_secs(2)).unwrap().layer(ok_service());
+    let started = tokio::time::Instant::now();
+    assert_eq!(send(&svc, get()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+
+    let grpc = || Request::builder().header("content-type", "application/grpc").body(String::new()).unwrap();
+    let svc = base().backend(Broken::Down).layer(ok_service());
+    assert_eq!(header(&send(&svc, grpc()).await, "grpc-status"), Some("14"));
+    let svc = base().backend(Broken::Corrupt).on_failure(FailurePolicy::FailOpen).layer(ok_service());
+    assert_eq!(header(&send(&svc, grpc()).await, "grpc-status"), Some("13"));
+}
+
+#[tokio::test]
+async fn back_pressure_from_the_inner_service_passes_through() {
+    let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
+    let layer = RateLimitLayer::new("bp", quota(10, 60));
+    let mut svc = tower_test::mock::Spawn::new(layer.layer(mock));
+
+    handle.allow(0);
+    assert!(svc.poll_ready().is_pending(), "not ready while the inner service is not");
+    handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    // The inner service is called when the response future is first polled.
+    let response = tokio::spawn(svc.call(get()));
+    let (request, send_response) = handle.next_request().await.unwrap();
+    assert!(request.body().is_empty());
+    send_response.send_response(Response::new("inner".to_string()));
+    let res = response.await.unwrap().unwrap();
+    assert_eq!(res.body(), "inner");
+    assert_eq!(header(&res, "ratelimit"), Some("\"bp\";r=9;t=60"));
+    assert!(svc.poll_ready().is_pending(), "the one permit was used");
+}
+
+#[tokio::test]
+async fn inner_errors_pass_through_unchanged() {
+    let failing = service_fn(|_req: Request<Body>| async { Err::<Response<Body>, _>("boom") });
+    let svc = RateLimitLayer::new("api", quota(5, 60)).layer(failing);
+    assert_eq!(svc.oneshot(get()).await.unwrap_err(), "boom");
+}
