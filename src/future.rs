@@ -7,16 +7,16 @@ use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
 use http::header::RETRY_AFTER;
-use http::{HeaderValue, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::backend::{Backend, BackendError, Hit};
 use crate::decision::Decision;
-use crate::key::{Key, KeyError};
+use crate::key::KeyError;
 use crate::layer::{Core, FailurePolicy};
-use crate::response::{Deny, GrpcCode, grpc_response, status_response};
+use crate::response::{Deny, GrpcCode, grpc_response, is_grpc, status_response};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -35,16 +35,13 @@ pin_project! {
     #[project = StateProj]
     enum State<H, Svc, Req, F, Res> {
         // Waiting for the backend's count; the timer is armed only if the
-        // backend does not answer on the first poll.
+        // backend does not answer on the first poll (boxed, so that the
+        // in-memory path does not carry a timer's weight).
         Checking {
-            #[pin]
             hit: H,
-            #[pin]
-            timer: Option<Sleep>,
+            timer: Option<Pin<Box<Sleep>>>,
             service: Option<Svc>,
             request: Option<Req>,
-            key: Key,
-            grpc: bool,
         },
         // Passed on: waiting for the service.
         Inner {
@@ -70,8 +67,6 @@ where
         hit: Bk::Future,
         service: S,
         request: Request<ReqBody>,
-        key: Key,
-        grpc: bool,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -79,19 +74,18 @@ where
                 timer: None,
                 service: Some(service),
                 request: Some(request),
-                key,
-                grpc,
             },
             core,
         }
     }
 
-    pub(crate) fn passing(core: Arc<Core<Bk, D>>, future: S::Future) -> Self {
+    pub(crate) fn passing(
+        core: Arc<Core<Bk, D>>,
+        future: S::Future,
+        decision: Option<Decision>,
+    ) -> Self {
         Self {
-            state: State::Inner {
-                future,
-                decision: None,
-            },
+            state: State::Inner { future, decision },
             core,
         }
     }
@@ -121,24 +115,25 @@ where
             match this.state.as_mut().project() {
                 StateProj::Checking {
                     hit,
-                    mut timer,
+                    timer,
                     service,
                     request,
-                    key,
-                    grpc,
                 } => {
-                    let result = match hit.poll(cx) {
+                    let result = match Pin::new(hit).poll(cx) {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
-                            if timer.is_none() {
-                                timer.set(Some(tokio::time::sleep(this.core.settings.timeout)));
-                            }
-                            let timer = timer.as_pin_mut().expect("the timer was just armed");
-                            ready!(timer.poll(cx));
+                            let timer = timer.get_or_insert_with(|| {
+                                Box::pin(tokio::time::sleep(this.core.settings.timeout))
+                            });
+                            ready!(timer.as_mut().poll(cx));
                             Err(BackendError::TimedOut)
                         }
                     };
-                    match this.core.judge(result, key, *grpc) {
+                    let headers = request
+                        .as_ref()
+                        .expect("the request is taken once")
+                        .headers();
+                    match this.core.judge(result, headers) {
                         Verdict::Pass(decision) => {
                             let mut service = service.take().expect("the service is taken once");
                             let request = request.take().expect("the request is taken once");
@@ -195,7 +190,7 @@ where
 }
 
 /// What the limiter does with a request once the backend has answered.
-enum Verdict<B> {
+pub(crate) enum Verdict<B> {
     /// Call the service; decorate its response with the decision, if any.
     Pass(Option<Decision>),
     /// Answer without calling the service.
@@ -203,7 +198,13 @@ enum Verdict<B> {
 }
 
 impl<Bk, D> Core<Bk, D> {
-    fn judge<B>(&self, result: Result<Hit, BackendError>, key: &Key, grpc: bool) -> Verdict<B>
+    /// `request` is only read (for its content-type) when the request is not
+    /// passed on.
+    pub(crate) fn judge<B>(
+        &self,
+        result: Result<Hit, BackendError>,
+        request: &HeaderMap,
+    ) -> Verdict<B>
     where
         D: Deny<B>,
         B: Default,
@@ -212,14 +213,14 @@ impl<Bk, D> Core<Bk, D> {
         let hit = match result {
             Ok(hit) => hit,
             Err(err) if err.is_corrupt() => {
-                tracing::error!(limiter = %s.name, %key, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
-                return Verdict::Respond(if grpc {
+                tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
+                return Verdict::Respond(if is_grpc(request) {
                     grpc_response(GrpcCode::Internal, "rate limiter state is corrupt")
                 } else {
                     status_response(StatusCode::INTERNAL_SERVER_ERROR)
                 });
             }
-            Err(err) => return self.outage(err, key, grpc),
+            Err(err) => return self.outage(err, request),
         };
         let decision = Decision::new(
             s.name.clone(),
@@ -228,14 +229,14 @@ impl<Bk, D> Core<Bk, D> {
             hit.reset,
             s.shadow,
         );
-        tracing::debug!(limiter = %s.name, %key, count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
+        tracing::debug!(limiter = %s.name, count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
         if let Some(observer) = &s.observer {
             observer(&decision);
         }
         if decision.passed() {
             return Verdict::Pass(Some(decision));
         }
-        let mut response = if grpc {
+        let mut response = if is_grpc(request) {
             grpc_response(GrpcCode::ResourceExhausted, "rate limit exceeded")
         } else {
             self.deny.deny(&decision)
@@ -245,7 +246,7 @@ impl<Bk, D> Core<Bk, D> {
         Verdict::Respond(response)
     }
 
-    fn outage<B: Default>(&self, err: BackendError, key: &Key, grpc: bool) -> Verdict<B> {
+    fn outage<B: Default>(&self, err: BackendError, request: &HeaderMap) -> Verdict<B> {
         let s = &self.settings;
         let fail_open = s.failure == FailurePolicy::FailOpen;
         if let Some(suppressed) = s.warn_gate.admit() {
@@ -254,12 +255,12 @@ impl<Bk, D> Core<Bk, D> {
             } else {
                 "answering 503"
             };
-            tracing::warn!(limiter = %s.name, %key, error = %err, suppressed, "rate-limit backend failed: {action}");
+            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
         }
         if fail_open {
             return Verdict::Pass(None);
         }
-        Verdict::Respond(if grpc {
+        Verdict::Respond(if is_grpc(request) {
             grpc_response(GrpcCode::Unavailable, "rate limiter unavailable")
         } else {
             let mut response = status_response(StatusCode::SERVICE_UNAVAILABLE);

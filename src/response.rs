@@ -100,6 +100,8 @@ pub(crate) struct Headers {
     style: HeaderStyle,
     policy: HeaderValue,
     limit: HeaderValue,
+    /// The name as an sf-string, with its quotes.
+    name_item: Box<str>,
 }
 
 impl Headers {
@@ -110,10 +112,12 @@ impl Headers {
             .parameter(key("q"), sf_int(limit))
             .parameter(key("w"), sf_int(window_secs))
             .finish();
+        let name_item = ItemSerializer::new().bare_item(sf_name(name)).finish();
         Self {
             style,
             policy: HeaderValue::try_from(policy).expect("an sf-item is a valid header value"),
             limit: HeaderValue::from(limit),
+            name_item: name_item.into(),
         }
     }
 
@@ -125,21 +129,16 @@ impl Headers {
     /// `Retry-After` when `denied`. Headers already present are kept.
     pub(crate) fn write(&self, headers: &mut HeaderMap, decision: &Decision, denied: bool) {
         let reset = ceil_secs(decision.reset());
-        if denied && !headers.contains_key(RETRY_AFTER) {
-            headers.insert(RETRY_AFTER, HeaderValue::from(reset));
+        if denied {
+            headers
+                .entry(RETRY_AFTER)
+                .or_insert_with(|| int_value(reset));
         }
         match self.style {
             HeaderStyle::Ietf => {
-                if !headers.contains_key(RATELIMIT) {
-                    let mut value = String::with_capacity(decision.name().len() + 32);
-                    let _ = ItemSerializer::with_buffer(&mut value)
-                        .bare_item(sf_name(decision.name()))
-                        .parameter(key("r"), sf_int(decision.remaining()))
-                        .parameter(key("t"), sf_int(reset));
-                    let value =
-                        HeaderValue::try_from(value).expect("an sf-item is a valid header value");
-                    headers.insert(RATELIMIT, value);
-                }
+                headers
+                    .entry(RATELIMIT)
+                    .or_insert_with(|| self.ratelimit(decision.remaining(), reset));
                 headers
                     .entry(RATELIMIT_POLICY)
                     .or_insert_with(|| self.policy.clone());
@@ -158,6 +157,33 @@ impl Headers {
     }
 }
 
+impl Headers {
+    /// `"name";r=R;t=T`: the name was serialized by sfv once; the two
+    /// parameters are sf-integers, which are plain decimal digits.
+    fn ratelimit(&self, remaining: u64, reset: u64) -> HeaderValue {
+        let mut r = itoa::Buffer::new();
+        let mut t = itoa::Buffer::new();
+        let (r, t) = (
+            r.format(sf_int_value(remaining)),
+            t.format(sf_int_value(reset)),
+        );
+        let mut value = Vec::with_capacity(self.name_item.len() + 6 + r.len() + t.len());
+        value.extend_from_slice(self.name_item.as_bytes());
+        value.extend_from_slice(b";r=");
+        value.extend_from_slice(r.as_bytes());
+        value.extend_from_slice(b";t=");
+        value.extend_from_slice(t.as_bytes());
+        HeaderValue::from_maybe_shared(bytes::Bytes::from(value))
+            .expect("an sf-item is a valid header value")
+    }
+}
+
+/// A decimal header value, formatted without `fmt`.
+fn int_value(value: u64) -> HeaderValue {
+    let mut buffer = itoa::Buffer::new();
+    HeaderValue::from_str(buffer.format(value)).expect("digits are a valid header value")
+}
+
 /// Whether `name` serializes as an sf-string.
 pub(crate) fn is_sf_string(name: &str) -> bool {
     StringRef::from_str(name).is_ok()
@@ -172,7 +198,10 @@ fn key(name: &'static str) -> &'static KeyRef {
 }
 
 /// sf-integers stop at 10^15 - 1; larger values are clamped there.
+fn sf_int_value(value: u64) -> u64 {
+    value.min(999_999_999_999_999)
+}
+
 fn sf_int(value: u64) -> Integer {
-    const MAX: u64 = 999_999_999_999_999;
-    Integer::try_from(value.min(MAX)).expect("clamped into the sf-integer range")
+    Integer::try_from(sf_int_value(value)).expect("clamped into the sf-integer range")
 }

@@ -1,14 +1,16 @@
 //! [`RateLimit`]: the middleware service.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::Backend;
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, Verdict};
 use crate::key::KeyExtractor;
 use crate::layer::{Core, OnMissingKey};
 use crate::response::{Deny, is_grpc};
@@ -66,29 +68,37 @@ where
         let clone = self.inner.clone();
         let inner = std::mem::replace(&mut self.inner, clone);
         let core = Arc::clone(&self.core);
-        let grpc = is_grpc(request.headers());
-        match self.key.extract(&request) {
-            Ok(key) => {
-                let settings = &core.settings;
-                let hit = core
-                    .backend
-                    .hit(&settings.name, &key, settings.quota.window());
-                ResponseFuture::checking(core, hit, inner, request, key, grpc)
-            }
-            Err(err) => match core.settings.missing_key {
-                OnMissingKey::Allow => {
+        let key = match self.key.extract(&request) {
+            Ok(key) => key,
+            Err(err) => {
+                if core.settings.missing_key == OnMissingKey::Allow {
                     tracing::debug!(limiter = %core.settings.name, error = %err, "no rate-limit key; passing the request uncounted");
-                    let future = {
-                        let mut inner = inner;
-                        inner.call(request)
-                    };
-                    ResponseFuture::passing(core, future)
+                    let mut inner = inner;
+                    let future = inner.call(request);
+                    return ResponseFuture::passing(core, future, None);
                 }
-                _ => {
-                    let response = core.key_error_response(&err, grpc);
-                    ResponseFuture::respond(core, response)
+                let response = core.key_error_response(&err, is_grpc(request.headers()));
+                return ResponseFuture::respond(core, response);
+            }
+        };
+        let settings = &core.settings;
+        let mut hit = core
+            .backend
+            .hit(&settings.name, &key, settings.quota.window());
+        tracing::trace!(limiter = %settings.name, %key, "rate-limit hit");
+        // A backend that answers at once (the in-memory one does) is judged
+        // here, so the request never waits inside this future. A backend that
+        // has to go out is polled again, with the real waker, by the future.
+        match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => match core.judge(result, request.headers()) {
+                Verdict::Pass(decision) => {
+                    let mut inner = inner;
+                    let future = inner.call(request);
+                    ResponseFuture::passing(core, future, decision)
                 }
+                Verdict::Respond(response) => ResponseFuture::respond(core, response),
             },
+            Poll::Pending => ResponseFuture::checking(core, hit, inner, request),
         }
     }
 }

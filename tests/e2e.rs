@@ -23,9 +23,12 @@ async fn serve(app: Router) -> Server {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let base = format!("http://{}", listener.local_addr().unwrap());
     let task = tokio::spawn(async move {
-        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-            .await
-            .unwrap();
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
     });
     Server { base, task }
 }
@@ -57,35 +60,66 @@ async fn the_quickstart_setup_limits_each_client_ip() {
     for i in 0..5 {
         let res = one.get(&url).send().await.unwrap();
         assert_eq!(res.status(), StatusCode::OK, "request {i}");
-        assert_eq!(res.headers()["ratelimit"], format!("\"quickstart\";r={};t=10", 4 - i).as_str());
+        assert_eq!(
+            res.headers()["ratelimit"],
+            format!("\"quickstart\";r={};t=10", 4 - i).as_str()
+        );
         assert_eq!(res.headers()["ratelimit-policy"], "\"quickstart\";q=5;w=10");
     }
     let res = one.get(&url).send().await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-    let retry: u64 = res.headers()["retry-after"].to_str().unwrap().parse().unwrap();
+    let retry: u64 = res.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     assert!((1..=10).contains(&retry), "Retry-After {retry}");
-    assert_eq!(res.headers()["ratelimit"], format!("\"quickstart\";r=0;t={retry}").as_str());
+    assert_eq!(
+        res.headers()["ratelimit"],
+        format!("\"quickstart\";r=0;t={retry}").as_str()
+    );
 
-    assert_eq!(status(&client_from("127.0.0.2"), &url).await, StatusCode::OK, "another address has its own budget");
+    assert_eq!(
+        status(&client_from("127.0.0.2"), &url).await,
+        StatusCode::OK,
+        "another address has its own budget"
+    );
     for _ in 0..10 {
-        assert_eq!(status(&one, &format!("{}/health", server.base)).await, StatusCode::OK, "/health is not limited");
+        assert_eq!(
+            status(&one, &format!("{}/health", server.base)).await,
+            StatusCode::OK,
+            "/health is not limited"
+        );
     }
 }
 
 #[tokio::test]
 async fn two_route_layers_do_not_share_counters() {
     let app = Router::new()
-        .route("/login", get(|| async { "login" }).layer(RateLimitLayer::new("login", quota(1, 60))))
-        .route("/search", get(|| async { "search" }).layer(RateLimitLayer::new("search", quota(2, 60))));
+        .route(
+            "/login",
+            get(|| async { "login" }).layer(RateLimitLayer::new("login", quota(1, 60))),
+        )
+        .route(
+            "/search",
+            get(|| async { "search" }).layer(RateLimitLayer::new("search", quota(2, 60))),
+        );
     let server = serve(app).await;
     let client = reqwest::Client::new();
     let login = format!("{}/login", server.base);
     let search = format!("{}/search", server.base);
     assert_eq!(status(&client, &login).await, StatusCode::OK);
     assert_eq!(status(&client, &login).await, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(status(&client, &search).await, StatusCode::OK, "login's budget is not search's");
+    assert_eq!(
+        status(&client, &search).await,
+        StatusCode::OK,
+        "login's budget is not search's"
+    );
     assert_eq!(status(&client, &search).await, StatusCode::OK);
-    assert_eq!(status(&client, &search).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(&client, &search).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
@@ -96,10 +130,22 @@ async fn one_layer_on_a_router_is_one_budget() {
         .route_layer(RateLimitLayer::new("both", quota(2, 60)));
     let server = serve(app).await;
     let client = reqwest::Client::new();
-    assert_eq!(status(&client, &format!("{}/a", server.base)).await, StatusCode::OK);
-    assert_eq!(status(&client, &format!("{}/b", server.base)).await, StatusCode::OK);
-    assert_eq!(status(&client, &format!("{}/a", server.base)).await, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(status(&client, &format!("{}/b", server.base)).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        status(&client, &format!("{}/a", server.base)).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&client, &format!("{}/b", server.base)).await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        status(&client, &format!("{}/a", server.base)).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    assert_eq!(
+        status(&client, &format!("{}/b", server.base)).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[tokio::test]
@@ -112,7 +158,10 @@ async fn shadow_mode_over_http() {
     for remaining in [0, 0, 0] {
         let res = client.get(&server.base).send().await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
-        assert_eq!(res.headers()["ratelimit"], format!("\"trial\";r={remaining};t=60").as_str());
+        assert_eq!(
+            res.headers()["ratelimit"],
+            format!("\"trial\";r={remaining};t=60").as_str()
+        );
         assert!(res.headers().get("retry-after").is_none());
         assert_eq!(res.text().await.unwrap(), "hello");
     }
@@ -129,7 +178,10 @@ async fn a_server_without_connect_info_answers_500_not_a_panic() {
     let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
     let client = reqwest::Client::new();
     for _ in 0..3 {
-        assert_eq!(status(&client, &url).await, StatusCode::INTERNAL_SERVER_ERROR);
+        assert_eq!(
+            status(&client, &url).await,
+            StatusCode::INTERNAL_SERVER_ERROR
+        );
     }
     task.abort();
 }

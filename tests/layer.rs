@@ -16,7 +16,8 @@ use tower_pinned_window::{
 
 type Body = String;
 
-fn ok_service() -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone {
+fn ok_service() -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone
+{
     service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new("ok".to_string())) })
 }
 
@@ -24,12 +25,20 @@ fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
 }
 
+/// A layer on a memory backend that reads tokio's (paused) clock.
+fn limiter(name: &'static str, quota: Quota) -> RateLimitLayer {
+    RateLimitLayer::new(name, quota).backend(MemoryBackend::builder().tokio_clock().build())
+}
+
 fn get() -> Request<Body> {
     Request::new(String::new())
 }
 
 fn from(client: &str) -> Request<Body> {
-    Request::builder().header("x-client", client).body(String::new()).unwrap()
+    Request::builder()
+        .header("x-client", client)
+        .body(String::new())
+        .unwrap()
 }
 
 fn by_client() -> HeaderKey {
@@ -49,20 +58,34 @@ fn header<'a>(res: &'a Response<Body>, name: &str) -> Option<&'a str> {
 
 #[tokio::test(start_paused = true)]
 async fn denies_past_the_limit_with_retry_after_and_ietf_headers() {
-    let svc = RateLimitLayer::new("api", quota(3, 10)).layer(ok_service());
+    let svc = limiter("api", quota(3, 10)).layer(ok_service());
     for remaining in [2, 1, 0] {
         let res = send(&svc, get()).await;
         assert_eq!(res.status(), StatusCode::OK);
-        assert_eq!(header(&res, "ratelimit"), Some(format!("\"api\";r={remaining};t=10").as_str()));
+        assert_eq!(
+            header(&res, "ratelimit"),
+            Some(format!("\"api\";r={remaining};t=10").as_str())
+        );
         assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=3;w=10"));
-        assert_eq!(header(&res, "retry-after"), None, "allowed responses carry no Retry-After");
-        let decision = res.extensions().get::<Decision>().expect("decision in extensions");
+        assert_eq!(
+            header(&res, "retry-after"),
+            None,
+            "allowed responses carry no Retry-After"
+        );
+        let decision = res
+            .extensions()
+            .get::<Decision>()
+            .expect("decision in extensions");
         assert_eq!((decision.limit(), decision.remaining()), (3, remaining));
     }
     advance(Duration::from_millis(2500)).await;
     let res = send(&svc, get()).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(header(&res, "retry-after"), Some("8"), "7.5 s left rounds up to 8");
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("8"),
+        "7.5 s left rounds up to 8"
+    );
     assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=8"));
     assert!(res.body().is_empty());
     let decision = res.extensions().get::<Decision>().unwrap();
@@ -72,39 +95,64 @@ async fn denies_past_the_limit_with_retry_after_and_ietf_headers() {
     // The structured fields parse as RFC 9651 items.
     for name in ["ratelimit", "ratelimit-policy"] {
         let value = header(&res, name).unwrap();
-        sfv::Parser::new(value).parse::<sfv::List>().unwrap_or_else(|e| panic!("{name}: {value}: {e}"));
+        sfv::Parser::new(value)
+            .parse::<sfv::List>()
+            .unwrap_or_else(|e| panic!("{name}: {value}: {e}"));
     }
 
     advance(Duration::from_millis(7500)).await;
-    assert_eq!(send(&svc, get()).await.status(), StatusCode::OK, "the window closed");
+    assert_eq!(
+        send(&svc, get()).await.status(),
+        StatusCode::OK,
+        "the window closed"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn retry_after_is_at_least_one_second() {
     let q = Quota::new(1, Duration::from_millis(1500)).unwrap();
-    let svc = RateLimitLayer::new("short", q).layer(ok_service());
+    let svc = limiter("short", q).layer(ok_service());
     send(&svc, get()).await;
     advance(Duration::from_millis(1499)).await;
     let res = send(&svc, get()).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(header(&res, "retry-after"), Some("1"), "1 ms left still says 1");
-    assert_eq!(header(&res, "ratelimit-policy"), Some("\"short\";q=1;w=2"), "w rounds up");
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("1"),
+        "1 ms left still says 1"
+    );
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"short\";q=1;w=2"),
+        "w rounds up"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn the_window_is_pinned_to_the_first_hit() {
-    let layer = RateLimitLayer::new("login", quota(2, 15 * 60)).key(by_client());
+    let layer = limiter("login", quota(2, 15 * 60)).key(by_client());
     let svc = layer.layer(ok_service());
     let minute = Duration::from_secs(60);
 
-    assert_eq!(header(&send(&svc, from("alice")).await, "ratelimit"), Some("\"login\";r=1;t=900"));
+    assert_eq!(
+        header(&send(&svc, from("alice")).await, "ratelimit"),
+        Some("\"login\";r=1;t=900")
+    );
     advance(14 * minute).await;
     let res = send(&svc, from("alice")).await;
-    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=0;t=60"), "the knock at 14 min did not move the window");
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"login\";r=0;t=60"),
+        "the knock at 14 min did not move the window"
+    );
     advance(minute + Duration::from_millis(1)).await;
     let res = send(&svc, from("alice")).await;
     assert_eq!(res.status(), StatusCode::OK);
-    assert_eq!(res.extensions().get::<Decision>().unwrap().count(), 1, "15 min + 1 ms opens a new window");
+    assert_eq!(
+        res.extensions().get::<Decision>().unwrap().count(),
+        1,
+        "15 min + 1 ms opens a new window"
+    );
 
     // Knocking every 14 minutes past the limit is never locked out for good:
     // each window closes 15 minutes after the hit that opened it.
@@ -115,53 +163,98 @@ async fn the_window_is_pinned_to_the_first_hit() {
             allowed += 1;
         }
     }
-    assert_eq!(allowed, 12, "two hits per window never exceed the limit of 2");
+    assert_eq!(
+        allowed, 12,
+        "two hits per window never exceed the limit of 2"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_denied_client_is_let_back_in_when_its_window_closes_not_later() {
-    let svc = RateLimitLayer::new("login", quota(1, 60)).key(by_client()).layer(ok_service());
+    let svc = limiter("login", quota(1, 60))
+        .key(by_client())
+        .layer(ok_service());
     assert_eq!(send(&svc, from("bob")).await.status(), StatusCode::OK);
     // Bob keeps knocking every 10 s while denied; the window does not slide.
     for _ in 0..5 {
         advance(Duration::from_secs(10)).await;
-        assert_eq!(send(&svc, from("bob")).await.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            send(&svc, from("bob")).await.status(),
+            StatusCode::TOO_MANY_REQUESTS
+        );
     }
     advance(Duration::from_secs(10)).await;
-    assert_eq!(send(&svc, from("bob")).await.status(), StatusCode::OK, "60 s after his first hit");
+    assert_eq!(
+        send(&svc, from("bob")).await.status(),
+        StatusCode::OK,
+        "60 s after his first hit"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn keys_are_counted_apart_and_clones_share_one_budget() {
-    let layer = RateLimitLayer::new("api", quota(2, 60)).key(by_client());
+    let layer = limiter("api", quota(2, 60)).key(by_client());
     let a = layer.clone().layer(ok_service());
     let b = layer.layer(ok_service());
     let a2 = a.clone();
     assert_eq!(send(&a, from("x")).await.status(), StatusCode::OK);
     assert_eq!(send(&b, from("x")).await.status(), StatusCode::OK);
-    assert_eq!(send(&a2, from("x")).await.status(), StatusCode::TOO_MANY_REQUESTS, "clones of layer and service share the budget");
-    assert_eq!(send(&a, from("y")).await.status(), StatusCode::OK, "another key has its own budget");
+    assert_eq!(
+        send(&a2, from("x")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "clones of layer and service share the budget"
+    );
+    assert_eq!(
+        send(&a, from("y")).await.status(),
+        StatusCode::OK,
+        "another key has its own budget"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn layers_share_a_backend_only_under_one_name() {
     let store = MemoryBackend::new();
-    let login = RateLimitLayer::new("login", quota(1, 60)).backend(store.clone()).layer(ok_service());
-    let search = RateLimitLayer::new("search", quota(1, 60)).backend(store.clone()).layer(ok_service());
-    let login_too = RateLimitLayer::new("login", quota(1, 60)).backend(store.clone()).layer(ok_service());
+    let login = limiter("login", quota(1, 60))
+        .backend(store.clone())
+        .layer(ok_service());
+    let search = limiter("search", quota(1, 60))
+        .backend(store.clone())
+        .layer(ok_service());
+    let login_too = limiter("login", quota(1, 60))
+        .backend(store.clone())
+        .layer(ok_service());
     assert_eq!(send(&login, get()).await.status(), StatusCode::OK);
-    assert_eq!(send(&search, get()).await.status(), StatusCode::OK, "another name, another counter");
-    assert_eq!(send(&login_too, get()).await.status(), StatusCode::TOO_MANY_REQUESTS, "same name, same counter");
+    assert_eq!(
+        send(&search, get()).await.status(),
+        StatusCode::OK,
+        "another name, another counter"
+    );
+    assert_eq!(
+        send(&login_too, get()).await.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "same name, same counter"
+    );
 
     // reset unblocks the client.
     assert!(store.reset("login", &Key::new("*")).await.unwrap());
     assert_eq!(send(&login, get()).await.status(), StatusCode::OK);
-    assert_eq!(store.peek("login", &Key::new("*")).await.unwrap().map(|h| h.count), Some(1));
+    assert_eq!(
+        store
+            .peek("login", &Key::new("*"))
+            .await
+            .unwrap()
+            .map(|h| h.count),
+        Some(1)
+    );
 }
 
 #[test]
 fn exactly_the_limit_is_admitted_out_of_concurrent_hits() {
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         for (limit, hits) in [(1u64, 200usize), (50, 1000), (999, 1000), (1000, 1000)] {
             let served = Arc::new(AtomicUsize::new(0));
@@ -170,7 +263,7 @@ fn exactly_the_limit_is_admitted_out_of_concurrent_hits() {
                 counter.fetch_add(1, Ordering::SeqCst);
                 async { Ok::<_, Infallible>(Response::new(String::new())) }
             });
-            let svc = RateLimitLayer::new("burst", quota(limit, 60)).layer(inner);
+            let svc = limiter("burst", quota(limit, 60)).layer(inner);
             let tasks: Vec<_> = (0..hits)
                 .map(|_| {
                     let svc = svc.clone();
@@ -183,15 +276,25 @@ fn exactly_the_limit_is_admitted_out_of_concurrent_hits() {
                     ok += 1;
                 }
             }
-            assert_eq!(ok, limit.min(hits as u64) as usize, "limit {limit}, {hits} hits");
-            assert_eq!(served.load(Ordering::SeqCst), ok, "the service saw only the admitted");
+            assert_eq!(
+                ok,
+                limit.min(hits as u64) as usize,
+                "limit {limit}, {hits} hits"
+            );
+            assert_eq!(
+                served.load(Ordering::SeqCst),
+                ok,
+                "the service saw only the admitted"
+            );
         }
     });
 }
 
 #[tokio::test(start_paused = true)]
 async fn legacy_and_no_headers() {
-    let svc = RateLimitLayer::new("api", quota(1, 30)).headers(HeaderStyle::Legacy).layer(ok_service());
+    let svc = limiter("api", quota(1, 30))
+        .headers(HeaderStyle::Legacy)
+        .layer(ok_service());
     let res = send(&svc, get()).await;
     assert_eq!(header(&res, "x-ratelimit-limit"), Some("1"));
     assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
@@ -201,7 +304,9 @@ async fn legacy_and_no_headers() {
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
 
-    let svc = RateLimitLayer::new("api", quota(1, 30)).headers(HeaderStyle::None).layer(ok_service());
+    let svc = limiter("api", quota(1, 30))
+        .headers(HeaderStyle::None)
+        .layer(ok_service());
     let res = send(&svc, get()).await;
     assert!(res.headers().is_empty(), "{:?}", res.headers());
     let res = send(&svc, get()).await;
@@ -214,7 +319,7 @@ async fn legacy_and_no_headers() {
 async fn shadow_mode_counts_and_never_denies() {
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = seen.clone();
-    let svc = RateLimitLayer::new("new-limit", quota(1, 60))
+    let svc = limiter("new-limit", quota(1, 60))
         .shadow(true)
         .on_decision(move |d| log.lock().unwrap().push((d.count(), d.outcome())))
         .layer(ok_service());
@@ -222,21 +327,30 @@ async fn shadow_mode_counts_and_never_denies() {
         assert_eq!(send(&svc, get()).await.status(), StatusCode::OK);
     }
     let res = send(&svc, get()).await;
-    assert_eq!(res.extensions().get::<Decision>().unwrap().outcome(), Outcome::Shadowed);
+    assert_eq!(
+        res.extensions().get::<Decision>().unwrap().outcome(),
+        Outcome::Shadowed
+    );
     assert_eq!(header(&res, "ratelimit"), Some("\"new-limit\";r=0;t=60"));
     assert_eq!(
         *seen.lock().unwrap(),
-        vec![(1, Outcome::Allowed), (2, Outcome::Shadowed), (3, Outcome::Shadowed), (4, Outcome::Shadowed)]
+        vec![
+            (1, Outcome::Allowed),
+            (2, Outcome::Shadowed),
+            (3, Outcome::Shadowed),
+            (4, Outcome::Shadowed)
+        ]
     );
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_custom_denial_gets_the_headers_too() {
-    let svc = RateLimitLayer::new("api", quota(1, 60))
+    let svc = limiter("api", quota(1, 60))
         .deny_with(|d: &Decision| {
             let mut res = Response::new(format!("slow down, try again in {} s", d.reset_secs()));
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            res.headers_mut().insert("retry-after", HeaderValue::from_static("120"));
+            res.headers_mut()
+                .insert("retry-after", HeaderValue::from_static("120"));
             res
         })
         .layer(ok_service());
@@ -244,17 +358,30 @@ async fn a_custom_denial_gets_the_headers_too() {
     let res = send(&svc, get()).await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(res.body(), "slow down, try again in 60 s");
-    assert_eq!(header(&res, "retry-after"), Some("120"), "a header the denial set is kept");
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("120"),
+        "a header the denial set is kept"
+    );
     assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=60"));
 }
 
 #[tokio::test(start_paused = true)]
 async fn grpc_requests_get_resource_exhausted() {
-    let svc = RateLimitLayer::new("grpc", quota(1, 60)).layer(ok_service());
-    let grpc = || Request::builder().header("content-type", "application/grpc+proto").body(String::new()).unwrap();
+    let svc = limiter("grpc", quota(1, 60)).layer(ok_service());
+    let grpc = || {
+        Request::builder()
+            .header("content-type", "application/grpc+proto")
+            .body(String::new())
+            .unwrap()
+    };
     assert_eq!(send(&svc, grpc()).await.status(), StatusCode::OK);
     let res = send(&svc, grpc()).await;
-    assert_eq!(res.status(), StatusCode::OK, "gRPC errors travel with HTTP 200");
+    assert_eq!(
+        res.status(),
+        StatusCode::OK,
+        "gRPC errors travel with HTTP 200"
+    );
     assert_eq!(header(&res, "grpc-status"), Some("8"));
     assert_eq!(header(&res, "grpc-message"), Some("rate limit exceeded"));
     assert_eq!(header(&res, "content-type"), Some("application/grpc"));
@@ -263,11 +390,13 @@ async fn grpc_requests_get_resource_exhausted() {
 
 #[tokio::test(start_paused = true)]
 async fn requests_without_a_key() {
-    let svc = RateLimitLayer::new("api", quota(1, 60)).key(by_client()).layer(ok_service());
+    let svc = limiter("api", quota(1, 60))
+        .key(by_client())
+        .layer(ok_service());
     let res = send(&svc, get()).await;
     assert_eq!(res.status(), StatusCode::BAD_REQUEST, "rejected by default");
 
-    let svc = RateLimitLayer::new("api", quota(1, 60))
+    let svc = limiter("api", quota(1, 60))
         .key(by_client())
         .on_missing_key(OnMissingKey::Allow)
         .layer(ok_service());
@@ -277,10 +406,18 @@ async fn requests_without_a_key() {
         assert!(res.extensions().get::<Decision>().is_none());
     }
 
-    let broken = |_req: &Request<Body>| -> Result<Key, KeyError> { Err(KeyError::Misconfigured("no connect info")) };
-    let svc = RateLimitLayer::new("api", quota(1, 60)).key(broken).layer(ok_service());
-    assert_eq!(send(&svc, get()).await.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    let grpc = Request::builder().header("content-type", "application/grpc").body(String::new()).unwrap();
+    let broken = |_req: &Request<Body>| -> Result<Key, KeyError> {
+        Err(KeyError::Misconfigured("no connect info"))
+    };
+    let svc = limiter("api", quota(1, 60)).key(broken).layer(ok_service());
+    assert_eq!(
+        send(&svc, get()).await.status(),
+        StatusCode::INTERNAL_SERVER_ERROR
+    );
+    let grpc = Request::builder()
+        .header("content-type", "application/grpc")
+        .body(String::new())
+        .unwrap();
     assert_eq!(header(&send(&svc, grpc).await, "grpc-status"), Some("13"));
 }
 
@@ -300,7 +437,10 @@ impl Backend for Broken {
         let error = match self {
             Broken::Down => BackendError::Unavailable("connection refused".into()),
             Broken::Hangs => return Box::pin(std::future::pending()),
-            Broken::Corrupt => BackendError::Corrupt { key: format!("{namespace}:{key}"), detail: "\"abc\"".into() },
+            Broken::Corrupt => BackendError::Corrupt {
+                key: format!("{namespace}:{key}"),
+                detail: "\"abc\"".into(),
+            },
         };
         Box::pin(std::future::ready(Err(error)))
     }
@@ -316,14 +456,44 @@ impl Backend for Broken {
 
 #[tokio::test(start_paused = true)]
 async fn backend_failures_follow_the_policy_but_corruption_always_stops() {
-    let base = || RateLimitLayer::new("api", quota(1, 60));
+    let base = || limiter("api", quota(1, 60));
     let cases = [
-        ("down, fail closed", base().backend(Broken::Down), StatusCode::SERVICE_UNAVAILABLE),
-        ("down, fail open", base().backend(Broken::Down).on_failure(FailurePolicy::FailOpen), StatusCode::OK),
-        ("slow, fail closed", base().backend(Broken::Hangs), StatusCode::SERVICE_UNAVAILABLE),
-        ("slow, fail open", base().backend(Broken::Hangs).on_failure(FailurePolicy::FailOpen), StatusCode::OK),
-        ("corrupt, fail closed", base().backend(Broken::Corrupt), StatusCode::INTERNAL_SERVER_ERROR),
-        ("corrupt, fail open", base().backend(Broken::Corrupt).on_failure(FailurePolicy::FailOpen), StatusCode::INTERNAL_SERVER_ERROR),
+        (
+            "down, fail closed",
+            base().backend(Broken::Down),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+        (
+            "down, fail open",
+            base()
+                .backend(Broken::Down)
+                .on_failure(FailurePolicy::FailOpen),
+            StatusCode::OK,
+        ),
+        (
+            "slow, fail closed",
+            base().backend(Broken::Hangs),
+            StatusCode::SERVICE_UNAVAILABLE,
+        ),
+        (
+            "slow, fail open",
+            base()
+                .backend(Broken::Hangs)
+                .on_failure(FailurePolicy::FailOpen),
+            StatusCode::OK,
+        ),
+        (
+            "corrupt, fail closed",
+            base().backend(Broken::Corrupt),
+            StatusCode::INTERNAL_SERVER_ERROR,
+        ),
+        (
+            "corrupt, fail open",
+            base()
+                .backend(Broken::Corrupt)
+                .on_failure(FailurePolicy::FailOpen),
+            StatusCode::INTERNAL_SERVER_ERROR,
+        ),
     ];
     for (name, layer, want) in cases {
         let svc = layer.layer(ok_service());
@@ -334,31 +504,53 @@ async fn backend_failures_follow_the_policy_but_corruption_always_stops() {
             assert_eq!(header(&res, "retry-after"), Some("1"), "{name}");
         }
         if name.starts_with("slow") {
-            assert_eq!(started.elapsed(), tower_pinned_window::DEFAULT_TIMEOUT, "{name}: the timeout bounds the wait");
+            assert_eq!(
+                started.elapsed(),
+                tower_pinned_window::DEFAULT_TIMEOUT,
+                "{name}: the timeout bounds the wait"
+            );
         } else {
             assert_eq!(started.elapsed(), Duration::ZERO, "{name}");
         }
     }
-    let svc = base().backend(Broken::Hangs).timeout(Duration::from_secs(2)).unwrap().layer(ok_service());
+    let svc = base()
+        .backend(Broken::Hangs)
+        .timeout(Duration::from_secs(2))
+        .unwrap()
+        .layer(ok_service());
     let started = tokio::time::Instant::now();
-    assert_eq!(send(&svc, get()).await.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        send(&svc, get()).await.status(),
+        StatusCode::SERVICE_UNAVAILABLE
+    );
     assert_eq!(started.elapsed(), Duration::from_secs(2));
 
-    let grpc = || Request::builder().header("content-type", "application/grpc").body(String::new()).unwrap();
+    let grpc = || {
+        Request::builder()
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .unwrap()
+    };
     let svc = base().backend(Broken::Down).layer(ok_service());
     assert_eq!(header(&send(&svc, grpc()).await, "grpc-status"), Some("14"));
-    let svc = base().backend(Broken::Corrupt).on_failure(FailurePolicy::FailOpen).layer(ok_service());
+    let svc = base()
+        .backend(Broken::Corrupt)
+        .on_failure(FailurePolicy::FailOpen)
+        .layer(ok_service());
     assert_eq!(header(&send(&svc, grpc()).await, "grpc-status"), Some("13"));
 }
 
 #[tokio::test]
 async fn back_pressure_from_the_inner_service_passes_through() {
     let (mock, mut handle) = tower_test::mock::pair::<Request<Body>, Response<Body>>();
-    let layer = RateLimitLayer::new("bp", quota(10, 60));
+    let layer = limiter("bp", quota(10, 60));
     let mut svc = tower_test::mock::Spawn::new(layer.layer(mock));
 
     handle.allow(0);
-    assert!(svc.poll_ready().is_pending(), "not ready while the inner service is not");
+    assert!(
+        svc.poll_ready().is_pending(),
+        "not ready while the inner service is not"
+    );
     handle.allow(1);
     assert!(svc.poll_ready().is_ready());
     // The inner service is called when the response future is first polled.
@@ -375,6 +567,6 @@ async fn back_pressure_from_the_inner_service_passes_through() {
 #[tokio::test]
 async fn inner_errors_pass_through_unchanged() {
     let failing = service_fn(|_req: Request<Body>| async { Err::<Response<Body>, _>("boom") });
-    let svc = RateLimitLayer::new("api", quota(5, 60)).layer(failing);
+    let svc = limiter("api", quota(5, 60)).layer(failing);
     assert_eq!(svc.oneshot(get()).await.unwrap_err(), "boom");
 }

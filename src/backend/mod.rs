@@ -100,9 +100,11 @@ impl std::error::Error for BackendError {
 /// `namespace` is the layer's name; together with `key` it names one counter.
 /// Implementations hold their state behind an `Arc`, so clones share it.
 pub trait Backend: Clone + Send + Sync + 'static {
-    /// What [`hit`](Backend::hit) returns. The in-memory backend answers with
-    /// an already completed future, so a hit costs no allocation.
-    type Future: Future<Output = Result<Hit, BackendError>> + Send + 'static;
+    /// What [`hit`](Backend::hit) returns (`Unpin`: box it if need be). The
+    /// in-memory backend answers with an already completed future, so a hit
+    /// costs no allocation; the layer polls it once as soon as it is made and
+    /// decides there and then when it is ready.
+    type Future: Future<Output = Result<Hit, BackendError>> + Unpin + Send + 'static;
 
     /// Count one hit on `key` in one atomic step; a new counter's window is
     /// `window`, an existing counter's window is left as it is.
