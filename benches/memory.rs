@@ -142,18 +142,18 @@ fn layer_overhead(c: &mut Criterion) {
         }};
     }
 
-    bench!("bare_service", inner.clone());
+    bench!("bare_service", inner);
 
     let quota = Quota::new(u64::MAX, Duration::from_secs(3600)).unwrap();
     bench!(
         "pinned_window",
-        RateLimitLayer::new("bench", quota).layer(inner.clone())
+        RateLimitLayer::new("bench", quota).layer(inner)
     );
     bench!(
         "pinned_window_no_headers",
         RateLimitLayer::new("bench", quota)
             .headers(HeaderStyle::None)
-            .layer(inner.clone())
+            .layer(inner)
     );
 
     let config = GovernorConfigBuilder::default()
@@ -163,10 +163,7 @@ fn layer_overhead(c: &mut Criterion) {
         .use_headers()
         .finish()
         .unwrap();
-    bench!(
-        "tower_governor",
-        GovernorLayer::new(config).layer(inner.clone())
-    );
+    bench!("tower_governor", GovernorLayer::new(config).layer(inner));
     let config = GovernorConfigBuilder::default()
         .per_nanosecond(1)
         .burst_size(u32::MAX)
@@ -175,7 +172,7 @@ fn layer_overhead(c: &mut Criterion) {
         .unwrap();
     bench!(
         "tower_governor_no_headers",
-        GovernorLayer::new(config).layer(inner.clone())
+        GovernorLayer::new(config).layer(inner)
     );
     group.finish();
 }

@@ -54,3 +54,8 @@ pub use layer::{DEFAULT_TIMEOUT, FailurePolicy, MAX_NAME_LEN, OnMissingKey, Rate
 pub use quota::{Quota, Window};
 pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
+
+/// The README's examples, compiled and run as doctests.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -52,7 +52,7 @@ const MIN_SWEEP_LEN: usize = 64;
 /// Windows are measured on a monotonic clock (the processor's time-stamp counter); a test on
 /// a paused tokio runtime builds the backend with
 /// [`tokio_clock`](MemoryBackendBuilder::tokio_clock) and moves windows with
-/// [`tokio::time::advance`].
+/// `tokio::time::advance`.
 #[derive(Clone, Debug)]
 pub struct MemoryBackend {
     inner: Arc<Inner>,
@@ -74,7 +74,7 @@ enum Clock {
     /// against the OS's monotonic clock: about half the cost of
     /// [`std::time::Instant::now`] (the default).
     Quanta(quanta::Instant),
-    /// tokio's clock: [`tokio::time::pause`] and [`tokio::time::advance`]
+    /// tokio's clock: `tokio::time::pause` and `tokio::time::advance`
     /// move the windows, so tests need not sleep.
     Tokio(Instant),
 }
@@ -209,7 +209,7 @@ impl MemoryBackendBuilder {
     }
 
     /// Read tokio's clock instead of the default the processor's time-stamp counter, so that
-    /// [`tokio::time::pause`] and [`tokio::time::advance`] move the windows
+    /// `tokio::time::pause` and `tokio::time::advance` move the windows
     /// (for tests; it costs about 8 ns more per hit).
     pub fn tokio_clock(mut self) -> Self {
         self.tokio_clock = true;

@@ -22,7 +22,7 @@
 
 mod memory;
 
-pub use memory::{MemoryBackend, MemoryBackendBuilder};
+pub use memory::{DEFAULT_MAX_KEYS, MemoryBackend, MemoryBackendBuilder};
 
 use std::fmt;
 use std::future::Future;

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Requests per second through the quickstart-style server with the layer and
+# without it, measured in the same run, and their ratio.
+#
+#   bash benches/wrk.sh            # 3 rounds of 10 s each way
+#   ROUNDS=5 DURATION=20s bash benches/wrk.sh
+#
+# Needs wrk (Debian: apt-get install wrk). Only 127.0.0.1 is loaded.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v wrk >/dev/null || { echo "wrk not found: apt-get install wrk" >&2; exit 1; }
+
+ROUNDS=${ROUNDS:-3}
+DURATION=${DURATION:-10s}
+THREADS=${THREADS:-1}
+CONNECTIONS=${CONNECTIONS:-64}
+PORT=${PORT:-3917}
+
+cargo build --release --example wrk_server --quiet
+server=target/release/examples/wrk_server
+
+run() { # $1 = on|off; prints requests/s
+  LIMIT=$1 PORT=$PORT taskset -c 0 "$server" >/dev/null &
+  local pid=$!
+  for _ in $(seq 50); do curl -fs "http://127.0.0.1:$PORT/" >/dev/null && break; sleep 0.1; done
+  local rps
+  rps=$(taskset -c 1 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" "http://127.0.0.1:$PORT/" | awk '/Requests\/sec/ {print $2}')
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  echo "$rps"
+}
+
+echo "round  without_layer_rps  with_layer_rps  ratio"
+sum_off=0; sum_on=0
+for round in $(seq "$ROUNDS"); do
+  off=$(run off); on=$(run on)
+  sum_off=$(echo "$sum_off + $off" | bc -l); sum_on=$(echo "$sum_on + $on" | bc -l)
+  printf '%5d  %17.0f  %14.0f  %5.3f\n' "$round" "$off" "$on" "$(echo "$on / $off" | bc -l)"
+done
+printf 'total  %17.0f  %14.0f  %5.3f\n' "$sum_off" "$sum_on" "$(echo "$sum_on / $sum_off" | bc -l)"

@@ -1,0 +1,50 @@
+//! The quickstart's server for load tests: `GET /` per client IP, with the
+//! layer (`LIMIT=on`, the default; `LIMIT=noheaders` without the RateLimit
+//! headers) or without it (`LIMIT=off`). The quota is
+//! large enough that every request is admitted, so a load test measures what
+//! counting costs, not how fast 429s are written.
+//!
+//! Used by `benches/wrk.sh`.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::{Router, routing::get};
+use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let port: u16 = std::env::var("PORT").ok().map_or(Ok(3000), |p| p.parse())?;
+    let limit = std::env::var("LIMIT").unwrap_or_else(|_| "on".into());
+    let mut app = Router::new().route("/", get(|| async { "hello\n" }));
+    match limit.as_str() {
+        "on" | "noheaders" => {
+            let quota = Quota::new(u64::MAX, Duration::from_secs(10))?;
+            let mut layer = RateLimitLayer::new("wrk", quota).key(PeerIp::new());
+            if limit == "noheaders" {
+                layer = layer.headers(HeaderStyle::None);
+            }
+            app = app.route_layer(layer);
+        }
+        "off" => {}
+        // A layer that does nothing: what wrapping the route costs by itself.
+        "identity" => {
+            app = app.route_layer(tower::util::MapResponseLayer::new(
+                |r: axum::response::Response| r,
+            ));
+        }
+        other => return Err(format!("LIMIT must be on, noheaders or off, not {other:?}").into()),
+    }
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
+    println!(
+        "listening on http://{} (LIMIT={limit})",
+        listener.local_addr()?
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
+    Ok(())
+}
