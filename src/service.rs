@@ -82,9 +82,7 @@ where
             }
         };
         let settings = &core.settings;
-        let mut hit = core
-            .backend
-            .hit(&settings.name, &key, settings.quota.window());
+        let mut hit = core.backend.hit(&settings.name, &key, settings.quota);
         tracing::trace!(limiter = %settings.name, %key, "rate-limit hit");
         // A backend that answers at once (the in-memory one does) is judged
         // here, so the request never waits inside this future. A backend that

@@ -11,7 +11,7 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Hit, MemoryBackend};
 use tower_pinned_window::key::{HeaderKey, Key, KeyError};
 use tower_pinned_window::{
-    Decision, FailurePolicy, HeaderStyle, OnMissingKey, Outcome, Quota, RateLimitLayer, Window,
+    Decision, FailurePolicy, HeaderStyle, OnMissingKey, Outcome, Quota, RateLimitLayer,
 };
 
 type Body = String;
@@ -433,7 +433,7 @@ enum Broken {
 impl Backend for Broken {
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<Hit, BackendError>> + Send>>;
 
-    fn hit(&self, namespace: &str, key: &Key, _window: Window) -> Self::Future {
+    fn hit(&self, namespace: &str, key: &Key, _quota: Quota) -> Self::Future {
         let error = match self {
             Broken::Down => BackendError::Unavailable("connection refused".into()),
             Broken::Hangs => return Box::pin(std::future::pending()),

@@ -14,7 +14,7 @@ use tokio::time::Instant;
 use super::{Backend, BackendError, Hit};
 use crate::ConfigError;
 use crate::key::{Key, MAX_KEY_LEN};
-use crate::quota::Window;
+use crate::quota::{Quota, Window};
 
 /// Live keys held by default before new keys are refused.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -417,8 +417,8 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 impl Backend for MemoryBackend {
     type Future = Ready<Result<Hit, BackendError>>;
 
-    fn hit(&self, namespace: &str, key: &Key, window: Window) -> Self::Future {
-        ready(self.hit_at(self.now(), namespace, key, window))
+    fn hit(&self, namespace: &str, key: &Key, quota: Quota) -> Self::Future {
+        ready(self.hit_at(self.now(), namespace, key, quota.window()))
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
@@ -489,8 +489,9 @@ mod tests {
     fn the_default_clock_counts_within_the_window() {
         let store = MemoryBackend::new();
         let key = Key::new("k");
-        let first = store.hit("n", &key, window(60_000)).into_inner().unwrap();
-        let second = store.hit("n", &key, window(60_000)).into_inner().unwrap();
+        let quota = Quota::with_window(std::num::NonZeroU64::MIN, window(60_000));
+        let first = store.hit("n", &key, quota).into_inner().unwrap();
+        let second = store.hit("n", &key, quota).into_inner().unwrap();
         assert_eq!((first.count, second.count), (1, 2));
         assert!(second.reset <= first.reset && first.reset <= Duration::from_secs(60));
         assert!(second.reset > Duration::from_secs(59), "{:?}", second.reset);

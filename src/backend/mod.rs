@@ -10,7 +10,7 @@
 //! **The lifetime is attached only when the counter is created** (or found
 //! without one, which only older code or a crash between two commands can
 //! leave behind), **and an existing lifetime is never extended or shortened.**
-//! Hits never move a window: it closes a fixed [`Window`] after the hit that
+//! Hits never move a window: it closes a fixed [`Window`](crate::Window) after the hit that
 //! opened it, however often the key knocks in between.
 //!
 //! A counter that does not hold an integer is corrupt state: `hit` fails with
@@ -29,7 +29,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use crate::key::Key;
-use crate::quota::Window;
+use crate::quota::Quota;
 
 /// The outcome of one [`Backend::hit`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -107,8 +107,11 @@ pub trait Backend: Clone + Send + Sync + 'static {
     type Future: Future<Output = Result<Hit, BackendError>> + Unpin + Send + 'static;
 
     /// Count one hit on `key` in one atomic step; a new counter's window is
-    /// `window`, an existing counter's window is left as it is.
-    fn hit(&self, namespace: &str, key: &Key, window: Window) -> Self::Future;
+    /// `quota`'s window, an existing counter's window is left as it is.
+    ///
+    /// `quota`'s limit is a hint a backend may use (the Redis backend's local
+    /// deny cache does); the layer makes the decision from the count.
+    fn hit(&self, namespace: &str, key: &Key, quota: Quota) -> Self::Future;
 
     /// The counter as it stands, without counting; `None` when there is no
     /// live counter.
