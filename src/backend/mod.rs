@@ -21,6 +21,8 @@
 //! `redis` feature, a Redis and Redis Cluster backend.
 
 mod memory;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 pub use memory::{DEFAULT_MAX_KEYS, MemoryBackend, MemoryBackendBuilder};
 
