@@ -19,7 +19,10 @@ use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer, Window
 
 type Body = String;
 
-fn ok_service() -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone + Send {
+fn ok_service()
+-> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
++ Clone
++ Send {
     service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new("ok".to_string())) })
 }
 
@@ -28,7 +31,10 @@ fn quota(limit: u64, window: Duration) -> Quota {
 }
 
 fn from(client: &str) -> Request<Body> {
-    Request::builder().header("x-client", client).body(String::new()).unwrap()
+    Request::builder()
+        .header("x-client", client)
+        .body(String::new())
+        .unwrap()
 }
 
 fn by_client() -> HeaderKey {
@@ -49,9 +55,13 @@ fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
 
 #[tokio::test]
 async fn the_window_is_pinned_and_denials_carry_retry_after() {
-    let server = redis_or_skip!(RedisServer::start("the_window_is_pinned_and_denials_carry_retry_after"));
+    let server = redis_or_skip!(RedisServer::start(
+        "the_window_is_pinned_and_denials_carry_retry_after"
+    ));
     let mut con = server.sync();
-    let store = RedisBackend::builder(manager(&server).await).deny_cache(0).build();
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
     let svc = RateLimitLayer::new("login", quota(3, Duration::from_secs(60)))
         .key(by_client())
         .backend(store)
@@ -60,29 +70,50 @@ async fn the_window_is_pinned_and_denials_carry_retry_after() {
     let res = svc.clone().oneshot(from("alice")).await.unwrap();
     assert_eq!(res.headers()["ratelimit"], "\"login\";r=2;t=60");
     let first = pttl(&mut con, "tpw:login:alice");
-    assert!((59_000..=60_000).contains(&first), "PTTL after the first hit: {first}");
+    assert!(
+        (59_000..=60_000).contains(&first),
+        "PTTL after the first hit: {first}"
+    );
 
     tokio::time::sleep(Duration::from_millis(120)).await;
     svc.clone().oneshot(from("alice")).await.unwrap();
     let second = pttl(&mut con, "tpw:login:alice");
-    assert!(second <= first - 100, "the second hit did not refresh the lifetime: {first} then {second}");
+    assert!(
+        second <= first - 100,
+        "the second hit did not refresh the lifetime: {first} then {second}"
+    );
 
     svc.clone().oneshot(from("alice")).await.unwrap();
     let denied = svc.clone().oneshot(from("alice")).await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(denied.headers()["retry-after"], "60", "59.8 s left rounds up to 60");
+    assert_eq!(
+        denied.headers()["retry-after"],
+        "60",
+        "59.8 s left rounds up to 60"
+    );
     assert_eq!(denied.headers()["ratelimit"], "\"login\";r=0;t=60");
     assert_eq!(denied.extensions().get::<Decision>().unwrap().count(), 4);
-    assert!(pttl(&mut con, "tpw:login:alice") <= second, "denied hits do not refresh it either");
-    let count: i64 = redis::cmd("GET").arg("tpw:login:alice").query(&mut con).unwrap();
+    assert!(
+        pttl(&mut con, "tpw:login:alice") <= second,
+        "denied hits do not refresh it either"
+    );
+    let count: i64 = redis::cmd("GET")
+        .arg("tpw:login:alice")
+        .query(&mut con)
+        .unwrap();
     assert_eq!(count, 4);
-    assert_eq!(svc.clone().oneshot(from("bob")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        svc.clone().oneshot(from("bob")).await.unwrap().status(),
+        StatusCode::OK
+    );
 }
 
 #[tokio::test]
 async fn a_closed_window_starts_over_at_one() {
     let server = redis_or_skip!(RedisServer::start("a_closed_window_starts_over_at_one"));
-    let store = RedisBackend::builder(manager(&server).await).deny_cache(0).build();
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
     let q = quota(1, Duration::from_millis(250));
     let key = Key::new("k");
     assert_eq!(store.hit("n", &key, q).await.unwrap().count, 1);
@@ -95,8 +126,14 @@ async fn a_closed_window_starts_over_at_one() {
 
 #[test]
 fn exactly_the_limit_is_admitted_across_four_instances() {
-    let server = redis_or_skip!(RedisServer::start("exactly_the_limit_is_admitted_across_four_instances"));
-    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(4).enable_all().build().unwrap();
+    let server = redis_or_skip!(RedisServer::start(
+        "exactly_the_limit_is_admitted_across_four_instances"
+    ));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
     runtime.block_on(async {
         for (limit, hits) in [(1u64, 100usize), (50, 400), (400, 400)] {
             let name: &'static str = Box::leak(format!("burst{limit}").into_boxed_str());
@@ -104,12 +141,21 @@ fn exactly_the_limit_is_admitted_across_four_instances() {
             for _ in 0..4 {
                 // Each "app server" has its own connection and deny cache.
                 let store = backend(&server).await;
-                instances.push(RateLimitLayer::new(name, quota(limit, Duration::from_secs(60))).backend(store).layer(ok_service()));
+                instances.push(
+                    RateLimitLayer::new(name, quota(limit, Duration::from_secs(60)))
+                        .backend(store)
+                        .layer(ok_service()),
+                );
             }
             let tasks: Vec<_> = (0..hits)
                 .map(|i| {
                     let svc = instances[i % 4].clone();
-                    tokio::spawn(async move { svc.oneshot(Request::new(String::new())).await.unwrap().status() })
+                    tokio::spawn(async move {
+                        svc.oneshot(Request::new(String::new()))
+                            .await
+                            .unwrap()
+                            .status()
+                    })
                 })
                 .collect();
             let mut allowed = 0;
@@ -120,34 +166,73 @@ fn exactly_the_limit_is_admitted_across_four_instances() {
                     other => panic!("unexpected {other}"),
                 }
             }
-            assert_eq!(allowed, limit.min(hits as u64) as usize, "limit {limit}, {hits} hits over 4 instances");
+            assert_eq!(
+                allowed,
+                limit.min(hits as u64) as usize,
+                "limit {limit}, {hits} hits over 4 instances"
+            );
         }
     });
 }
 
 #[tokio::test]
 async fn a_counter_without_a_lifetime_is_healed_not_reset() {
-    let server = redis_or_skip!(RedisServer::start("a_counter_without_a_lifetime_is_healed_not_reset"));
+    let server = redis_or_skip!(RedisServer::start(
+        "a_counter_without_a_lifetime_is_healed_not_reset"
+    ));
     let mut con = server.sync();
-    let _: () = redis::cmd("SET").arg("tpw:n:k").arg(5).query(&mut con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("tpw:n:k")
+        .arg(5)
+        .query(&mut con)
+        .unwrap();
     assert_eq!(pttl(&mut con, "tpw:n:k"), -1);
     let store = backend(&server).await;
-    let hit = store.hit("n", &Key::new("k"), quota(10, Duration::from_secs(30))).await.unwrap();
+    let hit = store
+        .hit("n", &Key::new("k"), quota(10, Duration::from_secs(30)))
+        .await
+        .unwrap();
     assert_eq!(hit.count, 6, "counted on, not reset");
     let ttl = pttl(&mut con, "tpw:n:k");
-    assert!((29_000..=30_000).contains(&ttl), "the window was attached: {ttl}");
+    assert!(
+        (29_000..=30_000).contains(&ttl),
+        "the window was attached: {ttl}"
+    );
     assert_eq!(hit.reset, Duration::from_secs(30));
 }
 
 #[tokio::test]
 async fn corrupt_counters_stop_requests_and_are_left_untouched() {
-    let server = redis_or_skip!(RedisServer::start("corrupt_counters_stop_requests_and_are_left_untouched"));
+    let server = redis_or_skip!(RedisServer::start(
+        "corrupt_counters_stop_requests_and_are_left_untouched"
+    ));
     let mut con = server.sync();
-    let _: () = redis::cmd("SET").arg("tpw:api:text").arg("abc").query(&mut con).unwrap();
-    let _: () = redis::cmd("SET").arg("tpw:api:float").arg("2.5").query(&mut con).unwrap();
-    let _: () = redis::cmd("SET").arg("tpw:api:negative").arg("-3").query(&mut con).unwrap();
-    let _: () = redis::cmd("HSET").arg("tpw:api:hash").arg("f").arg("v").query(&mut con).unwrap();
-    let _: () = redis::cmd("PEXPIRE").arg("tpw:api:float").arg(90_000).query(&mut con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("tpw:api:text")
+        .arg("abc")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("tpw:api:float")
+        .arg("2.5")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("tpw:api:negative")
+        .arg("-3")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("HSET")
+        .arg("tpw:api:hash")
+        .arg("f")
+        .arg("v")
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg("tpw:api:float")
+        .arg(90_000)
+        .query(&mut con)
+        .unwrap();
 
     let store = backend(&server).await;
     let svc = RateLimitLayer::new("api", quota(5, Duration::from_secs(60)))
@@ -155,9 +240,17 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
         .backend(store.clone())
         .on_failure(FailurePolicy::FailOpen)
         .layer(ok_service());
-    let cases = [("text", "value abc"), ("float", "value 2.5"), ("negative", "negative value -3"), ("hash", "type hash")];
+    let cases = [
+        ("text", "value abc"),
+        ("float", "value 2.5"),
+        ("negative", "negative value -3"),
+        ("hash", "type hash"),
+    ];
     for (client, detail) in cases {
-        match store.hit("api", &Key::new(client), quota(5, Duration::from_secs(60))).await {
+        match store
+            .hit("api", &Key::new(client), quota(5, Duration::from_secs(60)))
+            .await
+        {
             Err(BackendError::Corrupt { key, detail: got }) => {
                 assert_eq!(key, format!("tpw:api:{client}"));
                 assert!(got.contains(detail), "{client}: {got}");
@@ -166,27 +259,51 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
         }
         for _ in 0..3 {
             let res = svc.clone().oneshot(from(client)).await.unwrap();
-            assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR, "{client}: stopped even when failing open");
+            assert_eq!(
+                res.status(),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "{client}: stopped even when failing open"
+            );
         }
     }
-    let get = |con: &mut redis::Connection, key: &str| -> String { redis::cmd("GET").arg(key).query(con).unwrap() };
+    let get = |con: &mut redis::Connection, key: &str| -> String {
+        redis::cmd("GET").arg(key).query(con).unwrap()
+    };
     assert_eq!(get(&mut con, "tpw:api:text"), "abc");
     assert_eq!(get(&mut con, "tpw:api:float"), "2.5");
     assert_eq!(get(&mut con, "tpw:api:negative"), "-3");
-    let hash: Vec<(String, String)> = redis::cmd("HGETALL").arg("tpw:api:hash").query(&mut con).unwrap();
+    let hash: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg("tpw:api:hash")
+        .query(&mut con)
+        .unwrap();
     assert_eq!(hash, vec![("f".to_string(), "v".to_string())]);
-    assert_eq!(pttl(&mut con, "tpw:api:text"), -1, "no lifetime was added to a corrupt key");
-    assert!(pttl(&mut con, "tpw:api:float") > 80_000, "nor was its lifetime changed");
+    assert_eq!(
+        pttl(&mut con, "tpw:api:text"),
+        -1,
+        "no lifetime was added to a corrupt key"
+    );
+    assert!(
+        pttl(&mut con, "tpw:api:float") > 80_000,
+        "nor was its lifetime changed"
+    );
 
     // peek reports the corruption too.
-    assert!(matches!(store.peek("api", &Key::new("text")).await, Err(BackendError::Corrupt { .. })));
+    assert!(matches!(
+        store.peek("api", &Key::new("text")).await,
+        Err(BackendError::Corrupt { .. })
+    ));
     let peeked = store.peek("api", &Key::new("hash")).await;
-    assert!(matches!(peeked, Err(BackendError::Corrupt { .. })), "{peeked:?}");
+    assert!(
+        matches!(peeked, Err(BackendError::Corrupt { .. })),
+        "{peeked:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_in_the_middle_of_traffic_fails_no_request() {
-    let server = redis_or_skip!(RedisServer::start("script_flush_in_the_middle_of_traffic_fails_no_request"));
+    let server = redis_or_skip!(RedisServer::start(
+        "script_flush_in_the_middle_of_traffic_fails_no_request"
+    ));
     let store = backend(&server).await;
     let done = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
@@ -196,14 +313,21 @@ async fn script_flush_in_the_middle_of_traffic_fails_no_request() {
         tasks.push(tokio::spawn(async move {
             for i in 0..200 {
                 let key = Key::display(format_args!("w{worker}-{}", i % 7));
-                store.hit("flush", &key, quota(1_000, Duration::from_secs(60))).await.unwrap_or_else(|e| panic!("hit failed: {e}"));
+                store
+                    .hit("flush", &key, quota(1_000, Duration::from_secs(60)))
+                    .await
+                    .unwrap_or_else(|e| panic!("hit failed: {e}"));
                 done.fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
     let mut flushes = 0;
     while done.load(Ordering::Relaxed) < 16 * 200 && flushes < 50 {
-        let _: () = redis::cmd("SCRIPT").arg("FLUSH").query_async(&mut manager(&server).await).await.unwrap();
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut manager(&server).await)
+            .await
+            .unwrap();
         flushes += 1;
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
@@ -212,12 +336,17 @@ async fn script_flush_in_the_middle_of_traffic_fails_no_request() {
     }
     assert!(flushes > 1, "the flushes ran while traffic did");
     let calls = server.cmd(&["INFO", "commandstats"]).unwrap();
-    assert!(calls.contains("cmdstat_eval:"), "EVAL reloaded the script after a flush:\n{calls}");
+    assert!(
+        calls.contains("cmdstat_eval:"),
+        "EVAL reloaded the script after a flush:\n{calls}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
-    let mut server = redis_or_skip!(RedisServer::start("an_outage_follows_the_policy_and_limiting_resumes_by_itself"));
+    let mut server = redis_or_skip!(RedisServer::start(
+        "an_outage_follows_the_policy_and_limiting_resumes_by_itself"
+    ));
     let store = backend(&server).await;
     let timeout = Duration::from_millis(300);
     let closed = RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
@@ -232,7 +361,10 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
         .on_failure(FailurePolicy::FailOpen)
         .layer(ok_service());
     let get = || Request::new(String::new());
-    assert_eq!(closed.clone().oneshot(get()).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        closed.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
 
     server.stop();
     for _ in 0..5 {
@@ -240,7 +372,11 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
         let res = closed.clone().oneshot(get()).await.unwrap();
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert_eq!(res.headers()["retry-after"], "1");
-        assert!(started.elapsed() < timeout * 3, "answered within the timeout: {:?}", started.elapsed());
+        assert!(
+            started.elapsed() < timeout * 3,
+            "answered within the timeout: {:?}",
+            started.elapsed()
+        );
         let res = open.clone().oneshot(get()).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK, "fail open lets it through");
         assert!(res.extensions().get::<Decision>().is_none(), "uncounted");
@@ -251,18 +387,27 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
     loop {
         let res = closed.clone().oneshot(get()).await.unwrap();
         if res.status() == StatusCode::OK {
-            assert_eq!(res.extensions().get::<Decision>().unwrap().count(), 1, "counting again, on the fresh server");
+            assert_eq!(
+                res.extensions().get::<Decision>().unwrap().count(),
+                1,
+                "counting again, on the fresh server"
+            );
             break;
         }
         assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-        assert!(std::time::Instant::now() < deadline, "limiting did not resume after the restart");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "limiting did not resume after the restart"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime() {
-    let server = redis_or_skip!(RedisServer::start("killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime"));
+    let server = redis_or_skip!(RedisServer::start(
+        "killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime"
+    ));
     let store = backend(&server).await;
     let mut tasks = Vec::new();
     for worker in 0..8 {
@@ -288,8 +433,15 @@ async fn killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime() {
         task.await.unwrap();
     }
     let mut con = server.sync();
-    let keys: Vec<String> = redis::cmd("KEYS").arg("tpw:crash:*").query(&mut con).unwrap();
-    assert!(keys.len() > 100, "traffic reached Redis: {} keys", keys.len());
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tpw:crash:*")
+        .query(&mut con)
+        .unwrap();
+    assert!(
+        keys.len() > 100,
+        "traffic reached Redis: {} keys",
+        keys.len()
+    );
     for key in &keys {
         assert!(pttl(&mut con, key) > 0, "{key} has no lifetime");
     }
@@ -300,30 +452,76 @@ async fn killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime() {
 
 #[tokio::test]
 async fn the_audit_finds_and_repairs_keys_without_a_lifetime() {
-    let server = redis_or_skip!(RedisServer::start("the_audit_finds_and_repairs_keys_without_a_lifetime"));
+    let server = redis_or_skip!(RedisServer::start(
+        "the_audit_finds_and_repairs_keys_without_a_lifetime"
+    ));
     let mut con = server.sync();
     for i in 0..25 {
-        let _: () = redis::cmd("SET").arg(format!("tpw:legacy:{i}")).arg(7).query(&mut con).unwrap();
+        let _: () = redis::cmd("SET")
+            .arg(format!("tpw:legacy:{i}"))
+            .arg(7)
+            .query(&mut con)
+            .unwrap();
     }
-    let _: () = redis::cmd("SET").arg("tpw:fine:1").arg(1).arg("PX").arg(60_000).query(&mut con).unwrap();
-    let _: () = redis::cmd("SET").arg("unrelated").arg(1).query(&mut con).unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("tpw:fine:1")
+        .arg(1)
+        .arg("PX")
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("unrelated")
+        .arg(1)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("tpw:bad:1")
+        .arg("abc")
+        .query(&mut con)
+        .unwrap();
 
     let store = backend(&server).await;
     let report = store.audit(None).await.unwrap();
-    assert_eq!((report.nodes, report.scanned, report.without_lifetime.len(), report.repaired), (1, 26, 25, 0));
-    assert_eq!(pttl(&mut con, "tpw:legacy:3"), -1, "reporting changes nothing");
+    assert_eq!(
+        (
+            report.nodes,
+            report.scanned,
+            report.without_lifetime.len(),
+            report.repaired
+        ),
+        (1, 27, 26, 0)
+    );
+    assert_eq!(
+        pttl(&mut con, "tpw:legacy:3"),
+        -1,
+        "reporting changes nothing"
+    );
 
     let window = Window::new(Duration::from_secs(120)).unwrap();
     let report = store.audit(Some(window)).await.unwrap();
-    assert_eq!((report.without_lifetime.len(), report.repaired), (25, 25));
+    assert_eq!((report.without_lifetime.len(), report.repaired), (26, 25));
+    assert_eq!(report.corrupt, vec![b"tpw:bad:1".to_vec()]);
+    assert_eq!(
+        pttl(&mut con, "tpw:bad:1"),
+        -1,
+        "a corrupt key gets no lifetime"
+    );
     for i in 0..25 {
         let key = format!("tpw:legacy:{i}");
         assert!((119_000..=120_000).contains(&pttl(&mut con, &key)), "{key}");
         let value: i64 = redis::cmd("GET").arg(&key).query(&mut con).unwrap();
         assert_eq!(value, 7, "the count is kept");
     }
-    assert_eq!(pttl(&mut con, "unrelated"), -1, "keys outside the prefix are not touched");
-    assert!(store.audit(None).await.unwrap().without_lifetime.is_empty());
+    assert_eq!(
+        pttl(&mut con, "unrelated"),
+        -1,
+        "keys outside the prefix are not touched"
+    );
+    assert_eq!(
+        store.audit(None).await.unwrap().without_lifetime,
+        vec![b"tpw:bad:1".to_vec()]
+    );
 }
 
 fn evalsha_calls(server: &RedisServer) -> u64 {
@@ -337,7 +535,9 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
 
 #[tokio::test]
 async fn denied_keys_are_answered_locally_until_their_window_closes() {
-    let server = redis_or_skip!(RedisServer::start("denied_keys_are_answered_locally_until_their_window_closes"));
+    let server = redis_or_skip!(RedisServer::start(
+        "denied_keys_are_answered_locally_until_their_window_closes"
+    ));
     let store = backend(&server).await;
     let svc = RateLimitLayer::new("cache", quota(2, Duration::from_millis(400)))
         .key(by_client())
@@ -352,13 +552,24 @@ async fn denied_keys_are_answered_locally_until_their_window_closes() {
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(res.extensions().get::<Decision>().unwrap().reset() <= Duration::from_millis(400));
     }
-    assert_eq!(evalsha_calls(&server), before, "denials from the cache cost no Redis command");
-    assert_eq!(svc.clone().oneshot(from("y")).await.unwrap().status(), StatusCode::OK, "other keys still go to Redis");
+    assert_eq!(
+        evalsha_calls(&server),
+        before,
+        "denials from the cache cost no Redis command"
+    );
+    assert_eq!(
+        svc.clone().oneshot(from("y")).await.unwrap().status(),
+        StatusCode::OK,
+        "other keys still go to Redis"
+    );
     assert_eq!(evalsha_calls(&server), before + 1);
 
     // reset clears this instance's cache as well as Redis.
     assert!(store.reset("cache", &Key::new("x")).await.unwrap());
-    assert_eq!(svc.clone().oneshot(from("x")).await.unwrap().status(), StatusCode::OK);
+    assert_eq!(
+        svc.clone().oneshot(from("x")).await.unwrap().status(),
+        StatusCode::OK
+    );
 
     // Once the window closes, the key is counted in Redis again.
     for _ in 0..3 {
@@ -376,29 +587,59 @@ async fn peek_and_reset() {
     let store = backend(&server).await;
     let key = Key::new("k");
     assert_eq!(store.peek("n", &key).await.unwrap(), None);
-    store.hit("n", &key, quota(5, Duration::from_secs(60))).await.unwrap();
-    store.hit("n", &key, quota(5, Duration::from_secs(60))).await.unwrap();
+    store
+        .hit("n", &key, quota(5, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    store
+        .hit("n", &key, quota(5, Duration::from_secs(60)))
+        .await
+        .unwrap();
     let peeked = store.peek("n", &key).await.unwrap().unwrap();
     assert_eq!(peeked.count, 2);
     assert!(peeked.reset <= Duration::from_secs(60) && peeked.reset > Duration::from_secs(59));
-    assert_eq!(store.peek("n", &key).await.unwrap().unwrap().count, 2, "peek does not count");
+    assert_eq!(
+        store.peek("n", &key).await.unwrap().unwrap().count,
+        2,
+        "peek does not count"
+    );
     assert!(store.reset("n", &key).await.unwrap());
     assert!(!store.reset("n", &key).await.unwrap());
     assert_eq!(store.peek("n", &key).await.unwrap(), None);
 
-    let mut con = server.client().get_multiplexed_async_connection().await.unwrap();
+    let mut con = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     let _: () = con.set("tpw:n:legacy", 3).await.unwrap();
-    assert_eq!(store.peek("n", &Key::new("legacy")).await.unwrap().unwrap().reset, Duration::MAX, "no lifetime: never resets");
+    assert_eq!(
+        store
+            .peek("n", &Key::new("legacy"))
+            .await
+            .unwrap()
+            .unwrap()
+            .reset,
+        Duration::MAX,
+        "no lifetime: never resets"
+    );
 }
 
 #[tokio::test]
 async fn a_multiplexed_connection_serves_too() {
     let server = redis_or_skip!(RedisServer::start("a_multiplexed_connection_serves_too"));
-    let con = server.client().get_multiplexed_async_connection().await.unwrap();
+    let con = server
+        .client()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
     let store = RedisBackend::builder(con).prefix("app1:").build();
-    let hit = store.hit("n", &Key::new("k"), quota(5, Duration::from_secs(60))).await.unwrap();
+    let hit = store
+        .hit("n", &Key::new("k"), quota(5, Duration::from_secs(60)))
+        .await
+        .unwrap();
     assert_eq!(hit.count, 1);
     let mut sync = server.sync();
-    assert_eq!(pttl(&mut sync, "app1:n:k") > 0, true);
+    assert!(pttl(&mut sync, "app1:n:k") > 0);
     assert_eq!(store.audit(None).await.unwrap().scanned, 1);
 }

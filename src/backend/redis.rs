@@ -8,9 +8,9 @@ use std::sync::{Arc, LazyLock, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hashbrown::{DefaultHashBuilder, HashTable};
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
+use hashbrown::{DefaultHashBuilder, HashTable};
 
 use super::{Backend, BackendError, Hit};
 use crate::key::Key;
@@ -57,8 +57,14 @@ end
 return {count, ttl}
 "#;
 
-/// Attaches a window to a key that has no lifetime; touches nothing else.
-const REPAIR_SCRIPT: &str = r#"-- tower-pinned-window: attach a lifetime to a key that has none.
+/// Attaches a window to a counter that has no lifetime; touches nothing
+/// else, and never a corrupt key (whose lifetime would make it vanish).
+/// Returns 1 when it attached one, 0 when the key had a lifetime, -1 when the
+/// key is not a counter.
+const REPAIR_SCRIPT: &str = r#"-- tower-pinned-window: attach a lifetime to a counter that has none.
+if redis.call('TYPE', KEYS[1]).ok ~= 'string' or not string.match(redis.call('GET', KEYS[1]), '^%d+$') then
+  return -1
+end
 if redis.call('PTTL', KEYS[1]) == -1 then
   return redis.call('PEXPIRE', KEYS[1], ARGV[1])
 end
@@ -254,7 +260,11 @@ where
     async fn eval(&self, key: &[u8], window: Window) -> Result<Hit, BackendError> {
         let mut connection = self.inner.connection.clone();
         let mut evalsha = ::redis::cmd("EVALSHA");
-        evalsha.arg(HIT_SHA.as_str()).arg(1).arg(key).arg(window.as_millis());
+        evalsha
+            .arg(HIT_SHA.as_str())
+            .arg(1)
+            .arg(key)
+            .arg(window.as_millis());
         let value = match evalsha.query_async::<Value>(&mut connection).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::debug!("hit script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL");
@@ -280,7 +290,9 @@ fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
                 count: *count as u64,
                 reset: Duration::from_millis(*ttl as u64),
             }),
-            [Value::BulkString(reason)] => Err(corrupt(String::from_utf8_lossy(reason).into_owned())),
+            [Value::BulkString(reason)] => {
+                Err(corrupt(String::from_utf8_lossy(reason).into_owned()))
+            }
             _ => Err(corrupt(format!("unexpected script reply {items:?}"))),
         },
         other => Err(corrupt(format!("unexpected script reply {other:?}"))),
@@ -327,7 +339,9 @@ impl Future for RedisHit {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.state {
-            HitState::Ready(result) => Poll::Ready(result.take().expect("RedisHit polled after it completed")),
+            HitState::Ready(result) => {
+                Poll::Ready(result.take().expect("RedisHit polled after it completed"))
+            }
             HitState::Remote(future) => future.as_mut().poll(cx),
         }
     }
@@ -352,10 +366,8 @@ where
             state: HitState::Remote(Box::pin(async move {
                 let sent = quanta::Instant::now();
                 let hit = this.eval(&storage_key, quota.window()).await?;
-                if hit.count > quota.limit() {
-                    if let Some(deny) = &this.inner.deny {
-                        deny.insert(storage_key, sent + hit.reset);
-                    }
+                if let Some(deny) = this.inner.deny.as_ref().filter(|_| hit.count > quota.limit()) {
+                    deny.insert(storage_key, sent + hit.reset);
                 }
                 Ok(hit)
             })),
@@ -381,7 +393,9 @@ where
         };
         match items.as_slice() {
             [] => Ok(None),
-            [Value::BulkString(reason)] => Err(corrupt(String::from_utf8_lossy(reason).into_owned())),
+            [Value::BulkString(reason)] => {
+                Err(corrupt(String::from_utf8_lossy(reason).into_owned()))
+            }
             [Value::BulkString(digits), Value::Int(ttl)] => {
                 let count = std::str::from_utf8(digits)
                     .ok()
@@ -422,6 +436,10 @@ pub struct AuditReport {
     pub without_lifetime: Vec<Vec<u8>>,
     /// Of those, how many were given a lifetime by this audit.
     pub repaired: u64,
+    /// Of those, the ones that are not counters (another type, or not a
+    /// non-negative integer): never repaired, since a lifetime would make
+    /// corrupt state vanish; inspect them.
+    pub corrupt: Vec<Vec<u8>>,
 }
 
 impl<C> RedisBackend<C>
@@ -431,8 +449,10 @@ where
     /// The backstop: scan every key under the prefix (on every master of a
     /// Cluster) and report those with no lifetime, which only code that sets
     /// a lifetime in a second call (or older versions of a limiter) leaves
-    /// behind. With `repair`, each such key is given that window, atomically
-    /// and only if it still has no lifetime; its count is left as it is.
+    /// behind. With `repair`, each such counter is given that window,
+    /// atomically and only if it still has no lifetime; its count is left as
+    /// it is. Keys that are not counters are reported in
+    /// [`AuditReport::corrupt`] and never touched.
     ///
     /// # Errors
     /// [`BackendError::Unavailable`] when a node cannot be scanned.
@@ -448,24 +468,40 @@ where
             let mut cursor = 0u64;
             loop {
                 let mut scan = ::redis::cmd("SCAN");
-                scan.arg(cursor).arg("MATCH").arg(&pattern).arg("COUNT").arg(1000);
+                scan.arg(cursor)
+                    .arg("MATCH")
+                    .arg(&pattern)
+                    .arg("COUNT")
+                    .arg(1000);
                 let reply = connection.on_node(node, scan).await.map_err(unavailable)?;
-                let (next, keys): (u64, Vec<Vec<u8>>) = ::redis::from_redis_value(reply).map_err(malformed)?;
+                let (next, keys): (u64, Vec<Vec<u8>>) =
+                    ::redis::from_redis_value(reply).map_err(malformed)?;
                 for key in keys {
                     report.scanned += 1;
                     let mut pttl = ::redis::cmd("PTTL");
                     pttl.arg(&key);
-                    let ttl: i64 = ::redis::from_redis_value(connection.on_node(node, pttl).await.map_err(unavailable)?)
-                        .map_err(malformed)?;
+                    let ttl: i64 = ::redis::from_redis_value(
+                        connection.on_node(node, pttl).await.map_err(unavailable)?,
+                    )
+                    .map_err(malformed)?;
                     if ttl != -1 {
                         continue;
                     }
                     if let Some(window) = repair {
                         let mut eval = ::redis::cmd("EVAL");
-                        eval.arg(REPAIR_SCRIPT).arg(1).arg(&key).arg(window.as_millis());
-                        let set: i64 = ::redis::from_redis_value(connection.on_node(node, eval).await.map_err(unavailable)?)
-                            .map_err(malformed)?;
-                        report.repaired += u64::from(set == 1);
+                        eval.arg(REPAIR_SCRIPT)
+                            .arg(1)
+                            .arg(&key)
+                            .arg(window.as_millis());
+                        let set: i64 = ::redis::from_redis_value(
+                            connection.on_node(node, eval).await.map_err(unavailable)?,
+                        )
+                        .map_err(malformed)?;
+                        match set {
+                            1 => report.repaired += 1,
+                            -1 => report.corrupt.push(key.clone()),
+                            _ => {}
+                        }
                     }
                     report.without_lifetime.push(key);
                 }
@@ -499,7 +535,11 @@ pub trait Nodes: ConnectionLike {
     /// The nodes that hold keys.
     fn nodes(&mut self) -> impl Future<Output = ::redis::RedisResult<Vec<Node>>> + Send;
     /// Send `cmd` to `node`.
-    fn on_node(&mut self, node: &Node, cmd: Cmd) -> impl Future<Output = ::redis::RedisResult<Value>> + Send;
+    fn on_node(
+        &mut self,
+        node: &Node,
+        cmd: Cmd,
+    ) -> impl Future<Output = ::redis::RedisResult<Value>> + Send;
 }
 
 /// A node found by [`Nodes::nodes`].
@@ -572,7 +612,8 @@ impl Nodes for ::redis::cluster_async::ClusterConnection {
             },
             Node::This => SingleNodeRoutingInfo::Random,
         };
-        self.route_command(cmd, RoutingInfo::SingleNode(routing)).await
+        self.route_command(cmd, RoutingInfo::SingleNode(routing))
+            .await
     }
 }
 
@@ -608,7 +649,9 @@ impl DenyCache {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, DenyState> {
-        self.state.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
     /// Time left while `key` is denied.
@@ -682,16 +725,31 @@ mod tests {
             (
                 "fresh",
                 Value::Array(vec![Value::Int(1), Value::Int(60_000)]),
-                Ok(Hit { count: 1, reset: Duration::from_secs(60) }),
+                Ok(Hit {
+                    count: 1,
+                    reset: Duration::from_secs(60),
+                }),
             ),
             (
                 "corrupt value",
                 Value::Array(vec![Value::BulkString(b"value abc".to_vec())]),
                 Err("value abc"),
             ),
-            ("zero count", Value::Array(vec![Value::Int(0), Value::Int(5)]), Err("unexpected script reply")),
-            ("negative ttl", Value::Array(vec![Value::Int(3), Value::Int(-1)]), Err("unexpected script reply")),
-            ("not an array", Value::Int(7), Err("unexpected script reply")),
+            (
+                "zero count",
+                Value::Array(vec![Value::Int(0), Value::Int(5)]),
+                Err("unexpected script reply"),
+            ),
+            (
+                "negative ttl",
+                Value::Array(vec![Value::Int(3), Value::Int(-1)]),
+                Err("unexpected script reply"),
+            ),
+            (
+                "not an array",
+                Value::Int(7),
+                Err("unexpected script reply"),
+            ),
         ];
         for (name, value, want) in cases {
             match (parse_hit(value.clone(), b"tpw:n:k"), want) {
@@ -727,10 +785,18 @@ mod tests {
         cache.insert(b"c".to_vec(), later);
         assert!(cache.check(b"a").is_some());
         assert!(cache.check(b"b").is_some());
-        assert_eq!(cache.check(b"c"), None, "a full cache of live entries takes no more");
+        assert_eq!(
+            cache.check(b"c"),
+            None,
+            "a full cache of live entries takes no more"
+        );
         cache.remove(b"a");
         assert_eq!(cache.check(b"a"), None);
         cache.insert(b"past".to_vec(), now);
-        assert_eq!(cache.check(b"past"), None, "a deadline already gone is not cached");
+        assert_eq!(
+            cache.check(b"past"),
+            None,
+            "a deadline already gone is not cached"
+        );
     }
 }

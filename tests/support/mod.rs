@@ -46,10 +46,14 @@ fn binaries(test: &str) -> Option<(PathBuf, PathBuf)> {
     match (server, cli) {
         (Some(server), Some(cli)) => Some((server, cli)),
         _ if std::env::var("REQUIRE_REDIS").as_deref() == Ok("1") => {
-            panic!("{test}: REQUIRE_REDIS=1 but redis-server/redis-cli were not found (set REDIS_SERVER_BIN or install redis-server)")
+            panic!(
+                "{test}: REQUIRE_REDIS=1 but redis-server/redis-cli were not found (set REDIS_SERVER_BIN or install redis-server)"
+            )
         }
         _ => {
-            eprintln!("{test}: skipped: redis-server not found (set REDIS_SERVER_BIN, or REQUIRE_REDIS=1 to fail instead)");
+            eprintln!(
+                "{test}: skipped: redis-server not found (set REDIS_SERVER_BIN, or REQUIRE_REDIS=1 to fail instead)"
+            );
             None
         }
     }
@@ -102,7 +106,16 @@ impl RedisServer {
 
     fn launch(&mut self) {
         let child = Command::new(&self.bin)
-            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"])
+            .args([
+                "--port",
+                &self.port.to_string(),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+            ])
             .arg("--dir")
             .arg(self.dir.path())
             .arg("--logfile")
@@ -120,16 +133,22 @@ impl RedisServer {
     fn wait_ready(&mut self) {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {
-            if let Ok(pong) = self.cmd(&["PING"]) {
-                if pong.trim() == "PONG" {
-                    return;
-                }
+            if self.cmd(&["PING"]).is_ok_and(|pong| pong.trim() == "PONG") {
+                return;
             }
             if let Some(status) = self.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
-                panic!("redis-server on {} exited with {status}; log:\n{}", self.port, self.log_text());
+                panic!(
+                    "redis-server on {} exited with {status}; log:\n{}",
+                    self.port,
+                    self.log_text()
+                );
             }
             if Instant::now() > deadline {
-                panic!("redis-server on {} did not answer within 10 s; log:\n{}", self.port, self.log_text());
+                panic!(
+                    "redis-server on {} did not answer within 10 s; log:\n{}",
+                    self.port,
+                    self.log_text()
+                );
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -151,7 +170,10 @@ impl RedisServer {
         if output.status.success() && !stdout.starts_with("Could not connect") {
             Ok(stdout)
         } else {
-            Err(format!("{stdout}{}", String::from_utf8_lossy(&output.stderr)))
+            Err(format!(
+                "{stdout}{}",
+                String::from_utf8_lossy(&output.stderr)
+            ))
         }
     }
 
@@ -207,12 +229,24 @@ impl RedisCluster {
     pub fn start(test: &str) -> Option<Self> {
         let (bin, cli) = binaries(test)?;
         let extra = |_: usize| {
-            ["--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "5000"]
-                .map(String::from)
-                .to_vec()
+            [
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "5000",
+            ]
+            .map(String::from)
+            .to_vec()
         };
-        let nodes: Vec<RedisServer> = (0..3).map(|i| RedisServer::spawn(bin.clone(), cli.clone(), extra(i))).collect();
-        let addresses: Vec<String> = nodes.iter().map(|n| format!("127.0.0.1:{}", n.port)).collect();
+        let nodes: Vec<RedisServer> = (0..3)
+            .map(|i| RedisServer::spawn(bin.clone(), cli.clone(), extra(i)))
+            .collect();
+        let addresses: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
         let output = Command::new(&cli)
             .args(["--cluster", "create"])
             .args(&addresses)

@@ -1,0 +1,203 @@
+//! The Redis backend on a real three-master Redis Cluster that the harness
+//! starts.
+
+mod support;
+
+use std::convert::Infallible;
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use support::RedisCluster;
+use tower::{Layer, Service, ServiceExt, service_fn};
+use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window::backend::{Backend, BackendError};
+use tower_pinned_window::key::{HeaderKey, Key};
+use tower_pinned_window::{Decision, Quota, RateLimitLayer, Window};
+
+type Body = String;
+
+fn ok_service()
+-> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
++ Clone
++ Send {
+    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new(String::new())) })
+}
+
+fn quota(limit: u64, secs: u64) -> Quota {
+    Quota::new(limit, Duration::from_secs(secs)).unwrap()
+}
+
+fn from(client: &str) -> Request<Body> {
+    Request::builder()
+        .header("x-client", client)
+        .body(String::new())
+        .unwrap()
+}
+
+/// One test per cluster: starting three servers and joining them is the
+/// slow part, so the cases share it.
+#[test]
+fn on_a_cluster() {
+    let cluster = redis_or_skip!(RedisCluster::start("on_a_cluster"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        keys_spread_over_every_master_and_windows_stay_pinned(&cluster).await;
+        exactly_the_limit_is_admitted_across_four_instances(&cluster).await;
+        corrupt_counters_are_left_untouched(&cluster).await;
+        the_audit_covers_every_master(&cluster).await;
+    });
+}
+
+async fn keys_spread_over_every_master_and_windows_stay_pinned(cluster: &RedisCluster) {
+    let store = RedisBackend::builder(cluster.connection().await)
+        .deny_cache(0)
+        .build();
+    let svc = RateLimitLayer::new("spread", quota(2, 60))
+        .key(HeaderKey::new(http::HeaderName::from_static("x-client")))
+        .backend(store.clone())
+        .layer(ok_service());
+    for i in 0..60 {
+        let client = format!("client-{i}");
+        let first = svc.clone().oneshot(from(&client)).await.unwrap();
+        assert_eq!(
+            first.headers()["ratelimit"],
+            "\"spread\";r=1;t=60",
+            "{client}"
+        );
+        svc.clone().oneshot(from(&client)).await.unwrap();
+        let denied = svc.clone().oneshot(from(&client)).await.unwrap();
+        assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS, "{client}");
+        let retry: u64 = denied.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((59..=60).contains(&retry), "{client}: Retry-After {retry}");
+    }
+    for node in &cluster.nodes {
+        let keys = node.cmd(&["DBSIZE"]).unwrap();
+        let keys: u64 = keys.trim().parse().unwrap();
+        assert!(
+            keys >= 5,
+            "master {} holds {keys} of the 60 keys",
+            node.port()
+        );
+    }
+    // Every key has its window, which the later hits did not move.
+    for i in 0..60 {
+        let hit = store
+            .peek("spread", &Key::display(format_args!("client-{i}")))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(hit.count, 3);
+        assert!(hit.reset <= Duration::from_secs(60) && hit.reset > Duration::from_secs(50));
+    }
+}
+
+async fn exactly_the_limit_is_admitted_across_four_instances(cluster: &RedisCluster) {
+    for (key, limit, hits) in [("k1", 1u64, 100usize), ("k2", 37, 300), ("k3", 300, 300)] {
+        let mut instances = Vec::new();
+        for _ in 0..4 {
+            let store = RedisBackend::new(cluster.connection().await);
+            let layer = RateLimitLayer::new("exact", quota(limit, 60))
+                .key(HeaderKey::new(http::HeaderName::from_static("x-client")))
+                .backend(store);
+            instances.push(layer.layer(ok_service()));
+        }
+        let tasks: Vec<_> = (0..hits)
+            .map(|i| {
+                let svc = instances[i % 4].clone();
+                tokio::spawn(async move { svc.oneshot(from(key)).await.unwrap().status() })
+            })
+            .collect();
+        let mut allowed = 0;
+        for task in tasks {
+            if task.await.unwrap() == StatusCode::OK {
+                allowed += 1;
+            }
+        }
+        assert_eq!(
+            allowed,
+            limit.min(hits as u64) as usize,
+            "{key}: limit {limit}, {hits} hits"
+        );
+    }
+}
+
+async fn corrupt_counters_are_left_untouched(cluster: &RedisCluster) {
+    let mut con = cluster.connection().await;
+    let _: () = redis::cmd("SET")
+        .arg("tpw:bad:text")
+        .arg("abc")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    let store = RedisBackend::new(con.clone());
+    let result = store.hit("bad", &Key::new("text"), quota(5, 60)).await;
+    assert!(
+        matches!(result, Err(BackendError::Corrupt { .. })),
+        "{result:?}"
+    );
+    let value: String = redis::cmd("GET")
+        .arg("tpw:bad:text")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert_eq!(value, "abc");
+    let svc = RateLimitLayer::new("bad", quota(5, 60))
+        .key(HeaderKey::new(http::HeaderName::from_static("x-client")))
+        .backend(store)
+        .layer(ok_service());
+    let res = svc.oneshot(from("text")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(res.extensions().get::<Decision>().is_none());
+}
+
+async fn the_audit_covers_every_master(cluster: &RedisCluster) {
+    let mut con = cluster.connection().await;
+    for i in 0..90 {
+        let _: () = redis::cmd("SET")
+            .arg(format!("tpw:legacy:{i}"))
+            .arg(4)
+            .query_async(&mut con)
+            .await
+            .unwrap();
+    }
+    let store = RedisBackend::new(con.clone());
+    let report = store.audit(None).await.unwrap();
+    assert_eq!(report.nodes, 3, "every master");
+    // The 90, and the corrupt key from the case before.
+    assert_eq!(report.without_lifetime.len(), 91, "{report:?}");
+    assert!(report.scanned >= 90);
+    for node in &cluster.nodes {
+        let on_node = node
+            .cmd(&["--scan", "--pattern", "tpw:legacy:*"])
+            .unwrap()
+            .lines()
+            .count();
+        assert!(on_node > 0, "master {} holds some of them", node.port());
+    }
+    let report = store
+        .audit(Some(Window::new(Duration::from_secs(300)).unwrap()))
+        .await
+        .unwrap();
+    assert_eq!(report.repaired, 90);
+    assert_eq!(
+        report.corrupt,
+        vec![b"tpw:bad:text".to_vec()],
+        "the corrupt key is reported, not repaired"
+    );
+    let after = store.audit(None).await.unwrap();
+    assert_eq!(after.without_lifetime, vec![b"tpw:bad:text".to_vec()]);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("tpw:legacy:7")
+        .query_async(&mut con)
+        .await
+        .unwrap();
+    assert!((299_000..=300_000).contains(&ttl));
+}
