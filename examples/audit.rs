@@ -31,7 +31,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             "--cluster" => cluster = true,
             "-h" | "--help" => {
-                println!("usage: audit REDIS_URL [--prefix P] [--repair SECONDS] | audit --cluster URL... [--repair SECONDS]");
+                println!(
+                    "usage: audit REDIS_URL [--prefix P] [--repair SECONDS] | audit --cluster URL... [--repair SECONDS]"
+                );
                 return Ok(());
             }
             url => urls.push(url.to_string()),
@@ -46,12 +48,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         let client = redis::Client::open(urls[0].as_str())?;
         let connection = client.get_multiplexed_async_connection().await?;
-        RedisBackend::builder(connection).prefix(prefix.as_str()).deny_cache(0).build().audit(repair).await?
+        RedisBackend::builder(connection)
+            .prefix(prefix.as_str())
+            .deny_cache(0)
+            .build()
+            .audit(repair)
+            .await?
     };
 
     for key in &report.without_lifetime {
         let corrupt = report.corrupt.contains(key);
-        println!("{}{}", key.escape_ascii(), if corrupt { "  (corrupt: not a counter, left untouched)" } else { "" });
+        println!(
+            "{}{}",
+            key.escape_ascii(),
+            if corrupt {
+                "  (corrupt: not a counter, left untouched)"
+            } else {
+                ""
+            }
+        );
     }
     println!(
         "nodes={} scanned={} without_lifetime={} repaired={} corrupt={}{}",
@@ -60,7 +75,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         report.without_lifetime.len(),
         report.repaired,
         report.corrupt.len(),
-        repair.map_or(String::new(), |w| format!(" window={:?}", Duration::from_millis(w.as_millis())))
+        repair.map_or(String::new(), |w| format!(
+            " window={:?}",
+            Duration::from_millis(w.as_millis())
+        ))
     );
     if !report.without_lifetime.is_empty() {
         std::process::exit(1);
@@ -69,12 +87,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 }
 
 #[cfg(feature = "redis-cluster")]
-async fn audit_cluster(urls: Vec<String>, prefix: &str, repair: Option<Window>) -> Result<AuditReport, Box<dyn std::error::Error>> {
-    let connection = redis::cluster::ClusterClient::new(urls)?.get_async_connection().await?;
-    Ok(RedisBackend::builder(connection).prefix(prefix).deny_cache(0).build().audit(repair).await?)
+async fn audit_cluster(
+    urls: Vec<String>,
+    prefix: &str,
+    repair: Option<Window>,
+) -> Result<AuditReport, Box<dyn std::error::Error>> {
+    let connection = redis::cluster::ClusterClient::new(urls)?
+        .get_async_connection()
+        .await?;
+    Ok(RedisBackend::builder(connection)
+        .prefix(prefix)
+        .deny_cache(0)
+        .build()
+        .audit(repair)
+        .await?)
 }
 
 #[cfg(not(feature = "redis-cluster"))]
-async fn audit_cluster(_: Vec<String>, _: &str, _: Option<Window>) -> Result<AuditReport, Box<dyn std::error::Error>> {
+async fn audit_cluster(
+    _: Vec<String>,
+    _: &str,
+    _: Option<Window>,
+) -> Result<AuditReport, Box<dyn std::error::Error>> {
     Err("--cluster needs the redis-cluster feature: cargo run --example audit --features redis-cluster".into())
 }

@@ -36,20 +36,37 @@ struct Tally {
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
-    let minute = Duration::from_millis(std::env::var("MINUTE_MS").ok().map_or(Ok(1000), |v| v.parse())?);
+    let minute = Duration::from_millis(
+        std::env::var("MINUTE_MS")
+            .ok()
+            .map_or(Ok(1000), |v| v.parse())?,
+    );
     let run = format!("deploy-crash:{}:", std::process::id());
     let naive_key = format!("{run}naive:user");
 
-    let mut con: ConnectionManager = redis::Client::open(url.as_str())?.get_connection_manager().await?;
-    let pinned = RedisBackend::builder(con.clone()).prefix(format!("{run}pinned:")).deny_cache(0).build();
+    let mut con: ConnectionManager = redis::Client::open(url.as_str())?
+        .get_connection_manager()
+        .await?;
+    let pinned = RedisBackend::builder(con.clone())
+        .prefix(format!("{run}pinned:"))
+        .deny_cache(0)
+        .build();
     let quota = Quota::new(LIMIT, minute)?;
     let user = Key::new("user");
     let pinned_key = String::from_utf8(pinned.storage_key("sale", &user))?;
 
-    println!("{MINUTES}-minute sale, {PER_MINUTE} requests a minute, limit {LIMIT} a minute; one minute = {minute:?}");
+    println!(
+        "{MINUTES}-minute sale, {PER_MINUTE} requests a minute, limit {LIMIT} a minute; one minute = {minute:?}"
+    );
     println!("a deploy kills the user's first request in minute 1, between INCR and EXPIRE\n");
-    println!("{:>6} | {:>7} {:>6} {:>5} {:>9} | {:>7} {:>6} {:>5} {:>9}", "minute", "naive", "", "", "", "pinned", "", "", "");
-    println!("{:>6} | {:>7} {:>6} {:>5} {:>9} | {:>7} {:>6} {:>5} {:>9}", "", "allowed", "denied", "count", "lifetime", "allowed", "denied", "count", "lifetime");
+    println!(
+        "{:>6} | {:>7} {:>6} {:>5} {:>9} | {:>7} {:>6} {:>5} {:>9}",
+        "minute", "naive", "", "", "", "pinned", "", "", ""
+    );
+    println!(
+        "{:>6} | {:>7} {:>6} {:>5} {:>9} | {:>7} {:>6} {:>5} {:>9}",
+        "", "allowed", "denied", "count", "lifetime", "allowed", "denied", "count", "lifetime"
+    );
 
     let (mut naive_total, mut pinned_total) = (Tally::default(), Tally::default());
     let mut first_denied_minute = None;

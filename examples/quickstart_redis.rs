@@ -17,7 +17,9 @@ use tower_pinned_window::{Quota, RateLimitLayer};
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .init();
 
     let port: u16 = match std::env::var("PORT") {
@@ -38,7 +40,13 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}, counting in {url}");
-    println!("try: for i in 1 2 3 4 5 6; do curl -si http://{addr}/ | grep -iE '^(HTTP|retry-after|ratelimit)'; done");
-    axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+    println!(
+        "try: for i in 1 2 3 4 5 6; do curl -si http://{addr}/ | grep -iE '^(HTTP|retry-after|ratelimit)'; done"
+    );
+    axum::serve(
+        listener,
+        app.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await?;
     Ok(())
 }

@@ -56,6 +56,6 @@ pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
 
 /// The README's examples, compiled and run as doctests.
-#[cfg(doctest)]
+#[cfg(all(doctest, feature = "redis-cluster"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

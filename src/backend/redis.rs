@@ -366,7 +366,12 @@ where
             state: HitState::Remote(Box::pin(async move {
                 let sent = quanta::Instant::now();
                 let hit = this.eval(&storage_key, quota.window()).await?;
-                if let Some(deny) = this.inner.deny.as_ref().filter(|_| hit.count > quota.limit()) {
+                if let Some(deny) = this
+                    .inner
+                    .deny
+                    .as_ref()
+                    .filter(|_| hit.count > quota.limit())
+                {
                     deny.insert(storage_key, sent + hit.reset);
                 }
                 Ok(hit)
