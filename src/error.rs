@@ -23,6 +23,8 @@ pub enum ConfigError {
     ZeroTimeout,
     /// An IPv6 grouping prefix outside 32..=128 bits.
     InvalidIpv6Prefix(u8),
+    /// A trusted-proxy range that is neither a CIDR nor an IP address.
+    InvalidCidr(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -40,6 +42,9 @@ impl fmt::Display for ConfigError {
             ),
             Self::ZeroCapacity => f.write_str("the key-store capacity must be at least 1"),
             Self::ZeroTimeout => f.write_str("the backend timeout must be longer than zero"),
+            Self::InvalidCidr(cidr) => {
+                write!(f, "{cidr:?} is neither a CIDR (10.0.0.0/8) nor an IP address")
+            }
             Self::InvalidIpv6Prefix(bits) => {
                 write!(
                     f,

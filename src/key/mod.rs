@@ -2,8 +2,11 @@
 //!
 //! A [`KeyExtractor`] reads a [`Key`] from each request. Built-ins:
 //! [`GlobalKey`] (one counter for everyone), [`HeaderKey`] (a header's value,
-//! such as an API key) and, with the `axum` feature, [`PeerIp`] (the
-//! connection's address from axum's `ConnectInfo`). Any
+//! such as an API key, or a gRPC metadata value), [`ClientIp`] (the client's
+//! address through trusted proxies), [`PeerIp`] (the connection's address
+//! from axum's `ConnectInfo`, feature `axum`), and [`RouteKey`] (axum's
+//! matched route, or the gRPC method). A tuple of extractors keys by all of
+//! them (client IP and route, say). Any
 //! `Fn(&Request<B>) -> Result<Key, KeyError>` is an extractor too.
 //!
 //! ```
@@ -22,8 +25,12 @@
 //! assert_eq!(tenant.extract(&req).unwrap(), Key::new("acme"));
 //! ```
 
+mod client_ip;
+mod forwarded;
 #[cfg(feature = "axum")]
 mod peer_ip;
+
+pub use client_ip::{ClientIp, ForwardedHeader};
 
 #[cfg(feature = "axum")]
 pub use peer_ip::PeerIp;

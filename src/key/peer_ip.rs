@@ -1,4 +1,4 @@
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use axum::extract::ConnectInfo;
 use http::Request;
@@ -8,9 +8,10 @@ use crate::ConfigError;
 
 /// The connection's peer address, from axum's [`ConnectInfo<SocketAddr>`].
 ///
-/// IPv4-mapped IPv6 addresses (`::ffff:a.b.c.d`) are keyed as the IPv4
-/// address, and IPv6 addresses are grouped by their /64 prefix by default,
-/// because one client usually holds a whole /64 and can rotate through it.
+/// IPv4 addresses carried in IPv6 (mapped, translated, compatible) are keyed
+/// as the IPv4 address, and IPv6 addresses are grouped by their /64 prefix by
+/// default, because one client usually holds a whole /64 and can rotate
+/// through it. For clients behind proxies, use [`ClientIp`](super::ClientIp).
 ///
 /// The server must be served with
 /// `into_make_service_with_connect_info::<SocketAddr>()`; without it every
@@ -49,15 +50,7 @@ impl PeerIp {
 
     /// The key for `ip` under this extractor's grouping.
     pub fn key_for(&self, ip: IpAddr) -> Key {
-        match ip.to_canonical() {
-            IpAddr::V4(v4) => Key::display(v4),
-            IpAddr::V6(v6) => {
-                let bits = u32::from(self.ipv6_prefix);
-                let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
-                let network = Ipv6Addr::from(u128::from(v6) & mask);
-                Key::display(format_args!("{network}/{bits}"))
-            }
-        }
+        super::client_ip::ip_key(ip, self.ipv6_prefix)
     }
 }
 
