@@ -215,7 +215,7 @@ impl<Bk, D> Core<Bk, D> {
             Err(err) if err.is_corrupt() => {
                 tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
                 return Verdict::Respond(if is_grpc(request) {
-                    grpc_response(GrpcCode::Internal, "rate limiter state is corrupt")
+                    grpc_response(GrpcCode::Internal, "rate limiter state is corrupt", None)
                 } else {
                     status_response(StatusCode::INTERNAL_SERVER_ERROR)
                 });
@@ -237,7 +237,7 @@ impl<Bk, D> Core<Bk, D> {
             return Verdict::Pass(Some(decision));
         }
         let mut response = if is_grpc(request) {
-            grpc_response(GrpcCode::ResourceExhausted, "rate limit exceeded")
+            grpc_response(GrpcCode::ResourceExhausted, "rate limit exceeded", Some(decision.reset()))
         } else {
             self.deny.deny(&decision)
         };
@@ -261,7 +261,7 @@ impl<Bk, D> Core<Bk, D> {
             return Verdict::Pass(None);
         }
         Verdict::Respond(if is_grpc(request) {
-            grpc_response(GrpcCode::Unavailable, "rate limiter unavailable")
+            grpc_response(GrpcCode::Unavailable, "rate limiter unavailable", None)
         } else {
             let mut response = status_response(StatusCode::SERVICE_UNAVAILABLE);
             response
@@ -288,9 +288,10 @@ impl<Bk, D> Core<Bk, D> {
             (true, StatusCode::BAD_REQUEST) => grpc_response(
                 GrpcCode::InvalidArgument,
                 "rate-limit key missing or invalid",
+                None,
             ),
             (true, _) => {
-                grpc_response(GrpcCode::Internal, "rate-limit key extractor misconfigured")
+                grpc_response(GrpcCode::Internal, "rate-limit key extractor misconfigured", None)
             }
         }
     }

@@ -69,10 +69,30 @@ pub(crate) enum GrpcCode {
 }
 
 /// A trailers-only gRPC answer: HTTP 200 with the status in the headers.
-pub(crate) fn grpc_response<B: Default>(code: GrpcCode, message: &'static str) -> Response<B> {
+/// With the `tonic` feature, a denial carries a `google.rpc.RetryInfo` in
+/// `grpc-status-details-bin`, so clients can wait the right time.
+pub(crate) fn grpc_response<B: Default>(
+    code: GrpcCode,
+    message: &'static str,
+    retry_after: Option<std::time::Duration>,
+) -> Response<B> {
     let mut response = Response::new(B::default());
     let headers = response.headers_mut();
     headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    #[cfg(feature = "tonic")]
+    if let Some(delay) = retry_after {
+        use tonic_types::{ErrorDetails, StatusExt};
+        let status = tonic::Status::with_error_details(
+            tonic::Code::from_i32(code as i32),
+            message,
+            ErrorDetails::with_retry_info(Some(delay)),
+        );
+        if status.add_header(headers).is_ok() {
+            return response;
+        }
+    }
+    #[cfg(not(feature = "tonic"))]
+    let _ = retry_after;
     headers.insert(GRPC_STATUS, HeaderValue::from(code as u16));
     // The messages are fixed ASCII without characters that need
     // percent-encoding.
