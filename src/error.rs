@@ -43,7 +43,10 @@ impl fmt::Display for ConfigError {
             Self::ZeroCapacity => f.write_str("the key-store capacity must be at least 1"),
             Self::ZeroTimeout => f.write_str("the backend timeout must be longer than zero"),
             Self::InvalidCidr(cidr) => {
-                write!(f, "{cidr:?} is neither a CIDR (10.0.0.0/8) nor an IP address")
+                write!(
+                    f,
+                    "{cidr:?} is neither a CIDR (10.0.0.0/8) nor an IP address"
+                )
             }
             Self::InvalidIpv6Prefix(bits) => {
                 write!(

@@ -237,7 +237,11 @@ impl<Bk, D> Core<Bk, D> {
             return Verdict::Pass(Some(decision));
         }
         let mut response = if is_grpc(request) {
-            grpc_response(GrpcCode::ResourceExhausted, "rate limit exceeded", Some(decision.reset()))
+            grpc_response(
+                GrpcCode::ResourceExhausted,
+                "rate limit exceeded",
+                Some(decision.reset()),
+            )
         } else {
             self.deny.deny(&decision)
         };
@@ -290,9 +294,11 @@ impl<Bk, D> Core<Bk, D> {
                 "rate-limit key missing or invalid",
                 None,
             ),
-            (true, _) => {
-                grpc_response(GrpcCode::Internal, "rate-limit key extractor misconfigured", None)
-            }
+            (true, _) => grpc_response(
+                GrpcCode::Internal,
+                "rate-limit key extractor misconfigured",
+                None,
+            ),
         }
     }
 }

@@ -121,8 +121,9 @@ impl ClientIp {
     }
 
     fn trust_nets(self, nets: &[&str]) -> Self {
-        nets.iter()
-            .fold(self, |this, net| this.trust_net(net.parse().expect("the presets are valid CIDRs")))
+        nets.iter().fold(self, |this, net| {
+            this.trust_net(net.parse().expect("the presets are valid CIDRs"))
+        })
     }
 
     /// The header trusted proxies record the client in (default
@@ -209,7 +210,9 @@ impl<B> KeyExtractor<B> for ClientIp {
 fn peer_addr<B>(request: &Request<B>) -> Option<SocketAddr> {
     let extensions = request.extensions();
     #[cfg(feature = "axum")]
-    if let Some(axum::extract::ConnectInfo(addr)) = extensions.get::<axum::extract::ConnectInfo<SocketAddr>>() {
+    if let Some(axum::extract::ConnectInfo(addr)) =
+        extensions.get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
         return Some(*addr);
     }
     #[cfg(feature = "tonic")]
@@ -295,7 +298,11 @@ mod tests {
             ("loopback stays v6", "::1", "::1"),
             ("unspecified stays v6", "::", "::"),
             ("plain v6", "2001:db8::1", "2001:db8::1"),
-            ("nat64 is not mapped", "64:ff9b::192.0.2.1", "64:ff9b::c000:201"),
+            (
+                "nat64 is not mapped",
+                "64:ff9b::192.0.2.1",
+                "64:ff9b::c000:201",
+            ),
             ("v4", "192.0.2.1", "192.0.2.1"),
         ];
         for (name, input, want) in cases {
@@ -309,7 +316,12 @@ mod tests {
             ("v4", "203.0.113.7", 64, "203.0.113.7"),
             ("mapped v4", "::ffff:203.0.113.7", 64, "203.0.113.7"),
             ("v6 /64", "2001:db8:1:2:3:4:5:6", 64, "2001:db8:1:2::/64"),
-            ("rotating in one /64", "2001:db8:1:2:ffff:ffff:ffff:ffff", 64, "2001:db8:1:2::/64"),
+            (
+                "rotating in one /64",
+                "2001:db8:1:2:ffff:ffff:ffff:ffff",
+                64,
+                "2001:db8:1:2::/64",
+            ),
             ("v6 /48", "2001:db8:1:2::1", 48, "2001:db8:1::/48"),
             ("v6 /128", "2001:db8::1", 128, "2001:db8::1/128"),
         ];
@@ -323,31 +335,175 @@ mod tests {
         let lb = ClientIp::new().trust("10.0.0.0/8").unwrap();
         let fwd = lb.clone().header(ForwardedHeader::Forwarded);
         let real = lb.clone().header(ForwardedHeader::XRealIp);
-        type Case<'a> = (&'a str, &'a ClientIp, &'a str, Vec<(&'static str, &'a str)>, Result<&'a str, KeyError>);
+        type Case<'a> = (
+            &'a str,
+            &'a ClientIp,
+            &'a str,
+            Vec<(&'static str, &'a str)>,
+            Result<&'a str, KeyError>,
+        );
         let invalid = |what| Err(KeyError::Invalid(what));
         let cases: Vec<Case> = vec![
-            ("untrusted peer: header ignored", &lb, "198.51.100.9", vec![("x-forwarded-for", "1.2.3.4")], Ok("198.51.100.9")),
-            ("untrusted peer: garbage ignored", &lb, "198.51.100.9", vec![("x-forwarded-for", "garbage")], Ok("198.51.100.9")),
-            ("trusted peer, one hop", &lb, "10.0.0.1", vec![("x-forwarded-for", "203.0.113.7")], Ok("203.0.113.7")),
-            ("spoofed left entries ignored", &lb, "10.0.0.1", vec![("x-forwarded-for", "6.6.6.6, 203.0.113.7")], Ok("203.0.113.7")),
-            ("trusted hops skipped", &lb, "10.0.0.1", vec![("x-forwarded-for", "203.0.113.7, 10.9.9.9, 10.0.0.2")], Ok("203.0.113.7")),
-            ("client garbage left of the client", &lb, "10.0.0.1", vec![("x-forwarded-for", "<script>, 203.0.113.7")], Ok("203.0.113.7")),
-            ("malformed where the client is", &lb, "10.0.0.1", vec![("x-forwarded-for", "203.0.113.7, bogus")], invalid("malformed forwarded address")),
-            ("empty header", &lb, "10.0.0.1", vec![("x-forwarded-for", "")], invalid("malformed forwarded address")),
-            ("no header: the proxy itself", &lb, "10.0.0.1", vec![], Ok("10.0.0.1")),
-            ("all hops trusted: the farthest", &lb, "10.0.0.1", vec![("x-forwarded-for", "10.1.1.1, 10.2.2.2")], Ok("10.1.1.1")),
-            ("mapped trusted peer", &lb, "::ffff:10.0.0.1", vec![("x-forwarded-for", "203.0.113.7")], Ok("203.0.113.7")),
-            ("mapped client", &lb, "10.0.0.1", vec![("x-forwarded-for", "::ffff:203.0.113.7")], Ok("203.0.113.7")),
-            ("mapped trusted hop skipped", &lb, "10.0.0.1", vec![("x-forwarded-for", "203.0.113.7, ::ffff:10.0.0.3")], Ok("203.0.113.7")),
-            ("v6 client with port", &lb, "10.0.0.1", vec![("x-forwarded-for", "[2001:db8::7]:5555")], Ok("2001:db8::7")),
-            ("trailing comma", &lb, "10.0.0.1", vec![("x-forwarded-for", "203.0.113.7, 10.0.0.5, ")], invalid("malformed forwarded address")),
-            ("two lines", &lb, "10.0.0.1", vec![("x-forwarded-for", "6.6.6.6"), ("x-forwarded-for", "203.0.113.7, 10.0.0.2")], Ok("203.0.113.7")),
-            ("forwarded", &fwd, "10.0.0.1", vec![("forwarded", "for=6.6.6.6, for=\"[2001:db8::7]:80\";proto=https")], Ok("2001:db8::7")),
-            ("forwarded unknown", &fwd, "10.0.0.1", vec![("forwarded", "for=unknown")], invalid("malformed forwarded address")),
-            ("forwarded ignores xff", &fwd, "10.0.0.1", vec![("x-forwarded-for", "1.2.3.4")], Ok("10.0.0.1")),
-            ("x-real-ip", &real, "10.0.0.1", vec![("x-real-ip", "203.0.113.7")], Ok("203.0.113.7")),
-            ("x-real-ip repeated", &real, "10.0.0.1", vec![("x-real-ip", "1.1.1.1"), ("x-real-ip", "2.2.2.2")], invalid("malformed forwarded address")),
-            ("xff ignores x-real-ip", &lb, "10.0.0.1", vec![("x-real-ip", "1.2.3.4")], Ok("10.0.0.1")),
+            (
+                "untrusted peer: header ignored",
+                &lb,
+                "198.51.100.9",
+                vec![("x-forwarded-for", "1.2.3.4")],
+                Ok("198.51.100.9"),
+            ),
+            (
+                "untrusted peer: garbage ignored",
+                &lb,
+                "198.51.100.9",
+                vec![("x-forwarded-for", "garbage")],
+                Ok("198.51.100.9"),
+            ),
+            (
+                "trusted peer, one hop",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "203.0.113.7")],
+                Ok("203.0.113.7"),
+            ),
+            (
+                "spoofed left entries ignored",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "6.6.6.6, 203.0.113.7")],
+                Ok("203.0.113.7"),
+            ),
+            (
+                "trusted hops skipped",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "203.0.113.7, 10.9.9.9, 10.0.0.2")],
+                Ok("203.0.113.7"),
+            ),
+            (
+                "client garbage left of the client",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "<script>, 203.0.113.7")],
+                Ok("203.0.113.7"),
+            ),
+            (
+                "malformed where the client is",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "203.0.113.7, bogus")],
+                invalid("malformed forwarded address"),
+            ),
+            (
+                "empty header",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "")],
+                invalid("malformed forwarded address"),
+            ),
+            (
+                "no header: the proxy itself",
+                &lb,
+                "10.0.0.1",
+                vec![],
+                Ok("10.0.0.1"),
+            ),
+            (
+                "all hops trusted: the farthest",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "10.1.1.1, 10.2.2.2")],
+                Ok("10.1.1.1"),
+            ),
+            (
+                "mapped trusted peer",
+                &lb,
+                "::ffff:10.0.0.1",
+                vec![("x-forwarded-for", "203.0.113.7")],
+                Ok("203.0.113.7"),
+            ),
+            (
+                "mapped client",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "::ffff:203.0.113.7")],
+                Ok("203.0.113.7"),
+            ),
+            (
+                "mapped trusted hop skipped",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "203.0.113.7, ::ffff:10.0.0.3")],
+                Ok("203.0.113.7"),
+            ),
+            (
+                "v6 client with port",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "[2001:db8::7]:5555")],
+                Ok("2001:db8::7"),
+            ),
+            (
+                "trailing comma",
+                &lb,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "203.0.113.7, 10.0.0.5, ")],
+                invalid("malformed forwarded address"),
+            ),
+            (
+                "two lines",
+                &lb,
+                "10.0.0.1",
+                vec![
+                    ("x-forwarded-for", "6.6.6.6"),
+                    ("x-forwarded-for", "203.0.113.7, 10.0.0.2"),
+                ],
+                Ok("203.0.113.7"),
+            ),
+            (
+                "forwarded",
+                &fwd,
+                "10.0.0.1",
+                vec![(
+                    "forwarded",
+                    "for=6.6.6.6, for=\"[2001:db8::7]:80\";proto=https",
+                )],
+                Ok("2001:db8::7"),
+            ),
+            (
+                "forwarded unknown",
+                &fwd,
+                "10.0.0.1",
+                vec![("forwarded", "for=unknown")],
+                invalid("malformed forwarded address"),
+            ),
+            (
+                "forwarded ignores xff",
+                &fwd,
+                "10.0.0.1",
+                vec![("x-forwarded-for", "1.2.3.4")],
+                Ok("10.0.0.1"),
+            ),
+            (
+                "x-real-ip",
+                &real,
+                "10.0.0.1",
+                vec![("x-real-ip", "203.0.113.7")],
+                Ok("203.0.113.7"),
+            ),
+            (
+                "x-real-ip repeated",
+                &real,
+                "10.0.0.1",
+                vec![("x-real-ip", "1.1.1.1"), ("x-real-ip", "2.2.2.2")],
+                invalid("malformed forwarded address"),
+            ),
+            (
+                "xff ignores x-real-ip",
+                &lb,
+                "10.0.0.1",
+                vec![("x-real-ip", "1.2.3.4")],
+                Ok("10.0.0.1"),
+            ),
         ];
         for (name, extractor, peer, pairs, want) in cases {
             let got = extractor.client_ip(ip(peer), &headers(&pairs));
@@ -367,13 +523,24 @@ mod tests {
         assert!(ClientIp::new().trust("2001:db8::/32").is_ok());
         assert!(ClientIp::new().trust("127.0.0.1").is_ok());
         for bad in ["10.0.0.0/33", "nope", "", "10.0.0.0/"] {
-            assert_eq!(ClientIp::new().trust(bad).unwrap_err(), ConfigError::InvalidCidr(bad.into()), "{bad}");
+            assert_eq!(
+                ClientIp::new().trust(bad).unwrap_err(),
+                ConfigError::InvalidCidr(bad.into()),
+                "{bad}"
+            );
         }
         // A mapped-IPv6 CIDR trusts the IPv4 addresses it covers.
         let mapped = ClientIp::new().trust("::ffff:10.0.0.0/104").unwrap();
         assert!(mapped.is_trusted(ip("10.1.2.3")));
         let presets = ClientIp::new().trust_loopback().trust_private();
-        for trusted in ["127.0.0.1", "::1", "10.1.1.1", "172.20.0.1", "192.168.1.1", "fd00::1"] {
+        for trusted in [
+            "127.0.0.1",
+            "::1",
+            "10.1.1.1",
+            "172.20.0.1",
+            "192.168.1.1",
+            "fd00::1",
+        ] {
             assert!(presets.is_trusted(ip(trusted)), "{trusted}");
         }
         for untrusted in ["8.8.8.8", "172.32.0.1", "2001:db8::1"] {
@@ -384,9 +551,13 @@ mod tests {
     #[test]
     fn without_a_peer_address_the_server_is_misconfigured() {
         let req = Request::get("/").body(()).unwrap();
-        assert!(matches!(ClientIp::new().extract(&req), Err(KeyError::Misconfigured(_))));
+        assert!(matches!(
+            ClientIp::new().extract(&req),
+            Err(KeyError::Misconfigured(_))
+        ));
         let mut req = Request::get("/").body(()).unwrap();
-        req.extensions_mut().insert("198.51.100.1:443".parse::<SocketAddr>().unwrap());
+        req.extensions_mut()
+            .insert("198.51.100.1:443".parse::<SocketAddr>().unwrap());
         assert_eq!(ClientIp::new().extract(&req), Ok(Key::new("198.51.100.1")));
     }
 }

@@ -125,13 +125,17 @@ fn parse_node(node: &[u8]) -> Hop {
         if !(after.is_empty() || after.strip_prefix(':').is_some_and(is_port)) {
             return Hop::Opaque;
         }
-        return inside.parse::<Ipv6Addr>().map_or(Hop::Opaque, |ip| Hop::Ip(IpAddr::V6(ip)));
+        return inside
+            .parse::<Ipv6Addr>()
+            .map_or(Hop::Opaque, |ip| Hop::Ip(IpAddr::V6(ip)));
     }
     if let Ok(ip) = text.parse::<IpAddr>() {
         return Hop::Ip(ip);
     }
     match text.split_once(':') {
-        Some((v4, port)) if is_port(port) => v4.parse::<Ipv4Addr>().map_or(Hop::Opaque, |ip| Hop::Ip(IpAddr::V4(ip))),
+        Some((v4, port)) if is_port(port) => v4
+            .parse::<Ipv4Addr>()
+            .map_or(Hop::Opaque, |ip| Hop::Ip(IpAddr::V4(ip))),
         _ => Hop::Opaque,
     }
 }
@@ -165,16 +169,40 @@ mod tests {
     fn x_forwarded_for_cases() {
         let cases: &[(&str, &[&[u8]], &[Hop])] = &[
             ("one", &[b"203.0.113.7"], &[ip("203.0.113.7")]),
-            ("chain, nearest first", &[b"198.51.100.1, 10.0.0.2"], &[ip("10.0.0.2"), ip("198.51.100.1")]),
-            ("two lines are one list", &[b"1.1.1.1", b"2.2.2.2, 3.3.3.3"], &[ip("3.3.3.3"), ip("2.2.2.2"), ip("1.1.1.1")]),
+            (
+                "chain, nearest first",
+                &[b"198.51.100.1, 10.0.0.2"],
+                &[ip("10.0.0.2"), ip("198.51.100.1")],
+            ),
+            (
+                "two lines are one list",
+                &[b"1.1.1.1", b"2.2.2.2, 3.3.3.3"],
+                &[ip("3.3.3.3"), ip("2.2.2.2"), ip("1.1.1.1")],
+            ),
             ("ipv6 bare", &[b"2001:db8::1"], &[ip("2001:db8::1")]),
-            ("ipv6 bracketed with port", &[b"[2001:db8::1]:443"], &[ip("2001:db8::1")]),
+            (
+                "ipv6 bracketed with port",
+                &[b"[2001:db8::1]:443"],
+                &[ip("2001:db8::1")],
+            ),
             ("ipv4 with port", &[b"192.0.2.1:8080"], &[ip("192.0.2.1")]),
-            ("mapped v4", &[b"::ffff:192.0.2.1"], &[ip("::ffff:192.0.2.1")]),
+            (
+                "mapped v4",
+                &[b"::ffff:192.0.2.1"],
+                &[ip("::ffff:192.0.2.1")],
+            ),
             ("garbage", &[b"not-an-ip"], &[Hop::Opaque]),
-            ("empty entry", &[b"1.1.1.1,,2.2.2.2"], &[ip("2.2.2.2"), Hop::Opaque, ip("1.1.1.1")]),
+            (
+                "empty entry",
+                &[b"1.1.1.1,,2.2.2.2"],
+                &[ip("2.2.2.2"), Hop::Opaque, ip("1.1.1.1")],
+            ),
             ("empty header", &[b""], &[Hop::Opaque]),
-            ("spaces", &[b"  1.1.1.1 ,   2.2.2.2  "], &[ip("2.2.2.2"), ip("1.1.1.1")]),
+            (
+                "spaces",
+                &[b"  1.1.1.1 ,   2.2.2.2  "],
+                &[ip("2.2.2.2"), ip("1.1.1.1")],
+            ),
             ("unknown", &[b"unknown"], &[Hop::Opaque]),
             ("bad port", &[b"1.2.3.4:http"], &[Hop::Opaque]),
             ("octet overflow", &[b"256.1.1.1"], &[Hop::Opaque]),
@@ -191,18 +219,54 @@ mod tests {
     #[test]
     fn forwarded_cases() {
         let cases: &[(&str, &[u8], &[Hop])] = &[
-            ("rfc example", b"for=192.0.2.60;proto=http;by=203.0.113.43", &[ip("192.0.2.60")]),
-            ("quoted v6 with port", b"for=\"[2001:db8:cafe::17]:4711\"", &[ip("2001:db8:cafe::17")]),
-            ("two elements", b"for=192.0.2.43, for=198.51.100.17", &[ip("198.51.100.17"), ip("192.0.2.43")]),
-            ("case-insensitive name", b"For=192.0.2.43", &[ip("192.0.2.43")]),
+            (
+                "rfc example",
+                b"for=192.0.2.60;proto=http;by=203.0.113.43",
+                &[ip("192.0.2.60")],
+            ),
+            (
+                "quoted v6 with port",
+                b"for=\"[2001:db8:cafe::17]:4711\"",
+                &[ip("2001:db8:cafe::17")],
+            ),
+            (
+                "two elements",
+                b"for=192.0.2.43, for=198.51.100.17",
+                &[ip("198.51.100.17"), ip("192.0.2.43")],
+            ),
+            (
+                "case-insensitive name",
+                b"For=192.0.2.43",
+                &[ip("192.0.2.43")],
+            ),
             ("unknown", b"for=unknown", &[Hop::Opaque]),
-            ("obfuscated", b"for=_hidden, for=_SEVKISEK", &[Hop::Opaque, Hop::Opaque]),
+            (
+                "obfuscated",
+                b"for=_hidden, for=_SEVKISEK",
+                &[Hop::Opaque, Hop::Opaque],
+            ),
             ("no for", b"proto=https;by=1.2.3.4", &[Hop::Opaque]),
-            ("comma inside quotes", b"for=\"1.2.3.4,5.6.7.8\"", &[Hop::Opaque]),
-            ("semicolon inside quotes", b"for=\"a;b\";proto=http", &[Hop::Opaque]),
+            (
+                "comma inside quotes",
+                b"for=\"1.2.3.4,5.6.7.8\"",
+                &[Hop::Opaque],
+            ),
+            (
+                "semicolon inside quotes",
+                b"for=\"a;b\";proto=http",
+                &[Hop::Opaque],
+            ),
             ("unterminated quote", b"for=\"1.2.3.4", &[Hop::Opaque]),
-            ("two for in one element", b"for=1.1.1.1;for=2.2.2.2", &[Hop::Opaque]),
-            ("bare v6 is not allowed unquoted but parses", b"for=\"[::1]\"", &[ip("::1")]),
+            (
+                "two for in one element",
+                b"for=1.1.1.1;for=2.2.2.2",
+                &[Hop::Opaque],
+            ),
+            (
+                "bare v6 is not allowed unquoted but parses",
+                b"for=\"[::1]\"",
+                &[ip("::1")],
+            ),
             ("pair without =", b"for", &[Hop::Opaque]),
             ("escaped quote", b"for=\"\\\"1.2.3.4\"", &[Hop::Opaque]),
         ];
@@ -214,9 +278,19 @@ mod tests {
 
     #[test]
     fn x_real_ip_cases() {
-        assert_eq!(x_real_ip(&headers("x-real-ip", &[b"203.0.113.9"])), Some(ip("203.0.113.9")));
-        assert_eq!(x_real_ip(&headers("x-real-ip", &[b"1.1.1.1", b"2.2.2.2"])), Some(Hop::Opaque), "repeated");
-        assert_eq!(x_real_ip(&headers("x-real-ip", &[b"junk"])), Some(Hop::Opaque));
+        assert_eq!(
+            x_real_ip(&headers("x-real-ip", &[b"203.0.113.9"])),
+            Some(ip("203.0.113.9"))
+        );
+        assert_eq!(
+            x_real_ip(&headers("x-real-ip", &[b"1.1.1.1", b"2.2.2.2"])),
+            Some(Hop::Opaque),
+            "repeated"
+        );
+        assert_eq!(
+            x_real_ip(&headers("x-real-ip", &[b"junk"])),
+            Some(Hop::Opaque)
+        );
         assert_eq!(x_real_ip(&HeaderMap::new()), None);
     }
 

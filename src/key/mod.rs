@@ -280,9 +280,98 @@ impl<B> KeyExtractor<B> for HeaderKey {
     }
 }
 
+/// The route a request matched: axum's `MatchedPath` (`/users/{id}`, never
+/// the raw path, which the client chooses), or for a gRPC request its method
+/// (`/package.Service/Method`). Combine it with a client key to limit each
+/// client per route: `(ClientIp::new(), RouteKey::new())`.
+///
+/// axum sets `MatchedPath` for layers added with `route_layer` or on a route;
+/// elsewhere a plain HTTP request has no route and is [`KeyError::Missing`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteKey;
+
+impl RouteKey {
+    /// Key by route.
+    pub fn new() -> Self {
+        Self
+    }
+}
+
+impl<B> KeyExtractor<B> for RouteKey {
+    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+        #[cfg(feature = "axum")]
+        if let Some(path) = request.extensions().get::<axum::extract::MatchedPath>() {
+            return Ok(Key::new(path.as_str()));
+        }
+        if crate::response::is_grpc(request.headers()) {
+            return Ok(Key::new(request.uri().path()));
+        }
+        Err(KeyError::Missing(
+            "a matched route (add the layer with route_layer)",
+        ))
+    }
+}
+
+/// Both keys: the request is charged to the pair, so `(client, route)` gives
+/// each client its own budget on each route. The parts are joined
+/// unambiguously (the first is length-prefixed), so no two pairs share a key.
+impl<B, A, C> KeyExtractor<B> for (A, C)
+where
+    A: KeyExtractor<B>,
+    C: KeyExtractor<B>,
+{
+    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+        let first = self.0.extract(request)?;
+        let second = self.1.extract(request)?;
+        let mut joined = [0u8; 3 + 1 + 2 * MAX_KEY_LEN];
+        let mut len = itoa::Buffer::new();
+        let len = len.format(first.as_bytes().len()).as_bytes();
+        let mut at = 0;
+        for part in [len, b":", first.as_bytes(), second.as_bytes()] {
+            joined[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        Ok(Key::new(&joined[..at]))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pairs_of_keys_never_collide() {
+        let pair = |a: &'static str, b: &'static str| {
+            let a = move |_: &Request<()>| Ok(Key::new(a));
+            let b = move |_: &Request<()>| Ok(Key::new(b));
+            (a, b).extract(&Request::new(())).unwrap()
+        };
+        assert_eq!(pair("1.2.3.4", "/login"), Key::new("7:1.2.3.4/login"));
+        assert_ne!(pair("a:b", "c"), pair("a", ":bc"));
+        assert_ne!(pair("ab", "c"), pair("a", "bc"));
+        let missing = (GlobalKey, HeaderKey::new(HeaderName::from_static("x-k")));
+        assert!(matches!(
+            missing.extract(&Request::new(())),
+            Err(KeyError::Missing(_))
+        ));
+    }
+
+    #[test]
+    fn routes_are_grpc_methods_or_matched_paths_never_raw_paths() {
+        let grpc = Request::post("/grpc.health.v1.Health/Check")
+            .header("content-type", "application/grpc")
+            .body(())
+            .unwrap();
+        assert_eq!(
+            RouteKey.extract(&grpc),
+            Ok(Key::new("/grpc.health.v1.Health/Check"))
+        );
+        let raw = Request::get("/users/12345").body(()).unwrap();
+        assert!(
+            matches!(RouteKey.extract(&raw), Err(KeyError::Missing(_))),
+            "the raw path is the client's choice"
+        );
+    }
 
     #[test]
     fn keys_are_bounded() {

@@ -1,0 +1,141 @@
+//! End to end over gRPC: a real tonic server on 127.0.0.1:0 and a real tonic
+//! client.
+
+use std::time::Duration;
+
+use tonic::Code;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Server};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+use tonic_types::StatusExt;
+use tower_pinned_window::backend::{Backend, BackendError, Hit};
+use tower_pinned_window::key::{ClientIp, Key, RouteKey};
+use tower_pinned_window::{Quota, RateLimitLayer};
+
+async fn serve<L>(layer: L) -> (HealthClient<Channel>, tokio::task::JoinHandle<()>)
+where
+    L: tower::Layer<tonic::service::Routes> + Clone + Send + Sync + 'static,
+    L::Service: tower::Service<
+            http::Request<tonic::body::Body>,
+            Response = http::Response<tonic::body::Body>,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Future: Send + 'static,
+    <L::Service as tower::Service<http::Request<tonic::body::Body>>>::Error:
+        Into<Box<dyn std::error::Error + Send + Sync>> + Send,
+{
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let task = tokio::spawn(async move {
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    (HealthClient::new(channel), task)
+}
+
+fn check() -> HealthCheckRequest {
+    HealthCheckRequest {
+        service: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn a_tonic_client_gets_resource_exhausted_with_a_retry_delay() {
+    let layer = RateLimitLayer::new("grpc", Quota::new(3, Duration::from_secs(10)).unwrap())
+        .key(ClientIp::new());
+    let (mut client, task) = serve(layer).await;
+    for remaining in [2, 1, 0] {
+        let response = client.check(check()).await.unwrap();
+        assert_eq!(
+            response.metadata().get("ratelimit").unwrap(),
+            format!("\"grpc\";r={remaining};t=10").as_str()
+        );
+    }
+    let status = client.check(check()).await.unwrap_err();
+    assert_eq!(status.code(), Code::ResourceExhausted);
+    assert_eq!(status.message(), "rate limit exceeded");
+    let delay = status
+        .get_details_retry_info()
+        .and_then(|info| info.retry_delay)
+        .expect("a RetryInfo");
+    assert!(
+        delay > Duration::from_secs(9) && delay <= Duration::from_secs(10),
+        "{delay:?}"
+    );
+    assert_eq!(status.metadata().get("retry-after").unwrap(), "10");
+    assert_eq!(
+        status.metadata().get("ratelimit").unwrap(),
+        "\"grpc\";r=0;t=10"
+    );
+    task.abort();
+}
+
+#[tokio::test]
+async fn one_layer_limits_grpc_methods_apart() {
+    // Keyed by (client IP, method): the Check budget is not the Watch budget.
+    let layer = RateLimitLayer::new("methods", Quota::new(1, Duration::from_secs(60)).unwrap())
+        .key((ClientIp::new(), RouteKey::new()));
+    let (mut client, task) = serve(layer).await;
+    client.check(check()).await.unwrap();
+    assert_eq!(
+        client.check(check()).await.unwrap_err().code(),
+        Code::ResourceExhausted
+    );
+    let watch = client.watch(check()).await;
+    assert!(
+        watch.is_ok(),
+        "another method has its own budget: {watch:?}"
+    );
+    task.abort();
+}
+
+/// A backend that is down or holds corrupt state, to see the gRPC codes.
+#[derive(Clone, Debug)]
+struct Failing(bool);
+
+impl Backend for Failing {
+    type Future = std::future::Ready<Result<Hit, BackendError>>;
+
+    fn hit(&self, _: &str, _: &Key, _: Quota) -> Self::Future {
+        std::future::ready(Err(if self.0 {
+            BackendError::Corrupt {
+                key: "k".into(),
+                detail: "value abc".into(),
+            }
+        } else {
+            BackendError::Unavailable("connection refused".into())
+        }))
+    }
+
+    async fn peek(&self, _: &str, _: &Key) -> Result<Option<Hit>, BackendError> {
+        Ok(None)
+    }
+
+    async fn reset(&self, _: &str, _: &Key) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+}
+
+#[tokio::test]
+async fn backend_failure_is_unavailable_and_corruption_is_internal() {
+    for (corrupt, code) in [(false, Code::Unavailable), (true, Code::Internal)] {
+        let layer = RateLimitLayer::new("fail", Quota::new(3, Duration::from_secs(10)).unwrap())
+            .backend(Failing(corrupt));
+        let (mut client, task) = serve(layer).await;
+        assert_eq!(client.check(check()).await.unwrap_err().code(), code);
+        task.abort();
+    }
+}
