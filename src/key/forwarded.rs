@@ -165,9 +165,12 @@ mod tests {
         Hop::Ip(s.parse().unwrap())
     }
 
+    /// (case name, header lines, hops expected).
+    type Case<'a> = (&'a str, &'a [&'a [u8]], &'a [Hop]);
+
     #[test]
     fn x_forwarded_for_cases() {
-        let cases: &[(&str, &[&[u8]], &[Hop])] = &[
+        let cases: &[Case] = &[
             ("one", &[b"203.0.113.7"], &[ip("203.0.113.7")]),
             (
                 "chain, nearest first",
