@@ -20,7 +20,7 @@ use tower::{Layer, ServiceExt, service_fn};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
-use tower_pinned_window::backend::{Backend, MemoryBackend};
+use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
 
@@ -36,7 +36,10 @@ fn governor() -> DefaultKeyedRateLimiter<IpAddr> {
     RateLimiter::keyed(governor::Quota::per_second(NonZeroU32::MAX))
 }
 
-const QUOTA: Quota = Quota::per_hour(NonZeroU32::MAX);
+const COUNTER: &[Counter<'static>] = &[Counter {
+    namespace: "bench",
+    quota: Quota::per_hour(NonZeroU32::MAX),
+}];
 
 fn backend_hits(c: &mut Criterion) {
     // Both sides read the same IpAddr array; ours builds its key from the
@@ -52,7 +55,7 @@ fn backend_hits(c: &mut Criterion) {
     group.bench_function("pinned_window", |b| {
         b.iter(|| {
             store
-                .hit("bench", &key(black_box(&ips[0])), QUOTA)
+                .hit_all(&key(black_box(&ips[0])), COUNTER)
                 .into_inner()
                 .unwrap()
         })
@@ -70,7 +73,7 @@ fn backend_hits(c: &mut Criterion) {
         b.iter(|| {
             i = (i + 1) % KEYS;
             store
-                .hit("bench", &key(black_box(&ips[i])), QUOTA)
+                .hit_all(&key(black_box(&ips[i])), COUNTER)
                 .into_inner()
                 .unwrap()
         })
@@ -91,7 +94,7 @@ fn backend_hits(c: &mut Criterion) {
         b.iter_custom(|iters| {
             two_threads(iters, || {
                 store
-                    .hit("bench", &key(black_box(&ips[0])), QUOTA)
+                    .hit_all(&key(black_box(&ips[0])), COUNTER)
                     .into_inner()
                     .unwrap();
             })

@@ -12,10 +12,11 @@ use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use crate::backend::{Backend, BackendError, Hit};
+use crate::backend::{Backend, BackendError, Hits};
 use crate::decision::Decision;
 use crate::key::KeyError;
 use crate::layer::{Core, FailurePolicy};
+use crate::policy::Policy;
 use crate::response::{Deny, GrpcCode, grpc_response, is_grpc, status_response};
 
 pin_project! {
@@ -42,12 +43,13 @@ pin_project! {
             timer: Option<Pin<Box<Sleep>>>,
             service: Option<Svc>,
             request: Option<Req>,
+            policy: Arc<Policy>,
         },
         // Passed on: waiting for the service.
         Inner {
             #[pin]
             future: F,
-            decision: Option<Decision>,
+            stamp: Option<Stamp>,
         },
         // Answered by the limiter itself.
         Respond {
@@ -67,6 +69,7 @@ where
         hit: Bk::Future,
         service: S,
         request: Request<ReqBody>,
+        policy: Arc<Policy>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -74,18 +77,15 @@ where
                 timer: None,
                 service: Some(service),
                 request: Some(request),
+                policy,
             },
             core,
         }
     }
 
-    pub(crate) fn passing(
-        core: Arc<Core<Bk, D>>,
-        future: S::Future,
-        decision: Option<Decision>,
-    ) -> Self {
+    pub(crate) fn passing(core: Arc<Core<Bk, D>>, future: S::Future, stamp: Option<Stamp>) -> Self {
         Self {
-            state: State::Inner { future, decision },
+            state: State::Inner { future, stamp },
             core,
         }
     }
@@ -118,6 +118,7 @@ where
                     timer,
                     service,
                     request,
+                    policy,
                 } => {
                     let result = match Pin::new(hit).poll(cx) {
                         Poll::Ready(result) => result,
@@ -133,12 +134,12 @@ where
                         .as_ref()
                         .expect("the request is taken once")
                         .headers();
-                    match this.core.judge(result, headers) {
-                        Verdict::Pass(decision) => {
+                    match this.core.judge(result, policy.clone(), headers) {
+                        Verdict::Pass(stamp) => {
                             let mut service = service.take().expect("the service is taken once");
                             let request = request.take().expect("the request is taken once");
                             let future = service.call(request);
-                            this.state.set(State::Inner { future, decision });
+                            this.state.set(State::Inner { future, stamp });
                         }
                         Verdict::Respond(response) => {
                             this.state.set(State::Done);
@@ -146,16 +147,20 @@ where
                         }
                     }
                 }
-                StateProj::Inner { future, decision } => {
+                StateProj::Inner { future, stamp } => {
                     let result = ready!(future.poll(cx));
-                    let decision = decision.take();
+                    let stamp = stamp.take();
                     this.state.set(State::Done);
                     let mut response = result?;
-                    if let Some(decision) = decision {
-                        this.core
-                            .settings
+                    if let Some(Stamp {
+                        policy,
+                        index,
+                        decision,
+                    }) = stamp
+                    {
+                        policy
                             .headers
-                            .write(response.headers_mut(), &decision, false);
+                            .write(response.headers_mut(), index, &decision, false);
                         response.extensions_mut().insert(decision);
                     }
                     return Poll::Ready(Ok(response));
@@ -192,9 +197,17 @@ where
 /// What the limiter does with a request once the backend has answered.
 pub(crate) enum Verdict<B> {
     /// Call the service; decorate its response with the decision, if any.
-    Pass(Option<Decision>),
+    Pass(Option<Stamp>),
     /// Answer without calling the service.
     Respond(Response<B>),
+}
+
+/// A passed request's decision, to be written onto its response.
+pub(crate) struct Stamp {
+    policy: Arc<Policy>,
+    /// Which of the policy's quotas the decision is about.
+    index: usize,
+    decision: Decision,
 }
 
 impl<Bk, D> Core<Bk, D> {
@@ -202,7 +215,8 @@ impl<Bk, D> Core<Bk, D> {
     /// passed on.
     pub(crate) fn judge<B>(
         &self,
-        result: Result<Hit, BackendError>,
+        result: Result<Hits, BackendError>,
+        policy: Arc<Policy>,
         request: &HeaderMap,
     ) -> Verdict<B>
     where
@@ -210,8 +224,8 @@ impl<Bk, D> Core<Bk, D> {
         B: Default,
     {
         let s = &self.settings;
-        let hit = match result {
-            Ok(hit) => hit,
+        let hits = match result {
+            Ok(hits) => hits,
             Err(err) if err.is_corrupt() => {
                 tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
                 return Verdict::Respond(if is_grpc(request) {
@@ -222,19 +236,20 @@ impl<Bk, D> Core<Bk, D> {
             }
             Err(err) => return self.outage(err, request),
         };
-        let decision = Decision::new(
-            s.name.clone(),
-            s.quota.limit(),
-            hit.count,
-            hit.reset,
-            s.shadow,
-        );
+        let Some((index, decision)) = policy.decide(&hits, s.shadow) else {
+            let err = BackendError::Unavailable("the backend answered no hit".into());
+            return self.outage(err, request);
+        };
         tracing::debug!(limiter = %s.name, count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
         if let Some(observer) = &s.observer {
             observer(&decision);
         }
         if decision.passed() {
-            return Verdict::Pass(Some(decision));
+            return Verdict::Pass(Some(Stamp {
+                policy,
+                index,
+                decision,
+            }));
         }
         let mut response = if is_grpc(request) {
             grpc_response(
@@ -245,7 +260,9 @@ impl<Bk, D> Core<Bk, D> {
         } else {
             self.deny.deny(&decision)
         };
-        s.headers.write(response.headers_mut(), &decision, true);
+        policy
+            .headers
+            .write(response.headers_mut(), index, &decision, true);
         response.extensions_mut().insert(decision);
         Verdict::Respond(response)
     }

@@ -8,9 +8,10 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
-use crate::decision::{Decision, ceil_secs};
+use crate::decision::Decision;
 use crate::key::GlobalKey;
-use crate::response::{DefaultDeny, HeaderStyle, Headers, is_sf_string};
+use crate::policy::{Policies, RequestHead};
+use crate::response::{DefaultDeny, HeaderStyle, is_sf_string};
 use crate::service::RateLimit;
 use crate::{ConfigError, Quota};
 
@@ -93,8 +94,7 @@ pub(crate) struct Core<Bk, D> {
 #[derive(Clone)]
 pub(crate) struct Settings {
     pub(crate) name: Arc<str>,
-    pub(crate) quota: Quota,
-    pub(crate) headers: Headers,
+    pub(crate) policies: Policies,
     pub(crate) failure: FailurePolicy,
     pub(crate) missing_key: OnMissingKey,
     pub(crate) timeout: Duration,
@@ -136,21 +136,16 @@ impl RateLimitLayer {
         if !valid || !is_sf_string(&name) {
             return Err(ConfigError::InvalidName(name));
         }
-        let headers = Headers::new(
-            HeaderStyle::default(),
-            &name,
-            quota.limit(),
-            ceil_secs(quota.window().as_duration()),
-        );
+        let name: Arc<str> = name.into();
+        let policies = Policies::new(name.clone(), quota, HeaderStyle::default());
         Ok(Self {
             key: GlobalKey,
             core: Core {
                 backend: MemoryBackend::new(),
                 deny: DefaultDeny,
                 settings: Settings {
-                    name: name.into(),
-                    quota,
-                    headers,
+                    name,
+                    policies,
                     failure: FailurePolicy::default(),
                     missing_key: OnMissingKey::default(),
                     timeout: DEFAULT_TIMEOUT,
@@ -201,12 +196,38 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
 
     /// Which rate-limit headers responses carry (default: the IETF fields).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
-        self.core.settings.headers = Headers::new(
-            style,
-            &self.core.settings.name,
-            self.core.settings.quota.limit(),
-            ceil_secs(self.core.settings.quota.window().as_duration()),
-        );
+        self.core.settings.policies.set_style(style);
+        self
+    }
+
+    /// Check every request against `quota` too, in the same backend call:
+    /// `Quota` 5 per minute *and* (`also`) 100 per day. A request over any of
+    /// its quotas is denied; every quota counts every request. Each quota
+    /// other than the layer's own has its own counters, named
+    /// `name:LIMIT/WINDOWms`.
+    pub fn also(mut self, quota: Quota) -> Self {
+        self.core.settings.policies.add_also(quota);
+        self
+    }
+
+    /// Use `quota` instead of the layer's for one route: axum's matched path
+    /// (`/users/{id}`; add the layer with `route_layer`) or a gRPC method
+    /// (`/auth.Auth/Login`). Quotas added with [`also`](Self::also) still
+    /// apply. Routes with equal quotas share counters; key by
+    /// [`RouteKey`](crate::key::RouteKey) too to keep them apart.
+    pub fn route_quota(mut self, route: &str, quota: Quota) -> Self {
+        self.core.settings.policies.add_route(route, quota);
+        self
+    }
+
+    /// Pick a request's quota with `choose` (a tier looked up from an API
+    /// key, say); `None` falls back to the route's quota or the layer's.
+    /// Quotas added with [`also`](Self::also) still apply.
+    pub fn quota_by(
+        mut self,
+        choose: impl Fn(&RequestHead<'_>) -> Option<Quota> + Send + Sync + 'static,
+    ) -> Self {
+        self.core.settings.policies.set_quota_by(Arc::new(choose));
         self
     }
 
@@ -261,7 +282,7 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
 
     /// The layer's quota.
     pub fn quota(&self) -> Quota {
-        self.core.settings.quota
+        self.core.settings.policies.default_quota()
     }
 
     /// The layer's backend, for [`peek`](Backend::peek) and
@@ -294,9 +315,9 @@ impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
         let s = &self.settings;
         f.debug_struct("Core")
             .field("name", &s.name)
-            .field("quota", &s.quota)
+            .field("policies", &s.policies)
             .field("backend", &self.backend)
-            .field("headers", &s.headers.style())
+            .field("headers", &s.policies.style())
             .field("failure", &s.failure)
             .field("missing_key", &s.missing_key)
             .field("timeout", &s.timeout)

@@ -5,6 +5,7 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use sfv::{Integer, ItemSerializer, KeyRef, StringRef};
 
+use crate::Quota;
 use crate::decision::{Decision, ceil_secs};
 
 /// Which rate-limit headers responses carry.
@@ -114,88 +115,98 @@ const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// The per-layer parts of the headers, serialized once.
+/// The headers of one policy (one or more quotas), serialized once.
 #[derive(Debug, Clone)]
 pub(crate) struct Headers {
     style: HeaderStyle,
+    /// Every quota of the policy, as one sf-list.
     policy: HeaderValue,
-    limit: HeaderValue,
-    /// The name as an sf-string, with its quotes.
-    name_item: Box<str>,
+    /// Per quota: its name as an sf-string (with its quotes), and its limit.
+    quotas: Vec<(Box<str>, HeaderValue)>,
 }
 
 impl Headers {
-    /// `name` must be a valid sf-string (the layer checks its names).
-    pub(crate) fn new(style: HeaderStyle, name: &str, limit: u64, window_secs: u64) -> Self {
-        let policy = ItemSerializer::new()
-            .bare_item(sf_name(name))
-            .parameter(key("q"), sf_int(limit))
-            .parameter(key("w"), sf_int(window_secs))
-            .finish();
-        let name_item = ItemSerializer::new().bare_item(sf_name(name)).finish();
+    /// `quotas`: each counter's name (a valid sf-string: the layer checks its
+    /// names) and its quota.
+    pub(crate) fn new(style: HeaderStyle, quotas: &[(&str, Quota)]) -> Self {
+        let mut policy = String::new();
+        for (name, quota) in quotas {
+            if !policy.is_empty() {
+                policy.push_str(", ");
+            }
+            let _ = ItemSerializer::with_buffer(&mut policy)
+                .bare_item(sf_name(name))
+                .parameter(key("q"), sf_int(quota.limit()))
+                .parameter(key("w"), sf_int(ceil_secs(quota.window().as_duration())));
+        }
         Self {
             style,
-            policy: HeaderValue::try_from(policy).expect("an sf-item is a valid header value"),
-            limit: HeaderValue::from(limit),
-            name_item: name_item.into(),
+            policy: HeaderValue::try_from(policy).expect("an sf-list is a valid header value"),
+            quotas: quotas
+                .iter()
+                .map(|(name, quota)| {
+                    let item = ItemSerializer::new().bare_item(sf_name(name)).finish();
+                    (item.into(), HeaderValue::from(quota.limit()))
+                })
+                .collect(),
         }
     }
 
-    pub(crate) fn style(&self) -> HeaderStyle {
-        self.style
-    }
-
-    /// Write the rate-limit headers for `decision` into `headers`, and
-    /// `Retry-After` when `denied`. Headers already present are kept.
-    pub(crate) fn write(&self, headers: &mut HeaderMap, decision: &Decision, denied: bool) {
+    /// Write the rate-limit headers for `decision` (about quota `index`)
+    /// into `headers`, and `Retry-After` when `denied`. Headers already
+    /// present are kept.
+    pub(crate) fn write(
+        &self,
+        headers: &mut HeaderMap,
+        index: usize,
+        decision: &Decision,
+        denied: bool,
+    ) {
         let reset = ceil_secs(decision.reset());
         if denied {
             headers
                 .entry(RETRY_AFTER)
                 .or_insert_with(|| int_value(reset));
         }
+        let (name_item, limit) = &self.quotas[index];
         match self.style {
             HeaderStyle::Ietf => {
                 headers
                     .entry(RATELIMIT)
-                    .or_insert_with(|| self.ratelimit(decision.remaining(), reset));
+                    .or_insert_with(|| ratelimit(name_item, decision.remaining(), reset));
                 headers
                     .entry(RATELIMIT_POLICY)
                     .or_insert_with(|| self.policy.clone());
             }
             HeaderStyle::Legacy => {
-                headers.entry(X_LIMIT).or_insert_with(|| self.limit.clone());
+                headers.entry(X_LIMIT).or_insert_with(|| limit.clone());
                 headers
                     .entry(X_REMAINING)
-                    .or_insert_with(|| HeaderValue::from(decision.remaining()));
-                headers
-                    .entry(X_RESET)
-                    .or_insert_with(|| HeaderValue::from(reset));
+                    .or_insert_with(|| int_value(decision.remaining()));
+                headers.entry(X_RESET).or_insert_with(|| int_value(reset));
             }
             HeaderStyle::None => {}
         }
     }
 }
 
-impl Headers {
-    /// `"name";r=R;t=T`: the name was serialized by sfv once; the two
-    /// parameters are sf-integers, which are plain decimal digits.
-    fn ratelimit(&self, remaining: u64, reset: u64) -> HeaderValue {
-        let mut r = itoa::Buffer::new();
-        let mut t = itoa::Buffer::new();
-        let (r, t) = (
-            r.format(sf_int_value(remaining)),
-            t.format(sf_int_value(reset)),
-        );
-        let mut value = Vec::with_capacity(self.name_item.len() + 6 + r.len() + t.len());
-        value.extend_from_slice(self.name_item.as_bytes());
-        value.extend_from_slice(b";r=");
-        value.extend_from_slice(r.as_bytes());
-        value.extend_from_slice(b";t=");
-        value.extend_from_slice(t.as_bytes());
-        HeaderValue::from_maybe_shared(bytes::Bytes::from(value))
-            .expect("an sf-item is a valid header value")
-    }
+/// `"name";r=R;t=T`: the name was serialized by sfv once; the two parameters
+/// are sf-integers, which are plain decimal digits.
+fn ratelimit(name_item: &str, remaining: u64, reset: u64) -> HeaderValue {
+    let mut r = itoa::Buffer::new();
+    let mut t = itoa::Buffer::new();
+    let (r, t) = (
+        r.format(sf_int_value(remaining)),
+        t.format(sf_int_value(reset)),
+    );
+    let mut value = Vec::with_capacity(name_item.len() + 6 + r.len() + t.len());
+    value.extend_from_slice(name_item.as_bytes());
+    value.extend_from_slice(b";r=");
+    value.extend_from_slice(r.as_bytes());
+    value.extend_from_slice(b";t=");
+    value.extend_from_slice(t.as_bytes());
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(value))
+        .expect("an sf-item is a valid header value")
 }
 
 /// A decimal header value, formatted without `fmt`.

@@ -82,21 +82,22 @@ where
             }
         };
         let settings = &core.settings;
-        let mut hit = core.backend.hit(&settings.name, &key, settings.quota);
+        let policy = settings.policies.select(&request);
+        let mut hit = core.backend.hit_all(&key, &policy.counters());
         tracing::trace!(limiter = %settings.name, %key, "rate-limit hit");
         // A backend that answers at once (the in-memory one does) is judged
         // here, so the request never waits inside this future. A backend that
         // has to go out is polled again, with the real waker, by the future.
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(result) => match core.judge(result, request.headers()) {
-                Verdict::Pass(decision) => {
+            Poll::Ready(result) => match core.judge(result, policy, request.headers()) {
+                Verdict::Pass(stamp) => {
                     let mut inner = inner;
                     let future = inner.call(request);
-                    ResponseFuture::passing(core, future, decision)
+                    ResponseFuture::passing(core, future, stamp)
                 }
                 Verdict::Respond(response) => ResponseFuture::respond(core, response),
             },
-            Poll::Pending => ResponseFuture::checking(core, hit, inner, request),
+            Poll::Pending => ResponseFuture::checking(core, hit, inner, request, policy),
         }
     }
 }

@@ -9,7 +9,7 @@ use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_types::StatusExt;
-use tower_pinned_window::backend::{Backend, BackendError, Hit};
+use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits};
 use tower_pinned_window::key::{ClientIp, Key, RouteKey};
 use tower_pinned_window::{Quota, RateLimitLayer};
 
@@ -107,9 +107,9 @@ async fn one_layer_limits_grpc_methods_apart() {
 struct Failing(bool);
 
 impl Backend for Failing {
-    type Future = std::future::Ready<Result<Hit, BackendError>>;
+    type Future = std::future::Ready<Result<Hits, BackendError>>;
 
-    fn hit(&self, _: &str, _: &Key, _: Quota) -> Self::Future {
+    fn hit_all(&self, _: &Key, _: &[Counter<'_>]) -> Self::Future {
         std::future::ready(Err(if self.0 {
             BackendError::Corrupt {
                 key: "k".into(),

@@ -11,10 +11,12 @@ use hashbrown::HashTable;
 use smallvec::SmallVec;
 use tokio::time::Instant;
 
-use super::{Backend, BackendError, Hit};
+use super::{Backend, BackendError, Counter, Hit, Hits};
 use crate::ConfigError;
 use crate::key::{Key, MAX_KEY_LEN};
-use crate::quota::{Quota, Window};
+#[cfg(test)]
+use crate::quota::Quota;
+use crate::quota::Window;
 
 /// Live keys held by default before new keys are refused.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -415,10 +417,16 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 }
 
 impl Backend for MemoryBackend {
-    type Future = Ready<Result<Hit, BackendError>>;
+    type Future = Ready<Result<Hits, BackendError>>;
 
-    fn hit(&self, namespace: &str, key: &Key, quota: Quota) -> Self::Future {
-        ready(self.hit_at(self.now(), namespace, key, quota.window()))
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
+        let now = self.now();
+        ready(
+            counters
+                .iter()
+                .map(|c| self.hit_at(now, c.namespace, key, c.quota.window()))
+                .collect(),
+        )
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
@@ -490,8 +498,12 @@ mod tests {
         let store = MemoryBackend::new();
         let key = Key::new("k");
         let quota = Quota::with_window(std::num::NonZeroU64::MIN, window(60_000));
-        let first = store.hit("n", &key, quota).into_inner().unwrap();
-        let second = store.hit("n", &key, quota).into_inner().unwrap();
+        let counter = [Counter {
+            namespace: "n",
+            quota,
+        }];
+        let first = store.hit_all(&key, &counter).into_inner().unwrap()[0];
+        let second = store.hit_all(&key, &counter).into_inner().unwrap()[0];
         assert_eq!((first.count, second.count), (1, 2));
         assert!(second.reset <= first.reset && first.reset <= Duration::from_secs(60));
         assert!(second.reset > Duration::from_secs(59), "{:?}", second.reset);

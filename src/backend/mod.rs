@@ -28,6 +28,10 @@ pub use memory::{DEFAULT_MAX_KEYS, MemoryBackend, MemoryBackendBuilder};
 
 use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use smallvec::SmallVec;
 use std::time::Duration;
 
 use crate::key::Key;
@@ -97,23 +101,42 @@ impl std::error::Error for BackendError {
     }
 }
 
+/// One counter a request is charged to: the namespace (the layer's name, or
+/// the name of one of its extra quotas) and the quota whose window a new
+/// counter gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Counter<'a> {
+    /// Names the counter together with the key.
+    pub namespace: &'a str,
+    /// The counter's quota: its window is the lifetime of a new counter; its
+    /// limit is a hint a backend may use (the Redis backend's deny cache).
+    pub quota: Quota,
+}
+
+/// The outcome of one [`Backend::hit_all`]: a [`Hit`] per counter, in order.
+/// Inline for up to two counters.
+pub type Hits = SmallVec<[Hit; 2]>;
+
 /// A counter store that keeps the [contract](self#the-contract).
 ///
-/// `namespace` is the layer's name; together with `key` it names one counter.
 /// Implementations hold their state behind an `Arc`, so clones share it.
 pub trait Backend: Clone + Send + Sync + 'static {
-    /// What [`hit`](Backend::hit) returns (`Unpin`: box it if need be). The
-    /// in-memory backend answers with an already completed future, so a hit
-    /// costs no allocation; the layer polls it once as soon as it is made and
-    /// decides there and then when it is ready.
-    type Future: Future<Output = Result<Hit, BackendError>> + Unpin + Send + 'static;
+    /// What [`hit_all`](Backend::hit_all) returns (`Unpin`: box it if need
+    /// be). The in-memory backend answers with an already completed future,
+    /// so a hit costs no allocation; the layer polls it once as soon as it is
+    /// made and decides there and then when it is ready.
+    type Future: Future<Output = Result<Hits, BackendError>> + Unpin + Send + 'static;
 
-    /// Count one hit on `key` in one atomic step; a new counter's window is
-    /// `quota`'s window, an existing counter's window is left as it is.
-    ///
-    /// `quota`'s limit is a hint a backend may use (the Redis backend's local
-    /// deny cache does); the layer makes the decision from the count.
-    fn hit(&self, namespace: &str, key: &Key, quota: Quota) -> Self::Future;
+    /// Count one hit on `key` in each of `counters`, each in one atomic step;
+    /// a new counter's window is its quota's window, an existing counter's
+    /// window is left as it is. Every counter is hit, whatever the others
+    /// say. A backend that can reach all of them in one round trip does.
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future;
+
+    /// [`hit_all`](Backend::hit_all) for one counter.
+    fn hit(&self, namespace: &str, key: &Key, quota: Quota) -> FirstHit<Self::Future> {
+        FirstHit(self.hit_all(key, &[Counter { namespace, quota }]))
+    }
 
     /// The counter as it stands, without counting; `None` when there is no
     /// live counter.
@@ -129,4 +152,26 @@ pub trait Backend: Clone + Send + Sync + 'static {
         namespace: &str,
         key: &Key,
     ) -> impl Future<Output = Result<bool, BackendError>> + Send;
+}
+
+/// The future of [`Backend::hit`]: the one [`Hit`] of a one-counter
+/// [`hit_all`](Backend::hit_all).
+#[derive(Debug)]
+pub struct FirstHit<F>(F);
+
+impl<F> Future for FirstHit<F>
+where
+    F: Future<Output = Result<Hits, BackendError>> + Unpin,
+{
+    type Output = Result<Hit, BackendError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        Pin::new(&mut self.0).poll(cx).map(|hits| {
+            hits.and_then(|hits| {
+                hits.first().copied().ok_or(BackendError::Unavailable(
+                    "the backend answered no hit".into(),
+                ))
+            })
+        })
+    }
 }

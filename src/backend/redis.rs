@@ -12,7 +12,10 @@ use ::redis::aio::{ConnectionLike, ConnectionManager};
 use ::redis::{Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use hashbrown::{DefaultHashBuilder, HashTable};
 
-use super::{Backend, BackendError, Hit};
+use futures_util::future::join_all;
+use smallvec::SmallVec;
+
+use super::{Backend, BackendError, Counter, Hit, Hits};
 use crate::key::Key;
 use crate::quota::{Quota, Window};
 
@@ -317,10 +320,10 @@ pub struct RedisHit {
     state: HitState,
 }
 
-type Remote = Pin<Box<dyn Future<Output = Result<Hit, BackendError>> + Send>>;
+type Remote = Pin<Box<dyn Future<Output = Result<Hits, BackendError>> + Send>>;
 
 enum HitState {
-    Ready(Option<Result<Hit, BackendError>>),
+    Ready(Option<Result<Hits, BackendError>>),
     Remote(Remote),
 }
 
@@ -335,7 +338,7 @@ impl fmt::Debug for RedisHit {
 }
 
 impl Future for RedisHit {
-    type Output = Result<Hit, BackendError>;
+    type Output = Result<Hits, BackendError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.state {
@@ -353,28 +356,66 @@ where
 {
     type Future = RedisHit;
 
-    fn hit(&self, namespace: &str, key: &Key, quota: Quota) -> RedisHit {
-        let storage_key = self.storage_key(namespace, key);
-        if let Some(left) = self.inner.deny.as_ref().and_then(|d| d.check(&storage_key)) {
-            let count = quota.limit().saturating_add(1);
-            return RedisHit {
-                state: HitState::Ready(Some(Ok(Hit { count, reset: left }))),
-            };
+    /// One `EVALSHA` per counter, all sent at once: on one connection they
+    /// are pipelined (one round trip of latency); on a Cluster, counters on
+    /// different masters are hit in parallel.
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> RedisHit {
+        let storage_keys: SmallVec<[Vec<u8>; 2]> = counters
+            .iter()
+            .map(|c| self.storage_key(c.namespace, key))
+            .collect();
+        if let Some(deny) = &self.inner.deny {
+            let cached: SmallVec<[Option<Duration>; 2]> =
+                storage_keys.iter().map(|k| deny.check(k)).collect();
+            if cached.iter().any(Option::is_some) {
+                // Denied here, without a round trip; the counters are not hit.
+                let hits = counters
+                    .iter()
+                    .zip(cached)
+                    .map(|(c, left)| match left {
+                        Some(reset) => Hit {
+                            count: c.quota.limit().saturating_add(1),
+                            reset,
+                        },
+                        None => Hit {
+                            count: 0,
+                            reset: Duration::ZERO,
+                        },
+                    })
+                    .collect();
+                return RedisHit {
+                    state: HitState::Ready(Some(Ok(hits))),
+                };
+            }
         }
+        let quotas: SmallVec<[Quota; 2]> = counters.iter().map(|c| c.quota).collect();
         let this = self.clone();
         RedisHit {
             state: HitState::Remote(Box::pin(async move {
                 let sent = quanta::Instant::now();
-                let hit = this.eval(&storage_key, quota.window()).await?;
-                if let Some(deny) = this
-                    .inner
-                    .deny
-                    .as_ref()
-                    .filter(|_| hit.count > quota.limit())
+                let results = join_all(
+                    storage_keys
+                        .iter()
+                        .zip(&quotas)
+                        .map(|(k, q)| this.eval(k, q.window())),
+                )
+                .await;
+                let mut hits = Hits::with_capacity(results.len());
+                for ((result, storage_key), quota) in
+                    results.into_iter().zip(storage_keys).zip(quotas)
                 {
-                    deny.insert(storage_key, sent + hit.reset);
+                    let hit = result?;
+                    if let Some(deny) = this
+                        .inner
+                        .deny
+                        .as_ref()
+                        .filter(|_| hit.count > quota.limit())
+                    {
+                        deny.insert(storage_key, sent + hit.reset);
+                    }
+                    hits.push(hit);
                 }
-                Ok(hit)
+                Ok(hits)
             })),
         }
     }
