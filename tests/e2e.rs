@@ -185,3 +185,41 @@ async fn a_server_without_connect_info_answers_500_not_a_panic() {
     }
     task.abort();
 }
+
+#[tokio::test]
+async fn a_route_quota_through_route_layer() {
+    let app = Router::new()
+        .route("/login", get(|| async { "login" }))
+        .route("/items/{id}", get(|| async { "item" }))
+        .route_layer(
+            RateLimitLayer::new("site", quota(3, 60))
+                .key(PeerIp::new())
+                .route_quota("/login", quota(1, 900)),
+        );
+    let server = serve(app).await;
+    let client = reqwest::Client::new();
+    let login = format!("{}/login", server.base);
+    assert_eq!(status(&client, &login).await, StatusCode::OK);
+    let denied = client.get(&login).send().await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        denied.headers()["ratelimit-policy"],
+        "\"site:1/900000ms\";q=1;w=900"
+    );
+    // /items/{id} is one route whatever the id, under the layer's quota.
+    for (i, want) in [
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::OK,
+        StatusCode::TOO_MANY_REQUESTS,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        assert_eq!(
+            status(&client, &format!("{}/items/{i}", server.base)).await,
+            want,
+            "item {i}"
+        );
+    }
+}

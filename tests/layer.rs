@@ -576,3 +576,117 @@ async fn inner_errors_pass_through_unchanged() {
     let svc = limiter("api", quota(5, 60)).layer(failing);
     assert_eq!(svc.oneshot(get()).await.unwrap_err(), "boom");
 }
+
+fn grpc_call(method: &str) -> Request<Body> {
+    Request::post(method)
+        .header("content-type", "application/grpc")
+        .body(String::new())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_layer_applies_a_quota_per_grpc_method() {
+    let login = Quota::new(2, Duration::from_secs(15 * 60)).unwrap();
+    let svc = limiter("api", quota(100, 60))
+        .route_quota("/auth.Auth/Login", login)
+        .layer(ok_service());
+    for _ in 0..2 {
+        let res = send(&svc, grpc_call("/auth.Auth/Login")).await;
+        assert_eq!(header(&res, "grpc-status"), None, "allowed");
+    }
+    let res = send(&svc, grpc_call("/auth.Auth/Login")).await;
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    assert_eq!(header(&res, "retry-after"), Some("900"));
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"api:2/900000ms\";r=0;t=900")
+    );
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"api:2/900000ms\";q=2;w=900")
+    );
+    // Every other method gets the layer's quota, with its own counter.
+    let res = send(&svc, grpc_call("/shop.Shop/List")).await;
+    assert_eq!(header(&res, "grpc-status"), None);
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=99;t=60"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_is_checked_against_every_quota_in_one_call() {
+    // 2 per minute AND 3 per hour.
+    let svc = limiter("api", quota(2, 60))
+        .also(quota(3, 3600))
+        .layer(ok_service());
+    for remaining in [1, 0] {
+        let res = send(&svc, get()).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        assert_eq!(
+            header(&res, "ratelimit"),
+            Some(format!("\"api\";r={remaining};t=60").as_str())
+        );
+        assert_eq!(
+            header(&res, "ratelimit-policy"),
+            Some("\"api\";q=2;w=60, \"api:3/3600000ms\";q=3;w=3600")
+        );
+    }
+    let res = send(&svc, get()).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "over the minute quota"
+    );
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+    // The minute window closes; the hour quota has counted 3 (the denial too).
+    advance(Duration::from_secs(61)).await;
+    let res = send(&svc, get()).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "over the hour quota"
+    );
+    assert_eq!(header(&res, "retry-after"), Some("3539"));
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"api:3/3600000ms\";r=0;t=3539")
+    );
+    let decision = res.extensions().get::<Decision>().unwrap();
+    assert_eq!(
+        (decision.name(), decision.limit(), decision.count()),
+        ("api:3/3600000ms", 3, 4)
+    );
+    advance(Duration::from_secs(3540)).await;
+    assert_eq!(
+        send(&svc, get()).await.status(),
+        StatusCode::OK,
+        "both windows closed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tier_picked_per_request() {
+    let pro = quota(5, 60);
+    let svc = limiter("tiers", quota(1, 60))
+        .key(by_client())
+        .quota_by(move |head| (head.headers.get("x-tier")? == "pro").then_some(pro))
+        .layer(ok_service());
+    let pro_req = || {
+        Request::builder()
+            .header("x-client", "p")
+            .header("x-tier", "pro")
+            .body(String::new())
+            .unwrap()
+    };
+    let mut ok = 0;
+    for _ in 0..7 {
+        if send(&svc, pro_req()).await.status() == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    assert_eq!(ok, 5, "the pro tier's quota");
+    assert_eq!(send(&svc, from("f")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&svc, from("f")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the default tier's quota"
+    );
+}
