@@ -293,6 +293,7 @@ impl MemoryBackend {
     }
 
     /// The hit itself, at time `now` (nanoseconds since the epoch).
+    #[inline]
     pub(crate) fn hit_at(
         &self,
         now: u64,
@@ -421,12 +422,14 @@ impl Backend for MemoryBackend {
 
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
         let now = self.now();
-        ready(
-            counters
-                .iter()
-                .map(|c| self.hit_at(now, c.namespace, key, c.quota.window()))
-                .collect(),
-        )
+        let mut hits = Hits::new();
+        for counter in counters {
+            match self.hit_at(now, counter.namespace, key, counter.quota.window()) {
+                Ok(hit) => hits.push(hit),
+                Err(err) => return ready(Err(err)),
+            }
+        }
+        ready(Ok(hits))
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
