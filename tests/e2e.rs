@@ -1,37 +1,15 @@
 //! End to end: a real axum server on 127.0.0.1:0 and a real HTTP client.
 
-use std::net::{IpAddr, SocketAddr};
+mod support;
+
+use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
 use reqwest::StatusCode;
+use support::http::serve;
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
-
-struct Server {
-    base: String,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn serve(app: Router) -> Server {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let base = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    Server { base, task }
-}
 
 fn client_from(ip: &str) -> reqwest::Client {
     reqwest::Client::builder()
@@ -55,7 +33,7 @@ async fn the_quickstart_setup_limits_each_client_ip() {
         .route_layer(RateLimitLayer::new("quickstart", quota(5, 10)).key(PeerIp::new()))
         .route("/health", get(|| async { "ok" }));
     let server = serve(app).await;
-    let url = format!("{}/", server.base);
+    let url = format!("{}/", server.url);
     let one = client_from("127.0.0.1");
     for i in 0..5 {
         let res = one.get(&url).send().await.unwrap();
@@ -86,7 +64,7 @@ async fn the_quickstart_setup_limits_each_client_ip() {
     );
     for _ in 0..10 {
         assert_eq!(
-            status(&one, &format!("{}/health", server.base)).await,
+            status(&one, &format!("{}/health", server.url)).await,
             StatusCode::OK,
             "/health is not limited"
         );
@@ -106,8 +84,8 @@ async fn two_route_layers_do_not_share_counters() {
         );
     let server = serve(app).await;
     let client = reqwest::Client::new();
-    let login = format!("{}/login", server.base);
-    let search = format!("{}/search", server.base);
+    let login = format!("{}/login", server.url);
+    let search = format!("{}/search", server.url);
     assert_eq!(status(&client, &login).await, StatusCode::OK);
     assert_eq!(status(&client, &login).await, StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
@@ -131,19 +109,19 @@ async fn one_layer_on_a_router_is_one_budget() {
     let server = serve(app).await;
     let client = reqwest::Client::new();
     assert_eq!(
-        status(&client, &format!("{}/a", server.base)).await,
+        status(&client, &format!("{}/a", server.url)).await,
         StatusCode::OK
     );
     assert_eq!(
-        status(&client, &format!("{}/b", server.base)).await,
+        status(&client, &format!("{}/b", server.url)).await,
         StatusCode::OK
     );
     assert_eq!(
-        status(&client, &format!("{}/a", server.base)).await,
+        status(&client, &format!("{}/a", server.url)).await,
         StatusCode::TOO_MANY_REQUESTS
     );
     assert_eq!(
-        status(&client, &format!("{}/b", server.base)).await,
+        status(&client, &format!("{}/b", server.url)).await,
         StatusCode::TOO_MANY_REQUESTS
     );
 }
@@ -156,7 +134,7 @@ async fn shadow_mode_over_http() {
     let server = serve(app).await;
     let client = reqwest::Client::new();
     for remaining in [0, 0, 0] {
-        let res = client.get(&server.base).send().await.unwrap();
+        let res = client.get(&server.url).send().await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
         assert_eq!(
             res.headers()["ratelimit"],
@@ -198,7 +176,7 @@ async fn a_route_quota_through_route_layer() {
         );
     let server = serve(app).await;
     let client = reqwest::Client::new();
-    let login = format!("{}/login", server.base);
+    let login = format!("{}/login", server.url);
     assert_eq!(status(&client, &login).await, StatusCode::OK);
     let denied = client.get(&login).send().await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -217,7 +195,7 @@ async fn a_route_quota_through_route_layer() {
     .enumerate()
     {
         assert_eq!(
-            status(&client, &format!("{}/items/{i}", server.base)).await,
+            status(&client, &format!("{}/items/{i}", server.url)).await,
             want,
             "item {i}"
         );

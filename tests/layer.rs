@@ -1,25 +1,21 @@
 //! The layer against `service_fn` services, on tokio's paused clock.
 
+mod support;
+
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, StatusCode};
+use support::http::{Body, by_client, from, ok_service};
 use tokio::time::advance;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
-use tower_pinned_window::key::{HeaderKey, Key, KeyError};
+use tower_pinned_window::key::{Key, KeyError};
 use tower_pinned_window::{
     Decision, FailurePolicy, HeaderStyle, OnMissingKey, Outcome, Quota, RateLimitLayer,
 };
-
-type Body = String;
-
-fn ok_service() -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone
-{
-    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new("ok".to_string())) })
-}
 
 fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
@@ -32,17 +28,6 @@ fn limiter(name: &'static str, quota: Quota) -> RateLimitLayer {
 
 fn get() -> Request<Body> {
     Request::new(String::new())
-}
-
-fn from(client: &str) -> Request<Body> {
-    Request::builder()
-        .header("x-client", client)
-        .body(String::new())
-        .unwrap()
-}
-
-fn by_client() -> HeaderKey {
-    HeaderKey::new(http::HeaderName::from_static("x-client"))
 }
 
 async fn send<S>(svc: &S, req: Request<Body>) -> Response<Body>

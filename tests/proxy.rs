@@ -2,38 +2,16 @@
 //! the "proxy" at 127.0.0.1, and real clients bound to 127.0.0.1 (the proxy)
 //! or 127.0.0.2 (an untrusted client).
 
-use std::net::{IpAddr, SocketAddr};
+mod support;
+
+use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
 use reqwest::StatusCode;
+use support::http::serve;
 use tower_pinned_window::key::{ClientIp, RouteKey};
 use tower_pinned_window::{Quota, RateLimitLayer};
-
-struct Server {
-    url: String,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-async fn serve(app: Router) -> Server {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!("http://{}", listener.local_addr().unwrap());
-    let task = tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    Server { url, task }
-}
 
 fn behind_proxy(limit: u64) -> Router {
     let client_ip = ClientIp::new().trust("127.0.0.1/32").unwrap();

@@ -2,43 +2,23 @@
 
 mod support;
 
-use std::convert::Infallible;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
+use http::{Request, StatusCode};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
-use support::RedisServer;
-use tower::{Layer, Service, ServiceExt, service_fn};
+use support::http::{by_client, from, ok_service};
+use support::redis::RedisServer;
+use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, BackendError};
-use tower_pinned_window::key::{HeaderKey, Key};
+use tower_pinned_window::key::Key;
 use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer, Window};
-
-type Body = String;
-
-fn ok_service()
--> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
-+ Clone
-+ Send {
-    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new("ok".to_string())) })
-}
 
 fn quota(limit: u64, window: Duration) -> Quota {
     Quota::new(limit, window).unwrap()
-}
-
-fn from(client: &str) -> Request<Body> {
-    Request::builder()
-        .header("x-client", client)
-        .body(String::new())
-        .unwrap()
-}
-
-fn by_client() -> HeaderKey {
-    HeaderKey::new(http::HeaderName::from_static("x-client"))
 }
 
 async fn manager(server: &RedisServer) -> ConnectionManager {

@@ -3,35 +3,19 @@
 
 mod support;
 
-use std::convert::Infallible;
 use std::time::Duration;
 
-use http::{Request, Response, StatusCode};
-use support::RedisCluster;
-use tower::{Layer, Service, ServiceExt, service_fn};
+use http::StatusCode;
+use support::http::{from, ok_service};
+use support::redis::RedisCluster;
+use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, BackendError};
 use tower_pinned_window::key::{HeaderKey, Key};
 use tower_pinned_window::{Decision, Quota, RateLimitLayer, Window};
 
-type Body = String;
-
-fn ok_service()
--> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
-+ Clone
-+ Send {
-    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new(String::new())) })
-}
-
 fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
-}
-
-fn from(client: &str) -> Request<Body> {
-    Request::builder()
-        .header("x-client", client)
-        .body(String::new())
-        .unwrap()
 }
 
 /// One test per cluster: starting three servers and joining them is the

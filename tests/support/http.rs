@@ -1,0 +1,60 @@
+//! HTTP helpers: a trivial inner service, requests from a named client, and
+//! a real axum server on 127.0.0.1:0.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+
+use http::{HeaderName, Request, Response};
+use tower::{Service, service_fn};
+use tower_pinned_window::key::HeaderKey;
+
+/// Request and response bodies of the `service_fn` tests.
+pub type Body = String;
+
+/// A service that answers every request with 200 "ok".
+pub fn ok_service()
+-> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send>
++ Clone
++ Send {
+    service_fn(|_req: Request<Body>| async { Ok::<_, Infallible>(Response::new("ok".to_string())) })
+}
+
+/// A request from the client named in `x-client`.
+pub fn from(client: &str) -> Request<Body> {
+    Request::builder()
+        .header("x-client", client)
+        .body(String::new())
+        .unwrap()
+}
+
+/// Key requests by `x-client`.
+pub fn by_client() -> HeaderKey {
+    HeaderKey::new(HeaderName::from_static("x-client"))
+}
+
+/// An axum server on a free port of 127.0.0.1, with connect info, stopped
+/// on drop.
+pub struct Server {
+    pub url: String,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+pub async fn serve(app: axum::Router) -> Server {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    let task = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    Server { url, task }
+}
