@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{HeaderValue, Request, Response, StatusCode};
-use support::http::{Body, by_client, from, ok_service};
+use support::http::{Body, burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
 use tokio::time::advance;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
@@ -235,12 +235,7 @@ async fn layers_share_a_backend_only_under_one_name() {
 
 #[test]
 fn exactly_the_limit_is_admitted_out_of_concurrent_hits() {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    multi_thread_runtime().block_on(async {
         for (limit, hits) in [(1u64, 200usize), (50, 1000), (999, 1000), (1000, 1000)] {
             let served = Arc::new(AtomicUsize::new(0));
             let counter = served.clone();
@@ -249,18 +244,7 @@ fn exactly_the_limit_is_admitted_out_of_concurrent_hits() {
                 async { Ok::<_, Infallible>(Response::new(String::new())) }
             });
             let svc = limiter("burst", quota(limit, 60)).layer(inner);
-            let tasks: Vec<_> = (0..hits)
-                .map(|_| {
-                    let svc = svc.clone();
-                    tokio::spawn(async move { svc.oneshot(get()).await.unwrap().status() })
-                })
-                .collect();
-            let mut ok = 0;
-            for task in tasks {
-                if task.await.unwrap() == StatusCode::OK {
-                    ok += 1;
-                }
-            }
+            let ok = ok_count(&burst(&[svc], hits, get).await);
             assert_eq!(
                 ok,
                 limit.min(hits as u64) as usize,

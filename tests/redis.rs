@@ -9,7 +9,7 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
-use support::http::{by_client, from, ok_service};
+use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
 use support::redis::RedisServer;
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
@@ -109,12 +109,7 @@ fn exactly_the_limit_is_admitted_across_four_instances() {
     let server = redis_or_skip!(RedisServer::start(
         "exactly_the_limit_is_admitted_across_four_instances"
     ));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    multi_thread_runtime().block_on(async {
         for (limit, hits) in [(1u64, 100usize), (50, 400), (400, 400)] {
             let name: &'static str = Box::leak(format!("burst{limit}").into_boxed_str());
             let mut instances = Vec::new();
@@ -127,25 +122,14 @@ fn exactly_the_limit_is_admitted_across_four_instances() {
                         .layer(ok_service()),
                 );
             }
-            let tasks: Vec<_> = (0..hits)
-                .map(|i| {
-                    let svc = instances[i % 4].clone();
-                    tokio::spawn(async move {
-                        svc.oneshot(Request::new(String::new()))
-                            .await
-                            .unwrap()
-                            .status()
-                    })
-                })
-                .collect();
-            let mut allowed = 0;
-            for task in tasks {
-                match task.await.unwrap() {
-                    StatusCode::OK => allowed += 1,
-                    StatusCode::TOO_MANY_REQUESTS => {}
-                    other => panic!("unexpected {other}"),
-                }
-            }
+            let statuses = burst(&instances, hits, || Request::new(String::new())).await;
+            assert!(
+                statuses
+                    .iter()
+                    .all(|s| [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(s)),
+                "{statuses:?}"
+            );
+            let allowed = ok_count(&statuses);
             assert_eq!(
                 allowed,
                 limit.min(hits as u64) as usize,

@@ -6,7 +6,7 @@ mod support;
 use std::time::Duration;
 
 use http::StatusCode;
-use support::http::{from, ok_service};
+use support::http::{burst, from, multi_thread_runtime, ok_count, ok_service};
 use support::redis::RedisCluster;
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
@@ -23,12 +23,7 @@ fn quota(limit: u64, secs: u64) -> Quota {
 #[test]
 fn on_a_cluster() {
     let cluster = redis_or_skip!(RedisCluster::start("on_a_cluster"));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(4)
-        .enable_all()
-        .build()
-        .unwrap();
-    runtime.block_on(async {
+    multi_thread_runtime().block_on(async {
         keys_spread_over_every_master_and_windows_stay_pinned(&cluster).await;
         exactly_the_limit_is_admitted_across_four_instances(&cluster).await;
         corrupt_counters_are_left_untouched(&cluster).await;
@@ -93,18 +88,7 @@ async fn exactly_the_limit_is_admitted_across_four_instances(cluster: &RedisClus
                 .backend(store);
             instances.push(layer.layer(ok_service()));
         }
-        let tasks: Vec<_> = (0..hits)
-            .map(|i| {
-                let svc = instances[i % 4].clone();
-                tokio::spawn(async move { svc.oneshot(from(key)).await.unwrap().status() })
-            })
-            .collect();
-        let mut allowed = 0;
-        for task in tasks {
-            if task.await.unwrap() == StatusCode::OK {
-                allowed += 1;
-            }
-        }
+        let allowed = ok_count(&burst(&instances, hits, || from(key)).await);
         assert_eq!(
             allowed,
             limit.min(hits as u64) as usize,

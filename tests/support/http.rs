@@ -58,3 +58,49 @@ pub async fn serve(app: axum::Router) -> Server {
     });
     Server { url, task }
 }
+
+/// Send `hits` requests at once, each on its own task, round-robin over
+/// `services` (several app servers); the statuses, in order.
+pub async fn burst<S>(
+    services: &[S],
+    hits: usize,
+    request: impl Fn() -> Request<Body>,
+) -> Vec<http::StatusCode>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    use tower::ServiceExt;
+    let tasks: Vec<_> = (0..hits)
+        .map(|i| {
+            let svc = services[i % services.len()].clone();
+            let req = request();
+            tokio::spawn(async move { svc.oneshot(req).await.unwrap().status() })
+        })
+        .collect();
+    let mut statuses = Vec::with_capacity(hits);
+    for task in tasks {
+        statuses.push(task.await.unwrap());
+    }
+    statuses
+}
+
+/// How many of `statuses` are 200.
+pub fn ok_count(statuses: &[http::StatusCode]) -> usize {
+    statuses
+        .iter()
+        .filter(|s| **s == http::StatusCode::OK)
+        .count()
+}
+
+/// A runtime with four worker threads, for tests of concurrency.
+pub fn multi_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(4)
+        .enable_all()
+        .build()
+        .unwrap()
+}
