@@ -255,10 +255,28 @@ fn canonical_net(net: IpNet) -> IpNet {
     }
 }
 
+/// `a.b.c.d`, written without the formatting machinery (this runs on every
+/// request keyed by IP).
+fn ipv4_key(ip: Ipv4Addr) -> Key {
+    let mut text = [0u8; 15];
+    let mut len = 0;
+    for (i, octet) in ip.octets().into_iter().enumerate() {
+        if i > 0 {
+            text[len] = b'.';
+            len += 1;
+        }
+        let mut digits = itoa::Buffer::new();
+        let digits = digits.format(octet).as_bytes();
+        text[len..len + digits.len()].copy_from_slice(digits);
+        len += digits.len();
+    }
+    Key::new(&text[..len])
+}
+
 /// The key for `ip`: canonical IPv4, or the IPv6 network of `prefix` bits.
 pub(crate) fn ip_key(ip: IpAddr, prefix: u8) -> Key {
     match canonical(ip) {
-        IpAddr::V4(v4) => Key::display(v4),
+        IpAddr::V4(v4) => ipv4_key(v4),
         IpAddr::V6(v6) => {
             let bits = u32::from(prefix);
             let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
@@ -307,6 +325,19 @@ mod tests {
         ];
         for (name, input, want) in cases {
             assert_eq!(canonical(ip(input)), ip(want), "{name}");
+        }
+    }
+
+    #[test]
+    fn ipv4_keys_are_dotted_quads() {
+        for text in [
+            "0.0.0.0",
+            "1.2.3.4",
+            "10.0.0.255",
+            "192.168.100.1",
+            "255.255.255.255",
+        ] {
+            assert_eq!(ipv4_key(text.parse().unwrap()), Key::new(text), "{text}");
         }
     }
 
