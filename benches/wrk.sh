@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Requests per second through the quickstart-style server with the layer and
-# without it, measured in the same run, and their ratio.
+# Requests per second through the quickstart-style server without the layer,
+# with it, and with it but no RateLimit headers, measured in the same run,
+# and the ratios to the server without it.
 #
 #   bash benches/wrk.sh            # 3 rounds of 10 s each way
 #   ROUNDS=5 DURATION=20s bash benches/wrk.sh
@@ -29,11 +30,11 @@ run() { # $1 = on|off; prints requests/s
   echo "$rps"
 }
 
-echo "round  without_layer_rps  with_layer_rps  ratio"
-sum_off=0; sum_on=0
+echo "round  without_layer_rps  with_layer_rps  ratio  no_headers_rps  ratio"
+sum_off=0; sum_on=0; sum_bare=0
 for round in $(seq "$ROUNDS"); do
-  off=$(run off); on=$(run on)
-  sum_off=$(echo "$sum_off + $off" | bc -l); sum_on=$(echo "$sum_on + $on" | bc -l)
-  printf '%5d  %17.0f  %14.0f  %5.3f\n' "$round" "$off" "$on" "$(echo "$on / $off" | bc -l)"
+  off=$(run off); on=$(run on); bare=$(run noheaders)
+  sum_off=$(echo "$sum_off + $off" | bc -l); sum_on=$(echo "$sum_on + $on" | bc -l); sum_bare=$(echo "$sum_bare + $bare" | bc -l)
+  printf '%5d  %17.0f  %14.0f  %5.3f  %14.0f  %5.3f\n' "$round" "$off" "$on" "$(echo "$on / $off" | bc -l)" "$bare" "$(echo "$bare / $off" | bc -l)"
 done
-printf 'total  %17.0f  %14.0f  %5.3f\n' "$sum_off" "$sum_on" "$(echo "$sum_on / $sum_off" | bc -l)"
+printf 'total  %17.0f  %14.0f  %5.3f  %14.0f  %5.3f\n' "$sum_off" "$sum_on" "$(echo "$sum_on / $sum_off" | bc -l)" "$sum_bare" "$(echo "$sum_bare / $sum_off" | bc -l)"
