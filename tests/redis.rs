@@ -3,7 +3,7 @@
 mod support;
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{Request, StatusCode};
@@ -269,36 +269,45 @@ async fn script_flush_in_the_middle_of_traffic_fails_no_request() {
         "script_flush_in_the_middle_of_traffic_fails_no_request"
     ));
     let store = backend(&server).await;
+    // Traffic runs until the flushes are over, so every flush lands in it.
+    let stop = Arc::new(AtomicBool::new(false));
     let done = Arc::new(AtomicUsize::new(0));
     let mut tasks = Vec::new();
     for worker in 0..16 {
-        let store = store.clone();
-        let done = done.clone();
+        let (store, stop, done) = (store.clone(), stop.clone(), done.clone());
         tasks.push(tokio::spawn(async move {
-            for i in 0..200 {
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
                 let key = Key::display(format_args!("w{worker}-{}", i % 7));
                 store
-                    .hit("flush", &key, quota(1_000, Duration::from_secs(60)))
+                    .hit("flush", &key, quota(u64::MAX, Duration::from_secs(60)))
                     .await
                     .unwrap_or_else(|e| panic!("hit failed: {e}"));
                 done.fetch_add(1, Ordering::Relaxed);
             }
         }));
     }
-    let mut flushes = 0;
-    while done.load(Ordering::Relaxed) < 16 * 200 && flushes < 50 {
+    let mut admin = manager(&server).await;
+    let mut during = Vec::new();
+    for _ in 0..20 {
+        let before = done.load(Ordering::Relaxed);
         let _: () = redis::cmd("SCRIPT")
             .arg("FLUSH")
-            .query_async(&mut manager(&server).await)
+            .query_async(&mut admin)
             .await
             .unwrap();
-        flushes += 1;
-        tokio::time::sleep(Duration::from_millis(2)).await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        during.push(done.load(Ordering::Relaxed) - before);
     }
+    stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.unwrap();
     }
-    assert!(flushes > 1, "the flushes ran while traffic did");
+    assert!(
+        during.iter().all(|hits| *hits > 0),
+        "hits went on after every flush: {during:?}"
+    );
     let calls = server.cmd(&["INFO", "commandstats"]).unwrap();
     assert!(
         calls.contains("cmdstat_eval:"),
