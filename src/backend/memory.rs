@@ -42,10 +42,12 @@ const MIN_SWEEP_LEN: usize = 64;
 /// hand that client a fresh window. Checking that nothing can be reclaimed
 /// costs O(1), so a flood at the cap cannot make each request scan the shard.
 ///
-/// A counter takes one 64-byte slot when its namespace and key fit in 39
-/// bytes (a layer name and an IP address do), plus a heap copy of them when
-/// they do not; with the hash table's slack the default cap of
-/// [`DEFAULT_MAX_KEYS`] is about 80 MB when full of short keys.
+/// A counter takes one 64-byte slot (plus a control byte) when its namespace
+/// and key fit in 39 bytes (a layer name and an IP address do), and a heap
+/// copy of them when they do not. The hash tables keep slack: at the default
+/// cap of [`DEFAULT_MAX_KEYS`] (split over 16 shards of up to 131,072 slots
+/// on a machine with up to 4 cores) it is about 140 MB when full of short
+/// keys.
 ///
 /// [`max_keys`]: MemoryBackendBuilder::max_keys
 ///
