@@ -296,12 +296,14 @@ impl<Bk, D> Core<Bk, D> {
         let s = &self.settings;
         match err {
             KeyError::Misconfigured(_) => {
-                if let Some(suppressed) = s.warn_gate.admit() {
+                if let Some(suppressed) = s.key_gate.admit() {
                     tracing::error!(limiter = %s.name, error = %err, suppressed, "rate-limit key extractor misconfigured: answering 500");
                 }
             }
             _ => {
-                tracing::debug!(limiter = %s.name, error = %err, "request without a rate-limit key rejected")
+                if let Some(suppressed) = s.key_gate.admit() {
+                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "request without a usable rate-limit key: answering 400");
+                }
             }
         }
         match (grpc, err.status()) {

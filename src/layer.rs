@@ -100,7 +100,10 @@ pub(crate) struct Settings {
     pub(crate) timeout: Duration,
     pub(crate) shadow: bool,
     pub(crate) observer: Option<Observer>,
+    /// Bounds the warnings about backend failures.
     pub(crate) warn_gate: Arc<WarnGate>,
+    /// Bounds the log lines about requests without a usable key.
+    pub(crate) key_gate: Arc<WarnGate>,
 }
 
 impl RateLimitLayer {
@@ -152,6 +155,7 @@ impl RateLimitLayer {
                     shadow: false,
                     observer: None,
                     warn_gate: Arc::default(),
+                    key_gate: Arc::default(),
                 },
             },
         })
