@@ -280,6 +280,27 @@ mod tests {
     }
 
     #[test]
+    fn huge_headers_stay_bounded() {
+        let one_huge = "9".repeat(16 * 1024);
+        let map = headers("x-forwarded-for", &[one_huge.as_bytes()]);
+        assert_eq!(
+            x_forwarded_for(&map).collect::<Vec<_>>(),
+            [Hop::Opaque],
+            "one huge entry"
+        );
+        let many = "1.1.1.1,".repeat(5_000);
+        let map = headers("x-forwarded-for", &[many.as_bytes()]);
+        // The walk is lazy: a caller stops after its hop limit.
+        assert_eq!(
+            x_forwarded_for(&map).take(3).collect::<Vec<_>>(),
+            [Hop::Opaque, ip("1.1.1.1"), ip("1.1.1.1")]
+        );
+        let quoted = format!("for=\"{}\"", "[".repeat(10_000));
+        let map = headers("forwarded", &[quoted.as_bytes()]);
+        assert_eq!(forwarded(&map).collect::<Vec<_>>(), [Hop::Opaque]);
+    }
+
+    #[test]
     fn x_real_ip_cases() {
         assert_eq!(
             x_real_ip(&headers("x-real-ip", &[b"203.0.113.9"])),
