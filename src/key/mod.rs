@@ -3,8 +3,8 @@
 //! A [`KeyExtractor`] reads a [`Key`] from each request. Built-ins:
 //! [`GlobalKey`] (one counter for everyone), [`HeaderKey`] (a header's value,
 //! such as an API key, or a gRPC metadata value), [`ClientIp`] (the client's
-//! address through trusted proxies), [`PeerIp`] (the connection's address
-//! from axum's `ConnectInfo`, feature `axum`), and [`RouteKey`] (axum's
+//! address through trusted proxies; [`PeerIp`] is its name when no proxy is
+//! trusted), and [`RouteKey`] (axum's
 //! matched route, or the gRPC method). A tuple of extractors keys by all of
 //! them (client IP and route, say). Any
 //! `Fn(&Request<B>) -> Result<Key, KeyError>` is an extractor too.
@@ -27,13 +27,15 @@
 
 mod client_ip;
 mod forwarded;
-#[cfg(feature = "axum")]
-mod peer_ip;
 
 pub use client_ip::{ClientIp, ForwardedHeader};
 
-#[cfg(feature = "axum")]
-pub use peer_ip::PeerIp;
+/// The connection's peer address, trusting no proxy: [`ClientIp`] as
+/// [`ClientIp::new`] makes it. Behind a proxy or load balancer the peer is
+/// the proxy, and every client would share its budget: name the proxy with
+/// [`ClientIp::trust`].
+pub type PeerIp = ClientIp;
+
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
