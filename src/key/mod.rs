@@ -36,7 +36,6 @@ pub use client_ip::{ClientIp, ForwardedHeader};
 /// [`ClientIp::trust`].
 pub type PeerIp = ClientIp;
 
-
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
