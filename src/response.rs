@@ -215,11 +215,6 @@ fn int_value(value: u64) -> HeaderValue {
     HeaderValue::from_str(buffer.format(value)).expect("digits are a valid header value")
 }
 
-/// Whether `name` serializes as an sf-string.
-pub(crate) fn is_sf_string(name: &str) -> bool {
-    StringRef::from_str(name).is_ok()
-}
-
 fn sf_name(name: &str) -> &StringRef {
     StringRef::from_str(name).expect("layer names are checked when the layer is built")
 }
