@@ -25,18 +25,19 @@ pin_project! {
         Bk: Backend,
     {
         #[pin]
-        state: State<Bk::Future, S, Request<ReqBody>, S::Future, S::Response>,
-        core: Arc<Core<Bk, D>>,
+        state: State<Arc<Core<Bk, D>>, Bk::Future, S, Request<ReqBody>, S::Future, S::Response>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<H, Svc, Req, F, Res> {
+    enum State<C, H, Svc, Req, F, Res> {
         // Waiting for the backend's count; the timer is armed only if the
         // backend does not answer on the first poll (boxed, so that the
-        // in-memory path does not carry a timer's weight).
+        // in-memory path does not carry a timer's weight). Only this state
+        // needs the core: a request judged in `call` never touches it again.
         Checking {
+            core: C,
             hit: H,
             timer: Option<Pin<Box<Sleep>>>,
             service: Option<Svc>,
@@ -71,29 +72,27 @@ where
     ) -> Self {
         Self {
             state: State::Checking {
+                core,
                 hit,
                 timer: None,
                 service: Some(service),
                 request: Some(request),
                 policy,
             },
-            core,
         }
     }
 
-    pub(crate) fn passing(core: Arc<Core<Bk, D>>, future: S::Future, stamp: Option<Stamp>) -> Self {
+    pub(crate) fn passing(future: S::Future, stamp: Option<Stamp>) -> Self {
         Self {
             state: State::Inner { future, stamp },
-            core,
         }
     }
 
-    pub(crate) fn respond(core: Arc<Core<Bk, D>>, response: S::Response) -> Self {
+    pub(crate) fn respond(response: S::Response) -> Self {
         Self {
             state: State::Respond {
                 response: Some(response),
             },
-            core,
         }
     }
 }
@@ -112,6 +111,7 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking {
+                    core,
                     hit,
                     timer,
                     service,
@@ -122,7 +122,7 @@ where
                         Poll::Ready(result) => result,
                         Poll::Pending => {
                             let timer = timer.get_or_insert_with(|| {
-                                Box::pin(tokio::time::sleep(this.core.settings.timeout))
+                                Box::pin(tokio::time::sleep(core.settings.timeout))
                             });
                             ready!(timer.as_mut().poll(cx));
                             Err(BackendError::TimedOut)
@@ -130,7 +130,7 @@ where
                     };
                     let head =
                         RequestHead::new(request.as_ref().expect("the request is taken once"));
-                    match this.core.judge(result, policy.clone(), &head) {
+                    match core.judge(result, policy.clone(), &head) {
                         Verdict::Pass(stamp) => {
                             let mut service = service.take().expect("the service is taken once");
                             let request = request.take().expect("the request is taken once");

@@ -94,6 +94,7 @@ pub(crate) struct Stamp {
 impl Stamp {
     /// Write the decision's headers onto the service's `response`, and the
     /// decision into its extensions.
+    #[inline]
     pub(crate) fn apply<B>(self, response: &mut Response<B>) {
         self.policy.headers.write(
             response.headers_mut(),

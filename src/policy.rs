@@ -129,14 +129,20 @@ impl Policy {
         }
     }
 
+    /// The counters to hit, built straight into the inline buffer for the
+    /// usual one or two (this runs on every request).
     pub(crate) fn counters(&self) -> SmallVec<[Counter<'_>; 2]> {
-        self.slots
-            .iter()
-            .map(|slot| Counter {
+        fn counter(slot: &Slot) -> Counter<'_> {
+            Counter {
                 namespace: &slot.namespace,
                 quota: slot.quota,
-            })
-            .collect()
+            }
+        }
+        match &self.slots[..] {
+            [one] => SmallVec::from_buf_and_len([counter(one), counter(one)], 1),
+            [one, two] => SmallVec::from_buf([counter(one), counter(two)]),
+            slots => slots.iter().map(counter).collect(),
+        }
     }
 
     /// The binding decision, and the index of its quota: of the quotas over

@@ -39,6 +39,7 @@ pub struct RequestHead<'a> {
 
 impl<'a> RequestHead<'a> {
     /// The view of `request`.
+    #[inline]
     pub fn new<B>(request: &'a Request<B>) -> Self {
         Self {
             method: request.method(),
@@ -80,6 +81,7 @@ impl<'a> RequestHead<'a> {
     }
 
     /// Whether this is a gRPC call (`content-type: application/grpc*`).
+    #[inline]
     pub fn is_grpc(&self) -> bool {
         is_grpc(self.headers)
     }
@@ -102,6 +104,7 @@ impl<'a> RequestHead<'a> {
 
     /// [`route`](Self::route), owned: a reference-counted clone, never a copy
     /// of the text.
+    #[inline]
     pub(crate) fn route_owned(&self) -> Option<Route> {
         #[cfg(feature = "axum")]
         if let Some(path) = self.extensions.get::<axum::extract::MatchedPath>() {
@@ -147,6 +150,7 @@ impl<'a, B> From<&'a Request<B>> for RequestHead<'a> {
 }
 
 /// Whether `headers` are a gRPC call's (`content-type: application/grpc*`).
+#[inline]
 pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
     headers
         .get(CONTENT_TYPE)

@@ -200,14 +200,12 @@ impl Headers {
                     .or_insert_with(|| self.policy.clone());
             }
             (HeaderStyle::Ietf, Answer::Passed) => {
+                let item = ratelimit(name_item, decision.remaining(), reset);
                 match headers.entry(RATELIMIT) {
                     Entry::Vacant(entry) => {
-                        entry.insert(ratelimit(name_item, decision.remaining(), reset));
+                        entry.insert(item);
                     }
-                    Entry::Occupied(entry) => {
-                        let item = ratelimit(name_item, decision.remaining(), reset);
-                        append_to_list(entry, item.as_bytes());
-                    }
+                    Entry::Occupied(entry) => append_to_list(entry, item.as_bytes()),
                 }
                 match headers.entry(RATELIMIT_POLICY) {
                     Entry::Vacant(entry) => {
@@ -230,6 +228,7 @@ impl Headers {
 
 /// `Retry-After` becomes `secs` if it holds fewer seconds. An HTTP-date, or
 /// no `Retry-After` at all (nothing further in denied), is left alone.
+#[cold]
 fn raise_retry_after(headers: &mut HeaderMap, secs: u64) {
     if let Entry::Occupied(mut entry) = headers.entry(RETRY_AFTER) {
         let shorter = entry
@@ -250,6 +249,7 @@ fn raise_retry_after(headers: &mut HeaderMap, secs: u64) {
 /// Appends the sf-list members `items` to the list field at `entry`, joining
 /// its lines into one (so a client reading the first line sees the whole
 /// list).
+#[cold]
 fn append_to_list(mut entry: OccupiedEntry<'_, HeaderValue>, items: &[u8]) {
     let mut joined = Vec::new();
     for line in entry.iter().map(HeaderValue::as_bytes) {

@@ -69,24 +69,21 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let core = Arc::clone(&self.core);
+        let core = &self.core;
         let head = RequestHead::new(&request);
         let key = match self.key.extract(&head) {
             Ok(key) => key,
             Err(err) => {
                 if core.settings.missing_key == OnMissingKey::Allow {
                     tracing::debug!(limiter = %core.settings.name, error = %err, "no rate-limit key; passing the request uncounted");
-                    let future = self.inner.call(request);
-                    return ResponseFuture::passing(core, future, None);
+                    return ResponseFuture::passing(self.inner.call(request), None);
                 }
-                let response = core.key_error_response(&err, &head);
-                return ResponseFuture::respond(core, response);
+                return ResponseFuture::respond(core.key_error_response(&err, &head));
             }
         };
-        let settings = &core.settings;
-        let policy = settings.policies.select(&head);
+        let policy = core.settings.policies.select(&head);
         let mut hit = core.backend.hit_all(&key, &policy.counters());
-        tracing::trace!(limiter = %settings.name, %key, "rate-limit hit");
+        tracing::trace!(limiter = %core.settings.name, %key, "rate-limit hit");
         // A backend that answers at once (the in-memory one does) is judged
         // here, and the service that was driven to readiness is called
         // directly. A backend that has to go out is polled again, with the
@@ -94,15 +91,13 @@ where
         // and a clone stays behind for the next call.
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => match core.judge(result, policy, &head) {
-                Verdict::Pass(stamp) => {
-                    let future = self.inner.call(request);
-                    ResponseFuture::passing(core, future, stamp)
-                }
-                Verdict::Respond(response) => ResponseFuture::respond(core, response),
+                Verdict::Pass(stamp) => ResponseFuture::passing(self.inner.call(request), stamp),
+                Verdict::Respond(response) => ResponseFuture::respond(response),
             },
             Poll::Pending => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
+                let core = Arc::clone(core);
                 ResponseFuture::checking(core, hit, inner, request, policy)
             }
         }

@@ -270,6 +270,7 @@ where
 pub struct GlobalKey;
 
 impl KeyExtractor for GlobalKey {
+    #[inline]
     fn extract(&self, _request: &RequestHead<'_>) -> Result<Key, KeyError> {
         Ok(Key::new("*"))
     }
