@@ -25,7 +25,7 @@
 //! first `{` ends the namespace and the last byte closes the key: two
 //! different (namespace, key) pairs never share a storage key, whatever bytes
 //! a client puts in its key. A key longer than
-//! [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) is held as its digest, which is
+//! [`MAX_KEY_LEN`] is held as its digest, which is
 //! longer than any key kept as it is, so it cannot meet a raw key either.
 //!
 //! The empty key is written `%`: a `%` that no two hex digits follow, which
