@@ -3,7 +3,7 @@
 use std::num::{NonZeroU32, NonZeroU64};
 use std::time::Duration;
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// The length of a pinned window, in whole milliseconds, from 1 ms to
 /// [`Window::MAX`] (100 years).

@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::{Backend, BackendError, Counter, Hit, Hits};
-use crate::ConfigError;
+use crate::error::ConfigError;
 use crate::key::{Key, MAX_KEY_LEN};
 #[cfg(test)]
 use crate::quota::Quota;
