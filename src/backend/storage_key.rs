@@ -11,7 +11,7 @@
 //! tpw:api{1/3600000ms:victim}            layer "api", a client that sent the key "1/3600000ms:victim"
 //! tpw:api{%7Bx%7D}                       the key "{x}"
 //! tpw:api{%}                             the empty key
-//! tpw:api{#5d41402abc4b2a76b9719d911017c592...}   a key longer than 64 bytes, hashed (65 bytes)
+//! tpw:api{#<64 hex digits>}             a key longer than 64 bytes: its SHA-256
 //! ```
 //!
 //! # Escaping
@@ -19,14 +19,16 @@
 //! Printable ASCII (`0x21..=0x7E`) is written as it is, except `%`, `{` and
 //! `}`; every other byte is `%` and two uppercase hex digits. Escaping `%`
 //! itself makes this one-to-one: [`decode`] undoes [`encode`] exactly. Layer
-//! names (`A-Z a-z 0-9 _ - . :`) and IP addresses appear verbatim.
+//! names (`A-Z a-z 0-9 _ - . :`) and IP addresses appear verbatim, and a
+//! storage key (with a printable prefix) is printable ASCII, safe to log or
+//! type into `redis-cli`.
 //!
 //! The escaped namespace holds no `{` and the escaped key no `}`, so the
 //! first `{` ends the namespace and the last byte closes the key: two
 //! different (namespace, key) pairs never share a storage key, whatever bytes
-//! a client puts in its key. A key longer than
-//! [`MAX_KEY_LEN`] is held as its digest, which is
-//! longer than any key kept as it is, so it cannot meet a raw key either.
+//! a client puts in its key. A key longer than [`MAX_KEY_LEN`] is held as its
+//! digest, which is longer than any key kept as it is, so it cannot meet a
+//! raw key either.
 //!
 //! The empty key is written `%`: a `%` that no two hex digits follow, which
 //! no non-empty key produces. (An empty `{}` would not be a hash tag at all,
