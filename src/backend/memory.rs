@@ -659,6 +659,34 @@ mod tests {
     }
 
     #[test]
+    fn adversarial_pairs_count_apart() {
+        let store = MemoryBackend::new();
+        let long = Key::new([b'h'; MAX_KEY_LEN + 1]);
+        let names = ["a", "a:b", "api", "api:1/3600000ms", "api:v2", ""];
+        let keys = [
+            Key::new("b:c"),
+            Key::new("c"),
+            Key::new(":c"),
+            Key::new("1/3600000ms:v"),
+            Key::new("v2:v"),
+            Key::new("v"),
+            Key::new(""),
+            Key::new("{v}"),
+            Key::new([0u8]),
+            Key::new(&long.as_bytes()[..MAX_KEY_LEN]),
+            Key::new(long.as_bytes()),
+            long.clone(),
+        ];
+        for name in names {
+            for key in &keys {
+                let hit = store.hit_at(0, name, key, window(1000)).unwrap();
+                assert_eq!(hit.count, 1, "{name:?} {key:?} met another counter");
+            }
+        }
+        assert_eq!(store.len(), names.len() * keys.len());
+    }
+
+    #[test]
     fn peek_does_not_count_and_reset_deletes() {
         let store = MemoryBackend::new();
         let key = Key::new("k");
