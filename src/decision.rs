@@ -44,6 +44,7 @@ pub struct Decision {
     count: u64,
     reset: Duration,
     outcome: Outcome,
+    refunded: bool,
 }
 
 /// The names a decision reports about its quota, built once per quota.
@@ -76,6 +77,7 @@ impl Decision {
             count,
             reset,
             outcome,
+            refunded: false,
         }
     }
 
@@ -105,7 +107,8 @@ impl Decision {
         self.limit
     }
 
-    /// The key's counter after this request (it counts denied requests too).
+    /// The key's counter after this request (it counts denied requests too),
+    /// less this request's hit once it was [refunded](Self::refunded).
     pub fn count(&self) -> u64 {
         self.count
     }
@@ -140,6 +143,25 @@ impl Decision {
     pub fn over_limit(&self) -> bool {
         self.outcome != Outcome::Allowed
     }
+
+    /// Whether the request's hit was handed back after its response,
+    /// because [`count_if`](crate::RateLimitLayer::count_if) said the answer
+    /// does not count; [`count`](Self::count) then no longer includes it.
+    ///
+    /// The refund is issued when the response is produced and lands in the
+    /// backend shortly after (at once in the memory backend), in the hit's
+    /// own window only. The decision handed to
+    /// [`on_decision`](crate::RateLimitLayer::on_decision) is made before
+    /// the service answers, so it always says `false`.
+    pub fn refunded(&self) -> bool {
+        self.refunded
+    }
+
+    /// The request's hit was handed back: it no longer counts.
+    pub(crate) fn refund(&mut self) {
+        self.count = self.count.saturating_sub(1);
+        self.refunded = true;
+    }
 }
 
 impl fmt::Debug for Decision {
@@ -152,6 +174,7 @@ impl fmt::Debug for Decision {
             .field("count", &self.count)
             .field("reset", &self.reset)
             .field("outcome", &self.outcome)
+            .field("refunded", &self.refunded)
             .finish()
     }
 }

@@ -32,7 +32,8 @@ pub enum ConfigError {
     ZeroTimeout,
     /// An IPv6 grouping prefix outside 32..=128 bits.
     InvalidIpv6Prefix(u8),
-    /// A trusted-proxy range that is neither a CIDR nor an IP address.
+    /// A trusted-proxy or allowlist range that is neither a CIDR nor an IP
+    /// address.
     InvalidCidr(String),
     /// A proxy-hop limit of zero: at least one hop must be walkable.
     ZeroHops,

@@ -14,6 +14,7 @@ use tower_service::Service;
 use crate::backend::{Backend, BackendError};
 use crate::judge::{Core, Stamp, Verdict};
 use crate::policy::Policy;
+use crate::refund::{self, Tab, Wait};
 use crate::request::RequestHead;
 use crate::response::Deny;
 
@@ -25,13 +26,21 @@ pin_project! {
         Bk: Backend,
     {
         #[pin]
-        state: State<Arc<Core<Bk, D>>, Bk::Future, S, Request<ReqBody>, S::Future, S::Response>,
+        state: State<
+            Arc<Core<Bk, D>>,
+            Tab<Bk, D>,
+            Bk::Future,
+            S,
+            Request<ReqBody>,
+            S::Future,
+            S::Response,
+        >,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<C, H, Svc, Req, F, Res> {
+    enum State<C, T, H, Svc, Req, F, Res> {
         // Waiting for the backend's count; the timer is armed only if the
         // backend does not answer on the first poll (boxed, so that the
         // in-memory path does not carry a timer's weight). Only this state
@@ -43,12 +52,22 @@ pin_project! {
             service: Option<Svc>,
             request: Option<Req>,
             policy: Arc<Policy>,
+            // Only when the layer counts by outcome.
+            tab: Option<Box<T>>,
         },
         // Passed on: waiting for the service.
         Inner {
             #[pin]
             future: F,
             stamp: Option<Stamp>,
+            // Only when the layer counts by outcome and the hit was counted.
+            tab: Option<Box<T>>,
+        },
+        // Answered, waiting for refunds that no tokio runtime can finish
+        // in the background.
+        Refunding {
+            wait: Wait,
+            response: Option<Res>,
         },
         // Answered by the limiter itself.
         Respond {
@@ -69,6 +88,7 @@ where
         service: S,
         request: Request<ReqBody>,
         policy: Arc<Policy>,
+        tab: Option<Box<Tab<Bk, D>>>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -78,13 +98,18 @@ where
                 service: Some(service),
                 request: Some(request),
                 policy,
+                tab,
             },
         }
     }
 
-    pub(crate) fn passing(future: S::Future, stamp: Option<Stamp>) -> Self {
+    pub(crate) fn passing(
+        future: S::Future,
+        stamp: Option<Stamp>,
+        tab: Option<Box<Tab<Bk, D>>>,
+    ) -> Self {
         Self {
-            state: State::Inner { future, stamp },
+            state: State::Inner { future, stamp, tab },
         }
     }
 
@@ -117,6 +142,7 @@ where
                     service,
                     request,
                     policy,
+                    tab,
                 } => {
                     let result = match Pin::new(hit).poll(cx) {
                         Poll::Ready(result) => result,
@@ -130,12 +156,14 @@ where
                     };
                     let head =
                         RequestHead::new(request.as_ref().expect("the request is taken once"));
-                    match core.judge(result, policy.clone(), &head) {
+                    let (verdict, tab) =
+                        refund::judge(core, tab.take(), result, policy.clone(), &head);
+                    match verdict {
                         Verdict::Pass(stamp) => {
                             let mut service = service.take().expect("the service is taken once");
                             let request = request.take().expect("the request is taken once");
                             let future = service.call(request);
-                            this.state.set(State::Inner { future, stamp });
+                            this.state.set(State::Inner { future, stamp, tab });
                         }
                         Verdict::Respond(response) => {
                             this.state.set(State::Done);
@@ -143,14 +171,30 @@ where
                         }
                     }
                 }
-                StateProj::Inner { future, stamp } => {
+                StateProj::Inner { future, stamp, tab } => {
                     let result = ready!(future.poll(cx));
                     let stamp = stamp.take();
+                    let tab = tab.take();
                     this.state.set(State::Done);
+                    // An error is no answer: the hit stays counted.
                     let mut response = result?;
-                    if let Some(stamp) = stamp {
+                    if let Some(mut stamp) = stamp {
+                        let wait = tab.and_then(|tab| tab.settle(&mut stamp, &response));
                         stamp.apply(&mut response);
+                        if let Some(wait) = wait {
+                            this.state.set(State::Refunding {
+                                wait,
+                                response: Some(response),
+                            });
+                            continue;
+                        }
                     }
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Refunding { wait, response } => {
+                    ready!(wait.as_mut().poll(cx));
+                    let response = response.take().expect("the response is taken once");
+                    this.state.set(State::Done);
                     return Poll::Ready(Ok(response));
                 }
                 StateProj::Respond { response } => {
@@ -173,6 +217,7 @@ where
         let state = match &self.state {
             State::Checking { .. } => "checking",
             State::Inner { .. } => "inner",
+            State::Refunding { .. } => "refunding",
             State::Respond { .. } => "respond",
             State::Done => "done",
         };

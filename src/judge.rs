@@ -13,6 +13,7 @@ use http::header::RETRY_AFTER;
 use http::{HeaderValue, Response, StatusCode};
 
 use crate::backend::{BackendError, Hits};
+use crate::count::CountIf;
 use crate::decision::Decision;
 use crate::key::KeyError;
 use crate::policy::{Policies, Policy};
@@ -51,6 +52,9 @@ pub enum OnMissingKey {
 /// A callback run on every decision, for metrics.
 pub(crate) type Observer = Arc<dyn Fn(&Decision) + Send + Sync>;
 
+/// Picks the requests that bypass the limiter.
+pub(crate) type SkipIf = Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>;
+
 /// The configuration shared by a service and its futures.
 #[derive(Clone)]
 pub(crate) struct Core<Bk, D> {
@@ -69,6 +73,11 @@ pub(crate) struct Settings {
     pub(crate) timeout: Duration,
     pub(crate) shadow: bool,
     pub(crate) observer: Option<Observer>,
+    /// Requests it picks pass uncounted, before their key is read.
+    pub(crate) skip: Option<SkipIf>,
+    /// When set, a passed request's hit is kept only if its answer counts;
+    /// otherwise it is refunded.
+    pub(crate) count_if: Option<CountIf>,
     /// Bounds the warnings about backend failures.
     pub(crate) warn_gate: Arc<LogGate>,
     /// Bounds the log lines about requests without a usable key.
@@ -103,6 +112,22 @@ impl Stamp {
             Answer::Passed,
         );
         response.extensions_mut().insert(self.decision);
+    }
+
+    /// The policy whose counters the request was hit in.
+    pub(crate) fn policy(&self) -> &Policy {
+        &self.policy
+    }
+
+    /// The request's `hits` are being refunded: its decision no longer
+    /// counts the hit (when the deciding counter counted it at all).
+    pub(crate) fn refund(&mut self, hits: &Hits) {
+        if hits
+            .get(self.index)
+            .is_some_and(|hit| hit.deadline.is_some())
+        {
+            self.decision.refund();
+        }
     }
 }
 
@@ -235,6 +260,8 @@ impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
             .field("missing_key", &s.missing_key)
             .field("timeout", &s.timeout)
             .field("shadow", &s.shadow)
+            .field("skip", &s.skip.is_some())
+            .field("count_if", &s.count_if.is_some())
             .finish_non_exhaustive()
     }
 }

@@ -8,10 +8,11 @@ use http::Response;
 use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
+use crate::count::{CountOnly, ResponseHead};
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::judge::{Core, FailurePolicy, OnMissingKey, Settings};
-use crate::key::{GlobalKey, Key, KeyError, KeyExtractor};
+use crate::judge::{Core, FailurePolicy, OnMissingKey, Settings, SkipIf};
+use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
 use crate::name::is_layer_name;
 use crate::policy::{NamedQuota, Policies};
 use crate::quota::Quota;
@@ -152,6 +153,8 @@ impl RateLimitLayer {
                     timeout: DEFAULT_TIMEOUT,
                     shadow: false,
                     observer: None,
+                    skip: None,
+                    count_if: None,
                     warn_gate: Arc::default(),
                     key_gate: Arc::default(),
                 },
@@ -356,6 +359,204 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
             .policies
             .set_quota_by(Arc::new(move |head| choose(head).map(Into::into)));
         self
+    }
+
+    /// Let the requests `skip` picks bypass the limiter: they are not
+    /// counted, get no rate-limit headers and no [`Decision`], and their key
+    /// is never read. The closure's argument type is inferred. Each call adds
+    /// a predicate; a request any of them picks is skipped.
+    ///
+    /// It runs on every request, before the key: keep it cheap. To skip
+    /// clients by address, use [`allowlist`](Self::allowlist), which finds
+    /// the client the way [`ClientIp`](crate::key::ClientIp) does.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
+    ///     .skip_if(|req| req.uri().path() == "/health");
+    /// let app = Router::new()
+    ///     .route("/", get(|| async { "hello" }))
+    ///     .route("/health", get(|| async { "ok" }))
+    ///     .layer(layer);
+    /// let get = |path| Request::get(path).body(Body::empty()).unwrap();
+    /// for _ in 0..3 {
+    ///     let health = app.clone().oneshot(get("/health")).await.unwrap();
+    ///     assert_eq!(health.status(), StatusCode::OK);
+    ///     assert!(health.headers().get("ratelimit").is_none(), "not counted, no headers");
+    /// }
+    /// assert_eq!(app.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::OK);
+    /// assert_eq!(app.oneshot(get("/")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # }
+    /// ```
+    pub fn skip_if<F>(mut self, skip: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        let skip: SkipIf = match self.core.settings.skip.take() {
+            None => Arc::new(skip),
+            Some(earlier) => Arc::new(move |req: &RequestHead<'_>| earlier(req) || skip(req)),
+        };
+        self.core.settings.skip = Some(skip);
+        self
+    }
+
+    /// Let the clients on `allowlist` bypass the limiter, as
+    /// [`skip_if`](Self::skip_if) does: your own monitoring, an office
+    /// network, partner servers.
+    ///
+    /// The list finds a request's client the way the
+    /// [`ClientIp`](crate::key::ClientIp) it was made with does, through the
+    /// proxies that `ClientIp` trusts and no others: a client cannot skip by
+    /// writing an allowlisted address into `X-Forwarded-For`. The list is
+    /// checked before the key, and independently of it: key by
+    /// [`ClientIp`](crate::key::ClientIp) (give both the same one), by an
+    /// API key, or by anything else. A request whose client cannot be found
+    /// (no peer address, a malformed forwarded entry) is not skipped; it
+    /// goes on to the key extractor, which answers it as it would any other.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::key::{Allowlist, ClientIp};
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let client_ip = ClientIp::new().trust("10.0.0.0/8")?; // the load balancer
+    /// let office = Allowlist::new(client_ip.clone()).allow("192.0.2.0/24")?;
+    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60))?)
+    ///     .key(client_ip)
+    ///     .allowlist(office);
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// let via_balancer = |client: &str| {
+    ///     let mut req = Request::get("/").header("x-forwarded-for", client).body(Body::empty()).unwrap();
+    ///     req.extensions_mut().insert(std::net::SocketAddr::from(([10, 0, 0, 1], 443)));
+    ///     req
+    /// };
+    /// for _ in 0..3 {
+    ///     let office = app.clone().oneshot(via_balancer("192.0.2.7")).await?;
+    ///     assert_eq!(office.status(), StatusCode::OK);
+    /// }
+    /// assert_eq!(app.clone().oneshot(via_balancer("203.0.113.9")).await?.status(), StatusCode::OK);
+    /// assert_eq!(app.oneshot(via_balancer("203.0.113.9")).await?.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn allowlist(self, allowlist: Allowlist) -> Self {
+        self.skip_if(move |req| allowlist.contains(req))
+    }
+
+    /// Count a request only if the service's answer says so: `counts`
+    /// reads the answer's status and headers (a [`ResponseHead`]), and a
+    /// passed request whose answer it rejects has its hit handed back
+    /// ([`Backend::refund`]), in every quota it was counted in. "Five failed
+    /// logins per 15 minutes, successful ones free" is
+    /// `.count_if(|res| res.status() == 401)`, or
+    /// [`count_only`](Self::count_only) with [`CountOnly::AuthFailures`]. The
+    /// closure's argument type is inferred; a later call replaces an earlier
+    /// one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("login", Quota::new(2, Duration::from_secs(900)).unwrap())
+    ///     .count_if(|res| res.status() == StatusCode::UNAUTHORIZED);
+    /// let app = Router::new()
+    ///     .route("/login", post(|body: String| async move {
+    ///         if body == "hunter2" { StatusCode::OK } else { StatusCode::UNAUTHORIZED }
+    ///     }))
+    ///     .layer(layer);
+    /// let login = |password: &str| {
+    ///     let request = Request::post("/login").body(Body::from(password.to_owned())).unwrap();
+    ///     let app = app.clone();
+    ///     async move { app.oneshot(request).await.unwrap() }
+    /// };
+    /// for _ in 0..5 {
+    ///     assert_eq!(login("hunter2").await.status(), StatusCode::OK, "successes are free");
+    /// }
+    /// assert_eq!(login("guess").await.status(), StatusCode::UNAUTHORIZED);
+    /// assert_eq!(login("guess").await.status(), StatusCode::UNAUTHORIZED);
+    /// let denied = login("hunter2").await; // two failures: even the right password waits
+    /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(denied.headers()["retry-after"], "900");
+    /// # }
+    /// ```
+    ///
+    /// # What counts, and when
+    ///
+    /// - **A request is admitted or denied when it arrives**, by its hit,
+    ///   before any answer is known. Requests still being served hold their
+    ///   hits until their answers are in: with a limit of 5, five slow
+    ///   requests in flight deny a sixth, even if all five are then refunded.
+    ///   So the limit bounds the counted requests plus those in flight, and
+    ///   never more than `limit` counted requests are admitted in a window,
+    ///   however hits and refunds interleave.
+    /// - **A denied request stays counted.** It was not served, so there is
+    ///   no answer to judge, and refunding it would cost the backend a
+    ///   second call for every request of a client that keeps knocking.
+    ///   Keeping it changes nothing that matters: the window is pinned, so
+    ///   the extra count neither moves the window nor lengthens the wait.
+    /// - **No answer, no refund.** A response future dropped before the
+    ///   service answered (the client went away, a timeout layer above gave
+    ///   up) and an error from the service (`S::Error`, which is not an
+    ///   answer) leave the hit counted. The service may have done the work
+    ///   (checked the password) before it was dropped, so a refund would let
+    ///   a client that hangs up early try for free.
+    /// - **A refund is taken in the hit's own window only**
+    ///   ([`Hit::deadline`](crate::backend::Hit::deadline)): once that window
+    ///   has closed, or been reset and a new one opened, it does nothing; it
+    ///   never creates a counter, never gives one a lifetime and never takes
+    ///   a count below zero.
+    /// - **Each hit is refunded at most once, and a failed refund is not
+    ///   retried**: a backend that is down leaves the hit counted (logged at
+    ///   most once every few seconds). So does a process that stops between
+    ///   the hit and the refund.
+    /// - **The client does not wait for the refund.** It is issued when the
+    ///   answer is produced: the memory backend takes it at once; a backend
+    ///   that has to go out (Redis) finishes it on a tokio task. Outside a
+    ///   tokio runtime, the response waits for it instead.
+    /// - **The answer is judged by its head.** A status that comes later
+    ///   (a gRPC status in the trailers, after the messages; an error while
+    ///   the body streams) is not seen.
+    /// - The response's headers and [`Decision`] show the count without the
+    ///   refunded hit ([`Decision::refunded`]); the decision given to
+    ///   [`on_decision`](Self::on_decision), made before the answer, counts
+    ///   it. A skipped request, or one passed uncounted (fail-open,
+    ///   [`OnMissingKey::Allow`]), has no hit to refund.
+    pub fn count_if<F>(mut self, counts: F) -> Self
+    where
+        F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.core.settings.count_if = Some(Arc::new(counts));
+        self
+    }
+
+    /// Count only the answers `which` names: [`count_if`](Self::count_if)
+    /// with one of the usual choices (failures, failed authentication,
+    /// server errors, successes), which read the HTTP status and the head's
+    /// gRPC status.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{CountOnly, Quota, RateLimitLayer};
+    ///
+    /// let login = RateLimitLayer::new("login", Quota::new(5, Duration::from_secs(900)).unwrap())
+    ///     .count_only(CountOnly::AuthFailures);
+    /// ```
+    pub fn count_only(self, which: CountOnly) -> Self {
+        self.count_if(move |res| which.counts(res))
     }
 
     /// What requests get when the backend is down, slow or full (default:

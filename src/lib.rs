@@ -39,10 +39,13 @@
 #![cfg_attr(docsrs, feature(doc_auto_cfg))]
 
 // The data path, outside in: layer.rs (configuration) → service.rs →
-// future.rs → judge.rs (the verdict, and the core they share); request.rs
-// is the way in, key/ and policy.rs read it, backend/ counts, decision.rs
-// and response.rs are the way out. Imports only point down this list.
+// future.rs → refund.rs (the hits an answer does not count, handed back) →
+// judge.rs (the verdict, and the core they share); request.rs is the way
+// in, key/ and policy.rs read it, backend/ counts, decision.rs and
+// response.rs are the way out, and count.rs reads the service's answer.
+// Imports only point down this list.
 pub mod backend;
+mod count;
 mod decision;
 mod error;
 mod future;
@@ -52,10 +55,12 @@ mod layer;
 mod name;
 mod policy;
 mod quota;
+mod refund;
 mod request;
 mod response;
 mod service;
 
+pub use count::{CountOnly, ResponseHead};
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
 pub use future::ResponseFuture;

@@ -13,6 +13,7 @@ use crate::backend::Backend;
 use crate::future::ResponseFuture;
 use crate::judge::{Core, OnMissingKey, Verdict};
 use crate::key::KeyExtractor;
+use crate::refund::{self, Tab};
 use crate::request::RequestHead;
 use crate::response::Deny;
 
@@ -71,12 +72,18 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let core = &self.core;
         let head = RequestHead::new(&request);
+        if let Some(skip) = &core.settings.skip
+            && skip(&head)
+        {
+            tracing::trace!(limiter = %core.settings.name, "request skipped: passing it uncounted");
+            return ResponseFuture::passing(self.inner.call(request), None, None);
+        }
         let key = match self.key.extract(&head) {
             Ok(key) => key,
             Err(err) => {
                 if core.settings.missing_key == OnMissingKey::Allow {
                     tracing::debug!(limiter = %core.settings.name, error = %err, "no rate-limit key; passing the request uncounted");
-                    return ResponseFuture::passing(self.inner.call(request), None);
+                    return ResponseFuture::passing(self.inner.call(request), None, None);
                 }
                 return ResponseFuture::respond(core.key_error_response(&err, &head));
             }
@@ -84,24 +91,38 @@ where
         let policy = core.settings.policies.select(&head);
         let mut hit = core.backend.hit_all(&key, &policy.counters());
         tracing::trace!(limiter = %core.settings.name, %key, "rate-limit hit");
+        let tab = Tab::open(core, &key);
         // A backend that answers at once (the in-memory one does) is judged
         // here, and the service that was driven to readiness is called
         // directly. A backend that has to go out is polled again, with the
         // real waker, by the future; the ready service goes into the future
         // and a clone stays behind for the next call.
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(result) => match core.judge(result, policy, &head) {
-                Verdict::Pass(stamp) => ResponseFuture::passing(self.inner.call(request), stamp),
-                Verdict::Respond(response) => ResponseFuture::respond(response),
+            Poll::Ready(result) => match refund::judge(core, tab, result, policy, &head) {
+                (Verdict::Pass(stamp), tab) => {
+                    ResponseFuture::passing(self.inner.call(request), stamp, tab)
+                }
+                (Verdict::Respond(response), _) => ResponseFuture::respond(response),
             },
             Poll::Pending => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 let core = Arc::clone(core);
-                ResponseFuture::checking(core, hit, inner, request, policy)
+                ResponseFuture::checking(core, hit, inner, request, policy, tab)
             }
         }
     }
+}
+
+/// A limited tonic service keeps its name, so tonic's
+/// `Server::builder().add_service(layer.layer(MyServer::new(..)))` routes to
+/// it and the limit applies to that service alone.
+#[cfg(feature = "tonic")]
+impl<S, K, Bk, D> tonic::server::NamedService for RateLimit<S, K, Bk, D>
+where
+    S: tonic::server::NamedService,
+{
+    const NAME: &'static str = S::NAME;
 }
 
 impl<S: Clone, K: Clone, Bk, D> Clone for RateLimit<S, K, Bk, D> {

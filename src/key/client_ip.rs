@@ -102,11 +102,7 @@ impl ClientIp {
     /// # Errors
     /// [`ConfigError::InvalidCidr`] when `cidr` is neither.
     pub fn trust(self, cidr: &str) -> Result<Self, ConfigError> {
-        let net = cidr
-            .parse::<IpNet>()
-            .or_else(|_| cidr.parse::<IpAddr>().map(IpNet::from))
-            .map_err(|_| ConfigError::InvalidCidr(cidr.to_string()))?;
-        Ok(self.trust_net(net))
+        Ok(self.trust_net(parse_net(cidr)?))
     }
 
     /// Trust the proxies in `net`.
@@ -241,6 +237,13 @@ impl ClientIp {
     pub fn key_for(&self, ip: IpAddr) -> Key {
         self.peer.key_for(ip)
     }
+}
+
+/// `cidr` as a network: a CIDR, or one address.
+pub(super) fn parse_net(cidr: &str) -> Result<IpNet, ConfigError> {
+    cidr.parse::<IpNet>()
+        .or_else(|_| cidr.parse::<IpAddr>().map(IpNet::from))
+        .map_err(|_| ConfigError::InvalidCidr(cidr.to_string()))
 }
 
 impl KeyExtractor for ClientIp {

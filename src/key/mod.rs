@@ -11,6 +11,10 @@
 //! a closure to [`RateLimitLayer::key_fn`](crate::RateLimitLayer::key_fn) and
 //! its argument's type is inferred.
 //!
+//! An [`Allowlist`] picks clients by address, found the way [`ClientIp`]
+//! finds them, to bypass the limiter
+//! ([`RateLimitLayer::allowlist`](crate::RateLimitLayer::allowlist)).
+//!
 //! ```
 //! use std::time::Duration;
 //! use http::{Request, Response, StatusCode};
@@ -40,10 +44,12 @@
 //! # }
 //! ```
 
+mod allowlist;
 mod client_ip;
 mod forwarded;
 mod peer_ip;
 
+pub use allowlist::Allowlist;
 pub use client_ip::{ClientIp, ForwardedHeader};
 pub use peer_ip::PeerIp;
 

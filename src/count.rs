@@ -1,0 +1,270 @@
+//! Which answers count: the body-free view of a response that
+//! [`count_if`](crate::RateLimitLayer::count_if) reads once the service has
+//! answered, and the usual choices ([`CountOnly`]).
+
+use std::sync::Arc;
+
+use http::{Extensions, HeaderMap, Response, StatusCode};
+
+use crate::request::is_grpc;
+
+/// Decides, from the service's answer, whether a passed request's hit counts.
+pub(crate) type CountIf = Arc<dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync>;
+
+/// The parts of a response that [`count_if`](crate::RateLimitLayer::count_if)
+/// reads: everything but the body, as the service answered (before this
+/// layer adds its own headers).
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use tower_pinned_window::ResponseHead;
+///
+/// let response = Response::builder().status(401).body(()).unwrap();
+/// let head = ResponseHead::new(&response);
+/// assert_eq!(head.status(), StatusCode::UNAUTHORIZED);
+/// assert_eq!(head.grpc_status(), None);
+///
+/// // A gRPC call that failed before its first message (a "trailers-only"
+/// // answer, which is how tonic answers a unary call's `Err(Status)`).
+/// let failed = Response::builder()
+///     .header("content-type", "application/grpc")
+///     .header("grpc-status", "16")
+///     .body(())
+///     .unwrap();
+/// assert_eq!(ResponseHead::new(&failed).grpc_status(), Some(16));
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct ResponseHead<'a> {
+    status: StatusCode,
+    headers: &'a HeaderMap,
+    extensions: &'a Extensions,
+}
+
+impl<'a> ResponseHead<'a> {
+    /// The view of `response`.
+    pub fn new<B>(response: &'a Response<B>) -> Self {
+        Self {
+            status: response.status(),
+            headers: response.headers(),
+            extensions: response.extensions(),
+        }
+    }
+
+    /// The view of a response's `parts`.
+    pub fn from_parts(parts: &'a http::response::Parts) -> Self {
+        Self {
+            status: parts.status,
+            headers: &parts.headers,
+            extensions: &parts.extensions,
+        }
+    }
+
+    /// The HTTP status (`200` for every gRPC answer: see
+    /// [`grpc_status`](Self::grpc_status)).
+    pub fn status(&self) -> StatusCode {
+        self.status
+    }
+
+    /// The headers.
+    pub fn headers(&self) -> &'a HeaderMap {
+        self.headers
+    }
+
+    /// The extensions the service attached.
+    pub fn extensions(&self) -> &'a Extensions {
+        self.extensions
+    }
+
+    /// The gRPC status code in the response's head (`grpc-status`: 0 for
+    /// OK, 16 for UNAUTHENTICATED, ...), when the answer is gRPC and carries
+    /// one there.
+    ///
+    /// A gRPC call that fails before its first message is answered
+    /// "trailers-only", with its status in the head; tonic answers a unary
+    /// handler's `Err(Status)` that way. A call that sends messages puts its
+    /// status in the trailers, after the body, which this layer does not
+    /// wait for: its head has none, and this is `None`.
+    pub fn grpc_status(&self) -> Option<i32> {
+        if !is_grpc(self.headers) {
+            return None;
+        }
+        let value = self.headers.get("grpc-status")?.to_str().ok()?;
+        if value.is_empty() || value.len() > 2 || !value.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        value.parse().ok()
+    }
+
+    /// A gRPC error in the head: a status other than OK.
+    fn grpc_error(&self) -> Option<i32> {
+        self.grpc_status().filter(|&code| code != 0)
+    }
+}
+
+/// Which answers count, for
+/// [`count_only`](crate::RateLimitLayer::count_only): the usual choices of
+/// [`count_if`](crate::RateLimitLayer::count_if).
+///
+/// Each reads the HTTP status and, for a gRPC answer, the `grpc-status` in
+/// its head (see [`ResponseHead::grpc_status`]: a status sent in the
+/// trailers is not seen).
+///
+/// ```
+/// use http::Response;
+/// use tower_pinned_window::{CountOnly, ResponseHead};
+///
+/// let status = |code: u16| Response::builder().status(code).body(()).unwrap();
+/// let cases = [
+///     (CountOnly::Failures, 401, true),
+///     (CountOnly::Failures, 302, false),
+///     (CountOnly::AuthFailures, 403, true),
+///     (CountOnly::AuthFailures, 404, false),
+///     (CountOnly::ServerErrors, 503, true),
+///     (CountOnly::Successes, 201, true),
+///     (CountOnly::Successes, 302, false),
+/// ];
+/// for (which, code, counts) in cases {
+///     assert_eq!(which.counts(&ResponseHead::new(&status(code))), counts, "{which:?} {code}");
+/// }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CountOnly {
+    /// Failures: an HTTP status of 400 or more, or a gRPC error (any
+    /// `grpc-status` but 0). "Five failed logins a minute"; what
+    /// express-rate-limit calls `skipSuccessfulRequests`.
+    Failures,
+    /// Failed authentication: `401 Unauthorized` or `403 Forbidden`, or gRPC
+    /// UNAUTHENTICATED (16) or PERMISSION_DENIED (7). A wrong password
+    /// counts; a malformed request (400) or a server error does not.
+    AuthFailures,
+    /// Server errors: an HTTP status of 500 or more, or the gRPC codes that
+    /// map to them: UNKNOWN (2), DEADLINE_EXCEEDED (4), UNIMPLEMENTED (12),
+    /// INTERNAL (13), UNAVAILABLE (14) and DATA_LOSS (15). A circuit-breaker
+    /// style budget for a client whose requests keep failing the server.
+    ServerErrors,
+    /// Successes: an HTTP status from 200 to 299 and no gRPC error in the
+    /// head. "Ten accounts created an hour"; express-rate-limit's
+    /// `skipFailedRequests`. Redirects (3xx) are not successes.
+    Successes,
+}
+
+impl CountOnly {
+    /// Whether `response` counts.
+    pub fn counts(self, response: &ResponseHead<'_>) -> bool {
+        let status = response.status();
+        match self {
+            Self::Failures => status.as_u16() >= 400 || response.grpc_error().is_some(),
+            Self::AuthFailures => {
+                matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
+                    || matches!(response.grpc_error(), Some(7 | 16))
+            }
+            Self::ServerErrors => {
+                status.is_server_error()
+                    || matches!(response.grpc_error(), Some(2 | 4 | 12 | 13 | 14 | 15))
+            }
+            Self::Successes => status.is_success() && response.grpc_error().is_none(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn http(status: u16) -> Response<()> {
+        Response::builder().status(status).body(()).unwrap()
+    }
+
+    fn grpc(code: Option<&str>) -> Response<()> {
+        let mut builder = Response::builder().header("content-type", "application/grpc+proto");
+        if let Some(code) = code {
+            builder = builder.header("grpc-status", code);
+        }
+        builder.body(()).unwrap()
+    }
+
+    #[test]
+    fn grpc_status_is_read_from_grpc_heads_only() {
+        let cases = [
+            ("ok", grpc(Some("0")), Some(0)),
+            ("unauthenticated", grpc(Some("16")), Some(16)),
+            ("in the trailers", grpc(None), None),
+            ("not a number", grpc(Some("x")), None),
+            ("signed", grpc(Some("-1")), None),
+            ("too long", grpc(Some("100")), None),
+            ("empty", grpc(Some("")), None),
+        ];
+        for (name, response, want) in cases {
+            assert_eq!(ResponseHead::new(&response).grpc_status(), want, "{name}");
+        }
+        let plain = Response::builder()
+            .header("grpc-status", "16")
+            .body(())
+            .unwrap();
+        assert_eq!(
+            ResponseHead::new(&plain).grpc_status(),
+            None,
+            "not a gRPC answer"
+        );
+    }
+
+    #[test]
+    fn the_choices_read_http_and_grpc_statuses() {
+        use CountOnly::*;
+        let cases: Vec<(&str, CountOnly, Response<()>, bool)> = vec![
+            ("200 is no failure", Failures, http(200), false),
+            ("302 is no failure", Failures, http(302), false),
+            ("400 is a failure", Failures, http(400), true),
+            ("401 is a failure", Failures, http(401), true),
+            ("500 is a failure", Failures, http(500), true),
+            ("gRPC ok is no failure", Failures, grpc(Some("0")), false),
+            ("gRPC trailers unseen", Failures, grpc(None), false),
+            ("gRPC not found", Failures, grpc(Some("5")), true),
+            ("401", AuthFailures, http(401), true),
+            ("403", AuthFailures, http(403), true),
+            ("400 is not auth", AuthFailures, http(400), false),
+            ("404 is not auth", AuthFailures, http(404), false),
+            ("500 is not auth", AuthFailures, http(500), false),
+            ("gRPC unauthenticated", AuthFailures, grpc(Some("16")), true),
+            (
+                "gRPC permission denied",
+                AuthFailures,
+                grpc(Some("7")),
+                true,
+            ),
+            (
+                "gRPC invalid argument",
+                AuthFailures,
+                grpc(Some("3")),
+                false,
+            ),
+            ("500", ServerErrors, http(500), true),
+            ("503", ServerErrors, http(503), true),
+            ("499 is not", ServerErrors, http(499), false),
+            ("gRPC internal", ServerErrors, grpc(Some("13")), true),
+            ("gRPC unavailable", ServerErrors, grpc(Some("14")), true),
+            ("gRPC unknown", ServerErrors, grpc(Some("2")), true),
+            (
+                "gRPC resource exhausted",
+                ServerErrors,
+                grpc(Some("8")),
+                false,
+            ),
+            ("200", Successes, http(200), true),
+            ("204", Successes, http(204), true),
+            ("302 is not", Successes, http(302), false),
+            ("404 is not", Successes, http(404), false),
+            ("gRPC in trailers", Successes, grpc(None), true),
+            ("gRPC ok", Successes, grpc(Some("0")), true),
+            ("gRPC error", Successes, grpc(Some("16")), false),
+        ];
+        for (name, which, response, want) in cases {
+            assert_eq!(
+                which.counts(&ResponseHead::new(&response)),
+                want,
+                "{which:?}: {name}"
+            );
+        }
+    }
+}
