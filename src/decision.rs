@@ -144,15 +144,16 @@ impl Decision {
         self.outcome != Outcome::Allowed
     }
 
-    /// Whether the request's hit was handed back after its response,
-    /// because [`count_if`](crate::RateLimitLayer::count_if) said the answer
-    /// does not count; [`count`](Self::count) then no longer includes it.
+    /// Whether the request's hit was handed back, under
+    /// [`count_if`](crate::RateLimitLayer::count_if): its answer did not
+    /// count, or it was denied. [`count`](Self::count) then no longer
+    /// includes it.
     ///
     /// The refund is issued when the response is produced and lands in the
-    /// backend shortly after (at once in the memory backend), in the hit's
-    /// own window only. The decision handed to
+    /// backend then (the memory backend) or shortly after, in the hit's own
+    /// window only, unless the backend fails it. The decision handed to
     /// [`on_decision`](crate::RateLimitLayer::on_decision) is made before
-    /// the service answers, so it always says `false`.
+    /// any refund, so it always says `false`.
     pub fn refunded(&self) -> bool {
         self.refunded
     }

@@ -120,6 +120,19 @@ where
             },
         }
     }
+
+    /// A denial, after `wait` if its refunds must finish first.
+    pub(crate) fn answered(response: S::Response, wait: Option<Wait>) -> Self {
+        match wait {
+            None => Self::respond(response),
+            Some(wait) => Self {
+                state: State::Refunding {
+                    wait,
+                    response: Some(response),
+                },
+            },
+        }
+    }
 }
 
 impl<S, ReqBody, ResBody, Bk, D> Future for ResponseFuture<S, ReqBody, Bk, D>
@@ -165,7 +178,14 @@ where
                             let future = service.call(request);
                             this.state.set(State::Inner { future, stamp, tab });
                         }
-                        Verdict::Respond(response) => {
+                        Verdict::Respond(mut response) => {
+                            if let Some(wait) = tab.and_then(|tab| tab.deny(&mut response)) {
+                                this.state.set(State::Refunding {
+                                    wait,
+                                    response: Some(response),
+                                });
+                                continue;
+                            }
                             this.state.set(State::Done);
                             return Poll::Ready(Ok(response));
                         }

@@ -114,11 +114,6 @@ impl Stamp {
         response.extensions_mut().insert(self.decision);
     }
 
-    /// The policy whose counters the request was hit in.
-    pub(crate) fn policy(&self) -> &Policy {
-        &self.policy
-    }
-
     /// The request's `hits` are being refunded: its decision no longer
     /// counts the hit (when the deciding counter counted it at all).
     pub(crate) fn refund(&mut self, hits: &Hits) {

@@ -455,8 +455,9 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
 
     /// Count a request only if the service's answer says so: `counts`
     /// reads the answer's status and headers (a [`ResponseHead`]), and a
-    /// passed request whose answer it rejects has its hit handed back
-    /// ([`Backend::refund`]), in every quota it was counted in. "Five failed
+    /// request whose answer it rejects has its hit handed back
+    /// ([`Backend::refund`]), in every quota it was counted in; so does a
+    /// denied request. "Five failed
     /// logins per 15 minutes, successful ones free" is
     /// `.count_if(|res| res.status() == 401)`, or
     /// [`count_only`](Self::count_only) with [`CountOnly::AuthFailures`]. The
@@ -503,17 +504,22 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     ///   So the limit bounds the counted requests plus those in flight, and
     ///   never more than `limit` counted requests are admitted in a window,
     ///   however hits and refunds interleave.
-    /// - **A denied request stays counted.** It was not served, so there is
-    ///   no answer to judge, and refunding it would cost the backend a
-    ///   second call for every request of a client that keeps knocking.
-    ///   Keeping it changes nothing that matters: the window is pinned, so
-    ///   the extra count neither moves the window nor lengthens the wait.
-    /// - **No answer, no refund.** A response future dropped before the
-    ///   service answered (the client went away, a timeout layer above gave
-    ///   up) and an error from the service (`S::Error`, which is not an
-    ///   answer) leave the hit counted. The service may have done the work
-    ///   (checked the password) before it was dropped, so a refund would let
-    ///   a client that hangs up early try for free.
+    /// - **A denied request is refunded at once.** It was never served, so
+    ///   it is not an answer that counts. Kept, it would outlive the
+    ///   requests that caused it: with a limit of 5 failures, ten parallel
+    ///   requests that all succeed would leave 5 denials counted after the 5
+    ///   successes were refunded, and the client locked out for the window
+    ///   without a single failure. A denial the Redis deny cache answered
+    ///   was never counted and needs no refund, so a flood costs about one
+    ///   refund per key and instance per round trip, not one per request.
+    /// - **No answer, no refund.** A response future dropped after the
+    ///   service was called but before it answered (the client went away,
+    ///   a timeout layer above gave up) and an error from the service
+    ///   (`S::Error`, which is not an answer) leave the hit counted. The
+    ///   service may have done the work (checked the password) before it
+    ///   was dropped, so a refund would let a client that hangs up early try
+    ///   for free. A future dropped while still waiting for the backend's
+    ///   count leaves whatever the backend counted, unrefunded.
     /// - **A refund is taken in the hit's own window only**
     ///   ([`Hit::deadline`](crate::backend::Hit::deadline)): once that window
     ///   has closed, or been reset and a new one opened, it does nothing; it
@@ -535,6 +541,8 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     ///   [`on_decision`](Self::on_decision), made before the answer, counts
     ///   it. A skipped request, or one passed uncounted (fail-open,
     ///   [`OnMissingKey::Allow`]), has no hit to refund.
+    /// - Without `count_if`, nothing of this runs: no hit is kept past the
+    ///   verdict, nothing is allocated, nothing is refunded.
     pub fn count_if<F>(mut self, counts: F) -> Self
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,

@@ -102,7 +102,10 @@ where
                 (Verdict::Pass(stamp), tab) => {
                     ResponseFuture::passing(self.inner.call(request), stamp, tab)
                 }
-                (Verdict::Respond(response), _) => ResponseFuture::respond(response),
+                (Verdict::Respond(mut response), tab) => {
+                    let wait = tab.and_then(|tab| tab.deny(&mut response));
+                    ResponseFuture::answered(response, wait)
+                }
             },
             Poll::Pending => {
                 let clone = self.inner.clone();
