@@ -27,6 +27,10 @@ use tower_pinned_window::{CountOnly, Decision, Outcome, Quota, RateLimitLayer};
 #[path = "../examples/login.rs"]
 mod login;
 
+/// How long a test waits for something that must happen before it fails
+/// instead (on the paused clock, it passes as soon as nothing else can run).
+const PATIENCE: Duration = Duration::from_secs(30);
+
 fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
 }
@@ -116,15 +120,21 @@ impl App {
         })
     }
 
-    /// Waits until `n` requests in all have reached the service.
+    /// Waits until `n` requests in all have reached the service (failing,
+    /// not hanging, if they never do).
     async fn wait_entered(&self, n: usize) {
-        loop {
-            let notified = self.entered_notify.notified();
-            if self.entered.load(Ordering::SeqCst) >= n {
-                return;
+        let entered = async {
+            loop {
+                let notified = self.entered_notify.notified();
+                if self.entered.load(Ordering::SeqCst) >= n {
+                    return;
+                }
+                notified.await;
             }
-            notified.await;
-        }
+        };
+        tokio::time::timeout(PATIENCE, entered)
+            .await
+            .unwrap_or_else(|_| panic!("{n} requests never reached the service"));
     }
 
     fn release(&self) {
@@ -189,15 +199,21 @@ impl Log {
         Self::get(&self.refunded) + Self::get(&self.nothing) + Self::get(&self.failed)
     }
 
-    /// Waits until `n` refunds have come back.
+    /// Waits until `n` refunds have come back (failing, not hanging, if
+    /// they never do).
     async fn wait_settled(&self, n: u64) {
-        loop {
-            let settled = self.settled.notified();
-            if self.done() >= n {
-                return;
+        let settled = async {
+            loop {
+                let settled = self.settled.notified();
+                if self.done() >= n {
+                    return;
+                }
+                settled.await;
             }
-            settled.await;
-        }
+        };
+        tokio::time::timeout(PATIENCE, settled)
+            .await
+            .unwrap_or_else(|_| panic!("{n} refunds never came back: {self:?}"));
     }
 }
 
@@ -904,7 +920,9 @@ fn outside_a_tokio_runtime_the_response_waits_for_its_refund() {
             res
         }
     });
+    let deadline = std::time::Instant::now() + PATIENCE;
     while Log::get(&backend.log.issued) == 0 {
+        assert!(std::time::Instant::now() < deadline, "no refund was issued");
         std::thread::yield_now();
     }
     assert!(
@@ -1057,9 +1075,14 @@ mod on_redis {
 
     /// Waits (polling Redis) until `key`'s window has closed.
     async fn wait_expired<C: ConnectionLike + Clone>(con: &C, key: &[u8]) {
-        while exists(con, key).await {
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        let expired = async {
+            while exists(con, key).await {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        };
+        tokio::time::timeout(PATIENCE, expired)
+            .await
+            .expect("the window never closed");
     }
 
     /// A refund that lands after the hit's window closed finds nothing and
