@@ -85,10 +85,10 @@ struct Run {
 /// the replica and every key has passed its limit on it.
 async fn traffic_through_a_failover(
     group: &mut SentinelGroup,
-    fault: impl FnOnce(&mut RedisServer),
+    fault: impl FnOnce(&mut SentinelGroup),
     hit: Hitter,
 ) -> Run {
-    let (old, new) = (group.servers[0].port(), group.servers[1].port());
+    let new = group.servers[1].port();
     let highest: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let tasks: Vec<_> = (0..TASKS)
@@ -116,16 +116,29 @@ async fn traffic_through_a_failover(
         .collect();
     let every_key_at = |at_least: u64| {
         let highest = highest.clone();
-        move || highest.iter().all(|h| h.load(Ordering::Relaxed) >= at_least)
+        move || {
+            highest
+                .iter()
+                .all(|h| h.load(Ordering::Relaxed) >= at_least)
+        }
     };
-    wait(group, "traffic on every key", Duration::from_secs(30), every_key_at(BEFORE_FAULT)).await;
-    fault(group.server_mut(old));
+    wait(
+        group,
+        "traffic on every key",
+        Duration::from_secs(30),
+        every_key_at(BEFORE_FAULT),
+    )
+    .await;
+    fault(group);
     // After the fault: the old master answered no hit after this but those
     // then in flight.
     let fault_at = Instant::now();
-    wait(group, "the sentinels to promote the replica", Duration::from_secs(60), || {
-        group.master_port() == Some(new)
-    })
+    wait(
+        group,
+        "the sentinels to promote the replica",
+        Duration::from_secs(60),
+        || group.master_port() == Some(new),
+    )
     .await;
     let promoted_at = Instant::now();
     wait(
@@ -175,8 +188,23 @@ fn counters(server: &RedisServer, prefix: &str) -> Vec<(String, i64, i64)> {
         .collect()
 }
 
+/// What a failover cost on one key.
+struct KeyFigures {
+    /// Hits counted (by either master) that the new master's counter lacks
+    /// at the end.
+    lost: i64,
+    /// Admissions over the limit.
+    extra: i64,
+}
+
 /// The figures of a run, checked and printed: `name` says which test.
-fn check_run(name: &str, run: &Run, new_master: &RedisServer, prefix: &str, exact: bool) {
+fn check_run(
+    name: &str,
+    run: &Run,
+    new_master: &RedisServer,
+    prefix: &str,
+    exact: bool,
+) -> Vec<KeyFigures> {
     let errors: Vec<&Outcome> = run.outcomes.iter().filter(|o| o.count.is_none()).collect();
     assert!(
         !errors.is_empty(),
@@ -214,7 +242,7 @@ fn check_run(name: &str, run: &Run, new_master: &RedisServer, prefix: &str, exac
             "{name}: {k} has PTTL {pttl} on the new master"
         );
     }
-    let (mut all_lost, mut all_extra) = (0i64, 0i64);
+    let mut figures = Vec::new();
     for k in 0..KEYS {
         let outcomes = || run.outcomes.iter().filter(move |o| o.key == k);
         let counted = outcomes().filter(|o| o.count.is_some()).count() as i64;
@@ -241,7 +269,11 @@ fn check_run(name: &str, run: &Run, new_master: &RedisServer, prefix: &str, exac
             "{name}: {}: {counted} hits counted ({before_fault} before the fault), {last} on the new master: {lost} lost; {admitted} admitted, {extra} over the limit of {LIMIT}",
             key(k)
         );
-        assert!(last > LIMIT as i64, "{name}: {}: the run reached the limit", key(k));
+        assert!(
+            last > LIMIT as i64,
+            "{name}: {}: the run reached the limit",
+            key(k)
+        );
         // The old master counted at most what it acknowledged before the
         // fault and the hits then in flight: no more can be lost.
         assert!(
@@ -262,12 +294,41 @@ fn check_run(name: &str, run: &Run, new_master: &RedisServer, prefix: &str, exac
             );
         }
         assert!(extra < LIMIT as i64, "{name}: {}", key(k));
-        all_lost += lost;
-        all_extra += extra;
+        figures.push(KeyFigures { lost, extra });
     }
     eprintln!(
-        "{name}: in all {all_lost} hits lost and {all_extra} admissions over the limit, over {KEYS} keys"
+        "{name}: in all {} hits lost and {} admissions over the limit, over {KEYS} keys",
+        figures.iter().map(|f| f.lost).sum::<i64>(),
+        figures.iter().map(|f| f.extra).sum::<i64>(),
     );
+    figures
+}
+
+/// Two app instances, each its own connection through the sentinels, with
+/// no deny cache: hits through the backend, taking the instances in turn.
+async fn two_instances(group: &SentinelGroup, prefix: &str) -> (Hitter, Vec<SentinelConnection>) {
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        instances.push(
+            RedisBackend::builder(connect(group).await)
+                .prefix(prefix)
+                .deny_cache(0)
+                .build(),
+        );
+    }
+    let connections = instances.iter().map(|b| b.connection().clone()).collect();
+    let next = AtomicU64::new(0);
+    let hit: Hitter = Arc::new(move |k| {
+        let store = instances[next.fetch_add(1, Ordering::Relaxed) as usize % 2].clone();
+        Box::pin(async move {
+            store
+                .hit("n", &Key::new(key(k)), quota())
+                .await
+                .ok()
+                .map(|hit| hit.count)
+        })
+    });
+    (hit, connections)
 }
 
 /// `kill -9` of the master while 8 tasks over two app instances (each its
@@ -279,29 +340,8 @@ fn a_killed_master_is_replaced_in_the_middle_of_traffic() {
     ));
     let new = group.servers[1].port();
     multi_thread_runtime().block_on(async {
-        let mut instances = Vec::new();
-        for _ in 0..2 {
-            instances.push(
-                RedisBackend::builder(connect(&group).await)
-                    .prefix("kill:")
-                    .deny_cache(0)
-                    .build(),
-            );
-        }
-        let connections: Vec<SentinelConnection> =
-            instances.iter().map(|b| b.connection().clone()).collect();
-        let next = AtomicU64::new(0);
-        let hit: Hitter = Arc::new(move |k| {
-            let store = instances[next.fetch_add(1, Ordering::Relaxed) as usize % 2].clone();
-            Box::pin(async move {
-                store
-                    .hit("n", &Key::new(key(k)), quota())
-                    .await
-                    .ok()
-                    .map(|hit| hit.count)
-            })
-        });
-        let run = traffic_through_a_failover(&mut group, RedisServer::stop, hit).await;
+        let (hit, connections) = two_instances(&group, "kill:").await;
+        let run = traffic_through_a_failover(&mut group, |g| g.servers[0].stop(), hit).await;
         for connection in &connections {
             assert_eq!(connection.master().map(|a| port_of(&a)), Some(new));
         }
@@ -315,6 +355,70 @@ fn a_killed_master_is_replaced_in_the_middle_of_traffic() {
         assert_eq!(report.nodes, 1);
         assert_eq!(report.scanned, KEYS as u64);
         assert!(report.without_lifetime.is_empty(), "{report:?}");
+    });
+}
+
+/// The replica falls behind (the master drops its link, and the replica
+/// cannot reconnect: it sends a password the master does not take), the master counts on alone for 30 ms, then is
+/// killed: the hits it counted meanwhile are lost, and each one is one
+/// admission over the limit on the promoted replica.
+#[test]
+fn a_failover_to_a_replica_behind_admits_one_more_per_lost_hit() {
+    let mut group = redis_or_skip!(SentinelGroup::start(
+        "a_failover_to_a_replica_behind_admits_one_more_per_lost_hit"
+    ));
+    let new = group.servers[1].port();
+    multi_thread_runtime().block_on(async {
+        let (hit, _connections) = two_instances(&group, "behind:").await;
+        let mut cut = None;
+        let run = traffic_through_a_failover(
+            &mut group,
+            |g| {
+                let mut master = g.servers[0].sync();
+                // The master takes no password: the replica's AUTH fails
+                // on every attempt to reconnect.
+                g.servers[1]
+                    .cmd(&["CONFIG", "SET", "masterauth", "not-the-password"])
+                    .unwrap();
+                let before = Instant::now();
+                let _: i64 = redis::cmd("CLIENT")
+                    .arg(&["KILL", "TYPE", "replica"][..])
+                    .query(&mut master)
+                    .unwrap();
+                cut = Some((before, Instant::now()));
+                std::thread::sleep(Duration::from_millis(30));
+                g.servers[0].stop();
+            },
+            hit,
+        )
+        .await;
+        let (cut_before, cut_after) = cut.unwrap();
+        let figures = check_run("replica behind", &run, group.server(new), "behind:", true);
+        for (k, f) in figures.iter().enumerate() {
+            let counted_after = |since: Instant| {
+                run.outcomes
+                    .iter()
+                    .filter(|o| o.key == k && o.count.is_some() && o.at > since)
+                    .filter(|o| o.at < run.fault_at)
+                    .count() as i64
+            };
+            let (surely, perhaps) = (counted_after(cut_after), counted_after(cut_before));
+            eprintln!(
+                "replica behind: {}: {surely} to {perhaps} hits counted on the old master after the cut, {} lost",
+                key(k),
+                f.lost
+            );
+            assert!(surely > 0, "{}: no traffic after the cut", key(k));
+            // What the old master counted after the cut never reached the
+            // replica; hits counted just before it may not have either (at
+            // most those in flight).
+            assert!(
+                (surely..=perhaps + TASKS as i64).contains(&f.lost),
+                "{}: {} lost, {surely} to {perhaps} counted after the cut",
+                key(k),
+                f.lost
+            );
+        }
     });
 }
 
@@ -352,7 +456,8 @@ fn a_frozen_master_is_left_for_the_promoted_replica() {
                 }
             })
         });
-        let run = traffic_through_a_failover(&mut group, |s| s.signal("STOP"), hit).await;
+        let run =
+            traffic_through_a_failover(&mut group, |g| g.servers[0].signal("STOP"), hit).await;
         assert_eq!(connection.master().map(|a| port_of(&a)), Some(new));
         // Hits given up by the layer may have reached Redis (and are then
         // counted without an answer): the count is not exact here.
@@ -387,17 +492,31 @@ fn a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master() {
             .cmd(&["REPLICAOF", "127.0.0.1", &new_port])
             .unwrap();
         for sentinel in &group.sentinels {
-            sentinel.cmd(&["SENTINEL", "REMOVE", SENTINEL_MASTER]).unwrap();
             sentinel
-                .cmd(&["SENTINEL", "MONITOR", SENTINEL_MASTER, "127.0.0.1", &new_port, "2"])
+                .cmd(&["SENTINEL", "REMOVE", SENTINEL_MASTER])
+                .unwrap();
+            sentinel
+                .cmd(&[
+                    "SENTINEL",
+                    "MONITOR",
+                    SENTINEL_MASTER,
+                    "127.0.0.1",
+                    &new_port,
+                    "2",
+                ])
                 .unwrap();
         }
-        wait(&group, "the old master to follow the new one", Duration::from_secs(20), || {
-            group
-                .server(old)
-                .cmd(&["INFO", "replication"])
-                .is_ok_and(|info| info.contains("master_link_status:up"))
-        })
+        wait(
+            &group,
+            "the old master to follow the new one",
+            Duration::from_secs(20),
+            || {
+                group
+                    .server(old)
+                    .cmd(&["INFO", "replication"])
+                    .is_ok_and(|info| info.contains("master_link_status:up"))
+            },
+        )
         .await;
         // The connection to the old master is still open: it now answers
         // READONLY, and the connection moves.
@@ -462,7 +581,10 @@ fn the_backend_works_through_the_sentinels() {
             .unwrap();
         assert_eq!(report.without_lifetime, vec![b"audit:n{k}".to_vec()]);
         assert_eq!(report.repaired, 1);
-        let pttl: i64 = redis::cmd("PTTL").arg("audit:n{k}").query(&mut con).unwrap();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg("audit:n{k}")
+            .query(&mut con)
+            .unwrap();
         assert!((1..=60_000).contains(&pttl), "{pttl}");
     });
 }

@@ -347,7 +347,10 @@ impl SentinelServer {
             child: Some(child),
         };
         let deadline = Instant::now() + Duration::from_secs(10);
-        while !sentinel.cmd(&["PING"]).is_ok_and(|pong| pong.trim() == "PONG") {
+        while !sentinel
+            .cmd(&["PING"])
+            .is_ok_and(|pong| pong.trim() == "PONG")
+        {
             if let Some(status) = sentinel.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
                 panic!(
                     "sentinel on {port} exited with {status}; log:\n{}",
@@ -469,11 +472,21 @@ impl SentinelGroup {
     /// installed.
     pub fn start(test: &str) -> Option<Self> {
         let (bin, cli) = binaries(test)?;
-        let master = RedisServer::spawn(bin.clone(), cli.clone(), Vec::new());
+        // A replica's first sync starts at once, not after 5 s.
+        let no_delay = vec!["--repl-diskless-sync-delay".to_owned(), "0".to_owned()];
+        let master = RedisServer::spawn(bin.clone(), cli.clone(), no_delay.clone());
         let replica = RedisServer::spawn(
             bin.clone(),
             cli.clone(),
-            vec!["--replicaof".into(), "127.0.0.1".into(), master.port.to_string()],
+            [
+                no_delay,
+                vec![
+                    "--replicaof".into(),
+                    "127.0.0.1".into(),
+                    master.port.to_string(),
+                ],
+            ]
+            .concat(),
         );
         let mut group = Self {
             servers: vec![master, replica],

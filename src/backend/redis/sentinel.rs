@@ -460,7 +460,10 @@ impl Failure {
         match err.kind() {
             ErrorKind::Server(kind) if replica_error(kind) => Self::Demoted,
             _ if err.is_timeout() => Self::Slow,
-            _ if err.is_io_error() || err.is_connection_dropped() || err.is_unrecoverable_error() => {
+            _ if err.is_io_error()
+                || err.is_connection_dropped()
+                || err.is_unrecoverable_error() =>
+            {
                 Self::Lost
             }
             _ => Self::Other,
@@ -471,7 +474,10 @@ impl Failure {
 /// An error only a replica answers: `READONLY` (a write refused) or
 /// `MASTERDOWN` (a replica cut off from its master).
 fn replica_error(kind: ServerErrorKind) -> bool {
-    matches!(kind, ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown)
+    matches!(
+        kind,
+        ServerErrorKind::ReadOnly | ServerErrorKind::MasterDown
+    )
 }
 
 /// A reply that may carry a replica's error: the multiplexed connection
@@ -526,9 +532,9 @@ impl Drop for Watch<'_> {
 
 impl ConnectionLike for SentinelConnection {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(self.run(move |mut connection| async move {
-            connection.req_packed_command(cmd).await
-        }))
+        Box::pin(
+            self.run(move |mut connection| async move { connection.req_packed_command(cmd).await }),
+        )
     }
 
     fn req_packed_commands<'a>(
