@@ -229,7 +229,7 @@ impl SentinelConnection {
             let result = send(master.connection).await;
             watch.answered();
             let failure = match &result {
-                Ok(reply) if reply.from_a_replica() => Failure::Demoted,
+                Ok(reply) if reply.answered_by_a_replica() => Failure::Demoted,
                 Ok(_) => return result,
                 Err(err) => Failure::of(err),
             };
@@ -483,18 +483,18 @@ fn replica_error(kind: ServerErrorKind) -> bool {
 /// A reply that may carry a replica's error: the multiplexed connection
 /// hands server errors back as values, and leaves raising them to the caller.
 trait Reply {
-    fn from_a_replica(&self) -> bool;
+    fn answered_by_a_replica(&self) -> bool;
 }
 
 impl Reply for Value {
-    fn from_a_replica(&self) -> bool {
+    fn answered_by_a_replica(&self) -> bool {
         matches!(self, Value::ServerError(err) if err.kind().is_some_and(replica_error))
     }
 }
 
 impl Reply for Vec<Value> {
-    fn from_a_replica(&self) -> bool {
-        self.iter().any(Reply::from_a_replica)
+    fn answered_by_a_replica(&self) -> bool {
+        self.iter().any(Reply::answered_by_a_replica)
     }
 }
 
