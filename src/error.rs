@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::name::MAX_NAME_LEN;
+
 /// A configuration mistake, reported when the limiter is built and never while
 /// serving a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +34,11 @@ pub enum ConfigError {
     InvalidIpv6Prefix(u8),
     /// A trusted-proxy range that is neither a CIDR nor an IP address.
     InvalidCidr(String),
+    /// A proxy-hop limit of zero: at least one hop must be walkable.
+    ZeroHops,
+    /// A policy name that is empty or has a character outside printable
+    /// ASCII (see [`NamedQuota::try_new`](crate::NamedQuota::try_new)).
+    InvalidPolicyName(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -49,7 +56,7 @@ impl fmt::Display for ConfigError {
             Self::InvalidName(name) => write!(
                 f,
                 "invalid limiter name {name:?}: use 1 to {} characters from A-Z a-z 0-9 _ - . :",
-                crate::layer::MAX_NAME_LEN
+                MAX_NAME_LEN
             ),
             Self::ZeroCapacity => f.write_str("the key-store capacity must be at least 1"),
             Self::InvalidShards(shards) => write!(
@@ -68,6 +75,11 @@ impl fmt::Display for ConfigError {
                     "{cidr:?} is neither a CIDR (10.0.0.0/8) nor an IP address"
                 )
             }
+            Self::ZeroHops => f.write_str("the proxy-hop limit must be at least 1"),
+            Self::InvalidPolicyName(name) => write!(
+                f,
+                "invalid policy name {name:?}: use at least one character, each printable ASCII (space to ~)"
+            ),
             Self::InvalidIpv6Prefix(bits) => {
                 write!(
                     f,
