@@ -443,13 +443,14 @@ impl Drop for SentinelServer {
 
 #[cfg(feature = "redis-sentinel")]
 impl RedisServer {
-    /// Send `signal` (`STOP`, `CONT`, ...) to the server process.
+    /// Send `signal` (`STOP`, `CONT`, ...) to the server process, with the
+    /// shell's own `kill`.
     pub fn signal(&self, signal: &str) {
         let pid = self.child.as_ref().expect("the server is running").id();
-        let status = Command::new("kill")
-            .args(["-s", signal, &pid.to_string()])
+        let status = Command::new("sh")
+            .args(["-c", &format!("kill -s {signal} {pid}")])
             .status()
-            .expect("kill");
+            .expect("sh -c kill");
         assert!(status.success(), "kill -s {signal} {pid}: {status}");
     }
 }
