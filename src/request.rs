@@ -86,36 +86,42 @@ impl<'a> RequestHead<'a> {
         is_grpc(self.headers)
     }
 
-    /// The route the request matched: axum's `MatchedPath` (`/users/{id}`,
-    /// never the raw path, which the client chooses; feature `axum`), or for
-    /// a gRPC call its method (`/package.Service/Method`). `None` for a
-    /// plain HTTP request outside an axum route (axum sets `MatchedPath` for
-    /// layers added with `route_layer` or on a route).
+    /// The route the request matched: for a gRPC call its method
+    /// (`/package.Service/Method`), otherwise axum's `MatchedPath`
+    /// (`/users/{id}`, never the raw path, which the client chooses; feature
+    /// `axum`). `None` for a plain HTTP request outside an axum route (axum
+    /// sets `MatchedPath` for layers added with `route_layer` or on a route).
+    ///
+    /// A gRPC call's method comes first because tonic routes with axum: a
+    /// layer around one service (`add_service(layer.layer(service))`) sees
+    /// the service's wildcard (`/package.Service/{*rest}`) as its
+    /// `MatchedPath`, the same for every method.
     pub fn route(&self) -> Option<&'a str> {
+        if self.is_grpc() {
+            return self.uri.path_and_query().map(PathAndQuery::path);
+        }
         #[cfg(feature = "axum")]
         if let Some(path) = self.extensions.get::<axum::extract::MatchedPath>() {
             return Some(path.as_str());
         }
-        if !self.is_grpc() {
-            return None;
-        }
-        self.uri.path_and_query().map(PathAndQuery::path)
+        None
     }
 
     /// [`route`](Self::route), owned: a reference-counted clone, never a copy
     /// of the text.
     #[inline]
     pub(crate) fn route_owned(&self) -> Option<Route> {
+        if self.is_grpc() {
+            return self
+                .uri
+                .path_and_query()
+                .map(|path| Route(RouteInner::Method(path.clone())));
+        }
         #[cfg(feature = "axum")]
         if let Some(path) = self.extensions.get::<axum::extract::MatchedPath>() {
             return Some(Route(RouteInner::Matched(path.clone())));
         }
-        if !self.is_grpc() {
-            return None;
-        }
-        self.uri
-            .path_and_query()
-            .map(|path| Route(RouteInner::Method(path.clone())))
+        None
     }
 
     /// The connection's peer address, wherever the server put it: axum's
@@ -280,6 +286,32 @@ mod tests {
             body,
             "Some(\"/users/{id}\") Some(\"/users/{id}\")".as_bytes()
         );
+    }
+
+    #[cfg(feature = "axum")]
+    #[test]
+    fn a_grpc_call_is_routed_by_its_method_inside_a_wildcard_route() {
+        // tonic routes each service with an axum wildcard route.
+        use axum::{Router, extract::Request as AxumRequest, routing::any};
+        use tower::ServiceExt;
+        let app = Router::new().route(
+            "/pkg.Svc/{*rest}",
+            any(|request: AxumRequest| async move {
+                let head = RequestHead::new(&request);
+                format!("{:?}", head.route_owned().map(|r| r.as_str().to_owned()))
+            }),
+        );
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let body = runtime.block_on(async {
+            let call = grpc("/pkg.Svc/Method").map(|()| axum::body::Body::empty());
+            let response = app.oneshot(call).await.unwrap();
+            axum::body::to_bytes(response.into_body(), 1024)
+                .await
+                .unwrap()
+        });
+        assert_eq!(body, "Some(\"/pkg.Svc/Method\")".as_bytes());
     }
 
     #[test]

@@ -1,17 +1,25 @@
 //! End to end over gRPC: a real tonic server on 127.0.0.1:0 and a real tonic
-//! client.
+//! client; one layer for the whole server, or one per service
+//! (examples/grpc_services.rs).
 
 use std::time::Duration;
 
 use tonic::Code;
+use tonic::service::Routes;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_types::StatusExt;
+use tower::Layer;
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits};
 use tower_pinned_window::key::{ClientIp, Key, RouteKey};
-use tower_pinned_window::{Quota, RateLimitLayer};
+use tower_pinned_window::{CountOnly, Quota, RateLimitLayer};
+
+#[allow(dead_code)]
+#[path = "../examples/grpc_services.rs"]
+mod grpc_services;
+use grpc_services::{Auth, call_auth, per_method, per_service};
 
 async fn serve<L>(layer: L) -> (HealthClient<Channel>, tokio::task::JoinHandle<()>)
 where
@@ -143,4 +151,122 @@ async fn backend_failure_is_unavailable_and_corruption_is_internal() {
         assert_eq!(client.check(check()).await.unwrap_err().code(), code);
         task.abort();
     }
+}
+
+/// A tonic server with `routes` (each service behind its own layer) on
+/// 127.0.0.1:0, and a channel to it.
+async fn serve_routes(routes: Routes) -> (Channel, tokio::task::JoinHandle<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        Server::builder()
+            .add_routes(routes)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    (channel, task)
+}
+
+fn code<T>(result: Result<T, tonic::Status>) -> Code {
+    result.map_or_else(|status| status.code(), |_| Code::Ok)
+}
+
+#[tokio::test]
+async fn two_services_on_one_server_one_limited_per_service_one_per_method() {
+    use tonic::server::NamedService;
+    // The limited services keep their names, which is what tonic routes by.
+    assert_eq!(
+        <tower_pinned_window::RateLimit<
+            Auth,
+            (ClientIp, RouteKey),
+            tower_pinned_window::backend::MemoryBackend,
+            tower_pinned_window::DefaultDeny,
+        > as NamedService>::NAME,
+        "demo.Auth"
+    );
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let routes = Routes::new(per_service().layer(health)).add_service(per_method().layer(Auth));
+    let (channel, task) = serve_routes(routes).await;
+    let mut health = HealthClient::new(channel.clone());
+
+    // Health: one budget for the whole service.
+    for remaining in [2, 1, 0] {
+        let response = health.check(check()).await.unwrap();
+        assert_eq!(
+            response.metadata().get("ratelimit").unwrap(),
+            format!("\"health\";r={remaining};t=10").as_str()
+        );
+    }
+    assert_eq!(code(health.check(check()).await), Code::ResourceExhausted);
+    assert_eq!(
+        code(health.watch(check()).await),
+        Code::ResourceExhausted,
+        "Watch shares Check's budget"
+    );
+
+    // demo.Auth: a budget per method, untouched by the health calls.
+    for _ in 0..3 {
+        let response = call_auth(channel.clone(), "Ping", "hi").await.unwrap();
+        assert_eq!(response.get_ref(), "hi");
+    }
+    assert_eq!(
+        code(call_auth(channel.clone(), "Ping", "hi").await),
+        Code::ResourceExhausted
+    );
+    let login = call_auth(channel.clone(), "Login", "hunter2")
+        .await
+        .unwrap();
+    assert_eq!(
+        login.metadata().get("ratelimit").unwrap(),
+        "\"auth\";r=2;t=10",
+        "Login has its own budget"
+    );
+    assert_eq!(
+        code(call_auth(channel.clone(), "Login", "guess").await),
+        Code::Unauthenticated
+    );
+    task.abort();
+}
+
+#[tokio::test]
+async fn failed_grpc_calls_count_and_successful_ones_are_refunded() {
+    // A unary call that fails comes back trailers-only, its status in the
+    // head; a successful one carries its status in the trailers.
+    let failed_logins =
+        RateLimitLayer::new("login", Quota::new(2, Duration::from_secs(60)).unwrap())
+            .key(ClientIp::new())
+            .count_only(CountOnly::AuthFailures);
+    let (channel, task) = serve_routes(Routes::new(failed_logins.layer(Auth))).await;
+    for _ in 0..5 {
+        let response = call_auth(channel.clone(), "Login", "hunter2")
+            .await
+            .unwrap();
+        assert_eq!(
+            response.metadata().get("ratelimit").unwrap(),
+            "\"login\";r=2;t=60",
+            "a success is refunded"
+        );
+    }
+    for _ in 0..2 {
+        assert_eq!(
+            code(call_auth(channel.clone(), "Login", "guess").await),
+            Code::Unauthenticated
+        );
+    }
+    let denied = call_auth(channel.clone(), "Login", "hunter2")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        denied.code(),
+        Code::ResourceExhausted,
+        "two failures: even the right password waits"
+    );
+    assert_eq!(denied.metadata().get("retry-after").unwrap(), "60");
+    task.abort();
 }
