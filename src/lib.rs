@@ -9,7 +9,11 @@
 //! The data path, one module a step: a request, seen through its
 //! [`RequestHead`] → its [`key`] → the [`backend`] counts the hit → a
 //! [`Decision`] → the response (passed on, or denied with `429` and
-//! `Retry-After`).
+//! `Retry-After`). Requests can bypass the limiter
+//! ([`skip_if`](RateLimitLayer::skip_if),
+//! [`allowlist`](RateLimitLayer::allowlist)), and a hit can be handed back
+//! once the service's answer shows it should not count
+//! ([`count_if`](RateLimitLayer::count_if)).
 //!
 //! ```
 //! use std::time::Duration;

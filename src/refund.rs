@@ -61,11 +61,7 @@ impl<Bk: Backend, D> Tab<Bk, D> {
     /// Once the service answered with `response`: keep the hits if the
     /// answer counts; otherwise refund them and mark the request's decision
     /// refunded. See [`refund`](Self::refund) for the returned wait.
-    pub(crate) fn settle<B>(
-        self: Box<Self>,
-        stamp: &mut Stamp,
-        response: &Response<B>,
-    ) -> Option<Wait> {
+    pub(crate) fn settle<B>(self, stamp: &mut Stamp, response: &Response<B>) -> Option<Wait> {
         let counts = self
             .core
             .settings
@@ -83,7 +79,7 @@ impl<Bk: Backend, D> Tab<Bk, D> {
     /// and the decision in the `denial` marked refunded when they were
     /// counted (a store counts all of a request's hits or, answering from a
     /// cache, none).
-    pub(crate) fn deny<B>(self: Box<Self>, denial: &mut Response<B>) -> Option<Wait> {
+    pub(crate) fn deny<B>(self, denial: &mut Response<B>) -> Option<Wait> {
         if self.hits.iter().any(|hit| hit.deadline.is_some())
             && let Some(decision) = denial.extensions_mut().get_mut::<Decision>()
         {
@@ -97,13 +93,13 @@ impl<Bk: Backend, D> Tab<Bk, D> {
     /// has to go out is finished on a tokio task, so the client never waits
     /// for it; only outside a tokio runtime is it handed back, for the
     /// response to wait on.
-    fn refund(self: Box<Self>) -> Option<Wait> {
+    fn refund(self) -> Option<Wait> {
         let Self {
             core,
             key,
             policy,
             hits,
-        } = *self;
+        } = self;
         let settings = &core.settings;
         let policy = policy?;
         let mut pending: SmallVec<[Bk::Refund; 2]> = SmallVec::new();

@@ -25,6 +25,17 @@ use crate::response::Deny;
 /// Denials are built as `Response<ResBody>` with `ResBody::default()` as the
 /// body, so the service's response body must implement [`Default`]; see
 /// [`RateLimitLayer`](crate::RateLimitLayer#the-response-body-must-implement-default).
+///
+/// # gRPC
+///
+/// With the `tonic` feature, a limited tonic service keeps its name
+/// (`tonic::server::NamedService`), so one service can be limited on its
+/// own: `Server::builder().add_service(layer.layer(MyServer::new(..)))`.
+/// This is the async middleware tonic's docs point to for what an
+/// `Interceptor` cannot do: an interceptor runs synchronously before the
+/// call and never sees the answer, so it can neither wait for a shared
+/// counter nor hand a hit back once the answer is known
+/// ([`count_if`](crate::RateLimitLayer::count_if)).
 #[must_use]
 pub struct RateLimit<S, K, Bk, D> {
     inner: S,

@@ -1020,7 +1020,9 @@ mod on_redis {
     use tower_pinned_window::backend::redis::RedisBackend;
     use tower_pinned_window::key::HeaderKey;
 
-    /// The layer under test: `limit` failed logins a minute per client,
+    type ObservedLayer<C> = RateLimitLayer<HeaderKey, Observed<RedisBackend<C>>>;
+
+    /// The layer under test: `limit` failed logins per `window` per client,
     /// counted in an observed Redis backend under `prefix`.
     fn observed_layer<C>(
         con: C,
@@ -1028,10 +1030,7 @@ mod on_redis {
         limit: u64,
         window: Duration,
         deny_cache: usize,
-    ) -> (
-        RateLimitLayer<HeaderKey, Observed<RedisBackend<C>>>,
-        Observed<RedisBackend<C>>,
-    )
+    ) -> (ObservedLayer<C>, Observed<RedisBackend<C>>)
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
