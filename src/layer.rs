@@ -518,8 +518,9 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     ///   (`S::Error`, which is not an answer) leave the hit counted. The
     ///   service may have done the work (checked the password) before it
     ///   was dropped, so a refund would let a client that hangs up early try
-    ///   for free. A future dropped while still waiting for the backend's
-    ///   count leaves whatever the backend counted, unrefunded.
+    ///   for free. A hit whose count never came back (the future dropped
+    ///   while waiting for it, a backend timeout) leaves whatever the
+    ///   backend counted, unrefunded.
     /// - **A refund is taken in the hit's own window only**
     ///   ([`Hit::deadline`](crate::backend::Hit::deadline)): once that window
     ///   has closed, or been reset and a new one opened, it does nothing; it
