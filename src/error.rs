@@ -25,6 +25,12 @@ pub enum ConfigError {
     InvalidIpv6Prefix(u8),
     /// A trusted-proxy range that is neither a CIDR nor an IP address.
     InvalidCidr(String),
+    /// A PostgreSQL schema or table name outside `a-z 0-9 _` (not starting
+    /// with a digit), empty, or too long (63 bytes for a schema, 52 for a
+    /// table, whose index name adds 11).
+    InvalidSqlIdentifier(String),
+    /// The interval between two runs of a backend's cleaner was zero.
+    ZeroCleanInterval,
 }
 
 impl fmt::Display for ConfigError {
@@ -47,6 +53,13 @@ impl fmt::Display for ConfigError {
                     f,
                     "{cidr:?} is neither a CIDR (10.0.0.0/8) nor an IP address"
                 )
+            }
+            Self::InvalidSqlIdentifier(name) => write!(
+                f,
+                "invalid PostgreSQL name {name:?}: use 1 to 63 characters (52 for a table) from a-z 0-9 _, not starting with a digit"
+            ),
+            Self::ZeroCleanInterval => {
+                f.write_str("the cleaner's interval must be longer than zero")
             }
             Self::InvalidIpv6Prefix(bits) => {
                 write!(

@@ -21,6 +21,8 @@
 //! `redis` feature, a Redis and Redis Cluster backend.
 
 mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 
