@@ -837,8 +837,16 @@ async fn migrate_is_idempotent_concurrent_and_takes_its_names() {
     let backends: Vec<PostgresBackend> = (0..4)
         .map(|_| schema.builder().table("limits").unlogged(true).build())
         .collect();
-    let runs = futures_util::future::join_all(backends.iter().map(|b| b.migrate())).await;
-    assert!(runs.iter().all(Result::is_ok), "{runs:?}");
+    let runs: Vec<_> = backends
+        .iter()
+        .map(|b| {
+            let b = b.clone();
+            tokio::spawn(async move { b.migrate().await })
+        })
+        .collect();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
     backends[0].migrate().await.unwrap();
     assert_eq!(backends[0].table(), format!("{}.limits", schema.name));
     let persistence: i8 = schema
@@ -944,4 +952,87 @@ async fn an_outage_follows_the_policy_and_a_slow_database_times_out() {
         let res = open.clone().oneshot(get()).await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
     }
+}
+
+#[tokio::test]
+async fn refunds_give_back_a_hit_only_in_its_own_live_window() {
+    let schema = pg_or_skip!(TestSchema::create("refunds").await);
+    let store = schema.backend().await;
+    let key = Key::new("k");
+    let q = quota(3, Duration::from_millis(300));
+
+    // Absent: nothing is created.
+    let someday = SystemTime::now() + Duration::from_secs(60);
+    assert!(!store.refund_in_window("n", &key, someday).await.unwrap());
+    assert_eq!(row(&schema, "n", "k").await, None, "a refund never creates a row");
+
+    store.hit("n", &key, q).await.unwrap();
+    store.hit("n", &key, q).await.unwrap();
+    let (count, window) = row(&schema, "n", "k").await.unwrap();
+    assert_eq!(count, 2);
+    assert!(store.refund_in_window("n", &key, window).await.unwrap());
+    assert!(store.refund_in_window("n", &key, window).await.unwrap());
+    assert_eq!(row(&schema, "n", "k").await, Some((0, window)), "the deadline is kept");
+    assert!(!store.refund_in_window("n", &key, window).await.unwrap(), "never below zero");
+    assert_eq!(row(&schema, "n", "k").await, Some((0, window)));
+    assert_eq!(store.hit("n", &key, q).await.unwrap().count, 1, "counted on from zero");
+    assert!(
+        !store
+            .refund_in_window("n", &key, window + Duration::from_micros(1))
+            .await
+            .unwrap(),
+        "another window's id"
+    );
+
+    // The window closes: a refund for it is a no-op, and so is a late one
+    // once a new window has opened.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!store.refund_in_window("n", &key, window).await.unwrap(), "closed");
+    assert_eq!(row(&schema, "n", "k").await, Some((1, window)), "an expired row is left alone");
+    store.hit("n", &key, q).await.unwrap();
+    let (count, new_window) = row(&schema, "n", "k").await.unwrap();
+    assert_eq!(count, 1);
+    assert!(new_window > window);
+    assert!(!store.refund_in_window("n", &key, window).await.unwrap(), "the old window's id");
+    assert_eq!(row(&schema, "n", "k").await, Some((1, new_window)), "the new window is untouched");
+    assert!(store.refund_in_window("n", &key, new_window).await.unwrap());
+    assert_eq!(row(&schema, "n", "k").await, Some((0, new_window)));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_in_flight_together_share_a_statement_and_each_get_their_own_count() {
+    let schema = pg_or_skip!(TestSchema::create("coalesced").await);
+    let store = schema
+        .builder()
+        .statements(std::num::NonZeroUsize::new(1).unwrap())
+        .build();
+    store.migrate().await.unwrap();
+    let q = quota(100, Duration::from_secs(60));
+    let tasks: Vec<_> = (0..500)
+        .map(|i| {
+            let store = store.clone();
+            // Two counters: one key shared by all, one key each.
+            tokio::spawn(async move {
+                let shared = store.hit("n", &Key::new("shared"), q).await.unwrap();
+                let own = store.hit("n", &Key::display(i), q).await.unwrap();
+                (shared, own)
+            })
+        })
+        .collect();
+    let mut counts = Vec::new();
+    let mut resets = Vec::new();
+    for task in tasks {
+        let (shared, own) = task.await.unwrap();
+        assert_eq!(own.count, 1);
+        counts.push(shared.count);
+        resets.push(shared.reset);
+    }
+    counts.sort_unstable();
+    assert_eq!(counts, (1..=500).collect::<Vec<u64>>(), "each hit its own count");
+    assert_eq!(counts.iter().filter(|c| **c <= 100).count(), 100, "exactly the limit admitted");
+    resets.sort_unstable();
+    resets.dedup();
+    // Hits of one statement read one clock: fewer distinct times than hits.
+    assert!(resets.len() < 250, "{} statements for 500 hits", resets.len());
+    assert_eq!(row(&schema, "n", "shared").await.unwrap().0, 500);
 }

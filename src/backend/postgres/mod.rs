@@ -14,22 +14,33 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # One statement per hit
+//! # One statement per hit, at most
 //!
-//! Each hit is one execution of a prepared `INSERT ... ON CONFLICT DO UPDATE`
-//! ([`HIT_SQL`]). Atomically for its key (the row lock orders concurrent
-//! hits), it
-//! - creates the row with count 1 and `expires_at = now + window` when there
-//!   is none or its window has closed;
-//! - otherwise adds 1 to the count and leaves `expires_at` as it is;
+//! Hits are counted by a prepared `INSERT ... ON CONFLICT DO UPDATE`
+//! ([`HIT_SQL`]). Atomically for each counter (the row lock orders
+//! concurrent hits), it
+//! - creates the row with the count and `expires_at = now + window` when
+//!   there is none or its window has closed;
+//! - otherwise adds to the count and leaves `expires_at` as it is;
 //! - returns the count, `expires_at` and the time it read.
 //!
 //! So a counter's deadline is written only by the statement that opens its
 //! window, and no crash can land between the count and the deadline: a
 //! statement commits whole or not at all. "Now" is the database's clock
 //! (`statement_timestamp()`), so app servers with skewed clocks agree on
-//! every window. A window is stored to the microsecond; windows are whole
-//! milliseconds, as for every backend.
+//! every window. Windows are whole milliseconds, as for every backend, and
+//! stored to the microsecond.
+//!
+//! A hit alone is one statement, sent at once. Hits that arrive while this
+//! instance already has [`statements`](PostgresBackendBuilder::statements)
+//! hit statements running go out together in the next one (up to 128
+//! counters), with no timer: hits on one counter in it are one row, and each
+//! hit gets its own count from the row's new count, so exactly `limit` of
+//! them are admitted, in the order they were queued. Under load this makes
+//! far fewer statements than hits (measured in the README: 2.6 times the
+//! hits per second of one statement per hit at 64 in flight). A hit whose
+//! future is dropped before its statement is sent is not counted; one
+//! dropped after is counted, as a statement already sent would be.
 //!
 //! # Corrupt rows
 //!
@@ -92,10 +103,11 @@
 //! was chosen over bb8 because it keeps a per-connection statement cache
 //! (`prepare_cached`: each statement is prepared once per connection, not
 //! once per hit), drops a connection that has closed before handing it out
-//! again (so a restarted or killed server costs only the hits in flight),
-//! and adds little on top of tokio-postgres. Hand [`builder`](Self::builder)
-//! your own [`Pool`](deadpool_postgres::Pool) to choose its size and
-//! timeouts, or let [`connect`](PostgresBackend::connect) build one.
+//! again (so a restarted or killed server costs only the hits in flight,
+//! with no call to reconnect), and adds little on top of tokio-postgres.
+//! Hand [`builder`](PostgresBackend::builder) your own
+//! [`Pool`](deadpool_postgres::Pool) to choose its size and timeouts, or let
+//! [`connect`](PostgresBackend::connect) build one.
 //!
 //! # Requirements
 //!
@@ -105,10 +117,12 @@
 //! schema (if missing) and the table.
 
 mod audit;
+mod batch;
 mod cleaner;
 mod table;
 
 pub use audit::{AuditReport, CorruptRow};
+pub use batch::DEFAULT_STATEMENTS;
 pub use table::{DEFAULT_SCHEMA, DEFAULT_TABLE};
 
 /// The pool this backend takes its connections from (re-exported, so its
@@ -119,21 +133,21 @@ pub use tokio_postgres;
 
 use std::fmt;
 use std::future::Future;
-use std::num::NonZeroU32;
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
-use futures_util::future::join_all;
+use tokio::sync::oneshot;
 use tokio_postgres::{NoTls, Row};
 
+use self::batch::{Batcher, Pending};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
 use super::{Backend, BackendError, Counter, Hit, Hits};
 use crate::ConfigError;
 use crate::key::Key;
-use crate::quota::Window;
 
 /// The statement run for every hit, as written (`{table}` stands for the
 /// schema-qualified table name). See the [module docs](self).
@@ -166,6 +180,7 @@ pub struct PostgresBackend {
 struct Inner {
     pool: Pool,
     sql: Sql,
+    batcher: Batcher,
     clean: Option<(Duration, NonZeroU32)>,
     cleaner: OnceLock<cleaner::Handle>,
 }
@@ -183,6 +198,7 @@ impl fmt::Debug for PostgresBackend {
         f.debug_struct("PostgresBackend")
             .field("table", &self.inner.sql.table)
             .field("pool", &self.inner.pool.status())
+            .field("statements", &self.inner.batcher.statements())
             .field("clean", &self.inner.clean)
             .finish_non_exhaustive()
     }
@@ -192,6 +208,7 @@ impl fmt::Debug for PostgresBackend {
 #[must_use]
 pub struct PostgresBackendBuilder {
     pool: Pool,
+    statements: NonZeroUsize,
     schema: String,
     table: String,
     unlogged: bool,
@@ -204,6 +221,7 @@ impl fmt::Debug for PostgresBackendBuilder {
             .field("schema", &self.schema)
             .field("table", &self.table)
             .field("unlogged", &self.unlogged)
+            .field("statements", &self.statements)
             .field("clean", &self.clean)
             .finish_non_exhaustive()
     }
@@ -303,6 +321,17 @@ impl PostgresBackendBuilder {
         self
     }
 
+    /// How many hit statements this instance runs at once (default
+    /// [`DEFAULT_STATEMENTS`], and never more than the pool has
+    /// connections). Hits that arrive while they are all running are sent
+    /// together in the next statement, up to 128 counters in one. More
+    /// statements at once lower the latency a hit can wait for its turn;
+    /// fewer make bigger statements, which cost the database less per hit.
+    pub fn statements(mut self, statements: NonZeroUsize) -> Self {
+        self.statements = statements;
+        self
+    }
+
     /// No cleaner on this instance: expired rows stay until a hit on their
     /// key reuses them, or another instance's cleaner (or
     /// [`PostgresBackend::clean_expired`]) deletes them.
@@ -314,8 +343,10 @@ impl PostgresBackendBuilder {
     /// The backend. Its cleaner starts with the first hit (on the runtime
     /// that polls it); nothing connects before then.
     pub fn build(self) -> PostgresBackend {
+        let connections = NonZeroUsize::new(self.pool.status().max_size).unwrap_or(NonZeroUsize::MIN);
         PostgresBackend {
             inner: Arc::new(Inner {
+                batcher: Batcher::new(self.statements.min(connections)),
                 pool: self.pool,
                 sql: Sql::new(&self.schema, &self.table, self.unlogged),
                 clean: self.clean,
@@ -374,6 +405,7 @@ impl PostgresBackend {
     pub fn builder(pool: Pool) -> PostgresBackendBuilder {
         PostgresBackendBuilder {
             pool,
+            statements: NonZeroUsize::new(DEFAULT_STATEMENTS).expect("not zero"),
             schema: DEFAULT_SCHEMA.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
             unlogged: false,
@@ -407,10 +439,11 @@ impl PostgresBackend {
     pub async fn migrate(&self) -> Result<(), BackendError> {
         let mut client = self.inner.pool.get().await.map_err(pool_error)?;
         let transaction = client.transaction().await.map_err(pg_error)?;
+        // "already exists, skipping" notices are no news on every start.
         transaction
-            .execute(
-                "SELECT pg_advisory_xact_lock(hashtext('tower-pinned-window migrate'))",
-                &[],
+            .batch_execute(
+                "SET LOCAL client_min_messages = warning; \
+                 SELECT pg_advisory_xact_lock(hashtext('tower-pinned-window migrate'))",
             )
             .await
             .map_err(pg_error)?;
@@ -430,6 +463,32 @@ impl PostgresBackend {
         self.inner.clean_expired(batch).await
     }
 
+    /// Give back one hit on `key` in the window whose deadline is
+    /// `expires_at` (as the hit statement returned it), in one statement:
+    /// the count goes down by one, never below zero; no row is created and
+    /// no deadline written; a window that has closed, or that a new window
+    /// has replaced, is left alone. `true` when a hit was given back.
+    ///
+    /// # Errors
+    /// [`BackendError::Unavailable`] when the database cannot be reached.
+    pub async fn refund_in_window(
+        &self,
+        namespace: &str,
+        key: &Key,
+        expires_at: SystemTime,
+    ) -> Result<bool, BackendError> {
+        let client = self.inner.pool.get().await.map_err(pool_error)?;
+        let statement = client
+            .prepare_cached(&self.inner.sql.refund)
+            .await
+            .map_err(pg_error)?;
+        let refunded = client
+            .execute(&statement, &[&namespace, &key.as_bytes(), &expires_at])
+            .await
+            .map_err(pg_error)?;
+        Ok(refunded == 1)
+    }
+
     fn describe(&self, namespace: &str, key: &Key) -> String {
         describe(&self.inner.sql.table, namespace, key.as_bytes())
     }
@@ -444,84 +503,6 @@ impl PostgresBackend {
         }
     }
 
-    /// One hit statement per counter, pipelined on one connection.
-    async fn hit_counters(
-        &self,
-        key: Key,
-        counters: Vec<(String, Window)>,
-    ) -> Result<Vec<Counted>, BackendError> {
-        self.start_cleaner();
-        let client = self.inner.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(&self.inner.sql.hit)
-            .await
-            .map_err(pg_error)?;
-        let rows = join_all(counters.iter().map(|(namespace, window)| {
-            let millis = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
-            let statement = &statement;
-            let client = &client;
-            let key = &key;
-            async move {
-                if millis > WINDOW_BOUND_MS {
-                    return Err(BackendError::Unavailable(
-                        format!(
-                            "a window of {millis} ms is past the PostgreSQL backend's bound of {WINDOW_BOUND_MS} ms"
-                        )
-                        .into(),
-                    ));
-                }
-                client
-                    .query_opt(
-                        statement,
-                        &[namespace, &key.as_bytes(), &millis, &WINDOW_BOUND_MS],
-                    )
-                    .await
-                    .map_err(pg_error)
-            }
-        }))
-        .await;
-        let mut counted = Vec::with_capacity(rows.len());
-        for ((namespace, _), row) in counters.iter().zip(rows) {
-            match row? {
-                Some(row) => {
-                    counted.push(read_counted(&row).map_err(|detail| BackendError::Corrupt {
-                        key: self.describe(namespace, &key),
-                        detail,
-                    })?)
-                }
-                None => return Err(self.corrupt(&client, namespace, &key).await),
-            }
-        }
-        Ok(counted)
-    }
-
-    /// The error for a row the hit statement would not count: what the row
-    /// holds, read without touching it.
-    async fn corrupt(
-        &self,
-        client: &deadpool_postgres::Object,
-        namespace: &str,
-        key: &Key,
-    ) -> BackendError {
-        let row = match client
-            .query_opt(self.inner.sql.peek.as_str(), &[&namespace, &key.as_bytes()])
-            .await
-        {
-            Ok(row) => row,
-            Err(err) => return pg_error(err),
-        };
-        let detail = match row {
-            Some(row) => match read_row(&row) {
-                Err(detail) => detail,
-                Ok(_) => "a row the hit would not count, which has changed since".to_owned(),
-            },
-            None => "a row the hit would not count, which is gone since".to_owned(),
-        };
-        BackendError::Corrupt {
-            key: self.describe(namespace, key),
-            detail,
-        }
-    }
 }
 
 impl Inner {
@@ -544,22 +525,6 @@ fn describe(table: &str, namespace: &str, key: &[u8]) -> String {
         "{table} (namespace {namespace:?}, key \"{}\")",
         key.escape_ascii()
     )
-}
-
-/// A row of the hit statement: count, expires_at, now.
-fn read_counted(row: &Row) -> Result<Counted, String> {
-    let count: i64 = row.try_get(0).map_err(|e| e.to_string())?;
-    let expires_at: SystemTime = row.try_get(1).map_err(|e| e.to_string())?;
-    let now: SystemTime = row.try_get(2).map_err(|e| e.to_string())?;
-    let count = u64::try_from(count)
-        .ok()
-        .filter(|c| *c >= 1)
-        .ok_or_else(|| format!("the hit returned count {count}"))?;
-    Ok(Counted {
-        count,
-        expires_at,
-        now,
-    })
 }
 
 /// A row as it stands (count, expires_at, now), checked as the hit statement
@@ -653,14 +618,45 @@ impl Backend for PostgresBackend {
 
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> PostgresHit {
         let backend = self.clone();
-        let key = key.clone();
-        let counters: Vec<(String, Window)> = counters
-            .iter()
-            .map(|c| (c.namespace.to_owned(), c.quota.window()))
-            .collect();
+        let mut receivers = Vec::with_capacity(counters.len());
+        let mut pending = Vec::with_capacity(counters.len());
+        for counter in counters {
+            let (reply, receiver) = oneshot::channel();
+            receivers.push(receiver);
+            let window_ms = i64::try_from(counter.quota.window().as_millis()).unwrap_or(i64::MAX);
+            if window_ms > WINDOW_BOUND_MS {
+                let _ = reply.send(Err(BackendError::Unavailable(
+                    format!(
+                        "a window of {window_ms} ms is past the PostgreSQL backend's bound of {WINDOW_BOUND_MS} ms"
+                    )
+                    .into(),
+                )));
+                continue;
+            }
+            pending.push(Pending {
+                namespace: counter.namespace.into(),
+                key: key.clone(),
+                window_ms,
+                reply,
+            });
+        }
         PostgresHit(Box::pin(async move {
-            let counted = backend.hit_counters(key, counters).await?;
-            Ok(counted.into_iter().map(Counted::hit).collect())
+            // Queued on the first poll, on the runtime that polls it: a hit
+            // dropped before then is never sent.
+            backend.start_cleaner();
+            if !pending.is_empty() {
+                batch::submit(&backend.inner, pending);
+            }
+            let mut hits = Hits::new();
+            for receiver in receivers {
+                let counted = receiver.await.unwrap_or_else(|_| {
+                    Err(BackendError::Unavailable(
+                        "the PostgreSQL sender stopped before answering".into(),
+                    ))
+                })?;
+                hits.push(counted.hit());
+            }
+            Ok(hits)
         }))
     }
 
@@ -706,9 +702,11 @@ mod tests {
     #[test]
     fn the_statement_attaches_the_deadline_only_when_it_opens_a_window() {
         // The deadline is written from `excluded` (the new window) only in the
-        // branch that also sets the count to 1.
+        // branch that also starts the count over.
+        let open = "WHEN c.expires_at <= statement_timestamp() THEN";
         assert_eq!(HIT_SQL.matches("excluded.expires_at").count(), 1);
+        assert!(HIT_SQL.contains(&format!("{open} excluded.count\n")));
+        assert!(HIT_SQL.contains(&format!("{open} excluded.expires_at\n")));
         assert!(HIT_SQL.contains("ELSE c.expires_at END"));
-        assert!(HIT_SQL.contains("THEN 1\n"));
     }
 }
