@@ -26,8 +26,8 @@ url="redis://127.0.0.1:$port/"
 
 cargo build --release --example redis_bench --features redis --quiet
 bench=target/release/examples/redis_bench
-# The script's text, as src/backend/redis.rs holds it.
-script_text=$(sed -n '/^pub const HIT_SCRIPT: &str = r#"/,/^"#;/p' src/backend/redis.rs | sed '1s/^pub const HIT_SCRIPT: &str = r#"//; $d')
+# The script's text: HIT_SCRIPT is include_str!("src/backend/redis/hit.lua").
+script_text=$(cat src/backend/redis/hit.lua)
 sha=$(redis-cli -p "$port" SCRIPT LOAD "$script_text")
 [ ${#sha} -eq 40 ] || { echo "could not load the script: $sha" >&2; exit 1; }
 

@@ -406,6 +406,7 @@ enum Broken {
 
 impl Backend for Broken {
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<Hits, BackendError>> + Send>>;
+    type Refund = std::future::Ready<Result<bool, BackendError>>;
 
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
         let namespace = counters[0].namespace;
@@ -418,6 +419,10 @@ impl Backend for Broken {
             },
         };
         Box::pin(std::future::ready(Err(error)))
+    }
+
+    fn refund(&self, _: &str, _: &Key, _: &Hit) -> Self::Refund {
+        std::future::ready(Ok(false))
     }
 
     async fn peek(&self, _: &str, _: &Key) -> Result<Option<Hit>, BackendError> {

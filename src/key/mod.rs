@@ -44,22 +44,42 @@ use http::{Request, StatusCode};
 use sha2::{Digest, Sha256};
 
 /// The longest key stored as it is, in bytes. A longer key is replaced by
-/// `#` followed by 48 hex digits of its SHA-256, so that no client can make a
-/// store hold large keys.
+/// its digest: `#` followed by the 64 hex digits of its SHA-256, which is
+/// [`HASHED_KEY_LEN`] bytes, so that no client can make a store hold large
+/// keys.
 pub const MAX_KEY_LEN: usize = 64;
 
-/// Bytes of SHA-256 kept when a long key is hashed (192 bits).
-const HASHED_BYTES: usize = 24;
+/// The length of a hashed key: one byte more than [`MAX_KEY_LEN`], so a
+/// hashed key is never equal to a key kept as it is, whatever its bytes (a
+/// 65-byte key is always hashed). Two keys are equal exactly when their bytes
+/// are, in every backend and inside a pair of keys.
+pub const HASHED_KEY_LEN: usize = 1 + 2 * DIGEST_BYTES;
 
-/// A client's key: at most [`MAX_KEY_LEN`] bytes, held inline (no heap).
+/// Bytes of the SHA-256 digest a hashed key spells out in hex (all of it).
+const DIGEST_BYTES: usize = 32;
+
+/// A client's key: at most [`MAX_KEY_LEN`] bytes as given, or the
+/// [`HASHED_KEY_LEN`]-byte digest of a longer one; held inline (no heap).
 ///
 /// Keys are opaque bytes; they need not be UTF-8. A key longer than
 /// [`MAX_KEY_LEN`] is hashed on construction, so it is bounded whatever the
-/// client sends.
+/// client sends. The hashed form is longer than any key kept as it is, so a
+/// client cannot send the text of another key's digest and meet its counter.
+///
+/// ```
+/// use tower_pinned_window::key::{HASHED_KEY_LEN, Key, MAX_KEY_LEN};
+///
+/// let long = Key::new([b'a'; MAX_KEY_LEN + 1]);
+/// assert!(long.is_hashed());
+/// assert_eq!(long.as_bytes().len(), HASHED_KEY_LEN);
+/// // The digest's own text is too long to be kept, so it is hashed again:
+/// // it never names the long key's counter.
+/// assert_ne!(Key::new(long.as_bytes()), long);
+/// ```
 #[derive(Clone)]
 pub struct Key {
     len: u8,
-    bytes: [u8; MAX_KEY_LEN],
+    bytes: [u8; HASHED_KEY_LEN],
 }
 
 impl Key {
@@ -77,7 +97,8 @@ impl Key {
     }
 
     /// The key written by `value`'s [`Display`](fmt::Display), without a heap
-    /// allocation; hashed if it runs past [`MAX_KEY_LEN`] bytes.
+    /// allocation: always equal to `Key::new(value.to_string())`, hashed if
+    /// it runs past [`MAX_KEY_LEN`] bytes.
     pub fn display(value: impl fmt::Display) -> Self {
         let mut writer = InlineWriter {
             key: Self::empty(),
@@ -90,10 +111,26 @@ impl Key {
         }
     }
 
+    /// Two keys as one, for keying by both: `first`'s length in decimal, `:`,
+    /// `first`, then `second`. The length makes the split unambiguous, so
+    /// distinct pairs give distinct keys (hashed parts included: a part's
+    /// bytes identify it).
+    pub(crate) fn join(first: &Key, second: &Key) -> Key {
+        let mut joined = [0u8; 3 + 1 + 2 * HASHED_KEY_LEN];
+        let mut len = itoa::Buffer::new();
+        let len = len.format(first.as_bytes().len()).as_bytes();
+        let mut at = 0;
+        for part in [len, b":", first.as_bytes(), second.as_bytes()] {
+            joined[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        Key::new(&joined[..at])
+    }
+
     fn empty() -> Self {
         Self {
             len: 0,
-            bytes: [0; MAX_KEY_LEN],
+            bytes: [0; HASHED_KEY_LEN],
         }
     }
 
@@ -108,17 +145,24 @@ impl Key {
         let digest = hasher.finalize();
         let mut key = Self::empty();
         key.bytes[0] = b'#';
-        for (i, byte) in digest[..HASHED_BYTES].iter().enumerate() {
+        for (i, byte) in digest[..DIGEST_BYTES].iter().enumerate() {
             key.bytes[1 + 2 * i] = HEX[usize::from(byte >> 4)];
             key.bytes[2 + 2 * i] = HEX[usize::from(byte & 0xf)];
         }
-        key.len = (1 + 2 * HASHED_BYTES) as u8;
+        key.len = HASHED_KEY_LEN as u8;
         key
     }
 
-    /// The key's bytes.
+    /// The key's bytes: as given, or for a hashed key `#` and 64 hex digits
+    /// ([`HASHED_KEY_LEN`] bytes).
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
+    }
+
+    /// Whether the key was longer than [`MAX_KEY_LEN`] and is held as its
+    /// digest (its length is then [`HASHED_KEY_LEN`]).
+    pub fn is_hashed(&self) -> bool {
+        usize::from(self.len) > MAX_KEY_LEN
     }
 }
 
@@ -315,7 +359,8 @@ impl<B> KeyExtractor<B> for RouteKey {
 
 /// Both keys: the request is charged to the pair, so `(client, route)` gives
 /// each client its own budget on each route. The parts are joined
-/// unambiguously (the first is length-prefixed), so no two pairs share a key.
+/// unambiguously (the first is length-prefixed), so no two pairs share a key,
+/// hashed parts included.
 impl<B, A, C> KeyExtractor<B> for (A, C)
 where
     A: KeyExtractor<B>,
@@ -324,15 +369,7 @@ where
     fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
         let first = self.0.extract(request)?;
         let second = self.1.extract(request)?;
-        let mut joined = [0u8; 3 + 1 + 2 * MAX_KEY_LEN];
-        let mut len = itoa::Buffer::new();
-        let len = len.format(first.as_bytes().len()).as_bytes();
-        let mut at = 0;
-        for part in [len, b":", first.as_bytes(), second.as_bytes()] {
-            joined[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        }
-        Ok(Key::new(&joined[..at]))
+        Ok(Key::join(&first, &second))
     }
 }
 
@@ -379,18 +416,16 @@ mod tests {
         let cases: &[(&str, Vec<u8>, usize)] = &[
             ("empty", vec![], 0),
             ("short", b"203.0.113.7".to_vec(), 11),
+            ("one under", vec![b'a'; MAX_KEY_LEN - 1], MAX_KEY_LEN - 1),
             ("at the bound", vec![b'a'; MAX_KEY_LEN], MAX_KEY_LEN),
-            (
-                "one past",
-                vec![b'a'; MAX_KEY_LEN + 1],
-                1 + 2 * HASHED_BYTES,
-            ),
-            ("huge", vec![b'z'; 1 << 20], 1 + 2 * HASHED_BYTES),
+            ("one past", vec![b'a'; MAX_KEY_LEN + 1], HASHED_KEY_LEN),
+            ("huge", vec![b'z'; 1 << 20], HASHED_KEY_LEN),
             ("binary", vec![0, 255, 10, 13], 4),
         ];
         for (name, input, len) in cases {
             let key = Key::new(input);
             assert_eq!(key.as_bytes().len(), *len, "{name}");
+            assert_eq!(key.is_hashed(), input.len() > MAX_KEY_LEN, "{name}");
             if input.len() > MAX_KEY_LEN {
                 assert_eq!(key.as_bytes()[0], b'#', "{name}");
             } else {
@@ -402,6 +437,64 @@ mod tests {
             Key::new(vec![b'b'; 100]),
             "distinct long keys hash apart"
         );
+    }
+
+    #[test]
+    fn hashed_keys_never_equal_raw_keys() {
+        let long = Key::new([b'x'; 100]);
+        let text = long.as_bytes().to_vec();
+        // The digest's text, sent as a key, is too long to be kept: it is
+        // hashed in turn and never names the long key's counter.
+        assert_eq!(text.len(), HASHED_KEY_LEN);
+        assert_ne!(Key::new(&text), long);
+        // Every shorter prefix of it is a raw key, also distinct.
+        for end in 0..=MAX_KEY_LEN {
+            let raw = Key::new(&text[..end]);
+            assert!(!raw.is_hashed(), "{end}");
+            assert_ne!(raw, long, "{end}");
+        }
+        // What a pre-1.0 version stored for long keys (`#` + 48 hex digits)
+        // is an ordinary raw key now.
+        assert!(!Key::new(&text[..49]).is_hashed());
+    }
+
+    #[test]
+    fn pairs_stay_distinct_with_hashed_parts() {
+        let long = Key::new([b'l'; 70]);
+        let other = Key::new([b'm'; 70]);
+        let raw = Key::new(&long.as_bytes()[..MAX_KEY_LEN]);
+        let pairs = [
+            (long.clone(), Key::new("r")),
+            (raw.clone(), Key::new("r")),
+            (Key::new("r"), long.clone()),
+            (Key::new("r"), other.clone()),
+            (long.clone(), other.clone()),
+            (other.clone(), long.clone()),
+            (long.clone(), Key::new("")),
+            (Key::new(""), long.clone()),
+        ];
+        for (i, (a, b)) in pairs.iter().enumerate() {
+            for (j, (c, d)) in pairs.iter().enumerate() {
+                assert_eq!(Key::join(a, b) == Key::join(c, d), i == j, "{i} vs {j}");
+            }
+        }
+        // Two hashed parts are 134 bytes joined: within the join's buffer.
+        assert!(Key::join(&long, &other).is_hashed());
+    }
+
+    #[test]
+    fn display_agrees_with_new_at_every_length_threshold() {
+        for len in [0, 1, MAX_KEY_LEN - 1, MAX_KEY_LEN, MAX_KEY_LEN + 1, 200] {
+            let text = "d".repeat(len);
+            assert_eq!(Key::display(&text), Key::new(&text), "{len} in one write");
+            // The same text arriving in several writes.
+            let (a, b) = text.split_at(len / 2);
+            assert_eq!(
+                Key::display(format_args!("{a}{b}")),
+                Key::new(&text),
+                "{len} in two writes"
+            );
+        }
     }
 
     #[test]
