@@ -62,7 +62,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!(
         "{MINUTES}-minute sale, {PER_MINUTE} requests a minute, limit {LIMIT} a minute; one minute = {minute:?}"
     );
-    println!("a deploy kills the user's first request in minute 1, between the count and the expiry\n");
+    println!(
+        "a deploy kills the user's first request in minute 1, between the count and the expiry\n"
+    );
     println!(
         "{:>6} | {:>7} {:>6} {:>5} {:>9} | {:>7} {:>6} {:>5} {:>9}",
         "minute", "naive", "", "", "", "pinned", "", "", ""
@@ -122,7 +124,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         let naive_state = naive(&db, &schema).await?;
         let pinned_state = match pinned.peek("sale", &user).await? {
-            Some(hit) => (hit.count.to_string(), format!("{}ms", hit.reset.as_millis())),
+            Some(hit) => (
+                hit.count.to_string(),
+                format!("{}ms", hit.reset.as_millis()),
+            ),
             None => ("-".to_string(), "-".to_string()),
         };
         println!(

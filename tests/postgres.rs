@@ -12,7 +12,8 @@ use http::{Request, StatusCode};
 use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
 use support::postgres::{PgServer, TestSchema, connect, pool};
 use tower::{Layer, ServiceExt};
-use tower_pinned_window::backend::postgres::{PostgresBackend, WINDOW_BOUND};
+use tower_pinned_window::backend::Hit;
+use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::{Backend, BackendError};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
@@ -132,9 +133,9 @@ async fn sub_millisecond_windows_round_up_and_the_bound_is_held() {
     let hit = store.hit("n", &Key::new("round"), q).await.unwrap();
     assert_eq!(hit.reset, Duration::from_millis(2), "1.5 ms rounds up to 2");
 
-    let longest = Quota::new(1, WINDOW_BOUND).unwrap();
+    let longest = Quota::with_window(std::num::NonZeroU64::MIN, Window::MAX);
     let hit = store.hit("n", &Key::new("long"), longest).await.unwrap();
-    assert_eq!(hit.reset, WINDOW_BOUND);
+    assert_eq!(hit.reset, Window::MAX.as_duration());
     assert_eq!(
         store
             .hit("n", &Key::new("long"), longest)
@@ -957,46 +958,149 @@ async fn an_outage_follows_the_policy_and_a_slow_database_times_out() {
 #[tokio::test]
 async fn refunds_give_back_a_hit_only_in_its_own_live_window() {
     let schema = pg_or_skip!(TestSchema::create("refunds").await);
-    let store = schema.backend().await;
+    let store = schema.builder().deny_cache(0).build();
+    store.migrate().await.unwrap();
     let key = Key::new("k");
     let q = quota(3, Duration::from_millis(300));
 
-    // Absent: nothing is created.
-    let someday = SystemTime::now() + Duration::from_secs(60);
-    assert!(!store.refund_in_window("n", &key, someday).await.unwrap());
-    assert_eq!(row(&schema, "n", "k").await, None, "a refund never creates a row");
-
-    store.hit("n", &key, q).await.unwrap();
-    store.hit("n", &key, q).await.unwrap();
+    let first = store.hit("n", &key, q).await.unwrap();
+    let second = store.hit("n", &key, q).await.unwrap();
     let (count, window) = row(&schema, "n", "k").await.unwrap();
     assert_eq!(count, 2);
-    assert!(store.refund_in_window("n", &key, window).await.unwrap());
-    assert!(store.refund_in_window("n", &key, window).await.unwrap());
-    assert_eq!(row(&schema, "n", "k").await, Some((0, window)), "the deadline is kept");
-    assert!(!store.refund_in_window("n", &key, window).await.unwrap(), "never below zero");
-    assert_eq!(row(&schema, "n", "k").await, Some((0, window)));
-    assert_eq!(store.hit("n", &key, q).await.unwrap().count, 1, "counted on from zero");
+    let micros = window
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    assert_eq!(
+        first.deadline.map(|d| u128::from(d.get())),
+        Some(micros),
+        "the hit names its window"
+    );
+    assert_eq!(second.deadline, first.deadline);
+
+    // Absent: nothing is created.
+    assert!(!store.refund("other", &key, &first).await.unwrap());
+    assert_eq!(
+        row(&schema, "other", "k").await,
+        None,
+        "a refund never creates a row"
+    );
+
+    assert!(store.refund("n", &key, &first).await.unwrap());
+    assert!(store.refund("n", &key, &second).await.unwrap());
+    assert_eq!(
+        row(&schema, "n", "k").await,
+        Some((0, window)),
+        "the deadline is kept"
+    );
     assert!(
-        !store
-            .refund_in_window("n", &key, window + Duration::from_micros(1))
-            .await
-            .unwrap(),
+        !store.refund("n", &key, &second).await.unwrap(),
+        "never below zero"
+    );
+    assert_eq!(row(&schema, "n", "k").await, Some((0, window)));
+    let third = store.hit("n", &key, q).await.unwrap();
+    assert_eq!(third.count, 1, "counted on from zero");
+    let elsewhere = Hit {
+        deadline: third.deadline.and_then(|d| d.checked_add(1)),
+        ..third
+    };
+    assert!(
+        !store.refund("n", &key, &elsewhere).await.unwrap(),
         "another window's id"
     );
+    let uncounted = Hit {
+        deadline: None,
+        ..third
+    };
+    assert!(
+        !store.refund("n", &key, &uncounted).await.unwrap(),
+        "a hit not counted in the table"
+    );
+    assert_eq!(row(&schema, "n", "k").await, Some((1, window)));
 
     // The window closes: a refund for it is a no-op, and so is a late one
     // once a new window has opened.
     tokio::time::sleep(Duration::from_millis(350)).await;
-    assert!(!store.refund_in_window("n", &key, window).await.unwrap(), "closed");
-    assert_eq!(row(&schema, "n", "k").await, Some((1, window)), "an expired row is left alone");
-    store.hit("n", &key, q).await.unwrap();
+    assert!(!store.refund("n", &key, &third).await.unwrap(), "closed");
+    assert_eq!(
+        row(&schema, "n", "k").await,
+        Some((1, window)),
+        "an expired row is left alone"
+    );
+    let fourth = store.hit("n", &key, q).await.unwrap();
     let (count, new_window) = row(&schema, "n", "k").await.unwrap();
     assert_eq!(count, 1);
     assert!(new_window > window);
-    assert!(!store.refund_in_window("n", &key, window).await.unwrap(), "the old window's id");
-    assert_eq!(row(&schema, "n", "k").await, Some((1, new_window)), "the new window is untouched");
-    assert!(store.refund_in_window("n", &key, new_window).await.unwrap());
+    assert!(
+        !store.refund("n", &key, &third).await.unwrap(),
+        "the old window's id"
+    );
+    assert_eq!(
+        row(&schema, "n", "k").await,
+        Some((1, new_window)),
+        "the new window is untouched"
+    );
+    assert!(store.refund("n", &key, &fourth).await.unwrap());
     assert_eq!(row(&schema, "n", "k").await, Some((0, new_window)));
+}
+
+#[tokio::test]
+async fn denied_counters_are_answered_locally_until_their_window_closes() {
+    let schema = pg_or_skip!(TestSchema::create("deny_cache").await);
+    let store = schema.backend().await;
+    let key = Key::new("k");
+    let q = quota(2, Duration::from_millis(400));
+    for _ in 0..3 {
+        store.hit("n", &key, q).await.unwrap();
+    }
+    assert_eq!(
+        row(&schema, "n", "k").await.unwrap().0,
+        3,
+        "the hit that went over was counted"
+    );
+    for _ in 0..20 {
+        let hit = store.hit("n", &key, q).await.unwrap();
+        assert_eq!(hit.count, 3, "limit + 1");
+        assert_eq!(
+            hit.deadline, None,
+            "not counted in the table: never refunded"
+        );
+        assert!(hit.reset <= Duration::from_millis(400));
+    }
+    assert_eq!(
+        row(&schema, "n", "k").await.unwrap().0,
+        3,
+        "no statement for cached denials"
+    );
+
+    // A refund asks the database and forgets the cached denial.
+    let over = Hit {
+        count: 3,
+        reset: Duration::ZERO,
+        deadline: None,
+    };
+    assert!(!store.refund("n", &key, &over).await.unwrap());
+    assert_eq!(
+        store.hit("n", &key, q).await.unwrap().deadline,
+        None,
+        "still cached"
+    );
+    assert!(store.reset("n", &key).await.unwrap());
+    assert_eq!(
+        store.hit("n", &key, q).await.unwrap().count,
+        1,
+        "a reset clears this instance's cache"
+    );
+
+    // Past the window, the cache lets the next hit through to the table.
+    for _ in 0..2 {
+        store.hit("n", &key, q).await.unwrap();
+    }
+    assert_eq!(store.hit("n", &key, q).await.unwrap().deadline, None);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let hit = store.hit("n", &key, q).await.unwrap();
+    assert_eq!(hit.count, 1, "a new window, from the table");
+    assert!(hit.deadline.is_some());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1028,11 +1132,23 @@ async fn hits_in_flight_together_share_a_statement_and_each_get_their_own_count(
         resets.push(shared.reset);
     }
     counts.sort_unstable();
-    assert_eq!(counts, (1..=500).collect::<Vec<u64>>(), "each hit its own count");
-    assert_eq!(counts.iter().filter(|c| **c <= 100).count(), 100, "exactly the limit admitted");
+    assert_eq!(
+        counts,
+        (1..=500).collect::<Vec<u64>>(),
+        "each hit its own count"
+    );
+    assert_eq!(
+        counts.iter().filter(|c| **c <= 100).count(),
+        100,
+        "exactly the limit admitted"
+    );
     resets.sort_unstable();
     resets.dedup();
     // Hits of one statement read one clock: fewer distinct times than hits.
-    assert!(resets.len() < 250, "{} statements for 500 hits", resets.len());
+    assert!(
+        resets.len() < 250,
+        "{} statements for 500 hits",
+        resets.len()
+    );
     assert_eq!(row(&schema, "n", "shared").await.unwrap().0, 500);
 }

@@ -38,7 +38,7 @@ pub struct AuditReport {
     pub expired: u64,
     /// Rows that no hit may count: a negative or `NULL` count, a count that
     /// cannot grow, no deadline, or one that is infinite or further away than
-    /// [`WINDOW_BOUND`](super::WINDOW_BOUND). At most 10,000 are listed.
+    /// [`Window::MAX`]. At most 10,000 are listed.
     pub corrupt: Vec<CorruptRow>,
 }
 

@@ -42,10 +42,35 @@
 //! future is dropped before its statement is sent is not counted; one
 //! dropped after is counted, as a statement already sent would be.
 //!
+//! # The local deny cache
+//!
+//! Once a hit comes back over its limit, the counter is remembered on this
+//! instance until its window closes, and further hits on it are denied here,
+//! with no statement. This is exact because the window is pinned: its
+//! deadline cannot move. The deadline is measured from when the hit was
+//! queued, before the database read its clock, so it never outlasts the
+//! window in the table. Such denials report a count of `limit + 1`, and are
+//! not counted in the table. The trade-off is [`reset`](Backend::reset): it
+//! clears this instance's cache, but other instances keep denying a counter
+//! they have cached until its window would have closed; turn the cache off
+//! with [`deny_cache(0)`](PostgresBackendBuilder::deny_cache) where resets
+//! must take effect everywhere at once. The cache is keyed by the counter's
+//! [canonical storage key](super::storage_key).
+//!
+//! # Refunds
+//!
+//! [`Backend::refund`] is one `UPDATE` that takes one off the count of the
+//! row whose `expires_at` is the hit's [deadline](Hit::deadline) (its Unix
+//! microseconds), only while that window is open and the count is positive:
+//! it never creates a row, never writes `expires_at`, never goes below zero,
+//! and does nothing once the window has closed or a new one (another
+//! `expires_at`) has opened. A count of 0 is a window whose every hit was
+//! refunded; the next hit counts on from it.
+//!
 //! # Corrupt rows
 //!
 //! A row no hit can have written (a negative count, no `expires_at`, an
-//! infinite one or one further away than [`WINDOW_BOUND`], a count that
+//! infinite one or one further away than [`Window::MAX`], a count that
 //! cannot grow) fails the statement's `WHERE`: the row is left exactly as it
 //! is, and the hit fails with [`BackendError::Corrupt`] (500, whatever the
 //! failure policy). The table's `CHECK` constraints make such rows
@@ -106,7 +131,7 @@
 //! again (so a restarted or killed server costs only the hits in flight,
 //! with no call to reconnect), and adds little on top of tokio-postgres.
 //! Hand [`builder`](PostgresBackend::builder) your own
-//! [`Pool`](deadpool_postgres::Pool) to choose its size and timeouts, or let
+//! [`deadpool_postgres::Pool`] to choose its size and timeouts, or let
 //! [`connect`](PostgresBackend::connect) build one.
 //!
 //! # Requirements
@@ -133,11 +158,11 @@ pub use tokio_postgres;
 
 use std::fmt;
 use std::future::Future;
-use std::num::{NonZeroU32, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use tokio::sync::oneshot;
@@ -145,9 +170,12 @@ use tokio_postgres::{NoTls, Row};
 
 use self::batch::{Batcher, Pending};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
+use super::deny_cache::DenyCache;
+use super::storage_key;
 use super::{Backend, BackendError, Counter, Hit, Hits};
 use crate::ConfigError;
-use crate::key::Key;
+use crate::key::{Key, MAX_KEY_LEN};
+use crate::quota::Window;
 
 /// The statement run for every hit, as written (`{table}` stands for the
 /// schema-qualified table name). See the [module docs](self).
@@ -158,10 +186,12 @@ pub const HIT_SQL: &str = include_str!("sql/hit.sql");
 /// [`PostgresBackend::migration_sql`] gives it filled in.
 pub const MIGRATION_SQL: &str = include_str!("sql/migrate.sql");
 
-/// The longest window a row may have left: 100 years (of 365.25 days). A row
-/// whose deadline is further away was not written by a hit, and is corrupt.
-pub const WINDOW_BOUND: Duration = Duration::from_millis(WINDOW_BOUND_MS as u64);
-const WINDOW_BOUND_MS: i64 = 100 * 36_525 * 86_400_000 / 100;
+/// [`Window::MAX`] in milliseconds: no hit writes a deadline further away,
+/// so a row whose deadline is further away is corrupt.
+const WINDOW_BOUND_MS: i64 = Window::MAX.as_millis() as i64;
+
+/// Denied keys remembered locally, unless configured otherwise.
+pub const DEFAULT_DENY_CACHE: usize = 65_536;
 
 /// How often the cleaner runs, unless configured otherwise.
 pub const DEFAULT_CLEAN_EVERY: Duration = Duration::from_secs(1);
@@ -181,6 +211,7 @@ struct Inner {
     pool: Pool,
     sql: Sql,
     batcher: Batcher,
+    deny: Option<DenyCache>,
     clean: Option<(Duration, NonZeroU32)>,
     cleaner: OnceLock<cleaner::Handle>,
 }
@@ -199,6 +230,10 @@ impl fmt::Debug for PostgresBackend {
             .field("table", &self.inner.sql.table)
             .field("pool", &self.inner.pool.status())
             .field("statements", &self.inner.batcher.statements())
+            .field(
+                "deny_cache",
+                &self.inner.deny.as_ref().map_or(0, |d| d.capacity),
+            )
             .field("clean", &self.inner.clean)
             .finish_non_exhaustive()
     }
@@ -209,6 +244,7 @@ impl fmt::Debug for PostgresBackend {
 pub struct PostgresBackendBuilder {
     pool: Pool,
     statements: NonZeroUsize,
+    deny_cache: usize,
     schema: String,
     table: String,
     unlogged: bool,
@@ -222,6 +258,7 @@ impl fmt::Debug for PostgresBackendBuilder {
             .field("table", &self.table)
             .field("unlogged", &self.unlogged)
             .field("statements", &self.statements)
+            .field("deny_cache", &self.deny_cache)
             .field("clean", &self.clean)
             .finish_non_exhaustive()
     }
@@ -332,6 +369,14 @@ impl PostgresBackendBuilder {
         self
     }
 
+    /// How many denied counters this instance remembers (default
+    /// [`DEFAULT_DENY_CACHE`]); 0 turns the local deny cache off. See
+    /// [the module docs](self#the-local-deny-cache).
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache = capacity;
+        self
+    }
+
     /// No cleaner on this instance: expired rows stay until a hit on their
     /// key reuses them, or another instance's cleaner (or
     /// [`PostgresBackend::clean_expired`]) deletes them.
@@ -343,10 +388,12 @@ impl PostgresBackendBuilder {
     /// The backend. Its cleaner starts with the first hit (on the runtime
     /// that polls it); nothing connects before then.
     pub fn build(self) -> PostgresBackend {
-        let connections = NonZeroUsize::new(self.pool.status().max_size).unwrap_or(NonZeroUsize::MIN);
+        let connections =
+            NonZeroUsize::new(self.pool.status().max_size).unwrap_or(NonZeroUsize::MIN);
         PostgresBackend {
             inner: Arc::new(Inner {
                 batcher: Batcher::new(self.statements.min(connections)),
+                deny: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
                 pool: self.pool,
                 sql: Sql::new(&self.schema, &self.table, self.unlogged),
                 clean: self.clean,
@@ -376,8 +423,21 @@ impl Counted {
                 .expires_at
                 .duration_since(self.now)
                 .unwrap_or(Duration::ZERO),
+            deadline: deadline_id(self.expires_at),
         }
     }
+}
+
+/// A window's `expires_at` as [`Hit::deadline`]: Unix microseconds, the
+/// column's own precision, so it converts back exactly.
+fn deadline_id(expires_at: SystemTime) -> Option<NonZeroU64> {
+    let micros = expires_at.duration_since(UNIX_EPOCH).ok()?.as_micros();
+    NonZeroU64::new(u64::try_from(micros).ok()?)
+}
+
+/// The `expires_at` a [`Hit::deadline`] names.
+fn deadline_time(deadline: NonZeroU64) -> SystemTime {
+    UNIX_EPOCH + Duration::from_micros(deadline.get())
 }
 
 impl PostgresBackend {
@@ -406,6 +466,7 @@ impl PostgresBackend {
         PostgresBackendBuilder {
             pool,
             statements: NonZeroUsize::new(DEFAULT_STATEMENTS).expect("not zero"),
+            deny_cache: DEFAULT_DENY_CACHE,
             schema: DEFAULT_SCHEMA.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
             unlogged: false,
@@ -463,15 +524,11 @@ impl PostgresBackend {
         self.inner.clean_expired(batch).await
     }
 
-    /// Give back one hit on `key` in the window whose deadline is
-    /// `expires_at` (as the hit statement returned it), in one statement:
-    /// the count goes down by one, never below zero; no row is created and
-    /// no deadline written; a window that has closed, or that a new window
-    /// has replaced, is left alone. `true` when a hit was given back.
-    ///
-    /// # Errors
-    /// [`BackendError::Unavailable`] when the database cannot be reached.
-    pub async fn refund_in_window(
+    fn describe(&self, namespace: &str, key: &Key) -> String {
+        describe(&self.inner.sql.table, namespace, key.as_bytes())
+    }
+
+    async fn refund_in_window(
         &self,
         namespace: &str,
         key: &Key,
@@ -489,8 +546,9 @@ impl PostgresBackend {
         Ok(refunded == 1)
     }
 
-    fn describe(&self, namespace: &str, key: &Key) -> String {
-        describe(&self.inner.sql.table, namespace, key.as_bytes())
+    /// The deny cache's name for a counter: its canonical storage key.
+    fn cache_key(namespace: &str, key: &Key) -> Vec<u8> {
+        storage_key::encode(b"", namespace, key)
     }
 
     fn start_cleaner(&self) {
@@ -502,7 +560,6 @@ impl PostgresBackend {
             }
         }
     }
-
 }
 
 impl Inner {
@@ -519,12 +576,17 @@ impl Inner {
     }
 }
 
-/// How a corrupt counter is named in errors and logs.
+/// How a counter is named in errors and logs: the table, then the
+/// counter's [canonical storage key](storage_key) (`api{203.0.113.7}`), as
+/// the other backends name it. A key no hit can have written (longer than
+/// a [`Key`]) is shown escaped.
 fn describe(table: &str, namespace: &str, key: &[u8]) -> String {
-    format!(
-        "{table} (namespace {namespace:?}, key \"{}\")",
-        key.escape_ascii()
-    )
+    if key.len() <= MAX_KEY_LEN {
+        let name = storage_key::encode(b"", namespace, &Key::new(key));
+        format!("{table} {}", String::from_utf8_lossy(&name))
+    } else {
+        format!("{table} {namespace}{{{}}}", key.escape_ascii())
+    }
 }
 
 /// A row as it stands (count, expires_at, now), checked as the hit statement
@@ -546,12 +608,16 @@ fn read_row(row: &Row) -> Result<Option<Hit>, String> {
     match expires_at.duration_since(now) {
         Err(_) => Ok(None),
         Ok(left) if left.is_zero() => Ok(None),
-        Ok(left) if left > WINDOW_BOUND => Err(format!(
+        Ok(left) if left > Window::MAX.as_duration() => Err(format!(
             "count {count} with expires_at {} s away, past the {} s bound (or infinity)",
             left.as_secs(),
-            WINDOW_BOUND.as_secs()
+            Window::MAX.as_duration().as_secs()
         )),
-        Ok(left) => Ok(Some(Hit { count, reset: left })),
+        Ok(left) => Ok(Some(Hit {
+            count,
+            reset: left,
+            deadline: None,
+        })),
     }
 }
 
@@ -595,13 +661,42 @@ fn pool_error(err: PoolError) -> BackendError {
     }
 }
 
-/// The future of a [`PostgresBackend`] hit: one round trip (a connection
-/// from the pool, then one statement per counter, pipelined).
-pub struct PostgresHit(Pin<Box<dyn Future<Output = Result<Hits, BackendError>> + Send>>);
+/// An answer: already there (the deny cache, a hit with nothing to send),
+/// or one statement away.
+enum Answer<T> {
+    Ready(Option<Result<T, BackendError>>),
+    Remote(Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>),
+}
+
+impl<T> Answer<T> {
+    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, BackendError>> {
+        match self {
+            Self::Ready(answer) => Poll::Ready(
+                answer
+                    .take()
+                    .expect("a PostgreSQL backend future polled after it completed"),
+            ),
+            Self::Remote(future) => future.as_mut().poll(cx),
+        }
+    }
+
+    fn state(&self) -> &'static str {
+        match self {
+            Self::Ready(_) => "ready",
+            Self::Remote(_) => "remote",
+        }
+    }
+}
+
+/// The future of a [`PostgresBackend`] hit: already complete when the local
+/// deny cache answered; otherwise the hit statement that carries it.
+pub struct PostgresHit(Answer<Hits>);
 
 impl fmt::Debug for PostgresHit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresHit").finish_non_exhaustive()
+        f.debug_struct("PostgresHit")
+            .field("state", &self.0.state())
+            .finish()
     }
 }
 
@@ -609,55 +704,118 @@ impl Future for PostgresHit {
     type Output = Result<Hits, BackendError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.as_mut().poll(cx)
+        self.0.poll(cx)
+    }
+}
+
+/// The future of a [`PostgresBackend`] refund: one statement, or already
+/// complete for a hit that was not counted in the table.
+pub struct PostgresRefund(Answer<bool>);
+
+impl fmt::Debug for PostgresRefund {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresRefund")
+            .field("state", &self.0.state())
+            .finish()
+    }
+}
+
+impl Future for PostgresRefund {
+    type Output = Result<bool, BackendError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.poll(cx)
     }
 }
 
 impl Backend for PostgresBackend {
     type Future = PostgresHit;
+    type Refund = PostgresRefund;
 
+    /// The counters go out in the next hit statement (see the module docs),
+    /// one row each; a counter in the local deny cache answers at once, and
+    /// then none of them is sent.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> PostgresHit {
+        let cache_keys: Vec<Vec<u8>> = counters
+            .iter()
+            .map(|c| Self::cache_key(c.namespace, key))
+            .collect();
+        if let Some(deny) = &self.inner.deny {
+            let cached: Vec<Option<Duration>> = cache_keys.iter().map(|k| deny.check(k)).collect();
+            if cached.iter().any(Option::is_some) {
+                // Denied here, with no statement; the counters are not hit.
+                let hits = counters
+                    .iter()
+                    .zip(cached)
+                    .map(|(c, left)| Hit {
+                        count: left.map_or(0, |_| c.quota.limit().saturating_add(1)),
+                        reset: left.unwrap_or(Duration::ZERO),
+                        deadline: None,
+                    })
+                    .collect();
+                return PostgresHit(Answer::Ready(Some(Ok(hits))));
+            }
+        }
         let backend = self.clone();
+        let limits: Vec<u64> = counters.iter().map(|c| c.quota.limit()).collect();
         let mut receivers = Vec::with_capacity(counters.len());
         let mut pending = Vec::with_capacity(counters.len());
         for counter in counters {
             let (reply, receiver) = oneshot::channel();
             receivers.push(receiver);
-            let window_ms = i64::try_from(counter.quota.window().as_millis()).unwrap_or(i64::MAX);
-            if window_ms > WINDOW_BOUND_MS {
-                let _ = reply.send(Err(BackendError::Unavailable(
-                    format!(
-                        "a window of {window_ms} ms is past the PostgreSQL backend's bound of {WINDOW_BOUND_MS} ms"
-                    )
-                    .into(),
-                )));
-                continue;
-            }
             pending.push(Pending {
                 namespace: counter.namespace.into(),
                 key: key.clone(),
-                window_ms,
+                // Window::MAX keeps every window inside i64 milliseconds.
+                window_ms: counter.quota.window().as_millis() as i64,
                 reply,
             });
         }
-        PostgresHit(Box::pin(async move {
+        PostgresHit(Answer::Remote(Box::pin(async move {
             // Queued on the first poll, on the runtime that polls it: a hit
             // dropped before then is never sent.
+            let queued = quanta::Instant::now();
             backend.start_cleaner();
-            if !pending.is_empty() {
-                batch::submit(&backend.inner, pending);
-            }
-            let mut hits = Hits::new();
-            for receiver in receivers {
+            batch::submit(&backend.inner, pending);
+            let mut hits = Hits::with_capacity(receivers.len());
+            for ((receiver, cache_key), limit) in receivers.into_iter().zip(cache_keys).zip(limits)
+            {
                 let counted = receiver.await.unwrap_or_else(|_| {
                     Err(BackendError::Unavailable(
                         "the PostgreSQL sender stopped before answering".into(),
                     ))
                 })?;
-                hits.push(counted.hit());
+                let hit = counted.hit();
+                if let Some(deny) = backend.inner.deny.as_ref().filter(|_| hit.count > limit) {
+                    // From when the hit was queued, before the database read
+                    // its clock: the entry never outlasts the window.
+                    deny.insert(cache_key, queued + hit.reset);
+                }
+                hits.push(hit);
             }
             Ok(hits)
-        }))
+        })))
+    }
+
+    /// One `UPDATE` ([`refund.sql`](self#refunds)) that takes one off the
+    /// count only in the row whose `expires_at` is the hit's deadline, while
+    /// that window is open and the count is positive. A hit with no deadline
+    /// (answered by the deny cache) is not sent. The counter is dropped from
+    /// this instance's deny cache, so its next hit asks the database again.
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> PostgresRefund {
+        let Some(deadline) = hit.deadline else {
+            return PostgresRefund(Answer::Ready(Some(Ok(false))));
+        };
+        let (backend, namespace, key) = (self.clone(), namespace.to_owned(), key.clone());
+        PostgresRefund(Answer::Remote(Box::pin(async move {
+            let refunded = backend
+                .refund_in_window(&namespace, &key, deadline_time(deadline))
+                .await;
+            if let Some(deny) = &backend.inner.deny {
+                deny.remove(&Self::cache_key(&namespace, &key));
+            }
+            refunded
+        })))
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
@@ -677,6 +835,9 @@ impl Backend for PostgresBackend {
     }
 
     async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+        if let Some(deny) = &self.inner.deny {
+            deny.remove(&Self::cache_key(namespace, key));
+        }
         let client = self.inner.pool.get().await.map_err(pool_error)?;
         let row = client
             .query_opt(
@@ -694,9 +855,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_bound_is_a_hundred_years_of_milliseconds() {
+    fn the_bound_is_window_max_and_deadlines_convert_exactly() {
         assert_eq!(WINDOW_BOUND_MS, 3_155_760_000_000);
-        assert_eq!(WINDOW_BOUND.as_secs(), 3_155_760_000);
+        let at = UNIX_EPOCH + Duration::from_micros(1_764_543_210_123_456);
+        assert_eq!(
+            deadline_time(deadline_id(at).unwrap()),
+            at,
+            "exact to the microsecond"
+        );
+        assert_eq!(deadline_id(UNIX_EPOCH), None);
     }
 
     #[test]
