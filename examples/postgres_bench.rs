@@ -9,7 +9,8 @@
 //! hits its own key over and over: the update path), or `flood` (fresh keys
 //! with a 1-second window, the cleaner running every second, printing the
 //! table's rows and size each second: how big the table gets under a flood).
-//! The pool has IN_FLIGHT connections, as pgbench has at that concurrency.
+//! The pool has IN_FLIGHT connections, as pgbench has at that concurrency;
+//! `STATEMENTS` sets the backend's statements in flight (default 4).
 //! `fresh` and `hot` print one number: hits per second.
 
 use std::num::NonZeroU32;
@@ -37,6 +38,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .build()?;
     let flood = mode == "flood";
     let mut builder = PostgresBackend::builder(pool).schema(schema);
+    if let Ok(statements) = std::env::var("STATEMENTS") {
+        builder = builder.statements(statements.parse()?);
+    }
     builder = if flood {
         builder
             .clean_every(Duration::from_secs(1))
