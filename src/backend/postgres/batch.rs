@@ -206,15 +206,15 @@ async fn send(inner: &Inner, mut batch: Vec<Pending>) {
             continue;
         };
         let n = hits[i] as u64;
-        if let Ok(count) = u64::try_from(count) {
-            if count >= n {
-                let at = Counted {
-                    count,
-                    expires_at,
-                    now,
-                };
-                counted[i] = Some((at, count - n + 1));
-            }
+        if let Ok(count) = u64::try_from(count)
+            && count >= n
+        {
+            let at = Counted {
+                count,
+                expires_at,
+                now,
+            };
+            counted[i] = Some((at, count - n + 1));
         }
     }
     // Rows that did not come back: the statement would not count them.

@@ -552,12 +552,12 @@ impl PostgresBackend {
     }
 
     fn start_cleaner(&self) {
-        if self.inner.cleaner.get().is_none() {
-            if let Some((every, batch)) = self.inner.clean {
-                self.inner
-                    .cleaner
-                    .get_or_init(|| cleaner::spawn(Arc::downgrade(&self.inner), every, batch));
-            }
+        if self.inner.cleaner.get().is_none()
+            && let Some((every, batch)) = self.inner.clean
+        {
+            self.inner
+                .cleaner
+                .get_or_init(|| cleaner::spawn(Arc::downgrade(&self.inner), every, batch));
         }
     }
 }
