@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::name::MAX_NAME_LEN;
+
 /// A configuration mistake, reported when the limiter is built and never while
 /// serving a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +34,11 @@ pub enum ConfigError {
     InvalidIpv6Prefix(u8),
     /// A trusted-proxy range that is neither a CIDR nor an IP address.
     InvalidCidr(String),
+    /// A proxy-hop limit of zero: at least one hop must be walkable.
+    ZeroHops,
+    /// A policy name that is empty or has a character outside printable
+    /// ASCII (see [`NamedQuota::try_new`](crate::NamedQuota::try_new)).
+    InvalidPolicyName(String),
     /// A PostgreSQL schema or table name outside `a-z 0-9 _` (not starting
     /// with a digit), empty, or too long (63 bytes for a schema, 52 for a
     /// table, whose index name adds 11).
@@ -55,7 +62,7 @@ impl fmt::Display for ConfigError {
             Self::InvalidName(name) => write!(
                 f,
                 "invalid limiter name {name:?}: use 1 to {} characters from A-Z a-z 0-9 _ - . :",
-                crate::layer::MAX_NAME_LEN
+                MAX_NAME_LEN
             ),
             Self::ZeroCapacity => f.write_str("the key-store capacity must be at least 1"),
             Self::InvalidShards(shards) => write!(
@@ -74,6 +81,11 @@ impl fmt::Display for ConfigError {
                     "{cidr:?} is neither a CIDR (10.0.0.0/8) nor an IP address"
                 )
             }
+            Self::ZeroHops => f.write_str("the proxy-hop limit must be at least 1"),
+            Self::InvalidPolicyName(name) => write!(
+                f,
+                "invalid policy name {name:?}: use at least one character, each printable ASCII (space to ~)"
+            ),
             Self::InvalidSqlIdentifier(name) => write!(
                 f,
                 "invalid PostgreSQL name {name:?}: use 1 to 63 characters (52 for a table) from a-z 0-9 _, not starting with a digit"

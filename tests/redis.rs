@@ -325,12 +325,10 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
     let closed = RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
         .timeout(timeout)
-        .unwrap()
         .layer(ok_service());
     let open = RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
         .timeout(timeout)
-        .unwrap()
         .on_failure(FailurePolicy::FailOpen)
         .layer(ok_service());
     let get = || Request::new(String::new());

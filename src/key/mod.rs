@@ -1,47 +1,60 @@
 //! Which counter a request is charged to.
 //!
-//! A [`KeyExtractor`] reads a [`Key`] from each request. Built-ins:
-//! [`GlobalKey`] (one counter for everyone), [`HeaderKey`] (a header's value,
-//! such as an API key, or a gRPC metadata value), [`ClientIp`] (the client's
-//! address through trusted proxies; [`PeerIp`] is its name when no proxy is
-//! trusted), and [`RouteKey`] (axum's
-//! matched route, or the gRPC method). A tuple of extractors keys by all of
-//! them (client IP and route, say). Any
-//! `Fn(&Request<B>) -> Result<Key, KeyError>` is an extractor too.
+//! A [`KeyExtractor`] reads a [`Key`] from each request's
+//! [`RequestHead`] (the request without its body). Built-ins: [`GlobalKey`]
+//! (one counter for everyone), [`HeaderKey`] (a header's value, such as an
+//! API key, or a gRPC metadata value), [`PeerIp`] (the connection's peer
+//! address), [`ClientIp`] (the client's address through the proxies you
+//! trust), and [`RouteKey`] (axum's matched route, or the gRPC method). A
+//! tuple of extractors keys by all of them (client IP and route, say). Any
+//! `Fn(&RequestHead<'_>) -> Result<Key, KeyError>` is an extractor too; give
+//! a closure to [`RateLimitLayer::key_fn`](crate::RateLimitLayer::key_fn) and
+//! its argument's type is inferred.
 //!
 //! ```
-//! use http::Request;
-//! use tower_pinned_window::key::{Key, KeyError, KeyExtractor};
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use tower::{Layer, ServiceExt, service_fn};
+//! use tower_pinned_window::key::{Key, KeyError};
+//! use tower_pinned_window::{Quota, RateLimitLayer};
 //!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
 //! // Charge each tenant, named in the path's first segment.
-//! let tenant = |req: &Request<()>| {
-//!     let segment = req.uri().path().split('/').nth(1).unwrap_or_default();
-//!     if segment.is_empty() {
-//!         return Err(KeyError::missing("tenant path segment"));
-//!     }
-//!     Ok(Key::new(segment))
-//! };
-//! let req = Request::get("/acme/orders").body(()).unwrap();
-//! assert_eq!(tenant.extract(&req).unwrap(), Key::new("acme"));
+//! let layer = RateLimitLayer::new("tenants", Quota::new(1, Duration::from_secs(60)).unwrap())
+//!     .key_fn(|req| {
+//!         let segment = req.uri().path().split('/').nth(1).unwrap_or_default();
+//!         if segment.is_empty() {
+//!             return Err(KeyError::missing("tenant path segment"));
+//!         }
+//!         Ok(Key::new(segment))
+//!     });
+//! let svc = layer.layer(service_fn(|_req: Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+//! }));
+//! let get = |path: &str| Request::get(path).body(String::new()).unwrap();
+//! assert_eq!(svc.clone().oneshot(get("/acme/orders")).await.unwrap().status(), StatusCode::OK);
+//! assert_eq!(svc.clone().oneshot(get("/acme/users")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(svc.clone().oneshot(get("/globex/orders")).await.unwrap().status(), StatusCode::OK);
+//! assert_eq!(svc.oneshot(get("/")).await.unwrap().status(), StatusCode::BAD_REQUEST);
+//! # }
 //! ```
 
 mod client_ip;
 mod forwarded;
+mod peer_ip;
 
 pub use client_ip::{ClientIp, ForwardedHeader};
-
-/// The connection's peer address, trusting no proxy: [`ClientIp`] as
-/// [`ClientIp::new`] makes it. Behind a proxy or load balancer the peer is
-/// the proxy, and every client would share its budget: name the proxy with
-/// [`ClientIp::trust`].
-pub type PeerIp = ClientIp;
+pub use peer_ip::PeerIp;
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
+use http::StatusCode;
 use http::header::HeaderName;
-use http::{Request, StatusCode};
 use sha2::{Digest, Sha256};
+
+use crate::request::RequestHead;
 
 /// The longest key stored as it is, in bytes. A longer key is replaced by
 /// its digest: `#` followed by the 64 hex digits of its SHA-256, which is
@@ -273,19 +286,25 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
-/// Reads the [`Key`] a request is charged to.
+/// Reads the [`Key`] a request is charged to, from the request's head (it
+/// never sees the body, so it works for any body type).
 ///
-/// Implemented for closures `Fn(&Request<B>) -> Result<Key, KeyError>`.
-pub trait KeyExtractor<B> {
+/// Implemented for closures `Fn(&RequestHead<'_>) -> Result<Key, KeyError>`.
+/// Rust infers a closure's argument type only from a bound that names `Fn`
+/// itself, so hand a closure to
+/// [`RateLimitLayer::key_fn`](crate::RateLimitLayer::key_fn), or annotate
+/// its argument (`|req: &RequestHead<'_>|`) for
+/// [`key`](crate::RateLimitLayer::key).
+pub trait KeyExtractor {
     /// The request's key, or why there is none.
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError>;
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError>;
 }
 
-impl<B, F> KeyExtractor<B> for F
+impl<F> KeyExtractor for F
 where
-    F: Fn(&Request<B>) -> Result<Key, KeyError>,
+    F: Fn(&RequestHead<'_>) -> Result<Key, KeyError>,
 {
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         self(request)
     }
 }
@@ -294,8 +313,9 @@ where
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GlobalKey;
 
-impl<B> KeyExtractor<B> for GlobalKey {
-    fn extract(&self, _request: &Request<B>) -> Result<Key, KeyError> {
+impl KeyExtractor for GlobalKey {
+    #[inline]
+    fn extract(&self, _request: &RequestHead<'_>) -> Result<Key, KeyError> {
         Ok(Key::new("*"))
     }
 }
@@ -305,6 +325,7 @@ impl<B> KeyExtractor<B> for GlobalKey {
 /// A missing or empty header is [`KeyError::Missing`]. When the header is
 /// repeated, the first value is used.
 #[derive(Debug, Clone)]
+#[must_use]
 pub struct HeaderKey {
     name: HeaderName,
 }
@@ -316,8 +337,8 @@ impl HeaderKey {
     }
 }
 
-impl<B> KeyExtractor<B> for HeaderKey {
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+impl KeyExtractor for HeaderKey {
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         match request.headers().get(&self.name) {
             Some(value) if !value.is_empty() => Ok(Key::new(value.as_bytes())),
             _ => Err(KeyError::Missing("the configured key header")),
@@ -325,14 +346,16 @@ impl<B> KeyExtractor<B> for HeaderKey {
     }
 }
 
-/// The route a request matched: axum's `MatchedPath` (`/users/{id}`, never
-/// the raw path, which the client chooses), or for a gRPC request its method
-/// (`/package.Service/Method`). Combine it with a client key to limit each
-/// client per route: `(ClientIp::new(), RouteKey::new())`.
+/// The route a request matched, as [`RequestHead::route`] reads it: axum's
+/// `MatchedPath` (`/users/{id}`, never the raw path, which the client
+/// chooses), or for a gRPC request its method (`/package.Service/Method`).
+/// Combine it with a client key to limit each client per route:
+/// `(ClientIp::new(), RouteKey::new())`.
 ///
 /// axum sets `MatchedPath` for layers added with `route_layer` or on a route;
 /// elsewhere a plain HTTP request has no route and is [`KeyError::Missing`].
 #[derive(Debug, Clone, Copy, Default)]
+#[must_use]
 pub struct RouteKey;
 
 impl RouteKey {
@@ -342,16 +365,9 @@ impl RouteKey {
     }
 }
 
-impl<B> KeyExtractor<B> for RouteKey {
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
-        #[cfg(feature = "axum")]
-        if let Some(path) = request.extensions().get::<axum::extract::MatchedPath>() {
-            return Ok(Key::new(path.as_str()));
-        }
-        if crate::response::is_grpc(request.headers()) {
-            return Ok(Key::new(request.uri().path()));
-        }
-        Err(KeyError::Missing(
+impl KeyExtractor for RouteKey {
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
+        request.route().map(Key::new).ok_or(KeyError::Missing(
             "a matched route (add the layer with route_layer)",
         ))
     }
@@ -361,12 +377,12 @@ impl<B> KeyExtractor<B> for RouteKey {
 /// each client its own budget on each route. The parts are joined
 /// unambiguously (the first is length-prefixed), so no two pairs share a key,
 /// hashed parts included.
-impl<B, A, C> KeyExtractor<B> for (A, C)
+impl<A, C> KeyExtractor for (A, C)
 where
-    A: KeyExtractor<B>,
-    C: KeyExtractor<B>,
+    A: KeyExtractor,
+    C: KeyExtractor,
 {
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         let first = self.0.extract(request)?;
         let second = self.1.extract(request)?;
         Ok(Key::join(&first, &second))
@@ -376,20 +392,26 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Request;
+
+    /// `extractor`'s answer for `request`.
+    fn extract(extractor: &impl KeyExtractor, request: &Request<()>) -> Result<Key, KeyError> {
+        extractor.extract(&RequestHead::new(request))
+    }
 
     #[test]
     fn pairs_of_keys_never_collide() {
         let pair = |a: &'static str, b: &'static str| {
-            let a = move |_: &Request<()>| Ok(Key::new(a));
-            let b = move |_: &Request<()>| Ok(Key::new(b));
-            (a, b).extract(&Request::new(())).unwrap()
+            let a = move |_: &RequestHead<'_>| Ok(Key::new(a));
+            let b = move |_: &RequestHead<'_>| Ok(Key::new(b));
+            extract(&(a, b), &Request::new(())).unwrap()
         };
         assert_eq!(pair("1.2.3.4", "/login"), Key::new("7:1.2.3.4/login"));
         assert_ne!(pair("a:b", "c"), pair("a", ":bc"));
         assert_ne!(pair("ab", "c"), pair("a", "bc"));
         let missing = (GlobalKey, HeaderKey::new(HeaderName::from_static("x-k")));
         assert!(matches!(
-            missing.extract(&Request::new(())),
+            extract(&missing, &Request::new(())),
             Err(KeyError::Missing(_))
         ));
     }
@@ -401,12 +423,12 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(
-            RouteKey.extract(&grpc),
+            extract(&RouteKey, &grpc),
             Ok(Key::new("/grpc.health.v1.Health/Check"))
         );
         let raw = Request::get("/users/12345").body(()).unwrap();
         assert!(
-            matches!(RouteKey.extract(&raw), Err(KeyError::Missing(_))),
+            matches!(extract(&RouteKey, &raw), Err(KeyError::Missing(_))),
             "the raw path is the client's choice"
         );
     }
@@ -548,7 +570,7 @@ mod tests {
             ),
         ];
         for (name, req, want) in cases {
-            assert_eq!(extractor.extract(&req), want, "{name}");
+            assert_eq!(extract(&extractor, &req), want, "{name}");
         }
     }
 }
