@@ -1151,3 +1151,57 @@ async fn hits_in_flight_together_share_a_statement_and_each_get_their_own_count(
     );
     assert_eq!(row(&schema, "n", "shared").await.unwrap().0, 500);
 }
+
+#[test]
+fn a_runtime_shut_down_mid_statement_leaves_the_backend_usable_on_another() {
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some((schema, store)) = first.block_on(async {
+        let schema = TestSchema::create("runtimes").await?;
+        let store = schema
+            .builder()
+            .statements(std::num::NonZeroUsize::new(1).unwrap())
+            .deny_cache(0)
+            .build();
+        store.migrate().await.unwrap();
+        store
+            .hit("n", &Key::new("k"), quota(5, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        // Hold the row, so that the only sender waits in its statement.
+        let holder = connect(&schema.url).await.unwrap();
+        holder.batch_execute("BEGIN").await.unwrap();
+        holder
+            .execute(&format!("SELECT 1 FROM {} FOR UPDATE", schema.table()), &[])
+            .await
+            .unwrap();
+        let waiting = store.clone();
+        tokio::spawn(async move {
+            let _ = waiting
+                .hit("n", &Key::new("k"), quota(5, Duration::from_secs(60)))
+                .await;
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Some((schema, store))
+    }) else {
+        return;
+    };
+    drop(first); // the sender is cancelled mid-statement; the holder's connection dies
+
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let hit = tokio::time::timeout(
+            Duration::from_secs(20),
+            store.hit("n", &Key::new("other"), quota(5, Duration::from_secs(60))),
+        )
+        .await
+        .expect("no sender took the hit: the cancelled one kept its place");
+        assert_eq!(hit.unwrap().count, 1);
+    });
+    drop(schema);
+}

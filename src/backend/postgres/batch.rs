@@ -113,9 +113,21 @@ pub(super) fn submit(inner: &Arc<Inner>, hits: Vec<Pending>) {
     }
 }
 
-/// A sender: statements until the queue is empty.
+/// A sender's place, given back when dropped: also when the task is
+/// cancelled (its runtime shut down), so a place is never lost.
+struct Place<'a>(&'a Batcher);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.0.senders.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A sender: statements until the queue is empty. It holds the place
+/// [`submit`] claimed for it.
 async fn send_loop(inner: Arc<Inner>) {
     let batcher = &inner.batcher;
+    let mut place = Place(batcher);
     loop {
         let batch: Vec<Pending> = {
             let mut queue = batcher.lock();
@@ -124,12 +136,13 @@ async fn send_loop(inner: Arc<Inner>) {
             queue.drain(..n).collect()
         };
         if batch.is_empty() {
-            batcher.senders.fetch_sub(1, Ordering::AcqRel);
+            drop(place);
             // A hit queued after the look above may have found every place
             // taken, counting on this sender: look again.
             if batcher.lock().is_empty() || !batcher.try_claim() {
                 return;
             }
+            place = Place(batcher);
             continue;
         }
         send(&inner, batch).await;
