@@ -27,6 +27,12 @@ use tower_pinned_window::key::Key;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [url, schema, mode, in_flight, seconds] = args.as_slice() else {
         return Err("usage: postgres_bench URL SCHEMA fresh|hot|flood IN_FLIGHT SECONDS".into());

@@ -166,7 +166,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
 use tokio::sync::oneshot;
-use tokio_postgres::{NoTls, Row};
+use tokio_postgres::{NoTls, Row, SimpleQueryMessage};
 
 use self::batch::{Batcher, Pending};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
@@ -565,14 +565,17 @@ impl PostgresBackend {
 impl Inner {
     async fn clean_expired(&self, batch: NonZeroU32) -> Result<u64, BackendError> {
         let client = self.pool.get().await.map_err(pool_error)?;
-        let statement = client
-            .prepare_cached(&self.sql.clean)
-            .await
-            .map_err(pg_error)?;
-        client
-            .execute(&statement, &[&i64::from(batch.get())])
-            .await
-            .map_err(pg_error)
+        let sql = self.sql.clean.replace("{batch}", &batch.to_string());
+        let replies = client.simple_query(&sql).await.map_err(pg_error)?;
+        // The last command is the DELETE.
+        Ok(replies
+            .iter()
+            .rev()
+            .find_map(|reply| match reply {
+                SimpleQueryMessage::CommandComplete(rows) => Some(*rows),
+                _ => None,
+            })
+            .unwrap_or(0))
     }
 }
 

@@ -147,7 +147,8 @@ mod tests {
             ("migrate", &sql.migrate),
         ] {
             assert!(text.contains("\"rate\".\"hits\""), "{name}: {text}");
-            assert!(!text.contains('{'), "{name}: a placeholder is left: {text}");
+            let left = text.replace("{batch}", "");
+            assert!(!left.contains('{'), "{name}: a placeholder is left: {text}");
         }
         assert!(sql.migrate.contains("CREATE TABLE IF NOT EXISTS"));
         assert!(sql.migrate.contains("\"hits_expires_at\""));
