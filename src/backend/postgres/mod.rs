@@ -37,8 +37,9 @@
 //! counters), with no timer: hits on one counter in it are one row, and each
 //! hit gets its own count from the row's new count, so exactly `limit` of
 //! them are admitted, in the order they were queued. Under load this makes
-//! far fewer statements than hits (measured in the README: 2.6 times the
-//! hits per second of one statement per hit at 64 in flight). A hit whose
+//! far fewer statements than hits (the README's benchmark: 1.9 to 2.9 times
+//! the hits per second of pgbench running one statement per hit, at 64 in
+//! flight). A hit whose
 //! future is dropped before its statement is sent is not counted; one
 //! dropped after is counted, as a statement already sent would be.
 //!
