@@ -43,6 +43,8 @@
 // is the way in, key/ and policy.rs read it, backend/ counts, decision.rs
 // and response.rs are the way out. Imports only point down this list.
 pub mod backend;
+#[cfg(feature = "serde")]
+pub mod config;
 mod decision;
 mod error;
 mod future;
