@@ -13,6 +13,7 @@ use tower_service::Service;
 
 use crate::backend::{Backend, BackendError};
 use crate::judge::{Core, Stamp, Verdict};
+use crate::metrics::Stopwatch;
 use crate::policy::Policy;
 use crate::request::RequestHead;
 use crate::response::Deny;
@@ -43,6 +44,9 @@ pin_project! {
             service: Option<Svc>,
             request: Option<Req>,
             policy: Arc<Policy>,
+            // Since the backend call was found waiting (feature `metrics`;
+            // zero-sized without).
+            stopwatch: Stopwatch,
         },
         // Passed on: waiting for the service.
         Inner {
@@ -78,6 +82,7 @@ where
                 service: Some(service),
                 request: Some(request),
                 policy,
+                stopwatch: Stopwatch::start(),
             },
         }
     }
@@ -117,6 +122,7 @@ where
                     service,
                     request,
                     policy,
+                    stopwatch,
                 } => {
                     let result = match Pin::new(hit).poll(cx) {
                         Poll::Ready(result) => result,
@@ -128,6 +134,8 @@ where
                             Err(BackendError::TimedOut)
                         }
                     };
+                    let s = &core.settings;
+                    s.metrics.backend_latency(&s.name, stopwatch.elapsed());
                     let head =
                         RequestHead::new(request.as_ref().expect("the request is taken once"));
                     match core.judge(result, policy.clone(), &head) {

@@ -15,6 +15,7 @@ use http::{HeaderValue, Response, StatusCode};
 use crate::backend::{BackendError, Hits};
 use crate::decision::Decision;
 use crate::key::KeyError;
+use crate::metrics::LayerMetrics;
 use crate::policy::{Policies, Policy};
 use crate::request::RequestHead;
 use crate::response::{Answer, Deny, GrpcCode, grpc_response, status_response};
@@ -73,6 +74,8 @@ pub(crate) struct Settings {
     pub(crate) warn_gate: Arc<LogGate>,
     /// Bounds the log lines about requests without a usable key.
     pub(crate) key_gate: Arc<LogGate>,
+    /// The layer's metric handles (feature `metrics`; zero-sized without).
+    pub(crate) metrics: Arc<LayerMetrics>,
 }
 
 /// What the limiter does with a request once the backend has answered.
@@ -119,6 +122,9 @@ impl<Bk, D> Core<Bk, D> {
         B: Default,
     {
         let s = &self.settings;
+        if let Err(err) = &result {
+            s.metrics.backend_error(&s.name, err);
+        }
         let hits = match result {
             Ok(hits) => hits,
             Err(err) if err.is_corrupt() => {
@@ -133,9 +139,11 @@ impl<Bk, D> Core<Bk, D> {
         };
         let Some((index, decision)) = policy.decide(&hits, s.shadow, request.route_owned()) else {
             let err = BackendError::Unavailable("the backend answered no hit".into());
+            s.metrics.backend_error(&s.name, &err);
             return self.outage(err, request);
         };
         tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
+        decision.record_metrics();
         if let Some(observer) = &s.observer {
             observer(&decision);
         }

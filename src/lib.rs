@@ -51,6 +51,10 @@ mod future;
 mod judge;
 pub mod key;
 mod layer;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 mod name;
 mod policy;
 mod quota;

@@ -293,6 +293,7 @@ impl Policies {
                 label: Arc::new(Label {
                     limiter: self.name.clone(),
                     policy: self.policy_name(quota, kind),
+                    counters: Default::default(),
                 }),
             });
         }
