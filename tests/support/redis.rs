@@ -297,6 +297,301 @@ impl RedisCluster {
     }
 }
 
+/// The name the harness's sentinels monitor their master under.
+#[cfg(feature = "redis-sentinel")]
+pub const SENTINEL_MASTER: &str = "tpw-master";
+
+/// One sentinel: `redis-server <generated config> --sentinel`, with its own
+/// temporary directory (the config it rewrites, its log) and free port.
+#[cfg(feature = "redis-sentinel")]
+pub struct SentinelServer {
+    cli: PathBuf,
+    dir: TempDir,
+    port: u16,
+    child: Option<Child>,
+}
+
+#[cfg(feature = "redis-sentinel")]
+impl SentinelServer {
+    fn spawn(bin: &Path, cli: &Path, master_port: u16) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\n\
+                 bind 127.0.0.1\n\
+                 dir {dir}\n\
+                 logfile {dir}/sentinel.log\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 10000\n\
+                 sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
+                dir = dir.path().display(),
+            ),
+        )
+        .unwrap();
+        let child = Command::new(bin)
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not start {} --sentinel: {e}", bin.display()));
+        let mut sentinel = Self {
+            cli: cli.to_owned(),
+            dir,
+            port,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sentinel
+            .cmd(&["PING"])
+            .is_ok_and(|pong| pong.trim() == "PONG")
+        {
+            if let Some(status) = sentinel.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!(
+                    "sentinel on {port} exited with {status}; log:\n{}",
+                    sentinel.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sentinel on {port} did not answer within 10 s; log:\n{}",
+                sentinel.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sentinel
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sentinel.log"))
+            .unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+
+    /// Run `redis-cli` against this sentinel; its stdout.
+    pub fn cmd(&self, args: &[&str]) -> Result<String, String> {
+        let output = Command::new(&self.cli)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        if output.status.success() && !stdout.starts_with("Could not connect") {
+            Ok(stdout)
+        } else {
+            Err(format!(
+                "{stdout}{}",
+                String::from_utf8_lossy(&output.stderr)
+            ))
+        }
+    }
+
+    /// What this sentinel says of the master (`SENTINEL MASTER`), field by
+    /// field.
+    pub fn master_info(&self) -> Vec<(String, String)> {
+        let lines: Vec<String> = self
+            .cmd(&["SENTINEL", "MASTER", SENTINEL_MASTER])
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [k, v] => Some((k.clone(), v.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The master's port as this sentinel names it now.
+    pub fn master_port(&self) -> Option<u16> {
+        let out = self
+            .cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER])
+            .ok()?;
+        out.lines().nth(1)?.trim().parse().ok()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Kill the sentinel (SIGKILL) and reap it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[cfg(feature = "redis-sentinel")]
+impl Drop for SentinelServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(feature = "redis-sentinel")]
+impl RedisServer {
+    /// Send `signal` (`STOP`, `CONT`, ...) to the server process, with the
+    /// shell's own `kill`.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the server is running").id();
+        let status = Command::new("sh")
+            .args(["-c", &format!("kill -s {signal} {pid}")])
+            .status()
+            .expect("sh -c kill");
+        assert!(status.success(), "kill -s {signal} {pid}: {status}");
+    }
+}
+
+/// A master, its replica (`--replicaof`) and three sentinels watching them
+/// with a quorum of 2, a master declared down after 1 s without an answer:
+/// every process on a free port of 127.0.0.1 with its own temporary
+/// directory, killed and reaped on drop.
+#[cfg(feature = "redis-sentinel")]
+pub struct SentinelGroup {
+    /// The master as started, then its replica.
+    pub servers: Vec<RedisServer>,
+    pub sentinels: Vec<SentinelServer>,
+}
+
+#[cfg(feature = "redis-sentinel")]
+impl SentinelGroup {
+    /// The group, once the replica is in sync and every sentinel knows the
+    /// replica and the two other sentinels; `None` when Redis is not
+    /// installed.
+    pub fn start(test: &str) -> Option<Self> {
+        let (bin, cli) = binaries(test)?;
+        // A replica's first sync starts at once, not after 5 s.
+        let no_delay = vec!["--repl-diskless-sync-delay".to_owned(), "0".to_owned()];
+        let master = RedisServer::spawn(bin.clone(), cli.clone(), no_delay.clone());
+        let replica = RedisServer::spawn(
+            bin.clone(),
+            cli.clone(),
+            [
+                no_delay,
+                vec![
+                    "--replicaof".into(),
+                    "127.0.0.1".into(),
+                    master.port.to_string(),
+                ],
+            ]
+            .concat(),
+        );
+        let mut group = Self {
+            servers: vec![master, replica],
+            sentinels: Vec::new(),
+        };
+        // In sync before the sentinels look: they learn of replicas from the
+        // master's INFO, which they read again only every 10 s.
+        group.wait_for("the replica to be in sync", Duration::from_secs(20), |g| {
+            g.servers[1]
+                .cmd(&["INFO", "replication"])
+                .is_ok_and(|info| info.contains("master_link_status:up"))
+        });
+        let master_port = group.servers[0].port;
+        group.sentinels = (0..3)
+            .map(|_| SentinelServer::spawn(&bin, &cli, master_port))
+            .collect();
+        group.wait_for(
+            "every sentinel to know the replica and the other sentinels",
+            Duration::from_secs(30),
+            |g| {
+                g.sentinels.iter().all(|s| {
+                    let info = s.master_info();
+                    let field = |name: &str| {
+                        info.iter()
+                            .find(|(k, _)| k == name)
+                            .map(|(_, v)| v.as_str())
+                    };
+                    field("flags") == Some("master")
+                        && field("num-slaves") == Some("1")
+                        && field("num-other-sentinels") == Some("2")
+                })
+            },
+        );
+        Some(group)
+    }
+
+    /// Poll `ready` every 20 ms; past `limit`, panic with every log.
+    pub fn wait_for(&self, what: &str, limit: Duration, ready: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + limit;
+        while !ready(self) {
+            assert!(
+                Instant::now() < deadline,
+                "waited {limit:?} for {what}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every process's log, for a failure message.
+    pub fn logs(&self) -> String {
+        let mut logs = String::new();
+        for server in &self.servers {
+            logs += &format!(
+                "--- redis-server {} ---\n{}\n",
+                server.port,
+                server.log_text()
+            );
+        }
+        for sentinel in &self.sentinels {
+            logs += &format!(
+                "--- sentinel {} ---\n{}\n",
+                sentinel.port,
+                sentinel.log_text()
+            );
+        }
+        logs
+    }
+
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(SentinelServer::url).collect()
+    }
+
+    /// The server on `port`.
+    pub fn server(&self, port: u16) -> &RedisServer {
+        self.servers
+            .iter()
+            .find(|s| s.port == port)
+            .unwrap_or_else(|| panic!("no server on {port}"))
+    }
+
+    /// The server on `port`, to stop or signal it.
+    pub fn server_mut(&mut self, port: u16) -> &mut RedisServer {
+        self.servers
+            .iter_mut()
+            .find(|s| s.port == port)
+            .unwrap_or_else(|| panic!("no server on {port}"))
+    }
+
+    /// The master's port as a majority of the running sentinels name it.
+    pub fn master_port(&self) -> Option<u16> {
+        let named: Vec<u16> = self
+            .sentinels
+            .iter()
+            .filter(|s| s.child.is_some())
+            .filter_map(SentinelServer::master_port)
+            .collect();
+        named
+            .iter()
+            .copied()
+            .find(|port| named.iter().filter(|&p| p == port).count() * 2 > self.sentinels.len())
+    }
+}
+
 /// Scenarios that run the same way on a standalone server and on a Cluster:
 /// each takes a connection, builds its own backends under its own prefix,
 /// and inspects Redis with plain commands on that connection.

@@ -4,8 +4,14 @@
 //! module, and the audit with its Cluster code is in `audit.rs`.
 
 mod audit;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
 
 pub use audit::{AuditReport, Node, Nodes};
+#[cfg(feature = "redis-sentinel")]
+pub use sentinel::{
+    DEFAULT_LOOKUP_INTERVAL, DEFAULT_STALL_AFTER, SentinelConnection, SentinelConnectionBuilder,
+};
 
 use std::fmt;
 use std::future::Future;
