@@ -75,7 +75,7 @@ pub(crate) struct Settings {
     /// Bounds the log lines about requests without a usable key.
     pub(crate) key_gate: Arc<LogGate>,
     /// The layer's metric handles (feature `metrics`; zero-sized without).
-    pub(crate) metrics: Arc<LayerMetrics>,
+    pub(crate) metrics: LayerMetrics,
 }
 
 /// What the limiter does with a request once the backend has answered.

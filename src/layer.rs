@@ -154,7 +154,7 @@ impl RateLimitLayer {
                     observer: None,
                     warn_gate: Arc::default(),
                     key_gate: Arc::default(),
-                    metrics: Arc::default(),
+                    metrics: Default::default(),
                 },
             },
         })

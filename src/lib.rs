@@ -75,6 +75,11 @@ pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
 
 /// The README's examples, compiled and run as doctests.
-#[cfg(all(doctest, feature = "redis-cluster", feature = "redis-sentinel"))]
+#[cfg(all(
+    doctest,
+    feature = "redis-cluster",
+    feature = "redis-sentinel",
+    feature = "serde"
+))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

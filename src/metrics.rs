@@ -73,7 +73,7 @@ pub(crate) use disabled::{DecisionCounters, LayerMetrics, Stopwatch};
 #[cfg(feature = "metrics")]
 mod enabled {
     use std::fmt;
-    use std::sync::OnceLock;
+    use std::sync::{Arc, OnceLock};
     use std::time::Duration;
 
     use ::metrics::{Counter, Histogram, counter, histogram};
@@ -143,8 +143,11 @@ mod enabled {
 
     /// A layer's handles, registered on first use: shared by the layer's
     /// clones and services.
+    #[derive(Clone, Default)]
+    pub(crate) struct LayerMetrics(Arc<Handles>);
+
     #[derive(Default)]
-    pub(crate) struct LayerMetrics {
+    struct Handles {
         errors: OnceLock<[Counter; 4]>,
         latency: OnceLock<Histogram>,
         deny_cache: OnceLock<Counter>,
@@ -152,7 +155,7 @@ mod enabled {
 
     impl LayerMetrics {
         pub(crate) fn backend_error(&self, limiter: &str, err: &BackendError) {
-            let errors = self.errors.get_or_init(|| {
+            let errors = self.0.errors.get_or_init(|| {
                 ERROR_KINDS.map(|kind| {
                     counter!(BACKEND_ERRORS, "limiter" => limiter.to_owned(), "kind" => kind)
                 })
@@ -161,7 +164,8 @@ mod enabled {
         }
 
         pub(crate) fn backend_latency(&self, limiter: &str, elapsed: Duration) {
-            self.latency
+            self.0
+                .latency
                 .get_or_init(|| histogram!(BACKEND_LATENCY, "limiter" => limiter.to_owned()))
                 .record(elapsed.as_secs_f64());
         }
@@ -174,7 +178,8 @@ mod enabled {
                 .iter()
                 .any(|hit| hit.deadline.is_none() && hit.count > 0)
             {
-                self.deny_cache
+                self.0
+                    .deny_cache
                     .get_or_init(|| counter!(DENY_CACHE_ANSWERS, "limiter" => limiter.to_owned()))
                     .increment(1);
             }
@@ -224,7 +229,7 @@ mod disabled {
         pub(crate) fn record(&self, _label: &Label, _outcome: Outcome) {}
     }
 
-    #[derive(Debug, Default)]
+    #[derive(Debug, Clone, Default)]
     pub(crate) struct LayerMetrics;
 
     impl LayerMetrics {
