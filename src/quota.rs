@@ -142,7 +142,9 @@ impl TryFrom<Duration> for Window {
 /// # Rate strings
 ///
 /// A `Quota` parses from and displays as a rate string, so limits can come
-/// from configuration (an environment variable, a TOML file):
+/// from configuration (an environment variable, a TOML file); with the
+/// `serde` feature it serialises as one, and deserialises from one (see
+/// `config::LimiterConfig` for a whole limiter):
 ///
 /// ```text
 /// rate   = limit "/" window             "100/min", "1000 / 1h", "20/500ms"
