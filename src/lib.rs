@@ -79,6 +79,7 @@ pub use service::RateLimit;
     doctest,
     feature = "redis-cluster",
     feature = "redis-sentinel",
+    feature = "postgres",
     feature = "serde"
 ))]
 #[doc = include_str!("../README.md")]

@@ -49,7 +49,7 @@
 //! with no [`deadline`](crate::backend::Hit::deadline) was not counted in
 //! the store. A backend call that answers at once (without waiting) with a
 //! hit that has a count but no deadline was answered from a local cache:
-//! the Redis backend's deny cache. (A backend of your own that answers at
+//! the Redis or PostgreSQL backend's deny cache. (A backend of your own that answers at
 //! once without deadlines is counted here too.)
 //!
 //! # Example

@@ -27,7 +27,7 @@ pub const MIN_SECRET_LEN: usize = 32;
 /// the secret, even for keys as guessable as IPv4 addresses.
 ///
 /// It wraps any backend ([`MemoryBackend`](super::MemoryBackend), Redis,
-/// Redis Cluster, or your own) and applies to every call: hits, refunds,
+/// Redis Cluster, PostgreSQL, or your own) and applies to every call: hits, refunds,
 /// [`peek`](Backend::peek) and [`reset`](Backend::reset) take the raw key
 /// and find its counter, so code that resets a client keeps working
 /// unchanged. [`digest`](Self::digest) gives the stored key, to find a
