@@ -1,4 +1,4 @@
-//! Private keys on a real Redis and a real Redis Cluster: the store holds
+//! Private keys on a real Redis, a real Redis Cluster and PostgreSQL: the store holds
 //! keyed digests, never the keys, and counts exactly as before.
 
 mod support;
@@ -195,5 +195,67 @@ fn on_a_cluster() {
         };
         private_keys_are_digests_and_count_exactly(cluster.connection().await, "private:", keys)
             .await;
+    });
+}
+
+/// On PostgreSQL: the table holds digests, and counts exactly.
+#[cfg(feature = "postgres")]
+#[test]
+fn on_postgres() {
+    use support::postgres::TestSchema;
+
+    multi_thread_runtime().block_on(async {
+        let schema = pg_or_skip!(TestSchema::create("private_keys").await);
+        let store = schema.backend().await;
+        let layer = |store| {
+            RateLimitLayer::new("api", quota(3))
+                .key(by_client())
+                .backend(store)
+                .layer(ok_service())
+        };
+        let private = PrivateKeys::try_new(store.clone(), SECRET_A).unwrap();
+        let instances = [layer(private.clone()), layer(private.clone())];
+        let statuses = burst(&instances, 40, || from("sk_live_dave")).await;
+        assert_eq!(ok_count(&statuses), 3);
+        let other = layer(PrivateKeys::try_new(store, SECRET_B).unwrap());
+        assert_eq!(
+            other.oneshot(from("sk_live_dave")).await.unwrap().status(),
+            StatusCode::OK,
+            "another secret: its own counter"
+        );
+
+        let rows = schema
+            .client
+            .query(
+                &format!(
+                    "SELECT namespace, key, count FROM {} ORDER BY count",
+                    schema.table()
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        let rows: Vec<(String, Vec<u8>, i64)> = rows
+            .iter()
+            .map(|row| (row.get(0), row.get(1), row.get(2)))
+            .collect();
+        assert_eq!(rows.len(), 2, "{rows:?}");
+        let dave = private.digest(&Key::new("sk_live_dave"));
+        let (namespace, key, count) = &rows[1];
+        assert_eq!(
+            (namespace.as_str(), key.as_slice()),
+            ("api", dave.as_bytes())
+        );
+        assert!(
+            *count >= 3,
+            "every hit the deny cache did not answer is counted: {count}"
+        );
+        for (_, key, _) in &rows {
+            assert!(
+                key.starts_with(b"@") && key.len() == 65,
+                "{}",
+                key.escape_ascii()
+            );
+        }
     });
 }
