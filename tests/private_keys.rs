@@ -1,5 +1,5 @@
-//! Private keys on a real Redis, a real Redis Cluster and PostgreSQL: the store holds
-//! keyed digests, never the keys, and counts exactly as before.
+//! Private keys on a real Redis, a real Redis Cluster and PostgreSQL: the
+//! store holds keyed digests, never the keys, and counts exactly as before.
 
 mod support;
 
