@@ -110,6 +110,18 @@ impl Stamp {
 }
 
 impl<Bk, D> Core<Bk, D> {
+    /// `result`, a backend answer given at once, counted in the metrics
+    /// when a local cache gave it (feature `metrics`; nothing without).
+    #[inline]
+    pub(crate) fn answered_at_once(
+        &self,
+        result: Result<Hits, BackendError>,
+    ) -> Result<Hits, BackendError> {
+        let s = &self.settings;
+        s.metrics.answered_at_once(&s.name, &result);
+        result
+    }
+
     /// The verdict on `request`, given the backend's `result` for `policy`.
     pub(crate) fn judge<B>(
         &self,

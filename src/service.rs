@@ -90,16 +90,10 @@ where
         // real waker, by the future; the ready service goes into the future
         // and a clone stays behind for the next call.
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(result) => {
-                let s = &core.settings;
-                s.metrics.answered_at_once(&s.name, &result);
-                match core.judge(result, policy, &head) {
-                    Verdict::Pass(stamp) => {
-                        ResponseFuture::passing(self.inner.call(request), stamp)
-                    }
-                    Verdict::Respond(response) => ResponseFuture::respond(response),
-                }
-            }
+            Poll::Ready(result) => match core.judge(core.answered_at_once(result), policy, &head) {
+                Verdict::Pass(stamp) => ResponseFuture::passing(self.inner.call(request), stamp),
+                Verdict::Respond(response) => ResponseFuture::respond(response),
+            },
             Poll::Pending => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
