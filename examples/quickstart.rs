@@ -4,7 +4,12 @@
 //! ```text
 //! cargo run --example quickstart --features axum
 //! for i in 1 2 3 4 5 6; do curl -si http://127.0.0.1:3000/ | head -n 1; done
+//! RATE_LIMIT="100 per 1m" cargo run --example quickstart   # another quota
 //! ```
+//!
+//! `PORT` changes the port (default 3000), `RATE_LIMIT` the quota, as a rate
+//! string (default `5/10s`); a bad value stops it with a message that says
+//! what is wrong.
 
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -26,8 +31,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => 3000,
     };
 
-    let limit = RateLimitLayer::new("quickstart", Quota::new(5, Duration::from_secs(10))?)
-        .key(PeerIp::new());
+    let quota = rate_limit().unwrap_or_else(|err| {
+        eprintln!("{err}");
+        std::process::exit(2);
+    });
+    let limit = RateLimitLayer::new("quickstart", quota).key(PeerIp::new());
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route_layer(limit)
@@ -35,7 +43,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     let addr = listener.local_addr()?;
-    println!("listening on http://{addr}");
+    println!("listening on http://{addr} ({quota} per client IP)");
     println!(
         "try: for i in 1 2 3 4 5 6; do curl -si http://{addr}/ | grep -iE '^(HTTP|retry-after|ratelimit)'; done"
     );
@@ -45,4 +53,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     )
     .await?;
     Ok(())
+}
+
+/// The quota in `RATE_LIMIT` (a rate string such as `100/min`), or 5 per
+/// 10 seconds when it is not set.
+fn rate_limit() -> Result<Quota, String> {
+    match std::env::var("RATE_LIMIT") {
+        Ok(rate) => rate.parse().map_err(|e| format!("RATE_LIMIT: {e}")),
+        Err(std::env::VarError::NotPresent) => {
+            Ok(Quota::new(5, Duration::from_secs(10)).expect("5 per 10 s is a valid quota"))
+        }
+        Err(err) => Err(format!("RATE_LIMIT: {err}")),
+    }
 }

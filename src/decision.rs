@@ -4,6 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::metrics::DecisionCounters;
 use crate::request::Route;
 
 /// Whether a request went through.
@@ -54,6 +55,8 @@ pub(crate) struct Label {
     pub(crate) limiter: Arc<str>,
     /// The quota's policy name, as the headers show it.
     pub(crate) policy: Arc<str>,
+    /// Its decision counters (feature `metrics`; zero-sized without).
+    pub(crate) counters: DecisionCounters,
 }
 
 impl Decision {
@@ -79,6 +82,12 @@ impl Decision {
             outcome,
             refunded: false,
         }
+    }
+
+    /// Count this decision in its quota's metrics (feature `metrics`).
+    #[inline]
+    pub(crate) fn record_metrics(&self) {
+        self.label.counters.record(&self.label, self.outcome);
     }
 
     /// The layer's name (see [`RateLimitLayer::new`](crate::RateLimitLayer::new)).
@@ -210,6 +219,7 @@ mod tests {
         let label = Arc::new(Label {
             limiter: "n".into(),
             policy: "n".into(),
+            counters: DecisionCounters::default(),
         });
         let d = |count, shadow| {
             Decision::new(

@@ -3,6 +3,7 @@
 use std::fmt;
 
 use crate::name::MAX_NAME_LEN;
+use crate::quota::ParseRateError;
 
 /// A configuration mistake, reported when the limiter is built and never while
 /// serving a request.
@@ -46,6 +47,21 @@ pub enum ConfigError {
     InvalidSqlIdentifier(String),
     /// The interval between two runs of a backend's cleaner was zero.
     ZeroCleanInterval,
+    /// A rate string that is not a quota (`"0/min"`, `"10/5y"`); the error
+    /// says what was wrong.
+    InvalidRate(ParseRateError),
+    /// A header name that is not a valid HTTP header name.
+    InvalidHeaderName(String),
+    /// A secret for [`PrivateKeys`](crate::backend::PrivateKeys) shorter
+    /// than [`MIN_SECRET_LEN`](crate::backend::MIN_SECRET_LEN) bytes (its
+    /// length; the secret itself is never shown).
+    SecretTooShort(usize),
+}
+
+impl From<ParseRateError> for ConfigError {
+    fn from(err: ParseRateError) -> Self {
+        Self::InvalidRate(err)
+    }
 }
 
 impl fmt::Display for ConfigError {
@@ -94,6 +110,15 @@ impl fmt::Display for ConfigError {
             Self::ZeroCleanInterval => {
                 f.write_str("the cleaner's interval must be longer than zero")
             }
+            Self::InvalidRate(err) => err.fmt(f),
+            Self::InvalidHeaderName(name) => {
+                write!(f, "{name:?} is not a valid HTTP header name")
+            }
+            Self::SecretTooShort(len) => write!(
+                f,
+                "the private-keys secret is {len} bytes; it must be at least {} (random bytes, such as `openssl rand -hex 32`)",
+                crate::backend::MIN_SECRET_LEN
+            ),
             Self::InvalidIpv6Prefix(bits) => {
                 write!(
                     f,

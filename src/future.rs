@@ -13,6 +13,7 @@ use tower_service::Service;
 
 use crate::backend::{Backend, BackendError};
 use crate::judge::{Core, Stamp, Verdict};
+use crate::metrics::Stopwatch;
 use crate::policy::Policy;
 use crate::refund::{self, Tab, Wait};
 use crate::request::RequestHead;
@@ -52,6 +53,9 @@ pin_project! {
             service: Option<Svc>,
             request: Option<Req>,
             policy: Arc<Policy>,
+            // Since the backend call was found waiting (feature `metrics`;
+            // zero-sized without).
+            stopwatch: Stopwatch,
             // Only when the layer counts by outcome.
             tab: Option<Box<T>>,
         },
@@ -98,6 +102,7 @@ where
                 service: Some(service),
                 request: Some(request),
                 policy,
+                stopwatch: Stopwatch::start(),
                 tab,
             },
         }
@@ -155,6 +160,7 @@ where
                     service,
                     request,
                     policy,
+                    stopwatch,
                     tab,
                 } => {
                     let result = match Pin::new(hit).poll(cx) {
@@ -167,6 +173,8 @@ where
                             Err(BackendError::TimedOut)
                         }
                     };
+                    let s = &core.settings;
+                    s.metrics.backend_latency(&s.name, stopwatch.elapsed());
                     let head =
                         RequestHead::new(request.as_ref().expect("the request is taken once"));
                     let (verdict, tab) =

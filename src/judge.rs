@@ -16,6 +16,7 @@ use crate::backend::{BackendError, Hits};
 use crate::count::CountIf;
 use crate::decision::Decision;
 use crate::key::KeyError;
+use crate::metrics::LayerMetrics;
 use crate::policy::{Policies, Policy};
 use crate::request::RequestHead;
 use crate::response::{Answer, Deny, GrpcCode, grpc_response, status_response};
@@ -82,6 +83,8 @@ pub(crate) struct Settings {
     pub(crate) warn_gate: Arc<LogGate>,
     /// Bounds the log lines about requests without a usable key.
     pub(crate) key_gate: Arc<LogGate>,
+    /// The layer's metric handles (feature `metrics`; zero-sized without).
+    pub(crate) metrics: LayerMetrics,
 }
 
 /// What the limiter does with a request once the backend has answered.
@@ -127,6 +130,18 @@ impl Stamp {
 }
 
 impl<Bk, D> Core<Bk, D> {
+    /// `result`, a backend answer given at once, counted in the metrics
+    /// when a local cache gave it (feature `metrics`; nothing without).
+    #[inline]
+    pub(crate) fn answered_at_once(
+        &self,
+        result: Result<Hits, BackendError>,
+    ) -> Result<Hits, BackendError> {
+        let s = &self.settings;
+        s.metrics.answered_at_once(&s.name, &result);
+        result
+    }
+
     /// The verdict on `request`, given the backend's `result` for `policy`.
     pub(crate) fn judge<B>(
         &self,
@@ -139,6 +154,9 @@ impl<Bk, D> Core<Bk, D> {
         B: Default,
     {
         let s = &self.settings;
+        if let Err(err) = &result {
+            s.metrics.backend_error(&s.name, err);
+        }
         let hits = match result {
             Ok(hits) => hits,
             Err(err) if err.is_corrupt() => {
@@ -153,9 +171,11 @@ impl<Bk, D> Core<Bk, D> {
         };
         let Some((index, decision)) = policy.decide(&hits, s.shadow, request.route_owned()) else {
             let err = BackendError::Unavailable("the backend answered no hit".into());
+            s.metrics.backend_error(&s.name, &err);
             return self.outage(err, request);
         };
         tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
+        decision.record_metrics();
         if let Some(observer) = &s.observer {
             observer(&decision);
         }

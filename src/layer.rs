@@ -157,6 +157,7 @@ impl RateLimitLayer {
                     count_if: None,
                     warn_gate: Arc::default(),
                     key_gate: Arc::default(),
+                    metrics: Default::default(),
                 },
             },
         })

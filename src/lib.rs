@@ -49,6 +49,8 @@
 // response.rs are the way out, and count.rs reads the service's answer.
 // Imports only point down this list.
 pub mod backend;
+#[cfg(feature = "serde")]
+pub mod config;
 mod count;
 mod decision;
 mod error;
@@ -56,6 +58,10 @@ mod future;
 mod judge;
 pub mod key;
 mod layer;
+#[cfg(feature = "metrics")]
+pub mod metrics;
+#[cfg(not(feature = "metrics"))]
+mod metrics;
 mod name;
 mod policy;
 mod quota;
@@ -72,7 +78,7 @@ pub use judge::{FailurePolicy, OnMissingKey};
 pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
-pub use quota::{Quota, Window};
+pub use quota::{ParseRateError, Quota, RateErrorKind, Window};
 pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
@@ -82,7 +88,8 @@ pub use service::RateLimit;
     doctest,
     feature = "redis-cluster",
     feature = "redis-sentinel",
-    feature = "postgres"
+    feature = "postgres",
+    feature = "serde"
 ))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -293,6 +293,7 @@ impl Policies {
                 label: Arc::new(Label {
                     limiter: self.name.clone(),
                     policy: self.policy_name(quota, kind),
+                    counters: Default::default(),
                 }),
             });
         }
@@ -374,22 +375,11 @@ fn push_escaped(name: &mut String, route: &str) {
     }
 }
 
-/// `LIMIT/WINDOW`, the window in the largest unit that divides it:
-/// `100/1min`, `5/15min`, `20/500ms`.
+/// `LIMIT/WINDOW`: the quota's canonical rate string (`100/1min`,
+/// `5/15min`, `20/500ms`), which parses back to the same quota.
 fn push_rate(name: &mut String, quota: Quota) {
-    const UNITS: [(u64, &str); 5] = [
-        (86_400_000, "d"),
-        (3_600_000, "h"),
-        (60_000, "min"),
-        (1_000, "s"),
-        (1, "ms"),
-    ];
-    let millis = quota.window().as_millis();
-    let (size, unit) = UNITS
-        .into_iter()
-        .find(|(size, _)| millis.is_multiple_of(*size))
-        .unwrap_or((1, "ms"));
-    name.push_str(&format!("{}/{}{unit}", quota.limit(), millis / size));
+    use std::fmt::Write;
+    write!(name, "{quota}").expect("writing to a String does not fail");
 }
 
 impl Clone for Policies {

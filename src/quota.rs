@@ -1,6 +1,9 @@
-//! How many hits a key may make, and in how long a window.
+//! How many hits a key may make, and in how long a window; and their
+//! text form, the rate string (see [`Quota`]).
 
+use std::fmt;
 use std::num::{NonZeroU32, NonZeroU64};
+use std::str::FromStr;
 use std::time::Duration;
 
 use crate::error::ConfigError;
@@ -135,6 +138,56 @@ impl TryFrom<Duration> for Window {
 /// assert!(Quota::new(0, Duration::from_secs(1)).is_err());
 /// assert!(Quota::new(5, Duration::ZERO).is_err());
 /// ```
+///
+/// # Rate strings
+///
+/// A `Quota` parses from and displays as a rate string, so limits can come
+/// from configuration (an environment variable, a TOML file); with the
+/// `serde` feature it serialises as one, and deserialises from one (see
+/// `config::LimiterConfig` for a whole limiter):
+///
+/// ```text
+/// rate   = limit "/" window             "100/min", "1000 / 1h", "20/500ms"
+///        | limit " per " window         "5 per 15m", "10 per s"
+/// limit  = digits                       1 to 18446744073709551615
+/// window = [amount] unit                the amount defaults to 1
+/// amount = digits                       at least 1
+/// unit   = "ms" | "s" | "m" | "min" | "h" | "d"
+/// ```
+///
+/// - Numbers are plain decimal digits: no sign, no fraction, no separators
+///   (write `1500ms`, not `1.5s`).
+/// - Units are lowercase: `ms` milliseconds, `s` seconds, `m` or `min`
+///   minutes (never months), `h` hours, `d` days.
+/// - Whitespace (spaces and tabs) is allowed at either end, around `/`, and
+///   between the amount and its unit; `per` is a word of its own, with
+///   whitespace on both sides.
+/// - The window is bounded like every window: longer than zero, at most
+///   [`Window::MAX`] (36525d).
+///
+/// The canonical form, which [`Display`](fmt::Display) writes, is
+/// `LIMIT/AMOUNTUNIT` with no spaces and the largest unit that divides the
+/// window exactly (`d`, `h`, `min`, `s`, `ms`): `"100/1min"`, `"5/15min"`,
+/// `"10/1s"`, `"1000/1h"`, `"20/500ms"`, `"7/90s"`. Any quota's canonical
+/// form parses back to the same quota, and it is also the readable default
+/// policy name the layer gives an unnamed extra or tier quota
+/// (`"api 10000/1d"`).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::Quota;
+///
+/// let login: Quota = "5 per 15m".parse().unwrap();
+/// assert_eq!(login, Quota::new(5, Duration::from_secs(900)).unwrap());
+/// assert_eq!(login.to_string(), "5/15min");
+/// assert_eq!(login.to_string().parse::<Quota>().unwrap(), login);
+///
+/// let err = "0/min".parse::<Quota>().unwrap_err();
+/// assert_eq!(
+///     err.to_string(),
+///     "invalid rate \"0/min\": the limit is 0; a quota admits at least 1 request per window"
+/// );
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     limit: NonZeroU64,
@@ -200,6 +253,286 @@ impl Quota {
         self.window
     }
 }
+
+/// The units of a rate string, largest first: what [`Window`]'s
+/// [`Display`](fmt::Display) picks from, in this order.
+const UNITS: [(&str, u64); 5] = [
+    ("d", 86_400_000),
+    ("h", 3_600_000),
+    ("min", 60_000),
+    ("s", 1_000),
+    ("ms", 1),
+];
+
+/// The milliseconds in one `unit`, for every spelling the parser accepts.
+fn unit_millis(unit: &str) -> Option<u64> {
+    match unit {
+        "m" => Some(60_000),
+        _ => UNITS
+            .iter()
+            .find(|(name, _)| *name == unit)
+            .map(|(_, millis)| *millis),
+    }
+}
+
+fn is_space(c: char) -> bool {
+    c == ' ' || c == '\t'
+}
+
+/// The window as a whole number of the largest unit that divides it:
+/// `15min`, `1d`, `90s`, `500ms`.
+impl fmt::Display for Window {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let millis = self.as_millis();
+        let (unit, size) = UNITS
+            .into_iter()
+            .find(|(_, size)| millis.is_multiple_of(*size))
+            .unwrap_or(("ms", 1));
+        write!(f, "{}{unit}", millis / size)
+    }
+}
+
+/// Parses a window of a rate string: `[amount] unit`, such as `15m`,
+/// `500ms`, `min` (see the [rate-string grammar](Quota#rate-strings)).
+///
+/// ```
+/// use tower_pinned_window::Window;
+///
+/// let window: Window = "15m".parse().unwrap();
+/// assert_eq!(window.as_millis(), 900_000);
+/// assert_eq!(window.to_string(), "15min");
+/// assert!("0s".parse::<Window>().is_err());
+/// ```
+impl FromStr for Window {
+    type Err = ParseRateError;
+
+    fn from_str(text: &str) -> Result<Self, ParseRateError> {
+        parse_window(text.trim_matches(is_space))
+            .map_err(|(kind, part)| ParseRateError::new(text, kind, part))
+    }
+}
+
+/// The window part of a rate string, already trimmed; on error, what was
+/// wrong and the part that was.
+fn parse_window(text: &str) -> Result<Window, (RateErrorKind, &str)> {
+    if text.is_empty() {
+        return Err((RateErrorKind::MissingWindow, text));
+    }
+    if text.starts_with('-') {
+        return Err((RateErrorKind::NegativeWindow, text));
+    }
+    let digits = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let unit = text[digits..].trim_start_matches(is_space);
+    if unit.is_empty() {
+        return Err((RateErrorKind::MissingUnit, text));
+    }
+    if !unit.bytes().all(|b| b.is_ascii_alphabetic()) {
+        return Err((RateErrorKind::InvalidWindow, text));
+    }
+    let size = unit_millis(unit).ok_or((RateErrorKind::UnknownUnit, unit))?;
+    let amount = match &text[..digits] {
+        "" => 1,
+        // Only digits: the one way this fails is a number past u64::MAX.
+        amount => amount
+            .parse::<u64>()
+            .map_err(|_| (RateErrorKind::WindowTooLong, text))?,
+    };
+    if amount == 0 {
+        return Err((RateErrorKind::ZeroWindow, text));
+    }
+    let millis = amount
+        .checked_mul(size)
+        .ok_or((RateErrorKind::WindowTooLong, text))?;
+    Window::from_millis(millis.into()).map_err(|_| (RateErrorKind::WindowTooLong, text))
+}
+
+/// The limit part of a rate string, already trimmed.
+fn parse_limit(text: &str) -> Result<NonZeroU64, RateErrorKind> {
+    if text.starts_with('-') && text.len() > 1 && text[1..].bytes().all(|b| b.is_ascii_digit()) {
+        return Err(RateErrorKind::NegativeLimit);
+    }
+    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(RateErrorKind::InvalidLimit);
+    }
+    let limit = text
+        .parse::<u64>()
+        .map_err(|_| RateErrorKind::LimitTooLarge)?;
+    NonZeroU64::new(limit).ok_or(RateErrorKind::ZeroLimit)
+}
+
+/// `text` split at its separator, `/` or the word `per`: the limit and the
+/// window, each trimmed.
+fn split_rate(text: &str) -> Option<(&str, &str)> {
+    if let Some((limit, window)) = text.split_once('/') {
+        return Some((limit, window));
+    }
+    text.match_indices("per").find_map(|(at, per)| {
+        let (before, after) = (&text[..at], &text[at + per.len()..]);
+        (before.ends_with(is_space) && after.starts_with(is_space)).then_some((before, after))
+    })
+}
+
+/// The canonical rate string: `LIMIT/WINDOW`, such as `100/1min` or
+/// `5/15min` (see the [rate-string grammar](Quota#rate-strings)).
+impl fmt::Display for Quota {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.limit, self.window)
+    }
+}
+
+/// Parses a rate string: `"100/min"`, `"5 per 15m"`, `"10/s"`,
+/// `"1000/1h"`, `"20/500ms"` (the grammar is in the [rate-string grammar](Quota#rate-strings)).
+///
+/// ```
+/// use tower_pinned_window::{Quota, RateErrorKind};
+///
+/// let quota: Quota = "1000 / 1h".parse().unwrap();
+/// assert_eq!((quota.limit(), quota.window().as_millis()), (1000, 3_600_000));
+/// for (bad, kind) in [
+///     ("abc", RateErrorKind::NoSeparator),
+///     ("-1/min", RateErrorKind::NegativeLimit),
+///     ("10/0s", RateErrorKind::ZeroWindow),
+///     ("10/5y", RateErrorKind::UnknownUnit),
+/// ] {
+///     assert_eq!(bad.parse::<Quota>().unwrap_err().kind(), kind, "{bad}");
+/// }
+/// ```
+impl FromStr for Quota {
+    type Err = ParseRateError;
+
+    fn from_str(text: &str) -> Result<Self, ParseRateError> {
+        let trimmed = text.trim_matches(is_space);
+        if trimmed.is_empty() {
+            return Err(ParseRateError::new(text, RateErrorKind::Empty, ""));
+        }
+        let (limit, window) = split_rate(trimmed)
+            .ok_or_else(|| ParseRateError::new(text, RateErrorKind::NoSeparator, trimmed))?;
+        let (limit, window) = (limit.trim_matches(is_space), window.trim_matches(is_space));
+        let limit = parse_limit(limit).map_err(|kind| ParseRateError::new(text, kind, limit))?;
+        let window =
+            parse_window(window).map_err(|(kind, part)| ParseRateError::new(text, kind, part))?;
+        Ok(Self::with_window(limit, window))
+    }
+}
+
+/// What was wrong with a rate string; see [`ParseRateError::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RateErrorKind {
+    /// Nothing but whitespace.
+    Empty,
+    /// No `/` or ` per ` between the limit and the window (`"abc"`).
+    NoSeparator,
+    /// The limit is not a whole number of plain digits (`"1.5/s"`, `"x/s"`).
+    InvalidLimit,
+    /// The limit is negative (`"-1/min"`).
+    NegativeLimit,
+    /// The limit is zero (`"0/min"`): a quota admits at least one request.
+    ZeroLimit,
+    /// The limit is larger than `u64::MAX`.
+    LimitTooLarge,
+    /// Nothing after the separator (`"10/"`).
+    MissingWindow,
+    /// The window is not a whole number and a unit (`"10/1.5s"`).
+    InvalidWindow,
+    /// The window has a number but no unit (`"10/60"`).
+    MissingUnit,
+    /// The unit is none of `ms`, `s`, `m`, `min`, `h`, `d` (`"10/5y"`).
+    UnknownUnit,
+    /// The window is negative (`"10/-5s"`).
+    NegativeWindow,
+    /// The window is zero (`"10/0s"`); it is never read as "no expiry".
+    ZeroWindow,
+    /// The window is longer than [`Window::MAX`], or its number is too large
+    /// to count.
+    WindowTooLong,
+}
+
+/// A rate string that is not a quota: the input, what was wrong with it and
+/// which part. Its message names all three.
+///
+/// It converts into [`ConfigError::InvalidRate`], so `?` works in a
+/// function returning `ConfigError`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseRateError {
+    input: String,
+    kind: RateErrorKind,
+    part: String,
+}
+
+impl ParseRateError {
+    fn new(input: &str, kind: RateErrorKind, part: &str) -> Self {
+        Self {
+            input: input.to_owned(),
+            kind,
+            part: part.to_owned(),
+        }
+    }
+
+    /// What was wrong.
+    pub fn kind(&self) -> RateErrorKind {
+        self.kind
+    }
+
+    /// The text that was parsed.
+    pub fn input(&self) -> &str {
+        &self.input
+    }
+}
+
+impl fmt::Display for ParseRateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: &str = "ms, s, m or min, h, d";
+        const FORM: &str = "write LIMIT/WINDOW, such as \"100/min\" or \"5 per 15m\"";
+        let part = &self.part;
+        write!(f, "invalid rate {:?}: ", self.input)?;
+        match self.kind {
+            RateErrorKind::Empty => write!(f, "it is empty; {FORM}"),
+            RateErrorKind::NoSeparator => write!(
+                f,
+                "no \"/\" or \" per \" between the limit and the window; {FORM}"
+            ),
+            RateErrorKind::InvalidLimit => {
+                write!(f, "the limit {part:?} is not a whole number")
+            }
+            RateErrorKind::NegativeLimit => {
+                write!(f, "the limit {part} is negative; it must be at least 1")
+            }
+            RateErrorKind::ZeroLimit => {
+                f.write_str("the limit is 0; a quota admits at least 1 request per window")
+            }
+            RateErrorKind::LimitTooLarge => {
+                write!(f, "the limit {part} is larger than {}", u64::MAX)
+            }
+            RateErrorKind::MissingWindow => write!(f, "the window is missing; {FORM}"),
+            RateErrorKind::InvalidWindow => write!(
+                f,
+                "the window {part:?} is not a whole number and a unit, such as \"15m\" or \"1500ms\""
+            ),
+            RateErrorKind::MissingUnit => {
+                write!(f, "the window {part:?} has no unit ({UNITS})")
+            }
+            RateErrorKind::UnknownUnit => write!(f, "unknown unit {part:?} (use {UNITS})"),
+            RateErrorKind::NegativeWindow => write!(
+                f,
+                "the window {part:?} is negative; it must be longer than zero"
+            ),
+            RateErrorKind::ZeroWindow => write!(
+                f,
+                "the window {part:?} is zero; it must be longer than zero (it is never read as \"no expiry\")"
+            ),
+            RateErrorKind::WindowTooLong => write!(
+                f,
+                "the window {part:?} is longer than {} (Window::MAX, 100 years)",
+                Window::MAX
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ParseRateError {}
 
 #[cfg(test)]
 mod tests {
@@ -380,5 +713,179 @@ mod tests {
         );
         let q = Quota::per_minute(NonZeroU32::new(100).unwrap());
         assert_eq!((q.limit(), q.window().as_millis()), (100, 60_000));
+    }
+
+    fn q(limit: u64, millis: u64) -> Quota {
+        Quota::new(limit, Duration::from_millis(millis)).unwrap()
+    }
+
+    #[test]
+    fn rate_strings_parse() {
+        let cases: &[(&str, Quota, &str)] = &[
+            ("100/min", q(100, 60_000), "100/1min"),
+            ("100/m", q(100, 60_000), "100/1min"),
+            ("5 per 15m", q(5, 900_000), "5/15min"),
+            ("5 per 15 min", q(5, 900_000), "5/15min"),
+            ("10/s", q(10, 1_000), "10/1s"),
+            ("1000/1h", q(1000, 3_600_000), "1000/1h"),
+            ("20/500ms", q(20, 500), "20/500ms"),
+            ("10000/1d", q(10_000, 86_400_000), "10000/1d"),
+            ("10000/d", q(10_000, 86_400_000), "10000/1d"),
+            ("7/90s", q(7, 90_000), "7/90s"),
+            ("7/1500ms", q(7, 1_500), "7/1500ms"),
+            ("3/120m", q(3, 7_200_000), "3/2h"),
+            ("3/24h", q(3, 86_400_000), "3/1d"),
+            ("3/60000ms", q(3, 60_000), "3/1min"),
+            ("  3 / 2h  ", q(3, 7_200_000), "3/2h"),
+            ("\t3\tper\t2 h\t", q(3, 7_200_000), "3/2h"),
+            ("007/min", q(7, 60_000), "7/1min"),
+            ("1/36525d", q(1, Window::MAX.as_millis()), "1/36525d"),
+            (
+                "18446744073709551615/ms",
+                q(u64::MAX, 1),
+                "18446744073709551615/1ms",
+            ),
+        ];
+        for (text, want, canonical) in cases {
+            let got: Quota = text.parse().unwrap_or_else(|e| panic!("{text:?}: {e}"));
+            assert_eq!(got, *want, "{text:?}");
+            assert_eq!(got.to_string(), *canonical, "{text:?}");
+            assert_eq!(canonical.parse::<Quota>(), Ok(got), "{text:?} canonical");
+        }
+    }
+
+    #[test]
+    fn bad_rate_strings_say_what_was_wrong() {
+        use RateErrorKind::*;
+        let cases: &[(&str, RateErrorKind, &str)] = &[
+            ("", Empty, "it is empty"),
+            ("   ", Empty, "it is empty"),
+            ("abc", NoSeparator, "no \"/\" or \" per \""),
+            ("100", NoSeparator, "no \"/\" or \" per \""),
+            ("5per15m", NoSeparator, "no \"/\" or \" per \""),
+            ("0/min", ZeroLimit, "the limit is 0"),
+            ("-1/min", NegativeLimit, "the limit -1 is negative"),
+            (
+                "+1/min",
+                InvalidLimit,
+                "the limit \"+1\" is not a whole number",
+            ),
+            (
+                "1.5/min",
+                InvalidLimit,
+                "the limit \"1.5\" is not a whole number",
+            ),
+            ("1_000/min", InvalidLimit, "not a whole number"),
+            ("/min", InvalidLimit, "the limit \"\" is not a whole number"),
+            ("ten/min", InvalidLimit, "the limit \"ten\""),
+            (
+                "18446744073709551616/min",
+                LimitTooLarge,
+                "the limit 18446744073709551616 is larger than 18446744073709551615",
+            ),
+            ("10/", MissingWindow, "the window is missing"),
+            ("10 per ", NoSeparator, "no \"/\""),
+            ("10/0s", ZeroWindow, "the window \"0s\" is zero"),
+            ("10/0ms", ZeroWindow, "is zero"),
+            ("10/-5s", NegativeWindow, "the window \"-5s\" is negative"),
+            (
+                "10/60",
+                MissingUnit,
+                "the window \"60\" has no unit (ms, s, m or min, h, d)",
+            ),
+            (
+                "10/5y",
+                UnknownUnit,
+                "unknown unit \"y\" (use ms, s, m or min, h, d)",
+            ),
+            ("10/5M", UnknownUnit, "unknown unit \"M\""),
+            ("10/5 mins", UnknownUnit, "unknown unit \"mins\""),
+            ("10/week", UnknownUnit, "unknown unit \"week\""),
+            (
+                "10/1.5s",
+                InvalidWindow,
+                "the window \"1.5s\" is not a whole number and a unit",
+            ),
+            ("10/+5s", InvalidWindow, "not a whole number and a unit"),
+            ("10/5s/2", InvalidWindow, "not a whole number and a unit"),
+            (
+                "10/36526d",
+                WindowTooLong,
+                "the window \"36526d\" is longer than 36525d",
+            ),
+            (
+                "10/18446744073709551615d",
+                WindowTooLong,
+                "longer than 36525d",
+            ),
+            (
+                "10/99999999999999999999999ms",
+                WindowTooLong,
+                "longer than 36525d",
+            ),
+        ];
+        for (text, kind, message) in cases {
+            let err = text.parse::<Quota>().unwrap_err();
+            assert_eq!(err.kind(), *kind, "{text:?}: {err}");
+            assert_eq!(err.input(), *text);
+            let shown = err.to_string();
+            assert!(
+                shown.starts_with(&format!("invalid rate {text:?}: ")),
+                "{text:?}: {shown}"
+            );
+            assert!(shown.contains(message), "{text:?}: {shown}");
+            let config: ConfigError = err.clone().into();
+            assert_eq!(config.to_string(), shown, "{text:?}");
+            assert_eq!(config, ConfigError::InvalidRate(err), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn windows_parse_alone() {
+        assert_eq!("15m".parse::<Window>().map(Window::as_millis), Ok(900_000));
+        assert_eq!(
+            " h ".parse::<Window>().map(Window::as_millis),
+            Ok(3_600_000)
+        );
+        assert_eq!(Window::MAX.to_string(), "36525d");
+        assert_eq!(
+            "0s".parse::<Window>().unwrap_err().kind(),
+            RateErrorKind::ZeroWindow
+        );
+        assert_eq!(
+            "".parse::<Window>().unwrap_err().kind(),
+            RateErrorKind::MissingWindow
+        );
+    }
+
+    proptest::proptest! {
+        /// Every quota's canonical form parses back to it exactly.
+        #[test]
+        fn display_round_trips(limit in 1..=u64::MAX, millis in 1..=MAX_MILLIS) {
+            let quota = q(limit, millis);
+            let text = quota.to_string();
+            proptest::prop_assert_eq!(text.parse::<Quota>(), Ok(quota), "{}", text);
+            proptest::prop_assert!(!text.contains(' '));
+        }
+
+        /// Round windows print in their unit.
+        #[test]
+        fn round_windows_print_in_their_unit(
+            amount in 1..=36_525u64,
+            unit in proptest::sample::select(vec![("d", 86_400_000u64), ("h", 3_600_000), ("min", 60_000), ("s", 1_000), ("ms", 1)]),
+        ) {
+            let window: Window = format!("{amount}{}", unit.0).parse().unwrap();
+            proptest::prop_assert_eq!(window.as_millis(), amount * unit.1);
+            proptest::prop_assert_eq!(window.to_string().parse::<Window>(), Ok(window));
+        }
+
+        /// Whatever the text, parsing answers (never panics), and what it
+        /// accepts prints in a form it accepts again.
+        #[test]
+        fn parsing_never_panics(text in "[ 0-9a-z/+.-]{0,24}") {
+            if let Ok(quota) = text.parse::<Quota>() {
+                proptest::prop_assert_eq!(quota.to_string().parse::<Quota>(), Ok(quota));
+            }
+        }
     }
 }

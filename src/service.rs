@@ -109,15 +109,17 @@ where
         // real waker, by the future; the ready service goes into the future
         // and a clone stays behind for the next call.
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(result) => match refund::judge(core, tab, result, policy, &head) {
-                (Verdict::Pass(stamp), tab) => {
-                    ResponseFuture::passing(self.inner.call(request), stamp, tab)
+            Poll::Ready(result) => {
+                match refund::judge(core, tab, core.answered_at_once(result), policy, &head) {
+                    (Verdict::Pass(stamp), tab) => {
+                        ResponseFuture::passing(self.inner.call(request), stamp, tab)
+                    }
+                    (Verdict::Respond(mut response), tab) => {
+                        let wait = tab.and_then(|tab| tab.deny(&mut response));
+                        ResponseFuture::answered(response, wait)
+                    }
                 }
-                (Verdict::Respond(mut response), tab) => {
-                    let wait = tab.and_then(|tab| tab.deny(&mut response));
-                    ResponseFuture::answered(response, wait)
-                }
-            },
+            }
             Poll::Pending => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);

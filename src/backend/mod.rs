@@ -24,7 +24,8 @@
 //! closed or a new one has opened, a refund does nothing.
 //!
 //! Backends here: [`MemoryBackend`] (the embedded default) and, with the
-//! `redis` feature, a Redis and Redis Cluster backend.
+//! `redis` feature, a Redis and Redis Cluster backend. [`PrivateKeys`] wraps
+//! any of them to store a keyed digest of each key instead of its bytes.
 //!
 //! # Storage keys
 //!
@@ -54,11 +55,13 @@ mod deny_cache;
 mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
+mod private;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod storage_key;
 
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};
+pub use private::{MIN_SECRET_LEN, PrivateKeys};
 
 use std::fmt;
 use std::future::Future;

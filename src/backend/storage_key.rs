@@ -12,6 +12,7 @@
 //! tpw:api{%7Bx%7D}                       the key "{x}"
 //! tpw:api{%}                             the empty key
 //! tpw:api{#<64 hex digits>}             a key longer than 64 bytes: its SHA-256
+//! tpw:api{@<64 hex digits>}             any key, behind PrivateKeys: its HMAC-SHA256
 //! ```
 //!
 //! # Escaping
@@ -28,7 +29,8 @@
 //! different (namespace, key) pairs never share a storage key, whatever bytes
 //! a client puts in its key. A key longer than [`MAX_KEY_LEN`] is held as its
 //! digest, which is longer than any key kept as it is, so it cannot meet a
-//! raw key either.
+//! raw key either; a [private key](super::PrivateKeys)'s keyed digest is as
+//! long, and marked `@` where a hashed key has `#`.
 //!
 //! The empty key is written `%`: a `%` that no two hex digits follow, which
 //! no non-empty key produces. (An empty `{}` would not be a hash tag at all,
@@ -51,7 +53,7 @@
 //! string, because it is on the hot path. Every store with byte-string keys
 //! uses this encoding, so counters mean the same in each.
 
-use crate::key::{HASHED_KEY_LEN, Key, MAX_KEY_LEN};
+use crate::key::{HASHED_KEY_LEN, HASHED_KEY_MARK, Key, MAX_KEY_LEN, PRIVATE_KEY_MARK};
 
 /// The bytes that are written as `%XX`: everything outside printable ASCII,
 /// and the three bytes that carry structure.
@@ -129,7 +131,7 @@ pub fn decode(prefix: &[u8], stored: &[u8]) -> Option<(String, Vec<u8>)> {
     };
     let digest = |key: &[u8]| {
         key.len() == HASHED_KEY_LEN
-            && key[0] == b'#'
+            && matches!(key[0], HASHED_KEY_MARK | PRIVATE_KEY_MARK)
             && key[1..]
                 .iter()
                 .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))

@@ -75,7 +75,14 @@ pub const MAX_KEY_LEN: usize = 64;
 pub const HASHED_KEY_LEN: usize = 1 + 2 * DIGEST_BYTES;
 
 /// Bytes of the SHA-256 digest a hashed key spells out in hex (all of it).
-const DIGEST_BYTES: usize = 32;
+pub(crate) const DIGEST_BYTES: usize = 32;
+
+/// The first byte of a hashed long key.
+pub(crate) const HASHED_KEY_MARK: u8 = b'#';
+
+/// The first byte of a private key's keyed digest
+/// ([`PrivateKeys`](crate::backend::PrivateKeys)).
+pub(crate) const PRIVATE_KEY_MARK: u8 = b'@';
 
 /// A client's key: at most [`MAX_KEY_LEN`] bytes as given, or the
 /// [`HASHED_KEY_LEN`]-byte digest of a longer one; held inline (no heap).
@@ -160,11 +167,18 @@ impl Key {
     }
 
     fn from_digest(hasher: Sha256) -> Self {
+        Self::marked(HASHED_KEY_MARK, &hasher.finalize().into())
+    }
+
+    /// A digest as a key: `mark`, then the digest's 64 lowercase hex digits
+    /// ([`HASHED_KEY_LEN`] bytes, longer than any key kept as it is). The
+    /// mark tells a hashed long key (`#`) from a private key's keyed digest
+    /// (`@`, see [`PrivateKeys`](crate::backend::PrivateKeys)).
+    pub(crate) fn marked(mark: u8, digest: &[u8; DIGEST_BYTES]) -> Self {
         const HEX: &[u8; 16] = b"0123456789abcdef";
-        let digest = hasher.finalize();
         let mut key = Self::empty();
-        key.bytes[0] = b'#';
-        for (i, byte) in digest[..DIGEST_BYTES].iter().enumerate() {
+        key.bytes[0] = mark;
+        for (i, byte) in digest.iter().enumerate() {
             key.bytes[1 + 2 * i] = HEX[usize::from(byte >> 4)];
             key.bytes[2 + 2 * i] = HEX[usize::from(byte & 0xf)];
         }
@@ -178,8 +192,10 @@ impl Key {
         &self.bytes[..usize::from(self.len)]
     }
 
-    /// Whether the key was longer than [`MAX_KEY_LEN`] and is held as its
-    /// digest (its length is then [`HASHED_KEY_LEN`]).
+    /// Whether the key is held as a digest, [`HASHED_KEY_LEN`] bytes long:
+    /// a key longer than [`MAX_KEY_LEN`] (`#` and its SHA-256), or a key
+    /// [`PrivateKeys`](crate::backend::PrivateKeys) replaced by its keyed
+    /// digest (`@` and its HMAC-SHA256).
     pub fn is_hashed(&self) -> bool {
         usize::from(self.len) > MAX_KEY_LEN
     }

@@ -1,0 +1,268 @@
+//! Metrics through the [`metrics`](https://docs.rs/metrics) crate's facade
+//! (feature `metrics`): whatever recorder the application installs
+//! (Prometheus, StatsD, OpenTelemetry) receives them.
+//!
+//! | name | type | labels | recorded |
+//! |---|---|---|---|
+//! | [`DECISIONS`] `tower_pinned_window_decisions_total` | counter | `limiter`, `policy`, `outcome` | once per request the backend answered: `outcome` is `allowed`, `denied` or `shadowed` |
+//! | [`BACKEND_ERRORS`] `tower_pinned_window_backend_errors_total` | counter | `limiter`, `kind` | once per failed backend call: `kind` is `unavailable`, `timed_out`, `at_capacity` or `corrupt` |
+//! | [`BACKEND_LATENCY`] `tower_pinned_window_backend_latency_seconds` | histogram | `limiter` | once per backend call that had to wait (a round trip to Redis), never for an answer given at once |
+//! | [`DENY_CACHE_ANSWERS`] `tower_pinned_window_deny_cache_answers_total` | counter | `limiter` | once per request a local deny cache denied without asking the store |
+//!
+//! # Labels, and why never the key or the route
+//!
+//! - `limiter` is a layer's name, and `policy` a quota's policy name as the
+//!   `RateLimit` headers show it ([`Decision::policy`](crate::Decision::policy)):
+//!   the layer's name, a [`NamedQuota`](crate::NamedQuota)'s name, or the
+//!   readable default of an unnamed route, extra or tier quota. Both are
+//!   chosen by the server's configuration, so there are as many series as
+//!   configured quotas (times three outcomes): a layer with two extra
+//!   quotas and ten route quotas has at most 13 × 3 decision series. A
+//!   [`quota_by`](crate::RateLimitLayer::quota_by) closure that names
+//!   quotas after request data would make that unbounded: name tiers from a
+//!   fixed set.
+//! - The **key is never a label**: keys are client identities (addresses,
+//!   API keys) that a metrics store should not hold, and one series per
+//!   client would grow without bound.
+//! - The **route is not a label** either: for a gRPC request it is the
+//!   request's path, which the client chooses (any path, valid method or
+//!   not, reaches the limiter first). Read [`Decision::route`](crate::Decision::route)
+//!   in an [`on_decision`](crate::RateLimitLayer::on_decision) callback if
+//!   you need it, and bound it there. A route with a quota of its own is
+//!   already told apart by its policy name.
+//!
+//! # Cost
+//!
+//! Without the feature, nothing: the hooks are empty functions and
+//! zero-sized fields. With it, each series' handle is registered with the
+//! recorder on its first use (per quota and per layer) and kept, so a
+//! request then costs one atomic increment on the recorder's counter. The
+//! clock is read only when a backend call has to wait (so never on the
+//! in-memory backend's path, nor for a deny-cache answer), with the
+//! time-stamp counter ([`quanta`](https://docs.rs/quanta)). Install the
+//! recorder before the first request: a handle registered before that is
+//! the facade's no-op one, and stays so.
+//!
+//! # How a deny-cache answer is told
+//!
+//! By the [`Backend`](crate::backend::Backend) contract, a [`Hit`](crate::backend::Hit)
+//! with no [`deadline`](crate::backend::Hit::deadline) was not counted in
+//! the store. A backend call that answers at once (without waiting) with a
+//! hit that has a count but no deadline was answered from a local cache:
+//! the Redis or PostgreSQL backend's deny cache. (A backend of your own that answers at
+//! once without deadlines is counted here too.)
+//!
+//! # Example
+//!
+//! `examples/metrics.rs` serves the quickstart's routes with `GET /metrics`
+//! in Prometheus' text format:
+//!
+//! ```text
+//! tower_pinned_window_decisions_total{limiter="quickstart",policy="quickstart",outcome="allowed"} 5
+//! tower_pinned_window_decisions_total{limiter="quickstart",policy="quickstart",outcome="denied"} 1
+//! ```
+
+#[cfg(feature = "metrics")]
+pub use enabled::{BACKEND_ERRORS, BACKEND_LATENCY, DECISIONS, DENY_CACHE_ANSWERS};
+#[cfg(feature = "metrics")]
+pub(crate) use enabled::{DecisionCounters, LayerMetrics, Stopwatch};
+
+#[cfg(not(feature = "metrics"))]
+pub(crate) use disabled::{DecisionCounters, LayerMetrics, Stopwatch};
+
+#[cfg(feature = "metrics")]
+mod enabled {
+    use std::fmt;
+    use std::sync::{Arc, OnceLock};
+    use std::time::Duration;
+
+    use ::metrics::{Counter, Histogram, counter, histogram};
+
+    use crate::backend::{BackendError, Hits};
+    use crate::decision::{Label, Outcome};
+
+    /// Decisions, by `limiter`, `policy` and `outcome` (counter).
+    pub const DECISIONS: &str = "tower_pinned_window_decisions_total";
+    /// Failed backend calls, by `limiter` and `kind` (counter).
+    pub const BACKEND_ERRORS: &str = "tower_pinned_window_backend_errors_total";
+    /// Backend calls that had to wait, in seconds, by `limiter` (histogram).
+    pub const BACKEND_LATENCY: &str = "tower_pinned_window_backend_latency_seconds";
+    /// Requests denied by a local deny cache without asking the store, by
+    /// `limiter` (counter).
+    pub const DENY_CACHE_ANSWERS: &str = "tower_pinned_window_deny_cache_answers_total";
+
+    const OUTCOMES: [Outcome; 3] = [Outcome::Allowed, Outcome::Denied, Outcome::Shadowed];
+
+    fn outcome_index(outcome: Outcome) -> usize {
+        match outcome {
+            Outcome::Allowed => 0,
+            Outcome::Denied => 1,
+            Outcome::Shadowed => 2,
+        }
+    }
+
+    fn outcome_name(outcome: Outcome) -> &'static str {
+        match outcome {
+            Outcome::Allowed => "allowed",
+            Outcome::Denied => "denied",
+            Outcome::Shadowed => "shadowed",
+        }
+    }
+
+    const ERROR_KINDS: [&str; 4] = ["unavailable", "timed_out", "at_capacity", "corrupt"];
+
+    fn error_index(err: &BackendError) -> usize {
+        match err {
+            BackendError::Unavailable(_) => 0,
+            BackendError::TimedOut => 1,
+            BackendError::AtCapacity => 2,
+            BackendError::Corrupt { .. } => 3,
+        }
+    }
+
+    /// A quota's decision counters, one per outcome, registered on first
+    /// use.
+    #[derive(Default)]
+    pub(crate) struct DecisionCounters(OnceLock<[Counter; 3]>);
+
+    impl DecisionCounters {
+        pub(crate) fn record(&self, label: &Label, outcome: Outcome) {
+            let counters = self.0.get_or_init(|| {
+                OUTCOMES.map(|outcome| {
+                    counter!(
+                        DECISIONS,
+                        "limiter" => label.limiter.clone(),
+                        "policy" => label.policy.clone(),
+                        "outcome" => outcome_name(outcome),
+                    )
+                })
+            });
+            counters[outcome_index(outcome)].increment(1);
+        }
+    }
+
+    /// A layer's handles, registered on first use: shared by the layer's
+    /// clones and services.
+    #[derive(Clone, Default)]
+    pub(crate) struct LayerMetrics(Arc<Handles>);
+
+    #[derive(Default)]
+    struct Handles {
+        errors: OnceLock<[Counter; 4]>,
+        latency: OnceLock<Histogram>,
+        deny_cache: OnceLock<Counter>,
+    }
+
+    impl LayerMetrics {
+        pub(crate) fn backend_error(&self, limiter: &str, err: &BackendError) {
+            let errors = self.0.errors.get_or_init(|| {
+                ERROR_KINDS.map(|kind| {
+                    counter!(BACKEND_ERRORS, "limiter" => limiter.to_owned(), "kind" => kind)
+                })
+            });
+            errors[error_index(err)].increment(1);
+        }
+
+        pub(crate) fn backend_latency(&self, limiter: &str, elapsed: Duration) {
+            self.0
+                .latency
+                .get_or_init(|| histogram!(BACKEND_LATENCY, "limiter" => limiter.to_owned()))
+                .record(elapsed.as_secs_f64());
+        }
+
+        /// A backend answer given at once: counted when it is a local
+        /// cache's (see the [module docs](self#how-a-deny-cache-answer-is-told)).
+        pub(crate) fn answered_at_once<E>(&self, limiter: &str, result: &Result<Hits, E>) {
+            let Ok(hits) = result else { return };
+            if hits
+                .iter()
+                .any(|hit| hit.deadline.is_none() && hit.count > 0)
+            {
+                self.0
+                    .deny_cache
+                    .get_or_init(|| counter!(DENY_CACHE_ANSWERS, "limiter" => limiter.to_owned()))
+                    .increment(1);
+            }
+        }
+    }
+
+    /// When a backend call was found waiting.
+    pub(crate) struct Stopwatch(quanta::Instant);
+
+    impl Stopwatch {
+        pub(crate) fn start() -> Self {
+            Self(quanta::Instant::now())
+        }
+
+        pub(crate) fn elapsed(&self) -> Duration {
+            self.0.elapsed()
+        }
+    }
+
+    impl fmt::Debug for DecisionCounters {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("DecisionCounters")
+        }
+    }
+
+    impl fmt::Debug for LayerMetrics {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("LayerMetrics")
+        }
+    }
+}
+
+/// The same hooks, empty: zero-sized types and functions that compile to
+/// nothing.
+#[cfg(not(feature = "metrics"))]
+mod disabled {
+    use std::time::Duration;
+
+    use crate::backend::{BackendError, Hits};
+    use crate::decision::{Label, Outcome};
+
+    #[derive(Debug, Default)]
+    pub(crate) struct DecisionCounters;
+
+    impl DecisionCounters {
+        #[inline(always)]
+        pub(crate) fn record(&self, _label: &Label, _outcome: Outcome) {}
+    }
+
+    #[derive(Debug, Clone, Default)]
+    pub(crate) struct LayerMetrics;
+
+    impl LayerMetrics {
+        #[inline(always)]
+        pub(crate) fn backend_error(&self, _limiter: &str, _err: &BackendError) {}
+
+        #[inline(always)]
+        pub(crate) fn backend_latency(&self, _limiter: &str, _elapsed: Duration) {}
+
+        #[inline(always)]
+        pub(crate) fn answered_at_once<E>(&self, _limiter: &str, _result: &Result<Hits, E>) {}
+    }
+
+    pub(crate) struct Stopwatch;
+
+    impl Stopwatch {
+        #[inline(always)]
+        pub(crate) fn start() -> Self {
+            Self
+        }
+
+        #[inline(always)]
+        pub(crate) fn elapsed(&self) -> Duration {
+            Duration::ZERO
+        }
+    }
+}
+
+/// Equal whatever they hold: handles are not part of a label's identity.
+impl PartialEq for DecisionCounters {
+    fn eq(&self, _other: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for DecisionCounters {}

@@ -1,0 +1,354 @@
+//! The metrics a layer records (feature `metrics`), rendered by a
+//! Prometheus recorder local to each test.
+
+mod support;
+
+use std::future::{Pending, Ready, pending, ready};
+use std::num::NonZeroU64;
+use std::pin::Pin;
+use std::time::Duration;
+
+use http::{Request, StatusCode};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle, PrometheusRecorder};
+use support::http::{Body, by_client, from, ok_service};
+use tower::{Layer, ServiceExt};
+use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
+use tower_pinned_window::key::Key;
+use tower_pinned_window::{FailurePolicy, NamedQuota, Quota, RateLimitLayer};
+
+fn quota(limit: u64, window: Duration) -> Quota {
+    Quota::new(limit, window).unwrap()
+}
+
+/// A recorder for this test's thread (tokio's test runtime is
+/// current-thread, so every poll happens here), and its handle.
+fn recorder() -> (PrometheusRecorder, PrometheusHandle) {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    (recorder, handle)
+}
+
+/// The value of the series `series` (name and labels, as rendered), if it
+/// was recorded.
+fn value(rendered: &str, series: &str) -> Option<f64> {
+    rendered.lines().find_map(|line| {
+        let rest = line.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.parse().ok()
+    })
+}
+
+#[tokio::test]
+async fn decisions_by_limiter_policy_and_outcome() {
+    let (recorder, handle) = recorder();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let layer = RateLimitLayer::new("api", quota(2, Duration::from_secs(60)))
+        .also(NamedQuota::new(
+            "hourly",
+            quota(3, Duration::from_secs(3600)),
+        ))
+        .key(by_client());
+    let svc = layer.layer(ok_service());
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(
+            svc.clone()
+                .oneshot(from("alice-secret-key"))
+                .await
+                .unwrap()
+                .status(),
+        );
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let shadow = RateLimitLayer::new("dry", quota(1, Duration::from_secs(60)))
+        .shadow(true)
+        .layer(ok_service());
+    for _ in 0..3 {
+        shadow
+            .clone()
+            .oneshot(Request::new(Body::new()))
+            .await
+            .unwrap();
+    }
+
+    let rendered = handle.render();
+    let decisions = |limiter: &str, policy: &str, outcome: &str| {
+        value(
+            &rendered,
+            &format!(
+                "tower_pinned_window_decisions_total{{limiter=\"{limiter}\",policy=\"{policy}\",outcome=\"{outcome}\"}}"
+            ),
+        )
+    };
+    // Each decision is the binding quota's: the minute's while it has the
+    // fewest left or alone is over, then the hour's, over and resetting last.
+    assert_eq!(decisions("api", "api", "allowed"), Some(2.0), "{rendered}");
+    assert_eq!(decisions("api", "api", "denied"), Some(1.0), "{rendered}");
+    assert_eq!(
+        decisions("api", "hourly", "denied"),
+        Some(1.0),
+        "{rendered}"
+    );
+    assert_eq!(
+        decisions("api", "hourly", "allowed"),
+        Some(0.0),
+        "{rendered}"
+    );
+    assert_eq!(decisions("dry", "dry", "allowed"), Some(1.0), "{rendered}");
+    assert_eq!(decisions("dry", "dry", "shadowed"), Some(2.0), "{rendered}");
+    assert!(
+        !rendered.contains("alice"),
+        "no key in any label:\n{rendered}"
+    );
+    assert!(
+        !rendered.contains("tower_pinned_window_backend_latency_seconds"),
+        "the in-memory backend never waits, so no latency is recorded:\n{rendered}"
+    );
+    assert!(!rendered.contains("tower_pinned_window_deny_cache_answers_total"));
+}
+
+#[tokio::test]
+async fn backend_errors_by_kind() {
+    let (recorder, handle) = recorder();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let full = MemoryBackend::builder().max_keys(1).build();
+    let svc = RateLimitLayer::new("full", quota(5, Duration::from_secs(60)))
+        .key(by_client())
+        .backend(full)
+        .on_failure(FailurePolicy::FailOpen)
+        .layer(ok_service());
+    svc.clone().oneshot(from("a")).await.unwrap();
+    let refused = svc.clone().oneshot(from("b")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::OK, "failing open");
+    svc.clone().oneshot(from("c")).await.unwrap();
+
+    let rendered = handle.render();
+    let errors = |kind: &str| {
+        value(
+            &rendered,
+            &format!(
+                "tower_pinned_window_backend_errors_total{{limiter=\"full\",kind=\"{kind}\"}}"
+            ),
+        )
+    };
+    assert_eq!(errors("at_capacity"), Some(2.0), "{rendered}");
+    assert_eq!(errors("timed_out"), Some(0.0), "{rendered}");
+    let decisions =
+        "tower_pinned_window_decisions_total{limiter=\"full\",policy=\"full\",outcome=\"allowed\"}";
+    assert_eq!(
+        value(&rendered, decisions),
+        Some(1.0),
+        "only the counted request is a decision"
+    );
+}
+
+/// A backend that never answers: every call times out.
+#[derive(Clone, Debug)]
+struct Silent;
+
+impl Backend for Silent {
+    type Future = Pending<Result<Hits, BackendError>>;
+    type Refund = Ready<Result<bool, BackendError>>;
+
+    fn hit_all(&self, _key: &Key, _counters: &[Counter<'_>]) -> Self::Future {
+        pending()
+    }
+
+    fn refund(&self, _namespace: &str, _key: &Key, _hit: &Hit) -> Self::Refund {
+        ready(Ok(false))
+    }
+
+    async fn peek(&self, _namespace: &str, _key: &Key) -> Result<Option<Hit>, BackendError> {
+        Ok(None)
+    }
+
+    async fn reset(&self, _namespace: &str, _key: &Key) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+}
+
+/// A backend that answers after a wait (a round trip), or at once with
+/// what a deny cache answers: a count over the limit and no deadline.
+#[derive(Clone, Debug)]
+struct Remote {
+    cached: bool,
+}
+
+type Boxed = Pin<Box<dyn Future<Output = Result<Hits, BackendError>> + Send>>;
+
+impl Backend for Remote {
+    type Future = Boxed;
+    type Refund = Ready<Result<bool, BackendError>>;
+
+    fn hit_all(&self, _key: &Key, counters: &[Counter<'_>]) -> Boxed {
+        let limit = counters[0].quota.limit();
+        if self.cached {
+            return Box::pin(ready(Ok(Hits::one(Hit {
+                count: limit + 1,
+                reset: Duration::from_secs(5),
+                deadline: None,
+            }))));
+        }
+        Box::pin(async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            Ok(Hits::one(Hit {
+                count: 1,
+                reset: Duration::from_secs(60),
+                deadline: NonZeroU64::new(60_000),
+            }))
+        })
+    }
+
+    fn refund(&self, _namespace: &str, _key: &Key, _hit: &Hit) -> Self::Refund {
+        ready(Ok(false))
+    }
+
+    async fn peek(&self, _namespace: &str, _key: &Key) -> Result<Option<Hit>, BackendError> {
+        Ok(None)
+    }
+
+    async fn reset(&self, _namespace: &str, _key: &Key) -> Result<bool, BackendError> {
+        Ok(false)
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn latency_only_where_a_call_waited_and_deny_cache_answers() {
+    let (recorder, handle) = recorder();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let q = quota(10, Duration::from_secs(60));
+    let silent = RateLimitLayer::new("silent", q)
+        .backend(Silent)
+        .timeout(Duration::from_millis(50))
+        .layer(ok_service());
+    let answer = silent.oneshot(Request::new(Body::new())).await.unwrap();
+    assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);
+
+    let remote = RateLimitLayer::new("remote", q)
+        .backend(Remote { cached: false })
+        .layer(ok_service());
+    for _ in 0..3 {
+        let answer = remote
+            .clone()
+            .oneshot(Request::new(Body::new()))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::OK);
+    }
+    let cached = RateLimitLayer::new("cached", q)
+        .backend(Remote { cached: true })
+        .layer(ok_service());
+    for _ in 0..2 {
+        let answer = cached
+            .clone()
+            .oneshot(Request::new(Body::new()))
+            .await
+            .unwrap();
+        assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+
+    let rendered = handle.render();
+    let series = |s: &str| value(&rendered, s);
+    assert_eq!(
+        series("tower_pinned_window_backend_errors_total{limiter=\"silent\",kind=\"timed_out\"}"),
+        Some(1.0),
+        "{rendered}"
+    );
+    assert_eq!(
+        series("tower_pinned_window_backend_latency_seconds_count{limiter=\"silent\"}"),
+        Some(1.0),
+        "a call that timed out waited too:\n{rendered}"
+    );
+    assert_eq!(
+        series("tower_pinned_window_backend_latency_seconds_count{limiter=\"remote\"}"),
+        Some(3.0),
+        "{rendered}"
+    );
+    assert_eq!(
+        series("tower_pinned_window_deny_cache_answers_total{limiter=\"cached\"}"),
+        Some(2.0),
+        "{rendered}"
+    );
+    assert_eq!(
+        series(
+            "tower_pinned_window_decisions_total{limiter=\"cached\",policy=\"cached\",outcome=\"denied\"}"
+        ),
+        Some(2.0),
+        "{rendered}"
+    );
+    assert!(
+        !rendered.contains("tower_pinned_window_backend_latency_seconds_count{limiter=\"cached\"}"),
+        "an answer given at once reads no clock:\n{rendered}"
+    );
+    assert!(
+        !rendered.contains("tower_pinned_window_deny_cache_answers_total{limiter=\"remote\"}"),
+        "a counted hit is no deny-cache answer:\n{rendered}"
+    );
+}
+
+/// On a real Redis: the first hit over the limit goes to Redis, the next
+/// one is the deny cache's.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn redis_round_trips_and_deny_cache_answers() {
+    use support::redis::RedisServer;
+    use tower_pinned_window::backend::redis::RedisBackend;
+
+    let server = redis_or_skip!(RedisServer::start(
+        "redis_round_trips_and_deny_cache_answers"
+    ));
+    let (recorder, handle) = recorder();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let connection = server.client().get_connection_manager().await.unwrap();
+    let svc = RateLimitLayer::new("shared", quota(1, Duration::from_secs(60)))
+        .key(by_client())
+        .backend(RedisBackend::new(connection))
+        .layer(ok_service());
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        statuses.push(svc.clone().oneshot(from("bob")).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let rendered = handle.render();
+    let series = |s: &str| value(&rendered, s);
+    assert_eq!(
+        series("tower_pinned_window_backend_latency_seconds_count{limiter=\"shared\"}"),
+        Some(2.0),
+        "two round trips: the allowed hit and the first denial:\n{rendered}"
+    );
+    assert_eq!(
+        series("tower_pinned_window_deny_cache_answers_total{limiter=\"shared\"}"),
+        Some(2.0),
+        "{rendered}"
+    );
+    assert_eq!(
+        series(
+            "tower_pinned_window_decisions_total{limiter=\"shared\",policy=\"shared\",outcome=\"denied\"}"
+        ),
+        Some(3.0),
+        "{rendered}"
+    );
+    let count: i64 = redis::cmd("GET")
+        .arg("tpw:shared{bob}")
+        .query(&mut server.sync())
+        .unwrap();
+    assert_eq!(
+        count, 2,
+        "the deny cache's answers were not counted in Redis"
+    );
+}
