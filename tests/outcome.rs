@@ -1,7 +1,8 @@
 //! Skipping requests, and counting them by the service's answer: hits the
 //! answer does not count are refunded in their own window, never twice,
 //! never lost. Memory on tokio's paused clock; Redis and a Redis Cluster
-//! through the harness (tests/support/redis.rs).
+//! through the harness (tests/support/redis.rs); the race and the killed
+//! client on PostgreSQL too (tests/support/postgres.rs).
 
 mod support;
 
@@ -1010,6 +1011,143 @@ async fn the_login_example_limits_failures_and_never_counts_successes() {
     assert_eq!(res.headers()["ratelimit"], "\"login\";r=4;t=900");
 }
 
+// --- Backend-generic cases: Redis, Redis Cluster, PostgreSQL ----------
+
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod cases {
+    use super::*;
+    use tower_pinned_window::key::HeaderKey;
+
+    pub type ObservedLayer<B> = RateLimitLayer<HeaderKey, Observed<B>>;
+
+    /// The layer under test: `limit` failed logins per `window` per client,
+    /// counted in `backend`, observed.
+    pub fn observed<B: Backend>(
+        backend: B,
+        limit: u64,
+        window: Duration,
+    ) -> (ObservedLayer<B>, Observed<B>) {
+        let backend = Observed::new(backend);
+        let layer = RateLimitLayer::new("login", Quota::new(limit, window).unwrap())
+            .key(by_client())
+            .backend(backend.clone())
+            .count_only(CountOnly::AuthFailures);
+        (layer, backend)
+    }
+
+    /// Eight instances, each with its own backend (and deny cache, for
+    /// Redis), race hits and refunds on one key: never more than `limit`
+    /// admitted hits kept, and the counter ends holding exactly what was
+    /// counted and not refunded: the kept hits.
+    pub async fn concurrent_hits_and_refunds_keep_at_most_the_limit<B: Backend>(
+        backends: Vec<B>,
+        what: &str,
+    ) {
+        let limit = 20;
+        let app = App::new();
+        let instances: Vec<_> = backends
+            .into_iter()
+            .map(|backend| observed(backend, limit, Duration::from_secs(600)))
+            .collect();
+        let services: Vec<_> = instances
+            .iter()
+            .map(|(layer, _)| layer.clone().layer(app.service()))
+            .collect();
+        let figures = race(&services, 16, 40).await;
+        let (mut counted, mut issued) = (0, 0);
+        for (_, backend) in &instances {
+            let log = &backend.log;
+            log.wait_settled(Log::get(&log.issued)).await;
+            counted += Log::get(&log.counted);
+            issued += Log::get(&log.issued);
+            assert_eq!(Log::get(&log.failed) + Log::get(&log.nothing), 0, "{log:?}");
+        }
+        // Every hit the store counted, but the kept ones, was refunded: the
+        // refunded answers and the denials it counted (those a deny cache
+        // answered were never counted).
+        let counted_denials = counted - figures.kept - figures.refunded;
+        assert_eq!(
+            issued,
+            figures.refunded + counted_denials,
+            "one refund per hit not kept"
+        );
+        let counter = count(&instances[0].1, "login", "shared").await;
+        let what = format!(
+            "{what}; {counted_denials} denials counted in the store and refunded, the rest answered by the deny cache"
+        );
+        assert_eq!(counter, counted - issued, "counted hits, less the refunds");
+        figures.check(limit, counter, &what);
+    }
+
+    /// The client side dies between hits and refunds: its runtime is dropped
+    /// while some requests are still being served and some answered requests'
+    /// refunds have not gone out. Every one of those hits stays counted, and
+    /// nothing is refunded twice: what the next process sees is exactly the
+    /// kept hits plus the interrupted ones. `connect` makes a backend on the
+    /// runtime it is called on.
+    pub fn a_process_killed_between_hit_and_refund_leaves_the_hits_counted<B, F, Fut>(
+        connect: F,
+        what: &str,
+    ) where
+        B: Backend,
+        F: Fn() -> Fut + Clone + Send + 'static,
+        Fut: Future<Output = B> + Send,
+    {
+        let (kept, refunded, in_service, unsent) = (4, 4, 3, 3);
+        let doomed = multi_thread_runtime();
+        doomed.block_on({
+            let connect = connect.clone();
+            async move {
+                let (layer, backend) = observed(connect().await, 100, Duration::from_secs(600));
+                let app = App::new();
+                let svc = layer.layer(app.service());
+                for status in [401; 4].into_iter().chain([200; 4]) {
+                    send(&svc, answered("alice", status)).await;
+                }
+                backend.log.wait_settled(refunded).await;
+                assert_eq!(Log::get(&backend.log.refunded), refunded);
+                // Requests the service is still working on.
+                for _ in 0..in_service {
+                    let svc = svc.clone();
+                    tokio::spawn(
+                        async move { send(&svc, answered_when_released("alice", 200)).await },
+                    );
+                }
+                app.wait_entered((kept + refunded + in_service) as usize)
+                    .await;
+                // Answered requests whose refunds have not gone out.
+                backend.hold_refunds(true);
+                for _ in 0..unsent {
+                    let res = send(&svc, answered("alice", 200)).await;
+                    assert!(decision(&res).refunded());
+                }
+                assert_eq!(Log::get(&backend.log.issued), refunded + unsent);
+                assert_eq!(backend.log.done(), refunded);
+            }
+        });
+        // The kill: every task of that runtime (connections included) is
+        // dropped where it stands.
+        drop(doomed);
+        let next = multi_thread_runtime();
+        next.block_on(async move {
+            let backend = connect().await;
+            let left = count(&backend, "login", "alice").await;
+            eprintln!(
+                "killed between hit and refund ({what}): {kept} kept + {in_service} in service + {unsent} answered with refunds unsent = {left} left counted, {refunded} refunded before the kill"
+            );
+            assert_eq!(left, kept + in_service + unsent);
+            // The next process goes on from there; each of its refunds takes
+            // back its own hit and no other.
+            let (layer, observed_backend) = observed(backend.clone(), 100, Duration::from_secs(600));
+            let svc = layer.layer(App::new().service());
+            send(&svc, answered("alice", 200)).await;
+            send(&svc, answered("alice", 401)).await;
+            observed_backend.log.wait_settled(1).await;
+            assert_eq!(count(&backend, "login", "alice").await, left + 1);
+        });
+    }
+}
+
 // --- Redis and Redis Cluster -------------------------------------------
 
 #[cfg(feature = "redis")]
@@ -1018,33 +1156,32 @@ mod on_redis {
     use redis::aio::ConnectionLike;
     use support::redis::RedisServer;
     use tower_pinned_window::backend::redis::RedisBackend;
-    use tower_pinned_window::key::HeaderKey;
 
-    type ObservedLayer<C> = RateLimitLayer<HeaderKey, Observed<RedisBackend<C>>>;
-
-    /// The layer under test: `limit` failed logins per `window` per client,
-    /// counted in an observed Redis backend under `prefix`.
-    fn observed_layer<C>(
-        con: C,
-        prefix: &str,
-        limit: u64,
-        window: Duration,
-        deny_cache: usize,
-    ) -> (ObservedLayer<C>, Observed<RedisBackend<C>>)
+    /// A Redis backend under `prefix`.
+    fn redis_backend<C>(con: C, prefix: &str, deny_cache: usize) -> RedisBackend<C>
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let backend = Observed::new(
-            RedisBackend::builder(con)
-                .prefix(prefix)
-                .deny_cache(deny_cache)
-                .build(),
-        );
-        let layer = RateLimitLayer::new("login", Quota::new(limit, window).unwrap())
-            .key(by_client())
-            .backend(backend.clone())
-            .count_only(CountOnly::AuthFailures);
-        (layer, backend)
+        RedisBackend::builder(con)
+            .prefix(prefix)
+            .deny_cache(deny_cache)
+            .build()
+    }
+
+    /// [`cases::observed`] on a Redis backend under `prefix`, without a deny
+    /// cache.
+    fn observed_layer<C>(
+        con: C,
+        prefix: &str,
+        window: Duration,
+    ) -> (
+        cases::ObservedLayer<RedisBackend<C>>,
+        Observed<RedisBackend<C>>,
+    )
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        cases::observed(redis_backend(con, prefix, 0), 5, window)
     }
 
     async fn get<C: ConnectionLike + Clone>(con: &C, key: &[u8]) -> Option<i64> {
@@ -1090,8 +1227,7 @@ mod on_redis {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let (layer, backend) =
-            observed_layer(con.clone(), prefix, 5, Duration::from_millis(200), 0);
+        let (layer, backend) = observed_layer(con.clone(), prefix, Duration::from_millis(200));
         let app = App::new();
         let svc = layer.layer(app.service());
         let stored = backend.inner.storage_key("login", &Key::new("alice"));
@@ -1115,8 +1251,7 @@ mod on_redis {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
     {
-        let (layer, backend) =
-            observed_layer(con.clone(), prefix, 5, Duration::from_millis(200), 0);
+        let (layer, backend) = observed_layer(con.clone(), prefix, Duration::from_millis(200));
         let app = App::new();
         let svc = layer.layer(app.service());
         let stored = backend.inner.storage_key("login", &Key::new("alice"));
@@ -1129,7 +1264,7 @@ mod on_redis {
         wait_expired(&con, &stored).await;
         // A new window, opened by another instance of the layer (same name,
         // same counter) whose window outlasts the test.
-        let (long, _) = observed_layer(con.clone(), prefix, 5, Duration::from_secs(60), 0);
+        let (long, _) = observed_layer(con.clone(), prefix, Duration::from_secs(60));
         let res = send(&long.layer(app.service()), answered("alice", 401)).await;
         assert_eq!(res.headers()["ratelimit"], "\"login\";r=4;t=60");
         let new = expiry(&con, &stored).await;
@@ -1150,135 +1285,6 @@ mod on_redis {
         assert_eq!(expiry(&con, &stored).await, new, "its lifetime unchanged");
     }
 
-    /// Eight instances, each with its own backend (and deny cache), race
-    /// hits and refunds on one key: never more than `limit` admitted hits
-    /// kept, and the counter ends holding exactly what was counted and not
-    /// refunded.
-    pub async fn concurrent_hits_and_refunds_keep_at_most_the_limit<C>(
-        con: C,
-        prefix: &str,
-        deny_cache: usize,
-        what: &str,
-    ) where
-        C: ConnectionLike + Clone + Send + Sync + 'static,
-    {
-        let limit = 20;
-        let app = App::new();
-        let instances: Vec<_> = (0..8)
-            .map(|_| {
-                observed_layer(
-                    con.clone(),
-                    prefix,
-                    limit,
-                    Duration::from_secs(600),
-                    deny_cache,
-                )
-            })
-            .collect();
-        let services: Vec<_> = instances
-            .iter()
-            .map(|(layer, _)| layer.clone().layer(app.service()))
-            .collect();
-        let figures = race(&services, 16, 40).await;
-        let (mut counted, mut issued) = (0, 0);
-        for (_, backend) in &instances {
-            let log = &backend.log;
-            log.wait_settled(Log::get(&log.issued)).await;
-            counted += Log::get(&log.counted);
-            issued += Log::get(&log.issued);
-            assert_eq!(Log::get(&log.failed) + Log::get(&log.nothing), 0, "{log:?}");
-        }
-        // Every hit Redis counted, but the kept ones, was refunded: the
-        // refunded answers and the denials Redis counted (those the deny
-        // cache answered were never counted).
-        let counted_denials = counted - figures.kept - figures.refunded;
-        assert_eq!(
-            issued,
-            figures.refunded + counted_denials,
-            "one refund per hit not kept"
-        );
-        let stored = instances[0]
-            .1
-            .inner
-            .storage_key("login", &Key::new("shared"));
-        let counter = get(&con, &stored).await.unwrap() as u64;
-        let what = format!(
-            "{what}; {counted_denials} denials counted in Redis and refunded, the rest answered by the deny cache"
-        );
-        assert_eq!(counter, counted - issued, "counted hits, less the refunds");
-        figures.check(limit, counter, &what);
-    }
-
-    /// The client side dies between hits and refunds: its runtime is dropped
-    /// while some requests are still being served and some answered requests'
-    /// refunds have not gone out. Every one of those hits stays counted, and
-    /// nothing is refunded twice: what the next process sees is exactly the
-    /// kept hits plus the interrupted ones.
-    pub fn a_process_killed_between_hit_and_refund_leaves_the_hits_counted<C, F, Fut>(
-        connect: F,
-        prefix: &'static str,
-        what: &str,
-    ) where
-        C: ConnectionLike + Clone + Send + Sync + 'static,
-        F: Fn() -> Fut + Clone + Send + 'static,
-        Fut: Future<Output = C> + Send,
-    {
-        let (kept, refunded, in_service, unsent) = (4, 4, 3, 3);
-        let doomed = multi_thread_runtime();
-        let stored = doomed.block_on({
-            let connect = connect.clone();
-            async move {
-                let (layer, backend) =
-                    observed_layer(connect().await, prefix, 100, Duration::from_secs(600), 0);
-                let app = App::new();
-                let svc = layer.layer(app.service());
-                for status in [401; 4].into_iter().chain([200; 4]) {
-                    send(&svc, answered("alice", status)).await;
-                }
-                backend.log.wait_settled(refunded).await;
-                assert_eq!(Log::get(&backend.log.refunded), refunded);
-                // Requests the service is still working on.
-                for _ in 0..in_service {
-                    let svc = svc.clone();
-                    tokio::spawn(
-                        async move { send(&svc, answered_when_released("alice", 200)).await },
-                    );
-                }
-                app.wait_entered((kept + refunded + in_service) as usize)
-                    .await;
-                // Answered requests whose refunds have not gone out.
-                backend.hold_refunds(true);
-                for _ in 0..unsent {
-                    let res = send(&svc, answered("alice", 200)).await;
-                    assert!(decision(&res).refunded());
-                }
-                assert_eq!(Log::get(&backend.log.issued), refunded + unsent);
-                assert_eq!(backend.log.done(), refunded);
-                backend.inner.storage_key("login", &Key::new("alice"))
-            }
-        });
-        // The kill: every task of that runtime (connections included) is
-        // dropped where it stands.
-        drop(doomed);
-        let next = multi_thread_runtime();
-        next.block_on(async move {
-            let con = connect().await;
-            let left = get(&con, &stored).await.unwrap() as u64;
-            eprintln!(
-                "killed between hit and refund ({what}): {kept} kept + {in_service} in service + {unsent} answered with refunds unsent = {left} left counted, {refunded} refunded before the kill"
-            );
-            assert_eq!(left, kept + in_service + unsent);
-            // The next process goes on from there; each of its refunds takes
-            // back its own hit and no other.
-            let (layer, backend) = observed_layer(con.clone(), prefix, 100, Duration::from_secs(600), 0);
-            let svc = layer.layer(App::new().service());
-            send(&svc, answered("alice", 200)).await;
-            send(&svc, answered("alice", 401)).await;
-            backend.log.wait_settled(1).await;
-            assert_eq!(get(&con, &stored).await.unwrap() as u64, left + 1);
-        });
-    }
-
     async fn manager(server: &RedisServer) -> redis::aio::ConnectionManager {
         server.client().get_connection_manager().await.unwrap()
     }
@@ -1295,14 +1301,12 @@ mod on_redis {
         let server = redis_or_skip!(RedisServer::start("concurrent_hits_and_refunds_on_redis"));
         multi_thread_runtime().block_on(async {
             for (prefix, deny_cache) in [("race0:", 0), ("race1:", 1024)] {
+                let con = manager(&server).await;
+                let backends = (0..8)
+                    .map(|_| redis_backend(con.clone(), prefix, deny_cache))
+                    .collect();
                 let what = format!("Redis, deny cache {deny_cache}");
-                concurrent_hits_and_refunds_keep_at_most_the_limit(
-                    manager(&server).await,
-                    prefix,
-                    deny_cache,
-                    &what,
-                )
-                .await;
+                cases::concurrent_hits_and_refunds_keep_at_most_the_limit(backends, &what).await;
             }
         });
     }
@@ -1313,12 +1317,11 @@ mod on_redis {
             "a_killed_client_leaves_its_hits_counted_on_redis"
         ));
         let client = server.client();
-        a_process_killed_between_hit_and_refund_leaves_the_hits_counted(
+        cases::a_process_killed_between_hit_and_refund_leaves_the_hits_counted(
             move || {
                 let client = client.clone();
-                async move { client.get_connection_manager().await.unwrap() }
+                async move { redis_backend(client.get_connection_manager().await.unwrap(), "kill:", 0) }
             },
-            "kill:",
             "Redis",
         );
     }
@@ -1343,18 +1346,59 @@ mod on_redis {
             a_late_refund_leaves_no_key(connect().await, "late:").await;
             a_refund_racing_a_new_window_never_touches_it(connect().await, "racing:").await;
             for (prefix, deny_cache) in [("race0:", 0), ("race1:", 1024)] {
+                let con = connect().await;
+                let backends = (0..8)
+                    .map(|_| redis_backend(con.clone(), prefix, deny_cache))
+                    .collect();
                 let what = format!("Cluster, deny cache {deny_cache}");
-                concurrent_hits_and_refunds_keep_at_most_the_limit(
-                    connect().await,
-                    prefix,
-                    deny_cache,
-                    &what,
-                )
-                .await;
+                cases::concurrent_hits_and_refunds_keep_at_most_the_limit(backends, &what).await;
             }
         });
-        a_process_killed_between_hit_and_refund_leaves_the_hits_counted(
-            connect, "kill:", "Cluster",
+        cases::a_process_killed_between_hit_and_refund_leaves_the_hits_counted(
+            move || {
+                let connect = connect.clone();
+                async move { redis_backend(connect().await, "kill:", 0) }
+            },
+            "Cluster",
         );
+    }
+}
+
+// --- PostgreSQL ------------------------------------------------------------
+
+#[cfg(feature = "postgres")]
+mod on_postgres {
+    use super::*;
+    use support::postgres::{TestSchema, pool};
+    use tower_pinned_window::backend::postgres::PostgresBackend;
+
+    /// A backend on `schema`'s table, its pool made on the runtime this is
+    /// called on.
+    fn backend(url: &str, schema: &str) -> PostgresBackend {
+        PostgresBackend::builder(pool(url, schema, 2))
+            .schema(schema)
+            .build()
+    }
+
+    #[test]
+    fn refund_races_and_a_killed_client_on_postgres() {
+        let setup = multi_thread_runtime();
+        let Some(schema) = setup.block_on(TestSchema::create("outcome_refunds")) else {
+            return;
+        };
+        let (url, name) = (schema.url.clone(), schema.name.clone());
+        setup.block_on(async {
+            backend(&url, &name).migrate().await.unwrap();
+            let backends = (0..8).map(|_| backend(&url, &name)).collect();
+            cases::concurrent_hits_and_refunds_keep_at_most_the_limit(backends, "PostgreSQL").await;
+        });
+        cases::a_process_killed_between_hit_and_refund_leaves_the_hits_counted(
+            move || {
+                let (url, name) = (url.clone(), name.clone());
+                async move { backend(&url, &name) }
+            },
+            "PostgreSQL",
+        );
+        drop(schema);
     }
 }
