@@ -49,7 +49,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let client = redis::Client::open(urls[0].as_str())?;
         let connection = client.get_multiplexed_async_connection().await?;
         RedisBackend::builder(connection)
-            .prefix(prefix.as_str())
+            .try_prefix(prefix.as_str())?
             .deny_cache(0)
             .build()
             .audit(repair)
@@ -96,7 +96,7 @@ async fn audit_cluster(
         .get_async_connection()
         .await?;
     Ok(RedisBackend::builder(connection)
-        .prefix(prefix)
+        .try_prefix(prefix)?
         .deny_cache(0)
         .build()
         .audit(repair)

@@ -1,7 +1,10 @@
 //! What the limiter decided for one request.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
+
+use crate::request::Route;
 
 /// Whether a request went through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -19,18 +22,43 @@ pub enum Outcome {
 /// One request's verdict. It is handed to the
 /// [`on_decision`](crate::RateLimitLayer::on_decision) callback and inserted
 /// into the response's extensions.
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// It says which limiter ([`name`](Self::name)), which of its quotas
+/// ([`policy`](Self::policy)) and which route ([`route`](Self::route))
+/// decided, which makes it a metrics record: all three are bounded sets
+/// chosen by the server. It never carries the request's key, for two
+/// reasons:
+/// - keys are client identities (IP addresses, API keys, user ids): a
+///   decision travels to metrics, logs and response extensions that should
+///   not hold them;
+/// - keys are unbounded: one label value per client would give a metrics
+///   system one time series per client.
+///
+/// A callback that needs the client can read it from the request itself, in
+/// a layer of its own.
+#[derive(Clone, PartialEq, Eq)]
 pub struct Decision {
-    name: Arc<str>,
+    label: Arc<Label>,
+    route: Option<Route>,
     limit: u64,
     count: u64,
     reset: Duration,
     outcome: Outcome,
 }
 
+/// The names a decision reports about its quota, built once per quota.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct Label {
+    /// The layer's name.
+    pub(crate) limiter: Arc<str>,
+    /// The quota's policy name, as the headers show it.
+    pub(crate) policy: Arc<str>,
+}
+
 impl Decision {
     pub(crate) fn new(
-        name: Arc<str>,
+        label: Arc<Label>,
+        route: Option<Route>,
         limit: u64,
         count: u64,
         reset: Duration,
@@ -42,7 +70,8 @@ impl Decision {
             (false, true) => Outcome::Shadowed,
         };
         Self {
-            name,
+            label,
+            route,
             limit,
             count,
             reset,
@@ -50,9 +79,25 @@ impl Decision {
         }
     }
 
-    /// The layer's name.
+    /// The layer's name (see [`RateLimitLayer::new`](crate::RateLimitLayer::new)).
     pub fn name(&self) -> &str {
-        &self.name
+        &self.label.limiter
+    }
+
+    /// The name of the quota that decided, as the `RateLimit` headers show
+    /// it: the layer's name for the layer's own quota, the name given with
+    /// [`NamedQuota`](crate::NamedQuota), or the readable default the layer
+    /// gave an unnamed route, extra or tier quota.
+    pub fn policy(&self) -> &str {
+        &self.label.policy
+    }
+
+    /// The route the request matched, when it had one: axum's `MatchedPath`
+    /// (`/users/{id}`, the route's pattern, never the raw path) or a gRPC
+    /// method (`/package.Service/Method`); see
+    /// [`RequestHead::route`](crate::RequestHead::route).
+    pub fn route(&self) -> Option<&str> {
+        self.route.as_ref().map(Route::as_str)
     }
 
     /// Hits admitted per window.
@@ -97,6 +142,20 @@ impl Decision {
     }
 }
 
+impl fmt::Debug for Decision {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Decision")
+            .field("name", &self.name())
+            .field("policy", &self.policy())
+            .field("route", &self.route())
+            .field("limit", &self.limit)
+            .field("count", &self.count)
+            .field("reset", &self.reset)
+            .field("outcome", &self.outcome)
+            .finish()
+    }
+}
+
 /// Whole seconds, rounded up, at least 1.
 pub(crate) fn ceil_secs(duration: Duration) -> u64 {
     let secs = duration.as_secs() + u64::from(duration.subsec_nanos() > 0);
@@ -124,7 +183,20 @@ mod tests {
 
     #[test]
     fn outcomes() {
-        let d = |count, shadow| Decision::new("n".into(), 3, count, Duration::from_secs(1), shadow);
+        let label = Arc::new(Label {
+            limiter: "n".into(),
+            policy: "n".into(),
+        });
+        let d = |count, shadow| {
+            Decision::new(
+                label.clone(),
+                None,
+                3,
+                count,
+                Duration::from_secs(1),
+                shadow,
+            )
+        };
         assert_eq!(d(3, false).outcome(), Outcome::Allowed);
         assert_eq!(d(3, false).remaining(), 0);
         assert_eq!(d(4, false).outcome(), Outcome::Denied);

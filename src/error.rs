@@ -2,6 +2,8 @@
 
 use std::fmt;
 
+use crate::name::MAX_NAME_LEN;
+
 /// A configuration mistake, reported when the limiter is built and never while
 /// serving a request.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -12,19 +14,31 @@ pub enum ConfigError {
     /// The window was zero, negative, or not a number. A window that short is a
     /// bug in the caller; it is never treated as "no expiry".
     NonPositiveWindow,
-    /// The window does not fit in 64 bits of milliseconds.
+    /// The window is longer than [`Window::MAX`](crate::Window::MAX) (100
+    /// years), the longest every backend holds exactly.
     WindowTooLong,
     /// The layer's name is empty, too long, or has a character outside
     /// `A-Z a-z 0-9 _ - . :` (see [`RateLimitLayer::try_new`](crate::RateLimitLayer::try_new)).
     InvalidName(String),
     /// The key-store capacity was zero.
     ZeroCapacity,
+    /// A shard count of zero, or above
+    /// [`MAX_SHARDS`](crate::backend::MAX_SHARDS).
+    InvalidShards(usize),
+    /// A storage-key prefix with a `{` or `}`, which would choose the Redis
+    /// Cluster hash tag in place of the key (shown escaped).
+    InvalidPrefix(String),
     /// The backend timeout was zero.
     ZeroTimeout,
     /// An IPv6 grouping prefix outside 32..=128 bits.
     InvalidIpv6Prefix(u8),
     /// A trusted-proxy range that is neither a CIDR nor an IP address.
     InvalidCidr(String),
+    /// A proxy-hop limit of zero: at least one hop must be walkable.
+    ZeroHops,
+    /// A policy name that is empty or has a character outside printable
+    /// ASCII (see [`NamedQuota::try_new`](crate::NamedQuota::try_new)).
+    InvalidPolicyName(String),
 }
 
 impl fmt::Display for ConfigError {
@@ -34,13 +48,26 @@ impl fmt::Display for ConfigError {
             Self::NonPositiveWindow => f.write_str(
                 "a quota's window must be longer than zero (it is never read as \"no expiry\")",
             ),
-            Self::WindowTooLong => f.write_str("a quota's window must fit in u64 milliseconds"),
+            Self::WindowTooLong => write!(
+                f,
+                "a quota's window must be at most {} ms (36,525 days, Window::MAX)",
+                crate::Window::MAX.as_millis()
+            ),
             Self::InvalidName(name) => write!(
                 f,
                 "invalid limiter name {name:?}: use 1 to {} characters from A-Z a-z 0-9 _ - . :",
-                crate::layer::MAX_NAME_LEN
+                MAX_NAME_LEN
             ),
             Self::ZeroCapacity => f.write_str("the key-store capacity must be at least 1"),
+            Self::InvalidShards(shards) => write!(
+                f,
+                "the shard count must be 1 to {}, not {shards}",
+                crate::backend::MAX_SHARDS
+            ),
+            Self::InvalidPrefix(prefix) => write!(
+                f,
+                "the storage-key prefix {prefix:?} must not contain '{{' or '}}' (they would choose the Redis Cluster hash tag)"
+            ),
             Self::ZeroTimeout => f.write_str("the backend timeout must be longer than zero"),
             Self::InvalidCidr(cidr) => {
                 write!(
@@ -48,6 +75,11 @@ impl fmt::Display for ConfigError {
                     "{cidr:?} is neither a CIDR (10.0.0.0/8) nor an IP address"
                 )
             }
+            Self::ZeroHops => f.write_str("the proxy-hop limit must be at least 1"),
+            Self::InvalidPolicyName(name) => write!(
+                f,
+                "invalid policy name {name:?}: use at least one character, each printable ASCII (space to ~)"
+            ),
             Self::InvalidIpv6Prefix(bits) => {
                 write!(
                     f,

@@ -6,18 +6,16 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use http::header::RETRY_AFTER;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{Request, Response};
 use pin_project_lite::pin_project;
 use tokio::time::Sleep;
 use tower_service::Service;
 
-use crate::backend::{Backend, BackendError, Hits};
-use crate::decision::Decision;
-use crate::key::KeyError;
-use crate::layer::{Core, FailurePolicy};
+use crate::backend::{Backend, BackendError};
+use crate::judge::{Core, Stamp, Verdict};
 use crate::policy::Policy;
-use crate::response::{Deny, GrpcCode, grpc_response, is_grpc, status_response};
+use crate::request::RequestHead;
+use crate::response::Deny;
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit).
@@ -27,18 +25,19 @@ pin_project! {
         Bk: Backend,
     {
         #[pin]
-        state: State<Bk::Future, S, Request<ReqBody>, S::Future, S::Response>,
-        core: Arc<Core<Bk, D>>,
+        state: State<Arc<Core<Bk, D>>, Bk::Future, S, Request<ReqBody>, S::Future, S::Response>,
     }
 }
 
 pin_project! {
     #[project = StateProj]
-    enum State<H, Svc, Req, F, Res> {
+    enum State<C, H, Svc, Req, F, Res> {
         // Waiting for the backend's count; the timer is armed only if the
         // backend does not answer on the first poll (boxed, so that the
-        // in-memory path does not carry a timer's weight).
+        // in-memory path does not carry a timer's weight). Only this state
+        // needs the core: a request judged in `call` never touches it again.
         Checking {
+            core: C,
             hit: H,
             timer: Option<Pin<Box<Sleep>>>,
             service: Option<Svc>,
@@ -73,29 +72,27 @@ where
     ) -> Self {
         Self {
             state: State::Checking {
+                core,
                 hit,
                 timer: None,
                 service: Some(service),
                 request: Some(request),
                 policy,
             },
-            core,
         }
     }
 
-    pub(crate) fn passing(core: Arc<Core<Bk, D>>, future: S::Future, stamp: Option<Stamp>) -> Self {
+    pub(crate) fn passing(future: S::Future, stamp: Option<Stamp>) -> Self {
         Self {
             state: State::Inner { future, stamp },
-            core,
         }
     }
 
-    pub(crate) fn respond(core: Arc<Core<Bk, D>>, response: S::Response) -> Self {
+    pub(crate) fn respond(response: S::Response) -> Self {
         Self {
             state: State::Respond {
                 response: Some(response),
             },
-            core,
         }
     }
 }
@@ -114,6 +111,7 @@ where
         loop {
             match this.state.as_mut().project() {
                 StateProj::Checking {
+                    core,
                     hit,
                     timer,
                     service,
@@ -124,17 +122,15 @@ where
                         Poll::Ready(result) => result,
                         Poll::Pending => {
                             let timer = timer.get_or_insert_with(|| {
-                                Box::pin(tokio::time::sleep(this.core.settings.timeout))
+                                Box::pin(tokio::time::sleep(core.settings.timeout))
                             });
                             ready!(timer.as_mut().poll(cx));
                             Err(BackendError::TimedOut)
                         }
                     };
-                    let headers = request
-                        .as_ref()
-                        .expect("the request is taken once")
-                        .headers();
-                    match this.core.judge(result, policy.clone(), headers) {
+                    let head =
+                        RequestHead::new(request.as_ref().expect("the request is taken once"));
+                    match core.judge(result, policy.clone(), &head) {
                         Verdict::Pass(stamp) => {
                             let mut service = service.take().expect("the service is taken once");
                             let request = request.take().expect("the request is taken once");
@@ -152,16 +148,8 @@ where
                     let stamp = stamp.take();
                     this.state.set(State::Done);
                     let mut response = result?;
-                    if let Some(Stamp {
-                        policy,
-                        index,
-                        decision,
-                    }) = stamp
-                    {
-                        policy
-                            .headers
-                            .write(response.headers_mut(), index, &decision, false);
-                        response.extensions_mut().insert(decision);
+                    if let Some(stamp) = stamp {
+                        stamp.apply(&mut response);
                     }
                     return Poll::Ready(Ok(response));
                 }
@@ -191,133 +179,5 @@ where
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .finish_non_exhaustive()
-    }
-}
-
-/// What the limiter does with a request once the backend has answered.
-pub(crate) enum Verdict<B> {
-    /// Call the service; decorate its response with the decision, if any.
-    Pass(Option<Stamp>),
-    /// Answer without calling the service.
-    Respond(Response<B>),
-}
-
-/// A passed request's decision, to be written onto its response.
-pub(crate) struct Stamp {
-    policy: Arc<Policy>,
-    /// Which of the policy's quotas the decision is about.
-    index: usize,
-    decision: Decision,
-}
-
-impl<Bk, D> Core<Bk, D> {
-    /// `request` is only read (for its content-type) when the request is not
-    /// passed on.
-    pub(crate) fn judge<B>(
-        &self,
-        result: Result<Hits, BackendError>,
-        policy: Arc<Policy>,
-        request: &HeaderMap,
-    ) -> Verdict<B>
-    where
-        D: Deny<B>,
-        B: Default,
-    {
-        let s = &self.settings;
-        let hits = match result {
-            Ok(hits) => hits,
-            Err(err) if err.is_corrupt() => {
-                tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
-                return Verdict::Respond(if is_grpc(request) {
-                    grpc_response(GrpcCode::Internal, "rate limiter state is corrupt", None)
-                } else {
-                    status_response(StatusCode::INTERNAL_SERVER_ERROR)
-                });
-            }
-            Err(err) => return self.outage(err, request),
-        };
-        let Some((index, decision)) = policy.decide(&hits, s.shadow) else {
-            let err = BackendError::Unavailable("the backend answered no hit".into());
-            return self.outage(err, request);
-        };
-        tracing::debug!(limiter = %s.name, count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
-        if let Some(observer) = &s.observer {
-            observer(&decision);
-        }
-        if decision.passed() {
-            return Verdict::Pass(Some(Stamp {
-                policy,
-                index,
-                decision,
-            }));
-        }
-        let mut response = if is_grpc(request) {
-            grpc_response(
-                GrpcCode::ResourceExhausted,
-                "rate limit exceeded",
-                Some(decision.reset()),
-            )
-        } else {
-            self.deny.deny(&decision)
-        };
-        policy
-            .headers
-            .write(response.headers_mut(), index, &decision, true);
-        response.extensions_mut().insert(decision);
-        Verdict::Respond(response)
-    }
-
-    fn outage<B: Default>(&self, err: BackendError, request: &HeaderMap) -> Verdict<B> {
-        let s = &self.settings;
-        let fail_open = s.failure == FailurePolicy::FailOpen;
-        if let Some(suppressed) = s.warn_gate.admit() {
-            let action = if fail_open {
-                "passing requests uncounted"
-            } else {
-                "answering 503"
-            };
-            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
-        }
-        if fail_open {
-            return Verdict::Pass(None);
-        }
-        Verdict::Respond(if is_grpc(request) {
-            grpc_response(GrpcCode::Unavailable, "rate limiter unavailable", None)
-        } else {
-            let mut response = status_response(StatusCode::SERVICE_UNAVAILABLE);
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-            response
-        })
-    }
-
-    pub(crate) fn key_error_response<B: Default>(&self, err: &KeyError, grpc: bool) -> Response<B> {
-        let s = &self.settings;
-        match err {
-            KeyError::Misconfigured(_) => {
-                if let Some(suppressed) = s.key_gate.admit() {
-                    tracing::error!(limiter = %s.name, error = %err, suppressed, "rate-limit key extractor misconfigured: answering 500");
-                }
-            }
-            _ => {
-                if let Some(suppressed) = s.key_gate.admit() {
-                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "request without a usable rate-limit key: answering 400");
-                }
-            }
-        }
-        match (grpc, err.status()) {
-            (false, status) => status_response(status),
-            (true, StatusCode::BAD_REQUEST) => grpc_response(
-                GrpcCode::InvalidArgument,
-                "rate-limit key missing or invalid",
-                None,
-            ),
-            (true, _) => grpc_response(
-                GrpcCode::Internal,
-                "rate-limit key extractor misconfigured",
-                None,
-            ),
-        }
     }
 }

@@ -2,57 +2,26 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use http::Response;
 use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
 use crate::decision::Decision;
-use crate::key::GlobalKey;
-use crate::policy::{Policies, RequestHead};
+use crate::error::ConfigError;
+use crate::judge::{Core, FailurePolicy, OnMissingKey, Settings};
+use crate::key::{GlobalKey, Key, KeyError, KeyExtractor};
+use crate::name::is_layer_name;
+use crate::policy::{NamedQuota, Policies};
+use crate::quota::Quota;
+use crate::request::RequestHead;
 use crate::response::{DefaultDeny, HeaderStyle};
 use crate::service::RateLimit;
-use crate::{ConfigError, Quota};
-
-/// The longest layer name, in bytes.
-pub const MAX_NAME_LEN: usize = 32;
 
 /// How long a backend call may take before the request is handled as if the
 /// backend were down.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
-
-/// What a request gets when the backend is down, slow, or full.
-///
-/// Corrupt state is not an outage: whatever the policy, a request whose
-/// counter is corrupt is answered with 500 (gRPC: INTERNAL).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum FailurePolicy {
-    /// Answer `503 Service Unavailable` with `Retry-After: 1` (gRPC:
-    /// UNAVAILABLE). Nothing gets through uncounted.
-    #[default]
-    FailClosed,
-    /// Let the request through uncounted, with a warning in the log at most
-    /// once every few seconds.
-    FailOpen,
-}
-
-/// What a request gets when its key cannot be extracted.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum OnMissingKey {
-    /// Answer with the status the [`KeyError`](crate::key::KeyError) names:
-    /// 400 for a request that lacks its key, 500 for a server that is not set
-    /// up for the extractor (gRPC: INVALID_ARGUMENT or INTERNAL).
-    #[default]
-    Reject,
-    /// Let the request through without counting it.
-    Allow,
-}
-
-/// A callback run on every decision, for metrics.
-pub(crate) type Observer = Arc<dyn Fn(&Decision) + Send + Sync>;
 
 /// Applies a pinned-window rate limit to a service.
 ///
@@ -77,33 +46,65 @@ pub(crate) type Observer = Arc<dyn Fn(&Decision) + Send + Sync>;
 ///     .route("/", get(|| async { "hello" }))
 ///     .layer(RateLimitLayer::new("api", quota));
 /// ```
+///
+/// # The response body must implement `Default`
+///
+/// The layer answers a denial itself, with an empty body of the service's
+/// own response body type: the wrapped service's `Response<ResBody>` needs
+/// `ResBody: Default` (as tower-http's `TimeoutLayer` and
+/// `ValidateRequestHeaderLayer` do). axum's, tonic's and hyper's bodies
+/// implement it; a layer that wraps the body in a type of its own may not:
+/// tower-http's `TraceLayer` and `CompressionLayer` do not. Put this layer
+/// *inside* those (below them in a `ServiceBuilder`, whose first layer is the
+/// outermost), which is also where it belongs: the trace then records the
+/// 429s.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// use tower::{ServiceBuilder, ServiceExt};
+/// use tower_http::{timeout::TimeoutLayer, trace::TraceLayer};
+/// use tower_pinned_window::{Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let app = Router::new().route("/", get(|| async { "hello" })).layer(
+///     ServiceBuilder::new()
+///         .layer(TraceLayer::new_for_http()) // outermost: sees every answer
+///         .layer(TimeoutLayer::with_status_code(
+///             StatusCode::REQUEST_TIMEOUT,
+///             Duration::from_secs(10),
+///         ))
+///         .layer(RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())),
+/// );
+/// let status = |app: Router| async move {
+///     app.oneshot(Request::new(Body::empty())).await.unwrap().status()
+/// };
+/// assert_eq!(status(app.clone()).await, StatusCode::OK);
+/// assert_eq!(status(app).await, StatusCode::TOO_MANY_REQUESTS);
+/// # }
+/// ```
+///
+/// The other way round, the limiter would have to build tower-http's
+/// `ResponseBody`, which has no `Default`, and the compiler says
+/// ``the trait bound `DefaultDeny: Deny<ResponseBody<..>>` is not satisfied``:
+///
+/// ```compile_fail,E0277
+/// # use std::time::Duration;
+/// # use axum::{Router, routing::get};
+/// # use tower::ServiceBuilder;
+/// # use tower_http::trace::TraceLayer;
+/// # use tower_pinned_window::{Quota, RateLimitLayer};
+/// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(
+///     ServiceBuilder::new()
+///         .layer(RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap()))
+///         .layer(TraceLayer::new_for_http()),
+/// );
+/// ```
+#[must_use]
 pub struct RateLimitLayer<K = GlobalKey, Bk = MemoryBackend, D = DefaultDeny> {
     key: K,
     core: Core<Bk, D>,
-}
-
-/// The configuration shared by a service and its futures.
-#[derive(Clone)]
-pub(crate) struct Core<Bk, D> {
-    pub(crate) backend: Bk,
-    pub(crate) deny: D,
-    pub(crate) settings: Settings,
-}
-
-/// Everything in [`Core`] that does not change the layer's type.
-#[derive(Clone)]
-pub(crate) struct Settings {
-    pub(crate) name: Arc<str>,
-    pub(crate) policies: Policies,
-    pub(crate) failure: FailurePolicy,
-    pub(crate) missing_key: OnMissingKey,
-    pub(crate) timeout: Duration,
-    pub(crate) shadow: bool,
-    pub(crate) observer: Option<Observer>,
-    /// Bounds the warnings about backend failures.
-    pub(crate) warn_gate: Arc<WarnGate>,
-    /// Bounds the log lines about requests without a usable key.
-    pub(crate) key_gate: Arc<WarnGate>,
 }
 
 impl RateLimitLayer {
@@ -112,7 +113,7 @@ impl RateLimitLayer {
     /// [`key`](Self::key) and the store with [`backend`](Self::backend).
     ///
     /// # Panics
-    /// When `name` is not 1 to [`MAX_NAME_LEN`] characters from
+    /// When `name` is not 1 to [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN) characters from
     /// `A-Z a-z 0-9 _ - . :`, like [`http::HeaderValue::from_static`]: a
     /// literal name is checked once, when the layer is built. Use
     /// [`try_new`](Self::try_new) for a name known only at run time.
@@ -128,17 +129,12 @@ impl RateLimitLayer {
     ///
     /// # Errors
     /// [`ConfigError::InvalidName`] for a name that is empty, longer than
-    /// [`MAX_NAME_LEN`], or has a character outside `A-Z a-z 0-9 _ - . :`.
+    /// [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN), or has a character outside `A-Z a-z 0-9 _ - . :`.
     pub fn try_new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
         let name = name.into();
-        let valid = !name.is_empty()
-            && name.len() <= MAX_NAME_LEN
-            && name
-                .bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.' | b':'));
-        // These characters are a subset of an sf-string's, so the name can
-        // go into the RateLimit headers as it is.
-        if !valid {
+        // The allowed characters are a subset of an sf-string's, so the name
+        // goes into the RateLimit headers as it is.
+        if !is_layer_name(&name) {
             return Err(ConfigError::InvalidName(name));
         }
         let name: Arc<str> = name.into();
@@ -165,12 +161,44 @@ impl RateLimitLayer {
 }
 
 impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
-    /// Charge each request to the key `key` extracts (see [`crate::key`]).
-    pub fn key<K2>(self, key: K2) -> RateLimitLayer<K2, Bk, D> {
+    /// Charge each request to the key `key` extracts (see [`crate::key`]):
+    /// a built-in extractor, a pair of them, or your own [`KeyExtractor`].
+    /// For a closure, use [`key_fn`](Self::key_fn), which infers its
+    /// argument's type.
+    pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D> {
         RateLimitLayer {
             key,
             core: self.core,
         }
+    }
+
+    /// Charge each request to the key `key` reads from the request's head.
+    /// The closure's argument type is inferred:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::key::{Key, KeyError};
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("per-user", Quota::new(10, Duration::from_secs(60)).unwrap())
+    ///     .key_fn(|req| match req.headers().get("x-user-id") {
+    ///         Some(id) => Ok(Key::new(id.as_bytes())),
+    ///         None => Err(KeyError::missing("x-user-id")),
+    ///     });
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// let anonymous = app.oneshot(Request::new(Body::empty())).await.unwrap();
+    /// assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
+    /// # }
+    /// ```
+    pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D>
+    where
+        F: Fn(&RequestHead<'_>) -> Result<Key, KeyError>,
+    {
+        self.key(key)
     }
 
     /// Keep counters in `backend` instead of this layer's own
@@ -187,9 +215,37 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
         }
     }
 
-    /// Answer denied (non-gRPC) requests with `deny` instead of an empty 429;
-    /// `Retry-After` and the rate-limit headers are added to its response.
-    pub fn deny_with<D2>(self, deny: D2) -> RateLimitLayer<K, Bk, D2> {
+    /// Answer denied (non-gRPC) requests with `deny`'s response instead of
+    /// an empty 429. `Retry-After` and the rate-limit headers are added to
+    /// it, each unless the response already has it: a `Retry-After` you set
+    /// is kept. The closure's argument type is inferred:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, Response, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
+    ///     .deny_with(|d| {
+    ///         let mut res = Response::new(Body::from(format!("try again in {} s", d.reset_secs())));
+    ///         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+    ///         res
+    ///     });
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+    /// let denied = app.oneshot(Request::new(Body::empty())).await.unwrap();
+    /// assert_eq!(denied.headers()["retry-after"], "60");
+    /// let body = axum::body::to_bytes(denied.into_body(), 1024).await.unwrap();
+    /// assert_eq!(body, "try again in 60 s");
+    /// # }
+    /// ```
+    pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F>
+    where
+        F: Fn(&Decision) -> Response<B>,
+    {
         RateLimitLayer {
             key: self.key,
             core: Core {
@@ -210,9 +266,12 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     /// `Quota` 5 per minute *and* (`also`) 100 per day. A request over any of
     /// its quotas is denied; every quota counts every request. Each quota
     /// other than the layer's own has its own counters, named
-    /// `name:LIMIT/WINDOWms`.
-    pub fn also(mut self, quota: Quota) -> Self {
-        self.core.settings.policies.add_also(quota);
+    /// `name:LIMIT/WINDOWms` in storage.
+    ///
+    /// Clients see it under the name a [`NamedQuota`] gives it, or
+    /// `"<layer> <limit>/<window>"` (`"api 100/1d"`) for a plain [`Quota`].
+    pub fn also(mut self, quota: impl Into<NamedQuota>) -> Self {
+        self.core.settings.policies.add_also(quota.into());
         self
     }
 
@@ -221,19 +280,81 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     /// (`/auth.Auth/Login`). Quotas added with [`also`](Self::also) still
     /// apply. Routes with equal quotas share counters; key by
     /// [`RouteKey`](crate::key::RouteKey) too to keep them apart.
-    pub fn route_quota(mut self, route: &str, quota: Quota) -> Self {
-        self.core.settings.policies.add_route(route, quota);
+    ///
+    /// Clients see it under the name a [`NamedQuota`] gives it, or
+    /// `"<layer> <route>"` (`"api /auth.Auth/Login"`) for a plain [`Quota`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::{Request, Response};
+    /// use tower::{Layer, ServiceExt, service_fn};
+    /// use tower_pinned_window::{NamedQuota, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let minutes = |n, m: u64| Quota::new(n, Duration::from_secs(60 * m)).unwrap();
+    /// let layer = RateLimitLayer::new("api", minutes(100, 1))
+    ///     .route_quota("/auth.Auth/Login", NamedQuota::new("login", minutes(5, 15)))
+    ///     .route_quota("/shop.Shop/Checkout", minutes(10, 1));
+    /// let svc = layer.layer(service_fn(|_req: Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    /// }));
+    /// let call = |method: &str| {
+    ///     let request = Request::post(method).header("content-type", "application/grpc");
+    ///     svc.clone().oneshot(request.body(String::new()).unwrap())
+    /// };
+    /// let login = call("/auth.Auth/Login").await.unwrap();
+    /// assert_eq!(login.headers()["ratelimit"], "\"login\";r=4;t=900");
+    /// let checkout = call("/shop.Shop/Checkout").await.unwrap();
+    /// assert_eq!(checkout.headers()["ratelimit"], "\"api /shop.Shop/Checkout\";r=9;t=60");
+    /// # }
+    /// ```
+    pub fn route_quota(mut self, route: &str, quota: impl Into<NamedQuota>) -> Self {
+        self.core.settings.policies.add_route(route, quota.into());
         self
     }
 
-    /// Pick a request's quota with `choose` (a tier looked up from an API
-    /// key, say); `None` falls back to the route's quota or the layer's.
-    /// Quotas added with [`also`](Self::also) still apply.
-    pub fn quota_by(
-        mut self,
-        choose: impl Fn(&RequestHead<'_>) -> Option<Quota> + Send + Sync + 'static,
-    ) -> Self {
-        self.core.settings.policies.set_quota_by(Arc::new(choose));
+    /// Pick a request's quota with `choose` (a tier looked up from what your
+    /// authentication attached, say); `None` falls back to the route's quota
+    /// or the layer's. Quotas added with [`also`](Self::also) still apply.
+    ///
+    /// `choose` returns a [`NamedQuota`] or a plain [`Quota`]; clients see a
+    /// plain one as `"<layer> <limit>/<window>"`. Build named tiers once,
+    /// outside the closure:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use http::{Request, Response};
+    /// use tower::{Layer, ServiceExt, service_fn};
+    /// use tower_pinned_window::{NamedQuota, Quota, RateLimitLayer};
+    ///
+    /// #[derive(Clone)]
+    /// struct Plan { pro: bool } // set by your authentication layer
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let minute = |n| Quota::new(n, Duration::from_secs(60)).unwrap();
+    /// let pro = NamedQuota::new("pro", minute(1_000));
+    /// let layer = RateLimitLayer::new("api", minute(100))
+    ///     .quota_by(move |req| req.extensions().get::<Plan>()?.pro.then(|| pro.clone()));
+    /// let svc = layer.layer(service_fn(|_req: Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+    /// }));
+    /// let mut request = Request::new(String::new());
+    /// request.extensions_mut().insert(Plan { pro: true });
+    /// let response = svc.oneshot(request).await.unwrap();
+    /// assert_eq!(response.headers()["ratelimit"], "\"pro\";r=999;t=60");
+    /// # }
+    /// ```
+    pub fn quota_by<F, Q>(mut self, choose: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> Option<Q> + Send + Sync + 'static,
+        Q: Into<NamedQuota>,
+    {
+        self.core
+            .settings
+            .policies
+            .set_quota_by(Arc::new(move |head| choose(head).map(Into::into)));
         self
     }
 
@@ -256,9 +377,23 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     /// only starts if the backend does not answer at once, so the in-memory
     /// backend never arms it.
     ///
+    /// # Panics
+    /// When `timeout` is zero (every call would time out), like
+    /// [`http::HeaderValue::from_static`] on a bad literal. Use
+    /// [`try_timeout`](Self::try_timeout) for a value read at run time.
+    #[track_caller]
+    pub fn timeout(self, timeout: Duration) -> Self {
+        match self.try_timeout(timeout) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`timeout`](Self::timeout), for a value read at run time.
+    ///
     /// # Errors
     /// [`ConfigError::ZeroTimeout`] for zero.
-    pub fn timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
+    pub fn try_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
         if timeout.is_zero() {
             return Err(ConfigError::ZeroTimeout);
         }
@@ -316,22 +451,6 @@ impl<K: fmt::Debug, Bk: fmt::Debug, D> fmt::Debug for RateLimitLayer<K, Bk, D> {
     }
 }
 
-impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let s = &self.settings;
-        f.debug_struct("Core")
-            .field("name", &s.name)
-            .field("policies", &s.policies)
-            .field("backend", &self.backend)
-            .field("headers", &s.policies.style())
-            .field("failure", &s.failure)
-            .field("missing_key", &s.missing_key)
-            .field("timeout", &s.timeout)
-            .field("shadow", &s.shadow)
-            .finish_non_exhaustive()
-    }
-}
-
 impl<S, K: Clone, Bk: Clone, D: Clone> Layer<S> for RateLimitLayer<K, Bk, D> {
     type Service = RateLimit<S, K, Bk, D>;
 
@@ -340,41 +459,10 @@ impl<S, K: Clone, Bk: Clone, D: Clone> Layer<S> for RateLimitLayer<K, Bk, D> {
     }
 }
 
-/// Lets a warning through at most once per [`WarnGate::PERIOD`], counting the
-/// ones held back.
-#[derive(Debug, Default)]
-pub(crate) struct WarnGate {
-    /// Milliseconds since `UNIX_EPOCH` of the last warning let through.
-    last: AtomicU64,
-    suppressed: AtomicU64,
-}
-
-impl WarnGate {
-    const PERIOD_MS: u64 = 5_000;
-
-    /// `Some(held back since the last one)` when a warning may be logged now.
-    pub(crate) fn admit(&self) -> Option<u64> {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64);
-        let last = self.last.load(Ordering::Relaxed);
-        if now.saturating_sub(last) >= Self::PERIOD_MS
-            && self
-                .last
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            Some(self.suppressed.swap(0, Ordering::Relaxed))
-        } else {
-            self.suppressed.fetch_add(1, Ordering::Relaxed);
-            None
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::name::MAX_NAME_LEN;
 
     #[test]
     fn names_are_checked() {
@@ -404,22 +492,26 @@ mod tests {
     }
 
     #[test]
-    fn the_warn_gate_admits_one_per_period() {
-        let gate = WarnGate::default();
-        assert_eq!(gate.admit(), Some(0));
-        assert_eq!(gate.admit(), None);
-        assert_eq!(gate.admit(), None);
-        assert_eq!(gate.suppressed.load(Ordering::Relaxed), 2);
-    }
-
-    #[test]
     fn zero_timeout_is_rejected() {
         let q = Quota::new(1, Duration::from_secs(1)).unwrap();
         assert_eq!(
             RateLimitLayer::new("t", q)
-                .timeout(Duration::ZERO)
+                .try_timeout(Duration::ZERO)
                 .unwrap_err(),
             ConfigError::ZeroTimeout
         );
+        let layer = RateLimitLayer::new("t", q).try_timeout(Duration::from_millis(1));
+        assert_eq!(
+            layer.unwrap().core.settings.timeout,
+            Duration::from_millis(1),
+            "kept as given"
+        );
+    }
+
+    #[test]
+    #[should_panic(expected = "the backend timeout must be longer than zero")]
+    fn a_zero_literal_timeout_panics() {
+        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
+        let _ = RateLimitLayer::new("t", q).timeout(Duration::ZERO);
     }
 }

@@ -6,9 +6,10 @@
 //! move the window, so a client that keeps knocking slowly cannot hold a
 //! window open forever, and a client that stops is let back in on time.
 //!
-//! The data path, one module a step: a request → its [`key`] →
-//! the [`backend`] counts the hit → a [`Decision`] → the
-//! response (passed on, or denied with `429` and `Retry-After`).
+//! The data path, one module a step: a request, seen through its
+//! [`RequestHead`] → its [`key`] → the [`backend`] counts the hit → a
+//! [`Decision`] → the response (passed on, or denied with `429` and
+//! `Retry-After`).
 //!
 //! ```
 //! use std::time::Duration;
@@ -44,27 +45,37 @@
     doc = concat!("# Features\n\n", document_features::document_features!())
 )]
 
+// The data path, outside in: layer.rs (configuration) → service.rs →
+// future.rs → judge.rs (the verdict, and the core they share); request.rs
+// is the way in, key/ and policy.rs read it, backend/ counts, decision.rs
+// and response.rs are the way out. Imports only point down this list.
 pub mod backend;
 mod decision;
 mod error;
 mod future;
+mod judge;
 pub mod key;
 mod layer;
+mod name;
 mod policy;
 mod quota;
+mod request;
 mod response;
 mod service;
 
 pub use decision::{Decision, Outcome};
 pub use error::ConfigError;
 pub use future::ResponseFuture;
-pub use layer::{DEFAULT_TIMEOUT, FailurePolicy, MAX_NAME_LEN, OnMissingKey, RateLimitLayer};
-pub use policy::RequestHead;
+pub use judge::{FailurePolicy, OnMissingKey};
+pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
+pub use name::MAX_NAME_LEN;
+pub use policy::NamedQuota;
 pub use quota::{Quota, Window};
+pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
 
 /// The README's examples, compiled and run as doctests.
-#[cfg(all(doctest, feature = "redis-cluster"))]
+#[cfg(all(doctest, feature = "redis-cluster", feature = "redis-sentinel"))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -1,101 +1,175 @@
 //! Which quotas a request is checked against: the layer's quota, a route's
 //! or a gRPC method's, or one a closure picks (a tier), plus the quotas added
-//! with [`also`](crate::RateLimitLayer::also), all hit in one backend call.
+//! with [`also`](crate::RateLimitLayer::also), all hit in one backend call;
+//! and the names clients see for them.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
-use http::{Extensions, HeaderMap, Method, Request, Uri};
 use smallvec::SmallVec;
 
-use crate::Quota;
 use crate::backend::{Counter, Hit, Hits};
-use crate::decision::Decision;
-use crate::response::{HeaderStyle, Headers, is_grpc};
+use crate::decision::{Decision, Label};
+use crate::error::ConfigError;
+use crate::name::{is_policy_name, is_sf_string_byte};
+use crate::quota::Quota;
+use crate::request::{RequestHead, Route};
+use crate::response::{HeaderStyle, Headers};
 
-/// The parts of a request a quota can be chosen by; see
-/// [`RateLimitLayer::quota_by`](crate::RateLimitLayer::quota_by).
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
-pub struct RequestHead<'a> {
-    /// The method.
-    pub method: &'a Method,
-    /// The URI.
-    pub uri: &'a Uri,
-    /// The headers (gRPC metadata included).
-    pub headers: &'a HeaderMap,
-    /// The extensions (axum's `MatchedPath`, your authentication's user).
-    pub extensions: &'a Extensions,
+/// A quota with the name clients see for it: the policy name in the
+/// `RateLimit` and `RateLimit-Policy` headers, and
+/// [`Decision::policy`](crate::Decision::policy).
+///
+/// [`route_quota`](crate::RateLimitLayer::route_quota),
+/// [`also`](crate::RateLimitLayer::also) and
+/// [`quota_by`](crate::RateLimitLayer::quota_by) take a `NamedQuota` or a
+/// plain [`Quota`]. A plain quota is named by the layer: a route's quota
+/// `"<layer> <route>"` (`"api /auth.Auth/Login"`), any other
+/// `"<layer> <limit>/<window>"` (`"api 1000/1h"`), and a quota equal to the
+/// layer's own is the layer's policy, named as the layer.
+///
+/// A name only changes what clients see: counters are kept per quota, so
+/// renaming a quota keeps its counts.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::{NamedQuota, Quota};
+///
+/// let login = NamedQuota::new("login", Quota::new(5, Duration::from_secs(900)).unwrap());
+/// assert_eq!(login.name(), Some("login"));
+/// assert_eq!(login.quota().limit(), 5);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[must_use]
+pub struct NamedQuota {
+    quota: Quota,
+    name: Option<Arc<str>>,
 }
 
-impl<'a> RequestHead<'a> {
-    pub(crate) fn of<B>(request: &'a Request<B>) -> Self {
-        Self {
-            method: request.method(),
-            uri: request.uri(),
-            headers: request.headers(),
-            extensions: request.extensions(),
+impl NamedQuota {
+    /// `quota`, named `name`.
+    ///
+    /// # Panics
+    /// When `name` is empty or has a character outside printable ASCII
+    /// (space to `~`, what an sf-string holds), like
+    /// [`http::HeaderValue::from_static`] on a bad literal. Use
+    /// [`try_new`](Self::try_new) for a name known only at run time.
+    #[track_caller]
+    pub fn new(name: &'static str, quota: Quota) -> Self {
+        match Self::try_new(name, quota) {
+            Ok(named) => named,
+            Err(err) => panic!("{err}"),
         }
     }
 
-    /// The route: axum's `MatchedPath` or, for gRPC, the method path.
-    pub fn route(&self) -> Option<&'a str> {
-        #[cfg(feature = "axum")]
-        if let Some(path) = self.extensions.get::<axum::extract::MatchedPath>() {
-            return Some(path.as_str());
+    /// Like [`new`](Self::new), for a name known only at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidPolicyName`] for a name that is empty or has a
+    /// character outside printable ASCII.
+    pub fn try_new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
+        let name = name.into();
+        if !is_policy_name(&name) {
+            return Err(ConfigError::InvalidPolicyName(name));
         }
-        is_grpc(self.headers).then(|| self.uri.path())
+        Ok(Self {
+            quota,
+            name: Some(name.into()),
+        })
+    }
+
+    /// The quota.
+    pub fn quota(&self) -> Quota {
+        self.quota
+    }
+
+    /// The name given, if any (a plain [`Quota`] has none; the layer names
+    /// it).
+    pub fn name(&self) -> Option<&str> {
+        self.name.as_deref()
     }
 }
 
-pub(crate) type QuotaBy = Arc<dyn Fn(&RequestHead<'_>) -> Option<Quota> + Send + Sync>;
+/// A quota with no name of its own: the layer names it.
+impl From<Quota> for NamedQuota {
+    fn from(quota: Quota) -> Self {
+        Self { quota, name: None }
+    }
+}
+
+pub(crate) type QuotaBy = Arc<dyn Fn(&RequestHead<'_>) -> Option<NamedQuota> + Send + Sync>;
+
+/// One quota of a policy: the counter it is hit in, and the names it is
+/// reported by.
+#[derive(Debug)]
+struct Slot {
+    namespace: Arc<str>,
+    quota: Quota,
+    label: Arc<Label>,
+}
 
 /// The quotas one request is checked against, with their counters' names
 /// and headers, built once.
 #[derive(Debug)]
 pub(crate) struct Policy {
-    slots: SmallVec<[(Arc<str>, Quota); 2]>,
+    slots: SmallVec<[Slot; 2]>,
     pub(crate) headers: Headers,
 }
 
 impl Policy {
-    fn new(style: HeaderStyle, slots: SmallVec<[(Arc<str>, Quota); 2]>) -> Self {
-        let named: Vec<(&str, Quota)> = slots.iter().map(|(n, q)| (&**n, *q)).collect();
+    fn new(style: HeaderStyle, slots: SmallVec<[Slot; 2]>) -> Self {
+        let named: Vec<(&str, Quota)> = slots
+            .iter()
+            .map(|slot| (&*slot.label.policy, slot.quota))
+            .collect();
         Self {
             headers: Headers::new(style, &named),
             slots,
         }
     }
 
+    /// The counters to hit, built straight into the inline buffer for the
+    /// usual one or two (this runs on every request).
     pub(crate) fn counters(&self) -> SmallVec<[Counter<'_>; 2]> {
-        self.slots
-            .iter()
-            .map(|(namespace, quota)| Counter {
-                namespace,
-                quota: *quota,
-            })
-            .collect()
+        fn counter(slot: &Slot) -> Counter<'_> {
+            Counter {
+                namespace: &slot.namespace,
+                quota: slot.quota,
+            }
+        }
+        match &self.slots[..] {
+            [one] => SmallVec::from_buf_and_len([counter(one), counter(one)], 1),
+            [one, two] => SmallVec::from_buf([counter(one), counter(two)]),
+            slots => slots.iter().map(counter).collect(),
+        }
     }
 
     /// The binding decision, and the index of its quota: of the quotas over
     /// their limit, the one that resets last; otherwise the one with the
-    /// fewest hits left.
-    pub(crate) fn decide(&self, hits: &Hits, shadow: bool) -> Option<(usize, Decision)> {
+    /// fewest hits left. `route` is the request's, for the decision.
+    pub(crate) fn decide(
+        &self,
+        hits: &Hits,
+        shadow: bool,
+        route: Option<Route>,
+    ) -> Option<(usize, Decision)> {
         let mut best: Option<(usize, &Hit)> = None;
-        for (i, (hit, (_, quota))) in hits.iter().zip(&self.slots).enumerate() {
-            let over = hit.count > quota.limit();
+        for (i, (hit, slot)) in hits.iter().zip(&self.slots).enumerate() {
+            let limit = slot.quota.limit();
+            let over = hit.count > limit;
             let better = match best {
                 None => true,
                 Some((j, other)) => {
-                    let other_over = other.count > self.slots[j].1.limit();
+                    let other_limit = self.slots[j].quota.limit();
+                    let other_over = other.count > other_limit;
                     match (over, other_over) {
                         (true, false) => true,
                         (false, true) => false,
                         (true, true) => hit.reset > other.reset,
                         (false, false) => {
-                            quota.limit().saturating_sub(hit.count)
-                                < self.slots[j].1.limit().saturating_sub(other.count)
+                            limit.saturating_sub(hit.count)
+                                < other_limit.saturating_sub(other.count)
                         }
                     }
                 }
@@ -105,12 +179,31 @@ impl Policy {
             }
         }
         let (i, hit) = best?;
-        let (name, quota) = &self.slots[i];
+        let slot = &self.slots[i];
         Some((
             i,
-            Decision::new(name.clone(), quota.limit(), hit.count, hit.reset, shadow),
+            Decision::new(
+                slot.label.clone(),
+                route,
+                slot.quota.limit(),
+                hit.count,
+                hit.reset,
+                shadow,
+            ),
         ))
     }
+}
+
+/// What a policy's first quota is to the layer, which decides its default
+/// name.
+#[derive(Clone, Copy)]
+enum Primary<'a> {
+    /// The layer's own quota.
+    Layer,
+    /// A route's quota.
+    Route(&'a str),
+    /// A quota `quota_by` picked.
+    Tier,
 }
 
 /// Every policy a layer can apply, and how to pick one.
@@ -118,13 +211,13 @@ pub(crate) struct Policies {
     name: Arc<str>,
     style: HeaderStyle,
     default_quota: Quota,
-    also: Vec<Quota>,
+    also: Vec<NamedQuota>,
     default: Arc<Policy>,
     routes: HashMap<Box<str>, Arc<Policy>>,
-    route_quotas: Vec<(Box<str>, Quota)>,
+    route_quotas: Vec<(Box<str>, NamedQuota)>,
     quota_by: Option<QuotaBy>,
     /// Policies for quotas a `quota_by` closure returned, built on first use.
-    chosen: Mutex<HashMap<Quota, Arc<Policy>>>,
+    chosen: Mutex<HashMap<NamedQuota, Arc<Policy>>>,
 }
 
 /// Distinct quotas a `quota_by` closure may return before further ones are
@@ -150,7 +243,7 @@ impl Policies {
 
     /// The counter name of `quota`: the layer's name for its own quota,
     /// `name:LIMIT/WINDOWms` for any other, so equal quotas share counters
-    /// and different ones never do.
+    /// and different ones never do. Clients never see it.
     fn counter_name(&self, quota: Quota) -> Arc<str> {
         if quota == self.default_quota {
             self.name.clone()
@@ -165,22 +258,53 @@ impl Policies {
         }
     }
 
-    fn build(&self, primary: Quota) -> Arc<Policy> {
-        let mut slots: SmallVec<[(Arc<str>, Quota); 2]> = SmallVec::new();
-        for quota in std::iter::once(primary).chain(self.also.iter().copied()) {
-            if !slots.iter().any(|(_, q)| *q == quota) {
-                slots.push((self.counter_name(quota), quota));
+    /// The name clients see for `quota`: the one the user gave, the layer's
+    /// for the layer's own quota, otherwise a readable default (see
+    /// [`NamedQuota`]).
+    fn policy_name(&self, quota: &NamedQuota, primary: Primary<'_>) -> Arc<str> {
+        if let Some(name) = &quota.name {
+            return name.clone();
+        }
+        if quota.quota == self.default_quota {
+            return self.name.clone();
+        }
+        let mut name = String::with_capacity(self.name.len() + 16);
+        name.push_str(&self.name);
+        name.push(' ');
+        match primary {
+            Primary::Route(route) => push_escaped(&mut name, route),
+            Primary::Layer | Primary::Tier => push_rate(&mut name, quota.quota),
+        }
+        name.into()
+    }
+
+    fn build(&self, primary: &NamedQuota, kind: Primary<'_>) -> Arc<Policy> {
+        let mut slots: SmallVec<[Slot; 2]> = SmallVec::new();
+        let quotas =
+            std::iter::once((primary, kind)).chain(self.also.iter().map(|q| (q, Primary::Tier)));
+        for (quota, kind) in quotas {
+            // Equal quotas are one counter: the first one names it.
+            if slots.iter().any(|slot| slot.quota == quota.quota) {
+                continue;
             }
+            slots.push(Slot {
+                namespace: self.counter_name(quota.quota),
+                quota: quota.quota,
+                label: Arc::new(Label {
+                    limiter: self.name.clone(),
+                    policy: self.policy_name(quota, kind),
+                }),
+            });
         }
         Arc::new(Policy::new(self.style, slots))
     }
 
     fn rebuild(&mut self) {
-        self.default = self.build(self.default_quota);
+        self.default = self.build(&self.default_quota.into(), Primary::Layer);
         self.routes = self
             .route_quotas
             .iter()
-            .map(|(route, quota)| (route.clone(), self.build(*quota)))
+            .map(|(route, quota)| (route.clone(), self.build(quota, Primary::Route(route))))
             .collect();
         self.chosen = Mutex::default();
     }
@@ -194,12 +318,12 @@ impl Policies {
         self.style
     }
 
-    pub(crate) fn add_also(&mut self, quota: Quota) {
+    pub(crate) fn add_also(&mut self, quota: NamedQuota) {
         self.also.push(quota);
         self.rebuild();
     }
 
-    pub(crate) fn add_route(&mut self, route: &str, quota: Quota) {
+    pub(crate) fn add_route(&mut self, route: &str, quota: NamedQuota) {
         self.route_quotas.retain(|(r, _)| &**r != route);
         self.route_quotas.push((route.into(), quota));
         self.rebuild();
@@ -214,20 +338,19 @@ impl Policies {
     }
 
     /// The policy for a request.
-    pub(crate) fn select<B>(&self, request: &Request<B>) -> Arc<Policy> {
+    pub(crate) fn select(&self, head: &RequestHead<'_>) -> Arc<Policy> {
         if self.quota_by.is_none() && self.routes.is_empty() {
             return self.default.clone();
         }
-        let head = RequestHead::of(request);
-        if let Some(quota) = self.quota_by.as_ref().and_then(|f| f(&head)) {
-            if quota == self.default_quota {
+        if let Some(quota) = self.quota_by.as_ref().and_then(|f| f(head)) {
+            if quota.quota == self.default_quota && quota.name.is_none() {
                 return self.default.clone();
             }
             let mut chosen = self.chosen.lock().unwrap_or_else(|p| p.into_inner());
             if let Some(policy) = chosen.get(&quota) {
                 return policy.clone();
             }
-            let policy = self.build(quota);
+            let policy = self.build(&quota, Primary::Tier);
             if chosen.len() < CHOSEN_CAP {
                 chosen.insert(quota, policy.clone());
             }
@@ -238,6 +361,35 @@ impl Policies {
             .unwrap_or(&self.default)
             .clone()
     }
+}
+
+/// `route`, with every byte an sf-string cannot hold percent-encoded.
+fn push_escaped(name: &mut String, route: &str) {
+    for &b in route.as_bytes() {
+        if is_sf_string_byte(b) {
+            name.push(char::from(b));
+        } else {
+            name.push_str(&format!("%{b:02X}"));
+        }
+    }
+}
+
+/// `LIMIT/WINDOW`, the window in the largest unit that divides it:
+/// `100/1min`, `5/15min`, `20/500ms`.
+fn push_rate(name: &mut String, quota: Quota) {
+    const UNITS: [(u64, &str); 5] = [
+        (86_400_000, "d"),
+        (3_600_000, "h"),
+        (60_000, "min"),
+        (1_000, "s"),
+        (1, "ms"),
+    ];
+    let millis = quota.window().as_millis();
+    let (size, unit) = UNITS
+        .into_iter()
+        .find(|(size, _)| millis.is_multiple_of(*size))
+        .unwrap_or((1, "ms"));
+    name.push_str(&format!("{}/{}{unit}", quota.limit(), millis / size));
 }
 
 impl Clone for Policies {
@@ -264,5 +416,96 @@ impl fmt::Debug for Policies {
             .field("routes", &self.route_quotas)
             .field("quota_by", &self.quota_by.is_some())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn quota(limit: u64, millis: u64) -> Quota {
+        Quota::new(limit, Duration::from_millis(millis)).unwrap()
+    }
+
+    #[test]
+    fn default_names_are_readable() {
+        let policies = Policies::new("api".into(), quota(100, 60_000), HeaderStyle::Ietf);
+        let cases = [
+            ("layer's own", quota(100, 60_000), Primary::Tier, "api"),
+            (
+                "a day",
+                quota(10_000, 86_400_000),
+                Primary::Tier,
+                "api 10000/1d",
+            ),
+            ("an hour", quota(3, 3_600_000), Primary::Layer, "api 3/1h"),
+            (
+                "15 minutes",
+                quota(5, 900_000),
+                Primary::Tier,
+                "api 5/15min",
+            ),
+            ("seconds", quota(10, 1_000), Primary::Tier, "api 10/1s"),
+            ("90 seconds", quota(10, 90_000), Primary::Tier, "api 10/90s"),
+            (
+                "milliseconds",
+                quota(20, 500),
+                Primary::Tier,
+                "api 20/500ms",
+            ),
+            (
+                "a gRPC method",
+                quota(2, 900_000),
+                Primary::Route("/auth.Auth/Login"),
+                "api /auth.Auth/Login",
+            ),
+            (
+                "an axum route",
+                quota(2, 900_000),
+                Primary::Route("/users/{id}"),
+                "api /users/{id}",
+            ),
+            (
+                "non-ASCII escaped",
+                quota(2, 900_000),
+                Primary::Route("/caf\u{e9}"),
+                "api /caf%C3%A9",
+            ),
+        ];
+        for (case, q, primary, want) in cases {
+            let name = policies.policy_name(&q.into(), primary);
+            assert_eq!(&*name, want, "{case}");
+            assert!(is_policy_name(&name), "{case}: a valid sf-string");
+        }
+        let named = NamedQuota::new("login", quota(2, 900_000));
+        assert_eq!(
+            &*policies.policy_name(&named, Primary::Route("/login")),
+            "login",
+            "a given name wins"
+        );
+    }
+
+    #[test]
+    fn policy_names_follow_the_one_rule() {
+        let q = quota(1, 1_000);
+        for bad in ["", "tab\t", "caf\u{e9}"] {
+            assert_eq!(
+                NamedQuota::try_new(bad, q),
+                Err(ConfigError::InvalidPolicyName(bad.into())),
+                "{bad:?}"
+            );
+        }
+        assert_eq!(
+            NamedQuota::try_new("pro tier", q).unwrap().name(),
+            Some("pro tier")
+        );
+        assert_eq!(NamedQuota::from(q).name(), None);
+    }
+
+    #[test]
+    #[should_panic(expected = "invalid policy name \"\"")]
+    fn a_bad_literal_policy_name_panics() {
+        let _ = NamedQuota::new("", quota(1, 1_000));
     }
 }

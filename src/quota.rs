@@ -3,60 +3,104 @@
 use std::num::{NonZeroU32, NonZeroU64};
 use std::time::Duration;
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
-/// The length of a pinned window, in whole milliseconds (never zero).
+/// The length of a pinned window, in whole milliseconds, from 1 ms to
+/// [`Window::MAX`] (100 years).
 ///
 /// A window opens at a key's first hit and closes a fixed time later; hits in
 /// between never move it. Sub-millisecond parts round **up**, so a window can
 /// never collapse to zero, and a zero or negative window is rejected rather
-/// than read as "no expiry".
+/// than read as "no expiry". A window past [`Window::MAX`] is rejected too,
+/// when the quota is built: every backend holds every accepted window
+/// exactly, so no quota accepted here fails on every request.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::{ConfigError, Window};
+///
+/// assert_eq!(Window::new(Duration::from_micros(1)).unwrap().as_millis(), 1);
+/// assert_eq!(Window::try_from_secs_f64(1e-10).unwrap().as_millis(), 1);
+/// assert_eq!(Window::new(Duration::ZERO), Err(ConfigError::NonPositiveWindow));
+/// assert_eq!(Window::new(Window::MAX.as_duration()), Ok(Window::MAX));
+/// assert_eq!(
+///     Window::try_from_millis(Window::MAX.as_millis() as i64 + 1),
+///     Err(ConfigError::WindowTooLong)
+/// );
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Window(NonZeroU64);
 
+/// [`Window::MAX`] in milliseconds: 36,525 days.
+const MAX_MILLIS: u64 = 36_525 * 86_400_000;
+
 impl Window {
+    /// The longest window: 100 years (36,525 days, 3,155,760,000,000 ms).
+    ///
+    /// Every backend holds it exactly, with room to spare: the memory
+    /// backend counts nanoseconds since it was made in a `u64` (584 years),
+    /// Redis's Lua numbers are doubles, exact to 2^53 ms (285,000 years),
+    /// `PEXPIRE` takes any such count of milliseconds, and PostgreSQL's
+    /// `timestamptz` reaches the year 294276, so `now() + window` stays
+    /// representable. A limit on anything longer is not a rate limit.
+    pub const MAX: Window = match NonZeroU64::new(MAX_MILLIS) {
+        Some(millis) => Window(millis),
+        None => unreachable!(),
+    };
+
     /// A window of `duration`, rounded up to whole milliseconds.
     ///
     /// # Errors
     /// [`ConfigError::NonPositiveWindow`] for a zero duration,
-    /// [`ConfigError::WindowTooLong`] past `u64::MAX` milliseconds.
+    /// [`ConfigError::WindowTooLong`] past [`Window::MAX`].
     pub fn new(duration: Duration) -> Result<Self, ConfigError> {
         let nanos = duration.as_nanos();
         if nanos == 0 {
             return Err(ConfigError::NonPositiveWindow);
         }
-        let millis = nanos.div_ceil(1_000_000);
-        let millis = u64::try_from(millis).map_err(|_| ConfigError::WindowTooLong)?;
-        NonZeroU64::new(millis)
-            .map(Self)
-            .ok_or(ConfigError::NonPositiveWindow)
+        Self::from_millis(nanos.div_ceil(1_000_000))
     }
 
     /// A window of `millis` milliseconds, for values read from configuration.
     ///
     /// # Errors
-    /// [`ConfigError::NonPositiveWindow`] for zero or a negative number.
+    /// [`ConfigError::NonPositiveWindow`] for zero or a negative number,
+    /// [`ConfigError::WindowTooLong`] past [`Window::MAX`].
     pub fn try_from_millis(millis: i64) -> Result<Self, ConfigError> {
-        u64::try_from(millis)
-            .ok()
-            .and_then(NonZeroU64::new)
-            .map(Self)
-            .ok_or(ConfigError::NonPositiveWindow)
+        if millis <= 0 {
+            return Err(ConfigError::NonPositiveWindow);
+        }
+        Self::from_millis(millis.unsigned_abs().into())
     }
 
     /// A window of `secs` seconds, for values read from configuration; a
-    /// fractional millisecond rounds up.
+    /// fractional millisecond rounds up, so any positive number, however
+    /// small, is at least 1 ms.
     ///
     /// # Errors
     /// [`ConfigError::NonPositiveWindow`] for zero, a negative number or NaN,
-    /// [`ConfigError::WindowTooLong`] for infinity or anything past `u64::MAX`
-    /// milliseconds.
+    /// [`ConfigError::WindowTooLong`] for infinity or anything past
+    /// [`Window::MAX`].
     pub fn try_from_secs_f64(secs: f64) -> Result<Self, ConfigError> {
         if secs.is_nan() || secs <= 0.0 {
             return Err(ConfigError::NonPositiveWindow);
         }
         let duration = Duration::try_from_secs_f64(secs).map_err(|_| ConfigError::WindowTooLong)?;
-        Self::new(duration)
+        // A positive value below half a nanosecond converts to zero: it is
+        // still a positive window, so it rounds up like any other.
+        Self::new(duration.max(Duration::from_nanos(1)))
+    }
+
+    /// 1 to [`Window::MAX`] milliseconds, or why not.
+    fn from_millis(millis: u128) -> Result<Self, ConfigError> {
+        if millis > u128::from(MAX_MILLIS) {
+            return Err(ConfigError::WindowTooLong);
+        }
+        u64::try_from(millis)
+            .ok()
+            .and_then(NonZeroU64::new)
+            .map(Self)
+            .ok_or(ConfigError::NonPositiveWindow)
     }
 
     /// The window in milliseconds.
@@ -162,39 +206,170 @@ mod tests {
     use super::*;
 
     #[test]
-    fn windows_round_up_and_reject_non_positive() {
-        let cases: &[(&str, Result<Window, ConfigError>, Option<u64>)] = &[
-            ("zero", Window::new(Duration::ZERO), None),
-            ("0.4 ms", Window::new(Duration::from_micros(400)), Some(1)),
-            ("1 ns", Window::new(Duration::from_nanos(1)), Some(1)),
+    fn windows_round_up_and_stay_within_one_bound() {
+        let max = Window::MAX.as_millis();
+        let too_long = Err(ConfigError::WindowTooLong);
+        let non_positive = Err(ConfigError::NonPositiveWindow);
+        let ms = |ms: u64| Ok(ms);
+        type Case = (
+            &'static str,
+            Result<Window, ConfigError>,
+            Result<u64, ConfigError>,
+        );
+        let cases: &[Case] = &[
+            ("zero", Window::new(Duration::ZERO), non_positive.clone()),
+            ("1 ns", Window::new(Duration::from_nanos(1)), ms(1)),
+            ("0.4 ms", Window::new(Duration::from_micros(400)), ms(1)),
             (
                 "1.0000001 ms",
                 Window::new(Duration::from_nanos(1_000_001)),
-                Some(2),
+                ms(2),
             ),
             (
                 "exact 15 min",
                 Window::new(Duration::from_secs(900)),
-                Some(900_000),
+                ms(900_000),
             ),
-            ("millis 0", Window::try_from_millis(0), None),
-            ("millis -5", Window::try_from_millis(-5), None),
-            ("millis 7", Window::try_from_millis(7), Some(7)),
-            ("secs -1.0", Window::try_from_secs_f64(-1.0), None),
-            ("secs NaN", Window::try_from_secs_f64(f64::NAN), None),
-            ("secs 0.0004", Window::try_from_secs_f64(0.0004), Some(1)),
+            (
+                "exactly MAX",
+                Window::new(Window::MAX.as_duration()),
+                ms(max),
+            ),
+            (
+                "MAX and 1 ns",
+                Window::new(Window::MAX.as_duration() + Duration::from_nanos(1)),
+                too_long.clone(),
+            ),
+            (
+                "Duration::MAX",
+                Window::new(Duration::MAX),
+                too_long.clone(),
+            ),
+            ("millis 0", Window::try_from_millis(0), non_positive.clone()),
+            (
+                "millis -5",
+                Window::try_from_millis(-5),
+                non_positive.clone(),
+            ),
+            (
+                "millis i64::MIN",
+                Window::try_from_millis(i64::MIN),
+                non_positive.clone(),
+            ),
+            ("millis 7", Window::try_from_millis(7), ms(7)),
+            ("millis MAX", Window::try_from_millis(max as i64), ms(max)),
+            (
+                "millis MAX + 1",
+                Window::try_from_millis(max as i64 + 1),
+                too_long.clone(),
+            ),
+            (
+                "millis 2^53",
+                Window::try_from_millis(1 << 53),
+                too_long.clone(),
+            ),
+            (
+                "millis i64::MAX",
+                Window::try_from_millis(i64::MAX),
+                too_long.clone(),
+            ),
+            (
+                "secs 0",
+                Window::try_from_secs_f64(0.0),
+                non_positive.clone(),
+            ),
+            (
+                "secs -0",
+                Window::try_from_secs_f64(-0.0),
+                non_positive.clone(),
+            ),
+            (
+                "secs -1.0",
+                Window::try_from_secs_f64(-1.0),
+                non_positive.clone(),
+            ),
+            (
+                "secs NaN",
+                Window::try_from_secs_f64(f64::NAN),
+                non_positive.clone(),
+            ),
+            (
+                "secs -inf",
+                Window::try_from_secs_f64(f64::NEG_INFINITY),
+                non_positive.clone(),
+            ),
+            ("secs 1e-10", Window::try_from_secs_f64(1e-10), ms(1)),
+            (
+                "secs smallest positive",
+                Window::try_from_secs_f64(f64::from_bits(1)),
+                ms(1),
+            ),
+            ("secs 0.0004", Window::try_from_secs_f64(0.0004), ms(1)),
+            ("secs 1.1", Window::try_from_secs_f64(1.1), ms(1100)),
+            (
+                "secs MAX",
+                Window::try_from_secs_f64(max as f64 / 1000.0),
+                ms(max),
+            ),
+            (
+                "secs MAX + 1",
+                Window::try_from_secs_f64(max as f64 / 1000.0 + 1.0),
+                too_long.clone(),
+            ),
+            (
+                "secs inf",
+                Window::try_from_secs_f64(f64::INFINITY),
+                too_long.clone(),
+            ),
+            (
+                "secs 1e300",
+                Window::try_from_secs_f64(1e300),
+                too_long.clone(),
+            ),
         ];
         for (name, got, want) in cases {
-            match want {
-                Some(ms) => assert_eq!(got.as_ref().map(|w| w.as_millis()), Ok(*ms), "{name}"),
-                None => assert_eq!(got, &Err(ConfigError::NonPositiveWindow), "{name}"),
-            }
+            assert_eq!(&got.clone().map(Window::as_millis), want, "{name}");
         }
+    }
+
+    #[test]
+    fn every_constructor_keeps_the_bound() {
+        assert_eq!(Window::MAX.as_millis(), 36_525 * 24 * 3_600_000);
+        // Within every backend's exact range.
+        assert!(Window::MAX.as_millis() < 1 << 53, "Lua doubles");
+        assert!(
+            Window::MAX
+                .as_millis()
+                .checked_mul(1_000_000)
+                .is_some_and(|ns| ns < u64::MAX / 5),
+            "the memory backend's nanoseconds, with centuries of uptime to spare"
+        );
         assert_eq!(
-            Window::try_from_secs_f64(f64::INFINITY),
+            Quota::new(1, Window::MAX.as_duration() + Duration::from_millis(1)),
             Err(ConfigError::WindowTooLong)
         );
-        assert_eq!(Window::new(Duration::MAX), Err(ConfigError::WindowTooLong));
+        assert_eq!(
+            Quota::new(1, Window::MAX.as_duration()).map(|q| q.window()),
+            Ok(Window::MAX)
+        );
+        let one = NonZeroU32::MIN;
+        for quota in [
+            Quota::per_second(one),
+            Quota::per_minute(one),
+            Quota::per_hour(one),
+            Quota::per_day(one),
+        ] {
+            assert!(quota.window() <= Window::MAX);
+            assert_eq!(
+                Window::new(quota.window().as_duration()),
+                Ok(quota.window())
+            );
+        }
+        assert!(
+            ConfigError::WindowTooLong
+                .to_string()
+                .contains("3155760000000 ms")
+        );
     }
 
     #[test]

@@ -1,12 +1,12 @@
 //! What a limited request is answered with, and the headers every answer
 //! carries.
 
-use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, Entry, HeaderName, HeaderValue, OccupiedEntry, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use sfv::{Integer, ItemSerializer, KeyRef, StringRef};
 
-use crate::Quota;
-use crate::decision::{Decision, ceil_secs};
+use crate::decision::{Decision, Outcome, ceil_secs};
+use crate::quota::Quota;
 
 /// Which rate-limit headers responses carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -14,10 +14,13 @@ use crate::decision::{Decision, ceil_secs};
 pub enum HeaderStyle {
     /// The IETF fields (draft-ietf-httpapi-ratelimit-headers):
     /// `RateLimit-Policy: "name";q=100;w=60` and `RateLimit: "name";r=42;t=17`.
+    /// Both are lists: behind nested layers, each layer appends its items, so
+    /// the client sees every limiter that applied.
     #[default]
     Ietf,
     /// The older `X-RateLimit-Limit`, `X-RateLimit-Remaining` and
-    /// `X-RateLimit-Reset` (seconds until the window closes).
+    /// `X-RateLimit-Reset` (seconds until the window closes). Each holds one
+    /// value: behind nested layers, the innermost layer's.
     Legacy,
     /// No rate-limit headers (a denial still carries `Retry-After`).
     None,
@@ -25,11 +28,12 @@ pub enum HeaderStyle {
 
 /// Builds the response to a request over its limit.
 ///
-/// The layer adds `Retry-After` and the rate-limit headers afterwards (unless
-/// the response already has them). Implemented for closures
-/// `Fn(&Decision) -> Response<B>`. A gRPC request (content-type
-/// `application/grpc*`) is always answered with a gRPC status instead, since
-/// a gRPC client could not read anything else.
+/// The layer adds `Retry-After` and the rate-limit headers afterwards, each
+/// unless the response already has it: a value the denial set is kept.
+/// Implemented for closures `Fn(&Decision) -> Response<B>`, which is what
+/// [`deny_with`](crate::RateLimitLayer::deny_with) takes. A gRPC request
+/// (content-type `application/grpc*`) is always answered with a gRPC status
+/// instead, since a gRPC client could not read anything else.
 pub trait Deny<B> {
     /// The denial for `decision`.
     fn deny(&self, decision: &Decision) -> Response<B>;
@@ -101,12 +105,6 @@ pub(crate) fn grpc_response<B: Default>(
     response
 }
 
-pub(crate) fn is_grpc(headers: &HeaderMap) -> bool {
-    headers
-        .get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
-}
-
 const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
 const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -115,19 +113,32 @@ const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// How the response a layer writes its headers onto came to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Answer {
+    /// The layer's own denial, fresh from [`Deny`] or the gRPC status: a
+    /// header it already carries was set by the user's denial, and is kept.
+    Denial,
+    /// The inner service's response, which may carry inner layers' headers:
+    /// the `RateLimit` lists are extended, and `Retry-After` is raised to
+    /// this layer's wait when this layer would deny the retry.
+    Passed,
+}
+
 /// The headers of one policy (one or more quotas), serialized once.
 #[derive(Debug, Clone)]
 pub(crate) struct Headers {
     style: HeaderStyle,
     /// Every quota of the policy, as one sf-list.
     policy: HeaderValue,
-    /// Per quota: its name as an sf-string (with its quotes), and its limit.
+    /// Per quota: its policy name as an sf-string (with its quotes), and its
+    /// limit.
     quotas: Vec<(Box<str>, HeaderValue)>,
 }
 
 impl Headers {
-    /// `quotas`: each counter's name (a valid sf-string: the layer checks its
-    /// names) and its quota.
+    /// `quotas`: each quota's policy name (a valid sf-string: names are
+    /// checked when the layer is built) and the quota.
     pub(crate) fn new(style: HeaderStyle, quotas: &[(&str, Quota)]) -> Self {
         let mut policy = String::new();
         for (name, quota) in quotas {
@@ -153,24 +164,34 @@ impl Headers {
     }
 
     /// Write the rate-limit headers for `decision` (about quota `index`)
-    /// into `headers`, and `Retry-After` when `denied`. Headers already
-    /// present are kept.
+    /// into `headers`, and `Retry-After` on a denial; `answer` says whose
+    /// headers may already be there (see [`Answer`]).
     pub(crate) fn write(
         &self,
         headers: &mut HeaderMap,
         index: usize,
         decision: &Decision,
-        denied: bool,
+        answer: Answer,
     ) {
         let reset = ceil_secs(decision.reset());
-        if denied {
-            headers
-                .entry(RETRY_AFTER)
-                .or_insert_with(|| int_value(reset));
+        match answer {
+            Answer::Denial => {
+                headers
+                    .entry(RETRY_AFTER)
+                    .or_insert_with(|| int_value(reset));
+            }
+            // Allowed with nothing left: a retry is denied until the window
+            // closes, so a later Retry-After from further in is the wait.
+            Answer::Passed
+                if decision.outcome() == Outcome::Allowed && decision.remaining() == 0 =>
+            {
+                raise_retry_after(headers, reset);
+            }
+            Answer::Passed => {}
         }
         let (name_item, limit) = &self.quotas[index];
-        match self.style {
-            HeaderStyle::Ietf => {
+        match (self.style, answer) {
+            (HeaderStyle::Ietf, Answer::Denial) => {
                 headers
                     .entry(RATELIMIT)
                     .or_insert_with(|| ratelimit(name_item, decision.remaining(), reset));
@@ -178,15 +199,71 @@ impl Headers {
                     .entry(RATELIMIT_POLICY)
                     .or_insert_with(|| self.policy.clone());
             }
-            HeaderStyle::Legacy => {
+            (HeaderStyle::Ietf, Answer::Passed) => {
+                let item = ratelimit(name_item, decision.remaining(), reset);
+                match headers.entry(RATELIMIT) {
+                    Entry::Vacant(entry) => {
+                        entry.insert(item);
+                    }
+                    Entry::Occupied(entry) => append_to_list(entry, item.as_bytes()),
+                }
+                match headers.entry(RATELIMIT_POLICY) {
+                    Entry::Vacant(entry) => {
+                        entry.insert(self.policy.clone());
+                    }
+                    Entry::Occupied(entry) => append_to_list(entry, self.policy.as_bytes()),
+                }
+            }
+            (HeaderStyle::Legacy, _) => {
                 headers.entry(X_LIMIT).or_insert_with(|| limit.clone());
                 headers
                     .entry(X_REMAINING)
                     .or_insert_with(|| int_value(decision.remaining()));
                 headers.entry(X_RESET).or_insert_with(|| int_value(reset));
             }
-            HeaderStyle::None => {}
+            (HeaderStyle::None, _) => {}
         }
+    }
+}
+
+/// `Retry-After` becomes `secs` if it holds fewer seconds. An HTTP-date, or
+/// no `Retry-After` at all (nothing further in denied), is left alone.
+#[cold]
+fn raise_retry_after(headers: &mut HeaderMap, secs: u64) {
+    if let Entry::Occupied(mut entry) = headers.entry(RETRY_AFTER) {
+        let shorter = entry
+            .iter()
+            .map(|value| {
+                value
+                    .to_str()
+                    .ok()
+                    .and_then(|v| v.trim().parse::<u64>().ok())
+            })
+            .all(|wait| wait.is_some_and(|wait| wait < secs));
+        if shorter {
+            entry.insert(int_value(secs));
+        }
+    }
+}
+
+/// Appends the sf-list members `items` to the list field at `entry`, joining
+/// its lines into one (so a client reading the first line sees the whole
+/// list).
+#[cold]
+fn append_to_list(mut entry: OccupiedEntry<'_, HeaderValue>, items: &[u8]) {
+    let mut joined = Vec::new();
+    for line in entry.iter().map(HeaderValue::as_bytes) {
+        let line = line.trim_ascii();
+        if !line.is_empty() {
+            joined.extend_from_slice(line);
+            joined.extend_from_slice(b", ");
+        }
+    }
+    joined.extend_from_slice(items);
+    // Header values joined by ", " are a header value; should that ever
+    // fail, the field is left as it was rather than panic on a response.
+    if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(joined)) {
+        entry.insert(value);
     }
 }
 
@@ -216,7 +293,7 @@ fn int_value(value: u64) -> HeaderValue {
 }
 
 fn sf_name(name: &str) -> &StringRef {
-    StringRef::from_str(name).expect("layer names are checked when the layer is built")
+    StringRef::from_str(name).expect("policy names are checked when the layer is built")
 }
 
 fn key(name: &'static str) -> &'static KeyRef {

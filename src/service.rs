@@ -10,15 +10,21 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::Backend;
-use crate::future::{ResponseFuture, Verdict};
+use crate::future::ResponseFuture;
+use crate::judge::{Core, OnMissingKey, Verdict};
 use crate::key::KeyExtractor;
-use crate::layer::{Core, OnMissingKey};
-use crate::response::{Deny, is_grpc};
+use crate::request::RequestHead;
+use crate::response::Deny;
 
 /// Rate-limits the requests to `S`; made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
 /// Clones share the layer's configuration and backend, so they share one
 /// budget per key.
+///
+/// Denials are built as `Response<ResBody>` with `ResBody::default()` as the
+/// body, so the service's response body must implement [`Default`]; see
+/// [`RateLimitLayer`](crate::RateLimitLayer#the-response-body-must-implement-default).
+#[must_use]
 pub struct RateLimit<S, K, Bk, D> {
     inner: S,
     key: K,
@@ -49,7 +55,7 @@ impl<S, K, Bk, D> RateLimit<S, K, Bk, D> {
 impl<S, K, Bk, D, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, Bk, D>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
-    K: KeyExtractor<ReqBody>,
+    K: KeyExtractor,
     Bk: Backend,
     D: Deny<ResBody>,
     ResBody: Default,
@@ -63,41 +69,37 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // The service that was driven to readiness goes into the future; a
-        // clone stays behind for the next call.
-        let clone = self.inner.clone();
-        let inner = std::mem::replace(&mut self.inner, clone);
-        let core = Arc::clone(&self.core);
-        let key = match self.key.extract(&request) {
+        let core = &self.core;
+        let head = RequestHead::new(&request);
+        let key = match self.key.extract(&head) {
             Ok(key) => key,
             Err(err) => {
                 if core.settings.missing_key == OnMissingKey::Allow {
                     tracing::debug!(limiter = %core.settings.name, error = %err, "no rate-limit key; passing the request uncounted");
-                    let mut inner = inner;
-                    let future = inner.call(request);
-                    return ResponseFuture::passing(core, future, None);
+                    return ResponseFuture::passing(self.inner.call(request), None);
                 }
-                let response = core.key_error_response(&err, is_grpc(request.headers()));
-                return ResponseFuture::respond(core, response);
+                return ResponseFuture::respond(core.key_error_response(&err, &head));
             }
         };
-        let settings = &core.settings;
-        let policy = settings.policies.select(&request);
+        let policy = core.settings.policies.select(&head);
         let mut hit = core.backend.hit_all(&key, &policy.counters());
-        tracing::trace!(limiter = %settings.name, %key, "rate-limit hit");
+        tracing::trace!(limiter = %core.settings.name, %key, "rate-limit hit");
         // A backend that answers at once (the in-memory one does) is judged
-        // here, so the request never waits inside this future. A backend that
-        // has to go out is polled again, with the real waker, by the future.
+        // here, and the service that was driven to readiness is called
+        // directly. A backend that has to go out is polled again, with the
+        // real waker, by the future; the ready service goes into the future
+        // and a clone stays behind for the next call.
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(result) => match core.judge(result, policy, request.headers()) {
-                Verdict::Pass(stamp) => {
-                    let mut inner = inner;
-                    let future = inner.call(request);
-                    ResponseFuture::passing(core, future, stamp)
-                }
-                Verdict::Respond(response) => ResponseFuture::respond(core, response),
+            Poll::Ready(result) => match core.judge(result, policy, &head) {
+                Verdict::Pass(stamp) => ResponseFuture::passing(self.inner.call(request), stamp),
+                Verdict::Respond(response) => ResponseFuture::respond(response),
             },
-            Poll::Pending => ResponseFuture::checking(core, hit, inner, request, policy),
+            Poll::Pending => {
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                let core = Arc::clone(core);
+                ResponseFuture::checking(core, hit, inner, request, policy)
+            }
         }
     }
 }

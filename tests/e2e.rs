@@ -2,6 +2,7 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::{Router, routing::get};
@@ -162,13 +163,24 @@ async fn a_server_without_connect_info_answers_500_not_a_panic() {
 
 #[tokio::test]
 async fn a_route_quota_through_route_layer() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
     let app = Router::new()
         .route("/login", get(|| async { "login" }))
         .route("/items/{id}", get(|| async { "item" }))
         .route_layer(
             RateLimitLayer::new("site", quota(3, 60))
                 .key(PeerIp::new())
-                .route_quota("/login", quota(1, 900)),
+                .route_quota("/login", quota(1, 900))
+                .on_decision(move |d| {
+                    log.lock().unwrap().push(format!(
+                        "{} {} {:?} {:?}",
+                        d.name(),
+                        d.policy(),
+                        d.route(),
+                        d.outcome()
+                    ))
+                }),
         );
     let server = serve(app).await;
     let client = Client::new();
@@ -178,7 +190,8 @@ async fn a_route_quota_through_route_layer() {
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         denied.headers()["ratelimit-policy"],
-        "\"site:1/900000ms\";q=1;w=900"
+        "\"site /login\";q=1;w=900",
+        "the route's quota under a readable name"
     );
     // /items/{id} is one route whatever the id, under the layer's quota.
     for (i, want) in [
@@ -196,4 +209,13 @@ async fn a_route_quota_through_route_layer() {
             "item {i}"
         );
     }
+    assert_eq!(
+        seen.lock().unwrap()[..3],
+        [
+            "site site /login Some(\"/login\") Allowed",
+            "site site /login Some(\"/login\") Denied",
+            "site site Some(\"/items/{id}\") Allowed",
+        ],
+        "decisions name the policy and the matched route, never the raw path"
+    );
 }

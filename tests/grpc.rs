@@ -108,6 +108,7 @@ struct Failing(bool);
 
 impl Backend for Failing {
     type Future = std::future::Ready<Result<Hits, BackendError>>;
+    type Refund = std::future::Ready<Result<bool, BackendError>>;
 
     fn hit_all(&self, _: &Key, _: &[Counter<'_>]) -> Self::Future {
         std::future::ready(Err(if self.0 {
@@ -118,6 +119,10 @@ impl Backend for Failing {
         } else {
             BackendError::Unavailable("connection refused".into())
         }))
+    }
+
+    fn refund(&self, _: &str, _: &Key, _: &Hit) -> Self::Refund {
+        std::future::ready(Ok(false))
     }
 
     async fn peek(&self, _: &str, _: &Key) -> Result<Option<Hit>, BackendError> {

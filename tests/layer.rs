@@ -14,7 +14,8 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Key, KeyError};
 use tower_pinned_window::{
-    Decision, FailurePolicy, HeaderStyle, OnMissingKey, Outcome, Quota, RateLimitLayer,
+    ConfigError, Decision, FailurePolicy, HeaderStyle, NamedQuota, OnMissingKey, Outcome, Quota,
+    RateLimitLayer,
 };
 
 fn quota(limit: u64, secs: u64) -> Quota {
@@ -315,7 +316,7 @@ async fn shadow_mode_counts_and_never_denies() {
 #[tokio::test(start_paused = true)]
 async fn a_custom_denial_gets_the_headers_too() {
     let svc = limiter("api", quota(1, 60))
-        .deny_with(|d: &Decision| {
+        .deny_with(|d| {
             let mut res = Response::new(format!("slow down, try again in {} s", d.reset_secs()));
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
             res.headers_mut()
@@ -380,10 +381,9 @@ async fn requests_without_a_key() {
         assert!(res.extensions().get::<Decision>().is_none());
     }
 
-    let broken = |_req: &Request<Body>| -> Result<Key, KeyError> {
-        Err(KeyError::Misconfigured("no connect info"))
-    };
-    let svc = limiter("api", quota(1, 60)).key(broken).layer(ok_service());
+    let svc = limiter("api", quota(1, 60))
+        .key_fn(|_req| Err(KeyError::Misconfigured("no connect info")))
+        .layer(ok_service());
     assert_eq!(
         send(&svc, get()).await.status(),
         StatusCode::INTERNAL_SERVER_ERROR
@@ -406,6 +406,7 @@ enum Broken {
 
 impl Backend for Broken {
     type Future = std::pin::Pin<Box<dyn Future<Output = Result<Hits, BackendError>> + Send>>;
+    type Refund = std::future::Ready<Result<bool, BackendError>>;
 
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
         let namespace = counters[0].namespace;
@@ -418,6 +419,10 @@ impl Backend for Broken {
             },
         };
         Box::pin(std::future::ready(Err(error)))
+    }
+
+    fn refund(&self, _: &str, _: &Key, _: &Hit) -> Self::Refund {
+        std::future::ready(Ok(false))
     }
 
     async fn peek(&self, _: &str, _: &Key) -> Result<Option<Hit>, BackendError> {
@@ -491,7 +496,6 @@ async fn backend_failures_follow_the_policy_but_corruption_always_stops() {
     let svc = base()
         .backend(Broken::Hangs)
         .timeout(Duration::from_secs(2))
-        .unwrap()
         .layer(ok_service());
     let started = tokio::time::Instant::now();
     assert_eq!(
@@ -528,7 +532,8 @@ async fn back_pressure_from_the_inner_service_passes_through() {
     );
     handle.allow(1);
     assert!(svc.poll_ready().is_ready());
-    // The inner service is called when the response future is first polled.
+    // The memory backend answers at once, so the ready inner service is
+    // called within `call`.
     let response = tokio::spawn(svc.call(get()));
     let (request, send_response) = handle.next_request().await.unwrap();
     assert!(request.body().is_empty());
@@ -537,6 +542,61 @@ async fn back_pressure_from_the_inner_service_passes_through() {
     assert_eq!(res.body(), "inner");
     assert_eq!(header(&res, "ratelimit"), Some("\"bp\";r=9;t=60"));
     assert!(svc.poll_ready().is_pending(), "the one permit was used");
+}
+
+/// A service that counts its clones.
+#[derive(Debug)]
+struct CountsClones(Arc<AtomicUsize>);
+
+impl Clone for CountsClones {
+    fn clone(&self) -> Self {
+        self.0.fetch_add(1, Ordering::SeqCst);
+        Self(self.0.clone())
+    }
+}
+
+impl Service<Request<Body>> for CountsClones {
+    type Response = Response<Body>;
+    type Error = Infallible;
+    type Future = std::future::Ready<Result<Response<Body>, Infallible>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<Body>) -> Self::Future {
+        std::future::ready(Ok(Response::new("ok".into())))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_inner_service_is_cloned_only_to_wait_for_the_backend() {
+    let clones = Arc::new(AtomicUsize::new(0));
+    let mut svc = limiter("api", quota(1, 60)).layer(CountsClones(clones.clone()));
+    for want in [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS] {
+        let res = svc.ready().await.unwrap().call(get()).await.unwrap();
+        assert_eq!(res.status(), want);
+    }
+    assert_eq!(
+        clones.load(Ordering::SeqCst),
+        0,
+        "a backend that answers at once needs no clone"
+    );
+
+    let mut svc = limiter("api", quota(1, 60))
+        .backend(Broken::Hangs)
+        .on_failure(FailurePolicy::FailOpen)
+        .layer(CountsClones(clones.clone()));
+    let res = svc.ready().await.unwrap().call(get()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        clones.load(Ordering::SeqCst),
+        1,
+        "one clone stays behind while the ready service waits in the future"
+    );
 }
 
 #[tokio::test]
@@ -568,16 +628,27 @@ async fn one_layer_applies_a_quota_per_grpc_method() {
     assert_eq!(header(&res, "retry-after"), Some("900"));
     assert_eq!(
         header(&res, "ratelimit"),
-        Some("\"api:2/900000ms\";r=0;t=900")
+        Some("\"api /auth.Auth/Login\";r=0;t=900"),
+        "a readable default name, never the counter's id"
     );
     assert_eq!(
         header(&res, "ratelimit-policy"),
-        Some("\"api:2/900000ms\";q=2;w=900")
+        Some("\"api /auth.Auth/Login\";q=2;w=900")
+    );
+    let decision = res.extensions().get::<Decision>().unwrap();
+    assert_eq!(
+        (decision.name(), decision.policy(), decision.route()),
+        ("api", "api /auth.Auth/Login", Some("/auth.Auth/Login"))
     );
     // Every other method gets the layer's quota, with its own counter.
     let res = send(&svc, grpc_call("/shop.Shop/List")).await;
     assert_eq!(header(&res, "grpc-status"), None);
     assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=99;t=60"));
+    let decision = res.extensions().get::<Decision>().unwrap();
+    assert_eq!(
+        (decision.policy(), decision.route()),
+        ("api", Some("/shop.Shop/List"))
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -595,7 +666,7 @@ async fn a_request_is_checked_against_every_quota_in_one_call() {
         );
         assert_eq!(
             header(&res, "ratelimit-policy"),
-            Some("\"api\";q=2;w=60, \"api:3/3600000ms\";q=3;w=3600")
+            Some("\"api\";q=2;w=60, \"api 3/1h\";q=3;w=3600")
         );
     }
     let res = send(&svc, get()).await;
@@ -614,15 +685,18 @@ async fn a_request_is_checked_against_every_quota_in_one_call() {
         "over the hour quota"
     );
     assert_eq!(header(&res, "retry-after"), Some("3539"));
-    assert_eq!(
-        header(&res, "ratelimit"),
-        Some("\"api:3/3600000ms\";r=0;t=3539")
-    );
+    assert_eq!(header(&res, "ratelimit"), Some("\"api 3/1h\";r=0;t=3539"));
     let decision = res.extensions().get::<Decision>().unwrap();
     assert_eq!(
-        (decision.name(), decision.limit(), decision.count()),
-        ("api:3/3600000ms", 3, 4)
+        (
+            decision.name(),
+            decision.policy(),
+            decision.limit(),
+            decision.count()
+        ),
+        ("api", "api 3/1h", 3, 4)
     );
+    assert_eq!(decision.route(), None, "a plain request outside a router");
     advance(Duration::from_secs(3540)).await;
     assert_eq!(
         send(&svc, get()).await.status(),
@@ -636,7 +710,7 @@ async fn a_tier_picked_per_request() {
     let pro = quota(5, 60);
     let svc = limiter("tiers", quota(1, 60))
         .key(by_client())
-        .quota_by(move |head| (head.headers.get("x-tier")? == "pro").then_some(pro))
+        .quota_by(move |head| (head.headers().get("x-tier")? == "pro").then_some(pro))
         .layer(ok_service());
     let pro_req = || {
         Request::builder()
@@ -657,5 +731,262 @@ async fn a_tier_picked_per_request() {
         send(&svc, from("f")).await.status(),
         StatusCode::TOO_MANY_REQUESTS,
         "the default tier's quota"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn tier_names_are_given_or_readable() {
+    let pro = NamedQuota::new("pro", quota(5, 60));
+    let svc = limiter("tiers", quota(1, 60))
+        .key(by_client())
+        .also(NamedQuota::new("daily", quota(1_000, 86_400)))
+        .quota_by(move |head| match head.headers().get("x-tier")?.as_bytes() {
+            b"pro" => Some(pro.clone()),
+            b"team" => Some(quota(20, 60).into()),
+            _ => None,
+        })
+        .layer(ok_service());
+    let tier = |client: &str, tier: &str| {
+        Request::builder()
+            .header("x-client", client)
+            .header("x-tier", tier)
+            .body(String::new())
+            .unwrap()
+    };
+    let cases = [
+        (
+            "named tier",
+            tier("a", "pro"),
+            "\"pro\";r=4;t=60",
+            "\"pro\";q=5;w=60, \"daily\";q=1000;w=86400",
+        ),
+        (
+            "unnamed tier",
+            tier("b", "team"),
+            "\"tiers 20/1min\";r=19;t=60",
+            "\"tiers 20/1min\";q=20;w=60, \"daily\";q=1000;w=86400",
+        ),
+        (
+            "no tier",
+            from("c"),
+            "\"tiers\";r=0;t=60",
+            "\"tiers\";q=1;w=60, \"daily\";q=1000;w=86400",
+        ),
+    ];
+    for (name, request, ratelimit, policy) in cases {
+        let res = send(&svc, request).await;
+        assert_eq!(res.status(), StatusCode::OK, "{name}");
+        assert_eq!(header(&res, "ratelimit"), Some(ratelimit), "{name}");
+        assert_eq!(header(&res, "ratelimit-policy"), Some(policy), "{name}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn named_route_and_extra_quotas_in_the_headers() {
+    let svc = limiter("api", quota(100, 60))
+        .route_quota(
+            "/auth.Auth/Login",
+            NamedQuota::new("login \"strict\"", quota(2, 900)),
+        )
+        .also(NamedQuota::new("daily", quota(10_000, 86_400)))
+        .layer(ok_service());
+    let res = send(&svc, grpc_call("/auth.Auth/Login")).await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"login \\\"strict\\\"\";q=2;w=900, \"daily\";q=10000;w=86400"),
+        "a quote in a name is escaped as an sf-string"
+    );
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"login \\\"strict\\\"\";r=1;t=900")
+    );
+    let decision = res.extensions().get::<Decision>().unwrap();
+    assert_eq!(decision.policy(), "login \"strict\"");
+    for name in ["ratelimit", "ratelimit-policy"] {
+        let value = header(&res, name).unwrap();
+        let list = sfv::Parser::new(value)
+            .parse::<sfv::List>()
+            .unwrap_or_else(|e| panic!("{name}: {value}: {e}"));
+        let sfv::ListEntry::Item(first) = &list[0] else {
+            panic!("{name}: an item");
+        };
+        assert_eq!(
+            first.bare_item.as_string().map(|s| s.as_str()),
+            Some("login \"strict\""),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        NamedQuota::try_new("caf\u{e9}", quota(1, 1)),
+        Err(ConfigError::InvalidPolicyName("caf\u{e9}".into()))
+    );
+}
+
+/// `outer` around `inner` around the ok service.
+fn nested(
+    outer: RateLimitLayer,
+    inner: RateLimitLayer,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible, Future: Send> + Clone
+{
+    outer.layer(inner.layer(ok_service()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn nested_layers_each_add_their_item_to_the_lists() {
+    let svc = nested(
+        limiter("outer", quota(5, 600)),
+        limiter("inner", quota(1, 60)).also(quota(3, 3600)),
+    );
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"inner\";r=0;t=60, \"outer\";r=4;t=600"),
+        "every limiter that applied"
+    );
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"inner\";q=1;w=60, \"inner 3/1h\";q=3;w=3600, \"outer\";q=5;w=600")
+    );
+    assert_eq!(
+        res.headers().get_all("ratelimit").iter().count(),
+        1,
+        "one field line, so a client reading the first line sees the whole list"
+    );
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"inner\";r=0;t=60, \"outer\";r=3;t=600")
+    );
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("60"),
+        "the outer layer would admit a retry: the inner wait stands"
+    );
+    for name in ["ratelimit", "ratelimit-policy"] {
+        let value = header(&res, name).unwrap();
+        let list = sfv::Parser::new(value)
+            .parse::<sfv::List>()
+            .unwrap_or_else(|e| panic!("{name}: {value}: {e}"));
+        assert!(list.len() >= 2, "{name}: {value}");
+    }
+
+    let legacy = nested(
+        limiter("outer", quota(5, 600)).headers(HeaderStyle::Legacy),
+        limiter("inner", quota(1, 60)).headers(HeaderStyle::Legacy),
+    );
+    let res = send(&legacy, get()).await;
+    assert_eq!(
+        header(&res, "x-ratelimit-limit"),
+        Some("1"),
+        "legacy fields hold one value: the innermost layer's"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_is_the_longest_wait() {
+    // The outer layer's window outlasts the inner one's, and the request
+    // that the inner layer denies uses up the outer layer's last hit: a
+    // retry before the outer window closes would be denied there.
+    let svc = nested(
+        limiter("outer", quota(2, 600)),
+        limiter("inner", quota(1, 60)),
+    );
+    assert_eq!(send(&svc, get()).await.status(), StatusCode::OK);
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("600"));
+    assert_eq!(
+        header(&res, "ratelimit"),
+        Some("\"inner\";r=0;t=60, \"outer\";r=0;t=600")
+    );
+
+    // The other way round, the inner wait is the longer one and stays.
+    let svc = nested(
+        limiter("outer", quota(2, 30)),
+        limiter("inner", quota(1, 60)),
+    );
+    send(&svc, get()).await;
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+
+    // A shadowed outer layer never denies, so it never lengthens the wait.
+    let svc = nested(
+        limiter("outer", quota(1, 600)).shadow(true),
+        limiter("inner", quota(1, 60)),
+    );
+    send(&svc, get()).await;
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_after_the_denial_set_is_kept_and_only_raised_by_outer_layers() {
+    let custom = |secs: &'static str| {
+        limiter("inner", quota(1, 60)).deny_with(move |_| {
+            let mut res = Response::new(String::new());
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            res.headers_mut()
+                .insert("retry-after", HeaderValue::from_static(secs));
+            res
+        })
+    };
+    let svc = limiter("outer", quota(2, 600)).layer(custom("5").layer(ok_service()));
+    send(&svc, get()).await;
+    let res = send(&svc, get()).await;
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("600"),
+        "the outer layer would deny a retry for 600 s"
+    );
+    let svc = limiter("outer", quota(2, 600)).layer(custom("900").layer(ok_service()));
+    send(&svc, get()).await;
+    let res = send(&svc, get()).await;
+    assert_eq!(header(&res, "retry-after"), Some("900"), "never lowered");
+    let svc = limiter("outer", quota(9, 600)).layer(custom("5").layer(ok_service()));
+    send(&svc, get()).await;
+    let res = send(&svc, get()).await;
+    assert_eq!(
+        header(&res, "retry-after"),
+        Some("5"),
+        "kept as the denial set it"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn closures_infer_their_argument_types() {
+    // No annotations: `key_fn` and `deny_with` name `Fn` in their bounds.
+    let svc = limiter("api", quota(1, 60))
+        .key_fn(|req| {
+            req.headers()
+                .get("x-client")
+                .map(|v| Key::new(v.as_bytes()))
+                .ok_or(KeyError::missing("x-client"))
+        })
+        .deny_with(|d| Response::new(format!("{} over {}", d.policy(), d.limit())))
+        .layer(ok_service());
+    assert_eq!(send(&svc, from("a")).await.status(), StatusCode::OK);
+    let res = send(&svc, from("a")).await;
+    assert_eq!(res.body(), "api over 1");
+    assert_eq!(send(&svc, from("b")).await.status(), StatusCode::OK);
+    assert_eq!(send(&svc, get()).await.status(), StatusCode::BAD_REQUEST);
+}
+
+#[test]
+#[should_panic(expected = "the backend timeout must be longer than zero")]
+fn a_zero_timeout_panics_where_it_is_written() {
+    let _ = limiter("api", quota(1, 60)).timeout(Duration::ZERO);
+}
+
+#[test]
+fn a_zero_timeout_read_at_run_time_is_an_error() {
+    assert_eq!(
+        limiter("api", quota(1, 60))
+            .try_timeout(Duration::ZERO)
+            .unwrap_err(),
+        ConfigError::ZeroTimeout
     );
 }

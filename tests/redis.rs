@@ -10,7 +10,7 @@ use http::{Request, StatusCode};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
 use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
-use support::redis::RedisServer;
+use support::redis::{RedisServer, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, BackendError};
@@ -49,7 +49,7 @@ async fn the_window_is_pinned_and_denials_carry_retry_after() {
 
     let res = svc.clone().oneshot(from("alice")).await.unwrap();
     assert_eq!(res.headers()["ratelimit"], "\"login\";r=2;t=60");
-    let first = pttl(&mut con, "tpw:login:alice");
+    let first = pttl(&mut con, "tpw:login{alice}");
     assert!(
         (59_000..=60_000).contains(&first),
         "PTTL after the first hit: {first}"
@@ -57,7 +57,7 @@ async fn the_window_is_pinned_and_denials_carry_retry_after() {
 
     tokio::time::sleep(Duration::from_millis(120)).await;
     svc.clone().oneshot(from("alice")).await.unwrap();
-    let second = pttl(&mut con, "tpw:login:alice");
+    let second = pttl(&mut con, "tpw:login{alice}");
     assert!(
         second <= first - 100,
         "the second hit did not refresh the lifetime: {first} then {second}"
@@ -74,11 +74,11 @@ async fn the_window_is_pinned_and_denials_carry_retry_after() {
     assert_eq!(denied.headers()["ratelimit"], "\"login\";r=0;t=60");
     assert_eq!(denied.extensions().get::<Decision>().unwrap().count(), 4);
     assert!(
-        pttl(&mut con, "tpw:login:alice") <= second,
+        pttl(&mut con, "tpw:login{alice}") <= second,
         "denied hits do not refresh it either"
     );
     let count: i64 = redis::cmd("GET")
-        .arg("tpw:login:alice")
+        .arg("tpw:login{alice}")
         .query(&mut con)
         .unwrap();
     assert_eq!(count, 4);
@@ -146,18 +146,18 @@ async fn a_counter_without_a_lifetime_is_healed_not_reset() {
     ));
     let mut con = server.sync();
     let _: () = redis::cmd("SET")
-        .arg("tpw:n:k")
+        .arg("tpw:n{k}")
         .arg(5)
         .query(&mut con)
         .unwrap();
-    assert_eq!(pttl(&mut con, "tpw:n:k"), -1);
+    assert_eq!(pttl(&mut con, "tpw:n{k}"), -1);
     let store = backend(&server).await;
     let hit = store
         .hit("n", &Key::new("k"), quota(10, Duration::from_secs(30)))
         .await
         .unwrap();
     assert_eq!(hit.count, 6, "counted on, not reset");
-    let ttl = pttl(&mut con, "tpw:n:k");
+    let ttl = pttl(&mut con, "tpw:n{k}");
     assert!(
         (29_000..=30_000).contains(&ttl),
         "the window was attached: {ttl}"
@@ -172,28 +172,28 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
     ));
     let mut con = server.sync();
     let _: () = redis::cmd("SET")
-        .arg("tpw:api:text")
+        .arg("tpw:api{text}")
         .arg("abc")
         .query(&mut con)
         .unwrap();
     let _: () = redis::cmd("SET")
-        .arg("tpw:api:float")
+        .arg("tpw:api{float}")
         .arg("2.5")
         .query(&mut con)
         .unwrap();
     let _: () = redis::cmd("SET")
-        .arg("tpw:api:negative")
+        .arg("tpw:api{negative}")
         .arg("-3")
         .query(&mut con)
         .unwrap();
     let _: () = redis::cmd("HSET")
-        .arg("tpw:api:hash")
+        .arg("tpw:api{hash}")
         .arg("f")
         .arg("v")
         .query(&mut con)
         .unwrap();
     let _: () = redis::cmd("PEXPIRE")
-        .arg("tpw:api:float")
+        .arg("tpw:api{float}")
         .arg(90_000)
         .query(&mut con)
         .unwrap();
@@ -216,7 +216,7 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
             .await
         {
             Err(BackendError::Corrupt { key, detail: got }) => {
-                assert_eq!(key, format!("tpw:api:{client}"));
+                assert_eq!(key, format!("tpw:api{{{client}}}"));
                 assert!(got.contains(detail), "{client}: {got}");
             }
             other => panic!("{client}: {other:?}"),
@@ -233,21 +233,21 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
     let get = |con: &mut redis::Connection, key: &str| -> String {
         redis::cmd("GET").arg(key).query(con).unwrap()
     };
-    assert_eq!(get(&mut con, "tpw:api:text"), "abc");
-    assert_eq!(get(&mut con, "tpw:api:float"), "2.5");
-    assert_eq!(get(&mut con, "tpw:api:negative"), "-3");
+    assert_eq!(get(&mut con, "tpw:api{text}"), "abc");
+    assert_eq!(get(&mut con, "tpw:api{float}"), "2.5");
+    assert_eq!(get(&mut con, "tpw:api{negative}"), "-3");
     let hash: Vec<(String, String)> = redis::cmd("HGETALL")
-        .arg("tpw:api:hash")
+        .arg("tpw:api{hash}")
         .query(&mut con)
         .unwrap();
     assert_eq!(hash, vec![("f".to_string(), "v".to_string())]);
     assert_eq!(
-        pttl(&mut con, "tpw:api:text"),
+        pttl(&mut con, "tpw:api{text}"),
         -1,
         "no lifetime was added to a corrupt key"
     );
     assert!(
-        pttl(&mut con, "tpw:api:float") > 80_000,
+        pttl(&mut con, "tpw:api{float}") > 80_000,
         "nor was its lifetime changed"
     );
 
@@ -325,12 +325,10 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
     let closed = RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
         .timeout(timeout)
-        .unwrap()
         .layer(ok_service());
     let open = RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
         .timeout(timeout)
-        .unwrap()
         .on_failure(FailurePolicy::FailOpen)
         .layer(ok_service());
     let get = || Request::new(String::new());
@@ -407,7 +405,7 @@ async fn killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime() {
     }
     let mut con = server.sync();
     let keys: Vec<String> = redis::cmd("KEYS")
-        .arg("tpw:crash:*")
+        .arg("tpw:crash{*")
         .query(&mut con)
         .unwrap();
     assert!(
@@ -585,7 +583,7 @@ async fn peek_and_reset() {
         .get_multiplexed_async_connection()
         .await
         .unwrap();
-    let _: () = con.set("tpw:n:legacy", 3).await.unwrap();
+    let _: () = con.set("tpw:n{legacy}", 3).await.unwrap();
     assert_eq!(
         store
             .peek("n", &Key::new("legacy"))
@@ -613,7 +611,7 @@ async fn a_multiplexed_connection_serves_too() {
         .unwrap();
     assert_eq!(hit.count, 1);
     let mut sync = server.sync();
-    assert!(pttl(&mut sync, "app1:n:k") > 0);
+    assert!(pttl(&mut sync, "app1:n{k}") > 0);
     assert_eq!(store.audit(None).await.unwrap().scanned, 1);
 }
 
@@ -655,14 +653,110 @@ async fn several_quotas_are_counted_in_redis_together() {
         "one EVALSHA per quota per request, sent together"
     );
     let minute: i64 = redis::cmd("GET")
-        .arg("tpw:multi:c")
+        .arg("tpw:multi{c}")
         .query(&mut con)
         .unwrap();
     let hour: i64 = redis::cmd("GET")
-        .arg("tpw:multi:3/3600000ms:c")
+        .arg("tpw:multi:3/3600000ms{c}")
         .query(&mut con)
         .unwrap();
     assert_eq!((minute, hour), (4, 4));
-    assert!((59_000..=60_000).contains(&pttl(&mut con, "tpw:multi:c")));
-    assert!((3_599_000..=3_600_000).contains(&pttl(&mut con, "tpw:multi:3/3600000ms:c")));
+    assert!((59_000..=60_000).contains(&pttl(&mut con, "tpw:multi{c}")));
+    assert!((3_599_000..=3_600_000).contains(&pttl(&mut con, "tpw:multi:3/3600000ms{c}")));
+}
+
+/// Every key under `prefix` on a standalone server.
+fn keys_under(server: &RedisServer, prefix: &str) -> Vec<Vec<u8>> {
+    redis::cmd("KEYS")
+        .arg(format!("{prefix}*"))
+        .query(&mut server.sync())
+        .unwrap()
+}
+
+#[tokio::test]
+async fn client_chosen_keys_reach_no_other_layers_or_quotas_counter() {
+    let server = redis_or_skip!(RedisServer::start(
+        "client_chosen_keys_reach_no_other_layers_or_quotas_counter"
+    ));
+    let con = manager(&server).await;
+    cases::client_chosen_keys_reach_no_other_counter(con, "adv:", || keys_under(&server, "adv:"))
+        .await;
+}
+
+#[tokio::test]
+async fn a_quota_of_window_max_works_on_a_real_server() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_quota_of_window_max_works_on_a_real_server"
+    ));
+    cases::a_window_of_window_max_works(manager(&server).await, "max:").await;
+}
+
+#[tokio::test]
+async fn refunds_touch_only_their_own_window_and_create_nothing() {
+    let server = redis_or_skip!(RedisServer::start(
+        "refunds_touch_only_their_own_window_and_create_nothing"
+    ));
+    cases::refunds_touch_only_their_own_window(manager(&server).await, "refund:").await;
+    // Nothing was left without a lifetime.
+    let report = backend(&server).await.audit(None).await.unwrap();
+    assert!(report.without_lifetime.is_empty(), "{report:?}");
+}
+
+#[tokio::test]
+async fn refunds_of_deny_cache_answers_send_nothing() {
+    let server = redis_or_skip!(RedisServer::start(
+        "refunds_of_deny_cache_answers_send_nothing"
+    ));
+    // Load the scripts, so that every call below is one EVALSHA.
+    let warm = backend(&server).await;
+    let hit = warm
+        .hit("warm", &Key::new("up"), quota(1, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert!(warm.refund("warm", &Key::new("up"), &hit).await.unwrap());
+    let before = evalsha_calls(&server);
+    cases::deny_cache_hits_are_never_refunded(manager(&server).await, "cache:").await;
+    // 3 hits and 1 refund reached Redis; the 2 hits the cache answered and
+    // the refund of one of them did not.
+    assert_eq!(evalsha_calls(&server) - before, 4);
+}
+
+#[test]
+fn concurrent_hits_and_refunds_never_keep_more_than_the_limit() {
+    let server = redis_or_skip!(RedisServer::start(
+        "concurrent_hits_and_refunds_never_keep_more_than_the_limit"
+    ));
+    multi_thread_runtime().block_on(async {
+        for (prefix, deny_cache) in [("race0:", 0), ("race1:", 1024)] {
+            let con = manager(&server).await;
+            cases::concurrent_hits_and_refunds_keep_at_most_the_limit(con, prefix, deny_cache)
+                .await;
+        }
+    });
+}
+
+#[tokio::test]
+async fn prefixes_with_braces_are_refused_and_the_audit_still_matches() {
+    let server = redis_or_skip!(RedisServer::start(
+        "prefixes_with_braces_are_refused_and_the_audit_still_matches"
+    ));
+    let con = manager(&server).await;
+    for prefix in ["a{b}:", "{", "}"] {
+        assert!(
+            RedisBackend::builder(con.clone())
+                .try_prefix(prefix)
+                .is_err(),
+            "{prefix}"
+        );
+    }
+    // Glob characters in a prefix are fine: the audit escapes them.
+    let store = RedisBackend::builder(manager(&server).await)
+        .prefix("a*[x]:")
+        .build();
+    store
+        .hit("n", &Key::new("k{1}"), quota(1, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    assert_eq!(keys_under(&server, "a")[0], b"a*[x]:n{k%7B1%7D}");
+    assert_eq!(store.audit(None).await.unwrap().scanned, 1);
 }

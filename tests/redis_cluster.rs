@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::StatusCode;
 use support::http::{burst, from, multi_thread_runtime, ok_count, ok_service};
-use support::redis::RedisCluster;
+use support::redis::{RedisCluster, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, BackendError};
@@ -28,6 +28,18 @@ fn on_a_cluster() {
         exactly_the_limit_is_admitted_across_four_instances(&cluster).await;
         corrupt_counters_are_left_untouched(&cluster).await;
         the_audit_covers_every_master(&cluster).await;
+        client_chosen_keys_reach_no_other_counter_nor_pick_a_slot(&cluster).await;
+        cases::a_window_of_window_max_works(cluster.connection().await, "max:").await;
+        cases::refunds_touch_only_their_own_window(cluster.connection().await, "refund:").await;
+        cases::deny_cache_hits_are_never_refunded(cluster.connection().await, "cache:").await;
+        for (prefix, deny_cache) in [("race0:", 0), ("race1:", 1024)] {
+            cases::concurrent_hits_and_refunds_keep_at_most_the_limit(
+                cluster.connection().await,
+                prefix,
+                deny_cache,
+            )
+            .await;
+        }
     });
 }
 
@@ -100,7 +112,7 @@ async fn exactly_the_limit_is_admitted_across_four_instances(cluster: &RedisClus
 async fn corrupt_counters_are_left_untouched(cluster: &RedisCluster) {
     let mut con = cluster.connection().await;
     let _: () = redis::cmd("SET")
-        .arg("tpw:bad:text")
+        .arg("tpw:bad{text}")
         .arg("abc")
         .query_async(&mut con)
         .await
@@ -112,7 +124,7 @@ async fn corrupt_counters_are_left_untouched(cluster: &RedisCluster) {
         "{result:?}"
     );
     let value: String = redis::cmd("GET")
-        .arg("tpw:bad:text")
+        .arg("tpw:bad{text}")
         .query_async(&mut con)
         .await
         .unwrap();
@@ -157,15 +169,82 @@ async fn the_audit_covers_every_master(cluster: &RedisCluster) {
     assert_eq!(report.repaired, 90);
     assert_eq!(
         report.corrupt,
-        vec![b"tpw:bad:text".to_vec()],
+        vec![b"tpw:bad{text}".to_vec()],
         "the corrupt key is reported, not repaired"
     );
     let after = store.audit(None).await.unwrap();
-    assert_eq!(after.without_lifetime, vec![b"tpw:bad:text".to_vec()]);
+    assert_eq!(after.without_lifetime, vec![b"tpw:bad{text}".to_vec()]);
     let ttl: i64 = redis::cmd("PTTL")
         .arg("tpw:legacy:7")
         .query_async(&mut con)
         .await
         .unwrap();
     assert!((299_000..=300_000).contains(&ttl));
+}
+
+fn keyslot(cluster: &RedisCluster, key: &[u8]) -> u16 {
+    let key = std::str::from_utf8(key).expect("storage keys are printable ASCII");
+    cluster.nodes[0]
+        .cmd(&["CLUSTER", "KEYSLOT", key])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+async fn client_chosen_keys_reach_no_other_counter_nor_pick_a_slot(cluster: &RedisCluster) {
+    let prefix = "adv:";
+    let list = || -> Vec<Vec<u8>> {
+        let mut keys = Vec::new();
+        for node in &cluster.nodes {
+            let out = node.cmd(&["--scan", "--pattern", "adv:*"]).unwrap();
+            keys.extend(out.lines().map(|l| l.as_bytes().to_vec()));
+        }
+        keys
+    };
+    let victim_keys =
+        cases::client_chosen_keys_reach_no_other_counter(cluster.connection().await, prefix, list)
+            .await;
+    // Every counter of one key (every layer, every quota) is in the slot of
+    // the crate's tag: the escaped key.
+    let store = RedisBackend::new(cluster.connection().await);
+    for stored in &victim_keys {
+        let open = stored.iter().position(|&b| b == b'{').unwrap();
+        let tag = &stored[open + 1..stored.len() - 1];
+        assert_eq!(
+            keyslot(cluster, stored),
+            keyslot(cluster, tag),
+            "{}",
+            stored.escape_ascii()
+        );
+    }
+    let victim = keyslot(cluster, b"victim");
+    for namespace in ["api", "api:1/3600000ms", "api:v2", "login", "login:v2"] {
+        assert_eq!(
+            keyslot(cluster, &store.storage_key(namespace, &Key::new("victim"))),
+            victim,
+            "{namespace}: one slot for every counter of a key"
+        );
+    }
+    // A client that wraps a key in braces does not choose the slot: the
+    // braces are escaped, and the crate's tag holds them.
+    let (_, attackers) = cases::adversarial_keys();
+    for key in attackers {
+        let stored = String::from_utf8(store.storage_key("api", &Key::new(&key))).unwrap();
+        let escaped = &stored[stored.find('{').unwrap() + 1..stored.len() - 1];
+        assert!(!escaped.contains(['{', '}']), "{stored}");
+        assert_eq!(
+            keyslot(cluster, stored.as_bytes()),
+            keyslot(cluster, escaped.as_bytes()),
+            "{stored}"
+        );
+    }
+    let braced = store.storage_key("api", &Key::new("{victim}"));
+    assert_eq!(braced, b"tpw:api{%7Bvictim%7D}");
+    assert_ne!(
+        keyslot(cluster, &braced),
+        victim,
+        "{{victim}} does not land in the slot the client named"
+    );
+    assert_eq!(keyslot(cluster, &braced), keyslot(cluster, b"%7Bvictim%7D"));
 }

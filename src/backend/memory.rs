@@ -2,7 +2,7 @@
 
 use std::future::{Ready, ready};
 use std::hash::{BuildHasher, Hasher};
-use std::num::NonZeroUsize;
+use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -12,7 +12,7 @@ use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::{Backend, BackendError, Counter, Hit, Hits};
-use crate::ConfigError;
+use crate::error::ConfigError;
 use crate::key::{Key, MAX_KEY_LEN};
 #[cfg(test)]
 use crate::quota::Quota;
@@ -21,8 +21,16 @@ use crate::quota::Window;
 /// Live keys held by default before new keys are refused.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
+/// The most shards a backend may be built with.
+pub const MAX_SHARDS: usize = 1 << 16;
+
 /// A shard is swept of expired counters at least once each time it doubles.
 const MIN_SWEEP_LEN: usize = 64;
+
+/// The fewest live keys a shard is made to hold: below that, a backend uses
+/// fewer shards than asked, so that a small cap is not cut into slivers that
+/// fill up long before the cap is reached.
+const MIN_KEYS_PER_SHARD: usize = 1024;
 
 /// Counters held in this process: the embedded default.
 ///
@@ -34,13 +42,29 @@ const MIN_SWEEP_LEN: usize = 64;
 ///
 /// Expired counters are reclaimed as new keys arrive, with no task to
 /// schedule: a shard is swept whenever it has doubled since its last sweep,
-/// and before it refuses a new key. At most [`max_keys`] live keys are held
-/// (split evenly over the shards). When a shard is full of **live** counters,
-/// a new key is refused with [`BackendError::AtCapacity`], which the layer
-/// treats as an outage under its [`FailurePolicy`](crate::FailurePolicy): a
-/// live counter is never evicted to make room, because evicting it would
-/// hand that client a fresh window. Checking that nothing can be reclaimed
-/// costs O(1), so a flood at the cap cannot make each request scan the shard.
+/// and before it refuses a new key. When a shard is full of **live**
+/// counters, a new key is refused with [`BackendError::AtCapacity`], which
+/// the layer treats as an outage under its
+/// [`FailurePolicy`](crate::FailurePolicy): a live counter is never evicted
+/// to make room, because evicting it would hand that client a fresh window.
+/// Checking that nothing can be reclaimed costs O(1), so a flood at the cap
+/// cannot make each request scan the shard.
+///
+/// What [`max_keys(n)`] guarantees:
+///
+/// - **Never more than `n` live counters.** `n` is split exactly over the
+///   shards (each holds `n / shards` or one more), so the shards' caps add
+///   up to `n`.
+/// - **A key is refused only when its own shard is full**, holding its share
+///   of live counters. Keys spread over the shards by hash, so under a flood
+///   of distinct keys one shard fills a little before the others: the store
+///   may refuse a key while it holds somewhat fewer than `n` counters in all.
+///   Each shard is made to hold at least 1,024 keys (a small cap gets fewer
+///   shards) to keep that margin small; a store with one shard (any cap
+///   under 2,048, or [`shards(1)`](MemoryBackendBuilder::shards)) holds
+///   exactly `n` before its first refusal.
+///
+/// [`max_keys(n)`]: MemoryBackendBuilder::max_keys
 ///
 /// A counter takes one 64-byte slot (plus a control byte) when its namespace
 /// and key fit in 39 bytes (a layer name and an IP address do), and a heap
@@ -48,8 +72,6 @@ const MIN_SWEEP_LEN: usize = 64;
 /// cap of [`DEFAULT_MAX_KEYS`] (split over 16 shards of up to 131,072 slots
 /// on a machine with up to 4 cores) it is about 140 MB when full of short
 /// keys.
-///
-/// [`max_keys`]: MemoryBackendBuilder::max_keys
 ///
 /// # Time
 ///
@@ -67,7 +89,7 @@ struct Inner {
     hasher: DefaultHashBuilder,
     shards: Box<[Mutex<Shard>]>,
     shard_bits: u32,
-    keys_per_shard: usize,
+    max_keys: usize,
     clock: Clock,
 }
 
@@ -104,6 +126,9 @@ impl Clock {
 #[derive(Debug)]
 struct Shard {
     table: HashTable<Entry>,
+    /// The most live counters this shard holds: its exact share of
+    /// `max_keys`.
+    cap: usize,
     /// Sweep when the table reaches this length.
     sweep_at: usize,
     /// No entry expires before this (nanoseconds since the epoch).
@@ -173,7 +198,18 @@ impl<'a> Id<'a> {
 }
 
 /// Builds a [`MemoryBackend`] with a key cap and shard count of your choice.
+///
+/// ```
+/// use tower_pinned_window::backend::MemoryBackend;
+///
+/// let store = MemoryBackend::builder().max_keys(10_000).shards(4).build();
+/// assert_eq!(store.max_keys(), 10_000);
+/// assert_eq!(store.shards(), 4);
+/// // A small cap is not cut into slivers: 1,000 keys make one shard.
+/// assert_eq!(MemoryBackend::builder().max_keys(1_000).build().shards(), 1);
+/// ```
 #[derive(Debug, Clone)]
+#[must_use]
 pub struct MemoryBackendBuilder {
     max_keys: usize,
     shards: usize,
@@ -192,12 +228,27 @@ impl Default for MemoryBackendBuilder {
 }
 
 impl MemoryBackendBuilder {
-    /// The most live keys held at once; new keys past it are refused with
-    /// [`BackendError::AtCapacity`] until old windows close.
+    /// The most live keys held at once (default [`DEFAULT_MAX_KEYS`]); new
+    /// keys past it are refused with [`BackendError::AtCapacity`] until old
+    /// windows close. See [`MemoryBackend`] for what is guaranteed about
+    /// refusing before the cap.
+    ///
+    /// # Panics
+    /// When `max_keys` is zero. Use [`try_max_keys`](Self::try_max_keys) for a
+    /// value read from configuration.
+    #[track_caller]
+    pub fn max_keys(self, max_keys: usize) -> Self {
+        match self.try_max_keys(max_keys) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`max_keys`](Self::max_keys), for a value known only at run time.
     ///
     /// # Errors
     /// [`ConfigError::ZeroCapacity`] for zero.
-    pub fn max_keys(mut self, max_keys: usize) -> Result<Self, ConfigError> {
+    pub fn try_max_keys(mut self, max_keys: usize) -> Result<Self, ConfigError> {
         if max_keys == 0 {
             return Err(ConfigError::ZeroCapacity);
         }
@@ -205,11 +256,33 @@ impl MemoryBackendBuilder {
         Ok(self)
     }
 
-    /// How many independently locked shards (rounded up to a power of two,
-    /// at least 1). `max_keys` is split evenly over them.
-    pub fn shards(mut self, shards: usize) -> Self {
-        self.shards = shards.max(1).next_power_of_two();
-        self
+    /// How many independently locked shards, rounded up to a power of two
+    /// (default: four per core, 16 to 256). This is the most the backend
+    /// uses: it uses fewer when [`max_keys`](Self::max_keys) would give a
+    /// shard fewer than 1,024 keys (one shard below 2,048 keys), and
+    /// [`MemoryBackend::shards`] says how many it has.
+    ///
+    /// # Panics
+    /// When `shards` is zero or above [`MAX_SHARDS`]. Use
+    /// [`try_shards`](Self::try_shards) for a value read from configuration.
+    #[track_caller]
+    pub fn shards(self, shards: usize) -> Self {
+        match self.try_shards(shards) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`shards`](Self::shards), for a value known only at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidShards`] for zero or more than [`MAX_SHARDS`].
+    pub fn try_shards(mut self, shards: usize) -> Result<Self, ConfigError> {
+        if shards == 0 || shards > MAX_SHARDS {
+            return Err(ConfigError::InvalidShards(shards));
+        }
+        self.shards = shards.next_power_of_two();
+        Ok(self)
     }
 
     /// Read tokio's clock instead of the default the processor's time-stamp counter, so that
@@ -222,22 +295,32 @@ impl MemoryBackendBuilder {
 
     /// The backend.
     pub fn build(self) -> MemoryBackend {
-        let shards = self.shards.min(self.max_keys.next_power_of_two());
-        let keys_per_shard = self.max_keys.div_ceil(shards);
+        // As many shards as asked, but no shard under MIN_KEYS_PER_SHARD
+        // (a power of two, and at least one).
+        let fit = (self.max_keys / MIN_KEYS_PER_SHARD).max(1);
+        let fit = if fit.is_power_of_two() {
+            fit
+        } else {
+            fit.next_power_of_two() / 2
+        };
+        let shards = self.shards.min(fit);
+        // The exact split: the first `extra` shards hold one key more.
+        let (share, extra) = (self.max_keys / shards, self.max_keys % shards);
         MemoryBackend {
             inner: Arc::new(Inner {
                 hasher: DefaultHashBuilder::default(),
                 shards: (0..shards)
-                    .map(|_| {
+                    .map(|i| {
                         Mutex::new(Shard {
                             table: HashTable::new(),
+                            cap: share + usize::from(i < extra),
                             sweep_at: MIN_SWEEP_LEN,
                             min_deadline: u64::MAX,
                         })
                     })
                     .collect(),
                 shard_bits: shards.trailing_zeros(),
-                keys_per_shard,
+                max_keys: self.max_keys,
                 clock: if self.tokio_clock {
                     Clock::tokio()
                 } else {
@@ -275,9 +358,16 @@ impl MemoryBackend {
         self.len() == 0
     }
 
-    /// The most live keys this backend holds.
+    /// The most live keys this backend holds: exactly what
+    /// [`max_keys`](MemoryBackendBuilder::max_keys) was given.
     pub fn max_keys(&self) -> usize {
-        self.inner.keys_per_shard * self.inner.shards.len()
+        self.inner.max_keys
+    }
+
+    /// How many shards the backend has (see
+    /// [`shards`](MemoryBackendBuilder::shards)).
+    pub fn shards(&self) -> usize {
+        self.inner.shards.len()
     }
 
     fn now(&self) -> u64 {
@@ -295,7 +385,7 @@ impl MemoryBackend {
     }
 
     /// The hit itself, at time `now` (nanoseconds since the epoch).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn hit_at(
         &self,
         now: u64,
@@ -304,8 +394,9 @@ impl MemoryBackend {
         window: Window,
     ) -> Result<Hit, BackendError> {
         // The deadline is computed first; it is only ever written into a
-        // counter that this hit creates.
-        let deadline = now.saturating_add(window.as_millis().saturating_mul(1_000_000));
+        // counter that this hit creates. Window::MAX is 3.2e18 ns, so the
+        // product cannot overflow.
+        let deadline = now.saturating_add(window.as_millis() * 1_000_000);
         let mut hashed = None;
         let id = Id::new(namespace, key, &mut hashed);
         let (hash, mut shard) = self.locate(id);
@@ -315,6 +406,7 @@ impl MemoryBackend {
                 return Ok(Hit {
                     count: entry.count,
                     reset: Duration::from_nanos(entry.deadline - now),
+                    deadline: NonZeroU64::new(entry.deadline),
                 });
             }
             // The old window closed: this hit opens a new one.
@@ -324,12 +416,13 @@ impl MemoryBackend {
             return Ok(Hit {
                 count: 1,
                 reset: Duration::from_nanos(deadline - now),
+                deadline: NonZeroU64::new(deadline),
             });
         }
         let len = shard.table.len();
-        if len >= shard.sweep_at || len >= self.inner.keys_per_shard {
+        if len >= shard.sweep_at || len >= shard.cap {
             shard.sweep(now, &self.inner.hasher);
-            if shard.table.len() >= self.inner.keys_per_shard {
+            if shard.table.len() >= shard.cap {
                 return Err(BackendError::AtCapacity);
             }
         }
@@ -347,6 +440,7 @@ impl MemoryBackend {
         Ok(Hit {
             count: 1,
             reset: Duration::from_nanos(deadline - now),
+            deadline: NonZeroU64::new(deadline),
         })
     }
 
@@ -361,7 +455,25 @@ impl MemoryBackend {
             .map(|e| Hit {
                 count: e.count,
                 reset: Duration::from_nanos(e.deadline - now),
+                deadline: None,
             })
+    }
+
+    /// The refund itself, at time `now`: one less on the counter, if it is
+    /// still the window that closes at `deadline` and above zero.
+    fn refund_at(&self, now: u64, namespace: &str, key: &Key, deadline: u64) -> bool {
+        let mut hashed = None;
+        let id = Id::new(namespace, key, &mut hashed);
+        let (hash, mut shard) = self.locate(id);
+        match shard.table.find_mut(hash, |e| id.matches(e)) {
+            // An expired entry not yet swept has the same deadline: the
+            // window closed, so it is left alone like a missing one.
+            Some(entry) if entry.deadline == deadline && deadline > now && entry.count > 0 => {
+                entry.count -= 1;
+                true
+            }
+            _ => false,
+        }
     }
 
     fn remove_at(&self, now: u64, namespace: &str, key: &Key) -> bool {
@@ -421,9 +533,17 @@ fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
 
 impl Backend for MemoryBackend {
     type Future = Ready<Result<Hits, BackendError>>;
+    type Refund = Ready<Result<bool, BackendError>>;
 
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
         let now = self.now();
+        if let [counter] = counters {
+            // The common case, without the loop.
+            return ready(
+                self.hit_at(now, counter.namespace, key, counter.quota.window())
+                    .map(Hits::one),
+            );
+        }
         let mut hits = Hits::new();
         for counter in counters {
             match self.hit_at(now, counter.namespace, key, counter.quota.window()) {
@@ -432,6 +552,13 @@ impl Backend for MemoryBackend {
             }
         }
         ready(Ok(hits))
+    }
+
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund {
+        let refunded = hit
+            .deadline
+            .is_some_and(|deadline| self.refund_at(self.now(), namespace, key, deadline.get()));
+        ready(Ok(refunded))
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
@@ -454,6 +581,11 @@ mod tests {
         Window::new(Duration::from_millis(ms)).unwrap()
     }
 
+    /// A hit without its deadline, to compare count and reset.
+    fn seen(hit: Hit) -> (u64, Duration) {
+        (hit.count, hit.reset)
+    }
+
     #[test]
     fn the_window_stays_pinned_to_the_first_hit() {
         let store = MemoryBackend::new();
@@ -461,28 +593,16 @@ mod tests {
         let w = window(15 * 60 * 1000);
         let min = 60 * 1000 * MS;
         let at = |t: u64| store.hit_at(t, "login", &key, w).unwrap();
+        assert_eq!(seen(at(0)), (1, Duration::from_secs(900)));
         assert_eq!(
-            at(0),
-            Hit {
-                count: 1,
-                reset: Duration::from_secs(900)
-            }
-        );
-        assert_eq!(
-            at(14 * min),
-            Hit {
-                count: 2,
-                reset: Duration::from_secs(60)
-            },
+            seen(at(14 * min)),
+            (2, Duration::from_secs(60)),
             "the 14-minute knock does not move the window"
         );
         assert_eq!(at(15 * min - 1).count, 3, "still inside the first window");
         assert_eq!(
-            at(15 * min + MS),
-            Hit {
-                count: 1,
-                reset: Duration::from_secs(900)
-            },
+            seen(at(15 * min + MS)),
+            (1, Duration::from_secs(900)),
             "a new window opens with count 1"
         );
         // A client knocking every 14 minutes is not locked out forever: each
@@ -539,6 +659,34 @@ mod tests {
     }
 
     #[test]
+    fn adversarial_pairs_count_apart() {
+        let store = MemoryBackend::new();
+        let long = Key::new([b'h'; MAX_KEY_LEN + 1]);
+        let names = ["a", "a:b", "api", "api:1/3600000ms", "api:v2", ""];
+        let keys = [
+            Key::new("b:c"),
+            Key::new("c"),
+            Key::new(":c"),
+            Key::new("1/3600000ms:v"),
+            Key::new("v2:v"),
+            Key::new("v"),
+            Key::new(""),
+            Key::new("{v}"),
+            Key::new([0u8]),
+            Key::new(&long.as_bytes()[..MAX_KEY_LEN]),
+            Key::new(long.as_bytes()),
+            long.clone(),
+        ];
+        for name in names {
+            for key in &keys {
+                let hit = store.hit_at(0, name, key, window(1000)).unwrap();
+                assert_eq!(hit.count, 1, "{name:?} {key:?} met another counter");
+            }
+        }
+        assert_eq!(store.len(), names.len() * keys.len());
+    }
+
+    #[test]
     fn peek_does_not_count_and_reset_deletes() {
         let store = MemoryBackend::new();
         let key = Key::new("k");
@@ -549,8 +697,10 @@ mod tests {
             store.peek_at(2 * MS, "n", &key),
             Some(Hit {
                 count: 2,
-                reset: Duration::from_millis(998)
-            })
+                reset: Duration::from_millis(998),
+                deadline: None,
+            }),
+            "a peek counts nothing, so it names no window to refund"
         );
         assert_eq!(
             store.peek_at(2 * MS, "n", &key).unwrap().count,
@@ -568,11 +718,7 @@ mod tests {
 
     #[test]
     fn a_full_store_refuses_new_keys_and_keeps_live_counters() {
-        let store = MemoryBackend::builder()
-            .max_keys(100)
-            .unwrap()
-            .shards(1)
-            .build();
+        let store = MemoryBackend::builder().max_keys(100).shards(1).build();
         let w = window(1000);
         for i in 0..100 {
             store.hit_at(0, "n", &Key::display(i), w).unwrap();
@@ -622,25 +768,262 @@ mod tests {
         );
     }
 
+    /// Live counters held now (the table may also hold expired ones).
+    fn live(store: &MemoryBackend, now: u64) -> usize {
+        store
+            .inner
+            .shards
+            .iter()
+            .map(|s| lock(s).table.iter().filter(|e| e.deadline > now).count())
+            .sum()
+    }
+
     #[test]
-    fn the_default_cap_holds_under_a_flood_across_shards() {
-        let store = MemoryBackend::builder().max_keys(1000).unwrap().build();
-        let mut refused = 0;
-        for i in 0..50_000 {
-            if store
-                .hit_at(0, "n", &Key::display(i), window(60_000))
-                .is_err()
-            {
-                refused += 1;
+    fn max_keys_is_never_exceeded_under_a_flood() {
+        let cases = [
+            ("17, default shards", MemoryBackend::builder().max_keys(17)),
+            (
+                "1000, default shards",
+                MemoryBackend::builder().max_keys(1000),
+            ),
+            (
+                "1000 asked for 64 shards",
+                MemoryBackend::builder().max_keys(1000).shards(64),
+            ),
+            (
+                "5000 over 4 shards",
+                MemoryBackend::builder().max_keys(5000).shards(4),
+            ),
+            (
+                "4099 over 4 shards",
+                MemoryBackend::builder().max_keys(4099).shards(4),
+            ),
+            (
+                "one shard",
+                MemoryBackend::builder().max_keys(300).shards(1),
+            ),
+        ];
+        for (name, builder) in cases {
+            let store = builder.build();
+            let n = store.max_keys();
+            let caps: usize = store.inner.shards.iter().map(|s| lock(s).cap).sum();
+            assert_eq!(caps, n, "{name}: the shards' caps add up to max_keys");
+            let mut held = 0;
+            let mut first_refusal = None;
+            for i in 0..(20 * n).max(5_000) {
+                match store.hit_at(0, "n", &Key::display(i), window(60_000)) {
+                    Ok(_) => held += 1,
+                    Err(BackendError::AtCapacity) => {
+                        first_refusal.get_or_insert(held);
+                    }
+                    Err(err) => panic!("{name}: {err}"),
+                }
+                if i % 512 == 0 {
+                    assert!(
+                        live(&store, 0) <= n,
+                        "{name}: {} > {n} after key {i}",
+                        live(&store, 0)
+                    );
+                }
+            }
+            assert!(live(&store, 0) <= n, "{name}: {} > {n}", live(&store, 0));
+            assert_eq!(held, store.len(), "{name}");
+            assert!(held <= n, "{name}: held {held} of {n}");
+            if store.shards() == 1 {
+                assert_eq!(first_refusal, Some(n), "{name}: one shard holds exactly n");
+                assert_eq!(held, n, "{name}");
             }
         }
-        assert!(
-            store.len() <= store.max_keys(),
-            "{} > {}",
-            store.len(),
-            store.max_keys()
+    }
+
+    #[test]
+    fn small_caps_get_fewer_shards_never_more_than_asked() {
+        let cases: &[(usize, usize, usize)] = &[
+            // (max_keys, shards asked, shards used)
+            (1, 16, 1),
+            (17, 16, 1),
+            (1000, 16, 1),
+            (2047, 16, 1),
+            (2048, 16, 2),
+            (5000, 16, 4),
+            (1_000_000, 16, 16),
+            (1_000_000, 3, 4),
+            (1_000_000, 1, 1),
+        ];
+        for &(max_keys, asked, used) in cases {
+            let store = MemoryBackend::builder()
+                .max_keys(max_keys)
+                .shards(asked)
+                .build();
+            assert_eq!(store.shards(), used, "max_keys {max_keys}, shards({asked})");
+            assert_eq!(store.max_keys(), max_keys);
+        }
+    }
+
+    #[test]
+    fn bad_builder_values_are_errors_or_panics_never_changed() {
+        assert_eq!(
+            MemoryBackend::builder().try_max_keys(0).err(),
+            Some(ConfigError::ZeroCapacity)
         );
-        assert_eq!(refused, 50_000 - store.len());
+        assert_eq!(
+            MemoryBackend::builder().try_shards(0).err(),
+            Some(ConfigError::InvalidShards(0))
+        );
+        assert_eq!(
+            MemoryBackend::builder().try_shards(MAX_SHARDS + 1).err(),
+            Some(ConfigError::InvalidShards(MAX_SHARDS + 1))
+        );
+        assert!(MemoryBackend::builder().try_shards(MAX_SHARDS).is_ok());
+        for (name, result) in [
+            (
+                "max_keys(0)",
+                std::panic::catch_unwind(|| MemoryBackend::builder().max_keys(0)),
+            ),
+            (
+                "shards(0)",
+                std::panic::catch_unwind(|| MemoryBackend::builder().shards(0)),
+            ),
+        ] {
+            let message = result.expect_err(name);
+            let message = message.downcast_ref::<String>().expect(name);
+            assert!(message.contains("must be"), "{name}: {message}");
+        }
+    }
+
+    #[test]
+    fn a_refund_takes_back_one_hit_of_its_own_window_only() {
+        let store = MemoryBackend::new();
+        let key = Key::new("k");
+        let w = window(1000);
+        let refund = |now, hit: Hit| store.refund_at(now, "n", &key, hit.deadline.unwrap().get());
+
+        let first = store.hit_at(0, "n", &key, w).unwrap();
+        let second = store.hit_at(MS, "n", &key, w).unwrap();
+        assert_eq!(first.deadline, second.deadline, "one window, one deadline");
+        assert!(refund(2 * MS, second));
+        assert_eq!(store.peek_at(2 * MS, "n", &key).unwrap().count, 1);
+        assert!(refund(3 * MS, first));
+        assert_eq!(store.peek_at(3 * MS, "n", &key).unwrap().count, 0);
+        assert!(!refund(4 * MS, first), "never below zero");
+        assert_eq!(store.peek_at(4 * MS, "n", &key).unwrap().count, 0);
+        let again = store.hit_at(5 * MS, "n", &key, w).unwrap();
+        assert_eq!(
+            (again.count, again.deadline),
+            (1, first.deadline),
+            "same window"
+        );
+
+        // The window closes: a refund of its hit does nothing, and creates
+        // nothing.
+        assert!(!refund(1000 * MS, again));
+        assert_eq!(store.peek_at(1000 * MS, "n", &key), None);
+        // A new window opens; the old window's hit never touches it.
+        let fresh = store.hit_at(1500 * MS, "n", &key, w).unwrap();
+        assert_eq!(fresh.count, 1);
+        assert_ne!(fresh.deadline, again.deadline);
+        assert!(!refund(1501 * MS, again), "an old window's hit");
+        assert_eq!(store.peek_at(1501 * MS, "n", &key).unwrap().count, 1);
+        assert!(refund(1502 * MS, fresh));
+
+        // No counter, no refund, and none created.
+        let other = Key::new("never hit");
+        assert!(!store.refund_at(0, "n", &other, fresh.deadline.unwrap().get()));
+        assert_eq!(store.peek_at(0, "n", &other), None);
+        assert_eq!(store.len(), 1);
+    }
+
+    #[test]
+    fn a_refund_after_the_window_closed_leaves_nothing() {
+        let store = MemoryBackend::builder().shards(1).build();
+        let key = Key::new("k");
+        let hit = store.hit_at(0, "n", &key, window(10)).unwrap();
+        // The expired counter is swept by a later sweep...
+        for i in 0..200u64 {
+            store
+                .hit_at(20 * MS, "sweep", &Key::display(i), window(10))
+                .unwrap();
+        }
+        assert_eq!(store.peek_at(20 * MS, "n", &key), None);
+        // ...and the late refund creates nothing.
+        assert!(!store.refund_at(20 * MS, "n", &key, hit.deadline.unwrap().get()));
+        assert_eq!(store.peek_at(20 * MS, "n", &key), None);
+        let counted = store.hit_at(21 * MS, "n", &key, window(10)).unwrap();
+        assert_eq!(
+            counted.count, 1,
+            "a fresh window, not one made by the refund"
+        );
+    }
+
+    #[test]
+    fn hits_answer_refunds_through_the_trait() {
+        let store = MemoryBackend::new();
+        let key = Key::new("k");
+        let quota = Quota::with_window(std::num::NonZeroU64::MIN, window(60_000));
+        let counters = [Counter {
+            namespace: "n",
+            quota,
+        }];
+        let hit = store.hit_all(&key, &counters).into_inner().unwrap()[0];
+        assert!(store.refund("n", &key, &hit).into_inner().unwrap());
+        let uncounted = Hit {
+            deadline: None,
+            ..hit
+        };
+        store.hit_all(&key, &counters).into_inner().unwrap();
+        assert!(
+            !store.refund("n", &key, &uncounted).into_inner().unwrap(),
+            "a hit the store did not count is never refunded"
+        );
+        assert_eq!(store.peek_at(store.now(), "n", &key).unwrap().count, 1);
+    }
+
+    #[test]
+    fn concurrent_hits_and_refunds_never_keep_more_than_the_limit() {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let store = MemoryBackend::new();
+        let limit = 25u64;
+        let quota =
+            Quota::with_window(std::num::NonZeroU64::new(limit).unwrap(), window(3_600_000));
+        let kept = AtomicU64::new(0);
+        let refunded = AtomicU64::new(0);
+        let hits = AtomicU64::new(0);
+        std::thread::scope(|scope| {
+            for thread in 0..4u64 {
+                let (store, kept, refunded, hits) = (&store, &kept, &refunded, &hits);
+                scope.spawn(move || {
+                    let key = Key::new("shared");
+                    let counters = [Counter {
+                        namespace: "race",
+                        quota,
+                    }];
+                    for i in 0..2_000u64 {
+                        let hit = store.hit_all(&key, &counters).into_inner().unwrap()[0];
+                        hits.fetch_add(1, Ordering::Relaxed);
+                        // One admitted hit in three is kept (its request
+                        // "failed"); every other hit, denied ones included,
+                        // is taken back.
+                        if hit.count <= limit && (thread + i) % 3 == 0 {
+                            kept.fetch_add(1, Ordering::Relaxed);
+                        } else if store.refund("race", &key, &hit).into_inner().unwrap() {
+                            refunded.fetch_add(1, Ordering::Relaxed);
+                        }
+                    }
+                });
+            }
+        });
+        let count = store
+            .peek_at(store.now(), "race", &Key::new("shared"))
+            .unwrap()
+            .count;
+        let (kept, refunded, hits) = (kept.into_inner(), refunded.into_inner(), hits.into_inner());
+        assert!(
+            kept <= limit,
+            "kept {kept} admitted hits past the limit of {limit}"
+        );
+        assert_eq!(refunded, hits - kept, "every hit not kept was taken back");
+        assert_eq!(count, kept, "the counter holds exactly the kept hits");
+        assert_eq!(kept, limit, "the budget was spent in full");
     }
 
     /// The reference model: a map from key to (count, deadline) where only a
@@ -658,6 +1041,7 @@ mod tests {
             Hit {
                 count: entry.0,
                 reset: Duration::from_nanos(entry.1 - now),
+                deadline: NonZeroU64::new(entry.1),
             }
         }
     }

@@ -17,17 +17,51 @@
 //! [`BackendError::Corrupt`] and leaves the stored value as it is, never
 //! resetting it (a reset would hand out free attempts).
 //!
+//! **A refund takes back one hit, in one atomic step** ([`Backend::refund`]):
+//! it never creates a counter or gives one a lifetime, never takes a count
+//! below zero, and applies only to the window the hit was counted in, which
+//! the hit names by its [deadline](Hit::deadline). Once that window has
+//! closed or a new one has opened, a refund does nothing.
+//!
 //! Backends here: [`MemoryBackend`] (the embedded default) and, with the
 //! `redis` feature, a Redis and Redis Cluster backend.
+//!
+//! # Storage keys
+//!
+//! A counter is named by a pair: its namespace (the layer's name, or
+//! `name:LIMIT/WINDOWms` for a layer's other quotas) and the request's
+//! [`Key`]. Two different pairs never share a counter in any backend, whatever
+//! bytes a client puts in its key:
+//!
+//! - the memory backend keeps the pair apart structurally (the namespace is
+//!   length-prefixed, then the key's bytes follow), with no string to build
+//!   on the hot path;
+//! - stores whose keys are byte strings (Redis, and PostgreSQL or any other
+//!   later) all use one canonical encoding, [`storage_key`]: the prefix,
+//!   the escaped namespace, then the escaped key between braces, for example
+//!   `tpw:api{203.0.113.7}` and `tpw:api:100/86400000ms{203.0.113.7}`. On a
+//!   Redis Cluster the braces make the escaped key the hash tag, chosen by
+//!   this crate and never by a client; every counter of one key sits in one
+//!   slot.
+//!
+//! A key longer than [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) is held as its
+//! digest, which is longer than any key kept as it is, so a hashed key and a
+//! raw key never meet either. A backend of your own follows the same rule:
+//! keep the pair apart structurally, or use [`storage_key::encode`].
 
+#[cfg(feature = "redis")]
+mod deny_cache;
 mod memory;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod storage_key;
 
-pub use memory::{DEFAULT_MAX_KEYS, MemoryBackend, MemoryBackendBuilder};
+pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};
 
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroU64;
+use std::ops::Deref;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
@@ -37,13 +71,24 @@ use std::time::Duration;
 use crate::key::Key;
 use crate::quota::Quota;
 
-/// The outcome of one [`Backend::hit`].
+/// The outcome of one hit on one counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hit {
     /// The counter after this hit: 1 for the hit that opened the window.
     pub count: u64,
     /// Time left until the window closes and the counter is gone.
     pub reset: Duration,
+    /// The deadline of the window this hit was counted in, in the store's
+    /// own clock: nanoseconds since the [`MemoryBackend`] was made, or the
+    /// counter's absolute expiry in Unix milliseconds in Redis
+    /// (`PEXPIRETIME`). It names the window for [`Backend::refund`]: two
+    /// windows of one key close at least a millisecond apart, so an exact
+    /// comparison tells them apart.
+    ///
+    /// `None` when nothing was counted in the store for this hit: an answer
+    /// from a local cache (the Redis deny cache), a counter the call did not
+    /// reach, or a [`peek`](Backend::peek). Such a hit is never refunded.
+    pub deadline: Option<NonZeroU64>,
 }
 
 /// A backend could not answer. Which of these a request sees decides its fate:
@@ -114,18 +159,132 @@ pub struct Counter<'a> {
 }
 
 /// The outcome of one [`Backend::hit_all`]: a [`Hit`] per counter, in order.
-/// Inline for up to two counters.
-pub type Hits = SmallVec<[Hit; 2]>;
+/// Inline for up to two counters (no heap allocation).
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::backend::{Hit, Hits};
+///
+/// let hit = |count| Hit { count, reset: Duration::from_secs(1), deadline: None };
+/// let hits: Hits = [hit(1), hit(2)].into_iter().collect();
+/// assert_eq!(hits.len(), 2);
+/// assert_eq!(hits.first().map(|h| h.count), Some(1));
+/// assert_eq!(hits.iter().map(|h| h.count).sum::<u64>(), 3);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Hits(SmallVec<[Hit; 2]>);
+
+impl Hits {
+    /// No hits.
+    pub fn new() -> Self {
+        Self(SmallVec::new())
+    }
+
+    /// No hits, with room for `capacity`.
+    pub fn with_capacity(capacity: usize) -> Self {
+        Self(SmallVec::with_capacity(capacity))
+    }
+
+    /// One hit.
+    pub fn one(hit: Hit) -> Self {
+        Self(SmallVec::from_buf_and_len([hit; 2], 1))
+    }
+
+    /// Add the next counter's hit.
+    pub fn push(&mut self, hit: Hit) {
+        self.0.push(hit);
+    }
+
+    /// The hits, in the order of the counters.
+    pub fn as_slice(&self) -> &[Hit] {
+        &self.0
+    }
+}
+
+/// The slice's methods: `len`, `iter`, `get`, `first`, ...
+impl Deref for Hits {
+    type Target = [Hit];
+
+    fn deref(&self) -> &[Hit] {
+        &self.0
+    }
+}
+
+impl FromIterator<Hit> for Hits {
+    fn from_iter<I: IntoIterator<Item = Hit>>(iter: I) -> Self {
+        Self(iter.into_iter().collect())
+    }
+}
+
+impl Extend<Hit> for Hits {
+    fn extend<I: IntoIterator<Item = Hit>>(&mut self, iter: I) {
+        self.0.extend(iter);
+    }
+}
+
+impl IntoIterator for Hits {
+    type Item = Hit;
+    type IntoIter = HitsIntoIter;
+
+    fn into_iter(self) -> HitsIntoIter {
+        HitsIntoIter(self.0.into_iter())
+    }
+}
+
+impl<'a> IntoIterator for &'a Hits {
+    type Item = &'a Hit;
+    type IntoIter = std::slice::Iter<'a, Hit>;
+
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+/// The owning iterator of [`Hits`].
+#[derive(Debug)]
+pub struct HitsIntoIter(smallvec::IntoIter<[Hit; 2]>);
+
+impl Iterator for HitsIntoIter {
+    type Item = Hit;
+
+    fn next(&mut self) -> Option<Hit> {
+        self.0.next()
+    }
+
+    fn size_hint(&self) -> (usize, Option<usize>) {
+        self.0.size_hint()
+    }
+}
+
+impl DoubleEndedIterator for HitsIntoIter {
+    fn next_back(&mut self) -> Option<Hit> {
+        self.0.next_back()
+    }
+}
+
+impl ExactSizeIterator for HitsIntoIter {}
 
 /// A counter store that keeps the [contract](self#the-contract).
 ///
 /// Implementations hold their state behind an `Arc`, so clones share it.
+///
+/// [`hit_all`](Backend::hit_all) and [`refund`](Backend::refund) return
+/// associated futures, while [`peek`](Backend::peek) and
+/// [`reset`](Backend::reset) return `impl Future`: the layer polls a hit
+/// once inline and keeps it in its response future (and will do the same with
+/// a refund after the response), so those futures must be nameable, `Unpin`
+/// and `'static`; `peek` and `reset` are never on the request path.
 pub trait Backend: Clone + Send + Sync + 'static {
     /// What [`hit_all`](Backend::hit_all) returns (`Unpin`: box it if need
     /// be). The in-memory backend answers with an already completed future,
     /// so a hit costs no allocation; the layer polls it once as soon as it is
     /// made and decides there and then when it is ready.
     type Future: Future<Output = Result<Hits, BackendError>> + Unpin + Send + 'static;
+
+    /// What [`refund`](Backend::refund) returns; like
+    /// [`Future`](Backend::Future), already complete when the store is in
+    /// this process.
+    type Refund: Future<Output = Result<bool, BackendError>> + Unpin + Send + 'static;
 
     /// Count one hit on `key` in each of `counters`, each in one atomic step;
     /// a new counter's window is its quota's window, an existing counter's
@@ -137,6 +296,22 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn hit(&self, namespace: &str, key: &Key, quota: Quota) -> FirstHit<Self::Future> {
         FirstHit(self.hit_all(key, &[Counter { namespace, quota }]))
     }
+
+    /// Take back `hit`, which [`hit_all`](Backend::hit_all) counted on
+    /// `namespace`'s counter for `key`, in one atomic step: `Ok(true)` when
+    /// the count went down by one.
+    ///
+    /// It never creates a counter and never gives one a lifetime; it never
+    /// takes a count below zero; it applies only to the window `hit` was
+    /// counted in, named by [`Hit::deadline`], and does nothing (`Ok(false)`)
+    /// once that window has closed or a new one has opened, or when the hit
+    /// was not counted in the store (`deadline` is `None`). A counter that is
+    /// not an integer is [`BackendError::Corrupt`] and left as it is.
+    ///
+    /// Refund each hit at most once: units of a count are alike, so the
+    /// store cannot tell a second refund of one hit from the refund of
+    /// another.
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund;
 
     /// The counter as it stands, without counting; `None` when there is no
     /// live counter.

@@ -1,12 +1,14 @@
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::{HeaderMap, Request};
+use http::HeaderMap;
 use ipnet::IpNet;
 
 use super::forwarded::{self, Hop};
+use super::peer_ip::{PeerIp, canonical, canonical_net, peer};
 use super::{Key, KeyError, KeyExtractor};
-use crate::ConfigError;
+use crate::error::ConfigError;
+use crate::request::RequestHead;
 
 /// Which header a trusted proxy records the client in. Pick the one your
 /// proxy **sets or appends to**: a header the proxy passes through untouched
@@ -45,8 +47,11 @@ pub enum ForwardedHeader {
 /// Addresses are canonical before anything else: IPv4-mapped
 /// (`::ffff:a.b.c.d`), IPv4-translated (`::ffff:0:a.b.c.d`) and
 /// IPv4-compatible (`::a.b.c.d`) IPv6 addresses are their IPv4 address, in
-/// whatever notation they arrive. IPv6 clients are grouped by their /64
-/// (configurable), since one client usually holds a whole /64.
+/// whatever notation they arrive. The client, once found, is keyed as
+/// [`PeerIp`] keys a peer: IPv6 clients grouped by their /64
+/// (configurable), since one client usually holds a whole /64. With no proxy
+/// trusted, `ClientIp` keys exactly as [`PeerIp`] does; use [`PeerIp`] then,
+/// which says so.
 ///
 /// ```
 /// use tower_pinned_window::key::{ClientIp, ForwardedHeader};
@@ -64,10 +69,13 @@ pub enum ForwardedHeader {
 /// assert_eq!(ip, "198.51.100.1".parse::<std::net::IpAddr>().unwrap());
 /// ```
 #[derive(Debug, Clone)]
+#[must_use]
 pub struct ClientIp {
     trusted: Arc<[IpNet]>,
     header: ForwardedHeader,
-    ipv6_prefix: u8,
+    /// The address logic (canonical IPv4, IPv6 grouping), shared with
+    /// [`PeerIp`]: the client, once found, is keyed as a peer would be.
+    peer: PeerIp,
     max_hops: usize,
 }
 
@@ -76,14 +84,14 @@ impl Default for ClientIp {
         Self {
             trusted: Arc::new([]),
             header: ForwardedHeader::default(),
-            ipv6_prefix: 64,
+            peer: PeerIp::new(),
             max_hops: 16,
         }
     }
 }
 
 impl ClientIp {
-    /// The peer address, trusting no proxy.
+    /// The peer address until proxies are [trusted](Self::trust).
     pub fn new() -> Self {
         Self::default()
     }
@@ -133,22 +141,57 @@ impl ClientIp {
         self
     }
 
-    /// Group IPv6 clients by a prefix of `bits` (32 to 128; default 64).
+    /// Group IPv6 clients by a prefix of `bits` (default 64), as
+    /// [`PeerIp::ipv6_prefix`] does.
+    ///
+    /// # Panics
+    /// When `bits` is outside 32..=128, like
+    /// [`http::HeaderValue::from_static`] on a bad literal. Use
+    /// [`try_ipv6_prefix`](Self::try_ipv6_prefix) for a value read at run
+    /// time.
+    #[track_caller]
+    pub fn ipv6_prefix(self, bits: u8) -> Self {
+        match self.try_ipv6_prefix(bits) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`ipv6_prefix`](Self::ipv6_prefix), for a value read at run
+    /// time.
     ///
     /// # Errors
     /// [`ConfigError::InvalidIpv6Prefix`] outside 32..=128.
-    pub fn ipv6_prefix(mut self, bits: u8) -> Result<Self, ConfigError> {
-        if !(32..=128).contains(&bits) {
-            return Err(ConfigError::InvalidIpv6Prefix(bits));
-        }
-        self.ipv6_prefix = bits;
+    pub fn try_ipv6_prefix(mut self, bits: u8) -> Result<Self, ConfigError> {
+        self.peer = self.peer.try_ipv6_prefix(bits)?;
         Ok(self)
     }
 
-    /// The most hops walked before a request is rejected (default 16).
-    pub fn max_hops(mut self, hops: usize) -> Self {
-        self.max_hops = hops.max(1);
-        self
+    /// The most forwarded hops walked (default 16); a request with more
+    /// trusted hops than that is rejected ([`KeyError::Invalid`]).
+    ///
+    /// # Panics
+    /// When `hops` is zero (no client could ever be found), like
+    /// [`http::HeaderValue::from_static`] on a bad literal. Use
+    /// [`try_max_hops`](Self::try_max_hops) for a value read at run time.
+    #[track_caller]
+    pub fn max_hops(self, hops: usize) -> Self {
+        match self.try_max_hops(hops) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`max_hops`](Self::max_hops), for a value read at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroHops`] for zero.
+    pub fn try_max_hops(mut self, hops: usize) -> Result<Self, ConfigError> {
+        if hops == 0 {
+            return Err(ConfigError::ZeroHops);
+        }
+        self.max_hops = hops;
+        Ok(self)
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
@@ -165,13 +208,18 @@ impl ClientIp {
         if !self.is_trusted(peer) {
             return Ok(peer);
         }
-        let hops: Box<dyn Iterator<Item = Hop> + '_> = match self.header {
-            ForwardedHeader::XForwardedFor => Box::new(forwarded::x_forwarded_for(headers)),
-            ForwardedHeader::Forwarded => Box::new(forwarded::forwarded(headers)),
-            ForwardedHeader::XRealIp => Box::new(forwarded::x_real_ip(headers).into_iter()),
-        };
+        match self.header {
+            ForwardedHeader::XForwardedFor => self.walk(peer, forwarded::x_forwarded_for(headers)),
+            ForwardedHeader::Forwarded => self.walk(peer, forwarded::forwarded(headers)),
+            ForwardedHeader::XRealIp => self.walk(peer, forwarded::x_real_ip(headers)),
+        }
+    }
+
+    /// Walks `hops` (nearest first) from the trusted `peer` to the first
+    /// untrusted address.
+    fn walk(&self, peer: IpAddr, hops: impl IntoIterator<Item = Hop>) -> Result<IpAddr, KeyError> {
         let mut farthest_trusted = peer;
-        for (walked, hop) in hops.enumerate() {
+        for (walked, hop) in hops.into_iter().enumerate() {
             if walked >= self.max_hops {
                 return Err(KeyError::Invalid("more forwarded hops than allowed"));
             }
@@ -191,98 +239,14 @@ impl ClientIp {
 
     /// The key for `ip`: the IPv4 address, or the IPv6 prefix.
     pub fn key_for(&self, ip: IpAddr) -> Key {
-        ip_key(ip, self.ipv6_prefix)
+        self.peer.key_for(ip)
     }
 }
 
-impl<B> KeyExtractor<B> for ClientIp {
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
-        let peer = peer_addr(request).ok_or(KeyError::Misconfigured(
-            "no peer address: serve axum with into_make_service_with_connect_info::<SocketAddr>(), \
-             or use tonic's server, or insert a SocketAddr into the request's extensions",
-        ))?;
-        let ip = self.client_ip(peer.ip(), request.headers())?;
+impl KeyExtractor for ClientIp {
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
+        let ip = self.client_ip(peer(request)?, request.headers())?;
         Ok(self.key_for(ip))
-    }
-}
-
-/// The connection's peer address, wherever the server put it.
-fn peer_addr<B>(request: &Request<B>) -> Option<SocketAddr> {
-    let extensions = request.extensions();
-    #[cfg(feature = "axum")]
-    if let Some(axum::extract::ConnectInfo(addr)) =
-        extensions.get::<axum::extract::ConnectInfo<SocketAddr>>()
-    {
-        return Some(*addr);
-    }
-    #[cfg(feature = "tonic")]
-    if let Some(addr) = extensions
-        .get::<tonic::transport::server::TcpConnectInfo>()
-        .and_then(|info| info.remote_addr())
-    {
-        return Some(addr);
-    }
-    extensions.get::<SocketAddr>().copied()
-}
-
-/// IPv4 addresses carried in IPv6 (mapped, translated, compatible) as IPv4.
-pub(crate) fn canonical(ip: IpAddr) -> IpAddr {
-    match ip {
-        IpAddr::V4(_) => ip,
-        IpAddr::V6(v6) => embedded_v4(v6).map_or(ip, IpAddr::V4),
-    }
-}
-
-fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
-    let bits = u128::from(v6);
-    let v4 = Ipv4Addr::from((bits & 0xffff_ffff) as u32);
-    match bits >> 32 {
-        // ::ffff:a.b.c.d (mapped) and ::ffff:0:a.b.c.d (translated).
-        0xffff | 0xffff_0000 => Some(v4),
-        // ::a.b.c.d (compatible), but not :: and ::1.
-        0 if (bits >> 16) != 0 => Some(v4),
-        _ => None,
-    }
-}
-
-fn canonical_net(net: IpNet) -> IpNet {
-    match net {
-        IpNet::V6(v6) if v6.prefix_len() >= 96 => match embedded_v4(v6.network()) {
-            Some(v4) => IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96).unwrap_or(net),
-            None => net,
-        },
-        _ => net,
-    }
-}
-
-/// `a.b.c.d`, written without the formatting machinery (this runs on every
-/// request keyed by IP).
-fn ipv4_key(ip: Ipv4Addr) -> Key {
-    let mut text = [0u8; 15];
-    let mut len = 0;
-    for (i, octet) in ip.octets().into_iter().enumerate() {
-        if i > 0 {
-            text[len] = b'.';
-            len += 1;
-        }
-        let mut digits = itoa::Buffer::new();
-        let digits = digits.format(octet).as_bytes();
-        text[len..len + digits.len()].copy_from_slice(digits);
-        len += digits.len();
-    }
-    Key::new(&text[..len])
-}
-
-/// The key for `ip`: canonical IPv4, or the IPv6 network of `prefix` bits.
-pub(crate) fn ip_key(ip: IpAddr, prefix: u8) -> Key {
-    match canonical(ip) {
-        IpAddr::V4(v4) => ipv4_key(v4),
-        IpAddr::V6(v6) => {
-            let bits = u32::from(prefix);
-            let mask = u128::MAX.checked_shl(128 - bits).unwrap_or(0);
-            let network = Ipv6Addr::from(u128::from(v6) & mask);
-            Key::display(format_args!("{network}/{bits}"))
-        }
     }
 }
 
@@ -301,64 +265,6 @@ mod tests {
             map.append(*name, HeaderValue::from_str(value).unwrap());
         }
         map
-    }
-
-    #[test]
-    fn canonical_forms_of_ipv4_in_ipv6() {
-        let cases = [
-            ("mapped", "::ffff:192.0.2.1", "192.0.2.1"),
-            ("mapped, hex", "::ffff:c000:201", "192.0.2.1"),
-            ("mapped, full", "0:0:0:0:0:ffff:c000:0201", "192.0.2.1"),
-            ("mapped, upper case", "::FFFF:C000:201", "192.0.2.1"),
-            ("translated", "::ffff:0:192.0.2.1", "192.0.2.1"),
-            ("compatible", "::192.0.2.1", "192.0.2.1"),
-            ("compatible, hex", "::c000:201", "192.0.2.1"),
-            ("loopback stays v6", "::1", "::1"),
-            ("unspecified stays v6", "::", "::"),
-            ("plain v6", "2001:db8::1", "2001:db8::1"),
-            (
-                "nat64 is not mapped",
-                "64:ff9b::192.0.2.1",
-                "64:ff9b::c000:201",
-            ),
-            ("v4", "192.0.2.1", "192.0.2.1"),
-        ];
-        for (name, input, want) in cases {
-            assert_eq!(canonical(ip(input)), ip(want), "{name}");
-        }
-    }
-
-    #[test]
-    fn ipv4_keys_are_dotted_quads() {
-        for text in [
-            "0.0.0.0",
-            "1.2.3.4",
-            "10.0.0.255",
-            "192.168.100.1",
-            "255.255.255.255",
-        ] {
-            assert_eq!(ipv4_key(text.parse().unwrap()), Key::new(text), "{text}");
-        }
-    }
-
-    #[test]
-    fn keys_group_ipv6_and_unmap_ipv4() {
-        let cases = [
-            ("v4", "203.0.113.7", 64, "203.0.113.7"),
-            ("mapped v4", "::ffff:203.0.113.7", 64, "203.0.113.7"),
-            ("v6 /64", "2001:db8:1:2:3:4:5:6", 64, "2001:db8:1:2::/64"),
-            (
-                "rotating in one /64",
-                "2001:db8:1:2:ffff:ffff:ffff:ffff",
-                64,
-                "2001:db8:1:2::/64",
-            ),
-            ("v6 /48", "2001:db8:1:2::1", 48, "2001:db8:1::/48"),
-            ("v6 /128", "2001:db8::1", 128, "2001:db8::1/128"),
-        ];
-        for (name, input, prefix, want) in cases {
-            assert_eq!(ip_key(ip(input), prefix), Key::new(want), "{name}");
-        }
     }
 
     #[test]
@@ -580,15 +486,54 @@ mod tests {
     }
 
     #[test]
-    fn without_a_peer_address_the_server_is_misconfigured() {
-        let req = Request::get("/").body(()).unwrap();
-        assert!(matches!(
-            ClientIp::new().extract(&req),
-            Err(KeyError::Misconfigured(_))
-        ));
-        let mut req = Request::get("/").body(()).unwrap();
+    fn the_hop_limit_is_at_least_one_and_never_changed() {
+        let one = ClientIp::new().trust("10.0.0.0/8").unwrap().max_hops(1);
+        let xff = |value: &str| headers(&[("x-forwarded-for", value)]);
+        assert_eq!(
+            one.client_ip(ip("10.0.0.1"), &xff("203.0.113.7")),
+            Ok(ip("203.0.113.7")),
+            "one hop is walked"
+        );
+        assert_eq!(
+            one.client_ip(ip("10.0.0.1"), &xff("203.0.113.7, 10.0.0.2")),
+            Err(KeyError::Invalid("more forwarded hops than allowed")),
+            "a second is not"
+        );
+        assert_eq!(
+            ClientIp::new().try_max_hops(0).unwrap_err(),
+            ConfigError::ZeroHops
+        );
+        assert!(ClientIp::new().try_max_hops(1).is_ok());
+    }
+
+    #[test]
+    #[should_panic(expected = "the proxy-hop limit must be at least 1")]
+    fn zero_hops_panics() {
+        let _ = ClientIp::new().max_hops(0);
+    }
+
+    #[test]
+    #[should_panic(expected = "an IPv6 grouping prefix must be 32 to 128 bits, not 16")]
+    fn a_bad_literal_prefix_panics() {
+        let _ = ClientIp::new().ipv6_prefix(16);
+    }
+
+    #[test]
+    fn the_client_is_keyed_with_the_configured_prefix() {
+        let client_ip = ClientIp::new().trust("10.0.0.0/8").unwrap().ipv6_prefix(48);
+        let mut req = http::Request::get("/")
+            .header("x-forwarded-for", "2001:db8:1:2::9")
+            .body(())
+            .unwrap();
         req.extensions_mut()
-            .insert("198.51.100.1:443".parse::<SocketAddr>().unwrap());
-        assert_eq!(ClientIp::new().extract(&req), Ok(Key::new("198.51.100.1")));
+            .insert("10.0.0.1:443".parse::<std::net::SocketAddr>().unwrap());
+        assert_eq!(
+            client_ip.extract(&RequestHead::new(&req)),
+            Ok(Key::new("2001:db8:1::/48"))
+        );
+        assert_eq!(
+            ClientIp::new().try_ipv6_prefix(200).unwrap_err(),
+            ConfigError::InvalidIpv6Prefix(200)
+        );
     }
 }

@@ -1,65 +1,98 @@
 //! Which counter a request is charged to.
 //!
-//! A [`KeyExtractor`] reads a [`Key`] from each request. Built-ins:
-//! [`GlobalKey`] (one counter for everyone), [`HeaderKey`] (a header's value,
-//! such as an API key, or a gRPC metadata value), [`ClientIp`] (the client's
-//! address through trusted proxies; [`PeerIp`] is its name when no proxy is
-//! trusted), and [`RouteKey`] (axum's
-//! matched route, or the gRPC method). A tuple of extractors keys by all of
-//! them (client IP and route, say). Any
-//! `Fn(&Request<B>) -> Result<Key, KeyError>` is an extractor too.
+//! A [`KeyExtractor`] reads a [`Key`] from each request's
+//! [`RequestHead`] (the request without its body). Built-ins: [`GlobalKey`]
+//! (one counter for everyone), [`HeaderKey`] (a header's value, such as an
+//! API key, or a gRPC metadata value), [`PeerIp`] (the connection's peer
+//! address), [`ClientIp`] (the client's address through the proxies you
+//! trust), and [`RouteKey`] (axum's matched route, or the gRPC method). A
+//! tuple of extractors keys by all of them (client IP and route, say). Any
+//! `Fn(&RequestHead<'_>) -> Result<Key, KeyError>` is an extractor too; give
+//! a closure to [`RateLimitLayer::key_fn`](crate::RateLimitLayer::key_fn) and
+//! its argument's type is inferred.
 //!
 //! ```
-//! use http::Request;
-//! use tower_pinned_window::key::{Key, KeyError, KeyExtractor};
+//! use std::time::Duration;
+//! use http::{Request, Response, StatusCode};
+//! use tower::{Layer, ServiceExt, service_fn};
+//! use tower_pinned_window::key::{Key, KeyError};
+//! use tower_pinned_window::{Quota, RateLimitLayer};
 //!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() {
 //! // Charge each tenant, named in the path's first segment.
-//! let tenant = |req: &Request<()>| {
-//!     let segment = req.uri().path().split('/').nth(1).unwrap_or_default();
-//!     if segment.is_empty() {
-//!         return Err(KeyError::missing("tenant path segment"));
-//!     }
-//!     Ok(Key::new(segment))
-//! };
-//! let req = Request::get("/acme/orders").body(()).unwrap();
-//! assert_eq!(tenant.extract(&req).unwrap(), Key::new("acme"));
+//! let layer = RateLimitLayer::new("tenants", Quota::new(1, Duration::from_secs(60)).unwrap())
+//!     .key_fn(|req| {
+//!         let segment = req.uri().path().split('/').nth(1).unwrap_or_default();
+//!         if segment.is_empty() {
+//!             return Err(KeyError::missing("tenant path segment"));
+//!         }
+//!         Ok(Key::new(segment))
+//!     });
+//! let svc = layer.layer(service_fn(|_req: Request<String>| async {
+//!     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+//! }));
+//! let get = |path: &str| Request::get(path).body(String::new()).unwrap();
+//! assert_eq!(svc.clone().oneshot(get("/acme/orders")).await.unwrap().status(), StatusCode::OK);
+//! assert_eq!(svc.clone().oneshot(get("/acme/users")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+//! assert_eq!(svc.clone().oneshot(get("/globex/orders")).await.unwrap().status(), StatusCode::OK);
+//! assert_eq!(svc.oneshot(get("/")).await.unwrap().status(), StatusCode::BAD_REQUEST);
+//! # }
 //! ```
 
 mod client_ip;
 mod forwarded;
+mod peer_ip;
 
 pub use client_ip::{ClientIp, ForwardedHeader};
-
-/// The connection's peer address, trusting no proxy: [`ClientIp`] as
-/// [`ClientIp::new`] makes it. Behind a proxy or load balancer the peer is
-/// the proxy, and every client would share its budget: name the proxy with
-/// [`ClientIp::trust`].
-pub type PeerIp = ClientIp;
+pub use peer_ip::PeerIp;
 
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
+use http::StatusCode;
 use http::header::HeaderName;
-use http::{Request, StatusCode};
 use sha2::{Digest, Sha256};
 
+use crate::request::RequestHead;
+
 /// The longest key stored as it is, in bytes. A longer key is replaced by
-/// `#` followed by 48 hex digits of its SHA-256, so that no client can make a
-/// store hold large keys.
+/// its digest: `#` followed by the 64 hex digits of its SHA-256, which is
+/// [`HASHED_KEY_LEN`] bytes, so that no client can make a store hold large
+/// keys.
 pub const MAX_KEY_LEN: usize = 64;
 
-/// Bytes of SHA-256 kept when a long key is hashed (192 bits).
-const HASHED_BYTES: usize = 24;
+/// The length of a hashed key: one byte more than [`MAX_KEY_LEN`], so a
+/// hashed key is never equal to a key kept as it is, whatever its bytes (a
+/// 65-byte key is always hashed). Two keys are equal exactly when their bytes
+/// are, in every backend and inside a pair of keys.
+pub const HASHED_KEY_LEN: usize = 1 + 2 * DIGEST_BYTES;
 
-/// A client's key: at most [`MAX_KEY_LEN`] bytes, held inline (no heap).
+/// Bytes of the SHA-256 digest a hashed key spells out in hex (all of it).
+const DIGEST_BYTES: usize = 32;
+
+/// A client's key: at most [`MAX_KEY_LEN`] bytes as given, or the
+/// [`HASHED_KEY_LEN`]-byte digest of a longer one; held inline (no heap).
 ///
 /// Keys are opaque bytes; they need not be UTF-8. A key longer than
 /// [`MAX_KEY_LEN`] is hashed on construction, so it is bounded whatever the
-/// client sends.
+/// client sends. The hashed form is longer than any key kept as it is, so a
+/// client cannot send the text of another key's digest and meet its counter.
+///
+/// ```
+/// use tower_pinned_window::key::{HASHED_KEY_LEN, Key, MAX_KEY_LEN};
+///
+/// let long = Key::new([b'a'; MAX_KEY_LEN + 1]);
+/// assert!(long.is_hashed());
+/// assert_eq!(long.as_bytes().len(), HASHED_KEY_LEN);
+/// // The digest's own text is too long to be kept, so it is hashed again:
+/// // it never names the long key's counter.
+/// assert_ne!(Key::new(long.as_bytes()), long);
+/// ```
 #[derive(Clone)]
 pub struct Key {
     len: u8,
-    bytes: [u8; MAX_KEY_LEN],
+    bytes: [u8; HASHED_KEY_LEN],
 }
 
 impl Key {
@@ -77,7 +110,8 @@ impl Key {
     }
 
     /// The key written by `value`'s [`Display`](fmt::Display), without a heap
-    /// allocation; hashed if it runs past [`MAX_KEY_LEN`] bytes.
+    /// allocation: always equal to `Key::new(value.to_string())`, hashed if
+    /// it runs past [`MAX_KEY_LEN`] bytes.
     pub fn display(value: impl fmt::Display) -> Self {
         let mut writer = InlineWriter {
             key: Self::empty(),
@@ -90,10 +124,26 @@ impl Key {
         }
     }
 
+    /// Two keys as one, for keying by both: `first`'s length in decimal, `:`,
+    /// `first`, then `second`. The length makes the split unambiguous, so
+    /// distinct pairs give distinct keys (hashed parts included: a part's
+    /// bytes identify it).
+    pub(crate) fn join(first: &Key, second: &Key) -> Key {
+        let mut joined = [0u8; 3 + 1 + 2 * HASHED_KEY_LEN];
+        let mut len = itoa::Buffer::new();
+        let len = len.format(first.as_bytes().len()).as_bytes();
+        let mut at = 0;
+        for part in [len, b":", first.as_bytes(), second.as_bytes()] {
+            joined[at..at + part.len()].copy_from_slice(part);
+            at += part.len();
+        }
+        Key::new(&joined[..at])
+    }
+
     fn empty() -> Self {
         Self {
             len: 0,
-            bytes: [0; MAX_KEY_LEN],
+            bytes: [0; HASHED_KEY_LEN],
         }
     }
 
@@ -108,17 +158,24 @@ impl Key {
         let digest = hasher.finalize();
         let mut key = Self::empty();
         key.bytes[0] = b'#';
-        for (i, byte) in digest[..HASHED_BYTES].iter().enumerate() {
+        for (i, byte) in digest[..DIGEST_BYTES].iter().enumerate() {
             key.bytes[1 + 2 * i] = HEX[usize::from(byte >> 4)];
             key.bytes[2 + 2 * i] = HEX[usize::from(byte & 0xf)];
         }
-        key.len = (1 + 2 * HASHED_BYTES) as u8;
+        key.len = HASHED_KEY_LEN as u8;
         key
     }
 
-    /// The key's bytes.
+    /// The key's bytes: as given, or for a hashed key `#` and 64 hex digits
+    /// ([`HASHED_KEY_LEN`] bytes).
     pub fn as_bytes(&self) -> &[u8] {
         &self.bytes[..usize::from(self.len)]
+    }
+
+    /// Whether the key was longer than [`MAX_KEY_LEN`] and is held as its
+    /// digest (its length is then [`HASHED_KEY_LEN`]).
+    pub fn is_hashed(&self) -> bool {
+        usize::from(self.len) > MAX_KEY_LEN
     }
 }
 
@@ -229,19 +286,25 @@ impl fmt::Display for KeyError {
 
 impl std::error::Error for KeyError {}
 
-/// Reads the [`Key`] a request is charged to.
+/// Reads the [`Key`] a request is charged to, from the request's head (it
+/// never sees the body, so it works for any body type).
 ///
-/// Implemented for closures `Fn(&Request<B>) -> Result<Key, KeyError>`.
-pub trait KeyExtractor<B> {
+/// Implemented for closures `Fn(&RequestHead<'_>) -> Result<Key, KeyError>`.
+/// Rust infers a closure's argument type only from a bound that names `Fn`
+/// itself, so hand a closure to
+/// [`RateLimitLayer::key_fn`](crate::RateLimitLayer::key_fn), or annotate
+/// its argument (`|req: &RequestHead<'_>|`) for
+/// [`key`](crate::RateLimitLayer::key).
+pub trait KeyExtractor {
     /// The request's key, or why there is none.
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError>;
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError>;
 }
 
-impl<B, F> KeyExtractor<B> for F
+impl<F> KeyExtractor for F
 where
-    F: Fn(&Request<B>) -> Result<Key, KeyError>,
+    F: Fn(&RequestHead<'_>) -> Result<Key, KeyError>,
 {
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         self(request)
     }
 }
@@ -250,8 +313,9 @@ where
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GlobalKey;
 
-impl<B> KeyExtractor<B> for GlobalKey {
-    fn extract(&self, _request: &Request<B>) -> Result<Key, KeyError> {
+impl KeyExtractor for GlobalKey {
+    #[inline]
+    fn extract(&self, _request: &RequestHead<'_>) -> Result<Key, KeyError> {
         Ok(Key::new("*"))
     }
 }
@@ -261,6 +325,7 @@ impl<B> KeyExtractor<B> for GlobalKey {
 /// A missing or empty header is [`KeyError::Missing`]. When the header is
 /// repeated, the first value is used.
 #[derive(Debug, Clone)]
+#[must_use]
 pub struct HeaderKey {
     name: HeaderName,
 }
@@ -272,8 +337,8 @@ impl HeaderKey {
     }
 }
 
-impl<B> KeyExtractor<B> for HeaderKey {
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+impl KeyExtractor for HeaderKey {
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         match request.headers().get(&self.name) {
             Some(value) if !value.is_empty() => Ok(Key::new(value.as_bytes())),
             _ => Err(KeyError::Missing("the configured key header")),
@@ -281,14 +346,16 @@ impl<B> KeyExtractor<B> for HeaderKey {
     }
 }
 
-/// The route a request matched: axum's `MatchedPath` (`/users/{id}`, never
-/// the raw path, which the client chooses), or for a gRPC request its method
-/// (`/package.Service/Method`). Combine it with a client key to limit each
-/// client per route: `(ClientIp::new(), RouteKey::new())`.
+/// The route a request matched, as [`RequestHead::route`] reads it: axum's
+/// `MatchedPath` (`/users/{id}`, never the raw path, which the client
+/// chooses), or for a gRPC request its method (`/package.Service/Method`).
+/// Combine it with a client key to limit each client per route:
+/// `(ClientIp::new(), RouteKey::new())`.
 ///
 /// axum sets `MatchedPath` for layers added with `route_layer` or on a route;
 /// elsewhere a plain HTTP request has no route and is [`KeyError::Missing`].
 #[derive(Debug, Clone, Copy, Default)]
+#[must_use]
 pub struct RouteKey;
 
 impl RouteKey {
@@ -298,16 +365,9 @@ impl RouteKey {
     }
 }
 
-impl<B> KeyExtractor<B> for RouteKey {
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
-        #[cfg(feature = "axum")]
-        if let Some(path) = request.extensions().get::<axum::extract::MatchedPath>() {
-            return Ok(Key::new(path.as_str()));
-        }
-        if crate::response::is_grpc(request.headers()) {
-            return Ok(Key::new(request.uri().path()));
-        }
-        Err(KeyError::Missing(
+impl KeyExtractor for RouteKey {
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
+        request.route().map(Key::new).ok_or(KeyError::Missing(
             "a matched route (add the layer with route_layer)",
         ))
     }
@@ -315,44 +375,43 @@ impl<B> KeyExtractor<B> for RouteKey {
 
 /// Both keys: the request is charged to the pair, so `(client, route)` gives
 /// each client its own budget on each route. The parts are joined
-/// unambiguously (the first is length-prefixed), so no two pairs share a key.
-impl<B, A, C> KeyExtractor<B> for (A, C)
+/// unambiguously (the first is length-prefixed), so no two pairs share a key,
+/// hashed parts included.
+impl<A, C> KeyExtractor for (A, C)
 where
-    A: KeyExtractor<B>,
-    C: KeyExtractor<B>,
+    A: KeyExtractor,
+    C: KeyExtractor,
 {
-    fn extract(&self, request: &Request<B>) -> Result<Key, KeyError> {
+    fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         let first = self.0.extract(request)?;
         let second = self.1.extract(request)?;
-        let mut joined = [0u8; 3 + 1 + 2 * MAX_KEY_LEN];
-        let mut len = itoa::Buffer::new();
-        let len = len.format(first.as_bytes().len()).as_bytes();
-        let mut at = 0;
-        for part in [len, b":", first.as_bytes(), second.as_bytes()] {
-            joined[at..at + part.len()].copy_from_slice(part);
-            at += part.len();
-        }
-        Ok(Key::new(&joined[..at]))
+        Ok(Key::join(&first, &second))
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http::Request;
+
+    /// `extractor`'s answer for `request`.
+    fn extract(extractor: &impl KeyExtractor, request: &Request<()>) -> Result<Key, KeyError> {
+        extractor.extract(&RequestHead::new(request))
+    }
 
     #[test]
     fn pairs_of_keys_never_collide() {
         let pair = |a: &'static str, b: &'static str| {
-            let a = move |_: &Request<()>| Ok(Key::new(a));
-            let b = move |_: &Request<()>| Ok(Key::new(b));
-            (a, b).extract(&Request::new(())).unwrap()
+            let a = move |_: &RequestHead<'_>| Ok(Key::new(a));
+            let b = move |_: &RequestHead<'_>| Ok(Key::new(b));
+            extract(&(a, b), &Request::new(())).unwrap()
         };
         assert_eq!(pair("1.2.3.4", "/login"), Key::new("7:1.2.3.4/login"));
         assert_ne!(pair("a:b", "c"), pair("a", ":bc"));
         assert_ne!(pair("ab", "c"), pair("a", "bc"));
         let missing = (GlobalKey, HeaderKey::new(HeaderName::from_static("x-k")));
         assert!(matches!(
-            missing.extract(&Request::new(())),
+            extract(&missing, &Request::new(())),
             Err(KeyError::Missing(_))
         ));
     }
@@ -364,12 +423,12 @@ mod tests {
             .body(())
             .unwrap();
         assert_eq!(
-            RouteKey.extract(&grpc),
+            extract(&RouteKey, &grpc),
             Ok(Key::new("/grpc.health.v1.Health/Check"))
         );
         let raw = Request::get("/users/12345").body(()).unwrap();
         assert!(
-            matches!(RouteKey.extract(&raw), Err(KeyError::Missing(_))),
+            matches!(extract(&RouteKey, &raw), Err(KeyError::Missing(_))),
             "the raw path is the client's choice"
         );
     }
@@ -379,18 +438,16 @@ mod tests {
         let cases: &[(&str, Vec<u8>, usize)] = &[
             ("empty", vec![], 0),
             ("short", b"203.0.113.7".to_vec(), 11),
+            ("one under", vec![b'a'; MAX_KEY_LEN - 1], MAX_KEY_LEN - 1),
             ("at the bound", vec![b'a'; MAX_KEY_LEN], MAX_KEY_LEN),
-            (
-                "one past",
-                vec![b'a'; MAX_KEY_LEN + 1],
-                1 + 2 * HASHED_BYTES,
-            ),
-            ("huge", vec![b'z'; 1 << 20], 1 + 2 * HASHED_BYTES),
+            ("one past", vec![b'a'; MAX_KEY_LEN + 1], HASHED_KEY_LEN),
+            ("huge", vec![b'z'; 1 << 20], HASHED_KEY_LEN),
             ("binary", vec![0, 255, 10, 13], 4),
         ];
         for (name, input, len) in cases {
             let key = Key::new(input);
             assert_eq!(key.as_bytes().len(), *len, "{name}");
+            assert_eq!(key.is_hashed(), input.len() > MAX_KEY_LEN, "{name}");
             if input.len() > MAX_KEY_LEN {
                 assert_eq!(key.as_bytes()[0], b'#', "{name}");
             } else {
@@ -402,6 +459,64 @@ mod tests {
             Key::new(vec![b'b'; 100]),
             "distinct long keys hash apart"
         );
+    }
+
+    #[test]
+    fn hashed_keys_never_equal_raw_keys() {
+        let long = Key::new([b'x'; 100]);
+        let text = long.as_bytes().to_vec();
+        // The digest's text, sent as a key, is too long to be kept: it is
+        // hashed in turn and never names the long key's counter.
+        assert_eq!(text.len(), HASHED_KEY_LEN);
+        assert_ne!(Key::new(&text), long);
+        // Every shorter prefix of it is a raw key, also distinct.
+        for end in 0..=MAX_KEY_LEN {
+            let raw = Key::new(&text[..end]);
+            assert!(!raw.is_hashed(), "{end}");
+            assert_ne!(raw, long, "{end}");
+        }
+        // What a pre-1.0 version stored for long keys (`#` + 48 hex digits)
+        // is an ordinary raw key now.
+        assert!(!Key::new(&text[..49]).is_hashed());
+    }
+
+    #[test]
+    fn pairs_stay_distinct_with_hashed_parts() {
+        let long = Key::new([b'l'; 70]);
+        let other = Key::new([b'm'; 70]);
+        let raw = Key::new(&long.as_bytes()[..MAX_KEY_LEN]);
+        let pairs = [
+            (long.clone(), Key::new("r")),
+            (raw.clone(), Key::new("r")),
+            (Key::new("r"), long.clone()),
+            (Key::new("r"), other.clone()),
+            (long.clone(), other.clone()),
+            (other.clone(), long.clone()),
+            (long.clone(), Key::new("")),
+            (Key::new(""), long.clone()),
+        ];
+        for (i, (a, b)) in pairs.iter().enumerate() {
+            for (j, (c, d)) in pairs.iter().enumerate() {
+                assert_eq!(Key::join(a, b) == Key::join(c, d), i == j, "{i} vs {j}");
+            }
+        }
+        // Two hashed parts are 134 bytes joined: within the join's buffer.
+        assert!(Key::join(&long, &other).is_hashed());
+    }
+
+    #[test]
+    fn display_agrees_with_new_at_every_length_threshold() {
+        for len in [0, 1, MAX_KEY_LEN - 1, MAX_KEY_LEN, MAX_KEY_LEN + 1, 200] {
+            let text = "d".repeat(len);
+            assert_eq!(Key::display(&text), Key::new(&text), "{len} in one write");
+            // The same text arriving in several writes.
+            let (a, b) = text.split_at(len / 2);
+            assert_eq!(
+                Key::display(format_args!("{a}{b}")),
+                Key::new(&text),
+                "{len} in two writes"
+            );
+        }
     }
 
     #[test]
@@ -455,7 +570,7 @@ mod tests {
             ),
         ];
         for (name, req, want) in cases {
-            assert_eq!(extractor.extract(&req), want, "{name}");
+            assert_eq!(extract(&extractor, &req), want, "{name}");
         }
     }
 }

@@ -296,3 +296,696 @@ impl RedisCluster {
             .unwrap()
     }
 }
+
+/// The name the harness's sentinels monitor their master under.
+#[cfg(feature = "redis-sentinel")]
+pub const SENTINEL_MASTER: &str = "tpw-master";
+
+/// One sentinel: `redis-server <generated config> --sentinel`, with its own
+/// temporary directory (the config it rewrites, its log) and free port.
+#[cfg(feature = "redis-sentinel")]
+pub struct SentinelServer {
+    cli: PathBuf,
+    dir: TempDir,
+    port: u16,
+    child: Option<Child>,
+}
+
+#[cfg(feature = "redis-sentinel")]
+impl SentinelServer {
+    fn spawn(bin: &Path, cli: &Path, master_port: u16) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let port = free_port();
+        let conf = dir.path().join("sentinel.conf");
+        std::fs::write(
+            &conf,
+            format!(
+                "port {port}\n\
+                 bind 127.0.0.1\n\
+                 dir {dir}\n\
+                 logfile {dir}/sentinel.log\n\
+                 sentinel monitor {SENTINEL_MASTER} 127.0.0.1 {master_port} 2\n\
+                 sentinel down-after-milliseconds {SENTINEL_MASTER} 1000\n\
+                 sentinel failover-timeout {SENTINEL_MASTER} 10000\n\
+                 sentinel parallel-syncs {SENTINEL_MASTER} 1\n",
+                dir = dir.path().display(),
+            ),
+        )
+        .unwrap();
+        let child = Command::new(bin)
+            .arg(&conf)
+            .arg("--sentinel")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| panic!("could not start {} --sentinel: {e}", bin.display()));
+        let mut sentinel = Self {
+            cli: cli.to_owned(),
+            dir,
+            port,
+            child: Some(child),
+        };
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while !sentinel
+            .cmd(&["PING"])
+            .is_ok_and(|pong| pong.trim() == "PONG")
+        {
+            if let Some(status) = sentinel.child.as_mut().and_then(|c| c.try_wait().unwrap()) {
+                panic!(
+                    "sentinel on {port} exited with {status}; log:\n{}",
+                    sentinel.log_text()
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "sentinel on {port} did not answer within 10 s; log:\n{}",
+                sentinel.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        sentinel
+    }
+
+    fn log_text(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("sentinel.log"))
+            .unwrap_or_else(|e| format!("(no log: {e})"))
+    }
+
+    /// Run `redis-cli` against this sentinel; its stdout.
+    pub fn cmd(&self, args: &[&str]) -> Result<String, String> {
+        let output = Command::new(&self.cli)
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(args)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| e.to_string())?;
+        let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+        if output.status.success() && !stdout.starts_with("Could not connect") {
+            Ok(stdout)
+        } else {
+            Err(format!(
+                "{stdout}{}",
+                String::from_utf8_lossy(&output.stderr)
+            ))
+        }
+    }
+
+    /// What this sentinel says of the master (`SENTINEL MASTER`), field by
+    /// field.
+    pub fn master_info(&self) -> Vec<(String, String)> {
+        let lines: Vec<String> = self
+            .cmd(&["SENTINEL", "MASTER", SENTINEL_MASTER])
+            .unwrap_or_default()
+            .lines()
+            .map(str::to_owned)
+            .collect();
+        lines
+            .chunks(2)
+            .filter_map(|pair| match pair {
+                [k, v] => Some((k.clone(), v.clone())),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The master's port as this sentinel names it now.
+    pub fn master_port(&self) -> Option<u16> {
+        let out = self
+            .cmd(&["SENTINEL", "GET-MASTER-ADDR-BY-NAME", SENTINEL_MASTER])
+            .ok()?;
+        out.lines().nth(1)?.trim().parse().ok()
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// Kill the sentinel (SIGKILL) and reap it.
+    pub fn stop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+#[cfg(feature = "redis-sentinel")]
+impl Drop for SentinelServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+#[cfg(feature = "redis-sentinel")]
+impl RedisServer {
+    /// Send `signal` (`STOP`, `CONT`, ...) to the server process, with the
+    /// shell's own `kill`.
+    pub fn signal(&self, signal: &str) {
+        let pid = self.child.as_ref().expect("the server is running").id();
+        let status = Command::new("sh")
+            .args(["-c", &format!("kill -s {signal} {pid}")])
+            .status()
+            .expect("sh -c kill");
+        assert!(status.success(), "kill -s {signal} {pid}: {status}");
+    }
+}
+
+/// A master, its replica (`--replicaof`) and three sentinels watching them
+/// with a quorum of 2, a master declared down after 1 s without an answer:
+/// every process on a free port of 127.0.0.1 with its own temporary
+/// directory, killed and reaped on drop.
+#[cfg(feature = "redis-sentinel")]
+pub struct SentinelGroup {
+    /// The master as started, then its replica.
+    pub servers: Vec<RedisServer>,
+    pub sentinels: Vec<SentinelServer>,
+}
+
+#[cfg(feature = "redis-sentinel")]
+impl SentinelGroup {
+    /// The group, once the replica is in sync and every sentinel knows the
+    /// replica and the two other sentinels; `None` when Redis is not
+    /// installed.
+    pub fn start(test: &str) -> Option<Self> {
+        let (bin, cli) = binaries(test)?;
+        // A replica's first sync starts at once, not after 5 s.
+        let no_delay = vec!["--repl-diskless-sync-delay".to_owned(), "0".to_owned()];
+        let master = RedisServer::spawn(bin.clone(), cli.clone(), no_delay.clone());
+        let replica = RedisServer::spawn(
+            bin.clone(),
+            cli.clone(),
+            [
+                no_delay,
+                vec![
+                    "--replicaof".into(),
+                    "127.0.0.1".into(),
+                    master.port.to_string(),
+                ],
+            ]
+            .concat(),
+        );
+        let mut group = Self {
+            servers: vec![master, replica],
+            sentinels: Vec::new(),
+        };
+        // In sync before the sentinels look: they learn of replicas from the
+        // master's INFO, which they read again only every 10 s.
+        group.wait_for("the replica to be in sync", Duration::from_secs(20), |g| {
+            g.servers[1]
+                .cmd(&["INFO", "replication"])
+                .is_ok_and(|info| info.contains("master_link_status:up"))
+        });
+        let master_port = group.servers[0].port;
+        group.sentinels = (0..3)
+            .map(|_| SentinelServer::spawn(&bin, &cli, master_port))
+            .collect();
+        group.wait_for(
+            "every sentinel to know the replica and the other sentinels",
+            Duration::from_secs(30),
+            |g| {
+                g.sentinels.iter().all(|s| {
+                    let info = s.master_info();
+                    let field = |name: &str| {
+                        info.iter()
+                            .find(|(k, _)| k == name)
+                            .map(|(_, v)| v.as_str())
+                    };
+                    field("flags") == Some("master")
+                        && field("num-slaves") == Some("1")
+                        && field("num-other-sentinels") == Some("2")
+                })
+            },
+        );
+        Some(group)
+    }
+
+    /// Poll `ready` every 20 ms; past `limit`, panic with every log.
+    pub fn wait_for(&self, what: &str, limit: Duration, ready: impl Fn(&Self) -> bool) {
+        let deadline = Instant::now() + limit;
+        while !ready(self) {
+            assert!(
+                Instant::now() < deadline,
+                "waited {limit:?} for {what}\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// Every process's log, for a failure message.
+    pub fn logs(&self) -> String {
+        let mut logs = String::new();
+        for server in &self.servers {
+            logs += &format!(
+                "--- redis-server {} ---\n{}\n",
+                server.port,
+                server.log_text()
+            );
+        }
+        for sentinel in &self.sentinels {
+            logs += &format!(
+                "--- sentinel {} ---\n{}\n",
+                sentinel.port,
+                sentinel.log_text()
+            );
+        }
+        logs
+    }
+
+    pub fn sentinel_urls(&self) -> Vec<String> {
+        self.sentinels.iter().map(SentinelServer::url).collect()
+    }
+
+    /// The server on `port`.
+    pub fn server(&self, port: u16) -> &RedisServer {
+        self.servers
+            .iter()
+            .find(|s| s.port == port)
+            .unwrap_or_else(|| panic!("no server on {port}"))
+    }
+
+    /// The server on `port`, to stop or signal it.
+    pub fn server_mut(&mut self, port: u16) -> &mut RedisServer {
+        self.servers
+            .iter_mut()
+            .find(|s| s.port == port)
+            .unwrap_or_else(|| panic!("no server on {port}"))
+    }
+
+    /// The master's port as a majority of the running sentinels name it.
+    pub fn master_port(&self) -> Option<u16> {
+        let named: Vec<u16> = self
+            .sentinels
+            .iter()
+            .filter(|s| s.child.is_some())
+            .filter_map(SentinelServer::master_port)
+            .collect();
+        named
+            .iter()
+            .copied()
+            .find(|port| named.iter().filter(|&p| p == port).count() * 2 > self.sentinels.len())
+    }
+}
+
+/// Scenarios that run the same way on a standalone server and on a Cluster:
+/// each takes a connection, builds its own backends under its own prefix,
+/// and inspects Redis with plain commands on that connection.
+pub mod cases {
+    use std::collections::{BTreeMap, BTreeSet};
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use http::{HeaderValue, Request, StatusCode};
+    use redis::aio::ConnectionLike;
+    use tower::{Layer, ServiceExt};
+    use tower_pinned_window::backend::redis::RedisBackend;
+    use tower_pinned_window::backend::storage_key;
+    use tower_pinned_window::backend::{Backend, Hit};
+    use tower_pinned_window::key::{HeaderKey, Key};
+    use tower_pinned_window::{Quota, RateLimitLayer, Window};
+
+    use crate::support::http::{Body, ok_service};
+
+    fn quota(limit: u64, window: Duration) -> Quota {
+        Quota::new(limit, window).unwrap()
+    }
+
+    async fn get<C: ConnectionLike + Clone>(con: &C, key: &[u8]) -> Option<i64> {
+        redis::cmd("GET")
+            .arg(key)
+            .query_async(&mut con.clone())
+            .await
+            .unwrap()
+    }
+
+    async fn pttl<C: ConnectionLike + Clone>(con: &C, key: &[u8]) -> i64 {
+        redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut con.clone())
+            .await
+            .unwrap()
+    }
+
+    async fn exists<C: ConnectionLike + Clone>(con: &C, key: &[u8]) -> bool {
+        let n: i64 = redis::cmd("EXISTS")
+            .arg(key)
+            .query_async(&mut con.clone())
+            .await
+            .unwrap();
+        n == 1
+    }
+
+    fn request(key: &[u8]) -> Request<Body> {
+        Request::builder()
+            .header("x-client", HeaderValue::from_bytes(key).unwrap())
+            .body(String::new())
+            .unwrap()
+    }
+
+    /// The victim's keys, and keys an attacker crafts to reach the victim's
+    /// counters: another quota's name, another layer's name, braces of every
+    /// sort (the Cluster hash tag), escapes, the digest of a long key.
+    pub fn adversarial_keys() -> (Vec<Vec<u8>>, Vec<Vec<u8>>) {
+        let long_victim = [b"victim-".as_slice(), &[b'l'; 70]].concat();
+        let digest = Key::new(&long_victim).as_bytes().to_vec();
+        let victims = vec![b"victim".to_vec(), long_victim];
+        let attackers: Vec<Vec<u8>> = [
+            b"1/3600000ms:victim".as_slice(),
+            b":1/3600000ms:victim",
+            b"v2:victim",
+            b":v2:victim",
+            b":victim",
+            b"{victim}",
+            b"}victim",
+            b"victim}",
+            b"{victim",
+            b"}{victim}",
+            b"1/3600000ms{victim}",
+            b":1/3600000ms{victim}",
+            b"%7Bvictim%7D",
+            b"%victim",
+            b"%",
+            b"victim%",
+            b"victim\t",
+            b"victim ",
+            b"\xffvictim",
+        ]
+        .iter()
+        .map(|k| k.to_vec())
+        .chain([digest.clone(), digest[..64].to_vec()])
+        .collect();
+        (victims, attackers)
+    }
+
+    /// Layers whose counter names collide under a naive `name:key` join:
+    /// `api` with its hourly `also` quota (`api:1/3600000ms`), `api:v2`,
+    /// `login` and `login:v2`; each keyed by the client-chosen `x-client`
+    /// header, all on one backend under `prefix`.
+    ///
+    /// An attacker floods every layer with keys crafted to name the victim's
+    /// counters; then the victim's first request on every layer still gets
+    /// 200, and every counter in Redis belongs to the client that was
+    /// counted in it, holding exactly that client's hits. Returns the
+    /// storage keys of the victim's counters, for slot checks on a Cluster.
+    pub async fn client_chosen_keys_reach_no_other_counter<C>(
+        con: C,
+        prefix: &str,
+        list_keys: impl Fn() -> Vec<Vec<u8>>,
+    ) -> Vec<Vec<u8>>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let store = RedisBackend::builder(con.clone())
+            .prefix(prefix)
+            .deny_cache(0)
+            .build();
+        let minute = quota(1, Duration::from_secs(60));
+        let hour = quota(1, Duration::from_secs(3600));
+        let layer = |name: &str, also: bool| {
+            let mut layer = RateLimitLayer::try_new(name, minute).unwrap();
+            if also {
+                layer = layer.also(hour);
+            }
+            layer
+                .key(HeaderKey::new(http::HeaderName::from_static("x-client")))
+                .backend(store.clone())
+                .layer(ok_service())
+        };
+        // (layer name, its counters' names)
+        let layers = [
+            ("api", vec!["api", "api:1/3600000ms"]),
+            ("api:v2", vec!["api:v2"]),
+            ("login", vec!["login"]),
+            ("login:v2", vec!["login:v2"]),
+        ];
+        let services: Vec<_> = layers
+            .iter()
+            .map(|(name, counters)| (counters.clone(), layer(name, counters.len() > 1)))
+            .collect();
+        let (victims, attackers) = adversarial_keys();
+        const ATTACKS: usize = 3;
+        for (_, svc) in &services {
+            for key in &attackers {
+                for _ in 0..ATTACKS {
+                    svc.clone().oneshot(request(key)).await.unwrap();
+                }
+            }
+        }
+        let mut victim_keys = Vec::new();
+        for (counters, svc) in &services {
+            for victim in &victims {
+                for namespace in counters {
+                    let stored = store.storage_key(namespace, &Key::new(victim));
+                    assert!(
+                        !exists(&con, &stored).await,
+                        "{} was touched by the attack",
+                        stored.escape_ascii()
+                    );
+                    victim_keys.push(stored);
+                }
+                let res = svc.clone().oneshot(request(victim)).await.unwrap();
+                assert_eq!(
+                    res.status(),
+                    StatusCode::OK,
+                    "{counters:?}: the victim {}'s first request",
+                    victim.escape_ascii()
+                );
+            }
+        }
+        // Every counter is one client's on one counter name, with exactly
+        // that client's hits: ATTACKS for an attacker's key, 1 for a victim.
+        let mut want = BTreeMap::new();
+        for (counters, _) in &services {
+            for namespace in counters {
+                for key in &attackers {
+                    want.insert(
+                        (namespace.to_string(), Key::new(key).as_bytes().to_vec()),
+                        ATTACKS as i64,
+                    );
+                }
+                for key in &victims {
+                    want.insert(
+                        (namespace.to_string(), Key::new(key).as_bytes().to_vec()),
+                        1,
+                    );
+                }
+            }
+        }
+        let mut got = BTreeMap::new();
+        for stored in list_keys() {
+            let (namespace, key) = storage_key::decode(prefix.as_bytes(), &stored)
+                .unwrap_or_else(|| panic!("{} is not a storage key", stored.escape_ascii()));
+            let count = get(&con, &stored).await.unwrap();
+            assert!(pttl(&con, &stored).await > 0, "{}", stored.escape_ascii());
+            got.insert((namespace, key), count);
+        }
+        assert_eq!(got.len(), want.len(), "one counter per (counter name, key)");
+        assert_eq!(got, want);
+        let distinct: BTreeSet<&Vec<u8>> = victim_keys.iter().collect();
+        assert_eq!(distinct.len(), victim_keys.len());
+        victim_keys
+    }
+
+    /// A quota at exactly `Window::MAX` is accepted by Redis, which gives
+    /// the counter that lifetime.
+    pub async fn a_window_of_window_max_works<C>(con: C, prefix: &str)
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let store = RedisBackend::builder(con.clone()).prefix(prefix).build();
+        let key = Key::new("k");
+        let max = Quota::with_window(std::num::NonZeroU64::MIN, Window::MAX);
+        let hit = store.hit("n", &key, max).await.unwrap();
+        assert_eq!((hit.count, hit.reset), (1, Window::MAX.as_duration()));
+        let stored = store.storage_key("n", &key);
+        let ttl = pttl(&con, &stored).await;
+        let max_ms = Window::MAX.as_millis() as i64;
+        assert!((max_ms - 5_000..=max_ms).contains(&ttl), "PTTL {ttl}");
+        let expiry: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&stored)
+            .query_async(&mut con.clone())
+            .await
+            .unwrap();
+        assert_eq!(hit.deadline.map(|d| d.get() as i64), Some(expiry));
+        assert_eq!(store.hit("n", &key, max).await.unwrap().count, 2);
+    }
+
+    /// Refunds: only the hit's own window, never below zero, never a key
+    /// created or a lifetime given.
+    pub async fn refunds_touch_only_their_own_window<C>(con: C, prefix: &str)
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let store = RedisBackend::builder(con.clone())
+            .prefix(prefix)
+            .deny_cache(0)
+            .build();
+        let short = quota(10, Duration::from_millis(60));
+        let key = Key::new("k");
+        let stored = store.storage_key("n", &key);
+
+        // After the window closed: nothing to take back, and no key made.
+        let old = store.hit("n", &key, short).await.unwrap();
+        assert!(old.deadline.is_some(), "Redis 7 names the window");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!store.refund("n", &key, &old).await.unwrap());
+        assert!(
+            !exists(&con, &stored).await,
+            "a late refund creates nothing"
+        );
+        assert_eq!(pttl(&con, &stored).await, -2);
+
+        // A new window: the old window's hit never touches it.
+        let first = store.hit("n", &key, short).await.unwrap();
+        let second = store.hit("n", &key, short).await.unwrap();
+        assert_eq!(second.count, 2);
+        assert_eq!(first.deadline, second.deadline);
+        assert_ne!(first.deadline, old.deadline);
+        assert!(!store.refund("n", &key, &old).await.unwrap());
+        assert_eq!(get(&con, &stored).await, Some(2));
+        // Its own window's hits come back, down to zero and no further; the
+        // lifetime stays as it was.
+        assert!(store.refund("n", &key, &second).await.unwrap());
+        assert!(store.refund("n", &key, &first).await.unwrap());
+        assert!(
+            !store.refund("n", &key, &first).await.unwrap(),
+            "never below zero"
+        );
+        assert_eq!(get(&con, &stored).await, Some(0));
+        let expiry: i64 = redis::cmd("PEXPIRETIME")
+            .arg(&stored)
+            .query_async(&mut con.clone())
+            .await
+            .unwrap();
+        assert_eq!(Some(expiry as u64), first.deadline.map(|d| d.get()));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(!exists(&con, &stored).await, "the window closed on time");
+
+        // A deleted counter (reset) is not brought back either.
+        let hit = store
+            .hit("n", &key, quota(10, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        assert!(store.reset("n", &key).await.unwrap());
+        assert!(!store.refund("n", &key, &hit).await.unwrap());
+        assert!(!exists(&con, &stored).await);
+
+        // A hit Redis did not count is never refunded.
+        let hit = store
+            .hit("n", &key, quota(10, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        let uncounted = Hit {
+            deadline: None,
+            ..hit
+        };
+        assert!(!store.refund("n", &key, &uncounted).await.unwrap());
+        assert_eq!(get(&con, &stored).await, Some(1));
+    }
+
+    /// A denial from the local deny cache was not counted in Redis: its
+    /// refund changes nothing, not even the cache. A refund of a counted hit
+    /// drops the key from the cache, so the next hit asks Redis again.
+    pub async fn deny_cache_hits_are_never_refunded<C>(con: C, prefix: &str)
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let store = RedisBackend::builder(con.clone()).prefix(prefix).build();
+        let one = quota(1, Duration::from_secs(60));
+        let key = Key::new("k");
+        let stored = store.storage_key("n", &key);
+        let admitted = store.hit("n", &key, one).await.unwrap();
+        let over = store.hit("n", &key, one).await.unwrap();
+        assert_eq!((admitted.count, over.count), (1, 2));
+        assert!(over.deadline.is_some(), "counted in Redis");
+        let cached = store.hit("n", &key, one).await.unwrap();
+        assert_eq!((cached.count, cached.deadline), (2, None), "from the cache");
+        assert_eq!(get(&con, &stored).await, Some(2), "the cache sent nothing");
+        assert!(!store.refund("n", &key, &cached).await.unwrap());
+        assert_eq!(get(&con, &stored).await, Some(2));
+        assert_eq!(
+            store.hit("n", &key, one).await.unwrap().deadline,
+            None,
+            "still denied from the cache"
+        );
+        // The counted denial is taken back; the cache forgets the key.
+        assert!(store.refund("n", &key, &over).await.unwrap());
+        assert_eq!(get(&con, &stored).await, Some(1));
+        let asked = store.hit("n", &key, one).await.unwrap();
+        assert_eq!(asked.count, 2, "counted in Redis again");
+        assert_eq!(asked.deadline, admitted.deadline);
+    }
+
+    /// Many tasks hit one key and take back every hit they do not keep
+    /// (every denial, and two admitted hits in three): no more than `limit`
+    /// admitted hits are ever kept, and the counter ends holding exactly the
+    /// kept hits.
+    pub async fn concurrent_hits_and_refunds_keep_at_most_the_limit<C>(
+        con: C,
+        prefix: &str,
+        deny_cache: usize,
+    ) where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let limit = 20;
+        let q = quota(limit, Duration::from_secs(600));
+        let kept = Arc::new(AtomicU64::new(0));
+        let refunded = Arc::new(AtomicU64::new(0));
+        let counted = Arc::new(AtomicU64::new(0));
+        let mut tasks = Vec::new();
+        for task in 0..8u64 {
+            // Each task its own "instance": its own backend and deny cache.
+            let store = RedisBackend::builder(con.clone())
+                .prefix(prefix)
+                .deny_cache(deny_cache)
+                .build();
+            let (kept, refunded, counted) = (kept.clone(), refunded.clone(), counted.clone());
+            tasks.push(tokio::spawn(async move {
+                let key = Key::new("shared");
+                for i in 0..150u64 {
+                    let hit = store.hit("race", &key, q).await.unwrap();
+                    if hit.deadline.is_some() {
+                        counted.fetch_add(1, Ordering::Relaxed);
+                    }
+                    if hit.count <= limit && (task + i) % 3 == 0 {
+                        kept.fetch_add(1, Ordering::Relaxed);
+                    } else if store.refund("race", &key, &hit).await.unwrap() {
+                        refunded.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+            }));
+        }
+        for task in tasks {
+            task.await.unwrap();
+        }
+        let store = RedisBackend::builder(con.clone()).prefix(prefix).build();
+        let count = get(&con, &store.storage_key("race", &Key::new("shared")))
+            .await
+            .unwrap() as u64;
+        let (kept, refunded, counted) = (
+            kept.load(Ordering::Relaxed),
+            refunded.load(Ordering::Relaxed),
+            counted.load(Ordering::Relaxed),
+        );
+        assert!(
+            kept <= limit,
+            "kept {kept} admitted hits past the limit of {limit}"
+        );
+        assert!(kept > 0, "some hits were kept");
+        assert_eq!(
+            refunded,
+            counted - kept,
+            "every counted hit not kept came back"
+        );
+        assert_eq!(count, kept, "the counter holds exactly the kept hits");
+        eprintln!(
+            "refund race (deny cache {deny_cache}): {counted} hits counted in Redis, {refunded} refunded, {kept} kept of a limit of {limit}"
+        );
+    }
+}

@@ -1,0 +1,689 @@
+//! The Redis backend: counters shared by every instance of a service.
+//!
+//! The backend is here; its Lua scripts are the `.lua` files beside this
+//! module, and the audit with its Cluster code is in `audit.rs`.
+
+mod audit;
+#[cfg(feature = "redis-sentinel")]
+mod sentinel;
+
+pub use audit::{AuditReport, Node, Nodes};
+#[cfg(feature = "redis-sentinel")]
+pub use sentinel::{
+    DEFAULT_LOOKUP_INTERVAL, DEFAULT_STALL_AFTER, SentinelConnection, SentinelConnectionBuilder,
+};
+
+use std::fmt;
+use std::future::Future;
+use std::num::NonZeroU64;
+use std::pin::Pin;
+use std::sync::{Arc, LazyLock};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, ConnectionManager};
+use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+
+use futures_util::future::join_all;
+use smallvec::SmallVec;
+
+use super::deny_cache::DenyCache;
+use super::{Backend, BackendError, Counter, Hit, Hits, storage_key};
+use crate::error::ConfigError;
+use crate::key::Key;
+use crate::quota::Quota;
+
+/// The script run for every hit, by its SHA1 (`EVALSHA`).
+///
+/// It increments the counter and attaches the window's lifetime only when the
+/// counter has none, which is the case for a counter it just created (or one
+/// left without a lifetime by older code); an existing lifetime is never
+/// touched. A value that is not a non-negative integer, or a key of another
+/// type, is corrupt: the script answers `{reason}` and the stored value is
+/// left exactly as it was. The window is checked before anything is written,
+/// so no error can leave a counter without a lifetime.
+///
+/// It answers `{count, PTTL, PEXPIRETIME}`: the counter's absolute expiry
+/// names the window for [`refund`](Backend::refund) (`-1` on a server older
+/// than Redis 7.0, where hits are never refunded).
+pub const HIT_SCRIPT: &str = include_str!("hit.lua");
+
+/// Takes back one hit, only in the window it was counted in (by the
+/// counter's `PEXPIRETIME`); never creates a key or touches a lifetime.
+const REFUND_SCRIPT: &str = include_str!("refund.lua");
+
+/// Reads a counter without counting.
+const PEEK_SCRIPT: &str = include_str!("peek.lua");
+
+/// A script and the SHA1 `EVALSHA` runs it by.
+struct Script {
+    text: &'static str,
+    sha: LazyLock<String>,
+}
+
+static HIT: Script = Script {
+    text: HIT_SCRIPT,
+    sha: LazyLock::new(|| sha1_hex(HIT_SCRIPT)),
+};
+
+static REFUND: Script = Script {
+    text: REFUND_SCRIPT,
+    sha: LazyLock::new(|| sha1_hex(REFUND_SCRIPT)),
+};
+
+static PEEK: Script = Script {
+    text: PEEK_SCRIPT,
+    sha: LazyLock::new(|| sha1_hex(PEEK_SCRIPT)),
+};
+
+/// The prefix of every key this backend writes, unless configured otherwise.
+pub const DEFAULT_PREFIX: &str = "tpw:";
+
+/// Denied keys remembered locally, unless configured otherwise.
+pub const DEFAULT_DENY_CACHE: usize = 65_536;
+
+/// Counters in Redis or Redis Cluster, shared by every instance of a service.
+///
+/// Every hit is **one round trip**: `EVALSHA` of [`HIT_SCRIPT`], which
+/// increments the counter and attaches the window's lifetime in the same
+/// atomic step when the counter has none, and never touches an existing
+/// lifetime. When Redis has lost the script (`NOSCRIPT` after a restart,
+/// `SCRIPT FLUSH` or a failover), the hit is retried once with `EVAL`, which
+/// also loads it again. Each call names one key, so it works unchanged on a
+/// Redis Cluster connection.
+///
+/// Any async Redis connection that can be cloned serves: a
+/// [`ConnectionManager`] (what [`connect`](Self::connect) makes; it
+/// reconnects by itself), a `MultiplexedConnection`, or a Cluster connection
+/// (feature `redis-cluster`). Concurrent hits share the connection and are
+/// pipelined on it; no hit opens a connection of its own.
+///
+/// # Keys
+///
+/// A counter's key is the prefix (`tpw:` by default), the counter's
+/// namespace, and the request's key between braces, both escaped as
+/// [`storage_key`] describes: `tpw:api{203.0.113.7}`,
+/// `tpw:api:100/86400000ms{203.0.113.7}` for the same layer's `also` quota.
+/// No two (namespace, key) pairs share a Redis key, whatever bytes a client
+/// sends. On a Cluster the braces are the hash tag, placed by this crate
+/// around the escaped key: a client cannot choose a slot, and every counter
+/// of one key is in one slot. [`storage_key`](Self::storage_key) gives the
+/// key of a counter.
+///
+/// # Requirements
+///
+/// Redis 7.0 or later for [`refund`](Backend::refund), which identifies a
+/// window by `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
+/// deadline and are never refunded: the hit stays counted). Tested against
+/// 7.0. An ACL user needs `+evalsha +eval +incr +decr +pttl +pexpire
+/// +pexpiretime +type +get` for hits and refunds, `+del` for
+/// [`reset`](Backend::reset), and `+scan` for [`audit`](Self::audit) (plus
+/// `+cluster|slots` on a Cluster), all on the prefix's keys (`~tpw:*`).
+///
+/// # The local deny cache
+///
+/// Once a hit comes back over its limit, the key is remembered on this
+/// instance until its window closes, and further hits on it are denied here,
+/// with no round trip. This is exact because the window is pinned: its
+/// deadline cannot move. The deadline is measured from when the hit was sent,
+/// so it never outlasts the window in Redis. Such denials report a count of
+/// `limit + 1` and no [deadline](Hit::deadline): they were not counted in
+/// Redis, so they are never refunded.
+///
+/// The trade-off is [`reset`](Backend::reset) (and
+/// [`refund`](Backend::refund)): each clears this instance's cache for the
+/// key, but other instances keep denying a key they have cached until its
+/// window would have closed. Turn the cache off with
+/// [`deny_cache(0)`](RedisBackendBuilder::deny_cache) where resets and
+/// refunds must take effect everywhere at once.
+pub struct RedisBackend<C> {
+    inner: Arc<Inner<C>>,
+}
+
+struct Inner<C> {
+    connection: C,
+    prefix: Box<[u8]>,
+    deny: Option<DenyCache>,
+}
+
+impl<C> Clone for RedisBackend<C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: Arc::clone(&self.inner),
+        }
+    }
+}
+
+impl<C> fmt::Debug for RedisBackend<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackend")
+            .field("prefix", &self.inner.prefix.escape_ascii().to_string())
+            .field(
+                "deny_cache",
+                &self.inner.deny.as_ref().map_or(0, |d| d.capacity),
+            )
+            .finish_non_exhaustive()
+    }
+}
+
+/// Builds a [`RedisBackend`].
+#[must_use]
+pub struct RedisBackendBuilder<C> {
+    connection: C,
+    prefix: Vec<u8>,
+    deny_cache: usize,
+}
+
+impl<C> fmt::Debug for RedisBackendBuilder<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisBackendBuilder")
+            .field("prefix", &self.prefix.escape_ascii().to_string())
+            .field("deny_cache", &self.deny_cache)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<C> RedisBackendBuilder<C> {
+    /// The prefix of every key (default `tpw:`), to share a Redis with other
+    /// data or other deployments.
+    ///
+    /// # Panics
+    /// When `prefix` contains `{` or `}`: on a Cluster it would take the hash
+    /// tag over from the crate's own (see [`RedisBackend`]'s keys). Use
+    /// [`try_prefix`](Self::try_prefix) for a prefix read from configuration.
+    #[track_caller]
+    pub fn prefix(self, prefix: impl Into<Vec<u8>>) -> Self {
+        match self.try_prefix(prefix) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`prefix`](Self::prefix), for a prefix known only at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidPrefix`] when `prefix` contains `{` or `}`.
+    pub fn try_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Result<Self, ConfigError> {
+        let prefix = prefix.into();
+        if prefix.iter().any(|b| matches!(b, b'{' | b'}')) {
+            return Err(ConfigError::InvalidPrefix(
+                prefix.escape_ascii().to_string(),
+            ));
+        }
+        self.prefix = prefix;
+        Ok(self)
+    }
+
+    /// How many denied keys this instance remembers (default
+    /// [`DEFAULT_DENY_CACHE`]); 0 turns the local deny cache off.
+    pub fn deny_cache(mut self, capacity: usize) -> Self {
+        self.deny_cache = capacity;
+        self
+    }
+
+    /// The backend.
+    pub fn build(self) -> RedisBackend<C> {
+        RedisBackend {
+            inner: Arc::new(Inner {
+                connection: self.connection,
+                prefix: self.prefix.into(),
+                deny: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+            }),
+        }
+    }
+}
+
+impl RedisBackend<ConnectionManager> {
+    /// Connect to the Redis at `url` (`redis://host:port/db`) through a
+    /// [`ConnectionManager`], which reconnects by itself after an outage.
+    ///
+    /// # Errors
+    /// [`BackendError::Unavailable`] when the URL is invalid or the first
+    /// connection fails.
+    pub async fn connect(url: &str) -> Result<Self, BackendError> {
+        let client = ::redis::Client::open(url).map_err(unavailable)?;
+        let connection = client.get_connection_manager().await.map_err(unavailable)?;
+        Ok(Self::new(connection))
+    }
+}
+
+impl<C> RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// A backend on `connection`, with the default prefix and deny cache.
+    pub fn new(connection: C) -> Self {
+        Self::builder(connection).build()
+    }
+
+    /// Choose the prefix and the deny cache.
+    pub fn builder(connection: C) -> RedisBackendBuilder<C> {
+        RedisBackendBuilder {
+            connection,
+            prefix: DEFAULT_PREFIX.into(),
+            deny_cache: DEFAULT_DENY_CACHE,
+        }
+    }
+
+    /// The Redis key that holds `key`'s counter for the namespace
+    /// `namespace` (a layer's name, or `name:LIMIT/WINDOWms` for its other
+    /// quotas): [`storage_key::encode`] under this backend's prefix.
+    pub fn storage_key(&self, namespace: &str, key: &Key) -> Vec<u8> {
+        storage_key::encode(&self.inner.prefix, namespace, key)
+    }
+
+    /// The connection the backend uses.
+    pub fn connection(&self) -> &C {
+        &self.inner.connection
+    }
+
+    /// Run `script` on `key` by its SHA1, sending its text once more with
+    /// `EVAL` if the server has lost it.
+    async fn eval(
+        &self,
+        script: &Script,
+        key: &[u8],
+        arg: Option<u64>,
+    ) -> Result<Value, BackendError> {
+        let mut connection = self.inner.connection.clone();
+        let mut evalsha = ::redis::cmd("EVALSHA");
+        evalsha.arg(script.sha.as_str()).arg(1).arg(key).arg(arg);
+        match evalsha.query_async::<Value>(&mut connection).await {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                tracing::debug!(
+                    "script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
+                );
+                let mut eval = ::redis::cmd("EVAL");
+                eval.arg(script.text).arg(1).arg(key).arg(arg);
+                eval.query_async::<Value>(&mut connection).await
+            }
+            other => other,
+        }
+        .map_err(unavailable)
+    }
+}
+
+fn corrupt(key: &[u8], detail: String) -> BackendError {
+    BackendError::Corrupt {
+        key: key.escape_ascii().to_string(),
+        detail,
+    }
+}
+
+fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
+    match value {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(count), Value::Int(ttl), Value::Int(deadline)]
+                if *count >= 1 && *ttl >= 0 =>
+            {
+                Ok(Hit {
+                    count: *count as u64,
+                    reset: Duration::from_millis(*ttl as u64),
+                    deadline: u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
+                })
+            }
+            [Value::BulkString(reason)] => {
+                Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+            }
+            _ => Err(corrupt(key, format!("unexpected script reply {items:?}"))),
+        },
+        other => Err(corrupt(key, format!("unexpected script reply {other:?}"))),
+    }
+}
+
+fn parse_refund(value: Value, key: &[u8]) -> Result<bool, BackendError> {
+    match value {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        Value::Array(items) => match items.as_slice() {
+            [Value::BulkString(reason)] => {
+                Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+            }
+            _ => Err(corrupt(key, format!("unexpected script reply {items:?}"))),
+        },
+        other => Err(corrupt(key, format!("unexpected script reply {other:?}"))),
+    }
+}
+
+fn parse_peek(value: Value, key: &[u8]) -> Result<Option<Hit>, BackendError> {
+    let Value::Array(items) = value else {
+        return Err(corrupt(key, format!("unexpected script reply {value:?}")));
+    };
+    match items.as_slice() {
+        [] => Ok(None),
+        [Value::BulkString(reason)] => {
+            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+        }
+        [Value::BulkString(digits), Value::Int(ttl)] => {
+            let count = std::str::from_utf8(digits)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| corrupt(key, format!("value {}", digits.escape_ascii())))?;
+            // A counter without a lifetime (PTTL -1) never resets by itself.
+            let reset = u64::try_from(*ttl).map_or(Duration::MAX, Duration::from_millis);
+            Ok(Some(Hit {
+                count,
+                reset,
+                deadline: None,
+            }))
+        }
+        _ => Err(corrupt(key, format!("unexpected script reply {items:?}"))),
+    }
+}
+
+fn unavailable(err: RedisError) -> BackendError {
+    if err.is_timeout() {
+        BackendError::TimedOut
+    } else {
+        BackendError::Unavailable(Box::new(err))
+    }
+}
+
+/// An answer that is either here already or one round trip away.
+enum Answer<T> {
+    Ready(Option<Result<T, BackendError>>),
+    Remote(Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>),
+}
+
+impl<T> Answer<T> {
+    fn poll(&mut self, cx: &mut Context<'_>, what: &str) -> Poll<Result<T, BackendError>> {
+        match self {
+            Self::Ready(result) => Poll::Ready(
+                result
+                    .take()
+                    .unwrap_or_else(|| panic!("{what} polled after it completed")),
+            ),
+            Self::Remote(future) => future.as_mut().poll(cx),
+        }
+    }
+
+    fn state(&self) -> &'static str {
+        match self {
+            Self::Ready(_) => "ready",
+            Self::Remote(_) => "remote",
+        }
+    }
+}
+
+/// The future of a [`RedisBackend`] hit: already complete when the local
+/// deny cache answered, one round trip otherwise.
+pub struct RedisHit(Answer<Hits>);
+
+impl fmt::Debug for RedisHit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisHit")
+            .field("state", &self.0.state())
+            .finish()
+    }
+}
+
+impl Future for RedisHit {
+    type Output = Result<Hits, BackendError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.poll(cx, "RedisHit")
+    }
+}
+
+/// The future of a [`RedisBackend`] refund: already complete when there is
+/// nothing to take back (a hit Redis did not count), one round trip
+/// otherwise.
+pub struct RedisRefund(Answer<bool>);
+
+impl fmt::Debug for RedisRefund {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisRefund")
+            .field("state", &self.0.state())
+            .finish()
+    }
+}
+
+impl Future for RedisRefund {
+    type Output = Result<bool, BackendError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.0.poll(cx, "RedisRefund")
+    }
+}
+
+impl<C> Backend for RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    type Future = RedisHit;
+    type Refund = RedisRefund;
+
+    /// One `EVALSHA` per counter, all sent at once: on one connection they
+    /// are pipelined (one round trip of latency); on a Cluster they go to the
+    /// one master that holds the key's slot.
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> RedisHit {
+        let storage_keys: SmallVec<[Vec<u8>; 2]> = counters
+            .iter()
+            .map(|c| self.storage_key(c.namespace, key))
+            .collect();
+        if let Some(deny) = &self.inner.deny {
+            let cached: SmallVec<[Option<Duration>; 2]> =
+                storage_keys.iter().map(|k| deny.check(k)).collect();
+            if cached.iter().any(Option::is_some) {
+                // Denied here, without a round trip; the counters are not hit.
+                let hits = counters
+                    .iter()
+                    .zip(cached)
+                    .map(|(c, left)| match left {
+                        Some(reset) => Hit {
+                            count: c.quota.limit().saturating_add(1),
+                            reset,
+                            deadline: None,
+                        },
+                        None => Hit {
+                            count: 0,
+                            reset: Duration::ZERO,
+                            deadline: None,
+                        },
+                    })
+                    .collect();
+                return RedisHit(Answer::Ready(Some(Ok(hits))));
+            }
+        }
+        let quotas: SmallVec<[Quota; 2]> = counters.iter().map(|c| c.quota).collect();
+        let this = self.clone();
+        RedisHit(Answer::Remote(Box::pin(async move {
+            let sent = quanta::Instant::now();
+            let results = join_all(storage_keys.iter().zip(&quotas).map(|(k, q)| {
+                let this = &this;
+                async move {
+                    let reply = this.eval(&HIT, k, Some(q.window().as_millis())).await?;
+                    parse_hit(reply, k)
+                }
+            }))
+            .await;
+            let mut hits = Hits::with_capacity(results.len());
+            for ((result, storage_key), quota) in results.into_iter().zip(storage_keys).zip(quotas)
+            {
+                let hit = result?;
+                if let Some(deny) = this
+                    .inner
+                    .deny
+                    .as_ref()
+                    .filter(|_| hit.count > quota.limit())
+                {
+                    deny.insert(storage_key, sent + hit.reset);
+                }
+                hits.push(hit);
+            }
+            Ok(hits)
+        })))
+    }
+
+    /// One `EVALSHA` of the refund script, which compares the counter's
+    /// `PEXPIRETIME` with the hit's deadline and decrements only a positive
+    /// count of that same window. A hit with no deadline (answered by the
+    /// deny cache, or counted on a server older than 7.0) is not sent.
+    /// Once Redis has answered, the key is dropped from this instance's deny
+    /// cache, so the next hit asks Redis again.
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> RedisRefund {
+        let Some(deadline) = hit.deadline else {
+            return RedisRefund(Answer::Ready(Some(Ok(false))));
+        };
+        let storage_key = self.storage_key(namespace, key);
+        let this = self.clone();
+        RedisRefund(Answer::Remote(Box::pin(async move {
+            let reply = this.eval(&REFUND, &storage_key, Some(deadline.get())).await;
+            if let Some(deny) = &this.inner.deny {
+                deny.remove(&storage_key);
+            }
+            parse_refund(reply?, &storage_key)
+        })))
+    }
+
+    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+        let storage_key = self.storage_key(namespace, key);
+        let reply = self.eval(&PEEK, &storage_key, None).await?;
+        parse_peek(reply, &storage_key)
+    }
+
+    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+        let storage_key = self.storage_key(namespace, key);
+        if let Some(deny) = &self.inner.deny {
+            deny.remove(&storage_key);
+        }
+        let mut connection = self.inner.connection.clone();
+        let deleted: i64 = ::redis::cmd("DEL")
+            .arg(&storage_key)
+            .query_async(&mut connection)
+            .await
+            .map_err(unavailable)?;
+        Ok(deleted > 0)
+    }
+}
+
+/// SHA1 of `text`, in lowercase hex: the name `EVALSHA` runs a script by.
+fn sha1_hex(text: &str) -> String {
+    ::redis::Script::new(text).get_hash().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_replies_parse() {
+        let at = NonZeroU64::new(1_700_000_060_000);
+        let cases: &[(&str, Value, Result<Hit, &str>)] = &[
+            (
+                "fresh",
+                Value::Array(vec![
+                    Value::Int(1),
+                    Value::Int(60_000),
+                    Value::Int(1_700_000_060_000),
+                ]),
+                Ok(Hit {
+                    count: 1,
+                    reset: Duration::from_secs(60),
+                    deadline: at,
+                }),
+            ),
+            (
+                "a server without PEXPIRETIME",
+                Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(-1)]),
+                Ok(Hit {
+                    count: 2,
+                    reset: Duration::from_millis(5),
+                    deadline: None,
+                }),
+            ),
+            (
+                "corrupt value",
+                Value::Array(vec![Value::BulkString(b"value abc".to_vec())]),
+                Err("value abc"),
+            ),
+            (
+                "zero count",
+                Value::Array(vec![Value::Int(0), Value::Int(5), Value::Int(9)]),
+                Err("unexpected script reply"),
+            ),
+            (
+                "negative ttl",
+                Value::Array(vec![Value::Int(3), Value::Int(-1), Value::Int(9)]),
+                Err("unexpected script reply"),
+            ),
+            (
+                "an older script's reply",
+                Value::Array(vec![Value::Int(1), Value::Int(60_000)]),
+                Err("unexpected script reply"),
+            ),
+            (
+                "not an array",
+                Value::Int(7),
+                Err("unexpected script reply"),
+            ),
+        ];
+        for (name, value, want) in cases {
+            match (parse_hit(value.clone(), b"tpw:n{k}"), want) {
+                (Ok(hit), Ok(want)) => assert_eq!(hit, *want, "{name}"),
+                (Err(BackendError::Corrupt { key, detail }), Err(want)) => {
+                    assert_eq!(key, "tpw:n{k}", "{name}");
+                    assert!(detail.contains(want), "{name}: {detail}");
+                }
+                (got, _) => panic!("{name}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn refund_replies_parse() {
+        let cases: &[(&str, Value, Result<bool, &str>)] = &[
+            ("taken back", Value::Int(1), Ok(true)),
+            ("nothing to take back", Value::Int(0), Ok(false)),
+            (
+                "corrupt",
+                Value::Array(vec![Value::BulkString(b"value abc".to_vec())]),
+                Err("value abc"),
+            ),
+            ("unexpected", Value::Int(2), Err("unexpected script reply")),
+        ];
+        for (name, value, want) in cases {
+            match (parse_refund(value.clone(), b"k"), want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{name}"),
+                (Err(BackendError::Corrupt { detail, .. }), Err(want)) => {
+                    assert!(detail.contains(want), "{name}: {detail}");
+                }
+                (got, _) => panic!("{name}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn the_script_shas_are_sha1_of_their_text() {
+        assert_eq!(sha1_hex("abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
+        for script in [&HIT, &REFUND, &PEEK] {
+            assert_eq!(*script.sha, sha1_hex(script.text));
+            assert_eq!(script.sha.len(), 40);
+        }
+    }
+
+    #[test]
+    fn prefixes_with_braces_are_refused() {
+        let builder = || RedisBackendBuilder {
+            connection: (),
+            prefix: Vec::new(),
+            deny_cache: 0,
+        };
+        for prefix in ["{", "}", "a{b}:", "tpw}"] {
+            assert_eq!(
+                builder().try_prefix(prefix).err(),
+                Some(ConfigError::InvalidPrefix(prefix.into())),
+                "{prefix}"
+            );
+            let panicked = std::panic::catch_unwind(|| builder().prefix(prefix));
+            assert!(panicked.is_err(), "{prefix}");
+        }
+        for prefix in ["", "tpw:", "app1:", "%#:*"] {
+            assert_eq!(
+                builder().try_prefix(prefix).unwrap().prefix,
+                prefix.as_bytes(),
+                "{prefix}"
+            );
+        }
+    }
+}

@@ -1,0 +1,312 @@
+//! The judge: once the backend has answered, a request is passed on,
+//! denied (429 / RESOURCE_EXHAUSTED), or answered for a failure (503 /
+//! UNAVAILABLE under fail-closed, 500 / INTERNAL for corrupt state, 400 or
+//! 500 for a request without a usable key). Also the runtime core the
+//! service and its futures share, and the gates that keep the log bounded.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use http::header::RETRY_AFTER;
+use http::{HeaderValue, Response, StatusCode};
+
+use crate::backend::{BackendError, Hits};
+use crate::decision::Decision;
+use crate::key::KeyError;
+use crate::policy::{Policies, Policy};
+use crate::request::RequestHead;
+use crate::response::{Answer, Deny, GrpcCode, grpc_response, status_response};
+
+/// What a request gets when the backend is down, slow, or full.
+///
+/// Corrupt state is not an outage: whatever the policy, a request whose
+/// counter is corrupt is answered with 500 (gRPC: INTERNAL).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Answer `503 Service Unavailable` with `Retry-After: 1` (gRPC:
+    /// UNAVAILABLE). Nothing gets through uncounted.
+    #[default]
+    FailClosed,
+    /// Let the request through uncounted, with a warning in the log at most
+    /// once every few seconds.
+    FailOpen,
+}
+
+/// What a request gets when its key cannot be extracted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum OnMissingKey {
+    /// Answer with the status the [`KeyError`] names: 400 for a request that
+    /// lacks its key, 500 for a server that is not set up for the extractor
+    /// (gRPC: INVALID_ARGUMENT or INTERNAL).
+    #[default]
+    Reject,
+    /// Let the request through without counting it.
+    Allow,
+}
+
+/// A callback run on every decision, for metrics.
+pub(crate) type Observer = Arc<dyn Fn(&Decision) + Send + Sync>;
+
+/// The configuration shared by a service and its futures.
+#[derive(Clone)]
+pub(crate) struct Core<Bk, D> {
+    pub(crate) backend: Bk,
+    pub(crate) deny: D,
+    pub(crate) settings: Settings,
+}
+
+/// Everything in [`Core`] that does not change the layer's type.
+#[derive(Clone)]
+pub(crate) struct Settings {
+    pub(crate) name: Arc<str>,
+    pub(crate) policies: Policies,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) missing_key: OnMissingKey,
+    pub(crate) timeout: Duration,
+    pub(crate) shadow: bool,
+    pub(crate) observer: Option<Observer>,
+    /// Bounds the warnings about backend failures.
+    pub(crate) warn_gate: Arc<LogGate>,
+    /// Bounds the log lines about requests without a usable key.
+    pub(crate) key_gate: Arc<LogGate>,
+}
+
+/// What the limiter does with a request once the backend has answered.
+pub(crate) enum Verdict<B> {
+    /// Call the service; decorate its response with the decision, if any.
+    Pass(Option<Stamp>),
+    /// Answer without calling the service.
+    Respond(Response<B>),
+}
+
+/// A passed request's decision, to be written onto its response.
+pub(crate) struct Stamp {
+    policy: Arc<Policy>,
+    /// Which of the policy's quotas the decision is about.
+    index: usize,
+    decision: Decision,
+}
+
+impl Stamp {
+    /// Write the decision's headers onto the service's `response`, and the
+    /// decision into its extensions.
+    #[inline]
+    pub(crate) fn apply<B>(self, response: &mut Response<B>) {
+        self.policy.headers.write(
+            response.headers_mut(),
+            self.index,
+            &self.decision,
+            Answer::Passed,
+        );
+        response.extensions_mut().insert(self.decision);
+    }
+}
+
+impl<Bk, D> Core<Bk, D> {
+    /// The verdict on `request`, given the backend's `result` for `policy`.
+    pub(crate) fn judge<B>(
+        &self,
+        result: Result<Hits, BackendError>,
+        policy: Arc<Policy>,
+        request: &RequestHead<'_>,
+    ) -> Verdict<B>
+    where
+        D: Deny<B>,
+        B: Default,
+    {
+        let s = &self.settings;
+        let hits = match result {
+            Ok(hits) => hits,
+            Err(err) if err.is_corrupt() => {
+                tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
+                return Verdict::Respond(if request.is_grpc() {
+                    grpc_response(GrpcCode::Internal, "rate limiter state is corrupt", None)
+                } else {
+                    status_response(StatusCode::INTERNAL_SERVER_ERROR)
+                });
+            }
+            Err(err) => return self.outage(err, request),
+        };
+        let Some((index, decision)) = policy.decide(&hits, s.shadow, request.route_owned()) else {
+            let err = BackendError::Unavailable("the backend answered no hit".into());
+            return self.outage(err, request);
+        };
+        tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
+        if let Some(observer) = &s.observer {
+            observer(&decision);
+        }
+        if decision.passed() {
+            return Verdict::Pass(Some(Stamp {
+                policy,
+                index,
+                decision,
+            }));
+        }
+        let mut response = if request.is_grpc() {
+            grpc_response(
+                GrpcCode::ResourceExhausted,
+                "rate limit exceeded",
+                Some(decision.reset()),
+            )
+        } else {
+            self.deny.deny(&decision)
+        };
+        policy
+            .headers
+            .write(response.headers_mut(), index, &decision, Answer::Denial);
+        response.extensions_mut().insert(decision);
+        Verdict::Respond(response)
+    }
+
+    fn outage<B: Default>(&self, err: BackendError, request: &RequestHead<'_>) -> Verdict<B> {
+        let s = &self.settings;
+        let fail_open = s.failure == FailurePolicy::FailOpen;
+        if let Some(suppressed) = s.warn_gate.admit() {
+            let action = if fail_open {
+                "passing requests uncounted"
+            } else {
+                "answering 503"
+            };
+            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
+        }
+        if fail_open {
+            return Verdict::Pass(None);
+        }
+        Verdict::Respond(if request.is_grpc() {
+            grpc_response(GrpcCode::Unavailable, "rate limiter unavailable", None)
+        } else {
+            let mut response = status_response(StatusCode::SERVICE_UNAVAILABLE);
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+        })
+    }
+
+    /// The answer to a request without a usable key, under
+    /// [`OnMissingKey::Reject`].
+    pub(crate) fn key_error_response<B: Default>(
+        &self,
+        err: &KeyError,
+        request: &RequestHead<'_>,
+    ) -> Response<B> {
+        let s = &self.settings;
+        match err {
+            KeyError::Misconfigured(_) => {
+                if let Some(suppressed) = s.key_gate.admit() {
+                    tracing::error!(limiter = %s.name, error = %err, suppressed, "rate-limit key extractor misconfigured: answering 500");
+                }
+            }
+            _ => {
+                if let Some(suppressed) = s.key_gate.admit() {
+                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "request without a usable rate-limit key: answering 400");
+                }
+            }
+        }
+        match (request.is_grpc(), err.status()) {
+            (false, status) => status_response(status),
+            (true, StatusCode::BAD_REQUEST) => grpc_response(
+                GrpcCode::InvalidArgument,
+                "rate-limit key missing or invalid",
+                None,
+            ),
+            (true, _) => grpc_response(
+                GrpcCode::Internal,
+                "rate-limit key extractor misconfigured",
+                None,
+            ),
+        }
+    }
+}
+
+impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let s = &self.settings;
+        f.debug_struct("Core")
+            .field("name", &s.name)
+            .field("policies", &s.policies)
+            .field("backend", &self.backend)
+            .field("headers", &s.policies.style())
+            .field("failure", &s.failure)
+            .field("missing_key", &s.missing_key)
+            .field("timeout", &s.timeout)
+            .field("shadow", &s.shadow)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Lets a log line through at most once per [`LogGate::PERIOD_MS`],
+/// counting the ones held back. It reads a monotonic clock, so a wall clock
+/// stepped back (NTP, a VM resumed) can neither silence it nor open it.
+#[derive(Debug)]
+pub(crate) struct LogGate {
+    origin: Instant,
+    /// Milliseconds since `origin` from which the next line may pass.
+    next: AtomicU64,
+    suppressed: AtomicU64,
+}
+
+impl Default for LogGate {
+    fn default() -> Self {
+        Self {
+            origin: Instant::now(),
+            next: AtomicU64::new(0),
+            suppressed: AtomicU64::new(0),
+        }
+    }
+}
+
+impl LogGate {
+    const PERIOD_MS: u64 = 5_000;
+
+    /// `Some(held back since the last one)` when a line may be logged now.
+    pub(crate) fn admit(&self) -> Option<u64> {
+        let now = u64::try_from(self.origin.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.admit_at(now)
+    }
+
+    /// [`admit`](Self::admit) at `now` milliseconds since the gate's origin.
+    fn admit_at(&self, now: u64) -> Option<u64> {
+        let next = self.next.load(Ordering::Relaxed);
+        if now >= next
+            && self
+                .next
+                .compare_exchange(
+                    next,
+                    now.saturating_add(Self::PERIOD_MS),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
+                .is_ok()
+        {
+            Some(self.suppressed.swap(0, Ordering::Relaxed))
+        } else {
+            self.suppressed.fetch_add(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_log_gate_admits_one_per_period() {
+        let gate = LogGate::default();
+        assert_eq!(gate.admit_at(0), Some(0), "the first line passes");
+        assert_eq!(gate.admit_at(1), None);
+        assert_eq!(gate.admit_at(LogGate::PERIOD_MS - 1), None);
+        assert_eq!(
+            gate.admit_at(LogGate::PERIOD_MS),
+            Some(2),
+            "a period later, with the count held back"
+        );
+        assert_eq!(gate.admit_at(LogGate::PERIOD_MS + 1), None);
+        assert_eq!(gate.admit_at(3 * LogGate::PERIOD_MS), Some(1));
+    }
+}
