@@ -39,6 +39,12 @@ pub enum ConfigError {
     /// A policy name that is empty or has a character outside printable
     /// ASCII (see [`NamedQuota::try_new`](crate::NamedQuota::try_new)).
     InvalidPolicyName(String),
+    /// A PostgreSQL schema or table name outside `a-z 0-9 _` (not starting
+    /// with a digit), empty, or too long (63 bytes for a schema, 52 for a
+    /// table, whose index name adds 11).
+    InvalidSqlIdentifier(String),
+    /// The interval between two runs of a backend's cleaner was zero.
+    ZeroCleanInterval,
 }
 
 impl fmt::Display for ConfigError {
@@ -80,6 +86,13 @@ impl fmt::Display for ConfigError {
                 f,
                 "invalid policy name {name:?}: use at least one character, each printable ASCII (space to ~)"
             ),
+            Self::InvalidSqlIdentifier(name) => write!(
+                f,
+                "invalid PostgreSQL name {name:?}: use 1 to 63 characters (52 for a table) from a-z 0-9 _, not starting with a digit"
+            ),
+            Self::ZeroCleanInterval => {
+                f.write_str("the cleaner's interval must be longer than zero")
+            }
             Self::InvalidIpv6Prefix(bits) => {
                 write!(
                     f,

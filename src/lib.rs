@@ -76,6 +76,11 @@ pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
 
 /// The README's examples, compiled and run as doctests.
-#[cfg(all(doctest, feature = "redis-cluster", feature = "redis-sentinel"))]
+#[cfg(all(
+    doctest,
+    feature = "redis-cluster",
+    feature = "redis-sentinel",
+    feature = "postgres"
+))]
 #[doc = include_str!("../README.md")]
 pub struct ReadmeDoctests;

@@ -49,9 +49,11 @@
 //! raw key never meet either. A backend of your own follows the same rule:
 //! keep the pair apart structurally, or use [`storage_key::encode`].
 
-#[cfg(feature = "redis")]
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod deny_cache;
 mod memory;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
 pub mod storage_key;
@@ -79,9 +81,10 @@ pub struct Hit {
     /// Time left until the window closes and the counter is gone.
     pub reset: Duration,
     /// The deadline of the window this hit was counted in, in the store's
-    /// own clock: nanoseconds since the [`MemoryBackend`] was made, or the
+    /// own clock: nanoseconds since the [`MemoryBackend`] was made, the
     /// counter's absolute expiry in Unix milliseconds in Redis
-    /// (`PEXPIRETIME`). It names the window for [`Backend::refund`]: two
+    /// (`PEXPIRETIME`), or its `expires_at` in Unix microseconds in
+    /// PostgreSQL. It names the window for [`Backend::refund`]: two
     /// windows of one key close at least a millisecond apart, so an exact
     /// comparison tells them apart.
     ///

@@ -4,5 +4,7 @@
 #![allow(dead_code)]
 
 pub mod http;
+#[cfg(feature = "postgres")]
+pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;

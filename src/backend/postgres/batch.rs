@@ -1,0 +1,290 @@
+//! Hits in flight together, sent in one statement.
+//!
+//! A hit is queued, and a sender task takes the queue's hits (up to
+//! [`MAX_BATCH`]) into one execution of the hit statement. At most
+//! `statements` senders run at once; when all are busy, hits wait in the
+//! queue and go out together in the next statement. So a lone hit is sent at
+//! once, alone, and under load each statement carries the hits that arrived
+//! while the previous ones were running: no timer, no added wait.
+//!
+//! Hits on one counter in the same statement are one row with their number
+//! of hits; the row's new count tells each hit its own count (the first of
+//! `n` hits gets `count - n + 1`), so exactly `limit` of them are admitted,
+//! as if they had been sent one by one in that order.
+//!
+//! A hit whose caller has given up (its future dropped: the request timed
+//! out or went away) before its statement is sent is not sent.
+
+use std::collections::HashMap;
+use std::num::NonZeroUsize;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::oneshot;
+
+use super::{Counted, Inner, WINDOW_BOUND_MS, describe, pg_error, pool_error, read_row};
+use crate::backend::BackendError;
+use crate::key::Key;
+
+/// The most counters one statement carries.
+pub(super) const MAX_BATCH: usize = 128;
+
+/// Hits waiting beyond this many are refused at once
+/// ([`BackendError::Unavailable`]): the database is not keeping up, and a
+/// longer queue would only answer later.
+const MAX_QUEUED: usize = 65_536;
+
+/// Statements in flight at once, unless configured otherwise.
+pub const DEFAULT_STATEMENTS: usize = 4;
+
+pub(super) type Reply = Result<Counted, BackendError>;
+
+/// One counter to hit, and where its answer goes.
+pub(super) struct Pending {
+    pub(super) namespace: Box<str>,
+    pub(super) key: Key,
+    pub(super) window_ms: i64,
+    pub(super) reply: oneshot::Sender<Reply>,
+}
+
+pub(super) struct Batcher {
+    queue: Mutex<Vec<Pending>>,
+    senders: AtomicUsize,
+    max_senders: usize,
+}
+
+impl Batcher {
+    pub(super) fn new(statements: NonZeroUsize) -> Self {
+        Self {
+            queue: Mutex::new(Vec::new()),
+            senders: AtomicUsize::new(0),
+            max_senders: statements.get(),
+        }
+    }
+
+    pub(super) fn statements(&self) -> usize {
+        self.max_senders
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Pending>> {
+        self.queue
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Take a sender's place, if one is free.
+    fn try_claim(&self) -> bool {
+        let mut running = self.senders.load(Ordering::Acquire);
+        loop {
+            if running >= self.max_senders {
+                return false;
+            }
+            match self.senders.compare_exchange_weak(
+                running,
+                running + 1,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return true,
+                Err(now) => running = now,
+            }
+        }
+    }
+}
+
+/// Queue `hits` and make sure a sender will send them. Must be called on a
+/// Tokio runtime.
+pub(super) fn submit(inner: &Arc<Inner>, hits: Vec<Pending>) {
+    {
+        let mut queue = inner.batcher.lock();
+        if queue.len() + hits.len() > MAX_QUEUED {
+            drop(queue);
+            for hit in hits {
+                let _ = hit.reply.send(Err(BackendError::Unavailable(
+                    "too many PostgreSQL hits waiting to be sent".into(),
+                )));
+            }
+            return;
+        }
+        queue.extend(hits);
+    }
+    if inner.batcher.try_claim() {
+        tokio::spawn(send_loop(Arc::clone(inner)));
+    }
+}
+
+/// A sender's place, given back when dropped: also when the task is
+/// cancelled (its runtime shut down), so a place is never lost.
+struct Place<'a>(&'a Batcher);
+
+impl Drop for Place<'_> {
+    fn drop(&mut self) {
+        self.0.senders.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
+/// A sender: statements until the queue is empty. It holds the place
+/// [`submit`] claimed for it.
+async fn send_loop(inner: Arc<Inner>) {
+    let batcher = &inner.batcher;
+    let mut place = Place(batcher);
+    loop {
+        let batch: Vec<Pending> = {
+            let mut queue = batcher.lock();
+            queue.retain(|hit| !hit.reply.is_closed());
+            let n = queue.len().min(MAX_BATCH);
+            queue.drain(..n).collect()
+        };
+        if batch.is_empty() {
+            drop(place);
+            // A hit queued after the look above may have found every place
+            // taken, counting on this sender: look again.
+            if batcher.lock().is_empty() || !batcher.try_claim() {
+                return;
+            }
+            place = Place(batcher);
+            continue;
+        }
+        send(&inner, batch).await;
+        // Let the callers just answered queue their next hits before this
+        // sender looks again, so they go out together rather than one by one
+        // (measured: up to 1.5 times the hits per second at 16 in flight).
+        tokio::task::yield_now().await;
+    }
+}
+
+/// One statement for `batch`, and every hit's answer.
+async fn send(inner: &Inner, mut batch: Vec<Pending>) {
+    let client = match inner.pool.get().await {
+        Ok(client) => client,
+        Err(err) => return fail(batch, &pool_error(err)),
+    };
+    batch.retain(|hit| !hit.reply.is_closed());
+    if batch.is_empty() {
+        return;
+    }
+    // One row per counter, with its number of hits.
+    let mut rows: HashMap<(&str, &[u8]), usize> = HashMap::with_capacity(batch.len());
+    let (mut namespaces, mut keys, mut hits, mut windows) =
+        (Vec::new(), Vec::new(), Vec::<i64>::new(), Vec::new());
+    let mut row_of = Vec::with_capacity(batch.len());
+    for hit in &batch {
+        let row = *rows
+            .entry((&*hit.namespace, hit.key.as_bytes()))
+            .or_insert_with(|| {
+                namespaces.push(&*hit.namespace);
+                keys.push(hit.key.as_bytes());
+                hits.push(0);
+                windows.push(hit.window_ms);
+                hits.len() - 1
+            });
+        hits[row] += 1;
+        row_of.push(row);
+    }
+    let result = async {
+        let statement = client
+            .prepare_cached(&inner.sql.hit)
+            .await
+            .map_err(pg_error)?;
+        client
+            .query(
+                &statement,
+                &[&namespaces, &keys, &hits, &windows, &WINDOW_BOUND_MS],
+            )
+            .await
+            .map_err(pg_error)
+    }
+    .await;
+    let returned = match result {
+        Ok(returned) => returned,
+        Err(err) => return fail(batch, &err),
+    };
+    // Each row's count after the statement, and where its first hit stands.
+    let mut counted: Vec<Option<(Counted, u64)>> = vec![None; hits.len()];
+    for row in &returned {
+        let read = || -> Result<_, tokio_postgres::Error> {
+            Ok((
+                row.try_get::<_, &str>(0)?,
+                row.try_get::<_, &[u8]>(1)?,
+                row.try_get::<_, i64>(2)?,
+                row.try_get(3)?,
+                row.try_get(4)?,
+            ))
+        };
+        let (namespace, key, count, expires_at, now) = match read() {
+            Ok(read) => read,
+            Err(err) => return fail(batch, &BackendError::Unavailable(Box::new(err))),
+        };
+        let Some(&i) = rows.get(&(namespace, key)) else {
+            continue;
+        };
+        let n = hits[i] as u64;
+        if let Ok(count) = u64::try_from(count)
+            && count >= n
+        {
+            let at = Counted {
+                count,
+                expires_at,
+                now,
+            };
+            counted[i] = Some((at, count - n + 1));
+        }
+    }
+    // Rows that did not come back: the statement would not count them.
+    let mut corrupt: Vec<Option<String>> = vec![None; hits.len()];
+    for (i, found) in counted.iter().enumerate() {
+        if found.is_none() {
+            let detail = match client
+                .query_opt(inner.sql.peek.as_str(), &[&namespaces[i], &keys[i]])
+                .await
+            {
+                Ok(Some(row)) => match read_row(&row) {
+                    Err(detail) => detail,
+                    Ok(_) => "a row the hit would not count, which has changed since".to_owned(),
+                },
+                Ok(None) => "a row the hit would not count, which is gone since".to_owned(),
+                Err(err) => format!("a row the hit would not count, unread: {err}"),
+            };
+            corrupt[i] = Some(detail);
+        }
+    }
+    drop(client);
+    drop((rows, namespaces, keys));
+    for (hit, i) in batch.into_iter().zip(row_of) {
+        let reply = match (&mut counted[i], &corrupt[i]) {
+            (Some((at, next)), _) => {
+                let reply = Counted {
+                    count: *next,
+                    ..*at
+                };
+                *next += 1;
+                Ok(reply)
+            }
+            (None, detail) => Err(BackendError::Corrupt {
+                key: describe(&inner.sql.table, &hit.namespace, hit.key.as_bytes()),
+                detail: detail.clone().unwrap_or_default(),
+            }),
+        };
+        let _ = hit.reply.send(reply);
+    }
+}
+
+/// Every hit of `batch` fails with `err`.
+fn fail(batch: Vec<Pending>, err: &BackendError) {
+    for hit in batch {
+        let _ = hit.reply.send(Err(share(err)));
+    }
+}
+
+/// `err` again, for another hit of the same statement.
+fn share(err: &BackendError) -> BackendError {
+    match err {
+        BackendError::TimedOut => BackendError::TimedOut,
+        BackendError::AtCapacity => BackendError::AtCapacity,
+        BackendError::Corrupt { key, detail } => BackendError::Corrupt {
+            key: key.clone(),
+            detail: detail.clone(),
+        },
+        other => BackendError::Unavailable(other.to_string().into()),
+    }
+}

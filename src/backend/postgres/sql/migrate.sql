@@ -1,0 +1,20 @@
+-- tower-pinned-window: the counters table and the index its cleaner reads.
+-- {table} is the schema-qualified, quoted table name; {unlogged} is empty or
+-- UNLOGGED. Safe to run again: everything is created only if missing.
+CREATE SCHEMA IF NOT EXISTS {schema};
+
+CREATE {unlogged} TABLE IF NOT EXISTS {table} (
+    -- The layer's name (or one of its quotas' names) and the client's key:
+    -- two columns, so no byte of a key can reach another layer's counter.
+    namespace  text        NOT NULL,
+    key        bytea       NOT NULL,
+    -- Hits counted in the current window; 0 only after every hit of the
+    -- window was refunded.
+    count      bigint      NOT NULL CHECK (count >= 0),
+    -- When the window closes: set by the hit that opens it, never moved.
+    expires_at timestamptz NOT NULL CHECK (isfinite(expires_at)),
+    PRIMARY KEY (namespace, key)
+) WITH (fillfactor = 80);
+
+-- The cleaner deletes expired rows in bounded batches through this index.
+CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);

@@ -1,0 +1,1207 @@
+//! The PostgreSQL backend against a real PostgreSQL: the machine's server,
+//! one schema per test, and private servers for the tests that crash one.
+
+mod support;
+
+use std::num::NonZeroU32;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, SystemTime};
+
+use http::{Request, StatusCode};
+use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
+use support::postgres::{PgServer, TestSchema, connect, pool};
+use tower::{Layer, ServiceExt};
+use tower_pinned_window::backend::Hit;
+use tower_pinned_window::backend::postgres::PostgresBackend;
+use tower_pinned_window::backend::{Backend, BackendError};
+use tower_pinned_window::key::Key;
+use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+
+fn quota(limit: u64, window: Duration) -> Quota {
+    Quota::new(limit, window).unwrap()
+}
+
+/// The row as the table holds it: count and expires_at.
+async fn row(schema: &TestSchema, namespace: &str, key: &str) -> Option<(i64, SystemTime)> {
+    schema
+        .client
+        .query_opt(
+            &format!(
+                "SELECT count, expires_at FROM {} WHERE namespace = $1 AND key = $2",
+                schema.table()
+            ),
+            &[&namespace, &key.as_bytes()],
+        )
+        .await
+        .unwrap()
+        .map(|row| (row.get(0), row.get(1)))
+}
+
+async fn rows(schema: &TestSchema) -> i64 {
+    schema
+        .client
+        .query_one(&format!("SELECT count(*) FROM {}", schema.table()), &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+#[tokio::test]
+async fn the_window_is_pinned_and_denials_carry_retry_after() {
+    let schema = pg_or_skip!(TestSchema::create("pinned").await);
+    let store = schema.backend().await;
+    let svc = RateLimitLayer::new("login", quota(3, Duration::from_secs(60)))
+        .key(by_client())
+        .backend(store)
+        .layer(ok_service());
+
+    let res = svc.clone().oneshot(from("alice")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()["ratelimit"], "\"login\";r=2;t=60");
+    let (count, deadline) = row(&schema, "login", "alice").await.unwrap();
+    assert_eq!(count, 1);
+    let left = deadline.duration_since(SystemTime::now()).unwrap();
+    assert!(
+        left > Duration::from_secs(58) && left <= Duration::from_secs(61),
+        "{left:?}"
+    );
+
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    svc.clone().oneshot(from("alice")).await.unwrap();
+    svc.clone().oneshot(from("alice")).await.unwrap();
+    let denied = svc.clone().oneshot(from("alice")).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        denied.headers()["retry-after"],
+        "60",
+        "59.9 s left rounds up"
+    );
+    assert_eq!(denied.headers()["ratelimit"], "\"login\";r=0;t=60");
+    assert_eq!(denied.extensions().get::<Decision>().unwrap().count(), 4);
+    assert_eq!(
+        row(&schema, "login", "alice").await,
+        Some((4, deadline)),
+        "later hits count, and never move the deadline"
+    );
+    let other = svc.clone().oneshot(from("bob")).await.unwrap();
+    assert_eq!(
+        other.status(),
+        StatusCode::OK,
+        "another key, its own budget"
+    );
+}
+
+#[tokio::test]
+async fn a_closed_window_starts_over_at_one_with_a_new_deadline() {
+    let schema = pg_or_skip!(TestSchema::create("closed_window").await);
+    let store = schema.backend().await;
+    let q = quota(2, Duration::from_millis(200));
+    let key = Key::new("k");
+    let first = store.hit("n", &key, q).await.unwrap();
+    assert_eq!(first.count, 1);
+    assert!(first.reset <= Duration::from_millis(200) && first.reset > Duration::from_millis(100));
+    let (_, opened) = row(&schema, "n", "k").await.unwrap();
+    assert_eq!(store.hit("n", &key, q).await.unwrap().count, 2);
+    assert_eq!(
+        store.hit("n", &key, q).await.unwrap().count,
+        3,
+        "over the limit, still counted"
+    );
+    assert_eq!(row(&schema, "n", "k").await.unwrap().1, opened);
+
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    let hit = store.hit("n", &key, q).await.unwrap();
+    assert_eq!(hit.count, 1, "a new window");
+    assert!(hit.reset <= Duration::from_millis(200) && hit.reset > Duration::from_millis(100));
+    let (count, reopened) = row(&schema, "n", "k").await.unwrap();
+    assert_eq!(count, 1);
+    assert!(
+        reopened >= opened + Duration::from_millis(200),
+        "the new window opens with the hit that found the old one closed"
+    );
+    assert_eq!(rows(&schema).await, 1, "the same row, reused");
+}
+
+#[tokio::test]
+async fn sub_millisecond_windows_round_up_and_the_bound_is_held() {
+    let schema = pg_or_skip!(TestSchema::create("rounding").await);
+    let store = schema.backend().await;
+    // The statement that opens a window reads the clock once: the time left
+    // it reports is the window, to the microsecond.
+    let q = Quota::new(5, Duration::from_micros(1_500)).unwrap();
+    let hit = store.hit("n", &Key::new("round"), q).await.unwrap();
+    assert_eq!(hit.reset, Duration::from_millis(2), "1.5 ms rounds up to 2");
+
+    let longest = Quota::with_window(std::num::NonZeroU64::MIN, Window::MAX);
+    let hit = store.hit("n", &Key::new("long"), longest).await.unwrap();
+    assert_eq!(hit.reset, Window::MAX.as_duration());
+    assert_eq!(
+        store
+            .hit("n", &Key::new("long"), longest)
+            .await
+            .unwrap()
+            .count,
+        2
+    );
+    assert!(
+        store.audit(None).await.unwrap().is_clean(),
+        "a window at the bound is not corrupt"
+    );
+}
+
+#[test]
+fn exactly_the_limit_is_admitted_across_four_instances() {
+    multi_thread_runtime().block_on(async {
+        let schema = pg_or_skip!(TestSchema::create("exactly_the_limit").await);
+        schema.backend().await;
+        for (limit, hits) in [(1u64, 200usize), (50, 2_000), (2_000, 2_000)] {
+            let name: &'static str = Box::leak(format!("burst{limit}").into_boxed_str());
+            let mut instances = Vec::new();
+            for _ in 0..4 {
+                // Each "app server" has its own pool.
+                let store = schema.builder().build();
+                instances.push(
+                    RateLimitLayer::new(name, quota(limit, Duration::from_secs(60)))
+                        .backend(store)
+                        .timeout(Duration::from_secs(30))
+                        .layer(ok_service()),
+                );
+            }
+            let statuses = burst(&instances, hits, || Request::new(String::new())).await;
+            assert!(
+                statuses
+                    .iter()
+                    .all(|s| [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(s)),
+                "{statuses:?}"
+            );
+            assert_eq!(
+                ok_count(&statuses),
+                limit.min(hits as u64) as usize,
+                "limit {limit}, {hits} hits over 4 instances"
+            );
+            let (count, _) = row(&schema, name, "*").await.unwrap();
+            assert_eq!(count, hits as i64, "every hit counted once");
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killed_connections_and_dropped_futures_count_no_hit_twice() {
+    let schema = pg_or_skip!(TestSchema::create("killed").await);
+    let store = schema.backend().await;
+    let done = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for worker in 0..8u32 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            // Per key: (hits sent, hits answered Ok).
+            let mut sent = vec![(0u32, 0u32); 20];
+            for i in 0..400u32 {
+                let slot = (i % 20) as usize;
+                let key = Key::display(format_args!("w{worker}-{slot}"));
+                let hit = store.hit("crash", &key, quota(1_000, Duration::from_secs(600)));
+                sent[slot].0 += 1;
+                let answered = if i % 3 == 0 {
+                    // Dropped mid-flight, like a request whose client went away.
+                    tokio::time::timeout(Duration::from_micros(100), hit)
+                        .await
+                        .ok()
+                } else {
+                    Some(hit.await)
+                };
+                if let Some(Ok(hit)) = answered {
+                    sent[slot].1 += 1;
+                    assert!(
+                        hit.count <= u64::from(sent[slot].0),
+                        "counted twice: {hit:?}"
+                    );
+                }
+            }
+            sent
+        }));
+    }
+    let killer = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut killed = 0;
+            while !done.load(Ordering::Relaxed) {
+                killed += schema.kill_connections().await;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            (schema, killed)
+        })
+    };
+    let mut sent = Vec::new();
+    for task in tasks {
+        sent.push(task.await.unwrap());
+    }
+    done.store(true, Ordering::Relaxed);
+    let (schema, killed) = killer.await.unwrap();
+    assert!(killed > 0, "the test killed no connection");
+
+    let (mut ok_total, mut with_rows) = (0, 0);
+    for (worker, per_key) in sent.iter().enumerate() {
+        for (slot, (hits, ok)) in per_key.iter().enumerate() {
+            ok_total += ok;
+            let key = format!("w{worker}-{slot}");
+            let Some((count, expires_at)) = row(&schema, "crash", &key).await else {
+                assert_eq!(*ok, 0, "{key}: no row after {ok} counted hits");
+                continue;
+            };
+            with_rows += 1;
+            assert!(
+                i64::from(*ok) <= count && count <= i64::from(*hits),
+                "{key}: {count} counted, {ok} answered, {hits} sent"
+            );
+            let left = expires_at.duration_since(SystemTime::now()).unwrap();
+            assert!(
+                left <= Duration::from_secs(600),
+                "{key}: deadline {left:?} away"
+            );
+        }
+    }
+    eprintln!("{killed} connections killed; {ok_total} of 3,200 hits answered");
+    // The point is the counts above; this only checks that traffic went
+    // through between the kills (about 1,000 answered here).
+    assert!(
+        ok_total >= 100,
+        "traffic went through: {ok_total} hits answered"
+    );
+    let report = schema.backend().await.audit(None).await.unwrap();
+    assert_eq!(report.rows, with_rows);
+    assert!(report.is_clean(), "{report:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_database_recovers_by_itself_and_unlogged_counters_are_lost() {
+    let mut server = pg_or_skip!(PgServer::start("crash_recovery"));
+    let url = server.url();
+    let logged = PostgresBackend::builder(pool(&url, "crash-logged", 4))
+        .table("logged")
+        .build();
+    let unlogged = PostgresBackend::builder(pool(&url, "crash-unlogged", 4))
+        .table("unlogged")
+        .unlogged(true)
+        .build();
+    logged.migrate().await.unwrap();
+    unlogged.migrate().await.unwrap();
+    let q = quota(1_000, Duration::from_secs(600));
+    let key = Key::new("user");
+    let svc = RateLimitLayer::new("traffic", q)
+        .backend(logged.clone())
+        .timeout(Duration::from_secs(2))
+        .layer(ok_service());
+
+    // Traffic runs on its own task through the crash and the restart.
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ok, unavailable) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
+    let traffic = {
+        let (svc, stop, ok, unavailable) =
+            (svc.clone(), stop.clone(), ok.clone(), unavailable.clone());
+        tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                match svc
+                    .clone()
+                    .oneshot(Request::new(String::new()))
+                    .await
+                    .unwrap()
+                    .status()
+                {
+                    StatusCode::OK => ok.fetch_add(1, Ordering::Relaxed),
+                    StatusCode::SERVICE_UNAVAILABLE => unavailable.fetch_add(1, Ordering::Relaxed),
+                    other => panic!("{other}"),
+                };
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        })
+    };
+    for _ in 0..5 {
+        logged.hit("direct", &key, q).await.unwrap();
+        unlogged.hit("direct", &key, q).await.unwrap();
+    }
+    while ok.load(Ordering::Relaxed) < 20 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+
+    server.crash();
+    assert!(logged.hit("direct", &key, q).await.is_err(), "down");
+    let failed_before = unavailable.load(Ordering::Relaxed);
+    server.restart();
+
+    // Recovers by itself: same backends, same pools, no call to reconnect.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let after = loop {
+        match logged.hit("direct", &key, q).await {
+            Ok(hit) => break hit,
+            Err(err) => {
+                assert!(std::time::Instant::now() < deadline, "no recovery: {err}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    assert_eq!(
+        after.count, 6,
+        "the logged table kept its count through the crash"
+    );
+    let ok_at_restart = ok.load(Ordering::Relaxed);
+    while ok.load(Ordering::Relaxed) < ok_at_restart + 20 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "traffic did not resume"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.store(true, Ordering::Relaxed);
+    traffic.await.unwrap();
+    assert!(
+        unavailable.load(Ordering::Relaxed) >= failed_before,
+        "requests during the outage were answered 503"
+    );
+    let traffic_count = logged
+        .peek("traffic", &Key::new("*"))
+        .await
+        .unwrap()
+        .unwrap()
+        .count;
+    assert!(
+        traffic_count >= ok.load(Ordering::Relaxed)
+            && traffic_count <= ok.load(Ordering::Relaxed) + unavailable.load(Ordering::Relaxed),
+        "{traffic_count} counted, {} passed, {} failed",
+        ok.load(Ordering::Relaxed),
+        unavailable.load(Ordering::Relaxed)
+    );
+
+    let hit = unlogged.hit("direct", &key, q).await.unwrap();
+    assert_eq!(
+        hit.count, 1,
+        "an unlogged table is emptied by a crash: a fresh window"
+    );
+}
+
+/// Drop the table's constraints, so a test can write rows no hit may count.
+async fn without_constraints(schema: &TestSchema) {
+    let table = schema.table();
+    schema
+        .client
+        .batch_execute(&format!(
+            "ALTER TABLE {table} DROP CONSTRAINT tpw_counters_count_check; \
+             ALTER TABLE {table} DROP CONSTRAINT tpw_counters_expires_at_check; \
+             ALTER TABLE {table} ALTER COLUMN count DROP NOT NULL; \
+             ALTER TABLE {table} ALTER COLUMN expires_at DROP NOT NULL"
+        ))
+        .await
+        .unwrap();
+}
+
+/// The row's text and its xmin: equal before and after means untouched.
+async fn raw(schema: &TestSchema, key: &str) -> (String, String) {
+    let row = schema
+        .client
+        .query_one(
+            &format!(
+                "SELECT c::text, xmin::text FROM {} c WHERE namespace = 'n' AND key = $1",
+                schema.table()
+            ),
+            &[&key.as_bytes()],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+#[tokio::test]
+async fn the_constraints_refuse_impossible_rows() {
+    let schema = pg_or_skip!(TestSchema::create("constraints").await);
+    schema.backend().await;
+    for (case, values) in [
+        ("zero-less count", "-1, now() + interval '1 minute'"),
+        ("no count", "NULL, now() + interval '1 minute'"),
+        ("no expiry", "1, NULL"),
+        ("infinite expiry", "1, 'infinity'"),
+    ] {
+        let err = schema
+            .client
+            .execute(
+                &format!("INSERT INTO {} VALUES ('n', 'k', {values})", schema.table()),
+                &[],
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            err.as_db_error()
+                .is_some_and(|e| e.code().code().starts_with("23")),
+            "{case}: {err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn corrupt_rows_stop_requests_and_are_left_untouched() {
+    let schema = pg_or_skip!(TestSchema::create("corrupt").await);
+    let store = schema.backend().await;
+    without_constraints(&schema).await;
+    let table = schema.table();
+    let cases = [
+        (
+            "negative",
+            "-3, now() + interval '1 minute'",
+            "negative count -3",
+        ),
+        (
+            "negative-expired",
+            "-3, now() - interval '1 minute'",
+            "negative count -3",
+        ),
+        (
+            "null-count",
+            "NULL, now() + interval '1 minute'",
+            "count is NULL",
+        ),
+        ("no-expiry", "7, NULL", "no expiry"),
+        ("infinite", "7, 'infinity'", "past the"),
+        ("far", "7, now() + interval '200 years'", "past the"),
+        (
+            "full",
+            "9223372036854775807, now() + interval '1 minute'",
+            "cannot grow",
+        ),
+    ];
+    for (key, values, _) in &cases {
+        schema
+            .client
+            .execute(
+                &format!("INSERT INTO {table} VALUES ('n', '{key}', {values})"),
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+    let open = RateLimitLayer::new("n", quota(10, Duration::from_secs(60)))
+        .key(by_client())
+        .backend(store.clone())
+        .on_failure(FailurePolicy::FailOpen)
+        .layer(ok_service());
+    for (key, _, detail) in &cases {
+        let before = raw(&schema, key).await;
+        match store
+            .hit("n", &Key::new(*key), quota(10, Duration::from_secs(60)))
+            .await
+        {
+            Err(BackendError::Corrupt {
+                key: named,
+                detail: got,
+            }) => {
+                assert!(named.contains(key), "{key}: {named}");
+                assert!(got.contains(detail), "{key}: {got}");
+            }
+            other => panic!("{key}: {other:?}"),
+        }
+        assert!(
+            matches!(
+                store.peek("n", &Key::new(*key)).await,
+                Err(BackendError::Corrupt { .. })
+            ),
+            "{key}: peek"
+        );
+        let res = open.clone().oneshot(from(key)).await.unwrap();
+        assert_eq!(
+            res.status(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{key}: 500 even failing open"
+        );
+        assert_eq!(
+            raw(&schema, key).await,
+            before,
+            "{key}: the row was written"
+        );
+    }
+
+    // Nothing removes them but a reset: not the cleaner, not the audit.
+    assert_eq!(
+        store
+            .clean_expired(NonZeroU32::new(100).unwrap())
+            .await
+            .unwrap(),
+        0
+    );
+    let report = store.audit(None).await.unwrap();
+    let mut found: Vec<String> = report
+        .corrupt
+        .iter()
+        .map(|row| String::from_utf8(row.key.clone()).unwrap())
+        .collect();
+    found.sort();
+    let mut want: Vec<String> = cases.iter().map(|(key, _, _)| key.to_string()).collect();
+    want.sort();
+    assert_eq!(found, want);
+    assert_eq!(report.rows, cases.len() as u64);
+}
+
+#[tokio::test]
+async fn the_audit_repairs_only_rows_with_a_usable_count() {
+    let schema = pg_or_skip!(TestSchema::create("audit").await);
+    let store = schema.backend().await;
+    store
+        .hit("n", &Key::new("healthy"), quota(5, Duration::from_secs(60)))
+        .await
+        .unwrap();
+    without_constraints(&schema).await;
+    let table = schema.table();
+    schema
+        .client
+        .batch_execute(&format!(
+            "INSERT INTO {table} VALUES ('n', 'no-expiry', 40, NULL), ('n', 'infinite', 3, 'infinity'), \
+             ('n', 'negative', -1, NULL), ('n', 'expired', 2, now() - interval '1 s')"
+        ))
+        .await
+        .unwrap();
+    let report = store.audit(None).await.unwrap();
+    assert_eq!((report.rows, report.expired), (5, 1));
+    assert_eq!(report.corrupt.len(), 3, "{report:?}");
+    assert!(report.corrupt.iter().all(|row| !row.repaired));
+
+    let report = store
+        .audit(Some(Window::new(Duration::from_secs(30)).unwrap()))
+        .await
+        .unwrap();
+    let repaired: Vec<(&[u8], bool)> = report
+        .corrupt
+        .iter()
+        .map(|row| (row.key.as_slice(), row.repaired))
+        .collect();
+    assert_eq!(
+        repaired,
+        [
+            (&b"infinite"[..], true),
+            (&b"negative"[..], false),
+            (&b"no-expiry"[..], true)
+        ]
+    );
+    let hit = store
+        .hit(
+            "n",
+            &Key::new("no-expiry"),
+            quota(5, Duration::from_secs(60)),
+        )
+        .await
+        .unwrap();
+    assert_eq!(hit.count, 41, "counted on, never reset");
+    assert!(
+        hit.reset <= Duration::from_secs(30),
+        "the repair's window: {:?}",
+        hit.reset
+    );
+    assert!(
+        store.audit(None).await.unwrap().corrupt.len() == 1,
+        "only the negative count is left"
+    );
+}
+
+#[tokio::test]
+async fn the_cleaner_deletes_expired_rows_in_batches_and_never_a_live_one() {
+    let schema = pg_or_skip!(TestSchema::create("clean_batches").await);
+    let store = schema.builder().no_cleaner().build();
+    store.migrate().await.unwrap();
+    let table = schema.table();
+    schema
+        .client
+        .batch_execute(&format!(
+            "INSERT INTO {table} SELECT 'n', int4send(g), 1, now() - interval '1 s' FROM generate_series(1, 2500) g; \
+             INSERT INTO {table} SELECT 'n', int4send(-g), 1, now() + interval '1 h' FROM generate_series(1, 300) g"
+        ))
+        .await
+        .unwrap();
+    let batch = NonZeroU32::new(1_000).unwrap();
+    let mut batches = Vec::new();
+    loop {
+        let deleted = store.clean_expired(batch).await.unwrap();
+        batches.push(deleted);
+        if deleted == 0 {
+            break;
+        }
+    }
+    assert_eq!(batches, [1_000, 1_000, 500, 0]);
+    assert_eq!(rows(&schema).await, 300, "live rows are kept");
+
+    // A row held by a hit in progress is skipped, not waited for.
+    schema
+        .client
+        .batch_execute(&format!(
+            "INSERT INTO {table} VALUES ('n', 'held', 1, now() - interval '1 s'), ('n', 'free', 1, now() - interval '1 s')"
+        ))
+        .await
+        .unwrap();
+    let holder = connect(&schema.url).await.unwrap();
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            &format!("SELECT 1 FROM {table} WHERE key = 'held' FOR UPDATE"),
+            &[],
+        )
+        .await
+        .unwrap();
+    let deleted = tokio::time::timeout(Duration::from_secs(10), store.clean_expired(batch))
+        .await
+        .expect("the cleaner waited for a locked row")
+        .unwrap();
+    assert_eq!(deleted, 1);
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert!(row(&schema, "n", "held").await.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cleaner_keeps_the_table_bounded_under_a_flood_of_keys() {
+    let schema = pg_or_skip!(TestSchema::create("flood").await);
+    let store = schema
+        .builder()
+        .clean_every(Duration::from_millis(20))
+        .clean_batch(NonZeroU32::new(500).unwrap())
+        .build();
+    store.migrate().await.unwrap();
+    let live = quota(1, Duration::from_secs(3600));
+    store.hit("n", &Key::new("stays"), live).await.unwrap();
+
+    let short = quota(1_000, Duration::from_millis(50));
+    let mut tasks = Vec::new();
+    for worker in 0..16u32 {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            for i in 0..1_250u32 {
+                let key = Key::display(format_args!("{worker}-{i}"));
+                store.hit("flood", &key, short).await.unwrap();
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    // All 20,000 keys have gone through the table; the cleaner deletes them
+    // as their windows close.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let left = rows(&schema).await;
+        if left == 1 {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "{left} rows left");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        store
+            .peek("n", &Key::new("stays"))
+            .await
+            .unwrap()
+            .unwrap()
+            .count,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cleaner_stops_with_the_backend() {
+    let schema = pg_or_skip!(TestSchema::create("cleaner_stops").await);
+    let store = schema
+        .builder()
+        .clean_every(Duration::from_millis(10))
+        .build();
+    store.migrate().await.unwrap();
+    store
+        .hit("n", &Key::new("k"), quota(1, Duration::from_secs(1)))
+        .await
+        .unwrap();
+    assert!(schema.connections().await > 0);
+    let copy = store.clone();
+    drop(store);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(schema.connections().await > 0, "a clone keeps it running");
+    drop(copy);
+    // The pool closes its connections once the cleaner, its last user, ends.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while schema.connections().await > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cleaner still holds the pool"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn peek_and_reset() {
+    let schema = pg_or_skip!(TestSchema::create("peek_reset").await);
+    let store = schema.backend().await;
+    let key = Key::new("k");
+    let q = quota(5, Duration::from_secs(60));
+    assert_eq!(store.peek("n", &key).await.unwrap(), None);
+    store.hit("n", &key, q).await.unwrap();
+    store.hit("n", &key, q).await.unwrap();
+    let peeked = store.peek("n", &key).await.unwrap().unwrap();
+    assert_eq!(peeked.count, 2);
+    assert!(peeked.reset <= Duration::from_secs(60) && peeked.reset > Duration::from_secs(55));
+    assert_eq!(
+        store.peek("n", &key).await.unwrap().unwrap().count,
+        2,
+        "peek does not count"
+    );
+    assert!(store.reset("n", &key).await.unwrap());
+    assert!(!store.reset("n", &key).await.unwrap());
+    assert_eq!(store.peek("n", &key).await.unwrap(), None);
+    assert_eq!(store.hit("n", &key, q).await.unwrap().count, 1);
+
+    let short = quota(5, Duration::from_millis(20));
+    store.hit("n", &Key::new("gone"), short).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    assert_eq!(
+        store.peek("n", &Key::new("gone")).await.unwrap(),
+        None,
+        "expired is absent"
+    );
+    assert!(
+        !store.reset("n", &Key::new("gone")).await.unwrap(),
+        "an expired row was no counter"
+    );
+}
+
+#[tokio::test]
+async fn keys_are_bytes_and_namespaces_never_meet() {
+    let schema = pg_or_skip!(TestSchema::create("keys").await);
+    let store = schema.backend().await;
+    let q = quota(100, Duration::from_secs(60));
+    let keys: [&[u8]; 6] = [
+        b"",
+        b"a",
+        b"a\0",
+        b"\xff\xfe",
+        b"{tag}:x",
+        b"'; DROP TABLE x; --",
+    ];
+    for (i, key) in keys.iter().enumerate() {
+        for _ in 0..=i {
+            store.hit("a", &Key::new(key), q).await.unwrap();
+        }
+        store.hit("a:b", &Key::new(key), q).await.unwrap();
+    }
+    for (i, key) in keys.iter().enumerate() {
+        assert_eq!(
+            store
+                .peek("a", &Key::new(key))
+                .await
+                .unwrap()
+                .unwrap()
+                .count,
+            i as u64 + 1
+        );
+        assert_eq!(
+            store
+                .peek("a:b", &Key::new(key))
+                .await
+                .unwrap()
+                .unwrap()
+                .count,
+            1
+        );
+    }
+    assert_eq!(rows(&schema).await, 12);
+}
+
+#[tokio::test]
+async fn several_quotas_are_counted_together() {
+    let schema = pg_or_skip!(TestSchema::create("quotas").await);
+    let store = schema.backend().await;
+    let svc = RateLimitLayer::new("api", quota(3, Duration::from_secs(60)))
+        .also(quota(2, Duration::from_secs(1)))
+        .key(by_client())
+        .backend(store.clone())
+        .layer(ok_service());
+    assert_eq!(
+        svc.clone().oneshot(from("c")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        svc.clone().oneshot(from("c")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let denied = svc.clone().oneshot(from("c")).await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(
+        denied.headers()["retry-after"],
+        "1",
+        "the per-second quota binds"
+    );
+    assert_eq!(rows(&schema).await, 2, "one row per quota");
+}
+
+#[tokio::test]
+async fn migrate_is_idempotent_concurrent_and_takes_its_names() {
+    let schema = pg_or_skip!(TestSchema::create("migrate").await);
+    let backends: Vec<PostgresBackend> = (0..4)
+        .map(|_| schema.builder().table("limits").unlogged(true).build())
+        .collect();
+    let runs: Vec<_> = backends
+        .iter()
+        .map(|b| {
+            let b = b.clone();
+            tokio::spawn(async move { b.migrate().await })
+        })
+        .collect();
+    for run in runs {
+        run.await.unwrap().unwrap();
+    }
+    backends[0].migrate().await.unwrap();
+    assert_eq!(backends[0].table(), format!("{}.limits", schema.name));
+    let persistence: i8 = schema
+        .client
+        .query_one(
+            "SELECT relpersistence::\"char\" FROM pg_class WHERE oid = $1::text::regclass",
+            &[&format!("{}.limits", schema.name)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(persistence as u8, b'u', "unlogged");
+    assert!(
+        backends[0]
+            .migration_sql()
+            .contains("CREATE UNLOGGED TABLE IF NOT EXISTS")
+    );
+    assert!(
+        backends[0]
+            .migration_sql()
+            .contains(&format!("\"{}\".\"limits\"", schema.name))
+    );
+
+    let fresh = PostgresBackend::builder(schema.pool(1))
+        .schema(&format!("{}_own", schema.name))
+        .build();
+    fresh.migrate().await.unwrap();
+    fresh
+        .hit("n", &Key::new("k"), quota(1, Duration::from_secs(1)))
+        .await
+        .unwrap();
+    schema
+        .client
+        .batch_execute(&format!("DROP SCHEMA {}_own CASCADE", schema.name))
+        .await
+        .unwrap();
+
+    let bad = PostgresBackend::builder(schema.pool(1)).try_table("Limits; DROP");
+    assert_eq!(
+        bad.unwrap_err(),
+        ConfigError::InvalidSqlIdentifier("Limits; DROP".into())
+    );
+    let bad = PostgresBackend::builder(schema.pool(1)).try_schema("");
+    assert_eq!(
+        bad.unwrap_err(),
+        ConfigError::InvalidSqlIdentifier(String::new())
+    );
+    let zero = PostgresBackend::builder(schema.pool(1)).try_clean_every(Duration::ZERO);
+    assert_eq!(zero.unwrap_err(), ConfigError::ZeroCleanInterval);
+}
+
+#[test]
+#[should_panic(expected = "invalid PostgreSQL name \"bad-name\"")]
+fn a_bad_literal_table_name_panics() {
+    let _ =
+        PostgresBackend::builder(pool(&support::postgres::url(), "unused", 1)).table("bad-name");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outage_follows_the_policy_and_a_slow_database_times_out() {
+    let mut server = pg_or_skip!(PgServer::start("outage"));
+    let store = PostgresBackend::builder(pool(&server.url(), "outage", 4)).build();
+    store.migrate().await.unwrap();
+    let timeout = Duration::from_millis(300);
+    let layer = || {
+        RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
+            .backend(store.clone())
+            .timeout(timeout)
+    };
+    let closed = layer().layer(ok_service());
+    let open = layer()
+        .on_failure(FailurePolicy::FailOpen)
+        .layer(ok_service());
+    let get = || Request::new(String::new());
+    assert_eq!(
+        closed.clone().oneshot(get()).await.unwrap().status(),
+        StatusCode::OK
+    );
+
+    // A hit waiting on a row another transaction holds: the layer's timeout.
+    let holder = connect(&server.url()).await.unwrap();
+    holder.batch_execute("BEGIN").await.unwrap();
+    holder
+        .execute(
+            "SELECT 1 FROM public.tpw_counters WHERE namespace = 'outage' FOR UPDATE",
+            &[],
+        )
+        .await
+        .unwrap();
+    let res = closed.clone().oneshot(get()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "1");
+    let res = open.clone().oneshot(get()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK, "fail open lets it through");
+    assert!(res.extensions().get::<Decision>().is_none(), "uncounted");
+    holder.batch_execute("ROLLBACK").await.unwrap();
+
+    server.crash();
+    for _ in 0..3 {
+        let res = closed.clone().oneshot(get()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let res = open.clone().oneshot(get()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+    }
+}
+
+#[tokio::test]
+async fn refunds_give_back_a_hit_only_in_its_own_live_window() {
+    let schema = pg_or_skip!(TestSchema::create("refunds").await);
+    let store = schema.builder().deny_cache(0).build();
+    store.migrate().await.unwrap();
+    let key = Key::new("k");
+    let q = quota(3, Duration::from_millis(300));
+
+    let first = store.hit("n", &key, q).await.unwrap();
+    let second = store.hit("n", &key, q).await.unwrap();
+    let (count, window) = row(&schema, "n", "k").await.unwrap();
+    assert_eq!(count, 2);
+    let micros = window
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    assert_eq!(
+        first.deadline.map(|d| u128::from(d.get())),
+        Some(micros),
+        "the hit names its window"
+    );
+    assert_eq!(second.deadline, first.deadline);
+
+    // Absent: nothing is created.
+    assert!(!store.refund("other", &key, &first).await.unwrap());
+    assert_eq!(
+        row(&schema, "other", "k").await,
+        None,
+        "a refund never creates a row"
+    );
+
+    assert!(store.refund("n", &key, &first).await.unwrap());
+    assert!(store.refund("n", &key, &second).await.unwrap());
+    assert_eq!(
+        row(&schema, "n", "k").await,
+        Some((0, window)),
+        "the deadline is kept"
+    );
+    assert!(
+        !store.refund("n", &key, &second).await.unwrap(),
+        "never below zero"
+    );
+    assert_eq!(row(&schema, "n", "k").await, Some((0, window)));
+    let third = store.hit("n", &key, q).await.unwrap();
+    assert_eq!(third.count, 1, "counted on from zero");
+    let elsewhere = Hit {
+        deadline: third.deadline.and_then(|d| d.checked_add(1)),
+        ..third
+    };
+    assert!(
+        !store.refund("n", &key, &elsewhere).await.unwrap(),
+        "another window's id"
+    );
+    let uncounted = Hit {
+        deadline: None,
+        ..third
+    };
+    assert!(
+        !store.refund("n", &key, &uncounted).await.unwrap(),
+        "a hit not counted in the table"
+    );
+    assert_eq!(row(&schema, "n", "k").await, Some((1, window)));
+
+    // The window closes: a refund for it is a no-op, and so is a late one
+    // once a new window has opened.
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!store.refund("n", &key, &third).await.unwrap(), "closed");
+    assert_eq!(
+        row(&schema, "n", "k").await,
+        Some((1, window)),
+        "an expired row is left alone"
+    );
+    let fourth = store.hit("n", &key, q).await.unwrap();
+    let (count, new_window) = row(&schema, "n", "k").await.unwrap();
+    assert_eq!(count, 1);
+    assert!(new_window > window);
+    assert!(
+        !store.refund("n", &key, &third).await.unwrap(),
+        "the old window's id"
+    );
+    assert_eq!(
+        row(&schema, "n", "k").await,
+        Some((1, new_window)),
+        "the new window is untouched"
+    );
+    assert!(store.refund("n", &key, &fourth).await.unwrap());
+    assert_eq!(row(&schema, "n", "k").await, Some((0, new_window)));
+}
+
+#[tokio::test]
+async fn denied_counters_are_answered_locally_until_their_window_closes() {
+    let schema = pg_or_skip!(TestSchema::create("deny_cache").await);
+    let store = schema.backend().await;
+    let key = Key::new("k");
+    let q = quota(2, Duration::from_millis(400));
+    for _ in 0..3 {
+        store.hit("n", &key, q).await.unwrap();
+    }
+    assert_eq!(
+        row(&schema, "n", "k").await.unwrap().0,
+        3,
+        "the hit that went over was counted"
+    );
+    for _ in 0..20 {
+        let hit = store.hit("n", &key, q).await.unwrap();
+        assert_eq!(hit.count, 3, "limit + 1");
+        assert_eq!(
+            hit.deadline, None,
+            "not counted in the table: never refunded"
+        );
+        assert!(hit.reset <= Duration::from_millis(400));
+    }
+    assert_eq!(
+        row(&schema, "n", "k").await.unwrap().0,
+        3,
+        "no statement for cached denials"
+    );
+
+    // A refund asks the database and forgets the cached denial.
+    let over = Hit {
+        count: 3,
+        reset: Duration::ZERO,
+        deadline: None,
+    };
+    assert!(!store.refund("n", &key, &over).await.unwrap());
+    assert_eq!(
+        store.hit("n", &key, q).await.unwrap().deadline,
+        None,
+        "still cached"
+    );
+    assert!(store.reset("n", &key).await.unwrap());
+    assert_eq!(
+        store.hit("n", &key, q).await.unwrap().count,
+        1,
+        "a reset clears this instance's cache"
+    );
+
+    // Past the window, the cache lets the next hit through to the table.
+    for _ in 0..2 {
+        store.hit("n", &key, q).await.unwrap();
+    }
+    assert_eq!(store.hit("n", &key, q).await.unwrap().deadline, None);
+    tokio::time::sleep(Duration::from_millis(450)).await;
+    let hit = store.hit("n", &key, q).await.unwrap();
+    assert_eq!(hit.count, 1, "a new window, from the table");
+    assert!(hit.deadline.is_some());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hits_in_flight_together_share_a_statement_and_each_get_their_own_count() {
+    let schema = pg_or_skip!(TestSchema::create("coalesced").await);
+    let store = schema
+        .builder()
+        .statements(std::num::NonZeroUsize::new(1).unwrap())
+        .build();
+    store.migrate().await.unwrap();
+    let q = quota(100, Duration::from_secs(60));
+    let tasks: Vec<_> = (0..500)
+        .map(|i| {
+            let store = store.clone();
+            // Two counters: one key shared by all, one key each.
+            tokio::spawn(async move {
+                let shared = store.hit("n", &Key::new("shared"), q).await.unwrap();
+                let own = store.hit("n", &Key::display(i), q).await.unwrap();
+                (shared, own)
+            })
+        })
+        .collect();
+    let mut counts = Vec::new();
+    let mut resets = Vec::new();
+    for task in tasks {
+        let (shared, own) = task.await.unwrap();
+        assert_eq!(own.count, 1);
+        counts.push(shared.count);
+        resets.push(shared.reset);
+    }
+    counts.sort_unstable();
+    assert_eq!(
+        counts,
+        (1..=500).collect::<Vec<u64>>(),
+        "each hit its own count"
+    );
+    assert_eq!(
+        counts.iter().filter(|c| **c <= 100).count(),
+        100,
+        "exactly the limit admitted"
+    );
+    resets.sort_unstable();
+    resets.dedup();
+    // Hits of one statement read one clock: fewer distinct times than hits.
+    assert!(
+        resets.len() < 250,
+        "{} statements for 500 hits",
+        resets.len()
+    );
+    assert_eq!(row(&schema, "n", "shared").await.unwrap().0, 500);
+}
+
+#[test]
+fn a_runtime_shut_down_mid_statement_leaves_the_backend_usable_on_another() {
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let Some((schema, store)) = first.block_on(async {
+        let schema = TestSchema::create("runtimes").await?;
+        let store = schema
+            .builder()
+            .statements(std::num::NonZeroUsize::new(1).unwrap())
+            .deny_cache(0)
+            .build();
+        store.migrate().await.unwrap();
+        store
+            .hit("n", &Key::new("k"), quota(5, Duration::from_secs(60)))
+            .await
+            .unwrap();
+        // Hold the row, so that the only sender waits in its statement.
+        let holder = connect(&schema.url).await.unwrap();
+        holder.batch_execute("BEGIN").await.unwrap();
+        holder
+            .execute(&format!("SELECT 1 FROM {} FOR UPDATE", schema.table()), &[])
+            .await
+            .unwrap();
+        let waiting = store.clone();
+        tokio::spawn(async move {
+            let _ = waiting
+                .hit("n", &Key::new("k"), quota(5, Duration::from_secs(60)))
+                .await;
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        Some((schema, store))
+    }) else {
+        return;
+    };
+    drop(first); // the sender is cancelled mid-statement; the holder's connection dies
+
+    let second = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let hit = tokio::time::timeout(
+            Duration::from_secs(20),
+            store.hit("n", &Key::new("other"), quota(5, Duration::from_secs(60))),
+        )
+        .await
+        .expect("no sender took the hit: the cancelled one kept its place");
+        assert_eq!(hit.unwrap().count, 1);
+    });
+    drop(schema);
+}
