@@ -40,7 +40,14 @@
 //! ```
 
 #![forbid(unsafe_code)]
-#![cfg_attr(docsrs, feature(doc_auto_cfg))]
+// docs.rs (and CI's doc build) pass `--cfg docsrs`: with `doc_cfg`, rustdoc
+// marks each item with the features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// The features, rendered from the `##` comments of Cargo.toml's [features].
+#![cfg_attr(
+    feature = "document-features",
+    doc = concat!("# Features\n\n", document_features::document_features!())
+)]
 
 // The data path, outside in: layer.rs (configuration) → service.rs →
 // future.rs → refund.rs (the hits an answer does not count, handed back) →

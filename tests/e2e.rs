@@ -2,28 +2,24 @@
 
 mod support;
 
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use reqwest::StatusCode;
-use support::http::serve;
+use http::StatusCode;
+use support::http::{Client, serve};
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
 
-fn client_from(ip: &str) -> reqwest::Client {
-    reqwest::Client::builder()
-        .local_address(ip.parse::<IpAddr>().unwrap())
-        .build()
-        .unwrap()
+fn client_from(ip: &str) -> Client {
+    Client::from_ip(ip)
 }
 
 fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
 }
 
-async fn status(client: &reqwest::Client, url: &str) -> StatusCode {
+async fn status(client: &Client, url: &str) -> StatusCode {
     client.get(url).send().await.unwrap().status()
 }
 
@@ -84,7 +80,7 @@ async fn two_route_layers_do_not_share_counters() {
             get(|| async { "search" }).layer(RateLimitLayer::new("search", quota(2, 60))),
         );
     let server = serve(app).await;
-    let client = reqwest::Client::new();
+    let client = Client::new();
     let login = format!("{}/login", server.url);
     let search = format!("{}/search", server.url);
     assert_eq!(status(&client, &login).await, StatusCode::OK);
@@ -108,7 +104,7 @@ async fn one_layer_on_a_router_is_one_budget() {
         .route("/b", get(|| async { "b" }))
         .route_layer(RateLimitLayer::new("both", quota(2, 60)));
     let server = serve(app).await;
-    let client = reqwest::Client::new();
+    let client = Client::new();
     assert_eq!(
         status(&client, &format!("{}/a", server.url)).await,
         StatusCode::OK
@@ -133,7 +129,7 @@ async fn shadow_mode_over_http() {
         .route("/", get(|| async { "hello" }))
         .layer(RateLimitLayer::new("trial", quota(1, 60)).shadow(true));
     let server = serve(app).await;
-    let client = reqwest::Client::new();
+    let client = Client::new();
     for remaining in [0, 0, 0] {
         let res = client.get(&server.url).send().await.unwrap();
         assert_eq!(res.status(), StatusCode::OK);
@@ -142,7 +138,7 @@ async fn shadow_mode_over_http() {
             format!("\"trial\";r={remaining};t=60").as_str()
         );
         assert!(res.headers().get("retry-after").is_none());
-        assert_eq!(res.text().await.unwrap(), "hello");
+        assert_eq!(res.body(), "hello");
     }
 }
 
@@ -155,7 +151,7 @@ async fn a_server_without_connect_info_answers_500_not_a_panic() {
     let url = format!("http://{}/", listener.local_addr().unwrap());
     // Served without into_make_service_with_connect_info.
     let task = tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    let client = reqwest::Client::new();
+    let client = Client::new();
     for _ in 0..3 {
         assert_eq!(
             status(&client, &url).await,
@@ -187,7 +183,7 @@ async fn a_route_quota_through_route_layer() {
                 }),
         );
     let server = serve(app).await;
-    let client = reqwest::Client::new();
+    let client = Client::new();
     let login = format!("{}/login", server.url);
     assert_eq!(status(&client, &login).await, StatusCode::OK);
     let denied = client.get(&login).send().await.unwrap();

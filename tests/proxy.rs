@@ -4,12 +4,11 @@
 
 mod support;
 
-use std::net::IpAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use reqwest::StatusCode;
-use support::http::serve;
+use http::StatusCode;
+use support::http::{Client, serve};
 use tower_pinned_window::key::{ClientIp, RouteKey};
 use tower_pinned_window::{Quota, RateLimitLayer};
 
@@ -24,14 +23,11 @@ fn behind_proxy(limit: u64) -> Router {
         )
 }
 
-fn from(ip: &str) -> reqwest::Client {
-    reqwest::Client::builder()
-        .local_address(ip.parse::<IpAddr>().unwrap())
-        .build()
-        .unwrap()
+fn from(ip: &str) -> Client {
+    Client::from_ip(ip)
 }
 
-async fn fetch(client: &reqwest::Client, url: &str, xff: Option<&str>) -> StatusCode {
+async fn fetch(client: &Client, url: &str, xff: Option<&str>) -> StatusCode {
     let mut request = client.get(url);
     if let Some(xff) = xff {
         request = request.header("x-forwarded-for", xff);

@@ -1,10 +1,14 @@
-//! HTTP helpers: a trivial inner service, requests from a named client, and
-//! a real axum server on 127.0.0.1:0.
+//! HTTP helpers: a trivial inner service, requests from a named client,
+//! a real axum server on 127.0.0.1:0, and a real HTTP client for it.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 
-use http::{HeaderName, Request, Response};
+use bytes::Bytes;
+use http::{HeaderName, HeaderValue, Request, Response};
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::TokioExecutor;
 use tower::{Service, service_fn};
 use tower_pinned_window::key::HeaderKey;
 
@@ -57,6 +61,67 @@ pub async fn serve(app: axum::Router) -> Server {
         .unwrap();
     });
     Server { url, task }
+}
+
+/// A real HTTP/1.1 client (hyper-util's, with its connection pool) for the
+/// end-to-end tests: `client.get(url).header(name, value).send().await`
+/// answers the status, the headers and the whole body.
+#[derive(Clone)]
+pub struct Client(hyper_util::client::legacy::Client<HttpConnector, Empty<Bytes>>);
+
+impl Client {
+    /// A client on whatever address the system picks (127.0.0.1 for a
+    /// server on 127.0.0.1).
+    pub fn new() -> Self {
+        Self::bound(None)
+    }
+
+    /// A client whose connections leave from `ip` ("127.0.0.2" is another
+    /// client to a server on 127.0.0.1).
+    pub fn from_ip(ip: &str) -> Self {
+        Self::bound(Some(ip.parse::<IpAddr>().unwrap()))
+    }
+
+    fn bound(ip: Option<IpAddr>) -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_local_address(ip);
+        Self(hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build(connector))
+    }
+
+    /// A GET of `url`, to add headers to and send.
+    pub fn get(&self, url: impl AsRef<str>) -> Get {
+        Get {
+            client: self.clone(),
+            request: Request::get(url.as_ref()),
+        }
+    }
+}
+
+/// A GET request being built: see [`Client::get`].
+pub struct Get {
+    client: Client,
+    request: http::request::Builder,
+}
+
+impl Get {
+    /// Adds a header (the name and value as `http::request::Builder` takes them).
+    pub fn header<K, V>(mut self, name: K, value: V) -> Self
+    where
+        HeaderName: TryFrom<K>,
+        <HeaderName as TryFrom<K>>::Error: Into<http::Error>,
+        HeaderValue: TryFrom<V>,
+        <HeaderValue as TryFrom<V>>::Error: Into<http::Error>,
+    {
+        self.request = self.request.header(name, value);
+        self
+    }
+
+    /// Sends the request; the response, with its whole body read.
+    pub async fn send(self) -> Result<Response<Bytes>, Box<dyn std::error::Error + Send + Sync>> {
+        let request = self.request.body(Empty::new())?;
+        let (head, body) = self.client.0.request(request).await?.into_parts();
+        Ok(Response::from_parts(head, body.collect().await?.to_bytes()))
+    }
 }
 
 /// Send `hits` requests at once, each on its own task, round-robin over

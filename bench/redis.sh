@@ -8,8 +8,8 @@
 # connection carries C hits in flight. The ratio is to the higher of the two.
 # Then the deny cache: Redis commands spent on denied hits.
 #
-#   bash benches/redis.sh                 # 5 s per case
-#   SECONDS_PER_CASE=10 bash benches/redis.sh
+#   bash bench/redis.sh                 # 5 s per case
+#   SECONDS_PER_CASE=10 bash bench/redis.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for bin in redis-server redis-cli redis-benchmark python3; do
@@ -24,10 +24,10 @@ trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 url="redis://127.0.0.1:$port/"
 
-cargo build --release --example redis_bench --features redis --quiet
-bench=target/release/examples/redis_bench
-# The script's text: HIT_SCRIPT is include_str!("src/backend/redis/hit.lua").
-script_text=$(cat src/backend/redis/hit.lua)
+cargo build --release -p tower-pinned-window-bench --bin redis_bench --quiet
+bench=target/release/redis_bench
+# The backend's script, exactly as the crate holds it.
+script_text=$("$bench" script)
 sha=$(redis-cli -p "$port" SCRIPT LOAD "$script_text")
 [ ${#sha} -eq 40 ] || { echo "could not load the script: $sha" >&2; exit 1; }
 

@@ -3,8 +3,8 @@
 # with it, and with it but no RateLimit headers, measured in the same run,
 # and the ratios to the server without it.
 #
-#   bash benches/wrk.sh            # 3 rounds of 10 s each way
-#   ROUNDS=5 DURATION=20s bash benches/wrk.sh
+#   bash bench/wrk.sh            # 3 rounds of 10 s each way
+#   ROUNDS=5 DURATION=20s bash bench/wrk.sh
 #
 # Needs wrk (Debian: apt-get install wrk). Only 127.0.0.1 is loaded.
 set -euo pipefail
@@ -17,8 +17,8 @@ THREADS=${THREADS:-1}
 CONNECTIONS=${CONNECTIONS:-64}
 PORT=${PORT:-3917}
 
-cargo build --release --example wrk_server --quiet
-server=target/release/examples/wrk_server
+cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
+server=target/release/wrk_server
 
 run() { # $1 = on|off; prints requests/s
   LIMIT=$1 PORT=$PORT taskset -c 0 "$server" >/dev/null &

@@ -4,7 +4,7 @@
 //! large enough that every request is admitted, so a load test measures what
 //! counting costs, not how fast 429s are written.
 //!
-//! Used by `benches/wrk.sh`.
+//! Used by `bench/wrk.sh`.
 
 use std::net::SocketAddr;
 use std::time::Duration;

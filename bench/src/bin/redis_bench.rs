@@ -1,7 +1,8 @@
-//! Hits per second through the Redis backend, for `benches/redis.sh`.
+//! Hits per second through the Redis backend, for `bench/redis.sh`.
 //!
 //! ```text
-//! cargo run --release --example redis_bench --features redis -- URL MODE IN_FLIGHT SECONDS
+//! cargo run --release -p tower-pinned-window-bench --bin redis_bench -- URL MODE IN_FLIGHT SECONDS
+//! cargo run --release -p tower-pinned-window-bench --bin redis_bench -- script
 //! ```
 //!
 //! MODE is `pinned` (this crate's backend, one EVALSHA per hit), `naive`
@@ -9,6 +10,9 @@
 //! `denied` (hits on one key over its limit, answered by the deny cache).
 //! Every hit of `pinned` and `naive` creates a fresh key, so `naive` always
 //! pays its second round trip. Prints one number: hits per second.
+//!
+//! `script` prints the backend's Lua script (`HIT_SCRIPT`), which the
+//! script's ceiling runs through `redis-benchmark`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,14 +21,21 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use tower_pinned_window::Quota;
 use tower_pinned_window::backend::Backend;
-use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window::backend::redis::{HIT_SCRIPT, RedisBackend};
 use tower_pinned_window::key::Key;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args == ["script"] {
+        print!("{HIT_SCRIPT}");
+        return Ok(());
+    }
     let [url, mode, in_flight, seconds] = args.as_slice() else {
-        return Err("usage: redis_bench URL pinned|naive|denied IN_FLIGHT SECONDS".into());
+        return Err(
+            "usage: redis_bench URL pinned|naive|denied IN_FLIGHT SECONDS, or redis_bench script"
+                .into(),
+        );
     };
     let in_flight: usize = in_flight.parse()?;
     let duration = Duration::from_secs_f64(seconds.parse()?);

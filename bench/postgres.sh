@@ -13,10 +13,10 @@
 # SYNCHRONOUS_COMMIT=off starts the server without that wait (what an
 # UNLOGGED table gets too), where the CPU cost of each side shows.
 #
-#   bash benches/postgres.sh                       # 5 s per case
-#   SYNCHRONOUS_COMMIT=off bash benches/postgres.sh
-#   SECONDS_PER_CASE=10 FLOOD_SECONDS=120 bash benches/postgres.sh
-#   ONLY_FLOOD=1 FLOOD_SECONDS=120 bash benches/postgres.sh
+#   bash bench/postgres.sh                       # 5 s per case
+#   SYNCHRONOUS_COMMIT=off bash bench/postgres.sh
+#   SECONDS_PER_CASE=10 FLOOD_SECONDS=120 bash bench/postgres.sh
+#   ONLY_FLOOD=1 FLOOD_SECONDS=120 bash bench/postgres.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${SECONDS_PER_CASE:-5}
@@ -47,8 +47,8 @@ else
 fi
 psql -q "$URL" -c "CREATE SCHEMA $schema"
 
-cargo build --release --example postgres_bench --features postgres --quiet
-bench=target/release/examples/postgres_bench
+cargo build --release -p tower-pinned-window-bench --bin postgres_bench --quiet
+bench=target/release/postgres_bench
 table="\"$schema\".\"tpw_counters\""
 # The backend's statement, as the backend runs it for one hit alone (arrays
 # of one counter), with pgbench variables for the key: $1 namespaces, $2

@@ -1,7 +1,8 @@
 //! The memory backend and the layer, each beside governor / tower_governor
 //! measured in the same run.
 //!
-//! `cargo bench --bench memory`; the README's table is read off its output.
+//! `cargo bench -p tower-pinned-window-bench --bench memory` (from the
+//! repository root); the README's table is read off its output.
 
 #![allow(missing_docs)]
 

@@ -1,8 +1,8 @@
 //! Hits per second through the PostgreSQL backend, for
-//! `benches/postgres.sh`.
+//! `bench/postgres.sh`.
 //!
 //! ```text
-//! cargo run --release --example postgres_bench --features postgres -- URL SCHEMA MODE IN_FLIGHT SECONDS
+//! cargo run --release -p tower-pinned-window-bench --bin postgres_bench -- URL SCHEMA MODE IN_FLIGHT SECONDS
 //! ```
 //!
 //! MODE is `fresh` (every hit a new key: the insert path), `hot` (each task
