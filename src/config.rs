@@ -9,18 +9,15 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! let config: LimiterConfig = toml::from_str(r#"
-//!     name = "api"
-//!     quota = "2/min"
-//!     key = { header = "x-api-key" }
-//!     also = ["10000/1d"]
-//!
-//!     [routes]
-//!     "/login" = { name = "login", quota = "5 per 15m" }
-//!
-//!     [tiers]
-//!     pro = "1000/min"
-//! "#).unwrap();
+//! // TOML (with the `toml` crate), YAML or the environment work the same way.
+//! let config: LimiterConfig = serde_json::from_str(r#"{
+//!     "name": "api",
+//!     "quota": "2/min",
+//!     "key": { "header": "x-api-key" },
+//!     "also": ["10000/1d"],
+//!     "routes": { "/login": { "name": "login", "quota": "5 per 15m" } },
+//!     "tiers": { "pro": "1000/min" }
+//! }"#).unwrap();
 //!
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(config.layer());
 //! let request = |tier: Option<&str>| {

@@ -89,14 +89,3 @@ pub use quota::{ParseRateError, Quota, RateErrorKind, Window};
 pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
-
-/// The README's examples, compiled and run as doctests.
-#[cfg(all(
-    doctest,
-    feature = "redis-cluster",
-    feature = "redis-sentinel",
-    feature = "postgres",
-    feature = "serde"
-))]
-#[doc = include_str!("../README.md")]
-pub struct ReadmeDoctests;

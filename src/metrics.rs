@@ -54,7 +54,7 @@
 //!
 //! # Example
 //!
-//! `examples/metrics.rs` serves the quickstart's routes with `GET /metrics`
+//! `integration/examples/metrics.rs` serves the quickstart's routes with `GET /metrics`
 //! in Prometheus' text format:
 //!
 //! ```text
