@@ -219,7 +219,7 @@ mod tests {
         let label = Arc::new(Label {
             limiter: "n".into(),
             policy: "n".into(),
-            counters: DecisionCounters::default(),
+            counters: Default::default(),
         });
         let d = |count, shadow| {
             Decision::new(
