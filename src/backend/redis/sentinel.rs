@@ -82,7 +82,9 @@ pub const DEFAULT_STALL_AFTER: Duration = Duration::from_millis(50);
 ///   before it is given up (the layer's timeout drops it) or that times out
 ///   makes the connection ask the sentinels in the background; the
 ///   connection moves only when they name another master.
-/// - **The master is demoted but stays up**: `READONLY`, as above.
+/// - **The master is demoted but stays up**: `READONLY`, as above. A
+///   replica's answer is proof that the master moved, so this lookup is
+///   made at once, whenever the last one was.
 ///
 /// What a failover can lose is Redis's, not the connection's: replication is
 /// asynchronous, so hits the old master counted but had not yet sent to the
@@ -239,7 +241,9 @@ impl SentinelConnection {
                         master = %master.addr,
                         "redis sentinel: the master was demoted to a replica; asking the sentinels"
                     );
-                    self.inner.replace(generation);
+                    // A replica's answer is proof that the master moved,
+                    // not a guess: the lookup interval does not hold it up.
+                    self.inner.look_up_again(generation);
                     // A replica wrote nothing: sending again counts once.
                     if !sent_again {
                         sent_again = true;
@@ -351,10 +355,25 @@ impl Inner {
     /// The master's connection failed (or was never made): look it up again,
     /// and have every command wait for that.
     fn replace(self: &Arc<Self>, generation: u64) {
-        let mut state = self.lock();
+        let state = self.lock();
         if state.generation != generation || !self.may_look_up(&state) {
             return;
         }
+        self.start_lookup(state);
+    }
+
+    /// A replica answered in the master's place: look the master up again
+    /// now, whenever the last lookup was. The lookup keeps only a server
+    /// that answers `ROLE` as a master, so this cannot loop on the replica.
+    fn look_up_again(self: &Arc<Self>, generation: u64) {
+        let state = self.lock();
+        if state.generation != generation {
+            return;
+        }
+        self.start_lookup(state);
+    }
+
+    fn start_lookup(self: &Arc<Self>, mut state: MutexGuard<'_, State>) {
         state.generation += 1;
         state.last_lookup = Some(quanta::Instant::now());
         state.master = spawn(connect(Arc::clone(self)));
