@@ -20,6 +20,18 @@ pub enum Outcome {
     Shadowed,
 }
 
+impl Outcome {
+    /// Its place in [`metrics::OUTCOMES`](crate::metrics::OUTCOMES), the
+    /// `outcome` label's values.
+    pub(crate) fn metric_index(self) -> usize {
+        match self {
+            Self::Allowed => 0,
+            Self::Denied => 1,
+            Self::Shadowed => 2,
+        }
+    }
+}
+
 /// One request's verdict. It is handed to the
 /// [`on_decision`](crate::RateLimitLayer::on_decision) callback and inserted
 /// into the response's extensions.
@@ -87,7 +99,11 @@ impl Decision {
     /// Count this decision in its quota's metrics (feature `metrics`).
     #[inline]
     pub(crate) fn record_metrics(&self) {
-        self.label.counters.record(&self.label, self.outcome);
+        self.label.counters.record(
+            &self.label.limiter,
+            &self.label.policy,
+            self.outcome.metric_index(),
+        );
     }
 
     /// The layer's name (see [`RateLimitLayer::new`](crate::RateLimitLayer::new)).
@@ -211,6 +227,18 @@ mod tests {
         ];
         for (name, duration, want) in cases {
             assert_eq!(ceil_secs(duration), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn each_outcome_has_its_own_metric_label() {
+        let labels = [
+            (Outcome::Allowed, "allowed"),
+            (Outcome::Denied, "denied"),
+            (Outcome::Shadowed, "shadowed"),
+        ];
+        for (outcome, label) in labels {
+            assert_eq!(crate::metrics::OUTCOMES[outcome.metric_index()], label);
         }
     }
 

@@ -3,7 +3,18 @@
 use std::fmt;
 
 use crate::name::MAX_NAME_LEN;
-use crate::quota::ParseRateError;
+
+// The bounds that messages name, as numbers: this module is the one every
+// other imports, so it imports none of theirs. Tests beside each constant
+// check that these agree with it.
+/// [`Window::MAX`](crate::Window::MAX), as a rate string's window.
+const MAX_WINDOW: &str = "36525d";
+/// [`Window::MAX`](crate::Window::MAX) in milliseconds.
+const MAX_WINDOW_MS: u64 = 36_525 * 86_400_000;
+/// [`MAX_SHARDS`](crate::backend::MAX_SHARDS).
+const MAX_SHARDS: usize = 1 << 16;
+/// [`MIN_SECRET_LEN`](crate::backend::MIN_SECRET_LEN).
+const MIN_SECRET_LEN: usize = 32;
 
 /// A configuration mistake, reported when the limiter is built and never while
 /// serving a request.
@@ -73,8 +84,7 @@ impl fmt::Display for ConfigError {
             ),
             Self::WindowTooLong => write!(
                 f,
-                "a quota's window must be at most {} ms (36,525 days, Window::MAX)",
-                crate::Window::MAX.as_millis()
+                "a quota's window must be at most {MAX_WINDOW_MS} ms (36,525 days, Window::MAX)"
             ),
             Self::InvalidName(name) => write!(
                 f,
@@ -82,11 +92,9 @@ impl fmt::Display for ConfigError {
                 MAX_NAME_LEN
             ),
             Self::ZeroCapacity => f.write_str("the key-store capacity must be at least 1"),
-            Self::InvalidShards(shards) => write!(
-                f,
-                "the shard count must be 1 to {}, not {shards}",
-                crate::backend::MAX_SHARDS
-            ),
+            Self::InvalidShards(shards) => {
+                write!(f, "the shard count must be 1 to {MAX_SHARDS}, not {shards}")
+            }
             Self::InvalidPrefix(prefix) => write!(
                 f,
                 "the storage-key prefix {prefix:?} must not contain '{{' or '}}' (they would choose the Redis Cluster hash tag)"
@@ -116,8 +124,7 @@ impl fmt::Display for ConfigError {
             }
             Self::SecretTooShort(len) => write!(
                 f,
-                "the private-keys secret is {len} bytes; it must be at least {} (random bytes, such as `openssl rand -hex 32`)",
-                crate::backend::MIN_SECRET_LEN
+                "the private-keys secret is {len} bytes; it must be at least {MIN_SECRET_LEN} (random bytes, such as `openssl rand -hex 32`)"
             ),
             Self::InvalidIpv6Prefix(bits) => {
                 write!(
@@ -130,3 +137,132 @@ impl fmt::Display for ConfigError {
 }
 
 impl std::error::Error for ConfigError {}
+
+/// What was wrong with a rate string; see [`ParseRateError::kind`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum RateErrorKind {
+    /// Nothing but whitespace.
+    Empty,
+    /// No `/` or ` per ` between the limit and the window (`"abc"`).
+    NoSeparator,
+    /// The limit is not a whole number of plain digits (`"1.5/s"`, `"x/s"`).
+    InvalidLimit,
+    /// The limit is negative (`"-1/min"`).
+    NegativeLimit,
+    /// The limit is zero (`"0/min"`): a quota admits at least one request.
+    ZeroLimit,
+    /// The limit is larger than `u64::MAX`.
+    LimitTooLarge,
+    /// Nothing after the separator (`"10/"`).
+    MissingWindow,
+    /// The window is not a whole number and a unit (`"10/1.5s"`).
+    InvalidWindow,
+    /// The window has a number but no unit (`"10/60"`).
+    MissingUnit,
+    /// The unit is none of `ms`, `s`, `m`, `min`, `h`, `d` (`"10/5y"`).
+    UnknownUnit,
+    /// The window is negative (`"10/-5s"`).
+    NegativeWindow,
+    /// The window is zero (`"10/0s"`); it is never read as "no expiry".
+    ZeroWindow,
+    /// The window is longer than [`Window::MAX`](crate::Window::MAX), or its number is too large
+    /// to count.
+    WindowTooLong,
+}
+
+/// A rate string that is not a quota: the input, what was wrong with it and
+/// which part. Its message names all three.
+///
+/// It converts into [`ConfigError::InvalidRate`], so `?` works in a
+/// function returning `ConfigError`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParseRateError {
+    input: String,
+    kind: RateErrorKind,
+    part: String,
+}
+
+impl ParseRateError {
+    pub(crate) fn new(input: &str, kind: RateErrorKind, part: &str) -> Self {
+        Self {
+            input: input.to_owned(),
+            kind,
+            part: part.to_owned(),
+        }
+    }
+
+    /// What was wrong.
+    pub fn kind(&self) -> RateErrorKind {
+        self.kind
+    }
+
+    /// The text that was parsed.
+    pub fn input(&self) -> &str {
+        &self.input
+    }
+}
+
+impl fmt::Display for ParseRateError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        const UNITS: &str = "ms, s, m or min, h, d";
+        const FORM: &str = "write LIMIT/WINDOW, such as \"100/min\" or \"5 per 15m\"";
+        let part = &self.part;
+        write!(f, "invalid rate {:?}: ", self.input)?;
+        match self.kind {
+            RateErrorKind::Empty => write!(f, "it is empty; {FORM}"),
+            RateErrorKind::NoSeparator => write!(
+                f,
+                "no \"/\" or \" per \" between the limit and the window; {FORM}"
+            ),
+            RateErrorKind::InvalidLimit => {
+                write!(f, "the limit {part:?} is not a whole number")
+            }
+            RateErrorKind::NegativeLimit => {
+                write!(f, "the limit {part} is negative; it must be at least 1")
+            }
+            RateErrorKind::ZeroLimit => {
+                f.write_str("the limit is 0; a quota admits at least 1 request per window")
+            }
+            RateErrorKind::LimitTooLarge => {
+                write!(f, "the limit {part} is larger than {}", u64::MAX)
+            }
+            RateErrorKind::MissingWindow => write!(f, "the window is missing; {FORM}"),
+            RateErrorKind::InvalidWindow => write!(
+                f,
+                "the window {part:?} is not a whole number and a unit, such as \"15m\" or \"1500ms\""
+            ),
+            RateErrorKind::MissingUnit => {
+                write!(f, "the window {part:?} has no unit ({UNITS})")
+            }
+            RateErrorKind::UnknownUnit => write!(f, "unknown unit {part:?} (use {UNITS})"),
+            RateErrorKind::NegativeWindow => write!(
+                f,
+                "the window {part:?} is negative; it must be longer than zero"
+            ),
+            RateErrorKind::ZeroWindow => write!(
+                f,
+                "the window {part:?} is zero; it must be longer than zero (it is never read as \"no expiry\")"
+            ),
+            RateErrorKind::WindowTooLong => write!(
+                f,
+                "the window {part:?} is longer than {MAX_WINDOW} (Window::MAX, 100 years)"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for ParseRateError {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bounds_in_messages_are_the_crates() {
+        assert_eq!(MAX_WINDOW, crate::Window::MAX.to_string());
+        assert_eq!(MAX_WINDOW_MS, crate::Window::MAX.as_millis());
+        assert_eq!(MAX_SHARDS, crate::backend::MAX_SHARDS);
+        assert_eq!(MIN_SECRET_LEN, crate::backend::MIN_SECRET_LEN);
+    }
+}

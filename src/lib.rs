@@ -79,13 +79,13 @@ mod service;
 
 pub use count::{CountOnly, ResponseHead};
 pub use decision::{Decision, Outcome};
-pub use error::ConfigError;
+pub use error::{ConfigError, ParseRateError, RateErrorKind};
 pub use future::ResponseFuture;
 pub use judge::{FailurePolicy, OnMissingKey};
 pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
-pub use quota::{ParseRateError, Quota, RateErrorKind, Window};
+pub use quota::{Quota, Window};
 pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;

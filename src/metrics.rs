@@ -70,6 +70,12 @@ pub(crate) use enabled::{DecisionCounters, LayerMetrics, Stopwatch};
 #[cfg(not(feature = "metrics"))]
 pub(crate) use disabled::{DecisionCounters, LayerMetrics, Stopwatch};
 
+/// The `outcome` label's values, in the order of
+/// `Outcome::metric_index` (in `decision.rs`): a decision hands its
+/// index, so this module needs nothing from the decision's.
+#[cfg(any(feature = "metrics", test))]
+pub(crate) const OUTCOMES: [&str; 3] = ["allowed", "denied", "shadowed"];
+
 #[cfg(feature = "metrics")]
 mod enabled {
     use std::fmt;
@@ -78,8 +84,8 @@ mod enabled {
 
     use ::metrics::{Counter, Histogram, counter, histogram};
 
+    use super::OUTCOMES;
     use crate::backend::{BackendError, Hits};
-    use crate::decision::{Label, Outcome};
 
     /// Decisions, by `limiter`, `policy` and `outcome` (counter).
     pub const DECISIONS: &str = "tower_pinned_window_decisions_total";
@@ -90,24 +96,6 @@ mod enabled {
     /// Requests denied by a local deny cache without asking the store, by
     /// `limiter` (counter).
     pub const DENY_CACHE_ANSWERS: &str = "tower_pinned_window_deny_cache_answers_total";
-
-    const OUTCOMES: [Outcome; 3] = [Outcome::Allowed, Outcome::Denied, Outcome::Shadowed];
-
-    fn outcome_index(outcome: Outcome) -> usize {
-        match outcome {
-            Outcome::Allowed => 0,
-            Outcome::Denied => 1,
-            Outcome::Shadowed => 2,
-        }
-    }
-
-    fn outcome_name(outcome: Outcome) -> &'static str {
-        match outcome {
-            Outcome::Allowed => "allowed",
-            Outcome::Denied => "denied",
-            Outcome::Shadowed => "shadowed",
-        }
-    }
 
     const ERROR_KINDS: [&str; 4] = ["unavailable", "timed_out", "at_capacity", "corrupt"];
 
@@ -126,18 +114,20 @@ mod enabled {
     pub(crate) struct DecisionCounters(OnceLock<[Counter; 3]>);
 
     impl DecisionCounters {
-        pub(crate) fn record(&self, label: &Label, outcome: Outcome) {
+        /// Count one decision of the quota `policy` of the layer
+        /// `limiter`, whose outcome is `OUTCOMES[outcome]`.
+        pub(crate) fn record(&self, limiter: &Arc<str>, policy: &Arc<str>, outcome: usize) {
             let counters = self.0.get_or_init(|| {
                 OUTCOMES.map(|outcome| {
                     counter!(
                         DECISIONS,
-                        "limiter" => label.limiter.clone(),
-                        "policy" => label.policy.clone(),
-                        "outcome" => outcome_name(outcome),
+                        "limiter" => limiter.clone(),
+                        "policy" => policy.clone(),
+                        "outcome" => outcome,
                     )
                 })
             });
-            counters[outcome_index(outcome)].increment(1);
+            counters[outcome].increment(1);
         }
     }
 
@@ -216,17 +206,17 @@ mod enabled {
 /// nothing.
 #[cfg(not(feature = "metrics"))]
 mod disabled {
+    use std::sync::Arc;
     use std::time::Duration;
 
     use crate::backend::{BackendError, Hits};
-    use crate::decision::{Label, Outcome};
 
     #[derive(Debug, Default)]
     pub(crate) struct DecisionCounters;
 
     impl DecisionCounters {
         #[inline(always)]
-        pub(crate) fn record(&self, _label: &Label, _outcome: Outcome) {}
+        pub(crate) fn record(&self, _limiter: &Arc<str>, _policy: &Arc<str>, _outcome: usize) {}
     }
 
     #[derive(Debug, Clone, Default)]

@@ -6,7 +6,7 @@ use std::num::{NonZeroU32, NonZeroU64};
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::error::ConfigError;
+use crate::error::{ConfigError, ParseRateError, RateErrorKind};
 
 /// The length of a pinned window, in whole milliseconds, from 1 ms to
 /// [`Window::MAX`] (100 years).
@@ -416,123 +416,6 @@ impl FromStr for Quota {
         Ok(Self::with_window(limit, window))
     }
 }
-
-/// What was wrong with a rate string; see [`ParseRateError::kind`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RateErrorKind {
-    /// Nothing but whitespace.
-    Empty,
-    /// No `/` or ` per ` between the limit and the window (`"abc"`).
-    NoSeparator,
-    /// The limit is not a whole number of plain digits (`"1.5/s"`, `"x/s"`).
-    InvalidLimit,
-    /// The limit is negative (`"-1/min"`).
-    NegativeLimit,
-    /// The limit is zero (`"0/min"`): a quota admits at least one request.
-    ZeroLimit,
-    /// The limit is larger than `u64::MAX`.
-    LimitTooLarge,
-    /// Nothing after the separator (`"10/"`).
-    MissingWindow,
-    /// The window is not a whole number and a unit (`"10/1.5s"`).
-    InvalidWindow,
-    /// The window has a number but no unit (`"10/60"`).
-    MissingUnit,
-    /// The unit is none of `ms`, `s`, `m`, `min`, `h`, `d` (`"10/5y"`).
-    UnknownUnit,
-    /// The window is negative (`"10/-5s"`).
-    NegativeWindow,
-    /// The window is zero (`"10/0s"`); it is never read as "no expiry".
-    ZeroWindow,
-    /// The window is longer than [`Window::MAX`], or its number is too large
-    /// to count.
-    WindowTooLong,
-}
-
-/// A rate string that is not a quota: the input, what was wrong with it and
-/// which part. Its message names all three.
-///
-/// It converts into [`ConfigError::InvalidRate`], so `?` works in a
-/// function returning `ConfigError`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParseRateError {
-    input: String,
-    kind: RateErrorKind,
-    part: String,
-}
-
-impl ParseRateError {
-    fn new(input: &str, kind: RateErrorKind, part: &str) -> Self {
-        Self {
-            input: input.to_owned(),
-            kind,
-            part: part.to_owned(),
-        }
-    }
-
-    /// What was wrong.
-    pub fn kind(&self) -> RateErrorKind {
-        self.kind
-    }
-
-    /// The text that was parsed.
-    pub fn input(&self) -> &str {
-        &self.input
-    }
-}
-
-impl fmt::Display for ParseRateError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: &str = "ms, s, m or min, h, d";
-        const FORM: &str = "write LIMIT/WINDOW, such as \"100/min\" or \"5 per 15m\"";
-        let part = &self.part;
-        write!(f, "invalid rate {:?}: ", self.input)?;
-        match self.kind {
-            RateErrorKind::Empty => write!(f, "it is empty; {FORM}"),
-            RateErrorKind::NoSeparator => write!(
-                f,
-                "no \"/\" or \" per \" between the limit and the window; {FORM}"
-            ),
-            RateErrorKind::InvalidLimit => {
-                write!(f, "the limit {part:?} is not a whole number")
-            }
-            RateErrorKind::NegativeLimit => {
-                write!(f, "the limit {part} is negative; it must be at least 1")
-            }
-            RateErrorKind::ZeroLimit => {
-                f.write_str("the limit is 0; a quota admits at least 1 request per window")
-            }
-            RateErrorKind::LimitTooLarge => {
-                write!(f, "the limit {part} is larger than {}", u64::MAX)
-            }
-            RateErrorKind::MissingWindow => write!(f, "the window is missing; {FORM}"),
-            RateErrorKind::InvalidWindow => write!(
-                f,
-                "the window {part:?} is not a whole number and a unit, such as \"15m\" or \"1500ms\""
-            ),
-            RateErrorKind::MissingUnit => {
-                write!(f, "the window {part:?} has no unit ({UNITS})")
-            }
-            RateErrorKind::UnknownUnit => write!(f, "unknown unit {part:?} (use {UNITS})"),
-            RateErrorKind::NegativeWindow => write!(
-                f,
-                "the window {part:?} is negative; it must be longer than zero"
-            ),
-            RateErrorKind::ZeroWindow => write!(
-                f,
-                "the window {part:?} is zero; it must be longer than zero (it is never read as \"no expiry\")"
-            ),
-            RateErrorKind::WindowTooLong => write!(
-                f,
-                "the window {part:?} is longer than {} (Window::MAX, 100 years)",
-                Window::MAX
-            ),
-        }
-    }
-}
-
-impl std::error::Error for ParseRateError {}
 
 #[cfg(test)]
 mod tests {
