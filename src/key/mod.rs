@@ -376,6 +376,11 @@ impl KeyExtractor for HeaderKey {
 ///
 /// axum sets `MatchedPath` for layers added with `route_layer` or on a route;
 /// elsewhere a plain HTTP request has no route and is [`KeyError::Missing`].
+///
+/// A gRPC method is the path the client sent, checked by tonic only after
+/// the limiter: each made-up method makes a counter of its own (bounded by
+/// the store's capacity and the window). Where a flood of made-up methods
+/// matters, key by client alone.
 #[derive(Debug, Clone, Copy, Default)]
 #[must_use]
 pub struct RouteKey;
