@@ -303,10 +303,12 @@ fn a_failover_stalls_no_healthy_master() {
     let runtime = multi_thread_runtime();
     let store = runtime.block_on(failover_backend(&cluster));
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let open_answers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let started = std::time::Instant::now();
     let workers: Vec<_> = (0..8)
         .map(|w| {
             let (store, keys, stop) = (store.clone(), keys.clone(), stop.clone());
+            let open_answers = open_answers.clone();
             runtime.spawn(async move {
                 // (since start, on the victim, answered within STALLED)
                 let mut log = Vec::new();
@@ -321,6 +323,16 @@ fn a_failover_stalls_no_healthy_master() {
                     )
                     .await;
                     let ok = matches!(hit, Ok(Ok(_)));
+                    if matches!(hit, Ok(Err(BackendError::CircuitOpen))) {
+                        open_answers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    if !ok && std::env::var("TPW_DEBUG").is_ok() {
+                        eprintln!(
+                            "failure (victim: {on_victim}) at {:?}: {:?}",
+                            started.elapsed(),
+                            hit.map(|r| r.map(|_| ()))
+                        );
+                    }
                     log.push((sent, *on_victim, ok, started.elapsed() - sent));
                     if !ok {
                         // An outage answers at once: don't spin on it.
@@ -334,10 +346,12 @@ fn a_failover_stalls_no_healthy_master() {
     std::thread::sleep(Duration::from_secs(1));
     let killed_at = started.elapsed();
     cluster.node_mut(victim).stop();
+    eprintln!("killed at {killed_at:?}");
     // Until the victim's slots have a new master, and 2 s more.
     let promoted = loop {
         let now = cluster.masters();
         if now.len() == 3 && now.iter().all(|(port, _)| *port != victim) {
+            eprintln!("promoted seen at {:?}", started.elapsed());
             break started.elapsed();
         }
         assert!(
@@ -374,6 +388,10 @@ fn a_failover_stalls_no_healthy_master() {
         .filter(|e| e.3 > Duration::from_millis(100))
         .count();
     eprintln!(
+        "failover: answered at once by an open breaker: {}",
+        open_answers.load(std::sync::atomic::Ordering::Relaxed)
+    );
+    eprintln!(
         "failover: healthy-master hits over 100 ms: {over_100ms}, slowest {:.3} s",
         slowest.as_secs_f64()
     );
@@ -384,6 +402,10 @@ fn a_failover_stalls_no_healthy_master() {
         (last_victim_failure.saturating_sub(killed_at)).as_secs_f64(),
     );
     assert!(!healthy.is_empty(), "traffic on healthy masters went on");
+    assert!(
+        open_answers.load(std::sync::atomic::Ordering::Relaxed) > 0,
+        "the failed master's breaker opened: its keys were answered at once"
+    );
     assert_eq!(
         healthy_failed, 0,
         "hits on keys of healthy masters failed or stalled during the failover"
@@ -401,7 +423,17 @@ fn a_failover_stalls_no_healthy_master() {
 async fn failover_backend(
     cluster: &RedisCluster,
 ) -> RedisBackend<redis::cluster_async::ClusterConnection> {
-    RedisBackend::builder(cluster.connection().await)
-        .deny_cache(0)
+    if std::env::var("TPW_PLAIN_CLIENT").is_ok() {
+        return RedisBackend::builder(cluster.connection().await)
+            .deny_cache(0)
+            .no_breaker()
+            .build();
+    }
+    let connection = tower_pinned_window::backend::redis::cluster_client_builder(cluster.urls())
         .build()
+        .unwrap()
+        .get_async_connection()
+        .await
+        .unwrap();
+    RedisBackend::builder(connection).deny_cache(0).build()
 }

@@ -4,12 +4,15 @@
 //!
 //! It wraps the connection ([`Guarded`]), so every command the backend sends
 //! goes through it, whatever path sends it. On a Cluster connection there is
-//! one breaker per range of [`SLOTS_PER_RANGE`] consecutive slots, so a
-//! failing master opens only the breakers of its own slots and the healthy
-//! masters' keys go on as before; on any other connection there is one.
+//! one breaker per master: the breaker learns which master serves each slot
+//! from `CLUSTER SLOTS` (on the first command, then at most every
+//! [`MAP_REFRESH`]), and until it knows, there is one per range of
+//! [`SLOTS_PER_RANGE`] consecutive slots. A failing master opens only its
+//! own breaker, and the healthy masters' keys go on as before. On any other
+//! connection there is one breaker.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::ConnectionLike;
@@ -28,6 +31,16 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(500);
 pub const SLOTS_PER_RANGE: u16 = 128;
 
 const CLUSTER_SLOTS: u16 = 16_384;
+
+/// How often a Cluster's slot map is read again (on a command).
+const MAP_REFRESH: Duration = Duration::from_secs(5);
+
+/// Masters a Cluster breaker tells apart; past that, slots fall back to
+/// their range's breaker.
+const MAX_NODES: usize = 128;
+
+/// No master known for the slot.
+const UNKNOWN: u8 = u8::MAX;
 
 /// The detail of the error an open breaker answers with.
 const OPEN: &str = "tower-pinned-window: circuit open after repeated failures";
@@ -59,6 +72,9 @@ fn open_error() -> RedisError {
 
 /// Whether `err` says the store is down or unreachable (rather than that a
 /// command was wrong, or a script missing, which a healthy server answers).
+/// A redirection (`MOVED`, `ASK`) or `READONLY` that reaches the caller is
+/// one the Cluster client gave up following: the master it points to does
+/// not answer.
 fn is_outage(err: &RedisError) -> bool {
     match err.kind() {
         ErrorKind::Server(kind) => matches!(
@@ -67,6 +83,9 @@ fn is_outage(err: &RedisError) -> bool {
                 | ServerErrorKind::ClusterDown
                 | ServerErrorKind::MasterDown
                 | ServerErrorKind::BusyLoading
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::ReadOnly
         ),
         ErrorKind::Client | ErrorKind::UnexpectedReturnType | ErrorKind::InvalidClientConfig => {
             false
@@ -99,21 +118,118 @@ enum Pass {
 pub(crate) struct Breakers {
     config: BreakerConfig,
     origin: Instant,
-    /// One, or one per slot range on a Cluster.
+    /// One; or on a Cluster, one per master (the first [`MAX_NODES`]) and
+    /// then one per slot range.
     breakers: Box<[Breaker]>,
+    /// On a Cluster: which master serves each slot, as an index into
+    /// `breakers` ([`UNKNOWN`] until known).
+    owners: Box<[AtomicU8]>,
+    /// On a Cluster: the masters' addresses, in the order of their breakers.
+    masters: Mutex<Vec<String>>,
+    /// When the slot map was last asked for, in `now_ms`; 0 never.
+    mapped_at: AtomicU64,
 }
 
 impl Breakers {
-    pub(crate) fn new(config: BreakerConfig, per_slot_range: bool) -> Self {
-        let count = if per_slot_range {
-            usize::from(CLUSTER_SLOTS / SLOTS_PER_RANGE)
+    pub(crate) fn new(config: BreakerConfig, cluster: bool) -> Self {
+        let (count, slots) = if cluster {
+            (
+                MAX_NODES + usize::from(CLUSTER_SLOTS / SLOTS_PER_RANGE),
+                usize::from(CLUSTER_SLOTS),
+            )
         } else {
-            1
+            (1, 0)
         };
         Self {
             config,
             origin: Instant::now(),
             breakers: (0..count).map(|_| Breaker::default()).collect(),
+            owners: (0..slots).map(|_| AtomicU8::new(UNKNOWN)).collect(),
+            masters: Mutex::new(Vec::new()),
+            mapped_at: AtomicU64::new(0),
+        }
+    }
+
+    fn is_cluster(&self) -> bool {
+        !self.owners.is_empty()
+    }
+
+    /// The breaker of `slot`: its master's, or its range's.
+    fn for_slot(&self, slot: u16) -> usize {
+        match self.owners[usize::from(slot)].load(Ordering::Relaxed) {
+            UNKNOWN => MAX_NODES + usize::from(slot / SLOTS_PER_RANGE),
+            node => usize::from(node),
+        }
+    }
+
+    /// What a log line calls breaker `index`.
+    fn name(&self, index: usize) -> String {
+        if !self.is_cluster() {
+            return "redis".into();
+        }
+        if index >= MAX_NODES {
+            let start = (index - MAX_NODES) * usize::from(SLOTS_PER_RANGE);
+            return format!("slots {start}-{}", start + usize::from(SLOTS_PER_RANGE) - 1);
+        }
+        let masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
+        masters
+            .get(index)
+            .cloned()
+            .unwrap_or_else(|| format!("master {index}"))
+    }
+
+    /// Whether the slot map is due to be read (and now taken to be read).
+    fn map_due(&self) -> bool {
+        if !self.is_cluster() {
+            return false;
+        }
+        let now = self.now_ms();
+        let last = self.mapped_at.load(Ordering::Relaxed);
+        let refresh = u64::try_from(MAP_REFRESH.as_millis()).unwrap_or(u64::MAX);
+        (last == 0 || now.saturating_sub(last) >= refresh)
+            && self
+                .mapped_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Take in a `CLUSTER SLOTS` reply: each entry is `[start, end, [host,
+    /// port, ...], replicas...]`.
+    fn map(&self, reply: &Value) {
+        let Value::Array(entries) = reply else { return };
+        let mut masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
+        for entry in entries {
+            let Value::Array(fields) = entry else {
+                continue;
+            };
+            let [Value::Int(start), Value::Int(end), Value::Array(master), ..] = fields.as_slice()
+            else {
+                continue;
+            };
+            let [host, Value::Int(port), ..] = master.as_slice() else {
+                continue;
+            };
+            let host = match host {
+                Value::BulkString(host) => String::from_utf8_lossy(host).into_owned(),
+                Value::SimpleString(host) => host.clone(),
+                _ => continue,
+            };
+            let address = format!("{host}:{port}");
+            let index = match masters.iter().position(|m| *m == address) {
+                Some(index) => index,
+                None if masters.len() < MAX_NODES => {
+                    masters.push(address);
+                    masters.len() - 1
+                }
+                None => usize::from(UNKNOWN),
+            };
+            let (Ok(start), Ok(end)) = (u16::try_from(*start), u16::try_from(*end)) else {
+                continue;
+            };
+            let owner = u8::try_from(index).unwrap_or(UNKNOWN);
+            for slot in start..=end.min(CLUSTER_SLOTS - 1) {
+                self.owners[usize::from(slot)].store(owner, Ordering::Relaxed);
+            }
         }
     }
 
@@ -126,7 +242,7 @@ impl Breakers {
     /// The breaker `cmd` goes through: by the slot of its first key on a
     /// Cluster, the one breaker otherwise.
     fn index(&self, cmd: &Cmd) -> usize {
-        if self.breakers.len() == 1 {
+        if !self.is_cluster() {
             return 0;
         }
         let mut args = cmd.args_iter();
@@ -142,7 +258,7 @@ impl Breakers {
             0
         };
         match args.nth(skip) {
-            Some(Arg::Simple(key)) => usize::from(slot(key) / SLOTS_PER_RANGE),
+            Some(Arg::Simple(key)) => self.for_slot(slot(key)),
             _ => 0,
         }
     }
@@ -170,7 +286,7 @@ impl Breakers {
         if breaker.open_until.swap(0, Ordering::AcqRel) != 0 {
             breaker.probing.store(false, Ordering::Release);
             tracing::info!(
-                breaker = index,
+                breaker = %self.name(index),
                 "rate-limit backend answered again: circuit closed"
             );
         }
@@ -185,7 +301,7 @@ impl Breakers {
             Pass::Probe => {
                 breaker.open_until.store(until, Ordering::Release);
                 breaker.probing.store(false, Ordering::Release);
-                tracing::debug!(breaker = index, "probe failed: circuit stays open");
+                tracing::debug!(breaker = %self.name(index), "probe failed: circuit stays open");
             }
             Pass::Closed => {
                 let failures = breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
@@ -196,7 +312,7 @@ impl Breakers {
                         .is_ok()
                 {
                     tracing::warn!(
-                        breaker = index,
+                        breaker = %self.name(index),
                         failures,
                         cooldown = ?self.config.cooldown,
                         "rate-limit backend failed repeatedly: circuit open, answering at once until a probe succeeds"
@@ -268,11 +384,42 @@ impl<C> Guarded<C> {
     }
 }
 
+impl<C> Guarded<C>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+{
+    /// On a Cluster, read the slot map in the background when it is due.
+    fn refresh_map(&self) {
+        let Some(breakers) = &self.breakers else {
+            return;
+        };
+        if !breakers.map_due() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            breakers.mapped_at.store(0, Ordering::Relaxed);
+            return;
+        };
+        let (mut connection, breakers) = (self.inner.clone(), Arc::clone(breakers));
+        runtime.spawn(async move {
+            match ::redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<Value>(&mut connection)
+                .await
+            {
+                Ok(reply) => breakers.map(&reply),
+                Err(err) => tracing::debug!(error = %err, "CLUSTER SLOTS failed: breakers keep the slot map they have"),
+            }
+        });
+    }
+}
+
 impl<C> ConnectionLike for Guarded<C>
 where
-    C: ConnectionLike + Send,
+    C: ConnectionLike + Clone + Send + 'static,
 {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.refresh_map();
         let settle = match self.settle(self.index(Some(cmd))) {
             Ok(settle) => settle,
             Err(err) => return Box::pin(std::future::ready(Err(err))),
@@ -385,7 +532,7 @@ mod tests {
     }
 
     #[test]
-    fn slot_ranges_open_alone() {
+    fn cluster_breakers_go_by_master_once_the_slot_map_is_known() {
         let breakers = Breakers::new(
             BreakerConfig {
                 failures: 1,
@@ -393,17 +540,67 @@ mod tests {
             },
             true,
         );
-        let mut evalsha = ::redis::cmd("EVALSHA");
-        evalsha.arg("sha").arg(1).arg("tpw:n{a}").arg(5);
-        let mut other = ::redis::cmd("DEL");
-        other.arg("tpw:n{b}");
-        let (a, b) = (breakers.index(&evalsha), breakers.index(&other));
-        assert_eq!(a, usize::from(slot(b"a") / SLOTS_PER_RANGE));
-        assert_eq!(b, usize::from(slot(b"b") / SLOTS_PER_RANGE));
-        assert_ne!(a, b);
-        breakers.failed(a, Pass::Closed);
-        assert_eq!(breakers.admit(a), None);
-        assert_eq!(breakers.admit(b), Some(Pass::Closed));
+        let evalsha = |key: &str| {
+            let mut cmd = ::redis::cmd("EVALSHA");
+            cmd.arg("sha").arg(1).arg(key).arg(5);
+            cmd
+        };
+        let del = |key: &str| {
+            let mut cmd = ::redis::cmd("DEL");
+            cmd.arg(key);
+            cmd
+        };
+        // slot("a") = 15495, slot("b") = 3300, slot("c") = 7365.
+        let (a, b, c) = (evalsha("tpw:n{a}"), del("tpw:n{b}"), evalsha("tpw:n{c}"));
+        assert_eq!(
+            breakers.index(&a),
+            MAX_NODES + usize::from(slot(b"a") / SLOTS_PER_RANGE),
+            "by slot range until the map is known"
+        );
+        assert_ne!(breakers.index(&a), breakers.index(&b));
+
+        let node = |port: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"10.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |start: i64, end: i64, port: i64| {
+            Value::Array(vec![
+                Value::Int(start),
+                Value::Int(end),
+                node(port),
+                node(port + 1000),
+            ])
+        };
+        breakers.map(&Value::Array(vec![
+            range(0, 5460, 7000),
+            range(5461, 10922, 7001),
+            range(10923, 16383, 7002),
+        ]));
+        let (ia, ib, ic) = (breakers.index(&a), breakers.index(&b), breakers.index(&c));
+        assert!(ia < MAX_NODES && ib < MAX_NODES && ic < MAX_NODES);
+        assert_eq!(breakers.name(ia), "10.0.0.1:7002");
+        assert_eq!(breakers.name(ib), "10.0.0.1:7000");
+        assert_eq!(breakers.name(ic), "10.0.0.1:7001");
+        // slot("foo") = 12182: the same master as a.
+        assert_eq!(
+            breakers.index(&evalsha("tpw:n{foo}")),
+            ia,
+            "one breaker per master"
+        );
+        breakers.failed(ia, Pass::Closed);
+        assert_eq!(breakers.admit(ia), None, "a's master is open");
+        assert_eq!(breakers.admit(ib), Some(Pass::Closed), "the others are not");
+        assert_eq!(breakers.admit(ic), Some(Pass::Closed));
+
+        // A replica took over a's slots: they get a breaker of their own.
+        breakers.map(&Value::Array(vec![range(10923, 16383, 7003)]));
+        let promoted = breakers.index(&a);
+        assert_ne!(promoted, ia);
+        assert_eq!(breakers.name(promoted), "10.0.0.1:7003");
+        assert_eq!(breakers.admit(promoted), Some(Pass::Closed));
     }
 
     #[test]
