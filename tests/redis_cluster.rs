@@ -257,8 +257,14 @@ const STALLED: Duration = Duration::from_secs(1);
 /// One master of a Cluster with replicas is killed (SIGKILL) in the middle
 /// of traffic; its replica takes over. Hits on keys whose master stays
 /// healthy must keep being answered throughout, each within [`STALLED`];
-/// hits on the failed master's keys are served again once its replica has
-/// taken over.
+/// the failed master's breaker opens, so its keys are answered at once
+/// meanwhile; they are served again once its replica has taken over.
+///
+/// To compare, `TPW_PLAIN_CLIENT=1` runs it on the `redis` crate's default
+/// Cluster client without the breaker, and `TPW_FULL_COVERAGE=1` runs the
+/// Cluster with Redis's default `cluster-require-full-coverage yes` (every
+/// master then refuses every key until the replica is promoted, and the
+/// test fails); `TPW_DEBUG=1` prints each failure.
 #[test]
 fn a_failover_stalls_no_healthy_master() {
     let mut cluster = redis_or_skip!(RedisCluster::start_with_replicas(

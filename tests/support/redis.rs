@@ -236,7 +236,8 @@ impl RedisCluster {
     /// `node_timeout_ms` (how long a master is unreachable before its
     /// replica takes over), and `cluster-require-full-coverage no`: the
     /// healthy masters keep serving their slots while one master is down, so
-    /// a failure on their keys is the client's, not Redis's.
+    /// a failure on their keys is the client's, not Redis's
+    /// (`TPW_FULL_COVERAGE=1`: Redis's default, `yes`).
     pub fn start_with_replicas(test: &str, node_timeout_ms: u32) -> Option<Self> {
         Self::start_nodes(
             test,

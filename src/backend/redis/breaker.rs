@@ -25,9 +25,10 @@ pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 /// unless configured otherwise.
 pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(500);
 
-/// Consecutive Cluster slots that share one breaker (128 breakers for the
-/// 16384 slots). A master's slots are ranges of consecutive slots, so all
-/// but the ranges that straddle two masters belong to one master.
+/// Consecutive Cluster slots that share one breaker until the backend knows
+/// which master serves them (128 breakers for the 16384 slots). A master's
+/// slots are ranges of consecutive slots, so all but the ranges that
+/// straddle two masters belong to one master.
 pub const SLOTS_PER_RANGE: u16 = 128;
 
 const CLUSTER_SLOTS: u16 = 16_384;

@@ -287,7 +287,7 @@ mod cluster {
     impl RedisBackend<ClusterConnection> {
         /// Connect to the Redis Cluster that `nodes` belong to, with
         /// [`cluster_client_builder`]'s settings; waits until the slot map is
-        /// known. The breaker is per range of slots (see
+        /// known. There is one breaker per master (see
         /// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)).
         ///
         /// # Errors

@@ -123,8 +123,8 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// A circuit breaker (on by default; see
 /// [`RedisBackendBuilder::breaker`]) remembers that Redis is down: after
 /// repeated failures, hits fail at once with [`BackendError::CircuitOpen`]
-/// for a short cool-down, then one probe goes through. On a Cluster the
-/// breakers go by slot range, so a master that fails over does not stop
+/// for a short cool-down, then one probe goes through. On a Cluster there
+/// is one breaker per master, so a master that fails over does not stop
 /// the other masters' keys.
 ///
 /// # Keys
@@ -263,10 +263,12 @@ impl<C> RedisBackendBuilder<C> {
     /// info line when it closes; the metrics count its answers as
     /// `circuit_open`.
     ///
-    /// On a Redis Cluster connection there is one breaker per
-    /// [`SLOTS_PER_RANGE`] consecutive slots, so a failing master does not
-    /// stop the healthy masters' keys; on any other connection, one for the
-    /// backend.
+    /// On a Redis Cluster connection there is one breaker per master, so a
+    /// failing master does not stop the healthy masters' keys: the backend
+    /// reads `CLUSTER SLOTS` on its first command and every 5 s after, and
+    /// until it knows the masters, there is one breaker per
+    /// [`SLOTS_PER_RANGE`] consecutive slots. On any other connection there
+    /// is one for the backend.
     ///
     /// # Panics
     /// When `failures` is 0 or `cooldown` is zero. Use
