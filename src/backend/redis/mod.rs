@@ -310,14 +310,17 @@ impl<C> RedisBackendBuilder<C> {
     where
         C: 'static,
     {
-        let per_slot_range = is_cluster::<C>();
+        #[cfg(feature = "redis-cluster")]
+        let cluster = is_cluster::<C>();
+        #[cfg(not(feature = "redis-cluster"))]
+        let cluster = false;
         RedisBackend {
             inner: Arc::new(Inner {
                 connection: Guarded {
                     inner: self.connection,
                     breakers: self
                         .breaker
-                        .map(|config| Arc::new(Breakers::new(config, per_slot_range))),
+                        .map(|config| Arc::new(Breakers::new(config, cluster))),
                 },
                 prefix: self.prefix.into(),
                 deny: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
@@ -326,17 +329,11 @@ impl<C> RedisBackendBuilder<C> {
     }
 }
 
-/// Whether `C` is the Redis Cluster connection (its breakers go by slot).
+/// Whether `C` is the Redis Cluster connection (its breakers go by master).
+#[cfg(feature = "redis-cluster")]
 fn is_cluster<C: 'static>() -> bool {
-    #[cfg(feature = "redis-cluster")]
-    {
-        std::any::TypeId::of::<C>()
-            == std::any::TypeId::of::<::redis::cluster_async::ClusterConnection>()
-    }
-    #[cfg(not(feature = "redis-cluster"))]
-    {
-        false
-    }
+    std::any::TypeId::of::<C>()
+        == std::any::TypeId::of::<::redis::cluster_async::ClusterConnection>()
 }
 
 impl<C> RedisBackend<C>
