@@ -2,6 +2,12 @@
 //! per 10 seconds per client IP, shared by every instance pointed at the same
 //! Redis; `GET /health` is not limited.
 //!
+//! It starts even while Redis is down: the backend connects in the
+//! background, and until Redis answers every limited request gets a 503 at
+//! once (the layer fails closed; `.failure_policy(FailurePolicy::FailOpen)`
+//! would let them through uncounted). Requests are limited again as soon as
+//! Redis is up.
+//!
 //! ```text
 //! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example quickstart_redis --features redis
 //! ```
@@ -27,7 +33,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(_) => 3000,
     };
     let url = std::env::var("REDIS_URL").unwrap_or_else(|_| "redis://127.0.0.1:6379/".into());
-    let backend = RedisBackend::connect(&url).await?;
+    // Returns at once; fails only on a URL that is not a Redis URL.
+    let backend = RedisBackend::connect_in_background(&url)?;
 
     let limit = RateLimitLayer::new("quickstart", Quota::new(5, Duration::from_secs(10))?)
         .key(PeerIp::new())

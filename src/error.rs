@@ -67,6 +67,13 @@ pub enum ConfigError {
     /// than [`MIN_SECRET_LEN`](crate::backend::MIN_SECRET_LEN) bytes (its
     /// length; the secret itself is never shown).
     SecretTooShort(usize),
+    /// A Redis URL that does not parse (the reason; the URL itself is not
+    /// shown, since it may hold a password).
+    InvalidUrl(String),
+    /// A circuit breaker that would open after zero failures.
+    ZeroBreakerFailures,
+    /// A circuit breaker with a zero cool-down.
+    ZeroBreakerCooldown,
 }
 
 impl From<ParseRateError> for ConfigError {
@@ -126,6 +133,13 @@ impl fmt::Display for ConfigError {
                 f,
                 "the private-keys secret is {len} bytes; it must be at least {MIN_SECRET_LEN} (random bytes, such as `openssl rand -hex 32`)"
             ),
+            Self::InvalidUrl(reason) => write!(f, "invalid Redis URL: {reason}"),
+            Self::ZeroBreakerFailures => {
+                f.write_str("a circuit breaker must open after at least one failure")
+            }
+            Self::ZeroBreakerCooldown => {
+                f.write_str("a circuit breaker's cool-down must be longer than zero")
+            }
             Self::InvalidIpv6Prefix(bits) => {
                 write!(
                     f,

@@ -161,11 +161,13 @@ impl<Bk, D> Core<Bk, D> {
             Ok(hits) => hits,
             Err(err) if err.is_corrupt() => {
                 tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
-                return Verdict::Respond(if request.is_grpc() {
+                let mut response = if request.is_grpc() {
                     grpc_response(GrpcCode::Internal, "rate limiter state is corrupt", None)
                 } else {
                     status_response(StatusCode::INTERNAL_SERVER_ERROR)
-                });
+                };
+                response.extensions_mut().insert(err.kind());
+                return Verdict::Respond(response);
             }
             Err(err) => return self.outage(err, request),
         };
@@ -216,7 +218,7 @@ impl<Bk, D> Core<Bk, D> {
         if fail_open {
             return Verdict::Pass(None);
         }
-        Verdict::Respond(if request.is_grpc() {
+        let mut response = if request.is_grpc() {
             grpc_response(GrpcCode::Unavailable, "rate limiter unavailable", None)
         } else {
             let mut response = status_response(StatusCode::SERVICE_UNAVAILABLE);
@@ -224,7 +226,10 @@ impl<Bk, D> Core<Bk, D> {
                 .headers_mut()
                 .insert(RETRY_AFTER, HeaderValue::from_static("1"));
             response
-        })
+        };
+        // Where a decision would be: what kind of failure answered.
+        response.extensions_mut().insert(err.kind());
+        Verdict::Respond(response)
     }
 
     /// The answer to a request without a usable key, under

@@ -89,3 +89,11 @@ pub use quota::{Quota, Window};
 pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
+
+/// The `redis` crate this crate is built with (feature `redis`), so that
+/// connections and configuration types you pass to
+/// [`RedisBackend`](backend::redis::RedisBackend) come from the same version:
+/// `use tower_pinned_window::redis;` instead of a `redis` dependency of your
+/// own (or one pinned to the same version).
+#[cfg(feature = "redis")]
+pub use redis;

@@ -5,7 +5,7 @@
 //! | name | type | labels | recorded |
 //! |---|---|---|---|
 //! | [`DECISIONS`] `tower_pinned_window_decisions_total` | counter | `limiter`, `policy`, `outcome` | once per request the backend answered: `outcome` is `allowed`, `denied` or `shadowed` |
-//! | [`BACKEND_ERRORS`] `tower_pinned_window_backend_errors_total` | counter | `limiter`, `kind` | once per failed backend call: `kind` is `unavailable`, `timed_out`, `at_capacity` or `corrupt` |
+//! | [`BACKEND_ERRORS`] `tower_pinned_window_backend_errors_total` | counter | `limiter`, `kind` | once per failed backend call: `kind` is `unavailable`, `timed_out`, `circuit_open`, `at_capacity` or `corrupt` |
 //! | [`BACKEND_LATENCY`] `tower_pinned_window_backend_latency_seconds` | histogram | `limiter` | once per backend call that had to wait (a round trip to Redis), never for an answer given at once |
 //! | [`DENY_CACHE_ANSWERS`] `tower_pinned_window_deny_cache_answers_total` | counter | `limiter` | once per request a local deny cache denied without asking the store |
 //!
@@ -85,7 +85,7 @@ mod enabled {
     use ::metrics::{Counter, Histogram, counter, histogram};
 
     use super::OUTCOMES;
-    use crate::backend::{BackendError, Hits};
+    use crate::backend::{BackendError, BackendErrorKind, Hits};
 
     /// Decisions, by `limiter`, `policy` and `outcome` (counter).
     pub const DECISIONS: &str = "tower_pinned_window_decisions_total";
@@ -97,14 +97,21 @@ mod enabled {
     /// `limiter` (counter).
     pub const DENY_CACHE_ANSWERS: &str = "tower_pinned_window_deny_cache_answers_total";
 
-    const ERROR_KINDS: [&str; 4] = ["unavailable", "timed_out", "at_capacity", "corrupt"];
+    const ERROR_KINDS: [BackendErrorKind; 5] = [
+        BackendErrorKind::Unavailable,
+        BackendErrorKind::TimedOut,
+        BackendErrorKind::AtCapacity,
+        BackendErrorKind::Corrupt,
+        BackendErrorKind::CircuitOpen,
+    ];
 
     fn error_index(err: &BackendError) -> usize {
-        match err {
-            BackendError::Unavailable(_) => 0,
-            BackendError::TimedOut => 1,
-            BackendError::AtCapacity => 2,
-            BackendError::Corrupt { .. } => 3,
+        match err.kind() {
+            BackendErrorKind::Unavailable => 0,
+            BackendErrorKind::TimedOut => 1,
+            BackendErrorKind::AtCapacity => 2,
+            BackendErrorKind::Corrupt => 3,
+            BackendErrorKind::CircuitOpen => 4,
         }
     }
 
@@ -138,7 +145,7 @@ mod enabled {
 
     #[derive(Default)]
     struct Handles {
-        errors: OnceLock<[Counter; 4]>,
+        errors: OnceLock<[Counter; 5]>,
         latency: OnceLock<Histogram>,
         deny_cache: OnceLock<Counter>,
     }
@@ -147,7 +154,7 @@ mod enabled {
         pub(crate) fn backend_error(&self, limiter: &str, err: &BackendError) {
             let errors = self.0.errors.get_or_init(|| {
                 ERROR_KINDS.map(|kind| {
-                    counter!(BACKEND_ERRORS, "limiter" => limiter.to_owned(), "kind" => kind)
+                    counter!(BACKEND_ERRORS, "limiter" => limiter.to_owned(), "kind" => kind.name())
                 })
             });
             errors[error_index(err)].increment(1);

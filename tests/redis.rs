@@ -12,10 +12,10 @@ use redis::aio::ConnectionManager;
 use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
 use support::redis::{RedisServer, cases};
 use tower::{Layer, ServiceExt};
-use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::{Backend, BackendError};
+use tower_pinned_window::backend::redis::{ConnectError, RedisBackend};
+use tower_pinned_window::backend::{Backend, BackendError, BackendErrorKind};
 use tower_pinned_window::key::Key;
-use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
 
 fn quota(limit: u64, window: Duration) -> Quota {
     Quota::new(limit, window).unwrap()
@@ -289,25 +289,32 @@ async fn script_flush_in_the_middle_of_traffic_fails_no_request() {
         }));
     }
     let mut admin = manager(&server).await;
-    let mut during = Vec::new();
-    for _ in 0..20 {
+    'flushes: for flush in 0..20 {
+        // Hits go on after each flush. A hit that failed has panicked its
+        // worker: stop, and the joins below report it. The only time limit
+        // is a generous one, so a loaded machine cannot fail this.
         let before = done.load(Ordering::Relaxed);
         let _: () = redis::cmd("SCRIPT")
             .arg("FLUSH")
             .query_async(&mut admin)
             .await
             .unwrap();
-        tokio::time::sleep(Duration::from_millis(5)).await;
-        during.push(done.load(Ordering::Relaxed) - before);
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+        while done.load(Ordering::Relaxed) == before {
+            if tasks.iter().any(tokio::task::JoinHandle::is_finished) {
+                break 'flushes;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no hit was answered for 30 s after flush {flush}"
+            );
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
     }
     stop.store(true, Ordering::Relaxed);
     for task in tasks {
         task.await.unwrap();
     }
-    assert!(
-        during.iter().all(|hits| *hits > 0),
-        "hits went on after every flush: {during:?}"
-    );
     let calls = server.cmd(&["INFO", "commandstats"]).unwrap();
     assert!(
         calls.contains("cmdstat_eval:"),
@@ -759,4 +766,213 @@ async fn prefixes_with_braces_are_refused_and_the_audit_still_matches() {
         .unwrap();
     assert_eq!(keys_under(&server, "a")[0], b"a*[x]:n{k%7B1%7D}");
     assert_eq!(store.audit(None).await.unwrap().scanned, 1);
+}
+
+/// The layer's timeout in the outage tests: long enough that a request
+/// which waited on Redis would be told apart by its error kind, not by a
+/// clock (one that waited out the timeout is `timed_out`).
+const OUTAGE_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn kind<B>(res: &http::Response<B>) -> Option<BackendErrorKind> {
+    res.extensions().get::<BackendErrorKind>().copied()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backend_connecting_in_the_background_starts_during_an_outage() {
+    let mut server = redis_or_skip!(RedisServer::start(
+        "a_backend_connecting_in_the_background_starts_during_an_outage"
+    ));
+    // Nothing listens on the server's port until it is started again.
+    server.stop();
+    let store = RedisBackend::connect_in_background(&server.url()).unwrap();
+    assert!(!store.connection().is_connected());
+    let limited = RateLimitLayer::new("background", quota(3, Duration::from_secs(60)))
+        .backend(store.clone())
+        .timeout(OUTAGE_TIMEOUT)
+        .layer(ok_service());
+    let open = RateLimitLayer::new("background", quota(3, Duration::from_secs(60)))
+        .backend(store.clone())
+        .timeout(OUTAGE_TIMEOUT)
+        .on_failure(FailurePolicy::FailOpen)
+        .layer(ok_service());
+    let mut kinds = Vec::new();
+    for i in 0..20 {
+        let res = limited
+            .clone()
+            .oneshot(from(&format!("down-{i}")))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE, "fail-closed");
+        assert_eq!(res.headers()["retry-after"], "1");
+        kinds.push(kind(&res));
+        let res = open
+            .clone()
+            .oneshot(from(&format!("down-{i}")))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "fail-open lets it through");
+        assert!(res.extensions().get::<Decision>().is_none(), "uncounted");
+    }
+    // No request waited on Redis: each was answered for an outage at once,
+    // and the breaker opened.
+    assert!(
+        kinds.iter().all(|k| matches!(
+            k,
+            Some(BackendErrorKind::Unavailable | BackendErrorKind::CircuitOpen)
+        )),
+        "{kinds:?}"
+    );
+    assert!(
+        kinds.contains(&Some(BackendErrorKind::CircuitOpen)),
+        "the breaker opened: {kinds:?}"
+    );
+
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let res = limited.clone().oneshot(from("up")).await.unwrap();
+        if res.status() == StatusCode::OK {
+            assert_eq!(res.extensions().get::<Decision>().unwrap().count(), 1);
+            break;
+        }
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never limited after Redis came up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(store.connection().is_connected());
+    let statuses: Vec<StatusCode> = {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(limited.clone().oneshot(from("up")).await.unwrap().status());
+        }
+        statuses
+    };
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ],
+        "limited again: 3 per window"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_breaker_answers_at_once_during_an_outage_and_closes_after() {
+    let mut server = redis_or_skip!(RedisServer::start(
+        "the_breaker_answers_at_once_during_an_outage_and_closes_after"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .breaker(3, Duration::from_millis(200))
+        .deny_cache(0)
+        .build();
+    let limited = RateLimitLayer::new("breaker", quota(1_000, Duration::from_secs(60)))
+        .backend(store.clone())
+        .timeout(OUTAGE_TIMEOUT)
+        .layer(ok_service());
+    assert_eq!(
+        limited.clone().oneshot(from("a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    server.stop();
+    let mut kinds = Vec::new();
+    for i in 0..10 {
+        let res = limited
+            .clone()
+            .oneshot(from(&format!("k{i}")))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        kinds.push(kind(&res).unwrap());
+    }
+    let first_open = kinds
+        .iter()
+        .position(|k| *k == BackendErrorKind::CircuitOpen)
+        .unwrap_or_else(|| panic!("the breaker never opened: {kinds:?}"));
+    assert!(first_open <= 3, "open after 3 failures: {kinds:?}");
+    assert!(
+        kinds[first_open..]
+            .iter()
+            .all(|k| *k == BackendErrorKind::CircuitOpen),
+        "then open: {kinds:?}"
+    );
+    assert!(!kinds.contains(&BackendErrorKind::TimedOut), "{kinds:?}");
+    assert!(matches!(
+        store
+            .hit("breaker", &Key::new("x"), quota(5, Duration::from_secs(60)))
+            .await,
+        Err(BackendError::CircuitOpen)
+    ));
+
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while limited.clone().oneshot(from("b")).await.unwrap().status() != StatusCode::OK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the breaker never closed after Redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    for i in 0..10 {
+        let res = limited
+            .clone()
+            .oneshot(from(&format!("k{i}")))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "closed");
+    }
+}
+
+#[tokio::test]
+async fn a_bad_url_is_a_configuration_error() {
+    for url in [
+        "not a url",
+        "redis://127.0.0.1:notaport/",
+        "mysql://127.0.0.1/",
+    ] {
+        assert!(
+            matches!(
+                RedisBackend::connect_in_background(url),
+                Err(ConfigError::InvalidUrl(_))
+            ),
+            "{url}"
+        );
+        assert!(
+            matches!(
+                RedisBackend::connect(url).await,
+                Err(ConnectError::Config(ConfigError::InvalidUrl(_)))
+            ),
+            "{url}"
+        );
+    }
+    let secret = "redis://user:hunter2@127.0.0.1:notaport/";
+    let err = RedisBackend::connect_in_background(secret).unwrap_err();
+    assert!(!err.to_string().contains("hunter2"), "{err}");
+}
+
+#[tokio::test]
+async fn breaker_settings_are_checked() {
+    // A backend that never connects: nothing listens on the discard port.
+    let store = RedisBackend::connect_in_background("redis://127.0.0.1:9/").unwrap();
+    let builder = || RedisBackend::builder(store.connection().clone());
+    assert_eq!(
+        builder()
+            .try_breaker(0, Duration::from_secs(1))
+            .err()
+            .map(|e| e.to_string()),
+        Some(ConfigError::ZeroBreakerFailures.to_string())
+    );
+    assert!(matches!(
+        builder().try_breaker(1, Duration::ZERO),
+        Err(ConfigError::ZeroBreakerCooldown)
+    ));
+    assert!(builder().try_breaker(1, Duration::from_millis(1)).is_ok());
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        builder().breaker(0, Duration::from_secs(1))
+    }));
+    assert!(panicked.is_err());
 }

@@ -109,6 +109,13 @@ pub enum BackendError {
     /// The store is full of live counters and will not evict one
     /// (see [`MemoryBackendBuilder::max_keys`]).
     AtCapacity,
+    /// The store failed repeatedly, and the backend's circuit breaker is
+    /// answering at once for a short cool-down instead of waiting on it
+    /// (the Redis backend: see
+    /// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)).
+    /// An outage like [`Unavailable`](Self::Unavailable): the failure policy
+    /// decides.
+    CircuitOpen,
     /// The stored counter is not an integer (or the key holds another type).
     /// The value was left untouched for inspection. Requests on this key are
     /// stopped whatever the failure policy says.
@@ -125,6 +132,60 @@ impl BackendError {
     pub fn is_corrupt(&self) -> bool {
         matches!(self, Self::Corrupt { .. })
     }
+
+    /// What kind of failure this is, without its details.
+    pub fn kind(&self) -> BackendErrorKind {
+        match self {
+            Self::Unavailable(_) => BackendErrorKind::Unavailable,
+            Self::TimedOut => BackendErrorKind::TimedOut,
+            Self::CircuitOpen => BackendErrorKind::CircuitOpen,
+            Self::AtCapacity => BackendErrorKind::AtCapacity,
+            Self::Corrupt { .. } => BackendErrorKind::Corrupt,
+        }
+    }
+}
+
+/// The kind of a [`BackendError`], without its details.
+///
+/// A request that the layer answers for a backend failure (503 /
+/// UNAVAILABLE under [`FailurePolicy::FailClosed`](crate::FailurePolicy),
+/// 500 / INTERNAL for corrupt state) carries it in its response's
+/// extensions, where a [`Decision`](crate::Decision) would be: read it with
+/// `response.extensions().get::<BackendErrorKind>()`. The metrics name it
+/// in the `kind` label ([`name`](Self::name)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum BackendErrorKind {
+    /// [`BackendError::Unavailable`].
+    Unavailable,
+    /// [`BackendError::TimedOut`].
+    TimedOut,
+    /// [`BackendError::CircuitOpen`].
+    CircuitOpen,
+    /// [`BackendError::AtCapacity`].
+    AtCapacity,
+    /// [`BackendError::Corrupt`].
+    Corrupt,
+}
+
+impl BackendErrorKind {
+    /// Its name in snake case: `unavailable`, `timed_out`, `circuit_open`,
+    /// `at_capacity`, `corrupt`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Unavailable => "unavailable",
+            Self::TimedOut => "timed_out",
+            Self::CircuitOpen => "circuit_open",
+            Self::AtCapacity => "at_capacity",
+            Self::Corrupt => "corrupt",
+        }
+    }
+}
+
+impl fmt::Display for BackendErrorKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
 }
 
 impl fmt::Display for BackendError {
@@ -132,6 +193,9 @@ impl fmt::Display for BackendError {
         match self {
             Self::Unavailable(err) => write!(f, "rate-limit backend unavailable: {err}"),
             Self::TimedOut => f.write_str("rate-limit backend timed out"),
+            Self::CircuitOpen => {
+                f.write_str("rate-limit backend failed repeatedly: circuit open, not waiting on it")
+            }
             Self::AtCapacity => f.write_str("rate-limit backend is at its key capacity"),
             Self::Corrupt { key, detail } => {
                 write!(

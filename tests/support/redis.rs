@@ -217,7 +217,9 @@ impl Drop for RedisServer {
     }
 }
 
-/// A Redis Cluster of three masters, no replicas.
+/// A Redis Cluster of three masters, with no replicas
+/// ([`start`](Self::start)) or one replica each
+/// ([`start_with_replicas`](Self::start_with_replicas)).
 #[cfg(feature = "redis-cluster")]
 pub struct RedisCluster {
     pub nodes: Vec<RedisServer>,
@@ -227,20 +229,48 @@ pub struct RedisCluster {
 impl RedisCluster {
     /// The cluster, or `None` when Redis is not installed.
     pub fn start(test: &str) -> Option<Self> {
+        Self::start_nodes(test, 0, "5000", &[])
+    }
+
+    /// Three masters with one replica each (six nodes), a node timeout of
+    /// `node_timeout_ms` (how long a master is unreachable before its
+    /// replica takes over), and `cluster-require-full-coverage no`: the
+    /// healthy masters keep serving their slots while one master is down, so
+    /// a failure on their keys is the client's, not Redis's
+    /// (`TPW_FULL_COVERAGE=1`: Redis's default, `yes`).
+    pub fn start_with_replicas(test: &str, node_timeout_ms: u32) -> Option<Self> {
+        Self::start_nodes(
+            test,
+            1,
+            &node_timeout_ms.to_string(),
+            &[
+                "--cluster-require-full-coverage",
+                if std::env::var("TPW_FULL_COVERAGE").is_ok() {
+                    "yes"
+                } else {
+                    "no"
+                },
+            ],
+        )
+    }
+
+    fn start_nodes(test: &str, replicas: usize, node_timeout: &str, more: &[&str]) -> Option<Self> {
         let (bin, cli) = binaries(test)?;
         let extra = |_: usize| {
-            [
+            let mut args = [
                 "--cluster-enabled",
                 "yes",
                 "--cluster-config-file",
                 "nodes.conf",
                 "--cluster-node-timeout",
-                "5000",
+                node_timeout,
             ]
             .map(String::from)
-            .to_vec()
+            .to_vec();
+            args.extend(more.iter().map(|s| s.to_string()));
+            args
         };
-        let nodes: Vec<RedisServer> = (0..3)
+        let nodes: Vec<RedisServer> = (0..3 * (1 + replicas))
             .map(|i| RedisServer::spawn(bin.clone(), cli.clone(), extra(i)))
             .collect();
         let addresses: Vec<String> = nodes
@@ -250,7 +280,7 @@ impl RedisCluster {
         let output = Command::new(&cli)
             .args(["--cluster", "create"])
             .args(&addresses)
-            .args(["--cluster-replicas", "0", "--cluster-yes"])
+            .args(["--cluster-replicas", &replicas.to_string(), "--cluster-yes"])
             .stdin(Stdio::null())
             .output()
             .expect("redis-cli --cluster create");
@@ -286,6 +316,51 @@ impl RedisCluster {
 
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The node on `port`.
+    pub fn node_mut(&mut self, port: u16) -> &mut RedisServer {
+        self.nodes
+            .iter_mut()
+            .find(|n| n.port == port)
+            .expect("a node of the cluster")
+    }
+
+    /// Each master's port and the slot ranges it serves, as the first node
+    /// still answering sees them (`CLUSTER SLOTS`).
+    pub fn masters(&self) -> Vec<(u16, Vec<(u16, u16)>)> {
+        let mut masters: Vec<(u16, Vec<(u16, u16)>)> = Vec::new();
+        let Some(out) = self.nodes.iter().find_map(|n| {
+            n.child.as_ref()?;
+            n.cmd(&["CLUSTER", "SLOTS"]).ok()
+        }) else {
+            return masters;
+        };
+        // redis-cli prints each range as: start, end, then per node ip,
+        // port, id (and maybe more), one value a line.
+        let lines: Vec<&str> = out.lines().map(str::trim).collect();
+        let mut i = 0;
+        while i + 4 < lines.len() {
+            let (Ok(start), Ok(end)) = (lines[i].parse::<u16>(), lines[i + 1].parse::<u16>())
+            else {
+                i += 1;
+                continue;
+            };
+            if lines[i + 2] != "127.0.0.1" {
+                i += 1;
+                continue;
+            }
+            let Ok(port) = lines[i + 3].parse::<u16>() else {
+                i += 1;
+                continue;
+            };
+            match masters.iter_mut().find(|(p, _)| *p == port) {
+                Some((_, ranges)) => ranges.push((start, end)),
+                None => masters.push((port, vec![(start, end)])),
+            }
+            i += 4;
+        }
+        masters
     }
 
     pub async fn connection(&self) -> redis::cluster_async::ClusterConnection {

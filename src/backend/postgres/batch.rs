@@ -281,6 +281,7 @@ fn share(err: &BackendError) -> BackendError {
     match err {
         BackendError::TimedOut => BackendError::TimedOut,
         BackendError::AtCapacity => BackendError::AtCapacity,
+        BackendError::CircuitOpen => BackendError::CircuitOpen,
         BackendError::Corrupt { key, detail } => BackendError::Corrupt {
             key: key.clone(),
             detail: detail.clone(),

@@ -47,7 +47,7 @@ where
     /// # Errors
     /// [`BackendError::Unavailable`] when a node cannot be scanned.
     pub async fn audit(&self, repair: Option<Window>) -> Result<AuditReport, BackendError> {
-        let mut connection = self.inner.connection.clone();
+        let mut connection = self.inner.connection.inner.clone();
         let nodes = connection.nodes().await.map_err(unavailable)?;
         let pattern = glob_escape(&self.inner.prefix);
         let mut report = AuditReport {

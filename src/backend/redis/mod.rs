@@ -4,10 +4,16 @@
 //! module, and the audit with its Cluster code is in `audit.rs`.
 
 mod audit;
+mod breaker;
+mod connect;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
 
 pub use audit::{AuditReport, Node, Nodes};
+pub use breaker::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, SLOTS_PER_RANGE};
+#[cfg(feature = "redis-cluster")]
+pub use connect::cluster_client_builder;
+pub use connect::{BackgroundConnection, ConnectError, connection_manager_config};
 #[cfg(feature = "redis-sentinel")]
 pub use sentinel::{
     DEFAULT_LOOKUP_INTERVAL, DEFAULT_STALL_AFTER, SentinelConnection, SentinelConnectionBuilder,
@@ -21,12 +27,13 @@ use std::sync::{Arc, LazyLock};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionLike, ConnectionManager};
+use ::redis::aio::ConnectionLike;
 use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 
+use self::breaker::{BreakerConfig, Breakers, Guarded};
 use super::deny_cache::DenyCache;
 use super::{Backend, BackendError, Counter, Hit, Hits, storage_key};
 use crate::error::ConfigError;
@@ -93,10 +100,32 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// Redis Cluster connection.
 ///
 /// Any async Redis connection that can be cloned serves: a
-/// [`ConnectionManager`] (what [`connect`](Self::connect) makes; it
-/// reconnects by itself), a `MultiplexedConnection`, or a Cluster connection
-/// (feature `redis-cluster`). Concurrent hits share the connection and are
-/// pipelined on it; no hit opens a connection of its own.
+/// [`ConnectionManager`](::redis::aio::ConnectionManager) (what
+/// [`connect`](RedisBackend::connect) makes; it reconnects by itself), a
+/// [`BackgroundConnection`] (what
+/// [`connect_in_background`](RedisBackend::connect_in_background) makes), a
+/// `MultiplexedConnection`, or a Cluster connection (feature
+/// `redis-cluster`; `connect_cluster` makes one). Concurrent hits share the
+/// connection and are pipelined on it; no hit opens a connection of its own.
+/// Use the [`redis`](crate::redis) crate this crate re-exports to make your
+/// own.
+///
+/// # Outages
+///
+/// The layer times every backend call (its
+/// [`timeout`](crate::RateLimitLayer::timeout)) and applies its
+/// [`FailurePolicy`](crate::FailurePolicy) to what fails. The connections
+/// this crate makes have the `redis` client's own response timeout turned
+/// off, so a hit arms one timer; turn it off in a connection of your own
+/// too ([`connection_manager_config`], or
+/// `AsyncConnectionConfig::set_response_timeout(None)`).
+///
+/// A circuit breaker (on by default; see
+/// [`RedisBackendBuilder::breaker`]) remembers that Redis is down: after
+/// repeated failures, hits fail at once with [`BackendError::CircuitOpen`]
+/// for a short cool-down, then one probe goes through. On a Cluster there
+/// is one breaker per master, so a master that fails over does not stop
+/// the other masters' keys.
 ///
 /// # Keys
 ///
@@ -141,7 +170,8 @@ pub struct RedisBackend<C> {
 }
 
 struct Inner<C> {
-    connection: C,
+    /// The connection behind the breaker.
+    connection: Guarded<C>,
     prefix: Box<[u8]>,
     deny: Option<DenyCache>,
 }
@@ -172,6 +202,7 @@ pub struct RedisBackendBuilder<C> {
     connection: C,
     prefix: Vec<u8>,
     deny_cache: usize,
+    breaker: Option<BreakerConfig>,
 }
 
 impl<C> fmt::Debug for RedisBackendBuilder<C> {
@@ -179,6 +210,7 @@ impl<C> fmt::Debug for RedisBackendBuilder<C> {
         f.debug_struct("RedisBackendBuilder")
             .field("prefix", &self.prefix.escape_ascii().to_string())
             .field("deny_cache", &self.deny_cache)
+            .field("breaker", &self.breaker)
             .finish_non_exhaustive()
     }
 }
@@ -221,11 +253,75 @@ impl<C> RedisBackendBuilder<C> {
         self
     }
 
+    /// The circuit breaker: after `failures` failed commands in a row
+    /// (unreachable, timed out by the layer, `CLUSTERDOWN`...), the backend
+    /// answers [`BackendError::CircuitOpen`] at once for `cooldown`, then
+    /// lets one probe through: a success closes it, a failure opens it for
+    /// another `cooldown`. An outage then costs requests no wait. The
+    /// default is [`DEFAULT_BREAKER_FAILURES`] and
+    /// [`DEFAULT_BREAKER_COOLDOWN`]. It logs a warning when it opens and an
+    /// info line when it closes; the metrics count its answers as
+    /// `circuit_open`.
+    ///
+    /// On a Redis Cluster connection there is one breaker per master, so a
+    /// failing master does not stop the healthy masters' keys: the backend
+    /// reads `CLUSTER SLOTS` on its first command and every 5 s after, and
+    /// until it knows the masters, there is one breaker per
+    /// [`SLOTS_PER_RANGE`] consecutive slots. On any other connection there
+    /// is one for the backend.
+    ///
+    /// # Panics
+    /// When `failures` is 0 or `cooldown` is zero. Use
+    /// [`try_breaker`](Self::try_breaker) for values read from
+    /// configuration.
+    #[track_caller]
+    pub fn breaker(self, failures: u32, cooldown: Duration) -> Self {
+        match self.try_breaker(failures, cooldown) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`breaker`](Self::breaker), for values known only at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroBreakerFailures`] or
+    /// [`ConfigError::ZeroBreakerCooldown`].
+    pub fn try_breaker(mut self, failures: u32, cooldown: Duration) -> Result<Self, ConfigError> {
+        if failures == 0 {
+            return Err(ConfigError::ZeroBreakerFailures);
+        }
+        if cooldown.is_zero() {
+            return Err(ConfigError::ZeroBreakerCooldown);
+        }
+        self.breaker = Some(BreakerConfig { failures, cooldown });
+        Ok(self)
+    }
+
+    /// No circuit breaker: every hit waits on Redis, up to the layer's
+    /// timeout.
+    pub fn no_breaker(mut self) -> Self {
+        self.breaker = None;
+        self
+    }
+
     /// The backend.
-    pub fn build(self) -> RedisBackend<C> {
+    pub fn build(self) -> RedisBackend<C>
+    where
+        C: 'static,
+    {
+        #[cfg(feature = "redis-cluster")]
+        let cluster = is_cluster::<C>();
+        #[cfg(not(feature = "redis-cluster"))]
+        let cluster = false;
         RedisBackend {
             inner: Arc::new(Inner {
-                connection: self.connection,
+                connection: Guarded {
+                    inner: self.connection,
+                    breakers: self
+                        .breaker
+                        .map(|config| Arc::new(Breakers::new(config, cluster))),
+                },
                 prefix: self.prefix.into(),
                 deny: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
             }),
@@ -233,18 +329,11 @@ impl<C> RedisBackendBuilder<C> {
     }
 }
 
-impl RedisBackend<ConnectionManager> {
-    /// Connect to the Redis at `url` (`redis://host:port/db`) through a
-    /// [`ConnectionManager`], which reconnects by itself after an outage.
-    ///
-    /// # Errors
-    /// [`BackendError::Unavailable`] when the URL is invalid or the first
-    /// connection fails.
-    pub async fn connect(url: &str) -> Result<Self, BackendError> {
-        let client = ::redis::Client::open(url).map_err(unavailable)?;
-        let connection = client.get_connection_manager().await.map_err(unavailable)?;
-        Ok(Self::new(connection))
-    }
+/// Whether `C` is the Redis Cluster connection (its breakers go by master).
+#[cfg(feature = "redis-cluster")]
+fn is_cluster<C: 'static>() -> bool {
+    std::any::TypeId::of::<C>()
+        == std::any::TypeId::of::<::redis::cluster_async::ClusterConnection>()
 }
 
 impl<C> RedisBackend<C>
@@ -262,6 +351,7 @@ where
             connection,
             prefix: DEFAULT_PREFIX.into(),
             deny_cache: DEFAULT_DENY_CACHE,
+            breaker: Some(BreakerConfig::default()),
         }
     }
 
@@ -272,9 +362,9 @@ where
         storage_key::encode(&self.inner.prefix, namespace, key)
     }
 
-    /// The connection the backend uses.
+    /// The connection the backend uses (without its breaker).
     pub fn connection(&self) -> &C {
-        &self.inner.connection
+        &self.inner.connection.inner
     }
 
     /// Run `script` on `key` by its SHA1, sending its text once more with
@@ -372,7 +462,9 @@ fn parse_peek(value: Value, key: &[u8]) -> Result<Option<Hit>, BackendError> {
 }
 
 fn unavailable(err: RedisError) -> BackendError {
-    if err.is_timeout() {
+    if breaker::is_open(&err) {
+        BackendError::CircuitOpen
+    } else if err.is_timeout() {
         BackendError::TimedOut
     } else {
         BackendError::Unavailable(Box::new(err))
@@ -668,6 +760,7 @@ mod tests {
             connection: (),
             prefix: Vec::new(),
             deny_cache: 0,
+            breaker: None,
         };
         for prefix in ["{", "}", "a{b}:", "tpw}"] {
             assert_eq!(

@@ -189,7 +189,8 @@ impl SentinelConnection {
                 .collect(),
             master_name: master_name.to_owned(),
             master: None,
-            config: AsyncConnectionConfig::new(),
+            // The layer's timeout is a hit's one timer.
+            config: AsyncConnectionConfig::new().set_response_timeout(None),
             lookup_interval: DEFAULT_LOOKUP_INTERVAL,
             stall_after: DEFAULT_STALL_AFTER,
         }
@@ -268,7 +269,10 @@ impl SentinelConnectionBuilder {
     }
 
     /// The connection and response timeouts of the connection to the
-    /// master (the `redis` crate's defaults unless set: 1 s and 500 ms).
+    /// master (unless set: the `redis` crate's 1 s to connect, and no
+    /// response timeout, since the layer's timeout already bounds every
+    /// hit; keep it off in a config of your own:
+    /// `set_response_timeout(None)`).
     pub fn connection_config(mut self, config: AsyncConnectionConfig) -> Self {
         self.config = config;
         self

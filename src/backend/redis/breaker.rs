@@ -1,0 +1,619 @@
+//! The circuit breaker: after repeated failures the backend answers
+//! [`BackendError::CircuitOpen`](crate::backend::BackendError::CircuitOpen)
+//! at once for a cool-down, then lets one probe through.
+//!
+//! It wraps the connection ([`Guarded`]), so every command the backend sends
+//! goes through it, whatever path sends it. On a Cluster connection there is
+//! one breaker per master: the breaker learns which master serves each slot
+//! from `CLUSTER SLOTS` (on the first command, then at most every
+//! [`MAP_REFRESH`]), and until it knows, there is one per range of
+//! [`SLOTS_PER_RANGE`] consecutive slots. A failing master opens only its
+//! own breaker, and the healthy masters' keys go on as before. On any other
+//! connection there is one breaker.
+
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use ::redis::aio::ConnectionLike;
+use ::redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+
+/// Consecutive failures that open a breaker, unless configured otherwise.
+pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
+
+/// How long an open breaker answers at once before it lets a probe through,
+/// unless configured otherwise.
+pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(500);
+
+/// Consecutive Cluster slots that share one breaker until the backend knows
+/// which master serves them (128 breakers for the 16384 slots). A master's
+/// slots are ranges of consecutive slots, so all but the ranges that
+/// straddle two masters belong to one master.
+pub const SLOTS_PER_RANGE: u16 = 128;
+
+const CLUSTER_SLOTS: u16 = 16_384;
+
+/// How often a Cluster's slot map is read again (on a command).
+const MAP_REFRESH: Duration = Duration::from_secs(5);
+
+/// Masters a Cluster breaker tells apart; past that, slots fall back to
+/// their range's breaker.
+const MAX_NODES: usize = 128;
+
+/// No master known for the slot.
+const UNKNOWN: u8 = u8::MAX;
+
+/// The detail of the error an open breaker answers with.
+const OPEN: &str = "tower-pinned-window: circuit open after repeated failures";
+
+/// The breaker's settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct BreakerConfig {
+    pub(crate) failures: u32,
+    pub(crate) cooldown: Duration,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        Self {
+            failures: DEFAULT_BREAKER_FAILURES,
+            cooldown: DEFAULT_BREAKER_COOLDOWN,
+        }
+    }
+}
+
+/// Whether `err` is what an open breaker answers.
+pub(crate) fn is_open(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Client && err.detail() == Some(OPEN)
+}
+
+fn open_error() -> RedisError {
+    RedisError::from((ErrorKind::Client, "circuit open", OPEN.to_owned()))
+}
+
+/// Whether `err` says the store is down or unreachable (rather than that a
+/// command was wrong, or a script missing, which a healthy server answers).
+/// A redirection (`MOVED`, `ASK`) or `READONLY` that reaches the caller is
+/// one the Cluster client gave up following: the master it points to does
+/// not answer.
+fn is_outage(err: &RedisError) -> bool {
+    match err.kind() {
+        ErrorKind::Server(kind) => matches!(
+            kind,
+            ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+                | ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::ReadOnly
+        ),
+        ErrorKind::Client | ErrorKind::UnexpectedReturnType | ErrorKind::InvalidClientConfig => {
+            false
+        }
+        _ => true,
+    }
+}
+
+/// One breaker.
+#[derive(Debug, Default)]
+struct Breaker {
+    /// Consecutive failures while closed.
+    failures: AtomicU32,
+    /// Milliseconds since the origin (plus one) until which the breaker is
+    /// open; 0 while closed.
+    open_until: AtomicU64,
+    /// A probe is out.
+    probing: AtomicBool,
+}
+
+/// How a call got past its breaker.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Pass {
+    Closed,
+    Probe,
+}
+
+/// The breakers of one backend.
+#[derive(Debug)]
+pub(crate) struct Breakers {
+    config: BreakerConfig,
+    origin: Instant,
+    /// One; or on a Cluster, one per master (the first [`MAX_NODES`]) and
+    /// then one per slot range.
+    breakers: Box<[Breaker]>,
+    /// On a Cluster: which master serves each slot, as an index into
+    /// `breakers` ([`UNKNOWN`] until known).
+    owners: Box<[AtomicU8]>,
+    /// On a Cluster: the masters' addresses, in the order of their breakers.
+    masters: Mutex<Vec<String>>,
+    /// When the slot map was last asked for, in `now_ms`; 0 never.
+    mapped_at: AtomicU64,
+}
+
+impl Breakers {
+    pub(crate) fn new(config: BreakerConfig, cluster: bool) -> Self {
+        let (count, slots) = if cluster {
+            (
+                MAX_NODES + usize::from(CLUSTER_SLOTS / SLOTS_PER_RANGE),
+                usize::from(CLUSTER_SLOTS),
+            )
+        } else {
+            (1, 0)
+        };
+        Self {
+            config,
+            origin: Instant::now(),
+            breakers: (0..count).map(|_| Breaker::default()).collect(),
+            owners: (0..slots).map(|_| AtomicU8::new(UNKNOWN)).collect(),
+            masters: Mutex::new(Vec::new()),
+            mapped_at: AtomicU64::new(0),
+        }
+    }
+
+    fn is_cluster(&self) -> bool {
+        !self.owners.is_empty()
+    }
+
+    /// The breaker of `slot`: its master's, or its range's.
+    fn for_slot(&self, slot: u16) -> usize {
+        match self.owners[usize::from(slot)].load(Ordering::Relaxed) {
+            UNKNOWN => MAX_NODES + usize::from(slot / SLOTS_PER_RANGE),
+            node => usize::from(node),
+        }
+    }
+
+    /// What a log line calls breaker `index`.
+    fn name(&self, index: usize) -> String {
+        if !self.is_cluster() {
+            return "redis".into();
+        }
+        if index >= MAX_NODES {
+            let start = (index - MAX_NODES) * usize::from(SLOTS_PER_RANGE);
+            return format!("slots {start}-{}", start + usize::from(SLOTS_PER_RANGE) - 1);
+        }
+        let masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
+        masters
+            .get(index)
+            .cloned()
+            .unwrap_or_else(|| format!("master {index}"))
+    }
+
+    /// Whether the slot map is due to be read (and now taken to be read).
+    fn map_due(&self) -> bool {
+        if !self.is_cluster() {
+            return false;
+        }
+        let now = self.now_ms();
+        let last = self.mapped_at.load(Ordering::Relaxed);
+        let refresh = u64::try_from(MAP_REFRESH.as_millis()).unwrap_or(u64::MAX);
+        (last == 0 || now.saturating_sub(last) >= refresh)
+            && self
+                .mapped_at
+                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+    }
+
+    /// Take in a `CLUSTER SLOTS` reply: each entry is `[start, end, [host,
+    /// port, ...], replicas...]`.
+    fn map(&self, reply: &Value) {
+        let Value::Array(entries) = reply else { return };
+        let mut masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
+        for entry in entries {
+            let Value::Array(fields) = entry else {
+                continue;
+            };
+            let [Value::Int(start), Value::Int(end), Value::Array(master), ..] = fields.as_slice()
+            else {
+                continue;
+            };
+            let [host, Value::Int(port), ..] = master.as_slice() else {
+                continue;
+            };
+            let host = match host {
+                Value::BulkString(host) => String::from_utf8_lossy(host).into_owned(),
+                Value::SimpleString(host) => host.clone(),
+                _ => continue,
+            };
+            let address = format!("{host}:{port}");
+            let index = match masters.iter().position(|m| *m == address) {
+                Some(index) => index,
+                None if masters.len() < MAX_NODES => {
+                    masters.push(address);
+                    masters.len() - 1
+                }
+                None => usize::from(UNKNOWN),
+            };
+            let (Ok(start), Ok(end)) = (u16::try_from(*start), u16::try_from(*end)) else {
+                continue;
+            };
+            let owner = u8::try_from(index).unwrap_or(UNKNOWN);
+            for slot in start..=end.min(CLUSTER_SLOTS - 1) {
+                self.owners[usize::from(slot)].store(owner, Ordering::Relaxed);
+            }
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.origin.elapsed().as_millis())
+            .unwrap_or(u64::MAX)
+            .saturating_add(1)
+    }
+
+    /// The breaker `cmd` goes through: by the slot of its first key on a
+    /// Cluster, the one breaker otherwise.
+    fn index(&self, cmd: &Cmd) -> usize {
+        if !self.is_cluster() {
+            return 0;
+        }
+        let mut args = cmd.args_iter();
+        let name = match args.next() {
+            Some(Arg::Simple(name)) => name.to_ascii_uppercase(),
+            _ => return 0,
+        };
+        // EVAL/EVALSHA script numkeys key ...; every other command this
+        // crate sends names its key first.
+        let skip = if name == b"EVALSHA" || name == b"EVAL" {
+            2
+        } else {
+            0
+        };
+        match args.nth(skip) {
+            Some(Arg::Simple(key)) => self.for_slot(slot(key)),
+            _ => 0,
+        }
+    }
+
+    /// `Some` when a call may go out now.
+    fn admit(&self, index: usize) -> Option<Pass> {
+        let breaker = &self.breakers[index];
+        let until = breaker.open_until.load(Ordering::Acquire);
+        if until == 0 {
+            return Some(Pass::Closed);
+        }
+        if self.now_ms() < until {
+            return None;
+        }
+        breaker
+            .probing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+            .then_some(Pass::Probe)
+    }
+
+    fn succeeded(&self, index: usize) {
+        let breaker = &self.breakers[index];
+        breaker.failures.store(0, Ordering::Relaxed);
+        if breaker.open_until.swap(0, Ordering::AcqRel) != 0 {
+            breaker.probing.store(false, Ordering::Release);
+            tracing::info!(
+                breaker = %self.name(index),
+                "rate-limit backend answered again: circuit closed"
+            );
+        }
+    }
+
+    fn failed(&self, index: usize, pass: Pass) {
+        let breaker = &self.breakers[index];
+        let until = self
+            .now_ms()
+            .saturating_add(u64::try_from(self.config.cooldown.as_millis()).unwrap_or(u64::MAX));
+        match pass {
+            Pass::Probe => {
+                breaker.open_until.store(until, Ordering::Release);
+                breaker.probing.store(false, Ordering::Release);
+                tracing::debug!(breaker = %self.name(index), "probe failed: circuit stays open");
+            }
+            Pass::Closed => {
+                let failures = breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
+                if failures >= self.config.failures
+                    && breaker
+                        .open_until
+                        .compare_exchange(0, until, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    tracing::warn!(
+                        breaker = %self.name(index),
+                        failures,
+                        cooldown = ?self.config.cooldown,
+                        "rate-limit backend failed repeatedly: circuit open, answering at once until a probe succeeds"
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// Settles a call with its breaker: a success closes it, a failure counts,
+/// and a call dropped before it answered (the layer's timeout ran out)
+/// counts as a failure.
+struct Settle {
+    breakers: Arc<Breakers>,
+    index: usize,
+    pass: Pass,
+    settled: bool,
+}
+
+impl Settle {
+    fn result<T>(mut self, result: &Result<T, RedisError>) {
+        self.settled = true;
+        match result {
+            Ok(_) => self.breakers.succeeded(self.index),
+            Err(err) if is_outage(err) => self.breakers.failed(self.index, self.pass),
+            Err(_) => self.breakers.succeeded(self.index),
+        }
+    }
+}
+
+impl Drop for Settle {
+    fn drop(&mut self) {
+        if !self.settled {
+            self.breakers.failed(self.index, self.pass);
+        }
+    }
+}
+
+/// A connection behind the backend's breakers.
+#[derive(Clone)]
+pub(crate) struct Guarded<C> {
+    pub(crate) inner: C,
+    /// `None` when the breaker is off.
+    pub(crate) breakers: Option<Arc<Breakers>>,
+}
+
+impl<C> Guarded<C> {
+    fn settle(&self, index: usize) -> Result<Option<Settle>, RedisError> {
+        let Some(breakers) = &self.breakers else {
+            return Ok(None);
+        };
+        match breakers.admit(index) {
+            Some(pass) => Ok(Some(Settle {
+                breakers: Arc::clone(breakers),
+                index,
+                pass,
+                settled: false,
+            })),
+            None => Err(open_error()),
+        }
+    }
+
+    fn index(&self, cmd: Option<&Cmd>) -> usize {
+        match (&self.breakers, cmd) {
+            (Some(breakers), Some(cmd)) => breakers.index(cmd),
+            _ => 0,
+        }
+    }
+}
+
+impl<C> Guarded<C>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+{
+    /// On a Cluster, read the slot map in the background when it is due.
+    fn refresh_map(&self) {
+        let Some(breakers) = &self.breakers else {
+            return;
+        };
+        if !breakers.map_due() {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            breakers.mapped_at.store(0, Ordering::Relaxed);
+            return;
+        };
+        let (mut connection, breakers) = (self.inner.clone(), Arc::clone(breakers));
+        runtime.spawn(async move {
+            match ::redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<Value>(&mut connection)
+                .await
+            {
+                Ok(reply) => breakers.map(&reply),
+                Err(err) => tracing::debug!(error = %err, "CLUSTER SLOTS failed: breakers keep the slot map they have"),
+            }
+        });
+    }
+}
+
+impl<C> ConnectionLike for Guarded<C>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+{
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        self.refresh_map();
+        let settle = match self.settle(self.index(Some(cmd))) {
+            Ok(settle) => settle,
+            Err(err) => return Box::pin(std::future::ready(Err(err))),
+        };
+        let call = self.inner.req_packed_command(cmd);
+        Box::pin(async move {
+            let result = call.await;
+            if let Some(settle) = settle {
+                settle.result(&result);
+            }
+            result
+        })
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let settle = match self.settle(self.index(pipeline.cmd_iter().next())) {
+            Ok(settle) => settle,
+            Err(err) => return Box::pin(std::future::ready(Err(err))),
+        };
+        let call = self.inner.req_packed_commands(pipeline, offset, count);
+        Box::pin(async move {
+            let result = call.await;
+            if let Some(settle) = settle {
+                settle.result(&result);
+            }
+            result
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
+}
+
+/// The Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of the
+/// whole key when it has none, modulo 16384.
+fn slot(key: &[u8]) -> u16 {
+    let tagged = key
+        .iter()
+        .position(|&b| b == b'{')
+        .and_then(|open| {
+            let rest = &key[open + 1..];
+            let close = rest.iter().position(|&b| b == b'}')?;
+            (close > 0).then(|| &rest[..close])
+        })
+        .unwrap_or(key);
+    crc16(tagged) % CLUSTER_SLOTS
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_redis_cluster_slots() {
+        // Values from CLUSTER KEYSLOT.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(slot(b"foo"), 12182);
+        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
+        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
+        assert_eq!(slot(b"tpw:api{k}"), slot(b"k"));
+    }
+
+    #[test]
+    fn a_breaker_opens_after_repeated_failures_then_probes_once() {
+        let config = BreakerConfig {
+            failures: 3,
+            cooldown: Duration::from_millis(30),
+        };
+        let breakers = Breakers::new(config, false);
+        for _ in 0..2 {
+            assert_eq!(breakers.admit(0), Some(Pass::Closed));
+            breakers.failed(0, Pass::Closed);
+        }
+        breakers.succeeded(0);
+        for _ in 0..3 {
+            assert_eq!(breakers.admit(0), Some(Pass::Closed));
+            breakers.failed(0, Pass::Closed);
+        }
+        assert_eq!(breakers.admit(0), None, "open after 3 in a row");
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(breakers.admit(0), Some(Pass::Probe), "one probe");
+        assert_eq!(breakers.admit(0), None, "only one");
+        breakers.failed(0, Pass::Probe);
+        assert_eq!(breakers.admit(0), None, "open again");
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(breakers.admit(0), Some(Pass::Probe));
+        breakers.succeeded(0);
+        assert_eq!(breakers.admit(0), Some(Pass::Closed), "closed");
+    }
+
+    #[test]
+    fn cluster_breakers_go_by_master_once_the_slot_map_is_known() {
+        let breakers = Breakers::new(
+            BreakerConfig {
+                failures: 1,
+                cooldown: Duration::from_secs(60),
+            },
+            true,
+        );
+        let evalsha = |key: &str| {
+            let mut cmd = ::redis::cmd("EVALSHA");
+            cmd.arg("sha").arg(1).arg(key).arg(5);
+            cmd
+        };
+        let del = |key: &str| {
+            let mut cmd = ::redis::cmd("DEL");
+            cmd.arg(key);
+            cmd
+        };
+        // slot("a") = 15495, slot("b") = 3300, slot("c") = 7365.
+        let (a, b, c) = (evalsha("tpw:n{a}"), del("tpw:n{b}"), evalsha("tpw:n{c}"));
+        assert_eq!(
+            breakers.index(&a),
+            MAX_NODES + usize::from(slot(b"a") / SLOTS_PER_RANGE),
+            "by slot range until the map is known"
+        );
+        assert_ne!(breakers.index(&a), breakers.index(&b));
+
+        let node = |port: i64| {
+            Value::Array(vec![
+                Value::BulkString(b"10.0.0.1".to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |start: i64, end: i64, port: i64| {
+            Value::Array(vec![
+                Value::Int(start),
+                Value::Int(end),
+                node(port),
+                node(port + 1000),
+            ])
+        };
+        breakers.map(&Value::Array(vec![
+            range(0, 5460, 7000),
+            range(5461, 10922, 7001),
+            range(10923, 16383, 7002),
+        ]));
+        let (ia, ib, ic) = (breakers.index(&a), breakers.index(&b), breakers.index(&c));
+        assert!(ia < MAX_NODES && ib < MAX_NODES && ic < MAX_NODES);
+        assert_eq!(breakers.name(ia), "10.0.0.1:7002");
+        assert_eq!(breakers.name(ib), "10.0.0.1:7000");
+        assert_eq!(breakers.name(ic), "10.0.0.1:7001");
+        // slot("foo") = 12182: the same master as a.
+        assert_eq!(
+            breakers.index(&evalsha("tpw:n{foo}")),
+            ia,
+            "one breaker per master"
+        );
+        breakers.failed(ia, Pass::Closed);
+        assert_eq!(breakers.admit(ia), None, "a's master is open");
+        assert_eq!(breakers.admit(ib), Some(Pass::Closed), "the others are not");
+        assert_eq!(breakers.admit(ic), Some(Pass::Closed));
+
+        // A replica took over a's slots: they get a breaker of their own.
+        breakers.map(&Value::Array(vec![range(10923, 16383, 7003)]));
+        let promoted = breakers.index(&a);
+        assert_ne!(promoted, ia);
+        assert_eq!(breakers.name(promoted), "10.0.0.1:7003");
+        assert_eq!(breakers.admit(promoted), Some(Pass::Closed));
+    }
+
+    #[test]
+    fn only_outages_count() {
+        assert!(is_outage(&RedisError::from(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused
+        ))));
+        assert!(!is_outage(&RedisError::from((
+            ErrorKind::Server(ServerErrorKind::NoScript),
+            "no script"
+        ))));
+        assert!(is_open(&open_error()));
+        assert!(!is_outage(&open_error()));
+    }
+}

@@ -1,0 +1,314 @@
+//! The connections this crate makes: [`RedisBackend::connect`],
+//! [`RedisBackend::connect_in_background`] and, with `redis-cluster`,
+//! [`RedisBackend::connect_cluster`].
+//!
+//! Each has the `redis` client's own response timeout turned off: the layer
+//! already times every backend call (its
+//! [`timeout`](crate::RateLimitLayer::timeout)), so a hit arms one timer,
+//! not two.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+
+use super::RedisBackend;
+use crate::backend::BackendError;
+use crate::error::ConfigError;
+
+/// Why a connection could not be made.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum ConnectError {
+    /// The URL (or another setting) is wrong: retrying will not help.
+    Config(ConfigError),
+    /// The store could not be reached.
+    Unavailable(BackendError),
+}
+
+impl fmt::Display for ConnectError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Config(err) => err.fmt(f),
+            Self::Unavailable(err) => err.fmt(f),
+        }
+    }
+}
+
+impl std::error::Error for ConnectError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            Self::Config(err) => Some(err),
+            Self::Unavailable(err) => Some(err),
+        }
+    }
+}
+
+impl From<ConfigError> for ConnectError {
+    fn from(err: ConfigError) -> Self {
+        Self::Config(err)
+    }
+}
+
+/// The client for `url`, or the configuration error that says why not.
+pub(crate) fn client(url: &str) -> Result<Client, ConfigError> {
+    Client::open(url).map_err(invalid_url)
+}
+
+/// A bad URL, described without the URL itself (it may hold a password).
+fn invalid_url(err: RedisError) -> ConfigError {
+    ConfigError::InvalidUrl(err.to_string())
+}
+
+/// The settings of the [`ConnectionManager`]s this crate makes: no response
+/// timeout of the client's own (the layer's is the one timer of a hit), and
+/// reconnection attempts at most 250 ms apart, so that requests are served
+/// again soon after Redis is back.
+pub fn connection_manager_config() -> ConnectionManagerConfig {
+    ConnectionManagerConfig::new()
+        .set_response_timeout(None)
+        .set_max_delay(Duration::from_millis(250))
+}
+
+impl RedisBackend<ConnectionManager> {
+    /// Connect to the Redis at `url` (`redis://host:port/db`) through a
+    /// [`ConnectionManager`], which reconnects by itself after an outage;
+    /// waits until the first connection is up. It has no response timeout
+    /// of its own ([`connection_manager_config`]).
+    ///
+    /// To start while Redis may be down, use
+    /// [`connect_in_background`](RedisBackend::connect_in_background).
+    ///
+    /// # Errors
+    /// [`ConnectError::Config`] ([`ConfigError::InvalidUrl`]) when the URL is
+    /// invalid; [`ConnectError::Unavailable`] when the first connection
+    /// fails after the client's retries (about 2 s).
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        let client = client(url)?;
+        let connection = client
+            .get_connection_manager_with_config(connection_manager_config())
+            .await
+            .map_err(|err| ConnectError::Unavailable(super::unavailable(err)))?;
+        Ok(Self::new(connection))
+    }
+}
+
+impl RedisBackend<BackgroundConnection> {
+    /// A backend on the Redis at `url` that returns at once and connects in
+    /// the background.
+    ///
+    /// Until the first connection is up, every hit fails at once with
+    /// [`BackendError::Unavailable`], which the layer's
+    /// [`FailurePolicy`](crate::FailurePolicy) turns into a pass (fail-open)
+    /// or a 503 (fail-closed); the breaker then answers
+    /// [`BackendError::CircuitOpen`]. Attempts are made every 100 ms or so,
+    /// and hits are counted from the first one that succeeds. After that the
+    /// connection is a [`ConnectionManager`] with
+    /// [`connection_manager_config`], which reconnects by itself.
+    ///
+    /// The attempts start at once inside a Tokio runtime, otherwise on the
+    /// first command; they stop when the last clone of the backend is
+    /// dropped.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidUrl`] when `url` is not a Redis URL: the only
+    /// error, since nothing is reached here.
+    pub fn connect_in_background(url: &str) -> Result<Self, ConfigError> {
+        Ok(Self::new(BackgroundConnection::new(client(url)?)))
+    }
+}
+
+/// A connection that is made in the background: see
+/// [`RedisBackend::connect_in_background`].
+#[derive(Clone)]
+pub struct BackgroundConnection {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    db: i64,
+    connection: OnceLock<ConnectionManager>,
+    /// The client, until the attempts have started.
+    start: Mutex<Option<Client>>,
+}
+
+impl fmt::Debug for BackgroundConnection {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BackgroundConnection")
+            .field("connected", &self.is_connected())
+            .finish_non_exhaustive()
+    }
+}
+
+impl BackgroundConnection {
+    fn new(client: Client) -> Self {
+        let this = Self {
+            shared: Arc::new(Shared {
+                db: client.get_connection_info().redis_settings().db(),
+                connection: OnceLock::new(),
+                start: Mutex::new(Some(client)),
+            }),
+        };
+        if tokio::runtime::Handle::try_current().is_ok() {
+            this.start();
+        }
+        this
+    }
+
+    /// Whether the first connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.shared.connection.get().is_some()
+    }
+
+    /// The connection, once it is up.
+    pub fn connection(&self) -> Option<&ConnectionManager> {
+        self.shared.connection.get()
+    }
+
+    fn start(&self) {
+        let Some(client) = self
+            .shared
+            .start
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        else {
+            return;
+        };
+        tokio::spawn(connect_loop(client, Arc::downgrade(&self.shared)));
+    }
+
+    fn not_connected() -> RedisError {
+        RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::NotConnected,
+            "not connected to Redis yet (connecting in the background)",
+        ))
+    }
+}
+
+async fn connect_loop(client: Client, shared: Weak<Shared>) {
+    let mut warned = false;
+    loop {
+        if shared.strong_count() == 0 {
+            return;
+        }
+        let attempt = ConnectionManager::new_with_config(
+            client.clone(),
+            connection_manager_config().set_number_of_retries(0),
+        )
+        .await;
+        match attempt {
+            Ok(connection) => {
+                let Some(shared) = shared.upgrade() else {
+                    return;
+                };
+                let _ = shared.connection.set(connection);
+                tracing::info!("connected to Redis");
+                return;
+            }
+            Err(err) if !warned => {
+                warned = true;
+                tracing::warn!(error = %err, "Redis unreachable: connecting in the background; requests follow the failure policy meanwhile");
+            }
+            Err(err) => tracing::debug!(error = %err, "Redis still unreachable"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+impl ConnectionLike for BackgroundConnection {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self.shared.connection.get() {
+            Some(connection) => {
+                let mut connection = connection.clone();
+                Box::pin(async move { connection.req_packed_command(cmd).await })
+            }
+            None => {
+                self.start();
+                Box::pin(std::future::ready(Err(Self::not_connected())))
+            }
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self.shared.connection.get() {
+            Some(connection) => {
+                let mut connection = connection.clone();
+                Box::pin(async move {
+                    connection
+                        .req_packed_commands(pipeline, offset, count)
+                        .await
+                })
+            }
+            None => {
+                self.start();
+                Box::pin(std::future::ready(Err(Self::not_connected())))
+            }
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        self.shared.db
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+mod cluster {
+    use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
+    use ::redis::cluster_async::ClusterConnection;
+
+    use super::{ConnectError, invalid_url};
+    use crate::backend::redis::{RedisBackend, unavailable};
+
+    /// The settings of the Cluster clients this crate makes, for `nodes`
+    /// (`redis://host:port/`, any of the Cluster's nodes): no response
+    /// timeout of the client's own (the layer's is the one timer of a hit),
+    /// and retries of a command at most 100 ms apart (the client's default
+    /// sleeps 1.28 s or more between two tries, which outlasts any
+    /// sensible layer timeout).
+    pub fn cluster_client_builder<I, T>(nodes: I) -> ClusterClientBuilder
+    where
+        I: IntoIterator<Item = T>,
+        T: ::redis::IntoConnectionInfo,
+    {
+        ClusterClient::builder(nodes)
+            .overall_response_timeout(None)
+            .min_retry_wait(10)
+            .max_retry_wait(100)
+    }
+
+    impl RedisBackend<ClusterConnection> {
+        /// Connect to the Redis Cluster that `nodes` belong to, with
+        /// [`cluster_client_builder`]'s settings; waits until the slot map is
+        /// known. There is one breaker per master (see
+        /// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)).
+        ///
+        /// # Errors
+        /// [`ConnectError::Config`] when a URL is invalid;
+        /// [`ConnectError::Unavailable`] when no node answers.
+        pub async fn connect_cluster<I, T>(nodes: I) -> Result<Self, ConnectError>
+        where
+            I: IntoIterator<Item = T>,
+            T: ::redis::IntoConnectionInfo,
+        {
+            let client = cluster_client_builder(nodes)
+                .build()
+                .map_err(|err| ConnectError::Config(invalid_url(err)))?;
+            let connection = client
+                .get_async_connection()
+                .await
+                .map_err(|err| ConnectError::Unavailable(unavailable(err)))?;
+            Ok(Self::new(connection))
+        }
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+pub use cluster::cluster_client_builder;
