@@ -184,15 +184,21 @@ enum StoredId {
 /// stack, or the two parts of a longer id, borrowed.
 #[derive(Clone, Copy)]
 enum Id<'a> {
-    Inline([u8; INLINE_ID]),
+    Inline(&'a [u8; INLINE_ID]),
     Parts { namespace: &'a [u8], key: &'a [u8] },
 }
 
 impl<'a> Id<'a> {
     /// `hashed` holds the namespace's hashed form if it is longer than a
-    /// key may be (a layer's name never is).
+    /// key may be (a layer's name never is); `inline`, all zeros, receives
+    /// the inline form.
     #[inline(always)]
-    fn new(namespace: &'a str, key: &'a Key, hashed: &'a mut Option<Key>) -> Self {
+    fn new(
+        namespace: &'a str,
+        key: &'a Key,
+        hashed: &'a mut Option<Key>,
+        inline: &'a mut [u8; INLINE_ID],
+    ) -> Self {
         let namespace = if namespace.len() <= MAX_KEY_LEN {
             namespace.as_bytes()
         } else {
@@ -204,14 +210,14 @@ impl<'a> Id<'a> {
         if 2 + n + k > INLINE_ID {
             return Self::Parts { namespace, key };
         }
-        let mut id = [0u8; INLINE_ID];
+        let id = inline;
         // Both lengths are at most MAX_KEY_LEN + 1, well within a byte.
         id[0] = n as u8;
         id[1] = k as u8;
         // A fixed-size copy of the key and its zero padding, then the
-        // namespace over the padding: one variable-length copy, not two.
+        // namespace over the padding, in fixed-size pieces.
         id[2..].copy_from_slice(&padded[..INLINE_ID - 2]);
-        id[2 + k..2 + k + n].copy_from_slice(namespace);
+        copy_short(&mut id[2 + k..2 + k + n], namespace);
         Self::Inline(id)
     }
 
@@ -237,7 +243,7 @@ impl<'a> Id<'a> {
 
     fn to_owned(self) -> StoredId {
         match self {
-            Self::Inline(id) => StoredId::Inline(id),
+            Self::Inline(id) => StoredId::Inline(*id),
             Self::Parts { namespace, key } => {
                 let mut id = Vec::with_capacity(1 + namespace.len() + key.len());
                 id.push(namespace.len() as u8);
@@ -246,6 +252,34 @@ impl<'a> Id<'a> {
                 StoredId::Heap(id.into())
             }
         }
+    }
+}
+
+/// `to.copy_from_slice(from)` for the few bytes of a namespace, in
+/// fixed-size (possibly overlapping) pieces rather than a call to `memcpy`:
+/// every piece writes bytes of `from` at their own place, so the overlaps
+/// write the same bytes twice.
+#[inline(always)]
+fn copy_short(to: &mut [u8], from: &[u8]) {
+    let n = from.len();
+    debug_assert_eq!(to.len(), n);
+    if n >= 16 {
+        let mut at = 0;
+        while at + 8 < n {
+            to[at..at + 8].copy_from_slice(&from[at..at + 8]);
+            at += 8;
+        }
+        to[n - 8..].copy_from_slice(&from[n - 8..]);
+    } else if n >= 8 {
+        to[..8].copy_from_slice(&from[..8]);
+        to[n - 8..].copy_from_slice(&from[n - 8..]);
+    } else if n >= 4 {
+        to[..4].copy_from_slice(&from[..4]);
+        to[n - 4..].copy_from_slice(&from[n - 4..]);
+    } else if n > 0 {
+        to[0] = from[0];
+        to[n / 2] = from[n / 2];
+        to[n - 1] = from[n - 1];
     }
 }
 
@@ -460,6 +494,7 @@ impl MemoryBackend {
         self.inner.clock.now()
     }
 
+    #[inline(always)]
     fn locate(&self, id: &Id<'_>) -> (u64, MutexGuard<'_, Shard>) {
         let hash = id.hash(&self.inner.hasher);
         let index = if self.inner.shard_bits == 0 {
@@ -479,12 +514,13 @@ impl MemoryBackend {
         key: &Key,
         window: Window,
     ) -> Result<Hit, BackendError> {
-        // The deadline is computed first; it is only ever written into a
-        // counter that this hit creates. Window::MAX is 3.2e18 ns, so the
-        // product cannot overflow.
-        let deadline = now.saturating_add(window.as_millis() * 1_000_000);
-        let mut hashed = None;
-        let id = Id::new(namespace, key, &mut hashed);
+        // The deadline of a window this hit opens, from the same `now`; it
+        // is only ever written into a counter this hit creates or restarts,
+        // and only computed then. Window::MAX is 3.2e18 ns, so the product
+        // cannot overflow.
+        let opened = || now.saturating_add(window.as_millis() * 1_000_000);
+        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
+        let id = Id::new(namespace, key, &mut hashed, &mut inline);
         let (hash, mut shard) = self.locate(&id);
         if let Some(entry) = shard.table.find_mut(hash, |e| id.matches(e)) {
             if entry.deadline > now {
@@ -496,6 +532,7 @@ impl MemoryBackend {
                 });
             }
             // The old window closed: this hit opens a new one.
+            let deadline = opened();
             entry.count = 1;
             entry.deadline = deadline;
             shard.min_deadline = shard.min_deadline.min(deadline);
@@ -512,6 +549,7 @@ impl MemoryBackend {
                 return Err(BackendError::AtCapacity);
             }
         }
+        let deadline = opened();
         shard.min_deadline = shard.min_deadline.min(deadline);
         let hasher = &self.inner.hasher;
         shard.table.insert_unique(
@@ -531,8 +569,8 @@ impl MemoryBackend {
     }
 
     fn peek_at(&self, now: u64, namespace: &str, key: &Key) -> Option<Hit> {
-        let mut hashed = None;
-        let id = Id::new(namespace, key, &mut hashed);
+        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
+        let id = Id::new(namespace, key, &mut hashed, &mut inline);
         let (hash, shard) = self.locate(&id);
         shard
             .table
@@ -548,8 +586,8 @@ impl MemoryBackend {
     /// The refund itself, at time `now`: one less on the counter, if it is
     /// still the window that closes at `deadline` and above zero.
     fn refund_at(&self, now: u64, namespace: &str, key: &Key, deadline: u64) -> bool {
-        let mut hashed = None;
-        let id = Id::new(namespace, key, &mut hashed);
+        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
+        let id = Id::new(namespace, key, &mut hashed, &mut inline);
         let (hash, mut shard) = self.locate(&id);
         match shard.table.find_mut(hash, |e| id.matches(e)) {
             // An expired entry not yet swept has the same deadline: the
@@ -563,8 +601,8 @@ impl MemoryBackend {
     }
 
     fn remove_at(&self, now: u64, namespace: &str, key: &Key) -> bool {
-        let mut hashed = None;
-        let id = Id::new(namespace, key, &mut hashed);
+        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
+        let id = Id::new(namespace, key, &mut hashed, &mut inline);
         let (hash, mut shard) = self.locate(&id);
         match shard.table.find_entry(hash, |e| id.matches(e)) {
             Ok(entry) => entry.remove().0.deadline > now,
