@@ -154,6 +154,20 @@ impl Policy {
         shadow: bool,
         route: Option<Route>,
     ) -> Option<(usize, Decision)> {
+        // The usual one quota: nothing to choose between.
+        if let ([hit], [slot]) = (hits.as_slice(), &self.slots[..]) {
+            return Some((
+                0,
+                Decision::new(
+                    slot.label.clone(),
+                    route,
+                    slot.quota.limit(),
+                    hit.count,
+                    hit.reset,
+                    shadow,
+                ),
+            ));
+        }
         let mut best: Option<(usize, &Hit)> = None;
         for (i, (hit, slot)) in hits.iter().zip(&self.slots).enumerate() {
             let limit = slot.quota.limit();
