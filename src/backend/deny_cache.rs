@@ -9,6 +9,8 @@ use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
+use super::memory::shard_index;
+
 /// The most shards a cache is cut into.
 const MAX_SHARDS: usize = 16;
 
@@ -67,12 +69,7 @@ impl DenyCache {
 
     /// The shard holding the key of `hash`, locked.
     fn lock(&self, hash: u64) -> MutexGuard<'_, DenyState> {
-        let index = if self.shard_bits == 0 {
-            0
-        } else {
-            (hash >> (64 - self.shard_bits)) as usize
-        };
-        self.shards[index]
+        self.shards[shard_index(hash, self.shard_bits)]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }

@@ -66,7 +66,7 @@ const MIN_KEYS_PER_SHARD: usize = 1024;
 /// [`max_keys(n)`]: MemoryBackendBuilder::max_keys
 ///
 /// A counter takes one 64-byte slot (plus a control byte) when its namespace
-/// and key fit in 39 bytes (a layer name and an IP address do), and a heap
+/// and key fit in 38 bytes (a layer name and an IP address do), and a heap
 /// copy of them when they do not. The hash tables keep slack: at the default
 /// cap of [`DEFAULT_MAX_KEYS`] (split over 16 shards of up to 131,072 slots
 /// on a machine with up to 4 cores) it is about 140 MB when full of short
@@ -497,12 +497,10 @@ impl MemoryBackend {
     #[inline(always)]
     fn locate(&self, id: &Id<'_>) -> (u64, MutexGuard<'_, Shard>) {
         let hash = id.hash(&self.inner.hasher);
-        let index = if self.inner.shard_bits == 0 {
-            0
-        } else {
-            (hash >> (64 - self.inner.shard_bits)) as usize
-        };
-        (hash, lock(&self.inner.shards[index]))
+        (
+            hash,
+            lock(&self.inner.shards[shard_index(hash, self.inner.shard_bits)]),
+        )
     }
 
     /// The hit itself, at time `now` (nanoseconds since the epoch).
@@ -651,6 +649,17 @@ fn nanos(duration: Duration) -> u64 {
         .as_secs()
         .saturating_mul(1_000_000_000)
         .saturating_add(u64::from(duration.subsec_nanos()))
+}
+
+/// The shard of `hash` among `1 << bits`: bits 40 and up (at most 16 of
+/// them, below bit 57). The hash table inside a shard reads the low bits
+/// (where a key goes) and the top 7 (the tag it compares before the key),
+/// so the shard's bits take entropy from neither: were the shard read from
+/// the top bits, every key of a shard would share most of its tag, and a
+/// lookup would compare several keys where it should compare one.
+#[inline(always)]
+pub(crate) fn shard_index(hash: u64, bits: u32) -> usize {
+    ((hash >> 40) & ((1 << bits) - 1)) as usize
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
