@@ -97,14 +97,16 @@ impl DenyCache {
         }
         let mut state = self.lock(hash);
         let hasher = &self.hasher;
-        match state.table.find_entry(hash, |(k, _)| **k == *key) {
+        let known = match state.table.find_entry(hash, |(k, _)| **k == *key) {
             Ok(mut entry) => {
                 entry.get_mut().1 = deadline;
-                state.min_deadline =
-                    Some(state.min_deadline.map_or(deadline, |min| min.min(deadline)));
-                return;
+                true
             }
-            Err(absent) => drop(absent),
+            Err(_) => false,
+        };
+        if known {
+            state.min_deadline = Some(state.min_deadline.map_or(deadline, |min| min.min(deadline)));
+            return;
         }
         if state.table.len() >= state.cap {
             if state.min_deadline.is_some_and(|min| min > now) {
