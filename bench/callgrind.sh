@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Instructions per call under valgrind's callgrind, each case through this
 # crate and through governor 0.10 (`check_key`) / tower_governor 0.8 in one
-# run, and the ratios ours / theirs. Instruction counts repeat exactly from
-# run to run, unlike times on a shared machine.
+# run, and the ratios ours / theirs. Instruction counts repeat from run to
+# run (to within an instruction where random hash seeds change the probes),
+# unlike times on a shared machine.
 #
 #   bash bench/callgrind.sh
 #
