@@ -5,7 +5,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, PoisonError, RwLock};
 
 use smallvec::SmallVec;
 
@@ -154,6 +154,20 @@ impl Policy {
         shadow: bool,
         route: Option<Route>,
     ) -> Option<(usize, Decision)> {
+        // The usual one quota: nothing to choose between.
+        if let ([hit], [slot]) = (hits.as_slice(), &self.slots[..]) {
+            return Some((
+                0,
+                Decision::new(
+                    slot.label.clone(),
+                    route,
+                    slot.quota.limit(),
+                    hit.count,
+                    hit.reset,
+                    shadow,
+                ),
+            ));
+        }
         let mut best: Option<(usize, &Hit)> = None;
         for (i, (hit, slot)) in hits.iter().zip(&self.slots).enumerate() {
             let limit = slot.quota.limit();
@@ -216,13 +230,17 @@ pub(crate) struct Policies {
     routes: HashMap<Box<str>, Arc<Policy>>,
     route_quotas: Vec<(Box<str>, NamedQuota)>,
     quota_by: Option<QuotaBy>,
-    /// Policies for quotas a `quota_by` closure returned, built on first use.
-    chosen: Mutex<HashMap<NamedQuota, Arc<Policy>>>,
+    /// Policies for quotas a `quota_by` closure returned, built on first use
+    /// and then only read: a request takes the read lock, which never waits
+    /// for another reader.
+    chosen: RwLock<HashMap<NamedQuota, Arc<Policy>>>,
 }
 
-/// Distinct quotas a `quota_by` closure may return before further ones are
-/// built per request instead of kept.
-const CHOSEN_CAP: usize = 64;
+/// Distinct quotas a `quota_by` closure's policies are kept for. Past it,
+/// each new quota takes the place of an old one, so the map stays bounded
+/// and the quotas in use keep being found: there is no count past which
+/// every request builds its policy.
+const CHOSEN_CAP: usize = 1024;
 
 impl Policies {
     pub(crate) fn new(name: Arc<str>, quota: Quota, style: HeaderStyle) -> Self {
@@ -235,7 +253,7 @@ impl Policies {
             routes: HashMap::new(),
             route_quotas: Vec::new(),
             quota_by: None,
-            chosen: Mutex::default(),
+            chosen: RwLock::default(),
         };
         this.rebuild();
         this
@@ -307,7 +325,7 @@ impl Policies {
             .iter()
             .map(|(route, quota)| (route.clone(), self.build(quota, Primary::Route(route))))
             .collect();
-        self.chosen = Mutex::default();
+        self.chosen = RwLock::default();
     }
 
     pub(crate) fn set_style(&mut self, style: HeaderStyle) {
@@ -347,14 +365,26 @@ impl Policies {
             if quota.quota == self.default_quota && quota.name.is_none() {
                 return self.default.clone();
             }
-            let mut chosen = self.chosen.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(policy) = chosen.get(&quota) {
+            if let Some(policy) = self
+                .chosen
+                .read()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&quota)
+            {
                 return policy.clone();
             }
             let policy = self.build(&quota, Primary::Tier);
-            if chosen.len() < CHOSEN_CAP {
-                chosen.insert(quota, policy.clone());
+            let mut chosen = self.chosen.write().unwrap_or_else(PoisonError::into_inner);
+            if let Some(kept) = chosen.get(&quota) {
+                // Another request built it meanwhile: one policy per quota.
+                return kept.clone();
             }
+            if chosen.len() >= CHOSEN_CAP
+                && let Some(old) = chosen.keys().next().cloned()
+            {
+                chosen.remove(&old);
+            }
+            chosen.insert(quota, policy.clone());
             return policy;
         }
         head.route()
@@ -393,7 +423,7 @@ impl Clone for Policies {
             routes: self.routes.clone(),
             route_quotas: self.route_quotas.clone(),
             quota_by: self.quota_by.clone(),
-            chosen: Mutex::default(),
+            chosen: RwLock::default(),
         }
     }
 }
@@ -497,5 +527,34 @@ mod tests {
     #[should_panic(expected = "invalid policy name \"\"")]
     fn a_bad_literal_policy_name_panics() {
         let _ = NamedQuota::new("", quota(1, 1_000));
+    }
+
+    #[test]
+    fn tier_policies_are_kept_bounded_and_found_again() {
+        let mut policies = Policies::new("api".into(), quota(100, 60_000), HeaderStyle::Ietf);
+        policies.set_quota_by(Arc::new(|head: &RequestHead<'_>| {
+            let limit = head.headers().get("tier")?.to_str().ok()?.parse().ok()?;
+            Some(quota(limit, 1_000).into())
+        }));
+        let select = |limit: usize| {
+            let request = http::Request::get("/")
+                .header("tier", limit.to_string())
+                .body(())
+                .unwrap();
+            policies.select(&RequestHead::new(&request))
+        };
+        let first = select(1);
+        assert!(Arc::ptr_eq(&first, &select(1)), "built once, then found");
+        for limit in 2..CHOSEN_CAP + 100 {
+            let policy = select(limit);
+            assert!(Arc::ptr_eq(&policy, &select(limit)), "tier {limit} kept");
+        }
+        let held = policies.chosen.read().unwrap().len();
+        assert_eq!(held, CHOSEN_CAP, "bounded");
+        assert_eq!(
+            select(7).counters()[0].quota,
+            quota(7, 1_000),
+            "a rebuilt policy is the same policy"
+        );
     }
 }

@@ -4,33 +4,60 @@
 //! deadlines are instants of this process.
 
 use std::hash::{BuildHasher, Hasher};
-use std::sync::Mutex;
+use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
 
+use super::memory::shard_index;
+
+/// The most shards a cache is cut into.
+const MAX_SHARDS: usize = 16;
+
+/// The fewest entries a shard is made to hold: a small cache gets fewer
+/// shards, so that its capacity is not cut into slivers.
+const MIN_PER_SHARD: usize = 64;
+
 /// Keys known to be over their limit until a deadline, on this instance.
+///
+/// Sharded by the key's hash, each shard behind its own lock, so that
+/// requests on different keys rarely wait for each other. The capacity is
+/// split exactly over the shards (each holds `capacity / shards` or one
+/// more), so the cache never holds more than `capacity` entries.
 pub(crate) struct DenyCache {
     pub(crate) capacity: usize,
     hasher: DefaultHashBuilder,
-    state: Mutex<DenyState>,
+    shards: Box<[Mutex<DenyState>]>,
+    shard_bits: u32,
 }
 
 struct DenyState {
     table: HashTable<(Box<[u8]>, quanta::Instant)>,
-    /// No entry expires before this; a full cache is not swept until then.
+    /// This shard's share of the capacity.
+    cap: usize,
+    /// No entry expires before this; a full shard is not swept until then.
     min_deadline: Option<quanta::Instant>,
 }
 
 impl DenyCache {
     pub(crate) fn new(capacity: usize) -> Self {
+        let fit = (capacity / MIN_PER_SHARD).clamp(1, MAX_SHARDS);
+        // A power of two, at most `fit`.
+        let shards = 1 << fit.ilog2();
+        let (share, extra) = (capacity / shards, capacity % shards);
         Self {
             capacity,
             hasher: DefaultHashBuilder::default(),
-            state: Mutex::new(DenyState {
-                table: HashTable::new(),
-                min_deadline: None,
-            }),
+            shards: (0..shards)
+                .map(|i| {
+                    Mutex::new(DenyState {
+                        table: HashTable::new(),
+                        cap: share + usize::from(i < extra),
+                        min_deadline: None,
+                    })
+                })
+                .collect(),
+            shard_bits: shards.trailing_zeros(),
         }
     }
 
@@ -40,8 +67,9 @@ impl DenyCache {
         state.finish()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, DenyState> {
-        self.state
+    /// The shard holding the key of `hash`, locked.
+    fn lock(&self, hash: u64) -> MutexGuard<'_, DenyState> {
+        self.shards[shard_index(hash, self.shard_bits)]
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
@@ -50,7 +78,7 @@ impl DenyCache {
     pub(crate) fn check(&self, key: &[u8]) -> Option<Duration> {
         let hash = self.hash(key);
         let now = quanta::Instant::now();
-        let mut state = self.lock();
+        let mut state = self.lock(hash);
         match state.table.find_entry(hash, |(k, _)| **k == *key) {
             Ok(entry) if entry.get().1 > now => Some(entry.get().1 - now),
             Ok(entry) => {
@@ -67,35 +95,42 @@ impl DenyCache {
         if deadline <= now {
             return;
         }
-        let mut state = self.lock();
-        if state.table.len() >= self.capacity {
+        let mut state = self.lock(hash);
+        let hasher = &self.hasher;
+        let known = match state.table.find_entry(hash, |(k, _)| **k == *key) {
+            Ok(mut entry) => {
+                entry.get_mut().1 = deadline;
+                true
+            }
+            Err(_) => false,
+        };
+        if known {
+            state.min_deadline = Some(state.min_deadline.map_or(deadline, |min| min.min(deadline)));
+            return;
+        }
+        if state.table.len() >= state.cap {
             if state.min_deadline.is_some_and(|min| min > now) {
                 return; // full of live entries: this key just costs a round trip
             }
             state.table.retain(|(_, d)| *d > now);
             state.min_deadline = state.table.iter().map(|(_, d)| *d).min();
-            if state.table.len() >= self.capacity {
+            if state.table.len() >= state.cap {
                 return;
             }
         }
         state.min_deadline = Some(state.min_deadline.map_or(deadline, |min| min.min(deadline)));
-        let hasher = &self.hasher;
-        match state.table.find_entry(hash, |(k, _)| **k == *key) {
-            Ok(mut entry) => entry.get_mut().1 = deadline,
-            Err(absent) => {
-                let table = absent.into_table();
-                table.insert_unique(hash, (key.into(), deadline), |(k, _)| {
-                    let mut state = hasher.build_hasher();
-                    state.write(k);
-                    state.finish()
-                });
-            }
-        }
+        state
+            .table
+            .insert_unique(hash, (key.into(), deadline), |(k, _)| {
+                let mut state = hasher.build_hasher();
+                state.write(k);
+                state.finish()
+            });
     }
 
     pub(crate) fn remove(&self, key: &[u8]) {
         let hash = self.hash(key);
-        let mut state = self.lock();
+        let mut state = self.lock(hash);
         if let Ok(entry) = state.table.find_entry(hash, |(k, _)| **k == *key) {
             entry.remove();
         }
@@ -129,5 +164,29 @@ mod tests {
             None,
             "a deadline already gone is not cached"
         );
+    }
+
+    #[test]
+    fn a_sharded_cache_holds_exactly_its_capacity() {
+        for capacity in [1, 63, 64, 100, 1000, 1025, 10_000] {
+            let cache = DenyCache::new(capacity);
+            let caps: usize = cache.shards.iter().map(|s| s.lock().unwrap().cap).sum();
+            assert_eq!(caps, capacity, "the shards' shares add up to {capacity}");
+            assert!(cache.shards.len() <= MAX_SHARDS);
+            let later = quanta::Instant::now() + Duration::from_secs(60);
+            for i in 0..3 * capacity {
+                cache.insert(i.to_string().into_bytes(), later);
+            }
+            let held: usize = cache
+                .shards
+                .iter()
+                .map(|s| s.lock().unwrap().table.len())
+                .sum();
+            assert!(held <= capacity, "{held} > {capacity}");
+            let found = (0..3 * capacity)
+                .filter(|i| cache.check(i.to_string().as_bytes()).is_some())
+                .count();
+            assert_eq!(found, held, "every entry held is found");
+        }
     }
 }

@@ -3,12 +3,11 @@
 use std::future::{Ready, ready};
 use std::hash::{BuildHasher, Hasher};
 use std::num::{NonZeroU64, NonZeroUsize};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Duration;
 
 use hashbrown::DefaultHashBuilder;
 use hashbrown::HashTable;
-use smallvec::SmallVec;
 use tokio::time::Instant;
 
 use super::{Backend, BackendError, Counter, Hit, Hits};
@@ -67,7 +66,7 @@ const MIN_KEYS_PER_SHARD: usize = 1024;
 /// [`max_keys(n)`]: MemoryBackendBuilder::max_keys
 ///
 /// A counter takes one 64-byte slot (plus a control byte) when its namespace
-/// and key fit in 39 bytes (a layer name and an IP address do), and a heap
+/// and key fit in 38 bytes (a layer name and an IP address do), and a heap
 /// copy of them when they do not. The hash tables keep slack: at the default
 /// cap of [`DEFAULT_MAX_KEYS`] (split over 16 shards of up to 131,072 slots
 /// on a machine with up to 4 cores) it is about 140 MB when full of short
@@ -98,28 +97,47 @@ struct Inner {
 enum Clock {
     /// The processor's time-stamp counter through [`quanta`], calibrated
     /// against the OS's monotonic clock: about half the cost of
-    /// [`std::time::Instant::now`] (the default).
-    Quanta(quanta::Instant),
+    /// [`std::time::Instant::now`] (the default). The backend reads the
+    /// counter itself and scales only the difference from its epoch, so a
+    /// hit pays neither quanta's thread-local override check nor a
+    /// `Duration`'s division.
+    Quanta {
+        clock: &'static quanta::Clock,
+        /// The counter's raw value when the backend was made.
+        epoch: u64,
+    },
     /// tokio's clock: `tokio::time::pause` and `tokio::time::advance`
     /// move the windows, so tests need not sleep.
     Tokio(Instant),
 }
 
+/// One calibrated clock for every backend of the process: calibrating takes
+/// a while, so it is done once, when the first backend is built.
+fn tsc_clock() -> &'static quanta::Clock {
+    static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
+    CLOCK.get_or_init(quanta::Clock::new)
+}
+
 impl Clock {
     fn quanta() -> Self {
-        Self::Quanta(quanta::Instant::now())
+        let clock = tsc_clock();
+        Self::Quanta {
+            clock,
+            epoch: clock.raw(),
+        }
     }
 
     fn tokio() -> Self {
         Self::Tokio(Instant::now())
     }
 
-    /// Nanoseconds since this clock was made.
+    /// Nanoseconds since this clock was made (0 for a reading before it).
+    #[inline(always)]
     fn now(&self) -> u64 {
-        nanos(match self {
-            Self::Quanta(epoch) => quanta::Instant::now().saturating_duration_since(*epoch),
-            Self::Tokio(epoch) => Instant::now().saturating_duration_since(*epoch),
-        })
+        match *self {
+            Self::Quanta { clock, epoch } => clock.delta_as_nanos(epoch, clock.raw()),
+            Self::Tokio(epoch) => nanos(Instant::now().saturating_duration_since(epoch)),
+        }
     }
 }
 
@@ -138,63 +156,165 @@ struct Shard {
 /// 64 bytes: one cache line.
 #[derive(Debug)]
 struct Entry {
-    /// `[namespace length][namespace][key]`, inline up to 40 bytes.
-    id: SmallVec<[u8; 40]>,
+    id: StoredId,
     count: u64,
     /// Nanoseconds since the backend's epoch.
     deadline: u64,
 }
 
-/// A counter's identity as a lookup sees it, without copying.
+/// The most bytes of an id held inline: namespace and key together up to
+/// 38 bytes (a layer's name and an IP address fit).
+const INLINE_ID: usize = 40;
+
+/// A counter's identity as stored. Which form an id takes depends only on
+/// its namespace's and key's lengths, so two ids of different forms are
+/// never equal.
+#[derive(Debug)]
+enum StoredId {
+    /// `[namespace length][key length][key][namespace]`, zero-padded to
+    /// [`INLINE_ID`] bytes: the lengths make the padding unambiguous, so
+    /// two ids are equal exactly when their arrays are, and a lookup
+    /// compares and hashes a fixed 40 bytes.
+    Inline([u8; INLINE_ID]),
+    /// `[namespace length][namespace][key]`, for longer ids.
+    Heap(Box<[u8]>),
+}
+
+/// A counter's identity as a lookup sees it: the inline form built on the
+/// stack, or the two parts of a longer id, borrowed.
 #[derive(Clone, Copy)]
-struct Id<'a> {
-    namespace: &'a [u8],
-    key: &'a [u8],
+enum Id<'a> {
+    Inline(&'a [u8; INLINE_ID]),
+    Parts { namespace: &'a [u8], key: &'a [u8] },
 }
 
 impl<'a> Id<'a> {
     /// `hashed` holds the namespace's hashed form if it is longer than a
-    /// key may be (a layer's name never is).
-    fn new(namespace: &'a str, key: &'a Key, hashed: &'a mut Option<Key>) -> Self {
+    /// key may be (a layer's name never is); `inline`, all zeros, receives
+    /// the inline form.
+    #[inline(always)]
+    fn new(
+        namespace: &'a str,
+        key: &'a Key,
+        hashed: &'a mut Option<Key>,
+        inline: &'a mut [u8; INLINE_ID],
+    ) -> Self {
         let namespace = if namespace.len() <= MAX_KEY_LEN {
             namespace.as_bytes()
         } else {
             hashed.insert(Key::new(namespace)).as_bytes()
         };
-        Self {
-            namespace,
-            key: key.as_bytes(),
+        let padded = key.padded();
+        let key = key.as_bytes();
+        let (n, k) = (namespace.len(), key.len());
+        if 2 + n + k > INLINE_ID {
+            return Self::Parts { namespace, key };
+        }
+        let id = inline;
+        // Both lengths are at most MAX_KEY_LEN + 1, well within a byte.
+        id[0] = n as u8;
+        id[1] = k as u8;
+        // A fixed-size copy of the key and its zero padding, then the
+        // namespace over the padding, in fixed-size pieces.
+        id[2..].copy_from_slice(&padded[..INLINE_ID - 2]);
+        copy_short(&mut id[2 + k..2 + k + n], namespace);
+        Self::Inline(id)
+    }
+
+    #[inline(always)]
+    fn matches(&self, entry: &Entry) -> bool {
+        match (self, &entry.id) {
+            (Self::Inline(id), StoredId::Inline(other)) => inline_eq(id, other),
+            (Self::Parts { namespace, key }, StoredId::Heap(other)) => {
+                let (other_namespace, other_key) = split(other);
+                key == &other_key && namespace == &other_namespace
+            }
+            _ => false,
         }
     }
 
-    fn of(entry: &'a Entry) -> Self {
-        let len = usize::from(entry.id[0]);
-        Self {
-            namespace: &entry.id[1..=len],
-            key: &entry.id[1 + len..],
+    #[inline(always)]
+    fn hash(&self, hasher: &DefaultHashBuilder) -> u64 {
+        match self {
+            Self::Inline(id) => hash_inline(hasher, id),
+            Self::Parts { namespace, key } => hash_parts(hasher, namespace, key),
         }
     }
 
-    fn matches(self, entry: &Entry) -> bool {
-        let other = Id::of(entry);
-        self.key == other.key && self.namespace == other.namespace
+    fn to_owned(self) -> StoredId {
+        match self {
+            Self::Inline(id) => StoredId::Inline(*id),
+            Self::Parts { namespace, key } => {
+                let mut id = Vec::with_capacity(1 + namespace.len() + key.len());
+                id.push(namespace.len() as u8);
+                id.extend_from_slice(namespace);
+                id.extend_from_slice(key);
+                StoredId::Heap(id.into())
+            }
+        }
     }
+}
 
-    fn hash(self, hasher: &DefaultHashBuilder) -> u64 {
-        let mut state = hasher.build_hasher();
-        state.write(self.namespace);
-        state.write_u8(0xff);
-        state.write(self.key);
-        state.finish()
+/// `to.copy_from_slice(from)` for the few bytes of a namespace, in
+/// fixed-size (possibly overlapping) pieces rather than a call to `memcpy`:
+/// every piece writes bytes of `from` at their own place, so the overlaps
+/// write the same bytes twice.
+#[inline(always)]
+fn copy_short(to: &mut [u8], from: &[u8]) {
+    let n = from.len();
+    debug_assert_eq!(to.len(), n);
+    if n >= 16 {
+        let mut at = 0;
+        while at + 8 < n {
+            to[at..at + 8].copy_from_slice(&from[at..at + 8]);
+            at += 8;
+        }
+        to[n - 8..].copy_from_slice(&from[n - 8..]);
+    } else if n >= 8 {
+        to[..8].copy_from_slice(&from[..8]);
+        to[n - 8..].copy_from_slice(&from[n - 8..]);
+    } else if n >= 4 {
+        to[..4].copy_from_slice(&from[..4]);
+        to[n - 4..].copy_from_slice(&from[n - 4..]);
+    } else if n > 0 {
+        to[0] = from[0];
+        to[n / 2] = from[n / 2];
+        to[n - 1] = from[n - 1];
     }
+}
 
-    fn to_owned(self) -> SmallVec<[u8; 40]> {
-        let mut id = SmallVec::with_capacity(1 + self.namespace.len() + self.key.len());
-        id.push(self.namespace.len() as u8);
-        id.extend_from_slice(self.namespace);
-        id.extend_from_slice(self.key);
-        id
-    }
+/// A long id's namespace and key.
+fn split(id: &[u8]) -> (&[u8], &[u8]) {
+    let len = usize::from(id[0]);
+    (&id[1..=len], &id[1 + len..])
+}
+
+/// Whether two inline ids are equal: five word comparisons, without a
+/// call to `memcmp`.
+#[inline(always)]
+fn inline_eq(a: &[u8; INLINE_ID], b: &[u8; INLINE_ID]) -> bool {
+    let word = |id: &[u8; INLINE_ID], i: usize| {
+        u64::from_ne_bytes(id[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+    };
+    (0..INLINE_ID / 8).fold(0, |diff, i| diff | (word(a, i) ^ word(b, i))) == 0
+}
+
+/// The hash of an inline id: its bytes up to the padding (two lengths, a
+/// key and a namespace of 11 bytes in all hash as 13 bytes).
+#[inline(always)]
+fn hash_inline(hasher: &DefaultHashBuilder, id: &[u8; INLINE_ID]) -> u64 {
+    let len = (2 + usize::from(id[0]) + usize::from(id[1])).min(INLINE_ID);
+    let mut state = hasher.build_hasher();
+    state.write(&id[..len]);
+    state.finish()
+}
+
+fn hash_parts(hasher: &DefaultHashBuilder, namespace: &[u8], key: &[u8]) -> u64 {
+    let mut state = hasher.build_hasher();
+    state.write(namespace);
+    state.write_u8(0xff);
+    state.write(key);
+    state.finish()
 }
 
 /// Builds a [`MemoryBackend`] with a key cap and shard count of your choice.
@@ -374,14 +494,13 @@ impl MemoryBackend {
         self.inner.clock.now()
     }
 
-    fn locate(&self, id: Id<'_>) -> (u64, MutexGuard<'_, Shard>) {
+    #[inline(always)]
+    fn locate(&self, id: &Id<'_>) -> (u64, MutexGuard<'_, Shard>) {
         let hash = id.hash(&self.inner.hasher);
-        let index = if self.inner.shard_bits == 0 {
-            0
-        } else {
-            (hash >> (64 - self.inner.shard_bits)) as usize
-        };
-        (hash, lock(&self.inner.shards[index]))
+        (
+            hash,
+            lock(&self.inner.shards[shard_index(hash, self.inner.shard_bits)]),
+        )
     }
 
     /// The hit itself, at time `now` (nanoseconds since the epoch).
@@ -393,13 +512,14 @@ impl MemoryBackend {
         key: &Key,
         window: Window,
     ) -> Result<Hit, BackendError> {
-        // The deadline is computed first; it is only ever written into a
-        // counter that this hit creates. Window::MAX is 3.2e18 ns, so the
-        // product cannot overflow.
-        let deadline = now.saturating_add(window.as_millis() * 1_000_000);
-        let mut hashed = None;
-        let id = Id::new(namespace, key, &mut hashed);
-        let (hash, mut shard) = self.locate(id);
+        // The deadline of a window this hit opens, from the same `now`; it
+        // is only ever written into a counter this hit creates or restarts,
+        // and only computed then. Window::MAX is 3.2e18 ns, so the product
+        // cannot overflow.
+        let opened = || now.saturating_add(window.as_millis() * 1_000_000);
+        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
+        let id = Id::new(namespace, key, &mut hashed, &mut inline);
+        let (hash, mut shard) = self.locate(&id);
         if let Some(entry) = shard.table.find_mut(hash, |e| id.matches(e)) {
             if entry.deadline > now {
                 entry.count = entry.count.saturating_add(1);
@@ -410,6 +530,7 @@ impl MemoryBackend {
                 });
             }
             // The old window closed: this hit opens a new one.
+            let deadline = opened();
             entry.count = 1;
             entry.deadline = deadline;
             shard.min_deadline = shard.min_deadline.min(deadline);
@@ -426,6 +547,7 @@ impl MemoryBackend {
                 return Err(BackendError::AtCapacity);
             }
         }
+        let deadline = opened();
         shard.min_deadline = shard.min_deadline.min(deadline);
         let hasher = &self.inner.hasher;
         shard.table.insert_unique(
@@ -445,9 +567,9 @@ impl MemoryBackend {
     }
 
     fn peek_at(&self, now: u64, namespace: &str, key: &Key) -> Option<Hit> {
-        let mut hashed = None;
-        let id = Id::new(namespace, key, &mut hashed);
-        let (hash, shard) = self.locate(id);
+        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
+        let id = Id::new(namespace, key, &mut hashed, &mut inline);
+        let (hash, shard) = self.locate(&id);
         shard
             .table
             .find(hash, |e| id.matches(e))
@@ -462,9 +584,9 @@ impl MemoryBackend {
     /// The refund itself, at time `now`: one less on the counter, if it is
     /// still the window that closes at `deadline` and above zero.
     fn refund_at(&self, now: u64, namespace: &str, key: &Key, deadline: u64) -> bool {
-        let mut hashed = None;
-        let id = Id::new(namespace, key, &mut hashed);
-        let (hash, mut shard) = self.locate(id);
+        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
+        let id = Id::new(namespace, key, &mut hashed, &mut inline);
+        let (hash, mut shard) = self.locate(&id);
         match shard.table.find_mut(hash, |e| id.matches(e)) {
             // An expired entry not yet swept has the same deadline: the
             // window closed, so it is left alone like a missing one.
@@ -477,9 +599,9 @@ impl MemoryBackend {
     }
 
     fn remove_at(&self, now: u64, namespace: &str, key: &Key) -> bool {
-        let mut hashed = None;
-        let id = Id::new(namespace, key, &mut hashed);
-        let (hash, mut shard) = self.locate(id);
+        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
+        let id = Id::new(namespace, key, &mut hashed, &mut inline);
+        let (hash, mut shard) = self.locate(&id);
         match shard.table.find_entry(hash, |e| id.matches(e)) {
             Ok(entry) => entry.remove().0.deadline > now,
             Err(_) => false,
@@ -512,7 +634,13 @@ impl Shard {
 }
 
 fn entry_hash(hasher: &DefaultHashBuilder, entry: &Entry) -> u64 {
-    Id::of(entry).hash(hasher)
+    match &entry.id {
+        StoredId::Inline(id) => hash_inline(hasher, id),
+        StoredId::Heap(id) => {
+            let (namespace, key) = split(id);
+            hash_parts(hasher, namespace, key)
+        }
+    }
 }
 
 /// Whole nanoseconds, saturating (without the u128 division of `as_nanos`).
@@ -521,6 +649,17 @@ fn nanos(duration: Duration) -> u64 {
         .as_secs()
         .saturating_mul(1_000_000_000)
         .saturating_add(u64::from(duration.subsec_nanos()))
+}
+
+/// The shard of `hash` among `1 << bits`: bits 40 and up (at most 16 of
+/// them, below bit 57). The hash table inside a shard reads the low bits
+/// (where a key goes) and the top 7 (the tag it compares before the key),
+/// so the shard's bits take entropy from neither: were the shard read from
+/// the top bits, every key of a shard would share most of its tag, and a
+/// lookup would compare several keys where it should compare one.
+#[inline(always)]
+pub(crate) fn shard_index(hash: u64, bits: u32) -> usize {
+    ((hash >> 40) & ((1 << bits) - 1)) as usize
 }
 
 fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {

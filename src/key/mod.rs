@@ -192,6 +192,14 @@ impl Key {
         &self.bytes[..usize::from(self.len)]
     }
 
+    /// The key's bytes, then zeros to [`HASHED_KEY_LEN`]: every constructor
+    /// starts from zeros and writes only up to the key's length, so a
+    /// caller may copy a fixed-size prefix without reading the length first.
+    #[inline(always)]
+    pub(crate) fn padded(&self) -> &[u8; HASHED_KEY_LEN] {
+        &self.bytes
+    }
+
     /// Whether the key is held as a digest, [`HASHED_KEY_LEN`] bytes long:
     /// a key longer than [`MAX_KEY_LEN`] (`#` and its SHA-256), or a key
     /// [`PrivateKeys`](crate::backend::PrivateKeys) replaced by its keyed

@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Instructions per call under valgrind's callgrind, each case through this
+# crate and through governor 0.10 (`check_key`) / tower_governor 0.8 in one
+# run, and the ratios ours / theirs. Instruction counts repeat from run to
+# run (to within an instruction where random hash seeds change the probes),
+# unlike times on a shared machine.
+#
+#   bash bench/callgrind.sh
+#
+# Needs valgrind (Debian: apt-get install valgrind). The program is
+# bench/examples/callgrind.rs; only its `case_*` functions are counted.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+command -v valgrind >/dev/null || { echo "valgrind not found: apt-get install valgrind" >&2; exit 1; }
+
+cargo build --release -p tower-pinned-window-bench --example callgrind --quiet
+out=$(mktemp -d)
+trap '[ -n "${KEEP:-}" ] || rm -rf "$out"' EXIT
+iters=$(valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out" \
+  --collect-atstart=no --toggle-collect='*case_*' \
+  target/release/examples/callgrind 2>"$out/valgrind.log")
+memory=$(sed -n 's/.*memory=\([0-9]*\).*/\1/p' <<<"$iters")
+layer=$(sed -n 's/.*layer=\([0-9]*\).*/\1/p' <<<"$iters")
+callgrind_annotate --inclusive=yes --threshold=100 "$out/callgrind.out" >"$out/annotate.txt"
+
+# Inclusive instructions per iteration of one case function.
+per() { # $1 = case name, $2 = iterations
+  local ir
+  ir=$(grep -E "callgrind::$1(\$| |\[)" "$out/annotate.txt" | head -n 1 | awk '{gsub(",", "", $1); print $1}')
+  [ -n "$ir" ] || { echo "case $1 not found in callgrind's output" >&2; exit 1; }
+  echo "$ir / $2" | bc -l
+}
+
+hot_ours=$(per case_hot_key_ours "$memory"); hot_gov=$(per case_hot_key_governor "$memory")
+keys_ours=$(per case_100k_keys_ours "$memory"); keys_gov=$(per case_100k_keys_governor "$memory")
+bare=$(per case_layer_bare "$layer")
+ours_h=$(per case_layer_ours_headers "$layer"); ours_n=$(per case_layer_ours_no_headers "$layer")
+tg_h=$(per case_layer_tower_governor_headers "$layer"); tg_n=$(per case_layer_tower_governor_no_headers "$layer")
+
+row() { printf '| %s | %.0f | %.0f | %.2f |\n' "$1" "$2" "$3" "$(echo "$2 / $3" | bc -l)"; }
+echo "| case (instructions per call) | pinned-window | governor | ratio |"
+echo "|---|---|---|---|"
+row "memory backend, one hot key" "$hot_ours" "$hot_gov"
+row "memory backend, 100k distinct keys" "$keys_ours" "$keys_gov"
+row "layer overhead over \`service_fn\`, with rate-limit headers" "$(echo "$ours_h - $bare" | bc -l)" "$(echo "$tg_h - $bare" | bc -l)"
+row "layer overhead over \`service_fn\`, no headers" "$(echo "$ours_n - $bare" | bc -l)" "$(echo "$tg_n - $bare" | bc -l)"
+printf '\nbare `service_fn` request: %.0f instructions\n' "$bare"

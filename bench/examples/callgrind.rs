@@ -1,0 +1,202 @@
+//! Instruction counts under valgrind's callgrind: the memory backend and the
+//! layer, each beside governor / tower_governor, in one run.
+//!
+//! `bash bench/callgrind.sh` builds this and runs it under
+//! `valgrind --tool=callgrind --collect-atstart=no --toggle-collect=*case_*`,
+//! so only the `case_*` functions below are counted. Each case is warmed up
+//! outside them (first-use costs such as the clock's calibration and the
+//! tables' growth are not counted), then run `ITERS` times inside its
+//! `case_*` function; the script divides each function's inclusive count by
+//! the number of iterations this program prints.
+//!
+//! Run on its own (no valgrind) it only prints the iteration counts.
+
+#![allow(missing_docs)]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::hint::black_box;
+use std::net::{IpAddr, Ipv4Addr};
+use std::num::NonZeroU32;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use axum::body::Body;
+use governor::{DefaultKeyedRateLimiter, RateLimiter};
+use http::{Request, Response};
+use tower::{Layer, Service, service_fn};
+use tower_governor::GovernorLayer;
+use tower_governor::governor::GovernorConfigBuilder;
+use tower_governor::key_extractor::GlobalKeyExtractor;
+use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
+use tower_pinned_window::key::Key;
+use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
+
+const KEYS: usize = 100_000;
+/// Hits per memory case.
+const ITERS: usize = 200_000;
+/// Requests per layer case.
+const REQUESTS: usize = 20_000;
+
+const COUNTER: &[Counter<'static>] = &[Counter {
+    namespace: "bench",
+    quota: Quota::per_hour(NonZeroU32::MAX),
+}];
+
+fn key(ip: &IpAddr) -> Key {
+    match ip {
+        IpAddr::V4(v4) => Key::new(v4.octets()),
+        IpAddr::V6(v6) => Key::new(v6.octets()),
+    }
+}
+
+fn governor() -> DefaultKeyedRateLimiter<IpAddr> {
+    RateLimiter::keyed(governor::Quota::per_second(NonZeroU32::MAX))
+}
+
+/// Runs `f` `n` times: the warm-up, not counted.
+#[inline(never)]
+fn warm(n: usize, f: &mut impl FnMut(usize)) {
+    for i in 0..n {
+        f(i);
+    }
+}
+
+macro_rules! cases {
+    ($($name:ident),* $(,)?) => {$(
+        #[inline(never)]
+        fn $name(n: usize, f: &mut impl FnMut(usize)) {
+            // A constant of its own, so that the compiler never folds two
+            // cases with the same code into one function.
+            black_box(stringify!($name));
+            for i in 0..n {
+                f(i);
+            }
+        }
+    )*};
+}
+
+cases!(
+    case_hot_key_ours,
+    case_hot_key_governor,
+    case_100k_keys_ours,
+    case_100k_keys_governor,
+    case_layer_bare,
+    case_layer_ours_headers,
+    case_layer_ours_no_headers,
+    case_layer_tower_governor_headers,
+    case_layer_tower_governor_no_headers,
+);
+
+/// One request through a clone of `svc` (as axum's router clones a route's
+/// service per request), driven to completion with a no-op waker: every
+/// service here answers at once.
+fn one_request<S>(svc: &S)
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut svc = svc.clone();
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(svc.poll_ready(&mut cx).is_ready());
+    let future = pin!(svc.call(Request::new(Body::empty())));
+    match future.poll(&mut cx) {
+        Poll::Ready(response) => {
+            black_box(response.unwrap());
+        }
+        Poll::Pending => panic!("the service did not answer at once"),
+    }
+}
+
+fn main() {
+    let ips: Vec<IpAddr> = (0..KEYS as u32)
+        .map(|i| IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i)))
+        .collect();
+
+    // The memory hit: our backend's hit_all (with the key built from the
+    // address, as an extractor does per request) and governor's check_key.
+    let store = MemoryBackend::new();
+    let mut f = |_| {
+        black_box(
+            store
+                .hit_all(&key(black_box(&ips[0])), COUNTER)
+                .into_inner()
+                .unwrap(),
+        );
+    };
+    warm(1000, &mut f);
+    case_hot_key_ours(ITERS, &mut f);
+
+    let limiter = governor();
+    let mut f = |_| {
+        black_box(limiter.check_key(black_box(&ips[0])).is_ok());
+    };
+    warm(1000, &mut f);
+    case_hot_key_governor(ITERS, &mut f);
+
+    let store = MemoryBackend::new();
+    let mut f = |i: usize| {
+        black_box(
+            store
+                .hit_all(&key(black_box(&ips[i % KEYS])), COUNTER)
+                .into_inner()
+                .unwrap(),
+        );
+    };
+    warm(KEYS, &mut f);
+    case_100k_keys_ours(ITERS, &mut f);
+
+    let limiter = governor();
+    let mut f = |i: usize| {
+        black_box(limiter.check_key(black_box(&ips[i % KEYS])).is_ok());
+    };
+    warm(KEYS, &mut f);
+    case_100k_keys_governor(ITERS, &mut f);
+
+    // The layer around a trivial service.
+    let inner = service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::empty()))
+    });
+    let mut f = |_| one_request(&inner);
+    warm(1000, &mut f);
+    case_layer_bare(REQUESTS, &mut f);
+
+    let quota = Quota::new(u64::MAX, Duration::from_secs(3600)).unwrap();
+    let svc = RateLimitLayer::new("bench", quota).layer(inner);
+    let mut f = |_| one_request(&svc);
+    warm(1000, &mut f);
+    case_layer_ours_headers(REQUESTS, &mut f);
+
+    let svc = RateLimitLayer::new("bench", quota)
+        .headers(HeaderStyle::None)
+        .layer(inner);
+    let mut f = |_| one_request(&svc);
+    warm(1000, &mut f);
+    case_layer_ours_no_headers(REQUESTS, &mut f);
+
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(u32::MAX)
+        .key_extractor(GlobalKeyExtractor)
+        .use_headers()
+        .finish()
+        .unwrap();
+    let svc = GovernorLayer::new(config).layer(inner);
+    let mut f = |_| one_request(&svc);
+    warm(1000, &mut f);
+    case_layer_tower_governor_headers(REQUESTS, &mut f);
+
+    let config = GovernorConfigBuilder::default()
+        .per_nanosecond(1)
+        .burst_size(u32::MAX)
+        .key_extractor(GlobalKeyExtractor)
+        .finish()
+        .unwrap();
+    let svc = GovernorLayer::new(config).layer(inner);
+    let mut f = |_| one_request(&svc);
+    warm(1000, &mut f);
+    case_layer_tower_governor_no_headers(REQUESTS, &mut f);
+
+    println!("iters memory={ITERS} layer={REQUESTS}");
+}
