@@ -621,48 +621,52 @@ async fn several_quotas_are_counted_in_redis_together() {
         "several_quotas_are_counted_in_redis_together"
     ));
     let mut con = server.sync();
-    let svc = RateLimitLayer::new("multi", quota(2, Duration::from_secs(60)))
-        .also(quota(3, Duration::from_secs(3600)))
-        .key(by_client())
-        .backend(
-            RedisBackend::builder(manager(&server).await)
-                .deny_cache(0)
-                .build(),
-        )
-        .layer(ok_service());
-    let before = evalsha_calls(&server);
-    let statuses: Vec<StatusCode> = {
-        let mut v = Vec::new();
-        for _ in 0..4 {
-            v.push(svc.clone().oneshot(from("c")).await.unwrap().status());
-        }
-        v
-    };
-    assert_eq!(
-        statuses,
-        [
-            StatusCode::OK,
-            StatusCode::OK,
-            StatusCode::TOO_MANY_REQUESTS,
-            StatusCode::TOO_MANY_REQUESTS
-        ]
-    );
-    assert_eq!(
-        evalsha_calls(&server) - before,
-        8,
-        "one EVALSHA per quota per request, sent together"
-    );
-    let minute: i64 = redis::cmd("GET")
-        .arg("tpw:multi{c}")
-        .query(&mut con)
-        .unwrap();
-    let hour: i64 = redis::cmd("GET")
-        .arg("tpw:multi:3/3600000ms{c}")
-        .query(&mut con)
-        .unwrap();
-    assert_eq!((minute, hour), (4, 4));
-    assert!((59_000..=60_000).contains(&pttl(&mut con, "tpw:multi{c}")));
-    assert!((3_599_000..=3_600_000).contains(&pttl(&mut con, "tpw:multi:3/3600000ms{c}")));
+    // Coalesced, a request's counters go in one script call; one at a time,
+    // one EVALSHA per counter, sent together.
+    for (coalesce, calls_per_request) in [(true, 1), (false, 2)] {
+        let name = if coalesce { "multi1" } else { "multi0" };
+        let svc = RateLimitLayer::new(name, quota(2, Duration::from_secs(60)))
+            .also(quota(3, Duration::from_secs(3600)))
+            .key(by_client())
+            .backend(
+                RedisBackend::builder(manager(&server).await)
+                    .deny_cache(0)
+                    .coalesce(coalesce)
+                    .build(),
+            )
+            .layer(ok_service());
+        let before = evalsha_calls(&server);
+        let statuses: Vec<StatusCode> = {
+            let mut v = Vec::new();
+            for _ in 0..4 {
+                v.push(svc.clone().oneshot(from("c")).await.unwrap().status());
+            }
+            v
+        };
+        assert_eq!(
+            statuses,
+            [
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::TOO_MANY_REQUESTS
+            ]
+        );
+        assert_eq!(
+            evalsha_calls(&server) - before,
+            4 * calls_per_request,
+            "coalesce {coalesce}"
+        );
+        let minute: i64 = redis::cmd("GET")
+            .arg(format!("tpw:{name}{{c}}"))
+            .query(&mut con)
+            .unwrap();
+        let hour_key = format!("tpw:{name}:3/3600000ms{{c}}");
+        let hour: i64 = redis::cmd("GET").arg(&hour_key).query(&mut con).unwrap();
+        assert_eq!((minute, hour), (4, 4));
+        assert!((59_000..=60_000).contains(&pttl(&mut con, &format!("tpw:{name}{{c}}"))));
+        assert!((3_599_000..=3_600_000).contains(&pttl(&mut con, &hour_key)));
+    }
 }
 
 /// Every key under `prefix` on a standalone server.
