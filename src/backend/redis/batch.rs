@@ -34,7 +34,7 @@ use futures_util::future::{Either, join_all, select};
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::{Inner, Script, parse_hit, sha1_hex, unavailable};
+use super::{Inner, Script, corrupt, sha1_hex, unavailable};
 use crate::backend::{BackendError, Hit};
 
 /// The script of a coalesced call: [`HIT_SCRIPT`](super::HIT_SCRIPT)'s step
@@ -287,8 +287,8 @@ where
         }
     };
     let replies: Vec<Result<(u64, Duration, Option<NonZeroU64>), BackendError>> = match reply {
-        Ok(Value::Array(items)) if items.len() == entries.len() => items
-            .into_iter()
+        Ok(Value::Array(items)) if items.len() == 3 * entries.len() => items
+            .chunks_exact(3)
             .zip(&entries)
             .map(|(item, (key, _, _))| parse_entry(item, key))
             .collect(),
@@ -378,19 +378,27 @@ where
     }
 }
 
-/// One entry's reply: the counter after its hits, or why not.
+/// One entry's three values: the counter after its hits, or why not.
 fn parse_entry(
-    item: Value,
+    item: &[Value],
     key: &[u8],
 ) -> Result<(u64, Duration, Option<NonZeroU64>), BackendError> {
-    if let Value::Array(items) = &item
-        && let [Value::Int(0), Value::BulkString(err)] = items.as_slice()
-    {
-        return Err(BackendError::Unavailable(
+    match item {
+        [Value::Int(count), Value::Int(ttl), Value::Int(deadline)] if *count >= 1 && *ttl >= 0 => {
+            Ok((
+                *count as u64,
+                Duration::from_millis(*ttl as u64),
+                u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
+            ))
+        }
+        [Value::Int(-1), Value::BulkString(reason), _] => {
+            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+        }
+        [Value::Int(-2), Value::BulkString(err), _] => Err(BackendError::Unavailable(
             String::from_utf8_lossy(err).into_owned().into(),
-        ));
+        )),
+        _ => Err(corrupt(key, format!("unexpected script reply {item:?}"))),
     }
-    parse_hit(item, key).map(|hit| (hit.count, hit.reset, hit.deadline))
 }
 
 /// The same error again, for every hit of an entry.
@@ -453,23 +461,52 @@ mod tests {
 
     #[test]
     fn entry_replies_parse() {
-        let ok = Value::Array(vec![Value::Int(7), Value::Int(500), Value::Int(9)]);
+        let ok = [Value::Int(7), Value::Int(500), Value::Int(9)];
         assert_eq!(
-            parse_entry(ok, b"k").unwrap(),
+            parse_entry(&ok, b"k").unwrap(),
             (7, Duration::from_millis(500), NonZeroU64::new(9))
         );
-        let refused = Value::Array(vec![
-            Value::Int(0),
+        let old_server = [Value::Int(2), Value::Int(5), Value::Int(-1)];
+        assert_eq!(
+            parse_entry(&old_server, b"k").unwrap(),
+            (2, Duration::from_millis(5), None)
+        );
+        let refused = [
+            Value::Int(-2),
             Value::BulkString(b"OOM command not allowed".to_vec()),
-        ]);
-        match parse_entry(refused, b"k") {
+            Value::Int(0),
+        ];
+        match parse_entry(&refused, b"k") {
             Err(BackendError::Unavailable(err)) => assert!(err.to_string().contains("OOM")),
             other => panic!("{other:?}"),
         }
-        let bad = Value::Array(vec![Value::BulkString(b"value abc".to_vec())]);
-        assert!(matches!(
-            parse_entry(bad, b"k"),
-            Err(BackendError::Corrupt { .. })
-        ));
+        let bad = [
+            Value::Int(-1),
+            Value::BulkString(b"value abc".to_vec()),
+            Value::Int(0),
+        ];
+        match parse_entry(&bad, b"tpw:n{k}") {
+            Err(BackendError::Corrupt { key, detail }) => {
+                assert_eq!((key.as_str(), detail.as_str()), ("tpw:n{k}", "value abc"));
+            }
+            other => panic!("{other:?}"),
+        }
+        for unexpected in [
+            vec![Value::Int(0), Value::Int(5), Value::Int(9)],
+            vec![Value::Int(3), Value::Int(-1), Value::Int(9)],
+            vec![
+                Value::Int(-3),
+                Value::BulkString(b"x".to_vec()),
+                Value::Int(0),
+            ],
+        ] {
+            assert!(
+                matches!(
+                    parse_entry(&unexpected, b"k"),
+                    Err(BackendError::Corrupt { .. })
+                ),
+                "{unexpected:?}"
+            );
+        }
     }
 }
