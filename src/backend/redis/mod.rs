@@ -85,19 +85,52 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 
 /// Counters in Redis or Redis Cluster, shared by every instance of a service.
 ///
-/// Every hit is **one round trip**: `EVALSHA` of [`HIT_SCRIPT`], which
-/// increments the counter and attaches the window's lifetime in the same
-/// atomic step when the counter has none, and never touches an existing
+/// Every hit is **one atomic script step**, and hits in flight together
+/// share a round trip ([coalesced hits](#coalesced-hits), the default): the
+/// script increments the counter and attaches the window's lifetime in the
+/// same atomic step when the counter has none, and never touches an existing
 /// lifetime. When Redis has lost the script (`NOSCRIPT` after a restart,
-/// `SCRIPT FLUSH` or a failover), the hit is retried once with `EVAL`, which
-/// also loads it again. Each call names one key, so it works unchanged on a
-/// Redis Cluster connection.
+/// `SCRIPT FLUSH` or a failover), the call is sent again once with `EVAL`,
+/// which also loads it again. On a Redis Cluster a call names keys of one
+/// slot only.
 ///
 /// Any async Redis connection that can be cloned serves: a
 /// [`ConnectionManager`] (what [`connect`](Self::connect) makes; it
 /// reconnects by itself), a `MultiplexedConnection`, or a Cluster connection
-/// (feature `redis-cluster`). Concurrent hits share the connection and are
-/// pipelined on it; no hit opens a connection of its own.
+/// (feature `redis-cluster`). Calls share the connection and are pipelined
+/// on it; no hit opens a connection of its own.
+///
+/// # Coalesced hits
+///
+/// A hit that finds no call in flight goes at once, in a call of its own: no
+/// hit waits for a timer to fill a batch. Hits issued while a call is in
+/// flight queue, and go together in the next call, sent as soon as the
+/// answer is back: one `EVALSHA` of a batch script for all of them. n hits on
+/// one counter are one `INCRBY n`, with the lifetime attached in the same
+/// atomic step when the counter is created; they take the counts
+/// `c-n+1 ..= c`, exactly what n separate increments would have given, and
+/// each hit gets its own count, the counter's time left and its deadline
+/// (`PEXPIRETIME`, for [`refund`](Backend::refund)). Hits on one key with
+/// different windows (two layers of one name with other quotas) are applied
+/// in turn, as if sent one after the other. On a standalone server (or
+/// Sentinel) any keys share a call; on a Cluster, keys of one hash slot (every
+/// counter of one request key is in one slot). A Cluster connection is known
+/// by its type; another connection type that reaches a Cluster is found out
+/// by the first call Redis refuses as cross-slot (refused before it ran), and
+/// its hits are then grouped by slot.
+///
+/// Inside a call each counter answers for itself: a corrupt counter fails
+/// only the hits on it (their requests are stopped; the value is left as it
+/// was), and the other counters of the call are counted. A call that fails
+/// as a whole (an outage) fails each of its hits, and each request follows
+/// the failure policy. The call is sent by a task of its own on the tokio
+/// runtime, so a dropped request never leaves a half-done call: the script
+/// ran whole or not at all, and the dropped request only loses its answer.
+/// A hit whose request is dropped before its call is sent is not sent; when
+/// every request of a call in flight is gone, the call is dropped too.
+/// Outside a tokio runtime, and with
+/// [`coalesce(false)`](RedisBackendBuilder::coalesce), each counter hit is
+/// one `EVALSHA` of [`HIT_SCRIPT`] (what `bench/redis.sh` compares against).
 ///
 /// # Keys
 ///
@@ -116,8 +149,8 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// Redis 7.0 or later for [`refund`](Backend::refund), which identifies a
 /// window by `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
 /// deadline and are never refunded: the hit stays counted). Tested against
-/// 7.0. An ACL user needs `+evalsha +eval +incr +decr +pttl +pexpire
-/// +pexpiretime +type +get` for hits and refunds, `+del` for
+/// 7.0. An ACL user needs `+evalsha +eval +incr +incrby +decr +decrby +pttl
+/// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds, `+del` for
 /// [`reset`](Backend::reset), and `+scan` for [`audit`](Self::audit) (plus
 /// `+cluster|slots` on a Cluster), all on the prefix's keys (`~tpw:*`).
 ///
@@ -232,9 +265,10 @@ impl<C> RedisBackendBuilder<C> {
     /// Whether hits issued while others are in flight go to Redis together
     /// (default `true`): one script call for every hit queued behind the call
     /// in flight, with each hit's count, time left and deadline exactly as
-    /// if sent alone (see [`RedisBackend`]'s coalesced hits). `false` sends
-    /// one `EVALSHA` per counter hit, as before 0.2; it is there to measure
-    /// the difference (`bench/redis.sh` runs both).
+    /// if sent alone (see [coalesced hits](RedisBackend#coalesced-hits)).
+    /// `false` sends one `EVALSHA` of [`HIT_SCRIPT`] per counter hit; it is
+    /// there to measure the difference (`bench/redis.sh` and
+    /// `bench/wrk_redis.sh` run both in the same run).
     pub fn coalesce(mut self, coalesce: bool) -> Self {
         self.coalesce = coalesce;
         self
@@ -482,9 +516,11 @@ where
     type Future = RedisHit;
     type Refund = RedisRefund;
 
-    /// One `EVALSHA` per counter, all sent at once: on one connection they
-    /// are pipelined (one round trip of latency); on a Cluster they go to the
-    /// one master that holds the key's slot.
+    /// Coalesced (the default): every counter of the request in the next
+    /// call of the key's lane (see [coalesced hits](RedisBackend#coalesced-hits)).
+    /// Otherwise one `EVALSHA` per counter, all sent at once: on one
+    /// connection they are pipelined (one round trip of latency); on a
+    /// Cluster they go to the one master that holds the key's slot.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> RedisHit {
         let storage_keys: SmallVec<[Vec<u8>; 2]> = counters
             .iter()
