@@ -286,7 +286,7 @@ where
             }
         }
     };
-    let replies: Vec<Result<(u64, Duration, Option<NonZeroU64>), BackendError>> = match reply {
+    let replies: Vec<Result<Counted, BackendError>> = match reply {
         Ok(Value::Array(items)) if items.len() == 3 * entries.len() => items
             .chunks_exact(3)
             .zip(&entries)
@@ -378,11 +378,11 @@ where
     }
 }
 
+/// A counter after an entry's hits: its count, time left and deadline.
+type Counted = (u64, Duration, Option<NonZeroU64>);
+
 /// One entry's three values: the counter after its hits, or why not.
-fn parse_entry(
-    item: &[Value],
-    key: &[u8],
-) -> Result<(u64, Duration, Option<NonZeroU64>), BackendError> {
+fn parse_entry(item: &[Value], key: &[u8]) -> Result<Counted, BackendError> {
     match item {
         [Value::Int(count), Value::Int(ttl), Value::Int(deadline)] if *count >= 1 && *ttl >= 0 => {
             Ok((
