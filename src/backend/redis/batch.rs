@@ -473,11 +473,13 @@ mod tests {
         );
         let refused = [
             Value::Int(-2),
-            Value::BulkString(b"OOM command not allowed".to_vec()),
+            Value::BulkString(b"ERR tower-pinned-window: invalid window 0".to_vec()),
             Value::Int(0),
         ];
         match parse_entry(&refused, b"k") {
-            Err(BackendError::Unavailable(err)) => assert!(err.to_string().contains("OOM")),
+            Err(BackendError::Unavailable(err)) => {
+                assert!(err.to_string().contains("invalid window"))
+            }
             other => panic!("{other:?}"),
         }
         let bad = [

@@ -12,8 +12,8 @@
 --                                        deadline is PEXPIRETIME (-1 before
 --                                        Redis 7.0)
 --   -1, reason, 0                        a corrupt counter, left as it was
---   -2, error, 0                         Redis refused the command for
---                                        another reason (nothing written)
+--   -2, error, 0                         invalid arguments (nothing written)
+-- A refusal that is not about one counter (READONLY, OOM) fails the call.
 -- Each counter costs INCRBY and PEXPIRETIME, plus PEXPIREAT when it is new:
 -- the time left is the deadline less the server's clock (TIME, read once).
 local time = redis.call('TIME')
@@ -47,8 +47,11 @@ for i = 1, #KEYS do
           out[j + 1] = 'a key of type ' .. kind
         end
       else
-        out[j] = -2
-        out[j + 1] = err
+        -- Not about this counter (READONLY, OOM, ...): the whole call fails,
+        -- as hit.lua's would, so that the connection sees the server's
+        -- error (a Sentinel connection moves to the new master on READONLY).
+        -- Such a refusal comes at the first write, so nothing was written.
+        return redis.error_reply(err)
       end
     elseif count < n then
       -- The value was negative: put it back as it was.
