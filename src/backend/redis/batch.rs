@@ -3,10 +3,11 @@
 //!
 //! Hits wait in a *lane*: one lane for a standalone server (any keys can go
 //! in one script call), one lane per hash slot on a Cluster (a script call
-//! may only name keys of one slot). A lane with no call in flight sends at
-//! once: a hit never waits for a timer to fill a batch. While a lane's call
-//! is in flight, new hits queue, and the lane's driver sends all of them in
-//! its next call as soon as the answer is back.
+//! may only name keys of one slot). A hit that finds its lane idle is sent
+//! at once, from its own task: a hit never waits for a timer to fill a
+//! batch. While a lane's call is in flight, new hits queue; when the answer
+//! is back, a driver task sends all of them in the next call, and goes on
+//! until the queue is empty. One call in flight per lane.
 //!
 //! Exactness: n hits on one counter are one `INCRBY n` in the script, with the
 //! lifetime attached in the same atomic step when the counter has none; they
@@ -16,10 +17,12 @@
 //! entries, applied in order, as if sent one after the other. A corrupt
 //! counter answers its own entry; the other entries of the call are counted.
 //!
-//! The driver is a task of its own, so a hit whose future is dropped never
-//! leaves a half-done call behind: the script either ran whole or not at all;
-//! the dropped waiter only loses its answer. A hit whose waiter is gone
-//! before its call is sent is not sent.
+//! A dropped hit never leaves a half-done call behind: the script either ran
+//! whole or not at all. A call sent by a driver goes on for the hits still
+//! waiting; a dropped waiter only loses its answer. A hit whose waiter is
+//! gone before its call is sent is not sent, and a call whose waiters are
+//! all gone is dropped (a call sent from a hit's own task goes with it, like
+//! a lone hit's); the hits queued behind it get a driver.
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -117,15 +120,43 @@ where
     let count = counters.len();
     let slot = counters.first().map_or(0, |(key, _)| key_slot(key));
     let (reply, answer) = oneshot::channel();
-    submit(
-        inner,
-        runtime,
-        Pending {
-            counters,
-            slot,
-            reply,
-        },
-    );
+    let pending = Pending {
+        counters,
+        slot,
+        reply,
+    };
+    let batcher = batcher(inner);
+    let lane = batcher.lane_of(&pending);
+    // An idle lane: this hit goes at once, from this task (no driver task,
+    // no wake-up), and the lane is busy until its answer is back.
+    let alone = {
+        let mut lanes = batcher.lock();
+        match lanes.entry(lane) {
+            Entry::Occupied(mut busy) => {
+                busy.get_mut().queue.push(pending);
+                None
+            }
+            Entry::Vacant(idle) => {
+                idle.insert(Lane { queue: Vec::new() });
+                Some(pending)
+            }
+        }
+    };
+    if let Some(pending) = alone {
+        let handover = Handover {
+            inner,
+            runtime,
+            lane,
+        };
+        let retry = call(inner, vec![pending], lane == ANY_SLOT).await;
+        if retry.is_some() {
+            batcher.by_slot.store(true, Ordering::Relaxed);
+        }
+        drop(handover);
+        for pending in retry.into_iter().flatten() {
+            submit(inner, runtime, pending);
+        }
+    }
     match answer.await {
         Ok(answers) => answers,
         // The driver was dropped (its runtime shut down) before answering.
@@ -136,6 +167,36 @@ where
                 ))
             })
             .collect(),
+    }
+}
+
+/// Ends a call sent from a hit's own task, answered or dropped: the hits
+/// queued behind it meanwhile get a driver; with none, the lane is idle.
+struct Handover<'a, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    inner: &'a Arc<Inner<C>>,
+    runtime: &'a tokio::runtime::Handle,
+    lane: u32,
+}
+
+impl<C> Drop for Handover<'_, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        let mut lanes = batcher(self.inner).lock();
+        if lanes.get(&self.lane).is_some_and(|l| l.queue.is_empty()) {
+            lanes.remove(&self.lane);
+        } else if lanes.contains_key(&self.lane) {
+            drop(lanes);
+            self.runtime.spawn(drive(
+                Arc::clone(self.inner),
+                self.runtime.clone(),
+                self.lane,
+            ));
+        }
     }
 }
 

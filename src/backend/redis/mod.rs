@@ -123,11 +123,11 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// only the hits on it (their requests are stopped; the value is left as it
 /// was), and the other counters of the call are counted. A call that fails
 /// as a whole (an outage) fails each of its hits, and each request follows
-/// the failure policy. The call is sent by a task of its own on the tokio
-/// runtime, so a dropped request never leaves a half-done call: the script
-/// ran whole or not at all, and the dropped request only loses its answer.
-/// A hit whose request is dropped before its call is sent is not sent; when
-/// every request of a call in flight is gone, the call is dropped too.
+/// the failure policy. A dropped request never leaves a half-done call: the
+/// script ran whole or not at all, and the call goes on for the requests
+/// still waiting (the dropped one only loses its answer). A hit whose request
+/// is dropped before its call is sent is not sent; when every request of a
+/// call in flight is gone, the call is dropped too, as a lone hit's would be.
 /// Outside a tokio runtime, and with
 /// [`coalesce(false)`](RedisBackendBuilder::coalesce), each counter hit is
 /// one `EVALSHA` of [`HIT_SCRIPT`] (what `bench/redis.sh` compares against).
