@@ -4,8 +4,8 @@
 //! Hits wait in a *lane*: one lane for a standalone server (any keys can go
 //! in one script call), one lane per hash slot on a Cluster (a script call
 //! may only name keys of one slot). A hit that finds its lane idle is sent
-//! at once, from its own task: a hit never waits for a timer to fill a
-//! batch. While a lane's call is in flight, new hits queue; when the answer
+//! at once, from its own task (with the one-hit script when it has one
+//! counter): a hit never waits for a timer to fill a batch. While a lane's call is in flight, new hits queue; when the answer
 //! is back, a driver task sends all of them in the next call, and goes on
 //! until the queue is empty. One call in flight per lane.
 //!
@@ -37,7 +37,7 @@ use futures_util::future::{Either, join_all, select};
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::{Inner, Script, corrupt, sha1_hex, unavailable};
+use super::{HIT, Inner, Script, corrupt, parse_hit, sha1_hex, unavailable};
 use crate::backend::{BackendError, Hit};
 
 /// The script of a coalesced call: [`HIT_SCRIPT`](super::HIT_SCRIPT)'s step
@@ -148,7 +148,14 @@ where
             runtime,
             lane,
         };
-        let retry = call(inner, vec![pending], lane == ANY_SLOT).await;
+        let retry = if let [(key, window)] = pending.counters.as_slice() {
+            // One counter: the one-hit script, the cheapest call for Redis.
+            let answer = one(inner, key, *window).await;
+            let _ = pending.reply.send(std::iter::once(answer).collect());
+            None
+        } else {
+            call(inner, vec![pending], lane == ANY_SLOT).await
+        };
         if retry.is_some() {
             batcher.by_slot.store(true, Ordering::Relaxed);
         }
@@ -168,6 +175,36 @@ where
             })
             .collect(),
     }
+}
+
+/// One hit on one counter, alone: `EVALSHA` of [`HIT_SCRIPT`](super::HIT_SCRIPT)
+/// (`EVAL` if the server has lost it), what a batch of one would do.
+async fn one<C>(inner: &Inner<C>, key: &[u8], window: u64) -> Result<Hit, BackendError>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut connection = inner.connection.clone();
+    let build = |name: &str, script: &str| {
+        let mut cmd = ::redis::cmd(name);
+        cmd.arg(script).arg(1).arg(key).arg(window);
+        cmd
+    };
+    let reply = match build("EVALSHA", HIT.sha.as_str())
+        .query_async::<Value>(&mut connection)
+        .await
+    {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            tracing::debug!(
+                "script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
+            );
+            build("EVAL", HIT.text)
+                .query_async::<Value>(&mut connection)
+                .await
+        }
+        other => other,
+    }
+    .map_err(unavailable)?;
+    parse_hit(reply, key)
 }
 
 /// Ends a call sent from a hit's own task, answered or dropped: the hits
