@@ -628,48 +628,52 @@ async fn several_quotas_are_counted_in_redis_together() {
         "several_quotas_are_counted_in_redis_together"
     ));
     let mut con = server.sync();
-    let svc = RateLimitLayer::new("multi", quota(2, Duration::from_secs(60)))
-        .also(quota(3, Duration::from_secs(3600)))
-        .key(by_client())
-        .backend(
-            RedisBackend::builder(manager(&server).await)
-                .deny_cache(0)
-                .build(),
-        )
-        .layer(ok_service());
-    let before = evalsha_calls(&server);
-    let statuses: Vec<StatusCode> = {
-        let mut v = Vec::new();
-        for _ in 0..4 {
-            v.push(svc.clone().oneshot(from("c")).await.unwrap().status());
-        }
-        v
-    };
-    assert_eq!(
-        statuses,
-        [
-            StatusCode::OK,
-            StatusCode::OK,
-            StatusCode::TOO_MANY_REQUESTS,
-            StatusCode::TOO_MANY_REQUESTS
-        ]
-    );
-    assert_eq!(
-        evalsha_calls(&server) - before,
-        8,
-        "one EVALSHA per quota per request, sent together"
-    );
-    let minute: i64 = redis::cmd("GET")
-        .arg("tpw:multi{c}")
-        .query(&mut con)
-        .unwrap();
-    let hour: i64 = redis::cmd("GET")
-        .arg("tpw:multi:3/3600000ms{c}")
-        .query(&mut con)
-        .unwrap();
-    assert_eq!((minute, hour), (4, 4));
-    assert!((59_000..=60_000).contains(&pttl(&mut con, "tpw:multi{c}")));
-    assert!((3_599_000..=3_600_000).contains(&pttl(&mut con, "tpw:multi:3/3600000ms{c}")));
+    // Coalesced, a request's counters go in one script call; one at a time,
+    // one EVALSHA per counter, sent together.
+    for (coalesce, calls_per_request) in [(true, 1), (false, 2)] {
+        let name = if coalesce { "multi1" } else { "multi0" };
+        let svc = RateLimitLayer::new(name, quota(2, Duration::from_secs(60)))
+            .also(quota(3, Duration::from_secs(3600)))
+            .key(by_client())
+            .backend(
+                RedisBackend::builder(manager(&server).await)
+                    .deny_cache(0)
+                    .coalesce(coalesce)
+                    .build(),
+            )
+            .layer(ok_service());
+        let before = evalsha_calls(&server);
+        let statuses: Vec<StatusCode> = {
+            let mut v = Vec::new();
+            for _ in 0..4 {
+                v.push(svc.clone().oneshot(from("c")).await.unwrap().status());
+            }
+            v
+        };
+        assert_eq!(
+            statuses,
+            [
+                StatusCode::OK,
+                StatusCode::OK,
+                StatusCode::TOO_MANY_REQUESTS,
+                StatusCode::TOO_MANY_REQUESTS
+            ]
+        );
+        assert_eq!(
+            evalsha_calls(&server) - before,
+            4 * calls_per_request,
+            "coalesce {coalesce}"
+        );
+        let minute: i64 = redis::cmd("GET")
+            .arg(format!("tpw:{name}{{c}}"))
+            .query(&mut con)
+            .unwrap();
+        let hour_key = format!("tpw:{name}:3/3600000ms{{c}}");
+        let hour: i64 = redis::cmd("GET").arg(&hour_key).query(&mut con).unwrap();
+        assert_eq!((minute, hour), (4, 4));
+        assert!((59_000..=60_000).contains(&pttl(&mut con, &format!("tpw:{name}{{c}}"))));
+        assert!((3_599_000..=3_600_000).contains(&pttl(&mut con, &hour_key)));
+    }
 }
 
 /// Every key under `prefix` on a standalone server.
@@ -975,4 +979,409 @@ async fn breaker_settings_are_checked() {
         builder().breaker(0, Duration::from_secs(1))
     }));
     assert!(panicked.is_err());
+}
+
+/// Script calls (`EVALSHA` and `EVAL`) the server has run.
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
+    stats
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
+        })
+        .filter_map(|rest| rest.split(',').next())
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+/// Polls `future` once, without a runtime's waker: it is then submitted (a
+/// coalesced hit is queued in its lane) and can be dropped or awaited.
+fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> bool {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    std::pin::Pin::new(future).poll(&mut cx).is_ready()
+}
+
+#[test]
+fn coalesced_hits_take_every_count_once_across_four_instances() {
+    let server = redis_or_skip!(RedisServer::start(
+        "coalesced_hits_take_every_count_once_across_four_instances"
+    ));
+    multi_thread_runtime().block_on(async {
+        let mut stores = Vec::new();
+        for _ in 0..4 {
+            stores.push(
+                RedisBackend::builder(manager(&server).await)
+                    .deny_cache(0)
+                    .build(),
+            );
+        }
+        let before = script_calls(&server);
+        // One hot key, taken with two windows (one namespace: one counter),
+        // and 50 other keys; 2,000 hits in flight together over 4 instances.
+        let hits = 2_000usize;
+        let mut tasks = Vec::new();
+        for i in 0..hits {
+            let store = stores[i % 4].clone();
+            tasks.push(tokio::spawn(async move {
+                let (key, window) = match i % 3 {
+                    0 => ("hot".to_string(), 60),
+                    1 => ("hot".to_string(), 30),
+                    _ => (format!("k{}", i % 50), 60),
+                };
+                let hit = store
+                    .hit(
+                        "exact",
+                        &Key::new(key.clone()),
+                        quota(u64::MAX, Duration::from_secs(window)),
+                    )
+                    .await
+                    .unwrap();
+                (key, hit)
+            }));
+        }
+        let mut by_key: std::collections::HashMap<String, Vec<_>> = Default::default();
+        for task in tasks {
+            let (key, hit) = task.await.unwrap();
+            by_key.entry(key).or_default().push(hit);
+        }
+        let calls = script_calls(&server) - before;
+        assert!(
+            calls < hits as u64 / 2,
+            "the hits were coalesced: {calls} script calls for {hits} hits"
+        );
+        let mut con = server.sync();
+        for (key, hits) in &by_key {
+            let mut counts: Vec<u64> = hits.iter().map(|h| h.count).collect();
+            counts.sort_unstable();
+            assert_eq!(
+                counts,
+                (1..=hits.len() as u64).collect::<Vec<_>>(),
+                "{key}: every count once, as if sent one by one"
+            );
+            let deadline = hits[0].deadline.expect("Redis 7 reports deadlines");
+            assert!(
+                hits.iter().all(|h| h.deadline == Some(deadline)),
+                "{key}: one window"
+            );
+            // The hot key's window is the one of whichever hit created it.
+            assert!(
+                hits.iter().all(
+                    |h| h.reset <= Duration::from_secs(60) && h.reset > Duration::from_secs(20)
+                ),
+                "{key}"
+            );
+            let stored: u64 = redis::cmd("GET")
+                .arg(format!("tpw:exact{{{key}}}"))
+                .query(&mut con)
+                .unwrap();
+            assert_eq!(stored, hits.len() as u64, "{key}");
+            let ttl = pttl(&mut con, &format!("tpw:exact{{{key}}}"));
+            assert!(ttl > 20_000 && ttl <= 60_000, "{key}: {ttl}");
+        }
+    });
+}
+
+#[tokio::test]
+async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys"
+    ));
+    let mut con = server.sync();
+    for (args, what) in [
+        (&["SET", "tpw:mix{text}", "abc"][..], "text"),
+        (&["SET", "tpw:mix{negative}", "-3"][..], "negative"),
+        (&["HSET", "tpw:mix{hash}", "f", "v"][..], "hash"),
+        (
+            &["SET", "tpw:mix{old}", "5"][..],
+            "a counter older code left without a lifetime",
+        ),
+    ] {
+        let mut cmd = redis::cmd(args[0]);
+        for arg in &args[1..] {
+            cmd.arg(*arg);
+        }
+        let _: redis::Value = cmd
+            .query(&mut con)
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let svc = RateLimitLayer::new("mix", quota(100, Duration::from_secs(60)))
+        .key(by_client())
+        .backend(store)
+        .timeout(Duration::from_secs(10))
+        .on_failure(FailurePolicy::FailOpen)
+        .layer(ok_service());
+    let clients = [
+        "h1", "text", "h2", "old", "hash", "h1", "negative", "h3", "old", "h1",
+    ];
+    let before = script_calls(&server);
+    // On this current-thread runtime, every request is submitted before the
+    // lane's driver first runs: they share calls.
+    let mut tasks = Vec::new();
+    for round in 0..3 {
+        for client in clients {
+            let svc = svc.clone();
+            tasks.push((
+                round,
+                client,
+                tokio::spawn(async move { svc.oneshot(from(client)).await.unwrap() }),
+            ));
+        }
+    }
+    let hits = tasks.len() as u64;
+    let mut old_counts = Vec::new();
+    let mut h1_counts = Vec::new();
+    for (round, client, task) in tasks {
+        let res = task.await.unwrap();
+        match client {
+            "text" | "hash" | "negative" => assert_eq!(
+                res.status(),
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "{client} (round {round}): a corrupt key stops its own requests, even failing open"
+            ),
+            _ => {
+                assert_eq!(res.status(), StatusCode::OK, "{client} (round {round})");
+                let decision = res
+                    .extensions()
+                    .get::<Decision>()
+                    .unwrap_or_else(|| panic!("{client}: counted, not let through uncounted"));
+                match client {
+                    "old" => old_counts.push(decision.count()),
+                    "h1" => h1_counts.push(decision.count()),
+                    _ => {}
+                }
+            }
+        }
+    }
+    let calls = script_calls(&server) - before;
+    assert!(
+        calls < hits / 2,
+        "the requests shared calls: {calls} for {hits} requests"
+    );
+    old_counts.sort_unstable();
+    assert_eq!(
+        old_counts,
+        (6..=11).collect::<Vec<_>>(),
+        "counted on, not reset"
+    );
+    h1_counts.sort_unstable();
+    assert_eq!(h1_counts, (1..=9).collect::<Vec<_>>());
+    let ttl = pttl(&mut con, "tpw:mix{old}");
+    assert!(
+        (50_000..=60_000).contains(&ttl),
+        "the window was attached: {ttl}"
+    );
+    for (key, count) in [("h1", 9), ("h2", 3), ("h3", 3)] {
+        let key = format!("tpw:mix{{{key}}}");
+        let stored: u64 = redis::cmd("GET").arg(&key).query(&mut con).unwrap();
+        assert_eq!(stored, count, "{key}");
+        assert!(pttl(&mut con, &key) > 50_000, "{key}");
+    }
+    let get = |con: &mut redis::Connection, key: &str| -> String {
+        redis::cmd("GET").arg(key).query(con).unwrap()
+    };
+    assert_eq!(get(&mut con, "tpw:mix{text}"), "abc");
+    assert_eq!(get(&mut con, "tpw:mix{negative}"), "-3");
+    assert_eq!(
+        pttl(&mut con, "tpw:mix{text}"),
+        -1,
+        "no lifetime for corrupt keys"
+    );
+    assert_eq!(pttl(&mut con, "tpw:mix{negative}"), -1);
+    let hash: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg("tpw:mix{hash}")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(hash, vec![("f".to_string(), "v".to_string())]);
+}
+
+#[tokio::test]
+async fn dropped_futures_inside_a_batch_leave_no_key_without_a_lifetime() {
+    let server = redis_or_skip!(RedisServer::start(
+        "dropped_futures_inside_a_batch_leave_no_key_without_a_lifetime"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let q = quota(10, Duration::from_secs(600));
+    let mut con = server.sync();
+    let exists = |con: &mut redis::Connection, key: &str| -> bool {
+        redis::cmd("EXISTS").arg(key).query(con).unwrap()
+    };
+
+    // Queued, then half dropped before the lane's driver first runs: those
+    // are never sent; the others are counted, each with its lifetime.
+    let mut futures: Vec<_> = (0..100)
+        .map(|i| store.hit("drop", &Key::display(format_args!("a{i}")), q))
+        .collect();
+    for future in &mut futures {
+        assert!(!poll_once(future), "a hit to Redis is not ready at once");
+    }
+    let kept: Vec<_> = futures
+        .into_iter()
+        .enumerate()
+        .filter_map(|(i, f)| (i % 2 == 0).then_some((i, f)))
+        .collect();
+    let before = script_calls(&server);
+    for (i, future) in kept {
+        let hit = future.await.unwrap();
+        assert_eq!(hit.count, 1, "a{i}");
+    }
+    assert!(
+        script_calls(&server) - before < 50,
+        "the 50 kept hits were coalesced"
+    );
+    for i in 0..100 {
+        let key = format!("tpw:drop{{a{i}}}");
+        if i % 2 == 0 {
+            let ttl = pttl(&mut con, &key);
+            assert!(ttl > 590_000, "{key}: {ttl}");
+        } else {
+            assert!(!exists(&mut con, &key), "{key}: dropped before it was sent");
+        }
+    }
+
+    // Every waiter of a call in flight dropped: the keys the call reached
+    // have their lifetime, and the lane goes on serving.
+    for round in 0..20 {
+        let mut futures: Vec<_> = (0..50)
+            .map(|i| store.hit("drop", &Key::display(format_args!("b{round}-{i}")), q))
+            .collect();
+        for future in &mut futures {
+            poll_once(future);
+        }
+        // Let the driver send, then give up on every hit.
+        for _ in 0..=round % 4 {
+            tokio::task::yield_now().await;
+        }
+        drop(futures);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tpw:drop{b*")
+        .query(&mut con)
+        .unwrap();
+    for key in &keys {
+        let ttl = pttl(&mut con, key);
+        assert!(ttl > 590_000, "{key} has no lifetime: {ttl}");
+    }
+    let hit = tokio::time::timeout(
+        Duration::from_secs(10),
+        store.hit("drop", &Key::new("after"), q),
+    )
+    .await
+    .expect("the lane still answers")
+    .unwrap();
+    assert_eq!(hit.count, 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_and_a_restart_in_the_middle_of_batches() {
+    let mut server = redis_or_skip!(RedisServer::start(
+        "script_flush_and_a_restart_in_the_middle_of_batches"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::new();
+    for worker in 0..32 {
+        let (store, stop, done, failed) =
+            (store.clone(), stop.clone(), done.clone(), failed.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut i = 0u32;
+            while !stop.load(Ordering::Relaxed) {
+                i += 1;
+                let key = Key::display(format_args!("w{worker}-{}", i % 7));
+                let hit = tokio::time::timeout(
+                    Duration::from_secs(10),
+                    store.hit("batch", &key, quota(u64::MAX, Duration::from_secs(60))),
+                )
+                .await
+                .expect("a hit never hangs, whatever happens to Redis");
+                match hit {
+                    Ok(_) => {
+                        done.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(BackendError::Unavailable(_) | BackendError::TimedOut) => {
+                        failed.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(5)).await;
+                    }
+                    Err(other) => panic!("{other}"),
+                }
+            }
+        }));
+    }
+    let mut admin = manager(&server).await;
+    let wait_for_hits = |n: usize| {
+        let done = done.clone();
+        async move {
+            let start = done.load(Ordering::Relaxed);
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while done.load(Ordering::Relaxed) < start + n {
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "hits stopped succeeding"
+                );
+                tokio::time::sleep(Duration::from_millis(2)).await;
+            }
+        }
+    };
+    wait_for_hits(200).await;
+    let before = script_calls(&server);
+    let hits_before = done.load(Ordering::Relaxed);
+    for _ in 0..10 {
+        let _: () = redis::cmd("SCRIPT")
+            .arg("FLUSH")
+            .query_async(&mut admin)
+            .await
+            .unwrap();
+        wait_for_hits(50).await;
+    }
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "a SCRIPT FLUSH fails no hit: NOSCRIPT is answered with EVAL"
+    );
+    let calls = script_calls(&server) - before;
+    let hits = (done.load(Ordering::Relaxed) - hits_before) as u64;
+    assert!(calls < hits, "coalesced: {calls} calls for {hits} hits");
+    let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
+    assert!(stats.contains("cmdstat_eval:"), "EVAL reloaded the script");
+
+    server.restart();
+    wait_for_hits(500).await;
+    stop.store(true, Ordering::Relaxed);
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
+    assert!(
+        stats.contains("cmdstat_eval:"),
+        "the fresh server got the script with EVAL:\n{stats}"
+    );
+    let mut con = server.sync();
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("tpw:batch{*")
+        .query(&mut con)
+        .unwrap();
+    assert!(!keys.is_empty(), "counted on the fresh server");
+    for key in &keys {
+        let ttl = pttl(&mut con, key);
+        assert!(ttl > 0, "{key} has no lifetime: {ttl}");
+    }
+    let calls = script_calls(&server);
+    let counted: u64 = keys
+        .iter()
+        .map(|k| redis::cmd("GET").arg(k).query::<u64>(&mut con).unwrap())
+        .sum();
+    assert!(
+        calls < counted,
+        "coalesced after the restart too: {calls} calls for {counted} hits"
+    );
 }

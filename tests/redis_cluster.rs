@@ -26,6 +26,8 @@ fn on_a_cluster() {
     multi_thread_runtime().block_on(async {
         keys_spread_over_every_master_and_windows_stay_pinned(&cluster).await;
         exactly_the_limit_is_admitted_across_four_instances(&cluster).await;
+        coalesced_hits_take_every_count_once(&cluster).await;
+        a_connection_not_known_as_a_cluster_learns_to_coalesce_by_slot(&cluster).await;
         corrupt_counters_are_left_untouched(&cluster).await;
         the_audit_covers_every_master(&cluster).await;
         client_chosen_keys_reach_no_other_counter_nor_pick_a_slot(&cluster).await;
@@ -90,8 +92,27 @@ async fn keys_spread_over_every_master_and_windows_stay_pinned(cluster: &RedisCl
     }
 }
 
+/// Script calls (`EVALSHA` and `EVAL`) every master has run.
+fn script_calls(cluster: &RedisCluster) -> u64 {
+    let mut calls = 0;
+    for node in &cluster.nodes {
+        let stats = node.cmd(&["INFO", "commandstats"]).unwrap();
+        calls += stats
+            .lines()
+            .filter_map(|line| {
+                line.strip_prefix("cmdstat_evalsha:calls=")
+                    .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
+            })
+            .filter_map(|rest| rest.split(',').next())
+            .map(|n| n.parse::<u64>().unwrap())
+            .sum::<u64>();
+    }
+    calls
+}
+
 async fn exactly_the_limit_is_admitted_across_four_instances(cluster: &RedisCluster) {
     for (key, limit, hits) in [("k1", 1u64, 100usize), ("k2", 37, 300), ("k3", 300, 300)] {
+        let before = script_calls(cluster);
         let mut instances = Vec::new();
         for _ in 0..4 {
             let store = RedisBackend::new(cluster.connection().await);
@@ -106,7 +127,145 @@ async fn exactly_the_limit_is_admitted_across_four_instances(cluster: &RedisClus
             limit.min(hits as u64) as usize,
             "{key}: limit {limit}, {hits} hits"
         );
+        if limit == hits as u64 {
+            // No denial, so no deny cache: every hit reached Redis.
+            let calls = script_calls(cluster) - before;
+            assert!(
+                calls < hits as u64,
+                "{key}: coalesced, {calls} calls for {hits} hits"
+            );
+        }
     }
+}
+
+/// Hits on keys of many slots, over 4 instances: on each key, every count
+/// once, as if the hits had gone one by one.
+async fn hit_many_keys<C>(stores: Vec<RedisBackend<C>>, namespace: &'static str, hits: usize)
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut tasks = Vec::new();
+    for i in 0..hits {
+        let store = stores[i % stores.len()].clone();
+        tasks.push(tokio::spawn(async move {
+            let key = if i % 2 == 0 {
+                "hot".to_string()
+            } else {
+                format!("k{}", i % 40)
+            };
+            let hit = tokio::time::timeout(
+                Duration::from_secs(10),
+                store.hit(namespace, &Key::new(key.clone()), quota(u64::MAX, 60)),
+            )
+            .await
+            .expect("answered")
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+            (key, hit)
+        }));
+    }
+    let mut by_key: std::collections::HashMap<String, Vec<_>> = Default::default();
+    for task in tasks {
+        let (key, hit) = task.await.unwrap();
+        by_key.entry(key).or_default().push(hit);
+    }
+    assert_eq!(by_key.len(), 21);
+    for (key, hits) in &by_key {
+        let mut counts: Vec<u64> = hits.iter().map(|h| h.count).collect();
+        counts.sort_unstable();
+        assert_eq!(counts, (1..=hits.len() as u64).collect::<Vec<_>>(), "{key}");
+        assert!(
+            hits.iter()
+                .all(|h| h.deadline == hits[0].deadline && h.deadline.is_some()),
+            "{key}: one window"
+        );
+        let peeked = stores[0]
+            .peek(namespace, &Key::new(key.clone()))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(peeked.count, hits.len() as u64, "{key}");
+        assert!(peeked.reset <= Duration::from_secs(60), "{key}: a lifetime");
+    }
+}
+
+async fn coalesced_hits_take_every_count_once(cluster: &RedisCluster) {
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(
+            RedisBackend::builder(cluster.connection().await)
+                .deny_cache(0)
+                .build(),
+        );
+    }
+    let before = script_calls(cluster);
+    let hits = 1_200;
+    hit_many_keys(stores, "every", hits).await;
+    let calls = script_calls(cluster) - before;
+    assert!(
+        calls < hits as u64 / 2,
+        "coalesced by slot: {calls} calls for {hits} hits"
+    );
+}
+
+/// A Cluster connection the backend cannot recognise by its type.
+#[derive(Clone)]
+struct Opaque(redis::cluster_async::ClusterConnection);
+
+impl redis::aio::ConnectionLike for Opaque {
+    fn req_packed_command<'a>(
+        &'a mut self,
+        cmd: &'a redis::Cmd,
+    ) -> redis::RedisFuture<'a, redis::Value> {
+        self.0.req_packed_command(cmd)
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a redis::Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> redis::RedisFuture<'a, Vec<redis::Value>> {
+        self.0.req_packed_commands(pipeline, offset, count)
+    }
+
+    fn get_db(&self) -> i64 {
+        self.0.get_db()
+    }
+}
+
+/// Its first calls mix slots; Redis refuses them as cross-slot before
+/// running anything, and the backend sends them again by slot.
+async fn a_connection_not_known_as_a_cluster_learns_to_coalesce_by_slot(cluster: &RedisCluster) {
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(
+            RedisBackend::builder(Opaque(cluster.connection().await))
+                .deny_cache(0)
+                .build(),
+        );
+    }
+    let rejected = || -> u64 {
+        cluster
+            .nodes
+            .iter()
+            .map(|node| {
+                let stats = node.cmd(&["INFO", "commandstats"]).unwrap();
+                stats
+                    .lines()
+                    .filter(|line| line.starts_with("cmdstat_evalsha:"))
+                    .filter_map(|line| line.split("rejected_calls=").nth(1))
+                    .filter_map(|rest| rest.split(',').next())
+                    .map(|n| n.trim().parse::<u64>().unwrap())
+                    .sum::<u64>()
+            })
+            .sum()
+    };
+    let before = rejected();
+    hit_many_keys(stores, "opaque", 1_200).await;
+    assert!(
+        rejected() > before,
+        "the first calls mixed slots and were refused (CROSSSLOT), then went by slot"
+    );
 }
 
 async fn corrupt_counters_are_left_untouched(cluster: &RedisCluster) {

@@ -5,11 +5,20 @@
 //! cargo run --release -p tower-pinned-window-bench --bin redis_bench -- script
 //! ```
 //!
-//! MODE is `pinned` (this crate's backend, one EVALSHA per hit), `naive`
-//! (INCR, then PEXPIRE when the INCR created the key: two round trips), or
-//! `denied` (hits on one key over its limit, answered by the deny cache).
-//! Every hit of `pinned` and `naive` creates a fresh key, so `naive` always
-//! pays its second round trip. Prints one number: hits per second.
+//! MODE is one of
+//! - `pinned` (this crate's backend, coalesced hits: the default), and
+//!   `pinned-single` (the same with `.coalesce(false)`: one EVALSHA per hit);
+//!   every hit creates a fresh key;
+//! - `keys` and `keys-single`: hits spread over 10,000 distinct keys, in
+//!   turn (each task starts at another key);
+//! - `hot` and `hot-single`: every hit on one key;
+//! - `naive` (INCR, then PEXPIRE when the INCR created the key: two round
+//!   trips; every hit a fresh key, so it always pays its second trip);
+//! - `denied` (hits on one key over its limit, answered by the deny cache).
+//!
+//! Prints three numbers: hits per second, the number of hits, and this
+//! process's CPU time per hit in microseconds (user + system, from
+//! `/proc/self/stat`, so at a 10 ms tick).
 //!
 //! `script` prints the backend's Lua script (`HIT_SCRIPT`), which the
 //! script's ceiling runs through `redis-benchmark`.
@@ -33,7 +42,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let [url, mode, in_flight, seconds] = args.as_slice() else {
         return Err(
-            "usage: redis_bench URL pinned|naive|denied IN_FLIGHT SECONDS, or redis_bench script"
+            "usage: redis_bench URL MODE IN_FLIGHT SECONDS (MODE: pinned, keys, hot, each with -single; naive; denied), or redis_bench script"
                 .into(),
         );
     };
@@ -42,9 +51,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let connection: ConnectionManager = redis::Client::open(url.as_str())?
         .get_connection_manager()
         .await?;
+    let single = mode.ends_with("-single");
     let backend = RedisBackend::builder(connection.clone())
         .prefix(format!("bench:{mode}:"))
+        .coalesce(!single)
         .build();
+    let mode = mode.trim_end_matches("-single").to_owned();
     let hits = Arc::new(AtomicU64::new(0));
     let window = Duration::from_secs(60);
 
@@ -55,6 +67,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         backend.hit("b", &Key::new("hot"), quota).await?;
     }
 
+    let cpu_before = cpu_seconds();
     let start = Instant::now();
     let deadline = start + duration;
     let mut tasks = Vec::new();
@@ -72,6 +85,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                         let key = Key::display(format_args!("{task}-{i}"));
                         backend
                             .hit("b", &key, Quota::new(u64::MAX, window).unwrap())
+                            .await
+                            .unwrap();
+                    }
+                    "keys" => {
+                        let key = Key::display(format_args!(
+                            "k{}",
+                            (task as u64 * 7_919 + i) % DISTINCT_KEYS
+                        ));
+                        backend
+                            .hit("b", &key, Quota::new(u64::MAX, window).unwrap())
+                            .await
+                            .unwrap();
+                    }
+                    "hot" => {
+                        backend
+                            .hit("b", &Key::new("hot"), Quota::new(u64::MAX, window).unwrap())
                             .await
                             .unwrap();
                     }
@@ -108,6 +137,36 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         task.await?;
     }
     let elapsed = start.elapsed().as_secs_f64();
-    println!("{:.0}", hits.load(Ordering::Relaxed) as f64 / elapsed);
+    let cpu = cpu_seconds() - cpu_before;
+    let hits = hits.load(Ordering::Relaxed);
+    println!(
+        "{:.0} {hits} {:.2}",
+        hits as f64 / elapsed,
+        cpu * 1e6 / hits.max(1) as f64
+    );
     Ok(())
+}
+
+/// The distinct keys of the `keys` modes.
+const DISTINCT_KEYS: u64 = 10_000;
+
+/// This process's CPU time so far (user + system), in seconds; 0 where
+/// `/proc` is missing.
+fn cpu_seconds() -> f64 {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return 0.0;
+    };
+    // Fields after the command name (which is in parentheses): utime is the
+    // 12th, stime the 13th, in clock ticks (100 per second on Linux).
+    let Some(rest) = stat.rsplit_once(')').map(|(_, rest)| rest) else {
+        return 0.0;
+    };
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / 100.0
 }

@@ -1,16 +1,20 @@
 //! The quickstart's server for load tests: `GET /` per client IP, with the
 //! layer (`LIMIT=on`, the default; `LIMIT=noheaders` without the RateLimit
-//! headers) or without it (`LIMIT=off`). The quota is
+//! headers) or without it (`LIMIT=off`). `LIMIT=redis` counts in the Redis
+//! at `REDIS_URL` (coalesced hits, the default) and `LIMIT=redis-single` with
+//! one EVALSHA per hit (`.coalesce(false)`), both keyed by the `x-client`
+//! header (`bench/wrk_keys.lua` spreads it over 10,000 values). The quota is
 //! large enough that every request is admitted, so a load test measures what
 //! counting costs, not how fast 429s are written.
 //!
-//! Used by `bench/wrk.sh`.
+//! Used by `bench/wrk.sh` and `bench/wrk_redis.sh`.
 
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window::key::{HeaderKey, PeerIp};
 use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
 
 #[tokio::main]
@@ -27,6 +31,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             app = app.route_layer(layer);
         }
+        "redis" | "redis-single" => {
+            let url = std::env::var("REDIS_URL")?;
+            let connection = redis::Client::open(url)?.get_connection_manager().await?;
+            let backend = RedisBackend::builder(connection)
+                .coalesce(limit == "redis")
+                .build();
+            let quota = Quota::new(u64::MAX, Duration::from_secs(60))?;
+            let layer = RateLimitLayer::new("wrk", quota)
+                .key(HeaderKey::new(axum::http::HeaderName::from_static(
+                    "x-client",
+                )))
+                .backend(backend);
+            app = app.route_layer(layer);
+        }
         "off" => {}
         // A layer that does nothing: what wrapping the route costs by itself.
         "identity" => {
@@ -34,7 +52,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 |r: axum::response::Response| r,
             ));
         }
-        other => return Err(format!("LIMIT must be on, noheaders or off, not {other:?}").into()),
+        other => {
+            return Err(format!(
+                "LIMIT must be on, noheaders, redis, redis-single or off, not {other:?}"
+            )
+            .into());
+        }
     }
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!(

@@ -4,6 +4,7 @@
 //! module, and the audit with its Cluster code is in `audit.rs`.
 
 mod audit;
+mod batch;
 mod breaker;
 mod connect;
 #[cfg(feature = "redis-sentinel")]
@@ -91,13 +92,14 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 
 /// Counters in Redis or Redis Cluster, shared by every instance of a service.
 ///
-/// Every hit is **one round trip**: `EVALSHA` of [`HIT_SCRIPT`], which
-/// increments the counter and attaches the window's lifetime in the same
-/// atomic step when the counter has none, and never touches an existing
+/// Every hit is **one atomic script step**, and hits in flight together
+/// share a round trip ([coalesced hits](#coalesced-hits), the default): the
+/// script increments the counter and attaches the window's lifetime in the
+/// same atomic step when the counter has none, and never touches an existing
 /// lifetime. When Redis has lost the script (`NOSCRIPT` after a restart,
-/// `SCRIPT FLUSH` or a failover), the hit is retried once with `EVAL`, which
-/// also loads it again. Each call names one key, so it works unchanged on a
-/// Redis Cluster connection.
+/// `SCRIPT FLUSH` or a failover), the call is sent again once with `EVAL`,
+/// which also loads it again. On a Redis Cluster a call names keys of one
+/// slot only.
 ///
 /// Any async Redis connection that can be cloned serves: a
 /// [`ConnectionManager`](::redis::aio::ConnectionManager) (what
@@ -127,6 +129,38 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// is one breaker per master, so a master that fails over does not stop
 /// the other masters' keys.
 ///
+/// # Coalesced hits
+///
+/// A hit that finds no call in flight goes at once, in a call of its own: no
+/// hit waits for a timer to fill a batch. Hits issued while a call is in
+/// flight queue, and go together in the next call, sent as soon as the
+/// answer is back: one `EVALSHA` of a batch script for all of them. n hits on
+/// one counter are one `INCRBY n`, with the lifetime attached in the same
+/// atomic step when the counter is created; they take the counts
+/// `c-n+1 ..= c`, exactly what n separate increments would have given, and
+/// each hit gets its own count, the counter's time left and its deadline
+/// (`PEXPIRETIME`, for [`refund`](Backend::refund)). Hits on one key with
+/// different windows (two layers of one name with other quotas) are applied
+/// in turn, as if sent one after the other. On a standalone server (or
+/// Sentinel) any keys share a call; on a Cluster, keys of one hash slot (every
+/// counter of one request key is in one slot). A Cluster connection is known
+/// by its type; another connection type that reaches a Cluster is found out
+/// by the first call Redis refuses as cross-slot (refused before it ran), and
+/// its hits are then grouped by slot.
+///
+/// Inside a call each counter answers for itself: a corrupt counter fails
+/// only the hits on it (their requests are stopped; the value is left as it
+/// was), and the other counters of the call are counted. A call that fails
+/// as a whole (an outage) fails each of its hits, and each request follows
+/// the failure policy. A dropped request never leaves a half-done call: the
+/// script ran whole or not at all, and the call goes on for the requests
+/// still waiting (the dropped one only loses its answer). A hit whose request
+/// is dropped before its call is sent is not sent; when every request of a
+/// call in flight is gone, the call is dropped too, as a lone hit's would be.
+/// Outside a tokio runtime, and with
+/// [`coalesce(false)`](RedisBackendBuilder::coalesce), each counter hit is
+/// one `EVALSHA` of [`HIT_SCRIPT`] (what `bench/redis.sh` compares against).
+///
 /// # Keys
 ///
 /// A counter's key is the prefix (`tpw:` by default), the counter's
@@ -144,8 +178,8 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// Redis 7.0 or later for [`refund`](Backend::refund), which identifies a
 /// window by `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
 /// deadline and are never refunded: the hit stays counted). Tested against
-/// 7.0. An ACL user needs `+evalsha +eval +incr +decr +pttl +pexpire
-/// +pexpiretime +type +get` for hits and refunds, `+del` for
+/// 7.0. An ACL user needs `+evalsha +eval +incr +incrby +decr +decrby +pttl
+/// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds, `+del` for
 /// [`reset`](Backend::reset), and `+scan` for [`audit`](Self::audit) (plus
 /// `+cluster|slots` on a Cluster), all on the prefix's keys (`~tpw:*`).
 ///
@@ -174,6 +208,8 @@ struct Inner<C> {
     connection: Guarded<C>,
     prefix: Box<[u8]>,
     deny: Option<DenyCache>,
+    /// The lanes of coalesced hits; `None` with `coalesce(false)`.
+    batch: Option<batch::Batcher>,
 }
 
 impl<C> Clone for RedisBackend<C> {
@@ -192,6 +228,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
                 "deny_cache",
                 &self.inner.deny.as_ref().map_or(0, |d| d.capacity),
             )
+            .field("coalesce", &self.inner.batch.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -203,6 +240,7 @@ pub struct RedisBackendBuilder<C> {
     prefix: Vec<u8>,
     deny_cache: usize,
     breaker: Option<BreakerConfig>,
+    coalesce: bool,
 }
 
 impl<C> fmt::Debug for RedisBackendBuilder<C> {
@@ -211,6 +249,7 @@ impl<C> fmt::Debug for RedisBackendBuilder<C> {
             .field("prefix", &self.prefix.escape_ascii().to_string())
             .field("deny_cache", &self.deny_cache)
             .field("breaker", &self.breaker)
+            .field("coalesce", &self.coalesce)
             .finish_non_exhaustive()
     }
 }
@@ -305,11 +344,26 @@ impl<C> RedisBackendBuilder<C> {
         self
     }
 
+    /// Whether hits issued while others are in flight go to Redis together
+    /// (default `true`): one script call for every hit queued behind the call
+    /// in flight, with each hit's count, time left and deadline exactly as
+    /// if sent alone (see [coalesced hits](RedisBackend#coalesced-hits)).
+    /// `false` sends one `EVALSHA` of [`HIT_SCRIPT`] per counter hit; it is
+    /// there to measure the difference (`bench/redis.sh` and
+    /// `bench/wrk_redis.sh` run both in the same run).
+    pub fn coalesce(mut self, coalesce: bool) -> Self {
+        self.coalesce = coalesce;
+        self
+    }
+
     /// The backend.
     pub fn build(self) -> RedisBackend<C>
     where
         C: 'static,
     {
+        // Known from the connection's type. Another connection type that
+        // turns out to reach a Cluster is found out by the first call Redis
+        // refuses as cross-slot, and its hits are then grouped by slot.
         #[cfg(feature = "redis-cluster")]
         let cluster = is_cluster::<C>();
         #[cfg(not(feature = "redis-cluster"))]
@@ -324,6 +378,7 @@ impl<C> RedisBackendBuilder<C> {
                 },
                 prefix: self.prefix.into(),
                 deny: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+                batch: self.coalesce.then(|| batch::Batcher::new(cluster)),
             }),
         }
     }
@@ -352,6 +407,7 @@ where
             prefix: DEFAULT_PREFIX.into(),
             deny_cache: DEFAULT_DENY_CACHE,
             breaker: Some(BreakerConfig::default()),
+            coalesce: true,
         }
     }
 
@@ -545,9 +601,11 @@ where
     type Future = RedisHit;
     type Refund = RedisRefund;
 
-    /// One `EVALSHA` per counter, all sent at once: on one connection they
-    /// are pipelined (one round trip of latency); on a Cluster they go to the
-    /// one master that holds the key's slot.
+    /// Coalesced (the default): every counter of the request in the next
+    /// call of the key's lane (see [coalesced hits](RedisBackend#coalesced-hits)).
+    /// Otherwise one `EVALSHA` per counter, all sent at once: on one
+    /// connection they are pipelined (one round trip of latency); on a
+    /// Cluster they go to the one master that holds the key's slot.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> RedisHit {
         let storage_keys: SmallVec<[Vec<u8>; 2]> = counters
             .iter()
@@ -581,14 +639,33 @@ where
         let this = self.clone();
         RedisHit(Answer::Remote(Box::pin(async move {
             let sent = quanta::Instant::now();
-            let results = join_all(storage_keys.iter().zip(&quotas).map(|(k, q)| {
-                let this = &this;
-                async move {
-                    let reply = this.eval(&HIT, k, Some(q.window().as_millis())).await?;
-                    parse_hit(reply, k)
+            let runtime = this
+                .inner
+                .batch
+                .as_ref()
+                .and_then(|_| tokio::runtime::Handle::try_current().ok());
+            let results: batch::Answers = match runtime {
+                // Coalesced: through the key's lane (a driver task, so only
+                // on a tokio runtime).
+                Some(runtime) => {
+                    let counters = storage_keys
+                        .iter()
+                        .zip(&quotas)
+                        .map(|(k, q)| (k.clone(), q.window().as_millis()))
+                        .collect();
+                    batch::hit(&this.inner, &runtime, counters).await
                 }
-            }))
-            .await;
+                None => join_all(storage_keys.iter().zip(&quotas).map(|(k, q)| {
+                    let this = &this;
+                    async move {
+                        let reply = this.eval(&HIT, k, Some(q.window().as_millis())).await?;
+                        parse_hit(reply, k)
+                    }
+                }))
+                .await
+                .into_iter()
+                .collect(),
+            };
             let mut hits = Hits::with_capacity(results.len());
             for ((result, storage_key), quota) in results.into_iter().zip(storage_keys).zip(quotas)
             {
@@ -761,6 +838,7 @@ mod tests {
             prefix: Vec::new(),
             deny_cache: 0,
             breaker: None,
+            coalesce: true,
         };
         for prefix in ["{", "}", "a{b}:", "tpw}"] {
             assert_eq!(

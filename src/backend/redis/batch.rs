@@ -1,0 +1,612 @@
+//! Coalesced hits: the hits issued while earlier ones are in flight go to
+//! Redis together, in one call of [`HIT_BATCH_SCRIPT`].
+//!
+//! Hits wait in a *lane*: one lane for a standalone server (any keys can go
+//! in one script call), one lane per hash slot on a Cluster (a script call
+//! may only name keys of one slot). A hit that finds its lane idle is sent
+//! at once, from its own task (with the one-hit script when it has one
+//! counter): a hit never waits for a timer to fill a batch. While a lane's call is in flight, new hits queue; when the answer
+//! is back, a driver task sends all of them in the next call, and goes on
+//! until the queue is empty. One call in flight per lane.
+//!
+//! Exactness: n hits on one counter are one `INCRBY n` in the script, with the
+//! lifetime attached in the same atomic step when the counter has none; they
+//! take the counts `c-n+1 ..= c`, exactly what n `INCR`s would have given,
+//! and each hit gets its own count, the counter's time left and its deadline
+//! (`PEXPIRETIME`). Hits on one key with different windows are separate
+//! entries, applied in order, as if sent one after the other. A corrupt
+//! counter answers its own entry; the other entries of the call are counted.
+//!
+//! A dropped hit never leaves a half-done call behind: the script either ran
+//! whole or not at all. A call sent by a driver goes on for the hits still
+//! waiting; a dropped waiter only loses its answer. A hit whose waiter is
+//! gone before its call is sent is not sent, and a call whose waiters are
+//! all gone is dropped (a call sent from a hit's own task goes with it, like
+//! a lone hit's); the hits queued behind it get a driver.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::num::NonZeroU64;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+
+use ::redis::aio::ConnectionLike;
+use ::redis::{ErrorKind, ServerErrorKind, Value};
+use futures_util::future::{Either, join_all, select};
+use smallvec::SmallVec;
+use tokio::sync::oneshot;
+
+use super::{HIT, Inner, Script, corrupt, parse_hit, sha1_hex, unavailable};
+use crate::backend::{BackendError, Hit};
+
+/// The script of a coalesced call: [`HIT_SCRIPT`](super::HIT_SCRIPT)'s step
+/// for several counters, each taking one or more hits.
+pub(super) const HIT_BATCH_SCRIPT: &str = include_str!("hit_batch.lua");
+
+pub(super) static HIT_BATCH: Script = Script {
+    text: HIT_BATCH_SCRIPT,
+    sha: std::sync::LazyLock::new(|| sha1_hex(HIT_BATCH_SCRIPT)),
+};
+
+/// At most this many requests' hits go in one script call; the rest wait for
+/// the next (bounds how long one call keeps Redis busy).
+const MAX_PER_CALL: usize = 512;
+
+/// The lane of a standalone server: every key.
+const ANY_SLOT: u32 = u32::MAX;
+
+/// The answer to one request: a result per counter, in order.
+pub(super) type Answers = SmallVec<[Result<Hit, BackendError>; 2]>;
+
+/// One request's hits, waiting in a lane.
+pub(super) struct Pending {
+    /// Storage key and window (ms) of each counter the request hits.
+    counters: SmallVec<[(Vec<u8>, u64); 2]>,
+    /// The Cluster slot of the request's keys (one slot: they share the
+    /// crate's hash tag).
+    slot: u16,
+    reply: oneshot::Sender<Answers>,
+}
+
+/// A lane exists while its driver task runs: one driver per lane, so one
+/// call in flight per lane.
+struct Lane {
+    queue: Vec<Pending>,
+}
+
+/// The lanes of one backend.
+pub(super) struct Batcher {
+    lanes: Mutex<HashMap<u32, Lane>>,
+    /// Lanes are per slot: a Cluster connection (known from its type, or
+    /// learnt from a `CROSSSLOT` refusal).
+    by_slot: AtomicBool,
+}
+
+impl Batcher {
+    pub(super) fn new(cluster: bool) -> Self {
+        Self {
+            lanes: Mutex::default(),
+            by_slot: AtomicBool::new(cluster),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HashMap<u32, Lane>> {
+        self.lanes
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn lane_of(&self, pending: &Pending) -> u32 {
+        if self.by_slot.load(Ordering::Relaxed) {
+            u32::from(pending.slot)
+        } else {
+            ANY_SLOT
+        }
+    }
+}
+
+/// Count one request's hits through its lane: `counters` are (storage key,
+/// window in ms). Needs a tokio runtime (the lane's driver is a task);
+/// the caller checks for one.
+pub(super) async fn hit<C>(
+    inner: &Arc<Inner<C>>,
+    runtime: &tokio::runtime::Handle,
+    counters: SmallVec<[(Vec<u8>, u64); 2]>,
+) -> Answers
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let count = counters.len();
+    let slot = counters.first().map_or(0, |(key, _)| key_slot(key));
+    let (reply, answer) = oneshot::channel();
+    let pending = Pending {
+        counters,
+        slot,
+        reply,
+    };
+    let batcher = batcher(inner);
+    let lane = batcher.lane_of(&pending);
+    // An idle lane: this hit goes at once, from this task (no driver task,
+    // no wake-up), and the lane is busy until its answer is back.
+    let alone = {
+        let mut lanes = batcher.lock();
+        match lanes.entry(lane) {
+            Entry::Occupied(mut busy) => {
+                busy.get_mut().queue.push(pending);
+                None
+            }
+            Entry::Vacant(idle) => {
+                idle.insert(Lane { queue: Vec::new() });
+                Some(pending)
+            }
+        }
+    };
+    if let Some(pending) = alone {
+        let handover = Handover {
+            inner,
+            runtime,
+            lane,
+        };
+        let retry = if let [(key, window)] = pending.counters.as_slice() {
+            // One counter: the one-hit script, the cheapest call for Redis.
+            let answer = one(inner, key, *window).await;
+            let _ = pending.reply.send(std::iter::once(answer).collect());
+            None
+        } else {
+            call(inner, vec![pending], lane == ANY_SLOT).await
+        };
+        if retry.is_some() {
+            batcher.by_slot.store(true, Ordering::Relaxed);
+        }
+        drop(handover);
+        for pending in retry.into_iter().flatten() {
+            submit(inner, runtime, pending);
+        }
+    }
+    match answer.await {
+        Ok(answers) => answers,
+        // The driver was dropped (its runtime shut down) before answering.
+        Err(_) => (0..count)
+            .map(|_| {
+                Err(BackendError::Unavailable(
+                    "the Redis call was dropped before it was answered".into(),
+                ))
+            })
+            .collect(),
+    }
+}
+
+/// One hit on one counter, alone: `EVALSHA` of [`HIT_SCRIPT`](super::HIT_SCRIPT)
+/// (`EVAL` if the server has lost it), what a batch of one would do.
+async fn one<C>(inner: &Inner<C>, key: &[u8], window: u64) -> Result<Hit, BackendError>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let mut connection = inner.connection.clone();
+    let build = |name: &str, script: &str| {
+        let mut cmd = ::redis::cmd(name);
+        cmd.arg(script).arg(1).arg(key).arg(window);
+        cmd
+    };
+    let reply = match build("EVALSHA", HIT.sha.as_str())
+        .query_async::<Value>(&mut connection)
+        .await
+    {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            tracing::debug!(
+                "script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
+            );
+            build("EVAL", HIT.text)
+                .query_async::<Value>(&mut connection)
+                .await
+        }
+        other => other,
+    }
+    .map_err(unavailable)?;
+    parse_hit(reply, key)
+}
+
+/// Ends a call sent from a hit's own task, answered or dropped: the hits
+/// queued behind it meanwhile get a driver; with none, the lane is idle.
+struct Handover<'a, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    inner: &'a Arc<Inner<C>>,
+    runtime: &'a tokio::runtime::Handle,
+    lane: u32,
+}
+
+impl<C> Drop for Handover<'_, C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn drop(&mut self) {
+        let mut lanes = batcher(self.inner).lock();
+        if lanes.get(&self.lane).is_some_and(|l| l.queue.is_empty()) {
+            lanes.remove(&self.lane);
+        } else if lanes.contains_key(&self.lane) {
+            drop(lanes);
+            self.runtime.spawn(drive(
+                Arc::clone(self.inner),
+                self.runtime.clone(),
+                self.lane,
+            ));
+        }
+    }
+}
+
+fn submit<C>(inner: &Arc<Inner<C>>, runtime: &tokio::runtime::Handle, pending: Pending)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let batcher = batcher(inner);
+    let lane = batcher.lane_of(&pending);
+    let start = {
+        let mut lanes = batcher.lock();
+        match lanes.entry(lane) {
+            Entry::Occupied(mut busy) => {
+                busy.get_mut().queue.push(pending);
+                false
+            }
+            Entry::Vacant(idle) => {
+                idle.insert(Lane {
+                    queue: vec![pending],
+                });
+                true
+            }
+        }
+    };
+    if start {
+        runtime.spawn(drive(Arc::clone(inner), runtime.clone(), lane));
+    }
+}
+
+fn batcher<C>(inner: &Inner<C>) -> &Batcher {
+    inner
+        .batch
+        .as_ref()
+        .expect("coalesced hits go through a backend that coalesces")
+}
+
+/// Ends a lane's driver: on a normal exit the lane is idle and removed; when
+/// the task is dropped mid-call (its runtime shut down) or panics, the lane
+/// is removed with its queue, whose waiters then get `Unavailable` instead of
+/// waiting for a driver that is gone.
+struct DriverGuard<'a> {
+    batcher: &'a Batcher,
+    lane: u32,
+    /// Still to be cleaned up: the driver has not ended normally.
+    armed: bool,
+}
+
+impl Drop for DriverGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.batcher.lock().remove(&self.lane);
+        }
+    }
+}
+
+/// A lane's driver: sends what is queued, one call at a time, until the
+/// queue is empty.
+async fn drive<C>(inner: Arc<Inner<C>>, runtime: tokio::runtime::Handle, lane: u32)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let batcher = batcher(&inner);
+    let mut guard = DriverGuard {
+        batcher,
+        lane,
+        armed: true,
+    };
+    loop {
+        let batch: Vec<Pending> = {
+            let mut lanes = batcher.lock();
+            let Some(state) = lanes.get_mut(&lane) else {
+                guard.armed = false;
+                return;
+            };
+            // Waiters that are gone are not sent: nothing was counted for them.
+            state.queue.retain(|p| !p.reply.is_closed());
+            if state.queue.is_empty() {
+                // Idle: the lane goes, under the same lock, so a hit queued
+                // from now on starts a driver of its own.
+                lanes.remove(&lane);
+                guard.armed = false;
+                return;
+            }
+            let take = state.queue.len().min(MAX_PER_CALL);
+            state.queue.drain(..take).collect()
+        };
+        if lane == ANY_SLOT && batcher.by_slot.load(Ordering::Relaxed) {
+            // Learnt that the connection is a Cluster: to the slots' lanes.
+            for pending in batch {
+                submit(&inner, &runtime, pending);
+            }
+            continue;
+        }
+        if let Some(retry) = call(&inner, batch, lane == ANY_SLOT).await {
+            // CROSSSLOT: nothing ran; the hits go again, by slot.
+            batcher.by_slot.store(true, Ordering::Relaxed);
+            for pending in retry {
+                submit(&inner, &runtime, pending);
+            }
+        }
+    }
+}
+
+/// One script call for `batch`, and each request's answers. Gives the batch
+/// back when the server refused it as cross-slot (nothing ran).
+///
+/// When every waiter of the batch is gone before Redis answers (the layer's
+/// timeout during an outage, say), the call is dropped, as a lone hit's
+/// would be: a call still waiting for a connection is then never sent.
+async fn call<C>(inner: &Inner<C>, batch: Vec<Pending>, any_slot: bool) -> Option<Vec<Pending>>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let (requests, mut waiters): (Vec<_>, Vec<_>) = batch
+        .into_iter()
+        .map(|p| ((p.counters, p.slot), p.reply))
+        .unzip();
+    // One entry per distinct (key, window), with its number of hits; each
+    // request's counters are (entry, the hit's place among the entry's).
+    let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(requests.len());
+    let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(requests.len());
+    let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(requests.len());
+    for (counters, _) in &requests {
+        let mut place = SmallVec::new();
+        for (key, window) in counters {
+            let at = match index.entry((key.as_slice(), *window)) {
+                Entry::Occupied(e) => *e.get(),
+                Entry::Vacant(e) => {
+                    entries.push((key.as_slice(), *window, 0));
+                    *e.insert(entries.len() - 1)
+                }
+            };
+            place.push((at, entries[at].2));
+            entries[at].2 += 1;
+        }
+        places.push(place);
+    }
+    drop(index);
+
+    let reply = {
+        let eval = std::pin::pin!(eval(inner, &entries));
+        let abandoned = std::pin::pin!(join_all(waiters.iter_mut().map(|w| w.closed())));
+        match select(eval, abandoned).await {
+            Either::Left((reply, _)) => reply,
+            Either::Right(_) => {
+                tracing::debug!("every waiter of a batch is gone: the call is dropped");
+                return None;
+            }
+        }
+    };
+    let replies: Vec<Result<Counted, BackendError>> = match reply {
+        Ok(Value::Array(items)) if items.len() == 3 * entries.len() => items
+            .chunks_exact(3)
+            .zip(&entries)
+            .map(|(item, (key, _, _))| parse_entry(item, key))
+            .collect(),
+        Ok(other) => {
+            let detail = format!(
+                "unexpected reply to a batch of {}: {other:?}",
+                entries.len()
+            );
+            entries
+                .iter()
+                .map(|_| Err(BackendError::Unavailable(detail.clone().into())))
+                .collect()
+        }
+        Err(err) if any_slot && err.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) => {
+            tracing::debug!("keys of several slots in one call: coalescing by slot from now on");
+            drop(entries);
+            return Some(
+                requests
+                    .into_iter()
+                    .zip(waiters)
+                    .map(|((counters, slot), reply)| Pending {
+                        counters,
+                        slot,
+                        reply,
+                    })
+                    .collect(),
+            );
+        }
+        Err(err) => entries
+            .iter()
+            .map(|_| Err(unavailable(err.clone())))
+            .collect(),
+    };
+    let totals: Vec<u64> = entries.iter().map(|&(_, _, hits)| hits).collect();
+    drop(entries);
+    for (waiter, place) in waiters.into_iter().zip(places) {
+        let answers: Answers = place
+            .iter()
+            .map(|&(at, nth)| match &replies[at] {
+                Ok((count, reset, deadline)) => Ok(Hit {
+                    // The entry's hits took count-n+1 ..= count, in order.
+                    count: count.saturating_sub(totals[at] - 1 - nth),
+                    reset: *reset,
+                    deadline: *deadline,
+                }),
+                Err(err) => Err(copy(err)),
+            })
+            .collect();
+        // A waiter that is gone only loses its answer: the hit was counted,
+        // with its lifetime, like a request whose client went away.
+        let _ = waiter.send(answers);
+    }
+    None
+}
+
+/// `EVALSHA` of the batch script, and `EVAL` once more if the server has
+/// lost it.
+async fn eval<C>(inner: &Inner<C>, entries: &[(&[u8], u64, u64)]) -> ::redis::RedisResult<Value>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let build = |name: &str, script: &str| {
+        let mut cmd = ::redis::cmd(name);
+        cmd.arg(script).arg(entries.len());
+        for (key, _, _) in entries {
+            cmd.arg(*key);
+        }
+        for (_, window, hits) in entries {
+            cmd.arg(*hits).arg(*window);
+        }
+        cmd
+    };
+    let mut connection = inner.connection.clone();
+    match build("EVALSHA", HIT_BATCH.sha.as_str())
+        .query_async::<Value>(&mut connection)
+        .await
+    {
+        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            tracing::debug!(
+                "batch script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
+            );
+            build("EVAL", HIT_BATCH.text)
+                .query_async::<Value>(&mut connection)
+                .await
+        }
+        other => other,
+    }
+}
+
+/// A counter after an entry's hits: its count, time left and deadline.
+type Counted = (u64, Duration, Option<NonZeroU64>);
+
+/// One entry's three values: the counter after its hits, or why not.
+fn parse_entry(item: &[Value], key: &[u8]) -> Result<Counted, BackendError> {
+    match item {
+        [Value::Int(count), Value::Int(ttl), Value::Int(deadline)] if *count >= 1 && *ttl >= 0 => {
+            Ok((
+                *count as u64,
+                Duration::from_millis(*ttl as u64),
+                u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
+            ))
+        }
+        [Value::Int(-1), Value::BulkString(reason), _] => {
+            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+        }
+        [Value::Int(-2), Value::BulkString(err), _] => Err(BackendError::Unavailable(
+            String::from_utf8_lossy(err).into_owned().into(),
+        )),
+        _ => Err(corrupt(key, format!("unexpected script reply {item:?}"))),
+    }
+}
+
+/// The same error again, for every hit of an entry.
+fn copy(err: &BackendError) -> BackendError {
+    match err {
+        BackendError::Corrupt { key, detail } => BackendError::Corrupt {
+            key: key.clone(),
+            detail: detail.clone(),
+        },
+        BackendError::TimedOut => BackendError::TimedOut,
+        BackendError::AtCapacity => BackendError::AtCapacity,
+        other => BackendError::Unavailable(other.to_string().into()),
+    }
+}
+
+/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag
+/// (the bytes between the first `{` and the first `}` after it, when not
+/// empty) or of the whole key, modulo 16384.
+pub(super) fn key_slot(key: &[u8]) -> u16 {
+    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
+        let rest = &key[open + 1..];
+        rest.iter()
+            .position(|&b| b == b'}')
+            .filter(|&close| close > 0)
+            .map(|close| &rest[..close])
+    });
+    crc16(tagged.unwrap_or(key)) % 16_384
+}
+
+fn crc16(bytes: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for &byte in bytes {
+        crc ^= u16::from(byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_follow_the_cluster_rule() {
+        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
+        assert_eq!(crc16(b"123456789"), 0x31C3);
+        assert_eq!(key_slot(b"foo"), 12182);
+        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
+        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}".as_slice()));
+        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
+        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
+        assert_eq!(key_slot(b"tpw:a{k}"), key_slot(b"tpw:b:1/5ms{k}"));
+    }
+
+    #[test]
+    fn entry_replies_parse() {
+        let ok = [Value::Int(7), Value::Int(500), Value::Int(9)];
+        assert_eq!(
+            parse_entry(&ok, b"k").unwrap(),
+            (7, Duration::from_millis(500), NonZeroU64::new(9))
+        );
+        let old_server = [Value::Int(2), Value::Int(5), Value::Int(-1)];
+        assert_eq!(
+            parse_entry(&old_server, b"k").unwrap(),
+            (2, Duration::from_millis(5), None)
+        );
+        let refused = [
+            Value::Int(-2),
+            Value::BulkString(b"ERR tower-pinned-window: invalid window 0".to_vec()),
+            Value::Int(0),
+        ];
+        match parse_entry(&refused, b"k") {
+            Err(BackendError::Unavailable(err)) => {
+                assert!(err.to_string().contains("invalid window"))
+            }
+            other => panic!("{other:?}"),
+        }
+        let bad = [
+            Value::Int(-1),
+            Value::BulkString(b"value abc".to_vec()),
+            Value::Int(0),
+        ];
+        match parse_entry(&bad, b"tpw:n{k}") {
+            Err(BackendError::Corrupt { key, detail }) => {
+                assert_eq!((key.as_str(), detail.as_str()), ("tpw:n{k}", "value abc"));
+            }
+            other => panic!("{other:?}"),
+        }
+        for unexpected in [
+            vec![Value::Int(0), Value::Int(5), Value::Int(9)],
+            vec![Value::Int(3), Value::Int(-1), Value::Int(9)],
+            vec![
+                Value::Int(-3),
+                Value::BulkString(b"x".to_vec()),
+                Value::Int(0),
+            ],
+        ] {
+            assert!(
+                matches!(
+                    parse_entry(&unexpected, b"k"),
+                    Err(BackendError::Corrupt { .. })
+                ),
+                "{unexpected:?}"
+            );
+        }
+    }
+}

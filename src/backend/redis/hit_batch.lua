@@ -1,0 +1,91 @@
+-- tower-pinned-window: count several hits on several counters in one call,
+-- exactly as if each hit had been sent alone with hit.lua.
+-- KEYS[i]: counter i (a key may appear more than once, for hits with another
+-- window: the entries are applied in order).
+-- ARGV[2i-1]: how many hits counter i takes (n >= 1);
+-- ARGV[2i]: its window in milliseconds, attached only when the counter has
+-- no lifetime (it was just created, or older code left it without one), in
+-- the same atomic step.
+-- Returns three values per key, in order (a flat array: no table per key):
+--   count, milliseconds left, deadline   after all n hits, which took the
+--                                        counts count-n+1 .. count; the
+--                                        deadline is PEXPIRETIME (-1 before
+--                                        Redis 7.0)
+--   -1, reason, 0                        a corrupt counter, left as it was
+--   -2, error, 0                         invalid arguments (nothing written)
+-- A refusal that is not about one counter (READONLY, OOM) fails the call.
+-- Each counter costs INCRBY and PEXPIRETIME, plus PEXPIREAT when it is new:
+-- the time left is the deadline less the server's clock (TIME, read once).
+local time = redis.call('TIME')
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
+-- nil until the first counter tells whether PEXPIRETIME exists (Redis 7.0).
+local expiretime = nil
+local out = {}
+for i = 1, #KEYS do
+  local key = KEYS[i]
+  local n = tonumber(ARGV[2 * i - 1])
+  local window = tonumber(ARGV[2 * i])
+  local j = 3 * i - 2
+  out[j + 2] = 0
+  if not n or n < 1 or n > 4294967295 or n % 1 ~= 0 then
+    out[j] = -2
+    out[j + 1] = 'ERR tower-pinned-window: invalid hit count ' .. tostring(ARGV[2 * i - 1])
+  elseif not window or window < 1 or window > 9007199254740991 or window % 1 ~= 0 then
+    out[j] = -2
+    out[j + 1] = 'ERR tower-pinned-window: invalid window ' .. tostring(ARGV[2 * i])
+  else
+    local count = redis.pcall('INCRBY', key, n)
+    if type(count) == 'table' then
+      local err = count.err or ''
+      if string.find(err, 'WRONGTYPE', 1, true) or string.find(err, 'not an integer', 1, true)
+          or string.find(err, 'overflow', 1, true) then
+        out[j] = -1
+        local kind = redis.call('TYPE', key).ok
+        if kind == 'string' then
+          out[j + 1] = 'value ' .. string.sub(redis.call('GET', key), 1, 64)
+        else
+          out[j + 1] = 'a key of type ' .. kind
+        end
+      else
+        -- Not about this counter (READONLY, OOM, ...): the whole call fails,
+        -- as hit.lua's would, so that the connection sees the server's
+        -- error (a Sentinel connection moves to the new master on READONLY).
+        -- Such a refusal comes at the first write, so nothing was written.
+        return redis.error_reply(err)
+      end
+    elseif count < n then
+      -- The value was negative: put it back as it was.
+      redis.call('DECRBY', key, n)
+      out[j] = -1
+      out[j + 1] = 'negative value ' .. tostring(count - n)
+    else
+      out[j] = count
+      local deadline
+      if expiretime == nil then
+        deadline = redis.pcall('PEXPIRETIME', key)
+        expiretime = type(deadline) == 'number'
+      elseif expiretime then
+        deadline = redis.call('PEXPIRETIME', key)
+      end
+      if expiretime then
+        if deadline < 0 then
+          -- No lifetime: the counter was just created. Its window starts now.
+          deadline = now + window
+          redis.call('PEXPIREAT', key, deadline)
+        end
+        out[j + 1] = math.max(deadline - now, 0)
+        out[j + 2] = deadline
+      else
+        -- Before Redis 7.0: no deadline, so hits are never refunded.
+        local ttl = redis.call('PTTL', key)
+        if ttl < 0 then
+          redis.call('PEXPIRE', key, window)
+          ttl = window
+        end
+        out[j + 1] = ttl
+        out[j + 2] = -1
+      end
+    end
+  end
+end
+return out
