@@ -1,7 +1,8 @@
-//! A local table of storage keys known to be over their limit until a
-//! deadline, so that a remote store (Redis now) is not asked again about a
-//! key it has already denied. Free of any store's types: keys are bytes,
-//! deadlines are instants of this process.
+//! A local table of counters known to be over their limit until a
+//! deadline, so that a remote store (Redis, PostgreSQL) is not asked again
+//! about a counter it has already denied. Free of any store's types: a
+//! counter is its namespace and its key's bytes, looked up as they are (no
+//! storage key is built to ask), and deadlines are instants of this process.
 
 use std::hash::{BuildHasher, Hasher};
 use std::sync::{Mutex, MutexGuard};
@@ -32,6 +33,7 @@ pub(crate) struct DenyCache {
 }
 
 struct DenyState {
+    /// Each counter as [`entry`] writes it, and its deadline.
     table: HashTable<(Box<[u8]>, quanta::Instant)>,
     /// This shard's share of the capacity.
     cap: usize,
@@ -61,8 +63,11 @@ impl DenyCache {
         }
     }
 
-    fn hash(&self, key: &[u8]) -> u64 {
+    /// The hash of the counter (`namespace`, `key`), from its parts.
+    fn hash(&self, namespace: &str, key: &[u8]) -> u64 {
         let mut state = self.hasher.build_hasher();
+        state.write_usize(namespace.len());
+        state.write(namespace.as_bytes());
         state.write(key);
         state.finish()
     }
@@ -74,12 +79,12 @@ impl DenyCache {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// Time left while `key` is denied.
-    pub(crate) fn check(&self, key: &[u8]) -> Option<Duration> {
-        let hash = self.hash(key);
+    /// Time left while the counter (`namespace`, `key`) is denied.
+    pub(crate) fn check(&self, namespace: &str, key: &[u8]) -> Option<Duration> {
+        let hash = self.hash(namespace, key);
         let now = quanta::Instant::now();
         let mut state = self.lock(hash);
-        match state.table.find_entry(hash, |(k, _)| **k == *key) {
+        match state.table.find_entry(hash, |(k, _)| is(k, namespace, key)) {
             Ok(entry) if entry.get().1 > now => Some(entry.get().1 - now),
             Ok(entry) => {
                 entry.remove();
@@ -89,15 +94,16 @@ impl DenyCache {
         }
     }
 
-    pub(crate) fn insert(&self, key: Vec<u8>, deadline: quanta::Instant) {
-        let hash = self.hash(&key);
+    /// Deny the counter (`namespace`, `key`) until `deadline`.
+    pub(crate) fn insert(&self, namespace: &str, key: &[u8], deadline: quanta::Instant) {
+        let hash = self.hash(namespace, key);
         let now = quanta::Instant::now();
         if deadline <= now {
             return;
         }
         let mut state = self.lock(hash);
         let hasher = &self.hasher;
-        let known = match state.table.find_entry(hash, |(k, _)| **k == *key) {
+        let known = match state.table.find_entry(hash, |(k, _)| is(k, namespace, key)) {
             Ok(mut entry) => {
                 entry.get_mut().1 = deadline;
                 true
@@ -121,20 +127,47 @@ impl DenyCache {
         state.min_deadline = Some(state.min_deadline.map_or(deadline, |min| min.min(deadline)));
         state
             .table
-            .insert_unique(hash, (key.into(), deadline), |(k, _)| {
+            .insert_unique(hash, (entry(namespace, key), deadline), |(k, _)| {
+                let (namespace, key) = parts(k);
                 let mut state = hasher.build_hasher();
-                state.write(k);
+                state.write_usize(namespace.len());
+                state.write(namespace);
+                state.write(key);
                 state.finish()
             });
     }
 
-    pub(crate) fn remove(&self, key: &[u8]) {
-        let hash = self.hash(key);
+    /// Forget the counter (`namespace`, `key`).
+    pub(crate) fn remove(&self, namespace: &str, key: &[u8]) {
+        let hash = self.hash(namespace, key);
         let mut state = self.lock(hash);
-        if let Ok(entry) = state.table.find_entry(hash, |(k, _)| **k == *key) {
+        if let Ok(entry) = state.table.find_entry(hash, |(k, _)| is(k, namespace, key)) {
             entry.remove();
         }
     }
+}
+
+/// A counter as the table holds it: the namespace's length (8 bytes, little
+/// endian), the namespace, the key. The length makes it one-to-one: no two
+/// (namespace, key) pairs are one entry.
+fn entry(namespace: &str, key: &[u8]) -> Box<[u8]> {
+    let mut entry = Vec::with_capacity(8 + namespace.len() + key.len());
+    entry.extend_from_slice(&(namespace.len() as u64).to_le_bytes());
+    entry.extend_from_slice(namespace.as_bytes());
+    entry.extend_from_slice(key);
+    entry.into()
+}
+
+/// The namespace's bytes and the key an [`entry`] holds.
+fn parts(entry: &[u8]) -> (&[u8], &[u8]) {
+    let (len, rest) = entry.split_at(8);
+    let len = u64::from_le_bytes(len.try_into().expect("an entry starts with 8 bytes")) as usize;
+    rest.split_at(len)
+}
+
+/// Whether `entry` is the counter (`namespace`, `key`).
+fn is(entry: &[u8], namespace: &str, key: &[u8]) -> bool {
+    parts(entry) == (namespace.as_bytes(), key)
 }
 
 #[cfg(test)]
@@ -146,21 +179,21 @@ mod tests {
         let cache = DenyCache::new(2);
         let now = quanta::Instant::now();
         let later = now + Duration::from_secs(60);
-        cache.insert(b"a".to_vec(), later);
-        cache.insert(b"b".to_vec(), later);
-        cache.insert(b"c".to_vec(), later);
-        assert!(cache.check(b"a").is_some());
-        assert!(cache.check(b"b").is_some());
+        cache.insert("n", b"a", later);
+        cache.insert("n", b"b", later);
+        cache.insert("n", b"c", later);
+        assert!(cache.check("n", b"a").is_some());
+        assert!(cache.check("n", b"b").is_some());
         assert_eq!(
-            cache.check(b"c"),
+            cache.check("n", b"c"),
             None,
             "a full cache of live entries takes no more"
         );
-        cache.remove(b"a");
-        assert_eq!(cache.check(b"a"), None);
-        cache.insert(b"past".to_vec(), now);
+        cache.remove("n", b"a");
+        assert_eq!(cache.check("n", b"a"), None);
+        cache.insert("n", b"past", now);
         assert_eq!(
-            cache.check(b"past"),
+            cache.check("n", b"past"),
             None,
             "a deadline already gone is not cached"
         );
@@ -175,7 +208,7 @@ mod tests {
             assert!(cache.shards.len() <= MAX_SHARDS);
             let later = quanta::Instant::now() + Duration::from_secs(60);
             for i in 0..3 * capacity {
-                cache.insert(i.to_string().into_bytes(), later);
+                cache.insert("n", i.to_string().as_bytes(), later);
             }
             let held: usize = cache
                 .shards
@@ -184,9 +217,25 @@ mod tests {
                 .sum();
             assert!(held <= capacity, "{held} > {capacity}");
             let found = (0..3 * capacity)
-                .filter(|i| cache.check(i.to_string().as_bytes()).is_some())
+                .filter(|i| cache.check("n", i.to_string().as_bytes()).is_some())
                 .count();
             assert_eq!(found, held, "every entry held is found");
         }
+    }
+
+    #[test]
+    fn a_counter_is_its_namespace_and_key_together() {
+        let cache = DenyCache::new(64);
+        let later = quanta::Instant::now() + Duration::from_secs(60);
+        cache.insert("a:b", b"c", later);
+        // The same bytes, cut elsewhere, are other counters.
+        assert_eq!(cache.check("a", b":bc"), None);
+        assert_eq!(cache.check("a:", b"bc"), None);
+        assert_eq!(cache.check("a:bc", b""), None);
+        assert_eq!(cache.check("", b"a:bc"), None);
+        assert!(cache.check("a:b", b"c").is_some());
+        cache.insert("", b"", later);
+        assert!(cache.check("", b"").is_some());
+        assert_eq!(parts(&entry("a:b", b"c")), (&b"a:b"[..], &b"c"[..]));
     }
 }

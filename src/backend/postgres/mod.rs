@@ -547,11 +547,6 @@ impl PostgresBackend {
         Ok(refunded == 1)
     }
 
-    /// The deny cache's name for a counter: its canonical storage key.
-    fn cache_key(namespace: &str, key: &Key) -> Vec<u8> {
-        storage_key::encode(b"", namespace, key)
-    }
-
     fn start_cleaner(&self) {
         if self.inner.cleaner.get().is_none()
             && let Some((every, batch)) = self.inner.clean
@@ -740,12 +735,11 @@ impl Backend for PostgresBackend {
     /// one row each; a counter in the local deny cache answers at once, and
     /// then none of them is sent.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> PostgresHit {
-        let cache_keys: Vec<Vec<u8>> = counters
-            .iter()
-            .map(|c| Self::cache_key(c.namespace, key))
-            .collect();
         if let Some(deny) = &self.inner.deny {
-            let cached: Vec<Option<Duration>> = cache_keys.iter().map(|k| deny.check(k)).collect();
+            let cached: smallvec::SmallVec<[Option<Duration>; 2]> = counters
+                .iter()
+                .map(|c| deny.check(c.namespace, key.as_bytes()))
+                .collect();
             if cached.iter().any(Option::is_some) {
                 // Denied here, with no statement; the counters are not hit.
                 let hits = counters
@@ -762,6 +756,8 @@ impl Backend for PostgresBackend {
         }
         let backend = self.clone();
         let limits: Vec<u64> = counters.iter().map(|c| c.quota.limit()).collect();
+        let namespaces: Vec<Box<str>> = counters.iter().map(|c| c.namespace.into()).collect();
+        let denied_key = key.clone();
         let mut receivers = Vec::with_capacity(counters.len());
         let mut pending = Vec::with_capacity(counters.len());
         for counter in counters {
@@ -782,7 +778,7 @@ impl Backend for PostgresBackend {
             backend.start_cleaner();
             batch::submit(&backend.inner, pending);
             let mut hits = Hits::with_capacity(receivers.len());
-            for ((receiver, cache_key), limit) in receivers.into_iter().zip(cache_keys).zip(limits)
+            for ((receiver, namespace), limit) in receivers.into_iter().zip(namespaces).zip(limits)
             {
                 let counted = receiver.await.unwrap_or_else(|_| {
                     Err(BackendError::Unavailable(
@@ -793,7 +789,7 @@ impl Backend for PostgresBackend {
                 if let Some(deny) = backend.inner.deny.as_ref().filter(|_| hit.count > limit) {
                     // From when the hit was queued, before the database read
                     // its clock: the entry never outlasts the window.
-                    deny.insert(cache_key, queued + hit.reset);
+                    deny.insert(&namespace, denied_key.as_bytes(), queued + hit.reset);
                 }
                 hits.push(hit);
             }
@@ -816,7 +812,7 @@ impl Backend for PostgresBackend {
                 .refund_in_window(&namespace, &key, deadline_time(deadline))
                 .await;
             if let Some(deny) = &backend.inner.deny {
-                deny.remove(&Self::cache_key(&namespace, &key));
+                deny.remove(&namespace, key.as_bytes());
             }
             refunded
         })))
@@ -840,7 +836,7 @@ impl Backend for PostgresBackend {
 
     async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
         if let Some(deny) = &self.inner.deny {
-            deny.remove(&Self::cache_key(namespace, key));
+            deny.remove(namespace, key.as_bytes());
         }
         let client = self.inner.pool.get().await.map_err(pool_error)?;
         let row = client

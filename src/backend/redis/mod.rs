@@ -607,13 +607,13 @@ where
     /// connection they are pipelined (one round trip of latency); on a
     /// Cluster they go to the one master that holds the key's slot.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> RedisHit {
-        let storage_keys: SmallVec<[Vec<u8>; 2]> = counters
-            .iter()
-            .map(|c| self.storage_key(c.namespace, key))
-            .collect();
         if let Some(deny) = &self.inner.deny {
-            let cached: SmallVec<[Option<Duration>; 2]> =
-                storage_keys.iter().map(|k| deny.check(k)).collect();
+            // Asked by the counter's parts: no storage key is built for an
+            // answer given here.
+            let cached: SmallVec<[Option<Duration>; 2]> = counters
+                .iter()
+                .map(|c| deny.check(c.namespace, key.as_bytes()))
+                .collect();
             if cached.iter().any(Option::is_some) {
                 // Denied here, without a round trip; the counters are not hit.
                 let hits = counters
@@ -635,7 +635,17 @@ where
                 return RedisHit(Answer::Ready(Some(Ok(hits))));
             }
         }
+        let storage_keys: SmallVec<[Vec<u8>; 2]> = counters
+            .iter()
+            .map(|c| self.storage_key(c.namespace, key))
+            .collect();
         let quotas: SmallVec<[Quota; 2]> = counters.iter().map(|c| c.quota).collect();
+        // What the deny cache needs to remember a denial.
+        let denials = self.inner.deny.is_some().then(|| {
+            let namespaces: SmallVec<[Box<str>; 2]> =
+                counters.iter().map(|c| c.namespace.into()).collect();
+            (namespaces, key.clone())
+        });
         let this = self.clone();
         RedisHit(Answer::Remote(Box::pin(async move {
             let sent = quanta::Instant::now();
@@ -667,16 +677,12 @@ where
                 .collect(),
             };
             let mut hits = Hits::with_capacity(results.len());
-            for ((result, storage_key), quota) in results.into_iter().zip(storage_keys).zip(quotas)
-            {
+            for (i, (result, quota)) in results.into_iter().zip(quotas).enumerate() {
                 let hit = result?;
-                if let Some(deny) = this
-                    .inner
-                    .deny
-                    .as_ref()
-                    .filter(|_| hit.count > quota.limit())
+                if let (Some(deny), Some((namespaces, key))) = (&this.inner.deny, &denials)
+                    && hit.count > quota.limit()
                 {
-                    deny.insert(storage_key, sent + hit.reset);
+                    deny.insert(&namespaces[i], key.as_bytes(), sent + hit.reset);
                 }
                 hits.push(hit);
             }
@@ -695,11 +701,11 @@ where
             return RedisRefund(Answer::Ready(Some(Ok(false))));
         };
         let storage_key = self.storage_key(namespace, key);
-        let this = self.clone();
+        let (this, namespace, key) = (self.clone(), Box::<str>::from(namespace), key.clone());
         RedisRefund(Answer::Remote(Box::pin(async move {
             let reply = this.eval(&REFUND, &storage_key, Some(deadline.get())).await;
             if let Some(deny) = &this.inner.deny {
-                deny.remove(&storage_key);
+                deny.remove(&namespace, key.as_bytes());
             }
             parse_refund(reply?, &storage_key)
         })))
@@ -714,7 +720,7 @@ where
     async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
         let storage_key = self.storage_key(namespace, key);
         if let Some(deny) = &self.inner.deny {
-            deny.remove(&storage_key);
+            deny.remove(namespace, key.as_bytes());
         }
         let mut connection = self.inner.connection.clone();
         let deleted: i64 = ::redis::cmd("DEL")
