@@ -109,7 +109,7 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// `MultiplexedConnection`, or a Cluster connection (feature
 /// `redis-cluster`; `connect_cluster` makes one). Concurrent hits share the
 /// connection and are pipelined on it; no hit opens a connection of its own.
-/// Use the [`redis`](crate::redis) crate this crate re-exports to make your
+/// Use the [`redis`] crate this crate re-exports to make your
 /// own.
 ///
 /// # Outages
