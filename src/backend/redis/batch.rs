@@ -37,6 +37,7 @@ use futures_util::future::{Either, join_all, select};
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
+use super::slot::key_slot;
 use super::{HIT, Inner, Script, corrupt, parse_hit, sha1_hex, unavailable};
 use crate::backend::{BackendError, Hit};
 
@@ -512,50 +513,9 @@ fn copy(err: &BackendError) -> BackendError {
     }
 }
 
-/// The Redis Cluster hash slot of `key`: CRC16 (XMODEM) of its hash tag
-/// (the bytes between the first `{` and the first `}` after it, when not
-/// empty) or of the whole key, modulo 16384.
-pub(super) fn key_slot(key: &[u8]) -> u16 {
-    let tagged = key.iter().position(|&b| b == b'{').and_then(|open| {
-        let rest = &key[open + 1..];
-        rest.iter()
-            .position(|&b| b == b'}')
-            .filter(|&close| close > 0)
-            .map(|close| &rest[..close])
-    });
-    crc16(tagged.unwrap_or(key)) % 16_384
-}
-
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in bytes {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_follow_the_cluster_rule() {
-        // Values from the Redis Cluster specification and `CLUSTER KEYSLOT`.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(key_slot(b"foo"), 12182);
-        assert_eq!(key_slot(b"{user1000}.following"), key_slot(b"user1000"));
-        assert_eq!(key_slot(b"foo{}{bar}"), key_slot(b"foo{}{bar}".as_slice()));
-        assert_ne!(key_slot(b"foo{}{bar}"), key_slot(b"bar"));
-        assert_eq!(key_slot(b"foo{{bar}}zap"), key_slot(b"{bar"));
-        assert_eq!(key_slot(b"tpw:a{k}"), key_slot(b"tpw:b:1/5ms{k}"));
-    }
 
     #[test]
     fn entry_replies_parse() {

@@ -18,6 +18,8 @@ use std::time::{Duration, Instant};
 use ::redis::aio::ConnectionLike;
 use ::redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
+use super::slot::{CLUSTER_SLOTS, key_slot};
+
 /// Consecutive failures that open a breaker, unless configured otherwise.
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 
@@ -30,8 +32,6 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(500);
 /// slots are ranges of consecutive slots, so all but the ranges that
 /// straddle two masters belong to one master.
 pub const SLOTS_PER_RANGE: u16 = 128;
-
-const CLUSTER_SLOTS: u16 = 16_384;
 
 /// How often a Cluster's slot map is read again (on a command).
 const MAP_REFRESH: Duration = Duration::from_secs(5);
@@ -259,7 +259,7 @@ impl Breakers {
             0
         };
         match args.nth(skip) {
-            Some(Arg::Simple(key)) => self.for_slot(slot(key)),
+            Some(Arg::Simple(key)) => self.for_slot(key_slot(key)),
             _ => 0,
         }
     }
@@ -460,49 +460,9 @@ where
     }
 }
 
-/// The Cluster slot of `key`: CRC16 (XMODEM) of its hash tag, or of the
-/// whole key when it has none, modulo 16384.
-fn slot(key: &[u8]) -> u16 {
-    let tagged = key
-        .iter()
-        .position(|&b| b == b'{')
-        .and_then(|open| {
-            let rest = &key[open + 1..];
-            let close = rest.iter().position(|&b| b == b'}')?;
-            (close > 0).then(|| &rest[..close])
-        })
-        .unwrap_or(key);
-    crc16(tagged) % CLUSTER_SLOTS
-}
-
-fn crc16(bytes: &[u8]) -> u16 {
-    let mut crc: u16 = 0;
-    for &byte in bytes {
-        crc ^= u16::from(byte) << 8;
-        for _ in 0..8 {
-            crc = if crc & 0x8000 != 0 {
-                (crc << 1) ^ 0x1021
-            } else {
-                crc << 1
-            };
-        }
-    }
-    crc
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn slots_are_redis_cluster_slots() {
-        // Values from CLUSTER KEYSLOT.
-        assert_eq!(crc16(b"123456789"), 0x31C3);
-        assert_eq!(slot(b"foo"), 12182);
-        assert_eq!(slot(b"{user1000}.following"), slot(b"{user1000}.followers"));
-        assert_eq!(slot(b"foo{}{bar}"), slot(b"foo{}{bar}"));
-        assert_eq!(slot(b"tpw:api{k}"), slot(b"k"));
-    }
 
     #[test]
     fn a_breaker_opens_after_repeated_failures_then_probes_once() {
@@ -555,7 +515,7 @@ mod tests {
         let (a, b, c) = (evalsha("tpw:n{a}"), del("tpw:n{b}"), evalsha("tpw:n{c}"));
         assert_eq!(
             breakers.index(&a),
-            MAX_NODES + usize::from(slot(b"a") / SLOTS_PER_RANGE),
+            MAX_NODES + usize::from(key_slot(b"a") / SLOTS_PER_RANGE),
             "by slot range until the map is known"
         );
         assert_ne!(breakers.index(&a), breakers.index(&b));

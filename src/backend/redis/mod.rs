@@ -9,6 +9,7 @@ mod breaker;
 mod connect;
 #[cfg(feature = "redis-sentinel")]
 mod sentinel;
+mod slot;
 
 pub use audit::{AuditReport, Node, Nodes};
 pub use breaker::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, SLOTS_PER_RANGE};
