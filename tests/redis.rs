@@ -931,6 +931,89 @@ async fn the_breaker_answers_at_once_during_an_outage_and_closes_after() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_that_stops_answering_opens_the_breaker_on_timeouts() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_store_that_stops_answering_opens_the_breaker_on_timeouts"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .breaker(3, Duration::from_millis(200))
+        .deny_cache(0)
+        .build();
+    let limited = RateLimitLayer::new("frozen", quota(1_000, Duration::from_secs(60)))
+        .backend(store)
+        .timeout(Duration::from_millis(50))
+        .layer(ok_service());
+    assert_eq!(
+        limited.clone().oneshot(from("a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    // Frozen: the connection stays open and nothing answers.
+    server.signal("STOP");
+    let mut kinds = Vec::new();
+    for i in 0..8 {
+        let res = limited
+            .clone()
+            .oneshot(from(&format!("k{i}")))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        kinds.push(kind(&res).unwrap());
+    }
+    server.signal("CONT");
+    assert_eq!(
+        &kinds[..3],
+        &[BackendErrorKind::TimedOut; 3],
+        "three timeouts: {kinds:?}"
+    );
+    assert!(
+        kinds[3..]
+            .iter()
+            .all(|k| *k == BackendErrorKind::CircuitOpen),
+        "then answered at once: {kinds:?}"
+    );
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while limited.clone().oneshot(from("b")).await.unwrap().status() != StatusCode::OK {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the breaker never closed after Redis answered again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[tokio::test]
+async fn clients_that_give_up_their_requests_never_open_the_breaker() {
+    let server = redis_or_skip!(RedisServer::start(
+        "clients_that_give_up_their_requests_never_open_the_breaker"
+    ));
+    // One failure would open it.
+    let store = RedisBackend::builder(manager(&server).await)
+        .breaker(1, Duration::from_secs(600))
+        .deny_cache(0)
+        .build();
+    let q = quota(10, Duration::from_secs(600));
+    for round in 0..200 {
+        // A lone hit sent from its own task, or a batch queued behind it,
+        // every one given up while its call is in flight.
+        let mut futures: Vec<_> = (0..1 + round % 8)
+            .map(|i| store.hit("gone", &Key::display(format_args!("{round}-{i}")), q))
+            .collect();
+        for future in &mut futures {
+            assert!(!poll_once(future), "a hit to Redis is not ready at once");
+        }
+        for _ in 0..round % 3 {
+            tokio::task::yield_now().await;
+        }
+        drop(futures);
+    }
+    let hit = store
+        .hit("gone", &Key::new("after"), q)
+        .await
+        .expect("the breaker is closed: no client gone away counts as a failure");
+    assert_eq!(hit.count, 1);
+}
+
 #[tokio::test]
 async fn a_bad_url_is_a_configuration_error() {
     for url in [

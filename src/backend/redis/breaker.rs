@@ -33,6 +33,14 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(500);
 /// straddle two masters belong to one master.
 pub const SLOTS_PER_RANGE: u16 = 128;
 
+/// A call dropped before it was answered counts as a failure only when it
+/// had waited at least this long: the layer's timeout ran out on a store
+/// that is slow or gone. A call dropped sooner was given up by its request
+/// (the client went away, an HTTP/2 stream was reset), which says nothing
+/// about the store, so it counts neither way; otherwise clients that
+/// cancel their requests could open the breaker of a healthy store.
+pub const BREAKER_SLOW_CALL: Duration = Duration::from_millis(10);
+
 /// How often a Cluster's slot map is read again (on a command).
 const MAP_REFRESH: Duration = Duration::from_secs(5);
 
@@ -293,6 +301,14 @@ impl Breakers {
         }
     }
 
+    /// A call given up by its request before the store could be slow: a
+    /// probe's turn passes to the next call; nothing is counted.
+    fn abandoned(&self, index: usize, pass: Pass) {
+        if pass == Pass::Probe {
+            self.breakers[index].probing.store(false, Ordering::Release);
+        }
+    }
+
     fn failed(&self, index: usize, pass: Pass) {
         let breaker = &self.breakers[index];
         let until = self
@@ -325,12 +341,14 @@ impl Breakers {
 }
 
 /// Settles a call with its breaker: a success closes it, a failure counts,
-/// and a call dropped before it answered (the layer's timeout ran out)
-/// counts as a failure.
+/// and a call dropped before it answered counts as a failure when it had
+/// waited [`BREAKER_SLOW_CALL`] (the layer's timeout ran out), and not at all
+/// when it was dropped sooner (its request was given up).
 struct Settle {
     breakers: Arc<Breakers>,
     index: usize,
     pass: Pass,
+    sent: Instant,
     settled: bool,
 }
 
@@ -347,8 +365,13 @@ impl Settle {
 
 impl Drop for Settle {
     fn drop(&mut self) {
-        if !self.settled {
+        if self.settled {
+            return;
+        }
+        if self.sent.elapsed() >= BREAKER_SLOW_CALL {
             self.breakers.failed(self.index, self.pass);
+        } else {
+            self.breakers.abandoned(self.index, self.pass);
         }
     }
 }
@@ -371,6 +394,7 @@ impl<C> Guarded<C> {
                 breakers: Arc::clone(breakers),
                 index,
                 pass,
+                sent: Instant::now(),
                 settled: false,
             })),
             None => Err(open_error()),
@@ -490,6 +514,40 @@ mod tests {
         assert_eq!(breakers.admit(0), Some(Pass::Probe));
         breakers.succeeded(0);
         assert_eq!(breakers.admit(0), Some(Pass::Closed), "closed");
+    }
+
+    #[test]
+    fn a_call_dropped_at_once_counts_neither_way_and_a_slow_one_fails() {
+        let breakers = Arc::new(Breakers::new(
+            BreakerConfig {
+                failures: 1,
+                cooldown: Duration::from_millis(30),
+            },
+            false,
+        ));
+        let settle = |pass, waited: Duration| Settle {
+            breakers: Arc::clone(&breakers),
+            index: 0,
+            pass,
+            sent: Instant::now().checked_sub(waited).unwrap(),
+            settled: false,
+        };
+        for _ in 0..100 {
+            drop(settle(Pass::Closed, Duration::ZERO));
+        }
+        assert_eq!(breakers.admit(0), Some(Pass::Closed), "clients gone");
+        drop(settle(Pass::Closed, BREAKER_SLOW_CALL));
+        assert_eq!(breakers.admit(0), None, "a timeout is a failure");
+        std::thread::sleep(Duration::from_millis(40));
+        assert_eq!(breakers.admit(0), Some(Pass::Probe));
+        drop(settle(Pass::Probe, Duration::ZERO));
+        assert_eq!(
+            breakers.admit(0),
+            Some(Pass::Probe),
+            "a probe given up by its client passes the turn on"
+        );
+        drop(settle(Pass::Probe, BREAKER_SLOW_CALL));
+        assert_eq!(breakers.admit(0), None, "a probe that timed out fails");
     }
 
     #[test]

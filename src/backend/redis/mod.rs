@@ -12,7 +12,9 @@ mod sentinel;
 mod slot;
 
 pub use audit::{AuditReport, Node, Nodes};
-pub use breaker::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, SLOTS_PER_RANGE};
+pub use breaker::{
+    BREAKER_SLOW_CALL, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, SLOTS_PER_RANGE,
+};
 #[cfg(feature = "redis-cluster")]
 pub use connect::cluster_client_builder;
 pub use connect::{BackgroundConnection, ConnectError, connection_manager_config};
@@ -302,6 +304,14 @@ impl<C> RedisBackendBuilder<C> {
     /// [`DEFAULT_BREAKER_COOLDOWN`]. It logs a warning when it opens and an
     /// info line when it closes; the metrics count its answers as
     /// `circuit_open`.
+    ///
+    /// A command the layer gave up on counts as a failure when it had waited
+    /// at least [`BREAKER_SLOW_CALL`] (10 ms): with a layer
+    /// [`timeout`](crate::RateLimitLayer::timeout) shorter than that, a
+    /// store that stops answering costs each request its timeout instead.
+    /// A command dropped sooner (its client went away) counts neither way,
+    /// so clients that cancel requests can't open the breaker of a healthy
+    /// store.
     ///
     /// On a Redis Cluster connection there is one breaker per master, so a
     /// failing master does not stop the healthy masters' keys: the backend
