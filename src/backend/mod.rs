@@ -51,6 +51,8 @@
 //! keep the pair apart structurally, or use [`storage_key::encode`].
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
+mod answer;
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod deny_cache;
 mod memory;
 #[cfg(feature = "postgres")]

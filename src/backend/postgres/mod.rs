@@ -171,6 +171,7 @@ use tokio_postgres::{NoTls, Row, SimpleQueryMessage};
 
 use self::batch::{Batcher, Pending};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
+use super::answer::Answer;
 use super::deny_cache::DenyCache;
 use super::storage_key;
 use super::{Backend, BackendError, Counter, Hit, Hits};
@@ -660,33 +661,6 @@ fn pool_error(err: PoolError) -> BackendError {
     }
 }
 
-/// An answer: already there (the deny cache, a hit with nothing to send),
-/// or one statement away.
-enum Answer<T> {
-    Ready(Option<Result<T, BackendError>>),
-    Remote(Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>),
-}
-
-impl<T> Answer<T> {
-    fn poll(&mut self, cx: &mut Context<'_>) -> Poll<Result<T, BackendError>> {
-        match self {
-            Self::Ready(answer) => Poll::Ready(
-                answer
-                    .take()
-                    .expect("a PostgreSQL backend future polled after it completed"),
-            ),
-            Self::Remote(future) => future.as_mut().poll(cx),
-        }
-    }
-
-    fn state(&self) -> &'static str {
-        match self {
-            Self::Ready(_) => "ready",
-            Self::Remote(_) => "remote",
-        }
-    }
-}
-
 /// The future of a [`PostgresBackend`] hit: already complete when the local
 /// deny cache answered; otherwise the hit statement that carries it.
 pub struct PostgresHit(Answer<Hits>);
@@ -703,7 +677,7 @@ impl Future for PostgresHit {
     type Output = Result<Hits, BackendError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.poll(cx)
+        self.0.poll(cx, "PostgresHit")
     }
 }
 
@@ -723,7 +697,7 @@ impl Future for PostgresRefund {
     type Output = Result<bool, BackendError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.poll(cx)
+        self.0.poll(cx, "PostgresRefund")
     }
 }
 

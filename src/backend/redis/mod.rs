@@ -38,6 +38,7 @@ use futures_util::future::join_all;
 use smallvec::SmallVec;
 
 use self::breaker::{BreakerConfig, Breakers, Guarded};
+use super::answer::Answer;
 use super::deny_cache::DenyCache;
 use super::{Backend, BackendError, Counter, Hit, Hits, storage_key};
 use crate::error::ConfigError;
@@ -535,32 +536,6 @@ fn unavailable(err: RedisError) -> BackendError {
         BackendError::TimedOut
     } else {
         BackendError::Unavailable(Box::new(err))
-    }
-}
-
-/// An answer that is either here already or one round trip away.
-enum Answer<T> {
-    Ready(Option<Result<T, BackendError>>),
-    Remote(Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>),
-}
-
-impl<T> Answer<T> {
-    fn poll(&mut self, cx: &mut Context<'_>, what: &str) -> Poll<Result<T, BackendError>> {
-        match self {
-            Self::Ready(result) => Poll::Ready(
-                result
-                    .take()
-                    .unwrap_or_else(|| panic!("{what} polled after it completed")),
-            ),
-            Self::Remote(future) => future.as_mut().poll(cx),
-        }
-    }
-
-    fn state(&self) -> &'static str {
-        match self {
-            Self::Ready(_) => "ready",
-            Self::Remote(_) => "remote",
-        }
     }
 }
 
