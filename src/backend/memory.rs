@@ -3,7 +3,8 @@
 use std::future::{Ready, ready};
 use std::hash::{BuildHasher, Hasher};
 use std::num::{NonZeroU64, NonZeroUsize};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
 use hashbrown::DefaultHashBuilder;
@@ -86,7 +87,7 @@ pub struct MemoryBackend {
 #[derive(Debug)]
 struct Inner {
     hasher: DefaultHashBuilder,
-    shards: Box<[Mutex<Shard>]>,
+    shards: Box<[RwLock<Shard>]>,
     shard_bits: u32,
     max_keys: usize,
     clock: Clock,
@@ -161,7 +162,9 @@ struct Shard {
 #[repr(align(64))]
 struct Entry {
     id: StoredId,
-    count: u64,
+    /// Incremented under the shard's read lock (a hit on a live counter);
+    /// every other change, and `deadline`, under its write lock.
+    count: AtomicU64,
     /// Nanoseconds since the backend's epoch.
     deadline: u64,
 }
@@ -440,7 +443,7 @@ impl MemoryBackendBuilder {
                 hasher: DefaultHashBuilder::default(),
                 shards: (0..shards)
                     .map(|i| {
-                        Mutex::new(Shard {
+                        RwLock::new(Shard {
                             table: HashTable::new(),
                             cap: share + usize::from(i < extra),
                             sweep_at: MIN_SWEEP_LEN,
@@ -479,7 +482,7 @@ impl MemoryBackend {
 
     /// Live and expired-but-unswept counters held now.
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| lock(s).table.len()).sum()
+        self.inner.shards.iter().map(|s| read(s).table.len()).sum()
     }
 
     /// Whether no counter is held.
@@ -503,12 +506,13 @@ impl MemoryBackend {
         self.inner.clock.now()
     }
 
+    /// The hash of `id` and its shard.
     #[inline(always)]
-    fn locate(&self, id: &Id<'_>) -> (u64, MutexGuard<'_, Shard>) {
+    fn locate(&self, id: &Id<'_>) -> (u64, &RwLock<Shard>) {
         let hash = id.hash(&self.inner.hasher);
         (
             hash,
-            lock(&self.inner.shards[shard_index(hash, self.inner.shard_bits)]),
+            &self.inner.shards[shard_index(hash, self.inner.shard_bits)],
         )
     }
 
@@ -528,19 +532,37 @@ impl MemoryBackend {
         let opened = || now.saturating_add(window.as_millis() * 1_000_000);
         let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
         let id = Id::new(namespace, key, &mut hashed, &mut inline);
-        let (hash, mut shard) = self.locate(&id);
+        let (hash, lock) = self.locate(&id);
+        // A live counter takes the hit under the read lock, so hits on a
+        // shard (and on one key) from several threads don't wait for each
+        // other: the deadline can't change while the lock is held, and the
+        // count is one atomic increment.
+        {
+            let shard = read(lock);
+            if let Some(entry) = shard.table.find(hash, |e| id.matches(e))
+                && entry.deadline > now
+            {
+                return Ok(Hit {
+                    count: increment(&entry.count),
+                    reset: Duration::from_nanos(entry.deadline - now),
+                    deadline: NonZeroU64::new(entry.deadline),
+                });
+            }
+        }
+        // A new counter, or a window to open again: under the write lock,
+        // looking again (another thread may have done it meanwhile).
+        let mut shard = write(lock);
         if let Some(entry) = shard.table.find_mut(hash, |e| id.matches(e)) {
             if entry.deadline > now {
-                entry.count = entry.count.saturating_add(1);
                 return Ok(Hit {
-                    count: entry.count,
+                    count: increment(&entry.count),
                     reset: Duration::from_nanos(entry.deadline - now),
                     deadline: NonZeroU64::new(entry.deadline),
                 });
             }
             // The old window closed: this hit opens a new one.
             let deadline = opened();
-            entry.count = 1;
+            *entry.count.get_mut() = 1;
             entry.deadline = deadline;
             shard.min_deadline = shard.min_deadline.min(deadline);
             return Ok(Hit {
@@ -563,7 +585,7 @@ impl MemoryBackend {
             hash,
             Entry {
                 id: id.to_owned(),
-                count: 1,
+                count: AtomicU64::new(1),
                 deadline,
             },
             |e| entry_hash(hasher, e),
@@ -578,13 +600,13 @@ impl MemoryBackend {
     fn peek_at(&self, now: u64, namespace: &str, key: &Key) -> Option<Hit> {
         let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
         let id = Id::new(namespace, key, &mut hashed, &mut inline);
-        let (hash, shard) = self.locate(&id);
-        shard
+        let (hash, lock) = self.locate(&id);
+        read(lock)
             .table
             .find(hash, |e| id.matches(e))
             .filter(|e| e.deadline > now)
             .map(|e| Hit {
-                count: e.count,
+                count: e.count.load(Ordering::Relaxed),
                 reset: Duration::from_nanos(e.deadline - now),
                 deadline: None,
             })
@@ -595,12 +617,17 @@ impl MemoryBackend {
     fn refund_at(&self, now: u64, namespace: &str, key: &Key, deadline: u64) -> bool {
         let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
         let id = Id::new(namespace, key, &mut hashed, &mut inline);
-        let (hash, mut shard) = self.locate(&id);
+        let (hash, lock) = self.locate(&id);
+        let mut shard = write(lock);
         match shard.table.find_mut(hash, |e| id.matches(e)) {
             // An expired entry not yet swept has the same deadline: the
             // window closed, so it is left alone like a missing one.
-            Some(entry) if entry.deadline == deadline && deadline > now && entry.count > 0 => {
-                entry.count -= 1;
+            Some(entry)
+                if entry.deadline == deadline
+                    && deadline > now
+                    && entry.count.load(Ordering::Relaxed) > 0 =>
+            {
+                *entry.count.get_mut() -= 1;
                 true
             }
             _ => false,
@@ -610,7 +637,8 @@ impl MemoryBackend {
     fn remove_at(&self, now: u64, namespace: &str, key: &Key) -> bool {
         let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
         let id = Id::new(namespace, key, &mut hashed, &mut inline);
-        let (hash, mut shard) = self.locate(&id);
+        let (hash, lock) = self.locate(&id);
+        let mut shard = write(lock);
         match shard.table.find_entry(hash, |e| id.matches(e)) {
             Ok(entry) => entry.remove().0.deadline > now,
             Err(_) => false,
@@ -671,12 +699,28 @@ pub(crate) fn shard_index(hash: u64, bits: u32) -> usize {
     ((hash >> 40) & ((1 << bits) - 1)) as usize
 }
 
-fn lock(shard: &Mutex<Shard>) -> MutexGuard<'_, Shard> {
-    // A panic while holding the lock cannot leave a half-written counter
-    // (every write is a single field store), so the data is still sound.
+// A panic while holding a lock cannot leave a half-written counter (every
+// write is a single field store), so the data is still sound.
+fn read(shard: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
     shard
-        .lock()
+        .read()
         .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
+    shard
+        .write()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// One more hit on a live counter, saturating (a count never wraps to a
+/// small number): the new count.
+#[inline(always)]
+fn increment(count: &AtomicU64) -> u64 {
+    match count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)) {
+        Ok(old) => old + 1,
+        Err(_) => u64::MAX,
+    }
 }
 
 impl Backend for MemoryBackend {
@@ -922,7 +966,7 @@ mod tests {
             .inner
             .shards
             .iter()
-            .map(|s| lock(s).table.iter().filter(|e| e.deadline > now).count())
+            .map(|s| read(s).table.iter().filter(|e| e.deadline > now).count())
             .sum()
     }
 
@@ -954,7 +998,7 @@ mod tests {
         for (name, builder) in cases {
             let store = builder.build();
             let n = store.max_keys();
-            let caps: usize = store.inner.shards.iter().map(|s| lock(s).cap).sum();
+            let caps: usize = store.inner.shards.iter().map(|s| read(s).cap).sum();
             assert_eq!(caps, n, "{name}: the shards' caps add up to max_keys");
             let mut held = 0;
             let mut first_refusal = None;
@@ -1124,6 +1168,49 @@ mod tests {
             "a hit the store did not count is never refunded"
         );
         assert_eq!(store.peek_at(store.now(), "n", &key).unwrap().count, 1);
+    }
+
+    #[test]
+    fn concurrent_hits_take_every_count_once_in_each_window() {
+        // Four threads, one key, a clock that moves through five windows of
+        // 1 ms: each window's counts are exactly 1..=n, with no count given
+        // twice or skipped, whether a hit took the read lock's increment or
+        // opened the window under the write lock.
+        let store = MemoryBackend::builder().shards(1).build();
+        let key = Key::new("k");
+        let w = window(1);
+        let seen: Vec<Vec<(u64, u64)>> = std::thread::scope(|scope| {
+            let threads: Vec<_> = (0..4u64)
+                .map(|thread| {
+                    let (store, key) = (&store, &key);
+                    scope.spawn(move || {
+                        (0..20_000u64)
+                            .map(|i| {
+                                // Windows open at 0, 1, 2, 3 and 4 ms.
+                                let now = (i / 4_000) * MS + thread;
+                                let hit = store.hit_at(now, "race", key, w).unwrap();
+                                (hit.deadline.unwrap().get(), hit.count)
+                            })
+                            .collect::<Vec<_>>()
+                    })
+                })
+                .collect();
+            threads.into_iter().map(|t| t.join().unwrap()).collect()
+        });
+        let mut by_window = std::collections::BTreeMap::<u64, Vec<u64>>::new();
+        for (deadline, count) in seen.into_iter().flatten() {
+            by_window.entry(deadline).or_default().push(count);
+        }
+        let total: usize = by_window.values().map(Vec::len).sum();
+        assert_eq!(total, 80_000);
+        for (deadline, mut counts) in by_window {
+            counts.sort_unstable();
+            let n = counts.len() as u64;
+            assert!(
+                counts.iter().copied().eq(1..=n),
+                "window closing at {deadline}: counts are not exactly 1..={n}"
+            );
+        }
     }
 
     #[test]
