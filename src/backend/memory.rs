@@ -34,9 +34,12 @@ const MIN_KEYS_PER_SHARD: usize = 1024;
 
 /// Counters held in this process: the embedded default.
 ///
-/// A hit on a key locks one of several shards, reads the clock, and
-/// increments or creates the key's counter; the future it returns is already
-/// complete, and a hit on an existing key allocates nothing.
+/// A hit reads the clock and finds the key's shard. A hit on a live counter
+/// takes the shard's read lock and increments the counter atomically, so
+/// hits from several threads, on one key too, don't wait for each other;
+/// creating a counter or opening its next window takes the write lock. The
+/// future a hit returns is already complete, and a hit on an existing key
+/// allocates nothing.
 ///
 /// # Bounded memory
 ///
