@@ -781,6 +781,39 @@ fn kind<B>(res: &http::Response<B>) -> Option<BackendErrorKind> {
     res.extensions().get::<BackendErrorKind>().copied()
 }
 
+/// `n` requests on keys of their own during an outage: each is answered
+/// 503, and what each failure was.
+async fn outage_kinds<S, B>(limited: &S, n: usize) -> Vec<BackendErrorKind>
+where
+    S: tower::Service<Request<String>, Response = http::Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut kinds = Vec::new();
+    for i in 0..n {
+        let res = limited
+            .clone()
+            .oneshot(from(&format!("k{i}")))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+        kinds.push(kind(&res).unwrap());
+    }
+    kinds
+}
+
+/// Waits, up to 30 s, for a request to be admitted again once Redis answers.
+async fn until_admitted<S, B>(limited: &S, why: &str)
+where
+    S: tower::Service<Request<String>, Response = http::Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while limited.clone().oneshot(from("b")).await.unwrap().status() != StatusCode::OK {
+        assert!(std::time::Instant::now() < deadline, "{why}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_connecting_in_the_background_starts_during_an_outage() {
     let mut server = redis_or_skip!(RedisServer::start(
@@ -883,16 +916,7 @@ async fn the_breaker_answers_at_once_during_an_outage_and_closes_after() {
         StatusCode::OK
     );
     server.stop();
-    let mut kinds = Vec::new();
-    for i in 0..10 {
-        let res = limited
-            .clone()
-            .oneshot(from(&format!("k{i}")))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-        kinds.push(kind(&res).unwrap());
-    }
+    let kinds = outage_kinds(&limited, 10).await;
     let first_open = kinds
         .iter()
         .position(|k| *k == BackendErrorKind::CircuitOpen)
@@ -913,14 +937,7 @@ async fn the_breaker_answers_at_once_during_an_outage_and_closes_after() {
     ));
 
     server.restart();
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while limited.clone().oneshot(from("b")).await.unwrap().status() != StatusCode::OK {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the breaker never closed after Redis came back"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_admitted(&limited, "the breaker never closed after Redis came back").await;
     for i in 0..10 {
         let res = limited
             .clone()
@@ -950,16 +967,7 @@ async fn a_store_that_stops_answering_opens_the_breaker_on_timeouts() {
     );
     // Frozen: the connection stays open and nothing answers.
     server.signal("STOP");
-    let mut kinds = Vec::new();
-    for i in 0..8 {
-        let res = limited
-            .clone()
-            .oneshot(from(&format!("k{i}")))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
-        kinds.push(kind(&res).unwrap());
-    }
+    let kinds = outage_kinds(&limited, 8).await;
     server.signal("CONT");
     assert_eq!(
         &kinds[..3],
@@ -972,14 +980,11 @@ async fn a_store_that_stops_answering_opens_the_breaker_on_timeouts() {
             .all(|k| *k == BackendErrorKind::CircuitOpen),
         "then answered at once: {kinds:?}"
     );
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while limited.clone().oneshot(from("b")).await.unwrap().status() != StatusCode::OK {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the breaker never closed after Redis answered again"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_admitted(
+        &limited,
+        "the breaker never closed after Redis answered again",
+    )
+    .await;
 }
 
 #[tokio::test]
