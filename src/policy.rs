@@ -154,20 +154,28 @@ impl Policy {
         shadow: bool,
         route: Option<Route>,
     ) -> Option<(usize, Decision)> {
-        // The usual one quota: nothing to choose between.
-        if let ([hit], [slot]) = (hits.as_slice(), &self.slots[..]) {
-            return Some((
-                0,
-                Decision::new(
-                    slot.label.clone(),
-                    route,
-                    slot.quota.limit(),
-                    hit.count,
-                    hit.reset,
-                    shadow,
-                ),
-            ));
-        }
+        let (i, hit) = match (hits.as_slice(), &self.slots[..]) {
+            // The usual one quota: nothing to choose between.
+            ([hit], [_]) => (0, hit),
+            _ => self.deciding(hits)?,
+        };
+        let slot = &self.slots[i];
+        Some((
+            i,
+            Decision::new(
+                slot.label.clone(),
+                route,
+                slot.quota.limit(),
+                hit.count,
+                hit.reset,
+                shadow,
+            ),
+        ))
+    }
+
+    /// Of several quotas, the one that decides: any that is over its limit
+    /// (the longest wait among them), else the one with the fewest hits left.
+    fn deciding<'h>(&self, hits: &'h Hits) -> Option<(usize, &'h Hit)> {
         let mut best: Option<(usize, &Hit)> = None;
         for (i, (hit, slot)) in hits.iter().zip(&self.slots).enumerate() {
             let limit = slot.quota.limit();
@@ -192,19 +200,7 @@ impl Policy {
                 best = Some((i, hit));
             }
         }
-        let (i, hit) = best?;
-        let slot = &self.slots[i];
-        Some((
-            i,
-            Decision::new(
-                slot.label.clone(),
-                route,
-                slot.quota.limit(),
-                hit.count,
-                hit.reset,
-                shadow,
-            ),
-        ))
+        best
     }
 }
 
