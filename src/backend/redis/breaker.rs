@@ -439,23 +439,35 @@ where
     }
 }
 
+/// A call past its breaker: answered at once while the breaker is open
+/// (`settle` is the error), otherwise sent and settled with the breaker when
+/// it is answered or dropped.
+fn through<'a, T: Send + 'a>(
+    settle: Result<Option<Settle>, RedisError>,
+    call: impl FnOnce() -> RedisFuture<'a, T>,
+) -> RedisFuture<'a, T> {
+    let settle = match settle {
+        Ok(settle) => settle,
+        Err(err) => return Box::pin(std::future::ready(Err(err))),
+    };
+    let call = call();
+    Box::pin(async move {
+        let result = call.await;
+        if let Some(settle) = settle {
+            settle.result(&result);
+        }
+        result
+    })
+}
+
 impl<C> ConnectionLike for Guarded<C>
 where
     C: ConnectionLike + Clone + Send + 'static,
 {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         self.refresh_map();
-        let settle = match self.settle(self.index(Some(cmd))) {
-            Ok(settle) => settle,
-            Err(err) => return Box::pin(std::future::ready(Err(err))),
-        };
-        let call = self.inner.req_packed_command(cmd);
-        Box::pin(async move {
-            let result = call.await;
-            if let Some(settle) = settle {
-                settle.result(&result);
-            }
-            result
+        through(self.settle(self.index(Some(cmd))), || {
+            self.inner.req_packed_command(cmd)
         })
     }
 
@@ -465,17 +477,8 @@ where
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        let settle = match self.settle(self.index(pipeline.cmd_iter().next())) {
-            Ok(settle) => settle,
-            Err(err) => return Box::pin(std::future::ready(Err(err))),
-        };
-        let call = self.inner.req_packed_commands(pipeline, offset, count);
-        Box::pin(async move {
-            let result = call.await;
-            if let Some(settle) = settle {
-                settle.result(&result);
-            }
-            result
+        through(self.settle(self.index(pipeline.cmd_iter().next())), || {
+            self.inner.req_packed_commands(pipeline, offset, count)
         })
     }
 
