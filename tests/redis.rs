@@ -1170,6 +1170,75 @@ fn coalesced_hits_take_every_count_once_across_four_instances() {
     });
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_holds_at_most_two_calls_per_lane() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_frozen_server_holds_at_most_two_calls_per_lane"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    // Hits in flight together, so that both scripts are loaded (a first
+    // call of each is answered NOSCRIPT and sent again with EVAL).
+    let warm = (0..200).map(|i| {
+        store.hit(
+            "warm",
+            &Key::new(format!("w{i}")),
+            quota(u64::MAX, Duration::from_secs(60)),
+        )
+    });
+    for hit in futures_util::future::join_all(warm).await {
+        hit.unwrap();
+    }
+    let before = script_calls(&server);
+    // Frozen: the first hit's call and, once enough queue behind it, a
+    // second call wait in the socket; every other hit waits in the lane.
+    server.signal("STOP");
+    let hits = 1_000usize;
+    let mut tasks = Vec::new();
+    for i in 0..hits {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move {
+            let key = if i % 2 == 0 {
+                "hot".to_string()
+            } else {
+                format!("k{}", i % 20)
+            };
+            let hit = store
+                .hit(
+                    "frozen",
+                    &Key::new(key.clone()),
+                    quota(u64::MAX, Duration::from_secs(60)),
+                )
+                .await
+                .unwrap();
+            (key, hit.count)
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.signal("CONT");
+    let mut by_key: std::collections::HashMap<String, Vec<u64>> = Default::default();
+    for task in tasks {
+        let (key, count) = task.await.unwrap();
+        by_key.entry(key).or_default().push(count);
+    }
+    // The two calls held by the frozen server, then the queue in at most
+    // two more (at most 512 requests a call), not a call per few hits.
+    let calls = script_calls(&server) - before;
+    assert!(
+        (3..=4).contains(&calls),
+        "{calls} script calls for {hits} hits"
+    );
+    for (key, mut counts) in by_key {
+        counts.sort_unstable();
+        assert_eq!(
+            counts,
+            (1..=counts.len() as u64).collect::<Vec<_>>(),
+            "{key}: every count once"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
     let server = redis_or_skip!(RedisServer::start(
