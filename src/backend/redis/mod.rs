@@ -648,9 +648,9 @@ where
                 // on a tokio runtime).
                 Some(runtime) => {
                     let counters = storage_keys
-                        .iter()
+                        .into_iter()
                         .zip(&quotas)
-                        .map(|(k, q)| (k.clone(), q.window().as_millis()))
+                        .map(|(k, q)| (k, q.window().as_millis()))
                         .collect();
                     batch::hit(&this.inner, &runtime, counters).await
                 }
