@@ -528,11 +528,6 @@ impl MemoryBackend {
         key: &Key,
         window: Window,
     ) -> Result<Hit, BackendError> {
-        // The deadline of a window this hit opens, from the same `now`; it
-        // is only ever written into a counter this hit creates or restarts,
-        // and only computed then. Window::MAX is 3.2e18 ns, so the product
-        // cannot overflow.
-        let opened = || now.saturating_add(window.as_millis() * 1_000_000);
         let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
         let id = Id::new(namespace, key, &mut hashed, &mut inline);
         let (hash, lock) = self.locate(&id);
@@ -552,8 +547,28 @@ impl MemoryBackend {
                 });
             }
         }
-        // A new counter, or a window to open again: under the write lock,
-        // looking again (another thread may have done it meanwhile).
+        self.open_or_count(now, id, hash, lock, window)
+    }
+
+    /// A hit that found no live counter under the read lock: a new counter,
+    /// or a window to open again, under the write lock, looking again
+    /// (another thread may have done it meanwhile). Kept out of
+    /// [`hit_at`](Self::hit_at), so the hit on a live counter stays small.
+    #[cold]
+    #[inline(never)]
+    fn open_or_count(
+        &self,
+        now: u64,
+        id: Id<'_>,
+        hash: u64,
+        lock: &RwLock<Shard>,
+        window: Window,
+    ) -> Result<Hit, BackendError> {
+        // The deadline of a window this hit opens, from the same `now`; it
+        // is only ever written into a counter this hit creates or restarts,
+        // and only computed then. Window::MAX is 3.2e18 ns, so the product
+        // cannot overflow.
+        let opened = || now.saturating_add(window.as_millis() * 1_000_000);
         let mut shard = write(lock);
         if let Some(entry) = shard.table.find_mut(hash, |e| id.matches(e)) {
             if entry.deadline > now {
