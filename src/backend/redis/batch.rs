@@ -75,10 +75,16 @@ pub(super) type Answers = SmallVec<[Result<Hit, BackendError>; 2]>;
 pub(super) struct Pending {
     /// Storage key and window (ms) of each counter the request hits.
     counters: SmallVec<[(Vec<u8>, u64); 2]>,
-    /// The Cluster slot of the request's keys (one slot: they share the
-    /// crate's hash tag).
-    slot: u16,
     reply: oneshot::Sender<Answers>,
+}
+
+impl Pending {
+    /// The Cluster slot of the request's keys (one slot: they share the
+    /// crate's hash tag). Computed only for lanes by slot, so a standalone
+    /// server's hits never pay for the CRC.
+    fn slot(&self) -> u16 {
+        self.counters.first().map_or(0, |(key, _)| key_slot(key))
+    }
 }
 
 /// A lane exists while a task sends its calls: a hit's own task (its call
@@ -157,7 +163,7 @@ impl Batcher {
 
     fn lane_of(&self, pending: &Pending) -> u32 {
         if self.by_slot.load(Ordering::Relaxed) {
-            u32::from(pending.slot)
+            u32::from(pending.slot())
         } else {
             ANY_SLOT
         }
@@ -176,13 +182,8 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let count = counters.len();
-    let slot = counters.first().map_or(0, |(key, _)| key_slot(key));
     let (reply, answer) = oneshot::channel();
-    let pending = Pending {
-        counters,
-        slot,
-        reply,
-    };
+    let pending = Pending { counters, reply };
     let batcher = batcher(inner);
     let lane = batcher.lane_of(&pending);
     // An idle lane: this hit goes at once, from this task (no driver task,
@@ -406,16 +407,14 @@ async fn call<C>(inner: &Inner<C>, batch: Vec<Pending>, any_slot: bool) -> Optio
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let (requests, mut waiters): (Vec<_>, Vec<_>) = batch
-        .into_iter()
-        .map(|p| ((p.counters, p.slot), p.reply))
-        .unzip();
+    let (requests, mut waiters): (Vec<_>, Vec<_>) =
+        batch.into_iter().map(|p| (p.counters, p.reply)).unzip();
     // One entry per distinct (key, window), with its number of hits; each
     // request's counters are (entry, the hit's place among the entry's).
     let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(requests.len());
     let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(requests.len());
     let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(requests.len());
-    for (counters, _) in &requests {
+    for counters in &requests {
         let mut place = SmallVec::new();
         for (key, window) in counters {
             let at = match index.entry((key.as_slice(), *window)) {
@@ -466,11 +465,7 @@ where
                 requests
                     .into_iter()
                     .zip(waiters)
-                    .map(|((counters, slot), reply)| Pending {
-                        counters,
-                        slot,
-                        reply,
-                    })
+                    .map(|(counters, reply)| Pending { counters, reply })
                     .collect(),
             );
         }
