@@ -553,7 +553,10 @@ impl MemoryBackend {
     /// A hit that found no live counter under the read lock: a new counter,
     /// or a window to open again, under the write lock, looking again
     /// (another thread may have done it meanwhile). Kept out of
-    /// [`hit_at`](Self::hit_at), so the hit on a live counter stays small.
+    /// [`hit_at`](Self::hit_at), so the hit on a live counter compiles small
+    /// and stays so when unrelated code changes the compiler's inlining.
+    /// `cold` only lays it out of the way: new counters are common, but
+    /// the write lock and the insert cost far more than the call.
     #[cold]
     #[inline(never)]
     fn open_or_count(
