@@ -29,7 +29,9 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::future::Future;
 use std::num::NonZeroU64;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -210,14 +212,22 @@ where
             runtime,
             lane,
         };
-        let retry = if let [(key, window)] = pending.counters.as_slice() {
-            // One counter: the one-hit script, the cheapest call for Redis.
-            let answer = one(inner, key, *window).await;
-            let _ = pending.reply.send(std::iter::once(answer).collect());
-            None
-        } else {
-            call(inner, vec![pending], lane == ANY_SLOT).await
-        };
+        // Boxed: the call's future is large (the `redis` client's query
+        // inside), and held inline it would make every hit's future as
+        // large, queued hits included, which are most hits under load.
+        let send: Pin<Box<dyn Future<Output = Option<Vec<Pending>>> + Send + '_>> =
+            if pending.counters.len() == 1 {
+                Box::pin(async move {
+                    // One counter: the one-hit script, the cheapest call for Redis.
+                    let (key, window) = &pending.counters[0];
+                    let answer = one(inner, key, *window).await;
+                    let _ = pending.reply.send(std::iter::once(answer).collect());
+                    None
+                })
+            } else {
+                Box::pin(call(inner, vec![pending], lane == ANY_SLOT))
+            };
+        let retry = send.await;
         if retry.is_some() {
             batcher.by_slot.store(true, Ordering::Relaxed);
         }
