@@ -27,8 +27,6 @@
 //! all gone is dropped (a call sent from a hit's own task goes with it, like
 //! a lone hit's); the hits queued behind it get a driver.
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::future::Future;
 use std::num::NonZeroU64;
 use std::pin::Pin;
@@ -36,9 +34,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+// hashbrown's maps (foldhash, seeded per process) rather than SipHash: the
+// lanes are keyed by slot, and a call's index holds at most MAX_PER_CALL
+// keys, so even keys chosen to collide cost a bounded amount per call.
 use ::redis::aio::ConnectionLike;
 use ::redis::{ErrorKind, ServerErrorKind, Value};
 use futures_util::future::{Either, select};
+use hashbrown::HashMap;
+use hashbrown::hash_map::Entry;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
