@@ -34,9 +34,6 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
-// hashbrown's maps (foldhash, seeded per process) rather than SipHash: the
-// lanes are keyed by slot, and a call's index holds at most MAX_PER_CALL
-// keys, so even keys chosen to collide cost a bounded amount per call.
 use ::redis::aio::ConnectionLike;
 use ::redis::{ErrorKind, ServerErrorKind, Value};
 use futures_util::future::{Either, select};
@@ -425,6 +422,9 @@ where
     // One entry per distinct (key, window), with its number of hits; each
     // request's counters are (entry, the hit's place among the entry's).
     let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(requests.len());
+    // A hashbrown map (foldhash, seeded per process), not SipHash: it holds
+    // at most MAX_PER_CALL keys, so even keys chosen to collide cost a
+    // bounded amount per call.
     let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(requests.len());
     let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(requests.len());
     for counters in &requests {
