@@ -415,9 +415,10 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         Pin::new(&mut self.0).poll(cx).map(|hits| {
             hits.and_then(|hits| {
-                hits.first().copied().ok_or(BackendError::Unavailable(
-                    "the backend answered no hit".into(),
-                ))
+                // The error is built only when needed: it allocates.
+                hits.first()
+                    .copied()
+                    .ok_or_else(|| BackendError::Unavailable("the backend answered no hit".into()))
             })
         })
     }
