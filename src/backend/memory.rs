@@ -540,11 +540,7 @@ impl MemoryBackend {
             if let Some(entry) = shard.table.find(hash, |e| id.matches(e))
                 && entry.deadline > now
             {
-                return Ok(Hit {
-                    count: increment(&entry.count),
-                    reset: Duration::from_nanos(entry.deadline - now),
-                    deadline: NonZeroU64::new(entry.deadline),
-                });
+                return Ok(entry.take_hit(now));
             }
         }
         self.open_or_count(now, id, hash, lock, window)
@@ -575,11 +571,7 @@ impl MemoryBackend {
         let mut shard = write(lock);
         if let Some(entry) = shard.table.find_mut(hash, |e| id.matches(e)) {
             if entry.deadline > now {
-                return Ok(Hit {
-                    count: increment(&entry.count),
-                    reset: Duration::from_nanos(entry.deadline - now),
-                    deadline: NonZeroU64::new(entry.deadline),
-                });
+                return Ok(entry.take_hit(now));
             }
             // The old window closed: this hit opens a new one.
             let deadline = opened();
@@ -734,13 +726,24 @@ fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
         .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
-/// One more hit on a live counter, saturating (a count never wraps to a
-/// small number): the new count.
-#[inline(always)]
-fn increment(count: &AtomicU64) -> u64 {
-    match count.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1)) {
-        Ok(old) => old + 1,
-        Err(_) => u64::MAX,
+impl Entry {
+    /// One more hit on this live counter (`deadline > now`), under either
+    /// lock: the count goes up by one atomically, saturating (a count never
+    /// wraps to a small number).
+    #[inline(always)]
+    fn take_hit(&self, now: u64) -> Hit {
+        let count = match self
+            .count
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1))
+        {
+            Ok(old) => old + 1,
+            Err(_) => u64::MAX,
+        };
+        Hit {
+            count,
+            reset: Duration::from_nanos(self.deadline - now),
+            deadline: NonZeroU64::new(self.deadline),
+        }
     }
 }
 
