@@ -33,8 +33,13 @@ trap 'redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir
 for _ in $(seq 50); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.1; done
 url="redis://127.0.0.1:$port/"
 
-cargo build --release -p tower-pinned-window-bench --bin redis_bench --quiet
-bench=target/release/redis_bench
+# REDIS_BENCH=/path/to/redis_bench measures another build (a before/after).
+if [ -n "${REDIS_BENCH:-}" ]; then
+  bench=$REDIS_BENCH
+else
+  cargo build --release -p tower-pinned-window-bench --bin redis_bench --quiet
+  bench=target/release/redis_bench
+fi
 
 stat() { # the sum of a field over INFO's lines matching a pattern
   redis-cli -p "$port" info "$1" | tr -d '\r' | awk -F'[=,:]' -v pat="$2" -v field="$3" '$0 ~ pat {n += $field} END {printf "%.6f\n", n + 0}'

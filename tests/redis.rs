@@ -1542,3 +1542,83 @@ async fn script_flush_and_a_restart_in_the_middle_of_batches() {
         "coalesced after the restart too: {calls} calls for {counted} hits"
     );
 }
+
+/// The batch script on its own, with arguments the backend never sends:
+/// each bad entry is refused with nothing written, and the entries around
+/// it are counted as usual, whatever the order of good and bad arguments.
+#[test]
+fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
+    let server = redis_or_skip!(RedisServer::start(
+        "the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them"
+    ));
+    let mut con = server.sync();
+    let _: () = redis::cmd("SET")
+        .arg("tpw:args{text}")
+        .arg("abc")
+        .query(&mut con)
+        .unwrap();
+    // (key, hits, window, what the entry must answer)
+    let entries: &[(&str, &str, &str, &str)] = &[
+        ("good1", "1", "60000", "1"),
+        ("zero", "0", "60000", "invalid hit count 0"),
+        ("good2", "1", "60000", "1"),
+        ("leading_zero", "01", "60000", "invalid hit count 01"),
+        ("decimal", "1.0", "60000", "invalid hit count 1.0"),
+        ("hex", "0x1", "60000", "invalid hit count 0x1"),
+        ("space", "1 ", "60000", "invalid hit count 1 "),
+        ("exponent", "1e0", "60000", "invalid hit count 1e0"),
+        ("too_many", "4294967296", "60000", "invalid hit count 4294967296"),
+        ("good1", "3", "60000", "4"),
+        ("no_window", "1", "0", "invalid window 0"),
+        ("fraction", "1", "1.5", "invalid window 1.5"),
+        ("good2", "2", "60000", "3"),
+        ("text", "1", "60000", "value abc"),
+        ("text", "1.0", "60000", "invalid hit count 1.0"),
+        ("good3", "1", "30000", "1"),
+    ];
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../src/backend/redis/hit_batch.lua"))
+        .arg(entries.len());
+    for (key, ..) in entries {
+        cmd.arg(format!("tpw:args{{{key}}}"));
+    }
+    for (_, hits, window, _) in entries {
+        cmd.arg(*hits).arg(*window);
+    }
+    let reply: Vec<redis::Value> = cmd.query(&mut con).unwrap();
+    assert_eq!(reply.len(), 3 * entries.len());
+    for ((key, hits, window, expected), answer) in entries.iter().zip(reply.chunks(3)) {
+        let what = format!("{key} with {hits:?} hits, window {window:?}: {answer:?}");
+        match answer {
+            [redis::Value::Int(count), redis::Value::Int(left), _] if *count >= 1 => {
+                assert_eq!(count.to_string(), *expected, "{what}");
+                assert!(*left > 25_000, "{what}");
+            }
+            [redis::Value::Int(code), redis::Value::BulkString(why), _] => {
+                let why = String::from_utf8_lossy(why);
+                assert!(why.ends_with(expected), "{what}");
+                let code_expected = if expected.starts_with("invalid") { -2 } else { -1 };
+                assert_eq!(*code, code_expected, "{what}");
+            }
+            _ => panic!("{what}"),
+        }
+    }
+    let keys: Vec<String> = redis::cmd("KEYS").arg("*").query(&mut con).unwrap();
+    let mut keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    keys.sort_unstable();
+    assert_eq!(
+        keys,
+        [
+            "tpw:args{good1}",
+            "tpw:args{good2}",
+            "tpw:args{good3}",
+            "tpw:args{text}"
+        ],
+        "a refused entry writes nothing"
+    );
+    let text: String = redis::cmd("GET").arg("tpw:args{text}").query(&mut con).unwrap();
+    assert_eq!(text, "abc");
+    assert_eq!(pttl(&mut con, "tpw:args{text}"), -1);
+    let good3 = pttl(&mut con, "tpw:args{good3}");
+    assert!((25_000..=30_000).contains(&good3), "{good3}");
+}

@@ -16,28 +16,57 @@
 -- A refusal that is not about one counter (READONLY, OOM) fails the call.
 -- Each counter costs INCRBY and PEXPIRETIME, plus PEXPIREAT when it is new:
 -- the time left is the deadline less the server's clock (TIME, read once).
+-- Arguments are read as numbers only when they differ from the entry
+-- before (most entries repeat a hit count of 1 and one window; Lua compares
+-- strings by identity), and INCRBY gets the hit count as sent: turning a
+-- number back into text costs Redis more than the command itself.
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- nil until the first counter tells whether PEXPIRETIME exists (Redis 7.0).
 local expiretime = nil
+-- The last valid hit count and window, as sent and as numbers (nil after an
+-- invalid one, so that it is checked again).
+local hits_arg, hits = nil, nil
+local window_arg, window = nil, nil
 local out = {}
 for i = 1, #KEYS do
   local key = KEYS[i]
-  local n = tonumber(ARGV[2 * i - 1])
-  local window = tonumber(ARGV[2 * i])
+  local hits_sent = ARGV[2 * i - 1]
+  local window_sent = ARGV[2 * i]
+  if hits_sent ~= hits_arg then
+    hits = tonumber(hits_sent)
+    if hits and hits >= 1 and hits <= 4294967295 and hits % 1 == 0 then
+      hits_arg = hits_sent
+    else
+      hits_arg = nil
+    end
+  end
+  if window_sent ~= window_arg then
+    window = tonumber(window_sent)
+    if window and window >= 1 and window <= 9007199254740991 and window % 1 == 0 then
+      window_arg = window_sent
+    else
+      window_arg = nil
+    end
+  end
   local j = 3 * i - 2
   out[j + 2] = 0
-  if not n or n < 1 or n > 4294967295 or n % 1 ~= 0 then
+  if hits_arg == nil then
     out[j] = -2
-    out[j + 1] = 'ERR tower-pinned-window: invalid hit count ' .. tostring(ARGV[2 * i - 1])
-  elseif not window or window < 1 or window > 9007199254740991 or window % 1 ~= 0 then
+    out[j + 1] = 'ERR tower-pinned-window: invalid hit count ' .. tostring(hits_sent)
+  elseif window_arg == nil then
     out[j] = -2
-    out[j + 1] = 'ERR tower-pinned-window: invalid window ' .. tostring(ARGV[2 * i])
+    out[j + 1] = 'ERR tower-pinned-window: invalid window ' .. tostring(window_sent)
   else
-    local count = redis.pcall('INCRBY', key, n)
+    local count = redis.pcall('INCRBY', key, hits_sent)
     if type(count) == 'table' then
       local err = count.err or ''
-      if string.find(err, 'WRONGTYPE', 1, true) or string.find(err, 'not an integer', 1, true)
+      if not string.find(hits_sent, '^[1-9]%d*$') then
+        -- A number Lua reads but INCRBY does not ('01', '1.0', '0x1'): the
+        -- argument, not the counter, was refused, and nothing was written.
+        out[j] = -2
+        out[j + 1] = 'ERR tower-pinned-window: invalid hit count ' .. hits_sent
+      elseif string.find(err, 'WRONGTYPE', 1, true) or string.find(err, 'not an integer', 1, true)
           or string.find(err, 'overflow', 1, true) then
         out[j] = -1
         local kind = redis.call('TYPE', key).ok
@@ -53,11 +82,11 @@ for i = 1, #KEYS do
         -- Such a refusal comes at the first write, so nothing was written.
         return redis.error_reply(err)
       end
-    elseif count < n then
+    elseif count < hits then
       -- The value was negative: put it back as it was.
-      redis.call('DECRBY', key, n)
+      redis.call('DECRBY', key, hits_sent)
       out[j] = -1
-      out[j + 1] = 'negative value ' .. tostring(count - n)
+      out[j + 1] = 'negative value ' .. tostring(count - hits)
     else
       out[j] = count
       local deadline
@@ -73,7 +102,11 @@ for i = 1, #KEYS do
           deadline = now + window
           redis.call('PEXPIREAT', key, deadline)
         end
-        out[j + 1] = math.max(deadline - now, 0)
+        local left = deadline - now
+        if left < 0 then
+          left = 0
+        end
+        out[j + 1] = left
         out[j + 2] = deadline
       else
         -- Before Redis 7.0: no deadline, so hits are never refunded.
