@@ -1567,7 +1567,12 @@ fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
         ("hex", "0x1", "60000", "invalid hit count 0x1"),
         ("space", "1 ", "60000", "invalid hit count 1 "),
         ("exponent", "1e0", "60000", "invalid hit count 1e0"),
-        ("too_many", "4294967296", "60000", "invalid hit count 4294967296"),
+        (
+            "too_many",
+            "4294967296",
+            "60000",
+            "invalid hit count 4294967296",
+        ),
         ("good1", "3", "60000", "4"),
         ("no_window", "1", "0", "invalid window 0"),
         ("fraction", "1", "1.5", "invalid window 1.5"),
@@ -1597,7 +1602,11 @@ fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
             [redis::Value::Int(code), redis::Value::BulkString(why), _] => {
                 let why = String::from_utf8_lossy(why);
                 assert!(why.ends_with(expected), "{what}");
-                let code_expected = if expected.starts_with("invalid") { -2 } else { -1 };
+                let code_expected = if expected.starts_with("invalid") {
+                    -2
+                } else {
+                    -1
+                };
                 assert_eq!(*code, code_expected, "{what}");
             }
             _ => panic!("{what}"),
@@ -1616,7 +1625,10 @@ fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
         ],
         "a refused entry writes nothing"
     );
-    let text: String = redis::cmd("GET").arg("tpw:args{text}").query(&mut con).unwrap();
+    let text: String = redis::cmd("GET")
+        .arg("tpw:args{text}")
+        .query(&mut con)
+        .unwrap();
     assert_eq!(text, "abc");
     assert_eq!(pttl(&mut con, "tpw:args{text}"), -1);
     let good3 = pttl(&mut con, "tpw:args{good3}");

@@ -199,8 +199,17 @@ enum StoredId {
 /// stack, or the two parts of a longer id, borrowed.
 #[derive(Clone, Copy)]
 enum Id<'a> {
-    Inline(&'a [u8; INLINE_ID]),
-    Parts { namespace: &'a [u8], key: &'a [u8] },
+    /// The inline form, and the parts it was built from (hashed as they
+    /// are: see [`hash_parts`]).
+    Inline {
+        id: &'a [u8; INLINE_ID],
+        namespace: &'a [u8],
+        key: &'a [u8],
+    },
+    Parts {
+        namespace: &'a [u8],
+        key: &'a [u8],
+    },
 }
 
 impl<'a> Id<'a> {
@@ -233,13 +242,13 @@ impl<'a> Id<'a> {
         // namespace over the padding, in fixed-size pieces.
         id[2..].copy_from_slice(&padded[..INLINE_ID - 2]);
         copy_short(&mut id[2 + k..2 + k + n], namespace);
-        Self::Inline(id)
+        Self::Inline { id, namespace, key }
     }
 
     #[inline(always)]
     fn matches(&self, entry: &Entry) -> bool {
         match (self, &entry.id) {
-            (Self::Inline(id), StoredId::Inline(other)) => inline_eq(id, other),
+            (Self::Inline { id, .. }, StoredId::Inline(other)) => inline_eq(id, other),
             (Self::Parts { namespace, key }, StoredId::Heap(other)) => {
                 let (other_namespace, other_key) = split(other);
                 key == &other_key && namespace == &other_namespace
@@ -251,14 +260,15 @@ impl<'a> Id<'a> {
     #[inline(always)]
     fn hash(&self, hasher: &DefaultHashBuilder) -> u64 {
         match self {
-            Self::Inline(id) => hash_inline(hasher, id),
-            Self::Parts { namespace, key } => hash_parts(hasher, namespace, key),
+            Self::Inline { namespace, key, .. } | Self::Parts { namespace, key } => {
+                hash_parts(hasher, namespace, key)
+            }
         }
     }
 
     fn to_owned(self) -> StoredId {
         match self {
-            Self::Inline(id) => StoredId::Inline(*id),
+            Self::Inline { id, .. } => StoredId::Inline(*id),
             Self::Parts { namespace, key } => {
                 let mut id = Vec::with_capacity(1 + namespace.len() + key.len());
                 id.push(namespace.len() as u8);
@@ -314,20 +324,19 @@ fn inline_eq(a: &[u8; INLINE_ID], b: &[u8; INLINE_ID]) -> bool {
     (0..INLINE_ID / 8).fold(0, |diff, i| diff | (word(a, i) ^ word(b, i))) == 0
 }
 
-/// The hash of an inline id: its bytes up to the padding (two lengths, a
-/// key and a namespace of 11 bytes in all hash as 13 bytes).
+/// The hash of a counter's identity, whichever form it is stored in. It
+/// reads the namespace and the key where they already are: hashing an
+/// inline id just built on the stack would read back, in words, bytes that
+/// were written a few at a time a moment before, and a processor that
+/// cannot forward those small stores into the wider loads (AMD's Zen 4, for
+/// one) stalls on each such load.
 #[inline(always)]
-fn hash_inline(hasher: &DefaultHashBuilder, id: &[u8; INLINE_ID]) -> u64 {
-    let len = (2 + usize::from(id[0]) + usize::from(id[1])).min(INLINE_ID);
-    let mut state = hasher.build_hasher();
-    state.write(&id[..len]);
-    state.finish()
-}
-
 fn hash_parts(hasher: &DefaultHashBuilder, namespace: &[u8], key: &[u8]) -> u64 {
+    // No separator between the two: foldhash turns its state by each
+    // write's length before mixing the bytes in, so the same bytes split
+    // at another place hash differently.
     let mut state = hasher.build_hasher();
     state.write(namespace);
-    state.write_u8(0xff);
     state.write(key);
     state.finish()
 }
@@ -535,15 +544,27 @@ impl MemoryBackend {
         // shard (and on one key) from several threads don't wait for each
         // other: the deadline can't change while the lock is held, and the
         // count is one atomic increment.
-        {
+        let live = {
             let shard = read(lock);
-            if let Some(entry) = shard.table.find(hash, |e| id.matches(e))
-                && entry.deadline > now
-            {
-                return Ok(entry.take_hit(now));
+            match shard.table.find(hash, |e| id.matches(e)) {
+                Some(entry) if entry.deadline > now => Some(entry.take_hit()),
+                _ => None,
             }
-        }
-        self.open_or_count(now, id, hash, lock, window)
+        };
+        // Both ways end in two words, held in registers: the `Hit` is built
+        // once, here. (Built in each branch, it went through one slot on the
+        // stack, written field by field and read back in wider loads, which
+        // some processors cannot forward: a stall on every hit.)
+        let Some(Counted { count, deadline }) =
+            live.or_else(|| self.open_or_count(now, id, hash, lock, window))
+        else {
+            return Err(BackendError::AtCapacity);
+        };
+        Ok(Hit {
+            count: count.get(),
+            reset: Duration::from_nanos(deadline - now),
+            deadline: NonZeroU64::new(deadline),
+        })
     }
 
     /// A hit that found no live counter under the read lock: a new counter,
@@ -553,6 +574,8 @@ impl MemoryBackend {
     /// and stays so when unrelated code changes the compiler's inlining.
     /// `cold` only lays it out of the way: new counters are common, but
     /// the write lock and the insert cost far more than the call.
+    /// `None`: a new counter, refused because the shard is full of live
+    /// ones.
     #[cold]
     #[inline(never)]
     fn open_or_count(
@@ -562,7 +585,7 @@ impl MemoryBackend {
         hash: u64,
         lock: &RwLock<Shard>,
         window: Window,
-    ) -> Result<Hit, BackendError> {
+    ) -> Option<Counted> {
         // The deadline of a window this hit opens, from the same `now`; it
         // is only ever written into a counter this hit creates or restarts,
         // and only computed then. Window::MAX is 3.2e18 ns, so the product
@@ -571,24 +594,20 @@ impl MemoryBackend {
         let mut shard = write(lock);
         if let Some(entry) = shard.table.find_mut(hash, |e| id.matches(e)) {
             if entry.deadline > now {
-                return Ok(entry.take_hit(now));
+                return Some(entry.take_hit());
             }
             // The old window closed: this hit opens a new one.
             let deadline = opened();
             *entry.count.get_mut() = 1;
             entry.deadline = deadline;
             shard.min_deadline = shard.min_deadline.min(deadline);
-            return Ok(Hit {
-                count: 1,
-                reset: Duration::from_nanos(deadline - now),
-                deadline: NonZeroU64::new(deadline),
-            });
+            return Some(Counted::first(deadline));
         }
         let len = shard.table.len();
         if len >= shard.sweep_at || len >= shard.cap {
             shard.sweep(now, &self.inner.hasher);
             if shard.table.len() >= shard.cap {
-                return Err(BackendError::AtCapacity);
+                return None;
             }
         }
         let deadline = opened();
@@ -603,11 +622,7 @@ impl MemoryBackend {
             },
             |e| entry_hash(hasher, e),
         );
-        Ok(Hit {
-            count: 1,
-            reset: Duration::from_nanos(deadline - now),
-            deadline: NonZeroU64::new(deadline),
-        })
+        Some(Counted::first(deadline))
     }
 
     fn peek_at(&self, now: u64, namespace: &str, key: &Key) -> Option<Hit> {
@@ -685,7 +700,10 @@ impl Shard {
 
 fn entry_hash(hasher: &DefaultHashBuilder, entry: &Entry) -> u64 {
     match &entry.id {
-        StoredId::Inline(id) => hash_inline(hasher, id),
+        StoredId::Inline(id) => {
+            let (n, k) = (usize::from(id[0]), usize::from(id[1]));
+            hash_parts(hasher, &id[2 + k..2 + k + n], &id[2..2 + k])
+        }
         StoredId::Heap(id) => {
             let (namespace, key) = split(id);
             hash_parts(hasher, namespace, key)
@@ -731,7 +749,7 @@ impl Entry {
     /// lock: the count goes up by one atomically, saturating (a count never
     /// wraps to a small number).
     #[inline(always)]
-    fn take_hit(&self, now: u64) -> Hit {
+    fn take_hit(&self) -> Counted {
         let count = match self
             .count
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1))
@@ -739,10 +757,28 @@ impl Entry {
             Ok(old) => old + 1,
             Err(_) => u64::MAX,
         };
-        Hit {
-            count,
-            reset: Duration::from_nanos(self.deadline - now),
-            deadline: NonZeroU64::new(self.deadline),
+        Counted {
+            count: NonZeroU64::new(count).unwrap_or(NonZeroU64::MAX),
+            deadline: self.deadline,
+        }
+    }
+}
+
+/// A counter after a hit: two words, so that a function returns it in
+/// registers (`None` for a refused new counter fits in the same two).
+#[derive(Debug, Clone, Copy)]
+struct Counted {
+    count: NonZeroU64,
+    /// Nanoseconds since the backend's epoch.
+    deadline: u64,
+}
+
+impl Counted {
+    /// The hit that opened the window closing at `deadline`.
+    fn first(deadline: u64) -> Self {
+        Self {
+            count: NonZeroU64::MIN,
+            deadline,
         }
     }
 }
