@@ -72,6 +72,7 @@ pub(crate) struct Label {
 }
 
 impl Decision {
+    #[inline]
     pub(crate) fn new(
         label: Arc<Label>,
         route: Option<Route>,

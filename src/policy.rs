@@ -148,6 +148,7 @@ impl Policy {
     /// The binding decision, and the index of its quota: of the quotas over
     /// their limit, the one that resets last; otherwise the one with the
     /// fewest hits left. `route` is the request's, for the decision.
+    #[inline]
     pub(crate) fn decide(
         &self,
         hits: &Hits,

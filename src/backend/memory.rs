@@ -555,11 +555,14 @@ impl MemoryBackend {
         // once, here. (Built in each branch, it went through one slot on the
         // stack, written field by field and read back in wider loads, which
         // some processors cannot forward: a stall on every hit.)
-        let Some(Counted { count, deadline }) =
-            live.or_else(|| self.open_or_count(now, id, hash, lock, window))
-        else {
-            return Err(BackendError::AtCapacity);
+        let counted = match live {
+            Some(counted) => counted,
+            None => match self.open_or_count(now, id, hash, lock, window) {
+                Some(counted) => counted,
+                None => return Err(BackendError::AtCapacity),
+            },
         };
+        let Counted { count, deadline } = counted;
         Ok(Hit {
             count: count.get(),
             reset: Duration::from_nanos(deadline - now),
@@ -754,11 +757,11 @@ impl Entry {
             .count
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1))
         {
-            Ok(old) => old + 1,
-            Err(_) => u64::MAX,
+            Ok(old) => NonZeroU64::MIN.saturating_add(old),
+            Err(_) => NonZeroU64::MAX,
         };
         Counted {
-            count: NonZeroU64::new(count).unwrap_or(NonZeroU64::MAX),
+            count,
             deadline: self.deadline,
         }
     }

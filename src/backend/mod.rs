@@ -259,7 +259,11 @@ impl Hits {
 
     /// One hit.
     pub fn one(hit: Hit) -> Self {
-        Self(SmallVec::from_buf_and_len([hit; 2], 1))
+        // Pushed into the inline room, which the compiler sees is free: one
+        // copy of the hit (`from_buf_and_len([hit; 2], 1)` wrote two).
+        let mut hits = SmallVec::new();
+        hits.push(hit);
+        Self(hits)
     }
 
     /// Add the next counter's hit.
