@@ -24,6 +24,14 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- nil until the first counter tells whether PEXPIRETIME exists (Redis 7.0).
 local expiretime = nil
+-- A whole number from 1 to max, or nil.
+local function whole(sent, max)
+  local n = tonumber(sent)
+  if n and n >= 1 and n <= max and n % 1 == 0 then
+    return n
+  end
+  return nil
+end
 -- The last valid hit count and window, as sent and as numbers (nil after an
 -- invalid one, so that it is checked again).
 local hits_arg, hits = nil, nil
@@ -34,20 +42,12 @@ for i = 1, #KEYS do
   local hits_sent = ARGV[2 * i - 1]
   local window_sent = ARGV[2 * i]
   if hits_sent ~= hits_arg then
-    hits = tonumber(hits_sent)
-    if hits and hits >= 1 and hits <= 4294967295 and hits % 1 == 0 then
-      hits_arg = hits_sent
-    else
-      hits_arg = nil
-    end
+    hits = whole(hits_sent, 4294967295)
+    hits_arg = hits and hits_sent
   end
   if window_sent ~= window_arg then
-    window = tonumber(window_sent)
-    if window and window >= 1 and window <= 9007199254740991 and window % 1 == 0 then
-      window_arg = window_sent
-    else
-      window_arg = nil
-    end
+    window = whole(window_sent, 9007199254740991)
+    window_arg = window and window_sent
   end
   local j = 3 * i - 2
   out[j + 2] = 0
