@@ -13,7 +13,7 @@ use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_s
 use support::redis::{RedisServer, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::{ConnectError, RedisBackend};
-use tower_pinned_window::backend::{Backend, BackendError, BackendErrorKind};
+use tower_pinned_window::backend::{Backend, BackendError, BackendErrorKind, Hit};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
 
@@ -1090,6 +1090,35 @@ fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> bool {
     std::pin::Pin::new(future).poll(&mut cx).is_ready()
 }
 
+/// One hit on `namespace`'s counter for `key` (no limit to reach), on its
+/// own task, so that many are in flight together.
+fn spawn_hit(
+    store: RedisBackend<ConnectionManager>,
+    namespace: &'static str,
+    key: String,
+    window: Duration,
+) -> tokio::task::JoinHandle<(String, Hit)> {
+    tokio::spawn(async move {
+        let hit = store
+            .hit(namespace, &Key::new(key.clone()), quota(u64::MAX, window))
+            .await
+            .unwrap();
+        (key, hit)
+    })
+}
+
+/// The hits of `tasks`, by key, in the order the tasks were spawned.
+async fn hits_by_key(
+    tasks: Vec<tokio::task::JoinHandle<(String, Hit)>>,
+) -> std::collections::HashMap<String, Vec<Hit>> {
+    let mut by_key: std::collections::HashMap<String, Vec<_>> = Default::default();
+    for task in tasks {
+        let (key, hit) = task.await.unwrap();
+        by_key.entry(key).or_default().push(hit);
+    }
+    by_key
+}
+
 #[test]
 fn coalesced_hits_take_every_count_once_across_four_instances() {
     let server = redis_or_skip!(RedisServer::start(
@@ -1110,29 +1139,19 @@ fn coalesced_hits_take_every_count_once_across_four_instances() {
         let hits = 2_000usize;
         let mut tasks = Vec::new();
         for i in 0..hits {
-            let store = stores[i % 4].clone();
-            tasks.push(tokio::spawn(async move {
-                let (key, window) = match i % 3 {
-                    0 => ("hot".to_string(), 60),
-                    1 => ("hot".to_string(), 30),
-                    _ => (format!("k{}", i % 50), 60),
-                };
-                let hit = store
-                    .hit(
-                        "exact",
-                        &Key::new(key.clone()),
-                        quota(u64::MAX, Duration::from_secs(window)),
-                    )
-                    .await
-                    .unwrap();
-                (key, hit)
-            }));
+            let (key, window) = match i % 3 {
+                0 => ("hot".to_string(), 60),
+                1 => ("hot".to_string(), 30),
+                _ => (format!("k{}", i % 50), 60),
+            };
+            tasks.push(spawn_hit(
+                stores[i % 4].clone(),
+                "exact",
+                key,
+                Duration::from_secs(window),
+            ));
         }
-        let mut by_key: std::collections::HashMap<String, Vec<_>> = Default::default();
-        for task in tasks {
-            let (key, hit) = task.await.unwrap();
-            by_key.entry(key).or_default().push(hit);
-        }
+        let by_key = hits_by_key(tasks).await;
         let calls = script_calls(&server) - before;
         assert!(
             calls < hits as u64 / 2,
@@ -1197,31 +1216,21 @@ async fn a_frozen_server_holds_at_most_two_calls_per_lane() {
     let hits = 1_000usize;
     let mut tasks = Vec::new();
     for i in 0..hits {
-        let store = store.clone();
-        tasks.push(tokio::spawn(async move {
-            let key = if i % 2 == 0 {
-                "hot".to_string()
-            } else {
-                format!("k{}", i % 20)
-            };
-            let hit = store
-                .hit(
-                    "frozen",
-                    &Key::new(key.clone()),
-                    quota(u64::MAX, Duration::from_secs(60)),
-                )
-                .await
-                .unwrap();
-            (key, hit.count)
-        }));
+        let key = if i % 2 == 0 {
+            "hot".to_string()
+        } else {
+            format!("k{}", i % 20)
+        };
+        tasks.push(spawn_hit(
+            store.clone(),
+            "frozen",
+            key,
+            Duration::from_secs(60),
+        ));
     }
     tokio::time::sleep(Duration::from_millis(300)).await;
     server.signal("CONT");
-    let mut by_key: std::collections::HashMap<String, Vec<u64>> = Default::default();
-    for task in tasks {
-        let (key, count) = task.await.unwrap();
-        by_key.entry(key).or_default().push(count);
-    }
+    let by_key = hits_by_key(tasks).await;
     // The two calls held by the frozen server, then the queue in at most
     // two more (at most 512 requests a call), not a call per few hits.
     let calls = script_calls(&server) - before;
@@ -1229,7 +1238,8 @@ async fn a_frozen_server_holds_at_most_two_calls_per_lane() {
         (3..=4).contains(&calls),
         "{calls} script calls for {hits} hits"
     );
-    for (key, mut counts) in by_key {
+    for (key, hits) in by_key {
+        let mut counts: Vec<u64> = hits.iter().map(|h| h.count).collect();
         counts.sort_unstable();
         assert_eq!(
             counts,
