@@ -456,11 +456,19 @@ where
         }
     };
     let replies: Vec<Result<Counted, BackendError>> = match reply {
-        Ok(Value::Array(items)) if items.len() == 3 * entries.len() => items
-            .chunks_exact(3)
-            .zip(&entries)
-            .map(|(item, (key, _, _))| parse_entry(item, key))
-            .collect(),
+        Ok(Value::Array(items)) => match parse_reply(items, &entries) {
+            Ok(replies) => replies,
+            Err(items) => {
+                let detail = format!(
+                    "unexpected reply to a batch of {}: {items:?}",
+                    entries.len()
+                );
+                entries
+                    .iter()
+                    .map(|_| Err(BackendError::Unavailable(detail.clone().into())))
+                    .collect()
+            }
+        },
         Ok(other) => {
             let detail = format!(
                 "unexpected reply to a batch of {}: {other:?}",
@@ -562,20 +570,47 @@ where
 /// A counter after an entry's hits: its count, time left and deadline.
 type Counted = (u64, Duration, Option<NonZeroU64>);
 
-/// One entry's three values: the counter after its hits, or why not.
-fn parse_entry(item: &[Value], key: &[u8]) -> Result<Counted, BackendError> {
-    match item {
-        [Value::Int(count), Value::Int(ttl), Value::Int(deadline)] if *count >= 1 && *ttl >= 0 => {
-            Ok((
-                *count as u64,
-                Duration::from_millis(*ttl as u64),
-                u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
-            ))
+/// The script's reply, `[clock, count, deadline, count, deadline, ...]`:
+/// one result per entry. The clock is the server's, in ms, when deadlines
+/// follow; -1 (a server before 7.0) when times left follow instead. A reply
+/// of another shape is given back whole, for the error.
+fn parse_reply(
+    items: Vec<Value>,
+    entries: &[(&[u8], u64, u64)],
+) -> Result<Vec<Result<Counted, BackendError>>, Vec<Value>> {
+    let clock = match items.first() {
+        Some(Value::Int(now)) if items.len() == 1 + 2 * entries.len() && *now >= -1 => {
+            u64::try_from(*now).ok()
         }
-        [Value::Int(-1), Value::BulkString(reason), _] => {
+        _ => return Err(items),
+    };
+    Ok(items[1..]
+        .chunks_exact(2)
+        .zip(entries)
+        .map(|(item, (key, _, _))| parse_entry(item, clock, key))
+        .collect())
+}
+
+/// One entry's two values: the counter after its hits, or why not. `clock`
+/// is the server's when the second value is the counter's deadline; `None`
+/// when it is the time left.
+fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Counted, BackendError> {
+    match item {
+        [Value::Int(count), Value::Int(when)] if *count >= 1 && *when >= 0 => {
+            let (count, when) = (*count as u64, *when as u64);
+            Ok(match clock {
+                Some(now) => (
+                    count,
+                    Duration::from_millis(when.saturating_sub(now)),
+                    NonZeroU64::new(when),
+                ),
+                None => (count, Duration::from_millis(when), None),
+            })
+        }
+        [Value::Int(-1), Value::BulkString(reason)] => {
             Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
         }
-        [Value::Int(-2), Value::BulkString(err), _] => Err(BackendError::Unavailable(
+        [Value::Int(-2), Value::BulkString(err)] => Err(BackendError::Unavailable(
             String::from_utf8_lossy(err).into_owned().into(),
         )),
         _ => Err(corrupt(key, format!("unexpected script reply {item:?}"))),
@@ -599,56 +634,103 @@ fn copy(err: &BackendError) -> BackendError {
 mod tests {
     use super::*;
 
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    const KEYS: [(&[u8], u64, u64); 4] = [
+        (b"tpw:n{a}", 60_000, 1),
+        (b"tpw:n{b}", 60_000, 1),
+        (b"tpw:n{c}", 60_000, 1),
+        (b"tpw:n{d}", 60_000, 1),
+    ];
+
     #[test]
-    fn entry_replies_parse() {
-        let ok = [Value::Int(7), Value::Int(500), Value::Int(9)];
-        assert_eq!(
-            parse_entry(&ok, b"k").unwrap(),
-            (7, Duration::from_millis(500), NonZeroU64::new(9))
-        );
-        let old_server = [Value::Int(2), Value::Int(5), Value::Int(-1)];
-        assert_eq!(
-            parse_entry(&old_server, b"k").unwrap(),
-            (2, Duration::from_millis(5), None)
-        );
-        let refused = [
+    fn replies_parse() {
+        let reply = vec![
+            Value::Int(1_000),
+            Value::Int(7),
+            Value::Int(1_500),
             Value::Int(-2),
-            Value::BulkString(b"ERR tower-pinned-window: invalid window 0".to_vec()),
-            Value::Int(0),
+            text("ERR tower-pinned-window: invalid window 0"),
+            // A deadline already behind the clock: no time left.
+            Value::Int(2),
+            Value::Int(990),
+            Value::Int(-1),
+            text("value abc"),
         ];
-        match parse_entry(&refused, b"k") {
+        let replies = parse_reply(reply, &KEYS).unwrap();
+        assert_eq!(
+            replies[0].as_ref().unwrap(),
+            &(7, Duration::from_millis(500), NonZeroU64::new(1_500))
+        );
+        match &replies[1] {
             Err(BackendError::Unavailable(err)) => {
                 assert!(err.to_string().contains("invalid window"))
             }
             other => panic!("{other:?}"),
         }
-        let bad = [
-            Value::Int(-1),
-            Value::BulkString(b"value abc".to_vec()),
-            Value::Int(0),
-        ];
-        match parse_entry(&bad, b"tpw:n{k}") {
+        assert_eq!(
+            replies[2].as_ref().unwrap(),
+            &(2, Duration::ZERO, NonZeroU64::new(990))
+        );
+        match &replies[3] {
             Err(BackendError::Corrupt { key, detail }) => {
-                assert_eq!((key.as_str(), detail.as_str()), ("tpw:n{k}", "value abc"));
+                assert_eq!((key.as_str(), detail.as_str()), ("tpw:n{d}", "value abc"));
             }
             other => panic!("{other:?}"),
         }
-        for unexpected in [
-            vec![Value::Int(0), Value::Int(5), Value::Int(9)],
-            vec![Value::Int(3), Value::Int(-1), Value::Int(9)],
-            vec![
-                Value::Int(-3),
-                Value::BulkString(b"x".to_vec()),
-                Value::Int(0),
-            ],
+    }
+
+    #[test]
+    fn before_redis_7_the_time_left_comes_without_a_deadline() {
+        let reply = vec![Value::Int(-1), Value::Int(2), Value::Int(5)];
+        let replies = parse_reply(reply, &KEYS[..1]).unwrap();
+        assert_eq!(
+            replies[0].as_ref().unwrap(),
+            &(2, Duration::from_millis(5), None)
+        );
+    }
+
+    #[test]
+    fn unexpected_entries_are_corrupt() {
+        for entry in [
+            [Value::Int(0), Value::Int(5)],
+            [Value::Int(3), Value::Int(-1)],
+            [Value::Int(-3), text("x")],
+            [Value::Int(-1), Value::Int(0)],
         ] {
+            let mut reply = vec![Value::Int(1_000)];
+            reply.extend(entry.iter().cloned());
+            let replies = parse_reply(reply, &KEYS[..1]).unwrap();
             assert!(
-                matches!(
-                    parse_entry(&unexpected, b"k"),
-                    Err(BackendError::Corrupt { .. })
-                ),
-                "{unexpected:?}"
+                matches!(replies[0], Err(BackendError::Corrupt { .. })),
+                "{entry:?}"
             );
         }
+    }
+
+    #[test]
+    fn replies_of_another_shape_are_refused_whole() {
+        for reply in [
+            // A value too few, a value too many.
+            vec![Value::Int(1_000), Value::Int(1)],
+            vec![
+                Value::Int(1_000),
+                Value::Int(1),
+                Value::Int(2_000),
+                Value::Int(3),
+            ],
+            // No clock, a clock that is not one.
+            vec![Value::Int(1), Value::Int(2_000)],
+            vec![text("1000"), Value::Int(1), Value::Int(2_000)],
+            vec![Value::Int(-5), Value::Int(1), Value::Int(2_000)],
+            vec![],
+        ] {
+            assert!(parse_reply(reply.clone(), &KEYS[..1]).is_err(), "{reply:?}");
+        }
+        // The shape before, three integers per entry, for two entries.
+        let before = [7, 500, 1_500, 2, 5, 1_005].map(Value::Int).to_vec();
+        assert!(parse_reply(before, &KEYS[..2]).is_err());
     }
 }

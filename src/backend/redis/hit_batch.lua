@@ -6,16 +6,18 @@
 -- ARGV[2i]: its window in milliseconds, attached only when the counter has
 -- no lifetime (it was just created, or older code left it without one), in
 -- the same atomic step.
--- Returns three values per key, in order (a flat array: no table per key):
---   count, milliseconds left, deadline   after all n hits, which took the
---                                        counts count-n+1 .. count; the
---                                        deadline is PEXPIRETIME (-1 before
---                                        Redis 7.0)
---   -1, reason, 0                        a corrupt counter, left as it was
---   -2, error, 0                         invalid arguments (nothing written)
+-- Returns a flat array (no table per key): first the server's clock in ms
+-- (TIME, read once) when the counters' deadlines follow, or -1 before Redis
+-- 7.0, when their times left follow; then two values per key, in order:
+--   count, deadline (or ms left)   after all n hits, which took the counts
+--                                  count-n+1 .. count; the time left is the
+--                                  deadline less the clock (the client
+--                                  works it out: one integer fewer per key
+--                                  for both sides to write and read)
+--   -1, reason                     a corrupt counter, left as it was
+--   -2, error                      invalid arguments (nothing written)
 -- A refusal that is not about one counter (READONLY, OOM) fails the call.
--- Each counter costs INCRBY and PEXPIRETIME, plus PEXPIREAT when it is new:
--- the time left is the deadline less the server's clock (TIME, read once).
+-- Each counter costs INCRBY and PEXPIRETIME, plus PEXPIREAT when it is new.
 -- Arguments are read as numbers only when they differ from the entry
 -- before (most entries repeat a hit count of 1 and one window; Lua compares
 -- strings by identity), and INCRBY gets the hit count as sent: turning a
@@ -36,7 +38,8 @@ end
 -- invalid one, so that it is checked again).
 local hits_arg, hits = nil, nil
 local window_arg, window = nil, nil
-local out = {}
+-- out[1], the clock or -1, is set at the end, once the server is known.
+local out = { -1 }
 for i = 1, #KEYS do
   local key = KEYS[i]
   local hits_sent = ARGV[2 * i - 1]
@@ -49,8 +52,7 @@ for i = 1, #KEYS do
     window = whole(window_sent, 9007199254740991)
     window_arg = window and window_sent
   end
-  local j = 3 * i - 2
-  out[j + 2] = 0
+  local j = 2 * i
   if hits_arg == nil then
     out[j] = -2
     out[j + 1] = 'ERR tower-pinned-window: invalid hit count ' .. tostring(hits_sent)
@@ -102,12 +104,7 @@ for i = 1, #KEYS do
           deadline = now + window
           redis.call('PEXPIREAT', key, deadline)
         end
-        local left = deadline - now
-        if left < 0 then
-          left = 0
-        end
-        out[j + 1] = left
-        out[j + 2] = deadline
+        out[j + 1] = deadline
       else
         -- Before Redis 7.0: no deadline, so hits are never refunded.
         local ttl = redis.call('PTTL', key)
@@ -116,9 +113,11 @@ for i = 1, #KEYS do
           ttl = window
         end
         out[j + 1] = ttl
-        out[j + 2] = -1
       end
     end
   end
+end
+if expiretime ~= false then
+  out[1] = now
 end
 return out
