@@ -456,20 +456,7 @@ where
         }
     };
     let replies: Vec<Result<Counted, BackendError>> = match reply {
-        Ok(Value::Array(items)) => match parse_reply(items, &entries) {
-            Ok(replies) => replies,
-            Err(items) => {
-                let detail = format!(
-                    "unexpected reply to a batch of {}: {items:?}",
-                    entries.len()
-                );
-                entries
-                    .iter()
-                    .map(|_| Err(BackendError::Unavailable(detail.clone().into())))
-                    .collect()
-            }
-        },
-        Ok(other) => {
+        Ok(reply) => parse_reply(reply, &entries).unwrap_or_else(|other| {
             let detail = format!(
                 "unexpected reply to a batch of {}: {other:?}",
                 entries.len()
@@ -478,7 +465,7 @@ where
                 .iter()
                 .map(|_| Err(BackendError::Unavailable(detail.clone().into())))
                 .collect()
-        }
+        }),
         Err(err) if any_slot && err.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) => {
             tracing::debug!("keys of several slots in one call: coalescing by slot from now on");
             drop(entries);
@@ -573,18 +560,22 @@ type Counted = (u64, Duration, Option<NonZeroU64>);
 /// The script's reply, `[clock, count, deadline, count, deadline, ...]`:
 /// one result per entry. The clock is the server's, in ms, when deadlines
 /// follow; -1 (a server before 7.0) when times left follow instead. A reply
-/// of another shape is given back whole, for the error.
+/// of another shape is given back, for the error.
 fn parse_reply(
-    items: Vec<Value>,
+    reply: Value,
     entries: &[(&[u8], u64, u64)],
-) -> Result<Vec<Result<Counted, BackendError>>, Vec<Value>> {
-    let clock = match items.first() {
-        Some(Value::Int(now)) if items.len() == 1 + 2 * entries.len() && *now >= -1 => {
-            u64::try_from(*now).ok()
-        }
-        _ => return Err(items),
+) -> Result<Vec<Result<Counted, BackendError>>, Value> {
+    let shape = match &reply {
+        Value::Array(items) if items.len() == 1 + 2 * entries.len() => match items[0] {
+            Value::Int(now) if now >= -1 => Some((u64::try_from(now).ok(), &items[1..])),
+            _ => None,
+        },
+        _ => None,
     };
-    Ok(items[1..]
+    let Some((clock, items)) = shape else {
+        return Err(reply);
+    };
+    Ok(items
         .chunks_exact(2)
         .zip(entries)
         .map(|(item, (key, _, _))| parse_entry(item, clock, key))
@@ -659,7 +650,7 @@ mod tests {
             Value::Int(-1),
             text("value abc"),
         ];
-        let replies = parse_reply(reply, &KEYS).unwrap();
+        let replies = parse_reply(Value::Array(reply), &KEYS).unwrap();
         assert_eq!(
             replies[0].as_ref().unwrap(),
             &(7, Duration::from_millis(500), NonZeroU64::new(1_500))
@@ -685,7 +676,7 @@ mod tests {
     #[test]
     fn before_redis_7_the_time_left_comes_without_a_deadline() {
         let reply = vec![Value::Int(-1), Value::Int(2), Value::Int(5)];
-        let replies = parse_reply(reply, &KEYS[..1]).unwrap();
+        let replies = parse_reply(Value::Array(reply), &KEYS[..1]).unwrap();
         assert_eq!(
             replies[0].as_ref().unwrap(),
             &(2, Duration::from_millis(5), None)
@@ -702,7 +693,7 @@ mod tests {
         ] {
             let mut reply = vec![Value::Int(1_000)];
             reply.extend(entry.iter().cloned());
-            let replies = parse_reply(reply, &KEYS[..1]).unwrap();
+            let replies = parse_reply(Value::Array(reply), &KEYS[..1]).unwrap();
             assert!(
                 matches!(replies[0], Err(BackendError::Corrupt { .. })),
                 "{entry:?}"
@@ -727,10 +718,13 @@ mod tests {
             vec![Value::Int(-5), Value::Int(1), Value::Int(2_000)],
             vec![],
         ] {
-            assert!(parse_reply(reply.clone(), &KEYS[..1]).is_err(), "{reply:?}");
+            assert!(
+                parse_reply(Value::Array(reply.clone()), &KEYS[..1]).is_err(),
+                "{reply:?}"
+            );
         }
         // The shape before, three integers per entry, for two entries.
         let before = [7, 500, 1_500, 2, 5, 1_005].map(Value::Int).to_vec();
-        assert!(parse_reply(before, &KEYS[..2]).is_err());
+        assert!(parse_reply(Value::Array(before), &KEYS[..2]).is_err());
     }
 }
