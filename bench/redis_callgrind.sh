@@ -4,17 +4,20 @@
 # `redis_bench` at 64 in flight, and the instructions Redis spent running the
 # backend's scripts (inclusive of `evalGenericCommand`: EVAL and EVALSHA)
 # divided by the hits. Coalesced hits (the default) and one EVALSHA per hit,
-# over 10,000 keys and on one hot key.
+# over 10,000 keys and on one hot key; MODES picks other modes of
+# redis_bench, such as `pinned` (every hit a new key).
 #
 #   bash bench/redis_callgrind.sh
 #   SECONDS_PER_CASE=8 bash bench/redis_callgrind.sh
+#   MODES="keys pinned" bash bench/redis_callgrind.sh
 #   REDIS_BENCH=/path/to/redis_bench bash bench/redis_callgrind.sh   # another build, for a before/after
 #
 # Under valgrind Redis runs many times slower, so calls carry more hits than
 # in bench/redis.sh; the per-key work of a call (what the script spends on
 # each distinct counter) is what these figures are for. Over 10,000 keys
-# they repeat to within about 1% from run to run; on the hot key a call's
-# size, and so its count, varies more.
+# they repeat to within about 1% from run to run (the first hit on each key
+# creates it, so a run with fewer hits has more creations in its average);
+# on the hot key a call's size, and so its count, varies more.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 for bin in valgrind callgrind_annotate redis-server redis-cli python3; do
@@ -50,4 +53,4 @@ one() { # $1 = mode: prints instructions per hit
 }
 
 printf '%-12s %10s %12s\n' mode hits redis_ir/hit
-for mode in keys keys-single hot hot-single; do one "$mode"; done
+for mode in ${MODES:-keys keys-single hot hot-single}; do one "$mode"; done

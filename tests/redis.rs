@@ -1553,6 +1553,98 @@ async fn script_flush_and_a_restart_in_the_middle_of_batches() {
     );
 }
 
+/// One call of the batch script on its own: `entries` are (key under
+/// `tpw:args`, hits, window) as sent. The server's clock, and the two values
+/// each entry answers.
+fn batch_script(
+    con: &mut redis::Connection,
+    entries: &[(&str, &str, &str)],
+) -> (i64, Vec<(redis::Value, redis::Value)>) {
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../src/backend/redis/hit_batch.lua"))
+        .arg(entries.len());
+    for (key, ..) in entries {
+        cmd.arg(format!("tpw:args{{{key}}}"));
+    }
+    for (_, hits, window) in entries {
+        cmd.arg(*hits).arg(*window);
+    }
+    let reply: Vec<redis::Value> = cmd.query(con).unwrap();
+    assert_eq!(reply.len(), 1 + 2 * entries.len(), "{reply:?}");
+    let redis::Value::Int(now) = reply[0] else {
+        panic!("no clock: {reply:?}");
+    };
+    let answers = reply[1..]
+        .chunks(2)
+        .map(|pair| (pair[0].clone(), pair[1].clone()))
+        .collect();
+    (now, answers)
+}
+
+/// The batch script attaches a lifetime, in the same call, to a counter it
+/// creates and to one left without any, and never moves one a counter has,
+/// even when its count had come back to zero (a refunded window).
+#[test]
+fn the_batch_script_attaches_a_lifetime_only_where_there_is_none() {
+    let server = redis_or_skip!(RedisServer::start(
+        "the_batch_script_attaches_a_lifetime_only_where_there_is_none"
+    ));
+    let mut con = server.sync();
+    let deadline_of = |con: &mut redis::Connection, key: &str| -> i64 {
+        redis::cmd("PEXPIRETIME")
+            .arg(format!("tpw:args{{{key}}}"))
+            .query(con)
+            .unwrap()
+    };
+    // A window whose hits were all refunded, and a counter older code left
+    // without a lifetime.
+    let _: () = redis::cmd("SET")
+        .arg("tpw:args{refunded}")
+        .arg(0)
+        .arg("PX")
+        .arg(50_000)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg("tpw:args{no_lifetime}")
+        .arg(5)
+        .query(&mut con)
+        .unwrap();
+    let refunded = deadline_of(&mut con, "refunded");
+    let (now, answers) = batch_script(
+        &mut con,
+        &[
+            ("new", "1", "60000"),
+            ("refunded", "1", "60000"),
+            ("no_lifetime", "1", "60000"),
+            ("new_by_three", "3", "60000"),
+            ("new", "2", "30000"),
+        ],
+    );
+    let int = |value: &redis::Value| match value {
+        redis::Value::Int(n) => *n,
+        other => panic!("{other:?}"),
+    };
+    let got: Vec<(i64, i64)> = answers.iter().map(|(c, d)| (int(c), int(d))).collect();
+    assert_eq!(
+        got,
+        [
+            (1, now + 60_000),
+            (1, refunded),
+            (6, now + 60_000),
+            (3, now + 60_000),
+            // The second entry of a key keeps the first one's window.
+            (3, now + 60_000),
+        ]
+    );
+    for (key, (_, deadline)) in ["new", "refunded", "no_lifetime", "new_by_three"]
+        .iter()
+        .zip(&got)
+    {
+        assert_eq!(deadline_of(&mut con, key), *deadline, "{key}");
+    }
+}
+
 /// The batch script on its own, with arguments the backend never sends:
 /// each bad entry is refused with nothing written, and the entries around
 /// it are counted as usual, whatever the order of good and bad arguments.
@@ -1591,29 +1683,21 @@ fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
         ("text", "1.0", "60000", "invalid hit count 1.0"),
         ("good3", "1", "30000", "1"),
     ];
-    let mut cmd = redis::cmd("EVAL");
-    cmd.arg(include_str!("../src/backend/redis/hit_batch.lua"))
-        .arg(entries.len());
-    for (key, ..) in entries {
-        cmd.arg(format!("tpw:args{{{key}}}"));
-    }
-    for (_, hits, window, _) in entries {
-        cmd.arg(*hits).arg(*window);
-    }
-    // The server's clock, then (count, deadline) or (code, reason) per entry.
-    let reply: Vec<redis::Value> = cmd.query(&mut con).unwrap();
-    assert_eq!(reply.len(), 1 + 2 * entries.len());
-    let redis::Value::Int(now) = reply[0] else {
-        panic!("no clock: {reply:?}");
-    };
-    for ((key, hits, window, expected), answer) in entries.iter().zip(reply[1..].chunks(2)) {
+    let (now, answers) = batch_script(
+        &mut con,
+        &entries
+            .iter()
+            .map(|&(key, hits, window, _)| (key, hits, window))
+            .collect::<Vec<_>>(),
+    );
+    for ((key, hits, window, expected), answer) in entries.iter().zip(&answers) {
         let what = format!("{key} with {hits:?} hits, window {window:?}: {answer:?}");
         match answer {
-            [redis::Value::Int(count), redis::Value::Int(deadline)] if *count >= 1 => {
+            (redis::Value::Int(count), redis::Value::Int(deadline)) if *count >= 1 => {
                 assert_eq!(count.to_string(), *expected, "{what}");
                 assert!(deadline - now > 25_000, "{what}");
             }
-            [redis::Value::Int(code), redis::Value::BulkString(why)] => {
+            (redis::Value::Int(code), redis::Value::BulkString(why)) => {
                 let why = String::from_utf8_lossy(why);
                 assert!(why.ends_with(expected), "{what}");
                 let code_expected = if expected.starts_with("invalid") {

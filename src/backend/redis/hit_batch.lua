@@ -17,7 +17,8 @@
 --   -1, reason                     a corrupt counter, left as it was
 --   -2, error                      invalid arguments (nothing written)
 -- A refusal that is not about one counter (READONLY, OOM) fails the call.
--- Each counter costs INCRBY and PEXPIRETIME, plus PEXPIREAT when it is new.
+-- Each counter costs INCRBY and PEXPIRETIME, or INCRBY and PEXPIREAT NX when
+-- it is new.
 -- Arguments are read as numbers only when they differ from the entry
 -- before (most entries repeat a hit count of 1 and one window; Lua compares
 -- strings by identity), and INCRBY gets the hit count as sent: turning a
@@ -92,7 +93,26 @@ for i = 1, #KEYS do
     else
       out[j] = count
       local deadline
-      if expiretime == nil then
+      if count == hits and expiretime ~= false then
+        -- The counter was just created (or its count refunded to 0): its
+        -- window starts now, unless it has a lifetime already (NX, Redis
+        -- 7.0). The deadline goes as text written by %d: a number would be
+        -- written with %.17g, which costs Redis more than the command.
+        local start = now + window
+        local set = redis.pcall('PEXPIREAT', key, string.format('%d', start), 'NX')
+        if set == 1 then
+          deadline, expiretime = start, true
+        elseif set == 0 then
+          deadline, expiretime = redis.call('PEXPIRETIME', key), true
+        elseif type(redis.pcall('PEXPIRETIME', key)) == 'number' then
+          -- Refused by a server that has NX: not a refusal this script
+          -- expects (the deadline is in range), so the call fails.
+          return redis.error_reply(set.err or 'ERR tower-pinned-window: PEXPIREAT refused')
+        else
+          -- Before Redis 7.0 (no NX): refused, nothing written.
+          expiretime = false
+        end
+      elseif expiretime == nil then
         deadline = redis.pcall('PEXPIRETIME', key)
         expiretime = type(deadline) == 'number'
       elseif expiretime then
@@ -100,9 +120,9 @@ for i = 1, #KEYS do
       end
       if expiretime then
         if deadline < 0 then
-          -- No lifetime: the counter was just created. Its window starts now.
+          -- No lifetime (left so by older code): its window starts now.
           deadline = now + window
-          redis.call('PEXPIREAT', key, deadline)
+          redis.call('PEXPIREAT', key, string.format('%d', deadline))
         end
         out[j + 1] = deadline
       else
