@@ -381,6 +381,38 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
     }
 }
 
+/// A hit puts itself in its lane when it is made, not when first polled: a
+/// future dropped before it was ever polled sends nothing, and leaves the
+/// lane free, or to a driver for the hits queued behind it.
+#[tokio::test]
+async fn hits_dropped_before_they_are_polled_leave_their_lane_working() {
+    let server = redis_or_skip!(RedisServer::start(
+        "hits_dropped_before_they_are_polled_leave_their_lane_working"
+    ));
+    let store = backend(&server).await;
+    let window = quota(100, Duration::from_secs(60));
+    let within = |f| tokio::time::timeout(Duration::from_secs(10), f);
+    // Alone in an idle lane, dropped unpolled: nothing sent, the lane free.
+    drop(store.hit("n", &Key::new("a"), window));
+    let hit = within(store.hit("n", &Key::new("a"), window))
+        .await
+        .expect("the lane is free again")
+        .unwrap();
+    assert_eq!(hit.count, 1, "the dropped hit was never sent");
+    // Alone, with another hit queued behind it: dropping the first hands
+    // the lane to a driver, which sends the second.
+    let first = store.hit("n", &Key::new("b"), window);
+    let second = store.hit("n", &Key::new("b"), window);
+    drop(first);
+    let hit = within(second)
+        .await
+        .expect("a driver took the lane over")
+        .unwrap();
+    assert_eq!(hit.count, 1);
+    let mut con = server.sync();
+    assert!(pttl(&mut con, "tpw:n{b}") > 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime() {
     let server = redis_or_skip!(RedisServer::start(

@@ -29,7 +29,6 @@
 
 use std::future::Future;
 use std::num::NonZeroU64;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -172,24 +171,38 @@ impl Batcher {
     }
 }
 
-/// Count one request's hits through its lane: `counters` are (storage key,
-/// window in ms). Needs a tokio runtime (the lane's driver is a task);
-/// the caller checks for one.
-pub(super) async fn hit<C>(
-    inner: &Arc<Inner<C>>,
-    runtime: &tokio::runtime::Handle,
-    counters: SmallVec<[(Vec<u8>, u64); 2]>,
-) -> Answers
+/// Where [`enqueue`] put a request's hits.
+pub(super) enum Enqueued<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let count = counters.len();
+    /// In the queue of a busy lane: the call that takes them answers here.
+    Queued(oneshot::Receiver<Answers>),
+    /// The lane was idle: the request sends its own call
+    /// ([`Alone::send`]).
+    Alone(Alone<C>),
+}
+
+/// Put one request's hits in their lane: `counters` are (storage key,
+/// window in ms). Done at once, not when a future is first polled: a hit
+/// queued behind a call in flight (most hits, under load) needs no future
+/// of its own, only the answer's receiver. Needs a tokio runtime (the
+/// lane's driver is a task); the caller checks for one.
+pub(super) fn enqueue<C>(
+    inner: &Arc<Inner<C>>,
+    runtime: &tokio::runtime::Handle,
+    counters: SmallVec<[(Vec<u8>, u64); 2]>,
+) -> Enqueued<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     let (reply, answer) = oneshot::channel();
     let pending = Pending { counters, reply };
     let batcher = batcher(inner);
     let lane = batcher.lane_of(&pending);
-    // An idle lane: this hit goes at once, from this task (no driver task,
-    // no wake-up), and the lane is busy until its answer is back.
+    // An idle lane: this hit goes at once, from the request's own task (no
+    // driver task, no wake-up), and the lane is busy until its answer is
+    // back.
     let (alone, second) = {
         let mut lanes = batcher.lock();
         match lanes.entry(lane) {
@@ -206,47 +219,73 @@ where
     if second {
         runtime.spawn(drive(Arc::clone(inner), runtime.clone(), lane));
     }
-    if let Some(pending) = alone {
-        let handover = Handover {
-            inner,
-            runtime,
-            lane,
+    match alone {
+        None => Enqueued::Queued(answer),
+        // The handover is armed from here: should the request's future be
+        // dropped before it sends, the lane passes to a driver all the same.
+        Some(pending) => Enqueued::Alone(Alone {
+            pending,
+            answer,
+            handover: Handover {
+                inner: Arc::clone(inner),
+                runtime: runtime.clone(),
+                lane,
+            },
+        }),
+    }
+}
+
+/// A request whose hits found their lane idle: it sends them itself.
+pub(super) struct Alone<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    pending: Pending,
+    answer: oneshot::Receiver<Answers>,
+    handover: Handover<C>,
+}
+
+impl<C> Alone<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// Send the call, hand the lane over, and give the request's answers.
+    pub(super) async fn send(self) -> Result<Answers, BackendError> {
+        let Self {
+            pending,
+            answer,
+            handover,
+        } = self;
+        let inner = &handover.inner;
+        let retry = if pending.counters.len() == 1 {
+            // One counter: the one-hit script, the cheapest call for Redis.
+            let (key, window) = &pending.counters[0];
+            let answer = one(inner, key, *window).await;
+            let _ = pending.reply.send(std::iter::once(answer).collect());
+            None
+        } else {
+            call(inner, vec![pending], handover.lane == ANY_SLOT).await
         };
-        // Boxed: the call's future is large (the `redis` client's query
-        // inside), and held inline it would make every hit's future as
-        // large, queued hits included, which are most hits under load.
-        let send: Pin<Box<dyn Future<Output = Option<Vec<Pending>>> + Send + '_>> =
-            if pending.counters.len() == 1 {
-                Box::pin(async move {
-                    // One counter: the one-hit script, the cheapest call for Redis.
-                    let (key, window) = &pending.counters[0];
-                    let answer = one(inner, key, *window).await;
-                    let _ = pending.reply.send(std::iter::once(answer).collect());
-                    None
-                })
-            } else {
-                Box::pin(call(inner, vec![pending], lane == ANY_SLOT))
-            };
-        let retry = send.await;
-        if retry.is_some() {
-            batcher.by_slot.store(true, Ordering::Relaxed);
+        if let Some(retry) = retry {
+            // CROSSSLOT: nothing ran; the hits go again, by slot, once this
+            // task has left the lane.
+            batcher(inner).by_slot.store(true, Ordering::Relaxed);
+            let (inner, runtime) = (Arc::clone(inner), handover.runtime.clone());
+            drop(handover);
+            for pending in retry {
+                submit(&inner, &runtime, pending);
+            }
+        } else {
+            drop(handover);
         }
-        drop(handover);
-        for pending in retry.into_iter().flatten() {
-            submit(inner, runtime, pending);
-        }
+        answer.await.map_err(|_| dropped())
     }
-    match answer.await {
-        Ok(answers) => answers,
-        // The driver was dropped (its runtime shut down) before answering.
-        Err(_) => (0..count)
-            .map(|_| {
-                Err(BackendError::Unavailable(
-                    "the Redis call was dropped before it was answered".into(),
-                ))
-            })
-            .collect(),
-    }
+}
+
+/// The answer to a request whose call was dropped (its runtime shut down)
+/// before it was answered.
+pub(super) fn dropped() -> BackendError {
+    BackendError::Unavailable("the Redis call was dropped before it was answered".into())
 }
 
 /// One hit on one counter, alone: `EVALSHA` of [`HIT_SCRIPT`](super::HIT_SCRIPT)
@@ -279,24 +318,25 @@ where
     parse_hit(reply, key)
 }
 
-/// Ends a call sent from a hit's own task, answered or dropped: the hits
-/// queued behind it meanwhile get a driver, unless the lane's other call
-/// takes them; with none, the task leaves the lane.
-struct Handover<'a, C>
+/// Ends a call sent from a hit's own task, answered or dropped (or never
+/// sent: the request's future was dropped first): the hits queued behind it
+/// meanwhile get a driver, unless the lane's other call takes them; with
+/// none, the task leaves the lane.
+struct Handover<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    inner: &'a Arc<Inner<C>>,
-    runtime: &'a tokio::runtime::Handle,
+    inner: Arc<Inner<C>>,
+    runtime: tokio::runtime::Handle,
     lane: u32,
 }
 
-impl<C> Drop for Handover<'_, C>
+impl<C> Drop for Handover<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn drop(&mut self) {
-        let mut lanes = batcher(self.inner).lock();
+        let mut lanes = batcher(&self.inner).lock();
         let Some(state) = lanes.get_mut(&self.lane) else {
             return;
         };
@@ -307,7 +347,7 @@ where
         drop(lanes);
         // A driver takes this task's place in the lane.
         self.runtime.spawn(drive(
-            Arc::clone(self.inner),
+            Arc::clone(&self.inner),
             self.runtime.clone(),
             self.lane,
         ));

@@ -36,6 +36,7 @@ use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
 
 use futures_util::future::join_all;
 use smallvec::SmallVec;
+use tokio::sync::oneshot;
 
 use self::breaker::{BreakerConfig, Breakers, Guarded};
 use super::answer::Answer;
@@ -214,7 +215,8 @@ struct Inner<C> {
     /// The connection behind the breaker.
     connection: Guarded<C>,
     prefix: Box<[u8]>,
-    deny: Option<DenyCache>,
+    /// Shared with the futures of queued hits, which remember denials.
+    deny: Option<Arc<DenyCache>>,
     /// The lanes of coalesced hits; `None` with `coalesce(false)`.
     batch: Option<batch::Batcher>,
 }
@@ -392,7 +394,7 @@ impl<C> RedisBackendBuilder<C> {
                         .map(|config| Arc::new(Breakers::new(config, cluster))),
                 },
                 prefix: self.prefix.into(),
-                deny: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+                deny: (self.deny_cache > 0).then(|| Arc::new(DenyCache::new(self.deny_cache))),
                 batch: self.coalesce.then(|| batch::Batcher::new(cluster)),
             }),
         }
@@ -543,14 +545,29 @@ fn unavailable(err: RedisError) -> BackendError {
 }
 
 /// The future of a [`RedisBackend`] hit: already complete when the local
-/// deny cache answered, one round trip otherwise.
-pub struct RedisHit(Answer<Hits>);
+/// deny cache answered; otherwise waiting for the call that takes its hits
+/// (queued in their lane behind a call in flight, as most hits are under
+/// load), or sending a call of its own.
+pub struct RedisHit(HitStep);
+
+enum HitStep {
+    /// Answered here, or sending its own call (boxed: the `redis` client's
+    /// query inside is large).
+    Answer(Answer<Hits>),
+    /// Queued in its lane: no call of its own, so no box.
+    Queued {
+        answer: oneshot::Receiver<batch::Answers>,
+        finish: Finish,
+    },
+}
 
 impl fmt::Debug for RedisHit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisHit")
-            .field("state", &self.0.state())
-            .finish()
+        let state = match &self.0 {
+            HitStep::Answer(answer) => answer.state(),
+            HitStep::Queued { .. } => "queued",
+        };
+        f.debug_struct("RedisHit").field("state", &state).finish()
     }
 }
 
@@ -558,7 +575,50 @@ impl Future for RedisHit {
     type Output = Result<Hits, BackendError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.poll(cx, "RedisHit")
+        match &mut self.0 {
+            HitStep::Answer(answer) => answer.poll(cx, "RedisHit"),
+            HitStep::Queued { answer, finish } => Pin::new(answer).poll(cx).map(|answers| {
+                answers
+                    .map_err(|_| batch::dropped())
+                    .and_then(|answers| finish.hits(answers))
+            }),
+        }
+    }
+}
+
+/// What turns the answers for a request's counters into its [`Hits`]: the
+/// quotas, and what the deny cache needs to remember a denial.
+struct Finish {
+    quotas: SmallVec<[Quota; 2]>,
+    denials: Option<Denials>,
+    /// When the hits were sent: a denial is remembered until this plus the
+    /// time Redis said was left, never past the window in Redis.
+    sent: quanta::Instant,
+}
+
+struct Denials {
+    cache: Arc<DenyCache>,
+    namespaces: SmallVec<[Box<str>; 2]>,
+    key: Key,
+}
+
+impl Finish {
+    fn hits(&self, answers: batch::Answers) -> Result<Hits, BackendError> {
+        let mut hits = Hits::with_capacity(answers.len());
+        for (i, (answer, quota)) in answers.into_iter().zip(&self.quotas).enumerate() {
+            let hit = answer?;
+            if let Some(denials) = &self.denials
+                && hit.count > quota.limit()
+            {
+                denials.cache.insert(
+                    &denials.namespaces[i],
+                    denials.key.as_bytes(),
+                    self.sent + hit.reset,
+                );
+            }
+            hits.push(hit);
+        }
+        Ok(hits)
     }
 }
 
@@ -621,62 +681,58 @@ where
                         },
                     })
                     .collect();
-                return RedisHit(Answer::Ready(Some(Ok(hits))));
+                return RedisHit(HitStep::Answer(Answer::Ready(Some(Ok(hits)))));
             }
         }
         let storage_keys: SmallVec<[Vec<u8>; 2]> = counters
             .iter()
             .map(|c| self.storage_key(c.namespace, key))
             .collect();
-        let quotas: SmallVec<[Quota; 2]> = counters.iter().map(|c| c.quota).collect();
-        // What the deny cache needs to remember a denial.
-        let denials = self.inner.deny.is_some().then(|| {
-            let namespaces: SmallVec<[Box<str>; 2]> =
-                counters.iter().map(|c| c.namespace.into()).collect();
-            (namespaces, key.clone())
-        });
-        let this = self.clone();
-        RedisHit(Answer::Remote(Box::pin(async move {
-            let sent = quanta::Instant::now();
-            let runtime = this
-                .inner
-                .batch
-                .as_ref()
-                .and_then(|_| tokio::runtime::Handle::try_current().ok());
-            let results: batch::Answers = match runtime {
-                // Coalesced: through the key's lane (a driver task, so only
-                // on a tokio runtime).
-                Some(runtime) => {
-                    let counters = storage_keys
-                        .into_iter()
-                        .zip(&quotas)
-                        .map(|(k, q)| (k, q.window().as_millis()))
-                        .collect();
-                    batch::hit(&this.inner, &runtime, counters).await
-                }
-                None => join_all(storage_keys.iter().zip(&quotas).map(|(k, q)| {
-                    let this = &this;
-                    async move {
-                        let reply = this.eval(&HIT, k, Some(q.window().as_millis())).await?;
-                        parse_hit(reply, k)
-                    }
-                }))
-                .await
+        let finish = Finish {
+            quotas: counters.iter().map(|c| c.quota).collect(),
+            denials: self.inner.deny.as_ref().map(|cache| Denials {
+                cache: Arc::clone(cache),
+                namespaces: counters.iter().map(|c| c.namespace.into()).collect(),
+                key: key.clone(),
+            }),
+            sent: quanta::Instant::now(),
+        };
+        // Coalesced: through the key's lane (a driver task, so only on a
+        // tokio runtime).
+        let runtime = self
+            .inner
+            .batch
+            .as_ref()
+            .and_then(|_| tokio::runtime::Handle::try_current().ok());
+        if let Some(runtime) = runtime {
+            let counters = storage_keys
                 .into_iter()
-                .collect(),
-            };
-            let mut hits = Hits::with_capacity(results.len());
-            for (i, (result, quota)) in results.into_iter().zip(quotas).enumerate() {
-                let hit = result?;
-                if let (Some(deny), Some((namespaces, key))) = (&this.inner.deny, &denials)
-                    && hit.count > quota.limit()
-                {
-                    deny.insert(&namespaces[i], key.as_bytes(), sent + hit.reset);
+                .zip(&finish.quotas)
+                .map(|(k, q)| (k, q.window().as_millis()))
+                .collect();
+            return match batch::enqueue(&self.inner, &runtime, counters) {
+                batch::Enqueued::Queued(answer) => RedisHit(HitStep::Queued { answer, finish }),
+                batch::Enqueued::Alone(alone) => {
+                    RedisHit(HitStep::Answer(Answer::Remote(Box::pin(async move {
+                        finish.hits(alone.send().await?)
+                    }))))
                 }
-                hits.push(hit);
-            }
-            Ok(hits)
-        })))
+            };
+        }
+        let this = self.clone();
+        RedisHit(HitStep::Answer(Answer::Remote(Box::pin(async move {
+            let answers = join_all(storage_keys.iter().zip(&finish.quotas).map(|(k, q)| {
+                let this = &this;
+                async move {
+                    let reply = this.eval(&HIT, k, Some(q.window().as_millis())).await?;
+                    parse_hit(reply, k)
+                }
+            }))
+            .await
+            .into_iter()
+            .collect();
+            finish.hits(answers)
+        }))))
     }
 
     /// One `EVALSHA` of the refund script, which compares the counter's
