@@ -652,6 +652,9 @@ where
 
     /// Coalesced (the default): every counter of the request in the next
     /// call of the key's lane (see [coalesced hits](RedisBackend#coalesced-hits)).
+    /// They join the lane when `hit_all` is called (on a tokio runtime), not
+    /// when the future is first polled: a future dropped before its call is
+    /// sent withdraws them, one kept unpolled may still be counted.
     /// Otherwise one `EVALSHA` per counter, all sent at once: on one
     /// connection they are pipelined (one round trip of latency); on a
     /// Cluster they go to the one master that holds the key's slot.
