@@ -3,7 +3,8 @@
 //! headers) or without it (`LIMIT=off`). `LIMIT=redis` counts in the Redis
 //! at `REDIS_URL` (coalesced hits, the default) and `LIMIT=redis-single` with
 //! one EVALSHA per hit (`.coalesce(false)`), both keyed by the `x-client`
-//! header (`bench/wrk_keys.lua` spreads it over 10,000 values). The quota is
+//! header (`bench/wrk_keys.lua` spreads it over 10,000 values). `LIMIT=static-headers`
+//! has no layer but writes the layer's two headers as constants. The quota is
 //! large enough that every request is admitted, so a load test measures what
 //! counting costs, not how fast 429s are written.
 //!
@@ -52,9 +53,27 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 |r: axum::response::Response| r,
             ));
         }
+        // No layer, but the two headers the layer writes, as constants of
+        // the same length: what sending those bytes costs by itself.
+        "static-headers" => {
+            app = app.route_layer(tower::util::MapResponseLayer::new(
+                |mut r: axum::response::Response| {
+                    let headers = r.headers_mut();
+                    headers.insert(
+                        "ratelimit",
+                        axum::http::HeaderValue::from_static("\"wrk\";r=999999999999999;t=10"),
+                    );
+                    headers.insert(
+                        "ratelimit-policy",
+                        axum::http::HeaderValue::from_static("\"wrk\";q=999999999999999;w=10"),
+                    );
+                    r
+                },
+            ));
+        }
         other => {
             return Err(format!(
-                "LIMIT must be on, noheaders, redis, redis-single or off, not {other:?}"
+                "LIMIT must be on, noheaders, redis, redis-single, off, identity or static-headers, not {other:?}"
             )
             .into());
         }
