@@ -104,13 +104,12 @@ for i = 1, #KEYS do
           deadline, expiretime = start, true
         elseif set == 0 then
           deadline, expiretime = redis.call('PEXPIRETIME', key), true
-        elseif type(redis.pcall('PEXPIRETIME', key)) == 'number' then
-          -- Refused by a server that has NX: not a refusal this script
-          -- expects (the deadline is in range), so the call fails.
-          return redis.error_reply(set.err or 'ERR tower-pinned-window: PEXPIREAT refused')
         else
-          -- Before Redis 7.0 (no NX): refused, nothing written.
-          expiretime = false
+          -- Refused, which writes nothing: before Redis 7.0 there is no NX
+          -- (and no PEXPIRETIME); on a later server the lifetime is
+          -- attached below as for a counter found without one.
+          deadline = redis.pcall('PEXPIRETIME', key)
+          expiretime = type(deadline) == 'number'
         end
       elseif expiretime == nil then
         deadline = redis.pcall('PEXPIRETIME', key)
