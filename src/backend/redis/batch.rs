@@ -72,11 +72,18 @@ const ANY_SLOT: u32 = u32::MAX;
 /// The answer to one request: a result per counter, in order.
 pub(super) type Answers = SmallVec<[Result<Hit, BackendError>; 2]>;
 
+/// One request's counters: storage key and window (ms) of each.
+pub(super) type Counters = SmallVec<[(Vec<u8>, u64); 2]>;
+
+/// What a request gets back: its counters (the deny cache reads a denied
+/// counter's namespace and key from its storage key) and their answers.
+pub(super) type Answered = (Counters, Answers);
+
 /// One request's hits, waiting in a lane.
 pub(super) struct Pending {
     /// Storage key and window (ms) of each counter the request hits.
-    counters: SmallVec<[(Vec<u8>, u64); 2]>,
-    reply: oneshot::Sender<Answers>,
+    counters: Counters,
+    reply: oneshot::Sender<Answered>,
 }
 
 impl Pending {
@@ -177,7 +184,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// In the queue of a busy lane: the call that takes them answers here.
-    Queued(oneshot::Receiver<Answers>),
+    Queued(oneshot::Receiver<Answered>),
     /// The lane was idle: the request sends its own call
     /// ([`Alone::send`]).
     Alone(Alone<C>),
@@ -191,7 +198,7 @@ where
 pub(super) fn enqueue<C>(
     inner: &Arc<Inner<C>>,
     runtime: &tokio::runtime::Handle,
-    counters: SmallVec<[(Vec<u8>, u64); 2]>,
+    counters: Counters,
 ) -> Enqueued<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -241,7 +248,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     pending: Pending,
-    answer: oneshot::Receiver<Answers>,
+    answer: oneshot::Receiver<Answered>,
     handover: Handover<C>,
 }
 
@@ -250,7 +257,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// Send the call, hand the lane over, and give the request's answers.
-    pub(super) async fn send(self) -> Result<Answers, BackendError> {
+    pub(super) async fn send(self) -> Result<Answered, BackendError> {
         let Self {
             pending,
             answer,
@@ -259,9 +266,10 @@ where
         let inner = &handover.inner;
         let retry = if pending.counters.len() == 1 {
             // One counter: the one-hit script, the cheapest call for Redis.
-            let (key, window) = &pending.counters[0];
+            let Pending { counters, reply } = pending;
+            let (key, window) = &counters[0];
             let answer = one(inner, key, *window).await;
-            let _ = pending.reply.send(std::iter::once(answer).collect());
+            let _ = reply.send((counters, std::iter::once(answer).collect()));
             None
         } else {
             call(inner, vec![pending], handover.lane == ANY_SLOT).await
@@ -524,7 +532,7 @@ where
     };
     let totals: Vec<u64> = entries.iter().map(|&(_, _, hits)| hits).collect();
     drop(entries);
-    for (waiter, place) in waiters.into_iter().zip(places) {
+    for ((waiter, place), counters) in waiters.into_iter().zip(places).zip(requests) {
         let answers: Answers = place
             .iter()
             .map(|&(at, nth)| match &replies[at] {
@@ -539,7 +547,7 @@ where
             .collect();
         // A waiter that is gone only loses its answer: the hit was counted,
         // with its lifetime, like a request whose client went away.
-        let _ = waiter.send(answers);
+        let _ = waiter.send((counters, answers));
     }
     None
 }
@@ -547,7 +555,7 @@ where
 /// Ready once every waiter of a call is gone. Waits on one waiter at a time
 /// (a waiter that is gone stays gone), so a call costs one registered waker
 /// and no future or allocation per waiter.
-fn all_closed(waiters: &mut [oneshot::Sender<Answers>]) -> impl Future<Output = ()> + '_ {
+fn all_closed(waiters: &mut [oneshot::Sender<Answered>]) -> impl Future<Output = ()> + '_ {
     let mut next = 0;
     std::future::poll_fn(move |cx| {
         while let Some(waiter) = waiters.get_mut(next) {

@@ -556,7 +556,7 @@ enum HitStep {
     Answer(Answer<Hits>),
     /// Queued in its lane: no call of its own, so no box.
     Queued {
-        answer: oneshot::Receiver<batch::Answers>,
+        answer: oneshot::Receiver<batch::Answered>,
         finish: Finish,
     },
 }
@@ -577,44 +577,49 @@ impl Future for RedisHit {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.0 {
             HitStep::Answer(answer) => answer.poll(cx, "RedisHit"),
-            HitStep::Queued { answer, finish } => Pin::new(answer).poll(cx).map(|answers| {
-                answers
-                    .map_err(|_| batch::dropped())
-                    .and_then(|answers| finish.hits(answers))
+            HitStep::Queued { answer, finish } => Pin::new(answer).poll(cx).map(|answered| {
+                let (counters, answers) = answered.map_err(|_| batch::dropped())?;
+                finish.hits(
+                    counters.iter().map(|(stored, _)| stored.as_slice()),
+                    answers,
+                )
             }),
         }
     }
 }
 
 /// What turns the answers for a request's counters into its [`Hits`]: the
-/// quotas, and what the deny cache needs to remember a denial.
+/// quotas, and the deny cache that remembers a denial.
 struct Finish {
     quotas: SmallVec<[Quota; 2]>,
-    denials: Option<Denials>,
+    deny: Option<Arc<DenyCache>>,
+    /// The length of the backend's prefix: a denied counter's namespace and
+    /// key are read back from its storage key.
+    prefix: usize,
     /// When the hits were sent: a denial is remembered until this plus the
     /// time Redis said was left, never past the window in Redis.
     sent: quanta::Instant,
 }
 
-struct Denials {
-    cache: Arc<DenyCache>,
-    namespaces: SmallVec<[Box<str>; 2]>,
-    key: Key,
-}
-
 impl Finish {
-    fn hits(&self, answers: batch::Answers) -> Result<Hits, BackendError> {
+    /// `stored`: the counters' storage keys, in the order of `answers`.
+    fn hits<'a>(
+        &self,
+        stored: impl Iterator<Item = &'a [u8]>,
+        answers: batch::Answers,
+    ) -> Result<Hits, BackendError> {
         let mut hits = Hits::with_capacity(answers.len());
-        for (i, (answer, quota)) in answers.into_iter().zip(&self.quotas).enumerate() {
+        for ((answer, quota), stored) in answers.into_iter().zip(&self.quotas).zip(stored) {
             let hit = answer?;
-            if let Some(denials) = &self.denials
+            if let Some(deny) = &self.deny
                 && hit.count > quota.limit()
             {
-                denials.cache.insert(
-                    &denials.namespaces[i],
-                    denials.key.as_bytes(),
-                    self.sent + hit.reset,
-                );
+                // Decoded only on a denial, which is rare: a hit that is
+                // let through copies nothing for the cache.
+                match storage_key::decode(&stored[..self.prefix], stored) {
+                    Some((namespace, key)) => deny.insert(&namespace, &key, self.sent + hit.reset),
+                    None => debug_assert!(false, "a storage key this backend made decodes"),
+                }
             }
             hits.push(hit);
         }
@@ -693,11 +698,8 @@ where
             .collect();
         let finish = Finish {
             quotas: counters.iter().map(|c| c.quota).collect(),
-            denials: self.inner.deny.as_ref().map(|cache| Denials {
-                cache: Arc::clone(cache),
-                namespaces: counters.iter().map(|c| c.namespace.into()).collect(),
-                key: key.clone(),
-            }),
+            deny: self.inner.deny.clone(),
+            prefix: self.inner.prefix.len(),
             sent: quanta::Instant::now(),
         };
         // Coalesced: through the key's lane (a driver task, so only on a
@@ -717,7 +719,11 @@ where
                 batch::Enqueued::Queued(answer) => RedisHit(HitStep::Queued { answer, finish }),
                 batch::Enqueued::Alone(alone) => {
                     RedisHit(HitStep::Answer(Answer::Remote(Box::pin(async move {
-                        finish.hits(alone.send().await?)
+                        let (counters, answers) = alone.send().await?;
+                        finish.hits(
+                            counters.iter().map(|(stored, _)| stored.as_slice()),
+                            answers,
+                        )
                     }))))
                 }
             };
@@ -734,7 +740,7 @@ where
             .await
             .into_iter()
             .collect();
-            finish.hits(answers)
+            finish.hits(storage_keys.iter().map(Vec::as_slice), answers)
         }))))
     }
 
