@@ -29,6 +29,22 @@ async fn backend(server: &RedisServer) -> RedisBackend<ConnectionManager> {
     RedisBackend::new(manager(server).await)
 }
 
+/// `SET key value` on a test's own server (no lifetime).
+fn set(con: &mut redis::Connection, key: impl redis::ToRedisArgs, value: impl redis::ToRedisArgs) {
+    let _: () = redis::cmd("SET").arg(key).arg(value).query(con).unwrap();
+}
+
+/// `SET key value PX ms` on a test's own server.
+fn set_px(con: &mut redis::Connection, key: &str, value: impl redis::ToRedisArgs, ms: u64) {
+    let _: () = redis::cmd("SET")
+        .arg(key)
+        .arg(value)
+        .arg("PX")
+        .arg(ms)
+        .query(con)
+        .unwrap();
+}
+
 fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query(con).unwrap()
 }
@@ -145,11 +161,7 @@ async fn a_counter_without_a_lifetime_is_healed_not_reset() {
         "a_counter_without_a_lifetime_is_healed_not_reset"
     ));
     let mut con = server.sync();
-    let _: () = redis::cmd("SET")
-        .arg("tpw:n{k}")
-        .arg(5)
-        .query(&mut con)
-        .unwrap();
+    set(&mut con, "tpw:n{k}", 5);
     assert_eq!(pttl(&mut con, "tpw:n{k}"), -1);
     let store = backend(&server).await;
     let hit = store
@@ -171,21 +183,9 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
         "corrupt_counters_stop_requests_and_are_left_untouched"
     ));
     let mut con = server.sync();
-    let _: () = redis::cmd("SET")
-        .arg("tpw:api{text}")
-        .arg("abc")
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("tpw:api{float}")
-        .arg("2.5")
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("tpw:api{negative}")
-        .arg("-3")
-        .query(&mut con)
-        .unwrap();
+    set(&mut con, "tpw:api{text}", "abc");
+    set(&mut con, "tpw:api{float}", "2.5");
+    set(&mut con, "tpw:api{negative}", "-3");
     let _: () = redis::cmd("HSET")
         .arg("tpw:api{hash}")
         .arg("f")
@@ -467,29 +467,11 @@ async fn the_audit_finds_and_repairs_keys_without_a_lifetime() {
     ));
     let mut con = server.sync();
     for i in 0..25 {
-        let _: () = redis::cmd("SET")
-            .arg(format!("tpw:legacy:{i}"))
-            .arg(7)
-            .query(&mut con)
-            .unwrap();
+        set(&mut con, format!("tpw:legacy:{i}"), 7);
     }
-    let _: () = redis::cmd("SET")
-        .arg("tpw:fine:1")
-        .arg(1)
-        .arg("PX")
-        .arg(60_000)
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("unrelated")
-        .arg(1)
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("tpw:bad:1")
-        .arg("abc")
-        .query(&mut con)
-        .unwrap();
+    set_px(&mut con, "tpw:fine:1", 1, 60_000);
+    set(&mut con, "unrelated", 1);
+    set(&mut con, "tpw:bad:1", "abc");
 
     let store = backend(&server).await;
     let report = store.audit(None).await.unwrap();
@@ -1630,18 +1612,8 @@ fn the_batch_script_attaches_a_lifetime_only_where_there_is_none() {
     };
     // A window whose hits were all refunded, and a counter older code left
     // without a lifetime.
-    let _: () = redis::cmd("SET")
-        .arg("tpw:args{refunded}")
-        .arg(0)
-        .arg("PX")
-        .arg(50_000)
-        .query(&mut con)
-        .unwrap();
-    let _: () = redis::cmd("SET")
-        .arg("tpw:args{no_lifetime}")
-        .arg(5)
-        .query(&mut con)
-        .unwrap();
+    set_px(&mut con, "tpw:args{refunded}", 0, 50_000);
+    set(&mut con, "tpw:args{no_lifetime}", 5);
     let refunded = deadline_of(&mut con, "refunded");
     let (now, answers) = batch_script(
         &mut con,
@@ -1686,11 +1658,7 @@ fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
         "the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them"
     ));
     let mut con = server.sync();
-    let _: () = redis::cmd("SET")
-        .arg("tpw:args{text}")
-        .arg("abc")
-        .query(&mut con)
-        .unwrap();
+    set(&mut con, "tpw:args{text}", "abc");
     // (key, hits, window, what the entry must answer)
     let entries: &[(&str, &str, &str, &str)] = &[
         ("good1", "1", "60000", "1"),
