@@ -577,13 +577,9 @@ impl Future for RedisHit {
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.0 {
             HitStep::Answer(answer) => answer.poll(cx, "RedisHit"),
-            HitStep::Queued { answer, finish } => Pin::new(answer).poll(cx).map(|answered| {
-                let (counters, answers) = answered.map_err(|_| batch::dropped())?;
-                finish.hits(
-                    counters.iter().map(|(stored, _)| stored.as_slice()),
-                    answers,
-                )
-            }),
+            HitStep::Queued { answer, finish } => Pin::new(answer)
+                .poll(cx)
+                .map(|answered| finish.answered(answered.map_err(|_| batch::dropped())?)),
         }
     }
 }
@@ -602,6 +598,14 @@ struct Finish {
 }
 
 impl Finish {
+    /// What a lane's call gave back: the request's counters and answers.
+    fn answered(&self, (counters, answers): batch::Answered) -> Result<Hits, BackendError> {
+        self.hits(
+            counters.iter().map(|(stored, _)| stored.as_slice()),
+            answers,
+        )
+    }
+
     /// `stored`: the counters' storage keys, in the order of `answers`.
     fn hits<'a>(
         &self,
@@ -719,11 +723,7 @@ where
                 batch::Enqueued::Queued(answer) => RedisHit(HitStep::Queued { answer, finish }),
                 batch::Enqueued::Alone(alone) => {
                     RedisHit(HitStep::Answer(Answer::Remote(Box::pin(async move {
-                        let (counters, answers) = alone.send().await?;
-                        finish.hits(
-                            counters.iter().map(|(stored, _)| stored.as_slice()),
-                            answers,
-                        )
+                        finish.answered(alone.send().await?)
                     }))))
                 }
             };
