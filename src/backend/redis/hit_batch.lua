@@ -104,17 +104,14 @@ for i = 1, #KEYS do
           deadline, expiretime = start, true
         elseif set == 0 then
           deadline, expiretime = redis.call('PEXPIRETIME', key), true
-        else
-          -- Refused, which writes nothing: before Redis 7.0 there is no NX
-          -- (and no PEXPIRETIME); on a later server the lifetime is
-          -- attached below as for a counter found without one.
-          deadline = redis.pcall('PEXPIRETIME', key)
-          expiretime = type(deadline) == 'number'
         end
-      elseif expiretime == nil then
+        -- Refused, which writes nothing (before Redis 7.0 there is no NX):
+        -- the counter is read below, as any other.
+      end
+      if deadline == nil and expiretime == nil then
         deadline = redis.pcall('PEXPIRETIME', key)
         expiretime = type(deadline) == 'number'
-      elseif expiretime then
+      elseif deadline == nil and expiretime then
         deadline = redis.call('PEXPIRETIME', key)
       end
       if expiretime then
