@@ -5,6 +5,7 @@
 //! storage key is built to ask), and deadlines are instants of this process.
 
 use std::hash::{BuildHasher, Hasher};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -28,8 +29,32 @@ const MIN_PER_SHARD: usize = 64;
 pub(crate) struct DenyCache {
     pub(crate) capacity: usize,
     hasher: DefaultHashBuilder,
-    shards: Box<[Mutex<DenyState>]>,
+    shards: Box<[Shard]>,
     shard_bits: u32,
+}
+
+struct Shard {
+    /// How many entries the table holds, written under the lock after each
+    /// change. A check reads it without the lock, and a shard holding
+    /// nothing (the usual case: nobody is over a limit) is answered without
+    /// taking it. A count read a moment stale can only miss an entry being
+    /// written, and a missed entry costs one round trip to the store, which
+    /// answers the same; never a wrong answer.
+    held: AtomicUsize,
+    state: Mutex<DenyState>,
+}
+
+impl Shard {
+    fn lock(&self) -> MutexGuard<'_, DenyState> {
+        self.state
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Publishes the table's length after a change under `state`'s lock.
+    fn held(&self, state: &DenyState) {
+        self.held.store(state.table.len(), Ordering::Relaxed);
+    }
 }
 
 struct DenyState {
@@ -51,12 +76,13 @@ impl DenyCache {
             capacity,
             hasher: DefaultHashBuilder::default(),
             shards: (0..shards)
-                .map(|i| {
-                    Mutex::new(DenyState {
+                .map(|i| Shard {
+                    held: AtomicUsize::new(0),
+                    state: Mutex::new(DenyState {
                         table: HashTable::new(),
                         cap: share + usize::from(i < extra),
                         min_deadline: None,
-                    })
+                    }),
                 })
                 .collect(),
             shard_bits: shards.trailing_zeros(),
@@ -72,22 +98,31 @@ impl DenyCache {
         state.finish()
     }
 
-    /// The shard holding the key of `hash`, locked.
-    fn lock(&self, hash: u64) -> MutexGuard<'_, DenyState> {
-        self.shards[shard_index(hash, self.shard_bits)]
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    /// The shard holding the key of `hash`.
+    fn shard(&self, hash: u64) -> &Shard {
+        &self.shards[shard_index(hash, self.shard_bits)]
     }
 
     /// Time left while the counter (`namespace`, `key`) is denied.
-    pub(crate) fn check(&self, namespace: &str, key: &[u8]) -> Option<Duration> {
+    /// `now`: the caller's reading of the clock, which it also uses for
+    /// what it sends.
+    pub(crate) fn check(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        now: quanta::Instant,
+    ) -> Option<Duration> {
         let hash = self.hash(namespace, key);
-        let now = quanta::Instant::now();
-        let mut state = self.lock(hash);
+        let shard = self.shard(hash);
+        if shard.held.load(Ordering::Relaxed) == 0 {
+            return None;
+        }
+        let mut state = shard.lock();
         match state.table.find_entry(hash, |(k, _)| is(k, namespace, key)) {
             Ok(entry) if entry.get().1 > now => Some(entry.get().1 - now),
             Ok(entry) => {
                 entry.remove();
+                shard.held(&state);
                 None
             }
             Err(_) => None,
@@ -101,7 +136,8 @@ impl DenyCache {
         if deadline <= now {
             return;
         }
-        let mut state = self.lock(hash);
+        let shard = self.shard(hash);
+        let mut state = shard.lock();
         let hasher = &self.hasher;
         let known = match state.table.find_entry(hash, |(k, _)| is(k, namespace, key)) {
             Ok(mut entry) => {
@@ -119,6 +155,7 @@ impl DenyCache {
                 return; // full of live entries: this key just costs a round trip
             }
             state.table.retain(|(_, d)| *d > now);
+            shard.held(&state);
             state.min_deadline = state.table.iter().map(|(_, d)| *d).min();
             if state.table.len() >= state.cap {
                 return;
@@ -135,14 +172,17 @@ impl DenyCache {
                 state.write(key);
                 state.finish()
             });
+        shard.held(&state);
     }
 
     /// Forget the counter (`namespace`, `key`).
     pub(crate) fn remove(&self, namespace: &str, key: &[u8]) {
         let hash = self.hash(namespace, key);
-        let mut state = self.lock(hash);
+        let shard = self.shard(hash);
+        let mut state = shard.lock();
         if let Ok(entry) = state.table.find_entry(hash, |(k, _)| is(k, namespace, key)) {
             entry.remove();
+            shard.held(&state);
         }
     }
 }
@@ -174,6 +214,14 @@ fn is(entry: &[u8], namespace: &str, key: &[u8]) -> bool {
 mod tests {
     use super::*;
 
+    /// Every shard's published count is its table's length.
+    fn counts_match(cache: &DenyCache) {
+        for shard in &cache.shards {
+            let len = shard.lock().table.len();
+            assert_eq!(shard.held.load(Ordering::Relaxed), len);
+        }
+    }
+
     #[test]
     fn the_deny_cache_expires_and_stays_bounded() {
         let cache = DenyCache::new(2);
@@ -182,18 +230,34 @@ mod tests {
         cache.insert("n", b"a", later);
         cache.insert("n", b"b", later);
         cache.insert("n", b"c", later);
-        assert!(cache.check("n", b"a").is_some());
-        assert!(cache.check("n", b"b").is_some());
+        assert!(cache.check("n", b"a", quanta::Instant::now()).is_some());
+        assert!(cache.check("n", b"b", quanta::Instant::now()).is_some());
         assert_eq!(
-            cache.check("n", b"c"),
+            cache.check("n", b"c", quanta::Instant::now()),
             None,
             "a full cache of live entries takes no more"
         );
+        counts_match(&cache);
         cache.remove("n", b"a");
-        assert_eq!(cache.check("n", b"a"), None);
+        counts_match(&cache);
+        assert_eq!(cache.check("n", b"a", quanta::Instant::now()), None);
+        // An entry found expired is dropped by the check that finds it.
+        let soon = quanta::Instant::now() + Duration::from_millis(1);
+        cache.insert("n", b"soon", soon);
+        counts_match(&cache);
+        assert_eq!(cache.check("n", b"soon", soon), None);
+        counts_match(&cache);
+        assert_eq!(
+            cache
+                .shards
+                .iter()
+                .map(|s| s.lock().table.len())
+                .sum::<usize>(),
+            1
+        );
         cache.insert("n", b"past", now);
         assert_eq!(
-            cache.check("n", b"past"),
+            cache.check("n", b"past", quanta::Instant::now()),
             None,
             "a deadline already gone is not cached"
         );
@@ -203,21 +267,20 @@ mod tests {
     fn a_sharded_cache_holds_exactly_its_capacity() {
         for capacity in [1, 63, 64, 100, 1000, 1025, 10_000] {
             let cache = DenyCache::new(capacity);
-            let caps: usize = cache.shards.iter().map(|s| s.lock().unwrap().cap).sum();
+            let caps: usize = cache.shards.iter().map(|s| s.lock().cap).sum();
             assert_eq!(caps, capacity, "the shards' shares add up to {capacity}");
             assert!(cache.shards.len() <= MAX_SHARDS);
             let later = quanta::Instant::now() + Duration::from_secs(60);
             for i in 0..3 * capacity {
                 cache.insert("n", i.to_string().as_bytes(), later);
             }
-            let held: usize = cache
-                .shards
-                .iter()
-                .map(|s| s.lock().unwrap().table.len())
-                .sum();
+            let held: usize = cache.shards.iter().map(|s| s.lock().table.len()).sum();
             assert!(held <= capacity, "{held} > {capacity}");
             let found = (0..3 * capacity)
-                .filter(|i| cache.check("n", i.to_string().as_bytes()).is_some())
+                .filter(|i| {
+                    let now = quanta::Instant::now();
+                    cache.check("n", i.to_string().as_bytes(), now).is_some()
+                })
                 .count();
             assert_eq!(found, held, "every entry held is found");
         }
@@ -229,13 +292,13 @@ mod tests {
         let later = quanta::Instant::now() + Duration::from_secs(60);
         cache.insert("a:b", b"c", later);
         // The same bytes, cut elsewhere, are other counters.
-        assert_eq!(cache.check("a", b":bc"), None);
-        assert_eq!(cache.check("a:", b"bc"), None);
-        assert_eq!(cache.check("a:bc", b""), None);
-        assert_eq!(cache.check("", b"a:bc"), None);
-        assert!(cache.check("a:b", b"c").is_some());
+        assert_eq!(cache.check("a", b":bc", quanta::Instant::now()), None);
+        assert_eq!(cache.check("a:", b"bc", quanta::Instant::now()), None);
+        assert_eq!(cache.check("a:bc", b"", quanta::Instant::now()), None);
+        assert_eq!(cache.check("", b"a:bc", quanta::Instant::now()), None);
+        assert!(cache.check("a:b", b"c", quanta::Instant::now()).is_some());
         cache.insert("", b"", later);
-        assert!(cache.check("", b"").is_some());
+        assert!(cache.check("", b"", quanta::Instant::now()).is_some());
         assert_eq!(parts(&entry("a:b", b"c")), (&b"a:b"[..], &b"c"[..]));
     }
 }

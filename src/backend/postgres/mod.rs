@@ -710,9 +710,10 @@ impl Backend for PostgresBackend {
     /// then none of them is sent.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> PostgresHit {
         if let Some(deny) = &self.inner.deny {
+            let now = quanta::Instant::now();
             let cached: smallvec::SmallVec<[Option<Duration>; 2]> = counters
                 .iter()
-                .map(|c| deny.check(c.namespace, key.as_bytes()))
+                .map(|c| deny.check(c.namespace, key.as_bytes(), now))
                 .collect();
             if cached.iter().any(Option::is_some) {
                 // Denied here, with no statement; the counters are not hit.

@@ -668,12 +668,15 @@ where
     /// connection they are pipelined (one round trip of latency); on a
     /// Cluster they go to the one master that holds the key's slot.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> RedisHit {
+        // One reading of the clock: for the deny cache, and as the time the
+        // hits were sent.
+        let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny {
             // Asked by the counter's parts: no storage key is built for an
             // answer given here.
             let cached: SmallVec<[Option<Duration>; 2]> = counters
                 .iter()
-                .map(|c| deny.check(c.namespace, key.as_bytes()))
+                .map(|c| deny.check(c.namespace, key.as_bytes(), now))
                 .collect();
             if cached.iter().any(Option::is_some) {
                 // Denied here, without a round trip; the counters are not hit.
@@ -704,7 +707,7 @@ where
             quotas: counters.iter().map(|c| c.quota).collect(),
             deny: self.inner.deny.clone(),
             prefix: self.inner.prefix.len(),
-            sent: quanta::Instant::now(),
+            sent: now,
         };
         // Coalesced: through the key's lane (a driver task, so only on a
         // tokio runtime).
