@@ -126,7 +126,7 @@ impl Names {
     fn id(&self, namespace: &str) -> Option<u8> {
         for (id, slot) in (0u8..).zip(&self.ids) {
             match slot.get() {
-                Some(name) if **name == *namespace => return Some(id),
+                Some(name) if eq_short(name.as_bytes(), namespace.as_bytes()) => return Some(id),
                 Some(_) => {}
                 None => return self.add(namespace),
             }
@@ -407,6 +407,34 @@ impl ShortId<'_> {
     #[inline(always)]
     fn word(&self) -> u128 {
         (u128::from_le_bytes(*self.padded) << 8) | u128::from(self.tag)
+    }
+}
+
+/// `a == b` for the few bytes of a namespace, in fixed-size (possibly
+/// overlapping) pieces rather than a call to `memcmp`, the way
+/// [`copy_short`] copies them: every piece compares bytes at the same place
+/// in both.
+#[inline(always)]
+fn eq_short(a: &[u8], b: &[u8]) -> bool {
+    let n = a.len();
+    if b.len() != n {
+        return false;
+    }
+    let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().expect("8 bytes"));
+    let half = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().expect("4 bytes"));
+    if n >= 8 {
+        let mut at = 0;
+        while at + 8 < n {
+            if word(a, at) != word(b, at) {
+                return false;
+            }
+            at += 8;
+        }
+        word(a, n - 8) == word(b, n - 8)
+    } else if n >= 4 {
+        half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
+    } else {
+        n == 0 || (a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1])
     }
 }
 
@@ -1180,6 +1208,23 @@ mod tests {
             (s + shard.short.len(), l + shard.long.len())
         });
         assert!(short > 0 && long > 0, "{short} short, {long} long");
+    }
+
+    #[test]
+    fn eq_short_compares_every_byte() {
+        for n in 0..=MAX_KEY_LEN {
+            let a: Vec<u8> = (0..n as u8).collect();
+            assert!(eq_short(&a, &a.clone()), "{n} bytes equal");
+            for at in 0..n {
+                let mut b = a.clone();
+                b[at] ^= 0x80;
+                assert!(!eq_short(&a, &b), "{n} bytes, byte {at} differs");
+            }
+            assert!(
+                !eq_short(&a, &[a.as_slice(), &[0]].concat()),
+                "{n} and one more"
+            );
+        }
     }
 
     #[test]
