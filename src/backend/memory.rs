@@ -302,9 +302,11 @@ enum Id<'a> {
 }
 
 impl<'a> Id<'a> {
+    /// A short id when the key has at most [`SHORT_KEY`] bytes and `names`
+    /// has (or now gives) the namespace a place; otherwise a long id:
     /// `hashed` holds the namespace's hashed form if it is longer than a
-    /// key may be (a layer's name never is); `inline`, all zeros, receives
-    /// the inline form.
+    /// key may be (a layer's name never is), and `inline`, all zeros,
+    /// receives the inline form.
     #[inline(always)]
     fn new(
         names: &Names,
