@@ -120,18 +120,40 @@ const SHORT_NAMES: usize = 16;
 /// one-byte tag, in one 16-byte word.
 const SHORT_KEY: usize = 15;
 
+/// What [`Names::find`] found for a namespace.
+enum Place<'a> {
+    Given(u8),
+    /// The first free place, and its id.
+    Free(u8, &'a OnceLock<Box<str>>),
+    /// Every place is given to another namespace.
+    Full,
+}
+
 impl Names {
     /// `namespace`'s short id, given now if it is new and a place is free.
     #[inline(always)]
     fn id(&self, namespace: &str) -> Option<u8> {
+        match self.find(namespace) {
+            Place::Given(id) => Some(id),
+            Place::Free(..) => self.add(namespace),
+            Place::Full => None,
+        }
+    }
+
+    /// The namespace's place, or the first free one: places are given in
+    /// order and never taken back, so none is given past a free one.
+    #[inline(always)]
+    fn find(&self, namespace: &str) -> Place<'_> {
         for (id, slot) in (0u8..).zip(&self.ids) {
             match slot.get() {
-                Some(name) if eq_short(name.as_bytes(), namespace.as_bytes()) => return Some(id),
+                Some(name) if eq_short(name.as_bytes(), namespace.as_bytes()) => {
+                    return Place::Given(id);
+                }
                 Some(_) => {}
-                None => return self.add(namespace),
+                None => return Place::Free(id, slot),
             }
         }
-        None
+        Place::Full
     }
 
     /// Gives `namespace` the first free place, unless another thread has
@@ -144,18 +166,15 @@ impl Names {
             return None;
         }
         let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
-        for (id, slot) in (0u8..).zip(&self.ids) {
-            match slot.get() {
-                Some(name) if **name == *namespace => return Some(id),
-                Some(_) => {}
-                None => {
-                    // Only ever set here, under the lock.
-                    let _ = slot.set(namespace.into());
-                    return Some(id);
-                }
+        match self.find(namespace) {
+            Place::Given(id) => Some(id),
+            Place::Free(id, slot) => {
+                // Only ever set here, under the lock.
+                let _ = slot.set(namespace.into());
+                Some(id)
             }
+            Place::Full => None,
         }
-        None
     }
 }
 
