@@ -728,7 +728,6 @@ impl MemoryBackend {
     }
 
     /// The hit itself, at time `now` (nanoseconds since the epoch).
-    #[inline(always)]
     pub(crate) fn hit_at(
         &self,
         now: u64,
@@ -736,6 +735,20 @@ impl MemoryBackend {
         key: &Key,
         window: Window,
     ) -> Result<Hit, BackendError> {
+        match self.count_at(now, namespace, key, window) {
+            Some(counted) => Ok(counted.hit(now)),
+            None => Err(BackendError::AtCapacity),
+        }
+    }
+
+    /// The hit, as its count and deadline; `None` for a new counter refused
+    /// because the shard is full. Two words, returned in registers: the
+    /// caller builds the [`Hit`] where it is used. (Built here and returned
+    /// through memory, it was written field by field and read back by the
+    /// caller in wider loads, which some processors cannot forward from
+    /// narrower stores: a stall on every hit.)
+    #[inline(never)]
+    fn count_at(&self, now: u64, namespace: &str, key: &Key, window: Window) -> Option<Counted> {
         let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
         let id = Id::new(&self.inner.names, namespace, key, &mut hashed, &mut inline);
         let (hash, lock) = self.locate(&id);
@@ -750,23 +763,24 @@ impl MemoryBackend {
                 _ => None,
             }
         };
-        // Both ways end in two words, held in registers: the `Hit` is built
-        // once, here. (Built in each branch, it went through one slot on the
-        // stack, written field by field and read back in wider loads, which
-        // some processors cannot forward: a stall on every hit.)
-        let counted = match live {
-            Some(counted) => counted,
-            None => match self.open_or_count(now, id, hash, lock, window) {
-                Some(counted) => counted,
-                None => return Err(BackendError::AtCapacity),
-            },
-        };
-        let Counted { count, deadline } = counted;
-        Ok(Hit {
-            count: count.get(),
-            reset: Duration::from_nanos(deadline - now),
-            deadline: NonZeroU64::new(deadline),
-        })
+        match live {
+            Some(counted) => Some(counted),
+            None => self.open_or_count(now, id, hash, lock, window),
+        }
+    }
+
+    /// [`hit_all`](Backend::hit_all) on several counters.
+    fn hit_many(
+        &self,
+        now: u64,
+        key: &Key,
+        counters: &[Counter<'_>],
+    ) -> Result<Hits, BackendError> {
+        let mut hits = Hits::with_capacity(counters.len());
+        for counter in counters {
+            hits.push(self.hit_at(now, counter.namespace, key, counter.quota.window())?);
+        }
+        Ok(hits)
     }
 
     /// A hit that found no live counter under the read lock: a new counter,
@@ -1056,29 +1070,38 @@ impl Counted {
             deadline,
         }
     }
+
+    /// The [`Hit`] this is at time `now`.
+    #[inline]
+    fn hit(self, now: u64) -> Hit {
+        Hit {
+            count: self.count.get(),
+            reset: Duration::from_nanos(self.deadline - now),
+            deadline: NonZeroU64::new(self.deadline),
+        }
+    }
 }
 
 impl Backend for MemoryBackend {
     type Future = Ready<Result<Hits, BackendError>>;
     type Refund = Ready<Result<bool, BackendError>>;
 
+    // Inlined where the layer (or any caller) is compiled, so the one
+    // counter's `Hit` is built in the caller's frame from the two words
+    // `count_at` returns in registers.
+    #[inline]
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
         let now = self.now();
         if let [counter] = counters {
             // The common case, without the loop.
             return ready(
-                self.hit_at(now, counter.namespace, key, counter.quota.window())
-                    .map(Hits::one),
+                match self.count_at(now, counter.namespace, key, counter.quota.window()) {
+                    Some(counted) => Ok(Hits::one(counted.hit(now))),
+                    None => Err(BackendError::AtCapacity),
+                },
             );
         }
-        let mut hits = Hits::new();
-        for counter in counters {
-            match self.hit_at(now, counter.namespace, key, counter.quota.window()) {
-                Ok(hit) => hits.push(hit),
-                Err(err) => return ready(Err(err)),
-            }
-        }
-        ready(Ok(hits))
+        ready(self.hit_many(now, key, counters))
     }
 
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund {

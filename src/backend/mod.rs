@@ -72,7 +72,6 @@ use std::ops::Deref;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use smallvec::SmallVec;
 use std::time::Duration;
 
 use crate::key::Key;
@@ -231,7 +230,8 @@ pub struct Counter<'a> {
 }
 
 /// The outcome of one [`Backend::hit_all`]: a [`Hit`] per counter, in order.
-/// Inline for up to two counters (no heap allocation).
+/// One hit is held inline, with no heap allocation, in the space of the
+/// `Hit` itself; more go in a `Vec`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -243,58 +243,93 @@ pub struct Counter<'a> {
 /// assert_eq!(hits.first().map(|h| h.count), Some(1));
 /// assert_eq!(hits.iter().map(|h| h.count).sum::<u64>(), 3);
 /// ```
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Hits(SmallVec<[Hit; 2]>);
+#[derive(Debug, Clone)]
+pub struct Hits(Repr);
+
+/// One hit inline, as in the common case of one counter; more on the heap.
+/// `Hit`'s `Duration` leaves room for the tag, so a one-counter answer is
+/// the size of one `Hit`, small enough to move cheaply from the backend to
+/// the layer.
+#[derive(Debug, Clone)]
+enum Repr {
+    One(Hit),
+    Many(Vec<Hit>),
+}
 
 impl Hits {
     /// No hits.
     pub fn new() -> Self {
-        Self(SmallVec::new())
+        Self(Repr::Many(Vec::new()))
     }
 
     /// No hits, with room for `capacity`.
     pub fn with_capacity(capacity: usize) -> Self {
-        Self(SmallVec::with_capacity(capacity))
+        Self(Repr::Many(if capacity > 1 {
+            Vec::with_capacity(capacity)
+        } else {
+            Vec::new()
+        }))
     }
 
     /// One hit.
     pub fn one(hit: Hit) -> Self {
-        // Pushed into the inline room, which the compiler sees is free: one
-        // copy of the hit (`from_buf_and_len([hit; 2], 1)` wrote two).
-        let mut hits = SmallVec::new();
-        hits.push(hit);
-        Self(hits)
+        Self(Repr::One(hit))
     }
 
     /// Add the next counter's hit.
     pub fn push(&mut self, hit: Hit) {
-        self.0.push(hit);
+        match &mut self.0 {
+            Repr::One(first) => self.0 = Repr::Many(vec![*first, hit]),
+            Repr::Many(hits) if hits.is_empty() && hits.capacity() == 0 => self.0 = Repr::One(hit),
+            Repr::Many(hits) => hits.push(hit),
+        }
     }
 
     /// The hits, in the order of the counters.
     pub fn as_slice(&self) -> &[Hit] {
-        &self.0
+        match &self.0 {
+            Repr::One(hit) => std::slice::from_ref(hit),
+            Repr::Many(hits) => hits,
+        }
     }
 }
+
+impl Default for Hits {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl PartialEq for Hits {
+    fn eq(&self, other: &Self) -> bool {
+        self.as_slice() == other.as_slice()
+    }
+}
+
+impl Eq for Hits {}
 
 /// The slice's methods: `len`, `iter`, `get`, `first`, ...
 impl Deref for Hits {
     type Target = [Hit];
 
     fn deref(&self) -> &[Hit] {
-        &self.0
+        self.as_slice()
     }
 }
 
 impl FromIterator<Hit> for Hits {
     fn from_iter<I: IntoIterator<Item = Hit>>(iter: I) -> Self {
-        Self(iter.into_iter().collect())
+        let mut hits = Self::new();
+        hits.extend(iter);
+        hits
     }
 }
 
 impl Extend<Hit> for Hits {
     fn extend<I: IntoIterator<Item = Hit>>(&mut self, iter: I) {
-        self.0.extend(iter);
+        for hit in iter {
+            self.push(hit);
+        }
     }
 }
 
@@ -303,7 +338,10 @@ impl IntoIterator for Hits {
     type IntoIter = HitsIntoIter;
 
     fn into_iter(self) -> HitsIntoIter {
-        HitsIntoIter(self.0.into_iter())
+        HitsIntoIter(match self.0 {
+            Repr::One(hit) => IterRepr::One(Some(hit).into_iter()),
+            Repr::Many(hits) => IterRepr::Many(hits.into_iter()),
+        })
     }
 }
 
@@ -312,29 +350,44 @@ impl<'a> IntoIterator for &'a Hits {
     type IntoIter = std::slice::Iter<'a, Hit>;
 
     fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
+        self.as_slice().iter()
     }
 }
 
 /// The owning iterator of [`Hits`].
 #[derive(Debug)]
-pub struct HitsIntoIter(smallvec::IntoIter<[Hit; 2]>);
+pub struct HitsIntoIter(IterRepr);
+
+#[derive(Debug)]
+enum IterRepr {
+    One(std::option::IntoIter<Hit>),
+    Many(std::vec::IntoIter<Hit>),
+}
 
 impl Iterator for HitsIntoIter {
     type Item = Hit;
 
     fn next(&mut self) -> Option<Hit> {
-        self.0.next()
+        match &mut self.0 {
+            IterRepr::One(it) => it.next(),
+            IterRepr::Many(it) => it.next(),
+        }
     }
 
     fn size_hint(&self) -> (usize, Option<usize>) {
-        self.0.size_hint()
+        match &self.0 {
+            IterRepr::One(it) => it.size_hint(),
+            IterRepr::Many(it) => it.size_hint(),
+        }
     }
 }
 
 impl DoubleEndedIterator for HitsIntoIter {
     fn next_back(&mut self) -> Option<Hit> {
-        self.0.next_back()
+        match &mut self.0 {
+            IterRepr::One(it) => it.next_back(),
+            IterRepr::Many(it) => it.next_back(),
+        }
     }
 }
 
@@ -425,5 +478,62 @@ where
                     .ok_or_else(|| BackendError::Unavailable("the backend answered no hit".into()))
             })
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn hit(count: u64) -> Hit {
+        Hit {
+            count,
+            reset: Duration::from_millis(count),
+            deadline: NonZeroU64::new(count),
+        }
+    }
+
+    #[test]
+    fn one_hit_takes_the_room_of_a_hit() {
+        // What lets the memory backend's answer move from the backend to
+        // the layer in a few words (the tag sits in the `Duration`'s
+        // nanoseconds).
+        assert_eq!(size_of::<Hits>(), size_of::<Hit>());
+        assert_eq!(
+            size_of::<Result<Hits, BackendError>>(),
+            size_of::<BackendError>().max(size_of::<Hit>())
+        );
+    }
+
+    proptest! {
+        /// However they are built, hits read back as the list they were
+        /// given, in order, forwards and backwards.
+        #[test]
+        fn hits_keep_what_they_were_given(
+            counts in proptest::collection::vec(0..u64::MAX, 0..5),
+            capacity in 0..4usize,
+        ) {
+            let given: Vec<Hit> = counts.iter().copied().map(hit).collect();
+            let mut pushed = Hits::with_capacity(capacity);
+            for &h in &given {
+                pushed.push(h);
+            }
+            let collected: Hits = given.iter().copied().collect();
+            let mut extended = Hits::new();
+            extended.extend(given.iter().copied());
+            for hits in [&pushed, &collected, &extended] {
+                prop_assert_eq!(hits.as_slice(), &given[..]);
+                prop_assert_eq!(hits, &pushed);
+                prop_assert_eq!(hits.clone().into_iter().len(), given.len());
+                prop_assert_eq!(hits.clone().into_iter().collect::<Vec<_>>(), given.clone());
+                prop_assert_eq!(
+                    hits.clone().into_iter().rev().collect::<Vec<_>>(),
+                    given.iter().rev().copied().collect::<Vec<_>>()
+                );
+                prop_assert_eq!(hits.iter().collect::<Vec<_>>(), given.iter().collect::<Vec<_>>());
+            }
+            prop_assert_eq!(given.len() == 1, matches!(collected.0, Repr::One(_)));
+        }
     }
 }
