@@ -776,11 +776,14 @@ impl MemoryBackend {
         key: &Key,
         counters: &[Counter<'_>],
     ) -> Result<Hits, BackendError> {
-        let mut hits = Hits::with_capacity(counters.len());
-        for counter in counters {
-            hits.push(self.hit_at(now, counter.namespace, key, counter.quota.window())?);
+        let hit = |counter: &Counter<'_>| {
+            self.hit_at(now, counter.namespace, key, counter.quota.window())
+        };
+        match counters {
+            // Two quotas (`also`), built in place.
+            [first, second] => Ok(Hits::two(hit(first)?, hit(second)?)),
+            _ => counters.iter().map(hit).collect(),
         }
-        Ok(hits)
     }
 
     /// A hit that found no live counter under the read lock: a new counter,
