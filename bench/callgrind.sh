@@ -33,6 +33,7 @@ per() { # $1 = case name, $2 = iterations
 
 hot_ours=$(per case_hot_key_ours "$memory"); hot_gov=$(per case_hot_key_governor "$memory")
 keys_ours=$(per case_100k_keys_ours "$memory"); keys_gov=$(per case_100k_keys_governor "$memory")
+two_ours=$(per case_two_counters_ours "$memory")
 bare=$(per case_layer_bare "$layer")
 ours_h=$(per case_layer_ours_headers "$layer"); ours_n=$(per case_layer_ours_no_headers "$layer")
 tg_h=$(per case_layer_tower_governor_headers "$layer"); tg_n=$(per case_layer_tower_governor_no_headers "$layer")
@@ -45,3 +46,4 @@ row "memory backend, 100k distinct keys" "$keys_ours" "$keys_gov"
 row "layer overhead over \`service_fn\`, with rate-limit headers" "$(echo "$ours_h - $bare" | bc -l)" "$(echo "$tg_h - $bare" | bc -l)"
 row "layer overhead over \`service_fn\`, no headers" "$(echo "$ours_n - $bare" | bc -l)" "$(echo "$tg_n - $bare" | bc -l)"
 printf '\nbare `service_fn` request: %.0f instructions\n' "$bare"
+printf 'memory backend, one hot key under two quotas (no governor counterpart): %.0f instructions\n' "$two_ours"

@@ -44,6 +44,15 @@ const COUNTER: &[Counter<'static>] = &[Counter {
     quota: Quota::per_hour(NonZeroU32::MAX),
 }];
 
+/// A policy of two quotas (`also`): one key, two counters.
+const TWO_COUNTERS: &[Counter<'static>] = &[
+    COUNTER[0],
+    Counter {
+        namespace: "bench-day",
+        quota: Quota::per_day(NonZeroU32::MAX),
+    },
+];
+
 fn key(ip: &IpAddr) -> Key {
     match ip {
         IpAddr::V4(v4) => Key::new(v4.octets()),
@@ -82,6 +91,7 @@ cases!(
     case_hot_key_governor,
     case_100k_keys_ours,
     case_100k_keys_governor,
+    case_two_counters_ours,
     case_layer_bare,
     case_layer_ours_headers,
     case_layer_ours_no_headers,
@@ -153,6 +163,19 @@ fn main() {
     };
     warm(KEYS, &mut f);
     case_100k_keys_governor(ITERS, &mut f);
+
+    // One hot key under two quotas: no governor counterpart.
+    let store = MemoryBackend::new();
+    let mut f = |_| {
+        black_box(
+            store
+                .hit_all(&key(black_box(&ips[0])), TWO_COUNTERS)
+                .into_inner()
+                .unwrap(),
+        );
+    };
+    warm(1000, &mut f);
+    case_two_counters_ours(ITERS, &mut f);
 
     // The layer around a trivial service.
     let inner = service_fn(|_req: Request<Body>| async {
