@@ -186,6 +186,8 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
     set(&mut con, "tpw:api{text}", "abc");
     set(&mut con, "tpw:api{float}", "2.5");
     set(&mut con, "tpw:api{negative}", "-3");
+    // An integer Redis cannot count past (INCRBY would overflow).
+    set(&mut con, "tpw:api{full}", "9223372036854775807");
     let _: () = redis::cmd("HSET")
         .arg("tpw:api{hash}")
         .arg("f")
@@ -198,36 +200,46 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
         .query(&mut con)
         .unwrap();
 
-    let store = backend(&server).await;
-    let svc = RateLimitLayer::new("api", quota(5, Duration::from_secs(60)))
-        .key(by_client())
-        .backend(store.clone())
-        .on_failure(FailurePolicy::FailOpen)
-        .layer(ok_service());
-    let cases = [
-        ("text", "value abc"),
-        ("float", "value 2.5"),
-        ("negative", "negative value -3"),
-        ("hash", "type hash"),
-    ];
-    for (client, detail) in cases {
-        match store
-            .hit("api", &Key::new(client), quota(5, Duration::from_secs(60)))
-            .await
-        {
-            Err(BackendError::Corrupt { key, detail: got }) => {
-                assert_eq!(key, format!("tpw:api{{{client}}}"));
-                assert!(got.contains(detail), "{client}: {got}");
+    // Both paths: coalesced hits (hit_batch.lua) and one EVALSHA per hit
+    // (hit.lua).
+    for coalesce in [true, false] {
+        let store = RedisBackend::builder(manager(&server).await)
+            .coalesce(coalesce)
+            .build();
+        let svc = RateLimitLayer::new("api", quota(5, Duration::from_secs(60)))
+            .key(by_client())
+            .backend(store.clone())
+            .on_failure(FailurePolicy::FailOpen)
+            .layer(ok_service());
+        let cases = [
+            ("text", "value abc"),
+            ("float", "value 2.5"),
+            ("negative", "negative value -3"),
+            ("full", "value 9223372036854775807"),
+            ("hash", "type hash"),
+        ];
+        for (client, detail) in cases {
+            match store
+                .hit("api", &Key::new(client), quota(5, Duration::from_secs(60)))
+                .await
+            {
+                Err(BackendError::Corrupt { key, detail: got }) => {
+                    assert_eq!(key, format!("tpw:api{{{client}}}"));
+                    assert!(
+                        got.contains(detail),
+                        "{client} (coalesce {coalesce}): {got}"
+                    );
+                }
+                other => panic!("{client} (coalesce {coalesce}): {other:?}"),
             }
-            other => panic!("{client}: {other:?}"),
-        }
-        for _ in 0..3 {
-            let res = svc.clone().oneshot(from(client)).await.unwrap();
-            assert_eq!(
-                res.status(),
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "{client}: stopped even when failing open"
-            );
+            for _ in 0..3 {
+                let res = svc.clone().oneshot(from(client)).await.unwrap();
+                assert_eq!(
+                    res.status(),
+                    StatusCode::INTERNAL_SERVER_ERROR,
+                    "{client} (coalesce {coalesce}): stopped even when failing open"
+                );
+            }
         }
     }
     let get = |con: &mut redis::Connection, key: &str| -> String {
@@ -236,6 +248,7 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
     assert_eq!(get(&mut con, "tpw:api{text}"), "abc");
     assert_eq!(get(&mut con, "tpw:api{float}"), "2.5");
     assert_eq!(get(&mut con, "tpw:api{negative}"), "-3");
+    assert_eq!(get(&mut con, "tpw:api{full}"), "9223372036854775807");
     let hash: Vec<(String, String)> = redis::cmd("HGETALL")
         .arg("tpw:api{hash}")
         .query(&mut con)
@@ -252,6 +265,7 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
     );
 
     // peek reports the corruption too.
+    let store = backend(&server).await;
     assert!(matches!(
         store.peek("api", &Key::new("text")).await,
         Err(BackendError::Corrupt { .. })
@@ -1274,6 +1288,10 @@ async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
         (&["SET", "tpw:mix{negative}", "-3"][..], "negative"),
         (&["HSET", "tpw:mix{hash}", "f", "v"][..], "hash"),
         (
+            &["SET", "tpw:mix{full}", "9223372036854775807"][..],
+            "a counter INCRBY cannot raise",
+        ),
+        (
             &["SET", "tpw:mix{old}", "5"][..],
             "a counter older code left without a lifetime",
         ),
@@ -1296,7 +1314,7 @@ async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
         .on_failure(FailurePolicy::FailOpen)
         .layer(ok_service());
     let clients = [
-        "h1", "text", "h2", "old", "hash", "h1", "negative", "h3", "old", "h1",
+        "h1", "text", "h2", "old", "hash", "h1", "negative", "full", "h3", "old", "h1",
     ];
     let before = script_calls(&server);
     // On this current-thread runtime, every request is submitted before the
@@ -1318,7 +1336,7 @@ async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
     for (round, client, task) in tasks {
         let res = task.await.unwrap();
         match client {
-            "text" | "hash" | "negative" => assert_eq!(
+            "text" | "hash" | "negative" | "full" => assert_eq!(
                 res.status(),
                 StatusCode::INTERNAL_SERVER_ERROR,
                 "{client} (round {round}): a corrupt key stops its own requests, even failing open"
@@ -1366,6 +1384,8 @@ async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
     };
     assert_eq!(get(&mut con, "tpw:mix{text}"), "abc");
     assert_eq!(get(&mut con, "tpw:mix{negative}"), "-3");
+    assert_eq!(get(&mut con, "tpw:mix{full}"), "9223372036854775807");
+    assert_eq!(pttl(&mut con, "tpw:mix{full}"), -1);
     assert_eq!(
         pttl(&mut con, "tpw:mix{text}"),
         -1,
