@@ -284,6 +284,7 @@ impl Hits {
     }
 
     /// Add the next counter's hit.
+    #[inline]
     pub fn push(&mut self, hit: Hit) {
         match &mut self.0 {
             Repr::One(first) => self.0 = Repr::Two([*first, hit]),
