@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::HeaderValue;
+
 use crate::metrics::DecisionCounters;
 use crate::request::Route;
 
@@ -69,6 +71,31 @@ pub(crate) struct Label {
     pub(crate) policy: Arc<str>,
     /// Its decision counters (feature `metrics`; zero-sized without).
     pub(crate) counters: DecisionCounters,
+    /// How its decisions are written in the response headers.
+    pub(crate) headers: QuotaHeaders,
+}
+
+/// A quota's rate-limit header fields, serialized once when the layer is
+/// built (`response::quota_headers`) and completed per decision with its
+/// count and reset (`response::write_headers`). A decision reaches them
+/// through its label, so a passed request's future holds nothing else of
+/// its policy.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum QuotaHeaders {
+    /// No rate-limit fields.
+    None,
+    /// `RateLimit` and `RateLimit-Policy`.
+    Ietf {
+        /// Every quota of the policy, as one sf-list.
+        policy: HeaderValue,
+        /// This quota's policy name as an sf-string, with its quotes.
+        name_item: Box<str>,
+    },
+    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
+    Legacy {
+        /// This quota's limit.
+        limit: HeaderValue,
+    },
 }
 
 impl Decision {
@@ -95,6 +122,11 @@ impl Decision {
             outcome,
             refunded: false,
         }
+    }
+
+    /// Its quota's header fields.
+    pub(crate) fn quota_headers(&self) -> &QuotaHeaders {
+        &self.label.headers
     }
 
     /// Count this decision in its quota's metrics (feature `metrics`).
@@ -249,6 +281,7 @@ mod tests {
             limiter: "n".into(),
             policy: "n".into(),
             counters: Default::default(),
+            headers: QuotaHeaders::None,
         });
         let d = |count, shadow| {
             Decision::new(

@@ -14,7 +14,7 @@ use tower_service::Service;
 use crate::backend::{Backend, BackendError};
 use crate::judge::{Core, Stamp, Verdict};
 use crate::metrics::Stopwatch;
-use crate::policy::Policy;
+use crate::policy::{Policy, Selected};
 use crate::refund::{self, Tab, Wait};
 use crate::request::RequestHead;
 use crate::response::Deny;
@@ -178,7 +178,7 @@ where
                     let head =
                         RequestHead::new(request.as_ref().expect("the request is taken once"));
                     let (verdict, tab) =
-                        refund::judge(core, tab.take(), result, policy.clone(), &head);
+                        refund::judge(core, tab.take(), result, &Selected::Kept(policy), &head);
                     match verdict {
                         Verdict::Pass(stamp) => {
                             let mut service = service.take().expect("the service is taken once");

@@ -19,7 +19,7 @@ use crate::key::KeyError;
 use crate::metrics::LayerMetrics;
 use crate::policy::{Policies, Policy};
 use crate::request::RequestHead;
-use crate::response::{Answer, Deny, GrpcCode, grpc_response, status_response};
+use crate::response::{Answer, Deny, GrpcCode, grpc_response, status_response, write_headers};
 
 /// What a request gets when the backend is down, slow, or full.
 ///
@@ -97,9 +97,10 @@ pub(crate) enum Verdict<B> {
 
 /// A passed request's decision, to be written onto its response.
 pub(crate) struct Stamp {
-    policy: Arc<Policy>,
     /// Which of the policy's quotas the decision is about.
     index: usize,
+    /// Its label holds the quota's header fields: the stamp needs nothing
+    /// else of the policy.
     decision: Decision,
 }
 
@@ -108,12 +109,7 @@ impl Stamp {
     /// decision into its extensions.
     #[inline]
     pub(crate) fn apply<B>(self, response: &mut Response<B>) {
-        self.policy.headers.write(
-            response.headers_mut(),
-            self.index,
-            &self.decision,
-            Answer::Passed,
-        );
+        write_headers(response.headers_mut(), &self.decision, Answer::Passed);
         response.extensions_mut().insert(self.decision);
     }
 
@@ -146,7 +142,7 @@ impl<Bk, D> Core<Bk, D> {
     pub(crate) fn judge<B>(
         &self,
         result: Result<Hits, BackendError>,
-        policy: Arc<Policy>,
+        policy: &Policy,
         request: &RequestHead<'_>,
     ) -> Verdict<B>
     where
@@ -182,11 +178,7 @@ impl<Bk, D> Core<Bk, D> {
             observer(&decision);
         }
         if decision.passed() {
-            return Verdict::Pass(Some(Stamp {
-                policy,
-                index,
-                decision,
-            }));
+            return Verdict::Pass(Some(Stamp { index, decision }));
         }
         let mut response = if request.is_grpc() {
             grpc_response(
@@ -197,9 +189,7 @@ impl<Bk, D> Core<Bk, D> {
         } else {
             self.deny.deny(&decision)
         };
-        policy
-            .headers
-            .write(response.headers_mut(), index, &decision, Answer::Denial);
+        write_headers(response.headers_mut(), &decision, Answer::Denial);
         response.extensions_mut().insert(decision);
         Verdict::Respond(response)
     }

@@ -15,7 +15,7 @@ use crate::error::ConfigError;
 use crate::name::{is_policy_name, is_sf_string_byte};
 use crate::quota::Quota;
 use crate::request::{RequestHead, Route};
-use crate::response::{HeaderStyle, Headers};
+use crate::response::{HeaderStyle, quota_headers};
 
 /// A quota with the name clients see for it: the policy name in the
 /// `RateLimit` and `RateLimit-Policy` headers, and
@@ -110,25 +110,13 @@ struct Slot {
 }
 
 /// The quotas one request is checked against, with their counters' names
-/// and headers, built once.
+/// and headers (in their labels), built once.
 #[derive(Debug)]
 pub(crate) struct Policy {
     slots: SmallVec<[Slot; 2]>,
-    pub(crate) headers: Headers,
 }
 
 impl Policy {
-    fn new(style: HeaderStyle, slots: SmallVec<[Slot; 2]>) -> Self {
-        let named: Vec<(&str, Quota)> = slots
-            .iter()
-            .map(|slot| (&*slot.label.policy, slot.quota))
-            .collect();
-        Self {
-            headers: Headers::new(style, &named),
-            slots,
-        }
-    }
-
     /// The counters to hit, built straight into the inline buffer for the
     /// usual one or two (this runs on every request).
     pub(crate) fn counters(&self) -> SmallVec<[Counter<'_>; 2]> {
@@ -242,7 +230,9 @@ const CHOSEN_CAP: usize = 1024;
 impl Policies {
     pub(crate) fn new(name: Arc<str>, quota: Quota, style: HeaderStyle) -> Self {
         let mut this = Self {
-            default: Arc::new(Policy::new(style, SmallVec::new())),
+            default: Arc::new(Policy {
+                slots: SmallVec::new(),
+            }),
             name,
             style,
             default_quota: quota,
@@ -294,25 +284,35 @@ impl Policies {
     }
 
     fn build(&self, primary: &NamedQuota, kind: Primary<'_>) -> Arc<Policy> {
-        let mut slots: SmallVec<[Slot; 2]> = SmallVec::new();
+        // Each distinct quota with the name clients see; equal quotas are
+        // one counter: the first one names it.
+        let mut named: SmallVec<[(Quota, Arc<str>); 2]> = SmallVec::new();
         let quotas =
             std::iter::once((primary, kind)).chain(self.also.iter().map(|q| (q, Primary::Tier)));
         for (quota, kind) in quotas {
-            // Equal quotas are one counter: the first one names it.
-            if slots.iter().any(|slot| slot.quota == quota.quota) {
+            if named.iter().any(|(q, _)| *q == quota.quota) {
                 continue;
             }
-            slots.push(Slot {
-                namespace: self.counter_name(quota.quota),
-                quota: quota.quota,
+            named.push((quota.quota, self.policy_name(quota, kind)));
+        }
+        let listed: SmallVec<[(&str, Quota); 2]> =
+            named.iter().map(|(q, name)| (&**name, *q)).collect();
+        let headers = quota_headers(self.style, &listed);
+        let slots = named
+            .iter()
+            .zip(headers)
+            .map(|((quota, name), headers)| Slot {
+                namespace: self.counter_name(*quota),
+                quota: *quota,
                 label: Arc::new(Label {
                     limiter: self.name.clone(),
-                    policy: self.policy_name(quota, kind),
+                    policy: name.clone(),
                     counters: Default::default(),
+                    headers,
                 }),
-            });
-        }
-        Arc::new(Policy::new(self.style, slots))
+            })
+            .collect();
+        Arc::new(Policy { slots })
     }
 
     fn rebuild(&mut self) {
@@ -354,13 +354,13 @@ impl Policies {
     }
 
     /// The policy for a request.
-    pub(crate) fn select(&self, head: &RequestHead<'_>) -> Arc<Policy> {
+    pub(crate) fn select(&self, head: &RequestHead<'_>) -> Selected<'_> {
         if self.quota_by.is_none() && self.routes.is_empty() {
-            return self.default.clone();
+            return Selected::Kept(&self.default);
         }
         if let Some(quota) = self.quota_by.as_ref().and_then(|f| f(head)) {
             if quota.quota == self.default_quota && quota.name.is_none() {
-                return self.default.clone();
+                return Selected::Kept(&self.default);
             }
             if let Some(policy) = self
                 .chosen
@@ -368,13 +368,13 @@ impl Policies {
                 .unwrap_or_else(PoisonError::into_inner)
                 .get(&quota)
             {
-                return policy.clone();
+                return Selected::Built(policy.clone());
             }
             let policy = self.build(&quota, Primary::Tier);
             let mut chosen = self.chosen.write().unwrap_or_else(PoisonError::into_inner);
             if let Some(kept) = chosen.get(&quota) {
                 // Another request built it meanwhile: one policy per quota.
-                return kept.clone();
+                return Selected::Built(kept.clone());
             }
             if chosen.len() >= CHOSEN_CAP
                 && let Some(old) = chosen.keys().next().cloned()
@@ -382,12 +382,44 @@ impl Policies {
                 chosen.remove(&old);
             }
             chosen.insert(quota, policy.clone());
-            return policy;
+            return Selected::Built(policy);
         }
-        head.route()
-            .and_then(|route| self.routes.get(route))
-            .unwrap_or(&self.default)
-            .clone()
+        Selected::Kept(
+            head.route()
+                .and_then(|route| self.routes.get(route))
+                .unwrap_or(&self.default),
+        )
+    }
+}
+
+/// The policy [`Policies::select`] picked for a request: one the layer keeps
+/// for its lifetime, borrowed, or one a `quota_by` answer picked, which the
+/// layer may drop meanwhile. Borrowing the kept ones means a request that is
+/// judged at once takes no count on a reference shared by every request
+/// (an atomic on a cache line all cores write).
+pub(crate) enum Selected<'a> {
+    Kept(&'a Arc<Policy>),
+    Built(Arc<Policy>),
+}
+
+impl Selected<'_> {
+    /// The policy, for what outlives the call that selected it.
+    pub(crate) fn to_arc(&self) -> Arc<Policy> {
+        match self {
+            Self::Kept(policy) => Arc::clone(policy),
+            Self::Built(policy) => Arc::clone(policy),
+        }
+    }
+}
+
+impl std::ops::Deref for Selected<'_> {
+    type Target = Policy;
+
+    fn deref(&self) -> &Policy {
+        match self {
+            Self::Kept(policy) => policy,
+            Self::Built(policy) => policy,
+        }
     }
 }
 
@@ -527,6 +559,33 @@ mod tests {
     }
 
     #[test]
+    fn the_layers_own_policies_are_lent_not_counted() {
+        let mut policies = Policies::new("api".into(), quota(100, 60_000), HeaderStyle::Ietf);
+        // A gRPC call's route is its method.
+        policies.add_route("/auth.Auth/Login", quota(5, 60_000).into());
+        let default = Arc::strong_count(&policies.default);
+        let login = Arc::strong_count(&policies.routes["/auth.Auth/Login"]);
+        for (path, quota_seen) in [
+            ("/", quota(100, 60_000)),
+            ("/auth.Auth/Login", quota(5, 60_000)),
+        ] {
+            let request = http::Request::post(path)
+                .header("content-type", "application/grpc")
+                .body(())
+                .unwrap();
+            let selected = policies.select(&RequestHead::new(&request));
+            assert!(matches!(selected, Selected::Kept(_)), "{path}");
+            assert_eq!(selected.counters()[0].quota, quota_seen, "{path}");
+            // While the selection is held: no count was taken.
+            assert_eq!(Arc::strong_count(&policies.default), default);
+            assert_eq!(
+                Arc::strong_count(&policies.routes["/auth.Auth/Login"]),
+                login
+            );
+        }
+    }
+
+    #[test]
     fn tier_policies_are_kept_bounded_and_found_again() {
         let mut policies = Policies::new("api".into(), quota(100, 60_000), HeaderStyle::Ietf);
         policies.set_quota_by(Arc::new(|head: &RequestHead<'_>| {
@@ -538,7 +597,7 @@ mod tests {
                 .header("tier", limit.to_string())
                 .body(())
                 .unwrap();
-            policies.select(&RequestHead::new(&request))
+            policies.select(&RequestHead::new(&request)).to_arc()
         };
         let first = select(1);
         assert!(Arc::ptr_eq(&first, &select(1)), "built once, then found");

@@ -26,7 +26,7 @@ use crate::count::ResponseHead;
 use crate::decision::Decision;
 use crate::judge::{Core, LogGate, Stamp, Verdict};
 use crate::key::Key;
-use crate::policy::Policy;
+use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
 use crate::response::Deny;
 
@@ -143,7 +143,7 @@ pub(crate) fn judge<Bk, D, B>(
     core: &Core<Bk, D>,
     tab: Option<Box<Tab<Bk, D>>>,
     result: Result<Hits, BackendError>,
-    policy: Arc<Policy>,
+    policy: &Selected<'_>,
     request: &RequestHead<'_>,
 ) -> (Verdict<B>, Option<Box<Tab<Bk, D>>>)
 where
@@ -156,7 +156,7 @@ where
     let counted = match &result {
         Ok(hits) => {
             tab.hits = hits.clone();
-            tab.policy = Some(policy.clone());
+            tab.policy = Some(policy.to_arc());
             true
         }
         Err(_) => false,

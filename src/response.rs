@@ -5,7 +5,7 @@ use http::header::{CONTENT_TYPE, Entry, HeaderName, HeaderValue, OccupiedEntry, 
 use http::{HeaderMap, Response, StatusCode};
 use sfv::{Integer, ItemSerializer, KeyRef, StringRef};
 
-use crate::decision::{Decision, Outcome, ceil_secs};
+use crate::decision::{Decision, Outcome, QuotaHeaders, ceil_secs};
 use crate::quota::Quota;
 
 /// Which rate-limit headers responses carry.
@@ -125,104 +125,94 @@ pub(crate) enum Answer {
     Passed,
 }
 
-/// The headers of one policy (one or more quotas), serialized once.
-#[derive(Debug, Clone)]
-pub(crate) struct Headers {
-    style: HeaderStyle,
-    /// Every quota of the policy, as one sf-list.
-    policy: HeaderValue,
-    /// Per quota: its policy name as an sf-string (with its quotes), and its
-    /// limit.
-    quotas: Vec<(Box<str>, HeaderValue)>,
-}
-
-impl Headers {
-    /// `quotas`: each quota's policy name (a valid sf-string: names are
-    /// checked when the layer is built) and the quota.
-    pub(crate) fn new(style: HeaderStyle, quotas: &[(&str, Quota)]) -> Self {
-        let mut policy = String::new();
-        for (name, quota) in quotas {
-            if !policy.is_empty() {
-                policy.push_str(", ");
+/// Each quota's header fields, in order, for a policy of `quotas`: each
+/// quota's policy name (a valid sf-string: names are checked when the layer
+/// is built) and the quota. Serialized once, when the layer is built.
+pub(crate) fn quota_headers(style: HeaderStyle, quotas: &[(&str, Quota)]) -> Vec<QuotaHeaders> {
+    match style {
+        HeaderStyle::None => quotas.iter().map(|_| QuotaHeaders::None).collect(),
+        HeaderStyle::Legacy => quotas
+            .iter()
+            .map(|(_, quota)| QuotaHeaders::Legacy {
+                limit: HeaderValue::from(quota.limit()),
+            })
+            .collect(),
+        HeaderStyle::Ietf => {
+            let mut list = String::new();
+            for (name, quota) in quotas {
+                if !list.is_empty() {
+                    list.push_str(", ");
+                }
+                let _ = ItemSerializer::with_buffer(&mut list)
+                    .bare_item(sf_name(name))
+                    .parameter(key("q"), sf_int(quota.limit()))
+                    .parameter(key("w"), sf_int(ceil_secs(quota.window().as_duration())));
             }
-            let _ = ItemSerializer::with_buffer(&mut policy)
-                .bare_item(sf_name(name))
-                .parameter(key("q"), sf_int(quota.limit()))
-                .parameter(key("w"), sf_int(ceil_secs(quota.window().as_duration())));
-        }
-        Self {
-            style,
-            policy: HeaderValue::try_from(policy).expect("an sf-list is a valid header value"),
-            quotas: quotas
+            let policy = HeaderValue::try_from(list).expect("an sf-list is a valid header value");
+            quotas
                 .iter()
-                .map(|(name, quota)| {
-                    let item = ItemSerializer::new().bare_item(sf_name(name)).finish();
-                    (item.into(), HeaderValue::from(quota.limit()))
+                .map(|(name, _)| QuotaHeaders::Ietf {
+                    policy: policy.clone(),
+                    name_item: ItemSerializer::new()
+                        .bare_item(sf_name(name))
+                        .finish()
+                        .into(),
                 })
-                .collect(),
+                .collect()
         }
     }
+}
 
-    /// Write the rate-limit headers for `decision` (about quota `index`)
-    /// into `headers`, and `Retry-After` on a denial; `answer` says whose
-    /// headers may already be there (see [`Answer`]).
-    pub(crate) fn write(
-        &self,
-        headers: &mut HeaderMap,
-        index: usize,
-        decision: &Decision,
-        answer: Answer,
-    ) {
-        let reset = ceil_secs(decision.reset());
-        match answer {
-            Answer::Denial => {
-                headers
-                    .entry(RETRY_AFTER)
-                    .or_insert_with(|| int_value(reset));
-            }
-            // Allowed with nothing left: a retry is denied until the window
-            // closes, so a later Retry-After from further in is the wait.
-            Answer::Passed
-                if decision.outcome() == Outcome::Allowed && decision.remaining() == 0 =>
-            {
-                raise_retry_after(headers, reset);
-            }
-            Answer::Passed => {}
+/// Write the rate-limit headers for `decision` into `headers`, and
+/// `Retry-After` on a denial; `answer` says whose headers may already be
+/// there (see [`Answer`]).
+pub(crate) fn write_headers(headers: &mut HeaderMap, decision: &Decision, answer: Answer) {
+    let reset = ceil_secs(decision.reset());
+    match answer {
+        Answer::Denial => {
+            headers
+                .entry(RETRY_AFTER)
+                .or_insert_with(|| int_value(reset));
         }
-        let (name_item, limit) = &self.quotas[index];
-        match (self.style, answer) {
-            (HeaderStyle::Ietf, Answer::Denial) => {
-                headers
-                    .entry(RATELIMIT)
-                    .or_insert_with(|| ratelimit(name_item, decision.remaining(), reset));
-                headers
-                    .entry(RATELIMIT_POLICY)
-                    .or_insert_with(|| self.policy.clone());
-            }
-            (HeaderStyle::Ietf, Answer::Passed) => {
-                let item = ratelimit(name_item, decision.remaining(), reset);
-                match headers.entry(RATELIMIT) {
-                    Entry::Vacant(entry) => {
-                        entry.insert(item);
-                    }
-                    Entry::Occupied(entry) => append_to_list(entry, item.as_bytes()),
-                }
-                match headers.entry(RATELIMIT_POLICY) {
-                    Entry::Vacant(entry) => {
-                        entry.insert(self.policy.clone());
-                    }
-                    Entry::Occupied(entry) => append_to_list(entry, self.policy.as_bytes()),
-                }
-            }
-            (HeaderStyle::Legacy, _) => {
-                headers.entry(X_LIMIT).or_insert_with(|| limit.clone());
-                headers
-                    .entry(X_REMAINING)
-                    .or_insert_with(|| int_value(decision.remaining()));
-                headers.entry(X_RESET).or_insert_with(|| int_value(reset));
-            }
-            (HeaderStyle::None, _) => {}
+        // Allowed with nothing left: a retry is denied until the window
+        // closes, so a later Retry-After from further in is the wait.
+        Answer::Passed if decision.outcome() == Outcome::Allowed && decision.remaining() == 0 => {
+            raise_retry_after(headers, reset);
         }
+        Answer::Passed => {}
+    }
+    match (decision.quota_headers(), answer) {
+        (QuotaHeaders::Ietf { policy, name_item }, Answer::Denial) => {
+            headers
+                .entry(RATELIMIT)
+                .or_insert_with(|| ratelimit(name_item, decision.remaining(), reset));
+            headers
+                .entry(RATELIMIT_POLICY)
+                .or_insert_with(|| policy.clone());
+        }
+        (QuotaHeaders::Ietf { policy, name_item }, Answer::Passed) => {
+            let item = ratelimit(name_item, decision.remaining(), reset);
+            match headers.entry(RATELIMIT) {
+                Entry::Vacant(entry) => {
+                    entry.insert(item);
+                }
+                Entry::Occupied(entry) => append_to_list(entry, item.as_bytes()),
+            }
+            match headers.entry(RATELIMIT_POLICY) {
+                Entry::Vacant(entry) => {
+                    entry.insert(policy.clone());
+                }
+                Entry::Occupied(entry) => append_to_list(entry, policy.as_bytes()),
+            }
+        }
+        (QuotaHeaders::Legacy { limit }, _) => {
+            headers.entry(X_LIMIT).or_insert_with(|| limit.clone());
+            headers
+                .entry(X_REMAINING)
+                .or_insert_with(|| int_value(decision.remaining()));
+            headers.entry(X_RESET).or_insert_with(|| int_value(reset));
+        }
+        (QuotaHeaders::None, _) => {}
     }
 }
 

@@ -110,7 +110,7 @@ where
         // and a clone stays behind for the next call.
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
-                match refund::judge(core, tab, core.answered_at_once(result), policy, &head) {
+                match refund::judge(core, tab, core.answered_at_once(result), &policy, &head) {
                     (Verdict::Pass(stamp), tab) => {
                         ResponseFuture::passing(self.inner.call(request), stamp, tab)
                     }
@@ -124,7 +124,7 @@ where
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
                 let core = Arc::clone(core);
-                ResponseFuture::checking(core, hit, inner, request, policy, tab)
+                ResponseFuture::checking(core, hit, inner, request, policy.to_arc(), tab)
             }
         }
     }
