@@ -403,12 +403,16 @@ pub(crate) enum Selected<'a> {
 }
 
 impl Selected<'_> {
+    fn arc(&self) -> &Arc<Policy> {
+        match self {
+            Self::Kept(policy) => policy,
+            Self::Built(policy) => policy,
+        }
+    }
+
     /// The policy, for what outlives the call that selected it.
     pub(crate) fn to_arc(&self) -> Arc<Policy> {
-        match self {
-            Self::Kept(policy) => Arc::clone(policy),
-            Self::Built(policy) => Arc::clone(policy),
-        }
+        Arc::clone(self.arc())
     }
 }
 
@@ -416,10 +420,7 @@ impl std::ops::Deref for Selected<'_> {
     type Target = Policy;
 
     fn deref(&self) -> &Policy {
-        match self {
-            Self::Kept(policy) => policy,
-            Self::Built(policy) => policy,
-        }
+        self.arc()
     }
 }
 

@@ -727,7 +727,10 @@ impl MemoryBackend {
         )
     }
 
-    /// The hit itself, at time `now` (nanoseconds since the epoch).
+    /// The hit itself, at time `now` (nanoseconds since the epoch). Inlined
+    /// into its caller, which builds the `Hit` from the two words
+    /// [`count_at`](Self::count_at) returns in registers.
+    #[inline]
     pub(crate) fn hit_at(
         &self,
         now: u64,
@@ -1098,10 +1101,8 @@ impl Backend for MemoryBackend {
         if let [counter] = counters {
             // The common case, without the loop.
             return ready(
-                match self.count_at(now, counter.namespace, key, counter.quota.window()) {
-                    Some(counted) => Ok(Hits::one(counted.hit(now))),
-                    None => Err(BackendError::AtCapacity),
-                },
+                self.hit_at(now, counter.namespace, key, counter.quota.window())
+                    .map(Hits::one),
             );
         }
         ready(self.hit_many(now, key, counters))
