@@ -1,7 +1,7 @@
 //! What a limited request is answered with, and the headers every answer
 //! carries.
 
-use http::header::{CONTENT_TYPE, Entry, HeaderName, HeaderValue, OccupiedEntry, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, Entry, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use sfv::{Integer, ItemSerializer, KeyRef, StringRef};
 
@@ -191,18 +191,15 @@ pub(crate) fn write_headers(headers: &mut HeaderMap, decision: &Decision, answer
                 .or_insert_with(|| policy.clone());
         }
         (QuotaHeaders::Ietf { policy, name_item }, Answer::Passed) => {
-            let item = ratelimit(name_item, decision.remaining(), reset);
-            match headers.entry(RATELIMIT) {
-                Entry::Vacant(entry) => {
-                    entry.insert(item);
-                }
-                Entry::Occupied(entry) => append_to_list(entry, item.as_bytes()),
+            // Most responses have neither field: one insertion each, and no
+            // entry value to move around. A field the service (or a layer
+            // inside this one) set gets this layer's item on its last line,
+            // then its lines are joined.
+            if headers.append(RATELIMIT, ratelimit(name_item, decision.remaining(), reset)) {
+                join_lines(headers, RATELIMIT);
             }
-            match headers.entry(RATELIMIT_POLICY) {
-                Entry::Vacant(entry) => {
-                    entry.insert(policy.clone());
-                }
-                Entry::Occupied(entry) => append_to_list(entry, policy.as_bytes()),
+            if headers.append(RATELIMIT_POLICY, policy.clone()) {
+                join_lines(headers, RATELIMIT_POLICY);
             }
         }
         (QuotaHeaders::Legacy { limit }, _) => {
@@ -236,24 +233,24 @@ fn raise_retry_after(headers: &mut HeaderMap, secs: u64) {
     }
 }
 
-/// Appends the sf-list members `items` to the list field at `entry`, joining
-/// its lines into one (so a client reading the first line sees the whole
-/// list).
+/// Joins the lines of the list field `name` into one (so a client reading
+/// the first line sees the whole list), in order, leaving out empty ones.
 #[cold]
-fn append_to_list(mut entry: OccupiedEntry<'_, HeaderValue>, items: &[u8]) {
+fn join_lines(headers: &mut HeaderMap, name: HeaderName) {
     let mut joined = Vec::new();
-    for line in entry.iter().map(HeaderValue::as_bytes) {
+    for line in headers.get_all(&name).iter().map(HeaderValue::as_bytes) {
         let line = line.trim_ascii();
         if !line.is_empty() {
+            if !joined.is_empty() {
+                joined.extend_from_slice(b", ");
+            }
             joined.extend_from_slice(line);
-            joined.extend_from_slice(b", ");
         }
     }
-    joined.extend_from_slice(items);
     // Header values joined by ", " are a header value; should that ever
-    // fail, the field is left as it was rather than panic on a response.
+    // fail, the lines are left as they are rather than panic on a response.
     if let Ok(value) = HeaderValue::from_maybe_shared(bytes::Bytes::from(joined)) {
-        entry.insert(value);
+        headers.insert(name, value);
     }
 }
 
