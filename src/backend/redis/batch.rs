@@ -42,7 +42,9 @@ use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
 use super::slot::key_slot;
-use super::{HIT, Inner, Script, corrupt, parse_hit, sha1_hex, unavailable};
+use super::{
+    HIT, Inner, Script, U64_DIGITS, corrupt, parse_hit, script_cmd, sha1_hex, unavailable,
+};
 use crate::backend::{BackendError, Hit};
 
 /// The script of a coalesced call: [`HIT_SCRIPT`](super::HIT_SCRIPT)'s step
@@ -304,8 +306,8 @@ where
 {
     let mut connection = inner.connection.clone();
     let build = |name: &str, script: &str| {
-        let mut cmd = ::redis::cmd(name);
-        cmd.arg(script).arg(1).arg(key).arg(window);
+        let mut cmd = script_cmd(name, script, 1, 2, key.len() + U64_DIGITS);
+        cmd.arg(key).arg(window);
         cmd
     };
     let reply = match build("EVALSHA", HIT.sha.as_str())
@@ -574,9 +576,12 @@ async fn eval<C>(inner: &Inner<C>, entries: &[(&[u8], u64, u64)]) -> ::redis::Re
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    let bytes: usize = entries
+        .iter()
+        .map(|(key, _, _)| key.len() + 2 * U64_DIGITS)
+        .sum();
     let build = |name: &str, script: &str| {
-        let mut cmd = ::redis::cmd(name);
-        cmd.arg(script).arg(entries.len());
+        let mut cmd = script_cmd(name, script, entries.len(), 3 * entries.len(), bytes);
         for (key, _, _) in entries {
             cmd.arg(*key);
         }

@@ -74,6 +74,21 @@ struct Script {
     sha: LazyLock<String>,
 }
 
+/// The start of an `EVAL` (`script` as text) or `EVALSHA` (its SHA1) of a
+/// script with `numkeys` keys, its buffers sized for `args` more arguments
+/// of `bytes` bytes in all. A command grown one argument at a time
+/// reallocates both buffers as it grows: a dozen times for a batch, several
+/// of them over a kilobyte, which also has the allocator sort through every
+/// small block freed since.
+fn script_cmd(name: &str, script: &str, numkeys: usize, args: usize, bytes: usize) -> ::redis::Cmd {
+    let mut cmd = ::redis::Cmd::with_capacity(3 + args, name.len() + script.len() + 20 + bytes);
+    cmd.arg(name).arg(script).arg(numkeys);
+    cmd
+}
+
+/// Bytes in the decimal form of any `u64`, at most.
+const U64_DIGITS: usize = 20;
+
 static HIT: Script = Script {
     text: HIT_SCRIPT,
     sha: LazyLock::new(|| sha1_hex(HIT_SCRIPT)),
@@ -449,16 +464,22 @@ where
         arg: Option<u64>,
     ) -> Result<Value, BackendError> {
         let mut connection = self.inner.connection.clone();
-        let mut evalsha = ::redis::cmd("EVALSHA");
-        evalsha.arg(script.sha.as_str()).arg(1).arg(key).arg(arg);
-        match evalsha.query_async::<Value>(&mut connection).await {
+        let build = |name: &str, text: &str| {
+            let mut cmd = script_cmd(name, text, 1, 2, key.len() + U64_DIGITS);
+            cmd.arg(key).arg(arg);
+            cmd
+        };
+        match build("EVALSHA", script.sha.as_str())
+            .query_async::<Value>(&mut connection)
+            .await
+        {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::debug!(
                     "script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
                 );
-                let mut eval = ::redis::cmd("EVAL");
-                eval.arg(script.text).arg(1).arg(key).arg(arg);
-                eval.query_async::<Value>(&mut connection).await
+                build("EVAL", script.text)
+                    .query_async::<Value>(&mut connection)
+                    .await
             }
             other => other,
         }
