@@ -81,7 +81,8 @@ struct Script {
 /// of them over a kilobyte, which also has the allocator sort through every
 /// small block freed since.
 fn script_cmd(name: &str, script: &str, numkeys: usize, args: usize, bytes: usize) -> ::redis::Cmd {
-    let mut cmd = ::redis::Cmd::with_capacity(3 + args, name.len() + script.len() + 20 + bytes);
+    let size = name.len() + script.len() + U64_DIGITS + bytes;
+    let mut cmd = ::redis::Cmd::with_capacity(3 + args, size);
     cmd.arg(name).arg(script).arg(numkeys);
     cmd
 }
