@@ -53,6 +53,18 @@ const TWO_COUNTERS: &[Counter<'static>] = &[
     },
 ];
 
+/// One hit through our memory backend, the key built from the address as
+/// an extractor does per request.
+#[inline(always)]
+fn hit_ours(store: &MemoryBackend, ip: &IpAddr, counters: &[Counter<'_>]) {
+    black_box(
+        store
+            .hit_all(&key(black_box(ip)), counters)
+            .into_inner()
+            .unwrap(),
+    );
+}
+
 fn key(ip: &IpAddr) -> Key {
     match ip {
         IpAddr::V4(v4) => Key::new(v4.octets()),
@@ -127,14 +139,7 @@ fn main() {
     // The memory hit: our backend's hit_all (with the key built from the
     // address, as an extractor does per request) and governor's check_key.
     let store = MemoryBackend::new();
-    let mut f = |_| {
-        black_box(
-            store
-                .hit_all(&key(black_box(&ips[0])), COUNTER)
-                .into_inner()
-                .unwrap(),
-        );
-    };
+    let mut f = |_| hit_ours(&store, &ips[0], COUNTER);
     warm(1000, &mut f);
     case_hot_key_ours(ITERS, &mut f);
 
@@ -146,14 +151,7 @@ fn main() {
     case_hot_key_governor(ITERS, &mut f);
 
     let store = MemoryBackend::new();
-    let mut f = |i: usize| {
-        black_box(
-            store
-                .hit_all(&key(black_box(&ips[i % KEYS])), COUNTER)
-                .into_inner()
-                .unwrap(),
-        );
-    };
+    let mut f = |i: usize| hit_ours(&store, &ips[i % KEYS], COUNTER);
     warm(KEYS, &mut f);
     case_100k_keys_ours(ITERS, &mut f);
 
@@ -166,14 +164,7 @@ fn main() {
 
     // One hot key under two quotas: no governor counterpart.
     let store = MemoryBackend::new();
-    let mut f = |_| {
-        black_box(
-            store
-                .hit_all(&key(black_box(&ips[0])), TWO_COUNTERS)
-                .into_inner()
-                .unwrap(),
-        );
-    };
+    let mut f = |_| hit_ours(&store, &ips[0], TWO_COUNTERS);
     warm(1000, &mut f);
     case_two_counters_ours(ITERS, &mut f);
 
