@@ -2,7 +2,7 @@
 //! IP, and `GET /health` is not limited.
 //!
 //! ```text
-//! cargo run --example quickstart --features axum
+//! cargo run --example quickstart                          # axum is a default feature
 //! for i in 1 2 3 4 5 6; do curl -si http://127.0.0.1:3000/ | head -n 1; done
 //! RATE_LIMIT="100 per 1m" cargo run --example quickstart   # another quota
 //! ```

@@ -4,7 +4,7 @@
 //!
 //! It starts even while Redis is down: the backend connects in the
 //! background, and until Redis answers every limited request gets a 503 at
-//! once (the layer fails closed; `.failure_policy(FailurePolicy::FailOpen)`
+//! once (the layer fails closed; `.on_failure(FailurePolicy::FailOpen)`
 //! would let them through uncounted). Requests are limited again as soon as
 //! Redis is up.
 //!

@@ -38,7 +38,112 @@
 //! assert_eq!(denied.headers()["ratelimit-policy"], "\"api\";q=2;w=10");
 //! # }
 //! ```
-
+//!
+//! # A server
+//!
+//! Keyed by [`PeerIp`](key::PeerIp), the layer reads the peer address from
+//! axum's `ConnectInfo`, so the app is served with
+//! `into_make_service_with_connect_info::<SocketAddr>()` (without it, every
+//! request is answered 500: the server is not set up for the extractor).
+//! Behind a proxy, key by [`ClientIp`](key::ClientIp) instead.
+//!
+//! ```
+//! use std::{net::SocketAddr, time::Duration};
+//! use axum::{Router, routing::get};
+//! use tower_pinned_window::{Quota, RateLimitLayer, key::PeerIp};
+//! # use hyper_util::{client::legacy::Client, rt::TokioExecutor};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limit = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60))?)
+//!     .key(PeerIp::new());
+//! let app = Router::new().route("/", get(|| async { "hello" })).layer(limit);
+//!
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+//! let addr = listener.local_addr()?;
+//! tokio::spawn(async move {
+//!     axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+//! });
+//!
+//! // A real client over TCP: the first request passes, the second is denied.
+//! let client = Client::builder(TokioExecutor::new()).build_http::<axum::body::Body>();
+//! let uri: http::Uri = format!("http://{addr}/").parse()?;
+//! let passed = client.get(uri.clone()).await?;
+//! assert_eq!(passed.status(), 200);
+//! assert_eq!(passed.headers()["ratelimit"], "\"api\";r=0;t=60");
+//! let denied = client.get(uri).await?;
+//! assert_eq!(denied.status(), 429);
+//! assert_eq!(denied.headers()["retry-after"], "60");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What a client gets back
+//!
+//! A gRPC request (content-type `application/grpc*`) is answered with
+//! HTTP 200 and its status in `grpc-status` (a trailers-only answer).
+//!
+//! | case | policy | HTTP | gRPC |
+//! |---|---|---|---|
+//! | under the limit | | the service's response, with the rate-limit headers ([`HeaderStyle`]) | the service's answer, the same fields as metadata |
+//! | over the limit | | `429` (or [`deny_with`](RateLimitLayer::deny_with)), `Retry-After` in whole seconds (rounded up, at least 1), the rate-limit headers | `8 RESOURCE_EXHAUSTED`; with the `tonic` feature a `google.rpc.RetryInfo` in `grpc-status-details-bin`; `Retry-After` and the rate-limit fields as metadata |
+//! | over the limit | [`shadow(true)`](RateLimitLayer::shadow) | the service's response, counted ([`Outcome::Shadowed`]) | the service's answer |
+//! | backend down, timed out, circuit open, or full | [`FailurePolicy::FailClosed`] (default) | `503` with `Retry-After: 1` | `14 UNAVAILABLE` |
+//! | the same | [`FailurePolicy::FailOpen`] | the service's response, uncounted, no rate-limit headers | the service's answer |
+//! | corrupt counter | any | `500`, the value left untouched | `13 INTERNAL` |
+//! | key missing or malformed | [`OnMissingKey::Reject`] (default) | `400` | `3 INVALID_ARGUMENT` |
+//! | server not set up for the extractor (no peer address) | [`OnMissingKey::Reject`] | `500` | `13 INTERNAL` |
+//! | either key error | [`OnMissingKey::Allow`] | the service's response, uncounted | the service's answer |
+//! | skipped ([`skip_if`](RateLimitLayer::skip_if), [`allowlist`](RateLimitLayer::allowlist)) | | the service's response, uncounted, no headers | the service's answer |
+//!
+//! A response the limiter decided carries its [`Decision`] in its
+//! extensions; one answered for a backend failure carries the
+//! [`BackendErrorKind`](backend::BackendErrorKind) instead.
+//!
+//! # Topics
+//!
+//! | topic | where |
+//! |---|---|
+//! | the layer and every option | [`RateLimitLayer`] |
+//! | quotas, rate strings (`"100/min"`), policy names | [`Quota`], [`NamedQuota`], [`Window`] |
+//! | whom to count: peer address, client behind proxies, header, route, allowlists | [`key`] |
+//! | counting by the answer (failed logins) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`] |
+//! | the answer's headers and denials | [`HeaderStyle`], [`Deny`], [`Decision`] |
+//! | failures | [`FailurePolicy`], [`OnMissingKey`], [`ConfigError`] |
+//! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
+//! | Redis, Cluster, Sentinel (feature `redis`) | [`backend::redis`][mod-redis] |
+//! | PostgreSQL (feature `postgres`) | [`backend::postgres`][mod-postgres] |
+//! | limits from TOML, YAML, JSON (feature `serde`) | [`config`][mod-config] |
+//! | metrics (feature `metrics`) | [`metrics`][mod-metrics] |
+//!
+//! Longer guides (proxies and forwarded headers, Redis outages and the
+//! circuit breaker, the audit, the PostgreSQL table, gRPC, benchmarks) are
+//! Markdown files in the repository: `docs/*.md`, listed in its README, and
+//! `bench/README.md`.
+//!
+// The feature-gated modules' links: intra-doc where the module is built
+// (docs.rs and CI build with every feature), docs.rs otherwise, so a docs
+// build with any features has no broken link.
+#![cfg_attr(feature = "redis", doc = "[mod-redis]: backend::redis")]
+#![cfg_attr(
+    not(feature = "redis"),
+    doc = "[mod-redis]: https://docs.rs/tower-pinned-window/latest/tower_pinned_window/backend/redis/index.html"
+)]
+#![cfg_attr(feature = "postgres", doc = "[mod-postgres]: backend::postgres")]
+#![cfg_attr(
+    not(feature = "postgres"),
+    doc = "[mod-postgres]: https://docs.rs/tower-pinned-window/latest/tower_pinned_window/backend/postgres/index.html"
+)]
+#![cfg_attr(feature = "serde", doc = "[mod-config]: config")]
+#![cfg_attr(
+    not(feature = "serde"),
+    doc = "[mod-config]: https://docs.rs/tower-pinned-window/latest/tower_pinned_window/config/index.html"
+)]
+#![cfg_attr(feature = "metrics", doc = "[mod-metrics]: metrics")]
+#![cfg_attr(
+    not(feature = "metrics"),
+    doc = "[mod-metrics]: https://docs.rs/tower-pinned-window/latest/tower_pinned_window/metrics/index.html"
+)]
 #![forbid(unsafe_code)]
 // docs.rs (and CI's doc build) pass `--cfg docsrs`: with `doc_cfg`, rustdoc
 // marks each item with the features it needs.
