@@ -6,7 +6,6 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
-use crate::metrics::DecisionCounters;
 use crate::request::Route;
 
 /// Whether a request went through.
@@ -20,18 +19,6 @@ pub enum Outcome {
     /// Over the limit, but the layer is in shadow mode: the request was passed
     /// on, and the response carries the headers a denial would.
     Shadowed,
-}
-
-impl Outcome {
-    /// Its place in [`metrics::OUTCOMES`](crate::metrics::OUTCOMES), the
-    /// `outcome` label's values.
-    pub(crate) fn metric_index(self) -> usize {
-        match self {
-            Self::Allowed => 0,
-            Self::Denied => 1,
-            Self::Shadowed => 2,
-        }
-    }
 }
 
 /// One request's verdict. It is handed to the
@@ -62,15 +49,16 @@ pub struct Decision {
     refunded: bool,
 }
 
-/// The names a decision reports about its quota, built once per quota.
+/// What a decision shows of its quota, built once per quota: plain
+/// values, shared by the quota's decisions (one reference count per
+/// decision). The quota's metric handles are kept beside it, in its policy,
+/// not here.
 #[derive(Debug, PartialEq, Eq)]
 pub(crate) struct Label {
     /// The layer's name.
     pub(crate) limiter: Arc<str>,
     /// The quota's policy name, as the headers show it.
     pub(crate) policy: Arc<str>,
-    /// Its decision counters (feature `metrics`; zero-sized without).
-    pub(crate) counters: DecisionCounters,
     /// How its decisions are written in the response headers.
     pub(crate) headers: QuotaHeaders,
 }
@@ -127,16 +115,6 @@ impl Decision {
     /// Its quota's header fields.
     pub(crate) fn quota_headers(&self) -> &QuotaHeaders {
         &self.label.headers
-    }
-
-    /// Count this decision in its quota's metrics (feature `metrics`).
-    #[inline]
-    pub(crate) fn record_metrics(&self) {
-        self.label.counters.record(
-            &self.label.limiter,
-            &self.label.policy,
-            self.outcome.metric_index(),
-        );
     }
 
     /// The layer's name (see [`RateLimitLayer::new`](crate::RateLimitLayer::new)).
@@ -264,23 +242,10 @@ mod tests {
     }
 
     #[test]
-    fn each_outcome_has_its_own_metric_label() {
-        let labels = [
-            (Outcome::Allowed, "allowed"),
-            (Outcome::Denied, "denied"),
-            (Outcome::Shadowed, "shadowed"),
-        ];
-        for (outcome, label) in labels {
-            assert_eq!(crate::metrics::OUTCOMES[outcome.metric_index()], label);
-        }
-    }
-
-    #[test]
     fn outcomes() {
         let label = Arc::new(Label {
             limiter: "n".into(),
             policy: "n".into(),
-            counters: Default::default(),
             headers: QuotaHeaders::None,
         });
         let d = |count, shadow| {

@@ -11,7 +11,7 @@ use crate::backend::{Backend, MemoryBackend};
 use crate::count::{CountOnly, ResponseHead};
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::judge::{Core, FailurePolicy, OnMissingKey, Settings, SkipIf};
+use crate::judge::{Core, FailurePolicy, OnMissingKey, SkipIf};
 use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
 use crate::name::is_layer_name;
 use crate::policy::{NamedQuota, Policies};
@@ -142,24 +142,13 @@ impl RateLimitLayer {
         let policies = Policies::new(name.clone(), quota, HeaderStyle::default());
         Ok(Self {
             key: GlobalKey,
-            core: Core {
-                backend: MemoryBackend::new(),
-                deny: DefaultDeny,
-                settings: Settings {
-                    name,
-                    policies,
-                    failure: FailurePolicy::default(),
-                    missing_key: OnMissingKey::default(),
-                    timeout: DEFAULT_TIMEOUT,
-                    shadow: false,
-                    observer: None,
-                    skip: None,
-                    count_if: None,
-                    warn_gate: Arc::default(),
-                    key_gate: Arc::default(),
-                    metrics: Default::default(),
-                },
-            },
+            core: Core::new(
+                MemoryBackend::new(),
+                DefaultDeny,
+                name,
+                policies,
+                DEFAULT_TIMEOUT,
+            ),
         })
     }
 }

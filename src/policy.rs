@@ -12,6 +12,7 @@ use smallvec::SmallVec;
 use crate::backend::{Counter, Hit, Hits};
 use crate::decision::{Decision, Label};
 use crate::error::ConfigError;
+use crate::metrics::QuotaMetrics;
 use crate::name::{is_policy_name, is_sf_string_byte};
 use crate::quota::Quota;
 use crate::request::{RequestHead, Route};
@@ -100,13 +101,14 @@ impl From<Quota> for NamedQuota {
 
 pub(crate) type QuotaBy = Arc<dyn Fn(&RequestHead<'_>) -> Option<NamedQuota> + Send + Sync>;
 
-/// One quota of a policy: the counter it is hit in, and the names it is
-/// reported by.
+/// One quota of a policy: the counter it is hit in, what its decisions show
+/// of it, and its metric handles (feature `metrics`; zero-sized without).
 #[derive(Debug)]
 struct Slot {
     namespace: Arc<str>,
     quota: Quota,
     label: Arc<Label>,
+    metrics: QuotaMetrics,
 }
 
 /// The quotas one request is checked against, with their counters' names
@@ -160,6 +162,13 @@ impl Policy {
                 shadow,
             ),
         ))
+    }
+
+    /// The metric handles of the quota at `index` (as [`decide`](Self::decide)
+    /// returned it), which count its decisions.
+    #[inline]
+    pub(crate) fn quota_metrics(&self, index: usize) -> &QuotaMetrics {
+        &self.slots[index].metrics
     }
 
     /// Of several quotas, the one that decides: any that is over its limit
@@ -307,9 +316,9 @@ impl Policies {
                 label: Arc::new(Label {
                     limiter: self.name.clone(),
                     policy: name.clone(),
-                    counters: Default::default(),
                     headers,
                 }),
+                metrics: QuotaMetrics::default(),
             })
             .collect();
         Arc::new(Policy { slots })
