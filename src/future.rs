@@ -20,11 +20,9 @@ use crate::request::RequestHead;
 use crate::response::{self, Deny};
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit).
-    ///
-    /// It is what `RateLimit::call` returns; a tower user awaits it (or
-    /// hands it to the server) and never names it. See the
-    /// [crate example](crate#) for the whole path of a request.
+    /// The response future of [`RateLimit`](crate::RateLimit): what its
+    /// `call` returns, to await (a server awaits it for you). See the
+    /// [example](crate::RateLimit#example).
     pub struct ResponseFuture<S, ReqBody, Bk, D>
     where
         S: Service<Request<ReqBody>>,

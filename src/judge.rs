@@ -27,6 +27,19 @@ use crate::response::{self, Deny};
 ///
 /// Corrupt state is not an outage: whatever the policy, a request whose
 /// counter is corrupt is answered with 500 (gRPC: INTERNAL).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::{FailurePolicy, Quota, RateLimitLayer};
+///
+/// assert_eq!(FailurePolicy::default(), FailurePolicy::FailClosed);
+/// // A limit that is a courtesy, not a defence: keep serving while the
+/// // store is down.
+/// let layer = RateLimitLayer::new("search", Quota::new(100, Duration::from_secs(60)).unwrap())
+///     .on_failure(FailurePolicy::FailOpen);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -40,6 +53,30 @@ pub enum FailurePolicy {
 }
 
 /// What a request gets when its key cannot be extracted.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{HeaderName, Request, StatusCode}, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{OnMissingKey, Quota, RateLimitLayer, key::HeaderKey};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+/// let by_api_key = RateLimitLayer::new("api", quota)
+///     .key(HeaderKey::new(HeaderName::from_static("x-api-key")));
+/// let status = |layer: RateLimitLayer<HeaderKey>| async move {
+///     let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+///     app.oneshot(Request::new(Body::empty())).await.unwrap().status()
+/// };
+/// // No `x-api-key` header:
+/// assert_eq!(status(by_api_key.clone()).await, StatusCode::BAD_REQUEST);
+/// let lenient = by_api_key.on_missing_key(OnMissingKey::Allow);
+/// assert_eq!(status(lenient).await, StatusCode::OK);
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnMissingKey {

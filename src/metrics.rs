@@ -101,13 +101,21 @@ mod enabled {
     use crate::decision::Decision;
 
     /// Decisions, by `limiter`, `policy` and `outcome` (counter).
+    ///
+    /// See the [module's example](crate::metrics#example).
     pub const DECISIONS: &str = "tower_pinned_window_decisions_total";
     /// Failed backend calls, by `limiter` and `kind` (counter).
+    ///
+    /// See the [module's example](crate::metrics#example).
     pub const BACKEND_ERRORS: &str = "tower_pinned_window_backend_errors_total";
     /// Backend calls that had to wait, in seconds, by `limiter` (histogram).
+    ///
+    /// See the [module's example](crate::metrics#example).
     pub const BACKEND_LATENCY: &str = "tower_pinned_window_backend_latency_seconds";
     /// Requests denied by a local deny cache without asking the store, by
     /// `limiter` (counter).
+    ///
+    /// See the [module's example](crate::metrics#example).
     pub const DENY_CACHE_ANSWERS: &str = "tower_pinned_window_deny_cache_answers_total";
 
     const ERROR_KINDS: [BackendErrorKind; 5] = [

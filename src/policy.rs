@@ -33,6 +33,8 @@ use crate::response::{HeaderStyle, quota_headers};
 /// A name only changes what clients see: counters are kept per quota, so
 /// renaming a quota keeps its counts.
 ///
+/// # Example
+///
 /// ```
 /// use std::time::Duration;
 /// use tower_pinned_window::{NamedQuota, Quota};
@@ -56,6 +58,8 @@ impl NamedQuota {
     /// (space to `~`, what an sf-string holds), like
     /// [`http::HeaderValue::from_static`] on a bad literal. Use
     /// [`try_new`](Self::try_new) for a name known only at run time.
+    ///
+    /// See the [example](NamedQuota#example).
     #[track_caller]
     pub fn new(name: &'static str, quota: Quota) -> Self {
         match Self::try_new(name, quota) {
@@ -65,6 +69,19 @@ impl NamedQuota {
     }
 
     /// Like [`new`](Self::new), for a name known only at run time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{ConfigError, NamedQuota, Quota};
+    ///
+    /// let quota = Quota::new(1000, Duration::from_secs(3600)).unwrap();
+    /// let tier = format!("{} tier", "pro");
+    /// assert_eq!(NamedQuota::try_new(tier, quota).unwrap().name(), Some("pro tier"));
+    /// assert!(matches!(
+    ///     NamedQuota::try_new("caf\u{e9}", quota),
+    ///     Err(ConfigError::InvalidPolicyName(_))
+    /// ));
+    /// ```
     ///
     /// # Errors
     /// [`ConfigError::InvalidPolicyName`] for a name that is empty or has a
@@ -80,13 +97,13 @@ impl NamedQuota {
         })
     }
 
-    /// The quota.
+    /// The quota. See the [example](NamedQuota#example).
     pub fn quota(&self) -> Quota {
         self.quota
     }
 
     /// The name given, if any (a plain [`Quota`] has none; the layer names
-    /// it).
+    /// it). See the [example](Self::try_new).
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()
     }

@@ -11,6 +11,28 @@ use crate::decision::{Decision, Outcome, QuotaHeaders, ceil_secs};
 use crate::quota::Quota;
 
 /// Which rate-limit headers responses carry.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::Request, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
+///     .headers(HeaderStyle::Legacy);
+/// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+/// let response = app.oneshot(Request::new(Body::empty())).await.unwrap();
+/// let headers = response.headers();
+/// assert_eq!(headers["x-ratelimit-limit"], "5");
+/// assert_eq!(headers["x-ratelimit-remaining"], "4");
+/// assert_eq!(headers["x-ratelimit-reset"], "60");
+/// assert!(!headers.contains_key("ratelimit"));
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum HeaderStyle {
@@ -36,8 +58,11 @@ pub enum HeaderStyle {
 /// [`deny_with`](crate::RateLimitLayer::deny_with) takes. A gRPC request
 /// (content-type `application/grpc*`) is always answered with a gRPC status
 /// instead, since a gRPC client could not read anything else.
+///
+/// See [`deny_with`](crate::RateLimitLayer::deny_with) for an example.
 pub trait Deny<B> {
-    /// The denial for `decision`.
+    /// The denial for `decision` (see
+    /// [`deny_with`](crate::RateLimitLayer::deny_with) for an example).
     fn deny(&self, decision: &Decision) -> Response<B>;
 }
 
@@ -50,7 +75,29 @@ where
     }
 }
 
-/// `429 Too Many Requests` with an empty body.
+/// `429 Too Many Requests` with an empty body: the denial a layer answers
+/// with unless [`deny_with`](crate::RateLimitLayer::deny_with) replaces it.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap());
+/// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+/// app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+/// let denied = app.oneshot(Request::new(Body::empty())).await.unwrap();
+/// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert_eq!(denied.headers()["retry-after"], "60");
+/// let body = axum::body::to_bytes(denied.into_body(), 1024).await.unwrap();
+/// assert!(body.is_empty());
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultDeny;
 

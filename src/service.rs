@@ -26,6 +26,40 @@ use crate::response::Deny;
 /// body, so the service's response body must implement [`Default`]; see
 /// [`RateLimitLayer`](crate::RateLimitLayer#the-response-body-must-implement-default).
 ///
+/// # Example
+///
+/// Any tower service, not only axum's: here a `service_fn`.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::time::Duration;
+/// use http::{Request, Response, StatusCode};
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use tower_pinned_window::{Quota, RateLimitLayer, ResponseFuture};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let hello = service_fn(|_request: Request<String>| async {
+///     Ok::<_, Infallible>(Response::new(String::from("hello")))
+/// });
+/// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap());
+/// let mut service = layer.layer(hello);
+///
+/// // `call` hands back a `ResponseFuture`, to await.
+/// let future: ResponseFuture<_, _, _, _> =
+///     service.ready().await.unwrap().call(Request::new(String::new()));
+/// assert_eq!(future.await.unwrap().status(), StatusCode::OK);
+///
+/// // A clone shares the budget.
+/// let denied = service.clone().oneshot(Request::new(String::new())).await.unwrap();
+/// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+///
+/// let _hello = service.get_ref();
+/// let _hello = service.get_mut();
+/// let _hello = service.into_inner();
+/// # }
+/// ```
+///
 /// # gRPC
 ///
 /// With the `tonic` feature, a limited tonic service keeps its name
@@ -49,16 +83,22 @@ impl<S, K, Bk, D> RateLimit<S, K, Bk, D> {
     }
 
     /// The wrapped service.
+    ///
+    /// See the [example](RateLimit#example).
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
 
     /// The wrapped service, mutably.
+    ///
+    /// See the [example](RateLimit#example).
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }
 
     /// The wrapped service, consuming `self`.
+    ///
+    /// See the [example](RateLimit#example).
     pub fn into_inner(self) -> S {
         self.inner
     }
