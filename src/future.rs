@@ -305,3 +305,119 @@ where
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use http::{Request, Response};
+    use tower::{Layer, Service, ServiceExt, service_fn};
+
+    use super::*;
+    use crate::backend::{Counter, Hit, MemoryBackend};
+    use crate::key::Key;
+    use crate::layer::RateLimitLayer;
+    use crate::quota::Quota;
+
+    /// The in-memory backend, answering each hit on its second poll: the
+    /// path of a backend that has to go out.
+    #[derive(Clone, Debug)]
+    struct Later(MemoryBackend);
+
+    struct SecondPoll<F> {
+        polled: bool,
+        inner: F,
+    }
+
+    impl<F: Future + Unpin> Future for SecondPoll<F> {
+        type Output = F::Output;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            if !self.polled {
+                self.polled = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Pin::new(&mut self.inner).poll(cx)
+        }
+    }
+
+    impl Backend for Later {
+        type Future = SecondPoll<<MemoryBackend as Backend>::Future>;
+        type Refund = <MemoryBackend as Backend>::Refund;
+
+        fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
+            SecondPoll {
+                polled: false,
+                inner: self.0.hit_all(key, counters),
+            }
+        }
+
+        fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund {
+            self.0.refund(namespace, key, hit)
+        }
+
+        async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+            self.0.peek(namespace, key).await
+        }
+
+        async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+            self.0.reset(namespace, key).await
+        }
+    }
+
+    /// The state a passed request's future is in while the service works.
+    async fn state_while_serving<Bk: Backend>(
+        layer: RateLimitLayer<crate::key::GlobalKey, Bk>,
+    ) -> String {
+        // A service that never answers: the future stays where the verdict
+        // put it.
+        let hangs = service_fn(|_request: Request<String>| {
+            std::future::pending::<Result<Response<String>, Infallible>>()
+        });
+        let mut service = layer.layer(hangs);
+        let mut future = service
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(String::new()));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        for _ in 0..2 {
+            assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
+        }
+        format!("{future:?}")
+    }
+
+    #[tokio::test]
+    async fn only_a_layer_that_counts_by_outcome_takes_the_refund_step() {
+        let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+        let plain = || RateLimitLayer::new("api", quota);
+        let counting = || plain().count_if(|_| true);
+        let cases = [
+            (
+                "at once, plain",
+                state_while_serving(plain()).await,
+                "inner",
+            ),
+            (
+                "at once, count_if",
+                state_while_serving(counting()).await,
+                "counting",
+            ),
+            (
+                "later, plain",
+                state_while_serving(plain().backend(Later(MemoryBackend::new()))).await,
+                "inner",
+            ),
+            (
+                "later, count_if",
+                state_while_serving(counting().backend(Later(MemoryBackend::new()))).await,
+                "counting",
+            ),
+        ];
+        for (case, state, want) in cases {
+            assert!(state.contains(&format!("\"{want}\"")), "{case}: {state}");
+        }
+    }
+}
