@@ -10,8 +10,9 @@ use std::sync::{Arc, PoisonError, RwLock};
 use smallvec::SmallVec;
 
 use crate::backend::{Counter, Hit, Hits};
-use crate::decision::{Decision, Label};
+use crate::decision::Decision;
 use crate::error::ConfigError;
+use crate::label::Label;
 use crate::metrics::QuotaMetrics;
 use crate::name::{is_policy_name, is_sf_string_byte};
 use crate::quota::Quota;

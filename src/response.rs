@@ -7,7 +7,8 @@ use http::header::{CONTENT_TYPE, Entry, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use sfv::{Integer, ItemSerializer, KeyRef, StringRef};
 
-use crate::decision::{Decision, Outcome, QuotaHeaders, ceil_secs};
+use crate::decision::{Decision, Outcome, ceil_secs};
+use crate::label::QuotaHeaders;
 use crate::quota::Quota;
 
 /// Which rate-limit headers responses carry.
