@@ -52,10 +52,9 @@
 // The data path, outside in: layer.rs (configuration) → service.rs →
 // future.rs → refund.rs (only under count_if: the hits an answer does not
 // count, handed back) → judge.rs (the verdict, and the core they share);
-// request.rs is the way
-// in, key/ and policy.rs read it, backend/ counts, decision.rs and
-// response.rs are the way out (label.rs: what a decision shows of its
-// quota), and count.rs reads the service's answer.
+// request.rs is the way in, key/ and policy.rs read it, backend/ counts,
+// decision.rs and response.rs are the way out (label.rs: what a decision
+// shows of its quota), and count.rs reads the service's answer.
 // Imports only point down this list.
 pub mod backend;
 #[cfg(feature = "serde")]
