@@ -15,6 +15,8 @@ pub(crate) type CountIf = Arc<dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync>;
 /// reads: everything but the body, as the service answered (before this
 /// layer adds its own headers).
 ///
+/// # Example
+///
 /// ```
 /// use http::{Response, StatusCode};
 /// use tower_pinned_window::ResponseHead;
@@ -42,6 +44,8 @@ pub struct ResponseHead<'a> {
 
 impl<'a> ResponseHead<'a> {
     /// The view of `response`.
+    ///
+    /// See the [example](ResponseHead#example).
     pub fn new<B>(response: &'a Response<B>) -> Self {
         Self {
             status: response.status(),
@@ -51,6 +55,18 @@ impl<'a> ResponseHead<'a> {
     }
 
     /// The view of a response's `parts`.
+    ///
+    /// ```
+    /// use http::{Response, StatusCode};
+    /// use tower_pinned_window::ResponseHead;
+    ///
+    /// let mut response = Response::builder().status(403).body(()).unwrap();
+    /// response.extensions_mut().insert("marked");
+    /// let (parts, ()) = response.into_parts();
+    /// let head = ResponseHead::from_parts(&parts);
+    /// assert_eq!(head.status(), StatusCode::FORBIDDEN);
+    /// assert_eq!(head.extensions().get::<&str>(), Some(&"marked"));
+    /// ```
     pub fn from_parts(parts: &'a http::response::Parts) -> Self {
         Self {
             status: parts.status,
@@ -61,16 +77,21 @@ impl<'a> ResponseHead<'a> {
 
     /// The HTTP status (`200` for every gRPC answer: see
     /// [`grpc_status`](Self::grpc_status)).
+    ///
+    /// See the [example](ResponseHead#example).
     pub fn status(&self) -> StatusCode {
         self.status
     }
 
     /// The headers.
+    ///
+    /// See the [example](ResponseHead#example).
     pub fn headers(&self) -> &'a HeaderMap {
         self.headers
     }
 
-    /// The extensions the service attached.
+    /// The extensions the service attached. See the
+    /// [example](Self::from_parts).
     pub fn extensions(&self) -> &'a Extensions {
         self.extensions
     }
@@ -84,6 +105,8 @@ impl<'a> ResponseHead<'a> {
     /// handler's `Err(Status)` that way. A call that sends messages puts its
     /// status in the trailers, after the body, which this layer does not
     /// wait for: its head has none, and this is `None`.
+    ///
+    /// See the [example](ResponseHead#example).
     pub fn grpc_status(&self) -> Option<i32> {
         if !is_grpc(self.headers) {
             return None;
@@ -108,6 +131,8 @@ impl<'a> ResponseHead<'a> {
 /// Each reads the HTTP status and, for a gRPC answer, the `grpc-status` in
 /// its head (see [`ResponseHead::grpc_status`]: a status sent in the
 /// trailers is not seen).
+///
+/// # Example
 ///
 /// ```
 /// use http::Response;
@@ -151,6 +176,8 @@ pub enum CountOnly {
 
 impl CountOnly {
     /// Whether `response` counts.
+    ///
+    /// See the [example](CountOnly#example).
     pub fn counts(self, response: &ResponseHead<'_>) -> bool {
         let status = response.status();
         match self {

@@ -4,12 +4,38 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::HeaderValue;
-
-use crate::metrics::DecisionCounters;
+use crate::label::{Label, QuotaHeaders};
 use crate::request::Route;
 
 /// Whether a request went through.
+///
+/// # Example
+///
+/// In [shadow](crate::RateLimitLayer::shadow) mode, a request over the
+/// limit is passed on, and its decision says so:
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
+///     .shadow(true);
+/// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+/// let outcome = |response: &axum::response::Response| {
+///     response.extensions().get::<Decision>().map(Decision::outcome)
+/// };
+///
+/// let first = app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+/// assert_eq!(outcome(&first), Some(Outcome::Allowed));
+/// let second = app.oneshot(Request::new(Body::empty())).await.unwrap();
+/// assert_eq!(second.status(), StatusCode::OK);
+/// assert_eq!(outcome(&second), Some(Outcome::Shadowed));
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Outcome {
@@ -20,18 +46,6 @@ pub enum Outcome {
     /// Over the limit, but the layer is in shadow mode: the request was passed
     /// on, and the response carries the headers a denial would.
     Shadowed,
-}
-
-impl Outcome {
-    /// Its place in [`metrics::OUTCOMES`](crate::metrics::OUTCOMES), the
-    /// `outcome` label's values.
-    pub(crate) fn metric_index(self) -> usize {
-        match self {
-            Self::Allowed => 0,
-            Self::Denied => 1,
-            Self::Shadowed => 2,
-        }
-    }
 }
 
 /// One request's verdict. It is handed to the
@@ -51,6 +65,37 @@ impl Outcome {
 ///
 /// A callback that needs the client can read it from the request itself, in
 /// a layer of its own.
+///
+/// # Example
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::Request, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let seen = Arc::new(Mutex::new(Vec::new()));
+/// let log = Arc::clone(&seen);
+/// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
+///     .on_decision(move |decision: &Decision| log.lock().unwrap().push(decision.outcome()));
+/// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+///
+/// let response = app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+/// let decision = response.extensions().get::<Decision>().unwrap();
+/// assert_eq!((decision.name(), decision.policy()), ("api", "api"));
+/// assert_eq!((decision.limit(), decision.count(), decision.remaining()), (1, 1, 0));
+/// assert!(decision.reset() <= Duration::from_secs(60));
+/// assert_eq!(decision.reset_secs(), 60);
+/// assert!(decision.passed() && !decision.over_limit() && !decision.refunded());
+///
+/// let denied = app.oneshot(Request::new(Body::empty())).await.unwrap();
+/// assert!(denied.extensions().get::<Decision>().unwrap().over_limit());
+/// assert_eq!(*seen.lock().unwrap(), [Outcome::Allowed, Outcome::Denied]);
+/// # }
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Decision {
     label: Arc<Label>,
@@ -60,42 +105,6 @@ pub struct Decision {
     reset: Duration,
     outcome: Outcome,
     refunded: bool,
-}
-
-/// The names a decision reports about its quota, built once per quota.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct Label {
-    /// The layer's name.
-    pub(crate) limiter: Arc<str>,
-    /// The quota's policy name, as the headers show it.
-    pub(crate) policy: Arc<str>,
-    /// Its decision counters (feature `metrics`; zero-sized without).
-    pub(crate) counters: DecisionCounters,
-    /// How its decisions are written in the response headers.
-    pub(crate) headers: QuotaHeaders,
-}
-
-/// A quota's rate-limit header fields, serialized once when the layer is
-/// built (`response::quota_headers`) and completed per decision with its
-/// count and reset (`response::write_headers`). A decision reaches them
-/// through its label, so a passed request's future holds nothing else of
-/// its policy.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) enum QuotaHeaders {
-    /// No rate-limit fields.
-    None,
-    /// `RateLimit` and `RateLimit-Policy`.
-    Ietf {
-        /// Every quota of the policy, as one sf-list.
-        policy: HeaderValue,
-        /// This quota's policy name as an sf-string, with its quotes.
-        name_item: Box<str>,
-    },
-    /// `X-RateLimit-Limit`, `-Remaining` and `-Reset`.
-    Legacy {
-        /// This quota's limit.
-        limit: HeaderValue,
-    },
 }
 
 impl Decision {
@@ -129,17 +138,9 @@ impl Decision {
         &self.label.headers
     }
 
-    /// Count this decision in its quota's metrics (feature `metrics`).
-    #[inline]
-    pub(crate) fn record_metrics(&self) {
-        self.label.counters.record(
-            &self.label.limiter,
-            &self.label.policy,
-            self.outcome.metric_index(),
-        );
-    }
-
     /// The layer's name (see [`RateLimitLayer::new`](crate::RateLimitLayer::new)).
+    ///
+    /// See the [example](Decision#example).
     pub fn name(&self) -> &str {
         &self.label.limiter
     }
@@ -148,6 +149,8 @@ impl Decision {
     /// it: the layer's name for the layer's own quota, the name given with
     /// [`NamedQuota`](crate::NamedQuota), or the readable default the layer
     /// gave an unnamed route, extra or tier quota.
+    ///
+    /// See the [example](Decision#example).
     pub fn policy(&self) -> &str {
         &self.label.policy
     }
@@ -156,48 +159,66 @@ impl Decision {
     /// (`/users/{id}`, the route's pattern, never the raw path) or a gRPC
     /// method (`/package.Service/Method`); see
     /// [`RequestHead::route`](crate::RequestHead::route).
+    ///
+    /// See the [example](Decision#example).
     pub fn route(&self) -> Option<&str> {
         self.route.as_ref().map(Route::as_str)
     }
 
     /// Hits admitted per window.
+    ///
+    /// See the [example](Decision#example).
     pub fn limit(&self) -> u64 {
         self.limit
     }
 
     /// The key's counter after this request (it counts denied requests too),
     /// less this request's hit once it was [refunded](Self::refunded).
+    ///
+    /// See the [example](Decision#example).
     pub fn count(&self) -> u64 {
         self.count
     }
 
     /// Hits left in this window after this request.
+    ///
+    /// See the [example](Decision#example).
     pub fn remaining(&self) -> u64 {
         self.limit.saturating_sub(self.count)
     }
 
     /// Time until the window closes.
+    ///
+    /// See the [example](Decision#example).
     pub fn reset(&self) -> Duration {
         self.reset
     }
 
     /// [`reset`](Self::reset) in whole seconds, rounded up, at least 1: the
     /// value of `Retry-After` on a denial.
+    ///
+    /// See the [example](Decision#example).
     pub fn reset_secs(&self) -> u64 {
         ceil_secs(self.reset)
     }
 
     /// What happened to the request.
+    ///
+    /// See the [example](Decision#example).
     pub fn outcome(&self) -> Outcome {
         self.outcome
     }
 
     /// Whether the request was passed on to the service (allowed or shadowed).
+    ///
+    /// See the [example](Decision#example).
     pub fn passed(&self) -> bool {
         self.outcome != Outcome::Denied
     }
 
     /// Whether the request was over the limit (denied or shadowed).
+    ///
+    /// See the [example](Decision#example).
     pub fn over_limit(&self) -> bool {
         self.outcome != Outcome::Allowed
     }
@@ -212,6 +233,8 @@ impl Decision {
     /// window only, unless the backend fails it. The decision handed to
     /// [`on_decision`](crate::RateLimitLayer::on_decision) is made before
     /// any refund, so it always says `false`.
+    ///
+    /// See the [example](Decision#example).
     pub fn refunded(&self) -> bool {
         self.refunded
     }
@@ -264,23 +287,10 @@ mod tests {
     }
 
     #[test]
-    fn each_outcome_has_its_own_metric_label() {
-        let labels = [
-            (Outcome::Allowed, "allowed"),
-            (Outcome::Denied, "denied"),
-            (Outcome::Shadowed, "shadowed"),
-        ];
-        for (outcome, label) in labels {
-            assert_eq!(crate::metrics::OUTCOMES[outcome.metric_index()], label);
-        }
-    }
-
-    #[test]
     fn outcomes() {
         let label = Arc::new(Label {
             limiter: "n".into(),
             policy: "n".into(),
-            counters: Default::default(),
             headers: QuotaHeaders::None,
         });
         let d = |count, shadow| {

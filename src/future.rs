@@ -12,15 +12,17 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::backend::{Backend, BackendError};
-use crate::judge::{Core, Stamp, Verdict};
+use crate::judge::{Core, Passed, Verdict};
 use crate::metrics::Stopwatch;
 use crate::policy::{Policy, Selected};
-use crate::refund::{self, Tab, Wait};
+use crate::refund::{self, CountedVerdict, RefundTab, Wait};
 use crate::request::RequestHead;
-use crate::response::Deny;
+use crate::response::{self, Deny};
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit).
+    /// The response future of [`RateLimit`](crate::RateLimit): what its
+    /// `call` returns, to await (a server awaits it for you). See the
+    /// [example](crate::RateLimit#example).
     pub struct ResponseFuture<S, ReqBody, Bk, D>
     where
         S: Service<Request<ReqBody>>,
@@ -29,7 +31,7 @@ pin_project! {
         #[pin]
         state: State<
             Arc<Core<Bk, D>>,
-            Tab<Bk, D>,
+            RefundTab<Bk, D>,
             Bk::Future,
             S,
             Request<ReqBody>,
@@ -59,12 +61,19 @@ pin_project! {
             // Only when the layer counts by outcome.
             tab: Option<Box<T>>,
         },
-        // Passed on: waiting for the service.
+        // Passed on: waiting for the service, whose answer gets the
+        // decision, if the request was counted. No refund can follow.
         Inner {
             #[pin]
             future: F,
-            stamp: Option<Stamp>,
-            // Only when the layer counts by outcome and the hit was counted.
+            passed: Option<Passed>,
+        },
+        // Passed on counted, under a layer that counts by outcome: waiting
+        // for the service, whose answer settles the tab (the decision is
+        // in it).
+        Counting {
+            #[pin]
+            future: F,
             tab: Option<Box<T>>,
         },
         // Answered, waiting for refunds that no tokio runtime can finish
@@ -92,7 +101,7 @@ where
         service: S,
         request: Request<ReqBody>,
         policy: Arc<Policy>,
-        tab: Option<Box<Tab<Bk, D>>>,
+        tab: Option<Box<RefundTab<Bk, D>>>,
     ) -> Self {
         Self {
             state: State::Checking {
@@ -108,13 +117,14 @@ where
         }
     }
 
-    pub(crate) fn passing(
-        future: S::Future,
-        stamp: Option<Stamp>,
-        tab: Option<Box<Tab<Bk, D>>>,
-    ) -> Self {
+    /// A request passed on uncounted (skipped, or without a key under
+    /// `OnMissingKey::Allow`).
+    pub(crate) fn passing(future: S::Future) -> Self {
         Self {
-            state: State::Inner { future, stamp, tab },
+            state: State::Inner {
+                future,
+                passed: None,
+            },
         }
     }
 
@@ -125,19 +135,63 @@ where
             },
         }
     }
+}
 
-    /// A denial, after `wait` if its refunds must finish first.
-    pub(crate) fn answered(response: S::Response, wait: Option<Wait>) -> Self {
-        match wait {
-            None => Self::respond(response),
-            Some(wait) => Self {
-                state: State::Refunding {
-                    wait,
-                    response: Some(response),
+impl<S, ReqBody, ResBody, Bk, D> ResponseFuture<S, ReqBody, Bk, D>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    Bk: Backend,
+{
+    /// After the judge's `verdict`, without refunds: `call` the service, or
+    /// answer.
+    #[inline]
+    pub(crate) fn judged(verdict: Verdict<ResBody>, call: impl FnOnce() -> S::Future) -> Self {
+        match verdict {
+            Verdict::Pass(passed) => Self {
+                state: State::Inner {
+                    future: call(),
+                    passed,
                 },
             },
+            Verdict::Respond(response) => Self::respond(response),
         }
     }
+
+    /// After the `verdict` on a request whose hits may be refunded: `call`
+    /// the service, or answer (after the denial's refunds when they must
+    /// finish first).
+    pub(crate) fn counted(
+        verdict: CountedVerdict<ResBody, Bk, D>,
+        call: impl FnOnce() -> S::Future,
+    ) -> Self {
+        let state = match verdict {
+            CountedVerdict::Pass(tab) => State::Counting {
+                future: call(),
+                tab: Some(tab),
+            },
+            CountedVerdict::PassUncounted => State::Inner {
+                future: call(),
+                passed: None,
+            },
+            CountedVerdict::Respond(response, None) => State::Respond {
+                response: Some(response),
+            },
+            CountedVerdict::Respond(response, Some(wait)) => State::Refunding {
+                wait,
+                response: Some(response),
+            },
+        };
+        Self { state }
+    }
+}
+
+/// Calls the ready `service` with `request`, each taken once.
+fn call_once<S: Service<Req>, Req>(
+    service: &mut Option<S>,
+    request: &mut Option<Req>,
+) -> S::Future {
+    let mut service = service.take().expect("the service is taken once");
+    service.call(request.take().expect("the request is taken once"))
 }
 
 impl<S, ReqBody, ResBody, Bk, D> Future for ResponseFuture<S, ReqBody, Bk, D>
@@ -177,45 +231,41 @@ where
                     s.metrics.backend_latency(&s.name, stopwatch.elapsed());
                     let head =
                         RequestHead::new(request.as_ref().expect("the request is taken once"));
-                    let (verdict, tab) =
-                        refund::judge(core, tab.take(), result, &Selected::Kept(policy), &head);
-                    match verdict {
-                        Verdict::Pass(stamp) => {
-                            let mut service = service.take().expect("the service is taken once");
-                            let request = request.take().expect("the request is taken once");
-                            let future = service.call(request);
-                            this.state.set(State::Inner { future, stamp, tab });
+                    let policy = Selected::Kept(policy);
+                    let next = match tab.take() {
+                        None => Self::judged(core.judge(result, &policy, &head), || {
+                            call_once(service, request)
+                        }),
+                        Some(tab) => {
+                            Self::counted(refund::judge(core, tab, result, &policy, &head), || {
+                                call_once(service, request)
+                            })
                         }
-                        Verdict::Respond(mut response) => {
-                            if let Some(wait) = tab.and_then(|tab| tab.deny(&mut response)) {
-                                this.state.set(State::Refunding {
-                                    wait,
-                                    response: Some(response),
-                                });
-                                continue;
-                            }
-                            this.state.set(State::Done);
-                            return Poll::Ready(Ok(response));
-                        }
-                    }
+                    };
+                    this.state.set(next.state);
                 }
-                StateProj::Inner { future, stamp, tab } => {
+                StateProj::Inner { future, passed } => {
                     let result = ready!(future.poll(cx));
-                    let stamp = stamp.take();
-                    let tab = tab.take();
+                    let passed = passed.take();
+                    this.state.set(State::Done);
+                    let mut response = result?;
+                    if let Some(passed) = passed {
+                        response::passed(&mut response, passed.decision);
+                    }
+                    return Poll::Ready(Ok(response));
+                }
+                StateProj::Counting { future, tab } => {
+                    let result = ready!(future.poll(cx));
+                    let tab = tab.take().expect("the tab is taken once");
                     this.state.set(State::Done);
                     // An error is no answer: the hit stays counted.
                     let mut response = result?;
-                    if let Some(mut stamp) = stamp {
-                        let wait = tab.and_then(|tab| tab.settle(&mut stamp, &response));
-                        stamp.apply(&mut response);
-                        if let Some(wait) = wait {
-                            this.state.set(State::Refunding {
-                                wait,
-                                response: Some(response),
-                            });
-                            continue;
-                        }
+                    if let Some(wait) = tab.settle(&mut response) {
+                        this.state.set(State::Refunding {
+                            wait,
+                            response: Some(response),
+                        });
+                        continue;
                     }
                     return Poll::Ready(Ok(response));
                 }
@@ -245,6 +295,7 @@ where
         let state = match &self.state {
             State::Checking { .. } => "checking",
             State::Inner { .. } => "inner",
+            State::Counting { .. } => "counting",
             State::Refunding { .. } => "refunding",
             State::Respond { .. } => "respond",
             State::Done => "done",
@@ -252,5 +303,121 @@ where
         f.debug_struct("ResponseFuture")
             .field("state", &state)
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+    use std::time::Duration;
+
+    use http::{Request, Response};
+    use tower::{Layer, Service, ServiceExt, service_fn};
+
+    use super::*;
+    use crate::backend::{Counter, Hit, MemoryBackend};
+    use crate::key::Key;
+    use crate::layer::RateLimitLayer;
+    use crate::quota::Quota;
+
+    /// The in-memory backend, answering each hit on its second poll: the
+    /// path of a backend that has to go out.
+    #[derive(Clone, Debug)]
+    struct Later(MemoryBackend);
+
+    struct SecondPoll<F> {
+        polled: bool,
+        inner: F,
+    }
+
+    impl<F: Future + Unpin> Future for SecondPoll<F> {
+        type Output = F::Output;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+            if !self.polled {
+                self.polled = true;
+                cx.waker().wake_by_ref();
+                return Poll::Pending;
+            }
+            Pin::new(&mut self.inner).poll(cx)
+        }
+    }
+
+    impl Backend for Later {
+        type Future = SecondPoll<<MemoryBackend as Backend>::Future>;
+        type Refund = <MemoryBackend as Backend>::Refund;
+
+        fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
+            SecondPoll {
+                polled: false,
+                inner: self.0.hit_all(key, counters),
+            }
+        }
+
+        fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund {
+            self.0.refund(namespace, key, hit)
+        }
+
+        async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+            self.0.peek(namespace, key).await
+        }
+
+        async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+            self.0.reset(namespace, key).await
+        }
+    }
+
+    /// The state a passed request's future is in while the service works.
+    async fn state_while_serving<Bk: Backend>(
+        layer: RateLimitLayer<crate::key::GlobalKey, Bk>,
+    ) -> String {
+        // A service that never answers: the future stays where the verdict
+        // put it.
+        let hangs = service_fn(|_request: Request<String>| {
+            std::future::pending::<Result<Response<String>, Infallible>>()
+        });
+        let mut service = layer.layer(hangs);
+        let mut future = service
+            .ready()
+            .await
+            .unwrap()
+            .call(Request::new(String::new()));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        for _ in 0..2 {
+            assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
+        }
+        format!("{future:?}")
+    }
+
+    #[tokio::test]
+    async fn only_a_layer_that_counts_by_outcome_takes_the_refund_step() {
+        let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+        let plain = || RateLimitLayer::new("api", quota);
+        let counting = || plain().count_if(|_| true);
+        let cases = [
+            (
+                "at once, plain",
+                state_while_serving(plain()).await,
+                "inner",
+            ),
+            (
+                "at once, count_if",
+                state_while_serving(counting()).await,
+                "counting",
+            ),
+            (
+                "later, plain",
+                state_while_serving(plain().backend(Later(MemoryBackend::new()))).await,
+                "inner",
+            ),
+            (
+                "later, count_if",
+                state_while_serving(counting().backend(Later(MemoryBackend::new()))).await,
+                "counting",
+            ),
+        ];
+        for (case, state, want) in cases {
+            assert!(state.contains(&format!("\"{want}\"")), "{case}: {state}");
+        }
     }
 }

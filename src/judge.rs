@@ -3,14 +3,16 @@
 //! UNAVAILABLE under fail-closed, 500 / INTERNAL for corrupt state, 400 or
 //! 500 for a request without a usable key). Also the runtime core the
 //! service and its futures share, and the gates that keep the log bounded.
+//!
+//! The judge picks the answer; [`response`](crate::response) builds it and
+//! writes every header, and the quota's metrics count the decision.
 
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use http::header::RETRY_AFTER;
-use http::{HeaderValue, Response, StatusCode};
+use http::Response;
 
 use crate::backend::{BackendError, Hits};
 use crate::count::CountIf;
@@ -19,12 +21,25 @@ use crate::key::KeyError;
 use crate::metrics::LayerMetrics;
 use crate::policy::{Policies, Policy};
 use crate::request::RequestHead;
-use crate::response::{Answer, Deny, GrpcCode, grpc_response, status_response, write_headers};
+use crate::response::{self, Deny};
 
 /// What a request gets when the backend is down, slow, or full.
 ///
 /// Corrupt state is not an outage: whatever the policy, a request whose
 /// counter is corrupt is answered with 500 (gRPC: INTERNAL).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::{FailurePolicy, Quota, RateLimitLayer};
+///
+/// assert_eq!(FailurePolicy::default(), FailurePolicy::FailClosed);
+/// // A limit that is a courtesy, not a defence: keep serving while the
+/// // store is down.
+/// let layer = RateLimitLayer::new("search", Quota::new(100, Duration::from_secs(60)).unwrap())
+///     .on_failure(FailurePolicy::FailOpen);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum FailurePolicy {
@@ -38,6 +53,30 @@ pub enum FailurePolicy {
 }
 
 /// What a request gets when its key cannot be extracted.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{HeaderName, Request, StatusCode}, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{OnMissingKey, Quota, RateLimitLayer, key::HeaderKey};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+/// let by_api_key = RateLimitLayer::new("api", quota)
+///     .key(HeaderKey::new(HeaderName::from_static("x-api-key")));
+/// let status = |layer: RateLimitLayer<HeaderKey>| async move {
+///     let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+///     app.oneshot(Request::new(Body::empty())).await.unwrap().status()
+/// };
+/// // No `x-api-key` header:
+/// assert_eq!(status(by_api_key.clone()).await, StatusCode::BAD_REQUEST);
+/// let lenient = by_api_key.on_missing_key(OnMissingKey::Allow);
+/// assert_eq!(status(lenient).await, StatusCode::OK);
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnMissingKey {
@@ -89,43 +128,63 @@ pub(crate) struct Settings {
 
 /// What the limiter does with a request once the backend has answered.
 pub(crate) enum Verdict<B> {
-    /// Call the service; decorate its response with the decision, if any.
-    Pass(Option<Stamp>),
+    /// Call the service; write the decision onto its answer
+    /// ([`response::passed`]), if the request was counted.
+    Pass(Option<Passed>),
     /// Answer without calling the service.
     Respond(Response<B>),
 }
 
-/// A passed request's decision, to be written onto its response.
-pub(crate) struct Stamp {
-    /// Which of the policy's quotas the decision is about.
-    index: usize,
-    /// Its label holds the quota's header fields: the stamp needs nothing
-    /// else of the policy.
-    decision: Decision,
-}
-
-impl Stamp {
-    /// Write the decision's headers onto the service's `response`, and the
-    /// decision into its extensions.
-    #[inline]
-    pub(crate) fn apply<B>(self, response: &mut Response<B>) {
-        write_headers(response.headers_mut(), &self.decision, Answer::Passed);
-        response.extensions_mut().insert(self.decision);
-    }
-
-    /// The request's `hits` are being refunded: its decision no longer
-    /// counts the hit (when the deciding counter counted it at all).
-    pub(crate) fn refund(&mut self, hits: &Hits) {
-        if hits
-            .get(self.index)
-            .is_some_and(|hit| hit.deadline.is_some())
-        {
-            self.decision.refund();
-        }
-    }
+/// A request passed on counted: its decision, for its answer.
+pub(crate) struct Passed {
+    /// The decision: its label holds the quota's header fields, so the
+    /// answer needs nothing else of the policy.
+    pub(crate) decision: Decision,
+    /// Which of the policy's quotas decided (an index into the backend's
+    /// hits), for a refund to tell whether that counter counted the hit.
+    pub(crate) quota: usize,
 }
 
 impl<Bk, D> Core<Bk, D> {
+    /// The core of a layer named `name` with `policies`, counting in
+    /// `backend` and denying with `deny`; every other setting at its default
+    /// (`timeout` aside), and fresh log gates and metric handles, which the
+    /// layer's clones and services share.
+    pub(crate) fn new(
+        backend: Bk,
+        deny: D,
+        name: Arc<str>,
+        policies: Policies,
+        timeout: Duration,
+    ) -> Self {
+        Self {
+            backend,
+            deny,
+            settings: Settings {
+                name,
+                policies,
+                failure: FailurePolicy::default(),
+                missing_key: OnMissingKey::default(),
+                timeout,
+                shadow: false,
+                observer: None,
+                skip: None,
+                count_if: None,
+                warn_gate: Arc::default(),
+                key_gate: Arc::default(),
+                metrics: LayerMetrics::default(),
+            },
+        }
+    }
+
+    /// Whether passed requests' hits wait for their answers
+    /// ([`count_if`](crate::RateLimitLayer::count_if)), and so take the
+    /// refund step (`refund.rs`).
+    #[inline]
+    pub(crate) fn counts_by_outcome(&self) -> bool {
+        self.settings.count_if.is_some()
+    }
+
     /// `result`, a backend answer given at once, counted in the metrics
     /// when a local cache gave it (feature `metrics`; nothing without).
     #[inline]
@@ -157,11 +216,7 @@ impl<Bk, D> Core<Bk, D> {
             Ok(hits) => hits,
             Err(err) if err.is_corrupt() => {
                 tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
-                let mut response = if request.is_grpc() {
-                    grpc_response(GrpcCode::Internal, "rate limiter state is corrupt", None)
-                } else {
-                    status_response(StatusCode::INTERNAL_SERVER_ERROR)
-                };
+                let mut response = response::corrupt(request.is_grpc());
                 response.extensions_mut().insert(err.kind());
                 return Verdict::Respond(response);
             }
@@ -173,25 +228,17 @@ impl<Bk, D> Core<Bk, D> {
             return self.outage(err, request);
         };
         tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
-        decision.record_metrics();
+        policy.quota_metrics(index).record(&decision);
         if let Some(observer) = &s.observer {
             observer(&decision);
         }
         if decision.passed() {
-            return Verdict::Pass(Some(Stamp { index, decision }));
+            return Verdict::Pass(Some(Passed {
+                decision,
+                quota: index,
+            }));
         }
-        let mut response = if request.is_grpc() {
-            grpc_response(
-                GrpcCode::ResourceExhausted,
-                "rate limit exceeded",
-                Some(decision.reset()),
-            )
-        } else {
-            self.deny.deny(&decision)
-        };
-        write_headers(response.headers_mut(), &decision, Answer::Denial);
-        response.extensions_mut().insert(decision);
-        Verdict::Respond(response)
+        Verdict::Respond(response::denial(&self.deny, decision, request.is_grpc()))
     }
 
     fn outage<B: Default>(&self, err: BackendError, request: &RequestHead<'_>) -> Verdict<B> {
@@ -208,15 +255,7 @@ impl<Bk, D> Core<Bk, D> {
         if fail_open {
             return Verdict::Pass(None);
         }
-        let mut response = if request.is_grpc() {
-            grpc_response(GrpcCode::Unavailable, "rate limiter unavailable", None)
-        } else {
-            let mut response = status_response(StatusCode::SERVICE_UNAVAILABLE);
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, HeaderValue::from_static("1"));
-            response
-        };
+        let mut response = response::unavailable(request.is_grpc());
         // Where a decision would be: what kind of failure answered.
         response.extensions_mut().insert(err.kind());
         Verdict::Respond(response)
@@ -242,19 +281,7 @@ impl<Bk, D> Core<Bk, D> {
                 }
             }
         }
-        match (request.is_grpc(), err.status()) {
-            (false, status) => status_response(status),
-            (true, StatusCode::BAD_REQUEST) => grpc_response(
-                GrpcCode::InvalidArgument,
-                "rate-limit key missing or invalid",
-                None,
-            ),
-            (true, _) => grpc_response(
-                GrpcCode::Internal,
-                "rate-limit key extractor misconfigured",
-                None,
-            ),
-        }
+        response::key_rejected(request.is_grpc(), err.status())
     }
 }
 

@@ -11,7 +11,7 @@ use crate::backend::{Backend, MemoryBackend};
 use crate::count::{CountOnly, ResponseHead};
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::judge::{Core, FailurePolicy, OnMissingKey, Settings, SkipIf};
+use crate::judge::{Core, FailurePolicy, OnMissingKey, SkipIf};
 use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
 use crate::name::is_layer_name;
 use crate::policy::{NamedQuota, Policies};
@@ -21,7 +21,8 @@ use crate::response::{DefaultDeny, HeaderStyle};
 use crate::service::RateLimit;
 
 /// How long a backend call may take before the request is handled as if the
-/// backend were down.
+/// backend were down; see [`timeout`](RateLimitLayer::timeout) for an
+/// example.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Applies a pinned-window rate limit to a service.
@@ -112,6 +113,7 @@ impl RateLimitLayer {
     /// A layer named `name` that limits every request to `quota` in one
     /// global budget, counted in a fresh [`MemoryBackend`]. Pick the key with
     /// [`key`](Self::key) and the store with [`backend`](Self::backend).
+    /// See the [type's examples](RateLimitLayer).
     ///
     /// # Panics
     /// When `name` is not 1 to [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN) characters from
@@ -128,6 +130,20 @@ impl RateLimitLayer {
 
     /// Like [`new`](Self::new), for a name known only at run time.
     ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
+    ///
+    /// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
+    /// let layer = RateLimitLayer::try_new(String::from("tenant-7"), quota).unwrap();
+    /// assert_eq!(layer.name(), "tenant-7");
+    /// assert_eq!(layer.quota(), quota);
+    /// assert!(matches!(
+    ///     RateLimitLayer::try_new("no spaces", quota),
+    ///     Err(ConfigError::InvalidName(_))
+    /// ));
+    /// ```
+    ///
     /// # Errors
     /// [`ConfigError::InvalidName`] for a name that is empty, longer than
     /// [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN), or has a character outside `A-Z a-z 0-9 _ - . :`.
@@ -142,24 +158,13 @@ impl RateLimitLayer {
         let policies = Policies::new(name.clone(), quota, HeaderStyle::default());
         Ok(Self {
             key: GlobalKey,
-            core: Core {
-                backend: MemoryBackend::new(),
-                deny: DefaultDeny,
-                settings: Settings {
-                    name,
-                    policies,
-                    failure: FailurePolicy::default(),
-                    missing_key: OnMissingKey::default(),
-                    timeout: DEFAULT_TIMEOUT,
-                    shadow: false,
-                    observer: None,
-                    skip: None,
-                    count_if: None,
-                    warn_gate: Arc::default(),
-                    key_gate: Arc::default(),
-                    metrics: Default::default(),
-                },
-            },
+            core: Core::new(
+                MemoryBackend::new(),
+                DefaultDeny,
+                name,
+                policies,
+                DEFAULT_TIMEOUT,
+            ),
         })
     }
 }
@@ -208,6 +213,17 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     /// Keep counters in `backend` instead of this layer's own
     /// [`MemoryBackend`]. Layers given clones of one backend share counters
     /// only where their names are equal.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{Quota, RateLimitLayer, backend::MemoryBackend};
+    ///
+    /// let store = MemoryBackend::new();
+    /// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
+    /// // Two routers, one budget: same store, same name.
+    /// let public = RateLimitLayer::new("api", quota).backend(store.clone());
+    /// let admin = RateLimitLayer::new("api", quota).backend(store);
+    /// ```
     pub fn backend<Bk2: Backend>(self, backend: Bk2) -> RateLimitLayer<K, Bk2, D> {
         RateLimitLayer {
             key: self.key,
@@ -261,6 +277,7 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     }
 
     /// Which rate-limit headers responses carry (default: the IETF fields).
+    /// See the [example](HeaderStyle#example).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         self.core.settings.policies.set_style(style);
         self
@@ -274,6 +291,25 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     ///
     /// Clients see it under the name a [`NamedQuota`] gives it, or
     /// `"<layer> <limit>/<window>"` (`"api 100/1d"`) for a plain [`Quota`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::Request, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
+    ///     .also(Quota::new(100, Duration::from_secs(86_400)).unwrap());
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// let response = app.oneshot(Request::new(Body::empty())).await.unwrap();
+    /// assert_eq!(
+    ///     response.headers()["ratelimit-policy"],
+    ///     "\"api\";q=5;w=60, \"api 100/1d\";q=100;w=86400"
+    /// );
+    /// # }
+    /// ```
     pub fn also(mut self, quota: impl Into<NamedQuota>) -> Self {
         self.core.settings.policies.add_also(quota.into());
         self
@@ -570,14 +606,15 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     }
 
     /// What requests get when the backend is down, slow or full (default:
-    /// [`FailurePolicy::FailClosed`]).
+    /// [`FailurePolicy::FailClosed`]). See the
+    /// [example](FailurePolicy#example).
     pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
         self.core.settings.failure = policy;
         self
     }
 
     /// What requests get when no key can be extracted (default:
-    /// [`OnMissingKey::Reject`]).
+    /// [`OnMissingKey::Reject`]). See the [example](OnMissingKey#example).
     pub fn on_missing_key(mut self, policy: OnMissingKey) -> Self {
         self.core.settings.missing_key = policy;
         self
@@ -587,6 +624,16 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     /// past it the request is handled under the [`FailurePolicy`]. The timer
     /// only starts if the backend does not answer at once, so the in-memory
     /// backend never arms it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{DEFAULT_TIMEOUT, Quota, RateLimitLayer};
+    ///
+    /// assert_eq!(DEFAULT_TIMEOUT, Duration::from_millis(100));
+    /// // A store across the world: give it longer.
+    /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap())
+    ///     .timeout(Duration::from_millis(250));
+    /// ```
     ///
     /// # Panics
     /// When `timeout` is zero (every call would time out), like
@@ -602,6 +649,17 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
 
     /// Like [`timeout`](Self::timeout), for a value read at run time.
     ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap());
+    /// assert!(matches!(
+    ///     layer.try_timeout(Duration::ZERO),
+    ///     Err(ConfigError::ZeroTimeout)
+    /// ));
+    /// ```
+    ///
     /// # Errors
     /// [`ConfigError::ZeroTimeout`] for zero.
     pub fn try_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
@@ -614,31 +672,51 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
 
     /// Shadow (dry-run) mode: count and set headers, but never deny. Requests
     /// over the limit pass with [`Outcome::Shadowed`](crate::Outcome), so a
-    /// new limit can be watched before it is enforced.
+    /// new limit can be watched before it is enforced. See the
+    /// [example](crate::Outcome#example).
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.core.settings.shadow = shadow;
         self
     }
 
     /// Run `observer` on every decision (allowed, denied, shadowed), for
-    /// metrics. It runs on the request path: keep it cheap.
+    /// metrics. It runs on the request path: keep it cheap. See the
+    /// [example](Decision#example).
     pub fn on_decision(mut self, observer: impl Fn(&Decision) + Send + Sync + 'static) -> Self {
         self.core.settings.observer = Some(Arc::new(observer));
         self
     }
 
-    /// The layer's name.
+    /// The layer's name. See the [example](Self::try_new).
     pub fn name(&self) -> &str {
         &self.core.settings.name
     }
 
-    /// The layer's quota.
+    /// The layer's quota. See the [example](Self::try_new).
     pub fn quota(&self) -> Quota {
         self.core.settings.policies.default_quota()
     }
 
     /// The layer's backend, for [`peek`](Backend::peek) and
     /// [`reset`](Backend::reset).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::Request, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer, backend::Backend, key::Key};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap());
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer.clone());
+    /// app.oneshot(Request::new(Body::empty())).await.unwrap();
+    /// // The layer's own quota counts under its name; every request shares
+    /// // the global key.
+    /// let hit = layer.backend_ref().peek("api", &Key::new("*")).await.unwrap();
+    /// assert_eq!(hit.map(|hit| hit.count), Some(1));
+    /// # }
+    /// ```
     pub fn backend_ref(&self) -> &Bk {
         &self.core.backend
     }

@@ -155,10 +155,11 @@
 )]
 
 // The data path, outside in: layer.rs (configuration) → service.rs →
-// future.rs → refund.rs (the hits an answer does not count, handed back) →
-// judge.rs (the verdict, and the core they share); request.rs is the way
-// in, key/ and policy.rs read it, backend/ counts, decision.rs and
-// response.rs are the way out, and count.rs reads the service's answer.
+// future.rs → refund.rs (only under count_if: the hits an answer does not
+// count, handed back) → judge.rs (the verdict, and the core they share);
+// request.rs is the way in, key/ and policy.rs read it, backend/ counts,
+// decision.rs and response.rs are the way out (label.rs: what a decision
+// shows of its quota), and count.rs reads the service's answer.
 // Imports only point down this list.
 pub mod backend;
 #[cfg(feature = "serde")]
@@ -169,6 +170,7 @@ mod error;
 mod future;
 mod judge;
 pub mod key;
+mod label;
 mod layer;
 #[cfg(feature = "metrics")]
 pub mod metrics;

@@ -65,16 +65,28 @@
 #[cfg(feature = "metrics")]
 pub use enabled::{BACKEND_ERRORS, BACKEND_LATENCY, DECISIONS, DENY_CACHE_ANSWERS};
 #[cfg(feature = "metrics")]
-pub(crate) use enabled::{DecisionCounters, LayerMetrics, Stopwatch};
+pub(crate) use enabled::{LayerMetrics, QuotaMetrics, Stopwatch};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use disabled::{DecisionCounters, LayerMetrics, Stopwatch};
+pub(crate) use disabled::{LayerMetrics, QuotaMetrics, Stopwatch};
 
-/// The `outcome` label's values, in the order of
-/// `Outcome::metric_index` (in `decision.rs`): a decision hands its
-/// index, so this module needs nothing from the decision's.
 #[cfg(any(feature = "metrics", test))]
-pub(crate) const OUTCOMES: [&str; 3] = ["allowed", "denied", "shadowed"];
+use crate::decision::Outcome;
+
+/// The `outcome` label's values, in the order of [`outcome_index`].
+#[cfg(any(feature = "metrics", test))]
+const OUTCOMES: [&str; 3] = ["allowed", "denied", "shadowed"];
+
+/// The place of `outcome` in [`OUTCOMES`]: this module reads decisions,
+/// a decision knows nothing of metrics.
+#[cfg(any(feature = "metrics", test))]
+fn outcome_index(outcome: Outcome) -> usize {
+    match outcome {
+        Outcome::Allowed => 0,
+        Outcome::Denied => 1,
+        Outcome::Shadowed => 2,
+    }
+}
 
 #[cfg(feature = "metrics")]
 mod enabled {
@@ -84,17 +96,26 @@ mod enabled {
 
     use ::metrics::{Counter, Histogram, counter, histogram};
 
-    use super::OUTCOMES;
+    use super::{OUTCOMES, outcome_index};
     use crate::backend::{BackendError, BackendErrorKind, Hits};
+    use crate::decision::Decision;
 
     /// Decisions, by `limiter`, `policy` and `outcome` (counter).
+    ///
+    /// See the [module's example](crate::metrics#example).
     pub const DECISIONS: &str = "tower_pinned_window_decisions_total";
     /// Failed backend calls, by `limiter` and `kind` (counter).
+    ///
+    /// See the [module's example](crate::metrics#example).
     pub const BACKEND_ERRORS: &str = "tower_pinned_window_backend_errors_total";
     /// Backend calls that had to wait, in seconds, by `limiter` (histogram).
+    ///
+    /// See the [module's example](crate::metrics#example).
     pub const BACKEND_LATENCY: &str = "tower_pinned_window_backend_latency_seconds";
     /// Requests denied by a local deny cache without asking the store, by
     /// `limiter` (counter).
+    ///
+    /// See the [module's example](crate::metrics#example).
     pub const DENY_CACHE_ANSWERS: &str = "tower_pinned_window_deny_cache_answers_total";
 
     const ERROR_KINDS: [BackendErrorKind; 5] = [
@@ -116,25 +137,24 @@ mod enabled {
     }
 
     /// A quota's decision counters, one per outcome, registered on first
-    /// use.
+    /// use. Kept beside the quota (in its policy), never in a decision.
     #[derive(Default)]
-    pub(crate) struct DecisionCounters(OnceLock<[Counter; 3]>);
+    pub(crate) struct QuotaMetrics(OnceLock<[Counter; 3]>);
 
-    impl DecisionCounters {
-        /// Count one decision of the quota `policy` of the layer
-        /// `limiter`, whose outcome is `OUTCOMES[outcome]`.
-        pub(crate) fn record(&self, limiter: &Arc<str>, policy: &Arc<str>, outcome: usize) {
+    impl QuotaMetrics {
+        /// Count `decision`, one of this quota's.
+        pub(crate) fn record(&self, decision: &Decision) {
             let counters = self.0.get_or_init(|| {
                 OUTCOMES.map(|outcome| {
                     counter!(
                         DECISIONS,
-                        "limiter" => limiter.clone(),
-                        "policy" => policy.clone(),
+                        "limiter" => decision.name().to_owned(),
+                        "policy" => decision.policy().to_owned(),
                         "outcome" => outcome,
                     )
                 })
             });
-            counters[outcome].increment(1);
+            counters[outcome_index(decision.outcome())].increment(1);
         }
     }
 
@@ -196,9 +216,9 @@ mod enabled {
         }
     }
 
-    impl fmt::Debug for DecisionCounters {
+    impl fmt::Debug for QuotaMetrics {
         fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("DecisionCounters")
+            f.write_str("QuotaMetrics")
         }
     }
 
@@ -213,17 +233,17 @@ mod enabled {
 /// nothing.
 #[cfg(not(feature = "metrics"))]
 mod disabled {
-    use std::sync::Arc;
     use std::time::Duration;
 
     use crate::backend::{BackendError, Hits};
+    use crate::decision::Decision;
 
     #[derive(Debug, Default)]
-    pub(crate) struct DecisionCounters;
+    pub(crate) struct QuotaMetrics;
 
-    impl DecisionCounters {
+    impl QuotaMetrics {
         #[inline(always)]
-        pub(crate) fn record(&self, _limiter: &Arc<str>, _policy: &Arc<str>, _outcome: usize) {}
+        pub(crate) fn record(&self, _decision: &Decision) {}
     }
 
     #[derive(Debug, Clone, Default)]
@@ -255,11 +275,19 @@ mod disabled {
     }
 }
 
-/// Equal whatever they hold: handles are not part of a label's identity.
-impl PartialEq for DecisionCounters {
-    fn eq(&self, _other: &Self) -> bool {
-        true
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_outcome_has_its_own_metric_label() {
+        let labels = [
+            (Outcome::Allowed, "allowed"),
+            (Outcome::Denied, "denied"),
+            (Outcome::Shadowed, "shadowed"),
+        ];
+        for (outcome, label) in labels {
+            assert_eq!(OUTCOMES[outcome_index(outcome)], label);
+        }
     }
 }
-
-impl Eq for DecisionCounters {}

@@ -10,8 +10,10 @@ use std::sync::{Arc, PoisonError, RwLock};
 use smallvec::SmallVec;
 
 use crate::backend::{Counter, Hit, Hits};
-use crate::decision::{Decision, Label};
+use crate::decision::Decision;
 use crate::error::ConfigError;
+use crate::label::Label;
+use crate::metrics::QuotaMetrics;
 use crate::name::{is_policy_name, is_sf_string_byte};
 use crate::quota::Quota;
 use crate::request::{RequestHead, Route};
@@ -31,6 +33,8 @@ use crate::response::{HeaderStyle, quota_headers};
 ///
 /// A name only changes what clients see: counters are kept per quota, so
 /// renaming a quota keeps its counts.
+///
+/// # Example
 ///
 /// ```
 /// use std::time::Duration;
@@ -55,6 +59,8 @@ impl NamedQuota {
     /// (space to `~`, what an sf-string holds), like
     /// [`http::HeaderValue::from_static`] on a bad literal. Use
     /// [`try_new`](Self::try_new) for a name known only at run time.
+    ///
+    /// See the [example](NamedQuota#example).
     #[track_caller]
     pub fn new(name: &'static str, quota: Quota) -> Self {
         match Self::try_new(name, quota) {
@@ -64,6 +70,19 @@ impl NamedQuota {
     }
 
     /// Like [`new`](Self::new), for a name known only at run time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{ConfigError, NamedQuota, Quota};
+    ///
+    /// let quota = Quota::new(1000, Duration::from_secs(3600)).unwrap();
+    /// let tier = format!("{} tier", "pro");
+    /// assert_eq!(NamedQuota::try_new(tier, quota).unwrap().name(), Some("pro tier"));
+    /// assert!(matches!(
+    ///     NamedQuota::try_new("caf\u{e9}", quota),
+    ///     Err(ConfigError::InvalidPolicyName(_))
+    /// ));
+    /// ```
     ///
     /// # Errors
     /// [`ConfigError::InvalidPolicyName`] for a name that is empty or has a
@@ -79,13 +98,13 @@ impl NamedQuota {
         })
     }
 
-    /// The quota.
+    /// The quota. See the [example](NamedQuota#example).
     pub fn quota(&self) -> Quota {
         self.quota
     }
 
     /// The name given, if any (a plain [`Quota`] has none; the layer names
-    /// it).
+    /// it). See the [example](Self::try_new).
     pub fn name(&self) -> Option<&str> {
         self.name.as_deref()
     }
@@ -100,13 +119,14 @@ impl From<Quota> for NamedQuota {
 
 pub(crate) type QuotaBy = Arc<dyn Fn(&RequestHead<'_>) -> Option<NamedQuota> + Send + Sync>;
 
-/// One quota of a policy: the counter it is hit in, and the names it is
-/// reported by.
+/// One quota of a policy: the counter it is hit in, what its decisions show
+/// of it, and its metric handles (feature `metrics`; zero-sized without).
 #[derive(Debug)]
 struct Slot {
     namespace: Arc<str>,
     quota: Quota,
     label: Arc<Label>,
+    metrics: QuotaMetrics,
 }
 
 /// The quotas one request is checked against, with their counters' names
@@ -160,6 +180,13 @@ impl Policy {
                 shadow,
             ),
         ))
+    }
+
+    /// The metric handles of the quota at `index` (as [`decide`](Self::decide)
+    /// returned it), which count its decisions.
+    #[inline]
+    pub(crate) fn quota_metrics(&self, index: usize) -> &QuotaMetrics {
+        &self.slots[index].metrics
     }
 
     /// Of several quotas, the one that decides: any that is over its limit
@@ -307,9 +334,9 @@ impl Policies {
                 label: Arc::new(Label {
                     limiter: self.name.clone(),
                     policy: name.clone(),
-                    counters: Default::default(),
                     headers,
                 }),
+                metrics: QuotaMetrics::default(),
             })
             .collect();
         Arc::new(Policy { slots })

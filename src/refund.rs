@@ -3,15 +3,17 @@
 //! whose answer does not count, or that was denied, are refunded, each in
 //! the window it was counted in.
 //!
-//! A request carries a [`Tab`] only when `count_if` is set: without it
-//! nothing here runs, and nothing is kept or allocated.
+//! This step is on a request's path only when `count_if` is set: the
+//! service and its future check [`Core::counts_by_outcome`] and, without
+//! it, go from the backend's answer straight to the judge; nothing here
+//! runs, and nothing is kept or allocated.
 //!
 //! A denied request is refunded at once: it was never served. What keeps a
 //! hit counted, on purpose: a service error or a response future dropped
 //! before the answer (no answer, and the service may have done the work),
 //! a refund the backend failed, and a process that stops between the hit
 //! and the refund. Each hit is refunded at most once: the tab is consumed
-//! by its one [`settle`](Tab::settle) or [`deny`](Tab::deny).
+//! by its one [`settle`](RefundTab::settle) or [`deny`](RefundTab::deny).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -24,11 +26,11 @@ use smallvec::SmallVec;
 use crate::backend::{Backend, BackendError, Hits};
 use crate::count::ResponseHead;
 use crate::decision::Decision;
-use crate::judge::{Core, LogGate, Stamp, Verdict};
+use crate::judge::{Core, LogGate, Passed, Verdict};
 use crate::key::Key;
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
-use crate::response::Deny;
+use crate::response::{self, Deny};
 
 /// Refunds still under way, for the response to wait on when no tokio
 /// runtime is there to finish them.
@@ -36,32 +38,50 @@ pub(crate) type Wait = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What a request's refund needs once its fate is known: the core (for the
 /// backend and the `count_if` predicate), the key, the policy whose counters
-/// were hit, and the hits with their windows.
-pub(crate) struct Tab<Bk, D> {
+/// were hit, the hits with their windows, and, once it passed counted, its
+/// decision for the answer.
+pub(crate) struct RefundTab<Bk, D> {
     core: Arc<Core<Bk, D>>,
     key: Key,
     policy: Option<Arc<Policy>>,
     hits: Hits,
+    passed: Option<Passed>,
 }
 
-impl<Bk: Backend, D> Tab<Bk, D> {
-    /// The tab of a request charged to `key`; `None` (no allocation, no
-    /// clone) unless the layer counts by outcome.
-    #[inline]
-    pub(crate) fn open(core: &Arc<Core<Bk, D>>, key: &Key) -> Option<Box<Self>> {
-        core.settings.count_if.as_ref()?;
-        Some(Box::new(Self {
+/// [`judge`]'s verdict on a request whose hits may be refunded.
+pub(crate) enum CountedVerdict<B, Bk, D> {
+    /// Call the service; its answer [settles](RefundTab::settle) the tab.
+    Pass(Box<RefundTab<Bk, D>>),
+    /// Call the service, uncounted (fail-open): nothing to refund, nothing
+    /// to write onto the answer.
+    PassUncounted,
+    /// Answer without calling the service, after the wait when its refunds
+    /// must finish first.
+    Respond(Response<B>, Option<Wait>),
+}
+
+impl<Bk: Backend, D> RefundTab<Bk, D> {
+    /// The tab of a request charged to `key`, under a layer that counts by
+    /// outcome.
+    pub(crate) fn open(core: &Arc<Core<Bk, D>>, key: &Key) -> Box<Self> {
+        Box::new(Self {
             core: Arc::clone(core),
             key: key.clone(),
             policy: None,
             hits: Hits::new(),
-        }))
+            passed: None,
+        })
     }
 
     /// Once the service answered with `response`: keep the hits if the
     /// answer counts; otherwise refund them and mark the request's decision
-    /// refunded. See [`refund`](Self::refund) for the returned wait.
-    pub(crate) fn settle<B>(self, stamp: &mut Stamp, response: &Response<B>) -> Option<Wait> {
+    /// refunded. Then the decision is written onto the answer. See
+    /// [`refund`](Self::refund) for the returned wait.
+    pub(crate) fn settle<B>(mut self: Box<Self>, response: &mut Response<B>) -> Option<Wait> {
+        let Passed {
+            mut decision,
+            quota,
+        } = self.passed.take().expect("a tab settles a passed request");
         let counts = self
             .core
             .settings
@@ -69,9 +89,19 @@ impl<Bk: Backend, D> Tab<Bk, D> {
             .as_ref()
             .is_none_or(|counts| counts(&ResponseHead::new(response)));
         if counts {
+            response::passed(response, decision);
             return None;
         }
-        stamp.refund(&self.hits);
+        // The decision no longer counts the hit, when the deciding counter
+        // counted it at all.
+        if self
+            .hits
+            .get(quota)
+            .is_some_and(|hit| hit.deadline.is_some())
+        {
+            decision.refund();
+        }
+        response::passed(response, decision);
         self.refund()
     }
 
@@ -79,7 +109,7 @@ impl<Bk: Backend, D> Tab<Bk, D> {
     /// and the decision in the `denial` marked refunded when they were
     /// counted (a store counts all of a request's hits or, answering from a
     /// cache, none).
-    pub(crate) fn deny<B>(self, denial: &mut Response<B>) -> Option<Wait> {
+    fn deny<B>(self: Box<Self>, denial: &mut Response<B>) -> Option<Wait> {
         if self.hits.iter().any(|hit| hit.deadline.is_some())
             && let Some(decision) = denial.extensions_mut().get_mut::<Decision>()
         {
@@ -93,13 +123,14 @@ impl<Bk: Backend, D> Tab<Bk, D> {
     /// has to go out is finished on a tokio task, so the client never waits
     /// for it; only outside a tokio runtime is it handed back, for the
     /// response to wait on.
-    fn refund(self) -> Option<Wait> {
+    fn refund(self: Box<Self>) -> Option<Wait> {
         let Self {
             core,
             key,
             policy,
             hits,
-        } = self;
+            passed: _,
+        } = *self;
         let settings = &core.settings;
         let policy = policy?;
         let mut pending: SmallVec<[Bk::Refund; 2]> = SmallVec::new();
@@ -134,25 +165,23 @@ impl<Bk: Backend, D> Tab<Bk, D> {
     }
 }
 
-/// [`Core::judge`], keeping the backend's hits and the policy on `tab` when
-/// they may be refunded: for a request passed counted (after its answer) or
-/// denied (at once). Any other verdict drops the tab: a failure or a request
-/// passed uncounted has nothing to refund.
-#[inline]
+/// [`Core::judge`], for a layer that counts by outcome: the backend's hits
+/// and the policy are kept on `tab` when they may be refunded, for a
+/// request passed counted (after its answer) or denied (at once). Any other
+/// verdict drops the tab: a failure or a request passed uncounted has
+/// nothing to refund.
 pub(crate) fn judge<Bk, D, B>(
     core: &Core<Bk, D>,
-    tab: Option<Box<Tab<Bk, D>>>,
+    mut tab: Box<RefundTab<Bk, D>>,
     result: Result<Hits, BackendError>,
     policy: &Selected<'_>,
     request: &RequestHead<'_>,
-) -> (Verdict<B>, Option<Box<Tab<Bk, D>>>)
+) -> CountedVerdict<B, Bk, D>
 where
+    Bk: Backend,
     D: Deny<B>,
     B: Default,
 {
-    let Some(mut tab) = tab else {
-        return (core.judge(result, policy, request), None);
-    };
     let counted = match &result {
         Ok(hits) => {
             tab.hits = hits.clone();
@@ -161,12 +190,21 @@ where
         }
         Err(_) => false,
     };
-    let verdict = core.judge(result, policy, request);
-    let keep = match &verdict {
-        Verdict::Pass(stamp) => stamp.is_some(),
-        Verdict::Respond(_) => counted,
-    };
-    (verdict, keep.then_some(tab))
+    match core.judge(result, policy, request) {
+        Verdict::Pass(Some(passed)) => {
+            tab.passed = Some(passed);
+            CountedVerdict::Pass(tab)
+        }
+        Verdict::Pass(None) => CountedVerdict::PassUncounted,
+        Verdict::Respond(mut response) => {
+            let wait = if counted {
+                tab.deny(&mut response)
+            } else {
+                None
+            };
+            CountedVerdict::Respond(response, wait)
+        }
+    }
 }
 
 /// Logs one refund's result; failures at most once per period of `gate`.

@@ -1,14 +1,39 @@
 //! What a limited request is answered with, and the headers every answer
-//! carries.
+//! carries: the one place that writes the layer's response headers, on
+//! the layer's own answers (a denial, a failure) and on the service's
+//! answers it passes back.
 
 use http::header::{CONTENT_TYPE, Entry, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use sfv::{Integer, ItemSerializer, KeyRef, StringRef};
 
-use crate::decision::{Decision, Outcome, QuotaHeaders, ceil_secs};
+use crate::decision::{Decision, Outcome, ceil_secs};
+use crate::label::QuotaHeaders;
 use crate::quota::Quota;
 
 /// Which rate-limit headers responses carry.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::Request, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
+///     .headers(HeaderStyle::Legacy);
+/// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+/// let response = app.oneshot(Request::new(Body::empty())).await.unwrap();
+/// let headers = response.headers();
+/// assert_eq!(headers["x-ratelimit-limit"], "5");
+/// assert_eq!(headers["x-ratelimit-remaining"], "4");
+/// assert_eq!(headers["x-ratelimit-reset"], "60");
+/// assert!(!headers.contains_key("ratelimit"));
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum HeaderStyle {
@@ -34,8 +59,11 @@ pub enum HeaderStyle {
 /// [`deny_with`](crate::RateLimitLayer::deny_with) takes. A gRPC request
 /// (content-type `application/grpc*`) is always answered with a gRPC status
 /// instead, since a gRPC client could not read anything else.
+///
+/// See [`deny_with`](crate::RateLimitLayer::deny_with) for an example.
 pub trait Deny<B> {
-    /// The denial for `decision`.
+    /// The denial for `decision` (see
+    /// [`deny_with`](crate::RateLimitLayer::deny_with) for an example).
     fn deny(&self, decision: &Decision) -> Response<B>;
 }
 
@@ -48,7 +76,29 @@ where
     }
 }
 
-/// `429 Too Many Requests` with an empty body.
+/// `429 Too Many Requests` with an empty body: the denial a layer answers
+/// with unless [`deny_with`](crate::RateLimitLayer::deny_with) replaces it.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap());
+/// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+/// app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+/// let denied = app.oneshot(Request::new(Body::empty())).await.unwrap();
+/// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+/// assert_eq!(denied.headers()["retry-after"], "60");
+/// let body = axum::body::to_bytes(denied.into_body(), 1024).await.unwrap();
+/// assert!(body.is_empty());
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct DefaultDeny;
 
@@ -58,7 +108,81 @@ impl<B: Default> Deny<B> for DefaultDeny {
     }
 }
 
-pub(crate) fn status_response<B: Default>(status: StatusCode) -> Response<B> {
+/// The denial for `decision`, a request over its limit: the user's
+/// [`Deny`] (or, for a gRPC request, RESOURCE_EXHAUSTED) with the
+/// rate-limit headers and `Retry-After` each added unless the denial set it,
+/// and the decision in its extensions.
+pub(crate) fn denial<B, D>(deny: &D, decision: Decision, grpc: bool) -> Response<B>
+where
+    D: Deny<B>,
+    B: Default,
+{
+    let mut response = if grpc {
+        grpc_response(
+            GrpcCode::ResourceExhausted,
+            "rate limit exceeded",
+            Some(decision.reset()),
+        )
+    } else {
+        deny.deny(&decision)
+    };
+    write_headers(response.headers_mut(), &decision, Written::OnDenial);
+    response.extensions_mut().insert(decision);
+    response
+}
+
+/// The service's answer to a request that was passed on: `decision`'s
+/// rate-limit headers joined to any it carries, and the decision in its
+/// extensions.
+#[inline]
+pub(crate) fn passed<B>(response: &mut Response<B>, decision: Decision) {
+    write_headers(response.headers_mut(), &decision, Written::OnPassed);
+    response.extensions_mut().insert(decision);
+}
+
+/// The answer under fail-closed when the backend failed: `503` with
+/// `Retry-After: 1`, or gRPC UNAVAILABLE.
+pub(crate) fn unavailable<B: Default>(grpc: bool) -> Response<B> {
+    if grpc {
+        return grpc_response(GrpcCode::Unavailable, "rate limiter unavailable", None);
+    }
+    let mut response = status_response(StatusCode::SERVICE_UNAVAILABLE);
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from_static("1"));
+    response
+}
+
+/// The answer to a request whose counter is corrupt: `500`, or gRPC
+/// INTERNAL.
+pub(crate) fn corrupt<B: Default>(grpc: bool) -> Response<B> {
+    if grpc {
+        grpc_response(GrpcCode::Internal, "rate limiter state is corrupt", None)
+    } else {
+        status_response(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+}
+
+/// The answer to a request without a usable key: `status` (400 for a
+/// request that lacks its key, 500 for a misconfigured extractor), or its
+/// gRPC counterpart, INVALID_ARGUMENT or INTERNAL.
+pub(crate) fn key_rejected<B: Default>(grpc: bool, status: StatusCode) -> Response<B> {
+    match (grpc, status) {
+        (false, status) => status_response(status),
+        (true, StatusCode::BAD_REQUEST) => grpc_response(
+            GrpcCode::InvalidArgument,
+            "rate-limit key missing or invalid",
+            None,
+        ),
+        (true, _) => grpc_response(
+            GrpcCode::Internal,
+            "rate-limit key extractor misconfigured",
+            None,
+        ),
+    }
+}
+
+fn status_response<B: Default>(status: StatusCode) -> Response<B> {
     let mut response = Response::new(B::default());
     *response.status_mut() = status;
     response
@@ -66,7 +190,7 @@ pub(crate) fn status_response<B: Default>(status: StatusCode) -> Response<B> {
 
 /// gRPC status codes the layer answers with.
 #[derive(Debug, Clone, Copy)]
-pub(crate) enum GrpcCode {
+enum GrpcCode {
     InvalidArgument = 3,
     ResourceExhausted = 8,
     Internal = 13,
@@ -76,7 +200,7 @@ pub(crate) enum GrpcCode {
 /// A trailers-only gRPC answer: HTTP 200 with the status in the headers.
 /// With the `tonic` feature, a denial carries a `google.rpc.RetryInfo` in
 /// `grpc-status-details-bin`, so clients can wait the right time.
-pub(crate) fn grpc_response<B: Default>(
+fn grpc_response<B: Default>(
     code: GrpcCode,
     message: &'static str,
     retry_after: Option<std::time::Duration>,
@@ -113,16 +237,17 @@ const X_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 const X_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
 const X_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
-/// How the response a layer writes its headers onto came to be.
+/// Which response the headers are written onto, which says whose headers
+/// may already be there.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Answer {
+enum Written {
     /// The layer's own denial, fresh from [`Deny`] or the gRPC status: a
     /// header it already carries was set by the user's denial, and is kept.
-    Denial,
+    OnDenial,
     /// The inner service's response, which may carry inner layers' headers:
     /// the `RateLimit` lists are extended, and `Retry-After` is raised to
     /// this layer's wait when this layer would deny the retry.
-    Passed,
+    OnPassed,
 }
 
 /// Each quota's header fields, in order, for a policy of `quotas`: each
@@ -164,25 +289,27 @@ pub(crate) fn quota_headers(style: HeaderStyle, quotas: &[(&str, Quota)]) -> Vec
 }
 
 /// Write the rate-limit headers for `decision` into `headers`, and
-/// `Retry-After` on a denial; `answer` says whose headers may already be
-/// there (see [`Answer`]).
-pub(crate) fn write_headers(headers: &mut HeaderMap, decision: &Decision, answer: Answer) {
+/// `Retry-After` on a denial; `onto` says whose headers may already be
+/// there (see [`Written`]).
+fn write_headers(headers: &mut HeaderMap, decision: &Decision, onto: Written) {
     let reset = ceil_secs(decision.reset());
-    match answer {
-        Answer::Denial => {
+    match onto {
+        Written::OnDenial => {
             headers
                 .entry(RETRY_AFTER)
                 .or_insert_with(|| int_value(reset));
         }
         // Allowed with nothing left: a retry is denied until the window
         // closes, so a later Retry-After from further in is the wait.
-        Answer::Passed if decision.outcome() == Outcome::Allowed && decision.remaining() == 0 => {
+        Written::OnPassed
+            if decision.outcome() == Outcome::Allowed && decision.remaining() == 0 =>
+        {
             raise_retry_after(headers, reset);
         }
-        Answer::Passed => {}
+        Written::OnPassed => {}
     }
-    match (decision.quota_headers(), answer) {
-        (QuotaHeaders::Ietf { policy, name_item }, Answer::Denial) => {
+    match (decision.quota_headers(), onto) {
+        (QuotaHeaders::Ietf { policy, name_item }, Written::OnDenial) => {
             headers
                 .entry(RATELIMIT)
                 .or_insert_with(|| ratelimit(name_item, decision.remaining(), reset));
@@ -190,7 +317,7 @@ pub(crate) fn write_headers(headers: &mut HeaderMap, decision: &Decision, answer
                 .entry(RATELIMIT_POLICY)
                 .or_insert_with(|| policy.clone());
         }
-        (QuotaHeaders::Ietf { policy, name_item }, Answer::Passed) => {
+        (QuotaHeaders::Ietf { policy, name_item }, Written::OnPassed) => {
             // Most responses have neither field: one insertion each, and no
             // entry value to move around. A field the service (or a layer
             // inside this one) set gets this layer's item on its last line,

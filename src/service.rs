@@ -11,9 +11,9 @@ use tower_service::Service;
 
 use crate::backend::Backend;
 use crate::future::ResponseFuture;
-use crate::judge::{Core, OnMissingKey, Verdict};
+use crate::judge::{Core, OnMissingKey};
 use crate::key::KeyExtractor;
-use crate::refund::{self, Tab};
+use crate::refund::{self, RefundTab};
 use crate::request::RequestHead;
 use crate::response::Deny;
 
@@ -25,6 +25,40 @@ use crate::response::Deny;
 /// Denials are built as `Response<ResBody>` with `ResBody::default()` as the
 /// body, so the service's response body must implement [`Default`]; see
 /// [`RateLimitLayer`](crate::RateLimitLayer#the-response-body-must-implement-default).
+///
+/// # Example
+///
+/// Any tower service, not only axum's: here a `service_fn`.
+///
+/// ```
+/// use std::convert::Infallible;
+/// use std::time::Duration;
+/// use http::{Request, Response, StatusCode};
+/// use tower::{Layer, Service, ServiceExt, service_fn};
+/// use tower_pinned_window::{Quota, RateLimitLayer, ResponseFuture};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let hello = service_fn(|_request: Request<String>| async {
+///     Ok::<_, Infallible>(Response::new(String::from("hello")))
+/// });
+/// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap());
+/// let mut service = layer.layer(hello);
+///
+/// // `call` hands back a `ResponseFuture`, to await.
+/// let future: ResponseFuture<_, _, _, _> =
+///     service.ready().await.unwrap().call(Request::new(String::new()));
+/// assert_eq!(future.await.unwrap().status(), StatusCode::OK);
+///
+/// // A clone shares the budget.
+/// let denied = service.clone().oneshot(Request::new(String::new())).await.unwrap();
+/// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+///
+/// let _hello = service.get_ref();
+/// let _hello = service.get_mut();
+/// let _hello = service.into_inner();
+/// # }
+/// ```
 ///
 /// # gRPC
 ///
@@ -49,16 +83,22 @@ impl<S, K, Bk, D> RateLimit<S, K, Bk, D> {
     }
 
     /// The wrapped service.
+    ///
+    /// See the [example](RateLimit#example).
     pub fn get_ref(&self) -> &S {
         &self.inner
     }
 
     /// The wrapped service, mutably.
+    ///
+    /// See the [example](RateLimit#example).
     pub fn get_mut(&mut self) -> &mut S {
         &mut self.inner
     }
 
     /// The wrapped service, consuming `self`.
+    ///
+    /// See the [example](RateLimit#example).
     pub fn into_inner(self) -> S {
         self.inner
     }
@@ -87,14 +127,14 @@ where
             && skip(&head)
         {
             tracing::trace!(limiter = %core.settings.name, "request skipped: passing it uncounted");
-            return ResponseFuture::passing(self.inner.call(request), None, None);
+            return ResponseFuture::passing(self.inner.call(request));
         }
         let key = match self.key.extract(&head) {
             Ok(key) => key,
             Err(err) => {
                 if core.settings.missing_key == OnMissingKey::Allow {
                     tracing::debug!(limiter = %core.settings.name, error = %err, "no rate-limit key; passing the request uncounted");
-                    return ResponseFuture::passing(self.inner.call(request), None, None);
+                    return ResponseFuture::passing(self.inner.call(request));
                 }
                 return ResponseFuture::respond(core.key_error_response(&err, &head));
             }
@@ -102,27 +142,33 @@ where
         let policy = core.settings.policies.select(&head);
         let mut hit = core.backend.hit_all(&key, &policy.counters());
         tracing::trace!(limiter = %core.settings.name, %key, "rate-limit hit");
-        let tab = Tab::open(core, &key);
         // A backend that answers at once (the in-memory one does) is judged
         // here, and the service that was driven to readiness is called
         // directly. A backend that has to go out is polled again, with the
         // real waker, by the future; the ready service goes into the future
-        // and a clone stays behind for the next call.
+        // and a clone stays behind for the next call. Only a layer that
+        // counts by outcome takes the refund step.
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
-                match refund::judge(core, tab, core.answered_at_once(result), &policy, &head) {
-                    (Verdict::Pass(stamp), tab) => {
-                        ResponseFuture::passing(self.inner.call(request), stamp, tab)
-                    }
-                    (Verdict::Respond(mut response), tab) => {
-                        let wait = tab.and_then(|tab| tab.deny(&mut response));
-                        ResponseFuture::answered(response, wait)
-                    }
+                let result = core.answered_at_once(result);
+                if core.counts_by_outcome() {
+                    let tab = RefundTab::open(core, &key);
+                    ResponseFuture::counted(
+                        refund::judge(core, tab, result, &policy, &head),
+                        || self.inner.call(request),
+                    )
+                } else {
+                    ResponseFuture::judged(core.judge(result, &policy, &head), || {
+                        self.inner.call(request)
+                    })
                 }
             }
             Poll::Pending => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
+                let tab = core
+                    .counts_by_outcome()
+                    .then(|| RefundTab::open(core, &key));
                 let core = Arc::clone(core);
                 ResponseFuture::checking(core, hit, inner, request, policy.to_arc(), tab)
             }
