@@ -51,8 +51,6 @@
 //! keep the pair apart structurally, or use [`storage_key::encode`].
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
-mod answer;
-#[cfg(any(feature = "redis", feature = "postgres"))]
 mod deny_cache;
 mod memory;
 #[cfg(feature = "postgres")]
@@ -60,6 +58,8 @@ pub mod postgres;
 mod private;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod result_or_call;
 pub mod storage_key;
 
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};

@@ -171,8 +171,8 @@ use tokio_postgres::{NoTls, Row, SimpleQueryMessage};
 
 use self::batch::{Batcher, Pending};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
-use super::answer::Answer;
 use super::deny_cache::DenyCache;
+use super::result_or_call::ResultOrCall;
 use super::storage_key;
 use super::{Backend, BackendError, Counter, Hit, Hits};
 use crate::ConfigError;
@@ -663,7 +663,7 @@ fn pool_error(err: PoolError) -> BackendError {
 
 /// The future of a [`PostgresBackend`] hit: already complete when the local
 /// deny cache answered; otherwise the hit statement that carries it.
-pub struct PostgresHit(Answer<Hits>);
+pub struct PostgresHit(ResultOrCall<Hits>);
 
 impl fmt::Debug for PostgresHit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -683,7 +683,7 @@ impl Future for PostgresHit {
 
 /// The future of a [`PostgresBackend`] refund: one statement, or already
 /// complete for a hit that was not counted in the table.
-pub struct PostgresRefund(Answer<bool>);
+pub struct PostgresRefund(ResultOrCall<bool>);
 
 impl fmt::Debug for PostgresRefund {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -726,7 +726,7 @@ impl Backend for PostgresBackend {
                         deadline: None,
                     })
                     .collect();
-                return PostgresHit(Answer::Ready(Some(Ok(hits))));
+                return PostgresHit(ResultOrCall::Ready(Some(Ok(hits))));
             }
         }
         let backend = self.clone();
@@ -746,7 +746,7 @@ impl Backend for PostgresBackend {
                 reply,
             });
         }
-        PostgresHit(Answer::Remote(Box::pin(async move {
+        PostgresHit(ResultOrCall::Remote(Box::pin(async move {
             // Queued on the first poll, on the runtime that polls it: a hit
             // dropped before then is never sent.
             let queued = quanta::Instant::now();
@@ -779,10 +779,10 @@ impl Backend for PostgresBackend {
     /// this instance's deny cache, so its next hit asks the database again.
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> PostgresRefund {
         let Some(deadline) = hit.deadline else {
-            return PostgresRefund(Answer::Ready(Some(Ok(false))));
+            return PostgresRefund(ResultOrCall::Ready(Some(Ok(false))));
         };
         let (backend, namespace, key) = (self.clone(), namespace.to_owned(), key.clone());
-        PostgresRefund(Answer::Remote(Box::pin(async move {
+        PostgresRefund(ResultOrCall::Remote(Box::pin(async move {
             let refunded = backend
                 .refund_in_window(&namespace, &key, deadline_time(deadline))
                 .await;

@@ -20,7 +20,7 @@ use ::redis::{
 };
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 
-use super::audit::{Node, Nodes};
+use super::nodes::{Node, Nodes};
 
 /// The shortest time between two lookups of the master, unless configured
 /// otherwise.
