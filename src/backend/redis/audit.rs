@@ -37,7 +37,12 @@ struct OnNode<'a, N> {
 
 impl<N: Nodes + Send> Target for OnNode<'_, N> {
     async fn send(&mut self, cmd: Cmd) -> RedisResult<Value> {
-        self.connection.on_node(self.node, cmd).await
+        // A Cluster node's error reply (`NOSCRIPT`, say) comes back as a
+        // value: made an error here, as a connection's `query_async` does.
+        self.connection
+            .on_node(self.node, cmd)
+            .await?
+            .extract_error()
     }
 }
 

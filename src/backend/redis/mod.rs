@@ -60,11 +60,13 @@ use crate::key::Key;
 use crate::quota::{Quota, Window};
 
 /// The prefix of every key this backend writes, unless configured otherwise
-/// (see [`RedisBackendBuilder::prefix`], which has an example).
+/// ([`RedisBackendBuilder::prefix`]; [`RedisBackend`]'s example shows it in
+/// a key).
 pub const DEFAULT_PREFIX: &str = "tpw:";
 
-/// Denied keys remembered locally, unless configured otherwise (see
-/// [`RedisBackendBuilder::deny_cache`], which has an example).
+/// Denied keys remembered locally, unless configured otherwise
+/// ([`RedisBackendBuilder::deny_cache`]; [`RedisBackendBuilder`] has an
+/// example).
 pub const DEFAULT_DENY_CACHE: usize = 65_536;
 
 /// Counters in Redis or Redis Cluster, shared by every instance of a service.
@@ -88,6 +90,32 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// connection and are pipelined on it; no hit opens a connection of its own.
 /// Use the [`redis`] crate this crate re-exports to make your
 /// own.
+///
+/// # Examples
+///
+/// A layer whose counters are in Redis. [`connect_in_background`](Self::connect_in_background)
+/// returns at once, and connects on the runtime that serves requests (here
+/// there is none, so it never does):
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::backend::redis::{DEFAULT_PREFIX, RedisBackend};
+/// use tower_pinned_window::key::{Key, PeerIp};
+/// use tower_pinned_window::{Quota, RateLimitLayer};
+///
+/// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+/// assert_eq!(DEFAULT_PREFIX, "tpw:");
+/// assert_eq!(
+///     backend.storage_key("api", &Key::new("203.0.113.7")),
+///     b"tpw:api{203.0.113.7}"
+/// );
+/// assert!(!backend.connection().is_connected());
+/// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60))?)
+///     .key(PeerIp::new())
+///     .backend(backend);
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// # Outages
 ///
@@ -222,6 +250,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
 /// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window::key::Key;
 /// use tower_pinned_window::redis::Client;
 ///
 /// let client = Client::open("redis://127.0.0.1:6379/")?;
@@ -231,7 +260,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
 ///     .deny_cache(10_000)
 ///     .breaker(3, Duration::from_secs(1))
 ///     .build();
-/// assert_eq!(backend.storage_key("api", &"203.0.113.7".into()), b"app1:api{203.0.113.7}");
+/// assert_eq!(backend.storage_key("api", &Key::new("203.0.113.7")), b"app1:api{203.0.113.7}");
 /// # Ok(())
 /// # }
 /// ```
@@ -263,6 +292,8 @@ impl<C> RedisBackendBuilder<C> {
     /// When `prefix` contains `{` or `}`: on a Cluster it would take the hash
     /// tag over from the crate's own (see [`RedisBackend`]'s keys). Use
     /// [`try_prefix`](Self::try_prefix) for a prefix read from configuration.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     #[track_caller]
     pub fn prefix(self, prefix: impl Into<Vec<u8>>) -> Self {
         match self.try_prefix(prefix) {
@@ -275,6 +306,22 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// # Errors
     /// [`ConfigError::InvalidPrefix`] when `prefix` contains `{` or `}`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// // Not connected here (there is no runtime): only the builder is shown.
+    /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+    /// let builder = RedisBackend::builder(backend.connection().clone());
+    /// assert_eq!(
+    ///     builder.try_prefix("app{1}:").err(),
+    ///     Some(ConfigError::InvalidPrefix("app{1}:".into()))
+    /// );
+    /// # Ok::<(), ConfigError>(())
+    /// ```
     pub fn try_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Result<Self, ConfigError> {
         let prefix = prefix.into();
         if prefix.iter().any(|b| matches!(b, b'{' | b'}')) {
@@ -288,6 +335,8 @@ impl<C> RedisBackendBuilder<C> {
 
     /// How many denied keys this instance remembers (default
     /// [`DEFAULT_DENY_CACHE`]); 0 turns the local deny cache off.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;
         self
@@ -322,6 +371,8 @@ impl<C> RedisBackendBuilder<C> {
     /// When `failures` is 0 or `cooldown` is zero. Use
     /// [`try_breaker`](Self::try_breaker) for values read from
     /// configuration.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     #[track_caller]
     pub fn breaker(self, failures: u32, cooldown: Duration) -> Self {
         match self.try_breaker(failures, cooldown) {
@@ -335,6 +386,22 @@ impl<C> RedisBackendBuilder<C> {
     /// # Errors
     /// [`ConfigError::ZeroBreakerFailures`] or
     /// [`ConfigError::ZeroBreakerCooldown`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+    /// let builder = RedisBackend::builder(backend.connection().clone());
+    /// assert_eq!(
+    ///     builder.try_breaker(0, Duration::from_secs(1)).err(),
+    ///     Some(ConfigError::ZeroBreakerFailures)
+    /// );
+    /// # Ok::<(), ConfigError>(())
+    /// ```
     pub fn try_breaker(mut self, failures: u32, cooldown: Duration) -> Result<Self, ConfigError> {
         if failures == 0 {
             return Err(ConfigError::ZeroBreakerFailures);
@@ -348,6 +415,8 @@ impl<C> RedisBackendBuilder<C> {
 
     /// No circuit breaker: every hit waits on Redis, up to the layer's
     /// timeout.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     pub fn no_breaker(mut self) -> Self {
         self.breaker = None;
         self
@@ -369,6 +438,8 @@ impl<C> RedisBackendBuilder<C> {
     }
 
     /// The backend.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     pub fn build(self) -> RedisBackend<C>
     where
         C: Clone + 'static,
@@ -410,11 +481,15 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// A backend on `connection`, with the default prefix and deny cache.
+    ///
+    /// Example: [`connection_manager_config`]'s.
     pub fn new(connection: C) -> Self {
         Self::builder(connection).build()
     }
 
     /// Choose the prefix and the deny cache.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     pub fn builder(connection: C) -> RedisBackendBuilder<C> {
         RedisBackendBuilder {
             connection,
@@ -428,11 +503,15 @@ where
     /// The Redis key that holds `key`'s counter for the namespace
     /// `namespace` (a layer's name, or `name:LIMIT/WINDOWms` for its other
     /// quotas): [`storage_key::encode`] under this backend's prefix.
+    ///
+    /// Example: [`RedisBackend`].
     pub fn storage_key(&self, namespace: &str, key: &Key) -> Vec<u8> {
         storage_key::encode(&self.inner.prefix, namespace, key)
     }
 
     /// The connection the backend uses (without its breaker).
+    ///
+    /// Example: [`RedisBackend`].
     pub fn connection(&self) -> &C {
         self.inner.connection.unguarded()
     }
@@ -491,6 +570,18 @@ impl RedisBackend<ConnectionManager> {
     /// [`ConnectError::Config`] ([`ConfigError::InvalidUrl`]) when the URL is
     /// invalid; [`ConnectError::Unavailable`] when the first connection
     /// fails after the client's retries (about 2 s).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    ///
+    /// let backend = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
         Ok(Self::new(conn::connect::connection_manager(url).await?))
     }
@@ -516,6 +607,8 @@ impl RedisBackend<BackgroundConnection> {
     /// # Errors
     /// [`ConfigError::InvalidUrl`] when `url` is not a Redis URL: the only
     /// error, since nothing is reached here.
+    ///
+    /// Example: [`RedisBackend`].
     pub fn connect_in_background(url: &str) -> Result<Self, ConfigError> {
         Ok(Self::new(BackgroundConnection::to(url)?))
     }
@@ -560,6 +653,9 @@ impl RedisBackend<::redis::cluster_async::ClusterConnection> {
 /// deny cache answered; otherwise waiting for the call that takes its hits
 /// (queued in their lane behind a call in flight, as most hits are under
 /// load), or sending a call of its own.
+///
+/// The layer awaits it; [`Backend::hit_all`] returns it. Example of the
+/// backend: [`RedisBackend`].
 pub struct RedisHit(HitStep);
 
 enum HitStep {
@@ -646,6 +742,9 @@ impl Finish {
 /// The future of a [`RedisBackend`] refund: already complete when there is
 /// nothing to take back (a hit Redis did not count), one round trip
 /// otherwise.
+///
+/// The layer awaits it; [`Backend::refund`] returns it. Example of the
+/// backend: [`RedisBackend`].
 pub struct RedisRefund(ResultOrCall<bool>);
 
 impl fmt::Debug for RedisRefund {

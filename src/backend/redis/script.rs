@@ -6,7 +6,7 @@
 //! Each script is a `.lua` file beside this module.
 
 use std::future::Future;
-use std::sync::LazyLock;
+use std::sync::OnceLock;
 
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
@@ -56,43 +56,39 @@ const REPAIR_SCRIPT: &str = include_str!("repair.lua");
 pub(super) struct Script {
     name: &'static str,
     text: &'static str,
-    sha: LazyLock<String>,
+    /// Computed on the first call.
+    sha: OnceLock<String>,
+}
+
+impl Script {
+    const fn new(name: &'static str, text: &'static str) -> Self {
+        Self {
+            name,
+            text,
+            sha: OnceLock::new(),
+        }
+    }
+
+    /// The SHA1 `EVALSHA` runs the script by.
+    fn sha(&self) -> &str {
+        self.sha.get_or_init(|| sha1_hex(self.text))
+    }
 }
 
 /// One hit on one counter.
-pub(super) static HIT: Script = Script {
-    name: "hit",
-    text: HIT_SCRIPT,
-    sha: LazyLock::new(|| sha1_hex(HIT_SCRIPT)),
-};
+pub(super) static HIT: Script = Script::new("hit", HIT_SCRIPT);
 
 /// Hits on several counters, in one call.
-pub(super) static HIT_BATCH: Script = Script {
-    name: "hit_batch",
-    text: HIT_BATCH_SCRIPT,
-    sha: LazyLock::new(|| sha1_hex(HIT_BATCH_SCRIPT)),
-};
+pub(super) static HIT_BATCH: Script = Script::new("hit_batch", HIT_BATCH_SCRIPT);
 
 /// One hit taken back.
-pub(super) static REFUND: Script = Script {
-    name: "refund",
-    text: REFUND_SCRIPT,
-    sha: LazyLock::new(|| sha1_hex(REFUND_SCRIPT)),
-};
+pub(super) static REFUND: Script = Script::new("refund", REFUND_SCRIPT);
 
 /// A counter read.
-pub(super) static PEEK: Script = Script {
-    name: "peek",
-    text: PEEK_SCRIPT,
-    sha: LazyLock::new(|| sha1_hex(PEEK_SCRIPT)),
-};
+pub(super) static PEEK: Script = Script::new("peek", PEEK_SCRIPT);
 
 /// A lifetime given to a counter found without one (the audit).
-pub(super) static REPAIR: Script = Script {
-    name: "repair",
-    text: REPAIR_SCRIPT,
-    sha: LazyLock::new(|| sha1_hex(REPAIR_SCRIPT)),
-};
+pub(super) static REPAIR: Script = Script::new("repair", REPAIR_SCRIPT);
 
 /// Bytes in the decimal form of any `u64`, at most.
 pub(super) const U64_DIGITS: usize = 20;
@@ -150,7 +146,7 @@ impl Script {
             args(&mut cmd);
             cmd
         };
-        match target.send(build("EVALSHA", self.sha.as_str())).await {
+        match target.send(build("EVALSHA", self.sha())).await {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::debug!(
                     script = self.name,
@@ -189,8 +185,8 @@ mod tests {
     fn the_script_shas_are_sha1_of_their_text() {
         assert_eq!(sha1_hex("abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
         for script in [&HIT, &HIT_BATCH, &REFUND, &PEEK, &REPAIR] {
-            assert_eq!(*script.sha, sha1_hex(script.text), "{}", script.name);
-            assert_eq!(script.sha.len(), 40, "{}", script.name);
+            assert_eq!(script.sha(), sha1_hex(script.text), "{}", script.name);
+            assert_eq!(script.sha().len(), 40, "{}", script.name);
         }
     }
 

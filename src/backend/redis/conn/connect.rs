@@ -115,8 +115,19 @@ pub(crate) async fn connection_manager(url: &str) -> Result<ConnectionManager, C
 }
 
 /// A connection that is made in the background: see
-/// [`RedisBackend::connect_in_background`](crate::backend::redis::RedisBackend::connect_in_background),
-/// which has an example.
+/// [`RedisBackend::connect_in_background`](crate::backend::redis::RedisBackend::connect_in_background).
+///
+/// # Examples
+///
+/// ```
+/// use tower_pinned_window::backend::redis::RedisBackend;
+///
+/// // Outside a runtime, the attempts start with the first command.
+/// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+/// assert!(!backend.connection().is_connected());
+/// assert!(backend.connection().connection().is_none());
+/// # Ok::<(), tower_pinned_window::ConfigError>(())
+/// ```
 #[derive(Clone)]
 pub struct BackgroundConnection {
     shared: Arc<Shared>,
@@ -157,12 +168,12 @@ impl BackgroundConnection {
         this
     }
 
-    /// Whether the first connection is up.
+    /// Whether the first connection is up. Example: [`BackgroundConnection`].
     pub fn is_connected(&self) -> bool {
         self.shared.connection.get().is_some()
     }
 
-    /// The connection, once it is up.
+    /// The connection, once it is up. Example: [`BackgroundConnection`].
     pub fn connection(&self) -> Option<&ConnectionManager> {
         self.shared.connection.get()
     }
@@ -260,65 +271,53 @@ impl ConnectionLike for BackgroundConnection {
 }
 
 #[cfg(feature = "redis-cluster")]
-mod cluster {
-    use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
-    use ::redis::cluster_async::ClusterConnection;
-
-    use super::super::breaker::unavailable;
-    use super::{ConnectError, invalid_url};
-
-    /// The settings of the Cluster clients this crate makes, for `nodes`
-    /// (`redis://host:port/`, any of the Cluster's nodes): no response
-    /// timeout of the client's own (the layer's is the one timer of a hit),
-    /// and retries of a command at most 100 ms apart (the client's default
-    /// sleeps 1.28 s or more between two tries, which outlasts any
-    /// sensible layer timeout).
-    ///
-    /// # Examples
-    ///
-    /// A Cluster connection of your own, with the same settings:
-    ///
-    /// ```no_run
-    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_pinned_window::backend::redis::{RedisBackend, cluster_client_builder};
-    ///
-    /// let client = cluster_client_builder(["redis://127.0.0.1:7000/"]).build()?;
-    /// let backend = RedisBackend::new(client.get_async_connection().await?);
-    /// # let _ = backend;
-    /// # Ok(())
-    /// # }
-    /// ```
-    pub fn cluster_client_builder<I, T>(nodes: I) -> ClusterClientBuilder
-    where
-        I: IntoIterator<Item = T>,
-        T: ::redis::IntoConnectionInfo,
-    {
-        ClusterClient::builder(nodes)
-            .overall_response_timeout(None)
-            .min_retry_wait(10)
-            .max_retry_wait(100)
-    }
-
-    /// A connection to the Redis Cluster that `nodes` belong to, with
-    /// [`cluster_client_builder`]'s settings, once the slot map is known.
-    pub(crate) async fn cluster_connection<I, T>(
-        nodes: I,
-    ) -> Result<ClusterConnection, ConnectError>
-    where
-        I: IntoIterator<Item = T>,
-        T: ::redis::IntoConnectionInfo,
-    {
-        let client = cluster_client_builder(nodes)
-            .build()
-            .map_err(|err| ConnectError::Config(invalid_url(err)))?;
-        client
-            .get_async_connection()
-            .await
-            .map_err(|err| ConnectError::Unavailable(unavailable(err)))
-    }
+/// The settings of the Cluster clients this crate makes, for `nodes`
+/// (`redis://host:port/`, any of the Cluster's nodes): no response
+/// timeout of the client's own (the layer's is the one timer of a hit),
+/// and retries of a command at most 100 ms apart (the client's default
+/// sleeps 1.28 s or more between two tries, which outlasts any
+/// sensible layer timeout).
+///
+/// # Examples
+///
+/// A Cluster connection of your own, with the same settings:
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_pinned_window::backend::redis::{RedisBackend, cluster_client_builder};
+///
+/// let client = cluster_client_builder(["redis://127.0.0.1:7000/"]).build()?;
+/// let backend = RedisBackend::new(client.get_async_connection().await?);
+/// # let _ = backend;
+/// # Ok(())
+/// # }
+/// ```
+pub fn cluster_client_builder<I, T>(nodes: I) -> ::redis::cluster::ClusterClientBuilder
+where
+    I: IntoIterator<Item = T>,
+    T: ::redis::IntoConnectionInfo,
+{
+    ::redis::cluster::ClusterClient::builder(nodes)
+        .overall_response_timeout(None)
+        .min_retry_wait(10)
+        .max_retry_wait(100)
 }
 
 #[cfg(feature = "redis-cluster")]
-pub use cluster::cluster_client_builder;
-#[cfg(feature = "redis-cluster")]
-pub(crate) use cluster::cluster_connection;
+/// A connection to the Redis Cluster that `nodes` belong to, with
+/// [`cluster_client_builder`]'s settings, once the slot map is known.
+pub(crate) async fn cluster_connection<I, T>(
+    nodes: I,
+) -> Result<::redis::cluster_async::ClusterConnection, ConnectError>
+where
+    I: IntoIterator<Item = T>,
+    T: ::redis::IntoConnectionInfo,
+{
+    let client = cluster_client_builder(nodes)
+        .build()
+        .map_err(|err| ConnectError::Config(invalid_url(err)))?;
+    client
+        .get_async_connection()
+        .await
+        .map_err(|err| ConnectError::Unavailable(unavailable(err)))
+}

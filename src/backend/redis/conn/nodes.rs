@@ -9,6 +9,9 @@ use ::redis::{Cmd, Value};
 /// The nodes of a deployment that hold keys, and how to send a command to
 /// one of them: the one server of a standalone connection, or every master of
 /// a Cluster connection. Implemented for the connections this crate supports.
+///
+/// [`RedisBackend::audit`](crate::backend::redis::RedisBackend::audit) scans
+/// them, and has an example.
 pub trait Nodes: ConnectionLike {
     /// The nodes that hold keys.
     fn nodes(&mut self) -> impl Future<Output = ::redis::RedisResult<Vec<Node>>> + Send;
@@ -20,7 +23,7 @@ pub trait Nodes: ConnectionLike {
     ) -> impl Future<Output = ::redis::RedisResult<Value>> + Send;
 }
 
-/// A node found by [`Nodes::nodes`].
+/// A node found by [`Nodes::nodes`]; see [`Nodes`] for an example.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum Node {
