@@ -81,7 +81,7 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// slot only.
 ///
 /// Any async Redis connection that can be cloned serves: a
-/// [`ConnectionManager`](::redis::aio::ConnectionManager) (what
+/// [`ConnectionManager`] (what
 /// [`connect`](RedisBackend::connect) makes; it reconnects by itself), a
 /// [`BackgroundConnection`] (what
 /// [`connect_in_background`](RedisBackend::connect_in_background) makes), a
