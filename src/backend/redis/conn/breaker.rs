@@ -6,22 +6,23 @@
 //! goes through it, whatever path sends it: a command is sent on
 //! [`Guarded::for_key`], which is told the key the command is for and picks
 //! its breaker from that key (the command itself is never read back to find
-//! it). On a Cluster connection there is
-//! one breaker per master: the breaker learns which master serves each slot
-//! from `CLUSTER SLOTS` (on the first command, then at most every
-//! [`MAP_REFRESH`]), and until it knows, there is one per range of
-//! [`SLOTS_PER_RANGE`] consecutive slots. A failing master opens only its
-//! own breaker, and the healthy masters' keys go on as before. On any other
-//! connection there is one breaker.
+//! it). On a Cluster connection there is one breaker per master: the breaker
+//! learns which master serves each slot from `CLUSTER SLOTS` (its
+//! [`SlotMap`], read on the first command, then at most every
+//! [`MAP_REFRESH`](super::slot_map::MAP_REFRESH)), and until it knows, there
+//! is one per range of [`SLOTS_PER_RANGE`] consecutive slots. A failing
+//! master opens only its own breaker, and the healthy masters' keys go on as
+//! before. On any other connection there is one breaker.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use super::slot::{CLUSTER_SLOTS, key_slot};
+use super::slot_map::{MAX_NODES, SlotMap};
 use crate::backend::BackendError;
 
 /// Consecutive failures that open a breaker, unless configured otherwise.
@@ -70,16 +71,6 @@ pub const SLOTS_PER_RANGE: u16 = 128;
 /// cancel their requests could open the breaker of a healthy store. An
 /// example of the breaker's settings: [`DEFAULT_BREAKER_FAILURES`].
 pub const BREAKER_SLOW_CALL: Duration = Duration::from_millis(10);
-
-/// How often a Cluster's slot map is read again (on a command).
-const MAP_REFRESH: Duration = Duration::from_secs(5);
-
-/// Masters a Cluster breaker tells apart; past that, slots fall back to
-/// their range's breaker.
-const MAX_NODES: usize = 128;
-
-/// No master known for the slot.
-const UNKNOWN: u8 = u8::MAX;
 
 /// The detail of the error an open breaker answers with.
 const OPEN: &str = "tower-pinned-window: circuit open after repeated failures";
@@ -169,118 +160,63 @@ enum Pass {
 pub(crate) struct Breakers {
     config: BreakerConfig,
     origin: Instant,
-    /// One; or on a Cluster, one per master (the first [`MAX_NODES`]) and
-    /// then one per slot range.
+    /// One; or on a Cluster, one per master (the first [`MAX_NODES`], in
+    /// the order of the slot map's masters) and then one per slot range.
     breakers: Box<[Breaker]>,
-    /// On a Cluster: which master serves each slot, as an index into
-    /// `breakers` ([`UNKNOWN`] until known).
-    owners: Box<[AtomicU8]>,
-    /// On a Cluster: the masters' addresses, in the order of their breakers.
-    masters: Mutex<Vec<String>>,
-    /// When the slot map was last asked for, in `now_ms`; 0 never.
-    mapped_at: AtomicU64,
+    /// On a Cluster: which master serves each slot.
+    map: Option<SlotMap>,
 }
 
 impl Breakers {
     pub(crate) fn new(config: BreakerConfig, cluster: bool) -> Self {
-        let (count, slots) = if cluster {
-            (
-                MAX_NODES + usize::from(CLUSTER_SLOTS / SLOTS_PER_RANGE),
-                usize::from(CLUSTER_SLOTS),
-            )
+        let count = if cluster {
+            MAX_NODES + usize::from(CLUSTER_SLOTS / SLOTS_PER_RANGE)
         } else {
-            (1, 0)
+            1
         };
         Self {
             config,
             origin: Instant::now(),
             breakers: (0..count).map(|_| Breaker::default()).collect(),
-            owners: (0..slots).map(|_| AtomicU8::new(UNKNOWN)).collect(),
-            masters: Mutex::new(Vec::new()),
-            mapped_at: AtomicU64::new(0),
+            map: cluster.then(SlotMap::new),
         }
     }
 
-    fn is_cluster(&self) -> bool {
-        !self.owners.is_empty()
-    }
-
-    /// The breaker of `slot`: its master's, or its range's.
-    fn for_slot(&self, slot: u16) -> usize {
-        match self.owners[usize::from(slot)].load(Ordering::Relaxed) {
-            UNKNOWN => MAX_NODES + usize::from(slot / SLOTS_PER_RANGE),
-            node => usize::from(node),
-        }
+    /// The breaker of `slot` on a Cluster: its master's, or its range's.
+    fn for_slot(&self, map: &SlotMap, slot: u16) -> usize {
+        map.master(slot)
+            .unwrap_or_else(|| MAX_NODES + usize::from(slot / SLOTS_PER_RANGE))
     }
 
     /// What a log line calls breaker `index`.
     fn name(&self, index: usize) -> String {
-        if !self.is_cluster() {
+        let Some(map) = &self.map else {
             return "redis".into();
-        }
+        };
         if index >= MAX_NODES {
             let start = (index - MAX_NODES) * usize::from(SLOTS_PER_RANGE);
             return format!("slots {start}-{}", start + usize::from(SLOTS_PER_RANGE) - 1);
         }
-        let masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
-        masters
-            .get(index)
-            .cloned()
+        map.address(index)
             .unwrap_or_else(|| format!("master {index}"))
     }
 
     /// Whether the slot map is due to be read (and now taken to be read).
     fn map_due(&self) -> bool {
-        if !self.is_cluster() {
-            return false;
-        }
-        let now = self.now_ms();
-        let last = self.mapped_at.load(Ordering::Relaxed);
-        let refresh = u64::try_from(MAP_REFRESH.as_millis()).unwrap_or(u64::MAX);
-        (last == 0 || now.saturating_sub(last) >= refresh)
-            && self
-                .mapped_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        self.map.as_ref().is_some_and(|map| map.due(self.now_ms()))
     }
 
-    /// Take in a `CLUSTER SLOTS` reply: each entry is `[start, end, [host,
-    /// port, ...], replicas...]`.
+    /// The slot map could not be asked for after all: due again.
+    fn map_not_asked(&self) {
+        if let Some(map) = &self.map {
+            map.not_asked();
+        }
+    }
+
+    /// Take in a `CLUSTER SLOTS` reply.
     fn map(&self, reply: &Value) {
-        let Value::Array(entries) = reply else { return };
-        let mut masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
-        for entry in entries {
-            let Value::Array(fields) = entry else {
-                continue;
-            };
-            let [Value::Int(start), Value::Int(end), Value::Array(master), ..] = fields.as_slice()
-            else {
-                continue;
-            };
-            let [host, Value::Int(port), ..] = master.as_slice() else {
-                continue;
-            };
-            let host = match host {
-                Value::BulkString(host) => String::from_utf8_lossy(host).into_owned(),
-                Value::SimpleString(host) => host.clone(),
-                _ => continue,
-            };
-            let address = format!("{host}:{port}");
-            let index = match masters.iter().position(|m| *m == address) {
-                Some(index) => index,
-                None if masters.len() < MAX_NODES => {
-                    masters.push(address);
-                    masters.len() - 1
-                }
-                None => usize::from(UNKNOWN),
-            };
-            let (Ok(start), Ok(end)) = (u16::try_from(*start), u16::try_from(*end)) else {
-                continue;
-            };
-            let owner = u8::try_from(index).unwrap_or(UNKNOWN);
-            for slot in start..=end.min(CLUSTER_SLOTS - 1) {
-                self.owners[usize::from(slot)].store(owner, Ordering::Relaxed);
-            }
+        if let Some(map) = &self.map {
+            map.take(reply);
         }
     }
 
@@ -293,10 +229,9 @@ impl Breakers {
     /// The breaker of the commands on `key`: by its slot on a Cluster (the
     /// slot is computed only there), the one breaker otherwise.
     fn for_key(&self, key: &[u8]) -> usize {
-        if self.is_cluster() {
-            self.for_slot(key_slot(key))
-        } else {
-            0
+        match &self.map {
+            Some(map) => self.for_slot(map, key_slot(key)),
+            None => 0,
         }
     }
 
@@ -479,7 +414,7 @@ where
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            breakers.mapped_at.store(0, Ordering::Relaxed);
+            breakers.map_not_asked();
             return;
         };
         let (mut connection, breakers) = (self.inner.clone(), Arc::clone(breakers));

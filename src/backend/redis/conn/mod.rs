@@ -9,3 +9,4 @@ pub(super) mod nodes;
 #[cfg(feature = "redis-sentinel")]
 pub(super) mod sentinel;
 pub(super) mod slot;
+pub(super) mod slot_map;
