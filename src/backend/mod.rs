@@ -23,9 +23,17 @@
 //! the hit names by its [deadline](Hit::deadline). Once that window has
 //! closed or a new one has opened, a refund does nothing.
 //!
-//! Backends here: [`MemoryBackend`] (the embedded default) and, with the
-//! `redis` feature, a Redis and Redis Cluster backend. [`PrivateKeys`] wraps
-//! any of them to store a keyed digest of each key instead of its bytes.
+//! Backends here:
+//!
+//! - [`MemoryBackend`], the embedded default: counters in this process;
+//! - [`RedisBackend`](redis::RedisBackend) (feature `redis`): Redis, Redis
+//!   Cluster (`redis-cluster`) and Redis behind Sentinel (`redis-sentinel`),
+//!   shared by every instance of a service;
+//! - [`PostgresBackend`](postgres::PostgresBackend) (feature `postgres`): a
+//!   PostgreSQL table, shared the same way.
+//!
+//! [`PrivateKeys`] wraps any of them to store a keyed digest of each key
+//! instead of its bytes.
 //!
 //! # Storage keys
 //!
@@ -34,12 +42,15 @@
 //! [`Key`]. Two different pairs never share a counter in any backend, whatever
 //! bytes a client puts in its key:
 //!
-//! - the memory backend keeps the pair apart structurally (the namespace is
-//!   length-prefixed, then the key's bytes follow), with no string to build
-//!   on the hot path;
-//! - stores whose keys are byte strings (Redis, and PostgreSQL or any other
-//!   later) all use one canonical encoding, [`storage_key`]: the prefix,
-//!   the escaped namespace, then the escaped key between braces, for example
+//! - the memory backend keeps the pair apart structurally (with the
+//!   lengths of the namespace and the key), with no string to build on the
+//!   hot path;
+//! - PostgreSQL keeps them apart structurally too, in two columns
+//!   (`namespace`, `key`), and names a counter in errors and logs by its
+//!   canonical storage key;
+//! - stores whose keys are byte strings (Redis, or any other later) use one
+//!   canonical encoding, [`storage_key`]: the prefix, the escaped namespace,
+//!   then the escaped key between braces, for example
 //!   `tpw:api{203.0.113.7}` and `tpw:api:100/86400000ms{203.0.113.7}`. On a
 //!   Redis Cluster the braces make the escaped key the hash tag, chosen by
 //!   this crate and never by a client; every counter of one key sits in one
@@ -51,8 +62,6 @@
 //! keep the pair apart structurally, or use [`storage_key::encode`].
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
-mod answer;
-#[cfg(any(feature = "redis", feature = "postgres"))]
 mod deny_cache;
 mod memory;
 #[cfg(feature = "postgres")]
@@ -60,6 +69,8 @@ pub mod postgres;
 mod private;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod result_or_call;
 pub mod storage_key;
 
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};

@@ -3,7 +3,9 @@
 
 use std::time::SystemTime;
 
-use super::{PostgresBackend, WINDOW_BOUND_MS, describe, pg_error, pool_error};
+use super::db::Db;
+use super::error::{pg_error, pool_error};
+use super::row::{WINDOW_BOUND_MS, describe};
 use crate::backend::BackendError;
 use crate::quota::Window;
 
@@ -11,6 +13,8 @@ use crate::quota::Window;
 const MAX_LISTED: i64 = 10_000;
 
 /// A row the hit statement would not count, as the audit found it.
+///
+/// Example: [`PostgresBackend::audit`](super::PostgresBackend::audit).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CorruptRow {
@@ -28,7 +32,8 @@ pub struct CorruptRow {
     pub repaired: bool,
 }
 
-/// What [`PostgresBackend::audit`] found.
+/// What [`PostgresBackend::audit`](super::PostgresBackend::audit) found;
+/// its example is there.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AuditReport {
@@ -44,69 +49,59 @@ pub struct AuditReport {
 
 impl AuditReport {
     /// Whether the table holds nothing that needs a look.
+    ///
+    /// Example: [`PostgresBackend::audit`](super::PostgresBackend::audit).
     pub fn is_clean(&self) -> bool {
         self.corrupt.is_empty()
     }
 }
 
-impl PostgresBackend {
-    /// The backstop: scan the table for rows that no hit may count (which
-    /// only a hand-written row, or a table whose `CHECK` constraints were
-    /// dropped, can hold), and count the rows waiting for the cleaner. With
-    /// `repair`, each such row that has a usable count but no usable deadline
-    /// gets one, `repair` from now, in one statement that checks the row
-    /// again; its count is kept. Rows with a bad count are never touched:
-    /// inspect them.
-    ///
-    /// It reads the whole table: run it from a job, not on a request.
-    ///
-    /// # Errors
-    /// [`BackendError::Unavailable`] when the database cannot be reached.
-    pub async fn audit(&self, repair: Option<Window>) -> Result<AuditReport, BackendError> {
-        let client = self.inner.pool.get().await.map_err(pool_error)?;
-        let sql = &self.inner.sql;
-        let stats = client
-            .query_one(sql.stats.as_str(), &[])
-            .await
-            .map_err(pg_error)?;
-        let mut report = AuditReport {
-            rows: stats.get::<_, i64>(0).max(0) as u64,
-            expired: stats.get::<_, i64>(1).max(0) as u64,
-            corrupt: Vec::new(),
+/// Scan `db`'s table, and repair what `repair` says: see
+/// [`PostgresBackend::audit`](super::PostgresBackend::audit).
+pub(super) async fn run(db: &Db, repair: Option<Window>) -> Result<AuditReport, BackendError> {
+    let client = db.pool.get().await.map_err(pool_error)?;
+    let sql = &db.sql;
+    let stats = client
+        .query_one(sql.stats.as_str(), &[])
+        .await
+        .map_err(pg_error)?;
+    let mut report = AuditReport {
+        rows: stats.get::<_, i64>(0).max(0) as u64,
+        expired: stats.get::<_, i64>(1).max(0) as u64,
+        corrupt: Vec::new(),
+    };
+    let rows = client
+        .query(sql.audit.as_str(), &[&WINDOW_BOUND_MS, &MAX_LISTED])
+        .await
+        .map_err(pg_error)?;
+    for row in rows {
+        let mut found = CorruptRow {
+            namespace: row.get(0),
+            key: row.get(1),
+            count: row.get(2),
+            expires_at: row.try_get(3).ok().flatten(),
+            repaired: false,
         };
-        let rows = client
-            .query(sql.audit.as_str(), &[&WINDOW_BOUND_MS, &MAX_LISTED])
-            .await
-            .map_err(pg_error)?;
-        for row in rows {
-            let mut found = CorruptRow {
-                namespace: row.get(0),
-                key: row.get(1),
-                count: row.get(2),
-                expires_at: row.try_get(3).ok().flatten(),
-                repaired: false,
-            };
-            tracing::warn!(
-                counter = %describe(&sql.table, &found.namespace, &found.key),
-                count = ?found.count,
-                expires_at = ?found.expires_at,
-                "rate-limit audit: a row no hit may count"
-            );
-            if let Some(window) = repair {
-                let millis = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
-                if millis <= WINDOW_BOUND_MS {
-                    let updated = client
-                        .execute(
-                            sql.repair.as_str(),
-                            &[&found.namespace, &found.key, &millis, &WINDOW_BOUND_MS],
-                        )
-                        .await
-                        .map_err(pg_error)?;
-                    found.repaired = updated == 1;
-                }
+        tracing::warn!(
+            counter = %describe(&sql.table, &found.namespace, &found.key),
+            count = ?found.count,
+            expires_at = ?found.expires_at,
+            "rate-limit audit: a row no hit may count"
+        );
+        if let Some(window) = repair {
+            let millis = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+            if millis <= WINDOW_BOUND_MS {
+                let updated = client
+                    .execute(
+                        sql.repair.as_str(),
+                        &[&found.namespace, &found.key, &millis, &WINDOW_BOUND_MS],
+                    )
+                    .await
+                    .map_err(pg_error)?;
+                found.repaired = updated == 1;
             }
-            report.corrupt.push(found);
         }
-        Ok(report)
+        report.corrupt.push(found);
     }
+    Ok(report)
 }

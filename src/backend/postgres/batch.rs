@@ -22,7 +22,9 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use super::{Counted, Inner, WINDOW_BOUND_MS, describe, pg_error, pool_error, read_row};
+use super::db::Db;
+use super::error::{pg_error, pool_error};
+use super::row::{HitRow, WINDOW_BOUND_MS, describe, read_row};
 use crate::backend::BackendError;
 use crate::key::Key;
 
@@ -35,9 +37,12 @@ pub(super) const MAX_BATCH: usize = 128;
 const MAX_QUEUED: usize = 65_536;
 
 /// Statements in flight at once, unless configured otherwise.
+///
+/// Example: [`PostgresBackendBuilder`](super::PostgresBackendBuilder).
 pub const DEFAULT_STATEMENTS: usize = 4;
 
-pub(super) type Reply = Result<Counted, BackendError>;
+/// What one counter's hit gets back: its row after the statement.
+pub(super) type Reply = Result<HitRow, BackendError>;
 
 /// One counter to hit, and where its answer goes.
 pub(super) struct Pending {
@@ -47,21 +52,26 @@ pub(super) struct Pending {
     pub(super) reply: oneshot::Sender<Reply>,
 }
 
+/// The queue of hits, its senders, and the database they send to.
 pub(super) struct Batcher {
+    db: Arc<Db>,
     queue: Mutex<Vec<Pending>>,
     senders: AtomicUsize,
     max_senders: usize,
 }
 
 impl Batcher {
-    pub(super) fn new(statements: NonZeroUsize) -> Self {
+    /// At most `statements` senders at once, to `db`.
+    pub(super) fn new(statements: NonZeroUsize, db: Arc<Db>) -> Self {
         Self {
+            db,
             queue: Mutex::new(Vec::new()),
             senders: AtomicUsize::new(0),
             max_senders: statements.get(),
         }
     }
 
+    /// The most senders at once.
     pub(super) fn statements(&self) -> usize {
         self.max_senders
     }
@@ -94,9 +104,9 @@ impl Batcher {
 
 /// Queue `hits` and make sure a sender will send them. Must be called on a
 /// Tokio runtime.
-pub(super) fn submit(inner: &Arc<Inner>, hits: Vec<Pending>) {
+pub(super) fn submit(batcher: &Arc<Batcher>, hits: Vec<Pending>) {
     {
-        let mut queue = inner.batcher.lock();
+        let mut queue = batcher.lock();
         if queue.len() + hits.len() > MAX_QUEUED {
             drop(queue);
             for hit in hits {
@@ -108,8 +118,8 @@ pub(super) fn submit(inner: &Arc<Inner>, hits: Vec<Pending>) {
         }
         queue.extend(hits);
     }
-    if inner.batcher.try_claim() {
-        tokio::spawn(send_loop(Arc::clone(inner)));
+    if batcher.try_claim() {
+        tokio::spawn(send_loop(Arc::clone(batcher)));
     }
 }
 
@@ -125,8 +135,8 @@ impl Drop for Place<'_> {
 
 /// A sender: statements until the queue is empty. It holds the place
 /// [`submit`] claimed for it.
-async fn send_loop(inner: Arc<Inner>) {
-    let batcher = &inner.batcher;
+async fn send_loop(batcher: Arc<Batcher>) {
+    let batcher = &*batcher;
     let mut place = Place(batcher);
     loop {
         let batch: Vec<Pending> = {
@@ -145,7 +155,7 @@ async fn send_loop(inner: Arc<Inner>) {
             place = Place(batcher);
             continue;
         }
-        send(&inner, batch).await;
+        send(batcher, batch).await;
         // Let the callers just answered queue their next hits before this
         // sender looks again, so they go out together rather than one by one
         // (measured: up to 1.5 times the hits per second at 16 in flight).
@@ -154,8 +164,9 @@ async fn send_loop(inner: Arc<Inner>) {
 }
 
 /// One statement for `batch`, and every hit's answer.
-async fn send(inner: &Inner, mut batch: Vec<Pending>) {
-    let client = match inner.pool.get().await {
+async fn send(batcher: &Batcher, mut batch: Vec<Pending>) {
+    let db = &*batcher.db;
+    let client = match db.pool.get().await {
         Ok(client) => client,
         Err(err) => return fail(batch, &pool_error(err)),
     };
@@ -182,10 +193,7 @@ async fn send(inner: &Inner, mut batch: Vec<Pending>) {
         row_of.push(row);
     }
     let result = async {
-        let statement = client
-            .prepare_cached(&inner.sql.hit)
-            .await
-            .map_err(pg_error)?;
+        let statement = client.prepare_cached(&db.sql.hit).await.map_err(pg_error)?;
         client
             .query(
                 &statement,
@@ -200,7 +208,7 @@ async fn send(inner: &Inner, mut batch: Vec<Pending>) {
         Err(err) => return fail(batch, &err),
     };
     // Each row's count after the statement, and where its first hit stands.
-    let mut counted: Vec<Option<(Counted, u64)>> = vec![None; hits.len()];
+    let mut counted: Vec<Option<(HitRow, u64)>> = vec![None; hits.len()];
     for row in &returned {
         let read = || -> Result<_, tokio_postgres::Error> {
             Ok((
@@ -222,7 +230,7 @@ async fn send(inner: &Inner, mut batch: Vec<Pending>) {
         if let Ok(count) = u64::try_from(count)
             && count >= n
         {
-            let at = Counted {
+            let at = HitRow {
                 count,
                 expires_at,
                 now,
@@ -235,7 +243,7 @@ async fn send(inner: &Inner, mut batch: Vec<Pending>) {
     for (i, found) in counted.iter().enumerate() {
         if found.is_none() {
             let detail = match client
-                .query_opt(inner.sql.peek.as_str(), &[&namespaces[i], &keys[i]])
+                .query_opt(db.sql.peek.as_str(), &[&namespaces[i], &keys[i]])
                 .await
             {
                 Ok(Some(row)) => match read_row(&row) {
@@ -253,7 +261,7 @@ async fn send(inner: &Inner, mut batch: Vec<Pending>) {
     for (hit, i) in batch.into_iter().zip(row_of) {
         let reply = match (&mut counted[i], &corrupt[i]) {
             (Some((at, next)), _) => {
-                let reply = Counted {
+                let reply = HitRow {
                     count: *next,
                     ..*at
                 };
@@ -261,7 +269,7 @@ async fn send(inner: &Inner, mut batch: Vec<Pending>) {
                 Ok(reply)
             }
             (None, detail) => Err(BackendError::Corrupt {
-                key: describe(&inner.sql.table, &hit.namespace, hit.key.as_bytes()),
+                key: describe(&db.sql.table, &hit.namespace, hit.key.as_bytes()),
                 detail: detail.clone().unwrap_or_default(),
             }),
         };

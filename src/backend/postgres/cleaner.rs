@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio::task::AbortHandle;
 use tokio::time::MissedTickBehavior;
 
-use super::Inner;
+use super::db::Db;
 
 /// Full batches run back to back in one round, at most this many; then the
 /// cleaner waits for its next tick, so that a flood it cannot keep up with
@@ -29,27 +29,27 @@ impl Drop for Handle {
 }
 
 /// Start the cleaner on the current Tokio runtime.
-pub(super) fn spawn(inner: Weak<Inner>, every: Duration, batch: NonZeroU32) -> Handle {
-    Handle(tokio::spawn(run(inner, every, batch)).abort_handle())
+pub(super) fn spawn(db: Weak<Db>, every: Duration, batch: NonZeroU32) -> Handle {
+    Handle(tokio::spawn(run(db, every, batch)).abort_handle())
 }
 
-async fn run(inner: Weak<Inner>, every: Duration, batch: NonZeroU32) {
+async fn run(weak: Weak<Db>, every: Duration, batch: NonZeroU32) {
     let mut ticks = tokio::time::interval(every);
     ticks.set_missed_tick_behavior(MissedTickBehavior::Delay);
     ticks.tick().await; // the first tick is immediate
     let mut failing = false;
     loop {
         ticks.tick().await;
-        let Some(inner) = inner.upgrade() else {
+        let Some(db) = weak.upgrade() else {
             return;
         };
         let mut deleted = 0u64;
         for _ in 0..MAX_BATCHES_PER_ROUND {
-            match tokio::time::timeout(STATEMENT_TIMEOUT, inner.clean_expired(batch)).await {
+            match tokio::time::timeout(STATEMENT_TIMEOUT, db.clean_expired(batch)).await {
                 Ok(Ok(n)) => {
                     deleted += n;
                     if failing {
-                        tracing::info!(table = %inner.sql.table, "rate-limit cleaner: working again");
+                        tracing::info!(table = %db.sql.table, "rate-limit cleaner: working again");
                         failing = false;
                     }
                     if n < u64::from(batch.get()) {
@@ -59,14 +59,14 @@ async fn run(inner: Weak<Inner>, every: Duration, batch: NonZeroU32) {
                 }
                 Ok(Err(err)) => {
                     if !failing {
-                        tracing::warn!(table = %inner.sql.table, error = %err, "rate-limit cleaner: could not delete expired rows (will retry)");
+                        tracing::warn!(table = %db.sql.table, error = %err, "rate-limit cleaner: could not delete expired rows (will retry)");
                         failing = true;
                     }
                     break;
                 }
                 Err(_) => {
                     if !failing {
-                        tracing::warn!(table = %inner.sql.table, "rate-limit cleaner: a batch took over {STATEMENT_TIMEOUT:?} (will retry)");
+                        tracing::warn!(table = %db.sql.table, "rate-limit cleaner: a batch took over {STATEMENT_TIMEOUT:?} (will retry)");
                         failing = true;
                     }
                     break;
@@ -74,7 +74,7 @@ async fn run(inner: Weak<Inner>, every: Duration, batch: NonZeroU32) {
             }
         }
         if deleted > 0 {
-            tracing::debug!(table = %inner.sql.table, deleted, "rate-limit cleaner: expired rows deleted");
+            tracing::debug!(table = %db.sql.table, deleted, "rate-limit cleaner: expired rows deleted");
         }
     }
 }

@@ -145,6 +145,9 @@
 mod audit;
 mod batch;
 mod cleaner;
+mod db;
+mod error;
+mod row;
 mod table;
 
 pub use audit::{AuditReport, CorruptRow};
@@ -159,46 +162,54 @@ pub use tokio_postgres;
 
 use std::fmt;
 use std::future::Future;
-use std::num::{NonZeroU32, NonZeroU64, NonZeroUsize};
+use std::num::{NonZeroU32, NonZeroUsize};
 use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime};
 
-use deadpool_postgres::{Manager, ManagerConfig, Pool, PoolError, RecyclingMethod, Runtime};
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use tokio::sync::oneshot;
-use tokio_postgres::{NoTls, Row, SimpleQueryMessage};
+use tokio_postgres::NoTls;
 
 use self::batch::{Batcher, Pending};
+use self::db::Db;
+use self::error::{pg_error, pool_error};
+use self::row::{deadline_time, describe, read_row};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
-use super::answer::Answer;
 use super::deny_cache::DenyCache;
-use super::storage_key;
+use super::result_or_call::ResultOrCall;
 use super::{Backend, BackendError, Counter, Hit, Hits};
-use crate::ConfigError;
-use crate::key::{Key, MAX_KEY_LEN};
+use crate::error::ConfigError;
+use crate::key::Key;
 use crate::quota::Window;
 
 /// The statement run for every hit, as written (`{table}` stands for the
 /// schema-qualified table name). See the [module docs](self).
+///
+/// Example: the [module docs](self).
 pub const HIT_SQL: &str = include_str!("sql/hit.sql");
 
 /// The table's SQL, as written (`{schema}`, `{table}`, `{index}` and
 /// `{unlogged}` stand for the names and options);
 /// [`PostgresBackend::migration_sql`] gives it filled in.
+///
+/// Example: [`PostgresBackendBuilder`].
 pub const MIGRATION_SQL: &str = include_str!("sql/migrate.sql");
 
-/// [`Window::MAX`] in milliseconds: no hit writes a deadline further away,
-/// so a row whose deadline is further away is corrupt.
-const WINDOW_BOUND_MS: i64 = Window::MAX.as_millis() as i64;
-
 /// Denied keys remembered locally, unless configured otherwise.
+///
+/// Example: [`PostgresBackendBuilder`].
 pub const DEFAULT_DENY_CACHE: usize = 65_536;
 
 /// How often the cleaner runs, unless configured otherwise.
+///
+/// Example: [`PostgresBackendBuilder`].
 pub const DEFAULT_CLEAN_EVERY: Duration = Duration::from_secs(1);
 
 /// The most rows one cleaner statement deletes, unless configured otherwise.
+///
+/// Example: [`PostgresBackendBuilder`].
 pub const DEFAULT_CLEAN_BATCH: u32 = 1_000;
 
 /// Counters in a PostgreSQL table, shared by every instance of a service.
@@ -210,9 +221,11 @@ pub struct PostgresBackend {
 }
 
 struct Inner {
-    pool: Pool,
-    sql: Sql,
-    batcher: Batcher,
+    /// The pool and the table's statements, shared with the hit senders,
+    /// the cleaner and the audit.
+    db: Arc<Db>,
+    /// The queue of hits and its senders.
+    batcher: Arc<Batcher>,
     deny: Option<DenyCache>,
     clean: Option<(Duration, NonZeroU32)>,
     cleaner: OnceLock<cleaner::Handle>,
@@ -229,8 +242,8 @@ impl Clone for PostgresBackend {
 impl fmt::Debug for PostgresBackend {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PostgresBackend")
-            .field("table", &self.inner.sql.table)
-            .field("pool", &self.inner.pool.status())
+            .field("table", &self.inner.db.sql.table)
+            .field("pool", &self.inner.db.pool.status())
             .field("statements", &self.inner.batcher.statements())
             .field(
                 "deny_cache",
@@ -242,6 +255,35 @@ impl fmt::Debug for PostgresBackend {
 }
 
 /// Builds a [`PostgresBackend`].
+///
+/// # Examples
+///
+/// Nothing connects before the first hit, so a backend can be built, and
+/// its SQL read, with no database up:
+///
+/// ```
+/// use std::num::{NonZeroU32, NonZeroUsize};
+/// use std::time::Duration;
+/// use tower_pinned_window::backend::postgres::{
+///     DEFAULT_SCHEMA, PostgresBackend, deadpool_postgres, tokio_postgres,
+/// };
+///
+/// let config: tokio_postgres::Config = "postgres://postgres@127.0.0.1:5432/test".parse()?;
+/// let manager = deadpool_postgres::Manager::new(config, tokio_postgres::NoTls);
+/// let pool = deadpool_postgres::Pool::builder(manager).max_size(8).build()?;
+/// let backend = PostgresBackend::builder(pool)
+///     .schema(DEFAULT_SCHEMA)
+///     .table("api_limits")
+///     .statements(NonZeroUsize::new(2).unwrap())
+///     .clean_every(Duration::from_secs(5))
+///     .clean_batch(NonZeroU32::new(500).unwrap())
+///     .deny_cache(10_000)
+///     .build();
+/// assert_eq!(backend.table(), "public.api_limits");
+/// assert!(backend.migration_sql().contains("CREATE TABLE IF NOT EXISTS \"public\".\"api_limits\""));
+/// assert_eq!(backend.pool().status().max_size, 8);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 #[must_use]
 pub struct PostgresBackendBuilder {
     pool: Pool,
@@ -274,6 +316,8 @@ impl PostgresBackendBuilder {
     /// # Panics
     /// On any other name, like `HeaderValue::from_static`; see
     /// [`try_schema`](Self::try_schema).
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     #[track_caller]
     pub fn schema(self, name: &str) -> Self {
         match self.try_schema(name) {
@@ -286,6 +330,8 @@ impl PostgresBackendBuilder {
     ///
     /// # Errors
     /// [`ConfigError::InvalidSqlIdentifier`] for a name `schema` rejects.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn try_schema(mut self, name: &str) -> Result<Self, ConfigError> {
         self.schema = identifier(name, 63)?.to_owned();
         Ok(self)
@@ -297,6 +343,8 @@ impl PostgresBackendBuilder {
     ///
     /// # Panics
     /// On any other name; see [`try_table`](Self::try_table).
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     #[track_caller]
     pub fn table(self, name: &str) -> Self {
         match self.try_table(name) {
@@ -309,6 +357,8 @@ impl PostgresBackendBuilder {
     ///
     /// # Errors
     /// [`ConfigError::InvalidSqlIdentifier`] for a name `table` rejects.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn try_table(mut self, name: &str) -> Result<Self, ConfigError> {
         self.table = identifier(name, MAX_TABLE_LEN)?.to_owned();
         Ok(self)
@@ -318,6 +368,8 @@ impl PostgresBackendBuilder {
     /// table (default `false`): faster hits, but **emptied after a database
     /// crash**, which hands every client a fresh window, and not replicated.
     /// It changes only the table `migrate` creates, not an existing one.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn unlogged(mut self, unlogged: bool) -> Self {
         self.unlogged = unlogged;
         self
@@ -328,6 +380,8 @@ impl PostgresBackendBuilder {
     ///
     /// # Panics
     /// On a zero interval; see [`try_clean_every`](Self::try_clean_every).
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     #[track_caller]
     pub fn clean_every(self, every: Duration) -> Self {
         match self.try_clean_every(every) {
@@ -342,6 +396,8 @@ impl PostgresBackendBuilder {
     ///
     /// # Errors
     /// [`ConfigError::ZeroCleanInterval`] for zero.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn try_clean_every(mut self, every: Duration) -> Result<Self, ConfigError> {
         if every.is_zero() {
             return Err(ConfigError::ZeroCleanInterval);
@@ -354,6 +410,8 @@ impl PostgresBackendBuilder {
     /// The most rows one cleaner statement deletes (default
     /// [`DEFAULT_CLEAN_BATCH`]); a smaller batch holds its row locks for less
     /// time. A full batch is followed at once by another.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn clean_batch(mut self, batch: NonZeroU32) -> Self {
         let every = self.clean.map_or(DEFAULT_CLEAN_EVERY, |(every, _)| every);
         self.clean = Some((every, batch));
@@ -366,6 +424,8 @@ impl PostgresBackendBuilder {
     /// together in the next statement, up to 128 counters in one. More
     /// statements at once lower the latency a hit can wait for its turn;
     /// fewer make bigger statements, which cost the database less per hit.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn statements(mut self, statements: NonZeroUsize) -> Self {
         self.statements = statements;
         self
@@ -374,6 +434,8 @@ impl PostgresBackendBuilder {
     /// How many denied counters this instance remembers (default
     /// [`DEFAULT_DENY_CACHE`]); 0 turns the local deny cache off. See
     /// [the module docs](self#the-local-deny-cache).
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;
         self
@@ -382,6 +444,8 @@ impl PostgresBackendBuilder {
     /// No cleaner on this instance: expired rows stay until a hit on their
     /// key reuses them, or another instance's cleaner (or
     /// [`PostgresBackend::clean_expired`]) deletes them.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn no_cleaner(mut self) -> Self {
         self.clean = None;
         self
@@ -389,15 +453,23 @@ impl PostgresBackendBuilder {
 
     /// The backend. Its cleaner starts with the first hit (on the runtime
     /// that polls it); nothing connects before then.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn build(self) -> PostgresBackend {
         let connections =
             NonZeroUsize::new(self.pool.status().max_size).unwrap_or(NonZeroUsize::MIN);
+        let db = Arc::new(Db {
+            pool: self.pool,
+            sql: Sql::new(&self.schema, &self.table, self.unlogged),
+        });
         PostgresBackend {
             inner: Arc::new(Inner {
-                batcher: Batcher::new(self.statements.min(connections)),
+                batcher: Arc::new(Batcher::new(
+                    self.statements.min(connections),
+                    Arc::clone(&db),
+                )),
+                db,
                 deny: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
-                pool: self.pool,
-                sql: Sql::new(&self.schema, &self.table, self.unlogged),
                 clean: self.clean,
                 cleaner: OnceLock::new(),
             }),
@@ -407,39 +479,6 @@ impl PostgresBackendBuilder {
 
 fn default_batch() -> NonZeroU32 {
     NonZeroU32::new(DEFAULT_CLEAN_BATCH).expect("the default batch is not zero")
-}
-
-/// What one hit statement found.
-#[derive(Debug, Clone, Copy)]
-struct Counted {
-    count: u64,
-    expires_at: SystemTime,
-    now: SystemTime,
-}
-
-impl Counted {
-    fn hit(self) -> Hit {
-        Hit {
-            count: self.count,
-            reset: self
-                .expires_at
-                .duration_since(self.now)
-                .unwrap_or(Duration::ZERO),
-            deadline: deadline_id(self.expires_at),
-        }
-    }
-}
-
-/// A window's `expires_at` as [`Hit::deadline`]: Unix microseconds, the
-/// column's own precision, so it converts back exactly.
-fn deadline_id(expires_at: SystemTime) -> Option<NonZeroU64> {
-    let micros = expires_at.duration_since(UNIX_EPOCH).ok()?.as_micros();
-    NonZeroU64::new(u64::try_from(micros).ok()?)
-}
-
-/// The `expires_at` a [`Hit::deadline`] names.
-fn deadline_time(deadline: NonZeroU64) -> SystemTime {
-    UNIX_EPOCH + Duration::from_micros(deadline.get())
 }
 
 impl PostgresBackend {
@@ -452,6 +491,8 @@ impl PostgresBackend {
     /// # Errors
     /// [`BackendError::Unavailable`] when the URL is invalid or the first
     /// connection fails.
+    ///
+    /// Example: the [module docs](self).
     pub async fn connect(url: &str) -> Result<Self, BackendError> {
         let pool = pool(url, None)?;
         drop(pool.get().await.map_err(pool_error)?);
@@ -459,11 +500,15 @@ impl PostgresBackend {
     }
 
     /// A backend on `pool`, on the default table, with the default cleaner.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn new(pool: Pool) -> Self {
         Self::builder(pool).build()
     }
 
     /// Choose the table and the cleaner.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn builder(pool: Pool) -> PostgresBackendBuilder {
         PostgresBackendBuilder {
             pool,
@@ -477,19 +522,25 @@ impl PostgresBackend {
     }
 
     /// The pool the backend uses.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn pool(&self) -> &Pool {
-        &self.inner.pool
+        &self.inner.db.pool
     }
 
     /// The table, as `schema.table`.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn table(&self) -> &str {
-        &self.inner.sql.table
+        &self.inner.db.sql.table
     }
 
     /// The SQL [`migrate`](Self::migrate) runs, for teams that run their own
     /// migrations.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
     pub fn migration_sql(&self) -> &str {
-        &self.inner.sql.migrate
+        &self.inner.db.sql.migrate
     }
 
     /// Create the schema, the table and its index if they are missing (an
@@ -499,8 +550,10 @@ impl PostgresBackend {
     /// # Errors
     /// [`BackendError::Unavailable`] when the database cannot be reached or
     /// refuses (the role may not create tables, say).
+    ///
+    /// Example: the [module docs](self).
     pub async fn migrate(&self) -> Result<(), BackendError> {
-        let mut client = self.inner.pool.get().await.map_err(pool_error)?;
+        let mut client = self.inner.db.pool.get().await.map_err(pool_error)?;
         let transaction = client.transaction().await.map_err(pg_error)?;
         // "already exists, skipping" notices are no news on every start.
         transaction
@@ -511,7 +564,7 @@ impl PostgresBackend {
             .await
             .map_err(pg_error)?;
         transaction
-            .batch_execute(&self.inner.sql.migrate)
+            .batch_execute(&self.inner.db.sql.migrate)
             .await
             .map_err(pg_error)?;
         transaction.commit().await.map_err(pg_error)
@@ -522,12 +575,49 @@ impl PostgresBackend {
     ///
     /// # Errors
     /// [`BackendError::Unavailable`] when the database cannot be reached.
+    ///
+    /// Example: the [module docs](self).
     pub async fn clean_expired(&self, batch: NonZeroU32) -> Result<u64, BackendError> {
-        self.inner.clean_expired(batch).await
+        self.inner.db.clean_expired(batch).await
+    }
+
+    /// The backstop: scan the table for rows that no hit may count (which
+    /// only a hand-written row, or a table whose `CHECK` constraints were
+    /// dropped, can hold), and count the rows waiting for the cleaner. With
+    /// `repair`, each such row that has a usable count but no usable deadline
+    /// gets one, `repair` from now, in one statement that checks the row
+    /// again; its count is kept. Rows with a bad count are never touched:
+    /// inspect them.
+    ///
+    /// It reads the whole table: run it from a job, not on a request.
+    ///
+    /// # Errors
+    /// [`BackendError::Unavailable`] when the database cannot be reached.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tower_pinned_window::Window;
+    /// use tower_pinned_window::backend::postgres::PostgresBackend;
+    ///
+    /// let backend = PostgresBackend::connect("postgres://postgres@127.0.0.1:5432/test").await?;
+    /// let report = backend
+    ///     .audit(Some(Window::new(Duration::from_secs(3600))?))
+    ///     .await?;
+    /// for row in &report.corrupt {
+    ///     println!("{:?} {:?}: repaired {}", row.namespace, row.key, row.repaired);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn audit(&self, repair: Option<Window>) -> Result<AuditReport, BackendError> {
+        audit::run(&self.inner.db, repair).await
     }
 
     fn describe(&self, namespace: &str, key: &Key) -> String {
-        describe(&self.inner.sql.table, namespace, key.as_bytes())
+        describe(&self.inner.db.sql.table, namespace, key.as_bytes())
     }
 
     async fn refund_in_window(
@@ -536,9 +626,9 @@ impl PostgresBackend {
         key: &Key,
         expires_at: SystemTime,
     ) -> Result<bool, BackendError> {
-        let client = self.inner.pool.get().await.map_err(pool_error)?;
+        let client = self.inner.db.pool.get().await.map_err(pool_error)?;
         let statement = client
-            .prepare_cached(&self.inner.sql.refund)
+            .prepare_cached(&self.inner.db.sql.refund)
             .await
             .map_err(pg_error)?;
         let refunded = client
@@ -554,70 +644,8 @@ impl PostgresBackend {
         {
             self.inner
                 .cleaner
-                .get_or_init(|| cleaner::spawn(Arc::downgrade(&self.inner), every, batch));
+                .get_or_init(|| cleaner::spawn(Arc::downgrade(&self.inner.db), every, batch));
         }
-    }
-}
-
-impl Inner {
-    async fn clean_expired(&self, batch: NonZeroU32) -> Result<u64, BackendError> {
-        let client = self.pool.get().await.map_err(pool_error)?;
-        let sql = self.sql.clean.replace("{batch}", &batch.to_string());
-        let replies = client.simple_query(&sql).await.map_err(pg_error)?;
-        // The last command is the DELETE.
-        Ok(replies
-            .iter()
-            .rev()
-            .find_map(|reply| match reply {
-                SimpleQueryMessage::CommandComplete(rows) => Some(*rows),
-                _ => None,
-            })
-            .unwrap_or(0))
-    }
-}
-
-/// How a counter is named in errors and logs: the table, then the
-/// counter's [canonical storage key](storage_key) (`api{203.0.113.7}`), as
-/// the other backends name it. A key no hit can have written (longer than
-/// a [`Key`]) is shown escaped.
-fn describe(table: &str, namespace: &str, key: &[u8]) -> String {
-    if key.len() <= MAX_KEY_LEN {
-        let name = storage_key::encode(b"", namespace, &Key::new(key));
-        format!("{table} {}", String::from_utf8_lossy(&name))
-    } else {
-        format!("{table} {namespace}{{{}}}", key.escape_ascii())
-    }
-}
-
-/// A row as it stands (count, expires_at, now), checked as the hit statement
-/// checks it: `Ok(None)` when its window has closed.
-fn read_row(row: &Row) -> Result<Option<Hit>, String> {
-    let count: Option<i64> = row.try_get(0).map_err(|e| e.to_string())?;
-    // `infinity` arrives as a time past the bound, and is caught below.
-    let expires_at: Option<SystemTime> = row.try_get(1).map_err(|e| e.to_string())?;
-    let now: SystemTime = row.try_get(2).map_err(|e| e.to_string())?;
-    let count = match count {
-        None => return Err("count is NULL".to_owned()),
-        Some(c) if c < 0 => return Err(format!("negative count {c}")),
-        Some(i64::MAX) => return Err(format!("count {} cannot grow", i64::MAX)),
-        Some(c) => c as u64,
-    };
-    let Some(expires_at) = expires_at else {
-        return Err(format!("count {count} with no expiry (expires_at is NULL)"));
-    };
-    match expires_at.duration_since(now) {
-        Err(_) => Ok(None),
-        Ok(left) if left.is_zero() => Ok(None),
-        Ok(left) if left > Window::MAX.as_duration() => Err(format!(
-            "count {count} with expires_at {} s away, past the {} s bound (or infinity)",
-            left.as_secs(),
-            Window::MAX.as_duration().as_secs()
-        )),
-        Ok(left) => Ok(Some(Hit {
-            count,
-            reset: left,
-            deadline: None,
-        })),
     }
 }
 
@@ -645,25 +673,11 @@ fn pool(url: &str, size: Option<usize>) -> Result<Pool, BackendError> {
         .map_err(|err| BackendError::Unavailable(Box::new(err)))
 }
 
-fn pg_error(err: tokio_postgres::Error) -> BackendError {
-    if err.code() == Some(&tokio_postgres::error::SqlState::QUERY_CANCELED) {
-        BackendError::TimedOut
-    } else {
-        BackendError::Unavailable(Box::new(err))
-    }
-}
-
-fn pool_error(err: PoolError) -> BackendError {
-    match err {
-        PoolError::Timeout(_) => BackendError::TimedOut,
-        PoolError::Backend(err) => pg_error(err),
-        other => BackendError::Unavailable(Box::new(other)),
-    }
-}
-
 /// The future of a [`PostgresBackend`] hit: already complete when the local
 /// deny cache answered; otherwise the hit statement that carries it.
-pub struct PostgresHit(Answer<Hits>);
+///
+/// Example: the [module docs](self). The layer awaits it; [`Backend::hit_all`] returns it.
+pub struct PostgresHit(ResultOrCall<Hits>);
 
 impl fmt::Debug for PostgresHit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -683,7 +697,9 @@ impl Future for PostgresHit {
 
 /// The future of a [`PostgresBackend`] refund: one statement, or already
 /// complete for a hit that was not counted in the table.
-pub struct PostgresRefund(Answer<bool>);
+///
+/// Example: the [module docs](self). The layer awaits it; [`Backend::refund`] returns it.
+pub struct PostgresRefund(ResultOrCall<bool>);
 
 impl fmt::Debug for PostgresRefund {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -726,7 +742,7 @@ impl Backend for PostgresBackend {
                         deadline: None,
                     })
                     .collect();
-                return PostgresHit(Answer::Ready(Some(Ok(hits))));
+                return PostgresHit(ResultOrCall::Ready(Some(Ok(hits))));
             }
         }
         let backend = self.clone();
@@ -746,12 +762,12 @@ impl Backend for PostgresBackend {
                 reply,
             });
         }
-        PostgresHit(Answer::Remote(Box::pin(async move {
+        PostgresHit(ResultOrCall::Remote(Box::pin(async move {
             // Queued on the first poll, on the runtime that polls it: a hit
             // dropped before then is never sent.
             let queued = quanta::Instant::now();
             backend.start_cleaner();
-            batch::submit(&backend.inner, pending);
+            batch::submit(&backend.inner.batcher, pending);
             let mut hits = Hits::with_capacity(receivers.len());
             for ((receiver, namespace), limit) in receivers.into_iter().zip(namespaces).zip(limits)
             {
@@ -779,10 +795,10 @@ impl Backend for PostgresBackend {
     /// this instance's deny cache, so its next hit asks the database again.
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> PostgresRefund {
         let Some(deadline) = hit.deadline else {
-            return PostgresRefund(Answer::Ready(Some(Ok(false))));
+            return PostgresRefund(ResultOrCall::Ready(Some(Ok(false))));
         };
         let (backend, namespace, key) = (self.clone(), namespace.to_owned(), key.clone());
-        PostgresRefund(Answer::Remote(Box::pin(async move {
+        PostgresRefund(ResultOrCall::Remote(Box::pin(async move {
             let refunded = backend
                 .refund_in_window(&namespace, &key, deadline_time(deadline))
                 .await;
@@ -795,9 +811,12 @@ impl Backend for PostgresBackend {
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
         self.start_cleaner();
-        let client = self.inner.pool.get().await.map_err(pool_error)?;
+        let client = self.inner.db.pool.get().await.map_err(pool_error)?;
         let row = client
-            .query_opt(self.inner.sql.peek.as_str(), &[&namespace, &key.as_bytes()])
+            .query_opt(
+                self.inner.db.sql.peek.as_str(),
+                &[&namespace, &key.as_bytes()],
+            )
             .await
             .map_err(pg_error)?;
         match row {
@@ -813,10 +832,10 @@ impl Backend for PostgresBackend {
         if let Some(deny) = &self.inner.deny {
             deny.remove(namespace, key.as_bytes());
         }
-        let client = self.inner.pool.get().await.map_err(pool_error)?;
+        let client = self.inner.db.pool.get().await.map_err(pool_error)?;
         let row = client
             .query_opt(
-                self.inner.sql.reset.as_str(),
+                self.inner.db.sql.reset.as_str(),
                 &[&namespace, &key.as_bytes()],
             )
             .await
@@ -827,6 +846,9 @@ impl Backend for PostgresBackend {
 
 #[cfg(test)]
 mod tests {
+    use std::time::UNIX_EPOCH;
+
+    use super::row::{WINDOW_BOUND_MS, deadline_id};
     use super::*;
 
     #[test]

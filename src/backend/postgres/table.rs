@@ -7,10 +7,14 @@ use crate::ConfigError;
 
 /// The schema used unless [`schema`](super::PostgresBackendBuilder::schema)
 /// names another.
+///
+/// Example: [`PostgresBackendBuilder`](super::PostgresBackendBuilder).
 pub const DEFAULT_SCHEMA: &str = "public";
 
 /// The table used unless [`table`](super::PostgresBackendBuilder::table)
 /// names another.
+///
+/// Example: [`PostgresBackendBuilder`](super::PostgresBackendBuilder).
 pub const DEFAULT_TABLE: &str = "tpw_counters";
 
 /// The longest schema name: PostgreSQL keeps 63 bytes of an identifier.

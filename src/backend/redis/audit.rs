@@ -1,20 +1,16 @@
 //! The backstop: find (and on request repair) limiter keys without a
 //! lifetime, on one server or on every master of a Cluster.
 
-use std::future::Future;
+use ::redis::{Cmd, RedisResult, Value};
 
-use ::redis::aio::{ConnectionLike, ConnectionManager};
-use ::redis::{Cmd, Value};
-
-use super::{RedisBackend, unavailable};
+use super::conn::breaker::unavailable;
+use super::conn::nodes::{Node, Nodes};
+use super::script::{REPAIR, Target};
 use crate::backend::BackendError;
 use crate::quota::Window;
 
-/// Attaches a window to a counter that has no lifetime; touches nothing
-/// else, and never a corrupt key (whose lifetime would make it vanish).
-const REPAIR_SCRIPT: &str = include_str!("repair.lua");
-
-/// What [`RedisBackend::audit`] found.
+/// What [`RedisBackend::audit`](super::RedisBackend::audit) found; its
+/// example is there.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct AuditReport {
@@ -32,77 +28,85 @@ pub struct AuditReport {
     pub corrupt: Vec<Vec<u8>>,
 }
 
-impl<C> RedisBackend<C>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static + Nodes,
-{
-    /// The backstop: scan every key under the prefix (on every master of a
-    /// Cluster) and report those with no lifetime, which only code that sets
-    /// a lifetime in a second call (or older versions of a limiter) leaves
-    /// behind. With `repair`, each such counter is given that window,
-    /// atomically and only if it still has no lifetime; its count is left as
-    /// it is. Keys that are not counters are reported in
-    /// [`AuditReport::corrupt`] and never touched.
-    ///
-    /// # Errors
-    /// [`BackendError::Unavailable`] when a node cannot be scanned.
-    pub async fn audit(&self, repair: Option<Window>) -> Result<AuditReport, BackendError> {
-        let mut connection = self.inner.connection.inner.clone();
-        let nodes = connection.nodes().await.map_err(unavailable)?;
-        let pattern = glob_escape(&self.inner.prefix);
-        let mut report = AuditReport {
-            nodes: nodes.len(),
-            ..AuditReport::default()
-        };
-        for node in &nodes {
-            let mut cursor = 0u64;
-            loop {
-                let mut scan = ::redis::cmd("SCAN");
-                scan.arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000);
-                let reply = connection.on_node(node, scan).await.map_err(unavailable)?;
-                let (next, keys): (u64, Vec<Vec<u8>>) =
-                    ::redis::from_redis_value(reply).map_err(malformed)?;
-                for key in keys {
-                    report.scanned += 1;
-                    let mut pttl = ::redis::cmd("PTTL");
-                    pttl.arg(&key);
-                    let ttl: i64 = ::redis::from_redis_value(
-                        connection.on_node(node, pttl).await.map_err(unavailable)?,
-                    )
-                    .map_err(malformed)?;
-                    if ttl != -1 {
-                        continue;
-                    }
-                    if let Some(window) = repair {
-                        let mut eval = ::redis::cmd("EVAL");
-                        eval.arg(REPAIR_SCRIPT)
-                            .arg(1)
-                            .arg(&key)
-                            .arg(window.as_millis());
-                        let set: i64 = ::redis::from_redis_value(
-                            connection.on_node(node, eval).await.map_err(unavailable)?,
-                        )
-                        .map_err(malformed)?;
-                        match set {
-                            1 => report.repaired += 1,
-                            -1 => report.corrupt.push(key.clone()),
-                            _ => {}
-                        }
-                    }
-                    report.without_lifetime.push(key);
+/// A command target that is one node of a deployment: a script run on it
+/// goes to that node.
+struct OnNode<'a, N> {
+    connection: &'a mut N,
+    node: &'a Node,
+}
+
+impl<N: Nodes + Send> Target for OnNode<'_, N> {
+    async fn send(&mut self, cmd: Cmd) -> RedisResult<Value> {
+        // A Cluster node's error reply (`NOSCRIPT`, say) comes back as a
+        // value: made an error here, as a connection's `query_async` does.
+        self.connection
+            .on_node(self.node, cmd)
+            .await?
+            .extract_error()
+    }
+}
+
+/// Scan every key under `prefix` on every node of `connection`, and repair
+/// what `repair` says: see [`RedisBackend::audit`](super::RedisBackend::audit).
+pub(super) async fn run<N: Nodes + Send>(
+    mut connection: N,
+    prefix: &[u8],
+    repair: Option<Window>,
+) -> Result<AuditReport, BackendError> {
+    let nodes = connection.nodes().await.map_err(unavailable)?;
+    let pattern = glob_escape(prefix);
+    let mut report = AuditReport {
+        nodes: nodes.len(),
+        ..AuditReport::default()
+    };
+    for node in &nodes {
+        let mut cursor = 0u64;
+        loop {
+            let mut scan = ::redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let reply = connection.on_node(node, scan).await.map_err(unavailable)?;
+            let (next, keys): (u64, Vec<Vec<u8>>) =
+                ::redis::from_redis_value(reply).map_err(malformed)?;
+            for key in keys {
+                report.scanned += 1;
+                let mut pttl = ::redis::cmd("PTTL");
+                pttl.arg(&key);
+                let ttl: i64 = ::redis::from_redis_value(
+                    connection.on_node(node, pttl).await.map_err(unavailable)?,
+                )
+                .map_err(malformed)?;
+                if ttl != -1 {
+                    continue;
                 }
-                cursor = next;
-                if cursor == 0 {
-                    break;
+                if let Some(window) = repair {
+                    let mut target = OnNode {
+                        connection: &mut connection,
+                        node,
+                    };
+                    let reply = REPAIR
+                        .run_on_key(&mut target, &key, Some(window.as_millis()))
+                        .await
+                        .map_err(unavailable)?;
+                    let set: i64 = ::redis::from_redis_value(reply).map_err(malformed)?;
+                    match set {
+                        1 => report.repaired += 1,
+                        -1 => report.corrupt.push(key.clone()),
+                        _ => {}
+                    }
                 }
+                report.without_lifetime.push(key);
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
             }
         }
-        Ok(report)
     }
+    Ok(report)
 }
 
 /// `prefix*`, with the prefix's glob characters escaped.
@@ -116,95 +120,6 @@ fn glob_escape(prefix: &[u8]) -> Vec<u8> {
     }
     pattern.push(b'*');
     pattern
-}
-
-/// The nodes of a deployment that hold keys, and how to send a command to
-/// one of them: the one server of a standalone connection, or every master of
-/// a Cluster connection. Implemented for the connections this crate supports.
-pub trait Nodes: ConnectionLike {
-    /// The nodes that hold keys.
-    fn nodes(&mut self) -> impl Future<Output = ::redis::RedisResult<Vec<Node>>> + Send;
-    /// Send `cmd` to `node`.
-    fn on_node(
-        &mut self,
-        node: &Node,
-        cmd: Cmd,
-    ) -> impl Future<Output = ::redis::RedisResult<Value>> + Send;
-}
-
-/// A node found by [`Nodes::nodes`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Node {
-    /// The server a standalone connection talks to.
-    This,
-    /// A Cluster master.
-    Master {
-        /// Its host, as the Cluster announces it.
-        host: String,
-        /// Its port.
-        port: u16,
-    },
-}
-
-macro_rules! standalone_nodes {
-    ($($connection:ty),*) => {$(
-        impl Nodes for $connection {
-            async fn nodes(&mut self) -> ::redis::RedisResult<Vec<Node>> {
-                Ok(vec![Node::This])
-            }
-
-            async fn on_node(&mut self, _node: &Node, cmd: Cmd) -> ::redis::RedisResult<Value> {
-                cmd.query_async(self).await
-            }
-        }
-    )*};
-}
-
-standalone_nodes!(ConnectionManager, ::redis::aio::MultiplexedConnection);
-
-#[cfg(feature = "redis-cluster")]
-impl Nodes for ::redis::cluster_async::ClusterConnection {
-    async fn nodes(&mut self) -> ::redis::RedisResult<Vec<Node>> {
-        use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-        let slots = self
-            .route_command(
-                ::redis::cmd("CLUSTER").arg("SLOTS").to_owned(),
-                RoutingInfo::SingleNode(SingleNodeRoutingInfo::Random),
-            )
-            .await?;
-        // Each entry: [start, end, [host, port, id, ...], replicas...].
-        let entries: Vec<Vec<Value>> = ::redis::from_redis_value(slots)?;
-        let mut masters = Vec::new();
-        for entry in entries {
-            if let Some(master) = entry.get(2) {
-                let fields: Vec<Value> = ::redis::from_redis_value(master.clone())?;
-                if let [host, port, ..] = fields.as_slice() {
-                    let node = Node::Master {
-                        host: ::redis::from_redis_value(host.clone())?,
-                        port: ::redis::from_redis_value(port.clone())?,
-                    };
-                    if !masters.contains(&node) {
-                        masters.push(node);
-                    }
-                }
-            }
-        }
-        Ok(masters)
-    }
-
-    async fn on_node(&mut self, node: &Node, cmd: Cmd) -> ::redis::RedisResult<Value> {
-        use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
-        let routing = match node {
-            Node::Master { host, port } => SingleNodeRoutingInfo::ByAddress {
-                host: host.clone(),
-                port: *port,
-            },
-            Node::This => SingleNodeRoutingInfo::Random,
-        };
-        self.route_command(cmd, RoutingInfo::SingleNode(routing))
-            .await
-    }
 }
 
 fn malformed(err: ::redis::ParsingError) -> BackendError {

@@ -1,114 +1,72 @@
 //! The Redis backend: counters shared by every instance of a service.
 //!
-//! The backend is here; its Lua scripts are the `.lua` files beside this
-//! module, and the audit with its Cluster code is in `audit.rs`.
+//! The backend's public types are here, and wire its parts together, each a
+//! module of its own:
+//!
+//! - `script`: the Lua scripts (the `.lua` files beside this module) and the
+//!   one runner of them all, `EVALSHA` then `EVAL` when the server has lost
+//!   the script;
+//! - `reply`: what the scripts answer, read and checked;
+//! - `coalesce`: the lanes that send the hits issued together in one call;
+//! - `conn/`: the connections (made at once, in the background, to a
+//!   Cluster, through Sentinel), the nodes of a deployment, Cluster hash
+//!   slots, and the circuit breaker with its slot map;
+//! - `audit`: the backstop that finds counters without a lifetime.
+//!
+//! [`RedisBackend`] documents the backend, with an example.
 
 mod audit;
-mod batch;
-mod breaker;
-mod connect;
-#[cfg(feature = "redis-sentinel")]
-mod sentinel;
-mod slot;
+mod coalesce;
+mod conn;
+mod reply;
+mod script;
 
-pub use audit::{AuditReport, Node, Nodes};
-pub use breaker::{
+pub use audit::AuditReport;
+pub use conn::breaker::{
     BREAKER_SLOW_CALL, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, SLOTS_PER_RANGE,
 };
 #[cfg(feature = "redis-cluster")]
-pub use connect::cluster_client_builder;
-pub use connect::{BackgroundConnection, ConnectError, connection_manager_config};
+pub use conn::connect::cluster_client_builder;
+pub use conn::connect::{BackgroundConnection, ConnectError, connection_manager_config};
+pub use conn::nodes::{Node, Nodes};
 #[cfg(feature = "redis-sentinel")]
-pub use sentinel::{
+pub use conn::sentinel::{
     DEFAULT_LOOKUP_INTERVAL, DEFAULT_STALL_AFTER, SentinelConnection, SentinelConnectionBuilder,
 };
+pub use script::HIT_SCRIPT;
 
 use std::fmt;
 use std::future::Future;
-use std::num::NonZeroU64;
 use std::pin::Pin;
-use std::sync::{Arc, LazyLock};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ::redis::aio::ConnectionLike;
-use ::redis::{ErrorKind, RedisError, ServerErrorKind, Value};
+use ::redis::aio::{ConnectionLike, ConnectionManager};
 
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use self::breaker::{BreakerConfig, Breakers, Guarded};
-use super::answer::Answer;
+use self::coalesce::{Batcher, Enqueued};
+use self::conn::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
+use self::reply::{parse_hit, parse_peek, parse_refund};
+use self::script::{HIT, PEEK, REFUND};
 use super::deny_cache::DenyCache;
+use super::result_or_call::ResultOrCall;
 use super::{Backend, BackendError, Counter, Hit, Hits, storage_key};
 use crate::error::ConfigError;
 use crate::key::Key;
-use crate::quota::Quota;
+use crate::quota::{Quota, Window};
 
-/// The script run for every hit, by its SHA1 (`EVALSHA`).
-///
-/// It increments the counter and attaches the window's lifetime only when the
-/// counter has none, which is the case for a counter it just created (or one
-/// left without a lifetime by older code); an existing lifetime is never
-/// touched. A value that is not a non-negative integer, or a key of another
-/// type, is corrupt: the script answers `{reason}` and the stored value is
-/// left exactly as it was. The window is checked before anything is written,
-/// so no error can leave a counter without a lifetime.
-///
-/// It answers `{count, PTTL, PEXPIRETIME}`: the counter's absolute expiry
-/// names the window for [`refund`](Backend::refund) (`-1` on a server older
-/// than Redis 7.0, where hits are never refunded).
-pub const HIT_SCRIPT: &str = include_str!("hit.lua");
-
-/// Takes back one hit, only in the window it was counted in (by the
-/// counter's `PEXPIRETIME`); never creates a key or touches a lifetime.
-const REFUND_SCRIPT: &str = include_str!("refund.lua");
-
-/// Reads a counter without counting.
-const PEEK_SCRIPT: &str = include_str!("peek.lua");
-
-/// A script and the SHA1 `EVALSHA` runs it by.
-struct Script {
-    text: &'static str,
-    sha: LazyLock<String>,
-}
-
-/// The start of an `EVAL` (`script` as text) or `EVALSHA` (its SHA1) of a
-/// script with `numkeys` keys, its buffers sized for `args` more arguments
-/// of `bytes` bytes in all. A command grown one argument at a time
-/// reallocates both buffers as it grows: a dozen times for a batch, several
-/// of them over a kilobyte, which also has the allocator sort through every
-/// small block freed since.
-fn script_cmd(name: &str, script: &str, numkeys: usize, args: usize, bytes: usize) -> ::redis::Cmd {
-    let size = name.len() + script.len() + U64_DIGITS + bytes;
-    let mut cmd = ::redis::Cmd::with_capacity(3 + args, size);
-    cmd.arg(name).arg(script).arg(numkeys);
-    cmd
-}
-
-/// Bytes in the decimal form of any `u64`, at most.
-const U64_DIGITS: usize = 20;
-
-static HIT: Script = Script {
-    text: HIT_SCRIPT,
-    sha: LazyLock::new(|| sha1_hex(HIT_SCRIPT)),
-};
-
-static REFUND: Script = Script {
-    text: REFUND_SCRIPT,
-    sha: LazyLock::new(|| sha1_hex(REFUND_SCRIPT)),
-};
-
-static PEEK: Script = Script {
-    text: PEEK_SCRIPT,
-    sha: LazyLock::new(|| sha1_hex(PEEK_SCRIPT)),
-};
-
-/// The prefix of every key this backend writes, unless configured otherwise.
+/// The prefix of every key this backend writes, unless configured otherwise
+/// ([`RedisBackendBuilder::prefix`]; [`RedisBackend`]'s example shows it in
+/// a key).
 pub const DEFAULT_PREFIX: &str = "tpw:";
 
-/// Denied keys remembered locally, unless configured otherwise.
+/// Denied keys remembered locally, unless configured otherwise
+/// ([`RedisBackendBuilder::deny_cache`]; [`RedisBackendBuilder`] has an
+/// example).
 pub const DEFAULT_DENY_CACHE: usize = 65_536;
 
 /// Counters in Redis or Redis Cluster, shared by every instance of a service.
@@ -123,7 +81,7 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// slot only.
 ///
 /// Any async Redis connection that can be cloned serves: a
-/// [`ConnectionManager`](::redis::aio::ConnectionManager) (what
+/// [`ConnectionManager`] (what
 /// [`connect`](RedisBackend::connect) makes; it reconnects by itself), a
 /// [`BackgroundConnection`] (what
 /// [`connect_in_background`](RedisBackend::connect_in_background) makes), a
@@ -132,6 +90,32 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// connection and are pipelined on it; no hit opens a connection of its own.
 /// Use the [`redis`] crate this crate re-exports to make your
 /// own.
+///
+/// # Examples
+///
+/// A layer whose counters are in Redis. [`connect_in_background`](Self::connect_in_background)
+/// returns at once, and connects on the runtime that serves requests (here
+/// there is none, so it never does):
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::backend::redis::{DEFAULT_PREFIX, RedisBackend};
+/// use tower_pinned_window::key::{Key, PeerIp};
+/// use tower_pinned_window::{Quota, RateLimitLayer};
+///
+/// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+/// assert_eq!(DEFAULT_PREFIX, "tpw:");
+/// assert_eq!(
+///     backend.storage_key("api", &Key::new("203.0.113.7")),
+///     b"tpw:api{203.0.113.7}"
+/// );
+/// assert!(!backend.connection().is_connected());
+/// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60))?)
+///     .key(PeerIp::new())
+///     .backend(backend);
+/// # let _ = layer;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
 ///
 /// # Outages
 ///
@@ -181,9 +165,8 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// still waiting (the dropped one only loses its answer). A hit whose request
 /// is dropped before its call is sent is not sent; when every request of a
 /// call in flight is gone, the call is dropped too, as a lone hit's would be.
-/// Outside a tokio runtime, and with
-/// [`coalesce(false)`](RedisBackendBuilder::coalesce), each counter hit is
-/// one `EVALSHA` of [`HIT_SCRIPT`] (what `bench/redis.sh` compares against).
+/// Outside a tokio runtime, each counter hit is one `EVALSHA` of
+/// [`HIT_SCRIPT`].
 ///
 /// # Keys
 ///
@@ -233,8 +216,9 @@ struct Inner<C> {
     prefix: Box<[u8]>,
     /// Shared with the futures of queued hits, which remember denials.
     deny: Option<Arc<DenyCache>>,
-    /// The lanes of coalesced hits; `None` with `coalesce(false)`.
-    batch: Option<batch::Batcher>,
+    /// The lanes of coalesced hits (on a clone of the same connection);
+    /// `None` with `coalesce(false)`.
+    batch: Option<Arc<Batcher<C>>>,
 }
 
 impl<C> Clone for RedisBackend<C> {
@@ -259,6 +243,27 @@ impl<C> fmt::Debug for RedisBackend<C> {
 }
 
 /// Builds a [`RedisBackend`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window::key::Key;
+/// use tower_pinned_window::redis::Client;
+///
+/// let client = Client::open("redis://127.0.0.1:6379/")?;
+/// let connection = client.get_multiplexed_async_connection().await?;
+/// let backend = RedisBackend::builder(connection)
+///     .prefix("app1:")
+///     .deny_cache(10_000)
+///     .breaker(3, Duration::from_secs(1))
+///     .build();
+/// assert_eq!(backend.storage_key("api", &Key::new("203.0.113.7")), b"app1:api{203.0.113.7}");
+/// # Ok(())
+/// # }
+/// ```
 #[must_use]
 pub struct RedisBackendBuilder<C> {
     connection: C,
@@ -287,6 +292,8 @@ impl<C> RedisBackendBuilder<C> {
     /// When `prefix` contains `{` or `}`: on a Cluster it would take the hash
     /// tag over from the crate's own (see [`RedisBackend`]'s keys). Use
     /// [`try_prefix`](Self::try_prefix) for a prefix read from configuration.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     #[track_caller]
     pub fn prefix(self, prefix: impl Into<Vec<u8>>) -> Self {
         match self.try_prefix(prefix) {
@@ -299,6 +306,22 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// # Errors
     /// [`ConfigError::InvalidPrefix`] when `prefix` contains `{` or `}`.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// // Not connected here (there is no runtime): only the builder is shown.
+    /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+    /// let builder = RedisBackend::builder(backend.connection().clone());
+    /// assert_eq!(
+    ///     builder.try_prefix("app{1}:").err(),
+    ///     Some(ConfigError::InvalidPrefix("app{1}:".into()))
+    /// );
+    /// # Ok::<(), ConfigError>(())
+    /// ```
     pub fn try_prefix(mut self, prefix: impl Into<Vec<u8>>) -> Result<Self, ConfigError> {
         let prefix = prefix.into();
         if prefix.iter().any(|b| matches!(b, b'{' | b'}')) {
@@ -312,6 +335,8 @@ impl<C> RedisBackendBuilder<C> {
 
     /// How many denied keys this instance remembers (default
     /// [`DEFAULT_DENY_CACHE`]); 0 turns the local deny cache off.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;
         self
@@ -346,6 +371,8 @@ impl<C> RedisBackendBuilder<C> {
     /// When `failures` is 0 or `cooldown` is zero. Use
     /// [`try_breaker`](Self::try_breaker) for values read from
     /// configuration.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     #[track_caller]
     pub fn breaker(self, failures: u32, cooldown: Duration) -> Self {
         match self.try_breaker(failures, cooldown) {
@@ -359,6 +386,22 @@ impl<C> RedisBackendBuilder<C> {
     /// # Errors
     /// [`ConfigError::ZeroBreakerFailures`] or
     /// [`ConfigError::ZeroBreakerCooldown`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+    /// let builder = RedisBackend::builder(backend.connection().clone());
+    /// assert_eq!(
+    ///     builder.try_breaker(0, Duration::from_secs(1)).err(),
+    ///     Some(ConfigError::ZeroBreakerFailures)
+    /// );
+    /// # Ok::<(), ConfigError>(())
+    /// ```
     pub fn try_breaker(mut self, failures: u32, cooldown: Duration) -> Result<Self, ConfigError> {
         if failures == 0 {
             return Err(ConfigError::ZeroBreakerFailures);
@@ -372,6 +415,8 @@ impl<C> RedisBackendBuilder<C> {
 
     /// No circuit breaker: every hit waits on Redis, up to the layer's
     /// timeout.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     pub fn no_breaker(mut self) -> Self {
         self.breaker = None;
         self
@@ -381,18 +426,23 @@ impl<C> RedisBackendBuilder<C> {
     /// (default `true`): one script call for every hit queued behind the call
     /// in flight, with each hit's count, time left and deadline exactly as
     /// if sent alone (see [coalesced hits](RedisBackend#coalesced-hits)).
-    /// `false` sends one `EVALSHA` of [`HIT_SCRIPT`] per counter hit; it is
-    /// there to measure the difference (`bench/redis.sh` and
-    /// `bench/wrk_redis.sh` run both in the same run).
+    /// `false` sends one `EVALSHA` of [`HIT_SCRIPT`] per counter hit.
+    // Hidden: it exists only so the benchmarks (`bench/redis.sh`,
+    // `bench/wrk_redis.sh`) and the tests can compare the two paths in one
+    // run; coalescing is never worse for a user, so it is no setting of
+    // theirs. It stays callable for them.
+    #[doc(hidden)]
     pub fn coalesce(mut self, coalesce: bool) -> Self {
         self.coalesce = coalesce;
         self
     }
 
     /// The backend.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     pub fn build(self) -> RedisBackend<C>
     where
-        C: 'static,
+        C: Clone + 'static,
     {
         // Known from the connection's type. Another connection type that
         // turns out to reach a Cluster is found out by the first call Redis
@@ -401,17 +451,19 @@ impl<C> RedisBackendBuilder<C> {
         let cluster = is_cluster::<C>();
         #[cfg(not(feature = "redis-cluster"))]
         let cluster = false;
+        let connection = Guarded::new(
+            self.connection,
+            self.breaker
+                .map(|config| Arc::new(Breakers::new(config, cluster))),
+        );
         RedisBackend {
             inner: Arc::new(Inner {
-                connection: Guarded {
-                    inner: self.connection,
-                    breakers: self
-                        .breaker
-                        .map(|config| Arc::new(Breakers::new(config, cluster))),
-                },
+                batch: self
+                    .coalesce
+                    .then(|| Arc::new(Batcher::new(connection.clone(), cluster))),
+                connection,
                 prefix: self.prefix.into(),
                 deny: (self.deny_cache > 0).then(|| Arc::new(DenyCache::new(self.deny_cache))),
-                batch: self.coalesce.then(|| batch::Batcher::new(cluster)),
             }),
         }
     }
@@ -429,11 +481,15 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// A backend on `connection`, with the default prefix and deny cache.
+    ///
+    /// Example: [`connection_manager_config`]'s.
     pub fn new(connection: C) -> Self {
         Self::builder(connection).build()
     }
 
     /// Choose the prefix and the deny cache.
+    ///
+    /// Example: [`RedisBackendBuilder`].
     pub fn builder(connection: C) -> RedisBackendBuilder<C> {
         RedisBackendBuilder {
             connection,
@@ -447,122 +503,149 @@ where
     /// The Redis key that holds `key`'s counter for the namespace
     /// `namespace` (a layer's name, or `name:LIMIT/WINDOWms` for its other
     /// quotas): [`storage_key::encode`] under this backend's prefix.
+    ///
+    /// Example: [`RedisBackend`].
     pub fn storage_key(&self, namespace: &str, key: &Key) -> Vec<u8> {
         storage_key::encode(&self.inner.prefix, namespace, key)
     }
 
     /// The connection the backend uses (without its breaker).
+    ///
+    /// Example: [`RedisBackend`].
     pub fn connection(&self) -> &C {
-        &self.inner.connection.inner
-    }
-
-    /// Run `script` on `key` by its SHA1, sending its text once more with
-    /// `EVAL` if the server has lost it.
-    async fn eval(
-        &self,
-        script: &Script,
-        key: &[u8],
-        arg: Option<u64>,
-    ) -> Result<Value, BackendError> {
-        let mut connection = self.inner.connection.clone();
-        let build = |name: &str, text: &str| {
-            let mut cmd = script_cmd(name, text, 1, 2, key.len() + U64_DIGITS);
-            cmd.arg(key).arg(arg);
-            cmd
-        };
-        match build("EVALSHA", script.sha.as_str())
-            .query_async::<Value>(&mut connection)
-            .await
-        {
-            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                tracing::debug!(
-                    "script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
-                );
-                build("EVAL", script.text)
-                    .query_async::<Value>(&mut connection)
-                    .await
-            }
-            other => other,
-        }
-        .map_err(unavailable)
+        self.inner.connection.unguarded()
     }
 }
 
-fn corrupt(key: &[u8], detail: String) -> BackendError {
-    BackendError::Corrupt {
-        key: key.escape_ascii().to_string(),
-        detail,
+impl<C> RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static + Nodes,
+{
+    /// The backstop: scan every key under the prefix (on every master of a
+    /// Cluster) and report those with no lifetime, which only code that sets
+    /// a lifetime in a second call (or older versions of a limiter) leaves
+    /// behind. With `repair`, each such counter is given that window,
+    /// atomically and only if it still has no lifetime; its count is left as
+    /// it is. Keys that are not counters are reported in
+    /// [`AuditReport::corrupt`] and never touched.
+    ///
+    /// # Errors
+    /// [`BackendError::Unavailable`] when a node cannot be scanned.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tower_pinned_window::Window;
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    ///
+    /// let backend = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
+    /// // Report only:
+    /// let report = backend.audit(None).await?;
+    /// println!("{} keys without a lifetime", report.without_lifetime.len());
+    /// // Or give each such counter a window of an hour:
+    /// let report = backend
+    ///     .audit(Some(Window::new(Duration::from_secs(3600))?))
+    ///     .await?;
+    /// assert!(report.repaired as usize <= report.without_lifetime.len());
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn audit(&self, repair: Option<Window>) -> Result<AuditReport, BackendError> {
+        audit::run(self.connection().clone(), &self.inner.prefix, repair).await
     }
 }
 
-fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
-    match value {
-        Value::Array(items) => match items.as_slice() {
-            [Value::Int(count), Value::Int(ttl), Value::Int(deadline)]
-                if *count >= 1 && *ttl >= 0 =>
-            {
-                Ok(Hit {
-                    count: *count as u64,
-                    reset: Duration::from_millis(*ttl as u64),
-                    deadline: u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
-                })
-            }
-            [Value::BulkString(reason)] => {
-                Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
-            }
-            _ => Err(corrupt(key, format!("unexpected script reply {items:?}"))),
-        },
-        other => Err(corrupt(key, format!("unexpected script reply {other:?}"))),
+impl RedisBackend<ConnectionManager> {
+    /// Connect to the Redis at `url` (`redis://host:port/db`) through a
+    /// [`ConnectionManager`], which reconnects by itself after an outage;
+    /// waits until the first connection is up. It has no response timeout
+    /// of its own ([`connection_manager_config`]).
+    ///
+    /// To start while Redis may be down, use
+    /// [`connect_in_background`](RedisBackend::connect_in_background).
+    ///
+    /// # Errors
+    /// [`ConnectError::Config`] ([`ConfigError::InvalidUrl`]) when the URL is
+    /// invalid; [`ConnectError::Unavailable`] when the first connection
+    /// fails after the client's retries (about 2 s).
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    ///
+    /// let backend = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
+        Ok(Self::new(conn::connect::connection_manager(url).await?))
     }
 }
 
-fn parse_refund(value: Value, key: &[u8]) -> Result<bool, BackendError> {
-    match value {
-        Value::Int(1) => Ok(true),
-        Value::Int(0) => Ok(false),
-        Value::Array(items) => match items.as_slice() {
-            [Value::BulkString(reason)] => {
-                Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
-            }
-            _ => Err(corrupt(key, format!("unexpected script reply {items:?}"))),
-        },
-        other => Err(corrupt(key, format!("unexpected script reply {other:?}"))),
+impl RedisBackend<BackgroundConnection> {
+    /// A backend on the Redis at `url` that returns at once and connects in
+    /// the background.
+    ///
+    /// Until the first connection is up, every hit fails at once with
+    /// [`BackendError::Unavailable`], which the layer's
+    /// [`FailurePolicy`](crate::FailurePolicy) turns into a pass (fail-open)
+    /// or a 503 (fail-closed); the breaker then answers
+    /// [`BackendError::CircuitOpen`]. Attempts are made every 100 ms or so,
+    /// and hits are counted from the first one that succeeds. After that the
+    /// connection is a [`ConnectionManager`] with
+    /// [`connection_manager_config`], which reconnects by itself.
+    ///
+    /// The attempts start at once inside a Tokio runtime, otherwise on the
+    /// first command; they stop when the last clone of the backend is
+    /// dropped.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidUrl`] when `url` is not a Redis URL: the only
+    /// error, since nothing is reached here.
+    ///
+    /// Example: [`RedisBackend`].
+    pub fn connect_in_background(url: &str) -> Result<Self, ConfigError> {
+        Ok(Self::new(BackgroundConnection::to(url)?))
     }
 }
 
-fn parse_peek(value: Value, key: &[u8]) -> Result<Option<Hit>, BackendError> {
-    let Value::Array(items) = value else {
-        return Err(corrupt(key, format!("unexpected script reply {value:?}")));
-    };
-    match items.as_slice() {
-        [] => Ok(None),
-        [Value::BulkString(reason)] => {
-            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
-        }
-        [Value::BulkString(digits), Value::Int(ttl)] => {
-            let count = std::str::from_utf8(digits)
-                .ok()
-                .and_then(|s| s.parse::<u64>().ok())
-                .ok_or_else(|| corrupt(key, format!("value {}", digits.escape_ascii())))?;
-            // A counter without a lifetime (PTTL -1) never resets by itself.
-            let reset = u64::try_from(*ttl).map_or(Duration::MAX, Duration::from_millis);
-            Ok(Some(Hit {
-                count,
-                reset,
-                deadline: None,
-            }))
-        }
-        _ => Err(corrupt(key, format!("unexpected script reply {items:?}"))),
-    }
-}
-
-fn unavailable(err: RedisError) -> BackendError {
-    if breaker::is_open(&err) {
-        BackendError::CircuitOpen
-    } else if err.is_timeout() {
-        BackendError::TimedOut
-    } else {
-        BackendError::Unavailable(Box::new(err))
+#[cfg(feature = "redis-cluster")]
+impl RedisBackend<::redis::cluster_async::ClusterConnection> {
+    /// Connect to the Redis Cluster that `nodes` belong to, with
+    /// [`cluster_client_builder`]'s settings; waits until the slot map is
+    /// known. There is one breaker per master (see
+    /// [`RedisBackendBuilder::breaker`]).
+    ///
+    /// # Errors
+    /// [`ConnectError::Config`] when a URL is invalid;
+    /// [`ConnectError::Unavailable`] when no node answers.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    ///
+    /// let backend = RedisBackend::connect_cluster([
+    ///     "redis://10.0.0.1:7000/",
+    ///     "redis://10.0.0.2:7000/",
+    /// ])
+    /// .await?;
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub async fn connect_cluster<I, T>(nodes: I) -> Result<Self, ConnectError>
+    where
+        I: IntoIterator<Item = T>,
+        T: ::redis::IntoConnectionInfo,
+    {
+        Ok(Self::new(conn::connect::cluster_connection(nodes).await?))
     }
 }
 
@@ -570,15 +653,18 @@ fn unavailable(err: RedisError) -> BackendError {
 /// deny cache answered; otherwise waiting for the call that takes its hits
 /// (queued in their lane behind a call in flight, as most hits are under
 /// load), or sending a call of its own.
+///
+/// The layer awaits it; [`Backend::hit_all`] returns it. Example of the
+/// backend: [`RedisBackend`].
 pub struct RedisHit(HitStep);
 
 enum HitStep {
     /// Answered here, or sending its own call (boxed: the `redis` client's
     /// query inside is large).
-    Answer(Answer<Hits>),
+    NotQueued(ResultOrCall<Hits>),
     /// Queued in its lane: no call of its own, so no box.
     Queued {
-        answer: oneshot::Receiver<batch::Answered>,
+        answer: oneshot::Receiver<coalesce::Answered>,
         finish: Finish,
     },
 }
@@ -586,7 +672,7 @@ enum HitStep {
 impl fmt::Debug for RedisHit {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.0 {
-            HitStep::Answer(answer) => answer.state(),
+            HitStep::NotQueued(answer) => answer.state(),
             HitStep::Queued { .. } => "queued",
         };
         f.debug_struct("RedisHit").field("state", &state).finish()
@@ -598,10 +684,10 @@ impl Future for RedisHit {
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match &mut self.0 {
-            HitStep::Answer(answer) => answer.poll(cx, "RedisHit"),
+            HitStep::NotQueued(answer) => answer.poll(cx, "RedisHit"),
             HitStep::Queued { answer, finish } => Pin::new(answer)
                 .poll(cx)
-                .map(|answered| finish.answered(answered.map_err(|_| batch::dropped())?)),
+                .map(|answered| finish.answered(answered.map_err(|_| coalesce::dropped())?)),
         }
     }
 }
@@ -621,7 +707,7 @@ struct Finish {
 
 impl Finish {
     /// What a lane's call gave back: the request's counters and answers.
-    fn answered(&self, (counters, answers): batch::Answered) -> Result<Hits, BackendError> {
+    fn answered(&self, (counters, answers): coalesce::Answered) -> Result<Hits, BackendError> {
         self.hits(
             counters.iter().map(|(stored, _)| stored.as_slice()),
             answers,
@@ -632,7 +718,7 @@ impl Finish {
     fn hits<'a>(
         &self,
         stored: impl Iterator<Item = &'a [u8]>,
-        answers: batch::Answers,
+        answers: coalesce::Answers,
     ) -> Result<Hits, BackendError> {
         let mut hits = Hits::with_capacity(answers.len());
         for ((answer, quota), stored) in answers.into_iter().zip(&self.quotas).zip(stored) {
@@ -656,7 +742,10 @@ impl Finish {
 /// The future of a [`RedisBackend`] refund: already complete when there is
 /// nothing to take back (a hit Redis did not count), one round trip
 /// otherwise.
-pub struct RedisRefund(Answer<bool>);
+///
+/// The layer awaits it; [`Backend::refund`] returns it. Example of the
+/// backend: [`RedisBackend`].
+pub struct RedisRefund(ResultOrCall<bool>);
 
 impl fmt::Debug for RedisRefund {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -718,7 +807,7 @@ where
                         },
                     })
                     .collect();
-                return RedisHit(HitStep::Answer(Answer::Ready(Some(Ok(hits)))));
+                return RedisHit(HitStep::NotQueued(ResultOrCall::Ready(Some(Ok(hits)))));
             }
         }
         let storage_keys: SmallVec<[Vec<u8>; 2]> = counters
@@ -733,40 +822,47 @@ where
         };
         // Coalesced: through the key's lane (a driver task, so only on a
         // tokio runtime).
-        let runtime = self
-            .inner
-            .batch
-            .as_ref()
-            .and_then(|_| tokio::runtime::Handle::try_current().ok());
-        if let Some(runtime) = runtime {
+        let lanes = self.inner.batch.as_ref().and_then(|batcher| {
+            tokio::runtime::Handle::try_current()
+                .ok()
+                .map(|runtime| (batcher, runtime))
+        });
+        if let Some((batcher, runtime)) = lanes {
             let counters = storage_keys
                 .into_iter()
                 .zip(&finish.quotas)
                 .map(|(k, q)| (k, q.window().as_millis()))
                 .collect();
-            return match batch::enqueue(&self.inner, &runtime, counters) {
-                batch::Enqueued::Queued(answer) => RedisHit(HitStep::Queued { answer, finish }),
-                batch::Enqueued::Alone(alone) => {
-                    RedisHit(HitStep::Answer(Answer::Remote(Box::pin(async move {
-                        finish.answered(alone.send().await?)
-                    }))))
-                }
+            return match coalesce::enqueue(batcher, &runtime, counters) {
+                Enqueued::Queued(answer) => RedisHit(HitStep::Queued { answer, finish }),
+                Enqueued::Alone(alone) => RedisHit(HitStep::NotQueued(ResultOrCall::Remote(
+                    Box::pin(async move { finish.answered(alone.send().await?) }),
+                ))),
             };
         }
         let this = self.clone();
-        RedisHit(HitStep::Answer(Answer::Remote(Box::pin(async move {
-            let answers = join_all(storage_keys.iter().zip(&finish.quotas).map(|(k, q)| {
-                let this = &this;
-                async move {
-                    let reply = this.eval(&HIT, k, Some(q.window().as_millis())).await?;
-                    parse_hit(reply, k)
-                }
-            }))
-            .await
-            .into_iter()
-            .collect();
-            finish.hits(storage_keys.iter().map(Vec::as_slice), answers)
-        }))))
+        RedisHit(HitStep::NotQueued(ResultOrCall::Remote(Box::pin(
+            async move {
+                let answers = join_all(storage_keys.iter().zip(&finish.quotas).map(|(k, q)| {
+                    let this = &this;
+                    async move {
+                        let reply = HIT
+                            .run_on_key(
+                                &mut this.inner.connection.for_key(k),
+                                k,
+                                Some(q.window().as_millis()),
+                            )
+                            .await
+                            .map_err(unavailable)?;
+                        parse_hit(reply, k)
+                    }
+                }))
+                .await
+                .into_iter()
+                .collect();
+                finish.hits(storage_keys.iter().map(Vec::as_slice), answers)
+            },
+        ))))
     }
 
     /// One `EVALSHA` of the refund script, which compares the counter's
@@ -777,12 +873,19 @@ where
     /// cache, so the next hit asks Redis again.
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> RedisRefund {
         let Some(deadline) = hit.deadline else {
-            return RedisRefund(Answer::Ready(Some(Ok(false))));
+            return RedisRefund(ResultOrCall::Ready(Some(Ok(false))));
         };
         let storage_key = self.storage_key(namespace, key);
         let (this, namespace, key) = (self.clone(), Box::<str>::from(namespace), key.clone());
-        RedisRefund(Answer::Remote(Box::pin(async move {
-            let reply = this.eval(&REFUND, &storage_key, Some(deadline.get())).await;
+        RedisRefund(ResultOrCall::Remote(Box::pin(async move {
+            let reply = REFUND
+                .run_on_key(
+                    &mut this.inner.connection.for_key(&storage_key),
+                    &storage_key,
+                    Some(deadline.get()),
+                )
+                .await
+                .map_err(unavailable);
             if let Some(deny) = &this.inner.deny {
                 deny.remove(&namespace, key.as_bytes());
             }
@@ -792,7 +895,14 @@ where
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
         let storage_key = self.storage_key(namespace, key);
-        let reply = self.eval(&PEEK, &storage_key, None).await?;
+        let reply = PEEK
+            .run_on_key(
+                &mut self.inner.connection.for_key(&storage_key),
+                &storage_key,
+                None,
+            )
+            .await
+            .map_err(unavailable)?;
         parse_peek(reply, &storage_key)
     }
 
@@ -801,7 +911,7 @@ where
         if let Some(deny) = &self.inner.deny {
             deny.remove(namespace, key.as_bytes());
         }
-        let mut connection = self.inner.connection.clone();
+        let mut connection = self.inner.connection.for_key(&storage_key);
         let deleted: i64 = ::redis::cmd("DEL")
             .arg(&storage_key)
             .query_async(&mut connection)
@@ -811,110 +921,9 @@ where
     }
 }
 
-/// SHA1 of `text`, in lowercase hex: the name `EVALSHA` runs a script by.
-fn sha1_hex(text: &str) -> String {
-    ::redis::Script::new(text).get_hash().to_owned()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn script_replies_parse() {
-        let at = NonZeroU64::new(1_700_000_060_000);
-        let cases: &[(&str, Value, Result<Hit, &str>)] = &[
-            (
-                "fresh",
-                Value::Array(vec![
-                    Value::Int(1),
-                    Value::Int(60_000),
-                    Value::Int(1_700_000_060_000),
-                ]),
-                Ok(Hit {
-                    count: 1,
-                    reset: Duration::from_secs(60),
-                    deadline: at,
-                }),
-            ),
-            (
-                "a server without PEXPIRETIME",
-                Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(-1)]),
-                Ok(Hit {
-                    count: 2,
-                    reset: Duration::from_millis(5),
-                    deadline: None,
-                }),
-            ),
-            (
-                "corrupt value",
-                Value::Array(vec![Value::BulkString(b"value abc".to_vec())]),
-                Err("value abc"),
-            ),
-            (
-                "zero count",
-                Value::Array(vec![Value::Int(0), Value::Int(5), Value::Int(9)]),
-                Err("unexpected script reply"),
-            ),
-            (
-                "negative ttl",
-                Value::Array(vec![Value::Int(3), Value::Int(-1), Value::Int(9)]),
-                Err("unexpected script reply"),
-            ),
-            (
-                "an older script's reply",
-                Value::Array(vec![Value::Int(1), Value::Int(60_000)]),
-                Err("unexpected script reply"),
-            ),
-            (
-                "not an array",
-                Value::Int(7),
-                Err("unexpected script reply"),
-            ),
-        ];
-        for (name, value, want) in cases {
-            match (parse_hit(value.clone(), b"tpw:n{k}"), want) {
-                (Ok(hit), Ok(want)) => assert_eq!(hit, *want, "{name}"),
-                (Err(BackendError::Corrupt { key, detail }), Err(want)) => {
-                    assert_eq!(key, "tpw:n{k}", "{name}");
-                    assert!(detail.contains(want), "{name}: {detail}");
-                }
-                (got, _) => panic!("{name}: {got:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn refund_replies_parse() {
-        let cases: &[(&str, Value, Result<bool, &str>)] = &[
-            ("taken back", Value::Int(1), Ok(true)),
-            ("nothing to take back", Value::Int(0), Ok(false)),
-            (
-                "corrupt",
-                Value::Array(vec![Value::BulkString(b"value abc".to_vec())]),
-                Err("value abc"),
-            ),
-            ("unexpected", Value::Int(2), Err("unexpected script reply")),
-        ];
-        for (name, value, want) in cases {
-            match (parse_refund(value.clone(), b"k"), want) {
-                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{name}"),
-                (Err(BackendError::Corrupt { detail, .. }), Err(want)) => {
-                    assert!(detail.contains(want), "{name}: {detail}");
-                }
-                (got, _) => panic!("{name}: {got:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn the_script_shas_are_sha1_of_their_text() {
-        assert_eq!(sha1_hex("abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
-        for script in [&HIT, &REFUND, &PEEK] {
-            assert_eq!(*script.sha, sha1_hex(script.text));
-            assert_eq!(script.sha.len(), 40);
-        }
-    }
 
     #[test]
     fn prefixes_with_braces_are_refused() {

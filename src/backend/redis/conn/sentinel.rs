@@ -20,15 +20,19 @@ use ::redis::{
 };
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 
-use super::audit::{Node, Nodes};
+use super::nodes::{Node, Nodes};
 
 /// The shortest time between two lookups of the master, unless configured
 /// otherwise.
+///
+/// Example: [`SentinelConnectionBuilder`].
 pub const DEFAULT_LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
 
 /// How long a command may go unanswered, before it is given up, for the
 /// connection to suspect the master and ask the sentinels again (unless
 /// configured otherwise).
+///
+/// Example: [`SentinelConnectionBuilder`].
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_millis(50);
 
 /// A connection to the master of a Redis Sentinel deployment that follows
@@ -133,6 +137,29 @@ impl fmt::Debug for SentinelConnection {
 }
 
 /// Builds a [`SentinelConnection`].
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use std::time::Duration;
+/// use tower_pinned_window::backend::redis::{
+///     DEFAULT_STALL_AFTER, RedisBackend, SentinelConnection,
+/// };
+///
+/// let connection = SentinelConnection::builder(
+///     vec!["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/"],
+///     "mymaster",
+/// )
+/// .lookup_interval(Duration::from_millis(200))
+/// .stall_after(DEFAULT_STALL_AFTER)
+/// .connect()
+/// .await?;
+/// let backend = RedisBackend::new(connection);
+/// # let _ = backend;
+/// # Ok(())
+/// # }
+/// ```
 #[must_use]
 pub struct SentinelConnectionBuilder {
     sentinels: RedisResult<Vec<ConnectionInfo>>,
@@ -169,6 +196,8 @@ impl SentinelConnection {
     /// # Errors
     /// When an address is invalid, or no sentinel names a master that
     /// answers as one.
+    ///
+    /// Example: [`SentinelConnection`].
     pub async fn connect<T: IntoConnectionInfo>(
         sentinels: Vec<T>,
         master_name: &str,
@@ -178,6 +207,8 @@ impl SentinelConnection {
 
     /// Choose the master's credentials, database and TLS, the connection's
     /// timeouts, and how often the sentinels may be asked.
+    ///
+    /// Example: [`SentinelConnectionBuilder`].
     pub fn builder<T: IntoConnectionInfo>(
         sentinels: Vec<T>,
         master_name: &str,
@@ -198,6 +229,8 @@ impl SentinelConnection {
 
     /// The address of the master this connection talks to, or `None` while
     /// it is looking for one.
+    ///
+    /// Example: [`SentinelConnection`].
     pub fn master(&self) -> Option<ConnectionAddr> {
         match self.inner.lock().master.peek() {
             Some(Ok(master)) => Some(master.addr.clone()),
@@ -263,6 +296,8 @@ impl SentinelConnection {
 impl SentinelConnectionBuilder {
     /// The master's (and a promoted replica's) settings: database, username
     /// and password, TLS. The default is database 0 without credentials.
+    ///
+    /// Example: [`SentinelConnectionBuilder`].
     pub fn master_connection_info(mut self, info: SentinelNodeConnectionInfo) -> Self {
         self.master = Some(info);
         self
@@ -273,6 +308,8 @@ impl SentinelConnectionBuilder {
     /// response timeout, since the layer's timeout already bounds every
     /// hit; keep it off in a config of your own:
     /// `set_response_timeout(None)`).
+    ///
+    /// Example: [`SentinelConnectionBuilder`].
     pub fn connection_config(mut self, config: AsyncConnectionConfig) -> Self {
         self.config = config;
         self
@@ -283,6 +320,8 @@ impl SentinelConnectionBuilder {
     /// long after the sentinels promote a replica; meanwhile the sentinels
     /// are asked at most once per interval by this connection. Zero asks on
     /// every failure.
+    ///
+    /// Example: [`SentinelConnectionBuilder`].
     pub fn lookup_interval(mut self, interval: Duration) -> Self {
         self.lookup_interval = interval;
         self
@@ -292,6 +331,8 @@ impl SentinelConnectionBuilder {
     /// [`DEFAULT_STALL_AFTER`]), or one that times out, makes the connection
     /// ask the sentinels whether the master moved. Set it below the layer's
     /// timeout.
+    ///
+    /// Example: [`SentinelConnectionBuilder`].
     pub fn stall_after(mut self, stall_after: Duration) -> Self {
         self.stall_after = stall_after;
         self
@@ -303,6 +344,8 @@ impl SentinelConnectionBuilder {
     ///
     /// # Errors
     /// When a sentinel address is invalid or the list is empty.
+    ///
+    /// Example: [`SentinelConnectionBuilder`].
     pub fn build(self) -> RedisResult<SentinelConnection> {
         let sentinel = SentinelClient::build(
             self.sentinels?,
@@ -337,6 +380,8 @@ impl SentinelConnectionBuilder {
     /// # Errors
     /// When a sentinel address is invalid, or no sentinel names a master
     /// that answers as one.
+    ///
+    /// Example: [`SentinelConnectionBuilder`].
     pub async fn connect(self) -> RedisResult<SentinelConnection> {
         let connection = self.build()?;
         let (_, master) = connection.current();

@@ -1,6 +1,7 @@
-//! The connections this crate makes: [`RedisBackend::connect`],
-//! [`RedisBackend::connect_in_background`] and, with `redis-cluster`,
-//! [`RedisBackend::connect_cluster`].
+//! The connections this crate makes, for
+//! [`RedisBackend::connect`](crate::backend::redis::RedisBackend::connect),
+//! [`RedisBackend::connect_in_background`](crate::backend::redis::RedisBackend::connect_in_background)
+//! and, with `redis-cluster`, `RedisBackend::connect_cluster`.
 //!
 //! Each has the `redis` client's own response timeout turned off: the layer
 //! already times every backend call (its
@@ -14,11 +15,24 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
 
-use super::RedisBackend;
+use super::breaker::unavailable;
 use crate::backend::BackendError;
 use crate::error::ConfigError;
 
 /// Why a connection could not be made.
+///
+/// # Examples
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// use tower_pinned_window::backend::redis::{ConnectError, RedisBackend};
+///
+/// // Not a Redis URL: retrying would not help.
+/// let err = RedisBackend::connect("http://example.com").await.unwrap_err();
+/// assert!(matches!(err, ConnectError::Config(_)));
+/// # }
+/// ```
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum ConnectError {
@@ -53,7 +67,7 @@ impl From<ConfigError> for ConnectError {
 }
 
 /// The client for `url`, or the configuration error that says why not.
-pub(crate) fn client(url: &str) -> Result<Client, ConfigError> {
+fn client(url: &str) -> Result<Client, ConfigError> {
     Client::open(url).map_err(invalid_url)
 }
 
@@ -66,62 +80,54 @@ fn invalid_url(err: RedisError) -> ConfigError {
 /// timeout of the client's own (the layer's is the one timer of a hit), and
 /// reconnection attempts at most 250 ms apart, so that requests are served
 /// again soon after Redis is back.
+///
+/// # Examples
+///
+/// A connection of your own, with the same settings:
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_pinned_window::backend::redis::{RedisBackend, connection_manager_config};
+/// use tower_pinned_window::redis::Client;
+///
+/// let client = Client::open("redis://127.0.0.1:6379/")?;
+/// let connection = client
+///     .get_connection_manager_with_config(connection_manager_config())
+///     .await?;
+/// let backend = RedisBackend::new(connection);
+/// # let _ = backend;
+/// # Ok(())
+/// # }
+/// ```
 pub fn connection_manager_config() -> ConnectionManagerConfig {
     ConnectionManagerConfig::new()
         .set_response_timeout(None)
         .set_max_delay(Duration::from_millis(250))
 }
 
-impl RedisBackend<ConnectionManager> {
-    /// Connect to the Redis at `url` (`redis://host:port/db`) through a
-    /// [`ConnectionManager`], which reconnects by itself after an outage;
-    /// waits until the first connection is up. It has no response timeout
-    /// of its own ([`connection_manager_config`]).
-    ///
-    /// To start while Redis may be down, use
-    /// [`connect_in_background`](RedisBackend::connect_in_background).
-    ///
-    /// # Errors
-    /// [`ConnectError::Config`] ([`ConfigError::InvalidUrl`]) when the URL is
-    /// invalid; [`ConnectError::Unavailable`] when the first connection
-    /// fails after the client's retries (about 2 s).
-    pub async fn connect(url: &str) -> Result<Self, ConnectError> {
-        let client = client(url)?;
-        let connection = client
-            .get_connection_manager_with_config(connection_manager_config())
-            .await
-            .map_err(|err| ConnectError::Unavailable(super::unavailable(err)))?;
-        Ok(Self::new(connection))
-    }
-}
-
-impl RedisBackend<BackgroundConnection> {
-    /// A backend on the Redis at `url` that returns at once and connects in
-    /// the background.
-    ///
-    /// Until the first connection is up, every hit fails at once with
-    /// [`BackendError::Unavailable`], which the layer's
-    /// [`FailurePolicy`](crate::FailurePolicy) turns into a pass (fail-open)
-    /// or a 503 (fail-closed); the breaker then answers
-    /// [`BackendError::CircuitOpen`]. Attempts are made every 100 ms or so,
-    /// and hits are counted from the first one that succeeds. After that the
-    /// connection is a [`ConnectionManager`] with
-    /// [`connection_manager_config`], which reconnects by itself.
-    ///
-    /// The attempts start at once inside a Tokio runtime, otherwise on the
-    /// first command; they stop when the last clone of the backend is
-    /// dropped.
-    ///
-    /// # Errors
-    /// [`ConfigError::InvalidUrl`] when `url` is not a Redis URL: the only
-    /// error, since nothing is reached here.
-    pub fn connect_in_background(url: &str) -> Result<Self, ConfigError> {
-        Ok(Self::new(BackgroundConnection::new(client(url)?)))
-    }
+/// A [`ConnectionManager`] on the Redis at `url`, with
+/// [`connection_manager_config`], once its first connection is up.
+pub(crate) async fn connection_manager(url: &str) -> Result<ConnectionManager, ConnectError> {
+    client(url)?
+        .get_connection_manager_with_config(connection_manager_config())
+        .await
+        .map_err(|err| ConnectError::Unavailable(unavailable(err)))
 }
 
 /// A connection that is made in the background: see
-/// [`RedisBackend::connect_in_background`].
+/// [`RedisBackend::connect_in_background`](crate::backend::redis::RedisBackend::connect_in_background).
+///
+/// # Examples
+///
+/// ```
+/// use tower_pinned_window::backend::redis::RedisBackend;
+///
+/// // Outside a runtime, the attempts start with the first command.
+/// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+/// assert!(!backend.connection().is_connected());
+/// assert!(backend.connection().connection().is_none());
+/// # Ok::<(), tower_pinned_window::ConfigError>(())
+/// ```
 #[derive(Clone)]
 pub struct BackgroundConnection {
     shared: Arc<Shared>,
@@ -143,6 +149,11 @@ impl fmt::Debug for BackgroundConnection {
 }
 
 impl BackgroundConnection {
+    /// A connection to the Redis at `url`, made in the background.
+    pub(crate) fn to(url: &str) -> Result<Self, ConfigError> {
+        Ok(Self::new(client(url)?))
+    }
+
     fn new(client: Client) -> Self {
         let this = Self {
             shared: Arc::new(Shared {
@@ -157,12 +168,12 @@ impl BackgroundConnection {
         this
     }
 
-    /// Whether the first connection is up.
+    /// Whether the first connection is up. Example: [`BackgroundConnection`].
     pub fn is_connected(&self) -> bool {
         self.shared.connection.get().is_some()
     }
 
-    /// The connection, once it is up.
+    /// The connection, once it is up. Example: [`BackgroundConnection`].
     pub fn connection(&self) -> Option<&ConnectionManager> {
         self.shared.connection.get()
     }
@@ -260,55 +271,53 @@ impl ConnectionLike for BackgroundConnection {
 }
 
 #[cfg(feature = "redis-cluster")]
-mod cluster {
-    use ::redis::cluster::{ClusterClient, ClusterClientBuilder};
-    use ::redis::cluster_async::ClusterConnection;
-
-    use super::{ConnectError, invalid_url};
-    use crate::backend::redis::{RedisBackend, unavailable};
-
-    /// The settings of the Cluster clients this crate makes, for `nodes`
-    /// (`redis://host:port/`, any of the Cluster's nodes): no response
-    /// timeout of the client's own (the layer's is the one timer of a hit),
-    /// and retries of a command at most 100 ms apart (the client's default
-    /// sleeps 1.28 s or more between two tries, which outlasts any
-    /// sensible layer timeout).
-    pub fn cluster_client_builder<I, T>(nodes: I) -> ClusterClientBuilder
-    where
-        I: IntoIterator<Item = T>,
-        T: ::redis::IntoConnectionInfo,
-    {
-        ClusterClient::builder(nodes)
-            .overall_response_timeout(None)
-            .min_retry_wait(10)
-            .max_retry_wait(100)
-    }
-
-    impl RedisBackend<ClusterConnection> {
-        /// Connect to the Redis Cluster that `nodes` belong to, with
-        /// [`cluster_client_builder`]'s settings; waits until the slot map is
-        /// known. There is one breaker per master (see
-        /// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)).
-        ///
-        /// # Errors
-        /// [`ConnectError::Config`] when a URL is invalid;
-        /// [`ConnectError::Unavailable`] when no node answers.
-        pub async fn connect_cluster<I, T>(nodes: I) -> Result<Self, ConnectError>
-        where
-            I: IntoIterator<Item = T>,
-            T: ::redis::IntoConnectionInfo,
-        {
-            let client = cluster_client_builder(nodes)
-                .build()
-                .map_err(|err| ConnectError::Config(invalid_url(err)))?;
-            let connection = client
-                .get_async_connection()
-                .await
-                .map_err(|err| ConnectError::Unavailable(unavailable(err)))?;
-            Ok(Self::new(connection))
-        }
-    }
+/// The settings of the Cluster clients this crate makes, for `nodes`
+/// (`redis://host:port/`, any of the Cluster's nodes): no response
+/// timeout of the client's own (the layer's is the one timer of a hit),
+/// and retries of a command at most 100 ms apart (the client's default
+/// sleeps 1.28 s or more between two tries, which outlasts any
+/// sensible layer timeout).
+///
+/// # Examples
+///
+/// A Cluster connection of your own, with the same settings:
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_pinned_window::backend::redis::{RedisBackend, cluster_client_builder};
+///
+/// let client = cluster_client_builder(["redis://127.0.0.1:7000/"]).build()?;
+/// let backend = RedisBackend::new(client.get_async_connection().await?);
+/// # let _ = backend;
+/// # Ok(())
+/// # }
+/// ```
+pub fn cluster_client_builder<I, T>(nodes: I) -> ::redis::cluster::ClusterClientBuilder
+where
+    I: IntoIterator<Item = T>,
+    T: ::redis::IntoConnectionInfo,
+{
+    ::redis::cluster::ClusterClient::builder(nodes)
+        .overall_response_timeout(None)
+        .min_retry_wait(10)
+        .max_retry_wait(100)
 }
 
 #[cfg(feature = "redis-cluster")]
-pub use cluster::cluster_client_builder;
+/// A connection to the Redis Cluster that `nodes` belong to, with
+/// [`cluster_client_builder`]'s settings, once the slot map is known.
+pub(crate) async fn cluster_connection<I, T>(
+    nodes: I,
+) -> Result<::redis::cluster_async::ClusterConnection, ConnectError>
+where
+    I: IntoIterator<Item = T>,
+    T: ::redis::IntoConnectionInfo,
+{
+    let client = cluster_client_builder(nodes)
+        .build()
+        .map_err(|err| ConnectError::Config(invalid_url(err)))?;
+    client
+        .get_async_connection()
+        .await
+        .map_err(|err| ConnectError::Unavailable(unavailable(err)))
+}

@@ -1,6 +1,6 @@
-//! The answer a remote backend's future carries: already there (the local
-//! deny cache answered, or there is nothing to send), or one round trip
-//! away. The Redis and PostgreSQL futures wrap it.
+//! What a remote backend's future holds: its result, already there (the
+//! local deny cache answered, or there is nothing to send), or the call that
+//! brings it, one round trip away. The Redis and PostgreSQL futures wrap it.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -9,12 +9,12 @@ use std::task::{Context, Poll};
 use super::BackendError;
 
 /// A result that is here already, or a boxed call that brings it.
-pub(crate) enum Answer<T> {
+pub(crate) enum ResultOrCall<T> {
     Ready(Option<Result<T, BackendError>>),
     Remote(Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>),
 }
 
-impl<T> Answer<T> {
+impl<T> ResultOrCall<T> {
     /// Polls the call, or hands out the ready result once; `what` names the
     /// future in the panic of a poll after completion.
     pub(crate) fn poll(

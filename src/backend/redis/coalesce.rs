@@ -1,5 +1,5 @@
 //! Coalesced hits: the hits issued while earlier ones are in flight go to
-//! Redis together, in one call of [`HIT_BATCH_SCRIPT`].
+//! Redis together, in one call of the batch script (`hit_batch.lua`).
 //!
 //! Hits wait in a *lane*: one lane for a standalone server (any keys can go
 //! in one script call), one lane per hash slot on a Cluster (a script call
@@ -28,10 +28,8 @@
 //! a lone hit's); the hits queued behind it get a driver.
 
 use std::future::Future;
-use std::num::NonZeroU64;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
 
 use ::redis::aio::ConnectionLike;
 use ::redis::{ErrorKind, ServerErrorKind, Value};
@@ -41,20 +39,11 @@ use hashbrown::hash_map::Entry;
 use smallvec::SmallVec;
 use tokio::sync::oneshot;
 
-use super::slot::key_slot;
-use super::{
-    HIT, Inner, Script, U64_DIGITS, corrupt, parse_hit, script_cmd, sha1_hex, unavailable,
-};
+use super::conn::breaker::{Guarded, unavailable};
+use super::conn::slot::key_slot;
+use super::reply::{parse_batch, parse_hit};
+use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
 use crate::backend::{BackendError, Hit};
-
-/// The script of a coalesced call: [`HIT_SCRIPT`](super::HIT_SCRIPT)'s step
-/// for several counters, each taking one or more hits.
-pub(super) const HIT_BATCH_SCRIPT: &str = include_str!("hit_batch.lua");
-
-pub(super) static HIT_BATCH: Script = Script {
-    text: HIT_BATCH_SCRIPT,
-    sha: std::sync::LazyLock::new(|| sha1_hex(HIT_BATCH_SCRIPT)),
-};
 
 /// At most this many requests' hits go in one script call; the rest wait for
 /// the next (bounds how long one call keeps Redis busy).
@@ -137,17 +126,22 @@ impl Lane {
     }
 }
 
-/// The lanes of one backend.
-pub(super) struct Batcher {
+/// The lanes of one backend, and the connection their calls go on.
+pub(super) struct Batcher<C> {
+    /// The backend's connection, behind the same breakers.
+    connection: Guarded<C>,
     lanes: Mutex<HashMap<u32, Lane>>,
     /// Lanes are per slot: a Cluster connection (known from its type, or
     /// learnt from a `CROSSSLOT` refusal).
     by_slot: AtomicBool,
 }
 
-impl Batcher {
-    pub(super) fn new(cluster: bool) -> Self {
+impl<C> Batcher<C> {
+    /// Lanes for calls on `connection`: by slot from the start on a Cluster
+    /// connection.
+    pub(super) fn new(connection: Guarded<C>, cluster: bool) -> Self {
         Self {
+            connection,
             lanes: Mutex::default(),
             by_slot: AtomicBool::new(cluster),
         }
@@ -159,23 +153,23 @@ impl Batcher {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    /// A task of `lane` has nothing more to send: the lane goes with its
-    /// last task (under the lock, so a hit queued from then on starts a lane
-    /// of its own).
-    fn leave(lanes: &mut HashMap<u32, Lane>, lane: u32) {
-        if let Entry::Occupied(mut state) = lanes.entry(lane) {
-            state.get_mut().calls -= 1;
-            if state.get().calls == 0 {
-                state.remove();
-            }
-        }
-    }
-
     fn lane_of(&self, pending: &Pending) -> u32 {
         if self.by_slot.load(Ordering::Relaxed) {
             u32::from(pending.slot())
         } else {
             ANY_SLOT
+        }
+    }
+}
+
+/// A task of `lane` has nothing more to send: the lane goes with its
+/// last task (under the lock, so a hit queued from then on starts a lane
+/// of its own).
+fn leave(lanes: &mut HashMap<u32, Lane>, lane: u32) {
+    if let Entry::Occupied(mut state) = lanes.entry(lane) {
+        state.get_mut().calls -= 1;
+        if state.get().calls == 0 {
+            state.remove();
         }
     }
 }
@@ -198,7 +192,7 @@ where
 /// of its own, only the answer's receiver. Needs a tokio runtime (the
 /// lane's driver is a task); the caller checks for one.
 pub(super) fn enqueue<C>(
-    inner: &Arc<Inner<C>>,
+    batcher: &Arc<Batcher<C>>,
     runtime: &tokio::runtime::Handle,
     counters: Counters,
 ) -> Enqueued<C>
@@ -207,7 +201,6 @@ where
 {
     let (reply, answer) = oneshot::channel();
     let pending = Pending { counters, reply };
-    let batcher = batcher(inner);
     let lane = batcher.lane_of(&pending);
     // An idle lane: this hit goes at once, from the request's own task (no
     // driver task, no wake-up), and the lane is busy until its answer is
@@ -226,7 +219,7 @@ where
         }
     };
     if second {
-        runtime.spawn(drive(Arc::clone(inner), runtime.clone(), lane));
+        runtime.spawn(drive(Arc::clone(batcher), runtime.clone(), lane));
     }
     match alone {
         None => Enqueued::Queued(answer),
@@ -236,7 +229,7 @@ where
             pending,
             answer,
             handover: Handover {
-                inner: Arc::clone(inner),
+                batcher: Arc::clone(batcher),
                 runtime: runtime.clone(),
                 lane,
             },
@@ -265,25 +258,25 @@ where
             answer,
             handover,
         } = self;
-        let inner = &handover.inner;
+        let batcher = &handover.batcher;
         let retry = if pending.counters.len() == 1 {
             // One counter: the one-hit script, the cheapest call for Redis.
             let Pending { counters, reply } = pending;
             let (key, window) = &counters[0];
-            let answer = one(inner, key, *window).await;
+            let answer = one(&batcher.connection, key, *window).await;
             let _ = reply.send((counters, std::iter::once(answer).collect()));
             None
         } else {
-            call(inner, vec![pending], handover.lane == ANY_SLOT).await
+            call(batcher, vec![pending], handover.lane == ANY_SLOT).await
         };
         if let Some(retry) = retry {
             // CROSSSLOT: nothing ran; the hits go again, by slot, once this
             // task has left the lane.
-            batcher(inner).by_slot.store(true, Ordering::Relaxed);
-            let (inner, runtime) = (Arc::clone(inner), handover.runtime.clone());
+            batcher.by_slot.store(true, Ordering::Relaxed);
+            let (batcher, runtime) = (Arc::clone(batcher), handover.runtime.clone());
             drop(handover);
             for pending in retry {
-                submit(&inner, &runtime, pending);
+                submit(&batcher, &runtime, pending);
             }
         } else {
             drop(handover);
@@ -298,33 +291,16 @@ pub(super) fn dropped() -> BackendError {
     BackendError::Unavailable("the Redis call was dropped before it was answered".into())
 }
 
-/// One hit on one counter, alone: `EVALSHA` of [`HIT_SCRIPT`](super::HIT_SCRIPT)
-/// (`EVAL` if the server has lost it), what a batch of one would do.
-async fn one<C>(inner: &Inner<C>, key: &[u8], window: u64) -> Result<Hit, BackendError>
+/// One hit on one counter, alone: the one-hit script
+/// ([`HIT_SCRIPT`](super::script::HIT_SCRIPT)), what a batch of one would do.
+async fn one<C>(connection: &Guarded<C>, key: &[u8], window: u64) -> Result<Hit, BackendError>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let mut connection = inner.connection.clone();
-    let build = |name: &str, script: &str| {
-        let mut cmd = script_cmd(name, script, 1, 2, key.len() + U64_DIGITS);
-        cmd.arg(key).arg(window);
-        cmd
-    };
-    let reply = match build("EVALSHA", HIT.sha.as_str())
-        .query_async::<Value>(&mut connection)
+    let reply = HIT
+        .run_on_key(&mut connection.for_key(key), key, Some(window))
         .await
-    {
-        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            tracing::debug!(
-                "script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
-            );
-            build("EVAL", HIT.text)
-                .query_async::<Value>(&mut connection)
-                .await
-        }
-        other => other,
-    }
-    .map_err(unavailable)?;
+        .map_err(unavailable)?;
     parse_hit(reply, key)
 }
 
@@ -336,7 +312,7 @@ struct Handover<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    inner: Arc<Inner<C>>,
+    batcher: Arc<Batcher<C>>,
     runtime: tokio::runtime::Handle,
     lane: u32,
 }
@@ -346,29 +322,28 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     fn drop(&mut self) {
-        let mut lanes = batcher(&self.inner).lock();
+        let mut lanes = self.batcher.lock();
         let Some(state) = lanes.get_mut(&self.lane) else {
             return;
         };
         if state.done_with() {
-            Batcher::leave(&mut lanes, self.lane);
+            leave(&mut lanes, self.lane);
             return;
         }
         drop(lanes);
         // A driver takes this task's place in the lane.
         self.runtime.spawn(drive(
-            Arc::clone(&self.inner),
+            Arc::clone(&self.batcher),
             self.runtime.clone(),
             self.lane,
         ));
     }
 }
 
-fn submit<C>(inner: &Arc<Inner<C>>, runtime: &tokio::runtime::Handle, pending: Pending)
+fn submit<C>(batcher: &Arc<Batcher<C>>, runtime: &tokio::runtime::Handle, pending: Pending)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let batcher = batcher(inner);
     let lane = batcher.lane_of(&pending);
     let start = {
         let mut lanes = batcher.lock();
@@ -384,29 +359,22 @@ where
         }
     };
     if start {
-        runtime.spawn(drive(Arc::clone(inner), runtime.clone(), lane));
+        runtime.spawn(drive(Arc::clone(batcher), runtime.clone(), lane));
     }
-}
-
-fn batcher<C>(inner: &Inner<C>) -> &Batcher {
-    inner
-        .batch
-        .as_ref()
-        .expect("coalesced hits go through a backend that coalesces")
 }
 
 /// Ends a lane's driver: on a normal exit it has left the lane; when the
 /// task is dropped mid-call (its runtime shut down) or panics, the lane is
 /// removed with its queue, whose waiters then get `Unavailable` instead of
 /// waiting for a driver that is gone.
-struct DriverGuard<'a> {
-    batcher: &'a Batcher,
+struct DriverGuard<'a, C> {
+    batcher: &'a Batcher<C>,
     lane: u32,
     /// Still to be cleaned up: the driver has not ended normally.
     armed: bool,
 }
 
-impl Drop for DriverGuard<'_> {
+impl<C> Drop for DriverGuard<'_, C> {
     fn drop(&mut self) {
         if self.armed {
             self.batcher.lock().remove(&self.lane);
@@ -416,13 +384,12 @@ impl Drop for DriverGuard<'_> {
 
 /// A lane's driver: sends what is queued, one call at a time, until the
 /// queue is empty or the lane's other call takes what is left.
-async fn drive<C>(inner: Arc<Inner<C>>, runtime: tokio::runtime::Handle, lane: u32)
+async fn drive<C>(batcher: Arc<Batcher<C>>, runtime: tokio::runtime::Handle, lane: u32)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let batcher = batcher(&inner);
     let mut guard = DriverGuard {
-        batcher,
+        batcher: &batcher,
         lane,
         armed: true,
     };
@@ -434,7 +401,7 @@ where
                 return;
             };
             let Some(batch) = state.next_call() else {
-                Batcher::leave(&mut lanes, lane);
+                leave(&mut lanes, lane);
                 guard.armed = false;
                 return;
             };
@@ -443,15 +410,15 @@ where
         if lane == ANY_SLOT && batcher.by_slot.load(Ordering::Relaxed) {
             // Learnt that the connection is a Cluster: to the slots' lanes.
             for pending in batch {
-                submit(&inner, &runtime, pending);
+                submit(&batcher, &runtime, pending);
             }
             continue;
         }
-        if let Some(retry) = call(&inner, batch, lane == ANY_SLOT).await {
+        if let Some(retry) = call(&batcher, batch, lane == ANY_SLOT).await {
             // CROSSSLOT: nothing ran; the hits go again, by slot.
             batcher.by_slot.store(true, Ordering::Relaxed);
             for pending in retry {
-                submit(&inner, &runtime, pending);
+                submit(&batcher, &runtime, pending);
             }
         }
     }
@@ -463,7 +430,7 @@ where
 /// When every waiter of the batch is gone before Redis answers (the layer's
 /// timeout during an outage, say), the call is dropped, as a lone hit's
 /// would be: a call still waiting for a connection is then never sent.
-async fn call<C>(inner: &Inner<C>, batch: Vec<Pending>, any_slot: bool) -> Option<Vec<Pending>>
+async fn call<C>(batcher: &Batcher<C>, batch: Vec<Pending>, any_slot: bool) -> Option<Vec<Pending>>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -495,7 +462,7 @@ where
     drop(index);
 
     let reply = {
-        let eval = std::pin::pin!(eval(inner, &entries));
+        let eval = std::pin::pin!(eval(&batcher.connection, &entries));
         let abandoned = std::pin::pin!(all_closed(&mut waiters));
         match select(eval, abandoned).await {
             Either::Left((reply, _)) => reply,
@@ -505,8 +472,9 @@ where
             }
         }
     };
-    let replies: Vec<Result<Counted, BackendError>> = match reply {
-        Ok(reply) => parse_reply(reply, &entries).unwrap_or_else(|other| {
+    // Each entry's last hit.
+    let replies: Vec<Result<Hit, BackendError>> = match reply {
+        Ok(reply) => parse_batch(reply, &entries).unwrap_or_else(|other| {
             let detail = format!(
                 "unexpected reply to a batch of {}: {other:?}",
                 entries.len()
@@ -538,11 +506,10 @@ where
         let answers: Answers = place
             .iter()
             .map(|&(at, nth)| match &replies[at] {
-                Ok((count, reset, deadline)) => Ok(Hit {
+                Ok(last) => Ok(Hit {
                     // The entry's hits took count-n+1 ..= count, in order.
-                    count: count.saturating_sub(totals[at] - 1 - nth),
-                    reset: *reset,
-                    deadline: *deadline,
+                    count: last.count.saturating_sub(totals[at] - 1 - nth),
+                    ..*last
                 }),
                 Err(err) => Err(copy(err)),
             })
@@ -570,95 +537,35 @@ fn all_closed(waiters: &mut [oneshot::Sender<Answered>]) -> impl Future<Output =
     })
 }
 
-/// `EVALSHA` of the batch script, and `EVAL` once more if the server has
-/// lost it.
-async fn eval<C>(inner: &Inner<C>, entries: &[(&[u8], u64, u64)]) -> ::redis::RedisResult<Value>
+/// The batch script for `entries` (storage key, window in ms, hits): every
+/// key, then each entry's hits and window. The breaker is the one of the
+/// call's slot (one slot, on a Cluster), named by its first key.
+async fn eval<C>(
+    connection: &Guarded<C>,
+    entries: &[(&[u8], u64, u64)],
+) -> ::redis::RedisResult<Value>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let bytes: usize = entries
-        .iter()
-        .map(|(key, _, _)| key.len() + 2 * U64_DIGITS)
-        .sum();
-    let build = |name: &str, script: &str| {
-        let mut cmd = script_cmd(name, script, entries.len(), 3 * entries.len(), bytes);
-        for (key, _, _) in entries {
-            cmd.arg(*key);
-        }
-        for (_, window, hits) in entries {
-            cmd.arg(*hits).arg(*window);
-        }
-        cmd
+    let size = Size {
+        keys: entries.len(),
+        args: 3 * entries.len(),
+        bytes: entries
+            .iter()
+            .map(|(key, _, _)| key.len() + 2 * U64_DIGITS)
+            .sum(),
     };
-    let mut connection = inner.connection.clone();
-    match build("EVALSHA", HIT_BATCH.sha.as_str())
-        .query_async::<Value>(&mut connection)
+    let first = entries.first().map_or(&[][..], |(key, _, _)| key);
+    HIT_BATCH
+        .run(&mut connection.for_key(first), size, |cmd| {
+            for (key, _, _) in entries {
+                cmd.arg(*key);
+            }
+            for (_, window, hits) in entries {
+                cmd.arg(*hits).arg(*window);
+            }
+        })
         .await
-    {
-        Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            tracing::debug!(
-                "batch script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
-            );
-            build("EVAL", HIT_BATCH.text)
-                .query_async::<Value>(&mut connection)
-                .await
-        }
-        other => other,
-    }
-}
-
-/// A counter after an entry's hits: its count, time left and deadline.
-type Counted = (u64, Duration, Option<NonZeroU64>);
-
-/// The script's reply, `[clock, count, deadline, count, deadline, ...]`:
-/// one result per entry. The clock is the server's, in ms, when deadlines
-/// follow; -1 (a server before 7.0) when times left follow instead. A reply
-/// of another shape is given back, for the error.
-fn parse_reply(
-    reply: Value,
-    entries: &[(&[u8], u64, u64)],
-) -> Result<Vec<Result<Counted, BackendError>>, Value> {
-    let shape = match &reply {
-        Value::Array(items) if items.len() == 1 + 2 * entries.len() => match items[0] {
-            Value::Int(now) if now >= -1 => Some((u64::try_from(now).ok(), &items[1..])),
-            _ => None,
-        },
-        _ => None,
-    };
-    let Some((clock, items)) = shape else {
-        return Err(reply);
-    };
-    Ok(items
-        .chunks_exact(2)
-        .zip(entries)
-        .map(|(item, (key, _, _))| parse_entry(item, clock, key))
-        .collect())
-}
-
-/// One entry's two values: the counter after its hits, or why not. `clock`
-/// is the server's when the second value is the counter's deadline; `None`
-/// when it is the time left.
-fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Counted, BackendError> {
-    match item {
-        [Value::Int(count), Value::Int(when)] if *count >= 1 && *when >= 0 => {
-            let (count, when) = (*count as u64, *when as u64);
-            Ok(match clock {
-                Some(now) => (
-                    count,
-                    Duration::from_millis(when.saturating_sub(now)),
-                    NonZeroU64::new(when),
-                ),
-                None => (count, Duration::from_millis(when), None),
-            })
-        }
-        [Value::Int(-1), Value::BulkString(reason)] => {
-            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
-        }
-        [Value::Int(-2), Value::BulkString(err)] => Err(BackendError::Unavailable(
-            String::from_utf8_lossy(err).into_owned().into(),
-        )),
-        _ => Err(corrupt(key, format!("unexpected script reply {item:?}"))),
-    }
 }
 
 /// The same error again, for every hit of an entry.
@@ -671,113 +578,5 @@ fn copy(err: &BackendError) -> BackendError {
         BackendError::TimedOut => BackendError::TimedOut,
         BackendError::AtCapacity => BackendError::AtCapacity,
         other => BackendError::Unavailable(other.to_string().into()),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn text(s: &str) -> Value {
-        Value::BulkString(s.as_bytes().to_vec())
-    }
-
-    const KEYS: [(&[u8], u64, u64); 4] = [
-        (b"tpw:n{a}", 60_000, 1),
-        (b"tpw:n{b}", 60_000, 1),
-        (b"tpw:n{c}", 60_000, 1),
-        (b"tpw:n{d}", 60_000, 1),
-    ];
-
-    #[test]
-    fn replies_parse() {
-        let reply = vec![
-            Value::Int(1_000),
-            Value::Int(7),
-            Value::Int(1_500),
-            Value::Int(-2),
-            text("ERR tower-pinned-window: invalid window 0"),
-            // A deadline already behind the clock: no time left.
-            Value::Int(2),
-            Value::Int(990),
-            Value::Int(-1),
-            text("value abc"),
-        ];
-        let replies = parse_reply(Value::Array(reply), &KEYS).unwrap();
-        assert_eq!(
-            replies[0].as_ref().unwrap(),
-            &(7, Duration::from_millis(500), NonZeroU64::new(1_500))
-        );
-        match &replies[1] {
-            Err(BackendError::Unavailable(err)) => {
-                assert!(err.to_string().contains("invalid window"))
-            }
-            other => panic!("{other:?}"),
-        }
-        assert_eq!(
-            replies[2].as_ref().unwrap(),
-            &(2, Duration::ZERO, NonZeroU64::new(990))
-        );
-        match &replies[3] {
-            Err(BackendError::Corrupt { key, detail }) => {
-                assert_eq!((key.as_str(), detail.as_str()), ("tpw:n{d}", "value abc"));
-            }
-            other => panic!("{other:?}"),
-        }
-    }
-
-    #[test]
-    fn before_redis_7_the_time_left_comes_without_a_deadline() {
-        let reply = vec![Value::Int(-1), Value::Int(2), Value::Int(5)];
-        let replies = parse_reply(Value::Array(reply), &KEYS[..1]).unwrap();
-        assert_eq!(
-            replies[0].as_ref().unwrap(),
-            &(2, Duration::from_millis(5), None)
-        );
-    }
-
-    #[test]
-    fn unexpected_entries_are_corrupt() {
-        for entry in [
-            [Value::Int(0), Value::Int(5)],
-            [Value::Int(3), Value::Int(-1)],
-            [Value::Int(-3), text("x")],
-            [Value::Int(-1), Value::Int(0)],
-        ] {
-            let mut reply = vec![Value::Int(1_000)];
-            reply.extend(entry.iter().cloned());
-            let replies = parse_reply(Value::Array(reply), &KEYS[..1]).unwrap();
-            assert!(
-                matches!(replies[0], Err(BackendError::Corrupt { .. })),
-                "{entry:?}"
-            );
-        }
-    }
-
-    #[test]
-    fn replies_of_another_shape_are_refused_whole() {
-        for reply in [
-            // A value too few, a value too many.
-            vec![Value::Int(1_000), Value::Int(1)],
-            vec![
-                Value::Int(1_000),
-                Value::Int(1),
-                Value::Int(2_000),
-                Value::Int(3),
-            ],
-            // No clock, a clock that is not one.
-            vec![Value::Int(1), Value::Int(2_000)],
-            vec![text("1000"), Value::Int(1), Value::Int(2_000)],
-            vec![Value::Int(-5), Value::Int(1), Value::Int(2_000)],
-            vec![],
-        ] {
-            assert!(
-                parse_reply(Value::Array(reply.clone()), &KEYS[..1]).is_err(),
-                "{reply:?}"
-            );
-        }
-        // The shape before, three integers per entry, for two entries.
-        let before = [7, 500, 1_500, 2, 5, 1_005].map(Value::Int).to_vec();
-        assert!(parse_reply(Value::Array(before), &KEYS[..2]).is_err());
     }
 }

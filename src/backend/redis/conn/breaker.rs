@@ -3,34 +3,64 @@
 //! at once for a cool-down, then lets one probe through.
 //!
 //! It wraps the connection ([`Guarded`]), so every command the backend sends
-//! goes through it, whatever path sends it. On a Cluster connection there is
-//! one breaker per master: the breaker learns which master serves each slot
-//! from `CLUSTER SLOTS` (on the first command, then at most every
-//! [`MAP_REFRESH`]), and until it knows, there is one per range of
-//! [`SLOTS_PER_RANGE`] consecutive slots. A failing master opens only its
-//! own breaker, and the healthy masters' keys go on as before. On any other
-//! connection there is one breaker.
+//! goes through it, whatever path sends it: a command is sent on
+//! [`Guarded::for_key`], which is told the key the command is for and picks
+//! its breaker from that key (the command itself is never read back to find
+//! it). On a Cluster connection there is one breaker per master: the breaker
+//! learns which master serves each slot from `CLUSTER SLOTS` (its
+//! [`SlotMap`], read on the first command, then at most every
+//! [`MAP_REFRESH`](super::slot_map::MAP_REFRESH)), and until it knows, there
+//! is one per range of [`SLOTS_PER_RANGE`] consecutive slots. A failing
+//! master opens only its own breaker, and the healthy masters' keys go on as
+//! before. On any other connection there is one breaker.
 
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::ConnectionLike;
-use ::redis::{Arg, Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use ::redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use super::slot::{CLUSTER_SLOTS, key_slot};
+use super::slot_map::{MAX_NODES, SlotMap};
+use crate::backend::BackendError;
 
 /// Consecutive failures that open a breaker, unless configured otherwise.
+///
+/// # Examples
+///
+/// The defaults, set again by hand (see
+/// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)):
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_pinned_window::backend::redis::{
+///     DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, RedisBackend,
+/// };
+/// use tower_pinned_window::redis::Client;
+///
+/// let client = Client::open("redis://127.0.0.1:6379/")?;
+/// let connection = client.get_multiplexed_async_connection().await?;
+/// let backend = RedisBackend::builder(connection)
+///     .breaker(DEFAULT_BREAKER_FAILURES, DEFAULT_BREAKER_COOLDOWN)
+///     .build();
+/// # let _ = backend;
+/// # Ok(())
+/// # }
+/// ```
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 
 /// How long an open breaker answers at once before it lets a probe through,
-/// unless configured otherwise.
+/// unless configured otherwise. Example: [`DEFAULT_BREAKER_FAILURES`]'s.
 pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(500);
 
 /// Consecutive Cluster slots that share one breaker until the backend knows
 /// which master serves them (128 breakers for the 16384 slots). A master's
 /// slots are ranges of consecutive slots, so all but the ranges that
-/// straddle two masters belong to one master.
+/// straddle two masters belong to one master. See
+/// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)
+/// for the breaker's settings, with an example at
+/// [`DEFAULT_BREAKER_FAILURES`].
 pub const SLOTS_PER_RANGE: u16 = 128;
 
 /// A call dropped before it was answered counts as a failure only when it
@@ -38,18 +68,9 @@ pub const SLOTS_PER_RANGE: u16 = 128;
 /// that is slow or gone. A call dropped sooner was given up by its request
 /// (the client went away, an HTTP/2 stream was reset), which says nothing
 /// about the store, so it counts neither way; otherwise clients that
-/// cancel their requests could open the breaker of a healthy store.
+/// cancel their requests could open the breaker of a healthy store. An
+/// example of the breaker's settings: [`DEFAULT_BREAKER_FAILURES`].
 pub const BREAKER_SLOW_CALL: Duration = Duration::from_millis(10);
-
-/// How often a Cluster's slot map is read again (on a command).
-const MAP_REFRESH: Duration = Duration::from_secs(5);
-
-/// Masters a Cluster breaker tells apart; past that, slots fall back to
-/// their range's breaker.
-const MAX_NODES: usize = 128;
-
-/// No master known for the slot.
-const UNKNOWN: u8 = u8::MAX;
 
 /// The detail of the error an open breaker answers with.
 const OPEN: &str = "tower-pinned-window: circuit open after repeated failures";
@@ -71,8 +92,20 @@ impl Default for BreakerConfig {
 }
 
 /// Whether `err` is what an open breaker answers.
-pub(crate) fn is_open(err: &RedisError) -> bool {
+fn is_open(err: &RedisError) -> bool {
     err.kind() == ErrorKind::Client && err.detail() == Some(OPEN)
+}
+
+/// A command's failure, as the backend reports it: what an open breaker
+/// answers is [`BackendError::CircuitOpen`].
+pub(crate) fn unavailable(err: RedisError) -> BackendError {
+    if is_open(&err) {
+        BackendError::CircuitOpen
+    } else if err.is_timeout() {
+        BackendError::TimedOut
+    } else {
+        BackendError::Unavailable(Box::new(err))
+    }
 }
 
 fn open_error() -> RedisError {
@@ -127,118 +160,63 @@ enum Pass {
 pub(crate) struct Breakers {
     config: BreakerConfig,
     origin: Instant,
-    /// One; or on a Cluster, one per master (the first [`MAX_NODES`]) and
-    /// then one per slot range.
+    /// One; or on a Cluster, one per master (the first [`MAX_NODES`], in
+    /// the order of the slot map's masters) and then one per slot range.
     breakers: Box<[Breaker]>,
-    /// On a Cluster: which master serves each slot, as an index into
-    /// `breakers` ([`UNKNOWN`] until known).
-    owners: Box<[AtomicU8]>,
-    /// On a Cluster: the masters' addresses, in the order of their breakers.
-    masters: Mutex<Vec<String>>,
-    /// When the slot map was last asked for, in `now_ms`; 0 never.
-    mapped_at: AtomicU64,
+    /// On a Cluster: which master serves each slot.
+    map: Option<SlotMap>,
 }
 
 impl Breakers {
     pub(crate) fn new(config: BreakerConfig, cluster: bool) -> Self {
-        let (count, slots) = if cluster {
-            (
-                MAX_NODES + usize::from(CLUSTER_SLOTS / SLOTS_PER_RANGE),
-                usize::from(CLUSTER_SLOTS),
-            )
+        let count = if cluster {
+            MAX_NODES + usize::from(CLUSTER_SLOTS / SLOTS_PER_RANGE)
         } else {
-            (1, 0)
+            1
         };
         Self {
             config,
             origin: Instant::now(),
             breakers: (0..count).map(|_| Breaker::default()).collect(),
-            owners: (0..slots).map(|_| AtomicU8::new(UNKNOWN)).collect(),
-            masters: Mutex::new(Vec::new()),
-            mapped_at: AtomicU64::new(0),
+            map: cluster.then(SlotMap::new),
         }
     }
 
-    fn is_cluster(&self) -> bool {
-        !self.owners.is_empty()
-    }
-
-    /// The breaker of `slot`: its master's, or its range's.
-    fn for_slot(&self, slot: u16) -> usize {
-        match self.owners[usize::from(slot)].load(Ordering::Relaxed) {
-            UNKNOWN => MAX_NODES + usize::from(slot / SLOTS_PER_RANGE),
-            node => usize::from(node),
-        }
+    /// The breaker of `slot` on a Cluster: its master's, or its range's.
+    fn for_slot(&self, map: &SlotMap, slot: u16) -> usize {
+        map.master(slot)
+            .unwrap_or_else(|| MAX_NODES + usize::from(slot / SLOTS_PER_RANGE))
     }
 
     /// What a log line calls breaker `index`.
     fn name(&self, index: usize) -> String {
-        if !self.is_cluster() {
+        let Some(map) = &self.map else {
             return "redis".into();
-        }
+        };
         if index >= MAX_NODES {
             let start = (index - MAX_NODES) * usize::from(SLOTS_PER_RANGE);
             return format!("slots {start}-{}", start + usize::from(SLOTS_PER_RANGE) - 1);
         }
-        let masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
-        masters
-            .get(index)
-            .cloned()
+        map.address(index)
             .unwrap_or_else(|| format!("master {index}"))
     }
 
     /// Whether the slot map is due to be read (and now taken to be read).
     fn map_due(&self) -> bool {
-        if !self.is_cluster() {
-            return false;
-        }
-        let now = self.now_ms();
-        let last = self.mapped_at.load(Ordering::Relaxed);
-        let refresh = u64::try_from(MAP_REFRESH.as_millis()).unwrap_or(u64::MAX);
-        (last == 0 || now.saturating_sub(last) >= refresh)
-            && self
-                .mapped_at
-                .compare_exchange(last, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        self.map.as_ref().is_some_and(|map| map.due(self.now_ms()))
     }
 
-    /// Take in a `CLUSTER SLOTS` reply: each entry is `[start, end, [host,
-    /// port, ...], replicas...]`.
+    /// The slot map could not be asked for after all: due again.
+    fn map_not_asked(&self) {
+        if let Some(map) = &self.map {
+            map.not_asked();
+        }
+    }
+
+    /// Take in a `CLUSTER SLOTS` reply.
     fn map(&self, reply: &Value) {
-        let Value::Array(entries) = reply else { return };
-        let mut masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
-        for entry in entries {
-            let Value::Array(fields) = entry else {
-                continue;
-            };
-            let [Value::Int(start), Value::Int(end), Value::Array(master), ..] = fields.as_slice()
-            else {
-                continue;
-            };
-            let [host, Value::Int(port), ..] = master.as_slice() else {
-                continue;
-            };
-            let host = match host {
-                Value::BulkString(host) => String::from_utf8_lossy(host).into_owned(),
-                Value::SimpleString(host) => host.clone(),
-                _ => continue,
-            };
-            let address = format!("{host}:{port}");
-            let index = match masters.iter().position(|m| *m == address) {
-                Some(index) => index,
-                None if masters.len() < MAX_NODES => {
-                    masters.push(address);
-                    masters.len() - 1
-                }
-                None => usize::from(UNKNOWN),
-            };
-            let (Ok(start), Ok(end)) = (u16::try_from(*start), u16::try_from(*end)) else {
-                continue;
-            };
-            let owner = u8::try_from(index).unwrap_or(UNKNOWN);
-            for slot in start..=end.min(CLUSTER_SLOTS - 1) {
-                self.owners[usize::from(slot)].store(owner, Ordering::Relaxed);
-            }
+        if let Some(map) = &self.map {
+            map.take(reply);
         }
     }
 
@@ -248,27 +226,12 @@ impl Breakers {
             .saturating_add(1)
     }
 
-    /// The breaker `cmd` goes through: by the slot of its first key on a
-    /// Cluster, the one breaker otherwise.
-    fn index(&self, cmd: &Cmd) -> usize {
-        if !self.is_cluster() {
-            return 0;
-        }
-        let mut args = cmd.args_iter();
-        let name = match args.next() {
-            Some(Arg::Simple(name)) => name.to_ascii_uppercase(),
-            _ => return 0,
-        };
-        // EVAL/EVALSHA script numkeys key ...; every other command this
-        // crate sends names its key first.
-        let skip = if name == b"EVALSHA" || name == b"EVAL" {
-            2
-        } else {
-            0
-        };
-        match args.nth(skip) {
-            Some(Arg::Simple(key)) => self.for_slot(key_slot(key)),
-            _ => 0,
+    /// The breaker of the commands on `key`: by its slot on a Cluster (the
+    /// slot is computed only there), the one breaker otherwise.
+    fn for_key(&self, key: &[u8]) -> usize {
+        match &self.map {
+            Some(map) => self.for_slot(map, key_slot(key)),
+            None => 0,
         }
     }
 
@@ -376,23 +339,59 @@ impl Drop for Settle {
     }
 }
 
-/// A connection behind the backend's breakers.
+/// A connection behind the backend's breakers. Commands go out on
+/// [`for_key`](Self::for_key).
 #[derive(Clone)]
 pub(crate) struct Guarded<C> {
-    pub(crate) inner: C,
+    inner: C,
     /// `None` when the breaker is off.
-    pub(crate) breakers: Option<Arc<Breakers>>,
+    breakers: Option<Arc<Breakers>>,
 }
 
 impl<C> Guarded<C> {
-    fn settle(&self, index: usize) -> Result<Option<Settle>, RedisError> {
-        let Some(breakers) = &self.breakers else {
+    /// `inner` behind `breakers` (`None`: no breaker).
+    pub(crate) fn new(inner: C, breakers: Option<Arc<Breakers>>) -> Self {
+        Self { inner, breakers }
+    }
+
+    /// The connection, without its breakers.
+    pub(crate) fn unguarded(&self) -> &C {
+        &self.inner
+    }
+}
+
+impl<C: Clone> Guarded<C> {
+    /// The connection for commands on `key`, behind that key's breaker: its
+    /// master's on a Cluster. Costs what a clone of the connection costs.
+    pub(crate) fn for_key(&self, key: &[u8]) -> Routed<C> {
+        Routed {
+            inner: self.inner.clone(),
+            breaker: self
+                .breakers
+                .as_ref()
+                .map(|breakers| (Arc::clone(breakers), breakers.for_key(key))),
+        }
+    }
+}
+
+/// A connection behind one breaker, the one of the key its commands are
+/// for ([`Guarded::for_key`]).
+pub(crate) struct Routed<C> {
+    inner: C,
+    /// The breakers and the index of this key's; `None` when the breaker
+    /// is off.
+    breaker: Option<(Arc<Breakers>, usize)>,
+}
+
+impl<C> Routed<C> {
+    fn settle(&self) -> Result<Option<Settle>, RedisError> {
+        let Some((breakers, index)) = &self.breaker else {
             return Ok(None);
         };
-        match breakers.admit(index) {
+        match breakers.admit(*index) {
             Some(pass) => Ok(Some(Settle {
                 breakers: Arc::clone(breakers),
-                index,
+                index: *index,
                 pass,
                 sent: Instant::now(),
                 settled: false,
@@ -400,29 +399,22 @@ impl<C> Guarded<C> {
             None => Err(open_error()),
         }
     }
-
-    fn index(&self, cmd: Option<&Cmd>) -> usize {
-        match (&self.breakers, cmd) {
-            (Some(breakers), Some(cmd)) => breakers.index(cmd),
-            _ => 0,
-        }
-    }
 }
 
-impl<C> Guarded<C>
+impl<C> Routed<C>
 where
     C: ConnectionLike + Clone + Send + 'static,
 {
     /// On a Cluster, read the slot map in the background when it is due.
     fn refresh_map(&self) {
-        let Some(breakers) = &self.breakers else {
+        let Some((breakers, _)) = &self.breaker else {
             return;
         };
         if !breakers.map_due() {
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            breakers.mapped_at.store(0, Ordering::Relaxed);
+            breakers.map_not_asked();
             return;
         };
         let (mut connection, breakers) = (self.inner.clone(), Arc::clone(breakers));
@@ -460,15 +452,13 @@ fn through<'a, T: Send + 'a>(
     })
 }
 
-impl<C> ConnectionLike for Guarded<C>
+impl<C> ConnectionLike for Routed<C>
 where
     C: ConnectionLike + Clone + Send + 'static,
 {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         self.refresh_map();
-        through(self.settle(self.index(Some(cmd))), || {
-            self.inner.req_packed_command(cmd)
-        })
+        through(self.settle(), || self.inner.req_packed_command(cmd))
     }
 
     fn req_packed_commands<'a>(
@@ -477,7 +467,7 @@ where
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        through(self.settle(self.index(pipeline.cmd_iter().next())), || {
+        through(self.settle(), || {
             self.inner.req_packed_commands(pipeline, offset, count)
         })
     }
@@ -562,24 +552,14 @@ mod tests {
             },
             true,
         );
-        let evalsha = |key: &str| {
-            let mut cmd = ::redis::cmd("EVALSHA");
-            cmd.arg("sha").arg(1).arg(key).arg(5);
-            cmd
-        };
-        let del = |key: &str| {
-            let mut cmd = ::redis::cmd("DEL");
-            cmd.arg(key);
-            cmd
-        };
         // slot("a") = 15495, slot("b") = 3300, slot("c") = 7365.
-        let (a, b, c) = (evalsha("tpw:n{a}"), del("tpw:n{b}"), evalsha("tpw:n{c}"));
+        let (a, b, c): (&[u8], &[u8], &[u8]) = (b"tpw:n{a}", b"tpw:n{b}", b"tpw:n{c}");
         assert_eq!(
-            breakers.index(&a),
+            breakers.for_key(a),
             MAX_NODES + usize::from(key_slot(b"a") / SLOTS_PER_RANGE),
             "by slot range until the map is known"
         );
-        assert_ne!(breakers.index(&a), breakers.index(&b));
+        assert_ne!(breakers.for_key(a), breakers.for_key(b));
 
         let node = |port: i64| {
             Value::Array(vec![
@@ -601,14 +581,18 @@ mod tests {
             range(5461, 10922, 7001),
             range(10923, 16383, 7002),
         ]));
-        let (ia, ib, ic) = (breakers.index(&a), breakers.index(&b), breakers.index(&c));
+        let (ia, ib, ic) = (
+            breakers.for_key(a),
+            breakers.for_key(b),
+            breakers.for_key(c),
+        );
         assert!(ia < MAX_NODES && ib < MAX_NODES && ic < MAX_NODES);
         assert_eq!(breakers.name(ia), "10.0.0.1:7002");
         assert_eq!(breakers.name(ib), "10.0.0.1:7000");
         assert_eq!(breakers.name(ic), "10.0.0.1:7001");
         // slot("foo") = 12182: the same master as a.
         assert_eq!(
-            breakers.index(&evalsha("tpw:n{foo}")),
+            breakers.for_key(b"tpw:n{foo}"),
             ia,
             "one breaker per master"
         );
@@ -619,7 +603,7 @@ mod tests {
 
         // A replica took over a's slots: they get a breaker of their own.
         breakers.map(&Value::Array(vec![range(10923, 16383, 7003)]));
-        let promoted = breakers.index(&a);
+        let promoted = breakers.for_key(a);
         assert_ne!(promoted, ia);
         assert_eq!(breakers.name(promoted), "10.0.0.1:7003");
         assert_eq!(breakers.admit(promoted), Some(Pass::Closed));
