@@ -54,6 +54,7 @@
 mod answer;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod deny_cache;
+mod expiring;
 mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
