@@ -3,15 +3,14 @@
 //! about a counter it has already denied. Free of any store's types: a
 //! counter is its namespace and its key's bytes, looked up as they are (no
 //! storage key is built to ask), and deadlines are instants of this process.
+//! The denials are held in the memory backend's own [expiring
+//! table](super::expiring), with nothing beside each deadline.
 
-use std::hash::{BuildHasher, Hasher};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
-use hashbrown::{DefaultHashBuilder, HashTable};
-
-use super::memory::shard_index;
+use super::expiring::id::{Id, KeyBytes, Scratch};
+use super::expiring::{Entry, Shard, Table};
+use crate::key::HASHED_KEY_LEN;
 
 /// The most shards a cache is cut into.
 const MAX_SHARDS: usize = 16;
@@ -25,82 +24,36 @@ const MIN_PER_SHARD: usize = 64;
 /// Sharded by the key's hash, each shard behind its own lock, so that
 /// requests on different keys rarely wait for each other. The capacity is
 /// split exactly over the shards (each holds `capacity / shards` or one
-/// more), so the cache never holds more than `capacity` entries.
+/// more), so the cache never holds more than `capacity` entries; a shard
+/// full of live entries takes no more (a key it cannot hold just costs a
+/// round trip).
+///
+/// Each shard publishes how many entries it holds. A check reads that
+/// count without the lock, and a shard holding nothing (the usual case:
+/// nobody is over a limit) is answered without taking it. A count read a
+/// moment stale can only miss an entry being written, and a missed entry
+/// costs one round trip to the store, which answers the same; never a
+/// wrong answer.
 pub(crate) struct DenyCache {
     pub(crate) capacity: usize,
-    hasher: DefaultHashBuilder,
-    shards: Box<[Shard]>,
-    shard_bits: u32,
-}
-
-struct Shard {
-    /// How many entries the table holds, written under the lock after each
-    /// change. A check reads it without the lock, and a shard holding
-    /// nothing (the usual case: nobody is over a limit) is answered without
-    /// taking it. A count read a moment stale can only miss an entry being
-    /// written, and a missed entry costs one round trip to the store, which
-    /// answers the same; never a wrong answer.
-    held: AtomicUsize,
-    state: Mutex<DenyState>,
-}
-
-impl Shard {
-    fn lock(&self) -> MutexGuard<'_, DenyState> {
-        self.state
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Publishes the table's length after a change under `state`'s lock.
-    fn held(&self, state: &DenyState) {
-        self.held.store(state.table.len(), Ordering::Relaxed);
-    }
-}
-
-struct DenyState {
-    /// Each counter as [`entry`] writes it, and its deadline.
-    table: HashTable<(Box<[u8]>, quanta::Instant)>,
-    /// This shard's share of the capacity.
-    cap: usize,
-    /// No entry expires before this; a full shard is not swept until then.
-    min_deadline: Option<quanta::Instant>,
+    /// Deadlines in nanoseconds since `epoch`.
+    table: Table<()>,
+    epoch: quanta::Instant,
 }
 
 impl DenyCache {
     pub(crate) fn new(capacity: usize) -> Self {
-        let fit = (capacity / MIN_PER_SHARD).clamp(1, MAX_SHARDS);
-        // A power of two, at most `fit`.
-        let shards = 1 << fit.ilog2();
-        let (share, extra) = (capacity / shards, capacity % shards);
         Self {
             capacity,
-            hasher: DefaultHashBuilder::default(),
-            shards: (0..shards)
-                .map(|i| Shard {
-                    held: AtomicUsize::new(0),
-                    state: Mutex::new(DenyState {
-                        table: HashTable::new(),
-                        cap: share + usize::from(i < extra),
-                        min_deadline: None,
-                    }),
-                })
-                .collect(),
-            shard_bits: shards.trailing_zeros(),
+            table: Table::new(capacity, MAX_SHARDS, MIN_PER_SHARD),
+            epoch: quanta::Instant::now(),
         }
     }
 
-    /// The hash of the counter (`namespace`, `key`), from its parts.
-    fn hash(&self, namespace: &str, key: &[u8]) -> u64 {
-        let mut state = self.hasher.build_hasher();
-        state.write_usize(namespace.len());
-        state.write(namespace.as_bytes());
-        state.write(key);
-        state.finish()
-    }
-
-    /// The shard holding the key of `hash`.
-    fn shard(&self, hash: u64) -> &Shard {
-        &self.shards[shard_index(hash, self.shard_bits)]
+    /// `instant` in nanoseconds since the cache was made (0 before it).
+    fn nanos(&self, instant: quanta::Instant) -> u64 {
+        let since = instant.saturating_duration_since(self.epoch);
+        u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
     }
 
     /// Time left while the counter (`namespace`, `key`) is denied.
@@ -112,102 +65,71 @@ impl DenyCache {
         key: &[u8],
         now: quanta::Instant,
     ) -> Option<Duration> {
-        let hash = self.hash(namespace, key);
-        let shard = self.shard(hash);
-        if shard.held.load(Ordering::Relaxed) == 0 {
-            return None;
-        }
-        let mut state = shard.lock();
-        match state.table.find_entry(hash, |(k, _)| is(k, namespace, key)) {
-            Ok(entry) if entry.get().1 > now => Some(entry.get().1 - now),
-            Ok(entry) => {
-                entry.remove();
-                shard.held(&state);
-                None
+        self.find(namespace, key, |id, hash, shard| {
+            if shard.held() == 0 {
+                return None;
             }
-            Err(_) => None,
-        }
+            let now = self.nanos(now);
+            let deadline = shard.read().find(hash, &id)?.deadline();
+            if deadline > now {
+                return Some(Duration::from_nanos(deadline - now));
+            }
+            // Found expired: dropped by the check that found it, unless it
+            // was denied again meanwhile.
+            let mut slots = self.table.write(shard);
+            if slots
+                .find(hash, &id)
+                .is_some_and(|entry| entry.get().deadline() <= now)
+            {
+                slots.remove(hash, &id);
+            }
+            None
+        })
     }
 
     /// Deny the counter (`namespace`, `key`) until `deadline`.
     pub(crate) fn insert(&self, namespace: &str, key: &[u8], deadline: quanta::Instant) {
-        let hash = self.hash(namespace, key);
         let now = quanta::Instant::now();
         if deadline <= now {
             return;
         }
-        let shard = self.shard(hash);
-        let mut state = shard.lock();
-        let hasher = &self.hasher;
-        let known = match state.table.find_entry(hash, |(k, _)| is(k, namespace, key)) {
-            Ok(mut entry) => {
-                entry.get_mut().1 = deadline;
-                true
-            }
-            Err(_) => false,
-        };
-        if known {
-            state.min_deadline = Some(state.min_deadline.map_or(deadline, |min| min.min(deadline)));
-            return;
-        }
-        if state.table.len() >= state.cap {
-            if state.min_deadline.is_some_and(|min| min > now) {
-                return; // full of live entries: this key just costs a round trip
-            }
-            state.table.retain(|(_, d)| *d > now);
-            shard.held(&state);
-            state.min_deadline = state.table.iter().map(|(_, d)| *d).min();
-            if state.table.len() >= state.cap {
+        let (now, deadline) = (self.nanos(now), self.nanos(deadline));
+        self.find(namespace, key, |id, hash, shard| {
+            let mut slots = self.table.write(shard);
+            if let Some(mut entry) = slots.find(hash, &id) {
+                entry.set_deadline(deadline);
                 return;
             }
-        }
-        state.min_deadline = Some(state.min_deadline.map_or(deadline, |min| min.min(deadline)));
-        state
-            .table
-            .insert_unique(hash, (entry(namespace, key), deadline), |(k, _)| {
-                let (namespace, key) = parts(k);
-                let mut state = hasher.build_hasher();
-                state.write_usize(namespace.len());
-                state.write(namespace);
-                state.write(key);
-                state.finish()
-            });
-        shard.held(&state);
+            // Full of live entries: this key just costs a round trip.
+            if slots.has_room(now) {
+                slots.insert(hash, id, Entry::new(deadline, ()));
+            }
+        });
     }
 
     /// Forget the counter (`namespace`, `key`).
     pub(crate) fn remove(&self, namespace: &str, key: &[u8]) {
-        let hash = self.hash(namespace, key);
-        let shard = self.shard(hash);
-        let mut state = shard.lock();
-        if let Ok(entry) = state.table.find_entry(hash, |(k, _)| is(k, namespace, key)) {
-            entry.remove();
-            shard.held(&state);
-        }
+        self.find(namespace, key, |id, hash, shard| {
+            self.table.write(shard).remove(hash, &id);
+        });
     }
-}
 
-/// A counter as the table holds it: the namespace's length (8 bytes, little
-/// endian), the namespace, the key. The length makes it one-to-one: no two
-/// (namespace, key) pairs are one entry.
-fn entry(namespace: &str, key: &[u8]) -> Box<[u8]> {
-    let mut entry = Vec::with_capacity(8 + namespace.len() + key.len());
-    entry.extend_from_slice(&(namespace.len() as u64).to_le_bytes());
-    entry.extend_from_slice(namespace.as_bytes());
-    entry.extend_from_slice(key);
-    entry.into()
-}
-
-/// The namespace's bytes and the key an [`entry`] holds.
-fn parts(entry: &[u8]) -> (&[u8], &[u8]) {
-    let (len, rest) = entry.split_at(8);
-    let len = u64::from_le_bytes(len.try_into().expect("an entry starts with 8 bytes")) as usize;
-    rest.split_at(len)
-}
-
-/// Whether `entry` is the counter (`namespace`, `key`).
-fn is(entry: &[u8], namespace: &str, key: &[u8]) -> bool {
-    parts(entry) == (namespace.as_bytes(), key)
+    /// `f` of the counter's id, its hash and its shard: the id is built on
+    /// this frame's stack, from the key's bytes as they are.
+    #[inline(always)]
+    fn find<R>(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        f: impl FnOnce(Id<'_>, u64, &Shard<()>) -> R,
+    ) -> R {
+        let (mut buffer, mut scratch) = ([0; HASHED_KEY_LEN], Scratch::new());
+        let id = self
+            .table
+            .id(namespace, KeyBytes::copied(key, &mut buffer), &mut scratch);
+        let (hash, shard) = self.table.locate(&id);
+        f(id, hash, shard)
+    }
 }
 
 #[cfg(test)]
@@ -216,10 +138,12 @@ mod tests {
 
     /// Every shard's published count is its table's length.
     fn counts_match(cache: &DenyCache) {
-        for shard in &cache.shards {
-            let len = shard.lock().table.len();
-            assert_eq!(shard.held.load(Ordering::Relaxed), len);
-        }
+        assert!(cache.table.published());
+    }
+
+    /// Entries held, counted under the shards' locks.
+    fn held(cache: &DenyCache) -> usize {
+        cache.table.each().map(|s| s.len()).sum()
     }
 
     #[test]
@@ -247,14 +171,7 @@ mod tests {
         counts_match(&cache);
         assert_eq!(cache.check("n", b"soon", soon), None);
         counts_match(&cache);
-        assert_eq!(
-            cache
-                .shards
-                .iter()
-                .map(|s| s.lock().table.len())
-                .sum::<usize>(),
-            1
-        );
+        assert_eq!(held(&cache), 1);
         cache.insert("n", b"past", now);
         assert_eq!(
             cache.check("n", b"past", quanta::Instant::now()),
@@ -267,14 +184,14 @@ mod tests {
     fn a_sharded_cache_holds_exactly_its_capacity() {
         for capacity in [1, 63, 64, 100, 1000, 1025, 10_000] {
             let cache = DenyCache::new(capacity);
-            let caps: usize = cache.shards.iter().map(|s| s.lock().cap).sum();
+            let caps: usize = cache.table.each().map(|s| s.cap()).sum();
             assert_eq!(caps, capacity, "the shards' shares add up to {capacity}");
-            assert!(cache.shards.len() <= MAX_SHARDS);
+            assert!(cache.table.shards() <= MAX_SHARDS);
             let later = quanta::Instant::now() + Duration::from_secs(60);
             for i in 0..3 * capacity {
                 cache.insert("n", i.to_string().as_bytes(), later);
             }
-            let held: usize = cache.shards.iter().map(|s| s.lock().table.len()).sum();
+            let held = held(&cache);
             assert!(held <= capacity, "{held} > {capacity}");
             let found = (0..3 * capacity)
                 .filter(|i| {
@@ -299,6 +216,35 @@ mod tests {
         assert!(cache.check("a:b", b"c", quanta::Instant::now()).is_some());
         cache.insert("", b"", later);
         assert!(cache.check("", b"", quanta::Instant::now()).is_some());
-        assert_eq!(parts(&entry("a:b", b"c")), (&b"a:b"[..], &b"c"[..]));
+    }
+
+    #[test]
+    fn keys_of_every_form_are_denied_apart() {
+        // Short, inline and heap ids, a digest-long key, a key longer than
+        // any the crate makes, and a namespace longer than a key may be.
+        let long_name = "n".repeat(100);
+        let names = ["a", "api:1/3600000ms", long_name.as_str()];
+        let mut keys: Vec<Vec<u8>> = [0, 1, 15, 16, 38, 39, 64, 65, 200]
+            .into_iter()
+            .flat_map(|len| [vec![0u8; len], vec![b'k'; len]])
+            .collect();
+        keys.dedup(); // one empty key, not two
+
+        let cache = DenyCache::new(1024);
+        let later = quanta::Instant::now() + Duration::from_secs(60);
+        for (i, name) in names.iter().enumerate() {
+            for (j, key) in keys.iter().enumerate() {
+                cache.insert(name, key, later);
+                for (m, other_name) in names.iter().enumerate() {
+                    for (n, other) in keys.iter().enumerate() {
+                        let denied = cache.check(other_name, other, quanta::Instant::now());
+                        let before = (m, n) <= (i, j);
+                        assert_eq!(denied.is_some(), before, "{m}/{n} after inserting {i}/{j}");
+                    }
+                }
+            }
+        }
+        assert_eq!(held(&cache), names.len() * keys.len());
+        counts_match(&cache);
     }
 }

@@ -63,6 +63,7 @@
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod deny_cache;
+mod expiring;
 mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;

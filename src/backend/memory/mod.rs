@@ -1,31 +1,30 @@
 //! The in-memory backend: counters in this process, bounded, sharded.
 
+mod clock;
+
 use std::future::{Ready, ready};
-use std::hash::{BuildHasher, Hasher};
 use std::num::{NonZeroU64, NonZeroUsize};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::Duration;
 
-use hashbrown::DefaultHashBuilder;
-use hashbrown::HashTable;
-use tokio::time::Instant;
-
+use super::expiring::id::{Id, KeyBytes, Scratch};
+use super::expiring::{Entry, Shard, Table};
 use super::{Backend, BackendError, Counter, Hit, Hits};
 use crate::error::ConfigError;
-use crate::key::{Key, MAX_KEY_LEN};
+use crate::key::Key;
 #[cfg(test)]
 use crate::quota::Quota;
 use crate::quota::Window;
+use clock::Clock;
 
-/// Live keys held by default before new keys are refused.
+/// Live keys held by default before new keys are refused (see
+/// [`MemoryBackendBuilder`]'s example).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
-/// The most shards a backend may be built with.
+/// The most shards a backend may be built with (see
+/// [`try_shards`](MemoryBackendBuilder::try_shards)'s example).
 pub const MAX_SHARDS: usize = 1 << 16;
-
-/// A shard is swept of expired counters at least once each time it doubles.
-const MIN_SWEEP_LEN: usize = 64;
 
 /// The fewest live keys a shard is made to hold: below that, a backend uses
 /// fewer shards than asked, so that a small cap is not cut into slivers that
@@ -85,6 +84,31 @@ const MIN_KEYS_PER_SHARD: usize = 1024;
 /// a paused tokio runtime builds the backend with
 /// [`tokio_clock`](MemoryBackendBuilder::tokio_clock) and moves windows with
 /// `tokio::time::advance`.
+///
+/// ```
+/// use std::num::NonZeroU32;
+/// use tower_pinned_window::Quota;
+/// use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
+/// use tower_pinned_window::key::Key;
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = MemoryBackend::new();
+/// assert!(store.is_empty());
+/// let quota = Quota::per_minute(NonZeroU32::new(2).unwrap());
+/// let counters = [Counter { namespace: "login", quota }];
+/// let key = Key::new("alice");
+/// let counts: Vec<u64> = [
+///     store.hit_all(&key, &counters).await.unwrap()[0].count,
+///     store.hit_all(&key, &counters).await.unwrap()[0].count,
+///     store.hit_all(&key, &counters).await.unwrap()[0].count,
+/// ]
+/// .into();
+/// // The third hit is over the limit of 2: the layer would deny it.
+/// assert_eq!(counts, [1, 2, 3]);
+/// assert_eq!(store.len(), 1);
+/// # }
+/// ```
 #[derive(Clone, Debug)]
 pub struct MemoryBackend {
     inner: Arc<Inner>,
@@ -92,450 +116,10 @@ pub struct MemoryBackend {
 
 #[derive(Debug)]
 struct Inner {
-    hasher: DefaultHashBuilder,
-    shards: Box<[RwLock<Shard>]>,
-    shard_bits: u32,
+    /// Each counter's count, until its window's deadline.
+    table: Table<AtomicU64>,
     max_keys: usize,
     clock: Clock,
-    names: Names,
-}
-
-/// Namespaces that get a short id, and so 32-byte slots: the first
-/// [`SHORT_NAMES`] a backend sees, each at the place it was given. A place
-/// once given never changes, so whether a namespace has a short id, and
-/// which, is the same for the backend's whole life, and a counter is always
-/// looked for in the table it was put in.
-#[derive(Debug, Default)]
-struct Names {
-    ids: [OnceLock<Box<str>>; SHORT_NAMES],
-    /// Held while a namespace is given a place, so two threads seeing a new
-    /// namespace at once give it one place, not two.
-    adding: Mutex<()>,
-}
-
-/// How many namespaces get a short id: four bits of a short counter's tag.
-const SHORT_NAMES: usize = 16;
-
-/// The longest key a short counter holds: fifteen bytes, beside its
-/// one-byte tag, in one 16-byte word.
-const SHORT_KEY: usize = 15;
-
-/// What [`Names::find`] found for a namespace.
-enum Place<'a> {
-    Given(u8),
-    /// The first free place, and its id.
-    Free(u8, &'a OnceLock<Box<str>>),
-    /// Every place is given to another namespace.
-    Full,
-}
-
-impl Names {
-    /// `namespace`'s short id, given now if it is new and a place is free.
-    #[inline(always)]
-    fn id(&self, namespace: &str) -> Option<u8> {
-        match self.find(namespace) {
-            Place::Given(id) => Some(id),
-            Place::Free(..) => self.add(namespace),
-            Place::Full => None,
-        }
-    }
-
-    /// The namespace's place, or the first free one: places are given in
-    /// order and never taken back, so none is given past a free one.
-    #[inline(always)]
-    fn find(&self, namespace: &str) -> Place<'_> {
-        for (id, slot) in (0u8..).zip(&self.ids) {
-            match slot.get() {
-                Some(name) if eq_short(name.as_bytes(), namespace.as_bytes()) => {
-                    return Place::Given(id);
-                }
-                Some(_) => {}
-                None => return Place::Free(id, slot),
-            }
-        }
-        Place::Full
-    }
-
-    /// Gives `namespace` the first free place, unless another thread has
-    /// given it one meanwhile. A namespace longer than a key may be is held
-    /// hashed, in a long slot, and never gets a place.
-    #[cold]
-    #[inline(never)]
-    fn add(&self, namespace: &str) -> Option<u8> {
-        if namespace.len() > MAX_KEY_LEN {
-            return None;
-        }
-        let _adding = self.adding.lock().unwrap_or_else(PoisonError::into_inner);
-        match self.find(namespace) {
-            Place::Given(id) => Some(id),
-            Place::Free(id, slot) => {
-                // Only ever set here, under the lock.
-                let _ = slot.set(namespace.into());
-                Some(id)
-            }
-            Place::Full => None,
-        }
-    }
-}
-
-/// The clock a [`MemoryBackend`] reads on every hit.
-#[derive(Debug, Clone, Copy)]
-enum Clock {
-    /// The processor's time-stamp counter through [`quanta`], calibrated
-    /// against the OS's monotonic clock: about half the cost of
-    /// [`std::time::Instant::now`] (the default). The backend reads the
-    /// counter itself and scales only the difference from its epoch, so a
-    /// hit pays neither quanta's thread-local override check nor a
-    /// `Duration`'s division.
-    Quanta {
-        clock: &'static quanta::Clock,
-        /// The counter's raw value when the backend was made.
-        epoch: u64,
-    },
-    /// tokio's clock: `tokio::time::pause` and `tokio::time::advance`
-    /// move the windows, so tests need not sleep.
-    Tokio(Instant),
-}
-
-/// One calibrated clock for every backend of the process: calibrating takes
-/// a while, so it is done once, when the first backend is built.
-fn tsc_clock() -> &'static quanta::Clock {
-    static CLOCK: OnceLock<quanta::Clock> = OnceLock::new();
-    CLOCK.get_or_init(quanta::Clock::new)
-}
-
-impl Clock {
-    fn quanta() -> Self {
-        let clock = tsc_clock();
-        Self::Quanta {
-            clock,
-            epoch: clock.raw(),
-        }
-    }
-
-    fn tokio() -> Self {
-        Self::Tokio(Instant::now())
-    }
-
-    /// Nanoseconds since this clock was made (0 for a reading before it).
-    #[inline(always)]
-    fn now(&self) -> u64 {
-        match *self {
-            Self::Quanta { clock, epoch } => clock.delta_as_nanos(epoch, clock.raw()),
-            Self::Tokio(epoch) => nanos(Instant::now().saturating_duration_since(epoch)),
-        }
-    }
-}
-
-#[derive(Debug)]
-struct Shard {
-    /// Counters with a short id (see [`Names`] and [`SHORT_KEY`]).
-    short: HashTable<ShortEntry>,
-    /// Every other counter.
-    long: HashTable<LongEntry>,
-    /// The most live counters this shard holds: its exact share of
-    /// `max_keys`.
-    cap: usize,
-    /// Sweep when the table reaches this length.
-    sweep_at: usize,
-    /// No entry expires before this (nanoseconds since the epoch).
-    min_deadline: u64,
-}
-
-/// A counter's window: its count and when it closes.
-#[derive(Debug)]
-struct Cell {
-    /// Incremented under the shard's read lock (a hit on a live counter);
-    /// every other change, and `deadline`, under its write lock.
-    count: AtomicU64,
-    /// Nanoseconds since the backend's epoch.
-    deadline: u64,
-}
-
-/// A counter with a short id: 32 bytes, aligned to 32, so two share a
-/// cache line and none straddles two. Over 100k keys the table is half the
-/// size it would be with 64-byte slots, and the difference decides how
-/// often a hit waits on memory.
-#[derive(Debug)]
-#[repr(align(32))]
-struct ShortEntry {
-    /// The tag (the namespace's short id, then the key's length, four bits
-    /// each) in the low byte, then the key, zero-padded.
-    id: u128,
-    cell: Cell,
-}
-
-/// Any other counter: 64 bytes, aligned to 64, so the table holds each
-/// entry in one cache line: a hit on a key that is not in cache misses
-/// once for its entry, not twice.
-#[derive(Debug)]
-#[repr(align(64))]
-struct LongEntry {
-    id: StoredId,
-    cell: Cell,
-}
-
-const _: () = assert!(
-    std::mem::size_of::<ShortEntry>() == 32 && std::mem::size_of::<LongEntry>() == 64,
-    "a short entry is half a cache line, a long one a whole line"
-);
-
-/// The most bytes of an id held inline: namespace and key together up to
-/// 38 bytes (a layer's name and an IP address fit).
-const INLINE_ID: usize = 40;
-
-/// A counter's identity as stored. Which form an id takes depends only on
-/// its namespace's and key's lengths, so two ids of different forms are
-/// never equal.
-#[derive(Debug)]
-enum StoredId {
-    /// `[namespace length][key length][key][namespace]`, zero-padded to
-    /// [`INLINE_ID`] bytes: the lengths make the padding unambiguous, so
-    /// two ids are equal exactly when their arrays are, and a lookup
-    /// compares and hashes a fixed 40 bytes.
-    Inline([u8; INLINE_ID]),
-    /// `[namespace length][namespace][key]`, for longer ids.
-    Heap(Box<[u8]>),
-}
-
-/// A counter's identity as a lookup sees it: a short id, in one word; the
-/// inline form built on the stack; or the two parts of a longer id,
-/// borrowed.
-#[derive(Clone, Copy)]
-enum Id<'a> {
-    /// [`ShortEntry::id`]'s form. Its tag makes it unambiguous: the
-    /// namespace's place in [`Names`] names the namespace, and the length
-    /// tells the key from its zero padding.
-    Short(ShortId<'a>),
-    /// The inline form, and the parts it was built from (hashed as they
-    /// are: see [`hash_parts`]).
-    Inline {
-        id: &'a [u8; INLINE_ID],
-        namespace: &'a [u8],
-        key: &'a [u8],
-    },
-    Parts {
-        namespace: &'a [u8],
-        key: &'a [u8],
-    },
-}
-
-impl<'a> Id<'a> {
-    /// A short id when the key has at most [`SHORT_KEY`] bytes and `names`
-    /// has (or now gives) the namespace a place; otherwise a long id:
-    /// `hashed` holds the namespace's hashed form if it is longer than a
-    /// key may be (a layer's name never is), and `inline`, all zeros,
-    /// receives the inline form.
-    #[inline(always)]
-    fn new(
-        names: &Names,
-        namespace: &'a str,
-        key: &'a Key,
-        hashed: &'a mut Option<Key>,
-        inline: &'a mut [u8; INLINE_ID],
-    ) -> Self {
-        let len = key.as_bytes().len();
-        if len <= SHORT_KEY
-            && let Some(name) = names.id(namespace)
-        {
-            let padded = key.padded()[..16].try_into().expect("16 bytes");
-            let tag = (name << 4) | len as u8;
-            let key = key.as_bytes();
-            return Self::Short(ShortId { padded, tag, key });
-        }
-        let namespace = if namespace.len() <= MAX_KEY_LEN {
-            namespace.as_bytes()
-        } else {
-            hashed.insert(Key::new(namespace)).as_bytes()
-        };
-        let padded = key.padded();
-        let key = key.as_bytes();
-        let (n, k) = (namespace.len(), key.len());
-        if 2 + n + k > INLINE_ID {
-            return Self::Parts { namespace, key };
-        }
-        let id = inline;
-        // Both lengths are at most MAX_KEY_LEN + 1, well within a byte.
-        id[0] = n as u8;
-        id[1] = k as u8;
-        // A fixed-size copy of the key and its zero padding, then the
-        // namespace over the padding, in fixed-size pieces.
-        id[2..].copy_from_slice(&padded[..INLINE_ID - 2]);
-        copy_short(&mut id[2 + k..2 + k + n], namespace);
-        Self::Inline { id, namespace, key }
-    }
-
-    /// Whether a long entry is this counter's (never, for a short id).
-    #[inline(always)]
-    fn matches(&self, entry: &LongEntry) -> bool {
-        match (self, &entry.id) {
-            (Self::Inline { id, .. }, StoredId::Inline(other)) => inline_eq(id, other),
-            (Self::Parts { namespace, key }, StoredId::Heap(other)) => {
-                let (other_namespace, other_key) = split(other);
-                key == &other_key && namespace == &other_namespace
-            }
-            _ => false,
-        }
-    }
-
-    #[inline(always)]
-    fn hash(&self, hasher: &DefaultHashBuilder) -> u64 {
-        match self {
-            Self::Short(short) => hash_short(hasher, short.tag, short.key),
-            Self::Inline { namespace, key, .. } | Self::Parts { namespace, key } => {
-                hash_parts(hasher, namespace, key)
-            }
-        }
-    }
-
-    /// The stored form of a long id.
-    fn to_owned(self) -> StoredId {
-        match self {
-            Self::Short(_) => unreachable!("a short id is stored as its word"),
-            Self::Inline { id, .. } => StoredId::Inline(*id),
-            Self::Parts { namespace, key } => {
-                let mut id = Vec::with_capacity(1 + namespace.len() + key.len());
-                id.push(namespace.len() as u8);
-                id.extend_from_slice(namespace);
-                id.extend_from_slice(key);
-                StoredId::Heap(id.into())
-            }
-        }
-    }
-}
-
-/// A short id as a lookup sees it: the parts of [`ShortEntry::id`].
-#[derive(Clone, Copy)]
-struct ShortId<'a> {
-    /// The key's first 16 bytes: past its length they are zeros (see
-    /// `Key::padded`).
-    padded: &'a [u8; 16],
-    /// The id's low byte: the namespace's place in [`Names`], then the
-    /// key's length.
-    tag: u8,
-    /// The key, hashed as it is (see [`hash_short`]).
-    key: &'a [u8],
-}
-
-impl ShortId<'_> {
-    /// The id's word: the tag, then the key's first 15 bytes (the shift
-    /// drops the 16th, a zero). Built where an entry is compared, not
-    /// before: the key's bytes were written a moment ago a few at a time,
-    /// and a processor that cannot forward those small stores into this one
-    /// wide load (AMD's Zen 4, for one) makes it wait until they reach the
-    /// cache. Built up front, the hash and the lock waited behind it (about
-    /// 48 ns a hit over 100k keys, against 31 ns built here).
-    #[inline(always)]
-    fn word(&self) -> u128 {
-        (u128::from_le_bytes(*self.padded) << 8) | u128::from(self.tag)
-    }
-}
-
-/// `a == b` for the few bytes of a namespace, in fixed-size (possibly
-/// overlapping) pieces rather than a call to `memcmp`, the way
-/// [`copy_short`] copies them: every piece compares bytes at the same place
-/// in both.
-#[inline(always)]
-fn eq_short(a: &[u8], b: &[u8]) -> bool {
-    let n = a.len();
-    if b.len() != n {
-        return false;
-    }
-    let word = |s: &[u8], at: usize| u64::from_ne_bytes(s[at..at + 8].try_into().expect("8 bytes"));
-    let half = |s: &[u8], at: usize| u32::from_ne_bytes(s[at..at + 4].try_into().expect("4 bytes"));
-    if n >= 8 {
-        let mut at = 0;
-        while at + 8 < n {
-            if word(a, at) != word(b, at) {
-                return false;
-            }
-            at += 8;
-        }
-        word(a, n - 8) == word(b, n - 8)
-    } else if n >= 4 {
-        half(a, 0) == half(b, 0) && half(a, n - 4) == half(b, n - 4)
-    } else {
-        n == 0 || (a[0] == b[0] && a[n / 2] == b[n / 2] && a[n - 1] == b[n - 1])
-    }
-}
-
-/// `to.copy_from_slice(from)` for the few bytes of a namespace, in
-/// fixed-size (possibly overlapping) pieces rather than a call to `memcpy`:
-/// every piece writes bytes of `from` at their own place, so the overlaps
-/// write the same bytes twice.
-#[inline(always)]
-fn copy_short(to: &mut [u8], from: &[u8]) {
-    let n = from.len();
-    debug_assert_eq!(to.len(), n);
-    if n >= 16 {
-        let mut at = 0;
-        while at + 8 < n {
-            to[at..at + 8].copy_from_slice(&from[at..at + 8]);
-            at += 8;
-        }
-        to[n - 8..].copy_from_slice(&from[n - 8..]);
-    } else if n >= 8 {
-        to[..8].copy_from_slice(&from[..8]);
-        to[n - 8..].copy_from_slice(&from[n - 8..]);
-    } else if n >= 4 {
-        to[..4].copy_from_slice(&from[..4]);
-        to[n - 4..].copy_from_slice(&from[n - 4..]);
-    } else if n > 0 {
-        to[0] = from[0];
-        to[n / 2] = from[n / 2];
-        to[n - 1] = from[n - 1];
-    }
-}
-
-/// A long id's namespace and key.
-fn split(id: &[u8]) -> (&[u8], &[u8]) {
-    let len = usize::from(id[0]);
-    (&id[1..=len], &id[1 + len..])
-}
-
-/// Whether two inline ids are equal: five word comparisons, without a
-/// call to `memcmp`.
-#[inline(always)]
-fn inline_eq(a: &[u8; INLINE_ID], b: &[u8; INLINE_ID]) -> bool {
-    let word = |id: &[u8; INLINE_ID], i: usize| {
-        u64::from_ne_bytes(id[8 * i..8 * i + 8].try_into().expect("8 bytes"))
-    };
-    (0..INLINE_ID / 8).fold(0, |diff, i| diff | (word(a, i) ^ word(b, i))) == 0
-}
-
-/// The hash of a short id, from its tag and its key as they are: hashing
-/// the id's word instead would wait for that word (see [`ShortId::word`])
-/// before the lookup could start.
-#[inline(always)]
-fn hash_short(hasher: &DefaultHashBuilder, tag: u8, key: &[u8]) -> u64 {
-    let mut state = hasher.build_hasher();
-    state.write_u8(tag);
-    state.write(key);
-    state.finish()
-}
-
-/// [`hash_short`] of a stored short id.
-fn short_entry_hash(hasher: &DefaultHashBuilder, entry: &ShortEntry) -> u64 {
-    let tag = entry.id as u8;
-    let key = (entry.id >> 8).to_le_bytes();
-    hash_short(hasher, tag, &key[..usize::from(tag & 0xf)])
-}
-
-/// The hash of a long counter's identity, whichever form it is stored in. It
-/// reads the namespace and the key where they already are: hashing an
-/// inline id just built on the stack would read back, in words, bytes that
-/// were written a few at a time a moment before, and a processor that
-/// cannot forward those small stores into the wider loads (AMD's Zen 4, for
-/// one) stalls on each such load.
-#[inline(always)]
-fn hash_parts(hasher: &DefaultHashBuilder, namespace: &[u8], key: &[u8]) -> u64 {
-    // No separator between the two: foldhash turns its state by each
-    // write's length before mixing the bytes in, so the same bytes split
-    // at another place hash differently.
-    let mut state = hasher.build_hasher();
-    state.write(namespace);
-    state.write(key);
-    state.finish()
 }
 
 /// Builds a [`MemoryBackend`] with a key cap and shard count of your choice.
@@ -572,7 +156,7 @@ impl MemoryBackendBuilder {
     /// The most live keys held at once (default [`DEFAULT_MAX_KEYS`]); new
     /// keys past it are refused with [`BackendError::AtCapacity`] until old
     /// windows close. See [`MemoryBackend`] for what is guaranteed about
-    /// refusing before the cap.
+    /// refusing before the cap, and the [builder's example](Self).
     ///
     /// # Panics
     /// When `max_keys` is zero. Use [`try_max_keys`](Self::try_max_keys) for a
@@ -586,6 +170,15 @@ impl MemoryBackendBuilder {
     }
 
     /// Like [`max_keys`](Self::max_keys), for a value known only at run time.
+    ///
+    /// ```
+    /// use tower_pinned_window::backend::MemoryBackend;
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// let from_config = "0".parse::<usize>().unwrap();
+    /// let refused = MemoryBackend::builder().try_max_keys(from_config);
+    /// assert_eq!(refused.err(), Some(ConfigError::ZeroCapacity));
+    /// ```
     ///
     /// # Errors
     /// [`ConfigError::ZeroCapacity`] for zero.
@@ -601,7 +194,8 @@ impl MemoryBackendBuilder {
     /// (default: four per core, 16 to 256). This is the most the backend
     /// uses: it uses fewer when [`max_keys`](Self::max_keys) would give a
     /// shard fewer than 1,024 keys (one shard below 2,048 keys), and
-    /// [`MemoryBackend::shards`] says how many it has.
+    /// [`MemoryBackend::shards`] says how many it has (see the
+    /// [builder's example](Self)).
     ///
     /// # Panics
     /// When `shards` is zero or above [`MAX_SHARDS`]. Use
@@ -616,6 +210,17 @@ impl MemoryBackendBuilder {
 
     /// Like [`shards`](Self::shards), for a value known only at run time.
     ///
+    /// ```
+    /// use tower_pinned_window::backend::{MAX_SHARDS, MemoryBackend};
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// let too_many = MemoryBackend::builder().try_shards(MAX_SHARDS + 1);
+    /// assert_eq!(too_many.err(), Some(ConfigError::InvalidShards(MAX_SHARDS + 1)));
+    /// // Rounded up to a power of two.
+    /// let store = MemoryBackend::builder().try_shards(3).unwrap().build();
+    /// assert_eq!(store.shards(), 4);
+    /// ```
+    ///
     /// # Errors
     /// [`ConfigError::InvalidShards`] for zero or more than [`MAX_SHARDS`].
     pub fn try_shards(mut self, shards: usize) -> Result<Self, ConfigError> {
@@ -629,46 +234,42 @@ impl MemoryBackendBuilder {
     /// Read tokio's clock instead of the default the processor's time-stamp counter, so that
     /// `tokio::time::pause` and `tokio::time::advance` move the windows
     /// (for tests; it costs about 8 ns more per hit).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_pinned_window::Quota;
+    /// use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
+    /// use tower_pinned_window::key::Key;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let store = MemoryBackend::builder().tokio_clock().build();
+    /// let quota = Quota::per_minute(NonZeroU32::new(5).unwrap());
+    /// let counters = [Counter { namespace: "api", quota }];
+    /// let key = Key::new("203.0.113.7");
+    /// assert_eq!(store.hit_all(&key, &counters).await.unwrap()[0].count, 1);
+    /// tokio::time::advance(Duration::from_secs(61)).await;
+    /// // The paused clock moved past the window: a new one opens.
+    /// assert_eq!(store.hit_all(&key, &counters).await.unwrap()[0].count, 1);
+    /// # }
+    /// ```
     pub fn tokio_clock(mut self) -> Self {
         self.tokio_clock = true;
         self
     }
 
-    /// The backend.
+    /// The backend (see the [builder's example](Self)).
     pub fn build(self) -> MemoryBackend {
-        // As many shards as asked, but no shard under MIN_KEYS_PER_SHARD
-        // (a power of two, and at least one).
-        let fit = (self.max_keys / MIN_KEYS_PER_SHARD).max(1);
-        let fit = if fit.is_power_of_two() {
-            fit
-        } else {
-            fit.next_power_of_two() / 2
-        };
-        let shards = self.shards.min(fit);
-        // The exact split: the first `extra` shards hold one key more.
-        let (share, extra) = (self.max_keys / shards, self.max_keys % shards);
         MemoryBackend {
             inner: Arc::new(Inner {
-                hasher: DefaultHashBuilder::default(),
-                shards: (0..shards)
-                    .map(|i| {
-                        RwLock::new(Shard {
-                            short: HashTable::new(),
-                            long: HashTable::new(),
-                            cap: share + usize::from(i < extra),
-                            sweep_at: MIN_SWEEP_LEN,
-                            min_deadline: u64::MAX,
-                        })
-                    })
-                    .collect(),
-                shard_bits: shards.trailing_zeros(),
+                table: Table::new(self.max_keys, self.shards, MIN_KEYS_PER_SHARD),
                 max_keys: self.max_keys,
                 clock: if self.tokio_clock {
                     Clock::tokio()
                 } else {
                     Clock::quanta()
                 },
-                names: Names::default(),
             }),
         }
     }
@@ -681,50 +282,45 @@ impl Default for MemoryBackend {
 }
 
 impl MemoryBackend {
-    /// A backend holding at most [`DEFAULT_MAX_KEYS`] live keys.
+    /// A backend holding at most [`DEFAULT_MAX_KEYS`] live keys (see the
+    /// [type's example](Self)).
     pub fn new() -> Self {
         Self::builder().build()
     }
 
-    /// Choose the key cap and shard count.
+    /// Choose the key cap and shard count (see [`MemoryBackendBuilder`]'s
+    /// example).
     pub fn builder() -> MemoryBackendBuilder {
         MemoryBackendBuilder::default()
     }
 
-    /// Live and expired-but-unswept counters held now.
+    /// Live and expired-but-unswept counters held now (see the
+    /// [type's example](Self)).
     pub fn len(&self) -> usize {
-        self.inner.shards.iter().map(|s| read(s).len()).sum()
+        self.inner.table.len()
     }
 
-    /// Whether no counter is held.
+    /// Whether no counter is held (see the [type's example](Self)).
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
     /// The most live keys this backend holds: exactly what
-    /// [`max_keys`](MemoryBackendBuilder::max_keys) was given.
+    /// [`max_keys`](MemoryBackendBuilder::max_keys) was given (see
+    /// [`MemoryBackendBuilder`]'s example).
     pub fn max_keys(&self) -> usize {
         self.inner.max_keys
     }
 
     /// How many shards the backend has (see
-    /// [`shards`](MemoryBackendBuilder::shards)).
+    /// [`shards`](MemoryBackendBuilder::shards) and
+    /// [`MemoryBackendBuilder`]'s example).
     pub fn shards(&self) -> usize {
-        self.inner.shards.len()
+        self.inner.table.shards()
     }
 
     fn now(&self) -> u64 {
         self.inner.clock.now()
-    }
-
-    /// The hash of `id` and its shard.
-    #[inline(always)]
-    fn locate(&self, id: &Id<'_>) -> (u64, &RwLock<Shard>) {
-        let hash = id.hash(&self.inner.hasher);
-        (
-            hash,
-            &self.inner.shards[shard_index(hash, self.inner.shard_bits)],
-        )
     }
 
     /// The hit itself, at time `now` (nanoseconds since the epoch). Inlined
@@ -751,24 +347,31 @@ impl MemoryBackend {
     /// caller in wider loads, which some processors cannot forward from
     /// narrower stores: a stall on every hit.)
     #[inline(never)]
-    fn count_at(&self, now: u64, namespace: &str, key: &Key, window: Window) -> Option<Counted> {
-        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
-        let id = Id::new(&self.inner.names, namespace, key, &mut hashed, &mut inline);
-        let (hash, lock) = self.locate(&id);
+    fn count_at(
+        &self,
+        now: u64,
+        namespace: &str,
+        key: &Key,
+        window: Window,
+    ) -> Option<CountAndDeadline> {
+        let table = &self.inner.table;
+        let mut scratch = Scratch::new();
+        let id = table.id(namespace, KeyBytes::of(key), &mut scratch);
+        let (hash, shard) = table.locate(&id);
         // A live counter takes the hit under the read lock, so hits on a
         // shard (and on one key) from several threads don't wait for each
         // other: the deadline can't change while the lock is held, and the
         // count is one atomic increment.
         let live = {
-            let shard = read(lock);
-            match shard.find(hash, &id) {
-                Some(cell) if cell.deadline > now => Some(cell.take_hit()),
+            let slots = shard.read();
+            match slots.find(hash, &id) {
+                Some(entry) if entry.deadline() > now => Some(CountAndDeadline::take(entry)),
                 _ => None,
             }
         };
         match live {
             Some(counted) => Some(counted),
-            None => self.open_or_count(now, id, hash, lock, window),
+            None => self.open_or_count(now, id, hash, shard, window),
         }
     }
 
@@ -805,53 +408,45 @@ impl MemoryBackend {
         now: u64,
         id: Id<'_>,
         hash: u64,
-        lock: &RwLock<Shard>,
+        shard: &Shard<AtomicU64>,
         window: Window,
-    ) -> Option<Counted> {
+    ) -> Option<CountAndDeadline> {
         // The deadline of a window this hit opens, from the same `now`; it
         // is only ever written into a counter this hit creates or restarts,
         // and only computed then. Window::MAX is 3.2e18 ns, so the product
         // cannot overflow.
         let opened = || now.saturating_add(window.as_millis() * 1_000_000);
-        let mut shard = write(lock);
-        if let Some(cell) = shard.find_mut(hash, &id) {
-            if cell.deadline > now {
-                return Some(cell.take_hit());
+        let mut slots = self.inner.table.write(shard);
+        if let Some(mut entry) = slots.find(hash, &id) {
+            if entry.get().deadline() > now {
+                return Some(CountAndDeadline::take(entry.get()));
             }
             // The old window closed: this hit opens a new one.
             let deadline = opened();
-            *cell.count.get_mut() = 1;
-            cell.deadline = deadline;
-            shard.min_deadline = shard.min_deadline.min(deadline);
-            return Some(Counted::first(deadline));
+            *entry.value_mut().get_mut() = 1;
+            entry.set_deadline(deadline);
+            return Some(CountAndDeadline::first(deadline));
         }
-        let len = shard.len();
-        if len >= shard.sweep_at || len >= shard.cap {
-            shard.sweep(now, &self.inner.hasher);
-            if shard.len() >= shard.cap {
-                return None;
-            }
+        if !slots.has_room(now) {
+            return None;
         }
         let deadline = opened();
-        shard.min_deadline = shard.min_deadline.min(deadline);
-        let cell = Cell {
-            count: AtomicU64::new(1),
-            deadline,
-        };
-        shard.insert(hash, id, cell, &self.inner.hasher);
-        Some(Counted::first(deadline))
+        slots.insert(hash, id, Entry::new(deadline, AtomicU64::new(1)));
+        Some(CountAndDeadline::first(deadline))
     }
 
     fn peek_at(&self, now: u64, namespace: &str, key: &Key) -> Option<Hit> {
-        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
-        let id = Id::new(&self.inner.names, namespace, key, &mut hashed, &mut inline);
-        let (hash, lock) = self.locate(&id);
-        read(lock)
+        let table = &self.inner.table;
+        let mut scratch = Scratch::new();
+        let id = table.id(namespace, KeyBytes::of(key), &mut scratch);
+        let (hash, shard) = table.locate(&id);
+        shard
+            .read()
             .find(hash, &id)
-            .filter(|e| e.deadline > now)
+            .filter(|e| e.deadline() > now)
             .map(|e| Hit {
-                count: e.count.load(Ordering::Relaxed),
-                reset: Duration::from_nanos(e.deadline - now),
+                count: e.value.load(Ordering::Relaxed),
+                reset: Duration::from_nanos(e.deadline() - now),
                 deadline: None,
             })
     }
@@ -859,19 +454,20 @@ impl MemoryBackend {
     /// The refund itself, at time `now`: one less on the counter, if it is
     /// still the window that closes at `deadline` and above zero.
     fn refund_at(&self, now: u64, namespace: &str, key: &Key, deadline: u64) -> bool {
-        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
-        let id = Id::new(&self.inner.names, namespace, key, &mut hashed, &mut inline);
-        let (hash, lock) = self.locate(&id);
-        let mut shard = write(lock);
-        match shard.find_mut(hash, &id) {
+        let table = &self.inner.table;
+        let mut scratch = Scratch::new();
+        let id = table.id(namespace, KeyBytes::of(key), &mut scratch);
+        let (hash, shard) = table.locate(&id);
+        let mut slots = table.write(shard);
+        match slots.find(hash, &id) {
             // An expired entry not yet swept has the same deadline: the
             // window closed, so it is left alone like a missing one.
-            Some(cell)
-                if cell.deadline == deadline
+            Some(mut entry)
+                if entry.get().deadline() == deadline
                     && deadline > now
-                    && cell.count.load(Ordering::Relaxed) > 0 =>
+                    && entry.get().value.load(Ordering::Relaxed) > 0 =>
             {
-                *cell.count.get_mut() -= 1;
+                *entry.value_mut().get_mut() -= 1;
                 true
             }
             _ => false,
@@ -879,196 +475,46 @@ impl MemoryBackend {
     }
 
     fn remove_at(&self, now: u64, namespace: &str, key: &Key) -> bool {
-        let (mut hashed, mut inline) = (None, [0; INLINE_ID]);
-        let id = Id::new(&self.inner.names, namespace, key, &mut hashed, &mut inline);
-        let (hash, lock) = self.locate(&id);
-        write(lock)
+        let table = &self.inner.table;
+        let mut scratch = Scratch::new();
+        let id = table.id(namespace, KeyBytes::of(key), &mut scratch);
+        let (hash, shard) = table.locate(&id);
+        table
+            .write(shard)
             .remove(hash, &id)
-            .is_some_and(|cell| cell.deadline > now)
+            .is_some_and(|entry| entry.deadline() > now)
     }
 }
 
-impl Shard {
-    /// Counters held, live or expired.
-    fn len(&self) -> usize {
-        self.short.len() + self.long.len()
-    }
-
-    /// The counter `id` names, live or expired, in the table its form
-    /// goes to.
-    #[inline(always)]
-    fn find(&self, hash: u64, id: &Id<'_>) -> Option<&Cell> {
-        match id {
-            Id::Short(short) => self
-                .short
-                .find(hash, |e| e.id == short.word())
-                .map(|e| &e.cell),
-            _ => self.long.find(hash, |e| id.matches(e)).map(|e| &e.cell),
-        }
-    }
-
-    fn find_mut(&mut self, hash: u64, id: &Id<'_>) -> Option<&mut Cell> {
-        match id {
-            Id::Short(short) => self
-                .short
-                .find_mut(hash, |e| e.id == short.word())
-                .map(|e| &mut e.cell),
-            _ => self
-                .long
-                .find_mut(hash, |e| id.matches(e))
-                .map(|e| &mut e.cell),
-        }
-    }
-
-    fn remove(&mut self, hash: u64, id: &Id<'_>) -> Option<Cell> {
-        match id {
-            Id::Short(short) => self
-                .short
-                .find_entry(hash, |e| e.id == short.word())
-                .ok()
-                .map(|e| e.remove().0.cell),
-            _ => self
-                .long
-                .find_entry(hash, |e| id.matches(e))
-                .ok()
-                .map(|e| e.remove().0.cell),
-        }
-    }
-
-    /// A new counter, which `find` did not find.
-    fn insert(&mut self, hash: u64, id: Id<'_>, cell: Cell, hasher: &DefaultHashBuilder) {
-        match id {
-            Id::Short(short) => {
-                let id = short.word();
-                self.short
-                    .insert_unique(hash, ShortEntry { id, cell }, |e| {
-                        short_entry_hash(hasher, e)
-                    });
-            }
-            _ => {
-                let entry = LongEntry {
-                    id: id.to_owned(),
-                    cell,
-                };
-                self.long
-                    .insert_unique(hash, entry, |e| long_hash(hasher, e));
-            }
-        }
-    }
-
-    /// Every counter held, live or expired.
-    #[cfg(test)]
-    fn cells(&self) -> impl Iterator<Item = &Cell> {
-        let short = self.short.iter().map(|e| &e.cell);
-        short.chain(self.long.iter().map(|e| &e.cell))
-    }
-
-    /// Drop expired counters, unless none can have expired yet (O(1)).
-    fn sweep(&mut self, now: u64, hasher: &DefaultHashBuilder) {
-        if self.min_deadline > now {
-            self.sweep_at = self.sweep_at.max(self.len().saturating_mul(2));
-            return;
-        }
-        let mut min_deadline = u64::MAX;
-        let mut live = |cell: &Cell| {
-            let live = cell.deadline > now;
-            if live {
-                min_deadline = min_deadline.min(cell.deadline);
-            }
-            live
-        };
-        self.short.retain(|e| live(&e.cell));
-        self.long.retain(|e| live(&e.cell));
-        self.min_deadline = min_deadline;
-        let short = self.short.len();
-        if short < self.short.capacity() / 4 {
-            self.short
-                .shrink_to(short * 2, |e| short_entry_hash(hasher, e));
-        }
-        let long = self.long.len();
-        if long < self.long.capacity() / 4 {
-            self.long.shrink_to(long * 2, |e| long_hash(hasher, e));
-        }
-        self.sweep_at = self.len().saturating_mul(2).max(MIN_SWEEP_LEN);
-    }
-}
-
-fn long_hash(hasher: &DefaultHashBuilder, entry: &LongEntry) -> u64 {
-    match &entry.id {
-        StoredId::Inline(id) => {
-            let (n, k) = (usize::from(id[0]), usize::from(id[1]));
-            hash_parts(hasher, &id[2 + k..2 + k + n], &id[2..2 + k])
-        }
-        StoredId::Heap(id) => {
-            let (namespace, key) = split(id);
-            hash_parts(hasher, namespace, key)
-        }
-    }
-}
-
-/// Whole nanoseconds, saturating (without the u128 division of `as_nanos`).
-fn nanos(duration: Duration) -> u64 {
-    duration
-        .as_secs()
-        .saturating_mul(1_000_000_000)
-        .saturating_add(u64::from(duration.subsec_nanos()))
-}
-
-/// The shard of `hash` among `1 << bits`: bits 40 and up (at most 16 of
-/// them, below bit 57). The hash table inside a shard reads the low bits
-/// (where a key goes) and the top 7 (the tag it compares before the key),
-/// so the shard's bits take entropy from neither: were the shard read from
-/// the top bits, every key of a shard would share most of its tag, and a
-/// lookup would compare several keys where it should compare one.
-#[inline(always)]
-pub(crate) fn shard_index(hash: u64, bits: u32) -> usize {
-    ((hash >> 40) & ((1 << bits) - 1)) as usize
-}
-
-// A panic while holding a lock cannot leave a half-written counter (every
-// write is a single field store), so the data is still sound.
-fn read(shard: &RwLock<Shard>) -> RwLockReadGuard<'_, Shard> {
-    shard
-        .read()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-fn write(shard: &RwLock<Shard>) -> RwLockWriteGuard<'_, Shard> {
-    shard
-        .write()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
-}
-
-impl Cell {
-    /// One more hit on this live counter (`deadline > now`), under either
-    /// lock: the count goes up by one atomically, saturating (a count never
-    /// wraps to a small number).
-    #[inline(always)]
-    fn take_hit(&self) -> Counted {
-        let count = match self
-            .count
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1))
-        {
-            Ok(old) => NonZeroU64::MIN.saturating_add(old),
-            Err(_) => NonZeroU64::MAX,
-        };
-        Counted {
-            count,
-            deadline: self.deadline,
-        }
-    }
-}
-
-/// A counter after a hit: two words, so that a function returns it in
-/// registers (`None` for a refused new counter fits in the same two).
+/// A counter's count just after a hit, and the deadline of the window it
+/// counts in: two words, so that a function returns it in registers
+/// (`None` for a refused new counter fits in the same two).
 #[derive(Debug, Clone, Copy)]
-struct Counted {
+struct CountAndDeadline {
     count: NonZeroU64,
     /// Nanoseconds since the backend's epoch.
     deadline: u64,
 }
 
-impl Counted {
+impl CountAndDeadline {
+    /// One more hit on the live counter `entry` (`deadline > now`), under
+    /// either lock: the count goes up by one atomically, saturating (a
+    /// count never wraps to a small number).
+    #[inline(always)]
+    fn take(entry: &Entry<AtomicU64>) -> Self {
+        let count = match entry
+            .value
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |c| c.checked_add(1))
+        {
+            Ok(old) => NonZeroU64::MIN.saturating_add(old),
+            Err(_) => NonZeroU64::MAX,
+        };
+        Self {
+            count,
+            deadline: entry.deadline(),
+        }
+    }
+
     /// The hit that opened the window closing at `deadline`.
     fn first(deadline: u64) -> Self {
         Self {
@@ -1127,6 +573,9 @@ impl Backend for MemoryBackend {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::expiring::MIN_SWEEP_LEN;
+    use crate::backend::expiring::id::{SHORT_KEY, SHORT_NAMES};
+    use crate::key::MAX_KEY_LEN;
     use proptest::prelude::*;
 
     const MS: u64 = 1_000_000;
@@ -1251,28 +700,11 @@ mod tests {
             }
         }
         assert_eq!(store.len(), names.len() * keys.len());
-        let (short, long) = store.inner.shards.iter().fold((0, 0), |(s, l), shard| {
-            let shard = read(shard);
-            (s + shard.short.len(), l + shard.long.len())
+        let (short, long) = store.inner.table.each().fold((0, 0), |(s, l), slots| {
+            let (short, long) = slots.forms();
+            (s + short, l + long)
         });
         assert!(short > 0 && long > 0, "{short} short, {long} long");
-    }
-
-    #[test]
-    fn eq_short_compares_every_byte() {
-        for n in 0..=MAX_KEY_LEN {
-            let a: Vec<u8> = (0..n as u8).collect();
-            assert!(eq_short(&a, &a.clone()), "{n} bytes equal");
-            for at in 0..n {
-                let mut b = a.clone();
-                b[at] ^= 0x80;
-                assert!(!eq_short(&a, &b), "{n} bytes, byte {at} differs");
-            }
-            assert!(
-                !eq_short(&a, &[a.as_slice(), &[0]].concat()),
-                "{n} and one more"
-            );
-        }
     }
 
     #[test]
@@ -1391,9 +823,9 @@ mod tests {
     fn live(store: &MemoryBackend, now: u64) -> usize {
         store
             .inner
-            .shards
-            .iter()
-            .map(|s| read(s).cells().filter(|e| e.deadline > now).count())
+            .table
+            .each()
+            .map(|s| s.entries().filter(|e| e.deadline() > now).count())
             .sum()
     }
 
@@ -1425,7 +857,7 @@ mod tests {
         for (name, builder) in cases {
             let store = builder.build();
             let n = store.max_keys();
-            let caps: usize = store.inner.shards.iter().map(|s| read(s).cap).sum();
+            let caps: usize = store.inner.table.each().map(|s| s.cap()).sum();
             assert_eq!(caps, n, "{name}: the shards' caps add up to max_keys");
             let mut held = 0;
             let mut first_refusal = None;
