@@ -8,3 +8,4 @@ pub mod http;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
+pub mod trial;

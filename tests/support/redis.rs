@@ -3,9 +3,10 @@
 //! and reaped on drop. A Cluster is three masters joined with
 //! `redis-cli --cluster create`.
 //!
-//! The binaries come from `REDIS_SERVER_BIN` / `REDIS_CLI_BIN` or from PATH.
-//! Without them the Redis tests print that they were skipped and pass, unless
-//! `REQUIRE_REDIS=1`, where they fail.
+//! The binaries come from `REDIS_SERVER_BIN` / `REDIS_CLI_BIN` (a path that
+//! is not a file counts as missing) or from PATH. Without them the test
+//! binaries mark the Redis tests ignored ([`missing`], `support::trial`),
+//! unless `REQUIRE_REDIS=1`, where they fail.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -28,7 +29,8 @@ macro_rules! redis_or_skip {
 
 fn find(env: &str, name: &str) -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(env) {
-        return Some(PathBuf::from(path));
+        let path = PathBuf::from(path);
+        return path.is_file().then_some(path);
     }
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(name))
@@ -54,6 +56,28 @@ fn binaries(test: &str) -> Option<(PathBuf, PathBuf)> {
             );
             None
         }
+    }
+}
+
+/// Why the Redis tests cannot run here (no redis-server or redis-cli), or
+/// `None` when they can. The test binaries mark their trials ignored then
+/// (see `support::trial`).
+pub fn missing() -> Option<String> {
+    let server = find("REDIS_SERVER_BIN", "redis-server");
+    let cli = find("REDIS_CLI_BIN", "redis-cli").or_else(|| {
+        let sibling = server.as_ref()?.with_file_name("redis-cli");
+        sibling.is_file().then_some(sibling)
+    });
+    match (server, cli) {
+        (Some(_), Some(_)) => None,
+        (None, _) => Some(
+            "redis-server not found (set REDIS_SERVER_BIN, or REQUIRE_REDIS=1 to fail instead)"
+                .to_owned(),
+        ),
+        (_, None) => Some(
+            "redis-cli not found (set REDIS_CLI_BIN, or REQUIRE_REDIS=1 to fail instead)"
+                .to_owned(),
+        ),
     }
 }
 
