@@ -113,6 +113,22 @@ where
     })
 }
 
+/// A trial of an async test on a current-thread runtime whose clock starts
+/// paused (`#[tokio::test(start_paused = true)]`).
+pub fn paused<F>(name: &str, needs: Needs, test: fn() -> F) -> Trial
+where
+    F: Future<Output = ()> + 'static,
+{
+    trial(name, needs, move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(test())
+    })
+}
+
 /// A trial of an async test on a two-worker multi-thread runtime
 /// (`#[tokio::test(flavor = "multi_thread", worker_threads = 2)]`).
 pub fn multi<F>(name: &str, needs: Needs, test: fn() -> F) -> Trial
