@@ -790,6 +790,13 @@ async fn refunds_apply_only_to_their_own_window<S: Store>(store: &S) {
         None,
         "a late refund creates nothing"
     );
+    if store.abilities().contains(&Ability::ReadStored) {
+        assert_eq!(
+            stored(store, &backend, "n", &key).await,
+            Stored::Absent,
+            "a late refund stores nothing, no lifetime either"
+        );
+    }
 
     let first = hit(&backend, "n", &key, q).await;
     let second = hit(&backend, "n", &key, q).await;

@@ -266,13 +266,11 @@ fn on_postgres() {
 /// The tests, listed for libtest-mimic (`support::trial`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
-    #[allow(unused_mut)]
-    let mut trials = vec![];
-    trials.push(trial::trial(
+    let mut trials = vec![trial::trial(
         "on_a_redis_server",
         Needs::Redis,
         on_a_redis_server,
-    ));
+    )];
     #[cfg(feature = "redis-cluster")]
     trials.push(trial::trial("on_a_cluster", Needs::Redis, on_a_cluster));
     #[cfg(feature = "postgres")]

@@ -605,38 +605,38 @@ async fn connecting_without_a_sentinel_is_an_error() {
 /// The tests, listed for libtest-mimic (`support::trial`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
-    #[allow(unused_mut)]
-    let mut trials = vec![];
-    trials.push(trial::trial(
-        "a_killed_master_is_replaced_in_the_middle_of_traffic",
-        Needs::Redis,
-        a_killed_master_is_replaced_in_the_middle_of_traffic,
-    ));
-    trials.push(trial::trial(
-        "a_failover_to_a_replica_behind_admits_one_more_per_lost_hit",
-        Needs::Redis,
-        a_failover_to_a_replica_behind_admits_one_more_per_lost_hit,
-    ));
-    trials.push(trial::trial(
-        "a_frozen_master_is_left_for_the_promoted_replica",
-        Needs::Redis,
-        a_frozen_master_is_left_for_the_promoted_replica,
-    ));
-    trials.push(trial::trial(
-        "a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master",
-        Needs::Redis,
-        a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master,
-    ));
-    trials.push(trial::trial(
-        "the_backend_works_through_the_sentinels",
-        Needs::Redis,
-        the_backend_works_through_the_sentinels,
-    ));
-    trials.push(trial::current(
-        "connecting_without_a_sentinel_is_an_error",
-        Needs::Nothing,
-        connecting_without_a_sentinel_is_an_error,
-    ));
+    let mut trials = vec![
+        trial::trial(
+            "a_killed_master_is_replaced_in_the_middle_of_traffic",
+            Needs::Redis,
+            a_killed_master_is_replaced_in_the_middle_of_traffic,
+        ),
+        trial::trial(
+            "a_failover_to_a_replica_behind_admits_one_more_per_lost_hit",
+            Needs::Redis,
+            a_failover_to_a_replica_behind_admits_one_more_per_lost_hit,
+        ),
+        trial::trial(
+            "a_frozen_master_is_left_for_the_promoted_replica",
+            Needs::Redis,
+            a_frozen_master_is_left_for_the_promoted_replica,
+        ),
+        trial::trial(
+            "a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master",
+            Needs::Redis,
+            a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master,
+        ),
+        trial::trial(
+            "the_backend_works_through_the_sentinels",
+            Needs::Redis,
+            the_backend_works_through_the_sentinels,
+        ),
+        trial::current(
+            "connecting_without_a_sentinel_is_an_error",
+            Needs::Nothing,
+            connecting_without_a_sentinel_is_an_error,
+        ),
+    ];
     // The backend contract, on one shared group, each scenario under its
     // own prefix, each backend on its own connection through the sentinels.
     let group = Shared::new(|| SentinelGroup::start("contract"));
