@@ -73,7 +73,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::backend::{Backend, BackendError, Counter, Hit, PrivateKeys};
+use crate::backend::{Backend, BackendError, Counter, Hit, MIN_SECRET_LEN, PrivateKeys};
+use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::{Quota, Window};
 
@@ -194,7 +195,6 @@ pub trait Store: Send + Sync + 'static {
 /// A store whose backends are `S`'s wrapped in [`PrivateKeys`]: the same
 /// contract must hold on keyed digests. Its abilities are `S`'s, reached
 /// through the digest of each key.
-#[derive(Debug)]
 pub struct Private<S> {
     inner: S,
     secret: Vec<u8>,
@@ -205,17 +205,39 @@ impl<S> Private<S> {
     /// [`PrivateKeys::new`]).
     ///
     /// # Panics
-    /// When `secret` is shorter than
-    /// [`MIN_SECRET_LEN`](crate::backend::MIN_SECRET_LEN).
+    /// When `secret` is shorter than [`MIN_SECRET_LEN`] bytes. Use
+    /// [`try_new`](Self::try_new) for a secret read at run time.
     #[track_caller]
     pub fn new(inner: S, secret: impl AsRef<[u8]>) -> Self {
-        let secret = secret.as_ref().to_vec();
-        assert!(
-            secret.len() >= crate::backend::MIN_SECRET_LEN,
-            "a PrivateKeys secret needs at least {} bytes",
-            crate::backend::MIN_SECRET_LEN
-        );
-        Self { inner, secret }
+        match Self::try_new(inner, secret) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`new`](Self::new), for a secret read at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::SecretTooShort`] for a secret shorter than
+    /// [`MIN_SECRET_LEN`] bytes.
+    pub fn try_new(inner: S, secret: impl AsRef<[u8]>) -> Result<Self, ConfigError> {
+        let secret = secret.as_ref();
+        if secret.len() < MIN_SECRET_LEN {
+            return Err(ConfigError::SecretTooShort(secret.len()));
+        }
+        Ok(Self {
+            inner,
+            secret: secret.to_vec(),
+        })
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Private<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Never the secret.
+        f.debug_struct("Private")
+            .field("inner", &self.inner)
+            .finish_non_exhaustive()
     }
 }
 

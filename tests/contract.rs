@@ -5,12 +5,14 @@
 //! tests of what only they do.
 
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::sync::Arc;
 
-use support::trial::{self, Needs};
 use tower_pinned_window::backend::MemoryBackend;
 use tower_pinned_window::testkit::{Private, Store};
+use trial::Needs;
 
 /// A new `MemoryBackend` per scenario; the memory holds no bytes to corrupt
 /// and no lifetime to read, so those scenarios are not applicable.

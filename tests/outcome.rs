@@ -5,8 +5,10 @@
 //! client on PostgreSQL too (tests/support/postgres.rs).
 
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
-use support::trial::{self, Needs};
+use trial::Needs;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -1388,7 +1390,7 @@ mod on_postgres {
     }
 }
 
-/// The tests, listed for libtest-mimic (`support::trial`): a test whose
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![

@@ -4,7 +4,11 @@
 //! the other tests are what only PostgreSQL does: SQL, constraints, the
 //! cleaner, migrations, connections and crashes.
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -12,16 +16,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use http::{Request, StatusCode};
+use stores::postgres::PostgresStore;
 use support::http::{by_client, from, ok_service};
-use support::postgres::kit::PostgresStore;
 use support::postgres::{PgServer, TestSchema, connect, pool};
-use support::trial::{self, Needs};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Hit;
 use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::{Backend, BackendError};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use trial::Needs;
 
 fn quota(limit: u64, window: Duration) -> Quota {
     Quota::new(limit, window).unwrap()
@@ -1032,7 +1036,7 @@ async fn a_late_refund_leaves_the_expired_row_alone() {
     assert_eq!(rows(&schema).await, 1, "the same row, reused");
 }
 
-/// The tests, listed for libtest-mimic (`support::trial`): a test whose
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![

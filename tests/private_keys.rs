@@ -3,17 +3,20 @@
 //! The backend contract runs on `PrivateKeys` over Redis and PostgreSQL too
 //! (`contract_redis::*`, `contract_postgres::*`).
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use redis::aio::ConnectionLike;
+use stores::redis::RedisStore;
 use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
-use support::redis::kit::RedisStore;
 use support::redis::{RedisServer, Shared};
-use support::trial::{self, Needs};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::PrivateKeys;
 use tower_pinned_window::backend::redis::{Nodes, RedisBackend};
@@ -21,6 +24,7 @@ use tower_pinned_window::backend::storage_key;
 use tower_pinned_window::key::Key;
 use tower_pinned_window::testkit::Private;
 use tower_pinned_window::{Quota, RateLimitLayer};
+use trial::Needs;
 
 const SECRET_A: &[u8; 32] = b"secret A: 32 random bytes, here!";
 const SECRET_B: &[u8; 32] = b"secret B: 32 random bytes, here!";
@@ -263,7 +267,7 @@ fn on_postgres() {
     });
 }
 
-/// The tests, listed for libtest-mimic (`support::trial`): a test whose
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![trial::trial(
@@ -303,7 +307,7 @@ fn main() {
         "contract_postgres",
         Needs::Postgres,
         Arc::new(Private::new(
-            support::postgres::kit::PostgresStore::new(0),
+            stores::postgres::PostgresStore::new(0),
             SECRET_A,
         )),
     ));

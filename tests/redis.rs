@@ -3,7 +3,11 @@
 //! scenarios of `tower_pinned_window::testkit`), then what only Redis does:
 //! scripts, coalescing, the deny cache, the breaker, outages.
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -12,15 +16,15 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
+use stores::redis::RedisStore;
 use support::http::{by_client, from, multi_thread_runtime, ok_service};
-use support::redis::kit::RedisStore;
 use support::redis::{RedisServer, Shared, cases};
-use support::trial::{self, Needs};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::{ConnectError, RedisBackend};
 use tower_pinned_window::backend::{Backend, BackendError, BackendErrorKind, Hit};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use trial::Needs;
 
 fn quota(limit: u64, window: Duration) -> Quota {
     Quota::new(limit, window).unwrap()
@@ -1629,7 +1633,7 @@ fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
     assert!((25_000..=30_000).contains(&good3), "{good3}");
 }
 
-/// The tests, listed for libtest-mimic (`support::trial`): a test whose
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![

@@ -6,21 +6,25 @@
 //! counts the Cluster's script calls or scans every master has a Cluster of
 //! its own.
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
+use stores::redis::RedisStore;
 use support::http::{burst, from, multi_thread_runtime, ok_count, ok_service};
-use support::redis::kit::RedisStore;
 use support::redis::{RedisCluster, Shared, cases};
-use support::trial::{self, Needs};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, BackendError, storage_key};
 use tower_pinned_window::key::{HeaderKey, Key};
 use tower_pinned_window::{Quota, RateLimitLayer, Window};
+use trial::Needs;
 
 fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
@@ -571,7 +575,7 @@ macro_rules! on_its_own_cluster {
     };
 }
 
-/// The tests, listed for libtest-mimic (`support::trial`): a test whose
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![

@@ -14,7 +14,11 @@
 //! was lost with the connection but that Redis counted and replicated is
 //! counted without being admitted, which is why `lost` can be below zero.)
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,15 +27,15 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use http::StatusCode;
 use redis::ConnectionAddr;
+use stores::redis::RedisStore;
 use support::http::{by_client, from, multi_thread_runtime, ok_service};
-use support::redis::kit::RedisStore;
 use support::redis::{RedisServer, SENTINEL_MASTER, SentinelGroup, Shared, cases};
-use support::trial::{self, Needs};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Backend;
 use tower_pinned_window::backend::redis::{RedisBackend, SentinelConnection};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use trial::Needs;
 
 /// Tasks sending hits, one at a time each.
 const TASKS: usize = 8;
@@ -602,7 +606,7 @@ async fn connecting_without_a_sentinel_is_an_error() {
     assert!(err.is_connection_refusal(), "{err}");
 }
 
-/// The tests, listed for libtest-mimic (`support::trial`): a test whose
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![

@@ -8,4 +8,3 @@ pub mod http;
 pub mod postgres;
 #[cfg(feature = "redis")]
 pub mod redis;
-pub mod trial;

@@ -11,7 +11,7 @@
 //!   come from `PG_BIN` or the newest `/usr/lib/postgresql/*/bin`.
 //!
 //! Without a server (or binaries) the test binaries mark those tests ignored
-//! ([`missing_server`], [`missing_binaries`], `support::trial`), unless
+//! ([`missing_server`], [`missing_binaries`], `tests/support/trial.rs`), unless
 //! `REQUIRE_POSTGRES=1`, where they fail.
 
 use std::net::TcpListener;
@@ -440,135 +440,6 @@ impl Drop for PgServer {
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .status();
-        }
-    }
-}
-
-/// The backend contract (`tower_pinned_window::testkit`) on PostgreSQL: each
-/// fresh backend has a schema of its own on the machine's server, kept until
-/// the store is dropped.
-pub mod kit {
-    use std::sync::Mutex;
-    use std::time::{SystemTime, UNIX_EPOCH};
-
-    use tower_pinned_window::backend::postgres::PostgresBackend;
-    use tower_pinned_window::key::Key;
-    use tower_pinned_window::testkit::{Ability, Audit, Store, Stored};
-
-    use super::{TestSchema, connect, pool, url};
-
-    pub struct PostgresStore {
-        deny_cache: usize,
-        schemas: Mutex<Vec<TestSchema>>,
-    }
-
-    impl PostgresStore {
-        /// Backends with a deny cache of `deny_cache` counters.
-        pub fn new(deny_cache: usize) -> Self {
-            Self {
-                deny_cache,
-                schemas: Mutex::new(Vec::new()),
-            }
-        }
-    }
-
-    /// The schema of `backend`'s table (`schema.table`).
-    fn schema_of(backend: &PostgresBackend) -> &str {
-        backend.table().split('.').next().unwrap()
-    }
-
-    impl Store for PostgresStore {
-        type Backend = PostgresBackend;
-
-        async fn fresh(&self) -> PostgresBackend {
-            let schema = TestSchema::create("kit")
-                .await
-                .expect("PostgreSQL was there when the trials were listed");
-            let backend = schema.builder().deny_cache(self.deny_cache).build();
-            backend.migrate().await.unwrap();
-            self.schemas.lock().unwrap().push(schema);
-            backend
-        }
-
-        async fn another(&self, backend: &PostgresBackend) -> PostgresBackend {
-            let schema = schema_of(backend);
-            PostgresBackend::builder(pool(&url(), schema, 8))
-                .schema(schema)
-                .deny_cache(self.deny_cache)
-                .build()
-        }
-
-        fn abilities(&self) -> &'static [Ability] {
-            &[Ability::Corrupt, Ability::ReadStored, Ability::Audit]
-        }
-
-        /// A negative count, which the table's constraints refuse: they
-        /// are dropped first, as hand-written SQL could.
-        async fn corrupt(
-            &self,
-            backend: &PostgresBackend,
-            namespace: &str,
-            key: &Key,
-        ) -> Option<()> {
-            let client = connect(&url()).await.unwrap();
-            let table = backend.table();
-            client
-                .batch_execute(&format!(
-                    "ALTER TABLE {table} DROP CONSTRAINT IF EXISTS tpw_counters_count_check"
-                ))
-                .await
-                .unwrap();
-            client
-                .execute(
-                    &format!(
-                        "INSERT INTO {table} VALUES ($1, $2, -3, now() + interval '1 minute')"
-                    ),
-                    &[&namespace, &key.as_bytes()],
-                )
-                .await
-                .unwrap();
-            Some(())
-        }
-
-        async fn stored(
-            &self,
-            backend: &PostgresBackend,
-            namespace: &str,
-            key: &Key,
-        ) -> Option<Stored> {
-            let client = connect(&url()).await.unwrap();
-            let row = client
-                .query_opt(
-                    &format!(
-                        "SELECT coalesce(count::text, 'NULL'), expires_at, \
-                         expires_at IS NULL OR expires_at > now() \
-                         FROM {} WHERE namespace = $1 AND key = $2",
-                        backend.table()
-                    ),
-                    &[&namespace, &key.as_bytes()],
-                )
-                .await
-                .unwrap();
-            Some(match row {
-                Some(row) if row.get::<_, bool>(2) => Stored::Value {
-                    value: row.get(0),
-                    expiry: row.get::<_, Option<SystemTime>>(1).map(|at| {
-                        u64::try_from(at.duration_since(UNIX_EPOCH).unwrap().as_micros()).unwrap()
-                    }),
-                },
-                // No row, or an expired one waiting for the cleaner.
-                _ => Stored::Absent,
-            })
-        }
-
-        /// A row without a deadline is corrupt in PostgreSQL: no counter
-        /// is ever without a lifetime.
-        async fn audit(&self, backend: &PostgresBackend) -> Option<Audit> {
-            let report = backend.audit(None).await.unwrap();
-            Some(Audit {
-                without_lifetime: 0,
-                corrupt: report.corrupt.len(),
-            })
         }
     }
 }

@@ -5,7 +5,7 @@
 //!
 //! The binaries come from `REDIS_SERVER_BIN` / `REDIS_CLI_BIN` (a path that
 //! is not a file counts as missing) or from PATH. Without them the test
-//! binaries mark the Redis tests ignored ([`missing`], `support::trial`),
+//! binaries mark the Redis tests ignored ([`missing`], `tests/support/trial.rs`),
 //! unless `REQUIRE_REDIS=1`, where they fail.
 
 use std::net::TcpListener;
@@ -61,7 +61,7 @@ fn binaries(test: &str) -> Option<(PathBuf, PathBuf)> {
 
 /// Why the Redis tests cannot run here (no redis-server or redis-cli), or
 /// `None` when they can. The test binaries mark their trials ignored then
-/// (see `support::trial`).
+/// (see `tests/support/trial.rs`).
 pub fn missing() -> Option<String> {
     let server = find("REDIS_SERVER_BIN", "redis-server");
     let cli = find("REDIS_CLI_BIN", "redis-cli").or_else(|| {
@@ -925,7 +925,7 @@ pub mod cases {
 
 /// A server (or Cluster, or Sentinel group) shared by the trials of one test
 /// binary: started by the first trial that asks, killed when the binary's
-/// last handle is dropped (after the trials ran: `support::trial::run`).
+/// last handle is dropped (after the trials ran: `trial::run`).
 pub struct Shared<T> {
     cell: std::sync::OnceLock<T>,
     start: fn() -> Option<T>,
@@ -945,138 +945,5 @@ impl<T> Shared<T> {
         self.cell.get_or_init(|| {
             (self.start)().expect("redis-server was found when the trials were listed")
         })
-    }
-}
-
-/// The backend contract (`tower_pinned_window::testkit`) on Redis: each
-/// fresh backend has its own key prefix on a shared server, Cluster or
-/// Sentinel group, and its own connection.
-pub mod kit {
-    use std::future::Future;
-    use std::pin::Pin;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    use redis::aio::ConnectionLike;
-    use tower_pinned_window::backend::redis::{Nodes, RedisBackend};
-    use tower_pinned_window::key::Key;
-    use tower_pinned_window::testkit::{Ability, Audit, Store, Stored};
-
-    type Connect<C> = Box<dyn Fn() -> Pin<Box<dyn Future<Output = C> + Send>> + Send + Sync>;
-
-    pub struct RedisStore<C> {
-        connect: Connect<C>,
-        deny_cache: usize,
-    }
-
-    /// Numbers the prefixes of every store of the process: stores share a
-    /// server.
-    static PREFIXES: AtomicUsize = AtomicUsize::new(0);
-
-    impl<C> RedisStore<C> {
-        /// Backends on connections that `connect` makes (on the runtime of
-        /// the trial), with a deny cache of `deny_cache` keys.
-        pub fn new<F>(deny_cache: usize, connect: impl Fn() -> F + Send + Sync + 'static) -> Self
-        where
-            F: Future<Output = C> + Send + 'static,
-        {
-            Self {
-                connect: Box::new(move || Box::pin(connect())),
-                deny_cache,
-            }
-        }
-    }
-
-    /// The prefix `backend` stores under: what its storage keys hold before
-    /// the brace of the key (a prefix holds no brace, the empty namespace
-    /// adds nothing).
-    fn prefix_of<C>(backend: &RedisBackend<C>) -> Vec<u8>
-    where
-        C: ConnectionLike + Clone + Send + Sync + 'static,
-    {
-        let stored = backend.storage_key("", &Key::new("k"));
-        let brace = stored.iter().position(|&b| b == b'{').unwrap();
-        stored[..brace].to_vec()
-    }
-
-    impl<C> Store for RedisStore<C>
-    where
-        C: ConnectionLike + Nodes + Clone + Send + Sync + 'static,
-    {
-        type Backend = RedisBackend<C>;
-
-        async fn fresh(&self) -> RedisBackend<C> {
-            let n = PREFIXES.fetch_add(1, Ordering::Relaxed);
-            RedisBackend::builder((self.connect)().await)
-                .prefix(format!("kit{n}:"))
-                .deny_cache(self.deny_cache)
-                .build()
-        }
-
-        async fn another(&self, backend: &RedisBackend<C>) -> RedisBackend<C> {
-            RedisBackend::builder((self.connect)().await)
-                .prefix(prefix_of(backend))
-                .deny_cache(self.deny_cache)
-                .build()
-        }
-
-        fn abilities(&self) -> &'static [Ability] {
-            &[Ability::Corrupt, Ability::ReadStored, Ability::Audit]
-        }
-
-        async fn corrupt(
-            &self,
-            backend: &RedisBackend<C>,
-            namespace: &str,
-            key: &Key,
-        ) -> Option<()> {
-            let mut con = (self.connect)().await;
-            let _: () = redis::cmd("SET")
-                .arg(backend.storage_key(namespace, key))
-                .arg("abc")
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            Some(())
-        }
-
-        async fn stored(
-            &self,
-            backend: &RedisBackend<C>,
-            namespace: &str,
-            key: &Key,
-        ) -> Option<Stored> {
-            let mut con = (self.connect)().await;
-            let stored = backend.storage_key(namespace, key);
-            let value: Option<String> = redis::cmd("GET")
-                .arg(&stored)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            let expiry: i64 = redis::cmd("PEXPIRETIME")
-                .arg(&stored)
-                .query_async(&mut con)
-                .await
-                .unwrap();
-            Some(match value {
-                None => Stored::Absent,
-                Some(value) => Stored::Value {
-                    value,
-                    expiry: u64::try_from(expiry).ok(),
-                },
-            })
-        }
-
-        async fn audit(&self, backend: &RedisBackend<C>) -> Option<Audit> {
-            // With a repair window: only then are the keys without a
-            // lifetime read, and the corrupt ones told apart (and left as
-            // they are).
-            let window =
-                tower_pinned_window::Window::new(std::time::Duration::from_secs(60)).unwrap();
-            let report = backend.audit(Some(window)).await.unwrap();
-            Some(Audit {
-                without_lifetime: report.without_lifetime.len() - report.corrupt.len(),
-                corrupt: report.corrupt.len(),
-            })
-        }
     }
 }

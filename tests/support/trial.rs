@@ -5,6 +5,12 @@
 //!
 //! The standard test arguments (a filter, `--exact`, `--ignored`,
 //! `--test-threads`, `--list`, ...) work as with the built-in harness.
+//!
+//! Each such binary includes it as `#[path = "support/trial.rs"] mod
+//! trial;` beside `mod support;` (the integration/ member shares
+//! `support/` but not this harness).
+
+#![allow(dead_code)]
 
 use std::future::Future;
 use std::sync::{Arc, OnceLock};
@@ -165,7 +171,6 @@ pub fn should_panic(name: &str, needs: Needs, expected: &'static str, test: fn()
 /// One trial per scenario of the backend contract, named
 /// `{prefix}::{scenario}`, on `store` (shared by every trial). A scenario
 /// that needs an ability the store lacks is ignored.
-#[cfg(feature = "testkit")]
 pub fn contract<S: tower_pinned_window::testkit::Store>(
     prefix: &str,
     needs: Needs,
