@@ -105,17 +105,26 @@ pub fn trial(name: impl Into<String>, needs: Needs, run: impl FnOnce() + Send + 
     }
 }
 
+/// Run `test` to completion on a runtime made by `builder`, with every
+/// driver (I/O, time) on.
+fn block_on<F: Future<Output = ()>>(mut builder: tokio::runtime::Builder, test: F) {
+    builder.enable_all().build().unwrap().block_on(test)
+}
+
+/// Two workers, as `#[tokio::test(flavor = "multi_thread", worker_threads = 2)]`.
+fn two_workers() -> tokio::runtime::Builder {
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(2);
+    builder
+}
+
 /// A trial of an async test on a current-thread runtime (`#[tokio::test]`).
 pub fn current<F>(name: &str, needs: Needs, test: fn() -> F) -> Trial
 where
     F: Future<Output = ()> + 'static,
 {
     trial(name, needs, move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(test())
+        block_on(tokio::runtime::Builder::new_current_thread(), test())
     })
 }
 
@@ -126,12 +135,9 @@ where
     F: Future<Output = ()> + 'static,
 {
     trial(name, needs, move || {
-        tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .start_paused(true)
-            .build()
-            .unwrap()
-            .block_on(test())
+        let mut builder = tokio::runtime::Builder::new_current_thread();
+        builder.start_paused(true);
+        block_on(builder, test())
     })
 }
 
@@ -141,14 +147,7 @@ pub fn multi<F>(name: &str, needs: Needs, test: fn() -> F) -> Trial
 where
     F: Future<Output = ()> + Send + 'static,
 {
-    trial(name, needs, move || {
-        tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap()
-            .block_on(test())
-    })
+    trial(name, needs, move || block_on(two_workers(), test()))
 }
 
 /// A trial of a test that must panic with a message containing `expected`
@@ -187,12 +186,7 @@ pub fn contract<S: tower_pinned_window::testkit::Store>(
             }
             let store = store.clone();
             trial(name, needs, move || {
-                tokio::runtime::Builder::new_multi_thread()
-                    .worker_threads(2)
-                    .enable_all()
-                    .build()
-                    .unwrap()
-                    .block_on(scenario.run(&store))
+                block_on(two_workers(), scenario.run(&store))
             })
         })
         .collect()
