@@ -1393,6 +1393,8 @@ mod on_postgres {
 /// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
+    // Pushed to below, with the redis and postgres features.
+    #[allow(unused_mut)]
     let mut trials = vec![
         trial::paused(
             "skipped_requests_are_not_counted_and_carry_no_headers",

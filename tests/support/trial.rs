@@ -13,7 +13,7 @@
 #![allow(dead_code)]
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 
 use libtest_mimic::{Arguments, Failed, Trial};
 
@@ -170,10 +170,11 @@ pub fn should_panic(name: &str, needs: Needs, expected: &'static str, test: fn()
 /// One trial per scenario of the backend contract, named
 /// `{prefix}::{scenario}`, on `store` (shared by every trial). A scenario
 /// that needs an ability the store lacks is ignored.
+#[cfg(feature = "testkit")]
 pub fn contract<S: tower_pinned_window::testkit::Store>(
     prefix: &str,
     needs: Needs,
-    store: Arc<S>,
+    store: std::sync::Arc<S>,
 ) -> Vec<Trial> {
     tower_pinned_window::testkit::scenarios::<S>()
         .into_iter()
