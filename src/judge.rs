@@ -16,7 +16,7 @@ use http::Response;
 
 use crate::backend::{BackendError, Hits};
 use crate::count::CountIf;
-use crate::decision::Decision;
+use crate::decision::{Carry, Decision, DecisionIn};
 use crate::key::KeyError;
 use crate::metrics::LayerMetrics;
 use crate::policy::{Policies, Policy};
@@ -124,6 +124,8 @@ pub(crate) struct Settings {
     pub(crate) key_gate: Arc<LogGate>,
     /// The layer's metric handles (feature `metrics`; zero-sized without).
     pub(crate) metrics: LayerMetrics,
+    /// Where a passed request's decision goes.
+    pub(crate) decision_in: DecisionIn,
 }
 
 /// What the limiter does with a request once the backend has answered.
@@ -173,6 +175,7 @@ impl<Bk, D> Core<Bk, D> {
                 warn_gate: Arc::default(),
                 key_gate: Arc::default(),
                 metrics: LayerMetrics::default(),
+                decision_in: DecisionIn::default(),
             },
         }
     }
@@ -183,6 +186,12 @@ impl<Bk, D> Core<Bk, D> {
     #[inline]
     pub(crate) fn counts_by_outcome(&self) -> bool {
         self.settings.count_if.is_some()
+    }
+
+    /// Where the decision on `request`, if it is passed on, goes.
+    #[inline]
+    pub(crate) fn carry(&self, request: &RequestHead<'_>) -> Carry {
+        self.settings.decision_in.carry(request.extensions())
     }
 
     /// `result`, a backend answer given at once, counted in the metrics
@@ -299,6 +308,7 @@ impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
             .field("shadow", &s.shadow)
             .field("skip", &s.skip.is_some())
             .field("count_if", &s.count_if.is_some())
+            .field("decision_in", &s.decision_in)
             .finish_non_exhaustive()
     }
 }

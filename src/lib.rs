@@ -185,7 +185,7 @@ mod response;
 mod service;
 
 pub use count::{CountOnly, ResponseHead};
-pub use decision::{Decision, Outcome};
+pub use decision::{Decision, DecisionIn, Outcome, WantDecision};
 pub use error::{ConfigError, ParseRateError, RateErrorKind};
 pub use future::ResponseFuture;
 pub use judge::{FailurePolicy, OnMissingKey};

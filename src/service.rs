@@ -10,7 +10,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::Backend;
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, call_with};
 use crate::judge::{Core, OnMissingKey};
 use crate::key::KeyExtractor;
 use crate::refund::{self, RefundTab};
@@ -151,15 +151,17 @@ where
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
                 let result = core.answered_at_once(result);
+                let carry = core.carry(&head);
                 if core.counts_by_outcome() {
                     let tab = RefundTab::open(core, &key);
-                    ResponseFuture::counted(
-                        refund::judge(core, tab, result, &policy, &head),
-                        || self.inner.call(request),
-                    )
+                    let verdict = refund::judge(core, tab, result, &policy, &head);
+                    ResponseFuture::counted(verdict, carry, |decision| {
+                        call_with(&mut self.inner, request, decision)
+                    })
                 } else {
-                    ResponseFuture::judged(core.judge(result, &policy, &head), || {
-                        self.inner.call(request)
+                    let verdict = core.judge(result, &policy, &head);
+                    ResponseFuture::judged(verdict, carry, |decision| {
+                        call_with(&mut self.inner, request, decision)
                     })
                 }
             }
