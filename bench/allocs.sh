@@ -30,7 +30,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 cargo build --release -p tower-pinned-window-bench --example allocs --quiet
-target/release/examples/allocs \
+"${CARGO_TARGET_DIR:-target}"/release/examples/allocs \
   --budget headers-off-unread=0 \
   --budget headers-on-unread=1 \
   --budget headers-on=4 \

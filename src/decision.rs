@@ -332,7 +332,7 @@ pub enum DecisionIn {
 
 impl DecisionIn {
     /// Where the decision on the request with `extensions` goes.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn carry(self, extensions: &Extensions) -> Carry {
         let wanted = || extensions.get::<WantDecision>().is_some();
         match self {
@@ -392,6 +392,14 @@ pub(crate) struct Carry {
     pub(crate) request: bool,
     /// Into the response's extensions.
     pub(crate) response: bool,
+}
+
+impl Carry {
+    /// Whether the decision goes anywhere.
+    #[inline]
+    pub(crate) fn anywhere(self) -> bool {
+        self.request || self.response
+    }
 }
 
 /// Whole seconds, rounded up, at least 1.

@@ -230,7 +230,7 @@ fn call_once<S: Service<Request<B>>, B>(
 
 /// Calls `service` with `request`, and `decision`, if any, in the request's
 /// extensions.
-#[inline]
+#[inline(always)]
 pub(crate) fn call_with<S: Service<Request<B>>, B>(
     service: &mut S,
     mut request: Request<B>,
@@ -282,9 +282,11 @@ where
                     let policy = Selected::Kept(policy);
                     let carry = core.carry(&head);
                     let next = match tab.take() {
-                        None => Self::judged(core.judge(result, &policy, &head), carry, |d| {
-                            call_once(service, request, d)
-                        }),
+                        None => Self::judged(
+                            core.judge(result, &policy, &head, carry.anywhere()),
+                            carry,
+                            |d| call_once(service, request, d),
+                        ),
                         Some(tab) => Self::counted(
                             refund::judge(core, tab, result, &policy, &head),
                             carry,

@@ -131,7 +131,8 @@ pub(crate) struct Settings {
 /// What the limiter does with a request once the backend has answered.
 pub(crate) enum Verdict<B> {
     /// Call the service; write the decision onto its answer
-    /// ([`response::passed`]), if the request was counted.
+    /// ([`response::passed`]), if there is one: `None` for a request passed
+    /// uncounted, or counted with nothing to show (see [`Core::judge`]).
     Pass(Option<Passed>),
     /// Answer without calling the service.
     Respond(Response<B>),
@@ -207,11 +208,19 @@ impl<Bk, D> Core<Bk, D> {
     }
 
     /// The verdict on `request`, given the backend's `result` for `policy`.
+    ///
+    /// Unless `read` (the decision on a passed request is carried to the
+    /// request or the response, or settled under `count_if`), a request
+    /// that passes with nothing to show for it (no headers, no metrics, no
+    /// [`on_decision`](crate::RateLimitLayer::on_decision) callback, no
+    /// debug log, hits to spare) gets no [`Decision`] at all: nobody would
+    /// read it.
     pub(crate) fn judge<B>(
         &self,
         result: Result<Hits, BackendError>,
         policy: &Policy,
         request: &RequestHead<'_>,
+        read: bool,
     ) -> Verdict<B>
     where
         D: Deny<B>,
@@ -231,11 +240,19 @@ impl<Bk, D> Core<Bk, D> {
             }
             Err(err) => return self.outage(err, request),
         };
-        let Some((index, decision)) = policy.decide(&hits, s.shadow, request.route_owned()) else {
+        let Some((index, hit)) = policy.decisive(&hits) else {
             let err = BackendError::Unavailable("the backend answered no hit".into());
             s.metrics.backend_error(&s.name, &err);
             return self.outage(err, request);
         };
+        if !read
+            && s.observer.is_none()
+            && policy.passes_unseen(index, hit)
+            && !tracing::enabled!(tracing::Level::DEBUG)
+        {
+            return Verdict::Pass(None);
+        }
+        let decision = policy.decision(index, hit, s.shadow, request.route_owned());
         tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
         policy.quota_metrics(index).record(&decision);
         if let Some(observer) = &s.observer {

@@ -195,7 +195,7 @@ where
         }
         Err(_) => false,
     };
-    match core.judge(result, policy, request) {
+    match core.judge(result, policy, request, true) {
         Verdict::Pass(Some(passed)) => {
             tab.passed = Some(passed);
             CountedVerdict::Pass(tab)

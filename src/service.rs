@@ -140,7 +140,7 @@ where
             }
         };
         let policy = core.settings.policies.select(&head);
-        let mut hit = core.backend.hit_all(&key, &policy.counters());
+        let mut hit = policy.hit(&core.backend, &key);
         tracing::trace!(limiter = %core.settings.name, %key, "rate-limit hit");
         // A backend that answers at once (the in-memory one does) is judged
         // here, and the service that was driven to readiness is called
@@ -159,7 +159,7 @@ where
                         call_with(&mut self.inner, request, decision)
                     })
                 } else {
-                    let verdict = core.judge(result, &policy, &head);
+                    let verdict = core.judge(result, &policy, &head, carry.anywhere());
                     ResponseFuture::judged(verdict, carry, |decision| {
                         call_with(&mut self.inner, request, decision)
                     })
