@@ -26,6 +26,10 @@
 # - headers-off-outer=3: a ratchet at the measured figure. An outer layer
 #   asks with WantDecision and reads the Decision from the response's
 #   extensions, which it empties into three allocations.
+#
+# With REDIS_URL set (a Redis of your own, never a shared one: keys are
+# written), the Redis route's rows are printed too, measured and not
+# budgeted: REDIS_URL=redis://127.0.0.1:6397/ bash bench/allocs.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 

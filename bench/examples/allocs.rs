@@ -29,6 +29,11 @@
 //! With `--budget CASE=N` (any number of times), it exits with status 1
 //! when the layer adds more than `N` allocations a request to `CASE`.
 //!
+//! With `REDIS_URL` in the environment, it adds the Redis route's rows (a
+//! Redis of the run's own: the keys are written; one request at a time on
+//! a current-thread runtime, every thread's allocations counted), measured
+//! and not budgeted.
+//!
 //! With `ALLOCS_TRACE=1` in the environment, it prints a backtrace of
 //! every `alloc` made by one request of each case (on stderr, after the
 //! warm-up), to find where they come from.
@@ -54,6 +59,7 @@ use axum::routing::get;
 use axum::{Router, middleware};
 use tower::Service;
 use tower::util::MapResponseLayer;
+use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::{Decision, DecisionIn, HeaderStyle, Quota, RateLimitLayer, WantDecision};
 
@@ -129,6 +135,84 @@ fn one(router: &mut Router, request: Request<Body>) -> u64 {
         black_box(response);
     }
     ALLOCATIONS.load(Ordering::Relaxed) - before
+}
+
+/// Allocations made by `router` answering `request` on `runtime`: the
+/// process's, every thread's (the Redis client's tasks too).
+fn one_on(runtime: &tokio::runtime::Runtime, router: &mut Router, request: Request<Body>) -> u64 {
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    runtime.block_on(async {
+        let response = tower::ServiceExt::<Request<Body>>::ready(&mut *router)
+            .await
+            .unwrap()
+            .call(request)
+            .await
+            .unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        black_box(response);
+    });
+    ALLOCATIONS.load(Ordering::Relaxed) - before
+}
+
+/// [`per_request`] for a route whose backend goes out (Redis), one request
+/// at a time on a current-thread runtime.
+fn per_request_on(runtime: &tokio::runtime::Runtime, router: Router) -> f64 {
+    let mut router = router.with_state(());
+    for i in 0..KEYS + 1000 {
+        one_on(runtime, &mut router, request(i));
+    }
+    let requests = REQUESTS / 10;
+    let mut total = 0;
+    for i in 0..requests {
+        let request = request(i);
+        total += one_on(runtime, &mut router, request);
+    }
+    total as f64 / f64::from(requests)
+}
+
+/// The Redis route's rows, when `REDIS_URL` names a Redis to count in (never
+/// a shared one: the keys are written). Measured, not budgeted.
+fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
+    let Ok(url) = std::env::var("REDIS_URL") else {
+        return Vec::new();
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let connection = runtime.block_on(async {
+        redis::Client::open(url)
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap()
+    });
+    let route = |place: DecisionIn| {
+        let backend = RedisBackend::builder(connection.clone()).build();
+        Router::new()
+            .route("/", get(no_content))
+            .route_layer(layer(HeaderStyle::Ietf, place).backend(backend))
+    };
+    let identity = Router::new()
+        .route("/", get(no_content))
+        .route_layer(MapResponseLayer::new(|r: Response| r));
+    vec![
+        (
+            "redis-identity",
+            "the `identity` route, driven as the Redis rows are (`block_on`)",
+            per_request_on(&runtime, identity),
+        ),
+        (
+            "redis",
+            "Redis backend, headers on, `Decision` in the response (the default)",
+            per_request_on(&runtime, route(DecisionIn::Response)),
+        ),
+        (
+            "redis-unread",
+            "Redis backend, headers on, `Decision` unread (`DecisionIn::Asked`)",
+            per_request_on(&runtime, route(DecisionIn::Asked)),
+        ),
+    ]
 }
 
 /// Allocations per request through `router`, after a warm-up over every
@@ -324,6 +408,22 @@ fn main() -> ExitCode {
         );
     }
 
+    let redis = redis_rows();
+    if let Some((_, _, identity)) = redis.first() {
+        println!();
+        println!(
+            "| case | route | allocations per request | over bare axum | added by the layer |"
+        );
+        println!("|---|---|---|---|---|");
+        for (name, what, n) in &redis {
+            let added = if name == &"redis-identity" {
+                String::new()
+            } else {
+                format!("{:.2}", n - identity)
+            };
+            println!("| `{name}` | {what} | {n:.2} | {:.2} | {added} |", n - bare);
+        }
+    }
     std::io::stdout().flush().expect("stdout");
     let mut over = false;
     for (name, budget) in &budgets {
