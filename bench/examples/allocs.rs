@@ -193,9 +193,7 @@ fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
             .route("/", get(no_content))
             .route_layer(layer(HeaderStyle::Ietf, place).backend(backend))
     };
-    let identity = Router::new()
-        .route("/", get(no_content))
-        .route_layer(MapResponseLayer::new(|r: Response| r));
+    let identity = identity();
     vec![
         (
             "redis-identity",
@@ -237,6 +235,14 @@ fn per_request(router: Router) -> f64 {
         total += one(&mut router, request);
     }
     total as f64 / f64::from(REQUESTS)
+}
+
+/// The 204 route behind a `route_layer` that does nothing: what the
+/// limiter's cases are measured against.
+fn identity() -> Router {
+    Router::new()
+        .route("/", get(no_content))
+        .route_layer(MapResponseLayer::new(|r: Response| r))
 }
 
 async fn no_content() -> StatusCode {
@@ -291,68 +297,69 @@ struct Case {
 fn cases() -> Vec<Case> {
     use DecisionIn::{Asked, Request as InRequest, Response as InResponse};
     use HeaderStyle::{Ietf, None as NoHeaders};
+    let case = |name, base, what, router| Case {
+        name,
+        what,
+        router,
+        base,
+    };
     vec![
-        Case {
-            name: "bare",
-            what: "bare axum (no layer)",
-            router: Router::new().route("/", get(no_content)),
-            base: "bare",
-        },
-        Case {
-            name: "identity",
-            what: "axum with a `route_layer` that does nothing (`MapResponseLayer`)",
-            router: Router::new()
-                .route("/", get(no_content))
-                .route_layer(MapResponseLayer::new(|r: Response| r)),
-            base: "identity",
-        },
-        Case {
-            name: "headers-on",
-            what: "headers on, `Decision` in the response (`DecisionIn::Response`, the default)",
-            router: limited(Ietf, InResponse),
-            base: "identity",
-        },
-        Case {
-            name: "headers-on-unread",
-            what: "headers on, `Decision` unread (`DecisionIn::Asked`)",
-            router: limited(Ietf, Asked),
-            base: "identity",
-        },
-        Case {
-            name: "headers-off",
-            what: "headers off, `Decision` in the response (`DecisionIn::Response`)",
-            router: limited(NoHeaders, InResponse),
-            base: "identity",
-        },
-        Case {
-            name: "headers-off-unread",
-            what: "headers off, `Decision` unread (`DecisionIn::Asked`)",
-            router: limited(NoHeaders, Asked),
-            base: "identity",
-        },
-        Case {
-            name: "headers-off-handler",
-            what: "headers off, the handler reads `Extension<Decision>` (`DecisionIn::Request`)",
-            router: Router::new()
+        case(
+            "bare",
+            "bare",
+            "bare axum (no layer)",
+            Router::new().route("/", get(no_content)),
+        ),
+        case(
+            "identity",
+            "identity",
+            "axum with a `route_layer` that does nothing (`MapResponseLayer`)",
+            identity(),
+        ),
+        case(
+            "headers-on",
+            "identity",
+            "headers on, `Decision` in the response (`DecisionIn::Response`, the default)",
+            limited(Ietf, InResponse),
+        ),
+        case(
+            "headers-on-unread",
+            "identity",
+            "headers on, `Decision` unread (`DecisionIn::Asked`)",
+            limited(Ietf, Asked),
+        ),
+        case(
+            "headers-off",
+            "identity",
+            "headers off, `Decision` in the response (`DecisionIn::Response`)",
+            limited(NoHeaders, InResponse),
+        ),
+        case(
+            "headers-off-unread",
+            "identity",
+            "headers off, `Decision` unread (`DecisionIn::Asked`)",
+            limited(NoHeaders, Asked),
+        ),
+        case(
+            "headers-off-handler",
+            "identity",
+            "headers off, the handler reads `Extension<Decision>` (`DecisionIn::Request`)",
+            Router::new()
                 .route("/", get(reads_decision))
                 .route_layer(layer(NoHeaders, InRequest)),
-            base: "identity",
-        },
-        Case {
-            name: "outer-bare",
-            what: "the `identity` route behind an outer layer (`middleware::from_fn`) that passes through",
-            router: Router::new()
-                .route("/", get(no_content))
-                .route_layer(MapResponseLayer::new(|r: Response| r))
-                .route_layer(middleware::from_fn(passes_through)),
-            base: "outer-bare",
-        },
-        Case {
-            name: "headers-off-outer",
-            what: "headers off, an outer layer asks (`WantDecision`) and reads it",
-            router: limited(NoHeaders, Asked).route_layer(middleware::from_fn(asks_for_decision)),
-            base: "outer-bare",
-        },
+        ),
+        case(
+            "outer-bare",
+            "outer-bare",
+            "the `identity` route behind an outer layer (`middleware::from_fn`) that passes through",
+            identity().route_layer(middleware::from_fn(passes_through)),
+        ),
+        case(
+            "headers-off-outer",
+            "outer-bare",
+            "headers off, an outer layer asks (`WantDecision`) and reads it",
+            limited(NoHeaders, Asked).route_layer(middleware::from_fn(asks_for_decision)),
+        ),
     ]
 }
 
