@@ -175,7 +175,7 @@ impl<Bk, D> Core<Bk, D> {
                 count_if: None,
                 warn_gate: Arc::default(),
                 key_gate: Arc::default(),
-                metrics: LayerMetrics::default(),
+                metrics: Default::default(),
                 decision_in: DecisionIn::default(),
             },
         }

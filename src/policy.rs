@@ -368,7 +368,7 @@ impl Policies {
                     policy: name.clone(),
                     headers,
                 }),
-                metrics: QuotaMetrics::default(),
+                metrics: Default::default(),
             })
             .collect();
         Arc::new(Policy { slots })
