@@ -475,4 +475,58 @@ mod tests {
             assert!(state.contains(&format!("\"{want}\"")), "{case}: {state}");
         }
     }
+
+    /// What a service that reports the decision in its request answers
+    /// with, behind `layer` on a backend that answers at once or later:
+    /// the decision the service saw, and the one its answer carries.
+    async fn carried<Bk: Backend>(
+        layer: RateLimitLayer<crate::key::GlobalKey, Bk>,
+        ask: bool,
+    ) -> (Option<u64>, Option<u64>) {
+        let reports = service_fn(|request: Request<String>| async move {
+            let seen = request.extensions().get::<Decision>().map(Decision::count);
+            Ok::<_, Infallible>(Response::new(format!("{seen:?}")))
+        });
+        let mut request = Request::new(String::new());
+        if ask {
+            request
+                .extensions_mut()
+                .insert(crate::decision::WantDecision);
+        }
+        let response = layer.layer(reports).oneshot(request).await.unwrap();
+        let in_response = response.extensions().get::<Decision>().map(Decision::count);
+        let seen = match response.body().as_str() {
+            "None" => None,
+            "Some(1)" => Some(1),
+            other => panic!("{other}"),
+        };
+        (seen, in_response)
+    }
+
+    #[tokio::test]
+    async fn the_decision_goes_where_decision_in_says_at_once_and_later() {
+        use crate::decision::DecisionIn::{Asked, Request as InRequest, Response as InResponse};
+        let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+        let cases = [
+            (InResponse, false, (None, Some(1))),
+            (InRequest, false, (Some(1), None)),
+            (InRequest, true, (Some(1), Some(1))),
+            (Asked, false, (None, None)),
+            (Asked, true, (None, Some(1))),
+        ];
+        for (place, ask, want) in cases {
+            let layer = || RateLimitLayer::new("api", quota).decision_in(place);
+            assert_eq!(
+                carried(layer(), ask).await,
+                want,
+                "{place:?} at once, asked: {ask}"
+            );
+            let later = layer().backend(Later(MemoryBackend::new()));
+            assert_eq!(
+                carried(later, ask).await,
+                want,
+                "{place:?} later, asked: {ask}"
+            );
+        }
+    }
 }
