@@ -18,10 +18,11 @@ out=$(mktemp -d)
 trap '[ -n "${KEEP:-}" ] || rm -rf "$out"' EXIT
 iters=$(valgrind --tool=callgrind --callgrind-out-file="$out/callgrind.out" \
   --collect-atstart=no --toggle-collect='*case_*' \
-  target/release/examples/callgrind 2>"$out/valgrind.log")
+  "${CARGO_TARGET_DIR:-target}"/release/examples/callgrind 2>"$out/valgrind.log")
 memory=$(sed -n 's/.*memory=\([0-9]*\).*/\1/p' <<<"$iters")
 layer=$(sed -n 's/.*layer=\([0-9]*\).*/\1/p' <<<"$iters")
 callgrind_annotate --inclusive=yes --threshold=100 "$out/callgrind.out" >"$out/annotate.txt"
+[ -z "${KEEP:-}" ] || echo "callgrind's output: $out" >&2
 
 # Inclusive instructions per iteration of one case function.
 per() { # $1 = case name, $2 = iterations
@@ -36,6 +37,7 @@ keys_ours=$(per case_100k_keys_ours "$memory"); keys_gov=$(per case_100k_keys_go
 two_ours=$(per case_two_counters_ours "$memory")
 bare=$(per case_layer_bare "$layer")
 ours_h=$(per case_layer_ours_headers "$layer"); ours_n=$(per case_layer_ours_no_headers "$layer")
+ours_hu=$(per case_layer_ours_headers_unread "$layer"); ours_nu=$(per case_layer_ours_no_headers_unread "$layer")
 tg_h=$(per case_layer_tower_governor_headers "$layer"); tg_n=$(per case_layer_tower_governor_no_headers "$layer")
 
 row() { printf '| %s | %.0f | %.0f | %.2f |\n' "$1" "$2" "$3" "$(echo "$2 / $3" | bc -l)"; }
@@ -45,5 +47,7 @@ row "memory backend, one hot key" "$hot_ours" "$hot_gov"
 row "memory backend, 100k distinct keys" "$keys_ours" "$keys_gov"
 row "layer overhead over \`service_fn\`, with rate-limit headers" "$(echo "$ours_h - $bare" | bc -l)" "$(echo "$tg_h - $bare" | bc -l)"
 row "layer overhead over \`service_fn\`, no headers" "$(echo "$ours_n - $bare" | bc -l)" "$(echo "$tg_n - $bare" | bc -l)"
+row "layer overhead, with headers, \`Decision\` unread (\`DecisionIn::Asked\`)" "$(echo "$ours_hu - $bare" | bc -l)" "$(echo "$tg_h - $bare" | bc -l)"
+row "layer overhead, no headers, \`Decision\` unread (\`DecisionIn::Asked\`)" "$(echo "$ours_nu - $bare" | bc -l)" "$(echo "$tg_n - $bare" | bc -l)"
 printf '\nbare `service_fn` request: %.0f instructions\n' "$bare"
 printf 'memory backend, one hot key under two quotas (no governor counterpart): %.0f instructions\n' "$two_ours"

@@ -4,6 +4,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::Extensions;
+
 use crate::label::{Label, QuotaHeaders};
 use crate::request::Route;
 
@@ -49,8 +51,35 @@ pub enum Outcome {
 }
 
 /// One request's verdict. It is handed to the
-/// [`on_decision`](crate::RateLimitLayer::on_decision) callback and inserted
-/// into the response's extensions.
+/// [`on_decision`](crate::RateLimitLayer::on_decision) callback, and put
+/// where the layer's [`DecisionIn`] says.
+///
+/// # Where to read it
+///
+/// - A denial (and any answer under
+///   [`count_if`](crate::RateLimitLayer::count_if), where the decision says
+///   whether the hit was [refunded](Self::refunded)) always carries it in
+///   the response's extensions.
+/// - A passed request's response carries it in its extensions under
+///   [`DecisionIn::Response`] (the default), or when the request asked for
+///   it with [`WantDecision`] in its extensions: what an outer layer does
+///   to read it.
+/// - Under [`DecisionIn::Request`], the request carries it to the handler:
+///   `axum::Extension<Decision>`.
+/// - Under [`DecisionIn::Asked`], a passed request's decision goes nowhere
+///   unless it is asked for: a request nobody reads the decision of costs
+///   no allocation for it. Putting a value into empty extensions costs
+///   three allocations (the map's box, its table, the boxed value), so
+///   [`DecisionIn::Response`] costs three per passed request;
+///   [`DecisionIn::Request`] costs one under axum, whose router has already
+///   made the request's extensions. With the headers off too, no
+///   [`on_decision`](crate::RateLimitLayer::on_decision) callback and no
+///   `metrics` feature, a passed request nobody reads the decision of gets
+///   none at all (one with no hit to spare still does, to raise
+///   `Retry-After`).
+///
+/// The counts per request are measured by `bash bench/allocs.sh` (the
+/// repository's `bench/`).
 ///
 /// It says which limiter ([`name`](Self::name)), which of its quotas
 /// ([`policy`](Self::policy)) and which route ([`route`](Self::route))
@@ -258,6 +287,125 @@ impl fmt::Debug for Decision {
             .field("outcome", &self.outcome)
             .field("refunded", &self.refunded)
             .finish()
+    }
+}
+
+/// Where a layer puts the [`Decision`] on a request it passes on (see
+/// [`RateLimitLayer::decision_in`](crate::RateLimitLayer::decision_in)). A
+/// denial always carries its decision in the response's extensions, and a
+/// request that carries [`WantDecision`] always gets it in its response's.
+///
+/// # Example
+///
+/// A handler reads the decision from the request:
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Extension, Router, body::Body, http::Request, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
+///     .decision_in(DecisionIn::Request);
+/// let handler = |Extension(decision): Extension<Decision>| async move {
+///     format!("{} left", decision.remaining())
+/// };
+/// let app = Router::new().route("/", get(handler)).route_layer(layer);
+/// let response = app.oneshot(Request::new(Body::empty())).await.unwrap();
+/// // Asked for by nobody: not in the response.
+/// assert!(response.extensions().get::<Decision>().is_none());
+/// let body = axum::body::to_bytes(response.into_body(), 64).await.unwrap();
+/// assert_eq!(body, "4 left");
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum DecisionIn {
+    /// In the response's extensions, on every passed request: three
+    /// allocations a request when the response has no extensions yet.
+    #[default]
+    Response,
+    /// In the request's extensions, for the handler
+    /// (`axum::Extension<Decision>`): one allocation a request under axum.
+    /// The response carries it only when asked for.
+    Request,
+    /// Nowhere, unless the request asks for it with [`WantDecision`]: the
+    /// response then carries it. Nothing is allocated for a decision nobody
+    /// reads.
+    Asked,
+}
+
+impl DecisionIn {
+    /// Where the decision on the request with `extensions` goes.
+    #[inline(always)]
+    pub(crate) fn carry(self, extensions: &Extensions) -> Carry {
+        let wanted = || extensions.get::<WantDecision>().is_some();
+        match self {
+            Self::Response => Carry {
+                request: false,
+                response: true,
+            },
+            Self::Request => Carry {
+                request: true,
+                response: wanted(),
+            },
+            Self::Asked => Carry {
+                request: false,
+                response: wanted(),
+            },
+        }
+    }
+}
+
+/// Asks every limiter a request goes through to put its [`Decision`] in the
+/// response's extensions, whatever its [`DecisionIn`]: an outer layer that
+/// reads the decision inserts this into the request's extensions. It is
+/// zero-sized, so inserting it allocates nothing once the request has
+/// extensions (under axum it has).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer, WantDecision};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
+///     .decision_in(DecisionIn::Asked);
+/// let app = Router::new().route("/", get(|| async { StatusCode::NO_CONTENT })).layer(layer);
+///
+/// let unasked = app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+/// assert!(unasked.extensions().get::<Decision>().is_none());
+///
+/// // What an outer layer does on the way in.
+/// let mut request = Request::new(Body::empty());
+/// request.extensions_mut().insert(WantDecision);
+/// let asked = app.oneshot(request).await.unwrap();
+/// assert_eq!(asked.extensions().get::<Decision>().unwrap().remaining(), 3);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct WantDecision;
+
+/// Where one passed request's decision goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Carry {
+    /// Into the request's extensions, for the service.
+    pub(crate) request: bool,
+    /// Into the response's extensions.
+    pub(crate) response: bool,
+}
+
+impl Carry {
+    /// Whether the decision goes anywhere.
+    #[inline]
+    pub(crate) fn anywhere(self) -> bool {
+        self.request || self.response
     }
 }
 

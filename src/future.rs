@@ -12,6 +12,7 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::backend::{Backend, BackendError};
+use crate::decision::{Carry, Decision};
 use crate::judge::{Core, Passed, Verdict};
 use crate::metrics::Stopwatch;
 use crate::policy::{Policy, Selected};
@@ -61,12 +62,13 @@ pin_project! {
             // Only when the layer counts by outcome.
             tab: Option<Box<T>>,
         },
-        // Passed on: waiting for the service, whose answer gets the
-        // decision, if the request was counted. No refund can follow.
+        // Passed on: waiting for the service, whose answer gets what the
+        // decision writes onto it, if the request was counted and anything
+        // is to be written. No refund can follow.
         Inner {
             #[pin]
             future: F,
-            passed: Option<Passed>,
+            answer: Option<Answer>,
         },
         // Passed on counted, under a layer that counts by outcome: waiting
         // for the service, whose answer settles the tab (the decision is
@@ -123,7 +125,7 @@ where
         Self {
             state: State::Inner {
                 future,
-                passed: None,
+                answer: None,
             },
         }
     }
@@ -142,17 +144,38 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     Bk: Backend,
 {
-    /// After the judge's `verdict`, without refunds: `call` the service, or
-    /// answer.
+    /// After the judge's `verdict`, without refunds: `call` the service
+    /// (with the decision to put into the request, when `carry` says so),
+    /// or answer.
     #[inline]
-    pub(crate) fn judged(verdict: Verdict<ResBody>, call: impl FnOnce() -> S::Future) -> Self {
+    pub(crate) fn judged(
+        verdict: Verdict<ResBody>,
+        carry: Carry,
+        call: impl FnOnce(Option<Decision>) -> S::Future,
+    ) -> Self {
         match verdict {
-            Verdict::Pass(passed) => Self {
-                state: State::Inner {
-                    future: call(),
-                    passed,
-                },
-            },
+            Verdict::Pass(None) => Self::passing(call(None)),
+            Verdict::Pass(Some(Passed { decision, .. })) => {
+                let (for_request, answer) =
+                    if carry.response || response::writes_on_passed(&decision) {
+                        let for_request = carry.request.then(|| decision.clone());
+                        let answer = Answer {
+                            decision,
+                            in_extensions: carry.response,
+                        };
+                        (for_request, Some(answer))
+                    } else {
+                        // Nothing to write onto the answer: the decision
+                        // goes to the request, or nowhere.
+                        (carry.request.then_some(decision), None)
+                    };
+                Self {
+                    state: State::Inner {
+                        future: call(for_request),
+                        answer,
+                    },
+                }
+            }
             Verdict::Respond(response) => Self::respond(response),
         }
     }
@@ -162,16 +185,17 @@ where
     /// finish first).
     pub(crate) fn counted(
         verdict: CountedVerdict<ResBody, Bk, D>,
-        call: impl FnOnce() -> S::Future,
+        carry: Carry,
+        call: impl FnOnce(Option<Decision>) -> S::Future,
     ) -> Self {
         let state = match verdict {
             CountedVerdict::Pass(tab) => State::Counting {
-                future: call(),
+                future: call(carry.request.then(|| tab.decision().cloned()).flatten()),
                 tab: Some(tab),
             },
             CountedVerdict::PassUncounted => State::Inner {
-                future: call(),
-                passed: None,
+                future: call(None),
+                answer: None,
             },
             CountedVerdict::Respond(response, None) => State::Respond {
                 response: Some(response),
@@ -185,13 +209,37 @@ where
     }
 }
 
-/// Calls the ready `service` with `request`, each taken once.
-fn call_once<S: Service<Req>, Req>(
+/// What a passed request's decision writes onto its answer.
+struct Answer {
+    decision: Decision,
+    /// Whether the decision itself goes into the answer's extensions.
+    in_extensions: bool,
+}
+
+/// Calls the ready `service` with `request`, each taken once, and
+/// `decision`, if any, in the request's extensions.
+fn call_once<S: Service<Request<B>>, B>(
     service: &mut Option<S>,
-    request: &mut Option<Req>,
+    request: &mut Option<Request<B>>,
+    decision: Option<Decision>,
 ) -> S::Future {
     let mut service = service.take().expect("the service is taken once");
-    service.call(request.take().expect("the request is taken once"))
+    let request = request.take().expect("the request is taken once");
+    call_with(&mut service, request, decision)
+}
+
+/// Calls `service` with `request`, and `decision`, if any, in the request's
+/// extensions.
+#[inline(always)]
+pub(crate) fn call_with<S: Service<Request<B>>, B>(
+    service: &mut S,
+    mut request: Request<B>,
+    decision: Option<Decision>,
+) -> S::Future {
+    if let Some(decision) = decision {
+        request.extensions_mut().insert(decision);
+    }
+    service.call(request)
 }
 
 impl<S, ReqBody, ResBody, Bk, D> Future for ResponseFuture<S, ReqBody, Bk, D>
@@ -232,25 +280,32 @@ where
                     let head =
                         RequestHead::new(request.as_ref().expect("the request is taken once"));
                     let policy = Selected::Kept(policy);
+                    let carry = core.carry(&head);
                     let next = match tab.take() {
-                        None => Self::judged(core.judge(result, &policy, &head), || {
-                            call_once(service, request)
-                        }),
-                        Some(tab) => {
-                            Self::counted(refund::judge(core, tab, result, &policy, &head), || {
-                                call_once(service, request)
-                            })
-                        }
+                        None => Self::judged(
+                            core.judge(result, &policy, &head, carry.anywhere()),
+                            carry,
+                            |d| call_once(service, request, d),
+                        ),
+                        Some(tab) => Self::counted(
+                            refund::judge(core, tab, result, &policy, &head),
+                            carry,
+                            |d| call_once(service, request, d),
+                        ),
                     };
                     this.state.set(next.state);
                 }
-                StateProj::Inner { future, passed } => {
+                StateProj::Inner { future, answer } => {
                     let result = ready!(future.poll(cx));
-                    let passed = passed.take();
+                    let answer = answer.take();
                     this.state.set(State::Done);
                     let mut response = result?;
-                    if let Some(passed) = passed {
-                        response::passed(&mut response, passed.decision);
+                    if let Some(Answer {
+                        decision,
+                        in_extensions,
+                    }) = answer
+                    {
+                        response::passed(&mut response, decision, in_extensions);
                     }
                     return Poll::Ready(Ok(response));
                 }
@@ -418,6 +473,60 @@ mod tests {
         ];
         for (case, state, want) in cases {
             assert!(state.contains(&format!("\"{want}\"")), "{case}: {state}");
+        }
+    }
+
+    /// What a service that reports the decision in its request answers
+    /// with, behind `layer` on a backend that answers at once or later:
+    /// the decision the service saw, and the one its answer carries.
+    async fn carried<Bk: Backend>(
+        layer: RateLimitLayer<crate::key::GlobalKey, Bk>,
+        ask: bool,
+    ) -> (Option<u64>, Option<u64>) {
+        let reports = service_fn(|request: Request<String>| async move {
+            let seen = request.extensions().get::<Decision>().map(Decision::count);
+            Ok::<_, Infallible>(Response::new(format!("{seen:?}")))
+        });
+        let mut request = Request::new(String::new());
+        if ask {
+            request
+                .extensions_mut()
+                .insert(crate::decision::WantDecision);
+        }
+        let response = layer.layer(reports).oneshot(request).await.unwrap();
+        let in_response = response.extensions().get::<Decision>().map(Decision::count);
+        let seen = match response.body().as_str() {
+            "None" => None,
+            "Some(1)" => Some(1),
+            other => panic!("{other}"),
+        };
+        (seen, in_response)
+    }
+
+    #[tokio::test]
+    async fn the_decision_goes_where_decision_in_says_at_once_and_later() {
+        use crate::decision::DecisionIn::{Asked, Request as InRequest, Response as InResponse};
+        let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+        let cases = [
+            (InResponse, false, (None, Some(1))),
+            (InRequest, false, (Some(1), None)),
+            (InRequest, true, (Some(1), Some(1))),
+            (Asked, false, (None, None)),
+            (Asked, true, (None, Some(1))),
+        ];
+        for (place, ask, want) in cases {
+            let layer = || RateLimitLayer::new("api", quota).decision_in(place);
+            assert_eq!(
+                carried(layer(), ask).await,
+                want,
+                "{place:?} at once, asked: {ask}"
+            );
+            let later = layer().backend(Later(MemoryBackend::new()));
+            assert_eq!(
+                carried(later, ask).await,
+                want,
+                "{place:?} later, asked: {ask}"
+            );
         }
     }
 }

@@ -16,7 +16,7 @@ use http::Response;
 
 use crate::backend::{BackendError, Hits};
 use crate::count::CountIf;
-use crate::decision::Decision;
+use crate::decision::{Carry, Decision, DecisionIn};
 use crate::key::KeyError;
 use crate::metrics::LayerMetrics;
 use crate::policy::{Policies, Policy};
@@ -124,12 +124,15 @@ pub(crate) struct Settings {
     pub(crate) key_gate: Arc<LogGate>,
     /// The layer's metric handles (feature `metrics`; zero-sized without).
     pub(crate) metrics: LayerMetrics,
+    /// Where a passed request's decision goes.
+    pub(crate) decision_in: DecisionIn,
 }
 
 /// What the limiter does with a request once the backend has answered.
 pub(crate) enum Verdict<B> {
     /// Call the service; write the decision onto its answer
-    /// ([`response::passed`]), if the request was counted.
+    /// ([`response::passed`]), if there is one: `None` for a request passed
+    /// uncounted, or counted with nothing to show (see [`Core::judge`]).
     Pass(Option<Passed>),
     /// Answer without calling the service.
     Respond(Response<B>),
@@ -172,7 +175,8 @@ impl<Bk, D> Core<Bk, D> {
                 count_if: None,
                 warn_gate: Arc::default(),
                 key_gate: Arc::default(),
-                metrics: LayerMetrics::default(),
+                metrics: Default::default(),
+                decision_in: DecisionIn::default(),
             },
         }
     }
@@ -183,6 +187,12 @@ impl<Bk, D> Core<Bk, D> {
     #[inline]
     pub(crate) fn counts_by_outcome(&self) -> bool {
         self.settings.count_if.is_some()
+    }
+
+    /// Where the decision on `request`, if it is passed on, goes.
+    #[inline]
+    pub(crate) fn carry(&self, request: &RequestHead<'_>) -> Carry {
+        self.settings.decision_in.carry(request.extensions())
     }
 
     /// `result`, a backend answer given at once, counted in the metrics
@@ -198,11 +208,19 @@ impl<Bk, D> Core<Bk, D> {
     }
 
     /// The verdict on `request`, given the backend's `result` for `policy`.
+    ///
+    /// Unless `read` (the decision on a passed request is carried to the
+    /// request or the response, or settled under `count_if`), a request
+    /// that passes with nothing to show for it (no headers, no metrics, no
+    /// [`on_decision`](crate::RateLimitLayer::on_decision) callback, no
+    /// debug log, hits to spare) gets no [`Decision`] at all: nobody would
+    /// read it.
     pub(crate) fn judge<B>(
         &self,
         result: Result<Hits, BackendError>,
         policy: &Policy,
         request: &RequestHead<'_>,
+        read: bool,
     ) -> Verdict<B>
     where
         D: Deny<B>,
@@ -222,11 +240,19 @@ impl<Bk, D> Core<Bk, D> {
             }
             Err(err) => return self.outage(err, request),
         };
-        let Some((index, decision)) = policy.decide(&hits, s.shadow, request.route_owned()) else {
+        let Some((index, hit)) = policy.decisive(&hits) else {
             let err = BackendError::Unavailable("the backend answered no hit".into());
             s.metrics.backend_error(&s.name, &err);
             return self.outage(err, request);
         };
+        if !read
+            && s.observer.is_none()
+            && policy.passes_unseen(index, hit)
+            && !tracing::enabled!(tracing::Level::DEBUG)
+        {
+            return Verdict::Pass(None);
+        }
+        let decision = policy.decision(index, hit, s.shadow, request.route_owned());
         tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
         policy.quota_metrics(index).record(&decision);
         if let Some(observer) = &s.observer {
@@ -299,6 +325,7 @@ impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
             .field("shadow", &s.shadow)
             .field("skip", &s.skip.is_some())
             .field("count_if", &s.count_if.is_some())
+            .field("decision_in", &s.decision_in)
             .finish_non_exhaustive()
     }
 }

@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
 use crate::count::{CountOnly, ResponseHead};
-use crate::decision::Decision;
+use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
 use crate::judge::{Core, FailurePolicy, OnMissingKey, SkipIf};
 use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
@@ -676,6 +676,18 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     /// [example](crate::Outcome#example).
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.core.settings.shadow = shadow;
+        self
+    }
+
+    /// Where a passed request's [`Decision`] goes: the response's extensions
+    /// ([`DecisionIn::Response`], the default), the request's, for the
+    /// handler ([`DecisionIn::Request`]), or only where asked for
+    /// ([`DecisionIn::Asked`]). A denial always carries it in the response's
+    /// extensions, and a request carrying
+    /// [`WantDecision`](crate::WantDecision) gets it in its response's. See
+    /// the [example](DecisionIn#example).
+    pub fn decision_in(mut self, place: DecisionIn) -> Self {
+        self.core.settings.decision_in = place;
         self
     }
 

@@ -97,8 +97,11 @@
 //! | skipped ([`skip_if`](RateLimitLayer::skip_if), [`allowlist`](RateLimitLayer::allowlist)) | | the service's response, uncounted, no headers | the service's answer |
 //!
 //! A response the limiter decided carries its [`Decision`] in its
-//! extensions; one answered for a backend failure carries the
-//! [`BackendErrorKind`](backend::BackendErrorKind) instead.
+//! extensions, unless [`decision_in`](RateLimitLayer::decision_in) puts a
+//! passed request's in the request (for the handler) or only where asked
+//! for ([`WantDecision`]); see [`DecisionIn`]. One answered for a backend
+//! failure carries the [`BackendErrorKind`](backend::BackendErrorKind)
+//! instead.
 //!
 //! # Topics
 //!
@@ -187,7 +190,7 @@ mod service;
 pub mod testkit;
 
 pub use count::{CountOnly, ResponseHead};
-pub use decision::{Decision, Outcome};
+pub use decision::{Decision, DecisionIn, Outcome, WantDecision};
 pub use error::{ConfigError, ParseRateError, RateErrorKind};
 pub use future::ResponseFuture;
 pub use judge::{FailurePolicy, OnMissingKey};

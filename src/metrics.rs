@@ -142,6 +142,9 @@ mod enabled {
     pub(crate) struct QuotaMetrics(OnceLock<[Counter; 3]>);
 
     impl QuotaMetrics {
+        /// Whether [`record`](Self::record) records anything.
+        pub(crate) const RECORDS: bool = true;
+
         /// Count `decision`, one of this quota's.
         pub(crate) fn record(&self, decision: &Decision) {
             let counters = self.0.get_or_init(|| {
@@ -242,6 +245,8 @@ mod disabled {
     pub(crate) struct QuotaMetrics;
 
     impl QuotaMetrics {
+        pub(crate) const RECORDS: bool = false;
+
         #[inline(always)]
         pub(crate) fn record(&self, _decision: &Decision) {}
     }

@@ -9,10 +9,11 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use smallvec::SmallVec;
 
-use crate::backend::{Counter, Hit, Hits};
+use crate::backend::{Backend, Counter, Hit, Hits};
 use crate::decision::Decision;
 use crate::error::ConfigError;
-use crate::label::Label;
+use crate::key::Key;
+use crate::label::{Label, QuotaHeaders};
 use crate::metrics::QuotaMetrics;
 use crate::name::{is_policy_name, is_sf_string_byte};
 use crate::quota::Quota;
@@ -136,16 +137,30 @@ pub(crate) struct Policy {
     slots: SmallVec<[Slot; 2]>,
 }
 
+/// The counter of the quota in `slot`.
+#[inline]
+fn counter(slot: &Slot) -> Counter<'_> {
+    Counter {
+        namespace: &slot.namespace,
+        quota: slot.quota,
+    }
+}
+
 impl Policy {
-    /// The counters to hit, built straight into the inline buffer for the
-    /// usual one or two (this runs on every request).
-    pub(crate) fn counters(&self) -> SmallVec<[Counter<'_>; 2]> {
-        fn counter(slot: &Slot) -> Counter<'_> {
-            Counter {
-                namespace: &slot.namespace,
-                quota: slot.quota,
-            }
+    /// Counts a hit of `key` on each of the policy's counters in `backend`:
+    /// the usual one quota's counter is handed over as a one-element slice,
+    /// with nothing to build.
+    #[inline]
+    pub(crate) fn hit<Bk: Backend>(&self, backend: &Bk, key: &Key) -> Bk::Future {
+        match &self.slots[..] {
+            [one] => backend.hit_all(key, std::slice::from_ref(&counter(one))),
+            _ => backend.hit_all(key, &self.counters()),
         }
+    }
+
+    /// The counters to hit, built straight into the inline buffer for the
+    /// usual one or two.
+    pub(crate) fn counters(&self) -> SmallVec<[Counter<'_>; 2]> {
         match &self.slots[..] {
             [one] => SmallVec::from_buf_and_len([counter(one), counter(one)], 1),
             [one, two] => SmallVec::from_buf([counter(one), counter(two)]),
@@ -153,33 +168,50 @@ impl Policy {
         }
     }
 
-    /// The binding decision, and the index of its quota: of the quotas over
+    /// The hit that decides, and the index of its quota: of the quotas over
     /// their limit, the one that resets last; otherwise the one with the
-    /// fewest hits left. `route` is the request's, for the decision.
+    /// fewest hits left.
     #[inline]
-    pub(crate) fn decide(
+    pub(crate) fn decisive<'h>(&self, hits: &'h Hits) -> Option<(usize, &'h Hit)> {
+        match (hits.as_slice(), &self.slots[..]) {
+            // The usual one quota: nothing to choose between.
+            ([hit], [_]) => Some((0, hit)),
+            _ => self.deciding(hits),
+        }
+    }
+
+    /// The decision on the deciding `hit` of the quota at `index` (as
+    /// [`decisive`](Self::decisive) returned them). `route` is the
+    /// request's.
+    #[inline]
+    pub(crate) fn decision(
         &self,
-        hits: &Hits,
+        index: usize,
+        hit: &Hit,
         shadow: bool,
         route: Option<Route>,
-    ) -> Option<(usize, Decision)> {
-        let (i, hit) = match (hits.as_slice(), &self.slots[..]) {
-            // The usual one quota: nothing to choose between.
-            ([hit], [_]) => (0, hit),
-            _ => self.deciding(hits)?,
-        };
-        let slot = &self.slots[i];
-        Some((
-            i,
-            Decision::new(
-                slot.label.clone(),
-                route,
-                slot.quota.limit(),
-                hit.count,
-                hit.reset,
-                shadow,
-            ),
-        ))
+    ) -> Decision {
+        let slot = &self.slots[index];
+        Decision::new(
+            slot.label.clone(),
+            route,
+            slot.quota.limit(),
+            hit.count,
+            hit.reset,
+            shadow,
+        )
+    }
+
+    /// Whether a request whose deciding `hit` is of the quota at `index`
+    /// passes with nothing to show for it: within the limit with hits to
+    /// spare (so no `Retry-After` to raise), no rate-limit headers, no
+    /// metrics recorded.
+    #[inline]
+    pub(crate) fn passes_unseen(&self, index: usize, hit: &Hit) -> bool {
+        let slot = &self.slots[index];
+        !QuotaMetrics::RECORDS
+            && hit.count < slot.quota.limit()
+            && matches!(slot.label.headers, QuotaHeaders::None)
     }
 
     /// The metric handles of the quota at `index` (as [`decide`](Self::decide)
@@ -336,7 +368,7 @@ impl Policies {
                     policy: name.clone(),
                     headers,
                 }),
-                metrics: QuotaMetrics::default(),
+                metrics: Default::default(),
             })
             .collect();
         Arc::new(Policy { slots })
@@ -381,10 +413,16 @@ impl Policies {
     }
 
     /// The policy for a request.
+    #[inline]
     pub(crate) fn select(&self, head: &RequestHead<'_>) -> Selected<'_> {
         if self.quota_by.is_none() && self.routes.is_empty() {
             return Selected::Kept(&self.default);
         }
+        self.select_among(head)
+    }
+
+    /// [`select`](Self::select), for a layer with route or tier quotas.
+    fn select_among(&self, head: &RequestHead<'_>) -> Selected<'_> {
         if let Some(quota) = self.quota_by.as_ref().and_then(|f| f(head)) {
             if quota.quota == self.default_quota && quota.name.is_none() {
                 return Selected::Kept(&self.default);

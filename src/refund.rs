@@ -73,6 +73,11 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
         })
     }
 
+    /// The passed request's decision, before any refund.
+    pub(crate) fn decision(&self) -> Option<&Decision> {
+        self.passed.as_ref().map(|passed| &passed.decision)
+    }
+
     /// Once the service answered with `response`: keep the hits if the
     /// answer counts; otherwise refund them and mark the request's decision
     /// refunded. Then the decision is written onto the answer. See
@@ -89,7 +94,7 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
             .as_ref()
             .is_none_or(|counts| counts(&ResponseHead::new(response)));
         if counts {
-            response::passed(response, decision);
+            response::passed(response, decision, true);
             return None;
         }
         // The decision no longer counts the hit, when the deciding counter
@@ -101,7 +106,7 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
         {
             decision.refund();
         }
-        response::passed(response, decision);
+        response::passed(response, decision, true);
         self.refund()
     }
 
@@ -190,7 +195,7 @@ where
         }
         Err(_) => false,
     };
-    match core.judge(result, policy, request) {
+    match core.judge(result, policy, request, true) {
         Verdict::Pass(Some(passed)) => {
             tab.passed = Some(passed);
             CountedVerdict::Pass(tab)

@@ -132,12 +132,23 @@ where
 }
 
 /// The service's answer to a request that was passed on: `decision`'s
-/// rate-limit headers joined to any it carries, and the decision in its
-/// extensions.
+/// rate-limit headers joined to any it carries, and, when `in_extensions`,
+/// the decision in its extensions.
 #[inline]
-pub(crate) fn passed<B>(response: &mut Response<B>, decision: Decision) {
+pub(crate) fn passed<B>(response: &mut Response<B>, decision: Decision, in_extensions: bool) {
     write_headers(response.headers_mut(), &decision, Written::OnPassed);
-    response.extensions_mut().insert(decision);
+    if in_extensions {
+        response.extensions_mut().insert(decision);
+    }
+}
+
+/// Whether [`passed`] writes anything onto the answer to a request passed
+/// with `decision`, the decision itself aside: rate-limit headers, or a
+/// raised `Retry-After` when nothing is left.
+#[inline]
+pub(crate) fn writes_on_passed(decision: &Decision) -> bool {
+    !matches!(decision.quota_headers(), QuotaHeaders::None)
+        || (decision.outcome() == Outcome::Allowed && decision.remaining() == 0)
 }
 
 /// The answer under fail-closed when the backend failed: `503` with

@@ -10,7 +10,7 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::Backend;
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, call_with};
 use crate::judge::{Core, OnMissingKey};
 use crate::key::KeyExtractor;
 use crate::refund::{self, RefundTab};
@@ -140,7 +140,7 @@ where
             }
         };
         let policy = core.settings.policies.select(&head);
-        let mut hit = core.backend.hit_all(&key, &policy.counters());
+        let mut hit = policy.hit(&core.backend, &key);
         tracing::trace!(limiter = %core.settings.name, %key, "rate-limit hit");
         // A backend that answers at once (the in-memory one does) is judged
         // here, and the service that was driven to readiness is called
@@ -151,15 +151,17 @@ where
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
                 let result = core.answered_at_once(result);
+                let carry = core.carry(&head);
                 if core.counts_by_outcome() {
                     let tab = RefundTab::open(core, &key);
-                    ResponseFuture::counted(
-                        refund::judge(core, tab, result, &policy, &head),
-                        || self.inner.call(request),
-                    )
+                    let verdict = refund::judge(core, tab, result, &policy, &head);
+                    ResponseFuture::counted(verdict, carry, |decision| {
+                        call_with(&mut self.inner, request, decision)
+                    })
                 } else {
-                    ResponseFuture::judged(core.judge(result, &policy, &head), || {
-                        self.inner.call(request)
+                    let verdict = core.judge(result, &policy, &head, carry.anywhere());
+                    ResponseFuture::judged(verdict, carry, |decision| {
+                        call_with(&mut self.inner, request, decision)
                     })
                 }
             }

@@ -31,7 +31,7 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
 use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
 use tower_pinned_window::key::Key;
-use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
+use tower_pinned_window::{DecisionIn, HeaderStyle, Quota, RateLimitLayer};
 
 const KEYS: usize = 100_000;
 /// Hits per memory case.
@@ -107,6 +107,8 @@ cases!(
     case_layer_bare,
     case_layer_ours_headers,
     case_layer_ours_no_headers,
+    case_layer_ours_headers_unread,
+    case_layer_ours_no_headers_unread,
     case_layer_tower_governor_headers,
     case_layer_tower_governor_no_headers,
 );
@@ -188,6 +190,23 @@ fn main() {
     let mut f = |_| one_request(&svc);
     warm(1000, &mut f);
     case_layer_ours_no_headers(REQUESTS, &mut f);
+
+    // The same two, the `Decision` read by nobody (`DecisionIn::Asked`):
+    // nothing goes into the response's extensions.
+    let svc = RateLimitLayer::new("bench", quota)
+        .decision_in(DecisionIn::Asked)
+        .layer(inner);
+    let mut f = |_| one_request(&svc);
+    warm(1000, &mut f);
+    case_layer_ours_headers_unread(REQUESTS, &mut f);
+
+    let svc = RateLimitLayer::new("bench", quota)
+        .headers(HeaderStyle::None)
+        .decision_in(DecisionIn::Asked)
+        .layer(inner);
+    let mut f = |_| one_request(&svc);
+    warm(1000, &mut f);
+    case_layer_ours_no_headers_unread(REQUESTS, &mut f);
 
     let config = GovernorConfigBuilder::default()
         .per_nanosecond(1)

@@ -1,0 +1,458 @@
+//! Heap allocations per request, counted by a counting global allocator:
+//! requests driven through an axum `Router` as a server drives them (a 204
+//! handler, the layer in front as a `route_layer`, the peer address in the
+//! request's extensions as `into_make_service_with_connect_info` puts it),
+//! over 10,000 client addresses on the memory backend.
+//!
+//! `bash bench/allocs.sh` runs this with the CI budgets. Run by hand:
+//!
+//! ```text
+//! cargo run --release -p tower-pinned-window-bench --example allocs
+//! cargo run --release -p tower-pinned-window-bench --example allocs -- \
+//!     --budget headers-off-unread=0 --budget headers-on-unread=3
+//! ```
+//!
+//! Each case is warmed up first (every address is hit once, so the
+//! backend's tables have grown, and first-use costs are paid), then
+//! `REQUESTS` requests are counted. Only the router's `call`, the polling
+//! of its future and the dropping of the response are counted: building
+//! the request is the server's work, the same with or without the layer.
+//! An allocation is a call of `alloc`, `alloc_zeroed` or `realloc`.
+//!
+//! "Added by the layer" is a case's count less its base's: the same route
+//! with a `route_layer` that does nothing in the limiter's place. axum
+//! wraps whatever layer `route_layer` is given in a route of its own, which
+//! costs two allocations a request (the layered service's clone and its
+//! boxed future) whatever the layer does; the "over bare axum" column
+//! includes them.
+//!
+//! With `--budget CASE=N` (any number of times), it exits with status 1
+//! when the layer adds more than `N` allocations a request to `CASE`.
+//!
+//! With `REDIS_URL` in the environment, it adds the Redis route's rows (a
+//! Redis of the run's own: the keys are written; one request at a time on
+//! a current-thread runtime, every thread's allocations counted), measured
+//! and not budgeted.
+//!
+//! With `ALLOCS_TRACE=1` in the environment, it prints a backtrace of
+//! every `alloc` made by one request of each case (on stderr, after the
+//! warm-up), to find where they come from.
+
+#![allow(missing_docs)]
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::future::Future;
+use std::hint::black_box;
+use std::io::Write;
+use std::net::{Ipv4Addr, SocketAddr};
+use std::pin::pin;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Extension};
+use axum::http::{Request, StatusCode};
+use axum::response::Response;
+use axum::routing::get;
+use axum::{Router, middleware};
+use tower::Service;
+use tower::util::MapResponseLayer;
+use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::{Decision, DecisionIn, HeaderStyle, Quota, RateLimitLayer, WantDecision};
+
+/// The system allocator, counting allocations.
+struct Counting;
+
+static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
+
+// SAFETY: every call is forwarded to `System` unchanged; only a counter is
+// added.
+static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+fn trace() {
+    if TRACE.swap(false, Ordering::Relaxed) {
+        eprintln!("{}", std::backtrace::Backtrace::force_capture());
+        TRACE.store(true, Ordering::Relaxed);
+    }
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        trace();
+        // SAFETY: the caller's contract is `System`'s.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+const KEYS: u32 = 10_000;
+/// Requests counted per case, after the warm-up.
+const REQUESTS: u32 = 100_000;
+
+fn request(i: u32) -> Request<Body> {
+    let mut request = Request::get("/").body(Body::empty()).unwrap();
+    let peer = SocketAddr::from((Ipv4Addr::from(0x0a00_0000 + i % KEYS), 4000));
+    request.extensions_mut().insert(ConnectInfo(peer));
+    request
+}
+
+/// Allocations made by `router` answering `request`, which must be
+/// answered at once (the memory backend and the handlers here never wait).
+fn one(router: &mut Router, request: Request<Body>) -> u64 {
+    let mut cx = Context::from_waker(Waker::noop());
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    {
+        assert!(Service::<Request<Body>>::poll_ready(router, &mut cx).is_ready());
+        let future = pin!(router.call(request));
+        let Poll::Ready(response) = future.poll(&mut cx) else {
+            panic!("the router did not answer at once");
+        };
+        let response = response.unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        black_box(response);
+    }
+    ALLOCATIONS.load(Ordering::Relaxed) - before
+}
+
+/// Allocations made by `router` answering `request` on `runtime`: the
+/// process's, every thread's (the Redis client's tasks too).
+fn one_on(runtime: &tokio::runtime::Runtime, router: &mut Router, request: Request<Body>) -> u64 {
+    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    runtime.block_on(async {
+        let response = tower::ServiceExt::<Request<Body>>::ready(&mut *router)
+            .await
+            .unwrap()
+            .call(request)
+            .await
+            .unwrap();
+        assert!(response.status().is_success(), "{}", response.status());
+        black_box(response);
+    });
+    ALLOCATIONS.load(Ordering::Relaxed) - before
+}
+
+/// [`per_request`] for a route whose backend goes out (Redis), one request
+/// at a time on a current-thread runtime.
+fn per_request_on(runtime: &tokio::runtime::Runtime, router: Router) -> f64 {
+    let mut router = router.with_state(());
+    for i in 0..KEYS + 1000 {
+        one_on(runtime, &mut router, request(i));
+    }
+    let requests = REQUESTS / 10;
+    let mut total = 0;
+    for i in 0..requests {
+        let request = request(i);
+        total += one_on(runtime, &mut router, request);
+    }
+    total as f64 / f64::from(requests)
+}
+
+/// The Redis route's rows, when `REDIS_URL` names a Redis to count in (never
+/// a shared one: the keys are written). Measured, not budgeted.
+fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
+    let Ok(url) = std::env::var("REDIS_URL") else {
+        return Vec::new();
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let connection = runtime.block_on(async {
+        redis::Client::open(url)
+            .unwrap()
+            .get_connection_manager()
+            .await
+            .unwrap()
+    });
+    let route = |place: DecisionIn| {
+        let backend = RedisBackend::builder(connection.clone()).build();
+        Router::new()
+            .route("/", get(no_content))
+            .route_layer(layer(HeaderStyle::Ietf, place).backend(backend))
+    };
+    let identity = identity();
+    vec![
+        (
+            "redis-identity",
+            "the `identity` route, driven as the Redis rows are (`block_on`)",
+            per_request_on(&runtime, identity),
+        ),
+        (
+            "redis",
+            "Redis backend, headers on, `Decision` in the response (the default)",
+            per_request_on(&runtime, route(DecisionIn::Response)),
+        ),
+        (
+            "redis-unread",
+            "Redis backend, headers on, `Decision` unread (`DecisionIn::Asked`)",
+            per_request_on(&runtime, route(DecisionIn::Asked)),
+        ),
+    ]
+}
+
+/// Allocations per request through `router`, after a warm-up over every
+/// address.
+fn per_request(router: Router) -> f64 {
+    // What `axum::serve` does first (`into_make_service`): the handlers are
+    // made into routes once, not on every request.
+    let mut router = router.with_state(());
+    for i in 0..KEYS + 1000 {
+        one(&mut router, request(i));
+    }
+    if std::env::var("ALLOCS_TRACE").is_ok() {
+        let request = request(7);
+        TRACE.store(true, Ordering::Relaxed);
+        one(&mut router, request);
+        TRACE.store(false, Ordering::Relaxed);
+        eprintln!("=================== end of request");
+    }
+    let mut total = 0;
+    for i in 0..REQUESTS {
+        let request = request(i);
+        total += one(&mut router, request);
+    }
+    total as f64 / f64::from(REQUESTS)
+}
+
+/// The 204 route behind a `route_layer` that does nothing: what the
+/// limiter's cases are measured against.
+fn identity() -> Router {
+    Router::new()
+        .route("/", get(no_content))
+        .route_layer(MapResponseLayer::new(|r: Response| r))
+}
+
+async fn no_content() -> StatusCode {
+    StatusCode::NO_CONTENT
+}
+
+/// A handler that reads the decision from the request's extensions.
+async fn reads_decision(Extension(decision): Extension<Decision>) -> StatusCode {
+    black_box(decision.remaining());
+    StatusCode::NO_CONTENT
+}
+
+/// An outer layer that does nothing: the counterpart of the next.
+async fn passes_through(request: Request<Body>, next: middleware::Next) -> Response {
+    black_box(next.run(request).await)
+}
+
+/// An outer layer that asks for the decision and reads it from the response.
+async fn asks_for_decision(mut request: Request<Body>, next: middleware::Next) -> Response {
+    request.extensions_mut().insert(WantDecision);
+    let response = next.run(request).await;
+    let decision = response.extensions().get::<Decision>();
+    black_box(decision.expect("asked for").remaining());
+    response
+}
+
+fn layer(headers: HeaderStyle, place: DecisionIn) -> RateLimitLayer<PeerIp> {
+    let quota = Quota::new(u64::MAX, Duration::from_secs(3600)).unwrap();
+    RateLimitLayer::new("bench", quota)
+        .key(PeerIp::new())
+        .headers(headers)
+        .decision_in(place)
+}
+
+fn limited(headers: HeaderStyle, place: DecisionIn) -> Router {
+    Router::new()
+        .route("/", get(no_content))
+        .route_layer(layer(headers, place))
+}
+
+struct Case {
+    name: &'static str,
+    what: &'static str,
+    router: Router,
+    /// The case that differs from it only by the limiter: a route_layer
+    /// that does nothing in its place. axum wraps any layer given to
+    /// `route_layer` in a route of its own, which boxes (two allocations a
+    /// request), whatever the layer does; that is not the limiter's cost.
+    base: &'static str,
+}
+
+fn cases() -> Vec<Case> {
+    use DecisionIn::{Asked, Request as InRequest, Response as InResponse};
+    use HeaderStyle::{Ietf, None as NoHeaders};
+    let case = |name, base, what, router| Case {
+        name,
+        what,
+        router,
+        base,
+    };
+    vec![
+        case(
+            "bare",
+            "bare",
+            "bare axum (no layer)",
+            Router::new().route("/", get(no_content)),
+        ),
+        case(
+            "identity",
+            "identity",
+            "axum with a `route_layer` that does nothing (`MapResponseLayer`)",
+            identity(),
+        ),
+        case(
+            "headers-on",
+            "identity",
+            "headers on, `Decision` in the response (`DecisionIn::Response`, the default)",
+            limited(Ietf, InResponse),
+        ),
+        case(
+            "headers-on-unread",
+            "identity",
+            "headers on, `Decision` unread (`DecisionIn::Asked`)",
+            limited(Ietf, Asked),
+        ),
+        case(
+            "headers-off",
+            "identity",
+            "headers off, `Decision` in the response (`DecisionIn::Response`)",
+            limited(NoHeaders, InResponse),
+        ),
+        case(
+            "headers-off-unread",
+            "identity",
+            "headers off, `Decision` unread (`DecisionIn::Asked`)",
+            limited(NoHeaders, Asked),
+        ),
+        case(
+            "headers-off-handler",
+            "identity",
+            "headers off, the handler reads `Extension<Decision>` (`DecisionIn::Request`)",
+            Router::new()
+                .route("/", get(reads_decision))
+                .route_layer(layer(NoHeaders, InRequest)),
+        ),
+        case(
+            "outer-bare",
+            "outer-bare",
+            "the `identity` route behind an outer layer (`middleware::from_fn`) that passes through",
+            identity().route_layer(middleware::from_fn(passes_through)),
+        ),
+        case(
+            "headers-off-outer",
+            "outer-bare",
+            "headers off, an outer layer asks (`WantDecision`) and reads it",
+            limited(NoHeaders, Asked).route_layer(middleware::from_fn(asks_for_decision)),
+        ),
+    ]
+}
+
+fn main() -> ExitCode {
+    let mut budgets: Vec<(String, f64)> = Vec::new();
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        let budget = match arg.as_str() {
+            "--budget" => args.next(),
+            _ => None,
+        };
+        let Some((case, n)) = budget.as_deref().and_then(|b| b.split_once('=')) else {
+            eprintln!("usage: allocs [--budget CASE=N]...");
+            return ExitCode::from(2);
+        };
+        let Ok(n) = n.parse() else {
+            eprintln!("not a number of allocations: {n:?}");
+            return ExitCode::from(2);
+        };
+        budgets.push((case.to_owned(), n));
+    }
+
+    let measured: Vec<(Case, f64)> = cases()
+        .into_iter()
+        .map(|mut case| {
+            let router = std::mem::take(&mut case.router);
+            let n = per_request(router);
+            (case, n)
+        })
+        .collect();
+    let of = |name: &str| {
+        measured
+            .iter()
+            .find(|(case, _)| case.name == name)
+            .map(|(_, n)| *n)
+    };
+
+    println!("| case | route | allocations per request | over bare axum | added by the layer |");
+    println!("|---|---|---|---|---|");
+    let bare = of("bare").expect("measured");
+    for (case, n) in &measured {
+        let base = of(case.base).expect("every case names a measured base case");
+        let added = if case.name == case.base {
+            String::new()
+        } else {
+            format!("{:.2}", n - base)
+        };
+        println!(
+            "| `{}` | {} | {n:.2} | {:.2} | {added} |",
+            case.name,
+            case.what,
+            n - bare
+        );
+    }
+
+    let redis = redis_rows();
+    if let Some((_, _, identity)) = redis.first() {
+        println!();
+        println!(
+            "| case | route | allocations per request | over bare axum | added by the layer |"
+        );
+        println!("|---|---|---|---|---|");
+        for (name, what, n) in &redis {
+            let added = if name == &"redis-identity" {
+                String::new()
+            } else {
+                format!("{:.2}", n - identity)
+            };
+            println!("| `{name}` | {what} | {n:.2} | {:.2} | {added} |", n - bare);
+        }
+    }
+    std::io::stdout().flush().expect("stdout");
+    let mut over = false;
+    for (name, budget) in &budgets {
+        let Some((case, n)) = measured.iter().find(|(case, _)| case.name == name) else {
+            eprintln!("no case {name:?}");
+            return ExitCode::from(2);
+        };
+        let added = n - of(case.base).expect("measured");
+        // Averages of whole counts: a hundredth is far below one
+        // allocation in a hundred requests.
+        if added > budget + 0.01 {
+            eprintln!(
+                "{name}: the layer adds {added:.2} allocations a request, over the budget of {budget}"
+            );
+            over = true;
+        } else {
+            eprintln!("{name}: {added:.2} added, within the budget of {budget}");
+        }
+    }
+    if over {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
