@@ -41,7 +41,7 @@ start_instances() {
   instances=()
   local i
   for i in $(seq 1 "$INSTANCES"); do
-    "$soak_bin" "$1" "$i" "$dir/answers.$i" &
+    RUST_LOG=${RUST_LOG:-error} "$soak_bin" "$1" "$i" "$dir/answers.$i" &
     started+=("$!")
     instances+=("$!")
   done

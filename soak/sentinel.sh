@@ -97,7 +97,7 @@ echo "sentinel soak: $INSTANCES instances x $RATE requests/s for $DURATION s, $K
 start_instances sentinel
 start=$(( END_MS - DURATION * 1000 ))
 sleep_until $(( start + KILL_AT * 1000 ))
-kill -9 "$master_pid"
+{ kill -9 "$master_pid"; wait "$master_pid"; } 2>/dev/null || true
 echo "fault $(now_ms) master-kill-9" >>"$dir/events"
 for i in $(seq 1 600); do
   if [ "$(master_now)" = "$replica_port" ]; then

@@ -279,7 +279,7 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
     answers.sort_unstable_by_key(|a| a.unix_us);
     let mut list = Vec::new();
     for line in std::fs::read_to_string(events)?.lines() {
-        let f: Vec<&str> = line.split(' ').collect();
+        let f: Vec<&str> = line.split_whitespace().collect();
         list.push(match f[..] {
             ["fault", at, name] => Event::Fault(at.parse()?, name.to_owned()),
             ["event", at, name] => Event::Moment(at.parse()?, name.to_owned()),
@@ -390,9 +390,10 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
                 && *m >= at
                 && *m * 1000 < until
             {
-                let after = mine.last().map_or("none".to_owned(), |a| {
-                    format!("{} ms", a.unix_us as i64 / 1000 - *m as i64)
-                });
+                let after = match mine.last() {
+                    Some(a) if a.unix_us / 1000 >= *m => format!("{} ms", a.unix_us / 1000 - m),
+                    _ => "none after it".to_owned(),
+                };
                 println!(
                     "  {what} at {:.1} s ({} ms after the fault); last failed answer after it: {after}",
                     rel(*m),
