@@ -193,7 +193,8 @@ where
         .map(|w| {
             let service = service.clone();
             // xorshift64, seeded per instance and task.
-            let mut seed = (u64::from(id) << 32 | u64::from(w)) * 0x9E37_79B9_7F4A_7C15 | 1;
+            let mut seed =
+                (u64::from(id) << 32 | u64::from(w)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
             tokio::spawn(async move {
                 let mut answers = Vec::new();
                 let mut tick = tokio::time::interval(period);
