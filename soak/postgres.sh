@@ -10,7 +10,8 @@
 # seconds, through three faults, at 1/4, 2/4 and 3/4 of the run:
 #   1. the server restarts ($PG_RESTART; by default pg_ctlcluster of the
 #      newest cluster, which needs root or the cluster's owner);
-#   2. pg_terminate_backend of every connection of the instances' pools;
+#   2. pg_terminate_backend of every connection of the instances' pools,
+#      $TERMINATE_ROUNDS (10) times, $TERMINATE_EVERY_MS (100) ms apart;
 #   3. another session holds LOCK TABLE ... ACCESS EXCLUSIVE on the counters
 #      table for $STALL_MS, longer than the statement timeout.
 # The table is scanned for rows without a valid expiry $SCAN_AFTER seconds
@@ -33,6 +34,7 @@ export STATEMENT_TIMEOUT_MS=${STATEMENT_TIMEOUT_MS:-250}
 # is ended by the server's timeout, as it would be with a remote database.
 export LAYER_TIMEOUT_MS=${LAYER_TIMEOUT_MS:-500}
 STALL_MS=${STALL_MS:-2000}
+TERMINATE_ROUNDS=${TERMINATE_ROUNDS:-10} TERMINATE_EVERY_MS=${TERMINATE_EVERY_MS:-100}
 SCAN_AFTER=${SCAN_AFTER:-10}
 pg_version=$(ls /etc/postgresql 2>/dev/null | sort -V | tail -n 1)
 PG_RESTART=${PG_RESTART:-pg_ctlcluster --skip-systemctl-redirect $pg_version main restart}
@@ -83,8 +85,15 @@ sleep "$SCAN_AFTER"; scan after-restart
 
 at 2
 fault pg_terminate_backend
-n=$(psql_ -Atc "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '$APP_NAME'")
-echo "pg_terminate_backend: $n connections"
+# A connection is busy only while its statement runs, so one round mostly
+# ends idle connections; rounds $TERMINATE_EVERY_MS apart also catch
+# statements in flight, and connections the pools have just made again.
+n=0
+for _ in $(seq 1 "$TERMINATE_ROUNDS"); do
+  n=$(( n + $(psql_ -Atc "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '$APP_NAME'") ))
+  sleep "$(awk "BEGIN { print $TERMINATE_EVERY_MS / 1000 }")"
+done
+echo "pg_terminate_backend: $n connections in $TERMINATE_ROUNDS rounds"
 sleep "$SCAN_AFTER"; scan after-terminate
 
 at 3
