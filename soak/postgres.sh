@@ -57,14 +57,19 @@ up || { echo "no PostgreSQL at $DATABASE_URL" >&2; exit 1; }
 build_soak
 "$soak_bin" postgres-migrate
 
-# Rows, and rows without a valid expiry: none, not finite, or further than
-# the window from now (the deadline is written once, at now + window).
+# Rows, rows without a valid expiry (none, not finite, or further than the
+# window from now: a deadline is written once, at the hit's
+# statement_timestamp() + window), and the most time a row has left. "Now"
+# is clock_timestamp(), read after the scan's snapshot: a hit that began
+# after the scan's statement_timestamp() and committed before its snapshot
+# is rightly up to a window past the one, never past the other.
 scan() { # name
   local out
   for _ in $(seq 1 100); do
     out=$(psql_ -Atc "SELECT count(*), count(*) FILTER (WHERE expires_at IS NULL OR NOT isfinite(expires_at)
-      OR expires_at > statement_timestamp() + make_interval(secs => $WINDOW_MS / 1000.0)) FROM $table" 2>/dev/null | tr '|' ' ') && break
-    out="-1 -1"; sleep 0.1
+        OR expires_at > clock_timestamp() + make_interval(secs => $WINDOW_MS / 1000.0)),
+      coalesce(floor(extract(epoch FROM max(expires_at) - clock_timestamp()) * 1000), 0)::bigint FROM $table" 2>/dev/null | tr '|' ' ') && break
+    out="-1 -1 -1"; sleep 0.1
   done
   echo "scan $(now_ms) $1 $out" >>"$dir/events"
 }

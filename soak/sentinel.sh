@@ -77,17 +77,19 @@ done
 SENTINELS=$(printf 'redis://127.0.0.1:%s/,' "${sentinels[@]}")
 export SENTINELS=${SENTINELS%,}
 
-# Counters under the prefix, and those without an expiry or with one longer
-# than the window (PTTL -1, or above WINDOW_MS), in one atomic script.
+# Counters under the prefix, those without an expiry or with one longer
+# than the window (PTTL -1, or above WINDOW_MS), and the longest PTTL, in
+# one atomic script.
 scan() { # name port
   local out
-  out=$(cli "$2" EVAL "local n, bad = 0, 0
+  out=$(cli "$2" EVAL "local n, bad, longest = 0, 0, 0
     for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
       n = n + 1
       local t = redis.call('PTTL', k)
       if t < 0 or t > tonumber(ARGV[2]) then bad = bad + 1 end
+      if t > longest then longest = t end
     end
-    return {n, bad}" 0 "$PREFIX*" "$WINDOW_MS" | tr '\n' ' ') || out="-1 -1"
+    return {n, bad, longest}" 0 "$PREFIX*" "$WINDOW_MS" | tr '\n' ' ') || out="-1 -1 -1"
   echo "scan $(now_ms) $1 $out" >>"$dir/events"
 }
 master_now() { cli "${sentinels[0]}" SENTINEL GET-MASTER-ADDR-BY-NAME "$MASTER_NAME" | sed -n 2p; }

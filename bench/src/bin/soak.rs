@@ -25,7 +25,8 @@
 //! windows told apart by that deadline, and reads from EVENTS the faults
 //! (`fault UNIX_MS NAME`), other moments (`event UNIX_MS NAME`) and the
 //! scans of the store for counters without an expiry
-//! (`scan UNIX_MS NAME COUNTERS WITHOUT_EXPIRY`).
+//! (`scan UNIX_MS NAME COUNTERS WITHOUT_EXPIRY LONGEST_LEFT_MS`, the last
+//! the most time any counter had left, which a window bounds).
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -250,7 +251,7 @@ where
 enum Event {
     Fault(u64, String),
     Moment(u64, String),
-    Scan(u64, String, i64, i64),
+    Scan(u64, String, i64, i64, i64),
 }
 
 /// Print the figures; `true` when over-admissions, counters without an
@@ -284,11 +285,12 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
         list.push(match f[..] {
             ["fault", at, name] => Event::Fault(at.parse()?, name.to_owned()),
             ["event", at, name] => Event::Moment(at.parse()?, name.to_owned()),
-            ["scan", at, name, counters, bad] => Event::Scan(
+            ["scan", at, name, counters, bad, longest] => Event::Scan(
                 at.parse()?,
                 name.to_owned(),
                 counters.parse()?,
                 bad.parse()?,
+                longest.parse()?,
             ),
             _ => return Err(format!("{events}: {line:?}: not an event").into()),
         });
@@ -407,9 +409,9 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
     let mut without_expiry = 0;
     let mut scans_ok = true;
     for e in &list {
-        if let Event::Scan(at, name, counters, bad) = e {
+        if let Event::Scan(at, name, counters, bad, longest) = e {
             println!(
-                "scan {name} at {:.1} s: {counters} counters, {bad} without an expiry (or with one past the window)",
+                "scan {name} at {:.1} s: {counters} counters, {bad} without an expiry (or with one past the window); most time left on one: {longest} ms",
                 rel(*at)
             );
             if *counters < 0 || *bad < 0 {
