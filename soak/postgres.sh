@@ -96,9 +96,10 @@ fault pg_terminate_backend
 n=0
 for _ in $(seq 1 "$TERMINATE_ROUNDS"); do
   n=$(( n + $(psql_ -Atc "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '$APP_NAME'") ))
+  last_round=$(now_ms)
   sleep "$(awk "BEGIN { print $TERMINATE_EVERY_MS / 1000 }")"
 done
-event last-round-done
+echo "event $last_round last-round" >>"$dir/events"
 echo "pg_terminate_backend: $n connections in $TERMINATE_ROUNDS rounds"
 sleep "$SCAN_AFTER"; scan after-terminate
 
