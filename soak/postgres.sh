@@ -85,7 +85,8 @@ at() { sleep_until $(( start + DURATION * 1000 * $1 / 4 )); }
 at 1
 fault server-restart
 $PG_RESTART
-up && event server-accepts-connections-again
+event restart-command-returned
+up
 sleep "$SCAN_AFTER"; scan after-restart
 
 at 2
