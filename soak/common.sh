@@ -29,6 +29,11 @@ stop_started() {
   started=()
 }
 
+# With KEEP set, copy the run's answers and events there before they go.
+keep_run() {
+  if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$dir"/answers.* "$dir"/events "$KEEP"/ 2>/dev/null || true; fi
+}
+
 build_soak() {
   cargo build --release -p tower-pinned-window-bench --bin soak --quiet
   soak_bin=${CARGO_TARGET_DIR:-target}/release/soak

@@ -49,6 +49,7 @@ cleanup() {
   stop_started
   if ! up; then echo "PostgreSQL is down: $PG_START" >&2; $PG_START || true; up || echo "PostgreSQL is still down" >&2; fi
   psql_ -c "DROP SCHEMA IF EXISTS \"$SCHEMA\" CASCADE" >/dev/null 2>&1 || true
+  keep_run
   rm -rf "$dir"
 }
 trap cleanup EXIT

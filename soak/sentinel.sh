@@ -23,7 +23,7 @@ export MASTER_NAME=tpw-soak PREFIX="tpw-soak:$$:"
 command -v redis-server >/dev/null || { echo "redis-server not found (apt-get install redis-server)" >&2; exit 1; }
 
 dir=$(mktemp -d)
-cleanup() { stop_started; rm -rf "$dir"; }
+cleanup() { stop_started; keep_run; rm -rf "$dir"; }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
 build_soak

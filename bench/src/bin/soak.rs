@@ -406,6 +406,24 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
         }
     }
 
+    // Every failed answer, in bursts (a second without one ends a burst):
+    // what a fault cost at once, and any failure apart from the faults.
+    let mut bursts: Vec<(u64, u64, usize)> = Vec::new(); // (first, last, answers)
+    for a in answers.iter().filter(|a| failed(a)) {
+        let ms = a.unix_us / 1000;
+        match bursts.last_mut() {
+            Some((_, last, n)) if ms <= *last + 1_000 => (*last, *n) = (ms, *n + 1),
+            _ => bursts.push((ms, ms, 1)),
+        }
+    }
+    for (first, last, n) in &bursts {
+        println!(
+            "failed answers from {:.2} s to {:.2} s: {n}",
+            rel(*first),
+            rel(*last)
+        );
+    }
+
     let mut without_expiry = 0;
     let mut scans_ok = true;
     for e in &list {
