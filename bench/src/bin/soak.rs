@@ -1,0 +1,450 @@
+//! The load and the judge of the soaks in soak/ (`bash soak/sentinel.sh`,
+//! `bash soak/postgres.sh`; soak/README.md says what they do). The scripts
+//! start the servers, these instances and the faults; this program is one
+//! instance of a service under load, or the report over every instance's
+//! answers.
+//!
+//! ```text
+//! soak sentinel ID OUT        one instance, through SentinelConnection
+//! soak postgres ID OUT        one instance, through PostgresBackend
+//! soak postgres-migrate       create the soak's table (once, before the instances)
+//! soak report EVENTS OUT...   the figures; exits 1 when a guarantee broke
+//! ```
+//!
+//! An instance is `RateLimitLayer` (keyed by the `x-key` header, fail
+//! closed) over a `service_fn` answering 200, over its own backend: what one
+//! process of a service holds. `WORKERS` tasks send `RATE` requests a second
+//! between them, each to one of `KEYS` keys picked at random, until
+//! `END_MS` (Unix milliseconds), and the instance writes one line per answer
+//! to OUT: `unix_us key status deadline_ms`, where `deadline_ms` is when the
+//! store's window of an admitted request closes (the answer's time plus the
+//! decision's [`reset`](Decision::reset), read from the store: `PTTL` on
+//! Redis, `expires_at` on PostgreSQL), and 0 for any other answer.
+//!
+//! The report counts admissions per (key, window) over every instance,
+//! windows told apart by that deadline, and reads from EVENTS the faults
+//! (`fault UNIX_MS NAME`), other moments (`event UNIX_MS NAME`) and the
+//! scans of the store for counters without an expiry
+//! (`scan UNIX_MS NAME COUNTERS WITHOUT_EXPIRY LONGEST_LEFT_MS`, the last
+//! the most time any counter had left, which a window bounds).
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::str::FromStr;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::body::Body;
+use axum::http::{HeaderName, Request, Response, StatusCode};
+use tower::{Layer, Service, ServiceExt};
+use tower_pinned_window::backend::postgres::PostgresBackend;
+use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
+use tower_pinned_window::backend::postgres::tokio_postgres::{self, NoTls};
+use tower_pinned_window::backend::redis::{RedisBackend, SentinelConnection};
+use tower_pinned_window::key::HeaderKey;
+use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer};
+
+type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+        ["sentinel", id, out] => sentinel(id.parse()?, out).await,
+        ["postgres", id, out] => postgres(id.parse()?, out).await,
+        ["postgres-migrate"] => postgres_backend("tpw-soak-migrate")?
+            .migrate()
+            .await
+            .map_err(Into::into),
+        ["report", events, outs @ ..] if !outs.is_empty() => {
+            if report(events, outs)? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
+        _ => Err("usage: soak sentinel|postgres ID OUT | soak postgres-migrate | soak report EVENTS OUT...".into()),
+    }
+}
+
+/// `name` from the environment, or `default`.
+fn env<T: FromStr>(name: &str, default: T) -> Result<T, Error>
+where
+    T::Err: std::fmt::Display,
+{
+    match std::env::var(name) {
+        Ok(v) => v.parse().map_err(|e| format!("{name}={v}: {e}").into()),
+        Err(_) => Ok(default),
+    }
+}
+
+fn unix_us() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .expect("the clock is after 1970")
+        .as_micros() as u64
+}
+
+/// The quota every instance and the report share: `LIMIT` a `WINDOW_MS`.
+fn quota() -> Result<Quota, Error> {
+    Ok(Quota::new(
+        env("LIMIT", 20)?,
+        Duration::from_millis(env("WINDOW_MS", 2_000)?),
+    )?)
+}
+
+async fn sentinel(id: u32, out: &str) -> Result<(), Error> {
+    let sentinels: Vec<String> = std::env::var("SENTINELS")
+        .map_err(|_| "SENTINELS (comma-separated redis:// URLs) is not set")?
+        .split(',')
+        .map(str::to_owned)
+        .collect();
+    let master: String = env("MASTER_NAME", "tpw-soak".to_owned())?;
+    let connection = SentinelConnection::builder(sentinels, &master)
+        .connect()
+        .await?;
+    let backend = RedisBackend::builder(connection)
+        .prefix(env("PREFIX", "tpw-soak:".to_owned())?)
+        .build();
+    load(
+        id,
+        out,
+        layer()?.backend(backend).layer(tower::service_fn(ok)),
+    )
+    .await
+}
+
+/// A pool of `POOL_SIZE` connections to `DATABASE_URL`, named `app` in
+/// `pg_stat_activity` (the script terminates them by that name), with a
+/// `statement_timeout` of `STATEMENT_TIMEOUT_MS`, on the table in `SCHEMA`.
+fn postgres_backend(app: &str) -> Result<PostgresBackend, Error> {
+    let url: String = env(
+        "DATABASE_URL",
+        "postgres://postgres@127.0.0.1:5432/test".to_owned(),
+    )?;
+    let mut config: tokio_postgres::Config = url.parse()?;
+    config.application_name(app);
+    config.options(format!(
+        "-c statement_timeout={}",
+        env::<u64>("STATEMENT_TIMEOUT_MS", 250)?
+    ));
+    let pool = Pool::builder(Manager::new(config, NoTls))
+        .max_size(env("POOL_SIZE", 8)?)
+        .build()?;
+    let schema: String = env("SCHEMA", "tpw_soak".to_owned())?;
+    Ok(PostgresBackend::builder(pool).schema(&schema).build())
+}
+
+async fn postgres(id: u32, out: &str) -> Result<(), Error> {
+    let app: String = env("APP_NAME", "tpw-soak".to_owned())?;
+    let backend = postgres_backend(&app)?;
+    load(
+        id,
+        out,
+        layer()?.backend(backend).layer(tower::service_fn(ok)),
+    )
+    .await
+}
+
+/// One answer, as the instance saw it.
+struct Answer {
+    unix_us: u64,
+    key: u32,
+    status: u16,
+    deadline_ms: u64,
+}
+
+/// The layer every instance puts in front of its service: `LIMIT` a
+/// `WINDOW_MS` per `x-key`, fail closed, a timeout of `LAYER_TIMEOUT_MS`.
+fn layer() -> Result<RateLimitLayer<HeaderKey>, Error> {
+    Ok(RateLimitLayer::new("soak", quota()?)
+        .key(HeaderKey::new(HeaderName::from_static("x-key")))
+        .on_failure(FailurePolicy::FailClosed)
+        .try_timeout(Duration::from_millis(env("LAYER_TIMEOUT_MS", 100)?))?)
+}
+
+/// The service the layer guards: 200, at once.
+async fn ok(_: Request<Body>) -> Result<Response<Body>, Infallible> {
+    Ok(Response::new(Body::empty()))
+}
+
+async fn load<S>(id: u32, out: &str, service: S) -> Result<(), Error>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    let keys: u32 = env("KEYS", 50)?;
+    let workers: u32 = env("WORKERS", 16)?;
+    let rate: f64 = env("RATE", 500.0)?;
+    let end_us = env::<u64>("END_MS", 0)? * 1000;
+    if end_us == 0 {
+        return Err("END_MS (when to stop, Unix milliseconds) is not set".into());
+    }
+
+    let period = Duration::from_secs_f64(f64::from(workers) / rate);
+    let tasks: Vec<_> = (0..workers)
+        .map(|w| {
+            let service = service.clone();
+            // xorshift64, seeded per instance and task.
+            let mut seed =
+                (u64::from(id) << 32 | u64::from(w)).wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+            tokio::spawn(async move {
+                let mut answers = Vec::new();
+                let mut tick = tokio::time::interval(period);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                while unix_us() < end_us {
+                    tick.tick().await;
+                    seed ^= seed << 13;
+                    seed ^= seed >> 7;
+                    seed ^= seed << 17;
+                    let key = (seed % u64::from(keys)) as u32;
+                    let request = Request::builder()
+                        .header("x-key", format!("k{key}"))
+                        .body(Body::empty())
+                        .expect("a valid request");
+                    let Ok(response) = service.clone().oneshot(request).await;
+                    let now = unix_us();
+                    let deadline_ms = match response.extensions().get::<Decision>() {
+                        Some(d) if response.status() == StatusCode::OK => {
+                            now / 1000 + d.reset().as_millis() as u64
+                        }
+                        _ => 0,
+                    };
+                    answers.push(Answer {
+                        unix_us: now,
+                        key,
+                        status: response.status().as_u16(),
+                        deadline_ms,
+                    });
+                }
+                answers
+            })
+        })
+        .collect();
+    let mut text = String::new();
+    let mut statuses: HashMap<u16, u64> = HashMap::new();
+    for task in tasks {
+        for a in task.await? {
+            *statuses.entry(a.status).or_default() += 1;
+            text.push_str(&format!(
+                "{} {} {} {}\n",
+                a.unix_us, a.key, a.status, a.deadline_ms
+            ));
+        }
+    }
+    std::fs::write(out, text)?;
+    let mut statuses: Vec<_> = statuses.into_iter().collect();
+    statuses.sort_unstable();
+    eprintln!("instance {id}: answers by status {statuses:?}");
+    Ok(())
+}
+
+/// A line of EVENTS.
+enum Event {
+    Fault(u64, String),
+    Moment(u64, String),
+    Scan(u64, String, i64, i64, i64),
+}
+
+/// Print the figures; `true` when over-admissions, counters without an
+/// expiry and 500s are all 0.
+fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
+    let quota = quota()?;
+    let (limit, window_ms) = (quota.limit(), quota.window().as_millis());
+    let mut answers = Vec::new();
+    for out in outs {
+        for line in std::fs::read_to_string(out)?.lines() {
+            let f: Vec<u64> = line
+                .split(' ')
+                .map(str::parse)
+                .collect::<Result<_, _>>()
+                .map_err(|e| format!("{out}: {line:?}: {e}"))?;
+            let [unix_us, key, status, deadline_ms] = f[..] else {
+                return Err(format!("{out}: {line:?}: not 4 fields").into());
+            };
+            answers.push(Answer {
+                unix_us,
+                key: key as u32,
+                status: status as u16,
+                deadline_ms,
+            });
+        }
+    }
+    answers.sort_unstable_by_key(|a| a.unix_us);
+    let mut list = Vec::new();
+    for line in std::fs::read_to_string(events)?.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        list.push(match f[..] {
+            ["fault", at, name] => Event::Fault(at.parse()?, name.to_owned()),
+            ["event", at, name] => Event::Moment(at.parse()?, name.to_owned()),
+            ["scan", at, name, counters, bad, longest] => Event::Scan(
+                at.parse()?,
+                name.to_owned(),
+                counters.parse()?,
+                bad.parse()?,
+                longest.parse()?,
+            ),
+            _ => return Err(format!("{events}: {line:?}: not an event").into()),
+        });
+    }
+    let (Some(first), Some(last)) = (answers.first(), answers.last()) else {
+        return Err("no answers".into());
+    };
+    let start_ms = first.unix_us / 1000;
+    let secs = (last.unix_us - first.unix_us) as f64 / 1e6;
+    let rel = |ms: u64| (ms as f64 - start_ms as f64) / 1e3;
+
+    let count = |status: u16| answers.iter().filter(|a| a.status == status).count();
+    let failed = |a: &Answer| a.status != 200 && a.status != 429;
+    println!(
+        "{} answers in {secs:.1} s over {} instances ({:.0}/s): {} admitted (200), {} denied (429), {} unavailable (503), {} errors (500), {} other",
+        answers.len(),
+        outs.len(),
+        answers.len() as f64 / secs,
+        count(200),
+        count(429),
+        count(503),
+        count(500),
+        answers
+            .iter()
+            .filter(|a| ![200, 429, 500, 503].contains(&a.status))
+            .count(),
+    );
+
+    // Admissions per (key, window): a key's windows never overlap, and one
+    // closes at least a window after the one before it, so sorted by
+    // deadline, a deadline more than half a window past the first of its
+    // group opens the next window.
+    let mut by_key: HashMap<u32, Vec<u64>> = HashMap::new();
+    for a in answers.iter().filter(|a| a.status == 200) {
+        by_key.entry(a.key).or_default().push(a.deadline_ms);
+    }
+    let (mut windows, mut over, mut over_windows, mut fullest) = (0u64, 0u64, 0u64, 0u64);
+    for deadlines in by_key.values_mut() {
+        deadlines.sort_unstable();
+        let mut group: Option<(u64, u64)> = None; // (first deadline, admitted)
+        let mut close = |g: Option<(u64, u64)>| {
+            if let Some((_, admitted)) = g {
+                windows += 1;
+                fullest = fullest.max(admitted);
+                if admitted > limit {
+                    over += admitted - limit;
+                    over_windows += 1;
+                }
+            }
+        };
+        for &d in deadlines.iter() {
+            match group {
+                Some((first, ref mut n)) if d <= first + window_ms / 2 => *n += 1,
+                _ => {
+                    close(group);
+                    group = Some((d, 1));
+                }
+            }
+        }
+        close(group);
+    }
+    println!(
+        "over-admissions: {over} (in {over_windows} of {windows} windows of {} keys; limit {limit} a {window_ms} ms window; most admitted in one window: {fullest})",
+        by_key.len()
+    );
+
+    // Each fault's share: the failed answers from it to the next fault.
+    let faults: Vec<(u64, &str)> = list
+        .iter()
+        .filter_map(|e| match e {
+            Event::Fault(at, name) => Some((*at, name.as_str())),
+            _ => None,
+        })
+        .collect();
+    let before = faults.first().map_or(u64::MAX, |f| f.0 * 1000);
+    println!(
+        "before the first fault: {} failed answers",
+        answers
+            .iter()
+            .filter(|a| a.unix_us < before && failed(a))
+            .count()
+    );
+    for (i, &(at, name)) in faults.iter().enumerate() {
+        let until = faults.get(i + 1).map_or(u64::MAX, |f| f.0 * 1000);
+        let mine: Vec<&Answer> = answers
+            .iter()
+            .filter(|a| a.unix_us >= at * 1000 && a.unix_us < until && failed(a))
+            .collect();
+        let recovery = mine.last().map_or("no failed answer".to_owned(), |a| {
+            format!("{} ms", a.unix_us / 1000 - at)
+        });
+        println!(
+            "fault {name} at {:.1} s: {} answers of 503, {} other failed; recovery (fault to last failed answer): {recovery}",
+            rel(at),
+            mine.iter().filter(|a| a.status == 503).count(),
+            mine.iter().filter(|a| a.status != 503).count(),
+        );
+        for e in &list {
+            if let Event::Moment(m, what) = e
+                && *m >= at
+                && *m * 1000 < until
+            {
+                let after = match mine.last() {
+                    Some(a) if a.unix_us / 1000 >= *m => format!("{} ms", a.unix_us / 1000 - m),
+                    _ => "none after it".to_owned(),
+                };
+                println!(
+                    "  {what} at {:.1} s ({} ms after the fault); last failed answer after it: {after}",
+                    rel(*m),
+                    m - at
+                );
+            }
+        }
+    }
+
+    // Every failed answer, in bursts (a second without one ends a burst):
+    // what a fault cost at once, and any failure apart from the faults.
+    let mut bursts: Vec<(u64, u64, usize)> = Vec::new(); // (first, last, answers)
+    for a in answers.iter().filter(|a| failed(a)) {
+        let ms = a.unix_us / 1000;
+        match bursts.last_mut() {
+            Some((_, last, n)) if ms <= *last + 1_000 => (*last, *n) = (ms, *n + 1),
+            _ => bursts.push((ms, ms, 1)),
+        }
+    }
+    for (first, last, n) in &bursts {
+        println!(
+            "failed answers from {:.2} s to {:.2} s: {n}",
+            rel(*first),
+            rel(*last)
+        );
+    }
+
+    let mut without_expiry = 0;
+    let mut scans_ok = true;
+    for e in &list {
+        if let Event::Scan(at, name, counters, bad, longest) = e {
+            println!(
+                "scan {name} at {:.1} s: {counters} counters, {bad} without an expiry (or with one past the window); most time left on one: {longest} ms",
+                rel(*at)
+            );
+            if *counters < 0 || *bad < 0 {
+                println!("  the scan failed");
+                scans_ok = false;
+            }
+            without_expiry += (*bad).max(0);
+        }
+    }
+    let errors = count(500);
+    let pass = over == 0 && without_expiry == 0 && errors == 0 && scans_ok;
+    println!(
+        "{}: over-admissions {over}, counters without an expiry {without_expiry}, answers of 500 {errors}{}",
+        if pass { "PASS" } else { "FAIL" },
+        if scans_ok { "" } else { ", a scan failed" }
+    );
+    Ok(pass)
+}

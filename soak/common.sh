@@ -1,0 +1,62 @@
+# Shared by soak/sentinel.sh and soak/postgres.sh (sourced, not run): the
+# load program, the clock, the processes to stop at the end.
+
+# The settings of the load and the quota, read by every instance and by the
+# report (bench/src/bin/soak.rs).
+export KEYS=${KEYS:-50} LIMIT=${LIMIT:-20} WINDOW_MS=${WINDOW_MS:-2000}
+export RATE=${RATE:-500} WORKERS=${WORKERS:-16}
+DURATION=${DURATION:-120}     # seconds of load
+INSTANCES=${INSTANCES:-4}
+
+now_ms() { date +%s%3N; }
+# Sleep until $1 (Unix milliseconds).
+sleep_until() {
+  local left=$(( $1 - $(now_ms) ))
+  if [ "$left" -gt 0 ]; then sleep "$(awk "BEGIN { print $left / 1000 }")"; fi
+}
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# Every process this soak starts, stopped (by its id) and reaped at exit.
+started=()
+stop_started() {
+  local pid
+  for pid in "${started[@]}"; do
+    kill -9 "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+  done
+  started=()
+}
+
+# With KEEP set, copy the run's answers and events there before they go.
+keep_run() {
+  if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$dir"/answers.* "$dir"/events "$KEEP"/ 2>/dev/null || true; fi
+}
+
+build_soak() {
+  cargo build --release -p tower-pinned-window-bench --bin soak --quiet
+  soak_bin=${CARGO_TARGET_DIR:-target}/release/soak
+}
+
+# Start $INSTANCES instances of $1 (sentinel, postgres) until END_MS, each
+# writing its answers to $dir/answers.N; their ids in $instances.
+start_instances() {
+  export END_MS=$(( $(now_ms) + DURATION * 1000 ))
+  instances=()
+  local i
+  for i in $(seq 1 "$INSTANCES"); do
+    RUST_LOG=${RUST_LOG:-error} "$soak_bin" "$1" "$i" "$dir/answers.$i" &
+    started+=("$!")
+    instances+=("$!")
+  done
+}
+
+# Wait for the instances; 1 when one of them failed.
+wait_instances() {
+  local pid failed=0
+  for pid in "${instances[@]}"; do
+    wait "$pid" || { echo "instance $pid failed" >&2; failed=1; }
+  done
+  return $failed
+}
