@@ -23,7 +23,8 @@ mod script;
 
 pub use audit::AuditReport;
 pub use conn::breaker::{
-    BREAKER_SLOW_CALL, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, SLOTS_PER_RANGE,
+    BREAKER_FIRST_PROBE, BREAKER_SLOW_CALL, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
+    SLOTS_PER_RANGE,
 };
 #[cfg(feature = "redis-cluster")]
 pub use conn::connect::cluster_client_builder;
@@ -451,10 +452,18 @@ impl<C> RedisBackendBuilder<C> {
         let cluster = is_cluster::<C>();
         #[cfg(not(feature = "redis-cluster"))]
         let cluster = false;
+        // A Sentinel connection tells the breakers when it has found a
+        // master, so that one opened during a failover probes at once.
+        #[cfg(feature = "redis-sentinel")]
+        let found = (&self.connection as &dyn std::any::Any)
+            .downcast_ref::<conn::sentinel::SentinelConnection>()
+            .map(conn::sentinel::SentinelConnection::masters_found);
+        #[cfg(not(feature = "redis-sentinel"))]
+        let found = None;
         let connection = Guarded::new(
             self.connection,
             self.breaker
-                .map(|config| Arc::new(Breakers::new(config, cluster))),
+                .map(|config| Arc::new(Breakers::new(config, cluster, found))),
         );
         RedisBackend {
             inner: Arc::new(Inner {
