@@ -10,9 +10,8 @@
 //! connection that has connected to a master since the breaker opened (a
 //! failover found the new one), and, on a Cluster, `CLUSTER INFO` turning
 //! from `cluster_state:fail` back to `ok` (read in the background while a
-//! breaker is open). A Cluster's refusal (`CLUSTERDOWN`, `TRYAGAIN`,
-//! `MOVED`, `ASK`) is the Cluster's state, not its master's failure: it
-//! counts neither way.
+//! breaker is open). A Cluster's refusal (`CLUSTERDOWN`, `TRYAGAIN`) is
+//! the Cluster's state, not its master's failure: it counts neither way.
 //!
 //! It wraps the connection ([`Guarded`]), so every command the backend sends
 //! goes through it, whatever path sends it: a command is sent on
@@ -136,36 +135,39 @@ fn open_error() -> RedisError {
 
 /// Whether `err` is a Cluster's refusal rather than a master's failure:
 /// `CLUSTERDOWN` (with `cluster-require-full-coverage yes`, every master
-/// answers it for every key while one slot is unserved), `TRYAGAIN` (a
-/// multi-key call on a slot being migrated) and a redirection (`MOVED`,
-/// `ASK`) that the Cluster client gave up following while slots move. Each
-/// is answered by a live node about the Cluster's layout, so it says
-/// nothing about the health of the master the key's breaker stands for:
-/// counting it would hold a healthy master's breaker shut after the
-/// Cluster is whole again.
+/// answers it for every key while one slot is unserved) and `TRYAGAIN` (a
+/// multi-key call on a slot being migrated). Each is answered by a live
+/// node about the Cluster's state, so it says nothing about the health of
+/// the master the key's breaker stands for: counting it would hold a
+/// healthy master's breaker shut after the Cluster is whole again.
+///
+/// A redirection (`MOVED`, `ASK`) is not one: the Cluster client follows
+/// it, and one that reaches the caller is one it could not follow, to a
+/// master that does not answer (in a failover, `MOVED <slot> <the dead
+/// master>` until the replica is promoted), so it counts as that master's
+/// failure ([`is_outage`]).
 fn is_cluster_state(err: &RedisError) -> bool {
     matches!(
         err.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::Moved
-                | ServerErrorKind::Ask
-        )
+        ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
     )
 }
 
 /// Whether `err` says the store is down or unreachable (rather than that a
 /// command was wrong, or a script missing, which a healthy server answers,
-/// or that the Cluster refuses: [`is_cluster_state`]). `READONLY` that
-/// reaches the caller is a replica answering in a master's place, which
-/// the connection could not get past; `MASTERDOWN` and `LOADING` are the
-/// server's own state.
+/// or that the Cluster refuses: [`is_cluster_state`]). A redirection
+/// (`MOVED`, `ASK`) or `READONLY` that reaches the caller is one the
+/// Cluster client gave up following: the master it points to does not
+/// answer. `MASTERDOWN` and `LOADING` are the server's own state.
 fn is_outage(err: &RedisError) -> bool {
     match err.kind() {
         ErrorKind::Server(kind) => matches!(
             kind,
-            ServerErrorKind::MasterDown | ServerErrorKind::BusyLoading | ServerErrorKind::ReadOnly
+            ServerErrorKind::MasterDown
+                | ServerErrorKind::BusyLoading
+                | ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::ReadOnly
         ),
         ErrorKind::Client | ErrorKind::UnexpectedReturnType | ErrorKind::InvalidClientConfig => {
             false
@@ -746,6 +748,15 @@ mod tests {
             "The cluster is down",
         ));
         assert!(is_cluster_state(&down) && !is_outage(&down));
+        let moved = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Moved),
+            "MOVED",
+            "2983 127.0.0.1:7000".to_owned(),
+        ));
+        assert!(
+            is_outage(&moved) && !is_cluster_state(&moved),
+            "a redirection the client could not follow is its master's failure"
+        );
         for _ in 0..100 {
             breakers.refused(0, Pass::Closed);
         }

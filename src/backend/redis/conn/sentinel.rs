@@ -82,9 +82,14 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 ///   layer's timeout), and while no master can be found (the sentinels still
 ///   name the dead one, or flag it as down and have not promoted a replica
 ///   yet) they fail at once. The sentinels are asked again at most once per
-///   [lookup interval](SentinelConnectionBuilder::lookup_interval), so
-///   requests are served again at most that long after the sentinels have
-///   promoted a replica.
+///   [lookup interval](SentinelConnectionBuilder::lookup_interval): on a
+///   command, and by the connection itself one interval after a lookup
+///   that found no master, until one is found, so that it finds the
+///   promoted replica even when no command reaches it (the backend's
+///   circuit breaker is open). Requests are served again at most about an
+///   interval (and the lookup's own time) after the sentinels have
+///   promoted a replica; with the backend's breaker on, an open breaker
+///   lets a probe through as soon as the connection has found a master.
 /// - **The master stops answering without closing the connection** (a
 ///   frozen process, a host or network failure): a command that goes
 ///   unanswered for [`stall_after`](SentinelConnectionBuilder::stall_after)
@@ -330,10 +335,13 @@ impl SentinelConnectionBuilder {
     }
 
     /// The shortest time between two lookups of the master (default
-    /// [`DEFAULT_LOOKUP_INTERVAL`]). Requests are served again at most this
-    /// long after the sentinels promote a replica; meanwhile the sentinels
-    /// are asked at most once per interval by this connection. Zero asks on
-    /// every failure.
+    /// [`DEFAULT_LOOKUP_INTERVAL`]). Requests are served again at most about
+    /// this long (plus the lookup's own time) after the sentinels promote a
+    /// replica, with the backend's circuit breaker on or off; meanwhile the
+    /// sentinels are asked at most once per interval by this connection.
+    /// While no master is found, the connection looks again by itself once
+    /// per interval (at least 10 ms apart), until it finds one or is
+    /// dropped. Zero asks on every failure.
     ///
     /// Example: [`SentinelConnectionBuilder`].
     pub fn lookup_interval(mut self, interval: Duration) -> Self {
