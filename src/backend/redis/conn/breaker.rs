@@ -603,10 +603,9 @@ where
                 .await;
                 match info {
                     Ok(Ok(info)) if info.contains("cluster_state:fail") => failed = true,
-                    Ok(Ok(info)) if info.contains("cluster_state:ok") => {
-                        if std::mem::take(&mut failed) {
-                            breakers.cluster_ok_again();
-                        }
+                    Ok(Ok(info)) if failed && info.contains("cluster_state:ok") => {
+                        failed = false;
+                        breakers.cluster_ok_again();
                     }
                     _ => {}
                 }
