@@ -104,7 +104,6 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
-use http::HeaderName;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
@@ -151,11 +150,26 @@ pub struct LimiterConfig {
 
 impl LimiterConfig {
     /// The layer's name.
+    ///
+    /// ```
+    /// use tower_pinned_window::Quota;
+    /// use tower_pinned_window::config::LimiterConfig;
+    ///
+    /// let json = r#"{ "name": "api", "quota": "100/min", "key": { "header": "X-Api-Key" } }"#;
+    /// let config: LimiterConfig = serde_json::from_str(json).unwrap();
+    /// assert_eq!(config.name(), "api");
+    /// assert_eq!(config.quota(), "100/min".parse::<Quota>().unwrap());
+    ///
+    /// // Every value is checked as it is read: a header name with a space is refused.
+    /// let json = r#"{ "name": "api", "quota": "100/min", "key": { "header": "x api key" } }"#;
+    /// let err = serde_json::from_str::<LimiterConfig>(json).unwrap_err();
+    /// assert!(err.to_string().contains("\"x api key\" is not a valid HTTP header name"), "{err}");
+    /// ```
     pub fn name(&self) -> &str {
         &self.name.0
     }
 
-    /// The layer's quota.
+    /// The layer's quota (example: [`name`](Self::name)).
     pub fn quota(&self) -> Quota {
         self.quota
     }
@@ -212,19 +226,21 @@ impl LimiterConfig {
 pub struct Tier(Arc<str>);
 
 impl Tier {
-    /// The tier named `name`, as the configuration's `tiers` table names it.
+    /// The tier named `name`, as the configuration's `tiers` table names it
+    /// (example: [`Tier`]).
     pub fn new(name: impl Into<Arc<str>>) -> Self {
         Self(name.into())
     }
 
-    /// The tier's name.
+    /// The tier's name (example: [`Tier`]).
     pub fn as_str(&self) -> &str {
         &self.0
     }
 }
 
 /// The key extractor of a layer built from a [`LimiterConfig`]: one of the
-/// built-in extractors, joined with the route when `per-route` is set.
+/// built-in extractors, joined with the route when `per-route` is set
+/// (example: [the module docs](self)).
 #[derive(Debug, Clone)]
 pub struct ConfigKey {
     kind: KeyKind,
@@ -372,11 +388,7 @@ impl KeySpec {
                 }
                 KeyKind::ClientIp(client)
             }
-            Self::Header(name) => {
-                let name = HeaderName::from_bytes(name.as_bytes())
-                    .map_err(|_| ConfigError::InvalidHeaderName(name.clone()))?;
-                KeyKind::Header(HeaderKey::new(name))
-            }
+            Self::Header(name) => KeyKind::Header(HeaderKey::try_new(name)?),
         })
     }
 }

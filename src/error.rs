@@ -18,6 +18,19 @@ const MIN_SECRET_LEN: usize = 32;
 
 /// A configuration mistake, reported when the limiter is built and never while
 /// serving a request.
+///
+/// Each constructor that can fail returns it; its message says what to write
+/// instead:
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
+///
+/// assert_eq!(Quota::new(0, Duration::from_secs(1)), Err(ConfigError::ZeroLimit));
+/// let err = RateLimitLayer::try_new("my api", "10/s".parse().unwrap()).unwrap_err();
+/// assert!(matches!(err, ConfigError::InvalidName(_)));
+/// assert!(err.to_string().starts_with("invalid limiter name \"my api\""));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum ConfigError {
@@ -152,7 +165,8 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// What was wrong with a rate string; see [`ParseRateError::kind`].
+/// What was wrong with a rate string; see [`ParseRateError::kind`], whose
+/// example matches on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RateErrorKind {
@@ -190,6 +204,20 @@ pub enum RateErrorKind {
 ///
 /// It converts into [`ConfigError::InvalidRate`], so `?` works in a
 /// function returning `ConfigError`.
+///
+/// ```
+/// use tower_pinned_window::{ConfigError, Quota, RateErrorKind};
+///
+/// fn from_config(rate: &str) -> Result<Quota, ConfigError> {
+///     Ok(rate.parse::<Quota>()?)
+/// }
+///
+/// let err = "10/5y".parse::<Quota>().unwrap_err();
+/// assert_eq!(err.kind(), RateErrorKind::UnknownUnit);
+/// assert_eq!(err.input(), "10/5y");
+/// assert_eq!(err.to_string(), "invalid rate \"10/5y\": unknown unit \"y\" (use ms, s, m or min, h, d)");
+/// assert_eq!(from_config("10/5y"), Err(ConfigError::InvalidRate(err)));
+/// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ParseRateError {
     input: String,
@@ -206,12 +234,12 @@ impl ParseRateError {
         }
     }
 
-    /// What was wrong.
+    /// What was wrong (example: [`ParseRateError`]).
     pub fn kind(&self) -> RateErrorKind {
         self.kind
     }
 
-    /// The text that was parsed.
+    /// The text that was parsed (example: [`ParseRateError`]).
     pub fn input(&self) -> &str {
         &self.input
     }

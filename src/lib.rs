@@ -183,6 +183,8 @@ mod refund;
 mod request;
 mod response;
 mod service;
+#[cfg(feature = "testkit")]
+pub mod testkit;
 
 pub use count::{CountOnly, ResponseHead};
 pub use decision::{Decision, Outcome};

@@ -6,6 +6,14 @@
 //! a name checked here goes into the headers as it is.
 
 /// The longest layer name, in bytes.
+///
+/// ```
+/// use tower_pinned_window::{MAX_NAME_LEN, Quota, RateLimitLayer};
+///
+/// let quota: Quota = "10/s".parse().unwrap();
+/// assert!(RateLimitLayer::try_new("a".repeat(MAX_NAME_LEN), quota).is_ok());
+/// assert!(RateLimitLayer::try_new("a".repeat(MAX_NAME_LEN + 1), quota).is_err());
+/// ```
 pub const MAX_NAME_LEN: usize = 32;
 
 /// A layer name: 1 to [`MAX_NAME_LEN`] characters from `A-Z a-z 0-9 _ - . :`.

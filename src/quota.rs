@@ -46,6 +46,8 @@ impl Window {
     /// `PEXPIRE` takes any such count of milliseconds, and PostgreSQL's
     /// `timestamptz` reaches the year 294276, so `now() + window` stays
     /// representable. A limit on anything longer is not a rate limit.
+    ///
+    /// See [`Window`]'s example, which builds it.
     pub const MAX: Window = match NonZeroU64::new(MAX_MILLIS) {
         Some(millis) => Window(millis),
         None => unreachable!(),
@@ -106,7 +108,7 @@ impl Window {
             .ok_or(ConfigError::NonPositiveWindow)
     }
 
-    /// The window in milliseconds.
+    /// The window in milliseconds (see [`Window`]'s example).
     pub const fn as_millis(self) -> u64 {
         self.0.get()
     }
@@ -206,26 +208,49 @@ impl Quota {
     }
 
     /// `limit` hits per an already validated [`Window`].
+    ///
+    /// ```
+    /// use std::num::NonZeroU64;
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{Quota, Window};
+    ///
+    /// let window = Window::new(Duration::from_secs(90)).unwrap();
+    /// let quota = Quota::with_window(NonZeroU64::new(5).unwrap(), window);
+    /// assert_eq!(quota, "5/90s".parse().unwrap());
+    /// ```
     pub const fn with_window(limit: NonZeroU64, window: Window) -> Self {
         Self { limit, window }
     }
 
-    /// `limit` hits per second.
+    /// `limit` hits per second. `per_minute`, `per_hour` and `per_day` are
+    /// the same with a longer window.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_pinned_window::Quota;
+    ///
+    /// let ten = NonZeroU32::new(10).unwrap();
+    /// assert_eq!(Quota::per_second(ten).window().as_duration(), Duration::from_secs(1));
+    /// assert_eq!(Quota::per_minute(ten), "10/min".parse().unwrap());
+    /// assert_eq!(Quota::per_hour(ten), "10/h".parse().unwrap());
+    /// assert_eq!(Quota::per_day(ten).limit(), 10);
+    /// ```
     pub const fn per_second(limit: NonZeroU32) -> Self {
         Self::per_millis(limit, 1_000)
     }
 
-    /// `limit` hits per minute.
+    /// `limit` hits per minute (example: [`per_second`](Self::per_second)).
     pub const fn per_minute(limit: NonZeroU32) -> Self {
         Self::per_millis(limit, 60_000)
     }
 
-    /// `limit` hits per hour.
+    /// `limit` hits per hour (example: [`per_second`](Self::per_second)).
     pub const fn per_hour(limit: NonZeroU32) -> Self {
         Self::per_millis(limit, 3_600_000)
     }
 
-    /// `limit` hits per day.
+    /// `limit` hits per day (example: [`per_second`](Self::per_second)).
     pub const fn per_day(limit: NonZeroU32) -> Self {
         Self::per_millis(limit, 86_400_000)
     }
@@ -244,11 +269,19 @@ impl Quota {
     }
 
     /// Hits admitted per window.
+    ///
+    /// ```
+    /// use tower_pinned_window::Quota;
+    ///
+    /// let quota: Quota = "5 per 15m".parse().unwrap();
+    /// assert_eq!(quota.limit(), 5);
+    /// assert_eq!(quota.window().as_millis(), 15 * 60 * 1000);
+    /// ```
     pub const fn limit(&self) -> u64 {
         self.limit.get()
     }
 
-    /// The window's length.
+    /// The window's length (example: [`limit`](Self::limit)).
     pub const fn window(&self) -> Window {
         self.window
     }

@@ -38,7 +38,7 @@ pub struct RequestHead<'a> {
 }
 
 impl<'a> RequestHead<'a> {
-    /// The view of `request`.
+    /// The view of `request` (example: [`RequestHead`]).
     #[inline]
     pub fn new<B>(request: &'a Request<B>) -> Self {
         Self {
@@ -49,7 +49,26 @@ impl<'a> RequestHead<'a> {
         }
     }
 
-    /// The view of a request's `parts`.
+    /// The view of a request's `parts`, for a caller that has split the
+    /// request already.
+    ///
+    /// ```
+    /// use std::net::SocketAddr;
+    /// use http::{Method, Request};
+    /// use tower_pinned_window::RequestHead;
+    ///
+    /// let mut request = Request::put("/items/7?dry-run").header("x-user", "alice").body(()).unwrap();
+    /// request.extensions_mut().insert(SocketAddr::from(([192, 0, 2, 7], 443)));
+    /// let (parts, ()) = request.into_parts();
+    /// let head = RequestHead::from_parts(&parts);
+    /// assert_eq!(head.method(), Method::PUT);
+    /// assert_eq!(head.uri().path(), "/items/7");
+    /// assert_eq!(head.headers()["x-user"], "alice");
+    /// assert_eq!(head.peer_addr(), Some(SocketAddr::from(([192, 0, 2, 7], 443))));
+    /// assert_eq!(head.extensions().len(), 1);
+    /// assert!(!head.is_grpc());
+    /// assert_eq!(head.route(), None, "not inside an axum route");
+    /// ```
     pub fn from_parts(parts: &'a http::request::Parts) -> Self {
         Self {
             method: &parts.method,
@@ -59,28 +78,30 @@ impl<'a> RequestHead<'a> {
         }
     }
 
-    /// The method.
+    /// The method (example: [`from_parts`](Self::from_parts)).
     pub fn method(&self) -> &'a Method {
         self.method
     }
 
-    /// The URI.
+    /// The URI (example: [`from_parts`](Self::from_parts)).
     pub fn uri(&self) -> &'a Uri {
         self.uri
     }
 
-    /// The headers (gRPC metadata included).
+    /// The headers (gRPC metadata included; example:
+    /// [`from_parts`](Self::from_parts)).
     pub fn headers(&self) -> &'a HeaderMap {
         self.headers
     }
 
     /// The extensions (what the server and earlier layers attached: your
-    /// authentication's user, say).
+    /// authentication's user, say; example: [`from_parts`](Self::from_parts)).
     pub fn extensions(&self) -> &'a Extensions {
         self.extensions
     }
 
-    /// Whether this is a gRPC call (`content-type: application/grpc*`).
+    /// Whether this is a gRPC call (`content-type: application/grpc*`;
+    /// example: [`RequestHead`]).
     #[inline]
     pub fn is_grpc(&self) -> bool {
         is_grpc(self.headers)
@@ -96,6 +117,9 @@ impl<'a> RequestHead<'a> {
     /// layer around one service (`add_service(layer.layer(service))`) sees
     /// the service's wildcard (`/package.Service/{*rest}`) as its
     /// `MatchedPath`, the same for every method.
+    ///
+    /// Examples: [`RequestHead`] (a gRPC call), and
+    /// [`RouteKey`](crate::key::RouteKey) (axum routes).
     pub fn route(&self) -> Option<&'a str> {
         if self.is_grpc() {
             return self.uri.path_and_query().map(PathAndQuery::path);
@@ -128,7 +152,8 @@ impl<'a> RequestHead<'a> {
     /// `ConnectInfo<SocketAddr>` (feature `axum`; serve with
     /// `into_make_service_with_connect_info::<SocketAddr>()`), tonic's
     /// `TcpConnectInfo` (feature `tonic`), or a `SocketAddr` in the
-    /// extensions (for a plain hyper server that puts it there).
+    /// extensions (for a plain hyper server that puts it there). Example:
+    /// [`from_parts`](Self::from_parts).
     pub fn peer_addr(&self) -> Option<SocketAddr> {
         #[cfg(feature = "axum")]
         if let Some(axum::extract::ConnectInfo(addr)) = self

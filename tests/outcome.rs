@@ -5,6 +5,10 @@
 //! client on PostgreSQL too (tests/support/postgres.rs).
 
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
+
+use trial::Needs;
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -301,7 +305,6 @@ impl<B: Backend> Backend for Observed<B> {
 
 // --- Skip ----------------------------------------------------------------
 
-#[tokio::test(start_paused = true)]
 async fn skipped_requests_are_not_counted_and_carry_no_headers() {
     let backend = memory();
     let svc = RateLimitLayer::new("api", quota(1, 60))
@@ -363,7 +366,6 @@ fn via(peer: &str, forwarded: Option<&str>) -> Request<Body> {
     request
 }
 
-#[tokio::test(start_paused = true)]
 async fn the_allowlist_skips_clients_directly_and_behind_a_trusted_proxy() {
     let backend = memory();
     let client_ip = ClientIp::new().trust("10.0.0.0/8").unwrap();
@@ -405,7 +407,6 @@ async fn the_allowlist_skips_clients_directly_and_behind_a_trusted_proxy() {
     assert_eq!(count(&backend, "api", "203.0.113.9").await, 2);
 }
 
-#[tokio::test(start_paused = true)]
 async fn a_forged_forwarded_header_does_not_skip() {
     let backend = memory();
     let client_ip = ClientIp::new().trust("10.0.0.0/8").unwrap();
@@ -449,7 +450,6 @@ async fn a_forged_forwarded_header_does_not_skip() {
 
 // --- Count by outcome: memory ------------------------------------------
 
-#[tokio::test(start_paused = true)]
 async fn only_answers_that_count_are_kept_and_denials_are_refunded() {
     let backend = memory();
     let svc = RateLimitLayer::new("login", quota(3, 900))
@@ -512,7 +512,6 @@ async fn only_answers_that_count_are_kept_and_denials_are_refunded() {
     );
 }
 
-#[tokio::test(start_paused = true)]
 async fn parallel_successes_never_lock_a_client_out() {
     // While requests are in flight they hold their hits, so a burst past the
     // limit is denied; once the answers are in, nothing is left counted.
@@ -549,7 +548,6 @@ async fn parallel_successes_never_lock_a_client_out() {
     );
 }
 
-#[tokio::test(start_paused = true)]
 async fn count_if_reads_status_and_headers_and_refunds_every_quota() {
     let backend = memory();
     let svc = RateLimitLayer::new("api", quota(2, 60))
@@ -592,7 +590,6 @@ async fn count_if_reads_status_and_headers_and_refunds_every_quota() {
     );
 }
 
-#[tokio::test(start_paused = true)]
 async fn shadowed_requests_are_judged_by_their_answer_too() {
     let backend = memory();
     let svc = RateLimitLayer::new("shadow", quota(1, 60))
@@ -612,7 +609,6 @@ async fn shadowed_requests_are_judged_by_their_answer_too() {
     assert_eq!(count(&backend, "shadow", "alice").await, 1);
 }
 
-#[tokio::test(start_paused = true)]
 async fn a_refund_after_the_window_closed_leaves_no_counter() {
     let backend = memory();
     let svc = RateLimitLayer::new("late", quota(5, 10))
@@ -640,7 +636,6 @@ async fn a_refund_after_the_window_closed_leaves_no_counter() {
     );
 }
 
-#[tokio::test(start_paused = true)]
 async fn a_refund_racing_a_new_window_never_touches_it() {
     let backend = memory();
     let app = App::new();
@@ -679,7 +674,6 @@ async fn a_refund_racing_a_new_window_never_touches_it() {
     assert_eq!(after.reset, Duration::from_millis(9_500));
 }
 
-#[test]
 fn concurrent_hits_and_refunds_never_keep_more_than_the_limit_in_memory() {
     multi_thread_runtime().block_on(async {
         let limit = 20;
@@ -772,7 +766,6 @@ where
     figures
 }
 
-#[tokio::test(start_paused = true)]
 async fn a_dropped_response_future_leaves_the_hit_counted() {
     let backend = Observed::new(memory());
     let app = App::new();
@@ -817,7 +810,6 @@ async fn a_dropped_response_future_leaves_the_hit_counted() {
     assert_eq!(Log::get(&backend.log.issued), 1);
 }
 
-#[tokio::test(start_paused = true)]
 async fn a_service_error_is_no_answer_and_keeps_the_hit() {
     let backend = memory();
     let svc = RateLimitLayer::new("err", quota(5, 60))
@@ -834,7 +826,6 @@ async fn a_service_error_is_no_answer_and_keeps_the_hit() {
     assert_eq!(count(&backend, "err", "alice").await, 2);
 }
 
-#[tokio::test(start_paused = true)]
 async fn a_failed_refund_leaves_the_hit_counted() {
     let backend = Observed::new(memory());
     backend.fail_refunds.store(true, Ordering::SeqCst);
@@ -872,7 +863,6 @@ async fn a_failed_refund_leaves_the_hit_counted() {
     assert_eq!(count(&backend, "fail", "alice").await, 3);
 }
 
-#[tokio::test(start_paused = true)]
 async fn the_client_does_not_wait_for_a_refund_that_has_to_go_out() {
     let backend = Observed::new(memory());
     backend.hold_refunds(true);
@@ -900,7 +890,6 @@ async fn the_client_does_not_wait_for_a_refund_that_has_to_go_out() {
     assert_eq!(count(&backend, "bg", "alice").await, 0);
 }
 
-#[test]
 fn outside_a_tokio_runtime_the_response_waits_for_its_refund() {
     let backend = Observed::new(MemoryBackend::new());
     backend.hold_refunds(true);
@@ -963,7 +952,6 @@ fn block_on<F: Future>(future: F) -> F::Output {
 
 // --- examples/login.rs --------------------------------------------------
 
-#[tokio::test(start_paused = true)]
 async fn the_login_example_limits_failures_and_never_counts_successes() {
     let app = login::app(memory());
     let attempt = |from: [u8; 4], password: &str| {
@@ -1293,15 +1281,13 @@ mod on_redis {
         server.client().get_connection_manager().await.unwrap()
     }
 
-    #[tokio::test]
-    async fn late_and_racing_refunds_on_redis() {
+    pub async fn late_and_racing_refunds_on_redis() {
         let server = redis_or_skip!(RedisServer::start("late_and_racing_refunds_on_redis"));
         a_late_refund_leaves_no_key(manager(&server).await, "late:").await;
         a_refund_racing_a_new_window_never_touches_it(manager(&server).await, "racing:").await;
     }
 
-    #[test]
-    fn concurrent_hits_and_refunds_on_redis() {
+    pub fn concurrent_hits_and_refunds_on_redis() {
         let server = redis_or_skip!(RedisServer::start("concurrent_hits_and_refunds_on_redis"));
         multi_thread_runtime().block_on(async {
             for (prefix, deny_cache) in [("race0:", 0), ("race1:", 1024)] {
@@ -1315,8 +1301,7 @@ mod on_redis {
         });
     }
 
-    #[test]
-    fn a_killed_client_leaves_its_hits_counted_on_redis() {
+    pub fn a_killed_client_leaves_its_hits_counted_on_redis() {
         let server = redis_or_skip!(RedisServer::start(
             "a_killed_client_leaves_its_hits_counted_on_redis"
         ));
@@ -1331,8 +1316,7 @@ mod on_redis {
     }
 
     #[cfg(feature = "redis-cluster")]
-    #[test]
-    fn refunds_on_a_cluster() {
+    pub fn refunds_on_a_cluster() {
         use support::redis::RedisCluster;
         let cluster = redis_or_skip!(RedisCluster::start("refunds_on_a_cluster"));
         let urls = cluster.urls();
@@ -1384,8 +1368,7 @@ mod on_postgres {
             .build()
     }
 
-    #[test]
-    fn refund_races_and_a_killed_client_on_postgres() {
+    pub fn refund_races_and_a_killed_client_on_postgres() {
         let setup = multi_thread_runtime();
         let Some(schema) = setup.block_on(TestSchema::create("outcome_refunds")) else {
             return;
@@ -1405,4 +1388,125 @@ mod on_postgres {
         );
         drop(schema);
     }
+}
+
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
+/// server is missing is reported as ignored.
+fn main() {
+    // Pushed to below, with the redis and postgres features.
+    #[allow(unused_mut)]
+    let mut trials = vec![
+        trial::paused(
+            "skipped_requests_are_not_counted_and_carry_no_headers",
+            Needs::Nothing,
+            skipped_requests_are_not_counted_and_carry_no_headers,
+        ),
+        trial::paused(
+            "the_allowlist_skips_clients_directly_and_behind_a_trusted_proxy",
+            Needs::Nothing,
+            the_allowlist_skips_clients_directly_and_behind_a_trusted_proxy,
+        ),
+        trial::paused(
+            "a_forged_forwarded_header_does_not_skip",
+            Needs::Nothing,
+            a_forged_forwarded_header_does_not_skip,
+        ),
+        trial::paused(
+            "only_answers_that_count_are_kept_and_denials_are_refunded",
+            Needs::Nothing,
+            only_answers_that_count_are_kept_and_denials_are_refunded,
+        ),
+        trial::paused(
+            "parallel_successes_never_lock_a_client_out",
+            Needs::Nothing,
+            parallel_successes_never_lock_a_client_out,
+        ),
+        trial::paused(
+            "count_if_reads_status_and_headers_and_refunds_every_quota",
+            Needs::Nothing,
+            count_if_reads_status_and_headers_and_refunds_every_quota,
+        ),
+        trial::paused(
+            "shadowed_requests_are_judged_by_their_answer_too",
+            Needs::Nothing,
+            shadowed_requests_are_judged_by_their_answer_too,
+        ),
+        trial::paused(
+            "a_refund_after_the_window_closed_leaves_no_counter",
+            Needs::Nothing,
+            a_refund_after_the_window_closed_leaves_no_counter,
+        ),
+        trial::paused(
+            "a_refund_racing_a_new_window_never_touches_it",
+            Needs::Nothing,
+            a_refund_racing_a_new_window_never_touches_it,
+        ),
+        trial::trial(
+            "concurrent_hits_and_refunds_never_keep_more_than_the_limit_in_memory",
+            Needs::Nothing,
+            concurrent_hits_and_refunds_never_keep_more_than_the_limit_in_memory,
+        ),
+        trial::paused(
+            "a_dropped_response_future_leaves_the_hit_counted",
+            Needs::Nothing,
+            a_dropped_response_future_leaves_the_hit_counted,
+        ),
+        trial::paused(
+            "a_service_error_is_no_answer_and_keeps_the_hit",
+            Needs::Nothing,
+            a_service_error_is_no_answer_and_keeps_the_hit,
+        ),
+        trial::paused(
+            "a_failed_refund_leaves_the_hit_counted",
+            Needs::Nothing,
+            a_failed_refund_leaves_the_hit_counted,
+        ),
+        trial::paused(
+            "the_client_does_not_wait_for_a_refund_that_has_to_go_out",
+            Needs::Nothing,
+            the_client_does_not_wait_for_a_refund_that_has_to_go_out,
+        ),
+        trial::trial(
+            "outside_a_tokio_runtime_the_response_waits_for_its_refund",
+            Needs::Nothing,
+            outside_a_tokio_runtime_the_response_waits_for_its_refund,
+        ),
+        trial::paused(
+            "the_login_example_limits_failures_and_never_counts_successes",
+            Needs::Nothing,
+            the_login_example_limits_failures_and_never_counts_successes,
+        ),
+    ];
+    #[cfg(feature = "redis")]
+    trials.push(trial::current(
+        "on_redis::late_and_racing_refunds_on_redis",
+        Needs::Redis,
+        on_redis::late_and_racing_refunds_on_redis,
+    ));
+    #[cfg(feature = "redis")]
+    trials.push(trial::trial(
+        "on_redis::concurrent_hits_and_refunds_on_redis",
+        Needs::Redis,
+        on_redis::concurrent_hits_and_refunds_on_redis,
+    ));
+    #[cfg(feature = "redis")]
+    trials.push(trial::trial(
+        "on_redis::a_killed_client_leaves_its_hits_counted_on_redis",
+        Needs::Redis,
+        on_redis::a_killed_client_leaves_its_hits_counted_on_redis,
+    ));
+    #[cfg(feature = "redis")]
+    #[cfg(feature = "redis-cluster")]
+    trials.push(trial::trial(
+        "on_redis::refunds_on_a_cluster",
+        Needs::Redis,
+        on_redis::refunds_on_a_cluster,
+    ));
+    #[cfg(feature = "postgres")]
+    trials.push(trial::trial(
+        "on_postgres::refund_races_and_a_killed_client_on_postgres",
+        Needs::Postgres,
+        on_postgres::refund_races_and_a_killed_client_on_postgres,
+    ));
+    trial::run(trials, ())
 }

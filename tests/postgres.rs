@@ -1,7 +1,14 @@
 //! The PostgreSQL backend against a real PostgreSQL: the machine's server,
 //! one schema per test, and private servers for the tests that crash one.
+//! The backend contract runs here (`contract::*`, `contract_deny_cache::*`);
+//! the other tests are what only PostgreSQL does: SQL, constraints, the
+//! cleaner, migrations, connections and crashes.
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
@@ -9,7 +16,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime};
 
 use http::{Request, StatusCode};
-use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
+use stores::postgres::PostgresStore;
+use support::http::{by_client, from, ok_service};
 use support::postgres::{PgServer, TestSchema, connect, pool};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Hit;
@@ -17,6 +25,7 @@ use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::{Backend, BackendError};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use trial::Needs;
 
 fn quota(limit: u64, window: Duration) -> Quota {
     Quota::new(limit, window).unwrap()
@@ -47,7 +56,6 @@ async fn rows(schema: &TestSchema) -> i64 {
         .get(0)
 }
 
-#[tokio::test]
 async fn the_window_is_pinned_and_denials_carry_retry_after() {
     let schema = pg_or_skip!(TestSchema::create("pinned").await);
     let store = schema.backend().await;
@@ -92,7 +100,6 @@ async fn the_window_is_pinned_and_denials_carry_retry_after() {
     );
 }
 
-#[tokio::test]
 async fn a_closed_window_starts_over_at_one_with_a_new_deadline() {
     let schema = pg_or_skip!(TestSchema::create("closed_window").await);
     let store = schema.backend().await;
@@ -123,7 +130,6 @@ async fn a_closed_window_starts_over_at_one_with_a_new_deadline() {
     assert_eq!(rows(&schema).await, 1, "the same row, reused");
 }
 
-#[tokio::test]
 async fn sub_millisecond_windows_round_up_and_the_bound_is_held() {
     let schema = pg_or_skip!(TestSchema::create("rounding").await);
     let store = schema.backend().await;
@@ -150,45 +156,6 @@ async fn sub_millisecond_windows_round_up_and_the_bound_is_held() {
     );
 }
 
-#[test]
-fn exactly_the_limit_is_admitted_across_four_instances() {
-    multi_thread_runtime().block_on(async {
-        let schema = pg_or_skip!(TestSchema::create("exactly_the_limit").await);
-        schema.backend().await;
-        for (limit, hits) in [(1u64, 200usize), (50, 2_000), (2_000, 2_000)] {
-            let name: &'static str = Box::leak(format!("burst{limit}").into_boxed_str());
-            let mut instances = Vec::new();
-            for _ in 0..4 {
-                // Each "app server" has its own pool. No deny cache: a hit
-                // it answered would not be counted, and this test counts
-                // every hit (the cache's race with the burst made it flaky).
-                let store = schema.builder().deny_cache(0).build();
-                instances.push(
-                    RateLimitLayer::new(name, quota(limit, Duration::from_secs(60)))
-                        .backend(store)
-                        .timeout(Duration::from_secs(30))
-                        .layer(ok_service()),
-                );
-            }
-            let statuses = burst(&instances, hits, || Request::new(String::new())).await;
-            assert!(
-                statuses
-                    .iter()
-                    .all(|s| [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(s)),
-                "{statuses:?}"
-            );
-            assert_eq!(
-                ok_count(&statuses),
-                limit.min(hits as u64) as usize,
-                "limit {limit}, {hits} hits over 4 instances"
-            );
-            let (count, _) = row(&schema, name, "*").await.unwrap();
-            assert_eq!(count, hits as i64, "every hit counted once");
-        }
-    });
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_connections_and_dropped_futures_count_no_hit_twice() {
     let schema = pg_or_skip!(TestSchema::create("killed").await);
     let store = schema.backend().await;
@@ -275,7 +242,6 @@ async fn killed_connections_and_dropped_futures_count_no_hit_twice() {
     assert!(report.is_clean(), "{report:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_database_recovers_by_itself_and_unlogged_counters_are_lost() {
     let mut server = pg_or_skip!(PgServer::start("crash_recovery"));
     let url = server.url();
@@ -412,7 +378,6 @@ async fn raw(schema: &TestSchema, key: &str) -> (String, String) {
     (row.get(0), row.get(1))
 }
 
-#[tokio::test]
 async fn the_constraints_refuse_impossible_rows() {
     let schema = pg_or_skip!(TestSchema::create("constraints").await);
     schema.backend().await;
@@ -438,7 +403,6 @@ async fn the_constraints_refuse_impossible_rows() {
     }
 }
 
-#[tokio::test]
 async fn corrupt_rows_stop_requests_and_are_left_untouched() {
     let schema = pg_or_skip!(TestSchema::create("corrupt").await);
     let store = schema.backend().await;
@@ -540,7 +504,6 @@ async fn corrupt_rows_stop_requests_and_are_left_untouched() {
     assert_eq!(report.rows, cases.len() as u64);
 }
 
-#[tokio::test]
 async fn the_audit_repairs_only_rows_with_a_usable_count() {
     let schema = pg_or_skip!(TestSchema::create("audit").await);
     let store = schema.backend().await;
@@ -600,7 +563,6 @@ async fn the_audit_repairs_only_rows_with_a_usable_count() {
     );
 }
 
-#[tokio::test]
 async fn the_cleaner_deletes_expired_rows_in_batches_and_never_a_live_one() {
     let schema = pg_or_skip!(TestSchema::create("clean_batches").await);
     let store = schema.builder().no_cleaner().build();
@@ -652,7 +614,6 @@ async fn the_cleaner_deletes_expired_rows_in_batches_and_never_a_live_one() {
     assert!(row(&schema, "n", "held").await.is_some());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cleaner_keeps_the_table_bounded_under_a_flood_of_keys() {
     let schema = pg_or_skip!(TestSchema::create("flood").await);
     let store = schema
@@ -700,7 +661,6 @@ async fn the_cleaner_keeps_the_table_bounded_under_a_flood_of_keys() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cleaner_stops_with_the_backend() {
     let schema = pg_or_skip!(TestSchema::create("cleaner_stops").await);
     let store = schema
@@ -729,85 +689,6 @@ async fn the_cleaner_stops_with_the_backend() {
     }
 }
 
-#[tokio::test]
-async fn peek_and_reset() {
-    let schema = pg_or_skip!(TestSchema::create("peek_reset").await);
-    let store = schema.backend().await;
-    let key = Key::new("k");
-    let q = quota(5, Duration::from_secs(60));
-    assert_eq!(store.peek("n", &key).await.unwrap(), None);
-    store.hit("n", &key, q).await.unwrap();
-    store.hit("n", &key, q).await.unwrap();
-    let peeked = store.peek("n", &key).await.unwrap().unwrap();
-    assert_eq!(peeked.count, 2);
-    assert!(peeked.reset <= Duration::from_secs(60) && peeked.reset > Duration::from_secs(55));
-    assert_eq!(
-        store.peek("n", &key).await.unwrap().unwrap().count,
-        2,
-        "peek does not count"
-    );
-    assert!(store.reset("n", &key).await.unwrap());
-    assert!(!store.reset("n", &key).await.unwrap());
-    assert_eq!(store.peek("n", &key).await.unwrap(), None);
-    assert_eq!(store.hit("n", &key, q).await.unwrap().count, 1);
-
-    let short = quota(5, Duration::from_millis(20));
-    store.hit("n", &Key::new("gone"), short).await.unwrap();
-    tokio::time::sleep(Duration::from_millis(40)).await;
-    assert_eq!(
-        store.peek("n", &Key::new("gone")).await.unwrap(),
-        None,
-        "expired is absent"
-    );
-    assert!(
-        !store.reset("n", &Key::new("gone")).await.unwrap(),
-        "an expired row was no counter"
-    );
-}
-
-#[tokio::test]
-async fn keys_are_bytes_and_namespaces_never_meet() {
-    let schema = pg_or_skip!(TestSchema::create("keys").await);
-    let store = schema.backend().await;
-    let q = quota(100, Duration::from_secs(60));
-    let keys: [&[u8]; 6] = [
-        b"",
-        b"a",
-        b"a\0",
-        b"\xff\xfe",
-        b"{tag}:x",
-        b"'; DROP TABLE x; --",
-    ];
-    for (i, key) in keys.iter().enumerate() {
-        for _ in 0..=i {
-            store.hit("a", &Key::new(key), q).await.unwrap();
-        }
-        store.hit("a:b", &Key::new(key), q).await.unwrap();
-    }
-    for (i, key) in keys.iter().enumerate() {
-        assert_eq!(
-            store
-                .peek("a", &Key::new(key))
-                .await
-                .unwrap()
-                .unwrap()
-                .count,
-            i as u64 + 1
-        );
-        assert_eq!(
-            store
-                .peek("a:b", &Key::new(key))
-                .await
-                .unwrap()
-                .unwrap()
-                .count,
-            1
-        );
-    }
-    assert_eq!(rows(&schema).await, 12);
-}
-
-#[tokio::test]
 async fn several_quotas_are_counted_together() {
     let schema = pg_or_skip!(TestSchema::create("quotas").await);
     let store = schema.backend().await;
@@ -834,7 +715,6 @@ async fn several_quotas_are_counted_together() {
     assert_eq!(rows(&schema).await, 2, "one row per quota");
 }
 
-#[tokio::test]
 async fn migrate_is_idempotent_concurrent_and_takes_its_names() {
     let schema = pg_or_skip!(TestSchema::create("migrate").await);
     let backends: Vec<PostgresBackend> = (0..4)
@@ -901,14 +781,11 @@ async fn migrate_is_idempotent_concurrent_and_takes_its_names() {
     assert_eq!(zero.unwrap_err(), ConfigError::ZeroCleanInterval);
 }
 
-#[test]
-#[should_panic(expected = "invalid PostgreSQL name \"bad-name\"")]
 fn a_bad_literal_table_name_panics() {
     let _ =
         PostgresBackend::builder(pool(&support::postgres::url(), "unused", 1)).table("bad-name");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_follows_the_policy_and_a_slow_database_times_out() {
     let mut server = pg_or_skip!(PgServer::start("outage"));
     let store = PostgresBackend::builder(pool(&server.url(), "outage", 4)).build();
@@ -956,96 +833,6 @@ async fn an_outage_follows_the_policy_and_a_slow_database_times_out() {
     }
 }
 
-#[tokio::test]
-async fn refunds_give_back_a_hit_only_in_its_own_live_window() {
-    let schema = pg_or_skip!(TestSchema::create("refunds").await);
-    let store = schema.builder().deny_cache(0).build();
-    store.migrate().await.unwrap();
-    let key = Key::new("k");
-    let q = quota(3, Duration::from_millis(300));
-
-    let first = store.hit("n", &key, q).await.unwrap();
-    let second = store.hit("n", &key, q).await.unwrap();
-    let (count, window) = row(&schema, "n", "k").await.unwrap();
-    assert_eq!(count, 2);
-    let micros = window
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_micros();
-    assert_eq!(
-        first.deadline.map(|d| u128::from(d.get())),
-        Some(micros),
-        "the hit names its window"
-    );
-    assert_eq!(second.deadline, first.deadline);
-
-    // Absent: nothing is created.
-    assert!(!store.refund("other", &key, &first).await.unwrap());
-    assert_eq!(
-        row(&schema, "other", "k").await,
-        None,
-        "a refund never creates a row"
-    );
-
-    assert!(store.refund("n", &key, &first).await.unwrap());
-    assert!(store.refund("n", &key, &second).await.unwrap());
-    assert_eq!(
-        row(&schema, "n", "k").await,
-        Some((0, window)),
-        "the deadline is kept"
-    );
-    assert!(
-        !store.refund("n", &key, &second).await.unwrap(),
-        "never below zero"
-    );
-    assert_eq!(row(&schema, "n", "k").await, Some((0, window)));
-    let third = store.hit("n", &key, q).await.unwrap();
-    assert_eq!(third.count, 1, "counted on from zero");
-    let elsewhere = Hit {
-        deadline: third.deadline.and_then(|d| d.checked_add(1)),
-        ..third
-    };
-    assert!(
-        !store.refund("n", &key, &elsewhere).await.unwrap(),
-        "another window's id"
-    );
-    let uncounted = Hit {
-        deadline: None,
-        ..third
-    };
-    assert!(
-        !store.refund("n", &key, &uncounted).await.unwrap(),
-        "a hit not counted in the table"
-    );
-    assert_eq!(row(&schema, "n", "k").await, Some((1, window)));
-
-    // The window closes: a refund for it is a no-op, and so is a late one
-    // once a new window has opened.
-    tokio::time::sleep(Duration::from_millis(350)).await;
-    assert!(!store.refund("n", &key, &third).await.unwrap(), "closed");
-    assert_eq!(
-        row(&schema, "n", "k").await,
-        Some((1, window)),
-        "an expired row is left alone"
-    );
-    let fourth = store.hit("n", &key, q).await.unwrap();
-    let (count, new_window) = row(&schema, "n", "k").await.unwrap();
-    assert_eq!(count, 1);
-    assert!(new_window > window);
-    assert!(
-        !store.refund("n", &key, &third).await.unwrap(),
-        "the old window's id"
-    );
-    assert_eq!(
-        row(&schema, "n", "k").await,
-        Some((1, new_window)),
-        "the new window is untouched"
-    );
-    assert!(store.refund("n", &key, &fourth).await.unwrap());
-    assert_eq!(row(&schema, "n", "k").await, Some((0, new_window)));
-}
-
-#[tokio::test]
 async fn denied_counters_are_answered_locally_until_their_window_closes() {
     let schema = pg_or_skip!(TestSchema::create("deny_cache").await);
     let store = schema.backend().await;
@@ -1104,7 +891,6 @@ async fn denied_counters_are_answered_locally_until_their_window_closes() {
     assert!(hit.deadline.is_some());
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hits_in_flight_together_share_a_statement_and_each_get_their_own_count() {
     let schema = pg_or_skip!(TestSchema::create("coalesced").await);
     // Every hit reaches the table: a hit that starts after the first denial
@@ -1157,7 +943,6 @@ async fn hits_in_flight_together_share_a_statement_and_each_get_their_own_count(
     assert_eq!(row(&schema, "n", "shared").await.unwrap().0, 500);
 }
 
-#[test]
 fn a_runtime_shut_down_mid_statement_leaves_the_backend_usable_on_another() {
     let first = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -1209,4 +994,157 @@ fn a_runtime_shut_down_mid_statement_leaves_the_backend_usable_on_another() {
         assert_eq!(hit.unwrap().count, 1);
     });
     drop(schema);
+}
+
+/// What only PostgreSQL holds: an expired row waiting for the cleaner. A
+/// refund for its window leaves it as it is, and a new window reuses it.
+/// (The contract's refunds: `contract::refunds_*`.)
+async fn a_late_refund_leaves_the_expired_row_alone() {
+    let schema = pg_or_skip!(TestSchema::create("late_refund").await);
+    let store = schema.builder().deny_cache(0).build();
+    store.migrate().await.unwrap();
+    let key = Key::new("k");
+    let q = quota(3, Duration::from_millis(300));
+    let hit = store.hit("n", &key, q).await.unwrap();
+    let (count, window) = row(&schema, "n", "k").await.unwrap();
+    assert_eq!(count, 1);
+    let micros = window
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_micros();
+    assert_eq!(
+        hit.deadline.map(|d| u128::from(d.get())),
+        Some(micros),
+        "the hit names its window"
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    assert!(!store.refund("n", &key, &hit).await.unwrap(), "closed");
+    assert_eq!(
+        row(&schema, "n", "k").await,
+        Some((1, window)),
+        "an expired row is left alone"
+    );
+    let next = store.hit("n", &key, q).await.unwrap();
+    let (count, new_window) = row(&schema, "n", "k").await.unwrap();
+    assert_eq!((count, next.count), (1, 1));
+    assert!(new_window > window);
+    assert!(
+        !store.refund("n", &key, &hit).await.unwrap(),
+        "the old window's id"
+    );
+    assert_eq!(row(&schema, "n", "k").await, Some((1, new_window)));
+    assert_eq!(rows(&schema).await, 1, "the same row, reused");
+}
+
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
+/// server is missing is reported as ignored.
+fn main() {
+    let mut trials = vec![
+        trial::current(
+            "the_window_is_pinned_and_denials_carry_retry_after",
+            Needs::Postgres,
+            the_window_is_pinned_and_denials_carry_retry_after,
+        ),
+        trial::current(
+            "a_closed_window_starts_over_at_one_with_a_new_deadline",
+            Needs::Postgres,
+            a_closed_window_starts_over_at_one_with_a_new_deadline,
+        ),
+        trial::current(
+            "sub_millisecond_windows_round_up_and_the_bound_is_held",
+            Needs::Postgres,
+            sub_millisecond_windows_round_up_and_the_bound_is_held,
+        ),
+        trial::multi(
+            "killed_connections_and_dropped_futures_count_no_hit_twice",
+            Needs::Postgres,
+            killed_connections_and_dropped_futures_count_no_hit_twice,
+        ),
+        trial::multi(
+            "a_crashed_database_recovers_by_itself_and_unlogged_counters_are_lost",
+            Needs::PgServer,
+            a_crashed_database_recovers_by_itself_and_unlogged_counters_are_lost,
+        ),
+        trial::current(
+            "the_constraints_refuse_impossible_rows",
+            Needs::Postgres,
+            the_constraints_refuse_impossible_rows,
+        ),
+        trial::current(
+            "corrupt_rows_stop_requests_and_are_left_untouched",
+            Needs::Postgres,
+            corrupt_rows_stop_requests_and_are_left_untouched,
+        ),
+        trial::current(
+            "the_audit_repairs_only_rows_with_a_usable_count",
+            Needs::Postgres,
+            the_audit_repairs_only_rows_with_a_usable_count,
+        ),
+        trial::current(
+            "the_cleaner_deletes_expired_rows_in_batches_and_never_a_live_one",
+            Needs::Postgres,
+            the_cleaner_deletes_expired_rows_in_batches_and_never_a_live_one,
+        ),
+        trial::multi(
+            "the_cleaner_keeps_the_table_bounded_under_a_flood_of_keys",
+            Needs::Postgres,
+            the_cleaner_keeps_the_table_bounded_under_a_flood_of_keys,
+        ),
+        trial::multi(
+            "the_cleaner_stops_with_the_backend",
+            Needs::Postgres,
+            the_cleaner_stops_with_the_backend,
+        ),
+        trial::current(
+            "several_quotas_are_counted_together",
+            Needs::Postgres,
+            several_quotas_are_counted_together,
+        ),
+        trial::current(
+            "migrate_is_idempotent_concurrent_and_takes_its_names",
+            Needs::Postgres,
+            migrate_is_idempotent_concurrent_and_takes_its_names,
+        ),
+        trial::should_panic(
+            "a_bad_literal_table_name_panics",
+            Needs::Nothing,
+            "invalid PostgreSQL name \"bad-name\"",
+            a_bad_literal_table_name_panics,
+        ),
+        trial::multi(
+            "an_outage_follows_the_policy_and_a_slow_database_times_out",
+            Needs::PgServer,
+            an_outage_follows_the_policy_and_a_slow_database_times_out,
+        ),
+        trial::current(
+            "denied_counters_are_answered_locally_until_their_window_closes",
+            Needs::Postgres,
+            denied_counters_are_answered_locally_until_their_window_closes,
+        ),
+        trial::multi(
+            "hits_in_flight_together_share_a_statement_and_each_get_their_own_count",
+            Needs::Postgres,
+            hits_in_flight_together_share_a_statement_and_each_get_their_own_count,
+        ),
+        trial::trial(
+            "a_runtime_shut_down_mid_statement_leaves_the_backend_usable_on_another",
+            Needs::Postgres,
+            a_runtime_shut_down_mid_statement_leaves_the_backend_usable_on_another,
+        ),
+        trial::current(
+            "a_late_refund_leaves_the_expired_row_alone",
+            Needs::Postgres,
+            a_late_refund_leaves_the_expired_row_alone,
+        ),
+    ];
+    // The backend contract, each scenario on schemas of its own: without
+    // the deny cache, and with it.
+    let stores: Vec<Arc<PostgresStore>> = [0, 1024]
+        .into_iter()
+        .map(|deny_cache| Arc::new(PostgresStore::new(deny_cache)))
+        .collect();
+    for (name, store) in ["contract", "contract_deny_cache"].into_iter().zip(&stores) {
+        trials.extend(trial::contract(name, Needs::Postgres, store.clone()));
+    }
+    trial::run(trials, stores)
 }

@@ -1,20 +1,30 @@
 //! Private keys on a real Redis, a real Redis Cluster and PostgreSQL: the
 //! store holds keyed digests, never the keys, and counts exactly as before.
+//! The backend contract runs on `PrivateKeys` over Redis and PostgreSQL too
+//! (`contract_redis::*`, `contract_postgres::*`).
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use redis::aio::ConnectionLike;
+use stores::redis::RedisStore;
 use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
-use support::redis::RedisServer;
+use support::redis::{RedisServer, Shared};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::PrivateKeys;
 use tower_pinned_window::backend::redis::{Nodes, RedisBackend};
 use tower_pinned_window::backend::storage_key;
 use tower_pinned_window::key::Key;
+use tower_pinned_window::testkit::Private;
 use tower_pinned_window::{Quota, RateLimitLayer};
+use trial::Needs;
 
 const SECRET_A: &[u8; 32] = b"secret A: 32 random bytes, here!";
 const SECRET_B: &[u8; 32] = b"secret B: 32 random bytes, here!";
@@ -157,7 +167,6 @@ async fn private_keys_are_digests_and_count_exactly<C>(
     assert_eq!(get(&con, &stored).await, None, "{prefix}");
 }
 
-#[test]
 fn on_a_redis_server() {
     let server = redis_or_skip!(RedisServer::start("private keys on a redis server"));
     multi_thread_runtime().block_on(async {
@@ -175,7 +184,6 @@ fn on_a_redis_server() {
 }
 
 #[cfg(feature = "redis-cluster")]
-#[test]
 fn on_a_cluster() {
     use support::redis::RedisCluster;
 
@@ -200,7 +208,6 @@ fn on_a_cluster() {
 
 /// On PostgreSQL: the table holds digests, and counts exactly.
 #[cfg(feature = "postgres")]
-#[test]
 fn on_postgres() {
     use support::postgres::TestSchema;
 
@@ -258,4 +265,51 @@ fn on_postgres() {
             );
         }
     });
+}
+
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
+/// server is missing is reported as ignored.
+fn main() {
+    let mut trials = vec![trial::trial(
+        "on_a_redis_server",
+        Needs::Redis,
+        on_a_redis_server,
+    )];
+    #[cfg(feature = "redis-cluster")]
+    trials.push(trial::trial("on_a_cluster", Needs::Redis, on_a_cluster));
+    #[cfg(feature = "postgres")]
+    trials.push(trial::trial("on_postgres", Needs::Postgres, on_postgres));
+    // The backend contract on keyed digests: PrivateKeys over Redis (one
+    // shared server, a prefix per scenario) and over PostgreSQL (a schema
+    // per scenario).
+    let server = Shared::new(|| RedisServer::start("private contract"));
+    let redis = {
+        let server = server.clone();
+        RedisStore::new(0, move || {
+            let server = server.clone();
+            async move {
+                server
+                    .get()
+                    .client()
+                    .get_connection_manager()
+                    .await
+                    .unwrap()
+            }
+        })
+    };
+    trials.extend(trial::contract(
+        "contract_redis",
+        Needs::Redis,
+        Arc::new(Private::new(redis, SECRET_A)),
+    ));
+    #[cfg(feature = "postgres")]
+    trials.extend(trial::contract(
+        "contract_postgres",
+        Needs::Postgres,
+        Arc::new(Private::new(
+            stores::postgres::PostgresStore::new(0),
+            SECRET_A,
+        )),
+    ));
+    trial::run(trials, server)
 }

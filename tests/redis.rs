@@ -1,6 +1,13 @@
-//! The Redis backend against a real redis-server that the harness starts.
+//! The Redis backend against a real redis-server that the harness starts:
+//! the backend contract (`contract::*`, `contract_deny_cache::*`: the
+//! scenarios of `tower_pinned_window::testkit`), then what only Redis does:
+//! scripts, coalescing, the deny cache, the breaker, outages.
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -9,13 +16,15 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
-use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
-use support::redis::{RedisServer, cases};
+use stores::redis::RedisStore;
+use support::http::{by_client, from, multi_thread_runtime, ok_service};
+use support::redis::{RedisServer, Shared, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::{ConnectError, RedisBackend};
 use tower_pinned_window::backend::{Backend, BackendError, BackendErrorKind, Hit};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use trial::Needs;
 
 fn quota(limit: u64, window: Duration) -> Quota {
     Quota::new(limit, window).unwrap()
@@ -49,7 +58,6 @@ fn pttl(con: &mut redis::Connection, key: &str) -> i64 {
     redis::cmd("PTTL").arg(key).query(con).unwrap()
 }
 
-#[tokio::test]
 async fn the_window_is_pinned_and_denials_carry_retry_after() {
     let server = redis_or_skip!(RedisServer::start(
         "the_window_is_pinned_and_denials_carry_retry_after"
@@ -104,58 +112,6 @@ async fn the_window_is_pinned_and_denials_carry_retry_after() {
     );
 }
 
-#[tokio::test]
-async fn a_closed_window_starts_over_at_one() {
-    let server = redis_or_skip!(RedisServer::start("a_closed_window_starts_over_at_one"));
-    let store = RedisBackend::builder(manager(&server).await)
-        .deny_cache(0)
-        .build();
-    let q = quota(1, Duration::from_millis(250));
-    let key = Key::new("k");
-    assert_eq!(store.hit("n", &key, q).await.unwrap().count, 1);
-    assert_eq!(store.hit("n", &key, q).await.unwrap().count, 2);
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let hit = store.hit("n", &key, q).await.unwrap();
-    assert_eq!(hit.count, 1, "a new window");
-    assert!(hit.reset <= Duration::from_millis(250) && hit.reset > Duration::from_millis(150));
-}
-
-#[test]
-fn exactly_the_limit_is_admitted_across_four_instances() {
-    let server = redis_or_skip!(RedisServer::start(
-        "exactly_the_limit_is_admitted_across_four_instances"
-    ));
-    multi_thread_runtime().block_on(async {
-        for (limit, hits) in [(1u64, 100usize), (50, 400), (400, 400)] {
-            let name: &'static str = Box::leak(format!("burst{limit}").into_boxed_str());
-            let mut instances = Vec::new();
-            for _ in 0..4 {
-                // Each "app server" has its own connection and deny cache.
-                let store = backend(&server).await;
-                instances.push(
-                    RateLimitLayer::new(name, quota(limit, Duration::from_secs(60)))
-                        .backend(store)
-                        .layer(ok_service()),
-                );
-            }
-            let statuses = burst(&instances, hits, || Request::new(String::new())).await;
-            assert!(
-                statuses
-                    .iter()
-                    .all(|s| [StatusCode::OK, StatusCode::TOO_MANY_REQUESTS].contains(s)),
-                "{statuses:?}"
-            );
-            let allowed = ok_count(&statuses);
-            assert_eq!(
-                allowed,
-                limit.min(hits as u64) as usize,
-                "limit {limit}, {hits} hits over 4 instances"
-            );
-        }
-    });
-}
-
-#[tokio::test]
 async fn a_counter_without_a_lifetime_is_healed_not_reset() {
     let server = redis_or_skip!(RedisServer::start(
         "a_counter_without_a_lifetime_is_healed_not_reset"
@@ -177,7 +133,6 @@ async fn a_counter_without_a_lifetime_is_healed_not_reset() {
     assert_eq!(hit.reset, Duration::from_secs(30));
 }
 
-#[tokio::test]
 async fn corrupt_counters_stop_requests_and_are_left_untouched() {
     let server = redis_or_skip!(RedisServer::start(
         "corrupt_counters_stop_requests_and_are_left_untouched"
@@ -277,7 +232,6 @@ async fn corrupt_counters_stop_requests_and_are_left_untouched() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_in_the_middle_of_traffic_fails_no_request() {
     let server = redis_or_skip!(RedisServer::start(
         "script_flush_in_the_middle_of_traffic_fails_no_request"
@@ -336,7 +290,6 @@ async fn script_flush_in_the_middle_of_traffic_fails_no_request() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
     let mut server = redis_or_skip!(RedisServer::start(
         "an_outage_follows_the_policy_and_limiting_resumes_by_itself"
@@ -398,7 +351,6 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
 /// A hit puts itself in its lane when it is made, not when first polled: a
 /// future dropped before it was ever polled sends nothing, and leaves the
 /// lane free, or to a driver for the hits queued behind it.
-#[tokio::test]
 async fn hits_dropped_before_they_are_polled_leave_their_lane_working() {
     let server = redis_or_skip!(RedisServer::start(
         "hits_dropped_before_they_are_polled_leave_their_lane_working"
@@ -427,7 +379,6 @@ async fn hits_dropped_before_they_are_polled_leave_their_lane_working() {
     assert!(pttl(&mut con, "tpw:n{b}") > 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime() {
     let server = redis_or_skip!(RedisServer::start(
         "killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime"
@@ -474,7 +425,6 @@ async fn killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime() {
     assert!(report.without_lifetime.is_empty());
 }
 
-#[tokio::test]
 async fn the_audit_finds_and_repairs_keys_without_a_lifetime() {
     let server = redis_or_skip!(RedisServer::start(
         "the_audit_finds_and_repairs_keys_without_a_lifetime"
@@ -539,7 +489,6 @@ fn evalsha_calls(server: &RedisServer) -> u64 {
         .map_or(0, |n| n.parse().unwrap())
 }
 
-#[tokio::test]
 async fn denied_keys_are_answered_locally_until_their_window_closes() {
     let server = redis_or_skip!(RedisServer::start(
         "denied_keys_are_answered_locally_until_their_window_closes"
@@ -587,32 +536,14 @@ async fn denied_keys_are_answered_locally_until_their_window_closes() {
     assert_eq!(res.extensions().get::<Decision>().unwrap().count(), 1);
 }
 
-#[tokio::test]
-async fn peek_and_reset() {
-    let server = redis_or_skip!(RedisServer::start("peek_and_reset"));
+/// What only Redis can hold: a counter without a lifetime (left by other
+/// code), which `peek` reports as never resetting. (The contract's peek and
+/// reset: `contract::peek_and_reset`.)
+async fn peek_of_a_counter_without_a_lifetime_never_resets() {
+    let server = redis_or_skip!(RedisServer::start(
+        "peek_of_a_counter_without_a_lifetime_never_resets"
+    ));
     let store = backend(&server).await;
-    let key = Key::new("k");
-    assert_eq!(store.peek("n", &key).await.unwrap(), None);
-    store
-        .hit("n", &key, quota(5, Duration::from_secs(60)))
-        .await
-        .unwrap();
-    store
-        .hit("n", &key, quota(5, Duration::from_secs(60)))
-        .await
-        .unwrap();
-    let peeked = store.peek("n", &key).await.unwrap().unwrap();
-    assert_eq!(peeked.count, 2);
-    assert!(peeked.reset <= Duration::from_secs(60) && peeked.reset > Duration::from_secs(59));
-    assert_eq!(
-        store.peek("n", &key).await.unwrap().unwrap().count,
-        2,
-        "peek does not count"
-    );
-    assert!(store.reset("n", &key).await.unwrap());
-    assert!(!store.reset("n", &key).await.unwrap());
-    assert_eq!(store.peek("n", &key).await.unwrap(), None);
-
     let mut con = server
         .client()
         .get_multiplexed_async_connection()
@@ -631,7 +562,6 @@ async fn peek_and_reset() {
     );
 }
 
-#[tokio::test]
 async fn a_multiplexed_connection_serves_too() {
     let server = redis_or_skip!(RedisServer::start("a_multiplexed_connection_serves_too"));
     let con = server
@@ -650,7 +580,6 @@ async fn a_multiplexed_connection_serves_too() {
     assert_eq!(store.audit(None).await.unwrap().scanned, 1);
 }
 
-#[tokio::test]
 async fn several_quotas_are_counted_in_redis_together() {
     let server = redis_or_skip!(RedisServer::start(
         "several_quotas_are_counted_in_redis_together"
@@ -712,7 +641,6 @@ fn keys_under(server: &RedisServer, prefix: &str) -> Vec<Vec<u8>> {
         .unwrap()
 }
 
-#[tokio::test]
 async fn client_chosen_keys_reach_no_other_layers_or_quotas_counter() {
     let server = redis_or_skip!(RedisServer::start(
         "client_chosen_keys_reach_no_other_layers_or_quotas_counter"
@@ -722,26 +650,6 @@ async fn client_chosen_keys_reach_no_other_layers_or_quotas_counter() {
         .await;
 }
 
-#[tokio::test]
-async fn a_quota_of_window_max_works_on_a_real_server() {
-    let server = redis_or_skip!(RedisServer::start(
-        "a_quota_of_window_max_works_on_a_real_server"
-    ));
-    cases::a_window_of_window_max_works(manager(&server).await, "max:").await;
-}
-
-#[tokio::test]
-async fn refunds_touch_only_their_own_window_and_create_nothing() {
-    let server = redis_or_skip!(RedisServer::start(
-        "refunds_touch_only_their_own_window_and_create_nothing"
-    ));
-    cases::refunds_touch_only_their_own_window(manager(&server).await, "refund:").await;
-    // Nothing was left without a lifetime.
-    let report = backend(&server).await.audit(None).await.unwrap();
-    assert!(report.without_lifetime.is_empty(), "{report:?}");
-}
-
-#[tokio::test]
 async fn refunds_of_deny_cache_answers_send_nothing() {
     let server = redis_or_skip!(RedisServer::start(
         "refunds_of_deny_cache_answers_send_nothing"
@@ -760,21 +668,6 @@ async fn refunds_of_deny_cache_answers_send_nothing() {
     assert_eq!(evalsha_calls(&server) - before, 4);
 }
 
-#[test]
-fn concurrent_hits_and_refunds_never_keep_more_than_the_limit() {
-    let server = redis_or_skip!(RedisServer::start(
-        "concurrent_hits_and_refunds_never_keep_more_than_the_limit"
-    ));
-    multi_thread_runtime().block_on(async {
-        for (prefix, deny_cache) in [("race0:", 0), ("race1:", 1024)] {
-            let con = manager(&server).await;
-            cases::concurrent_hits_and_refunds_keep_at_most_the_limit(con, prefix, deny_cache)
-                .await;
-        }
-    });
-}
-
-#[tokio::test]
 async fn prefixes_with_braces_are_refused_and_the_audit_still_matches() {
     let server = redis_or_skip!(RedisServer::start(
         "prefixes_with_braces_are_refused_and_the_audit_still_matches"
@@ -842,7 +735,6 @@ where
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_backend_connecting_in_the_background_starts_during_an_outage() {
     let mut server = redis_or_skip!(RedisServer::start(
         "a_backend_connecting_in_the_background_starts_during_an_outage"
@@ -926,7 +818,6 @@ async fn a_backend_connecting_in_the_background_starts_during_an_outage() {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_breaker_answers_at_once_during_an_outage_and_closes_after() {
     let mut server = redis_or_skip!(RedisServer::start(
         "the_breaker_answers_at_once_during_an_outage_and_closes_after"
@@ -976,7 +867,6 @@ async fn the_breaker_answers_at_once_during_an_outage_and_closes_after() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_that_stops_answering_opens_the_breaker_on_timeouts() {
     let server = redis_or_skip!(RedisServer::start(
         "a_store_that_stops_answering_opens_the_breaker_on_timeouts"
@@ -1015,7 +905,6 @@ async fn a_store_that_stops_answering_opens_the_breaker_on_timeouts() {
     .await;
 }
 
-#[tokio::test]
 async fn clients_that_give_up_their_requests_never_open_the_breaker() {
     let server = redis_or_skip!(RedisServer::start(
         "clients_that_give_up_their_requests_never_open_the_breaker"
@@ -1047,7 +936,6 @@ async fn clients_that_give_up_their_requests_never_open_the_breaker() {
     assert_eq!(hit.count, 1);
 }
 
-#[tokio::test]
 async fn a_bad_url_is_a_configuration_error() {
     for url in [
         "not a url",
@@ -1074,7 +962,6 @@ async fn a_bad_url_is_a_configuration_error() {
     assert!(!err.to_string().contains("hunter2"), "{err}");
 }
 
-#[tokio::test]
 async fn breaker_settings_are_checked() {
     // A backend that never connects: nothing listens on the discard port.
     let store = RedisBackend::connect_in_background("redis://127.0.0.1:9/").unwrap();
@@ -1147,7 +1034,6 @@ async fn hits_by_key(
     by_key
 }
 
-#[test]
 fn coalesced_hits_take_every_count_once_across_four_instances() {
     let server = redis_or_skip!(RedisServer::start(
         "coalesced_hits_take_every_count_once_across_four_instances"
@@ -1217,7 +1103,6 @@ fn coalesced_hits_take_every_count_once_across_four_instances() {
     });
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_holds_at_most_two_calls_per_lane() {
     let server = redis_or_skip!(RedisServer::start(
         "a_frozen_server_holds_at_most_two_calls_per_lane"
@@ -1277,7 +1162,6 @@ async fn a_frozen_server_holds_at_most_two_calls_per_lane() {
     }
 }
 
-#[tokio::test]
 async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
     let server = redis_or_skip!(RedisServer::start(
         "a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys"
@@ -1399,7 +1283,6 @@ async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
     assert_eq!(hash, vec![("f".to_string(), "v".to_string())]);
 }
 
-#[tokio::test]
 async fn dropped_futures_inside_a_batch_leave_no_key_without_a_lifetime() {
     let server = redis_or_skip!(RedisServer::start(
         "dropped_futures_inside_a_batch_leave_no_key_without_a_lifetime"
@@ -1479,7 +1362,6 @@ async fn dropped_futures_inside_a_batch_leave_no_key_without_a_lifetime() {
     assert_eq!(hit.count, 1);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn script_flush_and_a_restart_in_the_middle_of_batches() {
     let mut server = redis_or_skip!(RedisServer::start(
         "script_flush_and_a_restart_in_the_middle_of_batches"
@@ -1618,7 +1500,6 @@ fn batch_script(
 /// The batch script attaches a lifetime, in the same call, to a counter it
 /// creates and to one left without any, and never moves one a counter has,
 /// even when its count had come back to zero (a refunded window).
-#[test]
 fn the_batch_script_attaches_a_lifetime_only_where_there_is_none() {
     let server = redis_or_skip!(RedisServer::start(
         "the_batch_script_attaches_a_lifetime_only_where_there_is_none"
@@ -1672,7 +1553,6 @@ fn the_batch_script_attaches_a_lifetime_only_where_there_is_none() {
 /// The batch script on its own, with arguments the backend never sends:
 /// each bad entry is refused with nothing written, and the entries around
 /// it are counted as usual, whatever the order of good and bad arguments.
-#[test]
 fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
     let server = redis_or_skip!(RedisServer::start(
         "the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them"
@@ -1751,4 +1631,164 @@ fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
     assert_eq!(pttl(&mut con, "tpw:args{text}"), -1);
     let good3 = pttl(&mut con, "tpw:args{good3}");
     assert!((25_000..=30_000).contains(&good3), "{good3}");
+}
+
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
+/// server is missing is reported as ignored.
+fn main() {
+    let mut trials = vec![
+        trial::current(
+            "the_window_is_pinned_and_denials_carry_retry_after",
+            Needs::Redis,
+            the_window_is_pinned_and_denials_carry_retry_after,
+        ),
+        trial::current(
+            "a_counter_without_a_lifetime_is_healed_not_reset",
+            Needs::Redis,
+            a_counter_without_a_lifetime_is_healed_not_reset,
+        ),
+        trial::current(
+            "corrupt_counters_stop_requests_and_are_left_untouched",
+            Needs::Redis,
+            corrupt_counters_stop_requests_and_are_left_untouched,
+        ),
+        trial::multi(
+            "script_flush_in_the_middle_of_traffic_fails_no_request",
+            Needs::Redis,
+            script_flush_in_the_middle_of_traffic_fails_no_request,
+        ),
+        trial::multi(
+            "an_outage_follows_the_policy_and_limiting_resumes_by_itself",
+            Needs::Redis,
+            an_outage_follows_the_policy_and_limiting_resumes_by_itself,
+        ),
+        trial::current(
+            "hits_dropped_before_they_are_polled_leave_their_lane_working",
+            Needs::Redis,
+            hits_dropped_before_they_are_polled_leave_their_lane_working,
+        ),
+        trial::multi(
+            "killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime",
+            Needs::Redis,
+            killed_clients_and_dropped_requests_leave_no_key_without_a_lifetime,
+        ),
+        trial::current(
+            "the_audit_finds_and_repairs_keys_without_a_lifetime",
+            Needs::Redis,
+            the_audit_finds_and_repairs_keys_without_a_lifetime,
+        ),
+        trial::current(
+            "denied_keys_are_answered_locally_until_their_window_closes",
+            Needs::Redis,
+            denied_keys_are_answered_locally_until_their_window_closes,
+        ),
+        trial::current(
+            "peek_of_a_counter_without_a_lifetime_never_resets",
+            Needs::Redis,
+            peek_of_a_counter_without_a_lifetime_never_resets,
+        ),
+        trial::current(
+            "a_multiplexed_connection_serves_too",
+            Needs::Redis,
+            a_multiplexed_connection_serves_too,
+        ),
+        trial::current(
+            "several_quotas_are_counted_in_redis_together",
+            Needs::Redis,
+            several_quotas_are_counted_in_redis_together,
+        ),
+        trial::current(
+            "client_chosen_keys_reach_no_other_layers_or_quotas_counter",
+            Needs::Redis,
+            client_chosen_keys_reach_no_other_layers_or_quotas_counter,
+        ),
+        trial::current(
+            "refunds_of_deny_cache_answers_send_nothing",
+            Needs::Redis,
+            refunds_of_deny_cache_answers_send_nothing,
+        ),
+        trial::current(
+            "prefixes_with_braces_are_refused_and_the_audit_still_matches",
+            Needs::Redis,
+            prefixes_with_braces_are_refused_and_the_audit_still_matches,
+        ),
+        trial::multi(
+            "a_backend_connecting_in_the_background_starts_during_an_outage",
+            Needs::Redis,
+            a_backend_connecting_in_the_background_starts_during_an_outage,
+        ),
+        trial::multi(
+            "the_breaker_answers_at_once_during_an_outage_and_closes_after",
+            Needs::Redis,
+            the_breaker_answers_at_once_during_an_outage_and_closes_after,
+        ),
+        trial::multi(
+            "a_store_that_stops_answering_opens_the_breaker_on_timeouts",
+            Needs::Redis,
+            a_store_that_stops_answering_opens_the_breaker_on_timeouts,
+        ),
+        trial::current(
+            "clients_that_give_up_their_requests_never_open_the_breaker",
+            Needs::Redis,
+            clients_that_give_up_their_requests_never_open_the_breaker,
+        ),
+        trial::current(
+            "a_bad_url_is_a_configuration_error",
+            Needs::Nothing,
+            a_bad_url_is_a_configuration_error,
+        ),
+        trial::current(
+            "breaker_settings_are_checked",
+            Needs::Nothing,
+            breaker_settings_are_checked,
+        ),
+        trial::trial(
+            "coalesced_hits_take_every_count_once_across_four_instances",
+            Needs::Redis,
+            coalesced_hits_take_every_count_once_across_four_instances,
+        ),
+        trial::multi(
+            "a_frozen_server_holds_at_most_two_calls_per_lane",
+            Needs::Redis,
+            a_frozen_server_holds_at_most_two_calls_per_lane,
+        ),
+        trial::current(
+            "a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys",
+            Needs::Redis,
+            a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys,
+        ),
+        trial::current(
+            "dropped_futures_inside_a_batch_leave_no_key_without_a_lifetime",
+            Needs::Redis,
+            dropped_futures_inside_a_batch_leave_no_key_without_a_lifetime,
+        ),
+        trial::multi(
+            "script_flush_and_a_restart_in_the_middle_of_batches",
+            Needs::Redis,
+            script_flush_and_a_restart_in_the_middle_of_batches,
+        ),
+        trial::trial(
+            "the_batch_script_attaches_a_lifetime_only_where_there_is_none",
+            Needs::Redis,
+            the_batch_script_attaches_a_lifetime_only_where_there_is_none,
+        ),
+        trial::trial(
+            "the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them",
+            Needs::Redis,
+            the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them,
+        ),
+    ];
+    // The backend contract, on one shared server, each scenario under its
+    // own prefix: without the deny cache, and with it (denials answered
+    // locally are not counted, and never refunded).
+    let server = Shared::new(|| RedisServer::start("contract"));
+    for (name, deny_cache) in [("contract", 0), ("contract_deny_cache", 1024)] {
+        let server = server.clone();
+        let store = RedisStore::new(deny_cache, move || {
+            let server = server.clone();
+            async move { manager(server.get()).await }
+        });
+        trials.extend(trial::contract(name, Needs::Redis, Arc::new(store)));
+    }
+    trial::run(trials, server)
 }

@@ -1,48 +1,33 @@
 //! The Redis backend on a real three-master Redis Cluster that the harness
-//! starts.
+//! starts: the backend contract (`contract::*`, `contract_deny_cache::*`,
+//! on one shared Cluster, each scenario under its own prefix), then what
+//! only a Cluster does, one test each: keys over every master, coalescing by
+//! slot, the audit of every master, hash tags, a failover. A test that
+//! counts the Cluster's script calls or scans every master has a Cluster of
+//! its own.
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
+use stores::redis::RedisStore;
 use support::http::{burst, from, multi_thread_runtime, ok_count, ok_service};
-use support::redis::{RedisCluster, cases};
+use support::redis::{RedisCluster, Shared, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, BackendError, storage_key};
 use tower_pinned_window::key::{HeaderKey, Key};
-use tower_pinned_window::{Decision, Quota, RateLimitLayer, Window};
+use tower_pinned_window::{Quota, RateLimitLayer, Window};
+use trial::Needs;
 
 fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
-}
-
-/// One test per cluster: starting three servers and joining them is the
-/// slow part, so the cases share it.
-#[test]
-fn on_a_cluster() {
-    let cluster = redis_or_skip!(RedisCluster::start("on_a_cluster"));
-    multi_thread_runtime().block_on(async {
-        keys_spread_over_every_master_and_windows_stay_pinned(&cluster).await;
-        exactly_the_limit_is_admitted_across_four_instances(&cluster).await;
-        coalesced_hits_take_every_count_once(&cluster).await;
-        a_connection_not_known_as_a_cluster_learns_to_coalesce_by_slot(&cluster).await;
-        corrupt_counters_are_left_untouched(&cluster).await;
-        the_audit_covers_every_master(&cluster).await;
-        client_chosen_keys_reach_no_other_counter_nor_pick_a_slot(&cluster).await;
-        cases::a_window_of_window_max_works(cluster.connection().await, "max:").await;
-        cases::refunds_touch_only_their_own_window(cluster.connection().await, "refund:").await;
-        cases::deny_cache_hits_are_never_refunded(cluster.connection().await, "cache:").await;
-        for (prefix, deny_cache) in [("race0:", 0), ("race1:", 1024)] {
-            cases::concurrent_hits_and_refunds_keep_at_most_the_limit(
-                cluster.connection().await,
-                prefix,
-                deny_cache,
-            )
-            .await;
-        }
-    });
 }
 
 async fn keys_spread_over_every_master_and_windows_stay_pinned(cluster: &RedisCluster) {
@@ -268,37 +253,15 @@ async fn a_connection_not_known_as_a_cluster_learns_to_coalesce_by_slot(cluster:
     );
 }
 
-async fn corrupt_counters_are_left_untouched(cluster: &RedisCluster) {
+async fn the_audit_covers_every_master(cluster: &RedisCluster) {
     let mut con = cluster.connection().await;
+    // A corrupt counter: reported by the audit, never repaired.
     let _: () = redis::cmd("SET")
         .arg("tpw:bad{text}")
         .arg("abc")
         .query_async(&mut con)
         .await
         .unwrap();
-    let store = RedisBackend::new(con.clone());
-    let result = store.hit("bad", &Key::new("text"), quota(5, 60)).await;
-    assert!(
-        matches!(result, Err(BackendError::Corrupt { .. })),
-        "{result:?}"
-    );
-    let value: String = redis::cmd("GET")
-        .arg("tpw:bad{text}")
-        .query_async(&mut con)
-        .await
-        .unwrap();
-    assert_eq!(value, "abc");
-    let svc = RateLimitLayer::new("bad", quota(5, 60))
-        .key(HeaderKey::new(http::HeaderName::from_static("x-client")))
-        .backend(store)
-        .layer(ok_service());
-    let res = svc.oneshot(from("text")).await.unwrap();
-    assert_eq!(res.status(), StatusCode::INTERNAL_SERVER_ERROR);
-    assert!(res.extensions().get::<Decision>().is_none());
-}
-
-async fn the_audit_covers_every_master(cluster: &RedisCluster) {
-    let mut con = cluster.connection().await;
     for i in 0..90 {
         let _: () = redis::cmd("SET")
             .arg(format!("tpw:legacy:{i}"))
@@ -310,7 +273,7 @@ async fn the_audit_covers_every_master(cluster: &RedisCluster) {
     let store = RedisBackend::new(con.clone());
     let report = store.audit(None).await.unwrap();
     assert_eq!(report.nodes, 3, "every master");
-    // The 90, and the corrupt key from the case before.
+    // The 90, and the corrupt key.
     assert_eq!(report.without_lifetime.len(), 91, "{report:?}");
     assert!(report.scanned >= 90);
     for node in &cluster.nodes {
@@ -424,7 +387,6 @@ const STALLED: Duration = Duration::from_secs(1);
 /// Cluster with Redis's default `cluster-require-full-coverage yes` (every
 /// master then refuses every key until the replica is promoted, and the
 /// test fails); `TPW_DEBUG=1` prints each failure.
-#[test]
 fn a_failover_stalls_no_healthy_master() {
     let mut cluster = redis_or_skip!(RedisCluster::start_with_replicas(
         "a_failover_stalls_no_healthy_master",
@@ -601,4 +563,47 @@ async fn failover_backend(
         .await
         .unwrap();
     RedisBackend::builder(connection).deny_cache(0).build()
+}
+
+/// A trial of `case` on a Cluster of its own.
+macro_rules! on_its_own_cluster {
+    ($case:ident) => {
+        trial::trial(stringify!($case), Needs::Redis, || {
+            let cluster = redis_or_skip!(RedisCluster::start(stringify!($case)));
+            multi_thread_runtime().block_on($case(&cluster));
+        })
+    };
+}
+
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
+/// server is missing is reported as ignored.
+fn main() {
+    let mut trials = vec![
+        on_its_own_cluster!(keys_spread_over_every_master_and_windows_stay_pinned),
+        on_its_own_cluster!(exactly_the_limit_is_admitted_across_four_instances),
+        on_its_own_cluster!(coalesced_hits_take_every_count_once),
+        on_its_own_cluster!(a_connection_not_known_as_a_cluster_learns_to_coalesce_by_slot),
+        on_its_own_cluster!(the_audit_covers_every_master),
+        on_its_own_cluster!(client_chosen_keys_reach_no_other_counter_nor_pick_a_slot),
+        on_its_own_cluster!(deny_cache_hits_are_never_refunded),
+        trial::trial(
+            "a_failover_stalls_no_healthy_master",
+            Needs::Redis,
+            a_failover_stalls_no_healthy_master,
+        ),
+    ];
+    let cluster = Shared::new(|| RedisCluster::start("contract"));
+    for (name, deny_cache) in [("contract", 0), ("contract_deny_cache", 1024)] {
+        let cluster = cluster.clone();
+        let store = RedisStore::new(deny_cache, move || {
+            let cluster = cluster.clone();
+            async move { cluster.get().connection().await }
+        });
+        trials.extend(trial::contract(name, Needs::Redis, Arc::new(store)));
+    }
+    trial::run(trials, cluster)
+}
+
+async fn deny_cache_hits_are_never_refunded(cluster: &RedisCluster) {
+    cases::deny_cache_hits_are_never_refunded(cluster.connection().await, "cache:").await;
 }

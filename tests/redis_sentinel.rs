@@ -1,6 +1,7 @@
 //! The Redis backend through Redis Sentinel, against a real master, replica
 //! and three sentinels that the harness starts; failovers in the middle of
-//! traffic.
+//! traffic. The backend contract runs here too (`contract::*`,
+//! `contract_deny_cache::*`), on connections through the sentinels.
 //!
 //! How the failover tests count what a failover costs: every hit Redis
 //! counted comes back with its count. Over a run inside one window, the hits
@@ -13,7 +14,11 @@
 //! was lost with the connection but that Redis counted and replicated is
 //! counted without being admitted, which is why `lost` can be below zero.)
 
+#[path = "support/stores.rs"]
+mod stores;
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -22,13 +27,15 @@ use std::time::{Duration, Instant};
 use futures_util::future::BoxFuture;
 use http::StatusCode;
 use redis::ConnectionAddr;
+use stores::redis::RedisStore;
 use support::http::{by_client, from, multi_thread_runtime, ok_service};
-use support::redis::{RedisServer, SENTINEL_MASTER, SentinelGroup, cases};
+use support::redis::{RedisServer, SENTINEL_MASTER, SentinelGroup, Shared, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Backend;
 use tower_pinned_window::backend::redis::{RedisBackend, SentinelConnection};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use trial::Needs;
 
 /// Tasks sending hits, one at a time each.
 const TASKS: usize = 8;
@@ -333,7 +340,6 @@ async fn two_instances(group: &SentinelGroup, prefix: &str) -> (Hitter, Vec<Sent
 
 /// `kill -9` of the master while 8 tasks over two app instances (each its
 /// own connection through the sentinels) hit 4 keys through the backend.
-#[test]
 fn a_killed_master_is_replaced_in_the_middle_of_traffic() {
     let mut group = redis_or_skip!(SentinelGroup::start(
         "a_killed_master_is_replaced_in_the_middle_of_traffic"
@@ -362,7 +368,6 @@ fn a_killed_master_is_replaced_in_the_middle_of_traffic() {
 /// cannot reconnect: it sends a password the master does not take), the master counts on alone for 30 ms, then is
 /// killed: the hits it counted meanwhile are lost, and each one is one
 /// admission over the limit on the promoted replica.
-#[test]
 fn a_failover_to_a_replica_behind_admits_one_more_per_lost_hit() {
     let mut group = redis_or_skip!(SentinelGroup::start(
         "a_failover_to_a_replica_behind_admits_one_more_per_lost_hit"
@@ -428,7 +433,6 @@ fn a_failover_to_a_replica_behind_admits_one_more_per_lost_hit() {
 /// connections, while 8 tasks hit 4 keys through the layer (timeout 100 ms,
 /// fail closed): requests are answered 503 until the connection, seeing hits
 /// go unanswered, asks the sentinels and moves to the promoted replica.
-#[test]
 fn a_frozen_master_is_left_for_the_promoted_replica() {
     let mut group = redis_or_skip!(SentinelGroup::start(
         "a_frozen_master_is_left_for_the_promoted_replica"
@@ -471,7 +475,6 @@ fn a_frozen_master_is_left_for_the_promoted_replica() {
 /// `CLIENT KILL`: the operator swaps the roles and points the sentinels at
 /// the new master) answers `READONLY`; the hit is sent again to the new
 /// master and counted once.
-#[test]
 fn a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master() {
     let group = redis_or_skip!(SentinelGroup::start(
         "a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master"
@@ -536,9 +539,8 @@ fn a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master() {
     });
 }
 
-/// The scenarios every Redis connection passes, on a connection built
-/// lazily through the sentinels (the first one listed is down).
-#[test]
+/// A connection built lazily through the sentinels (the first one listed is
+/// down) serves hits, the deny cache and the audit.
 fn the_backend_works_through_the_sentinels() {
     let mut group = redis_or_skip!(SentinelGroup::start(
         "the_backend_works_through_the_sentinels"
@@ -559,17 +561,10 @@ fn the_backend_works_through_the_sentinels() {
             Some(group.servers[0].port())
         );
 
-        cases::a_window_of_window_max_works(connection.clone(), "max:").await;
-        cases::refunds_touch_only_their_own_window(connection.clone(), "refund:").await;
+        // The contract's scenarios run in `contract::*`; what only
+        // this connection does: it is built lazily, past a sentinel that
+        // is down.
         cases::deny_cache_hits_are_never_refunded(connection.clone(), "cache:").await;
-        for (prefix, deny_cache) in [("race0:", 0), ("race1:", 1024)] {
-            cases::concurrent_hits_and_refunds_keep_at_most_the_limit(
-                connection.clone(),
-                prefix,
-                deny_cache,
-            )
-            .await;
-        }
 
         // The audit scans the master and finds a counter left without a
         // lifetime by other code.
@@ -597,7 +592,6 @@ fn the_backend_works_through_the_sentinels() {
 }
 
 /// No sentinel answers: connecting is an error, not a hang.
-#[tokio::test]
 async fn connecting_without_a_sentinel_is_an_error() {
     // Ports nothing listens on.
     let dead: Vec<String> = (0..2)
@@ -610,4 +604,53 @@ async fn connecting_without_a_sentinel_is_an_error() {
         .await
         .unwrap_err();
     assert!(err.is_connection_refusal(), "{err}");
+}
+
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
+/// server is missing is reported as ignored.
+fn main() {
+    let mut trials = vec![
+        trial::trial(
+            "a_killed_master_is_replaced_in_the_middle_of_traffic",
+            Needs::Redis,
+            a_killed_master_is_replaced_in_the_middle_of_traffic,
+        ),
+        trial::trial(
+            "a_failover_to_a_replica_behind_admits_one_more_per_lost_hit",
+            Needs::Redis,
+            a_failover_to_a_replica_behind_admits_one_more_per_lost_hit,
+        ),
+        trial::trial(
+            "a_frozen_master_is_left_for_the_promoted_replica",
+            Needs::Redis,
+            a_frozen_master_is_left_for_the_promoted_replica,
+        ),
+        trial::trial(
+            "a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master",
+            Needs::Redis,
+            a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master,
+        ),
+        trial::trial(
+            "the_backend_works_through_the_sentinels",
+            Needs::Redis,
+            the_backend_works_through_the_sentinels,
+        ),
+        trial::current(
+            "connecting_without_a_sentinel_is_an_error",
+            Needs::Nothing,
+            connecting_without_a_sentinel_is_an_error,
+        ),
+    ];
+    // The backend contract, on one shared group, each scenario under its
+    // own prefix, each backend on its own connection through the sentinels.
+    let group = Shared::new(|| SentinelGroup::start("contract"));
+    for (name, deny_cache) in [("contract", 0), ("contract_deny_cache", 1024)] {
+        let group = group.clone();
+        let store = RedisStore::new(deny_cache, move || {
+            let group = group.clone();
+            async move { connect(group.get()).await }
+        });
+        trials.extend(trial::contract(name, Needs::Redis, Arc::new(store)));
+    }
+    trial::run(trials, group)
 }

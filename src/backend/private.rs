@@ -88,7 +88,8 @@ pub const MIN_SECRET_LEN: usize = 32;
 /// assert!(store.peek("api", &api_key).await.unwrap().is_none(), "the key is not stored");
 /// let stored = private.digest(&api_key);
 /// assert!(stored.as_bytes().starts_with(b"@"));
-/// assert_eq!(store.peek("api", &stored).await.unwrap().unwrap().count, 1);
+/// // The wrapped store holds the digest's counter:
+/// assert_eq!(private.get_ref().peek("api", &stored).await.unwrap().unwrap().count, 1);
 /// assert_eq!(private.peek("api", &api_key).await.unwrap().unwrap().count, 1);
 /// # }
 /// ```
@@ -143,7 +144,8 @@ impl<B> PrivateKeys<B> {
         Key::marked(PRIVATE_KEY_MARK, &mac.finalize().into_bytes().into())
     }
 
-    /// The wrapped backend.
+    /// The wrapped backend (example: [`PrivateKeys`], which reads the
+    /// digest's counter through it).
     pub fn get_ref(&self) -> &B {
         &self.inner
     }

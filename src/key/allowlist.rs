@@ -71,7 +71,20 @@ impl Allowlist {
         Ok(self.allow_net(parse_net(cidr)?))
     }
 
-    /// Add the network `net`.
+    /// Add the network `net`, an [`IpNet`] built in code.
+    ///
+    /// ```
+    /// use std::net::{IpAddr, Ipv4Addr};
+    /// use ipnet::{IpNet, Ipv4Net};
+    /// use tower_pinned_window::key::{Allowlist, ClientIp};
+    ///
+    /// let office = IpNet::V4(Ipv4Net::new(Ipv4Addr::new(192, 0, 2, 0), 24).unwrap());
+    /// let list = Allowlist::new(ClientIp::new()).allow_net(office);
+    /// assert!(list.contains_ip(IpAddr::from([192, 0, 2, 200])));
+    /// // Compared in canonical form: the IPv4-mapped address is on the list too.
+    /// assert!(list.contains_ip("::ffff:192.0.2.200".parse().unwrap()));
+    /// assert!(!list.contains_ip(IpAddr::from([192, 0, 3, 1])));
+    /// ```
     pub fn allow_net(mut self, net: IpNet) -> Self {
         let mut nets = self.nets.to_vec();
         nets.push(canonical_net(net));
@@ -79,14 +92,14 @@ impl Allowlist {
         self
     }
 
-    /// Whether `ip` is on the list.
+    /// Whether `ip` is on the list (example: [`allow_net`](Self::allow_net)).
     pub fn contains_ip(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         self.nets.iter().any(|net| net.contains(&ip))
     }
 
     /// Whether the client of `request` is on the list; `false` when it has
-    /// none that can be found.
+    /// none that can be found (example: [`Allowlist`]).
     pub fn contains(&self, request: &RequestHead<'_>) -> bool {
         if self.nets.is_empty() {
             return false;

@@ -13,6 +13,17 @@ use crate::request::RequestHead;
 /// Which header a trusted proxy records the client in. Pick the one your
 /// proxy **sets or appends to**: a header the proxy passes through untouched
 /// is written by the client.
+///
+/// ```
+/// use http::HeaderMap;
+/// use tower_pinned_window::key::{ClientIp, ForwardedHeader};
+///
+/// let client_ip = ClientIp::new().trust_loopback().header(ForwardedHeader::Forwarded);
+/// let mut headers = HeaderMap::new();
+/// headers.insert("forwarded", "for=\"[2001:db8::1]:4711\"".parse().unwrap());
+/// let ip = client_ip.client_ip("127.0.0.1".parse().unwrap(), &headers).unwrap();
+/// assert_eq!(ip, "2001:db8::1".parse::<std::net::IpAddr>().unwrap());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum ForwardedHeader {
@@ -105,7 +116,8 @@ impl ClientIp {
         Ok(self.trust_net(parse_net(cidr)?))
     }
 
-    /// Trust the proxies in `net`.
+    /// Trust the proxies in `net`, an [`IpNet`] built in code (see
+    /// [`trust_private`](Self::trust_private)'s example).
     pub fn trust_net(mut self, net: IpNet) -> Self {
         let mut trusted = self.trusted.to_vec();
         trusted.push(canonical_net(net));
@@ -113,13 +125,32 @@ impl ClientIp {
         self
     }
 
-    /// Trust loopback proxies (`127.0.0.0/8`, `::1`): a proxy on this host.
+    /// Trust loopback proxies (`127.0.0.0/8`, `::1`): a proxy on this host
+    /// (example: [`ForwardedHeader`]).
     pub fn trust_loopback(self) -> Self {
         self.trust_nets(&["127.0.0.0/8", "::1/128"])
     }
 
     /// Trust proxies in private ranges (`10.0.0.0/8`, `172.16.0.0/12`,
     /// `192.168.0.0/16`, `fc00::/7`): a load balancer in your network.
+    ///
+    /// ```
+    /// use http::HeaderMap;
+    /// use ipnet::IpNet;
+    /// use tower_pinned_window::key::{ClientIp, ForwardedHeader};
+    ///
+    /// let cdn: IpNet = "198.51.100.0/24".parse().unwrap();
+    /// let client_ip = ClientIp::new()
+    ///     .trust_private()
+    ///     .trust_net(cdn)
+    ///     .header(ForwardedHeader::XRealIp);
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert("x-real-ip", "203.0.113.7".parse().unwrap());
+    /// for proxy in ["192.168.1.2", "198.51.100.9"] {
+    ///     let ip = client_ip.client_ip(proxy.parse().unwrap(), &headers).unwrap();
+    ///     assert_eq!(ip, "203.0.113.7".parse::<std::net::IpAddr>().unwrap());
+    /// }
+    /// ```
     pub fn trust_private(self) -> Self {
         self.trust_nets(&["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"])
     }
@@ -131,7 +162,7 @@ impl ClientIp {
     }
 
     /// The header trusted proxies record the client in (default
-    /// `X-Forwarded-For`).
+    /// `X-Forwarded-For`; example: [`ForwardedHeader`]).
     pub fn header(mut self, header: ForwardedHeader) -> Self {
         self.header = header;
         self
@@ -233,7 +264,8 @@ impl ClientIp {
         Ok(farthest_trusted)
     }
 
-    /// The key for `ip`: the IPv4 address, or the IPv6 prefix.
+    /// The key for `ip`: the IPv4 address, or the IPv6 prefix, as
+    /// [`PeerIp::key_for`] makes it (see its example).
     pub fn key_for(&self, ip: IpAddr) -> Key {
         self.peer.key_for(ip)
     }

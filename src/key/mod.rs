@@ -60,6 +60,7 @@ use http::StatusCode;
 use http::header::HeaderName;
 use sha2::{Digest, Sha256};
 
+use crate::error::ConfigError;
 use crate::request::RequestHead;
 
 /// The longest key stored as it is, in bytes. A longer key is replaced by
@@ -269,6 +270,19 @@ impl fmt::Display for Key {
 }
 
 /// Why no key could be read from a request.
+///
+/// ```
+/// use http::StatusCode;
+/// use tower_pinned_window::key::KeyError;
+///
+/// let err = KeyError::missing("the x-tenant header");
+/// assert_eq!(err.status(), StatusCode::BAD_REQUEST);
+/// assert_eq!(err.to_string(), "rate-limit key missing: the x-tenant header");
+/// assert_eq!(KeyError::invalid("a tenant id").status(), StatusCode::BAD_REQUEST);
+/// ```
+///
+/// An extractor returns it from a closure, as in [the module's
+/// example](self).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum KeyError {
@@ -283,17 +297,18 @@ pub enum KeyError {
 }
 
 impl KeyError {
-    /// The request lacks `what`.
+    /// The request lacks `what` (example: [`KeyError`]).
     pub const fn missing(what: &'static str) -> Self {
         Self::Missing(what)
     }
 
-    /// `what` is present but unusable.
+    /// `what` is present but unusable (example: [`KeyError`]).
     pub const fn invalid(what: &'static str) -> Self {
         Self::Invalid(what)
     }
 
-    /// The status a rejected request is answered with.
+    /// The status a rejected request is answered with (example:
+    /// [`KeyError`]).
     pub fn status(&self) -> StatusCode {
         match self {
             Self::Missing(_) | Self::Invalid(_) => StatusCode::BAD_REQUEST,
@@ -325,6 +340,48 @@ impl std::error::Error for KeyError {}
 /// [`RateLimitLayer::key_fn`](crate::RateLimitLayer::key_fn), or annotate
 /// its argument (`|req: &RequestHead<'_>|`) for
 /// [`key`](crate::RateLimitLayer::key).
+///
+/// A value that is no extractor is refused at compile time, with a message
+/// that names [`key_fn`](crate::RateLimitLayer::key_fn) and the built-ins:
+///
+/// ```compile_fail
+/// use std::time::Duration;
+/// use tower_pinned_window::{Quota, RateLimitLayer};
+///
+/// // A header's name is not an extractor: `HeaderKey::new("x-api-key")` is.
+/// let layer = RateLimitLayer::new("api", Quota::new(10, Duration::from_secs(60)).unwrap())
+///     .key("x-api-key");
+/// ```
+///
+/// Your own extractor, a type that reads a tenant header and falls back to
+/// one shared key:
+///
+/// ```
+/// use http::Request;
+/// use tower_pinned_window::RequestHead;
+/// use tower_pinned_window::key::{Key, KeyError, KeyExtractor};
+///
+/// struct TenantOrShared;
+///
+/// impl KeyExtractor for TenantOrShared {
+///     fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
+///         Ok(match request.headers().get("x-tenant") {
+///             Some(tenant) => Key::new(tenant.as_bytes()),
+///             None => Key::new("shared"),
+///         })
+///     }
+/// }
+///
+/// let request = Request::get("/").header("x-tenant", "acme").body(()).unwrap();
+/// let key = TenantOrShared.extract(&RequestHead::new(&request)).unwrap();
+/// assert_eq!(key, Key::new("acme"));
+/// ```
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a rate-limit key extractor",
+    label = "not a `KeyExtractor`",
+    note = "pass a closure to `.key_fn(|req| ...)`: it infers the argument's type, which `.key(...)` cannot",
+    note = "or use a built-in extractor (`HeaderKey::new(\"x-api-key\")`, `ClientIp::new()`, `PeerIp::new()`, `RouteKey::new()`, `GlobalKey`), a tuple of two, or implement `KeyExtractor`"
+)]
 pub trait KeyExtractor {
     /// The request's key, or why there is none.
     fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError>;
@@ -340,6 +397,19 @@ where
 }
 
 /// One key for every request: the whole service shares one budget.
+///
+/// ```
+/// use http::Request;
+/// use tower_pinned_window::RequestHead;
+/// use tower_pinned_window::key::{GlobalKey, KeyExtractor};
+///
+/// let alice = Request::get("/a").header("x-user", "alice").body(()).unwrap();
+/// let bob = Request::get("/b").header("x-user", "bob").body(()).unwrap();
+/// assert_eq!(
+///     GlobalKey.extract(&RequestHead::new(&alice)),
+///     GlobalKey.extract(&RequestHead::new(&bob)),
+/// );
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 pub struct GlobalKey;
 
@@ -354,6 +424,35 @@ impl KeyExtractor for GlobalKey {
 ///
 /// A missing or empty header is [`KeyError::Missing`]. When the header is
 /// repeated, the first value is used.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::{Request, Response, StatusCode};
+/// use tower::{Layer, ServiceExt, service_fn};
+/// use tower_pinned_window::key::HeaderKey;
+/// use tower_pinned_window::{OnMissingKey, Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
+///     .key(HeaderKey::new("x-api-key"))
+///     .on_missing_key(OnMissingKey::Reject);
+/// let svc = layer.layer(service_fn(|_req: Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+/// }));
+/// let with_key = |key: &str| {
+///     Request::get("/").header("x-api-key", key).body(String::new()).unwrap()
+/// };
+/// assert_eq!(svc.clone().oneshot(with_key("alice")).await.unwrap().status(), StatusCode::OK);
+/// assert_eq!(
+///     svc.clone().oneshot(with_key("alice")).await.unwrap().status(),
+///     StatusCode::TOO_MANY_REQUESTS,
+/// );
+/// assert_eq!(svc.clone().oneshot(with_key("bob")).await.unwrap().status(), StatusCode::OK);
+/// let no_key = Request::get("/").body(String::new()).unwrap();
+/// assert_eq!(svc.oneshot(no_key).await.unwrap().status(), StatusCode::BAD_REQUEST);
+/// # }
+/// ```
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct HeaderKey {
@@ -361,9 +460,63 @@ pub struct HeaderKey {
 }
 
 impl HeaderKey {
-    /// Key requests by the header `name`.
-    pub fn new(name: HeaderName) -> Self {
-        Self { name }
+    /// Key requests by the header `name`: a [`HeaderName`]
+    /// (`http::header::AUTHORIZATION`), or its text (`"x-api-key"`; upper
+    /// case is folded, as HTTP header names are case-insensitive).
+    ///
+    /// ```
+    /// use http::Request;
+    /// use http::header::{AUTHORIZATION, HeaderName};
+    /// use tower_pinned_window::RequestHead;
+    /// use tower_pinned_window::key::{HeaderKey, Key, KeyExtractor};
+    ///
+    /// let request = Request::get("/")
+    ///     .header("x-api-key", "k1")
+    ///     .header(AUTHORIZATION, "Bearer t1")
+    ///     .body(())
+    ///     .unwrap();
+    /// let head = RequestHead::new(&request);
+    /// for by_api_key in [HeaderKey::new("X-Api-Key"), HeaderKey::new(HeaderName::from_static("x-api-key"))] {
+    ///     assert_eq!(by_api_key.extract(&head), Ok(Key::new("k1")));
+    /// }
+    /// assert_eq!(HeaderKey::new(AUTHORIZATION).extract(&head), Ok(Key::new("Bearer t1")));
+    /// ```
+    ///
+    /// # Panics
+    ///
+    /// If `name` is not a valid header name (empty, or with a space, a
+    /// colon or another byte outside HTTP's token characters). Use
+    /// [`try_new`](Self::try_new) for a name read at run time.
+    #[track_caller]
+    pub fn new(name: impl AsRef<[u8]>) -> Self {
+        match Self::try_new(name) {
+            Ok(key) => key,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Key requests by the header `name`, or
+    /// [`ConfigError::InvalidHeaderName`] if it is not a valid header name:
+    /// [`new`](Self::new) for a name read from configuration.
+    ///
+    /// ```
+    /// use tower_pinned_window::ConfigError;
+    /// use tower_pinned_window::key::HeaderKey;
+    ///
+    /// assert!(HeaderKey::try_new("x-tenant").is_ok());
+    /// assert_eq!(
+    ///     HeaderKey::try_new("x api key").unwrap_err(),
+    ///     ConfigError::InvalidHeaderName("x api key".into()),
+    /// );
+    /// ```
+    pub fn try_new(name: impl AsRef<[u8]>) -> Result<Self, ConfigError> {
+        let bytes = name.as_ref();
+        match HeaderName::from_bytes(bytes) {
+            Ok(name) => Ok(Self { name }),
+            Err(_) => Err(ConfigError::InvalidHeaderName(
+                String::from_utf8_lossy(bytes).into_owned(),
+            )),
+        }
     }
 }
 
@@ -389,12 +542,38 @@ impl KeyExtractor for HeaderKey {
 /// the limiter: each made-up method makes a counter of its own (bounded by
 /// the store's capacity and the window). Where a flood of made-up methods
 /// matters, key by client alone.
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::key::RouteKey;
+/// use tower_pinned_window::{Quota, RateLimitLayer};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("routes", Quota::new(1, Duration::from_secs(60)).unwrap())
+///     .key(RouteKey::new());
+/// let app = Router::new()
+///     .route("/users/{id}", get(|| async { "user" }))
+///     .route("/orders", get(|| async { "orders" }))
+///     .route_layer(layer);
+/// let get = |path: &str| Request::get(path).body(Body::empty()).unwrap();
+/// assert_eq!(app.clone().oneshot(get("/users/1")).await.unwrap().status(), StatusCode::OK);
+/// // The same route, `/users/{id}`, whatever the id: its budget is spent.
+/// assert_eq!(
+///     app.clone().oneshot(get("/users/2")).await.unwrap().status(),
+///     StatusCode::TOO_MANY_REQUESTS,
+/// );
+/// assert_eq!(app.oneshot(get("/orders")).await.unwrap().status(), StatusCode::OK);
+/// # }
+/// ```
 #[derive(Debug, Clone, Copy, Default)]
 #[must_use]
 pub struct RouteKey;
 
 impl RouteKey {
-    /// Key by route.
+    /// Key by route (example: [`RouteKey`]).
     pub fn new() -> Self {
         Self
     }
@@ -568,6 +747,40 @@ mod tests {
             Key::display(format_args!("{}{}", "a".repeat(40), "b".repeat(40))),
             Key::new(format!("{}{}", "a".repeat(40), "b".repeat(40)))
         );
+    }
+
+    #[test]
+    fn header_key_takes_a_name_or_its_text() {
+        let request = Request::get("/")
+            .header("x-api-key", "k1")
+            .body(())
+            .unwrap();
+        let name = HeaderName::from_static("x-api-key");
+        let valid = [
+            // Borrowed first, then moved: a caller that keeps its name.
+            ("a borrowed HeaderName", HeaderKey::new(&name)),
+            ("a HeaderName", HeaderKey::new(name)),
+            ("lower-case text", HeaderKey::new("x-api-key")),
+            ("mixed-case text", HeaderKey::new("X-Api-Key")),
+            ("a String", HeaderKey::new(String::from("x-api-key"))),
+            ("bytes", HeaderKey::new(b"x-api-key")),
+        ];
+        for (case, extractor) in valid {
+            assert_eq!(extract(&extractor, &request), Ok(Key::new("k1")), "{case}");
+        }
+        for bad in ["", "x api key", "x-api-key:", "caf\u{e9}", "x\napi"] {
+            assert_eq!(
+                HeaderKey::try_new(bad).unwrap_err(),
+                ConfigError::InvalidHeaderName(bad.to_owned()),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "\"x api key\" is not a valid HTTP header name")]
+    fn header_key_new_panics_on_a_bad_name() {
+        let _ = HeaderKey::new("x api key");
     }
 
     #[test]

@@ -48,7 +48,8 @@ impl Default for PeerIp {
 }
 
 impl PeerIp {
-    /// Key by the peer address, IPv6 peers grouped by /64.
+    /// Key by the peer address, IPv6 peers grouped by /64 (example:
+    /// [`PeerIp`]).
     pub fn new() -> Self {
         Self::default()
     }
@@ -82,7 +83,7 @@ impl PeerIp {
     }
 
     /// The key for `ip`: the canonical IPv4 address, or the IPv6 network of
-    /// the configured prefix (`2001:db8:1:2::/64`).
+    /// the configured prefix (`2001:db8:1:2::/64`; example: [`PeerIp`]).
     pub fn key_for(&self, ip: IpAddr) -> Key {
         match canonical(ip) {
             IpAddr::V4(v4) => ipv4_key(v4),

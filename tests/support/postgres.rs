@@ -10,8 +10,9 @@
 //!   the tests run as root, as in CI), stopped and reaped on drop. Binaries
 //!   come from `PG_BIN` or the newest `/usr/lib/postgresql/*/bin`.
 //!
-//! Without a server (or binaries) the tests print that they were skipped and
-//! pass, unless `REQUIRE_POSTGRES=1`, where they fail.
+//! Without a server (or binaries) the test binaries mark those tests ignored
+//! ([`missing_server`], [`missing_binaries`], `tests/support/trial.rs`), unless
+//! `REQUIRE_POSTGRES=1`, where they fail.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -50,6 +51,40 @@ fn skip<T>(test: &str, why: &str) -> Option<T> {
     }
     eprintln!("{test}: skipped: {why} (REQUIRE_POSTGRES=1 to fail instead)");
     None
+}
+
+/// Why the tests on the machine's PostgreSQL cannot run here (no server
+/// answers at [`url`] within 5 s), or `None` when they can.
+pub fn missing_server() -> Option<String> {
+    let url = url();
+    std::thread::spawn(move || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                match tokio::time::timeout(Duration::from_secs(5), connect(&url)).await {
+                    Ok(Ok(_)) => None,
+                    Ok(Err(err)) => Some(format!(
+                        "no PostgreSQL at {url}: {err} (set TEST_DATABASE_URL, or REQUIRE_POSTGRES=1 to fail instead)"
+                    )),
+                    Err(_) => Some(format!(
+                        "no PostgreSQL at {url}: timed out (set TEST_DATABASE_URL, or REQUIRE_POSTGRES=1 to fail instead)"
+                    )),
+                }
+            })
+    })
+    .join()
+    .unwrap()
+}
+
+/// Why the tests that start a private PostgreSQL cannot run here (no server
+/// binaries), or `None` when they can.
+pub fn missing_binaries() -> Option<String> {
+    bin_dir().is_none().then(|| {
+        "no PostgreSQL server binaries (set PG_BIN, or install postgresql; REQUIRE_POSTGRES=1 to fail instead)"
+            .to_owned()
+    })
 }
 
 pub fn url() -> String {

@@ -3,9 +3,10 @@
 //! and reaped on drop. A Cluster is three masters joined with
 //! `redis-cli --cluster create`.
 //!
-//! The binaries come from `REDIS_SERVER_BIN` / `REDIS_CLI_BIN` or from PATH.
-//! Without them the Redis tests print that they were skipped and pass, unless
-//! `REQUIRE_REDIS=1`, where they fail.
+//! The binaries come from `REDIS_SERVER_BIN` / `REDIS_CLI_BIN` (a path that
+//! is not a file counts as missing) or from PATH. Without them the test
+//! binaries mark the Redis tests ignored ([`missing`], `tests/support/trial.rs`),
+//! unless `REQUIRE_REDIS=1`, where they fail.
 
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
@@ -28,7 +29,8 @@ macro_rules! redis_or_skip {
 
 fn find(env: &str, name: &str) -> Option<PathBuf> {
     if let Some(path) = std::env::var_os(env) {
-        return Some(PathBuf::from(path));
+        let path = PathBuf::from(path);
+        return path.is_file().then_some(path);
     }
     std::env::split_paths(&std::env::var_os("PATH")?)
         .map(|dir| dir.join(name))
@@ -54,6 +56,28 @@ fn binaries(test: &str) -> Option<(PathBuf, PathBuf)> {
             );
             None
         }
+    }
+}
+
+/// Why the Redis tests cannot run here (no redis-server or redis-cli), or
+/// `None` when they can. The test binaries mark their trials ignored then
+/// (see `tests/support/trial.rs`).
+pub fn missing() -> Option<String> {
+    let server = find("REDIS_SERVER_BIN", "redis-server");
+    let cli = find("REDIS_CLI_BIN", "redis-cli").or_else(|| {
+        let sibling = server.as_ref()?.with_file_name("redis-cli");
+        sibling.is_file().then_some(sibling)
+    });
+    match (server, cli) {
+        (Some(_), Some(_)) => None,
+        (None, _) => Some(
+            "redis-server not found (set REDIS_SERVER_BIN, or REQUIRE_REDIS=1 to fail instead)"
+                .to_owned(),
+        ),
+        (_, None) => Some(
+            "redis-cli not found (set REDIS_CLI_BIN, or REQUIRE_REDIS=1 to fail instead)"
+                .to_owned(),
+        ),
     }
 }
 
@@ -672,18 +696,16 @@ impl SentinelGroup {
 /// and inspects Redis with plain commands on that connection.
 pub mod cases {
     use std::collections::{BTreeMap, BTreeSet};
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::time::Duration;
 
     use http::{HeaderValue, Request, StatusCode};
     use redis::aio::ConnectionLike;
     use tower::{Layer, ServiceExt};
+    use tower_pinned_window::backend::Backend;
     use tower_pinned_window::backend::redis::RedisBackend;
     use tower_pinned_window::backend::storage_key;
-    use tower_pinned_window::backend::{Backend, Hit};
     use tower_pinned_window::key::{HeaderKey, Key};
-    use tower_pinned_window::{Quota, RateLimitLayer, Window};
+    use tower_pinned_window::{Quota, RateLimitLayer};
 
     use crate::support::http::{Body, ok_service};
 
@@ -867,103 +889,6 @@ pub mod cases {
         victim_keys
     }
 
-    /// A quota at exactly `Window::MAX` is accepted by Redis, which gives
-    /// the counter that lifetime.
-    pub async fn a_window_of_window_max_works<C>(con: C, prefix: &str)
-    where
-        C: ConnectionLike + Clone + Send + Sync + 'static,
-    {
-        let store = RedisBackend::builder(con.clone()).prefix(prefix).build();
-        let key = Key::new("k");
-        let max = Quota::with_window(std::num::NonZeroU64::MIN, Window::MAX);
-        let hit = store.hit("n", &key, max).await.unwrap();
-        assert_eq!((hit.count, hit.reset), (1, Window::MAX.as_duration()));
-        let stored = store.storage_key("n", &key);
-        let ttl = pttl(&con, &stored).await;
-        let max_ms = Window::MAX.as_millis() as i64;
-        assert!((max_ms - 5_000..=max_ms).contains(&ttl), "PTTL {ttl}");
-        let expiry: i64 = redis::cmd("PEXPIRETIME")
-            .arg(&stored)
-            .query_async(&mut con.clone())
-            .await
-            .unwrap();
-        assert_eq!(hit.deadline.map(|d| d.get() as i64), Some(expiry));
-        assert_eq!(store.hit("n", &key, max).await.unwrap().count, 2);
-    }
-
-    /// Refunds: only the hit's own window, never below zero, never a key
-    /// created or a lifetime given.
-    pub async fn refunds_touch_only_their_own_window<C>(con: C, prefix: &str)
-    where
-        C: ConnectionLike + Clone + Send + Sync + 'static,
-    {
-        let store = RedisBackend::builder(con.clone())
-            .prefix(prefix)
-            .deny_cache(0)
-            .build();
-        let short = quota(10, Duration::from_millis(60));
-        let key = Key::new("k");
-        let stored = store.storage_key("n", &key);
-
-        // After the window closed: nothing to take back, and no key made.
-        let old = store.hit("n", &key, short).await.unwrap();
-        assert!(old.deadline.is_some(), "Redis 7 names the window");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!store.refund("n", &key, &old).await.unwrap());
-        assert!(
-            !exists(&con, &stored).await,
-            "a late refund creates nothing"
-        );
-        assert_eq!(pttl(&con, &stored).await, -2);
-
-        // A new window: the old window's hit never touches it.
-        let first = store.hit("n", &key, short).await.unwrap();
-        let second = store.hit("n", &key, short).await.unwrap();
-        assert_eq!(second.count, 2);
-        assert_eq!(first.deadline, second.deadline);
-        assert_ne!(first.deadline, old.deadline);
-        assert!(!store.refund("n", &key, &old).await.unwrap());
-        assert_eq!(get(&con, &stored).await, Some(2));
-        // Its own window's hits come back, down to zero and no further; the
-        // lifetime stays as it was.
-        assert!(store.refund("n", &key, &second).await.unwrap());
-        assert!(store.refund("n", &key, &first).await.unwrap());
-        assert!(
-            !store.refund("n", &key, &first).await.unwrap(),
-            "never below zero"
-        );
-        assert_eq!(get(&con, &stored).await, Some(0));
-        let expiry: i64 = redis::cmd("PEXPIRETIME")
-            .arg(&stored)
-            .query_async(&mut con.clone())
-            .await
-            .unwrap();
-        assert_eq!(Some(expiry as u64), first.deadline.map(|d| d.get()));
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(!exists(&con, &stored).await, "the window closed on time");
-
-        // A deleted counter (reset) is not brought back either.
-        let hit = store
-            .hit("n", &key, quota(10, Duration::from_secs(60)))
-            .await
-            .unwrap();
-        assert!(store.reset("n", &key).await.unwrap());
-        assert!(!store.refund("n", &key, &hit).await.unwrap());
-        assert!(!exists(&con, &stored).await);
-
-        // A hit Redis did not count is never refunded.
-        let hit = store
-            .hit("n", &key, quota(10, Duration::from_secs(60)))
-            .await
-            .unwrap();
-        let uncounted = Hit {
-            deadline: None,
-            ..hit
-        };
-        assert!(!store.refund("n", &key, &uncounted).await.unwrap());
-        assert_eq!(get(&con, &stored).await, Some(1));
-    }
-
     /// A denial from the local deny cache was not counted in Redis: its
     /// refund changes nothing, not even the cache. A refund of a counted hit
     /// drops the key from the cache, so the next hit asks Redis again.
@@ -996,71 +921,29 @@ pub mod cases {
         assert_eq!(asked.count, 2, "counted in Redis again");
         assert_eq!(asked.deadline, admitted.deadline);
     }
+}
 
-    /// Many tasks hit one key and take back every hit they do not keep
-    /// (every denial, and two admitted hits in three): no more than `limit`
-    /// admitted hits are ever kept, and the counter ends holding exactly the
-    /// kept hits.
-    pub async fn concurrent_hits_and_refunds_keep_at_most_the_limit<C>(
-        con: C,
-        prefix: &str,
-        deny_cache: usize,
-    ) where
-        C: ConnectionLike + Clone + Send + Sync + 'static,
-    {
-        let limit = 20;
-        let q = quota(limit, Duration::from_secs(600));
-        let kept = Arc::new(AtomicU64::new(0));
-        let refunded = Arc::new(AtomicU64::new(0));
-        let counted = Arc::new(AtomicU64::new(0));
-        let mut tasks = Vec::new();
-        for task in 0..8u64 {
-            // Each task its own "instance": its own backend and deny cache.
-            let store = RedisBackend::builder(con.clone())
-                .prefix(prefix)
-                .deny_cache(deny_cache)
-                .build();
-            let (kept, refunded, counted) = (kept.clone(), refunded.clone(), counted.clone());
-            tasks.push(tokio::spawn(async move {
-                let key = Key::new("shared");
-                for i in 0..150u64 {
-                    let hit = store.hit("race", &key, q).await.unwrap();
-                    if hit.deadline.is_some() {
-                        counted.fetch_add(1, Ordering::Relaxed);
-                    }
-                    if hit.count <= limit && (task + i) % 3 == 0 {
-                        kept.fetch_add(1, Ordering::Relaxed);
-                    } else if store.refund("race", &key, &hit).await.unwrap() {
-                        refunded.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
-            }));
-        }
-        for task in tasks {
-            task.await.unwrap();
-        }
-        let store = RedisBackend::builder(con.clone()).prefix(prefix).build();
-        let count = get(&con, &store.storage_key("race", &Key::new("shared")))
-            .await
-            .unwrap() as u64;
-        let (kept, refunded, counted) = (
-            kept.load(Ordering::Relaxed),
-            refunded.load(Ordering::Relaxed),
-            counted.load(Ordering::Relaxed),
-        );
-        assert!(
-            kept <= limit,
-            "kept {kept} admitted hits past the limit of {limit}"
-        );
-        assert!(kept > 0, "some hits were kept");
-        assert_eq!(
-            refunded,
-            counted - kept,
-            "every counted hit not kept came back"
-        );
-        assert_eq!(count, kept, "the counter holds exactly the kept hits");
-        eprintln!(
-            "refund race (deny cache {deny_cache}): {counted} hits counted in Redis, {refunded} refunded, {kept} kept of a limit of {limit}"
-        );
+/// A server (or Cluster, or Sentinel group) shared by the trials of one test
+/// binary: started by the first trial that asks, killed when the binary's
+/// last handle is dropped (after the trials ran: `trial::run`).
+pub struct Shared<T> {
+    cell: std::sync::OnceLock<T>,
+    start: fn() -> Option<T>,
+}
+
+impl<T> Shared<T> {
+    pub fn new(start: fn() -> Option<T>) -> std::sync::Arc<Self> {
+        std::sync::Arc::new(Self {
+            cell: std::sync::OnceLock::new(),
+            start,
+        })
+    }
+
+    /// The started server. Only trials that are not ignored call it, so
+    /// Redis is there.
+    pub fn get(&self) -> &T {
+        self.cell.get_or_init(|| {
+            (self.start)().expect("redis-server was found when the trials were listed")
+        })
     }
 }

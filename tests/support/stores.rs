@@ -1,0 +1,271 @@
+//! The harnesses of the backend contract (`tower_pinned_window::testkit`):
+//! a `Store` per real backend, for the test binaries that run the contract
+//! (`#[path = "support/stores.rs"] mod stores;` beside `mod support;`; the
+//! integration/ member shares `support/` but not these, nor the `testkit`
+//! feature).
+
+#![allow(dead_code)]
+
+/// The backend contract (`tower_pinned_window::testkit`) on Redis: each
+/// fresh backend has its own key prefix on a shared server, Cluster or
+/// Sentinel group, and its own connection.
+#[cfg(feature = "redis")]
+pub mod redis {
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use redis::aio::ConnectionLike;
+    use tower_pinned_window::backend::redis::{Nodes, RedisBackend};
+    use tower_pinned_window::key::Key;
+    use tower_pinned_window::testkit::{Ability, Audit, Store, Stored};
+
+    type Connect<C> = Box<dyn Fn() -> Pin<Box<dyn Future<Output = C> + Send>> + Send + Sync>;
+
+    pub struct RedisStore<C> {
+        connect: Connect<C>,
+        deny_cache: usize,
+    }
+
+    /// Numbers the prefixes of every store of the process: stores share a
+    /// server.
+    static PREFIXES: AtomicUsize = AtomicUsize::new(0);
+
+    impl<C> RedisStore<C> {
+        /// Backends on connections that `connect` makes (on the runtime of
+        /// the trial), with a deny cache of `deny_cache` keys.
+        pub fn new<F>(deny_cache: usize, connect: impl Fn() -> F + Send + Sync + 'static) -> Self
+        where
+            F: Future<Output = C> + Send + 'static,
+        {
+            Self {
+                connect: Box::new(move || Box::pin(connect())),
+                deny_cache,
+            }
+        }
+    }
+
+    /// The prefix `backend` stores under: what its storage keys hold before
+    /// the brace of the key (a prefix holds no brace, the empty namespace
+    /// adds nothing).
+    fn prefix_of<C>(backend: &RedisBackend<C>) -> Vec<u8>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let stored = backend.storage_key("", &Key::new("k"));
+        let brace = stored.iter().position(|&b| b == b'{').unwrap();
+        stored[..brace].to_vec()
+    }
+
+    impl<C> Store for RedisStore<C>
+    where
+        C: ConnectionLike + Nodes + Clone + Send + Sync + 'static,
+    {
+        type Backend = RedisBackend<C>;
+
+        async fn fresh(&self) -> RedisBackend<C> {
+            let n = PREFIXES.fetch_add(1, Ordering::Relaxed);
+            RedisBackend::builder((self.connect)().await)
+                .prefix(format!("kit{n}:"))
+                .deny_cache(self.deny_cache)
+                .build()
+        }
+
+        async fn another(&self, backend: &RedisBackend<C>) -> RedisBackend<C> {
+            RedisBackend::builder((self.connect)().await)
+                .prefix(prefix_of(backend))
+                .deny_cache(self.deny_cache)
+                .build()
+        }
+
+        fn abilities(&self) -> &'static [Ability] {
+            &[Ability::Corrupt, Ability::ReadStored, Ability::Audit]
+        }
+
+        async fn corrupt(
+            &self,
+            backend: &RedisBackend<C>,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<()> {
+            let mut con = (self.connect)().await;
+            let _: () = redis::cmd("SET")
+                .arg(backend.storage_key(namespace, key))
+                .arg("abc")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            Some(())
+        }
+
+        async fn stored(
+            &self,
+            backend: &RedisBackend<C>,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<Stored> {
+            let mut con = (self.connect)().await;
+            let stored = backend.storage_key(namespace, key);
+            let value: Option<String> = redis::cmd("GET")
+                .arg(&stored)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            let expiry: i64 = redis::cmd("PEXPIRETIME")
+                .arg(&stored)
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            Some(match value {
+                None => Stored::Absent,
+                Some(value) => Stored::Value {
+                    value,
+                    expiry: u64::try_from(expiry).ok(),
+                },
+            })
+        }
+
+        async fn audit(&self, backend: &RedisBackend<C>) -> Option<Audit> {
+            // With a repair window: only then are the keys without a
+            // lifetime read, and the corrupt ones told apart (and left as
+            // they are).
+            let window =
+                tower_pinned_window::Window::new(std::time::Duration::from_secs(60)).unwrap();
+            let report = backend.audit(Some(window)).await.unwrap();
+            Some(Audit {
+                without_lifetime: report.without_lifetime.len() - report.corrupt.len(),
+                corrupt: report.corrupt.len(),
+            })
+        }
+    }
+}
+
+/// The backend contract (`tower_pinned_window::testkit`) on PostgreSQL: each
+/// fresh backend has a schema of its own on the machine's server, kept until
+/// the store is dropped.
+#[cfg(feature = "postgres")]
+pub mod postgres {
+    use std::sync::Mutex;
+    use std::time::{SystemTime, UNIX_EPOCH};
+
+    use tower_pinned_window::backend::postgres::PostgresBackend;
+    use tower_pinned_window::key::Key;
+    use tower_pinned_window::testkit::{Ability, Audit, Store, Stored};
+
+    use crate::support::postgres::{TestSchema, connect, pool, url};
+
+    pub struct PostgresStore {
+        deny_cache: usize,
+        schemas: Mutex<Vec<TestSchema>>,
+    }
+
+    impl PostgresStore {
+        /// Backends with a deny cache of `deny_cache` counters.
+        pub fn new(deny_cache: usize) -> Self {
+            Self {
+                deny_cache,
+                schemas: Mutex::new(Vec::new()),
+            }
+        }
+    }
+
+    /// The schema of `backend`'s table (`schema.table`).
+    fn schema_of(backend: &PostgresBackend) -> &str {
+        backend.table().split('.').next().unwrap()
+    }
+
+    impl Store for PostgresStore {
+        type Backend = PostgresBackend;
+
+        async fn fresh(&self) -> PostgresBackend {
+            let schema = TestSchema::create("kit")
+                .await
+                .expect("PostgreSQL was there when the trials were listed");
+            let backend = schema.builder().deny_cache(self.deny_cache).build();
+            backend.migrate().await.unwrap();
+            self.schemas.lock().unwrap().push(schema);
+            backend
+        }
+
+        async fn another(&self, backend: &PostgresBackend) -> PostgresBackend {
+            let schema = schema_of(backend);
+            PostgresBackend::builder(pool(&url(), schema, 8))
+                .schema(schema)
+                .deny_cache(self.deny_cache)
+                .build()
+        }
+
+        fn abilities(&self) -> &'static [Ability] {
+            &[Ability::Corrupt, Ability::ReadStored, Ability::Audit]
+        }
+
+        /// A negative count, which the table's constraints refuse: they
+        /// are dropped first, as hand-written SQL could.
+        async fn corrupt(
+            &self,
+            backend: &PostgresBackend,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<()> {
+            let client = connect(&url()).await.unwrap();
+            let table = backend.table();
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE {table} DROP CONSTRAINT IF EXISTS tpw_counters_count_check"
+                ))
+                .await
+                .unwrap();
+            client
+                .execute(
+                    &format!(
+                        "INSERT INTO {table} VALUES ($1, $2, -3, now() + interval '1 minute')"
+                    ),
+                    &[&namespace, &key.as_bytes()],
+                )
+                .await
+                .unwrap();
+            Some(())
+        }
+
+        async fn stored(
+            &self,
+            backend: &PostgresBackend,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<Stored> {
+            let client = connect(&url()).await.unwrap();
+            let row = client
+                .query_opt(
+                    &format!(
+                        "SELECT coalesce(count::text, 'NULL'), expires_at, \
+                         expires_at IS NULL OR expires_at > now() \
+                         FROM {} WHERE namespace = $1 AND key = $2",
+                        backend.table()
+                    ),
+                    &[&namespace, &key.as_bytes()],
+                )
+                .await
+                .unwrap();
+            Some(match row {
+                Some(row) if row.get::<_, bool>(2) => Stored::Value {
+                    value: row.get(0),
+                    expiry: row.get::<_, Option<SystemTime>>(1).map(|at| {
+                        u64::try_from(at.duration_since(UNIX_EPOCH).unwrap().as_micros()).unwrap()
+                    }),
+                },
+                // No row, or an expired one waiting for the cleaner.
+                _ => Stored::Absent,
+            })
+        }
+
+        /// A row without a deadline is corrupt in PostgreSQL: no counter
+        /// is ever without a lifetime.
+        async fn audit(&self, backend: &PostgresBackend) -> Option<Audit> {
+            let report = backend.audit(None).await.unwrap();
+            Some(Audit {
+                without_lifetime: 0,
+                corrupt: report.corrupt.len(),
+            })
+        }
+    }
+}
