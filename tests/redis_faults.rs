@@ -7,6 +7,8 @@
 //! while open, `CLUSTERDOWN` counted as the master's failure) fails.
 
 mod support;
+#[path = "support/trial.rs"]
+mod trial;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -18,6 +20,7 @@ use tower_pinned_window::Quota;
 use tower_pinned_window::backend::redis::{DEFAULT_LOOKUP_INTERVAL, RedisBackend};
 use tower_pinned_window::backend::{Backend, BackendError};
 use tower_pinned_window::key::Key;
+use trial::Needs;
 
 /// The layer's timeout the traffic uses.
 const TIMEOUT: Duration = Duration::from_millis(100);
@@ -101,7 +104,6 @@ const STALL: Duration = Duration::from_millis(300);
 /// hits for little more than the freeze: the breaker opens, and its first
 /// probe goes soon, not after a whole cool-down (old code: 0.6–0.7 s of
 /// failures).
-#[test]
 fn a_stall_costs_no_more_than_it_lasts() {
     let server = redis_or_skip!(RedisServer::start("a_stall_costs_no_more_than_it_lasts"));
     let runtime = multi_thread_runtime();
@@ -183,7 +185,6 @@ fn a_stall_costs_no_more_than_it_lasts() {
 /// served again within the lookup interval (and a margin for the lookup
 /// and the test's own polling) of the promotion, as without the breaker
 /// (old code: the last failure came 0.73–0.81 s after the promotion).
-#[test]
 fn a_sentinel_failover_is_not_held_up_by_the_breaker() {
     let mut group = redis_or_skip!(SentinelGroup::start(
         "a_sentinel_failover_is_not_held_up_by_the_breaker"
@@ -262,7 +263,6 @@ fn cluster_ok(node: &RedisServer) -> bool {
 /// every healthy master says `cluster_state:ok`, as this test's polling sees
 /// it), not held shut by breakers that counted the refusals (old code: the
 /// last failure 0.15 s after it here, 0.16–0.41 s in soaks).
-#[test]
 fn a_cluster_refusal_holds_no_healthy_master_shut() {
     let mut cluster = redis_or_skip!(RedisCluster::start_with_replicas(
         "a_cluster_refusal_holds_no_healthy_master_shut",
@@ -386,4 +386,25 @@ fn a_cluster_refusal_holds_no_healthy_master_shut() {
         "healthy masters' keys failed until {} ms after the Cluster was ok again",
         ms(last - ok_at)
     );
+}
+
+fn main() {
+    let trials = vec![
+        trial::trial(
+            "a_stall_costs_no_more_than_it_lasts",
+            Needs::Redis,
+            a_stall_costs_no_more_than_it_lasts,
+        ),
+        trial::trial(
+            "a_sentinel_failover_is_not_held_up_by_the_breaker",
+            Needs::Redis,
+            a_sentinel_failover_is_not_held_up_by_the_breaker,
+        ),
+        trial::trial(
+            "a_cluster_refusal_holds_no_healthy_master_shut",
+            Needs::Redis,
+            a_cluster_refusal_holds_no_healthy_master_shut,
+        ),
+    ];
+    trial::run(trials, ())
 }
