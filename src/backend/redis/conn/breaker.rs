@@ -195,6 +195,19 @@ struct Breaker {
     found_at: AtomicU64,
 }
 
+impl Breaker {
+    /// Open until `until` (a probe's answer), unless a call let through
+    /// before it opened has closed it meanwhile: an answer that came back
+    /// since says more than the probe's.
+    fn reopen(&self, until: u64) {
+        let _ = self
+            .open_until
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open != 0).then_some(until)
+            });
+    }
+}
+
 /// How a call got past its breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Pass {
@@ -247,11 +260,12 @@ impl Breakers {
             .map_or(0, |found| found.load(Ordering::Acquire))
     }
 
-    /// How long breaker `index` waits before its next probe.
-    fn wait(&self, index: usize) -> u64 {
+    /// How long a breaker waits before its next probe, in milliseconds,
+    /// after `failed` probes failed in a row: [`BREAKER_FIRST_PROBE`]
+    /// doubled that many times, at most the cool-down, at least 1.
+    fn wait(&self, failed: u32) -> u64 {
         let cooldown = u64::try_from(self.config.cooldown.as_millis()).unwrap_or(u64::MAX);
         let first = u64::try_from(BREAKER_FIRST_PROBE.as_millis()).unwrap_or(u64::MAX);
-        let failed = self.breakers[index].failed_probes.load(Ordering::Relaxed);
         first
             .saturating_mul(1 << failed.min(32))
             .min(cooldown)
@@ -389,11 +403,7 @@ impl Breakers {
     fn refused(&self, index: usize, pass: Pass) {
         if pass == Pass::Probe {
             let breaker = &self.breakers[index];
-            let first = BREAKER_FIRST_PROBE.min(self.config.cooldown);
-            let until = self
-                .now_ms()
-                .saturating_add(u64::try_from(first.as_millis()).unwrap_or(u64::MAX).max(1));
-            breaker.open_until.store(until, Ordering::Release);
+            breaker.reopen(self.now_ms().saturating_add(self.wait(0)));
             breaker.probing.store(false, Ordering::Release);
         }
     }
@@ -402,15 +412,15 @@ impl Breakers {
         let breaker = &self.breakers[index];
         match pass {
             Pass::Probe => {
-                let until = self.now_ms().saturating_add(self.wait(index));
-                breaker.failed_probes.fetch_add(1, Ordering::Relaxed);
+                let failed = breaker.failed_probes.fetch_add(1, Ordering::Relaxed) + 1;
+                let until = self.now_ms().saturating_add(self.wait(failed));
                 breaker.found_at.store(self.found(), Ordering::Release);
-                breaker.open_until.store(until, Ordering::Release);
+                breaker.reopen(until);
                 breaker.probing.store(false, Ordering::Release);
                 tracing::debug!(breaker = %self.name(index), "probe failed: circuit stays open");
             }
             Pass::Closed => {
-                let until = self.now_ms().saturating_add(self.wait(index));
+                let until = self.now_ms().saturating_add(self.wait(0));
                 let failures = breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
                 if failures >= self.config.failures
                     && breaker
@@ -418,6 +428,7 @@ impl Breakers {
                         .compare_exchange(0, until, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                 {
+                    breaker.failed_probes.store(0, Ordering::Relaxed);
                     breaker.found_at.store(self.found(), Ordering::Release);
                     tracing::warn!(
                         breaker = %self.name(index),
@@ -714,22 +725,30 @@ mod tests {
         );
         let first = u64::try_from(BREAKER_FIRST_PROBE.as_millis()).unwrap();
         assert_eq!(breakers.wait(0), first, "the first probe comes soon");
+        assert_eq!(breakers.wait(1), 2 * first, "doubled after a failed probe");
+        assert_eq!(breakers.wait(40), 200, "never past the cool-down");
         breakers.failed(0, Pass::Closed);
         assert_eq!(breakers.admit(0), None);
         std::thread::sleep(BREAKER_FIRST_PROBE + Duration::from_millis(5));
         assert_eq!(breakers.admit(0), Some(Pass::Probe));
         breakers.failed(0, Pass::Probe);
-        assert_eq!(breakers.wait(0), 2 * first, "doubled after a failed probe");
-        for _ in 0..40 {
-            breakers.breakers[0]
-                .failed_probes
-                .fetch_add(1, Ordering::Relaxed);
-        }
-        assert_eq!(breakers.wait(0), 200, "never past the cool-down");
-        breakers.breakers[0].open_until.store(1, Ordering::Release);
+        std::thread::sleep(BREAKER_FIRST_PROBE + Duration::from_millis(5));
+        assert_eq!(
+            breakers.admit(0),
+            None,
+            "the second wait is twice the first"
+        );
+        std::thread::sleep(BREAKER_FIRST_PROBE);
         assert_eq!(breakers.admit(0), Some(Pass::Probe));
         breakers.succeeded(0);
-        assert_eq!(breakers.wait(0), first, "a closed breaker starts again");
+        assert_eq!(breakers.admit(0), Some(Pass::Closed));
+        breakers.failed(0, Pass::Closed);
+        std::thread::sleep(BREAKER_FIRST_PROBE + Duration::from_millis(5));
+        assert_eq!(
+            breakers.admit(0),
+            Some(Pass::Probe),
+            "a breaker that closed starts from the first wait again"
+        );
     }
 
     #[test]
