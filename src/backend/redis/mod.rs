@@ -383,7 +383,9 @@ impl<C> RedisBackendBuilder<C> {
     /// timeout does count; so while a breaker is open the backend reads
     /// `CLUSTER INFO` (one node at random, every [`BREAKER_FIRST_PROBE`])
     /// and, when `cluster_state` turns from `fail` back to `ok`, lets every
-    /// open breaker probe at once (and reads `CLUSTER SLOTS` again): with
+    /// open breaker probe at once (and again at each `ok` read in the next
+    /// second, as the nodes turn ok one by one; it reads `CLUSTER SLOTS`
+    /// again): with
     /// `cluster-require-full-coverage yes`, the healthy masters' keys are
     /// served again within about 100 ms of the Cluster being ok. On any
     /// other connection there is one breaker for the backend.

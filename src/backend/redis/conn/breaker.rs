@@ -280,10 +280,10 @@ impl Breakers {
     }
 
     /// The Cluster is whole again: every open breaker lets a probe through
-    /// now, its wait back to [`BREAKER_FIRST_PROBE`], and the slot map is
-    /// read again on the next command (a replica may serve a failed
-    /// master's slots now).
-    fn cluster_ok_again(&self) {
+    /// now, its wait back to [`BREAKER_FIRST_PROBE`]. When `first` (the
+    /// first `ok` after `fail`), the slot map is read again on the next
+    /// command (a replica may serve a failed master's slots now).
+    fn cluster_ok_again(&self, first: bool) {
         let now = self.now_ms();
         for breaker in &self.breakers {
             let until = breaker.open_until.load(Ordering::Acquire);
@@ -297,8 +297,10 @@ impl Breakers {
                 );
             }
         }
-        self.map_not_asked();
-        tracing::info!("redis cluster state ok again: open breakers probe now");
+        if first {
+            self.map_not_asked();
+            tracing::info!("redis cluster state ok again: open breakers probe now");
+        }
     }
 
     /// The breaker of `slot` on a Cluster: its master's, or its range's.
@@ -575,6 +577,12 @@ where
 /// how long one read may take.
 const CLUSTER_WATCH: Duration = BREAKER_FIRST_PROBE;
 
+/// How many polls (one second's) after `CLUSTER INFO` turned from `fail`
+/// to `ok` an `ok` lets the open breakers probe at once again: the nodes
+/// turn ok one by one, and a probe sent while its master still refused
+/// failed and grew its breaker's wait.
+const CLUSTER_OK_RELEASES: u32 = 40;
+
 impl<C> Routed<C>
 where
     C: ConnectionLike + Clone + Send + 'static,
@@ -582,9 +590,10 @@ where
     /// On a Cluster with a breaker open: read `CLUSTER INFO` in the
     /// background (one node at random, every [`CLUSTER_WATCH`]) until no
     /// breaker is open, and when it turns from `fail` back to `ok`, let
-    /// every open breaker probe at once. A breaker opened while the Cluster
-    /// refused every key is then closed by the first probe after the
-    /// Cluster is whole, not after its grown wait. One watcher per backend.
+    /// every open breaker probe at once, and again on each `ok` for
+    /// [`CLUSTER_OK_RELEASES`] polls. A breaker opened while the Cluster
+    /// refused every key is then closed by the first probe after its
+    /// master is ok, not after its grown wait. One watcher per backend.
     fn watch_cluster(&self) {
         let Some((breakers, _)) = &self.breaker else {
             return;
@@ -603,7 +612,9 @@ where
         };
         let (mut connection, breakers) = (self.inner.clone(), Arc::clone(breakers));
         runtime.spawn(async move {
-            let mut failed = false;
+            // `fail` was read since the last release; polls left in which
+            // an `ok` releases the open breakers again.
+            let (mut failed, mut releases) = (false, 0);
             while breakers.any_open() {
                 let info = tokio::time::timeout(
                     CLUSTER_WATCH * 4,
@@ -613,10 +624,17 @@ where
                 )
                 .await;
                 match info {
-                    Ok(Ok(info)) if info.contains("cluster_state:fail") => failed = true,
-                    Ok(Ok(info)) if failed && info.contains("cluster_state:ok") => {
-                        failed = false;
-                        breakers.cluster_ok_again();
+                    Ok(Ok(info)) if info.contains("cluster_state:fail") => {
+                        (failed, releases) = (true, 0);
+                    }
+                    Ok(Ok(info))
+                        if (failed || releases > 0) && info.contains("cluster_state:ok") =>
+                    {
+                        breakers.cluster_ok_again(std::mem::take(&mut failed));
+                        if releases == 0 {
+                            releases = CLUSTER_OK_RELEASES;
+                        }
+                        releases -= 1;
                     }
                     _ => {}
                 }
@@ -789,7 +807,7 @@ mod tests {
         breakers.breakers[0]
             .failed_probes
             .store(5, Ordering::Relaxed);
-        breakers.cluster_ok_again();
+        breakers.cluster_ok_again(true);
         assert_eq!(
             breakers.admit(0),
             Some(Pass::Probe),
