@@ -385,9 +385,9 @@ impl<C> RedisBackendBuilder<C> {
     /// and, when `cluster_state` turns from `fail` back to `ok`, lets every
     /// open breaker probe at once (and again at each `ok` read in the next
     /// second, as the nodes turn ok one by one; it reads `CLUSTER SLOTS`
-    /// again): with
-    /// `cluster-require-full-coverage yes`, the healthy masters' keys are
-    /// served again within about 100 ms of the Cluster being ok. On any
+    /// again): with `cluster-require-full-coverage yes`, the healthy
+    /// masters' keys are served again within about 100 ms of the Cluster
+    /// being ok. On any
     /// other connection there is one breaker for the backend.
     ///
     /// On a `SentinelConnection` (feature `redis-sentinel`) the breaker does not hold up a
