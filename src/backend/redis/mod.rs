@@ -23,7 +23,8 @@ mod script;
 
 pub use audit::AuditReport;
 pub use conn::breaker::{
-    BREAKER_SLOW_CALL, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, SLOTS_PER_RANGE,
+    BREAKER_FIRST_PROBE, BREAKER_SLOW_CALL, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
+    SLOTS_PER_RANGE,
 };
 #[cfg(feature = "redis-cluster")]
 pub use conn::connect::cluster_client_builder;
@@ -129,10 +130,11 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 ///
 /// A circuit breaker (on by default; see
 /// [`RedisBackendBuilder::breaker`]) remembers that Redis is down: after
-/// repeated failures, hits fail at once with [`BackendError::CircuitOpen`]
-/// for a short cool-down, then one probe goes through. On a Cluster there
-/// is one breaker per master, so a master that fails over does not stop
-/// the other masters' keys.
+/// repeated failures, hits fail at once with [`BackendError::CircuitOpen`],
+/// and one probe at a time goes through, soon after it opened and less
+/// often while probes keep failing. On a Cluster there is one breaker per
+/// master, so a master that fails over does not stop the other masters'
+/// keys, and the Cluster's own refusals (`CLUSTERDOWN`) open none.
 ///
 /// # Coalesced hits
 ///
@@ -188,7 +190,8 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// 7.0. An ACL user needs `+evalsha +eval +incr +incrby +decr +decrby +pttl
 /// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds, `+del` for
 /// [`reset`](Backend::reset), and `+scan` for [`audit`](Self::audit) (plus
-/// `+cluster|slots` on a Cluster), all on the prefix's keys (`~tpw:*`).
+/// `+cluster|slots` on a Cluster, and `+cluster|info` for the breakers to
+/// see the Cluster whole again), all on the prefix's keys (`~tpw:*`).
 ///
 /// # The local deny cache
 ///
@@ -343,14 +346,21 @@ impl<C> RedisBackendBuilder<C> {
     }
 
     /// The circuit breaker: after `failures` failed commands in a row
-    /// (unreachable, timed out by the layer, `CLUSTERDOWN`...), the backend
-    /// answers [`BackendError::CircuitOpen`] at once for `cooldown`, then
-    /// lets one probe through: a success closes it, a failure opens it for
-    /// another `cooldown`. An outage then costs requests no wait. The
-    /// default is [`DEFAULT_BREAKER_FAILURES`] and
-    /// [`DEFAULT_BREAKER_COOLDOWN`]. It logs a warning when it opens and an
-    /// info line when it closes; the metrics count its answers as
-    /// `circuit_open`.
+    /// (unreachable, timed out by the layer, `LOADING`, `MASTERDOWN`...),
+    /// the backend answers [`BackendError::CircuitOpen`] at once and lets
+    /// one probe through at a time: the first [`BREAKER_FIRST_PROBE`]
+    /// (25 ms) after it opened, the next twice as long after each probe
+    /// that failed (50 ms, 100 ms, ...), never more than `cooldown` apart.
+    /// A probe that succeeds closes it, and the next opening starts from
+    /// [`BREAKER_FIRST_PROBE`] again. So an outage costs requests no wait
+    /// and Redis at most one probe per `cooldown` once it has lasted a
+    /// while, and a short fault costs little more than it lasts: under a
+    /// 100 ms layer timeout, a Redis frozen for 300 ms fails hits from
+    /// 100 ms to about 300 ms after the freeze began (the probe in flight
+    /// when it wakes is answered and closes the breaker). The default is
+    /// [`DEFAULT_BREAKER_FAILURES`] and [`DEFAULT_BREAKER_COOLDOWN`]. It
+    /// logs a warning when it opens and an info line when it closes; the
+    /// metrics count its answers as `circuit_open`.
     ///
     /// A command the layer gave up on counts as a failure when it had waited
     /// at least [`BREAKER_SLOW_CALL`] (10 ms): with a layer
@@ -364,8 +374,31 @@ impl<C> RedisBackendBuilder<C> {
     /// failing master does not stop the healthy masters' keys: the backend
     /// reads `CLUSTER SLOTS` on its first command and every 5 s after, and
     /// until it knows the masters, there is one breaker per
-    /// [`SLOTS_PER_RANGE`] consecutive slots. On any other connection there
-    /// is one for the backend.
+    /// [`SLOTS_PER_RANGE`] consecutive slots. The Cluster's refusals
+    /// (`CLUSTERDOWN`, `TRYAGAIN`) are answered by live nodes about the
+    /// Cluster's state, not a master's failure, and count neither way; a
+    /// `MOVED` or `ASK` the Cluster client gave up following counts as a
+    /// failure of the master it points to, which did not answer. A hit that the
+    /// Cluster client keeps retrying through `CLUSTERDOWN` until the layer's
+    /// timeout does count; so while a breaker is open the backend reads
+    /// `CLUSTER INFO` (one node at random, every [`BREAKER_FIRST_PROBE`])
+    /// and, when `cluster_state` turns from `fail` back to `ok`, lets every
+    /// open breaker probe at once (and again at each `ok` read in the next
+    /// second, as the nodes turn ok one by one; it reads `CLUSTER SLOTS`
+    /// again): with `cluster-require-full-coverage yes`, the healthy
+    /// masters' keys are served again within about 100 ms of the Cluster
+    /// being ok. On any
+    /// other connection there is one breaker for the backend.
+    ///
+    /// On a `SentinelConnection` (feature `redis-sentinel`) the breaker does not hold up a
+    /// failover: the connection goes on looking for the master in the
+    /// background (every lookup interval) while no command reaches it, and
+    /// an open breaker lets a probe through as soon as the connection has
+    /// connected to a master since it opened, so requests are served again
+    /// within the lookup interval of the promotion, as without a breaker.
+    ///
+    /// `cooldown` shorter than [`BREAKER_FIRST_PROBE`] is the wait before
+    /// every probe.
     ///
     /// # Panics
     /// When `failures` is 0 or `cooldown` is zero. Use
@@ -451,10 +484,18 @@ impl<C> RedisBackendBuilder<C> {
         let cluster = is_cluster::<C>();
         #[cfg(not(feature = "redis-cluster"))]
         let cluster = false;
+        // A Sentinel connection tells the breakers when it has found a
+        // master, so that one opened during a failover probes at once.
+        #[cfg(feature = "redis-sentinel")]
+        let found = (&self.connection as &dyn std::any::Any)
+            .downcast_ref::<conn::sentinel::SentinelConnection>()
+            .map(conn::sentinel::SentinelConnection::masters_found);
+        #[cfg(not(feature = "redis-sentinel"))]
+        let found = None;
         let connection = Guarded::new(
             self.connection,
             self.breaker
-                .map(|config| Arc::new(Breakers::new(config, cluster))),
+                .map(|config| Arc::new(Breakers::new(config, cluster, found))),
         );
         RedisBackend {
             inner: Arc::new(Inner {

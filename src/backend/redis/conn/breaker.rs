@@ -1,6 +1,17 @@
 //! The circuit breaker: after repeated failures the backend answers
 //! [`BackendError::CircuitOpen`](crate::backend::BackendError::CircuitOpen)
-//! at once for a cool-down, then lets one probe through.
+//! at once, and lets one probe through at a time: the first
+//! [`BREAKER_FIRST_PROBE`] after it opened, then twice as long after each
+//! probe that failed, up to the configured cool-down. A short fault (a
+//! stalled master) is thus over soon after it ends, and a long outage gets
+//! a probe only every cool-down.
+//!
+//! Two signals from outside let a probe through sooner: a Sentinel
+//! connection that has connected to a master since the breaker opened (a
+//! failover found the new one), and, on a Cluster, `CLUSTER INFO` turning
+//! from `cluster_state:fail` back to `ok` (read in the background while a
+//! breaker is open). A Cluster's refusal (`CLUSTERDOWN`, `TRYAGAIN`) is
+//! the Cluster's state, not its master's failure: it counts neither way.
 //!
 //! It wraps the connection ([`Guarded`]), so every command the backend sends
 //! goes through it, whatever path sends it: a command is sent on
@@ -50,9 +61,19 @@ use crate::backend::BackendError;
 /// ```
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 
-/// How long an open breaker answers at once before it lets a probe through,
-/// unless configured otherwise. Example: [`DEFAULT_BREAKER_FAILURES`]'s.
+/// The longest an open breaker answers at once before it lets a probe
+/// through, unless configured otherwise: the first probe goes
+/// [`BREAKER_FIRST_PROBE`] after it opened, and each probe that fails
+/// doubles the wait, up to this. Example: [`DEFAULT_BREAKER_FAILURES`]'s.
 pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(500);
+
+/// How long an open breaker waits before its first probe (or the cool-down,
+/// when that is shorter). Each probe that fails doubles the wait, up to the
+/// cool-down; a probe that succeeds closes the breaker and the next opening
+/// starts from this again. A Redis frozen for 300 ms (`DEBUG SLEEP 0.3`)
+/// is thus served again a probe's wait after it wakes, not a whole
+/// cool-down. Example of the breaker's settings: [`DEFAULT_BREAKER_FAILURES`].
+pub const BREAKER_FIRST_PROBE: Duration = Duration::from_millis(25);
 
 /// Consecutive Cluster slots that share one breaker until the backend knows
 /// which master serves them (128 breakers for the 16384 slots). A master's
@@ -112,18 +133,37 @@ fn open_error() -> RedisError {
     RedisError::from((ErrorKind::Client, "circuit open", OPEN.to_owned()))
 }
 
+/// Whether `err` is a Cluster's refusal rather than a master's failure:
+/// `CLUSTERDOWN` (with `cluster-require-full-coverage yes`, every master
+/// answers it for every key while one slot is unserved) and `TRYAGAIN` (a
+/// multi-key call on a slot being migrated). Each is answered by a live
+/// node about the Cluster's state, so it says nothing about the health of
+/// the master the key's breaker stands for: counting it would hold a
+/// healthy master's breaker shut after the Cluster is whole again.
+///
+/// A redirection (`MOVED`, `ASK`) is not one: the Cluster client follows
+/// it, and one that reaches the caller is one it could not follow, to a
+/// master that does not answer (in a failover, `MOVED <slot> <the dead
+/// master>` until the replica is promoted), so it counts as that master's
+/// failure ([`is_outage`]).
+fn is_cluster_state(err: &RedisError) -> bool {
+    matches!(
+        err.kind(),
+        ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
+    )
+}
+
 /// Whether `err` says the store is down or unreachable (rather than that a
-/// command was wrong, or a script missing, which a healthy server answers).
-/// A redirection (`MOVED`, `ASK`) or `READONLY` that reaches the caller is
-/// one the Cluster client gave up following: the master it points to does
-/// not answer.
+/// command was wrong, or a script missing, which a healthy server answers,
+/// or that the Cluster refuses: [`is_cluster_state`]). A redirection
+/// (`MOVED`, `ASK`) or `READONLY` that reaches the caller is one the
+/// Cluster client gave up following: the master it points to does not
+/// answer. `MASTERDOWN` and `LOADING` are the server's own state.
 fn is_outage(err: &RedisError) -> bool {
     match err.kind() {
         ErrorKind::Server(kind) => matches!(
             kind,
-            ServerErrorKind::TryAgain
-                | ServerErrorKind::ClusterDown
-                | ServerErrorKind::MasterDown
+            ServerErrorKind::MasterDown
                 | ServerErrorKind::BusyLoading
                 | ServerErrorKind::Moved
                 | ServerErrorKind::Ask
@@ -146,6 +186,26 @@ struct Breaker {
     open_until: AtomicU64,
     /// A probe is out.
     probing: AtomicBool,
+    /// Probes failed in a row since the breaker opened: the wait before the
+    /// next is [`BREAKER_FIRST_PROBE`] doubled that many times, at most the
+    /// cool-down.
+    failed_probes: AtomicU32,
+    /// The connection's count of masters found ([`Breakers::found`]) when
+    /// the breaker opened or its last probe failed.
+    found_at: AtomicU64,
+}
+
+impl Breaker {
+    /// Open until `until` (a probe's answer), unless a call let through
+    /// before it opened has closed it meanwhile: an answer that came back
+    /// since says more than the probe's.
+    fn reopen(&self, until: u64) {
+        let _ = self
+            .open_until
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |open| {
+                (open != 0).then_some(until)
+            });
+    }
 }
 
 /// How a call got past its breaker.
@@ -165,10 +225,19 @@ pub(crate) struct Breakers {
     breakers: Box<[Breaker]>,
     /// On a Cluster: which master serves each slot.
     map: Option<SlotMap>,
+    /// On a Sentinel connection: how many times it has connected to a
+    /// master. A breaker opened before the last one lets a probe through
+    /// at once: the failover it waited out is over.
+    found: Option<Arc<AtomicU64>>,
+    /// On a Cluster: `CLUSTER INFO` is being watched in the background
+    /// (while a breaker is open).
+    watching: AtomicBool,
 }
 
 impl Breakers {
-    pub(crate) fn new(config: BreakerConfig, cluster: bool) -> Self {
+    /// The breakers of a backend; `found` is a Sentinel connection's count
+    /// of masters found (see [`Breakers::found`]).
+    pub(crate) fn new(config: BreakerConfig, cluster: bool, found: Option<Arc<AtomicU64>>) -> Self {
         let count = if cluster {
             MAX_NODES + usize::from(CLUSTER_SLOTS / SLOTS_PER_RANGE)
         } else {
@@ -179,6 +248,58 @@ impl Breakers {
             origin: Instant::now(),
             breakers: (0..count).map(|_| Breaker::default()).collect(),
             map: cluster.then(SlotMap::new),
+            found,
+            watching: AtomicBool::new(false),
+        }
+    }
+
+    /// The connection's count of masters found, or 0 when it keeps none.
+    fn found(&self) -> u64 {
+        self.found
+            .as_ref()
+            .map_or(0, |found| found.load(Ordering::Acquire))
+    }
+
+    /// How long a breaker waits before its next probe, in milliseconds,
+    /// after `failed` probes failed in a row: [`BREAKER_FIRST_PROBE`]
+    /// doubled that many times, at most the cool-down, at least 1.
+    fn wait(&self, failed: u32) -> u64 {
+        let cooldown = u64::try_from(self.config.cooldown.as_millis()).unwrap_or(u64::MAX);
+        let first = u64::try_from(BREAKER_FIRST_PROBE.as_millis()).unwrap_or(u64::MAX);
+        first
+            .saturating_mul(1 << failed.min(32))
+            .min(cooldown)
+            .max(1)
+    }
+
+    /// Whether any breaker is open.
+    fn any_open(&self) -> bool {
+        self.breakers
+            .iter()
+            .any(|breaker| breaker.open_until.load(Ordering::Acquire) != 0)
+    }
+
+    /// The Cluster is whole again: every open breaker lets a probe through
+    /// now, its wait back to [`BREAKER_FIRST_PROBE`]. When `first` (the
+    /// first `ok` after `fail`), the slot map is read again on the next
+    /// command (a replica may serve a failed master's slots now).
+    fn cluster_ok_again(&self, first: bool) {
+        let now = self.now_ms();
+        for breaker in &self.breakers {
+            let until = breaker.open_until.load(Ordering::Acquire);
+            if until > now {
+                breaker.failed_probes.store(0, Ordering::Relaxed);
+                let _ = breaker.open_until.compare_exchange(
+                    until,
+                    now,
+                    Ordering::AcqRel,
+                    Ordering::Acquire,
+                );
+            }
+        }
+        if first {
+            self.map_not_asked();
+            tracing::info!("redis cluster state ok again: open breakers probe now");
         }
     }
 
@@ -242,7 +363,11 @@ impl Breakers {
         if until == 0 {
             return Some(Pass::Closed);
         }
-        if self.now_ms() < until {
+        if self.now_ms() < until
+            && self.found.as_ref().is_none_or(|found| {
+                found.load(Ordering::Acquire) == breaker.found_at.load(Ordering::Acquire)
+            })
+        {
             return None;
         }
         breaker
@@ -256,6 +381,7 @@ impl Breakers {
         let breaker = &self.breakers[index];
         breaker.failures.store(0, Ordering::Relaxed);
         if breaker.open_until.swap(0, Ordering::AcqRel) != 0 {
+            breaker.failed_probes.store(0, Ordering::Relaxed);
             breaker.probing.store(false, Ordering::Release);
             tracing::info!(
                 breaker = %self.name(index),
@@ -272,18 +398,31 @@ impl Breakers {
         }
     }
 
+    /// The Cluster refused the call ([`is_cluster_state`]): nothing is
+    /// counted. A probe so answered learnt nothing about its master: the
+    /// next goes after [`BREAKER_FIRST_PROBE`] (or the cool-down, when
+    /// shorter), and the wait does not grow.
+    fn refused(&self, index: usize, pass: Pass) {
+        if pass == Pass::Probe {
+            let breaker = &self.breakers[index];
+            breaker.reopen(self.now_ms().saturating_add(self.wait(0)));
+            breaker.probing.store(false, Ordering::Release);
+        }
+    }
+
     fn failed(&self, index: usize, pass: Pass) {
         let breaker = &self.breakers[index];
-        let until = self
-            .now_ms()
-            .saturating_add(u64::try_from(self.config.cooldown.as_millis()).unwrap_or(u64::MAX));
         match pass {
             Pass::Probe => {
-                breaker.open_until.store(until, Ordering::Release);
+                let failed = breaker.failed_probes.fetch_add(1, Ordering::Relaxed) + 1;
+                let until = self.now_ms().saturating_add(self.wait(failed));
+                breaker.found_at.store(self.found(), Ordering::Release);
+                breaker.reopen(until);
                 breaker.probing.store(false, Ordering::Release);
                 tracing::debug!(breaker = %self.name(index), "probe failed: circuit stays open");
             }
             Pass::Closed => {
+                let until = self.now_ms().saturating_add(self.wait(0));
                 let failures = breaker.failures.fetch_add(1, Ordering::Relaxed) + 1;
                 if failures >= self.config.failures
                     && breaker
@@ -291,6 +430,8 @@ impl Breakers {
                         .compare_exchange(0, until, Ordering::AcqRel, Ordering::Acquire)
                         .is_ok()
                 {
+                    breaker.failed_probes.store(0, Ordering::Relaxed);
+                    breaker.found_at.store(self.found(), Ordering::Release);
                     tracing::warn!(
                         breaker = %self.name(index),
                         failures,
@@ -320,6 +461,7 @@ impl Settle {
         self.settled = true;
         match result {
             Ok(_) => self.breakers.succeeded(self.index),
+            Err(err) if is_cluster_state(err) => self.breakers.refused(self.index, self.pass),
             Err(err) if is_outage(err) => self.breakers.failed(self.index, self.pass),
             Err(_) => self.breakers.succeeded(self.index),
         }
@@ -431,6 +573,78 @@ where
     }
 }
 
+/// How often `CLUSTER INFO` is read while a Cluster breaker is open, and
+/// how long one read may take.
+const CLUSTER_WATCH: Duration = BREAKER_FIRST_PROBE;
+
+/// How many polls (one second's) after `CLUSTER INFO` turned from `fail`
+/// to `ok` an `ok` lets the open breakers probe at once again: the nodes
+/// turn ok one by one, and a probe sent while its master still refused
+/// failed and grew its breaker's wait.
+const CLUSTER_OK_RELEASES: u32 = 40;
+
+impl<C> Routed<C>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+{
+    /// On a Cluster with a breaker open: read `CLUSTER INFO` in the
+    /// background (one node at random, every [`CLUSTER_WATCH`]) until no
+    /// breaker is open, and when it turns from `fail` back to `ok`, let
+    /// every open breaker probe at once, and again on each `ok` for
+    /// [`CLUSTER_OK_RELEASES`] polls. A breaker opened while the Cluster
+    /// refused every key is then closed by the first probe after its
+    /// master is ok, not after its grown wait. One watcher per backend.
+    fn watch_cluster(&self) {
+        let Some((breakers, _)) = &self.breaker else {
+            return;
+        };
+        if breakers.map.is_none()
+            || breakers
+                .watching
+                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+                .is_err()
+        {
+            return;
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            breakers.watching.store(false, Ordering::Release);
+            return;
+        };
+        let (mut connection, breakers) = (self.inner.clone(), Arc::clone(breakers));
+        runtime.spawn(async move {
+            // `fail` was read since the last release; polls left in which
+            // an `ok` releases the open breakers again.
+            let (mut failed, mut releases) = (false, 0);
+            while breakers.any_open() {
+                let info = tokio::time::timeout(
+                    CLUSTER_WATCH * 4,
+                    ::redis::cmd("CLUSTER")
+                        .arg("INFO")
+                        .query_async::<String>(&mut connection),
+                )
+                .await;
+                match info {
+                    Ok(Ok(info)) if info.contains("cluster_state:fail") => {
+                        (failed, releases) = (true, 0);
+                    }
+                    Ok(Ok(info))
+                        if (failed || releases > 0) && info.contains("cluster_state:ok") =>
+                    {
+                        breakers.cluster_ok_again(std::mem::take(&mut failed));
+                        if releases == 0 {
+                            releases = CLUSTER_OK_RELEASES;
+                        }
+                        releases -= 1;
+                    }
+                    _ => {}
+                }
+                tokio::time::sleep(CLUSTER_WATCH).await;
+            }
+            breakers.watching.store(false, Ordering::Release);
+        });
+    }
+}
+
 /// A call past its breaker: answered at once while the breaker is open
 /// (`settle` is the error), otherwise sent and settled with the breaker when
 /// it is answered or dropped.
@@ -458,7 +672,11 @@ where
 {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
         self.refresh_map();
-        through(self.settle(), || self.inner.req_packed_command(cmd))
+        let settle = self.settle();
+        if settle.is_err() {
+            self.watch_cluster();
+        }
+        through(settle, || self.inner.req_packed_command(cmd))
     }
 
     fn req_packed_commands<'a>(
@@ -467,7 +685,11 @@ where
         offset: usize,
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
-        through(self.settle(), || {
+        let settle = self.settle();
+        if settle.is_err() {
+            self.watch_cluster();
+        }
+        through(settle, || {
             self.inner.req_packed_commands(pipeline, offset, count)
         })
     }
@@ -487,7 +709,7 @@ mod tests {
             failures: 3,
             cooldown: Duration::from_millis(30),
         };
-        let breakers = Breakers::new(config, false);
+        let breakers = Breakers::new(config, false, None);
         for _ in 0..2 {
             assert_eq!(breakers.admit(0), Some(Pass::Closed));
             breakers.failed(0, Pass::Closed);
@@ -510,6 +732,117 @@ mod tests {
     }
 
     #[test]
+    fn probes_start_soon_and_back_off_while_they_fail() {
+        let breakers = Breakers::new(
+            BreakerConfig {
+                failures: 1,
+                cooldown: Duration::from_millis(200),
+            },
+            false,
+            None,
+        );
+        let first = u64::try_from(BREAKER_FIRST_PROBE.as_millis()).unwrap();
+        assert_eq!(breakers.wait(0), first, "the first probe comes soon");
+        assert_eq!(breakers.wait(1), 2 * first, "doubled after a failed probe");
+        assert_eq!(breakers.wait(40), 200, "never past the cool-down");
+        breakers.failed(0, Pass::Closed);
+        assert_eq!(breakers.admit(0), None);
+        std::thread::sleep(BREAKER_FIRST_PROBE + Duration::from_millis(5));
+        assert_eq!(breakers.admit(0), Some(Pass::Probe));
+        breakers.failed(0, Pass::Probe);
+        std::thread::sleep(BREAKER_FIRST_PROBE + Duration::from_millis(5));
+        assert_eq!(
+            breakers.admit(0),
+            None,
+            "the second wait is twice the first"
+        );
+        std::thread::sleep(BREAKER_FIRST_PROBE);
+        assert_eq!(breakers.admit(0), Some(Pass::Probe));
+        breakers.succeeded(0);
+        assert_eq!(breakers.admit(0), Some(Pass::Closed));
+        breakers.failed(0, Pass::Closed);
+        std::thread::sleep(BREAKER_FIRST_PROBE + Duration::from_millis(5));
+        assert_eq!(
+            breakers.admit(0),
+            Some(Pass::Probe),
+            "a breaker that closed starts from the first wait again"
+        );
+    }
+
+    #[test]
+    fn a_cluster_refusal_counts_neither_way() {
+        let breakers = Breakers::new(
+            BreakerConfig {
+                failures: 2,
+                cooldown: Duration::from_secs(60),
+            },
+            true,
+            None,
+        );
+        let down = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::ClusterDown),
+            "The cluster is down",
+        ));
+        assert!(is_cluster_state(&down) && !is_outage(&down));
+        let moved = RedisError::from((
+            ErrorKind::Server(ServerErrorKind::Moved),
+            "MOVED",
+            "2983 127.0.0.1:7000".to_owned(),
+        ));
+        assert!(
+            is_outage(&moved) && !is_cluster_state(&moved),
+            "a redirection the client could not follow is its master's failure"
+        );
+        for _ in 0..100 {
+            breakers.refused(0, Pass::Closed);
+        }
+        assert_eq!(
+            breakers.admit(0),
+            Some(Pass::Closed),
+            "CLUSTERDOWN opens nothing"
+        );
+        breakers.failed(0, Pass::Closed);
+        breakers.failed(0, Pass::Closed);
+        assert_eq!(breakers.admit(0), None, "open");
+        breakers.breakers[0]
+            .failed_probes
+            .store(5, Ordering::Relaxed);
+        breakers.cluster_ok_again(true);
+        assert_eq!(
+            breakers.admit(0),
+            Some(Pass::Probe),
+            "the Cluster is ok: probe now"
+        );
+        breakers.refused(0, Pass::Probe);
+        assert_eq!(breakers.admit(0), None, "a refused probe waits");
+        std::thread::sleep(BREAKER_FIRST_PROBE + Duration::from_millis(5));
+        assert_eq!(breakers.admit(0), Some(Pass::Probe), "only the first wait");
+    }
+
+    #[test]
+    fn a_master_found_lets_a_probe_through_at_once() {
+        let found = Arc::new(AtomicU64::new(1));
+        let breakers = Breakers::new(
+            BreakerConfig {
+                failures: 1,
+                cooldown: Duration::from_secs(60),
+            },
+            false,
+            Some(Arc::clone(&found)),
+        );
+        breakers.failed(0, Pass::Closed);
+        std::thread::sleep(BREAKER_FIRST_PROBE + Duration::from_millis(5));
+        assert_eq!(breakers.admit(0), Some(Pass::Probe));
+        breakers.failed(0, Pass::Probe);
+        assert_eq!(breakers.admit(0), None, "no new master: wait");
+        found.fetch_add(1, Ordering::AcqRel);
+        assert_eq!(breakers.admit(0), Some(Pass::Probe), "a new master: probe");
+        assert_eq!(breakers.admit(0), None, "one probe");
+        breakers.failed(0, Pass::Probe);
+        assert_eq!(breakers.admit(0), None, "it failed too: wait again");
+    }
+
+    #[test]
     fn a_call_dropped_at_once_counts_neither_way_and_a_slow_one_fails() {
         let breakers = Arc::new(Breakers::new(
             BreakerConfig {
@@ -517,6 +850,7 @@ mod tests {
                 cooldown: Duration::from_millis(30),
             },
             false,
+            None,
         ));
         let settle = |pass, waited: Duration| Settle {
             breakers: Arc::clone(&breakers),
@@ -551,6 +885,7 @@ mod tests {
                 cooldown: Duration::from_secs(60),
             },
             true,
+            None,
         );
         // slot("a") = 15495, slot("b") = 3300, slot("c") = 7365.
         let (a, b, c): (&[u8], &[u8], &[u8]) = (b"tpw:n{a}", b"tpw:n{b}", b"tpw:n{c}");

@@ -9,6 +9,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -34,6 +35,10 @@ pub const DEFAULT_LOOKUP_INTERVAL: Duration = Duration::from_millis(100);
 ///
 /// Example: [`SentinelConnectionBuilder`].
 pub const DEFAULT_STALL_AFTER: Duration = Duration::from_millis(50);
+
+/// The shortest time between two lookups that the connection makes by
+/// itself, after one found no master, when the lookup interval is shorter.
+const MIN_RETRY: Duration = Duration::from_millis(10);
 
 /// A connection to the master of a Redis Sentinel deployment that follows
 /// failovers by itself. Clones share it (one multiplexed connection, one
@@ -77,9 +82,14 @@ pub const DEFAULT_STALL_AFTER: Duration = Duration::from_millis(50);
 ///   layer's timeout), and while no master can be found (the sentinels still
 ///   name the dead one, or flag it as down and have not promoted a replica
 ///   yet) they fail at once. The sentinels are asked again at most once per
-///   [lookup interval](SentinelConnectionBuilder::lookup_interval), so
-///   requests are served again at most that long after the sentinels have
-///   promoted a replica.
+///   [lookup interval](SentinelConnectionBuilder::lookup_interval): on a
+///   command, and by the connection itself one interval after a lookup
+///   that found no master, until one is found, so that it finds the
+///   promoted replica even when no command reaches it (the backend's
+///   circuit breaker is open). Requests are served again at most about an
+///   interval (and the lookup's own time) after the sentinels have
+///   promoted a replica; with the backend's breaker on, an open breaker
+///   lets a probe through as soon as the connection has found a master.
 /// - **The master stops answering without closing the connection** (a
 ///   frozen process, a host or network failure): a command that goes
 ///   unanswered for [`stall_after`](SentinelConnectionBuilder::stall_after)
@@ -105,6 +115,9 @@ struct Inner {
     lookup_interval: Duration,
     stall_after: Duration,
     state: Mutex<State>,
+    /// How many times a master was connected to: the backend's breaker
+    /// lets a probe through once it changes.
+    found: Arc<AtomicU64>,
 }
 
 struct State {
@@ -238,6 +251,12 @@ impl SentinelConnection {
         }
     }
 
+    /// How many times the connection has connected to a master, shared:
+    /// the backend's breaker reads it.
+    pub(crate) fn masters_found(&self) -> Arc<AtomicU64> {
+        Arc::clone(&self.inner.found)
+    }
+
     fn current(&self) -> (u64, MasterFuture) {
         let state = self.inner.lock();
         (state.generation, state.master.clone())
@@ -316,10 +335,13 @@ impl SentinelConnectionBuilder {
     }
 
     /// The shortest time between two lookups of the master (default
-    /// [`DEFAULT_LOOKUP_INTERVAL`]). Requests are served again at most this
-    /// long after the sentinels promote a replica; meanwhile the sentinels
-    /// are asked at most once per interval by this connection. Zero asks on
-    /// every failure.
+    /// [`DEFAULT_LOOKUP_INTERVAL`]). Requests are served again at most about
+    /// this long (plus the lookup's own time) after the sentinels promote a
+    /// replica, with the backend's circuit breaker on or off; meanwhile the
+    /// sentinels are asked at most once per interval by this connection.
+    /// While no master is found, the connection looks again by itself once
+    /// per interval (at least 10 ms apart), until it finds one or is
+    /// dropped. Zero asks on every failure.
     ///
     /// Example: [`SentinelConnectionBuilder`].
     pub fn lookup_interval(mut self, interval: Duration) -> Self {
@@ -365,11 +387,12 @@ impl SentinelConnectionBuilder {
                 last_lookup: None,
                 checking: false,
             }),
+            found: Arc::new(AtomicU64::new(0)),
         });
         {
             let mut state = inner.lock();
             state.last_lookup = Some(quanta::Instant::now());
-            state.master = spawn(connect(Arc::clone(&inner)));
+            state.master = spawn(connect(Arc::clone(&inner), 0));
         }
         Ok(SentinelConnection { inner })
     }
@@ -425,7 +448,27 @@ impl Inner {
     fn start_lookup(self: &Arc<Self>, mut state: MutexGuard<'_, State>) {
         state.generation += 1;
         state.last_lookup = Some(quanta::Instant::now());
-        state.master = spawn(connect(Arc::clone(self)));
+        state.master = spawn(connect(Arc::clone(self), state.generation));
+    }
+
+    /// A lookup of `generation` found no master: look again one lookup
+    /// interval later (at least [`MIN_RETRY`]), in the background, unless
+    /// a command has started another lookup meanwhile. So the connection
+    /// finds the promoted replica within an interval of the promotion
+    /// even when no command reaches it (the backend's breaker is open),
+    /// and it stops looking when the connection is dropped.
+    fn retry_later(self: &Arc<Self>, generation: u64) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let inner = Arc::downgrade(self);
+        let wait = self.lookup_interval.max(MIN_RETRY);
+        runtime.spawn(async move {
+            tokio::time::sleep(wait).await;
+            if let Some(inner) = inner.upgrade() {
+                inner.replace(generation);
+            }
+        });
     }
 
     /// The master may be gone without a word: ask the sentinels in the
@@ -461,8 +504,14 @@ impl Inner {
                 "redis sentinel: the master stopped answering and the sentinels name another; moving"
             );
             state.generation += 1;
-            let again = Arc::clone(&inner);
-            state.master = spawn(async move { open(&again, client).await });
+            let (again, generation) = (Arc::clone(&inner), state.generation);
+            state.master = spawn(async move {
+                let opened = open(&again, client).await;
+                if opened.is_err() {
+                    again.retry_later(generation);
+                }
+                opened
+            });
         });
     }
 
@@ -472,15 +521,23 @@ impl Inner {
     }
 }
 
-/// Look the master up and connect to it.
-async fn connect(inner: Arc<Inner>) -> RedisResult<Master> {
-    let client = inner.find_master().await.inspect_err(|err| {
-        tracing::warn!(
-            master_name = %inner.master_name,
-            "redis sentinel: no master found: {err}"
-        );
-    })?;
-    open(&inner, client).await
+/// Look the master up and connect to it (the lookup of `generation`); when
+/// that fails, look again later ([`Inner::retry_later`]).
+async fn connect(inner: Arc<Inner>, generation: u64) -> RedisResult<Master> {
+    let found = match inner.find_master().await {
+        Ok(client) => open(&inner, client).await,
+        Err(err) => {
+            tracing::warn!(
+                master_name = %inner.master_name,
+                "redis sentinel: no master found: {err}"
+            );
+            Err(err)
+        }
+    };
+    if found.is_err() {
+        inner.retry_later(generation);
+    }
+    found
 }
 
 async fn open(inner: &Inner, client: Client) -> RedisResult<Master> {
@@ -489,6 +546,7 @@ async fn open(inner: &Inner, client: Client) -> RedisResult<Master> {
         .get_multiplexed_async_connection_with_config(&inner.config)
         .await?;
     tracing::info!(master = %addr, master_name = %inner.master_name, "redis sentinel: connected to the master");
+    inner.found.fetch_add(1, Ordering::AcqRel);
     Ok(Master { addr, connection })
 }
 
