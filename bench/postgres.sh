@@ -48,7 +48,7 @@ fi
 psql -q "$URL" -c "CREATE SCHEMA $schema"
 
 cargo build --release -p tower-pinned-window-bench --bin postgres_bench --quiet
-bench=target/release/postgres_bench
+bench="${CARGO_TARGET_DIR:-target}"/release/postgres_bench
 table="\"$schema\".\"tpw_counters\""
 # The backend's statement, as the backend runs it for one hit alone (arrays
 # of one counter), with pgbench variables for the key: $1 namespaces, $2

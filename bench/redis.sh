@@ -38,7 +38,7 @@ if [ -n "${REDIS_BENCH:-}" ]; then
   bench=$REDIS_BENCH
 else
   cargo build --release -p tower-pinned-window-bench --bin redis_bench --quiet
-  bench=target/release/redis_bench
+  bench="${CARGO_TARGET_DIR:-target}"/release/redis_bench
 fi
 
 stat() { # the sum of a field over INFO's lines matching a pattern

@@ -20,7 +20,7 @@ CONNECTIONS=${CONNECTIONS:-64}
 PORT=${PORT:-3917}
 
 cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
-server=target/release/wrk_server
+server="${CARGO_TARGET_DIR:-target}"/release/wrk_server
 
 run() { # $1 = LIMIT (on, off, noheaders, static-headers); prints requests/s
   LIMIT=$1 PORT=$PORT taskset -c 0 "$server" >/dev/null &

@@ -22,7 +22,7 @@ SECS=${SECONDS_PER_CASE:-8}
 PORT=${PORT:-3919}
 
 cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
-server=target/release/wrk_server
+server="${CARGO_TARGET_DIR:-target}"/release/wrk_server
 
 printf '%-16s %10s %14s\n' mode requests instr/request
 for mode in ${MODES:-off identity static-headers noheaders on}; do

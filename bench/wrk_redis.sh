@@ -29,7 +29,7 @@ trap 'redis-cli -p "$rport" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$di
 for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
 
 cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
-server=target/release/wrk_server
+server="${CARGO_TARGET_DIR:-target}"/release/wrk_server
 
 run() { # $1 = LIMIT; prints requests/s and errors (non-2xx + socket errors)
   redis-cli -p "$rport" flushall >/dev/null
