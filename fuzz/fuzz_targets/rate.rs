@@ -67,25 +67,25 @@ fuzz_target!(|data: &[u8]| {
             Err(_) => assert!(millis <= 0 || millis as u64 > Window::MAX.as_millis()),
         }
     }
-    if let Ok(secs) = text.trim().parse::<f64>() {
-        if let Ok(window) = Window::try_from_secs_f64(secs) {
-            assert!(secs > 0.0, "{secs}: a window from a non-positive number");
-            // Rounded up to the millisecond, never down.
-            assert!(
-                window.as_duration().as_secs_f64() >= secs * (1.0 - 1e-12),
-                "{secs} -> {window:?}"
-            );
-            check_window(text, window);
-        }
+    if let Ok(secs) = text.trim().parse::<f64>()
+        && let Ok(window) = Window::try_from_secs_f64(secs)
+    {
+        assert!(secs > 0.0, "{secs}: a window from a non-positive number");
+        // Rounded up to the millisecond, never down.
+        assert!(
+            window.as_duration().as_secs_f64() >= secs * (1.0 - 1e-12),
+            "{secs} -> {window:?}"
+        );
+        check_window(text, window);
     }
-    if let Ok(nanos) = text.trim().parse::<u64>() {
-        if let Ok(window) = Window::new(Duration::from_nanos(nanos)) {
-            assert!(
-                window.as_duration() >= Duration::from_nanos(nanos),
-                "rounded down"
-            );
-            check_window(text, window);
-        }
+    if let Ok(nanos) = text.trim().parse::<u64>()
+        && let Ok(window) = Window::new(Duration::from_nanos(nanos))
+    {
+        assert!(
+            window.as_duration() >= Duration::from_nanos(nanos),
+            "rounded down"
+        );
+        check_window(text, window);
     }
 });
 
