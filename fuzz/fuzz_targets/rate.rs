@@ -71,11 +71,11 @@ fuzz_target!(|data: &[u8]| {
         && let Ok(window) = Window::try_from_secs_f64(secs)
     {
         assert!(secs > 0.0, "{secs}: a window from a non-positive number");
-        // Rounded up to the millisecond, never down.
-        assert!(
-            window.as_duration().as_secs_f64() >= secs * (1.0 - 1e-12),
-            "{secs} -> {window:?}"
-        );
+        // Rounded up to the millisecond, never down, from the nanoseconds
+        // a `Duration` holds (fuzz/regressions/rate/: a fraction of a
+        // nanosecond over a whole second is not a fractional millisecond).
+        let nanos = Duration::try_from_secs_f64(secs).expect("in range");
+        assert!(window.as_duration() >= nanos, "{secs} -> {window:?}");
         check_window(text, window);
     }
     if let Ok(nanos) = text.trim().parse::<u64>()

@@ -5,7 +5,7 @@ use http::HeaderMap;
 use ipnet::IpNet;
 
 use super::forwarded::{self, Hop};
-use super::peer_ip::{PeerIp, canonical, canonical_net, peer};
+use super::peer_ip::{PeerIp, canonical, canonical_nets, peer};
 use super::{Key, KeyError, KeyExtractor};
 use crate::error::ConfigError;
 use crate::request::RequestHead;
@@ -108,7 +108,7 @@ impl ClientIp {
     /// Trust the proxies in `net`.
     pub fn trust_net(mut self, net: IpNet) -> Self {
         let mut trusted = self.trusted.to_vec();
-        trusted.push(canonical_net(net));
+        trusted.extend(canonical_nets(net));
         self.trusted = trusted.into();
         self
     }
