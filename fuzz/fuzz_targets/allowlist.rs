@@ -46,7 +46,11 @@ fuzz_target!(|data: &[u8]| {
             .allow(cidr)
             .expect("allowed once");
         for ip in [net.network(), net.broadcast()] {
-            assert!(alone.contains_ip(ip), "{cidr:?} does not hold {ip}");
+            // An IPv6 network wider than a /96 holds no IPv4 address
+            // (fuzz/regressions/allowlist/: `::/80` ends in
+            // ::ffff:255.255.255.255).
+            let wide = net.max_prefix_len() == 128 && held.len() == 1 && is_v4_in_v6(ip);
+            assert!(wide || alone.contains_ip(ip), "{cidr:?} does not hold {ip}");
         }
         for ip in beside(net) {
             // Beside an IPv6 network wider than a /96 may be an IPv4
