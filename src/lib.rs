@@ -202,6 +202,50 @@ pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
 
+/// Entry points for the fuzz targets in `fuzz/` (cargo-fuzz builds with
+/// `--cfg fuzzing`): thin wrappers around internal parsers. Not part of the
+/// API, never built otherwise.
+#[cfg(fuzzing)]
+#[doc(hidden)]
+pub mod fuzzing {
+    /// The hit script's reply, read as the Redis backend reads it.
+    #[cfg(feature = "redis")]
+    pub fn redis_hit_reply(
+        value: redis::Value,
+        key: &[u8],
+    ) -> Result<crate::backend::Hit, crate::backend::BackendError> {
+        crate::backend::redis::fuzzing::hit(value, key)
+    }
+
+    /// The refund script's reply.
+    #[cfg(feature = "redis")]
+    pub fn redis_refund_reply(
+        value: redis::Value,
+        key: &[u8],
+    ) -> Result<bool, crate::backend::BackendError> {
+        crate::backend::redis::fuzzing::refund(value, key)
+    }
+
+    /// The peek script's reply.
+    #[cfg(feature = "redis")]
+    pub fn redis_peek_reply(
+        value: redis::Value,
+        key: &[u8],
+    ) -> Result<Option<crate::backend::Hit>, crate::backend::BackendError> {
+        crate::backend::redis::fuzzing::peek(value, key)
+    }
+
+    /// The batch script's reply for `entries` (storage key, window, hits).
+    #[cfg(feature = "redis")]
+    #[allow(clippy::type_complexity)]
+    pub fn redis_batch_reply(
+        reply: redis::Value,
+        entries: &[(&[u8], u64, u64)],
+    ) -> Result<Vec<Result<crate::backend::Hit, crate::backend::BackendError>>, redis::Value> {
+        crate::backend::redis::fuzzing::batch(reply, entries)
+    }
+}
+
 /// The `redis` crate this crate is built with (feature `redis`), so that
 /// connections and configuration types you pass to
 /// [`RedisBackend`](backend::redis::RedisBackend) come from the same version:

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use super::client_ip::{ClientIp, parse_net};
-use super::peer_ip::{canonical, canonical_net, peer};
+use super::peer_ip::{canonical, canonical_nets, peer};
 use crate::error::ConfigError;
 use crate::request::RequestHead;
 
@@ -87,7 +87,7 @@ impl Allowlist {
     /// ```
     pub fn allow_net(mut self, net: IpNet) -> Self {
         let mut nets = self.nets.to_vec();
-        nets.push(canonical_net(net));
+        nets.extend(canonical_nets(net));
         self.nets = nets.into();
         self
     }
@@ -230,6 +230,34 @@ mod tests {
         assert!(
             mapped.contains_ip("192.0.2.9".parse().unwrap()),
             "a mapped CIDR covers IPv4"
+        );
+        // Found by the allowlist fuzz target (fuzz/regressions/allowlist/):
+        // a network of IPv4-compatible addresses whose first address, `::`,
+        // is not IPv4 held none of the IPv4 addresses inside it.
+        let compatible = Allowlist::new(ClientIp::new()).allow("::/96").unwrap();
+        for inside in [
+            "::255.255.255.255",
+            "::1.2.3.4",
+            "1.2.3.4",
+            "::",
+            "::1",
+            "::0.0.1.1",
+        ] {
+            assert!(
+                compatible.contains_ip(inside.parse().unwrap()),
+                "::/96 holds {inside}"
+            );
+        }
+        for outside in ["::1:0:0", "::2:0:0", "2001:db8::1"] {
+            assert!(
+                !compatible.contains_ip(outside.parse().unwrap()),
+                "::/96 holds {outside}"
+            );
+        }
+        let wide = Allowlist::new(ClientIp::new()).allow("::/64").unwrap();
+        assert!(
+            !wide.contains_ip("::ffff:1.2.3.4".parse().unwrap()),
+            "a wider IPv6 network holds no IPv4 address"
         );
     }
 }

@@ -5,7 +5,7 @@ use http::HeaderMap;
 use ipnet::IpNet;
 
 use super::forwarded::{self, Hop};
-use super::peer_ip::{PeerIp, canonical, canonical_net, peer};
+use super::peer_ip::{PeerIp, canonical, canonical_nets, peer};
 use super::{Key, KeyError, KeyExtractor};
 use crate::error::ConfigError;
 use crate::request::RequestHead;
@@ -120,7 +120,7 @@ impl ClientIp {
     /// [`trust_private`](Self::trust_private)'s example).
     pub fn trust_net(mut self, net: IpNet) -> Self {
         let mut trusted = self.trusted.to_vec();
-        trusted.push(canonical_net(net));
+        trusted.extend(canonical_nets(net));
         self.trusted = trusted.into();
         self
     }

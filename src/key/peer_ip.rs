@@ -134,16 +134,29 @@ fn embedded_v4(v6: Ipv6Addr) -> Option<Ipv4Addr> {
     }
 }
 
-/// A network of IPv4 addresses written in IPv6 (`::ffff:10.0.0.0/104`) as
-/// the IPv4 network it covers.
-pub(super) fn canonical_net(net: IpNet) -> IpNet {
-    match net {
-        IpNet::V6(v6) if v6.prefix_len() >= 96 => match embedded_v4(v6.network()) {
-            Some(v4) => IpNet::new(IpAddr::V4(v4), v6.prefix_len() - 96).unwrap_or(net),
-            None => net,
-        },
-        _ => net,
-    }
+/// `net` as the networks that hold the same canonical addresses: the net
+/// itself, and when it lies in a range of IPv4 carried in IPv6 (mapped
+/// `::ffff:0:0/96`, translated `::ffff:0:0:0/96`, compatible `::/96`), the
+/// IPv4 network it covers (`::ffff:10.0.0.0/104` is `10.0.0.0/8`, `::/96`
+/// is `0.0.0.0/0`). Canonical addresses there are IPv4, so only the IPv4
+/// network holds them, even when the net's first address is not one (`::`
+/// is not IPv4, but `::/96` holds `::255.255.255.255`). A wider IPv6
+/// network (`::/64`, `::/0`) is an IPv6 network: it holds no IPv4 address.
+pub(super) fn canonical_nets(net: IpNet) -> impl Iterator<Item = IpNet> {
+    let v4_parts = match net {
+        IpNet::V6(v6) => [0xffff_u128 << 32, 0xffff_0000 << 32, 0].map(|base| {
+            let range = ipnet::Ipv6Net::new(Ipv6Addr::from(base), 96).expect("a /96");
+            if !range.contains(&v6) {
+                return None;
+            }
+            let start = Ipv4Addr::from((u128::from(v6.network()) & 0xffff_ffff) as u32);
+            ipnet::Ipv4Net::new(start, v6.prefix_len() - 96)
+                .ok()
+                .map(IpNet::V4)
+        }),
+        IpNet::V4(_) => [None; 3],
+    };
+    std::iter::once(net).chain(v4_parts.into_iter().flatten())
 }
 
 /// `a.b.c.d`, written without the formatting machinery (this runs on every

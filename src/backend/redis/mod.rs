@@ -21,6 +21,10 @@ mod conn;
 mod reply;
 mod script;
 
+// The reply parsers, for the fuzz targets only (see src/lib.rs).
+#[cfg(fuzzing)]
+pub(crate) use self::reply::fuzzing;
+
 pub use audit::AuditReport;
 pub use conn::breaker::{
     BREAKER_FIRST_PROBE, BREAKER_SLOW_CALL, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,

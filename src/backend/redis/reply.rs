@@ -142,6 +142,33 @@ fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Hit, Ba
     }
 }
 
+/// The parsers above, for the fuzz targets (`fuzz/`): built only under
+/// `--cfg fuzzing`, which cargo-fuzz passes, and reached through the
+/// crate's hidden `fuzzing` module.
+#[cfg(fuzzing)]
+pub(crate) mod fuzzing {
+    use super::{BackendError, Hit, Value};
+
+    pub(crate) fn hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
+        super::parse_hit(value, key)
+    }
+
+    pub(crate) fn refund(value: Value, key: &[u8]) -> Result<bool, BackendError> {
+        super::parse_refund(value, key)
+    }
+
+    pub(crate) fn peek(value: Value, key: &[u8]) -> Result<Option<Hit>, BackendError> {
+        super::parse_peek(value, key)
+    }
+
+    pub(crate) fn batch(
+        reply: Value,
+        entries: &[(&[u8], u64, u64)],
+    ) -> Result<Vec<Result<Hit, BackendError>>, Value> {
+        super::parse_batch(reply, entries)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,0 +1,211 @@
+//! The Redis backend's reply parsers: the hit, refund and peek scripts'
+//! replies, and the batch script's, fed `redis::Value` trees built from the
+//! input with `arbitrary` (every RESP2 and RESP3 shape but server errors,
+//! nested up to the input's length).
+//!
+//! Checked: no panic; a reply of the expected shape is read exactly (its
+//! count, its time left, its deadline), and anything else is an error: a
+//! malformed reply never gives a count, nor a wrong one. A batch gives one
+//! result per entry, or the reply back whole.
+#![no_main]
+
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use arbitrary::{Arbitrary, Unstructured};
+use libfuzzer_sys::fuzz_target;
+use tower_pinned_window::fuzzing::{
+    redis_batch_reply, redis_hit_reply, redis_peek_reply, redis_refund_reply,
+};
+use tower_pinned_window::redis::Value;
+
+/// A `redis::Value`, as `arbitrary` can build it.
+#[derive(Debug, Arbitrary)]
+enum Resp {
+    Nil,
+    Int(i64),
+    /// Small counts and times, which the parsers' checks are about.
+    SmallInt(i8),
+    BulkString(Vec<u8>),
+    Digits(u64),
+    Array(Vec<Resp>),
+    SimpleString(String),
+    Okay,
+    Map(Vec<(Resp, Resp)>),
+    Set(Vec<Resp>),
+    Double(f64),
+    Boolean(bool),
+    BigNumber(Vec<u8>),
+}
+
+impl From<Resp> for Value {
+    fn from(resp: Resp) -> Self {
+        let all = |items: Vec<Resp>| items.into_iter().map(Value::from).collect();
+        match resp {
+            Resp::Nil => Value::Nil,
+            Resp::Int(n) => Value::Int(n),
+            Resp::SmallInt(n) => Value::Int(n.into()),
+            Resp::BulkString(bytes) => Value::BulkString(bytes),
+            Resp::Digits(n) => Value::BulkString(n.to_string().into_bytes()),
+            Resp::Array(items) => Value::Array(all(items)),
+            Resp::SimpleString(text) => Value::SimpleString(text),
+            Resp::Okay => Value::Okay,
+            Resp::Map(pairs) => Value::Map(
+                pairs
+                    .into_iter()
+                    .map(|(k, v)| (k.into(), v.into()))
+                    .collect(),
+            ),
+            Resp::Set(items) => Value::Set(all(items)),
+            Resp::Double(x) => Value::Double(x),
+            Resp::Boolean(b) => Value::Boolean(b),
+            Resp::BigNumber(bytes) => Value::BigNumber(bytes),
+        }
+    }
+}
+
+#[derive(Debug, Arbitrary)]
+struct Input {
+    single: Resp,
+    /// The batch's entries: (window, hits) each; at most 8 are used.
+    entries: Vec<(u64, u64)>,
+    /// Whether the batch reply is built to have the expected length.
+    sized: bool,
+    clock: i64,
+    batch: Vec<(Resp, Resp)>,
+}
+
+const KEY: &[u8] = b"tpw:api{203.0.113.7}";
+
+fuzz_target!(|data: &[u8]| {
+    let Ok(input) = Input::arbitrary_take_rest(Unstructured::new(data)) else {
+        return;
+    };
+    let single = Value::from(input.single);
+
+    match redis_hit_reply(single.clone(), KEY) {
+        Ok(hit) => match &single {
+            Value::Array(items)
+                if matches!(
+                    items.as_slice(),
+                    [Value::Int(_), Value::Int(_), Value::Int(_)]
+                ) =>
+            {
+                let [Value::Int(count), Value::Int(ttl), Value::Int(deadline)] = items.as_slice()
+                else {
+                    unreachable!()
+                };
+                assert!(*count >= 1 && *ttl >= 0, "{single:?}");
+                assert_eq!(hit.count, *count as u64);
+                assert_eq!(hit.reset, Duration::from_millis(*ttl as u64));
+                assert_eq!(
+                    hit.deadline,
+                    u64::try_from(*deadline).ok().and_then(NonZeroU64::new)
+                );
+            }
+            _ => panic!("a hit {hit:?} read from {single:?}"),
+        },
+        Err(err) => {
+            let _ = err.to_string();
+        }
+    }
+
+    match redis_refund_reply(single.clone(), KEY) {
+        Ok(taken) => assert!(
+            matches!(
+                (&single, taken),
+                (Value::Int(1), true) | (Value::Int(0), false)
+            ),
+            "refund {taken} read from {single:?}"
+        ),
+        Err(err) => {
+            let _ = err.to_string();
+        }
+    }
+
+    match redis_peek_reply(single.clone(), KEY) {
+        Ok(None) => assert!(
+            matches!(&single, Value::Array(v) if v.is_empty()),
+            "{single:?}"
+        ),
+        Ok(Some(hit)) => match &single {
+            Value::Array(items) => match items.as_slice() {
+                [Value::BulkString(digits), Value::Int(ttl)] => {
+                    let text = std::str::from_utf8(digits).expect("digits are text");
+                    assert_eq!(text.parse::<u64>(), Ok(hit.count), "{single:?}");
+                    let reset = u64::try_from(*ttl).map_or(Duration::MAX, Duration::from_millis);
+                    assert_eq!(hit.reset, reset);
+                    assert_eq!(hit.deadline, None);
+                }
+                _ => panic!("a peek {hit:?} read from {single:?}"),
+            },
+            _ => panic!("a peek {hit:?} read from {single:?}"),
+        },
+        Err(err) => {
+            let _ = err.to_string();
+        }
+    }
+
+    // The batch: [clock, count, deadline, count, deadline, ...].
+    let entries: Vec<(&[u8], u64, u64)> = input
+        .entries
+        .iter()
+        .take(8)
+        .map(|&(window, hits)| (KEY, window, hits))
+        .collect();
+    let mut items = vec![Value::Int(input.clock)];
+    for (count, when) in input.batch {
+        items.push(count.into());
+        items.push(when.into());
+    }
+    if input.sized {
+        items.resize(1 + 2 * entries.len(), Value::Nil);
+    }
+    let reply = Value::Array(items.clone());
+    match redis_batch_reply(reply.clone(), &entries) {
+        Err(back) => {
+            // Compared as printed: a NaN is not equal to itself.
+            assert_eq!(
+                format!("{back:?}"),
+                format!("{reply:?}"),
+                "the reply is given back whole"
+            );
+            assert!(
+                items.len() != 1 + 2 * entries.len() || input.clock < -1,
+                "{reply:?} refused"
+            );
+        }
+        Ok(results) => {
+            assert_eq!(items.len(), 1 + 2 * entries.len(), "{reply:?} read");
+            assert!(input.clock >= -1);
+            assert_eq!(results.len(), entries.len(), "one result per entry");
+            let clock = u64::try_from(input.clock).ok();
+            for (result, pair) in results.iter().zip(items[1..].chunks_exact(2)) {
+                match (result, pair) {
+                    (Ok(hit), [Value::Int(count), Value::Int(when)]) => {
+                        assert!(*count >= 1 && *when >= 0, "{pair:?} read as {hit:?}");
+                        assert_eq!(hit.count, *count as u64, "{pair:?}: a wrong count");
+                        let when = *when as u64;
+                        match clock {
+                            Some(now) => {
+                                assert_eq!(
+                                    hit.reset,
+                                    Duration::from_millis(when.saturating_sub(now))
+                                );
+                                assert_eq!(hit.deadline, NonZeroU64::new(when));
+                            }
+                            None => {
+                                assert_eq!(hit.reset, Duration::from_millis(when));
+                                assert_eq!(hit.deadline, None);
+                            }
+                        }
+                    }
+                    (Ok(hit), _) => panic!("{pair:?} read as {hit:?}"),
+                    (Err(err), _) => {
+                        let _ = err.to_string();
+                    }
+                }
+            }
+        }
+    }
+});
