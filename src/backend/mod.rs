@@ -23,6 +23,54 @@
 //! the hit names by its [deadline](Hit::deadline). Once that window has
 //! closed or a new one has opened, a refund does nothing.
 //!
+//! # Costs, lockouts and amends
+//!
+//! [`Backend::spend_all`] is the one atomic step for a request with a
+//! [`Spend`]: a cost, a window opened for a charge to come, or a lockout.
+//! For each counter, with `c` its count (0 when it has none) and `L` its
+//! quota's limit:
+//!
+//! - a counter under a live lockout does not fit;
+//! - otherwise it fits when `c + max(cost, 1) <= L`: a cost of 0 is a check,
+//!   admitted while the counter is under its limit, as a hit of 1 would be.
+//!
+//! **All or nothing.** When every counter fits, each one gets `cost` added
+//! (a counter it creates gets its quota's window as its lifetime, in the same
+//! step; with a cost of 0 a counter is created, at 0, only when
+//! [`Spend::open`] asks for it). When any counter does not fit, nothing is
+//! added to any of them: **a denied request spends nothing**. With
+//! [`Spend::block`] set, each counter that did not fit and is not yet locked
+//! gets a lockout with that lifetime, created in the same step and never
+//! extended: more attempts do not move its end.
+//!
+//! The [`Hits`] report, per counter:
+//!
+//! - a counter that fits: its count after the step (`c + cost`, or `c` when
+//!   nothing was added), the time left in its window, and the window's
+//!   identity in [`Hit::deadline`] when the counter exists;
+//! - a counter that does not fit: a count above its limit (`c + max(cost,
+//!   1)`, or `L + 1` when that is smaller, as for a lockout), the time until
+//!   it can fit again (the lockout's end when locked, else its window's
+//!   end), and `deadline: None`;
+//! - every counter of a denied request: `deadline: None`, since nothing was
+//!   counted, so nothing is ever amended.
+//!
+//! Once the service has answered, [`Backend::amend`] changes the counter a
+//! hit was counted in ([`Amend`]): take back a cost, add a response's
+//! charge, or clear it. Like a refund, an amend never creates a counter,
+//! never gives one a lifetime or changes its lifetime, never takes a count
+//! below zero, and applies only to the window named by the hit: a window is
+//! named by more than its deadline, so a window opened after a
+//! [`reset`](Backend::reset) is never taken for the one before it, even when
+//! both close in the same millisecond. A charge may take a count past its
+//! limit: later requests are denied until the window closes.
+//!
+//! [`Backend::reset`] deletes a counter and its lockout.
+//!
+//! A backend written before these existed answers
+//! [`supports_spend`](Backend::supports_spend) with `false`: a layer that
+//! needs a spend will not build on it.
+//!
 //! Backends here:
 //!
 //! - [`MemoryBackend`], the embedded default: counters in this process;
@@ -239,6 +287,73 @@ pub struct Counter<'a> {
     /// The counter's quota: its window is the lifetime of a new counter; its
     /// limit is a hint a backend may use (the Redis backend's deny cache).
     pub quota: Quota,
+}
+
+/// What a request spends in [`Backend::spend_all`]: see
+/// [costs, lockouts and amends](self#costs-lockouts-and-amends).
+///
+/// ```
+/// use tower_pinned_window::Window;
+/// use tower_pinned_window::backend::Spend;
+/// use std::time::Duration;
+///
+/// let check = Spend::cost(0);
+/// assert!(!check.open && check.block.is_none());
+/// let login = Spend::cost(1).block(Window::new(Duration::from_secs(3600)).unwrap());
+/// assert_eq!(login.cost, 1);
+/// let charged_later = Spend::cost(0).open();
+/// assert!(charged_later.open);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Spend {
+    /// Added to every counter when all of them fit.
+    pub cost: u64,
+    /// With a cost of 0, still create a missing counter (at 0, with its
+    /// window): the window is pinned to this request, and a charge after
+    /// the answer has a counter to add to.
+    pub open: bool,
+    /// Lock a counter that does not fit for this long, counted from that
+    /// first denial.
+    pub block: Option<crate::quota::Window>,
+}
+
+impl Spend {
+    /// A spend of `cost`, with no lockout.
+    pub const fn cost(cost: u64) -> Self {
+        Self {
+            cost,
+            open: false,
+            block: None,
+        }
+    }
+
+    /// Open a missing counter even at a cost of 0.
+    pub const fn open(mut self) -> Self {
+        self.open = true;
+        self
+    }
+
+    /// Lock a counter that does not fit for `block`.
+    pub const fn block(mut self, block: crate::quota::Window) -> Self {
+        self.block = Some(block);
+        self
+    }
+}
+
+/// What [`Backend::amend`] does to the counter a hit was counted in, once the
+/// answer is known: see [costs, lockouts and amends](self#costs-lockouts-and-amends).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Amend {
+    /// Take back this much (a request's cost, when its answer does not
+    /// count); never below zero.
+    Refund(u64),
+    /// Add this much (a response's charge); it may take the count past
+    /// the limit.
+    Charge(u64),
+    /// Delete the counter (a success that resets a run of failures).
+    Clear,
 }
 
 /// The outcome of one [`Backend::hit_all`]: a [`Hit`] per counter, in order.
@@ -469,6 +584,42 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// store cannot tell a second refund of one hit from the refund of
     /// another.
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund;
+
+    /// The one atomic step for a request with a [`Spend`]: see
+    /// [costs, lockouts and amends](self#costs-lockouts-and-amends). Every
+    /// backend of this crate implements it; the default answers no hit at
+    /// all, for a backend written before it (whose
+    /// [`supports_spend`](Backend::supports_spend) is `false`).
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Self::Future {
+        let _ = (counters, spend);
+        self.hit_all(key, &[])
+    }
+
+    /// Change the counter `hit` was counted in, in one atomic step and only
+    /// in that window: `Ok(true)` when it changed. See
+    /// [costs, lockouts and amends](self#costs-lockouts-and-amends). The
+    /// default does a [refund](Backend::refund) of 1 and nothing else.
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Self::Refund {
+        match amend {
+            Amend::Refund(1) => self.refund(namespace, key, hit),
+            _ => self.refund(
+                namespace,
+                key,
+                &Hit {
+                    deadline: None,
+                    ..*hit
+                },
+            ),
+        }
+    }
+
+    /// Whether [`spend_all`](Backend::spend_all) and
+    /// [`amend`](Backend::amend) keep the contract: every backend of this
+    /// crate does. A layer with a cost, a charge, a lockout or a reset on
+    /// success does not build on a backend that answers `false`.
+    fn supports_spend(&self) -> bool {
+        false
+    }
 
     /// The counter as it stands, without counting; `None` when there is no
     /// live counter.
