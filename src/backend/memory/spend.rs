@@ -253,7 +253,6 @@ impl MemoryBackend {
                 n > 0
             }
             Amend::Clear => {
-                drop(entry);
                 slots.remove(hash, &id);
                 self.note_removed(deadline);
                 true
