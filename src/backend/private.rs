@@ -8,7 +8,7 @@ use std::sync::Arc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{Backend, BackendError, Counter, Hit};
+use super::{Amend, Backend, BackendError, Counter, Hit, Spend};
 use crate::error::ConfigError;
 use crate::key::{Key, PRIVATE_KEY_MARK};
 
@@ -170,6 +170,18 @@ impl<B: Backend> Backend for PrivateKeys<B> {
 
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> B::Refund {
         self.inner.refund(namespace, &self.digest(key), hit)
+    }
+
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> B::Future {
+        self.inner.spend_all(&self.digest(key), counters, spend)
+    }
+
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> B::Refund {
+        self.inner.amend(namespace, &self.digest(key), hit, amend)
+    }
+
+    fn supports_spend(&self) -> bool {
+        self.inner.supports_spend()
     }
 
     fn peek(

@@ -1,6 +1,7 @@
 //! The in-memory backend: counters in this process, bounded, sharded.
 
 mod clock;
+mod spend;
 
 use std::future::{Ready, ready};
 use std::num::{NonZeroU64, NonZeroUsize};
@@ -10,7 +11,7 @@ use std::time::Duration;
 
 use super::expiring::id::{Id, KeyBytes, Scratch};
 use super::expiring::{Entry, Shard, Table};
-use super::{Backend, BackendError, Counter, Hit, Hits};
+use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend};
 use crate::error::ConfigError;
 use crate::key::Key;
 #[cfg(test)]
@@ -118,6 +119,15 @@ pub struct MemoryBackend {
 struct Inner {
     /// Each counter's count, until its window's deadline.
     table: Table<AtomicU64>,
+    /// Each lockout, until its end: a table of its own, so a lockout never
+    /// meets a counter.
+    locks: Table<()>,
+    /// The deadline of the last live counter a reset or a clear removed: a
+    /// window opened at the same instant gets a deadline a nanosecond
+    /// earlier, so that a refund or an amend meant for the removed window
+    /// never lands on the new one (a paused test clock can open both in one
+    /// instant).
+    removed: AtomicU64,
     max_keys: usize,
     clock: Clock,
 }
@@ -264,6 +274,8 @@ impl MemoryBackendBuilder {
         MemoryBackend {
             inner: Arc::new(Inner {
                 table: Table::new(self.max_keys, self.shards, MIN_KEYS_PER_SHARD),
+                locks: Table::new(self.max_keys, self.shards, MIN_KEYS_PER_SHARD),
+                removed: AtomicU64::new(0),
                 max_keys: self.max_keys,
                 clock: if self.tokio_clock {
                     Clock::tokio()
@@ -415,7 +427,7 @@ impl MemoryBackend {
         // is only ever written into a counter this hit creates or restarts,
         // and only computed then. Window::MAX is 3.2e18 ns, so the product
         // cannot overflow.
-        let opened = || now.saturating_add(window.as_millis() * 1_000_000);
+        let opened = || self.opened(now, window);
         let mut slots = self.inner.table.write(shard);
         if let Some(mut entry) = slots.find(hash, &id) {
             if entry.get().deadline() > now {
@@ -433,6 +445,23 @@ impl MemoryBackend {
         let deadline = opened();
         slots.insert(hash, id, Entry::new(deadline, AtomicU64::new(1)));
         Some(CountAndDeadline::first(deadline))
+    }
+
+    /// The deadline of a window opened at `now`: `window` later, or a
+    /// nanosecond earlier when that is the deadline of the window a reset
+    /// just removed (see [`Inner::removed`]).
+    fn opened(&self, now: u64, window: Window) -> u64 {
+        let deadline = now.saturating_add(window.as_millis() * 1_000_000);
+        if deadline == self.inner.removed.load(Ordering::Relaxed) {
+            deadline - 1
+        } else {
+            deadline
+        }
+    }
+
+    /// A live counter closing at `deadline` was removed.
+    fn note_removed(&self, deadline: u64) {
+        self.inner.removed.store(deadline, Ordering::Relaxed);
     }
 
     fn peek_at(&self, now: u64, namespace: &str, key: &Key) -> Option<Hit> {
@@ -479,10 +508,15 @@ impl MemoryBackend {
         let mut scratch = Scratch::new();
         let id = table.id(namespace, KeyBytes::of(key), &mut scratch);
         let (hash, shard) = table.locate(&id);
-        table
+        let removed = table
             .write(shard)
             .remove(hash, &id)
-            .is_some_and(|entry| entry.deadline() > now)
+            .filter(|entry| entry.deadline() > now);
+        if let Some(entry) = &removed {
+            self.note_removed(entry.deadline());
+        }
+        let unlocked = self.unlock_at(now, namespace, key);
+        removed.is_some() || unlocked
     }
 }
 
@@ -559,6 +593,21 @@ impl Backend for MemoryBackend {
             .deadline
             .is_some_and(|deadline| self.refund_at(self.now(), namespace, key, deadline.get()));
         ready(Ok(refunded))
+    }
+
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Self::Future {
+        ready(self.spend_at(self.now(), key, counters, spend))
+    }
+
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Self::Refund {
+        let amended = hit.deadline.is_some_and(|deadline| {
+            self.amend_at(self.now(), namespace, key, deadline.get(), amend)
+        });
+        ready(Ok(amended))
+    }
+
+    fn supports_spend(&self) -> bool {
+        true
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
