@@ -1633,10 +1633,50 @@ fn the_batch_script_refuses_bad_arguments_and_writes_nothing_for_them() {
     assert!((25_000..=30_000).contains(&good3), "{good3}");
 }
 
+/// Issue 23, defect 6a: a hit, a reset, a hit, then the refund of the first
+/// hit. Both windows close in the same millisecond for most keys of such a
+/// loop; the refund must still leave the new window's hit counted.
+async fn a_refund_after_a_reset_never_takes_the_new_windows_hit() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_refund_after_a_reset_never_takes_the_new_windows_hit"
+    ));
+    for coalesce in [true, false] {
+        let store = RedisBackend::builder(manager(&server).await)
+            .deny_cache(0)
+            .coalesce(coalesce)
+            .build();
+        let q = quota(10, Duration::from_secs(60));
+        let mut taken = 0;
+        for i in 0..200 {
+            let key = Key::new(format!("k{i}-{coalesce}"));
+            let first = store.hit("n", &key, q).await.unwrap();
+            assert!(store.reset("n", &key).await.unwrap());
+            let second = store.hit("n", &key, q).await.unwrap();
+            assert_eq!(second.count, 1);
+            if store.refund("n", &key, &first).await.unwrap() {
+                taken += 1;
+            }
+            assert_eq!(
+                store.peek("n", &key).await.unwrap().map(|h| h.count),
+                Some(1),
+                "key {i}: the new window lost its hit"
+            );
+            // The new window's own hit is still refunded.
+            assert!(store.refund("n", &key, &second).await.unwrap(), "key {i}");
+        }
+        assert_eq!(taken, 0, "refunds that took the new window's hit");
+    }
+}
+
 /// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![
+        trial::current(
+            "a_refund_after_a_reset_never_takes_the_new_windows_hit",
+            Needs::Redis,
+            a_refund_after_a_reset_never_takes_the_new_windows_hit,
+        ),
         trial::current(
             "the_window_is_pinned_and_denials_carry_retry_after",
             Needs::Redis,
