@@ -55,11 +55,11 @@ use tokio::sync::oneshot;
 
 use self::coalesce::{Batcher, Enqueued};
 use self::conn::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
-use self::reply::{parse_hit, parse_peek, parse_refund};
-use self::script::{HIT, PEEK, REFUND};
+use self::reply::{parse_hit, parse_peek, parse_refund, parse_spend};
+use self::script::{AMEND, HIT, PEEK, RESET, SPEND, Size, U64_DIGITS};
 use super::deny_cache::DenyCache;
 use super::result_or_call::ResultOrCall;
-use super::{Backend, BackendError, Counter, Hit, Hits, storage_key};
+use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, storage_key};
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::{Quota, Window};
@@ -910,24 +910,108 @@ where
         ))))
     }
 
-    /// One `EVALSHA` of the refund script, which compares the counter's
-    /// `PEXPIRETIME` with the hit's deadline and decrements only a positive
-    /// count of that same window. A hit with no deadline (answered by the
-    /// deny cache, or counted on a server older than 7.0) is not sent.
-    /// Once Redis has answered, the key is dropped from this instance's deny
-    /// cache, so the next hit asks Redis again.
+    /// [`amend`](Backend::amend) with a refund of 1.
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> RedisRefund {
+        self.amend(namespace, key, hit, Amend::Refund(1))
+    }
+
+    /// One `EVALSHA` of the spend script on the key's counters and their
+    /// lockouts (one hash tag, so one slot of a Cluster): all or nothing,
+    /// as the [contract](crate::backend#costs-lockouts-and-amends) says.
+    /// A spend goes straight to Redis: it is not coalesced with other
+    /// hits, and the local deny cache neither answers it nor remembers its
+    /// denials. Needs Redis 7.0 (`PEXPIRETIME`).
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> RedisHit {
+        let keys: SmallVec<[(Vec<u8>, Vec<u8>); 2]> = counters
+            .iter()
+            .map(|c| {
+                (
+                    self.storage_key(c.namespace, key),
+                    storage_key::encode_lockout(&self.inner.prefix, c.namespace, key),
+                )
+            })
+            .collect();
+        let limits: SmallVec<[(u64, u64); 2]> = counters
+            .iter()
+            .map(|c| (c.quota.limit(), c.quota.window().as_millis()))
+            .collect();
+        let block = spend.block.map_or(0, |b| b.as_millis());
+        let this = self.clone();
+        RedisHit(HitStep::NotQueued(ResultOrCall::Remote(Box::pin(
+            async move {
+                let Some((first, _)) = keys.first() else {
+                    return Ok(Hits::new());
+                };
+                let size = Size {
+                    keys: 2 * keys.len(),
+                    args: 3 + 4 * keys.len(),
+                    bytes: keys.iter().map(|(c, l)| c.len() + l.len()).sum::<usize>()
+                        + (3 + 2 * keys.len()) * U64_DIGITS,
+                };
+                let reply = SPEND
+                    .run(&mut this.inner.connection.for_key(first), size, |cmd| {
+                        for (counter, lock) in &keys {
+                            cmd.arg(counter).arg(lock);
+                        }
+                        cmd.arg(spend.cost).arg(u8::from(spend.open)).arg(block);
+                        for (limit, window) in &limits {
+                            cmd.arg(limit).arg(window);
+                        }
+                    })
+                    .await
+                    .map_err(unavailable)?;
+                let stored: SmallVec<[&[u8]; 2]> = keys.iter().map(|(c, _)| c.as_slice()).collect();
+                parse_spend(reply, &stored)
+            },
+        ))))
+    }
+
+    /// One `EVALSHA` of the amend script, which finds the hit's window by
+    /// the counter's `PEXPIRETIME` and, when a window of the same deadline
+    /// was deleted (a [`reset`](Backend::reset) or a clear), by the hit's
+    /// instant against the deletion's (the reset marker): a window opened
+    /// after a reset is never taken for the one before it. A hit with no
+    /// deadline (answered by the deny cache, denied, or counted on a server
+    /// older than 7.0) is not sent. Once Redis has answered, the key is
+    /// dropped from this instance's deny cache, so the next hit asks Redis
+    /// again.
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> RedisRefund {
         let Some(deadline) = hit.deadline else {
             return RedisRefund(ResultOrCall::Ready(Some(Ok(false))));
         };
+        let (op, amount) = match amend {
+            Amend::Refund(n) => ("refund", n),
+            Amend::Charge(n) => ("charge", n),
+            Amend::Clear => ("clear", 0),
+        };
+        // The hit's instant on the server's clock: its deadline less the
+        // time it had left, both in microseconds (the scripts count the time
+        // left from the clock they read at the hit).
+        let instant = u128::from(deadline.get())
+            .saturating_mul(1000)
+            .saturating_sub(hit.reset.as_micros());
+        let instant = u64::try_from(instant).unwrap_or(u64::MAX);
         let storage_key = self.storage_key(namespace, key);
+        let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
         let (this, namespace, key) = (self.clone(), Box::<str>::from(namespace), key.clone());
         RedisRefund(ResultOrCall::Remote(Box::pin(async move {
-            let reply = REFUND
-                .run_on_key(
+            let size = Size {
+                keys: 2,
+                args: 6,
+                bytes: storage_key.len() + marker.len() + 4 * U64_DIGITS,
+            };
+            let reply = AMEND
+                .run(
                     &mut this.inner.connection.for_key(&storage_key),
-                    &storage_key,
-                    Some(deadline.get()),
+                    size,
+                    |cmd| {
+                        cmd.arg(&storage_key)
+                            .arg(&marker)
+                            .arg(op)
+                            .arg(amount)
+                            .arg(deadline.get())
+                            .arg(instant);
+                    },
                 )
                 .await
                 .map_err(unavailable);
@@ -936,6 +1020,10 @@ where
             }
             parse_refund(reply?, &storage_key)
         })))
+    }
+
+    fn supports_spend(&self) -> bool {
+        true
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
@@ -956,12 +1044,31 @@ where
         if let Some(deny) = &self.inner.deny {
             deny.remove(namespace, key.as_bytes());
         }
-        let mut connection = self.inner.connection.for_key(&storage_key);
-        let deleted: i64 = ::redis::cmd("DEL")
-            .arg(&storage_key)
-            .query_async(&mut connection)
+        let lock = storage_key::encode_lockout(&self.inner.prefix, namespace, key);
+        let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
+        let size = Size {
+            keys: 3,
+            args: 3,
+            bytes: storage_key.len() + lock.len() + marker.len(),
+        };
+        let reply = RESET
+            .run(
+                &mut self.inner.connection.for_key(&storage_key),
+                size,
+                |cmd| {
+                    cmd.arg(&storage_key).arg(&lock).arg(&marker);
+                },
+            )
             .await
             .map_err(unavailable)?;
+        let deleted = match reply {
+            ::redis::Value::Int(n) => n,
+            other => {
+                return Err(BackendError::Unavailable(
+                    format!("unexpected reset reply {other:?}").into(),
+                ));
+            }
+        };
         Ok(deleted > 0)
     }
 }

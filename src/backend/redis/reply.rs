@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ::redis::Value;
 
-use crate::backend::{BackendError, Hit};
+use crate::backend::{BackendError, Hit, Hits};
 
 /// A counter that holds something else than a count, named by its storage
 /// key.
@@ -18,8 +18,8 @@ pub(super) fn corrupt(key: &[u8], detail: String) -> BackendError {
     }
 }
 
-/// The reply of the hit script: `{count, PTTL, PEXPIRETIME}`, or `{reason}`
-/// for a corrupt counter.
+/// The reply of the hit script: `{count, microseconds left, PEXPIRETIME}`,
+/// or `{reason}` for a corrupt counter.
 pub(super) fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
     match value {
         Value::Array(items) => match items.as_slice() {
@@ -28,7 +28,7 @@ pub(super) fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
             {
                 Ok(Hit {
                     count: *count as u64,
-                    reset: Duration::from_millis(*ttl as u64),
+                    reset: Duration::from_micros(*ttl as u64),
                     deadline: u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
                 })
             }
@@ -122,7 +122,7 @@ fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Hit, Ba
             Ok(match clock {
                 Some(now) => Hit {
                     count,
-                    reset: Duration::from_millis(when.saturating_sub(now)),
+                    reset: Duration::from_micros(when.saturating_mul(1000).saturating_sub(now)),
                     deadline: NonZeroU64::new(when),
                 },
                 None => Hit {
@@ -139,6 +139,54 @@ fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Hit, Ba
             String::from_utf8_lossy(err).into_owned().into(),
         )),
         _ => Err(corrupt(key, format!("unexpected script reply {item:?}"))),
+    }
+}
+
+/// The reply of the spend script: `[admitted, count, µs left, deadline,
+/// ...]` with one triple per counter (deadline -1 when nothing was counted),
+/// or `[-1, i, reason]` when counter `i` (from 1) is corrupt.
+pub(super) fn parse_spend(value: Value, keys: &[&[u8]]) -> Result<Hits, BackendError> {
+    let Value::Array(items) = value else {
+        return Err(corrupt(
+            keys.first().copied().unwrap_or_default(),
+            format!("unexpected script reply {value:?}"),
+        ));
+    };
+    let unexpected = |items: &[Value]| {
+        corrupt(
+            keys.first().copied().unwrap_or_default(),
+            format!("unexpected script reply {items:?}"),
+        )
+    };
+    match items.as_slice() {
+        [Value::Int(-1), Value::Int(i), Value::BulkString(reason)] => {
+            let key = usize::try_from(*i)
+                .ok()
+                .and_then(|i| keys.get(i.checked_sub(1)?))
+                .copied()
+                .unwrap_or_default();
+            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+        }
+        [Value::Int(admitted @ (0 | 1)), rest @ ..] if rest.len() == 3 * keys.len() => rest
+            .chunks_exact(3)
+            .map(|entry| match entry {
+                [Value::Int(count), Value::Int(left), Value::Int(deadline)]
+                    if *count >= 0 && *left >= 0 && *deadline >= -1 =>
+                {
+                    Ok(Hit {
+                        count: *count as u64,
+                        reset: Duration::from_micros(*left as u64),
+                        deadline: if *admitted == 1 {
+                            u64::try_from(*deadline).ok().and_then(NonZeroU64::new)
+                        } else {
+                            None
+                        },
+                    })
+                }
+                _ => Err(unexpected(&items)),
+            })
+            .collect(),
+        _ => Err(unexpected(&items)),
     }
 }
 
@@ -181,7 +229,7 @@ mod tests {
                 "fresh",
                 Value::Array(vec![
                     Value::Int(1),
-                    Value::Int(60_000),
+                    Value::Int(60_000_000),
                     Value::Int(1_700_000_060_000),
                 ]),
                 Ok(Hit {
@@ -192,7 +240,7 @@ mod tests {
             ),
             (
                 "a server without PEXPIRETIME",
-                Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(-1)]),
+                Value::Array(vec![Value::Int(2), Value::Int(5_000), Value::Int(-1)]),
                 Ok(Hit {
                     count: 2,
                     reset: Duration::from_millis(5),
@@ -274,7 +322,7 @@ mod tests {
     #[test]
     fn replies_parse() {
         let reply = vec![
-            Value::Int(1_000),
+            Value::Int(1_000_000),
             Value::Int(7),
             Value::Int(1_500),
             Value::Int(-2),
