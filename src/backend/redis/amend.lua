@@ -2,23 +2,24 @@
 -- that window (refund, charge or clear).
 -- KEYS[1]: the counter; KEYS[2]: its reset marker.
 -- ARGV[1]: 'refund', 'charge' or 'clear'; ARGV[2]: how much (refund, charge);
--- ARGV[3]: the hit's deadline (the counter's PEXPIRETIME at the hit, Unix ms);
--- ARGV[4]: the hit's instant on the server's clock (Unix microseconds).
--- A window is named by its deadline and, when a window of the same deadline
--- was deleted (reset, clear), by the hit's instant: the reset marker holds
--- the instant of the last deletion and lives until the deleted window's
--- deadline, so a hit at or before it belongs to a deleted window.
+-- ARGV[3]: the hit's deadline (the counter's PEXPIRETIME at the hit, Unix ms).
+-- A window is named by its deadline and by the reset marker: a reset (or a
+-- clear) that deletes a window leaves a marker that lives until that
+-- window's deadline. A window opened after it with the same deadline (in
+-- the same millisecond as the deleted one was) cannot be told from it by
+-- its hits, so no hit of that deadline is amended while the marker lives:
+-- never the wrong window, at the price of the new window's own amends.
 -- Returns 1 when the counter changed; 0 when there was nothing to change (no
 -- counter, the window closed, another window, a count of zero, an amount of
 -- zero); {reason} for a corrupt counter, left as it is. Never creates a key,
 -- never sets or changes a counter's lifetime (INCRBY, DECRBY keep it).
 local op, amount = ARGV[1], tonumber(ARGV[2])
-local deadline, instant = tonumber(ARGV[3]), tonumber(ARGV[4])
+local deadline = tonumber(ARGV[3])
 if (op ~= 'refund' and op ~= 'charge' and op ~= 'clear') or not amount or amount < 0
     or amount % 1 ~= 0 or not string.find(ARGV[2], '^%d+$') then
   return redis.error_reply('ERR tower-pinned-window: invalid amend ' .. tostring(op) .. ' ' .. tostring(ARGV[2]))
 end
-if not deadline or deadline < 1 or deadline % 1 ~= 0 or not instant or instant < 0 then
+if not deadline or deadline < 1 or deadline % 1 ~= 0 then
   return redis.error_reply('ERR tower-pinned-window: invalid deadline ' .. tostring(ARGV[3]))
 end
 -- -2 for a missing (or expired) key, -1 for one without a lifetime, and
@@ -27,11 +28,8 @@ if redis.call('PEXPIRETIME', KEYS[1]) ~= deadline then
   return 0
 end
 if redis.call('PEXPIRETIME', KEYS[2]) == deadline then
-  local deleted = tonumber(redis.call('GET', KEYS[2]))
-  if deleted and instant <= deleted then
-    -- The hit's window was deleted; this one opened after, in the same ms.
-    return 0
-  end
+  -- A window of this deadline was deleted: the hit may be its.
+  return 0
 end
 local kind = redis.call('TYPE', KEYS[1]).ok
 if kind ~= 'string' then
@@ -42,9 +40,7 @@ if not string.match(value, '^%d+$') then
   return {'value ' .. string.sub(value, 1, 64)}
 end
 if op == 'clear' then
-  local time = redis.call('TIME')
-  local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-  redis.call('SET', KEYS[2], string.format('%d', now), 'PXAT', deadline)
+  redis.call('SET', KEYS[2], '1', 'PXAT', deadline)
   redis.call('DEL', KEYS[1])
   return 1
 end

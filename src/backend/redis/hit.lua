@@ -1,10 +1,8 @@
 -- tower-pinned-window: count one hit in a window pinned to the first hit.
 -- KEYS[1]: the counter. ARGV[1]: the window in milliseconds.
--- Returns {count, microseconds left, deadline}, where the deadline is the
+-- Returns {count, milliseconds left, deadline}, where the deadline is the
 -- counter's absolute expiry in Unix milliseconds (PEXPIRETIME, Redis 7.0;
--- -1 on older servers) and the time left is counted from the server's clock
--- (TIME) at this hit, so that the hit's instant can be told apart from a
--- reset's in the same millisecond; or {reason} for a corrupt counter.
+-- -1 on older servers), or {reason} for a corrupt counter.
 local window = tonumber(ARGV[1])
 if not window or window < 1 or window > 9007199254740991 or window % 1 ~= 0 then
   return redis.error_reply('ERR tower-pinned-window: invalid window ' .. tostring(ARGV[1]))
@@ -32,9 +30,7 @@ if ttl < 0 then
   ttl = window
 end
 local deadline = redis.pcall('PEXPIRETIME', KEYS[1])
-if type(deadline) ~= 'number' or deadline < 0 then
-  return {count, ttl * 1000, -1}
+if type(deadline) ~= 'number' then
+  deadline = -1
 end
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
-return {count, math.max(deadline * 1000 - now, 0), deadline}
+return {count, ttl, deadline}

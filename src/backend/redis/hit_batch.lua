@@ -6,8 +6,8 @@
 -- ARGV[2i]: its window in milliseconds, attached only when the counter has
 -- no lifetime (it was just created, or older code left it without one), in
 -- the same atomic step.
--- Returns a flat array (no table per key): first the server's clock in
--- microseconds (TIME, read once: the instant of every hit of the call) when the counters' deadlines follow, or -1 before Redis
+-- Returns a flat array (no table per key): first the server's clock in ms
+-- (TIME, read once) when the counters' deadlines follow, or -1 before Redis
 -- 7.0, when their times left follow; then two values per key, in order:
 --   count, deadline (or ms left)   after all n hits, which took the counts
 --                                  count-n+1 .. count; the time left is the
@@ -24,8 +24,7 @@
 -- strings by identity), and INCRBY gets the hit count as sent: turning a
 -- number back into text costs Redis more than the command itself.
 local time = redis.call('TIME')
-local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local now = math.floor(now_us / 1000)
+local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 -- nil until the first counter tells whether PEXPIRETIME exists (Redis 7.0).
 local expiretime = nil
 -- A whole number from 1 to max, or nil.
@@ -135,6 +134,6 @@ for i = 1, #KEYS do
   end
 end
 if expiretime ~= false then
-  out[1] = now_us
+  out[1] = now
 end
 return out

@@ -967,10 +967,14 @@ where
     }
 
     /// One `EVALSHA` of the amend script, which finds the hit's window by
-    /// the counter's `PEXPIRETIME` and, when a window of the same deadline
-    /// was deleted (a [`reset`](Backend::reset) or a clear), by the hit's
-    /// instant against the deletion's (the reset marker): a window opened
-    /// after a reset is never taken for the one before it. A hit with no
+    /// the counter's `PEXPIRETIME` and the reset marker: a
+    /// [`reset`](Backend::reset) (or a clear) leaves a marker until the
+    /// deleted window's deadline, and no hit of that deadline is amended
+    /// while it lives. A window opened after a reset is so never taken for
+    /// the one before it, even when both close in the same millisecond; the
+    /// price is that a window opened in the same millisecond as the deleted
+    /// one was (so with the same deadline) keeps its own hits counted:
+    /// they are never refunded or charged. A hit with no
     /// deadline (answered by the deny cache, denied, or counted on a server
     /// older than 7.0) is not sent. Once Redis has answered, the key is
     /// dropped from this instance's deny cache, so the next hit asks Redis
@@ -984,21 +988,14 @@ where
             Amend::Charge(n) => ("charge", n),
             Amend::Clear => ("clear", 0),
         };
-        // The hit's instant on the server's clock: its deadline less the
-        // time it had left, both in microseconds (the scripts count the time
-        // left from the clock they read at the hit).
-        let instant = u128::from(deadline.get())
-            .saturating_mul(1000)
-            .saturating_sub(hit.reset.as_micros());
-        let instant = u64::try_from(instant).unwrap_or(u64::MAX);
         let storage_key = self.storage_key(namespace, key);
         let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
         let (this, namespace, key) = (self.clone(), Box::<str>::from(namespace), key.clone());
         RedisRefund(ResultOrCall::Remote(Box::pin(async move {
             let size = Size {
                 keys: 2,
-                args: 6,
-                bytes: storage_key.len() + marker.len() + 4 * U64_DIGITS,
+                args: 5,
+                bytes: storage_key.len() + marker.len() + 3 * U64_DIGITS,
             };
             let reply = AMEND
                 .run(
@@ -1009,8 +1006,7 @@ where
                             .arg(&marker)
                             .arg(op)
                             .arg(amount)
-                            .arg(deadline.get())
-                            .arg(instant);
+                            .arg(deadline.get());
                     },
                 )
                 .await

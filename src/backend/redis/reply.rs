@@ -28,7 +28,7 @@ pub(super) fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
             {
                 Ok(Hit {
                     count: *count as u64,
-                    reset: Duration::from_micros(*ttl as u64),
+                    reset: Duration::from_millis(*ttl as u64),
                     deadline: u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
                 })
             }
@@ -122,7 +122,7 @@ fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Hit, Ba
             Ok(match clock {
                 Some(now) => Hit {
                     count,
-                    reset: Duration::from_micros(when.saturating_mul(1000).saturating_sub(now)),
+                    reset: Duration::from_millis(when.saturating_sub(now)),
                     deadline: NonZeroU64::new(when),
                 },
                 None => Hit {
@@ -142,7 +142,7 @@ fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Hit, Ba
     }
 }
 
-/// The reply of the spend script: `[admitted, count, µs left, deadline,
+/// The reply of the spend script: `[admitted, count, ms left, deadline,
 /// ...]` with one triple per counter (deadline -1 when nothing was counted),
 /// or `[-1, i, reason]` when counter `i` (from 1) is corrupt.
 pub(super) fn parse_spend(value: Value, keys: &[&[u8]]) -> Result<Hits, BackendError> {
@@ -175,7 +175,7 @@ pub(super) fn parse_spend(value: Value, keys: &[&[u8]]) -> Result<Hits, BackendE
                 {
                     Ok(Hit {
                         count: *count as u64,
-                        reset: Duration::from_micros(*left as u64),
+                        reset: Duration::from_millis(*left as u64),
                         deadline: if *admitted == 1 {
                             u64::try_from(*deadline).ok().and_then(NonZeroU64::new)
                         } else {
@@ -229,7 +229,7 @@ mod tests {
                 "fresh",
                 Value::Array(vec![
                     Value::Int(1),
-                    Value::Int(60_000_000),
+                    Value::Int(60_000),
                     Value::Int(1_700_000_060_000),
                 ]),
                 Ok(Hit {
@@ -240,7 +240,7 @@ mod tests {
             ),
             (
                 "a server without PEXPIRETIME",
-                Value::Array(vec![Value::Int(2), Value::Int(5_000), Value::Int(-1)]),
+                Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(-1)]),
                 Ok(Hit {
                     count: 2,
                     reset: Duration::from_millis(5),
@@ -322,7 +322,7 @@ mod tests {
     #[test]
     fn replies_parse() {
         let reply = vec![
-            Value::Int(1_000_000),
+            Value::Int(1_000),
             Value::Int(7),
             Value::Int(1_500),
             Value::Int(-2),

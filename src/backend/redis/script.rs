@@ -41,8 +41,7 @@ pub const HIT_SCRIPT: &str = include_str!("hit.lua");
 const HIT_BATCH_SCRIPT: &str = include_str!("hit_batch.lua");
 
 /// Refunds, charges or clears the counter a hit was counted in, only in
-/// that window (the counter's `PEXPIRETIME`, and the hit's instant against
-/// the reset marker); never creates a key or touches a lifetime.
+/// that window (the counter's `PEXPIRETIME`, and the reset marker); never creates a key or touches a lifetime.
 const AMEND_SCRIPT: &str = include_str!("amend.lua");
 
 /// A spend, all or nothing, on every counter of a request, with its

@@ -4,7 +4,7 @@
 -- ARGV[1]: the cost; ARGV[2]: '1' to open a missing counter at a cost of 0;
 -- ARGV[3]: the lockout in milliseconds, '0' for none;
 -- ARGV[2+2i]: counter i's limit; ARGV[3+2i]: its window in milliseconds.
--- Returns {1 admitted or 0 denied, then per counter: count, microseconds
+-- Returns {1 admitted or 0 denied, then per counter: count, milliseconds
 -- left, deadline (-1 when nothing was counted)}, or {-1, i, reason} when
 -- counter i is corrupt (nothing written). Needs PEXPIRETIME (Redis 7.0).
 local function whole(sent, max)
@@ -80,12 +80,12 @@ for i = 1, n do
         redis.call('PEXPIREAT', c.key, string.format('%d', expiry))
       end
       deadline = expiry
-      left = math.max(expiry * 1000 - now_us, 0)
+      left = math.max(expiry - now, 0)
     end
   else
     if c.fits then
       if expiry > 0 then
-        left = math.max(expiry * 1000 - now_us, 0)
+        left = math.max(expiry - now, 0)
       end
     else
       count = math.max(count + step, c.limit + 1)
@@ -94,11 +94,11 @@ for i = 1, n do
         c.locked = block
       end
       if c.locked >= 0 then
-        left = c.locked * 1000
+        left = c.locked
       elseif expiry > 0 then
-        left = math.max(expiry * 1000 - now_us, 0)
+        left = math.max(expiry - now, 0)
       else
-        left = c.window * 1000
+        left = c.window
       end
     end
   end
