@@ -186,14 +186,41 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// of one key is in one slot. [`storage_key`](Self::storage_key) gives the
 /// key of a counter.
 ///
+/// Beside a counter, in its slot, two markers may live, each named by the
+/// counter's key and a suffix, so never a counter's key (which always ends
+/// with `}`; see [`storage_key::encode_lockout`]): `tpw:login{203.0.113.7}:lock`,
+/// a lockout ([`Spend::block`]), created with its lifetime in the step that
+/// denied, never extended, and deleted by [`reset`](Backend::reset); and
+/// `tpw:login{203.0.113.7}:reset`, left by a reset (or an
+/// [`Amend::Clear`]) until the deleted window's deadline, so that a window
+/// opened after it is never amended for a hit of the deleted one. Counters
+/// themselves are stored as before this release (a decimal integer with a
+/// lifetime), so counters written by an older release, during a rolling
+/// upgrade, are counted, expire and are refunded as before.
+///
+/// # Spends
+///
+/// [`spend_all`](Backend::spend_all) (costs, a window opened for a charge,
+/// lockouts) and [`amend`](Backend::amend) are each one script call, all or
+/// nothing over the key's counters. They go straight to Redis: they are not
+/// coalesced with other hits, and the local deny cache neither answers a
+/// spend nor remembers its denials (a lockout lives in Redis, for every
+/// instance). A refund or charge after a [`reset`](Backend::reset) never
+/// reaches the window opened after it; when that new window opened in the
+/// same millisecond as the deleted one had (so it closes in the same
+/// millisecond), its own hits are not refunded or charged either: Redis
+/// cannot tell them from the deleted window's, and the hit stays counted.
+///
 /// # Requirements
 ///
-/// Redis 7.0 or later for [`refund`](Backend::refund), which identifies a
-/// window by `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
+/// Redis 7.0 or later for [`refund`](Backend::refund),
+/// [`amend`](Backend::amend) and [`spend_all`](Backend::spend_all), which
+/// identify a window by `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
 /// deadline and are never refunded: the hit stays counted). Tested against
 /// 7.0. An ACL user needs `+evalsha +eval +incr +incrby +decr +decrby +pttl
-/// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds, `+del` for
-/// [`reset`](Backend::reset), and `+scan` for [`audit`](Self::audit) (plus
+/// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds,
+/// `+set` for spends, amends and resets, `+del` for
+/// [`reset`](Backend::reset) and [`Amend::Clear`], and `+scan` for [`audit`](Self::audit) (plus
 /// `+cluster|slots` on a Cluster, and `+cluster|info` for the breakers to
 /// see the Cluster whole again), all on the prefix's keys (`~tpw:*`).
 ///
