@@ -565,6 +565,72 @@ async fn failover_backend(
     RedisBackend::builder(connection).deny_cache(0).build()
 }
 
+/// Concurrent spends of varied costs on one key, from four instances: the
+/// admitted costs add up to no more than the limit, and to exactly the
+/// stored count; a lockout and its counter share the key's slot.
+async fn concurrent_spends_of_varied_costs_are_exact(cluster: &RedisCluster) {
+    use tower_pinned_window::backend::{Counter, Spend};
+    let limit = 1_000;
+    let q = quota(limit, 60);
+    let mut stores = Vec::new();
+    for _ in 0..4 {
+        stores.push(RedisBackend::new(cluster.connection().await));
+    }
+    let tasks: Vec<_> = (0..400u64)
+        .map(|i| {
+            let store = stores[i as usize % 4].clone();
+            tokio::spawn(async move {
+                let cost = 1 + i % 7;
+                let hits = store
+                    .spend_all(
+                        &Key::new("hot"),
+                        &[Counter {
+                            namespace: "x",
+                            quota: q,
+                        }],
+                        Spend::cost(cost),
+                    )
+                    .await
+                    .unwrap();
+                if hits[0].deadline.is_some() { cost } else { 0 }
+            })
+        })
+        .collect();
+    let mut admitted = 0;
+    for task in tasks {
+        admitted += task.await.unwrap();
+    }
+    let peeked = stores[0]
+        .peek("x", &Key::new("hot"))
+        .await
+        .unwrap()
+        .unwrap();
+    eprintln!(
+        "cluster: 400 spends of costs 1..=7 on a limit of {limit} from 4 instances: admitted {admitted}, stored {}",
+        peeked.count
+    );
+    assert!(admitted <= limit, "admitted {admitted}");
+    assert_eq!(admitted, peeked.count);
+    // A lockout on a Cluster: written in the counter's slot, in one step.
+    let lock = Spend::cost(1).block(Window::new(std::time::Duration::from_secs(60)).unwrap());
+    let one = [Counter {
+        namespace: "login",
+        quota: quota(1, 60),
+    }];
+    let key = Key::new("ip");
+    assert_eq!(
+        stores[1].spend_all(&key, &one, lock).await.unwrap()[0].count,
+        1
+    );
+    let denied = stores[2].spend_all(&key, &one, lock).await.unwrap();
+    assert_eq!(denied[0].count, 2);
+    assert!(stores[3].reset("login", &key).await.unwrap());
+    assert_eq!(
+        stores[0].spend_all(&key, &one, lock).await.unwrap()[0].count,
+        1
+    );
+}
+
 /// A trial of `case` on a Cluster of its own.
 macro_rules! on_its_own_cluster {
     ($case:ident) => {
@@ -586,6 +652,7 @@ fn main() {
         on_its_own_cluster!(the_audit_covers_every_master),
         on_its_own_cluster!(client_chosen_keys_reach_no_other_counter_nor_pick_a_slot),
         on_its_own_cluster!(deny_cache_hits_are_never_refunded),
+        on_its_own_cluster!(concurrent_spends_of_varied_costs_are_exact),
         trial::trial(
             "a_failover_stalls_no_healthy_master",
             Needs::Redis,

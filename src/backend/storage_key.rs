@@ -106,6 +106,41 @@ pub fn encode(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
     out
 }
 
+/// The storage key of the lockout marker of `namespace`'s counter for
+/// `key`: the counter's storage key followed by `:lock`. Every counter's
+/// storage key ends with `}`, so a marker never meets a counter, whatever
+/// bytes a client puts in its key; [`encode`] is one-to-one, so two
+/// counters' markers never meet either; the hash tag is the counter's, so a
+/// counter and its markers share a Redis Cluster slot. [`decode`] reads no
+/// marker.
+///
+/// ```
+/// use tower_pinned_window::backend::storage_key::{decode, encode_lockout};
+/// use tower_pinned_window::key::Key;
+///
+/// let lock = encode_lockout(b"tpw:", "login", &Key::new("203.0.113.7"));
+/// assert_eq!(lock, b"tpw:login{203.0.113.7}:lock");
+/// assert_eq!(decode(b"tpw:", &lock), None);
+/// ```
+pub fn encode_lockout(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
+    marker(prefix, namespace, key, b":lock")
+}
+
+/// The storage key of the reset marker of `namespace`'s counter for `key`
+/// (the Redis backend's record of the last deleted window, which tells a
+/// window opened after a reset from the one before it): the counter's
+/// storage key followed by `:reset`, apart from every counter and lockout
+/// for the reasons [`encode_lockout`] gives.
+pub(crate) fn encode_reset_marker(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
+    marker(prefix, namespace, key, b":reset")
+}
+
+fn marker(prefix: &[u8], namespace: &str, key: &Key, suffix: &[u8]) -> Vec<u8> {
+    let mut out = encode(prefix, namespace, key);
+    out.extend_from_slice(suffix);
+    out
+}
+
 /// The namespace and key bytes a storage key was made from, or `None` when
 /// `stored` is not exactly what [`encode`] makes under `prefix` (another
 /// prefix, a missing brace, an escape that `encode` would not write). The
@@ -330,6 +365,36 @@ mod tests {
             prop_assert_eq!(sa == sb, a.0 == b.0 && ka == kb);
             prop_assert_eq!(decode(b"tpw:", &sa), Some((a.0.clone(), ka.as_bytes().to_vec())));
             prop_assert_eq!(decode(b"tpw:", &sb), Some((b.0.clone(), kb.as_bytes().to_vec())));
+        }
+
+        /// Lockout and reset markers never meet a counter or another
+        /// pair's marker, and keep the counter's hash tag.
+        #[test]
+        fn markers_never_meet_a_counter_or_another_pairs_marker(
+            a in (any_name(), any_key()),
+            b in (any_name(), any_key()),
+        ) {
+            let (ka, kb) = (Key::new(&a.1), Key::new(&b.1));
+            let same = a.0 == b.0 && ka == kb;
+            let counter_b = encode(b"tpw:", &b.0, &kb);
+            for (marker_a, marker_b) in [
+                (encode_lockout(b"tpw:", &a.0, &ka), encode_lockout(b"tpw:", &b.0, &kb)),
+                (encode_reset_marker(b"tpw:", &a.0, &ka), encode_reset_marker(b"tpw:", &b.0, &kb)),
+            ] {
+                prop_assert_ne!(&marker_a, &counter_b);
+                prop_assert_eq!(marker_a == marker_b, same);
+                prop_assert_eq!(decode(b"tpw:", &marker_a), None);
+                let tag = |k: &[u8]| {
+                    let open = k.iter().position(|&c| c == b'{').unwrap();
+                    let close = open + k[open..].iter().position(|&c| c == b'}').unwrap();
+                    k[open..=close].to_vec()
+                };
+                prop_assert_eq!(tag(&marker_a), tag(&encode(b"tpw:", &a.0, &ka)));
+            }
+            prop_assert_ne!(
+                encode_lockout(b"tpw:", &a.0, &ka),
+                encode_reset_marker(b"tpw:", &b.0, &kb)
+            );
         }
 
         #[test]

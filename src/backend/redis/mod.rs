@@ -55,11 +55,11 @@ use tokio::sync::oneshot;
 
 use self::coalesce::{Batcher, Enqueued};
 use self::conn::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
-use self::reply::{parse_hit, parse_peek, parse_refund};
-use self::script::{HIT, PEEK, REFUND};
+use self::reply::{parse_hit, parse_peek, parse_refund, parse_spend};
+use self::script::{AMEND, HIT, PEEK, RESET, SPEND, Size, U64_DIGITS};
 use super::deny_cache::DenyCache;
 use super::result_or_call::ResultOrCall;
-use super::{Backend, BackendError, Counter, Hit, Hits, storage_key};
+use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, storage_key};
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::{Quota, Window};
@@ -186,14 +186,41 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// of one key is in one slot. [`storage_key`](Self::storage_key) gives the
 /// key of a counter.
 ///
+/// Beside a counter, in its slot, two markers may live, each named by the
+/// counter's key and a suffix, so never a counter's key (which always ends
+/// with `}`; see [`storage_key::encode_lockout`]): `tpw:login{203.0.113.7}:lock`,
+/// a lockout ([`Spend::block`]), created with its lifetime in the step that
+/// denied, never extended, and deleted by [`reset`](Backend::reset); and
+/// `tpw:login{203.0.113.7}:reset`, left by a reset (or an
+/// [`Amend::Clear`]) until the deleted window's deadline, so that a window
+/// opened after it is never amended for a hit of the deleted one. Counters
+/// themselves are stored as before this release (a decimal integer with a
+/// lifetime), so counters written by an older release, during a rolling
+/// upgrade, are counted, expire and are refunded as before.
+///
+/// # Spends
+///
+/// [`spend_all`](Backend::spend_all) (costs, a window opened for a charge,
+/// lockouts) and [`amend`](Backend::amend) are each one script call, all or
+/// nothing over the key's counters. They go straight to Redis: they are not
+/// coalesced with other hits, and the local deny cache neither answers a
+/// spend nor remembers its denials (a lockout lives in Redis, for every
+/// instance). A refund or charge after a [`reset`](Backend::reset) never
+/// reaches the window opened after it; when that new window opened in the
+/// same millisecond as the deleted one had (so it closes in the same
+/// millisecond), its own hits are not refunded or charged either: Redis
+/// cannot tell them from the deleted window's, and the hit stays counted.
+///
 /// # Requirements
 ///
-/// Redis 7.0 or later for [`refund`](Backend::refund), which identifies a
-/// window by `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
+/// Redis 7.0 or later for [`refund`](Backend::refund),
+/// [`amend`](Backend::amend) and [`spend_all`](Backend::spend_all), which
+/// identify a window by `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
 /// deadline and are never refunded: the hit stays counted). Tested against
 /// 7.0. An ACL user needs `+evalsha +eval +incr +incrby +decr +decrby +pttl
-/// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds, `+del` for
-/// [`reset`](Backend::reset), and `+scan` for [`audit`](Self::audit) (plus
+/// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds,
+/// `+set` for spends, amends and resets, `+del` for
+/// [`reset`](Backend::reset) and [`Amend::Clear`], and `+scan` for [`audit`](Self::audit) (plus
 /// `+cluster|slots` on a Cluster, and `+cluster|info` for the breakers to
 /// see the Cluster whole again), all on the prefix's keys (`~tpw:*`).
 ///
@@ -910,24 +937,104 @@ where
         ))))
     }
 
-    /// One `EVALSHA` of the refund script, which compares the counter's
-    /// `PEXPIRETIME` with the hit's deadline and decrements only a positive
-    /// count of that same window. A hit with no deadline (answered by the
-    /// deny cache, or counted on a server older than 7.0) is not sent.
-    /// Once Redis has answered, the key is dropped from this instance's deny
-    /// cache, so the next hit asks Redis again.
+    /// [`amend`](Backend::amend) with a refund of 1.
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> RedisRefund {
+        self.amend(namespace, key, hit, Amend::Refund(1))
+    }
+
+    /// One `EVALSHA` of the spend script on the key's counters and their
+    /// lockouts (one hash tag, so one slot of a Cluster): all or nothing,
+    /// as the [contract](crate::backend#costs-lockouts-and-amends) says.
+    /// A spend goes straight to Redis: it is not coalesced with other
+    /// hits, and the local deny cache neither answers it nor remembers its
+    /// denials. Needs Redis 7.0 (`PEXPIRETIME`).
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> RedisHit {
+        let keys: SmallVec<[(Vec<u8>, Vec<u8>); 2]> = counters
+            .iter()
+            .map(|c| {
+                (
+                    self.storage_key(c.namespace, key),
+                    storage_key::encode_lockout(&self.inner.prefix, c.namespace, key),
+                )
+            })
+            .collect();
+        let limits: SmallVec<[(u64, u64); 2]> = counters
+            .iter()
+            .map(|c| (c.quota.limit(), c.quota.window().as_millis()))
+            .collect();
+        let block = spend.block.map_or(0, |b| b.as_millis());
+        let this = self.clone();
+        RedisHit(HitStep::NotQueued(ResultOrCall::Remote(Box::pin(
+            async move {
+                let Some((first, _)) = keys.first() else {
+                    return Ok(Hits::new());
+                };
+                let size = Size {
+                    keys: 2 * keys.len(),
+                    args: 3 + 4 * keys.len(),
+                    bytes: keys.iter().map(|(c, l)| c.len() + l.len()).sum::<usize>()
+                        + (3 + 2 * keys.len()) * U64_DIGITS,
+                };
+                let reply = SPEND
+                    .run(&mut this.inner.connection.for_key(first), size, |cmd| {
+                        for (counter, lock) in &keys {
+                            cmd.arg(counter).arg(lock);
+                        }
+                        cmd.arg(spend.cost).arg(u8::from(spend.open)).arg(block);
+                        for (limit, window) in &limits {
+                            cmd.arg(limit).arg(window);
+                        }
+                    })
+                    .await
+                    .map_err(unavailable)?;
+                let stored: SmallVec<[&[u8]; 2]> = keys.iter().map(|(c, _)| c.as_slice()).collect();
+                parse_spend(reply, &stored)
+            },
+        ))))
+    }
+
+    /// One `EVALSHA` of the amend script, which finds the hit's window by
+    /// the counter's `PEXPIRETIME` and the reset marker: a
+    /// [`reset`](Backend::reset) (or a clear) leaves a marker until the
+    /// deleted window's deadline, and no hit of that deadline is amended
+    /// while it lives. A window opened after a reset is so never taken for
+    /// the one before it, even when both close in the same millisecond; the
+    /// price is that a window opened in the same millisecond as the deleted
+    /// one was (so with the same deadline) keeps its own hits counted:
+    /// they are never refunded or charged. A hit with no
+    /// deadline (answered by the deny cache, denied, or counted on a server
+    /// older than 7.0) is not sent. Once Redis has answered, the key is
+    /// dropped from this instance's deny cache, so the next hit asks Redis
+    /// again.
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> RedisRefund {
         let Some(deadline) = hit.deadline else {
             return RedisRefund(ResultOrCall::Ready(Some(Ok(false))));
         };
+        let (op, amount) = match amend {
+            Amend::Refund(n) => ("refund", n),
+            Amend::Charge(n) => ("charge", n),
+            Amend::Clear => ("clear", 0),
+        };
         let storage_key = self.storage_key(namespace, key);
+        let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
         let (this, namespace, key) = (self.clone(), Box::<str>::from(namespace), key.clone());
         RedisRefund(ResultOrCall::Remote(Box::pin(async move {
-            let reply = REFUND
-                .run_on_key(
+            let size = Size {
+                keys: 2,
+                args: 5,
+                bytes: storage_key.len() + marker.len() + 3 * U64_DIGITS,
+            };
+            let reply = AMEND
+                .run(
                     &mut this.inner.connection.for_key(&storage_key),
-                    &storage_key,
-                    Some(deadline.get()),
+                    size,
+                    |cmd| {
+                        cmd.arg(&storage_key)
+                            .arg(&marker)
+                            .arg(op)
+                            .arg(amount)
+                            .arg(deadline.get());
+                    },
                 )
                 .await
                 .map_err(unavailable);
@@ -936,6 +1043,10 @@ where
             }
             parse_refund(reply?, &storage_key)
         })))
+    }
+
+    fn supports_spend(&self) -> bool {
+        true
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
@@ -956,12 +1067,31 @@ where
         if let Some(deny) = &self.inner.deny {
             deny.remove(namespace, key.as_bytes());
         }
-        let mut connection = self.inner.connection.for_key(&storage_key);
-        let deleted: i64 = ::redis::cmd("DEL")
-            .arg(&storage_key)
-            .query_async(&mut connection)
+        let lock = storage_key::encode_lockout(&self.inner.prefix, namespace, key);
+        let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
+        let size = Size {
+            keys: 3,
+            args: 3,
+            bytes: storage_key.len() + lock.len() + marker.len(),
+        };
+        let reply = RESET
+            .run(
+                &mut self.inner.connection.for_key(&storage_key),
+                size,
+                |cmd| {
+                    cmd.arg(&storage_key).arg(&lock).arg(&marker);
+                },
+            )
             .await
             .map_err(unavailable)?;
+        let deleted = match reply {
+            ::redis::Value::Int(n) => n,
+            other => {
+                return Err(BackendError::Unavailable(
+                    format!("unexpected reset reply {other:?}").into(),
+                ));
+            }
+        };
         Ok(deleted > 0)
     }
 }

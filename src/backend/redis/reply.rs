@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use ::redis::Value;
 
-use crate::backend::{BackendError, Hit};
+use crate::backend::{BackendError, Hit, Hits};
 
 /// A counter that holds something else than a count, named by its storage
 /// key.
@@ -18,8 +18,8 @@ pub(super) fn corrupt(key: &[u8], detail: String) -> BackendError {
     }
 }
 
-/// The reply of the hit script: `{count, PTTL, PEXPIRETIME}`, or `{reason}`
-/// for a corrupt counter.
+/// The reply of the hit script: `{count, microseconds left, PEXPIRETIME}`,
+/// or `{reason}` for a corrupt counter.
 pub(super) fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
     match value {
         Value::Array(items) => match items.as_slice() {
@@ -139,6 +139,54 @@ fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Hit, Ba
             String::from_utf8_lossy(err).into_owned().into(),
         )),
         _ => Err(corrupt(key, format!("unexpected script reply {item:?}"))),
+    }
+}
+
+/// The reply of the spend script: `[admitted, count, ms left, deadline,
+/// ...]` with one triple per counter (deadline -1 when nothing was counted),
+/// or `[-1, i, reason]` when counter `i` (from 1) is corrupt.
+pub(super) fn parse_spend(value: Value, keys: &[&[u8]]) -> Result<Hits, BackendError> {
+    let Value::Array(items) = value else {
+        return Err(corrupt(
+            keys.first().copied().unwrap_or_default(),
+            format!("unexpected script reply {value:?}"),
+        ));
+    };
+    let unexpected = |items: &[Value]| {
+        corrupt(
+            keys.first().copied().unwrap_or_default(),
+            format!("unexpected script reply {items:?}"),
+        )
+    };
+    match items.as_slice() {
+        [Value::Int(-1), Value::Int(i), Value::BulkString(reason)] => {
+            let key = usize::try_from(*i)
+                .ok()
+                .and_then(|i| keys.get(i.checked_sub(1)?))
+                .copied()
+                .unwrap_or_default();
+            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+        }
+        [Value::Int(admitted @ (0 | 1)), rest @ ..] if rest.len() == 3 * keys.len() => rest
+            .chunks_exact(3)
+            .map(|entry| match entry {
+                [Value::Int(count), Value::Int(left), Value::Int(deadline)]
+                    if *count >= 0 && *left >= 0 && *deadline >= -1 =>
+                {
+                    Ok(Hit {
+                        count: *count as u64,
+                        reset: Duration::from_millis(*left as u64),
+                        deadline: if *admitted == 1 {
+                            u64::try_from(*deadline).ok().and_then(NonZeroU64::new)
+                        } else {
+                            None
+                        },
+                    })
+                }
+                _ => Err(unexpected(&items)),
+            })
+            .collect(),
+        _ => Err(unexpected(&items)),
     }
 }
 

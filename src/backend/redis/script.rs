@@ -40,9 +40,17 @@ pub const HIT_SCRIPT: &str = include_str!("hit.lua");
 /// counters, each taking one or more hits.
 const HIT_BATCH_SCRIPT: &str = include_str!("hit_batch.lua");
 
-/// Takes back one hit, only in the window it was counted in (by the
-/// counter's `PEXPIRETIME`); never creates a key or touches a lifetime.
-const REFUND_SCRIPT: &str = include_str!("refund.lua");
+/// Refunds, charges or clears the counter a hit was counted in, only in
+/// that window (the counter's `PEXPIRETIME`, and the reset marker); never creates a key or touches a lifetime.
+const AMEND_SCRIPT: &str = include_str!("amend.lua");
+
+/// A spend, all or nothing, on every counter of a request, with its
+/// lockouts.
+const SPEND_SCRIPT: &str = include_str!("spend.lua");
+
+/// Deletes a counter and its lockout, and records the deletion in the reset
+/// marker.
+const RESET_SCRIPT: &str = include_str!("reset.lua");
 
 /// Reads a counter without counting.
 const PEEK_SCRIPT: &str = include_str!("peek.lua");
@@ -81,8 +89,14 @@ pub(super) static HIT: Script = Script::new("hit", HIT_SCRIPT);
 /// Hits on several counters, in one call.
 pub(super) static HIT_BATCH: Script = Script::new("hit_batch", HIT_BATCH_SCRIPT);
 
-/// One hit taken back.
-pub(super) static REFUND: Script = Script::new("refund", REFUND_SCRIPT);
+/// A hit refunded, charged or cleared.
+pub(super) static AMEND: Script = Script::new("amend", AMEND_SCRIPT);
+
+/// A spend.
+pub(super) static SPEND: Script = Script::new("spend", SPEND_SCRIPT);
+
+/// A reset.
+pub(super) static RESET: Script = Script::new("reset", RESET_SCRIPT);
 
 /// A counter read.
 pub(super) static PEEK: Script = Script::new("peek", PEEK_SCRIPT);
@@ -184,7 +198,7 @@ mod tests {
     #[test]
     fn the_script_shas_are_sha1_of_their_text() {
         assert_eq!(sha1_hex("abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
-        for script in [&HIT, &HIT_BATCH, &REFUND, &PEEK, &REPAIR] {
+        for script in [&HIT, &HIT_BATCH, &AMEND, &SPEND, &RESET, &PEEK, &REPAIR] {
             assert_eq!(script.sha(), sha1_hex(script.text), "{}", script.name);
             assert_eq!(script.sha().len(), 40, "{}", script.name);
         }
