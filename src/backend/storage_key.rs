@@ -131,6 +131,7 @@ pub fn encode_lockout(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
 /// window opened after a reset from the one before it): the counter's
 /// storage key followed by `:reset`, apart from every counter and lockout
 /// for the reasons [`encode_lockout`] gives.
+#[cfg(any(test, feature = "redis"))]
 pub(crate) fn encode_reset_marker(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
     marker(prefix, namespace, key, b":reset")
 }
