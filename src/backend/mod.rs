@@ -148,9 +148,14 @@ pub struct Hit {
     /// own clock: nanoseconds since the [`MemoryBackend`] was made, the
     /// counter's absolute expiry in Unix milliseconds in Redis
     /// (`PEXPIRETIME`), or its `expires_at` in Unix microseconds in
-    /// PostgreSQL. It names the window for [`Backend::refund`]: two
-    /// windows of one key close at least a millisecond apart, so an exact
-    /// comparison tells them apart.
+    /// PostgreSQL. It names the window for [`Backend::refund`] and
+    /// [`Backend::amend`]. Two windows of one key that follow each other
+    /// close a window apart; a window opened right after a
+    /// [`reset`](Backend::reset) could close in the same instant as the
+    /// deleted one, so each backend tells them apart by more than this
+    /// number: the memory backend moves the new deadline a nanosecond
+    /// earlier, Redis refuses amends of a deadline while the reset's marker
+    /// lives, and PostgreSQL keeps an identity per window.
     ///
     /// `None` when nothing was counted in the store for this hit: an answer
     /// from a local cache (the Redis deny cache), a counter the call did not
