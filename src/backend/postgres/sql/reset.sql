@@ -4,4 +4,4 @@
 DELETE FROM {table}
 WHERE namespace = $1 AND key = $2
 RETURNING expires_at IS NULL OR expires_at > statement_timestamp()
-       OR blocked_until > statement_timestamp()
+       OR coalesce(blocked_until > statement_timestamp(), false)
