@@ -1036,9 +1036,6 @@ async fn a_late_refund_leaves_the_expired_row_alone() {
     assert_eq!(rows(&schema).await, 1, "the same row, reused");
 }
 
-/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
-/// server is missing is reported as ignored.
-
 /// Many concurrent spends of varied costs on one key, from several pool
 /// connections and two instances: the admitted costs add up to at most the
 /// limit, and to exactly the stored count.
@@ -1232,6 +1229,8 @@ async fn a_table_of_the_previous_release_is_migrated_in_place() {
     assert_eq!(backend.hit("n", &Key::new("k"), q).await.unwrap().count, 4);
 }
 
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
+/// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![
         trial::multi(
