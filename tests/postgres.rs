@@ -1036,10 +1036,218 @@ async fn a_late_refund_leaves_the_expired_row_alone() {
     assert_eq!(rows(&schema).await, 1, "the same row, reused");
 }
 
+/// Many concurrent spends of varied costs on one key, from several pool
+/// connections and two instances: the admitted costs add up to at most the
+/// limit, and to exactly the stored count.
+async fn concurrent_spends_never_admit_more_than_the_limit() {
+    use tower_pinned_window::backend::{Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("spend_exact").await);
+    let one = schema.backend().await;
+    let two = schema.builder().build();
+    let limit = 1_000;
+    let q = quota(limit, Duration::from_secs(600));
+    let admitted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..400u64 {
+        let backend = if i % 2 == 0 { one.clone() } else { two.clone() };
+        let admitted = admitted.clone();
+        tasks.push(tokio::spawn(async move {
+            let cost = 1 + (i * 7) % 13;
+            let hits = backend
+                .spend_all(
+                    &Key::new("k"),
+                    &[Counter {
+                        namespace: "n",
+                        quota: q,
+                    }],
+                    Spend::cost(cost),
+                )
+                .await
+                .unwrap();
+            if hits[0].deadline.is_some() {
+                assert!(hits[0].count <= limit);
+                admitted.fetch_add(cost, Ordering::Relaxed);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    let admitted = admitted.load(Ordering::Relaxed);
+    let stored = row(&schema, "n", "k").await.unwrap().0 as u64;
+    eprintln!("spend exactness: admitted {admitted} of limit {limit}, stored {stored}");
+    assert!(admitted <= limit, "admitted {admitted}");
+    assert_eq!(admitted, stored);
+    assert!(admitted > limit - 13, "the budget was used up: {admitted}");
+}
+
+/// A denied spend spends nothing; a lockout is pinned to the first denial;
+/// amends stay in their window; reset deletes the lockout.
+async fn spends_lockouts_and_amends() {
+    use tower_pinned_window::backend::{Amend, Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("spend_lock").await);
+    let backend = schema.backend().await;
+    let key = Key::new("k");
+    let q = quota(5, Duration::from_secs(60));
+    let c = [Counter {
+        namespace: "n",
+        quota: q,
+    }];
+    let block = Window::new(Duration::from_secs(3600)).unwrap();
+    let first = backend.spend_all(&key, &c, Spend::cost(4)).await.unwrap()[0];
+    assert_eq!(first.count, 4);
+    assert!(first.deadline.is_some());
+    let denied = backend
+        .spend_all(&key, &c, Spend::cost(2).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!((denied.count, denied.deadline), (6, None));
+    assert!(denied.reset > Duration::from_secs(3590), "{denied:?}");
+    assert_eq!(
+        row(&schema, "n", "k").await.unwrap().0,
+        4,
+        "denied: nothing spent"
+    );
+    let blocked: SystemTime = schema
+        .client
+        .query_one(
+            &format!("SELECT blocked_until FROM {}", schema.table()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let again = backend
+        .spend_all(&key, &c, Spend::cost(0).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!(
+        (again.count, again.deadline),
+        (6, None),
+        "locked, even a check"
+    );
+    let still: SystemTime = schema
+        .client
+        .query_one(
+            &format!("SELECT blocked_until FROM {}", schema.table()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(still, blocked, "never extended");
+    assert!(
+        backend
+            .amend("n", &key, &first, Amend::Refund(10))
+            .await
+            .unwrap()
+    );
+    assert_eq!(
+        row(&schema, "n", "k").await.unwrap().0,
+        0,
+        "never below zero"
+    );
+    assert!(
+        backend
+            .amend("n", &key, &first, Amend::Charge(9))
+            .await
+            .unwrap()
+    );
+    assert_eq!(row(&schema, "n", "k").await.unwrap().0, 9, "past the limit");
+    assert!(backend.reset("n", &key).await.unwrap());
+    assert_eq!(rows(&schema).await, 0, "reset deletes the lockout too");
+    assert!(
+        !backend
+            .amend("n", &key, &first, Amend::Charge(1))
+            .await
+            .unwrap()
+    );
+    assert_eq!(rows(&schema).await, 0, "an amend never creates a counter");
+    let fresh = backend.spend_all(&key, &c, Spend::cost(1)).await.unwrap()[0];
+    assert_eq!(fresh.count, 1);
+    assert!(
+        backend
+            .amend("n", &key, &fresh, Amend::Clear)
+            .await
+            .unwrap()
+    );
+    assert_eq!(rows(&schema).await, 0);
+    let check = backend.spend_all(&key, &c, Spend::cost(0)).await.unwrap()[0];
+    assert_eq!((check.count, check.deadline), (0, None));
+    assert!(
+        row(&schema, "n", "k")
+            .await
+            .is_none_or(|(_, at)| at <= SystemTime::now()),
+        "a check creates no counter"
+    );
+    let opened = backend
+        .spend_all(&key, &c, Spend::cost(0).open())
+        .await
+        .unwrap()[0];
+    assert_eq!(opened.count, 0);
+    assert!(opened.deadline.is_some());
+    assert!(backend.supports_spend());
+}
+
+/// A table made by the previous release (its DDL as it was) is migrated in
+/// place: its rows are kept and spends work on it.
+async fn a_table_of_the_previous_release_is_migrated_in_place() {
+    use tower_pinned_window::backend::{Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("old_table").await);
+    schema
+        .client
+        .batch_execute(&format!(
+            "CREATE TABLE {t} (namespace text NOT NULL, key bytea NOT NULL, \
+             count bigint NOT NULL CHECK (count >= 0), \
+             expires_at timestamptz NOT NULL CHECK (isfinite(expires_at)), \
+             PRIMARY KEY (namespace, key)) WITH (fillfactor = 80); \
+             CREATE INDEX tpw_counters_expires_at ON {t} (expires_at); \
+             INSERT INTO {t} VALUES ('n', 'k', 2, now() + interval '1 minute')",
+            t = schema.table()
+        ))
+        .await
+        .unwrap();
+    let backend = schema.backend().await; // migrates
+    backend.migrate().await.unwrap();
+    let q = quota(3, Duration::from_secs(60));
+    let c = [Counter {
+        namespace: "n",
+        quota: q,
+    }];
+    let block = Window::new(Duration::from_secs(60)).unwrap();
+    let hit = backend
+        .spend_all(&Key::new("k"), &c, Spend::cost(1))
+        .await
+        .unwrap()[0];
+    assert_eq!(hit.count, 3, "the old row counts on");
+    let denied = backend
+        .spend_all(&Key::new("k"), &c, Spend::cost(1).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!(denied.deadline, None);
+    assert_eq!(backend.hit("n", &Key::new("k"), q).await.unwrap().count, 4);
+}
+
 /// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![
+        trial::multi(
+            "concurrent_spends_never_admit_more_than_the_limit",
+            Needs::Postgres,
+            concurrent_spends_never_admit_more_than_the_limit,
+        ),
+        trial::current(
+            "spends_lockouts_and_amends",
+            Needs::Postgres,
+            spends_lockouts_and_amends,
+        ),
+        trial::current(
+            "a_table_of_the_previous_release_is_migrated_in_place",
+            Needs::Postgres,
+            a_table_of_the_previous_release_is_migrated_in_place,
+        ),
         trial::current(
             "the_window_is_pinned_and_denials_carry_retry_after",
             Needs::Postgres,

@@ -148,6 +148,7 @@ mod cleaner;
 mod db;
 mod error;
 mod row;
+mod spend;
 mod table;
 
 pub use audit::{AuditReport, CorruptRow};
@@ -179,7 +180,7 @@ use self::row::{deadline_time, describe, read_row};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
 use super::deny_cache::DenyCache;
 use super::result_or_call::ResultOrCall;
-use super::{Backend, BackendError, Counter, Hit, Hits};
+use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend};
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Window;
@@ -807,6 +808,81 @@ impl Backend for PostgresBackend {
             }
             refunded
         })))
+    }
+
+    /// One transaction ([spends](self#costs-lockouts-and-amends)): it
+    /// bypasses the hit batching and the local deny cache.
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> PostgresHit {
+        let backend = self.clone();
+        let key = key.clone();
+        let owned: Vec<(Box<str>, crate::quota::Quota)> = counters
+            .iter()
+            .map(|c| (c.namespace.into(), c.quota))
+            .collect();
+        PostgresHit(ResultOrCall::Remote(Box::pin(async move {
+            backend.start_cleaner();
+            let counters: Vec<Counter<'_>> = owned
+                .iter()
+                .map(|(namespace, quota)| Counter {
+                    namespace,
+                    quota: *quota,
+                })
+                .collect();
+            spend::spend_all(&backend, &key, &counters, spend).await
+        })))
+    }
+
+    /// One statement, only in the row whose `expires_at` is the hit's
+    /// deadline while that window is open; a hit with no deadline is not
+    /// sent. The counter is dropped from this instance's deny cache.
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> PostgresRefund {
+        let delta: Option<i64> = match amend {
+            Amend::Refund(n) => Some(-(i64::try_from(n).unwrap_or(i64::MAX))),
+            Amend::Charge(n) => Some(i64::try_from(n).unwrap_or(i64::MAX)),
+            Amend::Clear => None,
+        };
+        let (Some(deadline), false) = (hit.deadline, delta == Some(0)) else {
+            return PostgresRefund(ResultOrCall::Ready(Some(Ok(false))));
+        };
+        let (backend, namespace, key) = (self.clone(), namespace.to_owned(), key.clone());
+        PostgresRefund(ResultOrCall::Remote(Box::pin(async move {
+            let expires_at = deadline_time(deadline);
+            let changed = async {
+                let client = backend.inner.db.pool.get().await.map_err(pool_error)?;
+                let sql = &backend.inner.db.sql;
+                match delta {
+                    Some(delta) => {
+                        let rows = client
+                            .execute(
+                                sql.amend.as_str(),
+                                &[&namespace, &key.as_bytes(), &expires_at, &delta],
+                            )
+                            .await
+                            .map_err(pg_error)?;
+                        Ok(rows == 1)
+                    }
+                    None => {
+                        let row = client
+                            .query_one(
+                                sql.clear.as_str(),
+                                &[&namespace, &key.as_bytes(), &expires_at],
+                            )
+                            .await
+                            .map_err(pg_error)?;
+                        Ok(row.get::<_, i64>(0) > 0)
+                    }
+                }
+            }
+            .await;
+            if let Some(deny) = &backend.inner.deny {
+                deny.remove(&namespace, key.as_bytes());
+            }
+            changed
+        })))
+    }
+
+    fn supports_spend(&self) -> bool {
+        true
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {

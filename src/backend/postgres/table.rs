@@ -59,6 +59,11 @@ pub(super) struct Sql {
     pub(super) audit: String,
     pub(super) stats: String,
     pub(super) repair: String,
+    pub(super) spend_lock: String,
+    pub(super) spend_read: String,
+    pub(super) spend_write: String,
+    pub(super) amend: String,
+    pub(super) clear: String,
 }
 
 impl fmt::Debug for Sql {
@@ -89,6 +94,11 @@ impl Sql {
             audit: render(include_str!("sql/audit.sql")),
             stats: render(include_str!("sql/stats.sql")),
             repair: render(include_str!("sql/repair.sql")),
+            spend_lock: render(include_str!("sql/spend_lock.sql")),
+            spend_read: render(include_str!("sql/spend_read.sql")),
+            spend_write: render(include_str!("sql/spend_write.sql")),
+            amend: render(include_str!("sql/amend.sql")),
+            clear: render(include_str!("sql/clear.sql")),
         }
     }
 }

@@ -15,7 +15,9 @@ DELETE FROM {table}
 WHERE ctid = ANY (ARRAY(
         SELECT ctid FROM {table}
         WHERE expires_at <= statement_timestamp() AND count >= 0
+          AND (blocked_until IS NULL OR blocked_until <= statement_timestamp())
         LIMIT {batch}
         FOR UPDATE SKIP LOCKED))
   AND expires_at <= statement_timestamp()
   AND count >= 0
+  AND (blocked_until IS NULL OR blocked_until <= statement_timestamp())

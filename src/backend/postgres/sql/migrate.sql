@@ -18,3 +18,11 @@ CREATE {unlogged} TABLE IF NOT EXISTS {table} (
 
 -- The cleaner deletes expired rows in bounded batches through this index.
 CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
+
+-- Added in the release with costs and lockouts (a table of an earlier
+-- release is migrated in place; NULL for every existing row, no rewrite):
+-- the end of the counter's lockout, set by the first denied spend with a
+-- lockout, never extended; kept on the counter's row, so it never meets
+-- another counter.
+ALTER TABLE {table} ADD COLUMN IF NOT EXISTS blocked_until timestamptz
+    CHECK (isfinite(blocked_until));
