@@ -155,7 +155,9 @@ pub struct Hit {
     /// deleted one, so each backend tells them apart by more than this
     /// number: the memory backend moves the new deadline a nanosecond
     /// earlier, Redis refuses amends of a deadline while the reset's marker
-    /// lives, and PostgreSQL keeps an identity per window.
+    /// lives. PostgreSQL names a window by its deadline in microseconds,
+    /// taken from the transaction's start: a reset and the next hit are
+    /// two transactions, at least a round trip apart.
     ///
     /// `None` when nothing was counted in the store for this hit: an answer
     /// from a local cache (the Redis deny cache), a counter the call did not
