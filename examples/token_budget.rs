@@ -50,7 +50,9 @@ pub fn app(backend: MemoryBackend, budget: Quota) -> Router {
         .key(HeaderKey::new(HeaderName::from_static("x-api-key")))
         .backend(backend)
         .charge(tokens_used);
-    Router::new().route("/complete", post(complete)).layer(limit)
+    Router::new()
+        .route("/complete", post(complete))
+        .layer(limit)
 }
 
 /// Answers with as many tokens as asked for.

@@ -1284,6 +1284,118 @@ mod tests {
         );
     }
 
+    /// A backend written before spending: it counts, refunds, peeks and
+    /// resets, and answers `supports_spend` with the default `false`.
+    #[derive(Clone, Debug)]
+    struct Old(MemoryBackend);
+
+    impl Backend for Old {
+        type Future = <MemoryBackend as Backend>::Future;
+        type Refund = <MemoryBackend as Backend>::Refund;
+
+        fn hit_all(&self, key: &Key, counters: &[crate::backend::Counter<'_>]) -> Self::Future {
+            self.0.hit_all(key, counters)
+        }
+
+        fn refund(&self, namespace: &str, key: &Key, hit: &crate::backend::Hit) -> Self::Refund {
+            self.0.refund(namespace, key, hit)
+        }
+
+        async fn peek(
+            &self,
+            namespace: &str,
+            key: &Key,
+        ) -> Result<Option<crate::backend::Hit>, crate::backend::BackendError> {
+            self.0.peek(namespace, key).await
+        }
+
+        async fn reset(
+            &self,
+            namespace: &str,
+            key: &Key,
+        ) -> Result<bool, crate::backend::BackendError> {
+            self.0.reset(namespace, key).await
+        }
+    }
+
+    #[test]
+    fn a_backend_that_cannot_spend_is_refused_whatever_the_order() {
+        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let old = || RateLimitLayer::new("t", q).backend(Old(MemoryBackend::new()));
+        let refused = Err::<(), _>(ConfigError::SpendUnsupported);
+        assert_eq!(old().try_cost(1).map(drop), refused);
+        assert_eq!(old().try_cost_fn(|_| 1).map(drop), refused);
+        assert_eq!(old().try_charge(|_| 1).map(drop), refused);
+        assert_eq!(
+            old().try_block_for(Duration::from_secs(1)).map(drop),
+            refused
+        );
+        assert_eq!(old().try_reset_if(|_| true).map(drop), refused);
+        // Without any of them it builds and counts as it always has.
+        let _plain = old();
+        if MemoryBackend::new().supports_spend() {
+            let spending = RateLimitLayer::new("t", q).cost(2);
+            assert_eq!(
+                spending.try_backend(Old(MemoryBackend::new())).map(drop),
+                refused
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "does not support costs, charges, lockouts or resets on success")]
+    fn a_backend_that_cannot_spend_panics_the_plain_builder() {
+        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let _ = RateLimitLayer::new("t", q)
+            .backend(Old(MemoryBackend::new()))
+            .block_for(Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_cost_above_a_limit_and_a_bad_lockout_are_config_errors() {
+        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let small = Quota::new(3, Duration::from_secs(60)).unwrap();
+        let layer = || RateLimitLayer::new("t", q);
+        assert_eq!(
+            layer().try_cost(11).map(drop),
+            Err(ConfigError::CostAboveLimit {
+                cost: 11,
+                limit: 10
+            })
+        );
+        assert_eq!(
+            layer().also(small).try_cost(4).map(drop),
+            Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 })
+        );
+        assert_eq!(
+            layer().route_quota("/a", small).try_cost(4).map(drop),
+            Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 })
+        );
+        assert_eq!(
+            layer().try_block_for(Duration::ZERO).map(drop),
+            Err(ConfigError::ZeroBlock)
+        );
+        assert_eq!(
+            layer()
+                .try_block_for(Window::MAX.as_duration() + Duration::from_millis(1))
+                .map(drop),
+            Err(ConfigError::BlockTooLong)
+        );
+        if MemoryBackend::new().supports_spend() {
+            let blocked = layer()
+                .try_block_for(Duration::from_nanos(1_000_001))
+                .unwrap();
+            let plan = blocked.core.settings.spend.unwrap();
+            assert_eq!(plan.block.unwrap().as_millis(), 2, "rounded up");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "a request cost of 11 is above the limit of 10")]
+    fn a_literal_cost_above_the_limit_panics() {
+        let _ = RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap()).cost(11);
+    }
+
     #[test]
     #[should_panic(expected = "the backend timeout must be longer than zero")]
     fn a_zero_literal_timeout_panics() {

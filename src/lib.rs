@@ -111,6 +111,7 @@
 //! | quotas, rate strings (`"100/min"`), policy names | [`Quota`], [`NamedQuota`], [`Window`] |
 //! | whom to count: peer address, client behind proxies, header, route, allowlists | [`key`] |
 //! | counting by the answer (failed logins) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`] |
+//! | request costs, response charges (token budgets), lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`ResponseEnd`], [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials | [`HeaderStyle`], [`Deny`], [`Decision`] |
 //! | failures | [`FailurePolicy`], [`OnMissingKey`], [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |

@@ -276,6 +276,10 @@ async fn the_token_budget_example_charges_each_answers_tokens_per_api_key() {
         .unwrap();
     assert!((1..=60).contains(&retry), "Retry-After {retry}");
     let (parts, _) = complete("k2").await;
-    assert_eq!(parts.status, StatusCode::OK, "another key has its own budget");
+    assert_eq!(
+        parts.status,
+        StatusCode::OK,
+        "another key has its own budget"
+    );
     assert_eq!(parts.headers["ratelimit"], "\"tokens\";r=1000;t=60");
 }
