@@ -1,10 +1,13 @@
-//! Failed logins are limited, successful ones are free: `POST /login` with
+//! Failed logins are limited, successful ones are free, and too many
+//! failures lock the address out: `POST /login` with
 //! `{"username": "alice", "password": "..."}` answers 200 for `hunter2` and
 //! 401 for anything else. Each client IP may fail 5 times per 15 minutes;
 //! a successful login is never counted (its hit is refunded once the 200 is
-//! out). After 5 failures in a window, every attempt from that address, the
-//! right password included, gets 429 with `Retry-After` until the window
-//! that the first failure opened closes.
+//! out). The attempt after 5 failures in a window locks the address out for
+//! an hour, counted from that attempt: it and every attempt from that
+//! address until the hour is over, the right password included, get 429
+//! with `Retry-After` (3600 on the first), and more attempts never extend
+//! the lockout.
 //!
 //! ```text
 //! cargo run --example login                  # on 127.0.0.1:$PORT (3000)
@@ -22,13 +25,17 @@ use tower_pinned_window::backend::MemoryBackend;
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::{CountOnly, Quota, RateLimitLayer};
 
+/// How long an address is locked out once it has failed too often.
+pub const LOCKOUT: Duration = Duration::from_secs(60 * 60);
+
 /// The app, counting failed logins in `backend`.
 pub fn app(backend: MemoryBackend) -> Router {
     let failed_logins = Quota::new(5, Duration::from_secs(15 * 60)).expect("a valid quota");
     let limit = RateLimitLayer::new("login", failed_logins)
         .key(PeerIp::new())
         .count_only(CountOnly::AuthFailures) // only 401 and 403 count
-        .backend(backend);
+        .backend(backend)
+        .block_for(LOCKOUT); // the 6th attempt locks the address out
     Router::new().route("/login", post(login)).layer(limit)
 }
 
@@ -62,14 +69,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "curl -si -H 'content-type: application/json' -d '{{\"username\":\"alice\",\"password\":\"{password}\"}}' http://{addr}/login | grep -iE '^(HTTP|retry-after|ratelimit:)'"
         )
     };
-    println!("listening on http://{addr}: 5 failed logins per 15 minutes per client IP");
+    println!(
+        "listening on http://{addr}: 5 failed logins per 15 minutes per client IP, then locked out for an hour"
+    );
     println!("a failed login (401, counted):\n  {}", login("guess"));
     println!(
         "the right password (200, never counted):\n  {}",
         login("hunter2")
     );
     println!(
-        "five failures, then the right password gets 429 with Retry-After:\n  for i in 1 2 3 4 5; do {}; done; {}",
+        "five failures, then the right password gets 429 with Retry-After: 3600:\n  for i in 1 2 3 4 5; do {}; done; {}",
         login("guess"),
         login("hunter2")
     );

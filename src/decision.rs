@@ -134,6 +134,8 @@ pub struct Decision {
     reset: Duration,
     outcome: Outcome,
     refunded: bool,
+    cleared: bool,
+    never_fits: bool,
 }
 
 impl Decision {
@@ -159,7 +161,25 @@ impl Decision {
             reset,
             outcome,
             refunded: false,
+            cleared: false,
+            never_fits: false,
         }
+    }
+
+    /// The decision on a request whose `cost` is above `limit`: it can never
+    /// be admitted, and nothing was counted.
+    #[cold]
+    pub(crate) fn never_fitting(
+        label: Arc<Label>,
+        route: Option<Route>,
+        limit: u64,
+        cost: u64,
+        window: Duration,
+        shadow: bool,
+    ) -> Self {
+        let mut decision = Self::new(label, route, limit, cost, window, shadow);
+        decision.never_fits = true;
+        decision
     }
 
     /// Its quota's header fields.
@@ -201,8 +221,10 @@ impl Decision {
         self.limit
     }
 
-    /// The key's counter after this request (it counts denied requests too),
-    /// less this request's hit once it was [refunded](Self::refunded).
+    /// The key's counter after this request (it counts denied requests too,
+    /// unless the layer spends: see
+    /// [`RateLimitLayer::cost`](crate::RateLimitLayer::cost)), less this
+    /// request's cost once it was [refunded](Self::refunded).
     ///
     /// See the [example](Decision#example).
     pub fn count(&self) -> u64 {
@@ -268,10 +290,69 @@ impl Decision {
         self.refunded
     }
 
-    /// The request's hit was handed back: it no longer counts.
-    pub(crate) fn refund(&mut self) {
-        self.count = self.count.saturating_sub(1);
+    /// Whether a matching [`reset_if`](crate::RateLimitLayer::reset_if)
+    /// cleared the key's counter once the service answered: the count then
+    /// reads 0, as the counter does once the clear lands.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Decision, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("login", Quota::new(5, Duration::from_secs(900)).unwrap())
+    ///     .reset_if(|res| res.status() == StatusCode::OK);
+    /// let app = Router::new().route("/", get(|| async { "welcome" })).layer(layer);
+    /// let response = app.oneshot(Request::new(Body::empty())).await.unwrap();
+    /// let decision = response.extensions().get::<Decision>().unwrap();
+    /// assert!(decision.cleared() && decision.count() == 0);
+    /// # }
+    /// ```
+    pub fn cleared(&self) -> bool {
+        self.cleared
+    }
+
+    /// Whether the request's cost (see
+    /// [`cost_fn`](crate::RateLimitLayer::cost_fn)) is above its quota's
+    /// [limit](Self::limit): it is denied whatever the count, and would be in
+    /// any window, so waiting does not help. Nothing was counted,
+    /// [`count`](Self::count) is the cost, and the denial carries no
+    /// `Retry-After`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Decision, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("rows", Quota::new(100, Duration::from_secs(60)).unwrap())
+    ///     .cost_fn(|req| req.headers().get("x-rows").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(1));
+    /// let app = Router::new().route("/", get(|| async { "rows" })).layer(layer);
+    /// let too_big = Request::get("/").header("x-rows", "500").body(Body::empty()).unwrap();
+    /// let denied = app.oneshot(too_big).await.unwrap();
+    /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert!(denied.headers().get("retry-after").is_none(), "waiting would not help");
+    /// assert!(denied.extensions().get::<Decision>().unwrap().never_fits());
+    /// # }
+    /// ```
+    pub fn never_fits(&self) -> bool {
+        self.never_fits
+    }
+
+    /// The request's `cost` was handed back: it no longer counts.
+    pub(crate) fn refund(&mut self, cost: u64) {
+        self.count = self.count.saturating_sub(cost);
         self.refunded = true;
+    }
+
+    /// The key's counter was cleared.
+    pub(crate) fn clear(&mut self) {
+        self.count = 0;
+        self.cleared = true;
     }
 }
 
@@ -286,6 +367,8 @@ impl fmt::Debug for Decision {
             .field("reset", &self.reset)
             .field("outcome", &self.outcome)
             .field("refunded", &self.refunded)
+            .field("cleared", &self.cleared)
+            .field("never_fits", &self.never_fits)
             .finish()
     }
 }

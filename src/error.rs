@@ -87,6 +87,25 @@ pub enum ConfigError {
     ZeroBreakerFailures,
     /// A circuit breaker with a zero cool-down.
     ZeroBreakerCooldown,
+    /// A request cost above a quota's limit (see
+    /// [`RateLimitLayer::try_cost`](crate::RateLimitLayer::try_cost)): such
+    /// a request could never be admitted.
+    CostAboveLimit {
+        /// The cost given.
+        cost: u64,
+        /// The smallest limit among the layer's quotas.
+        limit: u64,
+    },
+    /// A layer that spends (a cost, a charge, a lockout, a reset on
+    /// success) on a backend whose
+    /// [`supports_spend`](crate::backend::Backend::supports_spend) is
+    /// `false`: every request would fail.
+    SpendUnsupported,
+    /// A lockout of zero (see
+    /// [`RateLimitLayer::try_block_for`](crate::RateLimitLayer::try_block_for)).
+    ZeroBlock,
+    /// A lockout longer than [`Window::MAX`](crate::Window::MAX).
+    BlockTooLong,
 }
 
 impl From<ParseRateError> for ConfigError {
@@ -153,6 +172,18 @@ impl fmt::Display for ConfigError {
             Self::ZeroBreakerCooldown => {
                 f.write_str("a circuit breaker's cool-down must be longer than zero")
             }
+            Self::CostAboveLimit { cost, limit } => write!(
+                f,
+                "a request cost of {cost} is above the limit of {limit}: such a request could never be admitted"
+            ),
+            Self::SpendUnsupported => f.write_str(
+                "this backend does not support costs, charges, lockouts or resets on success (its supports_spend() is false)",
+            ),
+            Self::ZeroBlock => f.write_str("a lockout must be longer than zero"),
+            Self::BlockTooLong => write!(
+                f,
+                "a lockout must be at most {MAX_WINDOW_MS} ms (36,525 days, Window::MAX)"
+            ),
             Self::InvalidIpv6Prefix(bits) => {
                 write!(
                     f,

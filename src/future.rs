@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -12,11 +13,12 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::backend::{Backend, BackendError};
+use crate::charge::NoCharge;
 use crate::decision::{Carry, Decision};
 use crate::judge::{Core, Passed, Verdict};
 use crate::metrics::Stopwatch;
 use crate::policy::{Policy, Selected};
-use crate::refund::{self, CountedVerdict, RefundTab, Wait};
+use crate::refund::{self, ChargeMode, CountedVerdict, RefundTab, Settled, Wait};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
 
@@ -24,7 +26,10 @@ pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): what its
     /// `call` returns, to await (a server awaits it for you). See the
     /// [example](crate::RateLimit#example).
-    pub struct ResponseFuture<S, ReqBody, Bk, D>
+    ///
+    /// `C` is [`NoCharge`] unless the layer has a
+    /// [`charge`](crate::RateLimitLayer::charge).
+    pub struct ResponseFuture<S, ReqBody, Bk, D, C = NoCharge>
     where
         S: Service<Request<ReqBody>>,
         Bk: Backend,
@@ -39,6 +44,7 @@ pin_project! {
             S::Future,
             S::Response,
         >,
+        charge: PhantomData<fn() -> C>,
     }
 }
 
@@ -92,11 +98,28 @@ pin_project! {
     }
 }
 
-impl<S, ReqBody, Bk, D> ResponseFuture<S, ReqBody, Bk, D>
+impl<S, ReqBody, Bk, D, C> ResponseFuture<S, ReqBody, Bk, D, C>
 where
     S: Service<Request<ReqBody>>,
     Bk: Backend,
 {
+    fn with(
+        state: State<
+            Arc<Core<Bk, D>>,
+            RefundTab<Bk, D>,
+            Bk::Future,
+            S,
+            Request<ReqBody>,
+            S::Future,
+            S::Response,
+        >,
+    ) -> Self {
+        Self {
+            state,
+            charge: PhantomData,
+        }
+    }
+
     pub(crate) fn checking(
         core: Arc<Core<Bk, D>>,
         hit: Bk::Future,
@@ -105,41 +128,35 @@ where
         policy: Arc<Policy>,
         tab: Option<Box<RefundTab<Bk, D>>>,
     ) -> Self {
-        Self {
-            state: State::Checking {
-                core,
-                hit,
-                timer: None,
-                service: Some(service),
-                request: Some(request),
-                policy,
-                stopwatch: Stopwatch::start(),
-                tab,
-            },
-        }
+        Self::with(State::Checking {
+            core,
+            hit,
+            timer: None,
+            service: Some(service),
+            request: Some(request),
+            policy,
+            stopwatch: Stopwatch::start(),
+            tab,
+        })
     }
 
     /// A request passed on uncounted (skipped, or without a key under
     /// `OnMissingKey::Allow`).
     pub(crate) fn passing(future: S::Future) -> Self {
-        Self {
-            state: State::Inner {
-                future,
-                answer: None,
-            },
-        }
+        Self::with(State::Inner {
+            future,
+            answer: None,
+        })
     }
 
     pub(crate) fn respond(response: S::Response) -> Self {
-        Self {
-            state: State::Respond {
-                response: Some(response),
-            },
-        }
+        Self::with(State::Respond {
+            response: Some(response),
+        })
     }
 }
 
-impl<S, ReqBody, ResBody, Bk, D> ResponseFuture<S, ReqBody, Bk, D>
+impl<S, ReqBody, ResBody, Bk, D, C> ResponseFuture<S, ReqBody, Bk, D, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     Bk: Backend,
@@ -169,12 +186,10 @@ where
                         // goes to the request, or nowhere.
                         (carry.request.then_some(decision), None)
                     };
-                Self {
-                    state: State::Inner {
-                        future: call(for_request),
-                        answer,
-                    },
-                }
+                Self::with(State::Inner {
+                    future: call(for_request),
+                    answer,
+                })
             }
             Verdict::Respond(response) => Self::respond(response),
         }
@@ -205,7 +220,7 @@ where
                 response: Some(response),
             },
         };
-        Self { state }
+        Self::with(state)
     }
 }
 
@@ -242,14 +257,15 @@ pub(crate) fn call_with<S: Service<Request<B>>, B>(
     service.call(request)
 }
 
-impl<S, ReqBody, ResBody, Bk, D> Future for ResponseFuture<S, ReqBody, Bk, D>
+impl<S, ReqBody, ResBody, Bk, D, C> Future for ResponseFuture<S, ReqBody, Bk, D, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     Bk: Backend,
     D: Deny<ResBody>,
     ResBody: Default,
+    C: ChargeMode<ResBody, D>,
 {
-    type Output = Result<Response<ResBody>, S::Error>;
+    type Output = Result<Response<C::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -307,7 +323,7 @@ where
                     {
                         response::passed(&mut response, decision, in_extensions);
                     }
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(Ok(C::answer::<Bk>(response, None)));
                 }
                 StateProj::Counting { future, tab } => {
                     let result = ready!(future.poll(cx));
@@ -315,25 +331,29 @@ where
                     this.state.set(State::Done);
                     // An error is no answer: the hit stays counted.
                     let mut response = result?;
-                    if let Some(wait) = tab.settle(&mut response) {
-                        this.state.set(State::Refunding {
-                            wait,
-                            response: Some(response),
-                        });
-                        continue;
-                    }
-                    return Poll::Ready(Ok(response));
+                    let meter = match tab.settle(&mut response) {
+                        Settled::Done => None,
+                        Settled::Wait(wait) => {
+                            this.state.set(State::Refunding {
+                                wait,
+                                response: Some(response),
+                            });
+                            continue;
+                        }
+                        Settled::Meter(tab) => Some(tab),
+                    };
+                    return Poll::Ready(Ok(C::answer(response, meter)));
                 }
                 StateProj::Refunding { wait, response } => {
                     ready!(wait.as_mut().poll(cx));
                     let response = response.take().expect("the response is taken once");
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(Ok(C::answer::<Bk>(response, None)));
                 }
                 StateProj::Respond { response } => {
                     let response = response.take().expect("the response is taken once");
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(response));
+                    return Poll::Ready(Ok(C::answer::<Bk>(response, None)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }
@@ -341,7 +361,7 @@ where
     }
 }
 
-impl<S, ReqBody, Bk, D> fmt::Debug for ResponseFuture<S, ReqBody, Bk, D>
+impl<S, ReqBody, Bk, D, C> fmt::Debug for ResponseFuture<S, ReqBody, Bk, D, C>
 where
     S: Service<Request<ReqBody>>,
     Bk: Backend,

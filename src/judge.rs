@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use http::Response;
 
 use crate::backend::{BackendError, Hits};
+use crate::charge::ChargeFn;
+use crate::cost::SpendPlan;
 use crate::count::CountIf;
 use crate::decision::{Carry, Decision, DecisionIn};
 use crate::key::KeyError;
@@ -126,6 +128,13 @@ pub(crate) struct Settings {
     pub(crate) metrics: LayerMetrics,
     /// Where a passed request's decision goes.
     pub(crate) decision_in: DecisionIn,
+    /// When set (a cost, a charge, a lockout or a reset on success), requests
+    /// are counted with `spend_all`; otherwise with `hit_all`.
+    pub(crate) spend: Option<SpendPlan>,
+    /// A passed request whose answer it picks clears its counters.
+    pub(crate) reset_if: Option<CountIf>,
+    /// What a passed request's answer costs, once its body has ended.
+    pub(crate) charge: Option<ChargeFn>,
 }
 
 /// What the limiter does with a request once the backend has answered.
@@ -177,6 +186,9 @@ impl<Bk, D> Core<Bk, D> {
                 key_gate: Arc::default(),
                 metrics: Default::default(),
                 decision_in: DecisionIn::default(),
+                spend: None,
+                reset_if: None,
+                charge: None,
             },
         }
     }
@@ -186,7 +198,8 @@ impl<Bk, D> Core<Bk, D> {
     /// refund step (`refund.rs`).
     #[inline]
     pub(crate) fn counts_by_outcome(&self) -> bool {
-        self.settings.count_if.is_some()
+        let s = &self.settings;
+        s.count_if.is_some() || s.reset_if.is_some() || s.charge.is_some()
     }
 
     /// Where the decision on `request`, if it is passed on, goes.
@@ -267,6 +280,37 @@ impl<Bk, D> Core<Bk, D> {
         Verdict::Respond(response::denial(&self.deny, decision, request.is_grpc()))
     }
 
+    /// The verdict on `request`, whose `cost` is above the limit of the
+    /// quota at `index` of `policy`: denied (passed in shadow mode), with
+    /// nothing counted, since it could never be admitted.
+    #[cold]
+    pub(crate) fn never_fits<B>(
+        &self,
+        policy: &Policy,
+        index: usize,
+        cost: u64,
+        request: &RequestHead<'_>,
+    ) -> Verdict<B>
+    where
+        D: Deny<B>,
+        B: Default,
+    {
+        let s = &self.settings;
+        let decision = policy.never_fitting(index, cost, s.shadow, request.route_owned());
+        tracing::debug!(limiter = %s.name, policy = decision.policy(), cost, limit = decision.limit(), "rate-limit cost above the limit: the request can never be admitted");
+        policy.quota_metrics(index).record(&decision);
+        if let Some(observer) = &s.observer {
+            observer(&decision);
+        }
+        if decision.passed() {
+            return Verdict::Pass(Some(Passed {
+                decision,
+                quota: index,
+            }));
+        }
+        Verdict::Respond(response::denial(&self.deny, decision, request.is_grpc()))
+    }
+
     fn outage<B: Default>(&self, err: BackendError, request: &RequestHead<'_>) -> Verdict<B> {
         let s = &self.settings;
         let fail_open = s.failure == FailurePolicy::FailOpen;
@@ -326,6 +370,9 @@ impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
             .field("skip", &s.skip.is_some())
             .field("count_if", &s.count_if.is_some())
             .field("decision_in", &s.decision_in)
+            .field("spend", &s.spend)
+            .field("reset_if", &s.reset_if.is_some())
+            .field("charge", &s.charge.is_some())
             .finish_non_exhaustive()
     }
 }

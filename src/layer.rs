@@ -1,6 +1,7 @@
 //! [`RateLimitLayer`]: the configuration, and the middleware's constructor.
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,6 +9,8 @@ use http::Response;
 use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
+use crate::charge::{Charged, NoCharge, ResponseEnd};
+use crate::cost::{Cost, SpendPlan};
 use crate::count::{CountOnly, ResponseHead};
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
@@ -15,7 +18,7 @@ use crate::judge::{Core, FailurePolicy, OnMissingKey, SkipIf};
 use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
 use crate::name::is_layer_name;
 use crate::policy::{NamedQuota, Policies};
-use crate::quota::Quota;
+use crate::quota::{Quota, Window};
 use crate::request::RequestHead;
 use crate::response::{DefaultDeny, HeaderStyle};
 use crate::service::RateLimit;
@@ -103,10 +106,13 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 ///         .layer(TraceLayer::new_for_http()),
 /// );
 /// ```
+///
+/// `C` is [`NoCharge`] unless the layer has a [`charge`](Self::charge).
 #[must_use]
-pub struct RateLimitLayer<K = GlobalKey, Bk = MemoryBackend, D = DefaultDeny> {
+pub struct RateLimitLayer<K = GlobalKey, Bk = MemoryBackend, D = DefaultDeny, C = NoCharge> {
     key: K,
     core: Core<Bk, D>,
+    charge: PhantomData<fn() -> C>,
 }
 
 impl RateLimitLayer {
@@ -165,19 +171,21 @@ impl RateLimitLayer {
                 policies,
                 DEFAULT_TIMEOUT,
             ),
+            charge: PhantomData,
         })
     }
 }
 
-impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
+impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// Charge each request to the key `key` extracts (see [`crate::key`]):
     /// a built-in extractor, a pair of them, or your own [`KeyExtractor`].
     /// For a closure, use [`key_fn`](Self::key_fn), which infers its
     /// argument's type.
-    pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D> {
+    pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D, C> {
         RateLimitLayer {
             key,
             core: self.core,
+            charge: PhantomData,
         }
     }
 
@@ -203,7 +211,7 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     /// assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
     /// # }
     /// ```
-    pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D>
+    pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D, C>
     where
         F: Fn(&RequestHead<'_>) -> Result<Key, KeyError>,
     {
@@ -224,15 +232,52 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     /// let public = RateLimitLayer::new("api", quota).backend(store.clone());
     /// let admin = RateLimitLayer::new("api", quota).backend(store);
     /// ```
-    pub fn backend<Bk2: Backend>(self, backend: Bk2) -> RateLimitLayer<K, Bk2, D> {
-        RateLimitLayer {
+    ///
+    /// # Panics
+    /// When the layer spends (a [cost](Self::cost), a [charge](Self::charge),
+    /// a [lockout](Self::block_for) or a [reset on success](Self::reset_if))
+    /// and `backend` does not
+    /// [support it](crate::backend::Backend::supports_spend). Use
+    /// [`try_backend`](Self::try_backend) to get the error instead.
+    #[track_caller]
+    pub fn backend<Bk2: Backend>(self, backend: Bk2) -> RateLimitLayer<K, Bk2, D, C> {
+        match self.try_backend(backend) {
+            Ok(layer) => layer,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`backend`](Self::backend), with the error instead of a panic.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{Quota, RateLimitLayer, backend::MemoryBackend};
+    ///
+    /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap())
+    ///     .cost(2)
+    ///     .try_backend(MemoryBackend::new())
+    ///     .unwrap(); // the memory backend spends
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::SpendUnsupported`] when the layer spends and `backend`
+    /// does not support it.
+    pub fn try_backend<Bk2: Backend>(
+        self,
+        backend: Bk2,
+    ) -> Result<RateLimitLayer<K, Bk2, D, C>, ConfigError> {
+        if self.core.settings.spend.is_some() && !backend.supports_spend() {
+            return Err(ConfigError::SpendUnsupported);
+        }
+        Ok(RateLimitLayer {
             key: self.key,
             core: Core {
                 backend,
                 deny: self.core.deny,
                 settings: self.core.settings,
             },
-        }
+            charge: PhantomData,
+        })
     }
 
     /// Answer denied (non-gRPC) requests with `deny`'s response instead of
@@ -262,7 +307,7 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     /// assert_eq!(body, "try again in 60 s");
     /// # }
     /// ```
-    pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F>
+    pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F, C>
     where
         F: Fn(&Decision) -> Response<B>,
     {
@@ -273,6 +318,7 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
                 deny,
                 settings: self.core.settings,
             },
+            charge: PhantomData,
         }
     }
 
@@ -734,16 +780,445 @@ impl<K, Bk, D> RateLimitLayer<K, Bk, D> {
     }
 }
 
-impl<K: Clone, Bk: Clone, D: Clone> Clone for RateLimitLayer<K, Bk, D> {
+/// Costs, charges, lockouts and resets on success: see the guide,
+/// `docs/costs.md`. A layer with any of them counts with
+/// [`Backend::spend_all`] (one atomic step per request) and amends with
+/// [`Backend::amend`]; one with none counts with `hit_all`, as it always
+/// has, and pays nothing for them. Each builds only on a backend that
+/// [supports spending](Backend::supports_spend): every backend of this
+/// crate does; a backend written before this answers `false`, and the layer
+/// refuses it (see the [one rule](crate::ConfigError)).
+impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
+    /// The layer's spend plan, made when first asked for: `Err` when the
+    /// backend does not support spending.
+    fn plan(&mut self) -> Result<&mut SpendPlan, ConfigError> {
+        if !self.core.backend.supports_spend() {
+            return Err(ConfigError::SpendUnsupported);
+        }
+        Ok(self.core.settings.spend.get_or_insert_with(SpendPlan::new))
+    }
+
+    /// Every request costs `cost` in each of its quotas, instead of 1: a
+    /// request is admitted only if its whole cost fits in what is left of
+    /// every quota, and then counts `cost` in each; a denied request spends
+    /// nothing. A cost of 0 checks without counting: admitted while the
+    /// counter is under its limit.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // An export costs 3 of 10 a minute.
+    /// let layer = RateLimitLayer::new("export", Quota::new(10, Duration::from_secs(60)).unwrap())
+    ///     .cost(3);
+    /// let app = Router::new().route("/export", post(|| async { "done" })).layer(layer);
+    /// let export = || app.clone().oneshot(Request::post("/export").body(Body::empty()).unwrap());
+    /// for left in [7, 4, 1] {
+    ///     let response = export().await.unwrap();
+    ///     assert_eq!(response.headers()["ratelimit"], format!("\"export\";r={left};t=60").as_str());
+    /// }
+    /// // 1 left: a cost of 3 does not fit, and spends nothing.
+    /// assert_eq!(export().await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    /// # }
+    /// ```
+    ///
+    /// Set the quotas first: the cost is checked against the layer's quota,
+    /// its routes' and those added with [`also`](Self::also) when `cost` is
+    /// called. A quota added later, or picked by
+    /// [`quota_by`](Self::quota_by), that the cost exceeds denies every
+    /// request, with [`Decision::never_fits`].
+    ///
+    /// # Panics
+    /// When `cost` is above one of those limits (it could never be
+    /// admitted), or the backend does not support spending. Use
+    /// [`try_cost`](Self::try_cost) for a cost read at run time.
+    #[track_caller]
+    pub fn cost(self, cost: u64) -> Self {
+        match self.try_cost(cost) {
+            Ok(layer) => layer,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`cost`](Self::cost), for a cost read at run time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new("export", Quota::new(10, Duration::from_secs(60)).unwrap());
+    /// assert_eq!(
+    ///     layer.clone().try_cost(11).unwrap_err(),
+    ///     ConfigError::CostAboveLimit { cost: 11, limit: 10 }
+    /// );
+    /// assert!(layer.try_cost(10).is_ok());
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::CostAboveLimit`] when `cost` is above the limit of a
+    /// quota the layer has; [`ConfigError::SpendUnsupported`] when the
+    /// backend does not support spending.
+    pub fn try_cost(mut self, cost: u64) -> Result<Self, ConfigError> {
+        let limit = self.core.settings.policies.smallest_limit();
+        if cost > limit {
+            return Err(ConfigError::CostAboveLimit { cost, limit });
+        }
+        self.plan()?.cost = Some(Cost::Fixed(cost));
+        Ok(self)
+    }
+
+    /// Each request costs what `cost` reads from its head (a header, the
+    /// route, an extension your authentication set), in each of its quotas:
+    /// [`cost`](Self::cost), per request. A cost above a quota's limit can
+    /// never be admitted: the request is denied without counting, with
+    /// [`Decision::never_fits`] and no `Retry-After` (see its example). The
+    /// closure's argument type is inferred; it runs on every request, before
+    /// the backend is called: keep it cheap.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // A batch of N items costs N, of 100 a minute.
+    /// let layer = RateLimitLayer::new("items", Quota::new(100, Duration::from_secs(60)).unwrap())
+    ///     .cost_fn(|req| {
+    ///         let items = req.headers().get("x-batch-size").and_then(|v| v.to_str().ok()?.parse().ok());
+    ///         items.unwrap_or(1)
+    ///     });
+    /// let app = Router::new().route("/batch", post(|| async { "ok" })).layer(layer);
+    /// let batch = |n: u64| {
+    ///     let request = Request::post("/batch").header("x-batch-size", n).body(Body::empty()).unwrap();
+    ///     app.clone().oneshot(request)
+    /// };
+    /// assert_eq!(batch(60).await.unwrap().status(), StatusCode::OK);
+    /// assert_eq!(batch(60).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(batch(40).await.unwrap().status(), StatusCode::OK, "40 still fit");
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// When the backend does not support spending; use
+    /// [`try_cost_fn`](Self::try_cost_fn) to get the error instead.
+    #[track_caller]
+    pub fn cost_fn<F>(self, cost: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
+    {
+        match self.try_cost_fn(cost) {
+            Ok(layer) => layer,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`cost_fn`](Self::cost_fn), with the error instead of a panic.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new("items", Quota::new(100, Duration::from_secs(60)).unwrap())
+    ///     .try_cost_fn(|req| if req.method() == "POST" { 5 } else { 1 })
+    ///     .unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::SpendUnsupported`] when the backend does not support
+    /// spending.
+    pub fn try_cost_fn<F>(mut self, cost: F) -> Result<Self, ConfigError>
+    where
+        F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
+    {
+        self.plan()?.cost = Some(Cost::By(Arc::new(cost)));
+        Ok(self)
+    }
+
+    /// Charge each answer what `charge` reads from it once the service has
+    /// answered: its status and headers, and, for a streamed body, its
+    /// trailers and last data frame, read when the body ends (see
+    /// [`ResponseEnd`]). A budget can then be counted in what the answers
+    /// cost (LLM tokens, rows, bytes) rather than in requests.
+    ///
+    /// - A request is admitted while its counter is under its limit, since
+    ///   its cost is not known yet: its own cost is 0 (a
+    ///   [`cost`](Self::cost) set too is spent on the way in, as usual).
+    /// - The charge is added to every counter the request was counted in,
+    ///   in one atomic step each ([`Backend::amend`]), and may take a count
+    ///   past its limit: later requests are then denied until the window
+    ///   closes.
+    /// - Like a refund, a charge never creates a counter, never gives one a
+    ///   lifetime, and only touches the window its request was counted in:
+    ///   a charge that lands after that window closed (or was reset) does
+    ///   nothing.
+    /// - A body dropped before its end (the client went away mid-stream) is
+    ///   charged when it is dropped, with what was sent by then
+    ///   ([`ResponseEnd::complete`] is `false`): the service did the work.
+    /// - The answer's rate-limit headers and [`Decision`] show the count
+    ///   before the charge.
+    /// - An answer [`count_if`](Self::count_if) does not count, or that
+    ///   [`reset_if`](Self::reset_if) picks, is not charged.
+    ///
+    /// The answers' bodies become [`Metered`](crate::Metered) around the
+    /// service's own, which axum and tonic take as they take the body
+    /// inside. A layer without a charge keeps the service's body type, and
+    /// pays nothing for this.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let tokens = RateLimitLayer::new("tokens", Quota::new(1000, Duration::from_secs(60)).unwrap())
+    ///     .charge(|end| {
+    ///         let used = end.headers().get("x-usage-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
+    ///         used.unwrap_or(0)
+    ///     });
+    /// let app = Router::new()
+    ///     .route("/complete", post(|| async { ([("x-usage-tokens", "600")], "...") }))
+    ///     .layer(tokens);
+    /// let complete = || async {
+    ///     let response = app.clone().oneshot(Request::post("/complete").body(Body::empty()).unwrap());
+    ///     let response = response.await.unwrap();
+    ///     let status = response.status();
+    ///     // The charge is taken when the body ends.
+    ///     axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1024).await.unwrap();
+    ///     status
+    /// };
+    /// assert_eq!(complete().await, StatusCode::OK); // 600 of 1000
+    /// assert_eq!(complete().await, StatusCode::OK); // under the limit: admitted, 1200
+    /// assert_eq!(complete().await, StatusCode::TOO_MANY_REQUESTS);
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// When the backend does not support spending; use
+    /// [`try_charge`](Self::try_charge) to get the error instead.
+    #[track_caller]
+    pub fn charge<F>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged>
+    where
+        F: Fn(&ResponseEnd<'_>) -> u64 + Send + Sync + 'static,
+    {
+        match self.try_charge(charge) {
+            Ok(layer) => layer,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`charge`](Self::charge), with the error instead of a panic.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// let bytes = RateLimitLayer::new("egress", Quota::new(1 << 30, Duration::from_secs(86_400)).unwrap())
+    ///     .try_charge(|end| end.headers().get("content-length").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0))
+    ///     .unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::SpendUnsupported`] when the backend does not support
+    /// spending.
+    pub fn try_charge<F>(
+        mut self,
+        charge: F,
+    ) -> Result<RateLimitLayer<K, Bk, D, Charged>, ConfigError>
+    where
+        F: Fn(&ResponseEnd<'_>) -> u64 + Send + Sync + 'static,
+    {
+        self.plan()?.open = true;
+        self.core.settings.charge = Some(Arc::new(charge));
+        Ok(RateLimitLayer {
+            key: self.key,
+            core: self.core,
+            charge: PhantomData,
+        })
+    }
+
+    /// Lock a key out for `duration` once a request does not fit in its
+    /// count: that request and every one after it are denied until the
+    /// lockout ends, counted from that first denial. The lockout is pinned
+    /// like the window: more attempts never extend it. `Retry-After` and the
+    /// rate-limit headers give the lockout's end. Each quota of the request
+    /// locks on its own; [`reset`](Backend::reset) lifts a key's counter and
+    /// lockout. Sub-millisecond parts round up, as a [`Window`]'s do.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // 3 attempts a minute; past them, locked out for an hour.
+    /// let layer = RateLimitLayer::new("otp", Quota::new(3, Duration::from_secs(60)).unwrap())
+    ///     .block_for(Duration::from_secs(3600));
+    /// let app = Router::new().route("/otp", post(|| async { "checked" })).layer(layer);
+    /// let attempt = || app.clone().oneshot(Request::post("/otp").body(Body::empty()).unwrap());
+    /// for _ in 0..3 {
+    ///     assert_eq!(attempt().await.unwrap().status(), StatusCode::OK);
+    /// }
+    /// let locked = attempt().await.unwrap();
+    /// assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(locked.headers()["retry-after"], "3600");
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// When `duration` is zero or longer than [`Window::MAX`], or the
+    /// backend does not support spending. Use
+    /// [`try_block_for`](Self::try_block_for) for a value read at run time.
+    #[track_caller]
+    pub fn block_for(self, duration: Duration) -> Self {
+        match self.try_block_for(duration) {
+            Ok(layer) => layer,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`block_for`](Self::block_for), for a value read at run time.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new("otp", Quota::new(3, Duration::from_secs(60)).unwrap());
+    /// assert_eq!(
+    ///     layer.clone().try_block_for(Duration::ZERO).unwrap_err(),
+    ///     ConfigError::ZeroBlock
+    /// );
+    /// assert!(layer.try_block_for(Duration::from_micros(1)).is_ok(), "rounds up to 1 ms");
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroBlock`] for zero, [`ConfigError::BlockTooLong`]
+    /// past [`Window::MAX`], [`ConfigError::SpendUnsupported`] when the
+    /// backend does not support spending.
+    pub fn try_block_for(mut self, duration: Duration) -> Result<Self, ConfigError> {
+        let block = Window::new(duration).map_err(|err| match err {
+            ConfigError::NonPositiveWindow => ConfigError::ZeroBlock,
+            _ => ConfigError::BlockTooLong,
+        })?;
+        self.plan()?.block = Some(block);
+        Ok(self)
+    }
+
+    /// Clear the key's counter in each of the request's quotas when the
+    /// service's answer is one `reset` picks: "5 failures in a row", not "5
+    /// failures per window". The clear ([`Backend::amend`] with
+    /// [`Amend::Clear`](crate::backend::Amend::Clear)) applies only to the
+    /// window the request was counted in and never creates a counter; the
+    /// answer's [`Decision`] is [`cleared`](Decision::cleared). A request
+    /// that was denied is never served, so never resets anything. The
+    /// closure's argument type is inferred.
+    ///
+    /// **The trade-off:** whoever knows one valid password can clear the
+    /// counter it shares with others. Counted per client IP, one account's
+    /// owner (or an attacker holding one stolen password) resets the
+    /// counter between guesses at every other account from that address.
+    /// Count per username *and* IP, so that a success clears only that
+    /// pair's run:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::key::{HeaderKey, Key, KeyExtractor, KeyError, PeerIp};
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let user = HeaderKey::new(http::HeaderName::from_static("x-username"));
+    /// let layer = RateLimitLayer::new("login", Quota::new(3, Duration::from_secs(900)).unwrap())
+    ///     .key((user, PeerIp::new())) // the pair: username and client IP
+    ///     .reset_if(|res| res.status() == StatusCode::OK);
+    /// let app = Router::new()
+    ///     .route("/login", post(|body: String| async move {
+    ///         if body == "hunter2" { StatusCode::OK } else { StatusCode::UNAUTHORIZED }
+    ///     }))
+    ///     .layer(layer);
+    /// let login = |user: &str, password: &str| {
+    ///     let mut request = Request::post("/login")
+    ///         .header("x-username", user)
+    ///         .body(Body::from(password.to_owned()))
+    ///         .unwrap();
+    ///     request.extensions_mut().insert(axum::extract::ConnectInfo(
+    ///         std::net::SocketAddr::from(([192, 0, 2, 7], 4711)),
+    ///     ));
+    ///     app.clone().oneshot(request)
+    /// };
+    /// for _ in 0..2 {
+    ///     assert_eq!(login("alice", "guess").await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    /// }
+    /// // Alice's success clears her run of failures, not anyone else's.
+    /// assert_eq!(login("alice", "hunter2").await.unwrap().status(), StatusCode::OK);
+    /// for _ in 0..3 {
+    ///     assert_eq!(login("bob", "guess").await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    /// }
+    /// assert_eq!(login("bob", "guess").await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(login("alice", "guess").await.unwrap().status(), StatusCode::UNAUTHORIZED);
+    /// # }
+    /// ```
+    ///
+    /// # Panics
+    /// When the backend does not support spending; use
+    /// [`try_reset_if`](Self::try_reset_if) to get the error instead.
+    #[track_caller]
+    pub fn reset_if<F>(self, reset: F) -> Self
+    where
+        F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        match self.try_reset_if(reset) {
+            Ok(layer) => layer,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`reset_if`](Self::reset_if), with the error instead of a panic.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// let layer = RateLimitLayer::new("login", Quota::new(5, Duration::from_secs(900)).unwrap())
+    ///     .try_reset_if(|res| res.status().is_success())
+    ///     .unwrap();
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::SpendUnsupported`] when the backend does not support
+    /// spending.
+    pub fn try_reset_if<F>(mut self, reset: F) -> Result<Self, ConfigError>
+    where
+        F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.plan()?;
+        self.core.settings.reset_if = Some(Arc::new(reset));
+        Ok(self)
+    }
+}
+
+impl<K: Clone, Bk: Clone, D: Clone, C> Clone for RateLimitLayer<K, Bk, D, C> {
     fn clone(&self) -> Self {
         Self {
             key: self.key.clone(),
             core: self.core.clone(),
+            charge: PhantomData,
         }
     }
 }
 
-impl<K: fmt::Debug, Bk: fmt::Debug, D> fmt::Debug for RateLimitLayer<K, Bk, D> {
+impl<K: fmt::Debug, Bk: fmt::Debug, D, C> fmt::Debug for RateLimitLayer<K, Bk, D, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("key", &self.key)
@@ -752,8 +1227,8 @@ impl<K: fmt::Debug, Bk: fmt::Debug, D> fmt::Debug for RateLimitLayer<K, Bk, D> {
     }
 }
 
-impl<S, K: Clone, Bk: Clone, D: Clone> Layer<S> for RateLimitLayer<K, Bk, D> {
-    type Service = RateLimit<S, K, Bk, D>;
+impl<S, K: Clone, Bk: Clone, D: Clone, C> Layer<S> for RateLimitLayer<K, Bk, D, C> {
+    type Service = RateLimit<S, K, Bk, D, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::new(inner, self.key.clone(), Arc::new(self.core.clone()))
@@ -807,6 +1282,118 @@ mod tests {
             Duration::from_millis(1),
             "kept as given"
         );
+    }
+
+    /// A backend written before spending: it counts, refunds, peeks and
+    /// resets, and answers `supports_spend` with the default `false`.
+    #[derive(Clone, Debug)]
+    struct Old(MemoryBackend);
+
+    impl Backend for Old {
+        type Future = <MemoryBackend as Backend>::Future;
+        type Refund = <MemoryBackend as Backend>::Refund;
+
+        fn hit_all(&self, key: &Key, counters: &[crate::backend::Counter<'_>]) -> Self::Future {
+            self.0.hit_all(key, counters)
+        }
+
+        fn refund(&self, namespace: &str, key: &Key, hit: &crate::backend::Hit) -> Self::Refund {
+            self.0.refund(namespace, key, hit)
+        }
+
+        async fn peek(
+            &self,
+            namespace: &str,
+            key: &Key,
+        ) -> Result<Option<crate::backend::Hit>, crate::backend::BackendError> {
+            self.0.peek(namespace, key).await
+        }
+
+        async fn reset(
+            &self,
+            namespace: &str,
+            key: &Key,
+        ) -> Result<bool, crate::backend::BackendError> {
+            self.0.reset(namespace, key).await
+        }
+    }
+
+    #[test]
+    fn a_backend_that_cannot_spend_is_refused_whatever_the_order() {
+        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let old = || RateLimitLayer::new("t", q).backend(Old(MemoryBackend::new()));
+        let refused = Err::<(), _>(ConfigError::SpendUnsupported);
+        assert_eq!(old().try_cost(1).map(drop), refused);
+        assert_eq!(old().try_cost_fn(|_| 1).map(drop), refused);
+        assert_eq!(old().try_charge(|_| 1).map(drop), refused);
+        assert_eq!(
+            old().try_block_for(Duration::from_secs(1)).map(drop),
+            refused
+        );
+        assert_eq!(old().try_reset_if(|_| true).map(drop), refused);
+        // Without any of them it builds and counts as it always has.
+        let _plain = old();
+        if MemoryBackend::new().supports_spend() {
+            let spending = RateLimitLayer::new("t", q).cost(2);
+            assert_eq!(
+                spending.try_backend(Old(MemoryBackend::new())).map(drop),
+                refused
+            );
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "does not support costs, charges, lockouts or resets on success")]
+    fn a_backend_that_cannot_spend_panics_the_plain_builder() {
+        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let _ = RateLimitLayer::new("t", q)
+            .backend(Old(MemoryBackend::new()))
+            .block_for(Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_cost_above_a_limit_and_a_bad_lockout_are_config_errors() {
+        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let small = Quota::new(3, Duration::from_secs(60)).unwrap();
+        let layer = || RateLimitLayer::new("t", q);
+        assert_eq!(
+            layer().try_cost(11).map(drop),
+            Err(ConfigError::CostAboveLimit {
+                cost: 11,
+                limit: 10
+            })
+        );
+        assert_eq!(
+            layer().also(small).try_cost(4).map(drop),
+            Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 })
+        );
+        assert_eq!(
+            layer().route_quota("/a", small).try_cost(4).map(drop),
+            Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 })
+        );
+        assert_eq!(
+            layer().try_block_for(Duration::ZERO).map(drop),
+            Err(ConfigError::ZeroBlock)
+        );
+        assert_eq!(
+            layer()
+                .try_block_for(Window::MAX.as_duration() + Duration::from_millis(1))
+                .map(drop),
+            Err(ConfigError::BlockTooLong)
+        );
+        if MemoryBackend::new().supports_spend() {
+            let blocked = layer()
+                .try_block_for(Duration::from_nanos(1_000_001))
+                .unwrap();
+            let plan = blocked.core.settings.spend.unwrap();
+            assert_eq!(plan.block.unwrap().as_millis(), 2, "rounded up");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "a request cost of 11 is above the limit of 10")]
+    fn a_literal_cost_above_the_limit_panics() {
+        let _ = RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap()).cost(11);
     }
 
     #[test]

@@ -111,6 +111,7 @@
 //! | quotas, rate strings (`"100/min"`), policy names | [`Quota`], [`NamedQuota`], [`Window`] |
 //! | whom to count: peer address, client behind proxies, header, route, allowlists | [`key`] |
 //! | counting by the answer (failed logins) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`] |
+//! | request costs, response charges (token budgets), lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`ResponseEnd`], [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials | [`HeaderStyle`], [`Deny`], [`Decision`] |
 //! | failures | [`FailurePolicy`], [`OnMissingKey`], [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
@@ -158,15 +159,20 @@
 )]
 
 // The data path, outside in: layer.rs (configuration) → service.rs →
-// future.rs → refund.rs (only under count_if: the hits an answer does not
-// count, handed back) → judge.rs (the verdict, and the core they share);
-// request.rs is the way in, key/ and policy.rs read it, backend/ counts,
-// decision.rs and response.rs are the way out (label.rs: what a decision
-// shows of its quota), and count.rs reads the service's answer.
+// future.rs → refund.rs (only under count_if, reset_if or charge: the hits
+// an answer does not count, handed back, cleared or charged) → charge.rs
+// (only under charge: the body that reads the answer's cost when it ends) →
+// judge.rs (the verdict, and the core they share) → cost.rs (only when the
+// layer spends: what a request costs); request.rs is the way in, key/ and
+// policy.rs read it, backend/ counts, decision.rs and response.rs are the
+// way out (label.rs: what a decision shows of its quota), and count.rs
+// reads the service's answer.
 // Imports only point down this list.
 pub mod backend;
+mod charge;
 #[cfg(feature = "serde")]
 pub mod config;
+mod cost;
 mod count;
 mod decision;
 mod error;
@@ -189,6 +195,7 @@ mod service;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use charge::{Charged, Metered, NoCharge, ResponseEnd};
 pub use count::{CountOnly, ResponseHead};
 pub use decision::{Decision, DecisionIn, Outcome, WantDecision};
 pub use error::{ConfigError, ParseRateError, RateErrorKind};
@@ -198,6 +205,7 @@ pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Window};
+pub use refund::ChargeMode;
 pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;

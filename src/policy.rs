@@ -9,7 +9,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use smallvec::SmallVec;
 
-use crate::backend::{Backend, Counter, Hit, Hits};
+use crate::backend::{Backend, Counter, Hit, Hits, Spend};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::key::Key;
@@ -156,6 +156,49 @@ impl Policy {
             [one] => backend.hit_all(key, std::slice::from_ref(&counter(one))),
             _ => backend.hit_all(key, &self.counters()),
         }
+    }
+
+    /// Spends `spend` of `key` on the policy's counters in `backend`, in
+    /// one atomic step ([`Backend::spend_all`]).
+    #[inline]
+    pub(crate) fn spend<Bk: Backend>(&self, backend: &Bk, key: &Key, spend: Spend) -> Bk::Future {
+        match &self.slots[..] {
+            [one] => backend.spend_all(key, std::slice::from_ref(&counter(one)), spend),
+            _ => backend.spend_all(key, &self.counters(), spend),
+        }
+    }
+
+    /// The index of the quota that a request of `cost` can never fit, when
+    /// there is one: the one with the smallest limit below the cost.
+    #[inline]
+    pub(crate) fn never_fits(&self, cost: u64) -> Option<usize> {
+        let (index, slot) = self
+            .slots
+            .iter()
+            .enumerate()
+            .min_by_key(|(_, slot)| slot.quota.limit())?;
+        (cost > slot.quota.limit()).then_some(index)
+    }
+
+    /// The decision on a request of `cost` that the quota at `index` can
+    /// never fit (see [`never_fits`](Self::never_fits)).
+    #[cold]
+    pub(crate) fn never_fitting(
+        &self,
+        index: usize,
+        cost: u64,
+        shadow: bool,
+        route: Option<Route>,
+    ) -> Decision {
+        let slot = &self.slots[index];
+        Decision::never_fitting(
+            slot.label.clone(),
+            route,
+            slot.quota.limit(),
+            cost,
+            slot.quota.window().as_duration(),
+            shadow,
+        )
     }
 
     /// The counters to hit, built straight into the inline buffer for the
@@ -410,6 +453,18 @@ impl Policies {
 
     pub(crate) fn default_quota(&self) -> Quota {
         self.default_quota
+    }
+
+    /// The smallest limit among the quotas known when the layer is built:
+    /// its own, its routes', and those added with `also` (a `quota_by`
+    /// closure's are known only per request).
+    pub(crate) fn smallest_limit(&self) -> u64 {
+        std::iter::once(self.default_quota)
+            .chain(self.also.iter().map(NamedQuota::quota))
+            .chain(self.route_quotas.iter().map(|(_, q)| q.quota()))
+            .map(|q| q.limit())
+            .min()
+            .unwrap_or(u64::MAX)
     }
 
     /// The policy for a request.

@@ -23,7 +23,8 @@ use std::task::{Context, Poll, Waker};
 use http::Response;
 use smallvec::SmallVec;
 
-use crate::backend::{Backend, BackendError, Hits};
+use crate::backend::{Amend, Backend, BackendError, Hits};
+use crate::charge::{Charged, Meter, Metered, NoCharge, ResponseEnd};
 use crate::count::ResponseHead;
 use crate::decision::Decision;
 use crate::judge::{Core, LogGate, Passed, Verdict};
@@ -40,12 +41,35 @@ pub(crate) type Wait = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// backend and the `count_if` predicate), the key, the policy whose counters
 /// were hit, the hits with their windows, and, once it passed counted, its
 /// decision for the answer.
-pub(crate) struct RefundTab<Bk, D> {
+pub struct RefundTab<Bk, D> {
     core: Arc<Core<Bk, D>>,
     key: Key,
     policy: Option<Arc<Policy>>,
     hits: Hits,
     passed: Option<Passed>,
+    /// What the request spent, under a layer that spends (`spend_all`);
+    /// `None` for a request counted with `hit_all`, whose hits are refunded
+    /// with `refund`.
+    cost: Option<u64>,
+}
+
+impl<Bk, D> std::fmt::Debug for RefundTab<Bk, D> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RefundTab")
+            .field("hits", &self.hits)
+            .field("cost", &self.cost)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What follows a passed request's answer once its tab is settled.
+pub(crate) enum Settled<Bk, D> {
+    /// Nothing more.
+    Done,
+    /// Refunds or clears under way, for the response to wait on.
+    Wait(Wait),
+    /// A charge to take when the body ends: the tab meters the body.
+    Meter(Box<RefundTab<Bk, D>>),
 }
 
 /// [`judge`]'s verdict on a request whose hits may be refunded.
@@ -70,7 +94,14 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
             policy: None,
             hits: Hits::new(),
             passed: None,
+            cost: None,
         })
+    }
+
+    /// The request spends `cost` (`spend_all`): that is what a refund takes
+    /// back.
+    pub(crate) fn spending(&mut self, cost: u64) {
+        self.cost = Some(cost);
     }
 
     /// The passed request's decision, before any refund.
@@ -78,36 +109,61 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
         self.passed.as_ref().map(|passed| &passed.decision)
     }
 
-    /// Once the service answered with `response`: keep the hits if the
-    /// answer counts; otherwise refund them and mark the request's decision
-    /// refunded. Then the decision is written onto the answer. See
-    /// [`refund`](Self::refund) for the returned wait.
-    pub(crate) fn settle<B>(mut self: Box<Self>, response: &mut Response<B>) -> Option<Wait> {
+    /// Once the service answered with `response`: clear the counters if
+    /// `reset_if` picks the answer; refund the request's cost if `count_if`
+    /// rejects it; otherwise keep it and, under a charge, meter the body.
+    /// The decision, marked accordingly, is written onto the answer. See
+    /// [`amend`](Self::amend) for the returned wait.
+    pub(crate) fn settle<B>(mut self: Box<Self>, response: &mut Response<B>) -> Settled<Bk, D> {
         let Passed {
             mut decision,
             quota,
         } = self.passed.take().expect("a tab settles a passed request");
-        let counts = self
-            .core
-            .settings
-            .count_if
-            .as_ref()
-            .is_none_or(|counts| counts(&ResponseHead::new(response)));
-        if counts {
-            response::passed(response, decision, true);
-            return None;
-        }
-        // The decision no longer counts the hit, when the deciding counter
-        // counted it at all.
-        if self
+        let settings = &self.core.settings;
+        let (reset, counts) = {
+            let head = ResponseHead::new(response);
+            let reset = settings.reset_if.as_ref().is_some_and(|reset| reset(&head));
+            let counts = reset
+                || settings
+                    .count_if
+                    .as_ref()
+                    .is_none_or(|counts| counts(&head));
+            (reset, counts)
+        };
+        // Whether the deciding counter counted the request at all.
+        let counted = self
             .hits
             .get(quota)
-            .is_some_and(|hit| hit.deadline.is_some())
-        {
-            decision.refund();
+            .is_some_and(|hit| hit.deadline.is_some());
+        if reset {
+            if counted {
+                decision.clear();
+            }
+            response::passed(response, decision, true);
+            return self
+                .amend(Some(Amend::Clear))
+                .map_or(Settled::Done, Settled::Wait);
+        }
+        if !counts {
+            let refund = match self.cost {
+                None => None,
+                Some(0) => {
+                    response::passed(response, decision, true);
+                    return Settled::Done;
+                }
+                Some(cost) => Some(Amend::Refund(cost)),
+            };
+            if counted {
+                decision.refund(self.cost.unwrap_or(1));
+            }
+            response::passed(response, decision, true);
+            return self.amend(refund).map_or(Settled::Done, Settled::Wait);
         }
         response::passed(response, decision, true);
-        self.refund()
+        if settings.charge.is_some() && self.hits.iter().any(|hit| hit.deadline.is_some()) {
+            return Settled::Meter(self);
+        }
+        Settled::Done
     }
 
     /// A denied request was never served: its hits are refunded at once,
@@ -118,23 +174,30 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
         if self.hits.iter().any(|hit| hit.deadline.is_some())
             && let Some(decision) = denial.extensions_mut().get_mut::<Decision>()
         {
-            decision.refund();
+            decision.refund(self.cost.unwrap_or(1));
         }
-        self.refund()
+        let refund = match self.cost {
+            None => None,
+            // A denial under `spend_all` spent nothing: no hit has a deadline.
+            Some(cost) => Some(Amend::Refund(cost)),
+        };
+        self.amend(refund)
     }
 
-    /// Refunds each hit the store counted (a hit with a deadline). A refund
-    /// that completes at once (the memory backend's) is done here. One that
-    /// has to go out is finished on a tokio task, so the client never waits
-    /// for it; only outside a tokio runtime is it handed back, for the
-    /// response to wait on.
-    fn refund(self: Box<Self>) -> Option<Wait> {
+    /// Amends each hit the store counted (a hit with a deadline) with
+    /// `amend`, or refunds it (`None`: a hit of `hit_all`). One that
+    /// completes at once (the memory backend's) is done here. One that has
+    /// to go out is finished on a tokio task, so the client never waits for
+    /// it; only outside a tokio runtime is it handed back, for the response
+    /// to wait on.
+    fn amend(self: Box<Self>, amend: Option<Amend>) -> Option<Wait> {
         let Self {
             core,
             key,
             policy,
             hits,
             passed: _,
+            cost: _,
         } = *self;
         let settings = &core.settings;
         let policy = policy?;
@@ -145,9 +208,12 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
                 // take back.
                 continue;
             }
-            let mut refund = core.backend.refund(counter.namespace, &key, hit);
+            let mut refund = match amend {
+                None => core.backend.refund(counter.namespace, &key, hit),
+                Some(amend) => core.backend.amend(counter.namespace, &key, hit, amend),
+            };
             match Pin::new(&mut refund).poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(result) => report(&settings.name, &settings.warn_gate, result),
+                Poll::Ready(result) => report(&settings.name, &settings.warn_gate, amend, result),
                 Poll::Pending => pending.push(refund),
             }
         }
@@ -157,7 +223,7 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
         let (name, gate) = (settings.name.clone(), settings.warn_gate.clone());
         let finish = async move {
             for refund in pending {
-                report(&name, &gate, refund.await);
+                report(&name, &gate, amend, refund.await);
             }
         };
         match tokio::runtime::Handle::try_current() {
@@ -212,22 +278,107 @@ where
     }
 }
 
-/// Logs one refund's result; failures at most once per period of `gate`.
-fn report(limiter: &str, gate: &LogGate, result: Result<bool, BackendError>) {
+/// Logs one refund's or amend's result; failures at most once per period
+/// of `gate`.
+fn report(limiter: &str, gate: &LogGate, amend: Option<Amend>, result: Result<bool, BackendError>) {
+    let what = match amend {
+        None | Some(Amend::Refund(_)) => "refund",
+        Some(Amend::Charge(_)) => "charge",
+        Some(Amend::Clear) => "clear",
+    };
     match result {
-        Ok(true) => tracing::trace!(limiter, "rate-limit hit refunded"),
+        Ok(true) => tracing::trace!(limiter, what, "rate-limit counter amended"),
         Ok(false) => tracing::debug!(
             limiter,
-            "rate-limit refund found nothing to take back: the hit's window closed or was reset"
+            what,
+            "rate-limit {what} found nothing to change: the hit's window closed or was reset"
         ),
         Err(err) => {
             if let Some(suppressed) = gate.admit() {
                 if err.is_corrupt() {
-                    tracing::error!(limiter, error = %err, suppressed, "rate-limit refund found a corrupt counter: the hit stays counted, the value untouched");
+                    tracing::error!(limiter, error = %err, suppressed, "rate-limit {what} found a corrupt counter: the count stays as it is, the value untouched");
                 } else {
-                    tracing::warn!(limiter, error = %err, suppressed, "rate-limit refund failed: the hit stays counted");
+                    tracing::warn!(limiter, error = %err, suppressed, "rate-limit {what} failed: the count stays as it is");
                 }
             }
         }
+    }
+}
+
+impl<Bk, D> Meter for RefundTab<Bk, D>
+where
+    Bk: Backend,
+    D: Send + Sync + 'static,
+{
+    fn end(self: Box<Self>, end: &ResponseEnd<'_>) {
+        let Some(charge) = self.core.settings.charge.clone() else {
+            return;
+        };
+        let cost = charge(end);
+        if cost == 0 {
+            return;
+        }
+        let (name, gate) = (
+            self.core.settings.name.clone(),
+            self.core.settings.warn_gate.clone(),
+        );
+        if self.amend(Some(Amend::Charge(cost))).is_some() && gate.admit().is_some() {
+            // No tokio runtime to finish it on, and a body cannot wait.
+            tracing::warn!(limiter = %name, cost, "rate-limit charge dropped: the backend could not take it at once, and there is no tokio runtime to finish it on");
+        }
+    }
+}
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+impl sealed::Sealed for NoCharge {}
+impl sealed::Sealed for Charged {}
+
+/// Whether a layer's answers carry a charge: [`NoCharge`] (the default) or
+/// [`Charged`] (after [`charge`](crate::RateLimitLayer::charge)). It picks
+/// the body type of the answers to requests with a `B` body, for a layer
+/// whose denials are made by `D`: the service's own, or [`Metered`] around
+/// it. Sealed: only these two implement it.
+pub trait ChargeMode<B, D>: sealed::Sealed {
+    /// The answers' body type.
+    type Body;
+
+    /// Hands back `response`, metered by `tab` when there is one.
+    #[doc(hidden)]
+    fn answer<Bk: Backend>(
+        response: Response<B>,
+        tab: Option<Box<RefundTab<Bk, D>>>,
+    ) -> Response<Self::Body>;
+}
+
+impl<B, D> ChargeMode<B, D> for NoCharge {
+    type Body = B;
+
+    #[inline(always)]
+    fn answer<Bk: Backend>(
+        response: Response<B>,
+        tab: Option<Box<RefundTab<Bk, D>>>,
+    ) -> Response<B> {
+        debug_assert!(tab.is_none(), "a layer without a charge meters nothing");
+        drop(tab);
+        response
+    }
+}
+
+impl<B, D> ChargeMode<B, D> for Charged
+where
+    B: http_body::Body,
+    D: Send + Sync + 'static,
+{
+    type Body = Metered<B>;
+
+    #[inline]
+    fn answer<Bk: Backend>(
+        response: Response<B>,
+        tab: Option<Box<RefundTab<Bk, D>>>,
+    ) -> Response<Metered<B>> {
+        Metered::wrap(response, tab.map(|tab| tab as Box<dyn Meter>))
     }
 }

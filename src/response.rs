@@ -121,7 +121,8 @@ where
         grpc_response(
             GrpcCode::ResourceExhausted,
             "rate limit exceeded",
-            Some(decision.reset()),
+            // Waiting never admits a request that can never fit.
+            (!decision.never_fits()).then(|| decision.reset()),
         )
     } else {
         deny.deny(&decision)
@@ -305,6 +306,7 @@ pub(crate) fn quota_headers(style: HeaderStyle, quotas: &[(&str, Quota)]) -> Vec
 fn write_headers(headers: &mut HeaderMap, decision: &Decision, onto: Written) {
     let reset = ceil_secs(decision.reset());
     match onto {
+        Written::OnDenial if decision.never_fits() => {}
         Written::OnDenial => {
             headers
                 .entry(RETRY_AFTER)

@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -10,10 +11,11 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::Backend;
+use crate::charge::NoCharge;
 use crate::future::{ResponseFuture, call_with};
 use crate::judge::{Core, OnMissingKey};
 use crate::key::KeyExtractor;
-use crate::refund::{self, RefundTab};
+use crate::refund::{self, ChargeMode, RefundTab};
 use crate::request::RequestHead;
 use crate::response::Deny;
 
@@ -70,16 +72,26 @@ use crate::response::Deny;
 /// call and never sees the answer, so it can neither wait for a shared
 /// counter nor hand a hit back once the answer is known
 /// ([`count_if`](crate::RateLimitLayer::count_if)).
+///
+/// `C` is [`NoCharge`] unless the layer has a
+/// [`charge`](crate::RateLimitLayer::charge), whose answers' bodies are
+/// [`Metered`](crate::Metered).
 #[must_use]
-pub struct RateLimit<S, K, Bk, D> {
+pub struct RateLimit<S, K, Bk, D, C = NoCharge> {
     inner: S,
     key: K,
     core: Arc<Core<Bk, D>>,
+    charge: PhantomData<fn() -> C>,
 }
 
-impl<S, K, Bk, D> RateLimit<S, K, Bk, D> {
+impl<S, K, Bk, D, C> RateLimit<S, K, Bk, D, C> {
     pub(crate) fn new(inner: S, key: K, core: Arc<Core<Bk, D>>) -> Self {
-        Self { inner, key, core }
+        Self {
+            inner,
+            key,
+            core,
+            charge: PhantomData,
+        }
     }
 
     /// The wrapped service.
@@ -104,17 +116,18 @@ impl<S, K, Bk, D> RateLimit<S, K, Bk, D> {
     }
 }
 
-impl<S, K, Bk, D, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, Bk, D>
+impl<S, K, Bk, D, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, Bk, D, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor,
     Bk: Backend,
     D: Deny<ResBody>,
     ResBody: Default,
+    C: ChargeMode<ResBody, D>,
 {
-    type Response = Response<ResBody>;
+    type Response = Response<C::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody, Bk, D>;
+    type Future = ResponseFuture<S, ReqBody, Bk, D, C>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -140,8 +153,24 @@ where
             }
         };
         let policy = core.settings.policies.select(&head);
-        let mut hit = policy.hit(&core.backend, &key);
-        tracing::trace!(limiter = %core.settings.name, %key, "rate-limit hit");
+        // A layer with a cost, a charge, a lockout or a reset on success
+        // spends; any other hits, as it always has.
+        let (mut hit, cost) = match &core.settings.spend {
+            None => (policy.hit(&core.backend, &key), None),
+            Some(plan) => {
+                let cost = plan.cost(&head);
+                if let Some(index) = policy.never_fits(cost) {
+                    let verdict = core.never_fits(&policy, index, cost, &head);
+                    let carry = core.carry(&head);
+                    return ResponseFuture::judged(verdict, carry, |decision| {
+                        call_with(&mut self.inner, request, decision)
+                    });
+                }
+                let spend = plan.spend(cost);
+                (policy.spend(&core.backend, &key, spend), Some(cost))
+            }
+        };
+        tracing::trace!(limiter = %core.settings.name, %key, ?cost, "rate-limit hit");
         // A backend that answers at once (the in-memory one does) is judged
         // here, and the service that was driven to readiness is called
         // directly. A backend that has to go out is polled again, with the
@@ -153,7 +182,10 @@ where
                 let result = core.answered_at_once(result);
                 let carry = core.carry(&head);
                 if core.counts_by_outcome() {
-                    let tab = RefundTab::open(core, &key);
+                    let mut tab = RefundTab::open(core, &key);
+                    if let Some(cost) = cost {
+                        tab.spending(cost);
+                    }
                     let verdict = refund::judge(core, tab, result, &policy, &head);
                     ResponseFuture::counted(verdict, carry, |decision| {
                         call_with(&mut self.inner, request, decision)
@@ -168,9 +200,13 @@ where
             Poll::Pending => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                let tab = core
-                    .counts_by_outcome()
-                    .then(|| RefundTab::open(core, &key));
+                let tab = core.counts_by_outcome().then(|| {
+                    let mut tab = RefundTab::open(core, &key);
+                    if let Some(cost) = cost {
+                        tab.spending(cost);
+                    }
+                    tab
+                });
                 let core = Arc::clone(core);
                 ResponseFuture::checking(core, hit, inner, request, policy.to_arc(), tab)
             }
@@ -182,24 +218,25 @@ where
 /// `Server::builder().add_service(layer.layer(MyServer::new(..)))` routes to
 /// it and the limit applies to that service alone.
 #[cfg(feature = "tonic")]
-impl<S, K, Bk, D> tonic::server::NamedService for RateLimit<S, K, Bk, D>
+impl<S, K, Bk, D, C> tonic::server::NamedService for RateLimit<S, K, Bk, D, C>
 where
     S: tonic::server::NamedService,
 {
     const NAME: &'static str = S::NAME;
 }
 
-impl<S: Clone, K: Clone, Bk, D> Clone for RateLimit<S, K, Bk, D> {
+impl<S: Clone, K: Clone, Bk, D, C> Clone for RateLimit<S, K, Bk, D, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             key: self.key.clone(),
             core: Arc::clone(&self.core),
+            charge: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, K: fmt::Debug, Bk: fmt::Debug, D> fmt::Debug for RateLimit<S, K, Bk, D> {
+impl<S: fmt::Debug, K: fmt::Debug, Bk: fmt::Debug, D, C> fmt::Debug for RateLimit<S, K, Bk, D, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)

@@ -219,3 +219,67 @@ async fn a_route_quota_through_route_layer() {
         "decisions name the policy and the matched route, never the raw path"
     );
 }
+
+#[allow(dead_code)]
+#[path = "../examples/token_budget.rs"]
+mod token_budget;
+
+/// examples/token_budget.rs on a real server: each answer is charged the
+/// tokens its `x-usage-tokens` header says, once hyper has sent its body.
+#[tokio::test]
+async fn the_token_budget_example_charges_each_answers_tokens_per_api_key() {
+    use bytes::Bytes;
+    use http_body_util::{BodyExt, Full};
+    use hyper_util::rt::TokioExecutor;
+    use tower_pinned_window::backend::MemoryBackend;
+
+    let budget = token_budget::budget().unwrap();
+    assert_eq!(budget, quota(1000, 60), "the default, TOKEN_BUDGET unset");
+    let server = serve(token_budget::app(MemoryBackend::new(), budget)).await;
+    let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
+        .build_http::<Full<Bytes>>();
+    let url = format!("{}/complete", server.url);
+    let complete = |key: &'static str| {
+        let request = http::Request::post(&url)
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(br#"{"tokens": 300}"#)))
+            .unwrap();
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let (parts, body) = response.into_parts();
+            let body = body.collect().await.unwrap().to_bytes();
+            (parts, body)
+        }
+    };
+    for (i, left) in [1000, 700, 400, 100].into_iter().enumerate() {
+        let (parts, body) = complete("k1").await;
+        assert_eq!(parts.status, StatusCode::OK, "request {i}");
+        assert_eq!(parts.headers["x-usage-tokens"], "300");
+        // The headers show the count before this answer's charge.
+        assert_eq!(
+            parts.headers["ratelimit"],
+            format!("\"tokens\";r={left};t=60").as_str(),
+            "request {i}"
+        );
+        let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(json["usage"]["tokens"], 300);
+    }
+    // 1200 tokens spent, past the budget: denied until the window closes.
+    let (parts, _) = complete("k1").await;
+    assert_eq!(parts.status, StatusCode::TOO_MANY_REQUESTS);
+    let retry: u64 = parts.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    let (parts, _) = complete("k2").await;
+    assert_eq!(
+        parts.status,
+        StatusCode::OK,
+        "another key has its own budget"
+    );
+    assert_eq!(parts.headers["ratelimit"], "\"tokens\";r=1000;t=60");
+}

@@ -952,7 +952,7 @@ fn block_on<F: Future>(future: F) -> F::Output {
 
 // --- examples/login.rs --------------------------------------------------
 
-async fn the_login_example_limits_failures_and_never_counts_successes() {
+async fn the_login_example_limits_failures_never_counts_successes_and_locks_out() {
     let app = login::app(memory());
     let attempt = |from: [u8; 4], password: &str| {
         let body = format!(r#"{{"username": "alice", "password": "{password}"}}"#);
@@ -980,19 +980,30 @@ async fn the_login_example_limits_failures_and_never_counts_successes() {
         );
     }
     advance(Duration::from_secs(60)).await;
+    // The 6th attempt locks the address out for an hour, from now: even the
+    // right password waits.
+    let locked = |res: &axum::response::Response, retry: u64| {
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()["retry-after"], retry.to_string().as_str());
+        assert_eq!(
+            res.headers()["ratelimit"],
+            format!("\"login\";r=0;t={retry}").as_str()
+        );
+    };
     for password in ["hunter2", "guess"] {
-        let res = attempt(alice, password).await;
-        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{password}");
-        assert_eq!(res.headers()["retry-after"], "840", "{password}");
+        locked(&attempt(alice, password).await, 3600);
     }
     assert_eq!(
         attempt([198, 51, 100, 1], "hunter2").await.status(),
         StatusCode::OK,
         "another address has its own budget"
     );
-    // The window opened with the first hit (a success, refunded) and closes
-    // 15 minutes after it.
-    advance(Duration::from_secs(840)).await;
+    // Pinned: more attempts never extend it, and it outlasts the window.
+    advance(Duration::from_secs(60)).await;
+    locked(&attempt(alice, "hunter2").await, 3540);
+    advance(Duration::from_secs(900)).await;
+    locked(&attempt(alice, "hunter2").await, 2640);
+    advance(Duration::from_secs(2640)).await;
     assert_eq!(attempt(alice, "hunter2").await.status(), StatusCode::OK);
     let res = attempt(alice, "guess").await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
@@ -1472,9 +1483,9 @@ fn main() {
             outside_a_tokio_runtime_the_response_waits_for_its_refund,
         ),
         trial::paused(
-            "the_login_example_limits_failures_and_never_counts_successes",
+            "the_login_example_limits_failures_never_counts_successes_and_locks_out",
             Needs::Nothing,
-            the_login_example_limits_failures_and_never_counts_successes,
+            the_login_example_limits_failures_never_counts_successes_and_locks_out,
         ),
     ];
     #[cfg(feature = "redis")]

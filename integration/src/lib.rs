@@ -34,6 +34,7 @@ markdown_doctests! {
     QuotasGuide = "../../docs/quotas.md";
     ConfigurationGuide = "../../docs/configuration.md";
     OutcomesGuide = "../../docs/outcomes.md";
+    CostsGuide = "../../docs/costs.md";
     HeadersGuide = "../../docs/headers.md";
     MetricsGuide = "../../docs/metrics.md";
     GrpcGuide = "../../docs/grpc.md";
