@@ -322,8 +322,11 @@ mod tests {
     use std::sync::{Arc, Mutex};
 
     /// A meter that records what it was given.
+    /// What a charge saw: a header, the last chunk, whether the body was complete.
+    type Sight = (Option<String>, Option<Vec<u8>>, bool);
+
     #[derive(Clone, Default)]
-    struct Seen(Arc<Mutex<Vec<(Option<String>, Option<Vec<u8>>, bool)>>>);
+    struct Seen(Arc<Mutex<Vec<Sight>>>);
 
     impl Meter for Seen {
         fn end(self: Box<Self>, end: &ResponseEnd<'_>) {

@@ -98,22 +98,23 @@ pin_project! {
     }
 }
 
+/// The state of a [`ResponseFuture`], with its types filled in.
+type FutureState<S, ReqBody, Bk, D> = State<
+    Arc<Core<Bk, D>>,
+    RefundTab<Bk, D>,
+    <Bk as Backend>::Future,
+    S,
+    Request<ReqBody>,
+    <S as Service<Request<ReqBody>>>::Future,
+    <S as Service<Request<ReqBody>>>::Response,
+>;
+
 impl<S, ReqBody, Bk, D, C> ResponseFuture<S, ReqBody, Bk, D, C>
 where
     S: Service<Request<ReqBody>>,
     Bk: Backend,
 {
-    fn with(
-        state: State<
-            Arc<Core<Bk, D>>,
-            RefundTab<Bk, D>,
-            Bk::Future,
-            S,
-            Request<ReqBody>,
-            S::Future,
-            S::Response,
-        >,
-    ) -> Self {
+    fn with(state: FutureState<S, ReqBody, Bk, D>) -> Self {
         Self {
             state,
             charge: PhantomData,

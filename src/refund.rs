@@ -176,11 +176,8 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
         {
             decision.refund(self.cost.unwrap_or(1));
         }
-        let refund = match self.cost {
-            None => None,
-            // A denial under `spend_all` spent nothing: no hit has a deadline.
-            Some(cost) => Some(Amend::Refund(cost)),
-        };
+        // A denial under `spend_all` spent nothing: no hit has a deadline.
+        let refund = self.cost.map(Amend::Refund);
         self.amend(refund)
     }
 
