@@ -187,7 +187,7 @@ impl Decision {
     }
 
     /// Whether the layer that decided is in shadow mode (it never denies).
-    pub(crate) fn from_shadow_layer(&self) -> bool {
+    pub(crate) fn by_shadow_layer(&self) -> bool {
         self.shadow
     }
 

@@ -318,7 +318,7 @@ fn write_headers(headers: &mut HeaderMap, decision: &Decision, onto: Written) {
         Written::OnPassed
             if decision.outcome() == Outcome::Allowed
                 && decision.remaining() == 0
-                && !decision.from_shadow_layer() =>
+                && !decision.by_shadow_layer() =>
         {
             raise_retry_after(headers, reset);
         }
