@@ -136,6 +136,9 @@ pub struct Decision {
     refunded: bool,
     cleared: bool,
     never_fits: bool,
+    /// The layer is in shadow mode: it never denies, so it never lengthens
+    /// the wait an inner layer's `Retry-After` announces.
+    shadow: bool,
 }
 
 impl Decision {
@@ -163,6 +166,7 @@ impl Decision {
             refunded: false,
             cleared: false,
             never_fits: false,
+            shadow,
         }
     }
 
@@ -180,6 +184,11 @@ impl Decision {
         let mut decision = Self::new(label, route, limit, cost, window, shadow);
         decision.never_fits = true;
         decision
+    }
+
+    /// Whether the layer that decided is in shadow mode (it never denies).
+    pub(crate) fn by_shadow_layer(&self) -> bool {
+        self.shadow
     }
 
     /// Its quota's header fields.

@@ -313,9 +313,12 @@ fn write_headers(headers: &mut HeaderMap, decision: &Decision, onto: Written) {
                 .or_insert_with(|| int_value(reset));
         }
         // Allowed with nothing left: a retry is denied until the window
-        // closes, so a later Retry-After from further in is the wait.
+        // closes, so a later Retry-After from further in is the wait. A
+        // shadow layer never denies the retry, so it leaves the wait alone.
         Written::OnPassed
-            if decision.outcome() == Outcome::Allowed && decision.remaining() == 0 =>
+            if decision.outcome() == Outcome::Allowed
+                && decision.remaining() == 0
+                && !decision.by_shadow_layer() =>
         {
             raise_retry_after(headers, reset);
         }

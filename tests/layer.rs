@@ -924,6 +924,27 @@ async fn retry_after_is_the_longest_wait() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_shadow_layer_with_one_hit_left_never_lengthens_the_wait() {
+    // The request the inner layer denies uses up the shadow layer's last
+    // hit: a layer that never denies must still not raise the inner wait,
+    // since the retry it would announce is admitted after 10 s.
+    let svc = nested(
+        limiter("outer", quota(2, 100)).shadow(true),
+        limiter("inner", quota(1, 10)),
+    );
+    assert_eq!(send(&svc, get()).await.status(), StatusCode::OK);
+    let res = send(&svc, get()).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&res, "retry-after"), Some("10"));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    assert_eq!(
+        send(&svc, get()).await.status(),
+        StatusCode::OK,
+        "the retry Retry-After announced is admitted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_retry_after_the_denial_set_is_kept_and_only_raised_by_outer_layers() {
     let custom = |secs: &'static str| {
         limiter("inner", quota(1, 60)).deny_with(move |_| {
