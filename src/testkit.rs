@@ -19,7 +19,7 @@
 //! from a local cache without counting it (the Redis deny cache), which the
 //! contract allows ([`Hit::deadline`] is `None` then).
 //!
-//! The scenarios use real time and short windows (150 ms): a backend under
+//! The scenarios use real time and short windows (300 ms): a backend under
 //! test keeps its own clock, so the suite cannot advance it. Run them on a
 //! multi-threaded tokio runtime: the concurrency scenarios spawn tasks.
 //!
@@ -423,9 +423,9 @@ impl Drop for Naming {
 
 /// The windows the suite lets close: short, and still far above the
 /// millisecond a store may round to.
-const SHORT: Duration = Duration::from_millis(150);
+const SHORT: Duration = Duration::from_millis(300);
 /// Past [`SHORT`], with room for a loaded machine.
-const PAST_SHORT: Duration = Duration::from_millis(220);
+const PAST_SHORT: Duration = Duration::from_millis(420);
 
 fn quota(limit: u64, window: Duration) -> Quota {
     Quota::new(limit, window).expect("the suite's quotas are valid")
