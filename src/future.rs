@@ -15,7 +15,8 @@ use tower_service::Service;
 use crate::backend::{Backend, BackendError};
 use crate::charge::NoCharge;
 use crate::decision::{Carry, Decision};
-use crate::judge::{Core, Passed, Verdict};
+use crate::judge::{Core, Fallback, Passed, Verdict};
+use crate::key::Key;
 use crate::metrics::Stopwatch;
 use crate::policy::{Policy, Selected};
 use crate::refund::{self, ChargeMode, CountedVerdict, RefundTab, Settled, Wait};
@@ -67,6 +68,9 @@ pin_project! {
             stopwatch: Stopwatch,
             // Only when the layer counts by outcome.
             tab: Option<Box<T>>,
+            // The key and cost, for the insurance limiter; only under
+            // `FailurePolicy::Insurance` without a tab (which holds them).
+            fallback: Option<(Key, Option<u64>)>,
         },
         // Passed on: waiting for the service, whose answer gets what the
         // decision writes onto it, if the request was counted and anything
@@ -128,6 +132,7 @@ where
         request: Request<ReqBody>,
         policy: Arc<Policy>,
         tab: Option<Box<RefundTab<Bk, D>>>,
+        fallback: Option<(Key, Option<u64>)>,
     ) -> Self {
         Self::with(State::Checking {
             core,
@@ -138,6 +143,7 @@ where
             policy,
             stopwatch: Stopwatch::start(),
             tab,
+            fallback,
         })
     }
 
@@ -281,6 +287,7 @@ where
                     policy,
                     stopwatch,
                     tab,
+                    fallback,
                 } => {
                     let result = match Pin::new(hit).poll(cx) {
                         Poll::Ready(result) => result,
@@ -300,7 +307,15 @@ where
                     let carry = core.carry(&head);
                     let next = match tab.take() {
                         None => Self::judged(
-                            core.judge(result, &policy, &head, carry.anywhere()),
+                            core.judge(
+                                result,
+                                &policy,
+                                &head,
+                                carry.anywhere(),
+                                fallback
+                                    .as_ref()
+                                    .map(|(key, cost)| Fallback { key, cost: *cost }),
+                            ),
                             carry,
                             |d| call_once(service, request, d),
                         ),

@@ -204,7 +204,7 @@ pub use judge::{FailurePolicy, OnMissingKey};
 pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
-pub use quota::{Quota, Window};
+pub use quota::{Quota, Share, Window};
 pub use refund::ChargeMode;
 pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};
