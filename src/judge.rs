@@ -76,7 +76,6 @@ pub enum FailurePolicy {
     Insurance(Share),
 }
 
-
 /// What a request gets when its key cannot be extracted.
 ///
 /// # Example
