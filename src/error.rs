@@ -107,9 +107,9 @@ pub enum ConfigError {
     /// A lockout longer than [`Window::MAX`](crate::Window::MAX).
     BlockTooLong,
     /// An insurance [`Share`](crate::Share) that is not a fraction in
-    /// `(0, 1]`: a zero numerator or denominator, or a numerator above the
-    /// denominator (the two numbers given).
-    InvalidShare(u32, u32),
+    /// `(0, 1]` (a zero numerator or denominator, or a numerator above the
+    /// denominator), or text that is not `N/D` (what was given).
+    InvalidShare(String),
 }
 
 impl From<ParseRateError> for ConfigError {
@@ -184,9 +184,9 @@ impl fmt::Display for ConfigError {
                 "this backend does not support costs, charges, lockouts or resets on success (its supports_spend() is false)",
             ),
             Self::ZeroBlock => f.write_str("a lockout must be longer than zero"),
-            Self::InvalidShare(num, den) => write!(
+            Self::InvalidShare(share) => write!(
                 f,
-                "an insurance share must be a fraction above 0 and at most 1, not {num}/{den}"
+                "an insurance share must be a fraction N/D above 0 and at most 1, such as 1/4, not {share:?}"
             ),
             Self::BlockTooLong => write!(
                 f,

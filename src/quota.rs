@@ -480,8 +480,11 @@ impl FromStr for Quota {
 /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap())
 ///     .on_failure(FailurePolicy::Insurance(share));
 ///
-/// assert_eq!(Share::new(3, 2), Err(ConfigError::InvalidShare(3, 2)));
-/// assert_eq!(Share::one_in(0), Err(ConfigError::InvalidShare(1, 0)));
+/// assert_eq!(Share::new(3, 2), Err(ConfigError::InvalidShare("3/2".into())));
+/// assert_eq!(Share::one_in(0), Err(ConfigError::InvalidShare("1/0".into())));
+/// // From configuration: `N/D`, as it prints.
+/// assert_eq!("1/4".parse::<Share>(), Ok(share));
+/// assert!("a quarter".parse::<Share>().is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Share {
@@ -500,7 +503,9 @@ impl Share {
     /// unless `0 < numerator <= denominator`.
     pub fn new(numerator: u32, denominator: u32) -> Result<Self, ConfigError> {
         if numerator == 0 || denominator == 0 || numerator > denominator {
-            return Err(ConfigError::InvalidShare(numerator, denominator));
+            return Err(ConfigError::InvalidShare(format!(
+                "{numerator}/{denominator}"
+            )));
         }
         Ok(Self {
             numerator,
@@ -529,6 +534,26 @@ impl Share {
     pub fn of(&self, limit: u64) -> u64 {
         let share = u128::from(limit) * u128::from(self.numerator) / u128::from(self.denominator);
         u64::try_from(share).unwrap_or(u64::MAX).max(1)
+    }
+}
+
+/// `N/D`, spaces around either number allowed: what [`Display`](fmt::Display)
+/// prints parses back to the same share.
+impl FromStr for Share {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        let invalid = || ConfigError::InvalidShare(text.to_owned());
+        let (numerator, denominator) = text.split_once('/').ok_or_else(invalid)?;
+        let number = |part: &str| {
+            let part = part.trim();
+            // Digits only: no sign, as `u32::from_str` would take.
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid());
+            }
+            part.parse::<u32>().map_err(|_| invalid())
+        };
+        Self::new(number(numerator)?, number(denominator)?).map_err(|_| invalid())
     }
 }
 
