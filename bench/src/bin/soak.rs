@@ -46,7 +46,9 @@ use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
 use tower_pinned_window::backend::postgres::tokio_postgres::{self, NoTls};
-use tower_pinned_window::backend::redis::{RedisBackend, SentinelConnection};
+use tower_pinned_window::backend::redis::{
+    RedisBackend, SentinelConnection, connection_manager_config,
+};
 use tower_pinned_window::key::HeaderKey;
 use tower_pinned_window::{Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share};
 
@@ -128,11 +130,13 @@ async fn sentinel(id: u32, out: &str) -> Result<(), Error> {
 }
 
 /// One instance through a standalone Redis at `REDIS_URL`, over a
-/// `ConnectionManager`, which reconnects by itself after a restart.
+/// `ConnectionManager` with the crate's settings (as
+/// `RedisBackend::connect` makes it), which reconnects by itself after a
+/// restart.
 async fn standalone(id: u32, out: &str) -> Result<(), Error> {
     let url: String = std::env::var("REDIS_URL").map_err(|_| "REDIS_URL is not set")?;
     let connection = redis::Client::open(url.as_str())?
-        .get_connection_manager()
+        .get_connection_manager_with_config(connection_manager_config())
         .await?;
     let backend = RedisBackend::builder(connection)
         .prefix(env("PREFIX", "tpw-soak:".to_owned())?)
