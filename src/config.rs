@@ -53,7 +53,7 @@
 //! | `routes` | none | a table of axum routes (`"/users/{id}"`) or gRPC methods (`"/auth.Auth/Login"`) to their quota, a rate string or `{ name, quota }` |
 //! | `tiers` | none | a table of tier names to their quota; a request's tier is the [`Tier`] in its extensions |
 //! | `shadow` | `false` | count and set headers, never deny |
-//! | `on-failure` | `"fail-closed"` | or `"fail-open"` (see [`FailurePolicy`]) |
+//! | `on-failure` | `"fail-closed"` | or `"fail-open"`, or `"insurance 1/4"` for [`FailurePolicy::Insurance`] at that [`Share`](crate::Share) (see [`FailurePolicy`]) |
 //! | `on-missing-key` | `"reject"` | or `"allow"` (see [`OnMissingKey`]) |
 //! | `headers` | `"ietf"` | or `"legacy"`, `"none"` (see [`HeaderStyle`]) |
 //!
@@ -626,10 +626,48 @@ macro_rules! string_enum {
     };
 }
 
-string_enum!(failure_policy, FailurePolicy, "failure policy", {
-    FailurePolicy::FailClosed => "fail-closed",
-    FailurePolicy::FailOpen => "fail-open",
-});
+/// `"fail-closed"`, `"fail-open"`, or `"insurance N/D"`.
+mod failure_policy {
+    use super::*;
+    use crate::quota::Share;
+
+    pub(super) fn serialize<S: Serializer>(
+        value: &FailurePolicy,
+        serializer: S,
+    ) -> Result<S::Ok, S::Error> {
+        #[allow(unreachable_patterns)]
+        match value {
+            FailurePolicy::FailClosed => serializer.serialize_str("fail-closed"),
+            FailurePolicy::FailOpen => serializer.serialize_str("fail-open"),
+            FailurePolicy::Insurance(share) => {
+                serializer.serialize_str(&format!("insurance {share}"))
+            }
+            _ => Err(serde::ser::Error::custom(
+                "a failure policy this version cannot write",
+            )),
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(
+        deserializer: D,
+    ) -> Result<FailurePolicy, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        match text.as_str() {
+            "fail-closed" => Ok(FailurePolicy::FailClosed),
+            "fail-open" => Ok(FailurePolicy::FailOpen),
+            other => match other.strip_prefix("insurance ") {
+                Some(share) => share
+                    .parse::<Share>()
+                    .map(FailurePolicy::Insurance)
+                    .map_err(de::Error::custom),
+                None => Err(de::Error::invalid_value(
+                    de::Unexpected::Str(other),
+                    &"\"fail-closed\", \"fail-open\" or \"insurance N/D\" (such as \"insurance 1/4\")",
+                )),
+            },
+        }
+    }
+}
 
 string_enum!(on_missing_key, OnMissingKey, "missing-key policy", {
     OnMissingKey::Reject => "reject",

@@ -136,6 +136,8 @@ pub struct Decision {
     refunded: bool,
     cleared: bool,
     never_fits: bool,
+    /// Counted by the insurance limiter, the backend being out.
+    insured: bool,
     /// The layer is in shadow mode: it never denies, so it never lengthens
     /// the wait an inner layer's `Retry-After` announces.
     shadow: bool,
@@ -166,6 +168,7 @@ impl Decision {
             refunded: false,
             cleared: false,
             never_fits: false,
+            insured: false,
             shadow,
         }
     }
@@ -184,6 +187,12 @@ impl Decision {
         let mut decision = Self::new(label, route, limit, cost, window, shadow);
         decision.never_fits = true;
         decision
+    }
+
+    /// Marks a decision of the insurance limiter.
+    #[cold]
+    pub(crate) fn insure(&mut self) {
+        self.insured = true;
     }
 
     /// Whether the layer that decided is in shadow mode (it never denies).
@@ -321,6 +330,16 @@ impl Decision {
     /// ```
     pub fn cleared(&self) -> bool {
         self.cleared
+    }
+
+    /// Whether the insurance limiter decided: the backend was out (down,
+    /// timed out, its breaker open, or full) under
+    /// [`FailurePolicy::Insurance`](crate::FailurePolicy::Insurance), and
+    /// the request was counted in this process's memory against this
+    /// instance's [`Share`](crate::Share) of the limit, which
+    /// [`limit`](Self::limit) is.
+    pub fn insured(&self) -> bool {
+        self.insured
     }
 
     /// Whether the request's cost (see

@@ -106,6 +106,10 @@ pub enum ConfigError {
     ZeroBlock,
     /// A lockout longer than [`Window::MAX`](crate::Window::MAX).
     BlockTooLong,
+    /// An insurance [`Share`](crate::Share) that is not a fraction in
+    /// `(0, 1]` (a zero numerator or denominator, or a numerator above the
+    /// denominator), or text that is not `N/D` (what was given).
+    InvalidShare(String),
 }
 
 impl From<ParseRateError> for ConfigError {
@@ -180,6 +184,10 @@ impl fmt::Display for ConfigError {
                 "this backend does not support costs, charges, lockouts or resets on success (its supports_spend() is false)",
             ),
             Self::ZeroBlock => f.write_str("a lockout must be longer than zero"),
+            Self::InvalidShare(share) => write!(
+                f,
+                "an insurance share must be a fraction N/D above 0 and at most 1, such as 1/4, not {share:?}"
+            ),
             Self::BlockTooLong => write!(
                 f,
                 "a lockout must be at most {MAX_WINDOW_MS} ms (36,525 days, Window::MAX)"

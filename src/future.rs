@@ -15,7 +15,8 @@ use tower_service::Service;
 use crate::backend::{Backend, BackendError};
 use crate::charge::NoCharge;
 use crate::decision::{Carry, Decision};
-use crate::judge::{Core, Passed, Verdict};
+use crate::judge::{Core, Fallback, Passed, Verdict};
+use crate::key::Key;
 use crate::metrics::Stopwatch;
 use crate::policy::{Policy, Selected};
 use crate::refund::{self, ChargeMode, CountedVerdict, RefundTab, Settled, Wait};
@@ -67,6 +68,9 @@ pin_project! {
             stopwatch: Stopwatch,
             // Only when the layer counts by outcome.
             tab: Option<Box<T>>,
+            // The key and cost, for the insurance limiter; only under
+            // `FailurePolicy::Insurance` without a tab (which holds them).
+            fallback: Option<(Key, Option<u64>)>,
         },
         // Passed on: waiting for the service, whose answer gets what the
         // decision writes onto it, if the request was counted and anything
@@ -128,6 +132,7 @@ where
         request: Request<ReqBody>,
         policy: Arc<Policy>,
         tab: Option<Box<RefundTab<Bk, D>>>,
+        fallback: Option<(Key, Option<u64>)>,
     ) -> Self {
         Self::with(State::Checking {
             core,
@@ -138,6 +143,7 @@ where
             policy,
             stopwatch: Stopwatch::start(),
             tab,
+            fallback,
         })
     }
 
@@ -281,6 +287,7 @@ where
                     policy,
                     stopwatch,
                     tab,
+                    fallback,
                 } => {
                     let result = match Pin::new(hit).poll(cx) {
                         Poll::Ready(result) => result,
@@ -300,7 +307,15 @@ where
                     let carry = core.carry(&head);
                     let next = match tab.take() {
                         None => Self::judged(
-                            core.judge(result, &policy, &head, carry.anywhere()),
+                            core.judge(
+                                result,
+                                &policy,
+                                &head,
+                                carry.anywhere(),
+                                fallback
+                                    .as_ref()
+                                    .map(|(key, cost)| Fallback { key, cost: *cost }),
+                            ),
                             carry,
                             |d| call_once(service, request, d),
                         ),
@@ -547,6 +562,141 @@ mod tests {
                 carried(later, ask).await,
                 want,
                 "{place:?} later, asked: {ask}"
+            );
+        }
+    }
+
+    /// A backend that is out: it fails every call at once, on its second
+    /// poll, or never answers (the layer's timeout ends the wait).
+    #[derive(Clone, Copy, Debug)]
+    enum Out {
+        AtOnce,
+        Later,
+        Never,
+    }
+
+    impl Backend for Out {
+        type Future = std::pin::Pin<
+            Box<dyn Future<Output = Result<crate::backend::Hits, BackendError>> + Send>,
+        >;
+        type Refund = std::future::Ready<Result<bool, BackendError>>;
+
+        fn hit_all(&self, _key: &Key, _counters: &[Counter<'_>]) -> Self::Future {
+            let unavailable = || Err(BackendError::Unavailable("down".into()));
+            match self {
+                Self::AtOnce => Box::pin(std::future::ready(unavailable())),
+                Self::Later => Box::pin(SecondPoll {
+                    polled: false,
+                    inner: std::future::ready(unavailable()),
+                }),
+                Self::Never => Box::pin(std::future::pending()),
+            }
+        }
+
+        fn spend_all(
+            &self,
+            key: &Key,
+            counters: &[Counter<'_>],
+            _spend: crate::backend::Spend,
+        ) -> Self::Future {
+            self.hit_all(key, counters)
+        }
+
+        fn supports_spend(&self) -> bool {
+            true
+        }
+
+        fn refund(&self, _namespace: &str, _key: &Key, _hit: &Hit) -> Self::Refund {
+            panic!("nothing the insurance counted is refunded in the backend")
+        }
+
+        async fn peek(&self, _namespace: &str, _key: &Key) -> Result<Option<Hit>, BackendError> {
+            Err(BackendError::Unavailable("down".into()))
+        }
+
+        async fn reset(&self, _namespace: &str, _key: &Key) -> Result<bool, BackendError> {
+            Err(BackendError::Unavailable("down".into()))
+        }
+    }
+
+    /// The statuses, insured marks, counts and limits of `n` requests
+    /// through `layer`.
+    async fn answers(
+        layer: RateLimitLayer<crate::key::GlobalKey, Out>,
+        n: usize,
+    ) -> Vec<(u16, Option<(bool, u64, u64)>)> {
+        let service = layer
+            .decision_in(crate::decision::DecisionIn::Response)
+            .layer(service_fn(|_request: Request<String>| async {
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }));
+        let mut seen = Vec::new();
+        for _ in 0..n {
+            let response = service
+                .clone()
+                .oneshot(Request::new(String::new()))
+                .await
+                .unwrap();
+            let decision = response
+                .extensions()
+                .get::<Decision>()
+                .map(|d| (d.insured(), d.count(), d.limit()));
+            seen.push((response.status().as_u16(), decision));
+        }
+        seen
+    }
+
+    #[tokio::test]
+    async fn the_insurance_limiter_decides_however_the_backend_fails() {
+        use crate::judge::FailurePolicy;
+        use crate::quota::Share;
+        let quota = Quota::new(4, Duration::from_secs(60)).unwrap();
+        let half = FailurePolicy::Insurance(Share::new(1, 2).unwrap());
+        for out in [Out::AtOnce, Out::Later, Out::Never] {
+            let layer = || {
+                RateLimitLayer::new("api", quota)
+                    .backend(out)
+                    .timeout(Duration::from_millis(20))
+            };
+            assert_eq!(
+                answers(layer(), 2).await,
+                vec![(503, None), (503, None)],
+                "{out:?}: fail-closed by default"
+            );
+            let insured = vec![
+                (200, Some((true, 1, 2))),
+                (200, Some((true, 2, 2))),
+                (429, Some((true, 3, 2))),
+            ];
+            assert_eq!(
+                answers(layer().on_failure(half), 3).await,
+                insured,
+                "{out:?}: half the limit, counted locally"
+            );
+            // With count_if, the tab's path: the insured hits are kept,
+            // never refunded (in the backend or locally).
+            assert_eq!(
+                answers(layer().on_failure(half).count_if(|_| false), 3).await,
+                insured,
+                "{out:?}, count_if"
+            );
+            // A layer that spends counts its cost locally.
+            assert_eq!(
+                answers(layer().on_failure(half).cost(2), 2).await,
+                vec![(200, Some((true, 2, 2))), (429, Some((true, 4, 2)))],
+                "{out:?}, a cost of 2"
+            );
+            // Back to fail-closed: the insurance is gone.
+            assert_eq!(
+                answers(
+                    layer()
+                        .on_failure(half)
+                        .on_failure(FailurePolicy::FailClosed),
+                    1
+                )
+                .await,
+                vec![(503, None)],
+                "{out:?}: fail-closed again"
             );
         }
     }

@@ -8,20 +8,24 @@
 //! writes every header, and the quota's metrics count the decision.
 
 use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use http::Response;
 
-use crate::backend::{BackendError, Hits};
+use crate::backend::{BackendError, Hits, MemoryBackend};
 use crate::charge::ChargeFn;
 use crate::cost::SpendPlan;
 use crate::count::CountIf;
 use crate::decision::{Carry, Decision, DecisionIn};
-use crate::key::KeyError;
+use crate::key::{Key, KeyError};
 use crate::metrics::LayerMetrics;
 use crate::policy::{Policies, Policy};
+use crate::quota::Share;
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
 
@@ -52,6 +56,24 @@ pub enum FailurePolicy {
     /// Let the request through uncounted, with a warning in the log at most
     /// once every few seconds.
     FailOpen,
+    /// Decide with a limiter in this process's memory, each quota's limit
+    /// cut to this instance's [`Share`](crate::Share) of it, with a warning in the log at
+    /// most once every few seconds. Its counters are pinned to their first
+    /// hit like the backend's, and live in a bounded
+    /// [`MemoryBackend`](crate::backend::MemoryBackend) the layer makes (and its clones share). Every
+    /// request still goes to the backend first: once it answers again, it
+    /// decides, from its own counts, and the local counters are left to
+    /// expire.
+    ///
+    /// What it does not do: a request the insurance counted is never
+    /// refunded, charged or cleared (`count_if`, `charge`, `reset_if` act on
+    /// the backend's counters only), and a full local store or a corrupt
+    /// counter answers as under [`FailClosed`](Self::FailClosed). Its
+    /// decisions say so: [`Decision::insured`], and their
+    /// [`limit`](Decision::limit) is the share. See [`Share`](crate::Share) for an
+    /// example, and for how far past a quota's limit a fleet can go while
+    /// its store is out.
+    Insurance(Share),
 }
 
 /// What a request gets when its key cannot be extracted.
@@ -111,6 +133,8 @@ pub(crate) struct Settings {
     pub(crate) name: Arc<str>,
     pub(crate) policies: Policies,
     pub(crate) failure: FailurePolicy,
+    /// The insurance limiter's counters, under [`FailurePolicy::Insurance`].
+    pub(crate) insurance: Option<MemoryBackend>,
     pub(crate) missing_key: OnMissingKey,
     pub(crate) timeout: Duration,
     pub(crate) shadow: bool,
@@ -147,6 +171,14 @@ pub(crate) enum Verdict<B> {
     Respond(Response<B>),
 }
 
+/// What the insurance limiter needs to count a request the backend failed:
+/// its key and, under a layer that spends, its cost.
+#[derive(Clone, Copy)]
+pub(crate) struct Fallback<'a> {
+    pub(crate) key: &'a Key,
+    pub(crate) cost: Option<u64>,
+}
+
 /// A request passed on counted: its decision, for its answer.
 pub(crate) struct Passed {
     /// The decision: its label holds the quota's header fields, so the
@@ -176,6 +208,7 @@ impl<Bk, D> Core<Bk, D> {
                 name,
                 policies,
                 failure: FailurePolicy::default(),
+                insurance: None,
                 missing_key: OnMissingKey::default(),
                 timeout,
                 shadow: false,
@@ -234,6 +267,7 @@ impl<Bk, D> Core<Bk, D> {
         policy: &Policy,
         request: &RequestHead<'_>,
         read: bool,
+        fallback: Option<Fallback<'_>>,
     ) -> Verdict<B>
     where
         D: Deny<B>,
@@ -251,12 +285,12 @@ impl<Bk, D> Core<Bk, D> {
                 response.extensions_mut().insert(err.kind());
                 return Verdict::Respond(response);
             }
-            Err(err) => return self.outage(err, request),
+            Err(err) => return self.outage(err, policy, request, fallback),
         };
         let Some((index, hit)) = policy.decisive(&hits) else {
             let err = BackendError::Unavailable("the backend answered no hit".into());
             s.metrics.backend_error(&s.name, &err);
-            return self.outage(err, request);
+            return self.outage(err, policy, request, fallback);
         };
         if !read
             && s.observer.is_none()
@@ -311,24 +345,105 @@ impl<Bk, D> Core<Bk, D> {
         Verdict::Respond(response::denial(&self.deny, decision, request.is_grpc()))
     }
 
-    fn outage<B: Default>(&self, err: BackendError, request: &RequestHead<'_>) -> Verdict<B> {
+    /// The verdict on `request` when the backend failed with `err`: the
+    /// insurance limiter's (with the request's `fallback`), a pass uncounted,
+    /// or 503, as the failure policy says.
+    #[cold]
+    fn outage<B>(
+        &self,
+        err: BackendError,
+        policy: &Policy,
+        request: &RequestHead<'_>,
+        fallback: Option<Fallback<'_>>,
+    ) -> Verdict<B>
+    where
+        D: Deny<B>,
+        B: Default,
+    {
         let s = &self.settings;
-        let fail_open = s.failure == FailurePolicy::FailOpen;
+        let insurance = match (s.failure, &s.insurance, fallback) {
+            (FailurePolicy::Insurance(share), Some(local), Some(fallback)) => {
+                Some((share, local, fallback))
+            }
+            _ => None,
+        };
         if let Some(suppressed) = s.warn_gate.admit() {
-            let action = if fail_open {
-                "passing requests uncounted"
-            } else {
-                "answering 503"
+            let action = match s.failure {
+                FailurePolicy::FailOpen => "passing requests uncounted",
+                FailurePolicy::Insurance(_) => "deciding with the insurance limiter",
+                FailurePolicy::FailClosed => "answering 503",
             };
             tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
         }
-        if fail_open {
+        if let Some((share, local, fallback)) = insurance
+            && let Some(verdict) = self.insured(share, local, fallback, policy, request)
+        {
+            return verdict;
+        }
+        if s.failure == FailurePolicy::FailOpen {
             return Verdict::Pass(None);
         }
         let mut response = response::unavailable(request.is_grpc());
         // Where a decision would be: what kind of failure answered.
         response.extensions_mut().insert(err.kind());
         Verdict::Respond(response)
+    }
+
+    /// The insurance limiter's verdict on `request`: `policy` with each
+    /// limit cut to `share`, counted in `local`. `None` when the local store
+    /// fails too (full, or a corrupt counter): the request is answered as
+    /// under fail-closed.
+    #[cold]
+    fn insured<B>(
+        &self,
+        share: Share,
+        local: &MemoryBackend,
+        fallback: Fallback<'_>,
+        policy: &Policy,
+        request: &RequestHead<'_>,
+    ) -> Option<Verdict<B>>
+    where
+        D: Deny<B>,
+        B: Default,
+    {
+        let s = &self.settings;
+        let policy = policy.insured(share);
+        let mut hit = match (fallback.cost, &s.spend) {
+            (Some(cost), Some(plan)) => policy.spend(local, fallback.key, plan.spend(cost)),
+            _ => policy.hit(local, fallback.key),
+        };
+        // The memory backend answers on its first poll.
+        let Poll::Ready(result) = Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop()))
+        else {
+            return None;
+        };
+        let hits = match result {
+            Ok(hits) => hits,
+            Err(err) => {
+                s.metrics.backend_error(&s.name, &err);
+                tracing::debug!(limiter = %s.name, error = %err, "the insurance limiter failed too: answering as fail-closed");
+                return None;
+            }
+        };
+        let (index, hit) = policy.decisive(&hits)?;
+        let mut decision = policy.decision(index, hit, s.shadow, request.route_owned());
+        decision.insure();
+        tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision by the insurance limiter");
+        policy.quota_metrics(index).record(&decision);
+        if let Some(observer) = &s.observer {
+            observer(&decision);
+        }
+        if decision.passed() {
+            return Some(Verdict::Pass(Some(Passed {
+                decision,
+                quota: index,
+            })));
+        }
+        Some(Verdict::Respond(response::denial(
+            &self.deny,
+            decision,
+            request.is_grpc(),
+        )))
     }
 
     /// The answer to a request without a usable key, under
@@ -364,6 +479,7 @@ impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
             .field("backend", &self.backend)
             .field("headers", &s.policies.style())
             .field("failure", &s.failure)
+            .field("insurance", &s.insurance.is_some())
             .field("missing_key", &s.missing_key)
             .field("timeout", &s.timeout)
             .field("shadow", &s.shadow)

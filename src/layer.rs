@@ -655,7 +655,16 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// [`FailurePolicy::FailClosed`]). See the
     /// [example](FailurePolicy#example).
     pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
-        self.core.settings.failure = policy;
+        let settings = &mut self.core.settings;
+        settings.failure = policy;
+        // The insurance limiter's counters, made once: a layer and its
+        // clones share them.
+        match policy {
+            FailurePolicy::Insurance(_) => {
+                settings.insurance.get_or_insert_with(MemoryBackend::new);
+            }
+            _ => settings.insurance = None,
+        }
         self
     }
 

@@ -90,6 +90,7 @@
 //! | over the limit | [`shadow(true)`](RateLimitLayer::shadow) | the service's response, counted ([`Outcome::Shadowed`]) | the service's answer |
 //! | backend down, timed out, circuit open, or full | [`FailurePolicy::FailClosed`] (default) | `503` with `Retry-After: 1` | `14 UNAVAILABLE` |
 //! | the same | [`FailurePolicy::FailOpen`] | the service's response, uncounted, no rate-limit headers | the service's answer |
+//! | the same | [`FailurePolicy::Insurance`] | decided by a limiter in this process's memory at the instance's [`Share`] of the limit: the service's response or `429`, as above ([`Decision::insured`]) | the same |
 //! | corrupt counter | any | `500`, the value left untouched | `13 INTERNAL` |
 //! | key missing or malformed | [`OnMissingKey::Reject`] (default) | `400` | `3 INVALID_ARGUMENT` |
 //! | server not set up for the extractor (no peer address) | [`OnMissingKey::Reject`] | `500` | `13 INTERNAL` |
@@ -113,7 +114,7 @@
 //! | counting by the answer (failed logins) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`] |
 //! | request costs, response charges (token budgets), lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`ResponseEnd`], [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials | [`HeaderStyle`], [`Deny`], [`Decision`] |
-//! | failures | [`FailurePolicy`], [`OnMissingKey`], [`ConfigError`] |
+//! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`OnMissingKey`], [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
 //! | Redis, Cluster, Sentinel (feature `redis`) | [`backend::redis`][mod-redis] |
 //! | PostgreSQL (feature `postgres`) | [`backend::postgres`][mod-postgres] |
@@ -204,7 +205,7 @@ pub use judge::{FailurePolicy, OnMissingKey};
 pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
-pub use quota::{Quota, Window};
+pub use quota::{Quota, Share, Window};
 pub use refund::ChargeMode;
 pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};

@@ -138,7 +138,7 @@ mod enabled {
 
     /// A quota's decision counters, one per outcome, registered on first
     /// use. Kept beside the quota (in its policy), never in a decision.
-    #[derive(Default)]
+    #[derive(Default, Clone)]
     pub(crate) struct QuotaMetrics(OnceLock<[Counter; 3]>);
 
     impl QuotaMetrics {
@@ -241,7 +241,7 @@ mod disabled {
     use crate::backend::{BackendError, Hits};
     use crate::decision::Decision;
 
-    #[derive(Debug, Default)]
+    #[derive(Debug, Default, Clone)]
     pub(crate) struct QuotaMetrics;
 
     impl QuotaMetrics {

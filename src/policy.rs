@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::num::NonZeroU64;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use smallvec::SmallVec;
@@ -16,7 +17,7 @@ use crate::key::Key;
 use crate::label::{Label, QuotaHeaders};
 use crate::metrics::QuotaMetrics;
 use crate::name::{is_policy_name, is_sf_string_byte};
-use crate::quota::Quota;
+use crate::quota::{Quota, Share};
 use crate::request::{RequestHead, Route};
 use crate::response::{HeaderStyle, quota_headers};
 
@@ -199,6 +200,28 @@ impl Policy {
             slot.quota.window().as_duration(),
             shadow,
         )
+    }
+
+    /// The policy the insurance limiter applies while the backend is out:
+    /// the same counters, labels and metric handles, each limit cut to
+    /// `share` of it.
+    #[cold]
+    pub(crate) fn insured(&self, share: Share) -> Self {
+        let slots = self
+            .slots
+            .iter()
+            .map(|slot| {
+                let limit = NonZeroU64::new(share.of(slot.quota.limit()))
+                    .expect("a share of a limit is at least 1");
+                Slot {
+                    namespace: Arc::clone(&slot.namespace),
+                    quota: Quota::with_window(limit, slot.quota.window()),
+                    label: Arc::clone(&slot.label),
+                    metrics: slot.metrics.clone(),
+                }
+            })
+            .collect();
+        Self { slots }
     }
 
     /// The counters to hit, built straight into the inline buffer for the

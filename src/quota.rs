@@ -450,6 +450,119 @@ impl FromStr for Quota {
     }
 }
 
+/// An instance's share of each quota's limit under
+/// [`FailurePolicy::Insurance`](crate::FailurePolicy::Insurance): a fraction in `(0, 1]` of the limit that
+/// this process admits on its own while the backend is out.
+///
+/// With `n` instances behind a balancer that spreads a key's requests over
+/// them, `Share::one_in(n)` keeps the fleet's total near the limit. The
+/// insured limit is the share of the limit rounded down, and at least 1, so
+/// a limit smaller than the number of instances is passed by each of them.
+///
+/// How far past the limit a key can go around an outage: the backend's
+/// window that was open when it failed had admitted up to the limit, the
+/// local windows open from the first request after the failure, and a store
+/// that comes back empty (Redis without persistence) opens new windows
+/// too. Each of those counts within its own window; the measured figures of
+/// a 4-instance soak through a Redis `kill -9` are in `soak/README.md`.
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::{ConfigError, FailurePolicy, Quota, RateLimitLayer, Share};
+///
+/// // Four instances: each admits a quarter of the limit while the store is out.
+/// let share = Share::one_in(4).unwrap();
+/// assert_eq!(share.of(100), 25);
+/// assert_eq!(share.of(3), 1, "never 0");
+/// assert_eq!(share.to_string(), "1/4");
+/// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap())
+///     .on_failure(FailurePolicy::Insurance(share));
+///
+/// assert_eq!(Share::new(3, 2), Err(ConfigError::InvalidShare("3/2".into())));
+/// assert_eq!(Share::one_in(0), Err(ConfigError::InvalidShare("1/0".into())));
+/// // From configuration: `N/D`, as it prints.
+/// assert_eq!("1/4".parse::<Share>(), Ok(share));
+/// assert!("a quarter".parse::<Share>().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Share {
+    numerator: u32,
+    denominator: u32,
+}
+
+impl Share {
+    /// The whole limit: each instance admits as many as the backend would.
+    pub const WHOLE: Self = Self {
+        numerator: 1,
+        denominator: 1,
+    };
+
+    /// `numerator / denominator` of each limit; [`ConfigError::InvalidShare`]
+    /// unless `0 < numerator <= denominator`.
+    pub fn new(numerator: u32, denominator: u32) -> Result<Self, ConfigError> {
+        if numerator == 0 || denominator == 0 || numerator > denominator {
+            return Err(ConfigError::InvalidShare(format!(
+                "{numerator}/{denominator}"
+            )));
+        }
+        Ok(Self {
+            numerator,
+            denominator,
+        })
+    }
+
+    /// `1 / instances` of each limit, for `instances` instances that share
+    /// the load; [`ConfigError::InvalidShare`] for 0.
+    pub fn one_in(instances: u32) -> Result<Self, ConfigError> {
+        Self::new(1, instances)
+    }
+
+    /// The fraction's numerator.
+    pub fn numerator(&self) -> u32 {
+        self.numerator
+    }
+
+    /// The fraction's denominator.
+    pub fn denominator(&self) -> u32 {
+        self.denominator
+    }
+
+    /// The insured limit for `limit`: the share of it rounded down, and at
+    /// least 1.
+    pub fn of(&self, limit: u64) -> u64 {
+        let share = u128::from(limit) * u128::from(self.numerator) / u128::from(self.denominator);
+        u64::try_from(share).unwrap_or(u64::MAX).max(1)
+    }
+}
+
+/// `N/D`, spaces around either number allowed: what [`Display`](fmt::Display)
+/// prints parses back to the same share.
+impl FromStr for Share {
+    type Err = ConfigError;
+
+    fn from_str(text: &str) -> Result<Self, ConfigError> {
+        let invalid = || ConfigError::InvalidShare(text.to_owned());
+        let (numerator, denominator) = text.split_once('/').ok_or_else(invalid)?;
+        let number = |part: &str| {
+            let part = part.trim();
+            // Digits only: no sign, as `u32::from_str` would take.
+            if part.is_empty() || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid());
+            }
+            part.parse::<u32>().map_err(|_| invalid())
+        };
+        Self::new(number(numerator)?, number(denominator)?).map_err(|_| invalid())
+    }
+}
+
+impl fmt::Display for Share {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}", self.numerator, self.denominator)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -27,7 +27,7 @@ use crate::backend::{Amend, Backend, BackendError, Hits};
 use crate::charge::{Charged, Meter, Metered, NoCharge, ResponseEnd};
 use crate::count::ResponseHead;
 use crate::decision::Decision;
-use crate::judge::{Core, LogGate, Passed, Verdict};
+use crate::judge::{Core, Fallback, LogGate, Passed, Verdict};
 use crate::key::Key;
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
@@ -258,7 +258,12 @@ where
         }
         Err(_) => false,
     };
-    match core.judge(result, policy, request, true) {
+    let fallback = Fallback {
+        key: &tab.key,
+        cost: tab.cost,
+    };
+    let verdict = core.judge(result, policy, request, true, Some(fallback));
+    match verdict {
         Verdict::Pass(Some(passed)) => {
             tab.passed = Some(passed);
             CountedVerdict::Pass(tab)

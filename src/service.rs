@@ -13,7 +13,7 @@ use tower_service::Service;
 use crate::backend::Backend;
 use crate::charge::NoCharge;
 use crate::future::{ResponseFuture, call_with};
-use crate::judge::{Core, OnMissingKey};
+use crate::judge::{Core, Fallback, OnMissingKey};
 use crate::key::KeyExtractor;
 use crate::refund::{self, ChargeMode, RefundTab};
 use crate::request::RequestHead;
@@ -191,7 +191,9 @@ where
                         call_with(&mut self.inner, request, decision)
                     })
                 } else {
-                    let verdict = core.judge(result, &policy, &head, carry.anywhere());
+                    let fallback = Fallback { key: &key, cost };
+                    let verdict =
+                        core.judge(result, &policy, &head, carry.anywhere(), Some(fallback));
                     ResponseFuture::judged(verdict, carry, |decision| {
                         call_with(&mut self.inner, request, decision)
                     })
@@ -207,8 +209,12 @@ where
                     }
                     tab
                 });
+                // The insurance limiter needs the key and the cost; a tab
+                // holds them already.
+                let fallback = (tab.is_none() && core.settings.insurance.is_some())
+                    .then(|| (key.clone(), cost));
                 let core = Arc::clone(core);
-                ResponseFuture::checking(core, hit, inner, request, policy.to_arc(), tab)
+                ResponseFuture::checking(core, hit, inner, request, policy.to_arc(), tab, fallback)
             }
         }
     }

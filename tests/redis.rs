@@ -23,7 +23,9 @@ use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::{ConnectError, RedisBackend};
 use tower_pinned_window::backend::{Amend, Backend, BackendError, BackendErrorKind, Hit, Spend};
 use tower_pinned_window::key::Key;
-use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use tower_pinned_window::{
+    ConfigError, Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share, Window,
+};
 use trial::Needs;
 
 fn quota(limit: u64, window: Duration) -> Quota {
@@ -346,6 +348,96 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// Under `FailurePolicy::Insurance`, a Redis that is down leaves the
+/// deciding to a limiter in the process's memory, at the instance's share of
+/// the limit: no 503, denials with Retry-After. Once Redis answers again it
+/// decides, from its own counters (a restarted Redis without persistence
+/// starts them afresh).
+async fn insurance_decides_while_redis_is_out_and_hands_back() {
+    let mut server = redis_or_skip!(RedisServer::start(
+        "insurance_decides_while_redis_is_out_and_hands_back"
+    ));
+    let store = backend(&server).await;
+    let limiter = RateLimitLayer::new("insured", quota(10, Duration::from_secs(60)))
+        .key(by_client())
+        .backend(store.clone())
+        .timeout(Duration::from_millis(300))
+        .decision_in(DecisionIn::Response)
+        .on_failure(FailurePolicy::Insurance(Share::new(1, 2).unwrap()))
+        .layer(ok_service());
+    // (status, insured, count, limit, Retry-After)
+    let send = |client: &str| {
+        let limiter = limiter.clone();
+        let request = from(client);
+        async move {
+            let res = limiter.oneshot(request).await.unwrap();
+            let d = res.extensions().get::<Decision>().cloned();
+            let retry = res
+                .headers()
+                .get("retry-after")
+                .map(|v| v.to_str().unwrap().parse::<u64>().unwrap());
+            (
+                res.status(),
+                d.as_ref().map(Decision::insured),
+                d.as_ref().map(Decision::count),
+                d.as_ref().map(Decision::limit),
+                retry,
+            )
+        }
+    };
+    for count in 1..=3 {
+        assert_eq!(
+            send("a").await,
+            (StatusCode::OK, Some(false), Some(count), Some(10), None),
+            "Redis decides while it is up"
+        );
+    }
+
+    server.stop();
+    for count in 1..=5 {
+        assert_eq!(
+            send("a").await,
+            (StatusCode::OK, Some(true), Some(count), Some(5), None),
+            "the insurance decides, on half the limit, from its own count"
+        );
+    }
+    let (status, insured, count, limit, retry) = send("a").await;
+    assert_eq!(
+        (status, insured, count, limit),
+        (StatusCode::TOO_MANY_REQUESTS, Some(true), Some(6), Some(5))
+    );
+    let retry = retry.expect("a denial says when to retry");
+    assert!((1..=60).contains(&retry), "Retry-After {retry}");
+    assert_eq!(
+        send("b").await,
+        (StatusCode::OK, Some(true), Some(1), Some(5), None),
+        "each key has its own local counter"
+    );
+
+    server.restart();
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    for probe in 0.. {
+        // A fresh client each time, so that no local share runs out while
+        // the breaker holds the backend back.
+        let (status, insured, count, ..) = send(&format!("probe{probe}")).await;
+        assert_eq!(status, StatusCode::OK, "never a 503 or a 429 here");
+        if insured == Some(false) {
+            assert_eq!(count, Some(1), "counted in the restarted Redis");
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Redis did not take over after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        send("a").await,
+        (StatusCode::OK, Some(false), Some(1), Some(10), None),
+        "Redis decides again: the local denial is not carried over, and the restarted Redis starts afresh"
+    );
 }
 
 /// A hit puts itself in its lane when it is made, not when first polled: a
@@ -1977,6 +2069,11 @@ fn main() {
             "an_outage_follows_the_policy_and_limiting_resumes_by_itself",
             Needs::Redis,
             an_outage_follows_the_policy_and_limiting_resumes_by_itself,
+        ),
+        trial::multi(
+            "insurance_decides_while_redis_is_out_and_hands_back",
+            Needs::Redis,
+            insurance_decides_while_redis_is_out_and_hands_back,
         ),
         trial::current(
             "hits_dropped_before_they_are_polled_leave_their_lane_working",

@@ -6,6 +6,7 @@
 //!
 //! ```text
 //! soak sentinel ID OUT        one instance, through SentinelConnection
+//! soak redis ID OUT           one instance, through a standalone Redis (REDIS_URL)
 //! soak postgres ID OUT        one instance, through PostgresBackend
 //! soak postgres-migrate       create the soak's table (once, before the instances)
 //! soak report EVENTS OUT...   the figures; exits 1 when a guarantee broke
@@ -19,7 +20,13 @@
 //! to OUT: `unix_us key status deadline_ms`, where `deadline_ms` is when the
 //! store's window of an admitted request closes (the answer's time plus the
 //! decision's [`reset`](Decision::reset), read from the store: `PTTL` on
-//! Redis, `expires_at` on PostgreSQL), and 0 for any other answer.
+//! Redis, `expires_at` on PostgreSQL), and 0 for any other answer; then 1
+//! when the insurance limiter decided (`INSURE_SHARE`, below), else 0.
+//!
+//! With `INSURE_SHARE=N/D` the layer fails over to
+//! `FailurePolicy::Insurance(Share::new(N, D))` in place of failing closed,
+//! and the report measures what the insurance let through: see
+//! soak/README.md.
 //!
 //! The report counts admissions per (key, window) over every instance,
 //! windows told apart by that deadline, and reads from EVENTS the faults
@@ -39,9 +46,11 @@ use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
 use tower_pinned_window::backend::postgres::tokio_postgres::{self, NoTls};
-use tower_pinned_window::backend::redis::{RedisBackend, SentinelConnection};
+use tower_pinned_window::backend::redis::{
+    RedisBackend, SentinelConnection, connection_manager_config,
+};
 use tower_pinned_window::key::HeaderKey;
-use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer};
+use tower_pinned_window::{Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -56,6 +65,7 @@ async fn main() -> Result<(), Error> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["sentinel", id, out] => sentinel(id.parse()?, out).await,
+        ["redis", id, out] => standalone(id.parse()?, out).await,
         ["postgres", id, out] => postgres(id.parse()?, out).await,
         ["postgres-migrate"] => postgres_backend("tpw-soak-migrate")?
             .migrate()
@@ -68,7 +78,7 @@ async fn main() -> Result<(), Error> {
                 std::process::exit(1)
             }
         }
-        _ => Err("usage: soak sentinel|postgres ID OUT | soak postgres-migrate | soak report EVENTS OUT...".into()),
+        _ => Err("usage: soak sentinel|redis|postgres ID OUT | soak postgres-migrate | soak report EVENTS OUT...".into()),
     }
 }
 
@@ -119,6 +129,26 @@ async fn sentinel(id: u32, out: &str) -> Result<(), Error> {
     .await
 }
 
+/// One instance through a standalone Redis at `REDIS_URL`, over a
+/// `ConnectionManager` with the crate's settings (as
+/// `RedisBackend::connect` makes it), which reconnects by itself after a
+/// restart.
+async fn standalone(id: u32, out: &str) -> Result<(), Error> {
+    let url: String = std::env::var("REDIS_URL").map_err(|_| "REDIS_URL is not set")?;
+    let connection = redis::Client::open(url.as_str())?
+        .get_connection_manager_with_config(connection_manager_config())
+        .await?;
+    let backend = RedisBackend::builder(connection)
+        .prefix(env("PREFIX", "tpw-soak:".to_owned())?)
+        .build();
+    load(
+        id,
+        out,
+        layer()?.backend(backend).layer(tower::service_fn(ok)),
+    )
+    .await
+}
+
 /// A pool of `POOL_SIZE` connections to `DATABASE_URL`, named `app` in
 /// `pg_stat_activity` (the script terminates them by that name), with a
 /// `statement_timeout` of `STATEMENT_TIMEOUT_MS`, on the table in `SCHEMA`.
@@ -157,15 +187,34 @@ struct Answer {
     key: u32,
     status: u16,
     deadline_ms: u64,
+    insured: bool,
 }
 
 /// The layer every instance puts in front of its service: `LIMIT` a
-/// `WINDOW_MS` per `x-key`, fail closed, a timeout of `LAYER_TIMEOUT_MS`.
+/// `WINDOW_MS` per `x-key`, fail closed (or, with `INSURE_SHARE=N/D`, the
+/// insurance limiter at that share), a timeout of `LAYER_TIMEOUT_MS`, the
+/// decision in the answer.
 fn layer() -> Result<RateLimitLayer<HeaderKey>, Error> {
     Ok(RateLimitLayer::new("soak", quota()?)
         .key(HeaderKey::new(HeaderName::from_static("x-key")))
-        .on_failure(FailurePolicy::FailClosed)
+        .on_failure(failure_policy()?)
+        .decision_in(DecisionIn::Response)
         .try_timeout(Duration::from_millis(env("LAYER_TIMEOUT_MS", 100)?))?)
+}
+
+/// `INSURE_SHARE` (`N/D`), when set.
+fn insure_share() -> Result<Option<Share>, Error> {
+    let Ok(text) = std::env::var("INSURE_SHARE") else {
+        return Ok(None);
+    };
+    let (n, d) = text
+        .split_once('/')
+        .ok_or_else(|| format!("INSURE_SHARE={text}: write N/D, such as 1/4"))?;
+    Ok(Some(Share::new(n.trim().parse()?, d.trim().parse()?)?))
+}
+
+fn failure_policy() -> Result<FailurePolicy, Error> {
+    Ok(insure_share()?.map_or(FailurePolicy::FailClosed, FailurePolicy::Insurance))
 }
 
 /// The service the layer guards: 200, at once.
@@ -212,7 +261,8 @@ where
                         .expect("a valid request");
                     let Ok(response) = service.clone().oneshot(request).await;
                     let now = unix_us();
-                    let deadline_ms = match response.extensions().get::<Decision>() {
+                    let decision = response.extensions().get::<Decision>();
+                    let deadline_ms = match decision {
                         Some(d) if response.status() == StatusCode::OK => {
                             now / 1000 + d.reset().as_millis() as u64
                         }
@@ -223,6 +273,7 @@ where
                         key,
                         status: response.status().as_u16(),
                         deadline_ms,
+                        insured: decision.is_some_and(Decision::insured),
                     });
                 }
                 answers
@@ -235,8 +286,12 @@ where
         for a in task.await? {
             *statuses.entry(a.status).or_default() += 1;
             text.push_str(&format!(
-                "{} {} {} {}\n",
-                a.unix_us, a.key, a.status, a.deadline_ms
+                "{} {} {} {} {}\n",
+                a.unix_us,
+                a.key,
+                a.status,
+                a.deadline_ms,
+                u8::from(a.insured)
             ));
         }
     }
@@ -259,26 +314,38 @@ enum Event {
 fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
     let quota = quota()?;
     let (limit, window_ms) = (quota.limit(), quota.window().as_millis());
+    let share = insure_share()?;
+    // Each answer with the index of the instance that gave it.
     let mut answers = Vec::new();
-    for out in outs {
+    let mut instance_of = Vec::new();
+    for (instance, out) in outs.iter().enumerate() {
         for line in std::fs::read_to_string(out)?.lines() {
             let f: Vec<u64> = line
                 .split(' ')
                 .map(str::parse)
                 .collect::<Result<_, _>>()
                 .map_err(|e| format!("{out}: {line:?}: {e}"))?;
-            let [unix_us, key, status, deadline_ms] = f[..] else {
-                return Err(format!("{out}: {line:?}: not 4 fields").into());
+            let [unix_us, key, status, deadline_ms, insured] = f[..] else {
+                return Err(format!("{out}: {line:?}: not 5 fields").into());
             };
             answers.push(Answer {
                 unix_us,
                 key: key as u32,
                 status: status as u16,
                 deadline_ms,
+                insured: insured == 1,
             });
+            instance_of.push(instance);
         }
     }
-    answers.sort_unstable_by_key(|a| a.unix_us);
+    let mut order: Vec<usize> = (0..answers.len()).collect();
+    order.sort_unstable_by_key(|&i| answers[i].unix_us);
+    let instance_of: Vec<usize> = order.iter().map(|&i| instance_of[i]).collect();
+    let mut sorted: Vec<Option<Answer>> = answers.into_iter().map(Some).collect();
+    let answers: Vec<Answer> = order
+        .iter()
+        .map(|&i| sorted[i].take().expect("each answer once"))
+        .collect();
     let mut list = Vec::new();
     for line in std::fs::read_to_string(events)?.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
@@ -319,43 +386,80 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
             .count(),
     );
 
-    // Admissions per (key, window): a key's windows never overlap, and one
-    // closes at least a window after the one before it, so sorted by
-    // deadline, a deadline more than half a window past the first of its
-    // group opens the next window.
+    // Admissions per (key, window) of the store: a key's windows never
+    // overlap, and one closes at least a window after the one before it, so
+    // sorted by deadline, a deadline more than half a window past the first
+    // of its group opens the next window. The insurance limiter's windows
+    // are each instance's own: they are counted apart, against the share.
     let mut by_key: HashMap<u32, Vec<u64>> = HashMap::new();
-    for a in answers.iter().filter(|a| a.status == 200) {
-        by_key.entry(a.key).or_default().push(a.deadline_ms);
-    }
-    let (mut windows, mut over, mut over_windows, mut fullest) = (0u64, 0u64, 0u64, 0u64);
-    for deadlines in by_key.values_mut() {
-        deadlines.sort_unstable();
-        let mut group: Option<(u64, u64)> = None; // (first deadline, admitted)
-        let mut close = |g: Option<(u64, u64)>| {
-            if let Some((_, admitted)) = g {
-                windows += 1;
-                fullest = fullest.max(admitted);
-                if admitted > limit {
-                    over += admitted - limit;
-                    over_windows += 1;
-                }
-            }
-        };
-        for &d in deadlines.iter() {
-            match group {
-                Some((first, ref mut n)) if d <= first + window_ms / 2 => *n += 1,
-                _ => {
-                    close(group);
-                    group = Some((d, 1));
-                }
-            }
+    let mut insured_by_key: HashMap<(usize, u32), Vec<u64>> = HashMap::new();
+    for (a, &instance) in answers.iter().zip(&instance_of) {
+        if a.status != 200 {
+            continue;
         }
-        close(group);
+        if a.insured {
+            insured_by_key
+                .entry((instance, a.key))
+                .or_default()
+                .push(a.deadline_ms);
+        } else {
+            by_key.entry(a.key).or_default().push(a.deadline_ms);
+        }
     }
+    let (windows, over, over_windows, fullest) = per_window(&mut by_key, limit, window_ms);
     println!(
         "over-admissions: {over} (in {over_windows} of {windows} windows of {} keys; limit {limit} a {window_ms} ms window; most admitted in one window: {fullest})",
         by_key.len()
     );
+    let mut insured_over = 0;
+    if let Some(share) = share {
+        let local = share.of(limit);
+        let (windows, over, over_windows, fullest) =
+            per_window(&mut insured_by_key, local, window_ms);
+        insured_over = over;
+        let insured = |status: u16| {
+            answers
+                .iter()
+                .filter(|a| a.insured && a.status == status)
+                .count()
+        };
+        println!(
+            "insurance ({share} of the limit: {local} a window, per instance): {} admitted, {} denied; over-admissions {over} (in {over_windows} of {windows} local windows; most admitted in one: {fullest})",
+            insured(200),
+            insured(429),
+        );
+    }
+    let first_fault_ms = list.iter().find_map(|e| match e {
+        Event::Fault(at, _) => Some(*at),
+        _ => None,
+    });
+    overshoot(&answers, limit, window_ms, first_fault_ms);
+    // Admissions a key got per window, on average, between one fault or
+    // moment and the next: the limiter's pace in each phase of the run.
+    let mut marks: Vec<(u64, &str)> = vec![(start_ms, "start")];
+    for e in &list {
+        if let Event::Fault(at, name) | Event::Moment(at, name) = e {
+            marks.push((*at, name));
+        }
+    }
+    marks.sort_unstable_by_key(|m| m.0);
+    let keys = f64::from(env::<u32>("KEYS", 50)?);
+    for (i, &(from, name)) in marks.iter().enumerate() {
+        let until = marks.get(i + 1).map_or(last.unix_us / 1000, |m| m.0);
+        if until <= from {
+            continue;
+        }
+        let admitted = answers
+            .iter()
+            .filter(|a| a.status == 200 && a.unix_us / 1000 >= from && a.unix_us / 1000 < until)
+            .count();
+        println!(
+            "from {name} ({:.1} s) for {:.1} s: {:.1} admitted per key per window (limit {limit})",
+            rel(from),
+            (until - from) as f64 / 1e3,
+            admitted as f64 / keys / ((until - from) as f64 / window_ms as f64),
+        );
+    }
 
     // Each fault's share: the failed answers from it to the next fault.
     let faults: Vec<(u64, &str)> = list
@@ -365,6 +469,7 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
             _ => None,
         })
         .collect();
+
     let before = faults.first().map_or(u64::MAX, |f| f.0 * 1000);
     println!(
         "before the first fault: {} failed answers",
@@ -440,11 +545,110 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
         }
     }
     let errors = count(500);
-    let pass = over == 0 && without_expiry == 0 && errors == 0 && scans_ok;
+    // Under the insurance, an outage is no reason for a 503.
+    let unavailable = if share.is_some() { count(503) } else { 0 };
+    let pass = over == 0
+        && insured_over == 0
+        && without_expiry == 0
+        && errors == 0
+        && unavailable == 0
+        && scans_ok;
     println!(
-        "{}: over-admissions {over}, counters without an expiry {without_expiry}, answers of 500 {errors}{}",
+        "{}: over-admissions {over}, counters without an expiry {without_expiry}, answers of 500 {errors}{}{}",
         if pass { "PASS" } else { "FAIL" },
+        if share.is_some() {
+            format!(", insurance over-admissions {insured_over}, answers of 503 {unavailable}")
+        } else {
+            String::new()
+        },
         if scans_ok { "" } else { ", a scan failed" }
     );
     Ok(pass)
+}
+
+/// Admissions per window, each group's deadlines (sorted here) told apart as
+/// [`report`] says: (windows, admissions past `limit`, windows past it, most
+/// admitted in one).
+fn per_window<K>(
+    groups: &mut HashMap<K, Vec<u64>>,
+    limit: u64,
+    window_ms: u64,
+) -> (u64, u64, u64, u64) {
+    let (mut windows, mut over, mut over_windows, mut fullest) = (0u64, 0u64, 0u64, 0u64);
+    for deadlines in groups.values_mut() {
+        deadlines.sort_unstable();
+        let mut group: Option<(u64, u64)> = None; // (first deadline, admitted)
+        let mut close = |g: Option<(u64, u64)>| {
+            if let Some((_, admitted)) = g {
+                windows += 1;
+                fullest = fullest.max(admitted);
+                if admitted > limit {
+                    over += admitted - limit;
+                    over_windows += 1;
+                }
+            }
+        };
+        for &d in deadlines.iter() {
+            match group {
+                Some((first, ref mut n)) if d <= first + window_ms / 2 => *n += 1,
+                _ => {
+                    close(group);
+                    group = Some((d, 1));
+                }
+            }
+        }
+        close(group);
+    }
+    (windows, over, over_windows, fullest)
+}
+
+/// How far past its limit each key went, whoever decided: per key, the most
+/// admissions (over every instance) in any span of one window, before the
+/// first fault (spans that end before it) and from then on. Windows pinned
+/// to their first hit let up to twice the limit into a span that straddles
+/// two of them, so the figure before the fault is the baseline.
+fn overshoot(answers: &[Answer], limit: u64, window_ms: u64, fault_ms: Option<u64>) {
+    let mut by_key: HashMap<u32, Vec<u64>> = HashMap::new();
+    for a in answers.iter().filter(|a| a.status == 200) {
+        by_key.entry(a.key).or_default().push(a.unix_us / 1000);
+    }
+    let fault = fault_ms.unwrap_or(u64::MAX);
+    let (mut before, mut after): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
+    for times in by_key.values() {
+        // Sorted already: the answers are.
+        let (mut most_before, mut most_after, mut end) = (0u64, 0u64, 0usize);
+        for (start, &t) in times.iter().enumerate() {
+            while end < times.len() && times[end] < t + window_ms {
+                end += 1;
+            }
+            let n = (end - start) as u64;
+            if t + window_ms <= fault {
+                most_before = most_before.max(n);
+            } else {
+                most_after = most_after.max(n);
+            }
+        }
+        before.push(most_before);
+        after.push(most_after);
+    }
+    let show = |what: &str, mut most: Vec<u64>| {
+        if most.is_empty() {
+            return;
+        }
+        most.sort_unstable();
+        let keys = most.len();
+        let over = |times: u64| most.iter().filter(|&&n| n > times * limit).count();
+        println!(
+            "most admitted per key in any {window_ms} ms span, {what}: highest {} ({:.2}x the limit of {limit}), median {}; keys above the limit {}, above twice it {}, of {keys}",
+            most[keys - 1],
+            most[keys - 1] as f64 / limit as f64,
+            most[keys / 2],
+            over(1),
+            over(2),
+        );
+    };
+    show("before the first fault", before);
+    if fault_ms.is_some() {
+        show("from the first fault on", after);
+    }
 }
