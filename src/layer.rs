@@ -356,9 +356,41 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// );
     /// # }
     /// ```
+    ///
+    /// # Panics
+    /// When a fixed [`cost`](Self::cost) set before it is above `quota`'s
+    /// limit: every request would be denied. Set the quotas first, and the
+    /// cost after them with [`try_cost`](Self::try_cost) when it is read at
+    /// run time.
+    #[track_caller]
     pub fn also(mut self, quota: impl Into<NamedQuota>) -> Self {
-        self.core.settings.policies.add_also(quota.into());
+        let quota = quota.into();
+        self.refuse_a_cost_above(quota.quota().limit());
+        self.core.settings.policies.add_also(quota);
         self
+    }
+
+    /// Panics when the layer's fixed cost is above `limit`, a quota's being
+    /// added: no request could ever fit it.
+    #[track_caller]
+    fn refuse_a_cost_above(&self, limit: u64) {
+        let fixed = self
+            .core
+            .settings
+            .spend
+            .as_ref()
+            .and_then(|plan| match plan.cost {
+                Some(Cost::Fixed(cost)) => Some(cost),
+                _ => None,
+            });
+        if let Some(cost) = fixed
+            && cost > limit
+        {
+            panic!(
+                "{} (the cost was set before this quota: set the quotas first)",
+                ConfigError::CostAboveLimit { cost, limit }
+            );
+        }
     }
 
     /// Use `quota` instead of the layer's for one route: axum's matched path
@@ -395,8 +427,15 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// assert_eq!(checkout.headers()["ratelimit"], "\"api /shop.Shop/Checkout\";r=9;t=60");
     /// # }
     /// ```
+    ///
+    /// # Panics
+    /// When a fixed [`cost`](Self::cost) set before it is above `quota`'s
+    /// limit, as [`also`](Self::also) does.
+    #[track_caller]
     pub fn route_quota(mut self, route: &str, quota: impl Into<NamedQuota>) -> Self {
-        self.core.settings.policies.add_route(route, quota.into());
+        let quota = quota.into();
+        self.refuse_a_cost_above(quota.quota().limit());
+        self.core.settings.policies.add_route(route, quota);
         self
     }
 
@@ -835,11 +874,12 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
     /// # }
     /// ```
     ///
-    /// Set the quotas first: the cost is checked against the layer's quota,
-    /// its routes' and those added with [`also`](Self::also) when `cost` is
-    /// called. A quota added later, or picked by
-    /// [`quota_by`](Self::quota_by), that the cost exceeds denies every
-    /// request, with [`Decision::never_fits`].
+    /// The cost is checked against the layer's quota, its routes' and those
+    /// added with [`also`](Self::also), whichever comes first: `also` or
+    /// `route_quota` after `cost` panics on a quota the cost exceeds. A
+    /// quota picked by [`quota_by`](Self::quota_by) is known only per
+    /// request: one the cost exceeds denies that request, with
+    /// [`Decision::never_fits`].
     ///
     /// # Panics
     /// When `cost` is above one of those limits (it could never be
@@ -1358,6 +1398,27 @@ mod tests {
         let _ = RateLimitLayer::new("t", q)
             .backend(Old(MemoryBackend::new()))
             .block_for(Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_quota_added_after_a_cost_it_cannot_fit_panics() {
+        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
+        let small = Quota::new(3, Duration::from_secs(60)).unwrap();
+        let layer = || RateLimitLayer::new("t", q).cost(4);
+        let also = std::panic::catch_unwind(|| layer().also(small)).map(drop);
+        let route = std::panic::catch_unwind(|| layer().route_quota("/a", small)).map(drop);
+        for (what, result) in [("also", also), ("route_quota", route)] {
+            let message = result.expect_err(what);
+            let message = message.downcast_ref::<String>().expect(what);
+            assert!(
+                message.contains("4") && message.contains("set the quotas first"),
+                "{what}: {message}"
+            );
+        }
+        // Quotas the cost fits, before or after it, and a cost set after.
+        let big = Quota::new(4, Duration::from_secs(60)).unwrap();
+        let _ = layer().also(big).route_quota("/b", big);
+        let _ = RateLimitLayer::new("t", q).also(big).cost(4);
     }
 
     #[test]
