@@ -41,7 +41,7 @@ use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
 use tower_pinned_window::backend::postgres::tokio_postgres::{self, NoTls};
 use tower_pinned_window::backend::redis::{RedisBackend, SentinelConnection};
 use tower_pinned_window::key::HeaderKey;
-use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer};
+use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer, WantDecision};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -206,8 +206,11 @@ where
                     seed ^= seed >> 7;
                     seed ^= seed << 17;
                     let key = (seed % u64::from(keys)) as u32;
+                    // Asking for the decision, which a passed answer then
+                    // carries in its extensions.
                     let request = Request::builder()
                         .header("x-key", format!("k{key}"))
+                        .extension(WantDecision)
                         .body(Body::empty())
                         .expect("a valid request");
                     let Ok(response) = service.clone().oneshot(request).await;
