@@ -401,21 +401,47 @@ fn join_lines(headers: &mut HeaderMap, name: HeaderName) {
 }
 
 /// `"name";r=R;t=T`: the name was serialized by sfv once; the two parameters
-/// are sf-integers, which are plain decimal digits.
+/// are sf-integers, which are plain decimal digits. They are written back
+/// to front into one buffer on the stack, so that the value is cut in two
+/// copies: the name, then the parameters.
 fn ratelimit(name_item: &str, remaining: u64, reset: u64) -> HeaderValue {
-    let mut r = itoa::Buffer::new();
-    let mut t = itoa::Buffer::new();
-    let (r, t) = (
-        r.format(sf_int_value(remaining)),
-        t.format(sf_int_value(reset)),
-    );
-    cut_value(&[
-        name_item.as_bytes(),
-        b";r=",
-        r.as_bytes(),
-        b";t=",
-        t.as_bytes(),
-    ])
+    // ";r=" and ";t=", and two sf-integers of at most 15 digits.
+    let mut params = [0u8; 36];
+    let mut start = params.len();
+    start = write_digits(&mut params, start, sf_int_value(reset));
+    start -= 3;
+    params[start..start + 3].copy_from_slice(b";t=");
+    start = write_digits(&mut params, start, sf_int_value(remaining));
+    start -= 3;
+    params[start..start + 3].copy_from_slice(b";r=");
+    cut_value(&[name_item.as_bytes(), &params[start..]])
+}
+
+/// The decimal digits of `value` written into `buf` so that they end at
+/// `end`, two at a time; returns where they start.
+#[inline]
+fn write_digits(buf: &mut [u8], mut end: usize, mut value: u64) -> usize {
+    const PAIRS: &[u8; 200] = b"\
+        0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    while value >= 100 {
+        let pair = (value % 100) as usize * 2;
+        value /= 100;
+        end -= 2;
+        buf[end..end + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if value >= 10 {
+        let pair = value as usize * 2;
+        end -= 2;
+        buf[end..end + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        end -= 1;
+        buf[end] = b'0' + value as u8;
+    }
+    end
 }
 
 /// A decimal header value, formatted without `fmt`.
@@ -505,5 +531,10 @@ mod tests {
             "\"a\";r=999999999999999;t=0"
         );
         assert_eq!(int_value(3600), "3600");
+        for n in [0, 1, 9, 10, 99, 100, 101, 999, 1000, 12_345, 999_999_999_999_999] {
+            let mut buf = [0u8; 20];
+            let start = write_digits(&mut buf, 20, n);
+            assert_eq!(&buf[start..], n.to_string().as_bytes(), "{n}");
+        }
     }
 }
