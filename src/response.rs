@@ -531,7 +531,8 @@ mod tests {
             "\"a\";r=999999999999999;t=0"
         );
         assert_eq!(int_value(3600), "3600");
-        for n in [0, 1, 9, 10, 99, 100, 101, 999, 1000, 12_345, 999_999_999_999_999] {
+        let largest = sf_int_value(u64::MAX);
+        for n in [0, 1, 9, 10, 99, 100, 101, 999, 1000, 12_345, largest] {
             let mut buf = [0u8; 20];
             let start = write_digits(&mut buf, 20, n);
             assert_eq!(&buf[start..], n.to_string().as_bytes(), "{n}");
