@@ -37,17 +37,29 @@ keys_ours=$(per case_100k_keys_ours "$memory"); keys_gov=$(per case_100k_keys_go
 two_ours=$(per case_two_counters_ours "$memory")
 bare=$(per case_layer_bare "$layer")
 ours_h=$(per case_layer_ours_headers "$layer"); ours_n=$(per case_layer_ours_no_headers "$layer")
+ours_hr=$(per case_layer_ours_headers_response "$layer"); ours_nr=$(per case_layer_ours_no_headers_response "$layer")
+ours_hq=$(per case_layer_ours_headers_request "$layer"); ours_nq=$(per case_layer_ours_no_headers_request "$layer")
 ours_hu=$(per case_layer_ours_headers_unread "$layer"); ours_nu=$(per case_layer_ours_no_headers_unread "$layer")
 tg_h=$(per case_layer_tower_governor_headers "$layer"); tg_n=$(per case_layer_tower_governor_no_headers "$layer")
+bare_ax=$(per case_layer_bare_axum_request "$layer")
+ours_hax=$(per case_layer_ours_headers_axum_request "$layer"); ours_nax=$(per case_layer_ours_no_headers_axum_request "$layer")
+tg_hax=$(per case_layer_tower_governor_headers_axum_request "$layer"); tg_nax=$(per case_layer_tower_governor_no_headers_axum_request "$layer")
 
 row() { printf '| %s | %.0f | %.0f | %.2f |\n' "$1" "$2" "$3" "$(echo "$2 / $3" | bc -l)"; }
+over() { echo "$1 - $2" | bc -l; } # a layer case's overhead: $1 less its bare case $2
 echo "| case (instructions per call) | pinned-window | governor | ratio |"
 echo "|---|---|---|---|"
 row "memory backend, one hot key" "$hot_ours" "$hot_gov"
 row "memory backend, 100k distinct keys" "$keys_ours" "$keys_gov"
-row "layer overhead over \`service_fn\`, with rate-limit headers" "$(echo "$ours_h - $bare" | bc -l)" "$(echo "$tg_h - $bare" | bc -l)"
-row "layer overhead over \`service_fn\`, no headers" "$(echo "$ours_n - $bare" | bc -l)" "$(echo "$tg_n - $bare" | bc -l)"
-row "layer overhead, with headers, \`Decision\` unread (\`DecisionIn::Asked\`)" "$(echo "$ours_hu - $bare" | bc -l)" "$(echo "$tg_h - $bare" | bc -l)"
-row "layer overhead, no headers, \`Decision\` unread (\`DecisionIn::Asked\`)" "$(echo "$ours_nu - $bare" | bc -l)" "$(echo "$tg_n - $bare" | bc -l)"
-printf '\nbare `service_fn` request: %.0f instructions\n' "$bare"
+row "layer overhead over \`service_fn\`, with rate-limit headers (defaults)" "$(over "$ours_h" "$bare")" "$(over "$tg_h" "$bare")"
+row "layer overhead over \`service_fn\`, no headers (defaults)" "$(over "$ours_n" "$bare")" "$(over "$tg_n" "$bare")"
+row "layer overhead, with headers, \`DecisionIn::Response\`" "$(over "$ours_hr" "$bare")" "$(over "$tg_h" "$bare")"
+row "layer overhead, no headers, \`DecisionIn::Response\`" "$(over "$ours_nr" "$bare")" "$(over "$tg_n" "$bare")"
+row "layer overhead, with headers, \`DecisionIn::Request\`" "$(over "$ours_hq" "$bare")" "$(over "$tg_h" "$bare")"
+row "layer overhead, no headers, \`DecisionIn::Request\`" "$(over "$ours_nq" "$bare")" "$(over "$tg_n" "$bare")"
+row "layer overhead, with headers, \`Decision\` unread (\`DecisionIn::Asked\`)" "$(over "$ours_hu" "$bare")" "$(over "$tg_h" "$bare")"
+row "layer overhead, no headers, \`Decision\` unread (\`DecisionIn::Asked\`)" "$(over "$ours_nu" "$bare")" "$(over "$tg_n" "$bare")"
+row "layer overhead, with headers (defaults), the request with extensions (as under axum)" "$(over "$ours_hax" "$bare_ax")" "$(over "$tg_hax" "$bare_ax")"
+row "layer overhead, no headers (defaults), the request with extensions (as under axum)" "$(over "$ours_nax" "$bare_ax")" "$(over "$tg_nax" "$bare_ax")"
+printf '\nbare `service_fn` request: %.0f instructions; with extensions: %.0f\n' "$bare" "$bare_ax"
 printf 'memory backend, one hot key under two quotas (no governor counterpart): %.0f instructions\n' "$two_ours"

@@ -20,12 +20,13 @@ use crate::request::Route;
 /// use std::time::Duration;
 /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
 /// use tower::ServiceExt;
-/// use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer};
+/// use tower_pinned_window::{Decision, DecisionIn, Outcome, Quota, RateLimitLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
-///     .shadow(true);
+///     .shadow(true)
+///     .decision_in(DecisionIn::Response);
 /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
 /// let outcome = |response: &axum::response::Response| {
 ///     response.extensions().get::<Decision>().map(Decision::outcome)
@@ -60,23 +61,24 @@ pub enum Outcome {
 ///   [`count_if`](crate::RateLimitLayer::count_if), where the decision says
 ///   whether the hit was [refunded](Self::refunded)) always carries it in
 ///   the response's extensions.
-/// - A passed request's response carries it in its extensions under
-///   [`DecisionIn::Response`] (the default), or when the request asked for
-///   it with [`WantDecision`] in its extensions: what an outer layer does
-///   to read it.
-/// - Under [`DecisionIn::Request`], the request carries it to the handler:
-///   `axum::Extension<Decision>`.
+/// - Under [`DecisionIn::Request`] (the default), a passed request carries
+///   it to the handler: `axum::Extension<Decision>`.
+/// - A passed request's response carries it in its extensions when the
+///   request asked for it with [`WantDecision`] in its extensions (what an
+///   outer layer does to read it), or under [`DecisionIn::Response`].
 /// - Under [`DecisionIn::Asked`], a passed request's decision goes nowhere
 ///   unless it is asked for: a request nobody reads the decision of costs
-///   no allocation for it. Putting a value into empty extensions costs
-///   three allocations (the map's box, its table, the boxed value), so
-///   [`DecisionIn::Response`] costs three per passed request;
-///   [`DecisionIn::Request`] costs one under axum, whose router has already
-///   made the request's extensions. With the headers off too, no
-///   [`on_decision`](crate::RateLimitLayer::on_decision) callback and no
-///   `metrics` feature, a passed request nobody reads the decision of gets
-///   none at all (one with no hit to spare still does, to raise
-///   `Retry-After`).
+///   no allocation for it.
+///
+/// Putting a value into empty extensions costs three allocations (the
+/// map's box, its table, the boxed value), so [`DecisionIn::Response`]
+/// costs three per passed request; [`DecisionIn::Request`] costs one under
+/// axum, whose router has already made the request's extensions. With the
+/// headers off, [`DecisionIn::Asked`], no
+/// [`on_decision`](crate::RateLimitLayer::on_decision) callback and no
+/// `metrics` feature, a passed request nobody reads the decision of gets
+/// none at all (one with no hit to spare still does, to raise
+/// `Retry-After`).
 ///
 /// The counts per request are measured by `bash bench/allocs.sh` (the
 /// repository's `bench/`).
@@ -100,7 +102,7 @@ pub enum Outcome {
 /// ```
 /// use std::sync::{Arc, Mutex};
 /// use std::time::Duration;
-/// use axum::{Router, body::Body, http::Request, routing::get};
+/// use axum::{Extension, Router, body::Body, http::{Request, StatusCode}, routing::get};
 /// use tower::ServiceExt;
 /// use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer};
 ///
@@ -110,16 +112,24 @@ pub enum Outcome {
 /// let log = Arc::clone(&seen);
 /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
 ///     .on_decision(move |decision: &Decision| log.lock().unwrap().push(decision.outcome()));
-/// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+/// // The handler reads the decision from its request (the default
+/// // `DecisionIn::Request`).
+/// let handler = |Extension(decision): Extension<Decision>| async move {
+///     assert_eq!((decision.name(), decision.policy()), ("api", "api"));
+///     assert_eq!((decision.limit(), decision.count(), decision.remaining()), (1, 1, 0));
+///     assert!(decision.reset() <= Duration::from_secs(60));
+///     assert_eq!(decision.reset_secs(), 60);
+///     assert!(decision.passed() && !decision.over_limit() && !decision.refunded());
+///     "hello"
+/// };
+/// let app = Router::new().route("/", get(handler)).layer(layer);
 ///
 /// let response = app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
-/// let decision = response.extensions().get::<Decision>().unwrap();
-/// assert_eq!((decision.name(), decision.policy()), ("api", "api"));
-/// assert_eq!((decision.limit(), decision.count(), decision.remaining()), (1, 1, 0));
-/// assert!(decision.reset() <= Duration::from_secs(60));
-/// assert_eq!(decision.reset_secs(), 60);
-/// assert!(decision.passed() && !decision.over_limit() && !decision.refunded());
+/// assert_eq!(response.status(), StatusCode::OK);
+/// // Nobody asked for it in the response.
+/// assert!(response.extensions().get::<Decision>().is_none());
 ///
+/// // A denial always carries it in its response.
 /// let denied = app.oneshot(Request::new(Body::empty())).await.unwrap();
 /// assert!(denied.extensions().get::<Decision>().unwrap().over_limit());
 /// assert_eq!(*seen.lock().unwrap(), [Outcome::Allowed, Outcome::Denied]);
@@ -406,20 +416,26 @@ impl fmt::Debug for Decision {
 /// denial always carries its decision in the response's extensions, and a
 /// request that carries [`WantDecision`] always gets it in its response's.
 ///
+/// The default, [`Request`](Self::Request), is the cheapest place that
+/// keeps both readers: the handler finds it in its request, an outer layer
+/// in the response when it asks. Measured by `bash bench/allocs.sh` (the
+/// repository's `bench/`), through an axum router: one allocation a passed
+/// request for the decision, against three for
+/// [`Response`](Self::Response) and none for [`Asked`](Self::Asked).
+///
 /// # Example
 ///
-/// A handler reads the decision from the request:
+/// A handler reads the decision from the request (the default):
 ///
 /// ```
 /// use std::time::Duration;
 /// use axum::{Extension, Router, body::Body, http::Request, routing::get};
 /// use tower::ServiceExt;
-/// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer};
+/// use tower_pinned_window::{Decision, Quota, RateLimitLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
-///     .decision_in(DecisionIn::Request);
+/// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap());
 /// let handler = |Extension(decision): Extension<Decision>| async move {
 ///     format!("{} left", decision.remaining())
 /// };
@@ -435,12 +451,14 @@ impl fmt::Debug for Decision {
 #[non_exhaustive]
 pub enum DecisionIn {
     /// In the response's extensions, on every passed request: three
-    /// allocations a request when the response has no extensions yet.
-    #[default]
+    /// allocations a request when the response has no extensions yet. The
+    /// handler does not get it.
     Response,
     /// In the request's extensions, for the handler
     /// (`axum::Extension<Decision>`): one allocation a request under axum.
-    /// The response carries it only when asked for.
+    /// The response carries it only when asked for ([`WantDecision`]).
+    /// The default.
+    #[default]
     Request,
     /// Nowhere, unless the request asks for it with [`WantDecision`]: the
     /// response then carries it. Nothing is allocated for a decision nobody

@@ -773,9 +773,9 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
         self
     }
 
-    /// Where a passed request's [`Decision`] goes: the response's extensions
-    /// ([`DecisionIn::Response`], the default), the request's, for the
-    /// handler ([`DecisionIn::Request`]), or only where asked for
+    /// Where a passed request's [`Decision`] goes: the request's
+    /// extensions, for the handler ([`DecisionIn::Request`], the default),
+    /// the response's ([`DecisionIn::Response`]), or only where asked for
     /// ([`DecisionIn::Asked`]). A denial always carries it in the response's
     /// extensions, and a request carrying
     /// [`WantDecision`](crate::WantDecision) gets it in its response's. See

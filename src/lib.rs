@@ -97,12 +97,14 @@
 //! | either key error | [`OnMissingKey::Allow`] | the service's response, uncounted | the service's answer |
 //! | skipped ([`skip_if`](RateLimitLayer::skip_if), [`allowlist`](RateLimitLayer::allowlist)) | | the service's response, uncounted, no headers | the service's answer |
 //!
-//! A response the limiter decided carries its [`Decision`] in its
-//! extensions, unless [`decision_in`](RateLimitLayer::decision_in) puts a
-//! passed request's in the request (for the handler) or only where asked
-//! for ([`WantDecision`]); see [`DecisionIn`]. One answered for a backend
-//! failure carries the [`BackendErrorKind`](backend::BackendErrorKind)
-//! instead.
+//! A request the limiter passed carries its [`Decision`] to the handler in
+//! its extensions (`axum::Extension<Decision>`), and its response carries
+//! it only when an outer layer asks ([`WantDecision`]); a denial always
+//! carries it in its response's extensions.
+//! [`decision_in`](RateLimitLayer::decision_in) puts a passed request's in
+//! every response instead, or only where asked for; see [`DecisionIn`]. A
+//! response answered for a backend failure carries the
+//! [`BackendErrorKind`](backend::BackendErrorKind) instead.
 //!
 //! # Topics
 //!

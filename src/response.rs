@@ -3,6 +3,9 @@
 //! the layer's own answers (a denial, a failure) and on the service's
 //! answers it passes back.
 
+use std::cell::RefCell;
+
+use bytes::{Bytes, BytesMut};
 use http::header::{CONTENT_TYPE, Entry, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, Response, StatusCode};
 use sfv::{Integer, ItemSerializer, KeyRef, StringRef};
@@ -398,28 +401,89 @@ fn join_lines(headers: &mut HeaderMap, name: HeaderName) {
 }
 
 /// `"name";r=R;t=T`: the name was serialized by sfv once; the two parameters
-/// are sf-integers, which are plain decimal digits.
+/// are sf-integers, which are plain decimal digits. They are written back
+/// to front into one buffer on the stack, so that the value is cut in two
+/// copies: the name, then the parameters.
 fn ratelimit(name_item: &str, remaining: u64, reset: u64) -> HeaderValue {
-    let mut r = itoa::Buffer::new();
-    let mut t = itoa::Buffer::new();
-    let (r, t) = (
-        r.format(sf_int_value(remaining)),
-        t.format(sf_int_value(reset)),
-    );
-    let mut value = Vec::with_capacity(name_item.len() + 6 + r.len() + t.len());
-    value.extend_from_slice(name_item.as_bytes());
-    value.extend_from_slice(b";r=");
-    value.extend_from_slice(r.as_bytes());
-    value.extend_from_slice(b";t=");
-    value.extend_from_slice(t.as_bytes());
-    HeaderValue::from_maybe_shared(bytes::Bytes::from(value))
-        .expect("an sf-item is a valid header value")
+    // ";r=" and ";t=", and two sf-integers of at most 15 digits.
+    let mut params = [0u8; 36];
+    let mut start = params.len();
+    start = write_digits(&mut params, start, sf_int_value(reset));
+    start -= 3;
+    params[start..start + 3].copy_from_slice(b";t=");
+    start = write_digits(&mut params, start, sf_int_value(remaining));
+    start -= 3;
+    params[start..start + 3].copy_from_slice(b";r=");
+    cut_value(&[name_item.as_bytes(), &params[start..]])
+}
+
+/// The decimal digits of `value` written into `buf` so that they end at
+/// `end`, two at a time; returns where they start.
+#[inline]
+fn write_digits(buf: &mut [u8], mut end: usize, mut value: u64) -> usize {
+    const PAIRS: &[u8; 200] = b"\
+        0001020304050607080910111213141516171819\
+        2021222324252627282930313233343536373839\
+        4041424344454647484950515253545556575859\
+        6061626364656667686970717273747576777879\
+        8081828384858687888990919293949596979899";
+    while value >= 100 {
+        let pair = (value % 100) as usize * 2;
+        value /= 100;
+        end -= 2;
+        buf[end..end + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    }
+    if value >= 10 {
+        let pair = value as usize * 2;
+        end -= 2;
+        buf[end..end + 2].copy_from_slice(&PAIRS[pair..pair + 2]);
+    } else {
+        end -= 1;
+        buf[end] = b'0' + value as u8;
+    }
+    end
 }
 
 /// A decimal header value, formatted without `fmt`.
 fn int_value(value: u64) -> HeaderValue {
     let mut buffer = itoa::Buffer::new();
-    HeaderValue::from_str(buffer.format(value)).expect("digits are a valid header value")
+    cut_value(&[buffer.format(value).as_bytes()])
+}
+
+/// The bytes of the header values a thread writes are cut from one block of
+/// this size, so that a value costs no allocation of its own: a block is
+/// shared by the values cut from it and freed (or, once they are all
+/// dropped, reused) as a whole. A value kept for long keeps its block
+/// alive: at most this much memory for a value of a few bytes.
+const VALUE_BLOCK: usize = 4096;
+
+thread_local! {
+    /// The rest of this thread's current block (see [`VALUE_BLOCK`]).
+    static VALUE_BYTES: RefCell<BytesMut> = RefCell::new(BytesMut::with_capacity(VALUE_BLOCK));
+}
+
+/// A header value of `parts`, one after the other, which must be visible
+/// ASCII: cut from this thread's block of value bytes (see
+/// [`VALUE_BLOCK`]), or allocated on its own while the thread is being torn
+/// down.
+fn cut_value(parts: &[&[u8]]) -> HeaderValue {
+    let len = parts.iter().map(|part| part.len()).sum();
+    let cut = VALUE_BYTES.try_with(|block| {
+        let mut block = block.try_borrow_mut().ok()?;
+        // A block whose values are all dropped is reused; one still shared
+        // is left to them, for a fresh block of the same size (or larger,
+        // for a longer value).
+        block.reserve(len);
+        for part in parts {
+            block.extend_from_slice(part);
+        }
+        Some(block.split().freeze())
+    });
+    let bytes = match cut {
+        Ok(Some(bytes)) => bytes,
+        _ => Bytes::from(parts.concat()),
+    };
+    HeaderValue::from_maybe_shared(bytes).expect("the parts are a valid header value")
 }
 
 fn sf_name(name: &str) -> &StringRef {
@@ -437,4 +501,41 @@ fn sf_int_value(value: u64) -> u64 {
 
 fn sf_int(value: u64) -> Integer {
     Integer::try_from(sf_int_value(value)).expect("clamped into the sf-integer range")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn values_cut_from_blocks_keep_their_bytes() {
+        // Kept alive, so that no block is reused: the values run across
+        // several blocks, one of them longer than a block.
+        let long = vec![b'x'; VALUE_BLOCK + 10];
+        let mut kept = Vec::new();
+        for i in 0..1000u64 {
+            let digits = i.to_string();
+            let parts: [&[u8]; 3] = if i == 500 {
+                [b"\"long\";r=", &long, b";t=1"]
+            } else {
+                [b"\"api\";r=", digits.as_bytes(), b";t=60"]
+            };
+            kept.push((parts.concat(), cut_value(&parts)));
+        }
+        for (want, value) in &kept {
+            assert_eq!(value.as_bytes(), want.as_slice());
+        }
+        assert_eq!(ratelimit("\"a\"", 42, 17), "\"a\";r=42;t=17");
+        assert_eq!(
+            ratelimit("\"a\"", u64::MAX, 0),
+            "\"a\";r=999999999999999;t=0"
+        );
+        assert_eq!(int_value(3600), "3600");
+        let largest = sf_int_value(u64::MAX);
+        for n in [0, 1, 9, 10, 99, 100, 101, 999, 1000, 12_345, largest] {
+            let mut buf = [0u8; 20];
+            let start = write_digits(&mut buf, 20, n);
+            assert_eq!(&buf[start..], n.to_string().as_bytes(), "{n}");
+        }
+    }
 }

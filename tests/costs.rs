@@ -20,7 +20,7 @@ use tower_pinned_window::backend::{
     Amend, Backend, BackendError, Counter, Hit, MemoryBackend, Spend,
 };
 use tower_pinned_window::key::{GlobalKey, Key};
-use tower_pinned_window::{CountOnly, Decision, Quota, RateLimitLayer};
+use tower_pinned_window::{CountOnly, Decision, DecisionIn, Quota, RateLimitLayer};
 
 fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
@@ -187,6 +187,7 @@ async fn a_cost_counts_whole_a_denial_spends_nothing_and_zero_only_checks() {
     let layer = RateLimitLayer::new("api", quota(10, 60))
         .also(also)
         .backend(backend.clone())
+        .decision_in(DecisionIn::Response)
         .cost_fn(|req| {
             req.headers()
                 .get("x-cost")

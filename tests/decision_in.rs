@@ -76,7 +76,24 @@ async fn a_handler_reads_the_decision_from_its_request() {
 }
 
 #[tokio::test]
-async fn only_the_request_carries_it_under_the_default_and_asked() {
+async fn by_default_the_handler_reads_it_and_the_response_carries_it_only_when_asked() {
+    assert_eq!(DecisionIn::default(), DecisionIn::Request);
+    // No `decision_in`: the layer's default.
+    let app = Router::new()
+        .route("/", get(reports))
+        .route_layer(RateLimitLayer::new("api", quota(3)));
+    let first = send(&app, get_root()).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(decision(&first).is_none(), "not in the response unasked");
+    assert_eq!(first.headers()["ratelimit"], "\"api\";r=2;t=60");
+    assert_eq!(body(first).await, "remaining=2 count=1");
+    let asked = send(&app, asking()).await;
+    assert_eq!(decision(&asked).map(Decision::count), Some(2));
+    assert_eq!(body(asked).await, "remaining=1 count=2");
+}
+
+#[tokio::test]
+async fn the_handler_does_not_get_it_under_response_and_asked() {
     for place in [DecisionIn::Response, DecisionIn::Asked] {
         let app = Router::new()
             .route("/", get(reports))
@@ -90,7 +107,7 @@ async fn only_the_request_carries_it_under_the_default_and_asked() {
 }
 
 #[tokio::test]
-async fn the_response_carries_it_by_default_and_when_asked() {
+async fn the_response_carries_it_under_response_and_when_asked() {
     let cases = [
         (DecisionIn::Response, false, true),
         (DecisionIn::Response, true, true),

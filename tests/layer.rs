@@ -14,8 +14,8 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Key, KeyError};
 use tower_pinned_window::{
-    ConfigError, Decision, FailurePolicy, HeaderStyle, NamedQuota, OnMissingKey, Outcome, Quota,
-    RateLimitLayer,
+    ConfigError, Decision, DecisionIn, FailurePolicy, HeaderStyle, NamedQuota, OnMissingKey,
+    Outcome, Quota, RateLimitLayer,
 };
 
 fn quota(limit: u64, secs: u64) -> Quota {
@@ -44,7 +44,10 @@ fn header<'a>(res: &'a Response<Body>, name: &str) -> Option<&'a str> {
 
 #[tokio::test(start_paused = true)]
 async fn denies_past_the_limit_with_retry_after_and_ietf_headers() {
-    let svc = limiter("api", quota(3, 10)).layer(ok_service());
+    // The decision in every response, to read it on the passed ones too.
+    let svc = limiter("api", quota(3, 10))
+        .decision_in(DecisionIn::Response)
+        .layer(ok_service());
     for remaining in [2, 1, 0] {
         let res = send(&svc, get()).await;
         assert_eq!(res.status(), StatusCode::OK);
@@ -116,7 +119,9 @@ async fn retry_after_is_at_least_one_second() {
 
 #[tokio::test(start_paused = true)]
 async fn the_window_is_pinned_to_the_first_hit() {
-    let layer = limiter("login", quota(2, 15 * 60)).key(by_client());
+    let layer = limiter("login", quota(2, 15 * 60))
+        .key(by_client())
+        .decision_in(DecisionIn::Response);
     let svc = layer.layer(ok_service());
     let minute = Duration::from_secs(60);
 
@@ -291,6 +296,7 @@ async fn shadow_mode_counts_and_never_denies() {
     let log = seen.clone();
     let svc = limiter("new-limit", quota(1, 60))
         .shadow(true)
+        .decision_in(DecisionIn::Response)
         .on_decision(move |d| log.lock().unwrap().push((d.count(), d.outcome())))
         .layer(ok_service());
     for _ in 0..3 {
@@ -618,6 +624,7 @@ async fn one_layer_applies_a_quota_per_grpc_method() {
     let login = Quota::new(2, Duration::from_secs(15 * 60)).unwrap();
     let svc = limiter("api", quota(100, 60))
         .route_quota("/auth.Auth/Login", login)
+        .decision_in(DecisionIn::Response)
         .layer(ok_service());
     for _ in 0..2 {
         let res = send(&svc, grpc_call("/auth.Auth/Login")).await;
@@ -789,6 +796,7 @@ async fn named_route_and_extra_quotas_in_the_headers() {
             NamedQuota::new("login \"strict\"", quota(2, 900)),
         )
         .also(NamedQuota::new("daily", quota(10_000, 86_400)))
+        .decision_in(DecisionIn::Response)
         .layer(ok_service());
     let res = send(&svc, grpc_call("/auth.Auth/Login")).await;
     assert_eq!(

@@ -301,6 +301,7 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
     let closed = RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
         .timeout(timeout)
+        .decision_in(DecisionIn::Response)
         .layer(ok_service());
     let open = RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
@@ -589,6 +590,7 @@ async fn denied_keys_are_answered_locally_until_their_window_closes() {
     let svc = RateLimitLayer::new("cache", quota(2, Duration::from_millis(400)))
         .key(by_client())
         .backend(store.clone())
+        .decision_in(DecisionIn::Response)
         .layer(ok_service());
     for _ in 0..3 {
         svc.clone().oneshot(from("x")).await.unwrap();
@@ -921,6 +923,7 @@ async fn the_breaker_answers_at_once_during_an_outage_and_closes_after() {
     let limited = RateLimitLayer::new("breaker", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
         .timeout(OUTAGE_TIMEOUT)
+        .decision_in(DecisionIn::Response)
         .layer(ok_service());
     assert_eq!(
         limited.clone().oneshot(from("a")).await.unwrap().status(),
@@ -1286,6 +1289,7 @@ async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
     let svc = RateLimitLayer::new("mix", quota(100, Duration::from_secs(60)))
         .key(by_client())
         .backend(store)
+        .decision_in(DecisionIn::Response)
         .timeout(Duration::from_secs(10))
         .on_failure(FailurePolicy::FailOpen)
         .layer(ok_service());

@@ -34,7 +34,7 @@ use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Backend;
 use tower_pinned_window::backend::redis::{RedisBackend, SentinelConnection};
 use tower_pinned_window::key::Key;
-use tower_pinned_window::{Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use tower_pinned_window::{Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Window};
 use trial::Needs;
 
 /// Tasks sending hits, one at a time each.
@@ -447,6 +447,7 @@ fn a_frozen_master_is_left_for_the_promoted_replica() {
         let svc = RateLimitLayer::new("n", quota())
             .key(by_client())
             .backend(store)
+            .decision_in(DecisionIn::Response)
             .on_failure(FailurePolicy::FailClosed)
             .layer(ok_service());
         let hit: Hitter = Arc::new(move |k| {

@@ -202,7 +202,7 @@ fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
         ),
         (
             "redis",
-            "Redis backend, headers on, `Decision` in the response (the default)",
+            "Redis backend, headers on, `Decision` in the response (`DecisionIn::Response`)",
             per_request_on(&runtime, route(DecisionIn::Response)),
         ),
         (
@@ -319,7 +319,13 @@ fn cases() -> Vec<Case> {
         case(
             "headers-on",
             "identity",
-            "headers on, `Decision` in the response (`DecisionIn::Response`, the default)",
+            "headers on, `Decision` in the request (`DecisionIn::Request`, the default), unread",
+            limited(Ietf, InRequest),
+        ),
+        case(
+            "headers-on-response",
+            "identity",
+            "headers on, `Decision` in the response (`DecisionIn::Response`)",
             limited(Ietf, InResponse),
         ),
         case(
@@ -330,6 +336,12 @@ fn cases() -> Vec<Case> {
         ),
         case(
             "headers-off",
+            "identity",
+            "headers off, `Decision` in the request (`DecisionIn::Request`, the default), unread",
+            limited(NoHeaders, InRequest),
+        ),
+        case(
+            "headers-off-response",
             "identity",
             "headers off, `Decision` in the response (`DecisionIn::Response`)",
             limited(NoHeaders, InResponse),
@@ -357,8 +369,14 @@ fn cases() -> Vec<Case> {
         case(
             "headers-off-outer",
             "outer-bare",
-            "headers off, an outer layer asks (`WantDecision`) and reads it",
+            "headers off, `DecisionIn::Asked`, an outer layer asks (`WantDecision`) and reads it",
             limited(NoHeaders, Asked).route_layer(middleware::from_fn(asks_for_decision)),
+        ),
+        case(
+            "headers-off-outer-default",
+            "outer-bare",
+            "headers off, `DecisionIn::Request` (the default), an outer layer asks (`WantDecision`) and reads it",
+            limited(NoHeaders, InRequest).route_layer(middleware::from_fn(asks_for_decision)),
         ),
     ]
 }

@@ -107,10 +107,19 @@ cases!(
     case_layer_bare,
     case_layer_ours_headers,
     case_layer_ours_no_headers,
+    case_layer_ours_headers_response,
+    case_layer_ours_no_headers_response,
+    case_layer_ours_headers_request,
+    case_layer_ours_no_headers_request,
     case_layer_ours_headers_unread,
     case_layer_ours_no_headers_unread,
     case_layer_tower_governor_headers,
     case_layer_tower_governor_no_headers,
+    case_layer_bare_axum_request,
+    case_layer_ours_headers_axum_request,
+    case_layer_ours_no_headers_axum_request,
+    case_layer_tower_governor_headers_axum_request,
+    case_layer_tower_governor_no_headers_axum_request,
 );
 
 /// One request through a clone of `svc` (as axum's router clones a route's
@@ -125,6 +134,34 @@ where
     let mut cx = Context::from_waker(Waker::noop());
     assert!(svc.poll_ready(&mut cx).is_ready());
     let future = pin!(svc.call(Request::new(Body::empty())));
+    match future.poll(&mut cx) {
+        Poll::Ready(response) => {
+            black_box(response.unwrap());
+        }
+        Poll::Pending => panic!("the service did not answer at once"),
+    }
+}
+
+/// What axum's router has put into every request's extensions by the time
+/// a route's layers see it (its `MatchedPath`, the `ConnectInfo` of
+/// `into_make_service_with_connect_info`...): here one small value.
+#[derive(Clone)]
+struct Routed(#[allow(dead_code)] u64);
+
+/// [`one_request`] with a request that already has extensions, as under
+/// axum. Building the request (and its map) is counted, in the bare case
+/// too, so the subtraction leaves the layer's own cost.
+fn one_axum_request<S>(svc: &S)
+where
+    S: Service<Request<Body>, Response = Response<Body>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    let mut svc = svc.clone();
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(svc.poll_ready(&mut cx).is_ready());
+    let mut request = Request::new(Body::empty());
+    request.extensions_mut().insert(Routed(7));
+    let future = pin!(svc.call(request));
     match future.poll(&mut cx) {
         Poll::Ready(response) => {
             black_box(response.unwrap());
@@ -179,57 +216,139 @@ fn main() {
     case_layer_bare(REQUESTS, &mut f);
 
     let quota = Quota::new(u64::MAX, Duration::from_secs(3600)).unwrap();
-    let svc = RateLimitLayer::new("bench", quota).layer(inner);
-    let mut f = |_| one_request(&svc);
-    warm(1000, &mut f);
-    case_layer_ours_headers(REQUESTS, &mut f);
+    // Our layer around `$inner`, with `$headers` and, when given, `$place`.
+    macro_rules! ours {
+        ($inner:expr, $headers:expr) => {
+            RateLimitLayer::new("bench", quota)
+                .headers($headers)
+                .layer($inner)
+        };
+        ($inner:expr, $headers:expr, $place:expr) => {
+            RateLimitLayer::new("bench", quota)
+                .headers($headers)
+                .decision_in($place)
+                .layer($inner)
+        };
+    }
+    // tower_governor around `$inner`, with its headers or without.
+    macro_rules! governed {
+        ($inner:expr, headers) => {
+            GovernorLayer::new(
+                GovernorConfigBuilder::default()
+                    .per_nanosecond(1)
+                    .burst_size(u32::MAX)
+                    .key_extractor(GlobalKeyExtractor)
+                    .use_headers()
+                    .finish()
+                    .unwrap(),
+            )
+            .layer($inner)
+        };
+        ($inner:expr) => {
+            GovernorLayer::new(
+                GovernorConfigBuilder::default()
+                    .per_nanosecond(1)
+                    .burst_size(u32::MAX)
+                    .key_extractor(GlobalKeyExtractor)
+                    .finish()
+                    .unwrap(),
+            )
+            .layer($inner)
+        };
+    }
+    // One case: `$svc` driven by `$request` (`one_request` or
+    // `one_axum_request`), warmed up, then counted in `$case`.
+    macro_rules! layer_case {
+        ($case:ident, $request:ident, $svc:expr) => {{
+            let svc = $svc;
+            let mut f = |_| $request(&svc);
+            warm(1000, &mut f);
+            $case(REQUESTS, &mut f);
+        }};
+    }
+    use DecisionIn::{Asked, Request as InRequest, Response as InResponse};
+    use HeaderStyle::{Ietf, None as NoHeaders};
 
-    let svc = RateLimitLayer::new("bench", quota)
-        .headers(HeaderStyle::None)
-        .layer(inner);
-    let mut f = |_| one_request(&svc);
-    warm(1000, &mut f);
-    case_layer_ours_no_headers(REQUESTS, &mut f);
+    // The layer at its defaults, then under each `DecisionIn`: `Response`
+    // puts the decision into the response's extensions, `Request` into the
+    // request's, and under `Asked` a decision nobody asked for goes
+    // nowhere (and, with headers off, is not made).
+    layer_case!(case_layer_ours_headers, one_request, ours!(inner, Ietf));
+    layer_case!(
+        case_layer_ours_no_headers,
+        one_request,
+        ours!(inner, NoHeaders)
+    );
+    layer_case!(
+        case_layer_ours_headers_response,
+        one_request,
+        ours!(inner, Ietf, InResponse)
+    );
+    layer_case!(
+        case_layer_ours_no_headers_response,
+        one_request,
+        ours!(inner, NoHeaders, InResponse)
+    );
+    layer_case!(
+        case_layer_ours_headers_request,
+        one_request,
+        ours!(inner, Ietf, InRequest)
+    );
+    layer_case!(
+        case_layer_ours_no_headers_request,
+        one_request,
+        ours!(inner, NoHeaders, InRequest)
+    );
+    layer_case!(
+        case_layer_ours_headers_unread,
+        one_request,
+        ours!(inner, Ietf, Asked)
+    );
+    layer_case!(
+        case_layer_ours_no_headers_unread,
+        one_request,
+        ours!(inner, NoHeaders, Asked)
+    );
+    layer_case!(
+        case_layer_tower_governor_headers,
+        one_request,
+        governed!(inner, headers)
+    );
+    layer_case!(
+        case_layer_tower_governor_no_headers,
+        one_request,
+        governed!(inner)
+    );
 
-    // The same two, the `Decision` read by nobody (`DecisionIn::Asked`):
-    // nothing goes into the response's extensions.
-    let svc = RateLimitLayer::new("bench", quota)
-        .decision_in(DecisionIn::Asked)
-        .layer(inner);
-    let mut f = |_| one_request(&svc);
-    warm(1000, &mut f);
-    case_layer_ours_headers_unread(REQUESTS, &mut f);
-
-    let svc = RateLimitLayer::new("bench", quota)
-        .headers(HeaderStyle::None)
-        .decision_in(DecisionIn::Asked)
-        .layer(inner);
-    let mut f = |_| one_request(&svc);
-    warm(1000, &mut f);
-    case_layer_ours_no_headers_unread(REQUESTS, &mut f);
-
-    let config = GovernorConfigBuilder::default()
-        .per_nanosecond(1)
-        .burst_size(u32::MAX)
-        .key_extractor(GlobalKeyExtractor)
-        .use_headers()
-        .finish()
-        .unwrap();
-    let svc = GovernorLayer::new(config).layer(inner);
-    let mut f = |_| one_request(&svc);
-    warm(1000, &mut f);
-    case_layer_tower_governor_headers(REQUESTS, &mut f);
-
-    let config = GovernorConfigBuilder::default()
-        .per_nanosecond(1)
-        .burst_size(u32::MAX)
-        .key_extractor(GlobalKeyExtractor)
-        .finish()
-        .unwrap();
-    let svc = GovernorLayer::new(config).layer(inner);
-    let mut f = |_| one_request(&svc);
-    warm(1000, &mut f);
-    case_layer_tower_governor_no_headers(REQUESTS, &mut f);
+    // The same at the defaults, each request with extensions already, as
+    // axum's router hands it to a route's layers: putting a value into
+    // them then makes no map. A service of another type, so that the
+    // layer's code for it is compiled (and inlined) on its own, as the
+    // cases above are.
+    let routed = service_fn(|_req: Request<Body>| async {
+        Ok::<_, Infallible>(Response::new(Body::empty()))
+    });
+    layer_case!(case_layer_bare_axum_request, one_axum_request, routed);
+    layer_case!(
+        case_layer_ours_headers_axum_request,
+        one_axum_request,
+        ours!(routed, Ietf)
+    );
+    layer_case!(
+        case_layer_ours_no_headers_axum_request,
+        one_axum_request,
+        ours!(routed, NoHeaders)
+    );
+    layer_case!(
+        case_layer_tower_governor_headers_axum_request,
+        one_axum_request,
+        governed!(routed, headers)
+    );
+    layer_case!(
+        case_layer_tower_governor_no_headers_axum_request,
+        one_axum_request,
+        governed!(routed)
+    );
 
     println!("iters memory={ITERS} layer={REQUESTS}");
 }
