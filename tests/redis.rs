@@ -840,6 +840,7 @@ async fn a_backend_connecting_in_the_background_starts_during_an_outage() {
     let limited = RateLimitLayer::new("background", quota(3, Duration::from_secs(60)))
         .backend(store.clone())
         .timeout(OUTAGE_TIMEOUT)
+        .decision_in(DecisionIn::Response)
         .layer(ok_service());
     let open = RateLimitLayer::new("background", quota(3, Duration::from_secs(60)))
         .backend(store.clone())
