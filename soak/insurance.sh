@@ -53,21 +53,6 @@ start_redis() {
   exit 1
 }
 
-# Counters under the prefix, those without an expiry or with one longer
-# than the window (PTTL -1, or above WINDOW_MS), and the longest PTTL, in
-# one atomic script.
-scan() { # name
-  local out
-  out=$(redis-cli -h 127.0.0.1 -p "$port" EVAL "local n, bad, longest = 0, 0, 0
-    for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-      n = n + 1
-      local t = redis.call('PTTL', k)
-      if t < 0 or t > tonumber(ARGV[2]) then bad = bad + 1 end
-      if t > longest then longest = t end
-    end
-    return {n, bad, longest}" 0 "$PREFIX*" "$WINDOW_MS" | tr '\n' ' ') || out="-1 -1 -1"
-  echo "scan $(now_ms) $1 $out" >>"$dir/events"
-}
 
 start_redis
 echo "insurance soak: $INSTANCES instances x $RATE requests/s for $DURATION s, $KEYS keys, $LIMIT per $WINDOW_MS ms, insurance share ${INSURE_SHARE:-off (fail closed)}; Redis (port $port) killed at $KILL_AT s, restarted $DOWN_FOR s later"
@@ -81,7 +66,7 @@ sleep_until $(( start + (KILL_AT + DOWN_FOR) * 1000 ))
 start_redis
 echo "event $(now_ms) redis-restarted-empty" >>"$dir/events"
 sleep "$SCAN_AFTER"
-scan after-restart
+scan_redis after-restart "$port"
 wait_instances || failed=1
-scan end
+scan_redis end "$port"
 "$soak_bin" report "$dir/events" "$dir"/answers.* && [ -z "${failed:-}" ]

@@ -77,21 +77,6 @@ done
 SENTINELS=$(printf 'redis://127.0.0.1:%s/,' "${sentinels[@]}")
 export SENTINELS=${SENTINELS%,}
 
-# Counters under the prefix, those without an expiry or with one longer
-# than the window (PTTL -1, or above WINDOW_MS), and the longest PTTL, in
-# one atomic script.
-scan() { # name port
-  local out
-  out=$(cli "$2" EVAL "local n, bad, longest = 0, 0, 0
-    for _, k in ipairs(redis.call('KEYS', ARGV[1])) do
-      n = n + 1
-      local t = redis.call('PTTL', k)
-      if t < 0 or t > tonumber(ARGV[2]) then bad = bad + 1 end
-      if t > longest then longest = t end
-    end
-    return {n, bad, longest}" 0 "$PREFIX*" "$WINDOW_MS" | tr '\n' ' ') || out="-1 -1 -1"
-  echo "scan $(now_ms) $1 $out" >>"$dir/events"
-}
 master_now() { cli "${sentinels[0]}" SENTINEL GET-MASTER-ADDR-BY-NAME "$MASTER_NAME" | sed -n 2p; }
 
 echo "sentinel soak: $INSTANCES instances x $RATE requests/s for $DURATION s, $KEYS keys, $LIMIT per $WINDOW_MS ms; master (port $master_port) killed at $KILL_AT s"
@@ -110,7 +95,7 @@ for i in $(seq 1 600); do
 done
 [ "$(master_now)" = "$replica_port" ] || echo "the sentinels did not promote the replica within 30 s" >&2
 sleep "$SCAN_AFTER"
-scan after-failover "$replica_port"
+scan_redis after-failover "$replica_port"
 wait_instances || failed=1
-scan end "$replica_port"
+scan_redis end "$replica_port"
 "$soak_bin" report "$dir/events" "$dir"/answers.* && [ -z "${failed:-}" ]
