@@ -1084,12 +1084,20 @@ async fn amends_after_a_reset_never_reach_a_new_window_of_the_same_deadline() {
             )
             .await
             .unwrap();
-        let what = if via_clear { "after a clear" } else { "after a reset" };
+        let what = if via_clear {
+            "after a clear"
+        } else {
+            "after a reset"
+        };
         assert!(
             !store.refund("n", &key, &old).await.unwrap(),
             "{what}: the refund answers false"
         );
-        assert_eq!(row(&schema, "n", &name).await, Some((1, window)), "{what}: refund");
+        assert_eq!(
+            row(&schema, "n", &name).await,
+            Some((1, window)),
+            "{what}: refund"
+        );
         for amend in [Amend::Refund(1), Amend::Charge(5), Amend::Clear] {
             assert!(
                 !store.amend("n", &key, &old, amend).await.unwrap(),
@@ -1102,7 +1110,11 @@ async fn amends_after_a_reset_never_reach_a_new_window_of_the_same_deadline() {
             );
         }
     }
-    assert_eq!(markers(&schema).await.len(), 2, "one marker per deleted window");
+    assert_eq!(
+        markers(&schema).await.len(),
+        2,
+        "one marker per deleted window"
+    );
 
     // A clear under a live lockout keeps the row for its lockout, as a
     // closed window, and leaves a marker too.
@@ -1124,11 +1136,16 @@ async fn amends_after_a_reset_never_reach_a_new_window_of_the_same_deadline() {
     assert!(store.amend("n", &key, &first, Amend::Clear).await.unwrap());
     assert_eq!(store.peek("n", &key).await.unwrap(), None, "no counter");
     assert!(
-        !store.amend("n", &key, &first, Amend::Charge(3)).await.unwrap(),
+        !store
+            .amend("n", &key, &first, Amend::Charge(3))
+            .await
+            .unwrap(),
         "the cleared window takes no charge"
     );
     assert!(
-        markers(&schema).await.contains(&(window, b"locked".to_vec())),
+        markers(&schema)
+            .await
+            .contains(&(window, b"locked".to_vec())),
         "the clear left a marker"
     );
 }
@@ -1362,6 +1379,12 @@ async fn a_table_of_the_previous_release_is_migrated_in_place() {
         .unwrap()[0];
     assert_eq!(denied.deadline, None);
     assert_eq!(backend.hit("n", &Key::new("k"), q).await.unwrap().count, 4);
+    assert!(backend.reset("n", &Key::new("k")).await.unwrap());
+    assert_eq!(
+        markers(&schema).await.len(),
+        1,
+        "migrate made the reset markers' table beside the old one"
+    );
 }
 
 /// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
