@@ -81,7 +81,9 @@
 //! hits never read the markers. The cleaner deletes a marker a second after
 //! its deadline. A clear under a live lockout keeps the row for its lockout
 //! as a closed window (count 0, `expires_at` at the epoch): no counter, as
-//! for the other backends, and a marker too.
+//! for the other backends, and a marker too. An instance of the previous
+//! release resets without a marker: this holds once every instance runs
+//! this one.
 //!
 //! # Corrupt rows
 //!
