@@ -1036,6 +1036,158 @@ async fn a_late_refund_leaves_the_expired_row_alone() {
     assert_eq!(rows(&schema).await, 1, "the same row, reused");
 }
 
+/// Reset markers (`tpw_counters_resets`) in the test schema: deadline and key.
+async fn markers(schema: &TestSchema) -> Vec<(SystemTime, Vec<u8>)> {
+    schema
+        .client
+        .query(
+            &format!(
+                "SELECT expires_at, key FROM {}_resets ORDER BY expires_at, key",
+                schema.table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| (row.get(0), row.get(1)))
+        .collect()
+}
+
+/// A window opened after a reset with exactly the deleted window's
+/// `expires_at` (written here by hand: a hit would need to land in the same
+/// microsecond) is never refunded, charged or cleared for a hit of the
+/// deleted window: the reset left a marker for that deadline.
+async fn amends_after_a_reset_never_reach_a_new_window_of_the_same_deadline() {
+    use tower_pinned_window::backend::Amend;
+    let schema = pg_or_skip!(TestSchema::create("reset_marker").await);
+    let store = schema.builder().deny_cache(0).build();
+    store.migrate().await.unwrap();
+    let table = schema.table();
+    let q = quota(10, Duration::from_secs(60));
+    for (i, via_clear) in [false, true].into_iter().enumerate() {
+        let name = format!("k{i}");
+        let key = Key::new(name.clone());
+        let old = store.hit("n", &key, q).await.unwrap();
+        let (_, window) = row(&schema, "n", &name).await.unwrap();
+        if via_clear {
+            assert!(store.amend("n", &key, &old, Amend::Clear).await.unwrap());
+        } else {
+            assert!(store.reset("n", &key).await.unwrap());
+        }
+        assert_eq!(row(&schema, "n", &name).await, None, "deleted");
+        schema
+            .client
+            .execute(
+                &format!("INSERT INTO {table} (namespace, key, count, expires_at) VALUES ('n', $1, 1, $2)"),
+                &[&name.as_bytes(), &window],
+            )
+            .await
+            .unwrap();
+        let what = if via_clear {
+            "after a clear"
+        } else {
+            "after a reset"
+        };
+        assert!(
+            !store.refund("n", &key, &old).await.unwrap(),
+            "{what}: the refund answers false"
+        );
+        assert_eq!(
+            row(&schema, "n", &name).await,
+            Some((1, window)),
+            "{what}: refund"
+        );
+        for amend in [Amend::Refund(1), Amend::Charge(5), Amend::Clear] {
+            assert!(
+                !store.amend("n", &key, &old, amend).await.unwrap(),
+                "{what}: {amend:?} answers false"
+            );
+            assert_eq!(
+                row(&schema, "n", &name).await,
+                Some((1, window)),
+                "{what}: {amend:?} left the new window alone"
+            );
+        }
+    }
+    assert_eq!(
+        markers(&schema).await.len(),
+        2,
+        "one marker per deleted window"
+    );
+
+    // A clear under a live lockout keeps the row for its lockout, as a
+    // closed window, and leaves a marker too.
+    use tower_pinned_window::backend::{Counter, Spend};
+    let key = Key::new("locked");
+    let one = quota(1, Duration::from_secs(60));
+    let c = [Counter {
+        namespace: "n",
+        quota: one,
+    }];
+    let block = Window::new(Duration::from_secs(60)).unwrap();
+    let first = store.spend_all(&key, &c, Spend::cost(1)).await.unwrap()[0];
+    let denied = store
+        .spend_all(&key, &c, Spend::cost(1).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!(denied.deadline, None, "locked");
+    let (_, window) = row(&schema, "n", "locked").await.unwrap();
+    assert!(store.amend("n", &key, &first, Amend::Clear).await.unwrap());
+    assert_eq!(store.peek("n", &key).await.unwrap(), None, "no counter");
+    assert!(
+        !store
+            .amend("n", &key, &first, Amend::Charge(3))
+            .await
+            .unwrap(),
+        "the cleared window takes no charge"
+    );
+    assert!(
+        markers(&schema)
+            .await
+            .contains(&(window, b"locked".to_vec())),
+        "the clear left a marker"
+    );
+}
+
+/// Markers are deleted by the cleaner once their deadline has passed (and a
+/// second more), never while their window could still be open.
+async fn the_cleaner_deletes_expired_reset_markers() {
+    let schema = pg_or_skip!(TestSchema::create("marker_clean").await);
+    let store = schema.builder().deny_cache(0).no_cleaner().build();
+    store.migrate().await.unwrap();
+    let short = quota(10, Duration::from_millis(100));
+    let long = quota(10, Duration::from_secs(3600));
+    for (name, q) in [("short", short), ("long", long)] {
+        let key = Key::new(name);
+        store.hit("n", &key, q).await.unwrap();
+        assert!(store.reset("n", &key).await.unwrap());
+    }
+    assert_eq!(markers(&schema).await.len(), 2);
+    // An expired row's reset leaves no marker: no later window can share
+    // its deadline.
+    schema
+        .client
+        .execute(
+            &format!(
+                "INSERT INTO {} VALUES ('n', 'gone', 1, now() - interval '1 s')",
+                schema.table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(!store.reset("n", &Key::new("gone")).await.unwrap());
+    assert_eq!(markers(&schema).await.len(), 2);
+    let batch = NonZeroU32::new(100).unwrap();
+    assert_eq!(store.clean_expired(batch).await.unwrap(), 0, "not yet");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    assert_eq!(store.clean_expired(batch).await.unwrap(), 1);
+    let left = markers(&schema).await;
+    assert_eq!(left.len(), 1);
+    assert_eq!(left[0].1, b"long".to_vec(), "the live marker is kept");
+}
+
 /// Many concurrent spends of varied costs on one key, from several pool
 /// connections and two instances: the admitted costs add up to at most the
 /// limit, and to exactly the stored count.
@@ -1227,6 +1379,12 @@ async fn a_table_of_the_previous_release_is_migrated_in_place() {
         .unwrap()[0];
     assert_eq!(denied.deadline, None);
     assert_eq!(backend.hit("n", &Key::new("k"), q).await.unwrap().count, 4);
+    assert!(backend.reset("n", &Key::new("k")).await.unwrap());
+    assert_eq!(
+        markers(&schema).await.len(),
+        1,
+        "migrate made the reset markers' table beside the old one"
+    );
 }
 
 /// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
@@ -1338,6 +1496,16 @@ fn main() {
             "a_runtime_shut_down_mid_statement_leaves_the_backend_usable_on_another",
             Needs::Postgres,
             a_runtime_shut_down_mid_statement_leaves_the_backend_usable_on_another,
+        ),
+        trial::current(
+            "amends_after_a_reset_never_reach_a_new_window_of_the_same_deadline",
+            Needs::Postgres,
+            amends_after_a_reset_never_reach_a_new_window_of_the_same_deadline,
+        ),
+        trial::current(
+            "the_cleaner_deletes_expired_reset_markers",
+            Needs::Postgres,
+            the_cleaner_deletes_expired_reset_markers,
         ),
         trial::current(
             "a_late_refund_leaves_the_expired_row_alone",

@@ -154,10 +154,10 @@ pub struct Hit {
     /// [`reset`](Backend::reset) could close in the same instant as the
     /// deleted one, so each backend tells them apart by more than this
     /// number: the memory backend moves the new deadline a nanosecond
-    /// earlier, Redis refuses amends of a deadline while the reset's marker
-    /// lives. PostgreSQL names a window by its deadline in microseconds,
-    /// taken from the transaction's start: a reset and the next hit are
-    /// two transactions, at least a round trip apart.
+    /// earlier; Redis and PostgreSQL refuse amends of a deadline while the
+    /// reset's marker lives (a key beside the counter in Redis, a row of
+    /// the markers' table in PostgreSQL, written in the same step as the
+    /// delete and kept until that deadline).
     ///
     /// `None` when nothing was counted in the store for this hit: an answer
     /// from a local cache (the Redis deny cache), a counter the call did not

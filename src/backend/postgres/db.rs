@@ -17,19 +17,19 @@ pub(super) struct Db {
 }
 
 impl Db {
-    /// Delete at most `batch` expired rows; the number deleted.
+    /// Delete at most `batch` expired counters and at most `batch` expired
+    /// reset markers; the number of rows deleted, both counted.
     pub(super) async fn clean_expired(&self, batch: NonZeroU32) -> Result<u64, BackendError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         let sql = self.sql.clean.replace("{batch}", &batch.to_string());
         let replies = client.simple_query(&sql).await.map_err(pg_error)?;
-        // The last command is the DELETE.
+        // The SET counts no row; the two DELETEs do.
         Ok(replies
             .iter()
-            .rev()
-            .find_map(|reply| match reply {
-                SimpleQueryMessage::CommandComplete(rows) => Some(*rows),
-                _ => None,
+            .map(|reply| match reply {
+                SimpleQueryMessage::CommandComplete(rows) => *rows,
+                _ => 0,
             })
-            .unwrap_or(0))
+            .sum())
     }
 }

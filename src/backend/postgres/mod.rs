@@ -68,6 +68,23 @@
 //! `expires_at`) has opened. A count of 0 is a window whose every hit was
 //! refunded; the next hit counts on from it.
 //!
+//! A window is named by more than its `expires_at`. [`reset`](Backend::reset)
+//! and [`Amend::Clear`] delete a window's row and, in the same statement,
+//! write a **reset marker** (namespace, key, the deleted `expires_at`) to a
+//! table beside the counters (`{table}_resets`), kept until that deadline
+//! has passed. A refund, charge or clear of a hit whose deadline a marker
+//! names does nothing and answers `false`: a window opened after the reset
+//! with the same `expires_at` (to the microsecond) cannot be told from the
+//! deleted one by its hits, so neither is amended. The price is the new
+//! window's own amends in that microsecond, never a wrong one. The marker
+//! check is one primary-key probe in the refund's or amend's statement;
+//! hits never read the markers. The cleaner deletes a marker a second after
+//! its deadline. A clear under a live lockout keeps the row for its lockout
+//! as a closed window (count 0, `expires_at` at the epoch): no counter, as
+//! for the other backends, and a marker too. An instance of the previous
+//! release resets without a marker: this holds once every instance runs
+//! this one.
+//!
 //! # Corrupt rows
 //!
 //! A row no hit can have written (a negative count, no `expires_at`, an
@@ -95,7 +112,23 @@
 //!     PRIMARY KEY (namespace, key)
 //! ) WITH (fillfactor = 80);
 //! CREATE INDEX IF NOT EXISTS "tpw_counters_expires_at" ON "public"."tpw_counters" (expires_at);
+//! ALTER TABLE "public"."tpw_counters" ADD COLUMN IF NOT EXISTS blocked_until timestamptz
+//!     CHECK (isfinite(blocked_until));
+//! CREATE TABLE IF NOT EXISTS "public"."tpw_counters_resets" (
+//!     expires_at timestamptz NOT NULL CHECK (isfinite(expires_at)),
+//!     namespace  text        NOT NULL,
+//!     key        bytea       NOT NULL,
+//!     PRIMARY KEY (expires_at, namespace, key)
+//! );
 //! ```
+//!
+//! A table made by an earlier release is migrated in place by running it
+//! again: the lockout column is added (nullable: no rewrite) and the reset
+//! markers' table created beside it. Run the migration before instances of
+//! this release start: their refunds, amends and resets name the markers'
+//! table, and fail (as [`BackendError::Unavailable`]) where it is missing.
+//! The markers' table is `UNLOGGED` when the counters' is made so (a crash
+//! empties both).
 //!
 //! The layer's name and the client's key are two columns, so no byte of a
 //! key can reach another layer's counter, and `WHERE namespace = 'login'`
@@ -139,8 +172,10 @@
 //!
 //! PostgreSQL 9.5 or later (`ON CONFLICT`); tested against 15. Hits need
 //! `SELECT, INSERT, UPDATE` on the table, the cleaner and
-//! [`reset`](Backend::reset) `DELETE`, and `migrate` the right to create the
-//! schema (if missing) and the table.
+//! [`reset`](Backend::reset) `DELETE`; on the markers' table
+//! (`{table}_resets`), refunds and amends need `SELECT`, resets and clears
+//! `INSERT`, the cleaner `DELETE`; `migrate` needs the right to create the
+//! schema (if missing) and the tables.
 
 mod audit;
 mod batch;
@@ -191,8 +226,9 @@ use crate::quota::Window;
 /// Example: the [module docs](self).
 pub const HIT_SQL: &str = include_str!("sql/hit.sql");
 
-/// The table's SQL, as written (`{schema}`, `{table}`, `{index}` and
-/// `{unlogged}` stand for the names and options);
+/// The tables' SQL, as written (`{schema}`, `{table}`, `{index}`,
+/// `{resets}` (the reset markers' table, `{table}_resets`) and `{unlogged}`
+/// stand for the names and options);
 /// [`PostgresBackend::migration_sql`] gives it filled in.
 ///
 /// Example: [`PostgresBackendBuilder`].
@@ -544,8 +580,9 @@ impl PostgresBackend {
         &self.inner.db.sql.migrate
     }
 
-    /// Create the schema, the table and its index if they are missing (an
-    /// existing table is left as it is). Instances that start together may
+    /// Create the schema, the table, its index and the reset markers'
+    /// table if they are missing, and add the columns of later releases to
+    /// an existing table (its rows are left as they are). Instances that start together may
     /// all call it: it runs under a transaction-scoped advisory lock.
     ///
     /// # Errors
@@ -571,8 +608,10 @@ impl PostgresBackend {
         transaction.commit().await.map_err(pg_error)
     }
 
-    /// Delete at most `batch` expired rows, now, as the cleaner does; the
-    /// number deleted. Rows a hit holds are skipped, never waited for.
+    /// Delete at most `batch` expired rows, now, as the cleaner does, and at
+    /// most `batch` reset markers whose deadline passed over a second ago;
+    /// the number of rows deleted, both counted. Rows a hit holds are
+    /// skipped, never waited for.
     ///
     /// # Errors
     /// [`BackendError::Unavailable`] when the database cannot be reached.
@@ -791,7 +830,8 @@ impl Backend for PostgresBackend {
 
     /// One `UPDATE` ([`refund.sql`](self#refunds)) that takes one off the
     /// count only in the row whose `expires_at` is the hit's deadline, while
-    /// that window is open and the count is positive. A hit with no deadline
+    /// that window is open, the count is positive and no reset marker names
+    /// that deadline. A hit with no deadline
     /// (answered by the deny cache) is not sent. The counter is dropped from
     /// this instance's deny cache, so its next hit asks the database again.
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> PostgresRefund {
@@ -833,8 +873,9 @@ impl Backend for PostgresBackend {
     }
 
     /// One statement, only in the row whose `expires_at` is the hit's
-    /// deadline while that window is open; a hit with no deadline is not
-    /// sent. The counter is dropped from this instance's deny cache.
+    /// deadline while that window is open and no reset marker names that
+    /// deadline; a clear leaves such a marker in the same statement. A hit
+    /// with no deadline is not sent. The counter is dropped from this instance's deny cache.
     fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> PostgresRefund {
         let delta: Option<i64> = match amend {
             Amend::Refund(n) => Some(-(i64::try_from(n).unwrap_or(i64::MAX))),

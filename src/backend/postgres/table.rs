@@ -23,9 +23,14 @@ const MAX_SCHEMA_LEN: usize = 63;
 /// The suffix of the table's `expires_at` index.
 const INDEX_SUFFIX: &str = "_expires_at";
 
+/// The suffix of the table of reset markers beside the counters table.
+const RESETS_SUFFIX: &str = "_resets";
+
 /// The longest table name: its index name (`{table}_expires_at`) must fit in
-/// 63 bytes too.
+/// 63 bytes too (the reset markers' table, `{table}_resets`, is shorter).
 pub(super) const MAX_TABLE_LEN: usize = MAX_SCHEMA_LEN - INDEX_SUFFIX.len();
+
+const _: () = assert!(MAX_TABLE_LEN + RESETS_SUFFIX.len() <= MAX_SCHEMA_LEN);
 
 /// `name`, if it is a name this backend accepts for a schema or table: 1 to
 /// `max` characters from `a-z 0-9 _`, not starting with a digit. Such a name
@@ -80,6 +85,10 @@ impl Sql {
             sql.replace("{table}", &qualified)
                 .replace("{schema}", &format!("\"{schema}\""))
                 .replace("{index}", &format!("\"{table}{INDEX_SUFFIX}\""))
+                .replace(
+                    "{resets}",
+                    &format!("\"{schema}\".\"{table}{RESETS_SUFFIX}\""),
+                )
                 .replace("{unlogged}", if unlogged { "UNLOGGED" } else { "" })
         };
         Self {
@@ -166,6 +175,23 @@ mod tests {
         }
         assert!(sql.migrate.contains("CREATE TABLE IF NOT EXISTS"));
         assert!(sql.migrate.contains("\"hits_expires_at\""));
+        for (name, text) in [
+            ("migrate", &sql.migrate),
+            ("reset", &sql.reset),
+            ("clean", &sql.clean),
+            ("refund", &sql.refund),
+            ("amend", &sql.amend),
+            ("clear", &sql.clear),
+        ] {
+            assert!(
+                text.contains("\"rate\".\"hits_resets\""),
+                "{name}: the reset markers"
+            );
+        }
+        assert!(
+            !sql.hit.contains("hits_resets"),
+            "hits never read the markers"
+        );
         let unlogged = Sql::new("rate", "hits", true);
         assert!(
             unlogged

@@ -1,5 +1,6 @@
--- tower-pinned-window: delete at most {batch} expired counters.
--- Sent as one simple query, so both statements run in one transaction.
+-- tower-pinned-window: delete at most {batch} expired counters, and at most
+-- {batch} reset markers whose deadline passed over a second ago.
+-- Sent as one simple query, so the statements run in one transaction.
 --
 -- The rows are found through the expires_at index and locked with SKIP
 -- LOCKED, so the cleaner never waits for a hit (nor for another instance's
@@ -10,7 +11,19 @@
 -- is checked again on the row being deleted, so a row that a hit has just
 -- given a new window is never deleted. Rows with a negative count are
 -- corrupt and left for inspection.
+--
+-- A marker is kept for a second past its deadline: an amend that can still
+-- act on its deadline's window started before that deadline (expires_at >
+-- statement_timestamp()), and took the snapshot that sees the marker right
+-- after it started, not a second later.
 SET LOCAL enable_seqscan = off;
+DELETE FROM {resets}
+WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM {resets}
+        WHERE expires_at <= statement_timestamp() - interval '1 second'
+        LIMIT {batch}
+        FOR UPDATE SKIP LOCKED))
+  AND expires_at <= statement_timestamp() - interval '1 second';
 DELETE FROM {table}
 WHERE ctid = ANY (ARRAY(
         SELECT ctid FROM {table}

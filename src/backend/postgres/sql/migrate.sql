@@ -26,3 +26,19 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
 -- another counter.
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS blocked_until timestamptz
     CHECK (isfinite(blocked_until));
+
+-- Added in the release with reset markers (created in place next to a table
+-- of an earlier release): a window deleted while open (by a reset, or a
+-- clear) leaves its deadline here until that deadline has passed. A window
+-- opened later for the same key with the same expires_at (to the
+-- microsecond) cannot be told from the deleted one by its hits' deadlines,
+-- so no refund, charge or clear of that deadline is applied while its marker
+-- is here: never the wrong window, at the price of the new window's own
+-- amends. The primary key leads with expires_at: it serves both the amends'
+-- lookup and the cleaner's scan of expired markers. Hits never read it.
+CREATE {unlogged} TABLE IF NOT EXISTS {resets} (
+    expires_at timestamptz NOT NULL CHECK (isfinite(expires_at)),
+    namespace  text        NOT NULL,
+    key        bytea       NOT NULL,
+    PRIMARY KEY (expires_at, namespace, key)
+);
