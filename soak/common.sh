@@ -34,6 +34,17 @@ keep_run() {
   if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$dir"/answers.* "$dir"/events "$KEEP"/ 2>/dev/null || true; fi
 }
 
+# For a soak on Redis servers of its own: redis-server checked for, the run's
+# temporary directory ($dir), every process stopped and the directory
+# removed at exit, the soak program built ($soak_bin).
+begin_redis_soak() {
+  command -v redis-server >/dev/null || { echo "redis-server not found (apt-get install redis-server)" >&2; exit 1; }
+  dir=$(mktemp -d)
+  trap 'stop_started; keep_run; rm -rf "$dir"' EXIT
+  trap 'exit 130' INT TERM
+  build_soak
+}
+
 build_soak() {
   cargo build --release -p tower-pinned-window-bench --bin soak --quiet
   soak_bin=${CARGO_TARGET_DIR:-target}/release/soak

@@ -27,13 +27,7 @@ SCAN_AFTER=${SCAN_AFTER:-5}
 export INSURE_SHARE=${INSURE_SHARE:-1/$INSTANCES} PREFIX="tpw-soak:$$:"
 # INSURE_SHARE=off: the same run failing closed, for comparison.
 [ "$INSURE_SHARE" != off ] || unset INSURE_SHARE
-command -v redis-server >/dev/null || { echo "redis-server not found (apt-get install redis-server)" >&2; exit 1; }
-
-dir=$(mktemp -d)
-cleanup() { stop_started; keep_run; rm -rf "$dir"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-build_soak
+begin_redis_soak
 
 port=$(free_port)
 export REDIS_URL="redis://127.0.0.1:$port/"

@@ -20,13 +20,7 @@ cd "$(dirname "$0")/.."
 KILL_AT=${KILL_AT:-$(( DURATION * 3 / 10 ))}
 SCAN_AFTER=${SCAN_AFTER:-5}
 export MASTER_NAME=tpw-soak PREFIX="tpw-soak:$$:"
-command -v redis-server >/dev/null || { echo "redis-server not found (apt-get install redis-server)" >&2; exit 1; }
-
-dir=$(mktemp -d)
-cleanup() { stop_started; keep_run; rm -rf "$dir"; }
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-build_soak
+begin_redis_soak
 
 cli() { redis-cli -h 127.0.0.1 -p "$@"; }
 # Wait up to 20 s for `$2...` to succeed; say what was awaited ($1) if not.

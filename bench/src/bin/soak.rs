@@ -43,6 +43,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use axum::body::Body;
 use axum::http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
+use tower_pinned_window::backend::Backend;
 use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
 use tower_pinned_window::backend::postgres::tokio_postgres::{self, NoTls};
@@ -118,6 +119,16 @@ async fn sentinel(id: u32, out: &str) -> Result<(), Error> {
     let connection = SentinelConnection::builder(sentinels, &master)
         .connect()
         .await?;
+    redis_instance(id, out, connection).await
+}
+
+/// One instance over `connection`, its counters under `PREFIX`.
+async fn redis_instance<C>(id: u32, out: &str, connection: C) -> Result<(), Error>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+    RedisBackend<C>: Backend + Clone + Send + Sync + 'static,
+    <RedisBackend<C> as Backend>::Future: Send,
+{
     let backend = RedisBackend::builder(connection)
         .prefix(env("PREFIX", "tpw-soak:".to_owned())?)
         .build();
@@ -138,15 +149,7 @@ async fn standalone(id: u32, out: &str) -> Result<(), Error> {
     let connection = redis::Client::open(url.as_str())?
         .get_connection_manager_with_config(connection_manager_config())
         .await?;
-    let backend = RedisBackend::builder(connection)
-        .prefix(env("PREFIX", "tpw-soak:".to_owned())?)
-        .build();
-    load(
-        id,
-        out,
-        layer()?.backend(backend).layer(tower::service_fn(ok)),
-    )
-    .await
+    redis_instance(id, out, connection).await
 }
 
 /// A pool of `POOL_SIZE` connections to `DATABASE_URL`, named `app` in
