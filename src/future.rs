@@ -306,19 +306,16 @@ where
                     let policy = Selected::Kept(policy);
                     let carry = core.carry(&head);
                     let next = match tab.take() {
-                        None => Self::judged(
-                            core.judge(
-                                result,
-                                &policy,
-                                &head,
-                                carry.anywhere(),
-                                fallback
-                                    .as_ref()
-                                    .map(|(key, cost)| Fallback { key, cost: *cost }),
-                            ),
-                            carry,
-                            |d| call_once(service, request, d),
-                        ),
+                        None => {
+                            let verdict = match (result, fallback.as_ref()) {
+                                (Err(err), Some((key, cost))) if core.insures(&err) => {
+                                    let fallback = Fallback { key, cost: *cost };
+                                    core.insure(err, &policy, &head, fallback)
+                                }
+                                (result, _) => core.judge(result, &policy, &head, carry.anywhere()),
+                            };
+                            Self::judged(verdict, carry, |d| call_once(service, request, d))
+                        }
                         Some(tab) => Self::counted(
                             refund::judge(core, tab, result, &policy, &head),
                             carry,

@@ -267,7 +267,6 @@ impl<Bk, D> Core<Bk, D> {
         policy: &Policy,
         request: &RequestHead<'_>,
         read: bool,
-        fallback: Option<Fallback<'_>>,
     ) -> Verdict<B>
     where
         D: Deny<B>,
@@ -285,12 +284,12 @@ impl<Bk, D> Core<Bk, D> {
                 response.extensions_mut().insert(err.kind());
                 return Verdict::Respond(response);
             }
-            Err(err) => return self.outage(err, policy, request, fallback),
+            Err(err) => return self.outage(err, request),
         };
         let Some((index, hit)) = policy.decisive(&hits) else {
             let err = BackendError::Unavailable("the backend answered no hit".into());
             s.metrics.backend_error(&s.name, &err);
-            return self.outage(err, policy, request, fallback);
+            return self.outage(err, request);
         };
         if !read
             && s.observer.is_none()
@@ -345,42 +344,60 @@ impl<Bk, D> Core<Bk, D> {
         Verdict::Respond(response::denial(&self.deny, decision, request.is_grpc()))
     }
 
-    /// The verdict on `request` when the backend failed with `err`: the
-    /// insurance limiter's (with the request's `fallback`), a pass uncounted,
-    /// or 503, as the failure policy says.
+    /// Whether the insurance limiter decides on a request the backend
+    /// answered `err`: under [`FailurePolicy::Insurance`], for an outage
+    /// (corrupt state is never insured).
+    #[inline]
+    pub(crate) fn insures(&self, err: &BackendError) -> bool {
+        self.settings.insurance.is_some() && !err.is_corrupt()
+    }
+
+    /// The verdict on `request` when the backend failed with `err` under
+    /// [`FailurePolicy::Insurance`] (see [`insures`](Self::insures)): the
+    /// insurance limiter's, with the request's `fallback`, or 503 when it
+    /// cannot decide either.
     #[cold]
-    fn outage<B>(
+    pub(crate) fn insure<B>(
         &self,
         err: BackendError,
         policy: &Policy,
         request: &RequestHead<'_>,
-        fallback: Option<Fallback<'_>>,
+        fallback: Fallback<'_>,
     ) -> Verdict<B>
     where
         D: Deny<B>,
         B: Default,
     {
         let s = &self.settings;
-        let insurance = match (s.failure, &s.insurance, fallback) {
-            (FailurePolicy::Insurance(share), Some(local), Some(fallback)) => {
-                Some((share, local, fallback))
-            }
-            _ => None,
+        s.metrics.backend_error(&s.name, &err);
+        let (FailurePolicy::Insurance(share), Some(local)) = (s.failure, &s.insurance) else {
+            return self.outage(err, request);
+        };
+        let Some(verdict) = self.insured(share, local, fallback, policy, request) else {
+            return self.outage(err, request);
         };
         if let Some(suppressed) = s.warn_gate.admit() {
-            let action = match s.failure {
-                FailurePolicy::FailOpen => "passing requests uncounted",
-                FailurePolicy::Insurance(_) => "deciding with the insurance limiter",
-                FailurePolicy::FailClosed => "answering 503",
+            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: deciding with the insurance limiter");
+        }
+        verdict
+    }
+
+    /// The verdict on `request` when the backend failed with `err`: a pass
+    /// uncounted under fail-open, otherwise 503 (under insurance, when the
+    /// insurance limiter could not decide either).
+    #[cold]
+    fn outage<B: Default>(&self, err: BackendError, request: &RequestHead<'_>) -> Verdict<B> {
+        let s = &self.settings;
+        let fail_open = s.failure == FailurePolicy::FailOpen;
+        if let Some(suppressed) = s.warn_gate.admit() {
+            let action = if fail_open {
+                "passing requests uncounted"
+            } else {
+                "answering 503"
             };
             tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
         }
-        if let Some((share, local, fallback)) = insurance
-            && let Some(verdict) = self.insured(share, local, fallback, policy, request)
-        {
-            return verdict;
-        }
-        if s.failure == FailurePolicy::FailOpen {
+        if fail_open {
             return Verdict::Pass(None);
         }
         let mut response = response::unavailable(request.is_grpc());

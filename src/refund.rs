@@ -258,11 +258,16 @@ where
         }
         Err(_) => false,
     };
-    let fallback = Fallback {
-        key: &tab.key,
-        cost: tab.cost,
+    let verdict = match result {
+        Err(err) if core.insures(&err) => {
+            let fallback = Fallback {
+                key: &tab.key,
+                cost: tab.cost,
+            };
+            core.insure(err, policy, request, fallback)
+        }
+        result => core.judge(result, policy, request, true),
     };
-    let verdict = core.judge(result, policy, request, true, Some(fallback));
     match verdict {
         Verdict::Pass(Some(passed)) => {
             tab.passed = Some(passed);

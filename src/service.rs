@@ -191,9 +191,12 @@ where
                         call_with(&mut self.inner, request, decision)
                     })
                 } else {
-                    let fallback = Fallback { key: &key, cost };
-                    let verdict =
-                        core.judge(result, &policy, &head, carry.anywhere(), Some(fallback));
+                    let verdict = match result {
+                        Err(err) if core.insures(&err) => {
+                            core.insure(err, &policy, &head, Fallback { key: &key, cost })
+                        }
+                        result => core.judge(result, &policy, &head, carry.anywhere()),
+                    };
                     ResponseFuture::judged(verdict, carry, |decision| {
                         call_with(&mut self.inner, request, decision)
                     })
