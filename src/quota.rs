@@ -784,6 +784,41 @@ mod tests {
     }
 
     #[test]
+    fn shares_parse_strictly_and_never_round_to_zero() {
+        let share = |n, d| Share::new(n, d).unwrap();
+        for (text, want) in [
+            ("1/4", Some(share(1, 4))),
+            (" 3 / 4 ", Some(share(3, 4))),
+            ("1/1", Some(Share::WHOLE)),
+            ("0/4", None),
+            ("5/4", None),
+            ("1/0", None),
+            ("+1/4", None),
+            ("-1/4", None),
+            ("1/4/5", None),
+            ("1.5/4", None),
+            ("1", None),
+            ("/4", None),
+            ("4294967296/4294967297", None),
+        ] {
+            assert_eq!(text.parse::<Share>().ok(), want, "{text:?}");
+            if let Some(share) = want {
+                assert_eq!(share.to_string().parse::<Share>(), Ok(share));
+            }
+        }
+        assert_eq!(
+            "a quarter".parse::<Share>(),
+            Err(ConfigError::InvalidShare("a quarter".into()))
+        );
+        let quarter = share(1, 4);
+        assert_eq!(quarter.of(100), 25);
+        assert_eq!(quarter.of(7), 1);
+        assert_eq!(quarter.of(1), 1);
+        assert_eq!(share(3, 4).of(u64::MAX), u64::MAX / 4 * 3 + 2);
+        assert_eq!(Share::WHOLE.of(u64::MAX), u64::MAX);
+    }
+
+    #[test]
     fn bad_rate_strings_say_what_was_wrong() {
         use RateErrorKind::*;
         let cases: &[(&str, RateErrorKind, &str)] = &[
