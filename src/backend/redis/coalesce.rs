@@ -8,9 +8,11 @@
 //! counter): a hit never waits for a timer to fill a batch. While a lane's
 //! call is in flight, new hits queue; when the answer is back, a driver task
 //! sends all of them in the next call, and goes on until the queue is empty.
-//! A lane has one call in flight, or two once [`SECOND_CALL_AT`] requests
-//! queue behind the first: under load, Redis then works on one call while
-//! the answers of the other go out and their requests send their next hits.
+//! A lane has one call in flight, or two once as many requests queue behind
+//! the first as it carries (at most [`SECOND_CALL_AT`]): under load, Redis
+//! then works on one call while the answers of the other go out and their
+//! requests send their next hits, so neither side waits a whole round trip
+//! for the other.
 //!
 //! Exactness: n hits on one counter are one `INCRBY n` in the script, with the
 //! lifetime attached in the same atomic step when the counter has none; they
@@ -50,11 +52,14 @@ use crate::backend::{BackendError, Hit};
 const MAX_PER_CALL: usize = 512;
 
 /// A lane sends a second call while one is in flight (never a third) once
-/// this many requests queue behind it: splitting the queue never makes a
-/// small call, whose fixed cost on both sides would be shared by few hits.
-/// (Measured at 64 in flight: a second call at 32 queued beat one at 8, 16,
-/// 24 or 48, and beat sending one call at a time by about 1.8 times over
-/// 10,000 keys and 1.3 times on one hot key.)
+/// as many requests queue behind it as the call in flight carries, or this
+/// many, whichever is fewer. Matching the call in flight keeps the two
+/// calls of a lane about the same size, so that one's answers are being
+/// written while the other is in Redis: with a fixed threshold above the
+/// requests in flight (16 connections on one hot key), a lane never had two
+/// calls, and the server sat idle for every round trip. The cap keeps a
+/// large queue from waiting for an equally large one: at 64 in flight a
+/// second call at 32 queued beat one at 8, 16, 24 or 48.
 const SECOND_CALL_AT: usize = 32;
 
 /// The lane of a standalone server: every key.
@@ -92,14 +97,37 @@ struct Lane {
     queue: Vec<Pending>,
     /// The tasks sending this lane's calls (1 or 2).
     calls: u8,
+    /// The requests in the lane's calls in flight.
+    flying: usize,
 }
 
 impl Lane {
+    /// A lane whose first call is a request's own (1 request in flight).
+    fn alone() -> Self {
+        Self {
+            queue: Vec::new(),
+            calls: 1,
+            flying: 1,
+        }
+    }
+
+    /// Queued requests that make a second call: as many as the call in
+    /// flight carries, at most [`SECOND_CALL_AT`].
+    fn second_call_at(&self) -> usize {
+        self.flying.clamp(1, SECOND_CALL_AT)
+    }
+
     /// A task whose call is over has nothing more to send: the queue is
     /// empty, or the lane's other call will take it (too few to need a call
     /// of their own).
     fn done_with(&self) -> bool {
-        self.queue.is_empty() || (self.calls > 1 && self.queue.len() < SECOND_CALL_AT)
+        self.queue.is_empty() || (self.calls > 1 && self.queue.len() < self.second_call_at())
+    }
+
+    /// A call of `requests` requests is over (answered, dropped or never
+    /// sent).
+    fn landed(&mut self, requests: usize) {
+        self.flying = self.flying.saturating_sub(requests);
     }
 
     /// The next call of a task of this lane: at most [`MAX_PER_CALL`]
@@ -110,19 +138,31 @@ impl Lane {
         if self.done_with() {
             return None;
         }
-        let take = self.queue.len().min(MAX_PER_CALL);
-        Some(self.queue.drain(..take).collect())
+        Some(self.take())
     }
 
-    /// Queue a hit; true when it is the lane's second call's turn: the
-    /// caller spawns a driver for it.
-    fn queue(&mut self, pending: Pending) -> bool {
+    /// The next [`MAX_PER_CALL`] requests of the queue, counted in flight.
+    fn take(&mut self) -> Vec<Pending> {
+        let take = self.queue.len().min(MAX_PER_CALL);
+        self.flying += take;
+        self.queue.drain(..take).collect()
+    }
+
+    /// Queue a hit; when it is the lane's second call's turn, that call's
+    /// requests (taken from the queue here, under the lock, so that no
+    /// other hit sees the lane with one call and a full queue): the caller
+    /// spawns a driver for them.
+    fn queue(&mut self, pending: Pending) -> Option<Vec<Pending>> {
         self.queue.push(pending);
-        let second = self.calls < 2 && self.queue.len() >= SECOND_CALL_AT;
-        if second {
-            self.calls += 1;
+        if self.calls >= 2 || self.queue.len() < self.second_call_at() {
+            return None;
         }
-        second
+        self.queue.retain(|p| !p.reply.is_closed());
+        if self.queue.is_empty() {
+            return None;
+        }
+        self.calls += 1;
+        Some(self.take())
     }
 }
 
@@ -210,16 +250,13 @@ where
         match lanes.entry(lane) {
             Entry::Occupied(mut busy) => (None, busy.get_mut().queue(pending)),
             Entry::Vacant(idle) => {
-                idle.insert(Lane {
-                    queue: Vec::new(),
-                    calls: 1,
-                });
-                (Some(pending), false)
+                idle.insert(Lane::alone());
+                (Some(pending), None)
             }
         }
     };
-    if second {
-        runtime.spawn(drive(Arc::clone(batcher), runtime.clone(), lane));
+    if let Some(batch) = second {
+        spawn_driver(batcher, runtime, lane, batch);
     }
     match alone {
         None => Enqueued::Queued(answer),
@@ -326,17 +363,14 @@ where
         let Some(state) = lanes.get_mut(&self.lane) else {
             return;
         };
-        if state.done_with() {
+        state.landed(1);
+        let Some(batch) = state.next_call() else {
             leave(&mut lanes, self.lane);
             return;
-        }
+        };
         drop(lanes);
         // A driver takes this task's place in the lane.
-        self.runtime.spawn(drive(
-            Arc::clone(&self.batcher),
-            self.runtime.clone(),
-            self.lane,
-        ));
+        spawn_driver(&self.batcher, &self.runtime, self.lane, batch);
     }
 }
 
@@ -350,31 +384,48 @@ where
         match lanes.entry(lane) {
             Entry::Occupied(mut busy) => busy.get_mut().queue(pending),
             Entry::Vacant(idle) => {
-                idle.insert(Lane {
-                    queue: vec![pending],
-                    calls: 1,
-                });
-                true
+                idle.insert(Lane::alone());
+                Some(vec![pending])
             }
         }
     };
-    if start {
-        runtime.spawn(drive(Arc::clone(batcher), runtime.clone(), lane));
+    if let Some(batch) = start {
+        spawn_driver(batcher, runtime, lane, batch);
     }
+}
+
+/// A driver for `lane`, sending `batch` first (already counted in the
+/// lane's calls and in flight). Its guard is made here: should the task be
+/// dropped before it first runs (its runtime shutting down), the lane goes
+/// all the same.
+fn spawn_driver<C>(
+    batcher: &Arc<Batcher<C>>,
+    runtime: &tokio::runtime::Handle,
+    lane: u32,
+    batch: Vec<Pending>,
+) where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let guard = DriverGuard {
+        batcher: Arc::clone(batcher),
+        lane,
+        armed: true,
+    };
+    runtime.spawn(drive(guard, runtime.clone(), batch));
 }
 
 /// Ends a lane's driver: on a normal exit it has left the lane; when the
 /// task is dropped mid-call (its runtime shut down) or panics, the lane is
 /// removed with its queue, whose waiters then get `Unavailable` instead of
 /// waiting for a driver that is gone.
-struct DriverGuard<'a, C> {
-    batcher: &'a Batcher<C>,
+struct DriverGuard<C> {
+    batcher: Arc<Batcher<C>>,
     lane: u32,
     /// Still to be cleaned up: the driver has not ended normally.
     armed: bool,
 }
 
-impl<C> Drop for DriverGuard<'_, C> {
+impl<C> Drop for DriverGuard<C> {
     fn drop(&mut self) {
         if self.armed {
             self.batcher.lock().remove(&self.lane);
@@ -382,45 +433,41 @@ impl<C> Drop for DriverGuard<'_, C> {
     }
 }
 
-/// A lane's driver: sends what is queued, one call at a time, until the
-/// queue is empty or the lane's other call takes what is left.
-async fn drive<C>(batcher: Arc<Batcher<C>>, runtime: tokio::runtime::Handle, lane: u32)
+/// A lane's driver: sends `batch`, then what is queued, one call at a
+/// time, until the queue is empty or the lane's other call takes what is
+/// left.
+async fn drive<C>(mut guard: DriverGuard<C>, runtime: tokio::runtime::Handle, first: Vec<Pending>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let mut guard = DriverGuard {
-        batcher: &batcher,
-        lane,
-        armed: true,
-    };
+    let (batcher, lane) = (Arc::clone(&guard.batcher), guard.lane);
+    let mut batch = first;
     loop {
-        let batch: Vec<Pending> = {
-            let mut lanes = batcher.lock();
-            let Some(state) = lanes.get_mut(&lane) else {
-                guard.armed = false;
-                return;
-            };
-            let Some(batch) = state.next_call() else {
-                leave(&mut lanes, lane);
-                guard.armed = false;
-                return;
-            };
-            batch
-        };
-        if lane == ANY_SLOT && batcher.by_slot.load(Ordering::Relaxed) {
+        let sent = batch.len();
+        let retry = if lane == ANY_SLOT && batcher.by_slot.load(Ordering::Relaxed) {
             // Learnt that the connection is a Cluster: to the slots' lanes.
-            for pending in batch {
-                submit(&batcher, &runtime, pending);
-            }
-            continue;
+            Some(batch)
+        } else {
+            call(&batcher, batch, lane == ANY_SLOT).await.inspect(|_| {
+                // CROSSSLOT: nothing ran; the hits go again, by slot.
+                batcher.by_slot.store(true, Ordering::Relaxed);
+            })
+        };
+        for pending in retry.into_iter().flatten() {
+            submit(&batcher, &runtime, pending);
         }
-        if let Some(retry) = call(&batcher, batch, lane == ANY_SLOT).await {
-            // CROSSSLOT: nothing ran; the hits go again, by slot.
-            batcher.by_slot.store(true, Ordering::Relaxed);
-            for pending in retry {
-                submit(&batcher, &runtime, pending);
-            }
-        }
+        let mut lanes = batcher.lock();
+        let Some(state) = lanes.get_mut(&lane) else {
+            guard.armed = false;
+            return;
+        };
+        state.landed(sent);
+        let Some(next) = state.next_call() else {
+            leave(&mut lanes, lane);
+            guard.armed = false;
+            return;
+        };
+        batch = next;
     }
 }
 
