@@ -233,6 +233,13 @@ fn per_request_in_flight(runtime: &tokio::runtime::Runtime, router: Router) -> f
     };
     // Warm-up: every address, and the lanes' buffers grown.
     run(KEYS.div_ceil(IN_FLIGHT) + 20, 0);
+    if std::env::var("ALLOCS_TRACE").is_ok() {
+        // Two requests per task, every allocation of theirs.
+        TRACE.store(true, Ordering::Relaxed);
+        run(2, 0);
+        TRACE.store(false, Ordering::Relaxed);
+        eprintln!("=================== end of {} requests", 2 * IN_FLIGHT);
+    }
     let per_worker = REQUESTS / 10 / IN_FLIGHT;
     let total = run(per_worker, 0);
     total as f64 / f64::from(per_worker * IN_FLIGHT)

@@ -39,12 +39,12 @@ use futures_util::future::{Either, select};
 use hashbrown::HashMap;
 use hashbrown::hash_map::Entry;
 use smallvec::SmallVec;
-use tokio::sync::oneshot;
 
 use super::conn::breaker::{Guarded, unavailable};
 use super::conn::slot::key_slot;
 use super::reply::{parse_batch, parse_hit};
 use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
+use super::slots::{ARENA_SLOTS, Arena, Reply, Ticket};
 use crate::backend::{BackendError, Hit};
 
 /// At most this many requests' hits go in one script call; the rest wait for
@@ -68,8 +68,12 @@ const ANY_SLOT: u32 = u32::MAX;
 /// The answer to one request: a result per counter, in order.
 pub(super) type Answers = SmallVec<[Result<Hit, BackendError>; 2]>;
 
+/// A storage key, inline when it fits (most do: an IPv6 address under a
+/// short prefix and layer name), so that a hit allocates nothing for it.
+pub(super) type StoredKey = SmallVec<[u8; 64]>;
+
 /// One request's counters: storage key and window (ms) of each.
-pub(super) type Counters = SmallVec<[(Vec<u8>, u64); 2]>;
+pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
 
 /// What a request gets back: its counters (the deny cache reads a denied
 /// counter's namespace and key from its storage key) and their answers.
@@ -79,16 +83,14 @@ pub(super) type Answered = (Counters, Answers);
 pub(super) struct Pending {
     /// Storage key and window (ms) of each counter the request hits.
     counters: Counters,
-    reply: oneshot::Sender<Answered>,
+    reply: Reply<Answered>,
 }
 
-impl Pending {
-    /// The Cluster slot of the request's keys (one slot: they share the
-    /// crate's hash tag). Computed only for lanes by slot, so a standalone
-    /// server's hits never pay for the CRC.
-    fn slot(&self) -> u16 {
-        self.counters.first().map_or(0, |(key, _)| key_slot(key))
-    }
+/// The Cluster slot of a request's keys (one slot: they share the crate's
+/// hash tag). Computed only for lanes by slot, so a standalone server's hits
+/// never pay for the CRC.
+fn slot(counters: &Counters) -> u16 {
+    counters.first().map_or(0, |(key, _)| key_slot(key))
 }
 
 /// A lane exists while a task sends its calls: a hit's own task (its call
@@ -99,6 +101,12 @@ struct Lane {
     calls: u8,
     /// The requests in the lane's calls in flight.
     flying: usize,
+    /// The answer slots of the requests queued from now on: one allocation
+    /// for many requests. A new one once the queue is taken.
+    arena: Option<Arc<Arena<Answered>>>,
+    /// The requests of the lane's last call: the room a new arena starts
+    /// with.
+    last_call: usize,
 }
 
 impl Lane {
@@ -108,7 +116,19 @@ impl Lane {
             queue: Vec::new(),
             calls: 1,
             flying: 1,
+            arena: None,
+            last_call: 1,
         }
+    }
+
+    /// An answer slot for a request to be queued.
+    fn channel(&mut self) -> (Reply<Answered>, Ticket<Answered>) {
+        let hint = self.last_call;
+        let arena = match &mut self.arena {
+            Some(arena) if arena.len() < ARENA_SLOTS => arena,
+            arena => arena.insert(Arena::with_capacity(hint)),
+        };
+        arena.channel()
     }
 
     /// Queued requests that make a second call: as many as the call in
@@ -145,7 +165,14 @@ impl Lane {
     fn take(&mut self) -> Vec<Pending> {
         let take = self.queue.len().min(MAX_PER_CALL);
         self.flying += take;
-        self.queue.drain(..take).collect()
+        self.last_call = take.max(1);
+        let batch = self.queue.drain(..take).collect();
+        if self.queue.is_empty() {
+            // The requests queued from now on share new slots; these go
+            // when their requests have read them.
+            self.arena = None;
+        }
+        batch
     }
 
     /// Queue a hit; when it is the lane's second call's turn, that call's
@@ -193,9 +220,9 @@ impl<C> Batcher<C> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn lane_of(&self, pending: &Pending) -> u32 {
+    fn lane_of(&self, counters: &Counters) -> u32 {
         if self.by_slot.load(Ordering::Relaxed) {
-            u32::from(pending.slot())
+            u32::from(slot(counters))
         } else {
             ANY_SLOT
         }
@@ -220,7 +247,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// In the queue of a busy lane: the call that takes them answers here.
-    Queued(oneshot::Receiver<Answered>),
+    Queued(Ticket<Answered>),
     /// The lane was idle: the request sends its own call
     /// ([`Alone::send`]).
     Alone(Alone<C>),
@@ -239,38 +266,38 @@ pub(super) fn enqueue<C>(
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let (reply, answer) = oneshot::channel();
-    let pending = Pending { counters, reply };
-    let lane = batcher.lane_of(&pending);
-    // An idle lane: this hit goes at once, from the request's own task (no
-    // driver task, no wake-up), and the lane is busy until its answer is
-    // back.
-    let (alone, second) = {
-        let mut lanes = batcher.lock();
-        match lanes.entry(lane) {
-            Entry::Occupied(mut busy) => (None, busy.get_mut().queue(pending)),
-            Entry::Vacant(idle) => {
-                idle.insert(Lane::alone());
-                (Some(pending), None)
+    let lane = batcher.lane_of(&counters);
+    let mut lanes = batcher.lock();
+    match lanes.entry(lane) {
+        Entry::Occupied(mut busy) => {
+            // Queued: the call that takes the hits answers in a slot.
+            let lane_state = busy.get_mut();
+            let (reply, answer) = lane_state.channel();
+            let second = lane_state.queue(Pending { counters, reply });
+            drop(lanes);
+            if let Some(batch) = second {
+                spawn_driver(batcher, runtime, lane, batch);
             }
+            Enqueued::Queued(answer)
         }
-    };
-    if let Some(batch) = second {
-        spawn_driver(batcher, runtime, lane, batch);
-    }
-    match alone {
-        None => Enqueued::Queued(answer),
-        // The handover is armed from here: should the request's future be
-        // dropped before it sends, the lane passes to a driver all the same.
-        Some(pending) => Enqueued::Alone(Alone {
-            pending,
-            answer,
-            handover: Handover {
-                batcher: Arc::clone(batcher),
-                runtime: runtime.clone(),
-                lane,
-            },
-        }),
+        // An idle lane: this hit goes at once, from the request's own task
+        // (no driver task, no wake-up, no channel), and the lane is busy
+        // until its answer is back.
+        Entry::Vacant(idle) => {
+            idle.insert(Lane::alone());
+            drop(lanes);
+            // The handover is armed from here: should the request's future
+            // be dropped before it sends, the lane passes to a driver all
+            // the same.
+            Enqueued::Alone(Alone {
+                counters,
+                handover: Handover {
+                    batcher: Arc::clone(batcher),
+                    runtime: runtime.clone(),
+                    lane,
+                },
+            })
+        }
     }
 }
 
@@ -279,8 +306,7 @@ pub(super) struct Alone<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    pending: Pending,
-    answer: oneshot::Receiver<Answered>,
+    counters: Counters,
     handover: Handover<C>,
 }
 
@@ -290,22 +316,20 @@ where
 {
     /// Send the call, hand the lane over, and give the request's answers.
     pub(super) async fn send(self) -> Result<Answered, BackendError> {
-        let Self {
-            pending,
-            answer,
-            handover,
-        } = self;
+        let Self { counters, handover } = self;
         let batcher = &handover.batcher;
-        let retry = if pending.counters.len() == 1 {
-            // One counter: the one-hit script, the cheapest call for Redis.
-            let Pending { counters, reply } = pending;
-            let (key, window) = &counters[0];
+        if let [(key, window)] = counters.as_slice() {
+            // One counter: the one-hit script, the cheapest call for Redis,
+            // answered here.
             let answer = one(&batcher.connection, key, *window).await;
-            let _ = reply.send((counters, std::iter::once(answer).collect()));
-            None
-        } else {
-            call(batcher, vec![pending], handover.lane == ANY_SLOT).await
-        };
+            drop(handover);
+            return Ok((counters, std::iter::once(answer).collect()));
+        }
+        // Several: the batch script, answered like a queued request's (a
+        // refusal as cross-slot sends them again, through lanes).
+        let (reply, answer) = Arena::with_capacity(1).channel();
+        let pending = Pending { counters, reply };
+        let retry = call(batcher, vec![pending], handover.lane == ANY_SLOT).await;
         if let Some(retry) = retry {
             // CROSSSLOT: nothing ran; the hits go again, by slot, once this
             // task has left the lane.
@@ -378,7 +402,7 @@ fn submit<C>(batcher: &Arc<Batcher<C>>, runtime: &tokio::runtime::Handle, pendin
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let lane = batcher.lane_of(&pending);
+    let lane = batcher.lane_of(&pending.counters);
     let start = {
         let mut lanes = batcher.lock();
         match lanes.entry(lane) {
@@ -571,7 +595,7 @@ where
 /// Ready once every waiter of a call is gone. Waits on one waiter at a time
 /// (a waiter that is gone stays gone), so a call costs one registered waker
 /// and no future or allocation per waiter.
-fn all_closed(waiters: &mut [oneshot::Sender<Answered>]) -> impl Future<Output = ()> + '_ {
+fn all_closed(waiters: &mut [Reply<Answered>]) -> impl Future<Output = ()> + '_ {
     let mut next = 0;
     std::future::poll_fn(move |cx| {
         while let Some(waiter) = waiters.get_mut(next) {
