@@ -505,17 +505,15 @@ async fn call<C>(batcher: &Batcher<C>, batch: Vec<Pending>, any_slot: bool) -> O
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let (requests, mut waiters): (Vec<_>, Vec<_>) =
-        batch.into_iter().map(|p| (p.counters, p.reply)).unzip();
     // One entry per distinct (key, window), with its number of hits; each
     // request's counters are (entry, the hit's place among the entry's).
-    let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(requests.len());
+    let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(batch.len());
     // A hashbrown map (foldhash, seeded per process), not SipHash: it holds
     // at most MAX_PER_CALL keys, so even keys chosen to collide cost a
     // bounded amount per call.
-    let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(requests.len());
-    let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(requests.len());
-    for counters in &requests {
+    let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(batch.len());
+    let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(batch.len());
+    for Pending { counters, .. } in &batch {
         let mut place = SmallVec::new();
         for (key, window) in counters {
             let at = match index.entry((key.as_slice(), *window)) {
@@ -534,7 +532,7 @@ where
 
     let reply = {
         let eval = std::pin::pin!(eval(&batcher.connection, &entries));
-        let abandoned = std::pin::pin!(all_closed(&mut waiters));
+        let abandoned = std::pin::pin!(all_closed(&batch));
         match select(eval, abandoned).await {
             Either::Left((reply, _)) => reply,
             Either::Right(_) => {
@@ -544,7 +542,7 @@ where
         }
     };
     // Each entry's last hit.
-    let replies: Vec<Result<Hit, BackendError>> = match reply {
+    let mut replies: Vec<Result<Hit, BackendError>> = match reply {
         Ok(reply) => parse_batch(reply, &entries).unwrap_or_else(|other| {
             let detail = format!(
                 "unexpected reply to a batch of {}: {other:?}",
@@ -558,36 +556,35 @@ where
         Err(err) if any_slot && err.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) => {
             tracing::debug!("keys of several slots in one call: coalescing by slot from now on");
             drop(entries);
-            return Some(
-                requests
-                    .into_iter()
-                    .zip(waiters)
-                    .map(|(counters, reply)| Pending { counters, reply })
-                    .collect(),
-            );
+            return Some(batch);
         }
         Err(err) => entries
             .iter()
             .map(|_| Err(unavailable(err.clone())))
             .collect(),
     };
-    let totals: Vec<u64> = entries.iter().map(|&(_, _, hits)| hits).collect();
+    // The entry's n hits took count-n+1 ..= count, in order: each reply
+    // becomes its entry's first hit, and the nth hit's count is that plus n.
+    for (reply, &(_, _, hits)) in replies.iter_mut().zip(&entries) {
+        if let Ok(hit) = reply {
+            hit.count = hit.count.saturating_sub(hits - 1);
+        }
+    }
     drop(entries);
-    for ((waiter, place), counters) in waiters.into_iter().zip(places).zip(requests) {
+    for (Pending { counters, reply }, place) in batch.into_iter().zip(places) {
         let answers: Answers = place
             .iter()
             .map(|&(at, nth)| match &replies[at] {
-                Ok(last) => Ok(Hit {
-                    // The entry's hits took count-n+1 ..= count, in order.
-                    count: last.count.saturating_sub(totals[at] - 1 - nth),
-                    ..*last
+                Ok(first) => Ok(Hit {
+                    count: first.count + nth,
+                    ..*first
                 }),
                 Err(err) => Err(copy(err)),
             })
             .collect();
         // A waiter that is gone only loses its answer: the hit was counted,
         // with its lifetime, like a request whose client went away.
-        let _ = waiter.send((counters, answers));
+        let _ = reply.send((counters, answers));
     }
     None
 }
@@ -595,11 +592,11 @@ where
 /// Ready once every waiter of a call is gone. Waits on one waiter at a time
 /// (a waiter that is gone stays gone), so a call costs one registered waker
 /// and no future or allocation per waiter.
-fn all_closed(waiters: &mut [Reply<Answered>]) -> impl Future<Output = ()> + '_ {
+fn all_closed(batch: &[Pending]) -> impl Future<Output = ()> + '_ {
     let mut next = 0;
     std::future::poll_fn(move |cx| {
-        while let Some(waiter) = waiters.get_mut(next) {
-            if waiter.poll_closed(cx).is_pending() {
+        while let Some(Pending { reply, .. }) = batch.get(next) {
+            if reply.poll_closed(cx).is_pending() {
                 return std::task::Poll::Pending;
             }
             next += 1;

@@ -94,7 +94,7 @@ impl<T> Reply<T> {
     }
 
     /// Ready once the ticket is gone.
-    pub(super) fn poll_closed(&mut self, cx: &mut Context<'_>) -> Poll<()> {
+    pub(super) fn poll_closed(&self, cx: &mut Context<'_>) -> Poll<()> {
         let Some(at) = self.at else {
             return Poll::Ready(());
         };
@@ -239,7 +239,7 @@ mod tests {
         drop(reply);
         assert!(matches!(poll(pin!(ticket)), Poll::Ready(Err(Unanswered))));
 
-        let (mut reply, ticket) = arena.channel();
+        let (reply, ticket) = arena.channel();
         let mut cx = Context::from_waker(Waker::noop());
         assert!(!reply.is_closed());
         assert!(reply.poll_closed(&mut cx).is_pending());
