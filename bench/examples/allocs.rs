@@ -227,7 +227,11 @@ fn per_request_in_flight(runtime: &tokio::runtime::Runtime, router: Router) -> f
                     }
                 }
             }
-            if pending { Poll::Pending } else { Poll::Ready(()) }
+            if pending {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
         }));
         let counted = ALLOCATIONS.load(Ordering::Relaxed) - before;
         drop(workers);
@@ -520,7 +524,11 @@ fn main() -> ExitCode {
             .find(|(name, _, _)| *name == "redis-identity-64")
             .map_or(*identity, |(_, _, n)| *n);
         for (name, what, n) in &redis {
-            let base = if name.ends_with("-64") { identity_64 } else { *identity };
+            let base = if name.ends_with("-64") {
+                identity_64
+            } else {
+                *identity
+            };
             let added = if name.starts_with("redis-identity") {
                 String::new()
             } else {

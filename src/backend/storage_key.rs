@@ -111,8 +111,7 @@ fn escape_into(out: &mut impl KeyBuf, mut bytes: &[u8]) {
 /// assert_eq!(encode(b"tpw:", "api", &Key::new("")), b"tpw:api{%}");
 /// ```
 pub fn encode(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
-    let mut out =
-        Vec::with_capacity(prefix.len() + namespace.len() + key.as_bytes().len() + 8);
+    let mut out = Vec::with_capacity(prefix.len() + namespace.len() + key.as_bytes().len() + 8);
     encode_into(&mut out, prefix, namespace, key);
     out
 }
