@@ -48,7 +48,7 @@ run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s and e
   kill "$pid"; wait "$pid" 2>/dev/null || true
   local rps bad
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-  bad=$(echo "$out" | awk '/Non-2xx/ {n += $NF} /Socket errors/ {n += 1} END {print n + 0}')
+  bad=$(echo "$out" | awk '/Non-2xx/ {n = $NF} /Socket errors/ {s = $0; sub(/.*Socket errors: */, "", s); gsub(/ /, "", s)} END {printf "%d%s", n, (s == "" ? "" : "+socket:" s)}')
   echo "$rps $bad"
 }
 
@@ -62,7 +62,7 @@ for case in $CASES; do
     *) echo "unknown case $case (keys, hot)" >&2; exit 1 ;;
   esac
   echo "case $case: $conns connections, $script"
-  echo "round  bare_rps  redis_rps  ratio  single_rps  ratio  (non-2xx or socket errors: redis, single)"
+  echo "round  bare_rps  redis_rps  ratio  single_rps  ratio  (non-2xx[+socket errors]: redis, single)"
   ratios=(); single_ratios=()
   for round in $(seq "$ROUNDS"); do
     read -r off _ < <(run static-headers "$conns" "$script")
