@@ -145,10 +145,10 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// A hit that finds no call in flight goes at once, in a call of its own: no
 /// hit waits for a timer to fill a batch. Hits issued while a call is in
 /// flight queue, and go together in the next call, sent as soon as the
-/// answer is back (or at once, beside the call in flight, once 32 requests
-/// queue: at most two calls in flight, so under load Redis does not wait
-/// for the client between calls): one `EVALSHA` of a batch script for all
-/// of them. n hits on
+/// answer is back (or at once, beside the call in flight, once as many
+/// requests queue as that call carries, 32 at most: at most two calls in
+/// flight, so under load Redis does not wait for the client between calls):
+/// one `EVALSHA` of a batch script for all of them. n hits on
 /// one counter are one `INCRBY n`, with the lifetime attached in the same
 /// atomic step when the counter is created; they take the counts
 /// `c-n+1 ..= c`, exactly what n separate increments would have given, and
