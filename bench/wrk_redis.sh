@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
 # Requests per second through the quickstart-style axum server with the
-# Redis backend (10,000 keys: bench/wrk_keys.lua), coalesced (the default)
-# and with one EVALSHA per hit (`.coalesce(false)`), against the same server
-# without the layer, in the same run, ROUNDS rounds, and the ratios to it.
+# Redis backend, against the same server without the layer that writes the
+# layer's two headers as constants (`LIMIT=static-headers`: the limiter's
+# own logic is what is measured), in the same run, ROUNDS interleaved
+# rounds, the ratio of each round and the median. Two cases:
+#   keys  10,000 keys (bench/wrk_keys.lua) at KEYS_CONNECTIONS (64)
+#   hot   one hot key (bench/wrk_hot.lua) at HOT_CONNECTIONS (16)
+# SINGLE=1 adds the server with one EVALSHA per hit (`.coalesce(false)`).
 # It starts its own redis-server on a free port of 127.0.0.1; the app is
 # pinned to core 0 and wrk to core 1 (as in bench/wrk.sh), Redis is not.
 #
-#   bash bench/wrk_redis.sh            # 3 rounds of 10 s each way
-#   ROUNDS=5 DURATION=20s bash bench/wrk_redis.sh
+#   bash bench/wrk_redis.sh            # 5 rounds of 10 s each way, both cases
+#   ROUNDS=5 DURATION=5s CASES=hot bash bench/wrk_redis.sh
 #
 # Needs wrk (Debian: apt-get install wrk) and redis-server.
 set -euo pipefail
@@ -16,10 +20,13 @@ for bin in wrk redis-server redis-cli python3 bc; do
   command -v "$bin" >/dev/null || { echo "$bin not found" >&2; exit 1; }
 done
 
-ROUNDS=${ROUNDS:-3}
+ROUNDS=${ROUNDS:-5}
 DURATION=${DURATION:-10s}
 THREADS=${THREADS:-1}
-CONNECTIONS=${CONNECTIONS:-64}
+KEYS_CONNECTIONS=${KEYS_CONNECTIONS:-64}
+HOT_CONNECTIONS=${HOT_CONNECTIONS:-16}
+CASES=${CASES:-keys hot}
+SINGLE=${SINGLE:-0}
 PORT=${PORT:-3918}
 
 dir=$(mktemp -d)
@@ -31,31 +38,43 @@ for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; slee
 cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
 server="${CARGO_TARGET_DIR:-target}"/release/wrk_server
 
-run() { # $1 = LIMIT; prints requests/s and errors (non-2xx + socket errors)
+run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s and errors (non-2xx + socket errors)
   redis-cli -p "$rport" flushall >/dev/null
   LIMIT=$1 PORT=$PORT REDIS_URL="redis://127.0.0.1:$rport/" taskset -c 0 "$server" >/dev/null &
   local pid=$!
-  for _ in $(seq 50); do curl -fs "http://127.0.0.1:$PORT/" >/dev/null && break; sleep 0.1; done
+  for _ in $(seq 50); do curl -fs -H 'x-client: warm' "http://127.0.0.1:$PORT/" >/dev/null && break; sleep 0.1; done
   local out
-  out=$(taskset -c 1 wrk -t"$THREADS" -c"$CONNECTIONS" -d"$DURATION" -s bench/wrk_keys.lua "http://127.0.0.1:$PORT/")
+  out=$(taskset -c 1 wrk -t"$THREADS" -c"$2" -d"$DURATION" -s "$3" "http://127.0.0.1:$PORT/")
   kill "$pid"; wait "$pid" 2>/dev/null || true
   local rps bad
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
-  bad=$(echo "$out" | awk '/Non-2xx/ {n += $NF} /Socket errors/ {n += 1} END {print n + 0}')
+  bad=$(echo "$out" | awk '/Non-2xx/ {n = $NF} /Socket errors/ {s = $0; sub(/.*Socket errors: */, "", s); gsub(/ /, "", s)} END {printf "%d%s", n, (s == "" ? "" : "+socket:" s)}')
   echo "$rps $bad"
 }
 
+median() { sort -g | awk '{a[NR] = $1} END {if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
+
 echo "load before: $(uptime)"
-echo "round  bare_rps  redis_rps  ratio  single_rps  ratio  redis/single  (non-2xx or socket errors: redis, single)"
-sum_off=0; sum_on=0; sum_single=0
-for round in $(seq "$ROUNDS"); do
-  read -r off _ < <(run off)
-  read -r on bad_on < <(run redis)
-  read -r single bad_single < <(run redis-single)
-  sum_off=$(echo "$sum_off + $off" | bc -l); sum_on=$(echo "$sum_on + $on" | bc -l); sum_single=$(echo "$sum_single + $single" | bc -l)
-  printf '%5d  %8.0f  %9.0f  %5.3f  %10.0f  %5.3f  %12.2f  (%s, %s)\n' "$round" "$off" "$on" "$(echo "$on / $off" | bc -l)" \
-    "$single" "$(echo "$single / $off" | bc -l)" "$(echo "$on / $single" | bc -l)" "$bad_on" "$bad_single"
+for case in $CASES; do
+  case $case in
+    keys) conns=$KEYS_CONNECTIONS; script=bench/wrk_keys.lua ;;
+    hot) conns=$HOT_CONNECTIONS; script=bench/wrk_hot.lua ;;
+    *) echo "unknown case $case (keys, hot)" >&2; exit 1 ;;
+  esac
+  echo "case $case: $conns connections, $script"
+  echo "round  bare_rps  redis_rps  ratio  single_rps  ratio  (non-2xx[+socket errors]: redis, single)"
+  ratios=(); single_ratios=()
+  for round in $(seq "$ROUNDS"); do
+    read -r off _ < <(run static-headers "$conns" "$script")
+    read -r on bad_on < <(run redis "$conns" "$script")
+    single=0; bad_single=-
+    if [ "$SINGLE" = 1 ]; then read -r single bad_single < <(run redis-single "$conns" "$script"); fi
+    ratio=$(echo "$on / $off" | bc -l); single_ratio=$(echo "$single / $off" | bc -l)
+    ratios+=("$ratio"); single_ratios+=("$single_ratio")
+    printf '%5d  %8.0f  %9.0f  %5.3f  %10.0f  %5.3f  (%s, %s)\n' "$round" "$off" "$on" "$ratio" "$single" "$single_ratio" "$bad_on" "$bad_single"
+  done
+  printf 'median ratio (%s): %.3f' "$case" "$(printf '%s\n' "${ratios[@]}" | median)"
+  if [ "$SINGLE" = 1 ]; then printf ', single: %.3f' "$(printf '%s\n' "${single_ratios[@]}" | median)"; fi
+  echo
 done
-printf 'total  %8.0f  %9.0f  %5.3f  %10.0f  %5.3f  %12.2f\n' "$sum_off" "$sum_on" "$(echo "$sum_on / $sum_off" | bc -l)" \
-  "$sum_single" "$(echo "$sum_single / $sum_off" | bc -l)" "$(echo "$sum_on / $sum_single" | bc -l)"
 echo "load after: $(uptime)"

@@ -30,9 +30,11 @@
 //! when the layer adds more than `N` allocations a request to `CASE`.
 //!
 //! With `REDIS_URL` in the environment, it adds the Redis route's rows (a
-//! Redis of the run's own: the keys are written; one request at a time on
-//! a current-thread runtime, every thread's allocations counted), measured
-//! and not budgeted.
+//! Redis of the run's own: the keys are written; on a current-thread
+//! runtime, every thread's allocations counted): one request at a time,
+//! and 64 in flight together (amortized: allocations divided by requests,
+//! the lanes' calls shared by many requests). `--budget` takes their names
+//! too.
 //!
 //! With `ALLOCS_TRACE=1` in the environment, it prints a backtrace of
 //! every `alloc` made by one request of each case (on stderr, after the
@@ -161,6 +163,13 @@ fn per_request_on(runtime: &tokio::runtime::Runtime, router: Router) -> f64 {
     for i in 0..KEYS + 1000 {
         one_on(runtime, &mut router, request(i));
     }
+    if std::env::var("ALLOCS_TRACE").is_ok() {
+        let request = request(7);
+        TRACE.store(true, Ordering::Relaxed);
+        one_on(runtime, &mut router, request);
+        TRACE.store(false, Ordering::Relaxed);
+        eprintln!("=================== end of request");
+    }
     let requests = REQUESTS / 10;
     let mut total = 0;
     for i in 0..requests {
@@ -168,6 +177,78 @@ fn per_request_on(runtime: &tokio::runtime::Runtime, router: Router) -> f64 {
         total += one_on(runtime, &mut router, request);
     }
     total as f64 / f64::from(requests)
+}
+
+/// Requests in flight together in [`per_request_in_flight`].
+const IN_FLIGHT: u32 = 64;
+
+/// Allocations per request through `router` on `runtime` with
+/// [`IN_FLIGHT`] requests in flight together: as many tasks' worth of
+/// requests (one future each, polled together, each sending its next
+/// request as soon as its last is answered, as a server's connections
+/// do), every thread's allocations counted and divided by the requests.
+/// The futures and the requests are made before counting; what a request
+/// costs is the router's `call`, its future and the response, as in
+/// [`one_on`].
+fn per_request_in_flight(runtime: &tokio::runtime::Runtime, router: Router) -> f64 {
+    let router = router.with_state(());
+    let run = |per_worker: u32, offset: u32| {
+        let workers: Vec<_> = (0..IN_FLIGHT)
+            .map(|w| {
+                let mut router = router.clone();
+                // Built before counting, as in `one_on`: the server's work.
+                let requests: Vec<_> = (0..per_worker)
+                    .map(|i| request(offset + w + i * IN_FLIGHT))
+                    .collect();
+                Box::pin(async move {
+                    for request in requests {
+                        let response = tower::ServiceExt::<Request<Body>>::ready(&mut router)
+                            .await
+                            .unwrap()
+                            .call(request)
+                            .await
+                            .unwrap();
+                        assert!(response.status().is_success(), "{}", response.status());
+                        black_box(response);
+                    }
+                })
+            })
+            .collect();
+        let mut workers: Vec<Option<_>> = workers.into_iter().map(Some).collect();
+        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        runtime.block_on(std::future::poll_fn(|cx| {
+            let mut pending = false;
+            for slot in workers.iter_mut() {
+                if let Some(worker) = slot {
+                    if worker.as_mut().poll(cx).is_ready() {
+                        *slot = None;
+                    } else {
+                        pending = true;
+                    }
+                }
+            }
+            if pending {
+                Poll::Pending
+            } else {
+                Poll::Ready(())
+            }
+        }));
+        let counted = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        drop(workers);
+        counted
+    };
+    // Warm-up: every address, and the lanes' buffers grown.
+    run(KEYS.div_ceil(IN_FLIGHT) + 20, 0);
+    if std::env::var("ALLOCS_TRACE").is_ok() {
+        // Two requests per task, every allocation of theirs.
+        TRACE.store(true, Ordering::Relaxed);
+        run(2, 0);
+        TRACE.store(false, Ordering::Relaxed);
+        eprintln!("=================== end of {} requests", 2 * IN_FLIGHT);
+    }
+    let per_worker = REQUESTS / 10 / IN_FLIGHT;
+    let total = run(per_worker, 0);
+    total as f64 / f64::from(per_worker * IN_FLIGHT)
 }
 
 /// The Redis route's rows, when `REDIS_URL` names a Redis to count in (never
@@ -189,16 +270,18 @@ fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
     });
     let route = |place: DecisionIn| {
         let backend = RedisBackend::builder(connection.clone()).build();
-        Router::new()
-            .route("/", get(no_content))
-            .route_layer(layer(HeaderStyle::Ietf, place).backend(backend))
+        // A timeout no call reaches, even under ALLOCS_TRACE (a backtrace
+        // per allocation): the layer's timer is armed all the same.
+        let layer = layer(HeaderStyle::Ietf, place)
+            .backend(backend)
+            .timeout(Duration::from_secs(600));
+        Router::new().route("/", get(no_content)).route_layer(layer)
     };
-    let identity = identity();
     vec![
         (
             "redis-identity",
             "the `identity` route, driven as the Redis rows are (`block_on`)",
-            per_request_on(&runtime, identity),
+            per_request_on(&runtime, identity()),
         ),
         (
             "redis",
@@ -209,6 +292,21 @@ fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
             "redis-unread",
             "Redis backend, headers on, `Decision` unread (`DecisionIn::Asked`)",
             per_request_on(&runtime, route(DecisionIn::Asked)),
+        ),
+        (
+            "redis-identity-64",
+            "the `identity` route, 64 requests in flight together",
+            per_request_in_flight(&runtime, identity()),
+        ),
+        (
+            "redis-64",
+            "Redis backend, headers on, `Decision` in the response, 64 in flight (amortized)",
+            per_request_in_flight(&runtime, route(DecisionIn::Response)),
+        ),
+        (
+            "redis-unread-64",
+            "Redis backend, headers on, `Decision` unread, 64 in flight (amortized)",
+            per_request_in_flight(&runtime, route(DecisionIn::Asked)),
         ),
     ]
 }
@@ -434,17 +532,29 @@ fn main() -> ExitCode {
     }
 
     let redis = redis_rows();
+    // The Redis rows' "added by the layer", for their budgets.
+    let mut redis_added: Vec<(&str, f64)> = Vec::new();
     if let Some((_, _, identity)) = redis.first() {
         println!();
         println!(
             "| case | route | allocations per request | over bare axum | added by the layer |"
         );
         println!("|---|---|---|---|---|");
+        let identity_64 = redis
+            .iter()
+            .find(|(name, _, _)| *name == "redis-identity-64")
+            .map_or(*identity, |(_, _, n)| *n);
         for (name, what, n) in &redis {
-            let added = if name == &"redis-identity" {
+            let base = if name.ends_with("-64") {
+                identity_64
+            } else {
+                *identity
+            };
+            let added = if name.starts_with("redis-identity") {
                 String::new()
             } else {
-                format!("{:.2}", n - identity)
+                redis_added.push((name, n - base));
+                format!("{:.2}", n - base)
             };
             println!("| `{name}` | {what} | {n:.2} | {:.2} | {added} |", n - bare);
         }
@@ -452,11 +562,15 @@ fn main() -> ExitCode {
     std::io::stdout().flush().expect("stdout");
     let mut over = false;
     for (name, budget) in &budgets {
-        let Some((case, n)) = measured.iter().find(|(case, _)| case.name == name) else {
-            eprintln!("no case {name:?}");
+        let memory = measured
+            .iter()
+            .find(|(case, _)| case.name == name)
+            .map(|(case, n)| n - of(case.base).expect("measured"));
+        let redis = || redis_added.iter().find(|(case, _)| case == name);
+        let Some(added) = memory.or_else(|| redis().map(|(_, added)| *added)) else {
+            eprintln!("no case {name:?} (the Redis cases need REDIS_URL)");
             return ExitCode::from(2);
         };
-        let added = n - of(case.base).expect("measured");
         // Averages of whole counts: a hundredth is far below one
         // allocation in a hundred requests.
         if added > budget + 0.01 {

@@ -63,18 +63,37 @@ const fn escaped(byte: u8) -> bool {
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
-fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
-    for &byte in bytes {
-        if escaped(byte) {
-            out.extend_from_slice(&[
-                b'%',
-                HEX[usize::from(byte >> 4)],
-                HEX[usize::from(byte & 0xf)],
-            ]);
-        } else {
-            out.push(byte);
-        }
+/// Where a storage key is written: a `Vec`, or an inline buffer (the Redis
+/// backend's hits, which then allocate nothing for a key that fits).
+pub(crate) trait KeyBuf {
+    fn put(&mut self, bytes: &[u8]);
+}
+
+impl KeyBuf for Vec<u8> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
     }
+}
+
+impl<const N: usize> KeyBuf for smallvec::SmallVec<[u8; N]> {
+    fn put(&mut self, bytes: &[u8]) {
+        self.extend_from_slice(bytes);
+    }
+}
+
+fn escape_into(out: &mut impl KeyBuf, mut bytes: &[u8]) {
+    // Runs of bytes written as they are go in one piece.
+    while let Some(at) = bytes.iter().position(|&b| escaped(b)) {
+        let byte = bytes[at];
+        out.put(&bytes[..at]);
+        out.put(&[
+            b'%',
+            HEX[usize::from(byte >> 4)],
+            HEX[usize::from(byte & 0xf)],
+        ]);
+        bytes = &bytes[at + 1..];
+    }
+    out.put(bytes);
 }
 
 /// The storage key of `namespace`'s counter for `key`, under `prefix`; see
@@ -92,18 +111,23 @@ fn escape_into(out: &mut Vec<u8>, bytes: &[u8]) {
 /// assert_eq!(encode(b"tpw:", "api", &Key::new("")), b"tpw:api{%}");
 /// ```
 pub fn encode(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
-    let key = key.as_bytes();
-    let mut out = Vec::with_capacity(prefix.len() + namespace.len() + key.len() + 8);
-    out.extend_from_slice(prefix);
-    escape_into(&mut out, namespace.as_bytes());
-    out.push(b'{');
-    if key.is_empty() {
-        out.push(b'%');
-    } else {
-        escape_into(&mut out, key);
-    }
-    out.push(b'}');
+    let mut out = Vec::with_capacity(prefix.len() + namespace.len() + key.as_bytes().len() + 8);
+    encode_into(&mut out, prefix, namespace, key);
     out
+}
+
+/// [`encode`], written into `out` (appended).
+pub(crate) fn encode_into(out: &mut impl KeyBuf, prefix: &[u8], namespace: &str, key: &Key) {
+    let key = key.as_bytes();
+    out.put(prefix);
+    escape_into(out, namespace.as_bytes());
+    out.put(b"{");
+    if key.is_empty() {
+        out.put(b"%");
+    } else {
+        escape_into(out, key);
+    }
+    out.put(b"}");
 }
 
 /// The storage key of the lockout marker of `namespace`'s counter for

@@ -34,7 +34,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         "redis" | "redis-single" => {
             let url = std::env::var("REDIS_URL")?;
-            let connection = redis::Client::open(url)?.get_connection_manager().await?;
+            let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
+            // NODELAY=1: TCP_NODELAY on the connection to Redis (off by
+            // default in redis-rs), so that a lane's second call is not held
+            // by Nagle's algorithm until the first call's bytes are acked.
+            if std::env::var("NODELAY").is_ok_and(|v| v == "1") {
+                let tcp = info.tcp_settings().clone().set_nodelay(true);
+                info = info.set_tcp_settings(tcp);
+            }
+            let connection = redis::Client::open(info)?.get_connection_manager().await?;
             let backend = RedisBackend::builder(connection)
                 .coalesce(limit == "redis")
                 .build();

@@ -36,11 +36,11 @@ struct OnNode<'a, N> {
 }
 
 impl<N: Nodes + Send> Target for OnNode<'_, N> {
-    async fn send(&mut self, cmd: Cmd) -> RedisResult<Value> {
+    async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         // A Cluster node's error reply (`NOSCRIPT`, say) comes back as a
         // value: made an error here, as a connection's `query_async` does.
         self.connection
-            .on_node(self.node, cmd)
+            .on_node(self.node, cmd.clone())
             .await?
             .extract_error()
     }

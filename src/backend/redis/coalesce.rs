@@ -8,9 +8,11 @@
 //! counter): a hit never waits for a timer to fill a batch. While a lane's
 //! call is in flight, new hits queue; when the answer is back, a driver task
 //! sends all of them in the next call, and goes on until the queue is empty.
-//! A lane has one call in flight, or two once [`SECOND_CALL_AT`] requests
-//! queue behind the first: under load, Redis then works on one call while
-//! the answers of the other go out and their requests send their next hits.
+//! A lane has one call in flight, or two once as many requests queue behind
+//! the first as it carries (at most [`SECOND_CALL_AT`]): under load, Redis
+//! then works on one call while the answers of the other go out and their
+//! requests send their next hits, so neither side waits a whole round trip
+//! for the other.
 //!
 //! Exactness: n hits on one counter are one `INCRBY n` in the script, with the
 //! lifetime attached in the same atomic step when the counter has none; they
@@ -37,12 +39,12 @@ use futures_util::future::{Either, select};
 use hashbrown::HashMap;
 use hashbrown::hash_map::Entry;
 use smallvec::SmallVec;
-use tokio::sync::oneshot;
 
 use super::conn::breaker::{Guarded, unavailable};
 use super::conn::slot::key_slot;
 use super::reply::{parse_batch, parse_hit};
 use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
+use super::slots::{ARENA_SLOTS, Arena, Reply, Ticket};
 use crate::backend::{BackendError, Hit};
 
 /// At most this many requests' hits go in one script call; the rest wait for
@@ -50,11 +52,14 @@ use crate::backend::{BackendError, Hit};
 const MAX_PER_CALL: usize = 512;
 
 /// A lane sends a second call while one is in flight (never a third) once
-/// this many requests queue behind it: splitting the queue never makes a
-/// small call, whose fixed cost on both sides would be shared by few hits.
-/// (Measured at 64 in flight: a second call at 32 queued beat one at 8, 16,
-/// 24 or 48, and beat sending one call at a time by about 1.8 times over
-/// 10,000 keys and 1.3 times on one hot key.)
+/// as many requests queue behind it as the call in flight carries, or this
+/// many, whichever is fewer. Matching the call in flight keeps the two
+/// calls of a lane about the same size, so that one's answers are being
+/// written while the other is in Redis: with a fixed threshold above the
+/// requests in flight (16 connections on one hot key), a lane never had two
+/// calls, and the server sat idle for every round trip. The cap keeps a
+/// large queue from waiting for an equally large one: at 64 in flight a
+/// second call at 32 queued beat one at 8, 16, 24 or 48.
 const SECOND_CALL_AT: usize = 32;
 
 /// The lane of a standalone server: every key.
@@ -63,8 +68,12 @@ const ANY_SLOT: u32 = u32::MAX;
 /// The answer to one request: a result per counter, in order.
 pub(super) type Answers = SmallVec<[Result<Hit, BackendError>; 2]>;
 
+/// A storage key, inline when it fits (most do: an IPv6 address under a
+/// short prefix and layer name), so that a hit allocates nothing for it.
+pub(super) type StoredKey = SmallVec<[u8; 64]>;
+
 /// One request's counters: storage key and window (ms) of each.
-pub(super) type Counters = SmallVec<[(Vec<u8>, u64); 2]>;
+pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
 
 /// What a request gets back: its counters (the deny cache reads a denied
 /// counter's namespace and key from its storage key) and their answers.
@@ -74,16 +83,14 @@ pub(super) type Answered = (Counters, Answers);
 pub(super) struct Pending {
     /// Storage key and window (ms) of each counter the request hits.
     counters: Counters,
-    reply: oneshot::Sender<Answered>,
+    reply: Reply<Answered>,
 }
 
-impl Pending {
-    /// The Cluster slot of the request's keys (one slot: they share the
-    /// crate's hash tag). Computed only for lanes by slot, so a standalone
-    /// server's hits never pay for the CRC.
-    fn slot(&self) -> u16 {
-        self.counters.first().map_or(0, |(key, _)| key_slot(key))
-    }
+/// The Cluster slot of a request's keys (one slot: they share the crate's
+/// hash tag). Computed only for lanes by slot, so a standalone server's hits
+/// never pay for the CRC.
+fn slot(counters: &Counters) -> u16 {
+    counters.first().map_or(0, |(key, _)| key_slot(key))
 }
 
 /// A lane exists while a task sends its calls: a hit's own task (its call
@@ -92,14 +99,55 @@ struct Lane {
     queue: Vec<Pending>,
     /// The tasks sending this lane's calls (1 or 2).
     calls: u8,
+    /// The requests in the lane's calls in flight.
+    flying: usize,
+    /// The answer slots of the requests queued from now on: one allocation
+    /// for many requests. A new one once the queue is taken.
+    arena: Option<Arc<Arena<Answered>>>,
+    /// The requests of the lane's last call: the room a new arena starts
+    /// with.
+    last_call: usize,
 }
 
 impl Lane {
+    /// A lane whose first call is a request's own (1 request in flight).
+    fn alone() -> Self {
+        Self {
+            queue: Vec::new(),
+            calls: 1,
+            flying: 1,
+            arena: None,
+            last_call: 1,
+        }
+    }
+
+    /// An answer slot for a request to be queued.
+    fn channel(&mut self) -> (Reply<Answered>, Ticket<Answered>) {
+        let hint = self.last_call;
+        let arena = match &mut self.arena {
+            Some(arena) if arena.len() < ARENA_SLOTS => arena,
+            arena => arena.insert(Arena::with_capacity(hint)),
+        };
+        arena.channel()
+    }
+
+    /// Queued requests that make a second call: as many as the call in
+    /// flight carries, at most [`SECOND_CALL_AT`].
+    fn second_call_at(&self) -> usize {
+        self.flying.clamp(1, SECOND_CALL_AT)
+    }
+
     /// A task whose call is over has nothing more to send: the queue is
     /// empty, or the lane's other call will take it (too few to need a call
     /// of their own).
     fn done_with(&self) -> bool {
-        self.queue.is_empty() || (self.calls > 1 && self.queue.len() < SECOND_CALL_AT)
+        self.queue.is_empty() || (self.calls > 1 && self.queue.len() < self.second_call_at())
+    }
+
+    /// A call of `requests` requests is over (answered, dropped or never
+    /// sent).
+    fn landed(&mut self, requests: usize) {
+        self.flying = self.flying.saturating_sub(requests);
     }
 
     /// The next call of a task of this lane: at most [`MAX_PER_CALL`]
@@ -110,19 +158,38 @@ impl Lane {
         if self.done_with() {
             return None;
         }
-        let take = self.queue.len().min(MAX_PER_CALL);
-        Some(self.queue.drain(..take).collect())
+        Some(self.take())
     }
 
-    /// Queue a hit; true when it is the lane's second call's turn: the
-    /// caller spawns a driver for it.
-    fn queue(&mut self, pending: Pending) -> bool {
-        self.queue.push(pending);
-        let second = self.calls < 2 && self.queue.len() >= SECOND_CALL_AT;
-        if second {
-            self.calls += 1;
+    /// The next [`MAX_PER_CALL`] requests of the queue, counted in flight.
+    fn take(&mut self) -> Vec<Pending> {
+        let take = self.queue.len().min(MAX_PER_CALL);
+        self.flying += take;
+        self.last_call = take.max(1);
+        let batch = self.queue.drain(..take).collect();
+        if self.queue.is_empty() {
+            // The requests queued from now on share new slots; these go
+            // when their requests have read them.
+            self.arena = None;
         }
-        second
+        batch
+    }
+
+    /// Queue a hit; when it is the lane's second call's turn, that call's
+    /// requests (taken from the queue here, under the lock, so that no
+    /// other hit sees the lane with one call and a full queue): the caller
+    /// spawns a driver for them.
+    fn queue(&mut self, pending: Pending) -> Option<Vec<Pending>> {
+        self.queue.push(pending);
+        if self.calls >= 2 || self.queue.len() < self.second_call_at() {
+            return None;
+        }
+        self.queue.retain(|p| !p.reply.is_closed());
+        if self.queue.is_empty() {
+            return None;
+        }
+        self.calls += 1;
+        Some(self.take())
     }
 }
 
@@ -153,9 +220,9 @@ impl<C> Batcher<C> {
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn lane_of(&self, pending: &Pending) -> u32 {
+    fn lane_of(&self, counters: &Counters) -> u32 {
         if self.by_slot.load(Ordering::Relaxed) {
-            u32::from(pending.slot())
+            u32::from(slot(counters))
         } else {
             ANY_SLOT
         }
@@ -180,7 +247,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// In the queue of a busy lane: the call that takes them answers here.
-    Queued(oneshot::Receiver<Answered>),
+    Queued(Ticket<Answered>),
     /// The lane was idle: the request sends its own call
     /// ([`Alone::send`]).
     Alone(Alone<C>),
@@ -199,41 +266,38 @@ pub(super) fn enqueue<C>(
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let (reply, answer) = oneshot::channel();
-    let pending = Pending { counters, reply };
-    let lane = batcher.lane_of(&pending);
-    // An idle lane: this hit goes at once, from the request's own task (no
-    // driver task, no wake-up), and the lane is busy until its answer is
-    // back.
-    let (alone, second) = {
-        let mut lanes = batcher.lock();
-        match lanes.entry(lane) {
-            Entry::Occupied(mut busy) => (None, busy.get_mut().queue(pending)),
-            Entry::Vacant(idle) => {
-                idle.insert(Lane {
-                    queue: Vec::new(),
-                    calls: 1,
-                });
-                (Some(pending), false)
+    let lane = batcher.lane_of(&counters);
+    let mut lanes = batcher.lock();
+    match lanes.entry(lane) {
+        Entry::Occupied(mut busy) => {
+            // Queued: the call that takes the hits answers in a slot.
+            let lane_state = busy.get_mut();
+            let (reply, answer) = lane_state.channel();
+            let second = lane_state.queue(Pending { counters, reply });
+            drop(lanes);
+            if let Some(batch) = second {
+                spawn_driver(batcher, runtime, lane, batch);
             }
+            Enqueued::Queued(answer)
         }
-    };
-    if second {
-        runtime.spawn(drive(Arc::clone(batcher), runtime.clone(), lane));
-    }
-    match alone {
-        None => Enqueued::Queued(answer),
-        // The handover is armed from here: should the request's future be
-        // dropped before it sends, the lane passes to a driver all the same.
-        Some(pending) => Enqueued::Alone(Alone {
-            pending,
-            answer,
-            handover: Handover {
-                batcher: Arc::clone(batcher),
-                runtime: runtime.clone(),
-                lane,
-            },
-        }),
+        // An idle lane: this hit goes at once, from the request's own task
+        // (no driver task, no wake-up, no channel), and the lane is busy
+        // until its answer is back.
+        Entry::Vacant(idle) => {
+            idle.insert(Lane::alone());
+            drop(lanes);
+            // The handover is armed from here: should the request's future
+            // be dropped before it sends, the lane passes to a driver all
+            // the same.
+            Enqueued::Alone(Alone {
+                counters,
+                handover: Handover {
+                    batcher: Arc::clone(batcher),
+                    runtime: runtime.clone(),
+                    lane,
+                },
+            })
+        }
     }
 }
 
@@ -242,8 +306,7 @@ pub(super) struct Alone<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    pending: Pending,
-    answer: oneshot::Receiver<Answered>,
+    counters: Counters,
     handover: Handover<C>,
 }
 
@@ -253,22 +316,20 @@ where
 {
     /// Send the call, hand the lane over, and give the request's answers.
     pub(super) async fn send(self) -> Result<Answered, BackendError> {
-        let Self {
-            pending,
-            answer,
-            handover,
-        } = self;
+        let Self { counters, handover } = self;
         let batcher = &handover.batcher;
-        let retry = if pending.counters.len() == 1 {
-            // One counter: the one-hit script, the cheapest call for Redis.
-            let Pending { counters, reply } = pending;
-            let (key, window) = &counters[0];
+        if let [(key, window)] = counters.as_slice() {
+            // One counter: the one-hit script, the cheapest call for Redis,
+            // answered here.
             let answer = one(&batcher.connection, key, *window).await;
-            let _ = reply.send((counters, std::iter::once(answer).collect()));
-            None
-        } else {
-            call(batcher, vec![pending], handover.lane == ANY_SLOT).await
-        };
+            drop(handover);
+            return Ok((counters, std::iter::once(answer).collect()));
+        }
+        // Several: the batch script, answered like a queued request's (a
+        // refusal as cross-slot sends them again, through lanes).
+        let (reply, answer) = Arena::with_capacity(1).channel();
+        let pending = Pending { counters, reply };
+        let retry = call(batcher, vec![pending], handover.lane == ANY_SLOT).await;
         if let Some(retry) = retry {
             // CROSSSLOT: nothing ran; the hits go again, by slot, once this
             // task has left the lane.
@@ -326,17 +387,14 @@ where
         let Some(state) = lanes.get_mut(&self.lane) else {
             return;
         };
-        if state.done_with() {
+        state.landed(1);
+        let Some(batch) = state.next_call() else {
             leave(&mut lanes, self.lane);
             return;
-        }
+        };
         drop(lanes);
         // A driver takes this task's place in the lane.
-        self.runtime.spawn(drive(
-            Arc::clone(&self.batcher),
-            self.runtime.clone(),
-            self.lane,
-        ));
+        spawn_driver(&self.batcher, &self.runtime, self.lane, batch);
     }
 }
 
@@ -344,37 +402,54 @@ fn submit<C>(batcher: &Arc<Batcher<C>>, runtime: &tokio::runtime::Handle, pendin
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let lane = batcher.lane_of(&pending);
+    let lane = batcher.lane_of(&pending.counters);
     let start = {
         let mut lanes = batcher.lock();
         match lanes.entry(lane) {
             Entry::Occupied(mut busy) => busy.get_mut().queue(pending),
             Entry::Vacant(idle) => {
-                idle.insert(Lane {
-                    queue: vec![pending],
-                    calls: 1,
-                });
-                true
+                idle.insert(Lane::alone());
+                Some(vec![pending])
             }
         }
     };
-    if start {
-        runtime.spawn(drive(Arc::clone(batcher), runtime.clone(), lane));
+    if let Some(batch) = start {
+        spawn_driver(batcher, runtime, lane, batch);
     }
+}
+
+/// A driver for `lane`, sending `batch` first (already counted in the
+/// lane's calls and in flight). Its guard is made here: should the task be
+/// dropped before it first runs (its runtime shutting down), the lane goes
+/// all the same.
+fn spawn_driver<C>(
+    batcher: &Arc<Batcher<C>>,
+    runtime: &tokio::runtime::Handle,
+    lane: u32,
+    batch: Vec<Pending>,
+) where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let guard = DriverGuard {
+        batcher: Arc::clone(batcher),
+        lane,
+        armed: true,
+    };
+    runtime.spawn(drive(guard, runtime.clone(), batch));
 }
 
 /// Ends a lane's driver: on a normal exit it has left the lane; when the
 /// task is dropped mid-call (its runtime shut down) or panics, the lane is
 /// removed with its queue, whose waiters then get `Unavailable` instead of
 /// waiting for a driver that is gone.
-struct DriverGuard<'a, C> {
-    batcher: &'a Batcher<C>,
+struct DriverGuard<C> {
+    batcher: Arc<Batcher<C>>,
     lane: u32,
     /// Still to be cleaned up: the driver has not ended normally.
     armed: bool,
 }
 
-impl<C> Drop for DriverGuard<'_, C> {
+impl<C> Drop for DriverGuard<C> {
     fn drop(&mut self) {
         if self.armed {
             self.batcher.lock().remove(&self.lane);
@@ -382,45 +457,41 @@ impl<C> Drop for DriverGuard<'_, C> {
     }
 }
 
-/// A lane's driver: sends what is queued, one call at a time, until the
-/// queue is empty or the lane's other call takes what is left.
-async fn drive<C>(batcher: Arc<Batcher<C>>, runtime: tokio::runtime::Handle, lane: u32)
+/// A lane's driver: sends `batch`, then what is queued, one call at a
+/// time, until the queue is empty or the lane's other call takes what is
+/// left.
+async fn drive<C>(mut guard: DriverGuard<C>, runtime: tokio::runtime::Handle, first: Vec<Pending>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let mut guard = DriverGuard {
-        batcher: &batcher,
-        lane,
-        armed: true,
-    };
+    let (batcher, lane) = (Arc::clone(&guard.batcher), guard.lane);
+    let mut batch = first;
     loop {
-        let batch: Vec<Pending> = {
-            let mut lanes = batcher.lock();
-            let Some(state) = lanes.get_mut(&lane) else {
-                guard.armed = false;
-                return;
-            };
-            let Some(batch) = state.next_call() else {
-                leave(&mut lanes, lane);
-                guard.armed = false;
-                return;
-            };
-            batch
-        };
-        if lane == ANY_SLOT && batcher.by_slot.load(Ordering::Relaxed) {
+        let sent = batch.len();
+        let retry = if lane == ANY_SLOT && batcher.by_slot.load(Ordering::Relaxed) {
             // Learnt that the connection is a Cluster: to the slots' lanes.
-            for pending in batch {
-                submit(&batcher, &runtime, pending);
-            }
-            continue;
+            Some(batch)
+        } else {
+            call(&batcher, batch, lane == ANY_SLOT).await.inspect(|_| {
+                // CROSSSLOT: nothing ran; the hits go again, by slot.
+                batcher.by_slot.store(true, Ordering::Relaxed);
+            })
+        };
+        for pending in retry.into_iter().flatten() {
+            submit(&batcher, &runtime, pending);
         }
-        if let Some(retry) = call(&batcher, batch, lane == ANY_SLOT).await {
-            // CROSSSLOT: nothing ran; the hits go again, by slot.
-            batcher.by_slot.store(true, Ordering::Relaxed);
-            for pending in retry {
-                submit(&batcher, &runtime, pending);
-            }
-        }
+        let mut lanes = batcher.lock();
+        let Some(state) = lanes.get_mut(&lane) else {
+            guard.armed = false;
+            return;
+        };
+        state.landed(sent);
+        let Some(next) = state.next_call() else {
+            leave(&mut lanes, lane);
+            guard.armed = false;
+            return;
+        };
+        batch = next;
     }
 }
 
@@ -434,17 +505,15 @@ async fn call<C>(batcher: &Batcher<C>, batch: Vec<Pending>, any_slot: bool) -> O
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    let (requests, mut waiters): (Vec<_>, Vec<_>) =
-        batch.into_iter().map(|p| (p.counters, p.reply)).unzip();
     // One entry per distinct (key, window), with its number of hits; each
     // request's counters are (entry, the hit's place among the entry's).
-    let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(requests.len());
+    let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(batch.len());
     // A hashbrown map (foldhash, seeded per process), not SipHash: it holds
     // at most MAX_PER_CALL keys, so even keys chosen to collide cost a
     // bounded amount per call.
-    let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(requests.len());
-    let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(requests.len());
-    for counters in &requests {
+    let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(batch.len());
+    let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(batch.len());
+    for Pending { counters, .. } in &batch {
         let mut place = SmallVec::new();
         for (key, window) in counters {
             let at = match index.entry((key.as_slice(), *window)) {
@@ -463,7 +532,7 @@ where
 
     let reply = {
         let eval = std::pin::pin!(eval(&batcher.connection, &entries));
-        let abandoned = std::pin::pin!(all_closed(&mut waiters));
+        let abandoned = std::pin::pin!(all_closed(&batch));
         match select(eval, abandoned).await {
             Either::Left((reply, _)) => reply,
             Either::Right(_) => {
@@ -473,7 +542,7 @@ where
         }
     };
     // Each entry's last hit.
-    let replies: Vec<Result<Hit, BackendError>> = match reply {
+    let mut replies: Vec<Result<Hit, BackendError>> = match reply {
         Ok(reply) => parse_batch(reply, &entries).unwrap_or_else(|other| {
             let detail = format!(
                 "unexpected reply to a batch of {}: {other:?}",
@@ -487,36 +556,35 @@ where
         Err(err) if any_slot && err.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) => {
             tracing::debug!("keys of several slots in one call: coalescing by slot from now on");
             drop(entries);
-            return Some(
-                requests
-                    .into_iter()
-                    .zip(waiters)
-                    .map(|(counters, reply)| Pending { counters, reply })
-                    .collect(),
-            );
+            return Some(batch);
         }
         Err(err) => entries
             .iter()
             .map(|_| Err(unavailable(err.clone())))
             .collect(),
     };
-    let totals: Vec<u64> = entries.iter().map(|&(_, _, hits)| hits).collect();
+    // The entry's n hits took count-n+1 ..= count, in order: each reply
+    // becomes its entry's first hit, and the nth hit's count is that plus n.
+    for (reply, &(_, _, hits)) in replies.iter_mut().zip(&entries) {
+        if let Ok(hit) = reply {
+            hit.count = hit.count.saturating_sub(hits - 1);
+        }
+    }
     drop(entries);
-    for ((waiter, place), counters) in waiters.into_iter().zip(places).zip(requests) {
+    for (Pending { counters, reply }, place) in batch.into_iter().zip(places) {
         let answers: Answers = place
             .iter()
             .map(|&(at, nth)| match &replies[at] {
-                Ok(last) => Ok(Hit {
-                    // The entry's hits took count-n+1 ..= count, in order.
-                    count: last.count.saturating_sub(totals[at] - 1 - nth),
-                    ..*last
+                Ok(first) => Ok(Hit {
+                    count: first.count + nth,
+                    ..*first
                 }),
                 Err(err) => Err(copy(err)),
             })
             .collect();
         // A waiter that is gone only loses its answer: the hit was counted,
         // with its lifetime, like a request whose client went away.
-        let _ = waiter.send((counters, answers));
+        let _ = reply.send((counters, answers));
     }
     None
 }
@@ -524,11 +592,11 @@ where
 /// Ready once every waiter of a call is gone. Waits on one waiter at a time
 /// (a waiter that is gone stays gone), so a call costs one registered waker
 /// and no future or allocation per waiter.
-fn all_closed(waiters: &mut [oneshot::Sender<Answered>]) -> impl Future<Output = ()> + '_ {
+fn all_closed(batch: &[Pending]) -> impl Future<Output = ()> + '_ {
     let mut next = 0;
     std::future::poll_fn(move |cx| {
-        while let Some(waiter) = waiters.get_mut(next) {
-            if waiter.poll_closed(cx).is_pending() {
+        while let Some(Pending { reply, .. }) = batch.get(next) {
+            if reply.poll_closed(cx).is_pending() {
                 return std::task::Poll::Pending;
             }
             next += 1;

@@ -20,6 +20,7 @@ mod coalesce;
 mod conn;
 mod reply;
 mod script;
+mod slots;
 
 // The reply parsers, for the fuzz targets only (see src/lib.rs).
 #[cfg(fuzzing)]
@@ -51,7 +52,6 @@ use ::redis::aio::{ConnectionLike, ConnectionManager};
 
 use futures_util::future::join_all;
 use smallvec::SmallVec;
-use tokio::sync::oneshot;
 
 use self::coalesce::{Batcher, Enqueued};
 use self::conn::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
@@ -145,10 +145,10 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// A hit that finds no call in flight goes at once, in a call of its own: no
 /// hit waits for a timer to fill a batch. Hits issued while a call is in
 /// flight queue, and go together in the next call, sent as soon as the
-/// answer is back (or at once, beside the call in flight, once 32 requests
-/// queue: at most two calls in flight, so under load Redis does not wait
-/// for the client between calls): one `EVALSHA` of a batch script for all
-/// of them. n hits on
+/// answer is back (or at once, beside the call in flight, once as many
+/// requests queue as that call carries, 32 at most: at most two calls in
+/// flight, so under load Redis does not wait for the client between calls):
+/// one `EVALSHA` of a batch script for all of them. n hits on
 /// one counter are one `INCRBY n`, with the lifetime attached in the same
 /// atomic step when the counter is created; they take the counts
 /// `c-n+1 ..= c`, exactly what n separate increments would have given, and
@@ -736,7 +736,7 @@ enum HitStep {
     NotQueued(ResultOrCall<Hits>),
     /// Queued in its lane: no call of its own, so no box.
     Queued {
-        answer: oneshot::Receiver<coalesce::Answered>,
+        answer: slots::Ticket<coalesce::Answered>,
         finish: Finish,
     },
 }
@@ -882,9 +882,14 @@ where
                 return RedisHit(HitStep::NotQueued(ResultOrCall::Ready(Some(Ok(hits)))));
             }
         }
-        let storage_keys: SmallVec<[Vec<u8>; 2]> = counters
+        // Inline: no allocation for a key that fits.
+        let storage_keys: SmallVec<[coalesce::StoredKey; 2]> = counters
             .iter()
-            .map(|c| self.storage_key(c.namespace, key))
+            .map(|c| {
+                let mut stored = coalesce::StoredKey::new();
+                storage_key::encode_into(&mut stored, &self.inner.prefix, c.namespace, key);
+                stored
+            })
             .collect();
         let finish = Finish {
             quotas: counters.iter().map(|c| c.quota).collect(),
@@ -932,7 +937,7 @@ where
                 .await
                 .into_iter()
                 .collect();
-                finish.hits(storage_keys.iter().map(Vec::as_slice), answers)
+                finish.hits(storage_keys.iter().map(|k| k.as_slice()), answers)
             },
         ))))
     }

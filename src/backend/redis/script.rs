@@ -5,6 +5,7 @@
 //!
 //! Each script is a `.lua` file beside this module.
 
+use std::cell::RefCell;
 use std::future::Future;
 use std::sync::OnceLock;
 
@@ -111,13 +112,46 @@ pub(super) const U64_DIGITS: usize = 20;
 /// breaker), or one node of a deployment (the audit).
 pub(super) trait Target {
     /// Send `cmd` and give its reply.
-    fn send(&mut self, cmd: Cmd) -> impl Future<Output = RedisResult<Value>> + Send;
+    fn send(&mut self, cmd: &Cmd) -> impl Future<Output = RedisResult<Value>> + Send;
 }
 
 impl<C: ConnectionLike + Send> Target for C {
-    async fn send(&mut self, cmd: Cmd) -> RedisResult<Value> {
+    async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
         cmd.query_async(self).await
     }
+}
+
+/// Commands kept per thread for the next script calls to fill.
+const SPARE_CMDS: usize = 4;
+
+thread_local! {
+    /// Commands whose buffers the next script calls reuse: a call takes one
+    /// (or makes one), and gives it back cleared once answered, so that a
+    /// call allocates nothing for its command once the thread has run a
+    /// few. A command is at most a batch's (about 35 KB for 512 counters),
+    /// so a thread holds at most [`SPARE_CMDS`] of those.
+    static SPARE: RefCell<Vec<Cmd>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A command to fill: a spare one of this thread's, or a new one with room
+/// for `args` arguments of `bytes` bytes in all.
+fn take_cmd(args: usize, bytes: usize) -> Cmd {
+    SPARE
+        .try_with(|spare| spare.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Cmd::with_capacity(args, bytes))
+}
+
+/// `cmd` cleared, for the next call on this thread.
+fn give_back(mut cmd: Cmd) {
+    cmd.clear();
+    let _ = SPARE.try_with(|spare| {
+        let mut spare = spare.borrow_mut();
+        if spare.len() < SPARE_CMDS {
+            spare.push(cmd);
+        }
+    });
 }
 
 /// The size of a script call, known before it is built: its keys, the
@@ -155,18 +189,26 @@ impl Script {
     ) -> RedisResult<Value> {
         let build = |name: &str, script: &str| {
             let bytes = name.len() + script.len() + U64_DIGITS + size.bytes;
-            let mut cmd = Cmd::with_capacity(3 + size.args, bytes);
+            let mut cmd = take_cmd(3 + size.args, bytes);
             cmd.arg(name).arg(script).arg(size.keys);
             args(&mut cmd);
             cmd
         };
-        match target.send(build("EVALSHA", self.sha())).await {
+        // Given back only once answered: a call dropped before (its
+        // request gone) drops its command too.
+        let cmd = build("EVALSHA", self.sha());
+        let reply = target.send(&cmd).await;
+        give_back(cmd);
+        match reply {
             Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
                 tracing::debug!(
                     script = self.name,
                     "script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
                 );
-                target.send(build("EVAL", self.text)).await
+                let cmd = build("EVAL", self.text);
+                let reply = target.send(&cmd).await;
+                give_back(cmd);
+                reply
             }
             other => other,
         }
@@ -209,7 +251,7 @@ mod tests {
     struct Forgetful(Vec<Vec<u8>>);
 
     impl Target for Forgetful {
-        async fn send(&mut self, cmd: Cmd) -> RedisResult<Value> {
+        async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
             let name = match cmd.args_iter().next() {
                 Some(::redis::Arg::Simple(name)) => name.to_vec(),
                 _ => Vec::new(),
