@@ -289,6 +289,11 @@ fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
             per_request_on(&runtime, route(DecisionIn::Response)),
         ),
         (
+            "redis-default",
+            "Redis backend, headers on, the defaults (`DecisionIn::Request`)",
+            per_request_on(&runtime, route(DecisionIn::Request)),
+        ),
+        (
             "redis-unread",
             "Redis backend, headers on, `Decision` unread (`DecisionIn::Asked`)",
             per_request_on(&runtime, route(DecisionIn::Asked)),
@@ -302,6 +307,11 @@ fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
             "redis-64",
             "Redis backend, headers on, `Decision` in the response, 64 in flight (amortized)",
             per_request_in_flight(&runtime, route(DecisionIn::Response)),
+        ),
+        (
+            "redis-default-64",
+            "Redis backend, headers on, the defaults, 64 in flight (amortized)",
+            per_request_in_flight(&runtime, route(DecisionIn::Request)),
         ),
         (
             "redis-unread-64",
