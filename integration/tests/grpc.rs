@@ -270,3 +270,40 @@ async fn failed_grpc_calls_count_and_successful_ones_are_refunded() {
     assert_eq!(denied.metadata().get("retry-after").unwrap(), "60");
     task.abort();
 }
+
+#[tokio::test]
+async fn a_charge_reads_the_grpc_status_in_the_trailers_when_the_stream_ends() {
+    // A successful unary call ends with its status in the trailers, which
+    // the charge reads once the body has ended: each success costs 2 of 5.
+    // A failed call is trailers-only (its status in the head): no charge.
+    let charged = RateLimitLayer::new("charged", Quota::new(5, Duration::from_secs(60)).unwrap())
+        .key(ClientIp::new())
+        .charge(|end| {
+            let ok = end
+                .trailers()
+                .and_then(|trailers| trailers.get("grpc-status"))
+                .is_some_and(|status| status == "0");
+            if ok { 2 } else { 0 }
+        });
+    let (channel, task) = serve_routes(Routes::new(charged.layer(Auth))).await;
+    assert_eq!(
+        code(call_auth(channel.clone(), "Login", "guess").await),
+        Code::Unauthenticated
+    );
+    for remaining in [5, 3, 1] {
+        let response = call_auth(channel.clone(), "Ping", "hi").await.unwrap();
+        assert_eq!(response.get_ref(), "hi");
+        assert_eq!(
+            response.metadata().get("ratelimit").unwrap(),
+            format!("\"charged\";r={remaining};t=60").as_str(),
+            "the failed call cost nothing; each success 2, once its trailers were sent"
+        );
+    }
+    let denied = call_auth(channel.clone(), "Ping", "hi").await.unwrap_err();
+    assert_eq!(
+        denied.code(),
+        Code::ResourceExhausted,
+        "6 charged of 5: denied until the window ends"
+    );
+    task.abort();
+}
