@@ -310,7 +310,7 @@ where
                             let verdict = match (result, fallback.as_ref()) {
                                 (Err(err), Some((key, cost))) if core.insures(&err) => {
                                     let fallback = Fallback { key, cost: *cost };
-                                    core.insure(err, &policy, &head, fallback)
+                                    core.insure(err, &policy, &head, fallback).0
                                 }
                                 (result, _) => core.judge(result, &policy, &head, carry.anywhere()),
                             };
@@ -670,12 +670,24 @@ mod tests {
                 insured,
                 "{out:?}: half the limit, counted locally"
             );
-            // With count_if, the tab's path: the insured hits are kept,
-            // never refunded (in the backend or locally).
+            // With count_if, the tab's path: an answer that does not count
+            // is refunded in the insurance's own store (never in the
+            // backend: `Out::refund` panics).
             assert_eq!(
                 answers(layer().on_failure(half).count_if(|_| false), 3).await,
-                insured,
-                "{out:?}, count_if"
+                vec![(200, Some((true, 0, 2))); 3],
+                "{out:?}, count_if refunds locally"
+            );
+            // A denial is never served: its hit is refunded, as the
+            // backend's would be.
+            assert_eq!(
+                answers(layer().on_failure(half).count_if(|_| true), 3).await,
+                vec![
+                    (200, Some((true, 1, 2))),
+                    (200, Some((true, 2, 2))),
+                    (429, Some((true, 2, 2))),
+                ],
+                "{out:?}, count_if keeps what counts"
             );
             // A layer that spends counts its cost locally.
             assert_eq!(
@@ -695,6 +707,37 @@ mod tests {
                 vec![(503, None)],
                 "{out:?}: fail-closed again"
             );
+        }
+    }
+
+    #[tokio::test]
+    async fn the_insurance_limiter_takes_charges_in_its_own_store() {
+        use crate::judge::FailurePolicy;
+        use crate::quota::Share;
+        use http_body_util::BodyExt;
+        let quota = Quota::new(4, Duration::from_secs(60)).unwrap();
+        for out in [Out::AtOnce, Out::Later, Out::Never] {
+            let service = RateLimitLayer::new("tokens", quota)
+                .backend(out)
+                .timeout(Duration::from_millis(20))
+                .on_failure(FailurePolicy::Insurance(Share::new(1, 2).unwrap()))
+                .charge(|_| 2)
+                .layer(service_fn(|_request: Request<String>| async {
+                    Ok::<_, Infallible>(Response::new(String::from("answer")))
+                }));
+            let mut statuses = Vec::new();
+            for _ in 0..3 {
+                let response = service
+                    .clone()
+                    .oneshot(Request::new(String::new()))
+                    .await
+                    .unwrap();
+                statuses.push(response.status().as_u16());
+                // The charge is taken when the body ends.
+                response.into_body().collect().await.unwrap();
+            }
+            // Half of 4 is 2: the first answer's charge of 2 fills it.
+            assert_eq!(statuses, [200, 429, 429], "{out:?}");
         }
     }
 }

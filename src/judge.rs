@@ -65,11 +65,11 @@ pub enum FailurePolicy {
     /// decides, from its own counts, and the local counters are left to
     /// expire.
     ///
-    /// What it does not do: a request the insurance counted is never
-    /// refunded, charged or cleared (`count_if`, `charge`, `reset_if` act on
-    /// the backend's counters only), and a full local store or a corrupt
-    /// counter answers as under [`FailClosed`](Self::FailClosed). Its
-    /// decisions say so: [`Decision::insured`], and their
+    /// What the insurance counted is refunded (`count_if`), charged
+    /// (`charge`) or cleared (`reset_if`) in its own store, under the same
+    /// rules as the backend's, and never in the backend. A full local store
+    /// answers as under [`FailClosed`](Self::FailClosed). Its decisions say
+    /// so: [`Decision::insured`], and their
     /// [`limit`](Decision::limit) is the share. See [`Share`](crate::Share) for an
     /// example, and for how far past a quota's limit a fleet can go while
     /// its store is out.
@@ -177,6 +177,13 @@ pub(crate) enum Verdict<B> {
 pub(crate) struct Fallback<'a> {
     pub(crate) key: &'a Key,
     pub(crate) cost: Option<u64>,
+}
+
+/// What the insurance limiter counted for a request: its hits in the local
+/// store, and the policy (at the share) they were counted under.
+pub(crate) struct Insured {
+    pub(crate) hits: Hits,
+    pub(crate) policy: Policy,
 }
 
 /// A request passed on counted: its decision, for its answer.
@@ -356,6 +363,8 @@ impl<Bk, D> Core<Bk, D> {
     /// [`FailurePolicy::Insurance`] (see [`insures`](Self::insures)): the
     /// insurance limiter's, with the request's `fallback`, or 503 when it
     /// cannot decide either.
+    /// With the verdict, what the insurance counted (`None` when it could
+    /// not decide), for a refund, a charge or a clear in the local store.
     #[cold]
     pub(crate) fn insure<B>(
         &self,
@@ -363,7 +372,7 @@ impl<Bk, D> Core<Bk, D> {
         policy: &Policy,
         request: &RequestHead<'_>,
         fallback: Fallback<'_>,
-    ) -> Verdict<B>
+    ) -> (Verdict<B>, Option<Insured>)
     where
         D: Deny<B>,
         B: Default,
@@ -371,15 +380,15 @@ impl<Bk, D> Core<Bk, D> {
         let s = &self.settings;
         s.metrics.backend_error(&s.name, &err);
         let (FailurePolicy::Insurance(share), Some(local)) = (s.failure, &s.insurance) else {
-            return self.outage(err, request);
+            return (self.outage(err, request), None);
         };
-        let Some(verdict) = self.insured(share, local, fallback, policy, request) else {
-            return self.outage(err, request);
+        let Some((verdict, insured)) = self.insured(share, local, fallback, policy, request) else {
+            return (self.outage(err, request), None);
         };
         if let Some(suppressed) = s.warn_gate.admit() {
             tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: deciding with the insurance limiter");
         }
-        verdict
+        (verdict, Some(insured))
     }
 
     /// The verdict on `request` when the backend failed with `err`: a pass
@@ -418,7 +427,7 @@ impl<Bk, D> Core<Bk, D> {
         fallback: Fallback<'_>,
         policy: &Policy,
         request: &RequestHead<'_>,
-    ) -> Option<Verdict<B>>
+    ) -> Option<(Verdict<B>, Insured)>
     where
         D: Deny<B>,
         B: Default,
@@ -450,17 +459,15 @@ impl<Bk, D> Core<Bk, D> {
         if let Some(observer) = &s.observer {
             observer(&decision);
         }
-        if decision.passed() {
-            return Some(Verdict::Pass(Some(Passed {
+        let verdict = if decision.passed() {
+            Verdict::Pass(Some(Passed {
                 decision,
                 quota: index,
-            })));
-        }
-        Some(Verdict::Respond(response::denial(
-            &self.deny,
-            decision,
-            request.is_grpc(),
-        )))
+            }))
+        } else {
+            Verdict::Respond(response::denial(&self.deny, decision, request.is_grpc()))
+        };
+        Some((verdict, Insured { hits, policy }))
     }
 
     /// The answer to a request without a usable key, under

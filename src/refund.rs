@@ -23,11 +23,11 @@ use std::task::{Context, Poll, Waker};
 use http::Response;
 use smallvec::SmallVec;
 
-use crate::backend::{Amend, Backend, BackendError, Hits};
+use crate::backend::{Amend, Backend, BackendError, Hit, Hits, MemoryBackend};
 use crate::charge::{Charged, Meter, Metered, NoCharge, ResponseEnd};
 use crate::count::ResponseHead;
 use crate::decision::Decision;
-use crate::judge::{Core, Fallback, LogGate, Passed, Verdict};
+use crate::judge::{Core, Fallback, Insured, LogGate, Passed, Settings, Verdict};
 use crate::key::Key;
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
@@ -51,6 +51,9 @@ pub struct RefundTab<Bk, D> {
     /// `None` for a request counted with `hit_all`, whose hits are refunded
     /// with `refund`.
     cost: Option<u64>,
+    /// The insurance limiter counted the hits, in its own store: they are
+    /// amended there.
+    insured: bool,
 }
 
 impl<Bk, D> std::fmt::Debug for RefundTab<Bk, D> {
@@ -95,6 +98,7 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
             hits: Hits::new(),
             passed: None,
             cost: None,
+            insured: false,
         })
     }
 
@@ -195,6 +199,7 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
             hits,
             passed: _,
             cost: _,
+            insured,
         } = *self;
         let settings = &core.settings;
         let policy = policy?;
@@ -203,6 +208,12 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
             if hit.deadline.is_none() {
                 // Not counted in the store (a deny-cache answer): nothing to
                 // take back.
+                continue;
+            }
+            if insured {
+                if let Some(local) = &settings.insurance {
+                    amend_insured(local, counter.namespace, &key, hit, amend, settings);
+                }
                 continue;
             }
             let mut refund = match amend {
@@ -250,23 +261,34 @@ where
     D: Deny<B>,
     B: Default,
 {
-    let counted = match &result {
-        Ok(hits) => {
-            tab.hits = hits.clone();
-            tab.policy = Some(policy.to_arc());
-            true
-        }
-        Err(_) => false,
-    };
-    let verdict = match result {
+    let (verdict, counted) = match result {
         Err(err) if core.insures(&err) => {
             let fallback = Fallback {
                 key: &tab.key,
                 cost: tab.cost,
             };
-            core.insure(err, policy, request, fallback)
+            let (verdict, insured) = core.insure(err, policy, request, fallback);
+            // What the insurance counted is refunded, charged or cleared in
+            // its own store, never in the backend.
+            let counted = insured.is_some();
+            if let Some(Insured { hits, policy }) = insured {
+                tab.hits = hits;
+                tab.policy = Some(Arc::new(policy));
+                tab.insured = true;
+            }
+            (verdict, counted)
         }
-        result => core.judge(result, policy, request, true),
+        result => {
+            let counted = match &result {
+                Ok(hits) => {
+                    tab.hits = hits.clone();
+                    tab.policy = Some(policy.to_arc());
+                    true
+                }
+                Err(_) => false,
+            };
+            (core.judge(result, policy, request, true), counted)
+        }
     };
     match verdict {
         Verdict::Pass(Some(passed)) => {
@@ -282,6 +304,27 @@ where
             };
             CountedVerdict::Respond(response, wait)
         }
+    }
+}
+
+/// Amends (or refunds, `None`) `hit` of `key` in the insurance limiter's
+/// store, which answers at once.
+#[cold]
+fn amend_insured(
+    local: &MemoryBackend,
+    namespace: &str,
+    key: &Key,
+    hit: &Hit,
+    amend: Option<Amend>,
+    settings: &Settings,
+) {
+    let mut refund = match amend {
+        None => local.refund(namespace, key, hit),
+        Some(amend) => local.amend(namespace, key, hit, amend),
+    };
+    if let Poll::Ready(result) = Pin::new(&mut refund).poll(&mut Context::from_waker(Waker::noop()))
+    {
+        report(&settings.name, &settings.warn_gate, amend, result);
     }
 }
 

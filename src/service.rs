@@ -194,6 +194,7 @@ where
                     let verdict = match result {
                         Err(err) if core.insures(&err) => {
                             core.insure(err, &policy, &head, Fallback { key: &key, cost })
+                                .0
                         }
                         result => core.judge(result, &policy, &head, carry.anywhere()),
                     };
