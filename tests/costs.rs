@@ -265,13 +265,26 @@ async fn count_if_with_a_cost_refunds_the_whole_cost() {
     assert_eq!(backend.count("api").await, Some(3));
 }
 
-#[tokio::test(start_paused = true)]
-async fn a_charge_lands_when_a_streamed_body_ends_and_may_pass_the_limit() {
+/// A store, and the streaming service behind a layer of 1,000 tokens a
+/// minute charged from each answer's `x-usage` trailer.
+fn charged_by_usage() -> (
+    Recorded,
+    impl tower::Service<
+        Request<()>,
+        Response = Response<tower_pinned_window::Metered<Frames>>,
+        Error = Infallible,
+    > + Clone,
+) {
     let backend = Recorded::new();
     let layer = RateLimitLayer::new("tokens", quota(1000, 60))
         .backend(backend.clone())
         .charge(usage_in_trailers);
-    let service = layer.layer(streaming());
+    (backend, layer.layer(streaming()))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_charge_lands_when_a_streamed_body_ends_and_may_pass_the_limit() {
+    let (backend, service) = charged_by_usage();
     let call = |usage: &str| service.clone().oneshot(request(&[("x-usage", usage)]));
     let response = call("700").await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
@@ -311,11 +324,7 @@ async fn a_charge_lands_when_a_streamed_body_ends_and_may_pass_the_limit() {
 
 #[tokio::test(start_paused = true)]
 async fn a_charge_never_creates_a_counter_nor_reaches_another_window() {
-    let backend = Recorded::new();
-    let layer = RateLimitLayer::new("tokens", quota(1000, 60))
-        .backend(backend.clone())
-        .charge(usage_in_trailers);
-    let service = layer.layer(streaming());
+    let (backend, service) = charged_by_usage();
     let call = |usage: &str| service.clone().oneshot(request(&[("x-usage", usage)]));
     // The window is reset while the body streams: the charge finds nothing.
     let response = call("300").await.unwrap();

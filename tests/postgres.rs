@@ -47,6 +47,19 @@ async fn row(schema: &TestSchema, namespace: &str, key: &str) -> Option<(i64, Sy
         .map(|row| (row.get(0), row.get(1)))
 }
 
+/// The `blocked_until` of the test table's one row.
+async fn blocked_until(schema: &TestSchema) -> SystemTime {
+    schema
+        .client
+        .query_one(
+            &format!("SELECT blocked_until FROM {}", schema.table()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 async fn rows(schema: &TestSchema) -> i64 {
     schema
         .client
@@ -1260,15 +1273,7 @@ async fn spends_lockouts_and_amends() {
         4,
         "denied: nothing spent"
     );
-    let blocked: SystemTime = schema
-        .client
-        .query_one(
-            &format!("SELECT blocked_until FROM {}", schema.table()),
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let blocked = blocked_until(&schema).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     let again = backend
         .spend_all(&key, &c, Spend::cost(0).block(block))
@@ -1279,15 +1284,7 @@ async fn spends_lockouts_and_amends() {
         (6, None),
         "locked, even a check"
     );
-    let still: SystemTime = schema
-        .client
-        .query_one(
-            &format!("SELECT blocked_until FROM {}", schema.table()),
-            &[],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let still = blocked_until(&schema).await;
     assert_eq!(still, blocked, "never extended");
     assert!(
         backend
