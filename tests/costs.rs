@@ -17,7 +17,7 @@ use http_body_util::BodyExt;
 use tokio::time::advance;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_pinned_window::backend::{
-    Amend, Backend, BackendError, Counter, Hit, MemoryBackend, Spend,
+    Amend, Backend, BackendError, Counter, Hit, MemoryBackend, Spend, Spending,
 };
 use tower_pinned_window::key::{GlobalKey, Key};
 use tower_pinned_window::{CountOnly, Decision, DecisionIn, Quota, RateLimitLayer};
@@ -71,6 +71,16 @@ impl Backend for Recorded {
         self.inner.refund(namespace, key, hit)
     }
 
+    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+        self.inner.peek(namespace, key).await
+    }
+
+    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+        self.inner.reset(namespace, key).await
+    }
+}
+
+impl Spending for Recorded {
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Self::Future {
         self.spends.fetch_add(1, Ordering::SeqCst);
         self.inner.spend_all(key, counters, spend)
@@ -79,18 +89,6 @@ impl Backend for Recorded {
     fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Self::Refund {
         self.amends.fetch_add(1, Ordering::SeqCst);
         self.inner.amend(namespace, key, hit, amend)
-    }
-
-    fn supports_spend(&self) -> bool {
-        self.inner.supports_spend()
-    }
-
-    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
-        self.inner.peek(namespace, key).await
-    }
-
-    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
-        self.inner.reset(namespace, key).await
     }
 }
 

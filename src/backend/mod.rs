@@ -25,7 +25,7 @@
 //!
 //! # Costs, lockouts and amends
 //!
-//! [`Backend::spend_all`] is the one atomic step for a request with a
+//! [`Spending::spend_all`], the second trait's step, is the one atomic step for a request with a
 //! [`Spend`]: a cost, a window opened for a charge to come, or a lockout.
 //! For each counter, with `c` its count (0 when it has none) and `L` its
 //! quota's limit:
@@ -55,7 +55,7 @@
 //! - every counter of a denied request: `deadline: None`, since nothing was
 //!   counted, so nothing is ever amended.
 //!
-//! Once the service has answered, [`Backend::amend`] changes the counter a
+//! Once the service has answered, [`Spending::amend`] changes the counter a
 //! hit was counted in ([`Amend`]): take back a cost, add a response's
 //! charge, or clear it. Like a refund, an amend never creates a counter,
 //! never gives one a lifetime or changes its lifetime, never takes a count
@@ -67,9 +67,9 @@
 //!
 //! [`Backend::reset`] deletes a counter and its lockout.
 //!
-//! A backend written before these existed answers
-//! [`supports_spend`](Backend::supports_spend) with `false`: a layer that
-//! needs a spend will not build on it.
+//! They live in a second trait, [`Spending`], as governor adds its extra
+//! abilities: a backend that only implements [`Backend`] serves every layer
+//! that counts plain hits, and a layer that spends does not compile on it.
 //!
 //! Backends here:
 //!
@@ -149,7 +149,7 @@ pub struct Hit {
     /// counter's absolute expiry in Unix milliseconds in Redis
     /// (`PEXPIRETIME`), or its `expires_at` in Unix microseconds in
     /// PostgreSQL. It names the window for [`Backend::refund`] and
-    /// [`Backend::amend`]. Two windows of one key that follow each other
+    /// [`Spending::amend`]. Two windows of one key that follow each other
     /// close a window apart; a window opened right after a
     /// [`reset`](Backend::reset) could close in the same instant as the
     /// deleted one, so each backend tells them apart by more than this
@@ -296,7 +296,7 @@ pub struct Counter<'a> {
     pub quota: Quota,
 }
 
-/// What a request spends in [`Backend::spend_all`]: see
+/// What a request spends in [`Spending::spend_all`]: see
 /// [costs, lockouts and amends](self#costs-lockouts-and-amends).
 ///
 /// ```
@@ -348,7 +348,7 @@ impl Spend {
     }
 }
 
-/// What [`Backend::amend`] does to the counter a hit was counted in, once the
+/// What [`Spending::amend`] does to the counter a hit was counted in, once the
 /// answer is known: see [costs, lockouts and amends](self#costs-lockouts-and-amends).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
@@ -592,42 +592,6 @@ pub trait Backend: Clone + Send + Sync + 'static {
     /// another.
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund;
 
-    /// The one atomic step for a request with a [`Spend`]: see
-    /// [costs, lockouts and amends](self#costs-lockouts-and-amends). Every
-    /// backend of this crate implements it; the default answers no hit at
-    /// all, for a backend written before it (whose
-    /// [`supports_spend`](Backend::supports_spend) is `false`).
-    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Self::Future {
-        let _ = (counters, spend);
-        self.hit_all(key, &[])
-    }
-
-    /// Change the counter `hit` was counted in, in one atomic step and only
-    /// in that window: `Ok(true)` when it changed. See
-    /// [costs, lockouts and amends](self#costs-lockouts-and-amends). The
-    /// default does a [refund](Backend::refund) of 1 and nothing else.
-    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Self::Refund {
-        match amend {
-            Amend::Refund(1) => self.refund(namespace, key, hit),
-            _ => self.refund(
-                namespace,
-                key,
-                &Hit {
-                    deadline: None,
-                    ..*hit
-                },
-            ),
-        }
-    }
-
-    /// Whether [`spend_all`](Backend::spend_all) and
-    /// [`amend`](Backend::amend) keep the contract: every backend of this
-    /// crate does. A layer with a cost, a charge, a lockout or a reset on
-    /// success does not build on a backend that answers `false`.
-    fn supports_spend(&self) -> bool {
-        false
-    }
-
     /// The counter as it stands, without counting; `None` when there is no
     /// live counter.
     fn peek(
@@ -642,6 +606,27 @@ pub trait Backend: Clone + Send + Sync + 'static {
         namespace: &str,
         key: &Key,
     ) -> impl Future<Output = Result<bool, BackendError>> + Send;
+}
+
+/// A [`Backend`] that also spends: costs, lockouts and amends, the extra
+/// ability a layer with a [`cost`](crate::RateLimitLayer::cost), a
+/// [`charge`](crate::RateLimitLayer::charge), a
+/// [`block_for`](crate::RateLimitLayer::block_for) or a
+/// [`reset_if`](crate::RateLimitLayer::reset_if) needs. Every backend of this
+/// crate implements it; a layer that spends does not compile on a backend
+/// that does not.
+///
+/// See [costs, lockouts and amends](self#costs-lockouts-and-amends) for the
+/// contract.
+pub trait Spending: Backend {
+    /// The one atomic step for a request with a [`Spend`]: see
+    /// [costs, lockouts and amends](self#costs-lockouts-and-amends).
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Self::Future;
+
+    /// Change the counter `hit` was counted in, in one atomic step and only
+    /// in that window: `Ok(true)` when it changed. See
+    /// [costs, lockouts and amends](self#costs-lockouts-and-amends).
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Self::Refund;
 }
 
 /// The future of [`Backend::hit`]: the one [`Hit`] of a one-counter

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{Amend, Backend, BackendError, Counter, Hit, Spend};
+use super::{Amend, Backend, Spending, BackendError, Counter, Hit, Spend};
 use crate::error::ConfigError;
 use crate::key::{Key, PRIVATE_KEY_MARK};
 
@@ -172,18 +172,6 @@ impl<B: Backend> Backend for PrivateKeys<B> {
         self.inner.refund(namespace, &self.digest(key), hit)
     }
 
-    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> B::Future {
-        self.inner.spend_all(&self.digest(key), counters, spend)
-    }
-
-    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> B::Refund {
-        self.inner.amend(namespace, &self.digest(key), hit, amend)
-    }
-
-    fn supports_spend(&self) -> bool {
-        self.inner.supports_spend()
-    }
-
     fn peek(
         &self,
         namespace: &str,
@@ -200,6 +188,16 @@ impl<B: Backend> Backend for PrivateKeys<B> {
     ) -> impl Future<Output = Result<bool, BackendError>> + Send {
         let digest = self.digest(key);
         async move { self.inner.reset(namespace, &digest).await }
+    }
+}
+
+impl<B: Spending> Spending for PrivateKeys<B> {
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> B::Future {
+        self.inner.spend_all(&self.digest(key), counters, spend)
+    }
+
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> B::Refund {
+        self.inner.amend(namespace, &self.digest(key), hit, amend)
     }
 }
 

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::expiring::id::{Id, KeyBytes, Scratch};
 use super::expiring::{Entry, Shard, Table};
-use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend};
+use super::{Amend, Backend, Spending, BackendError, Counter, Hit, Hits, Spend};
 use crate::error::ConfigError;
 use crate::key::Key;
 #[cfg(test)]
@@ -595,6 +595,16 @@ impl Backend for MemoryBackend {
         ready(Ok(refunded))
     }
 
+    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+        Ok(self.peek_at(self.now(), namespace, key))
+    }
+
+    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+        Ok(self.remove_at(self.now(), namespace, key))
+    }
+}
+
+impl Spending for MemoryBackend {
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Self::Future {
         ready(self.spend_at(self.now(), key, counters, spend))
     }
@@ -604,18 +614,6 @@ impl Backend for MemoryBackend {
             self.amend_at(self.now(), namespace, key, deadline.get(), amend)
         });
         ready(Ok(amended))
-    }
-
-    fn supports_spend(&self) -> bool {
-        true
-    }
-
-    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
-        Ok(self.peek_at(self.now(), namespace, key))
-    }
-
-    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
-        Ok(self.remove_at(self.now(), namespace, key))
     }
 }
 

@@ -215,7 +215,7 @@ use self::row::{deadline_time, describe, read_row};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
 use super::deny_cache::DenyCache;
 use super::result_or_call::ResultOrCall;
-use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend};
+use super::{Amend, Backend, Spending, BackendError, Counter, Hit, Hits, Spend};
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Window;
@@ -850,6 +850,42 @@ impl Backend for PostgresBackend {
         })))
     }
 
+    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+        self.start_cleaner();
+        let client = self.inner.db.pool.get().await.map_err(pool_error)?;
+        let row = client
+            .query_opt(
+                self.inner.db.sql.peek.as_str(),
+                &[&namespace, &key.as_bytes()],
+            )
+            .await
+            .map_err(pg_error)?;
+        match row {
+            None => Ok(None),
+            Some(row) => read_row(&row).map_err(|detail| BackendError::Corrupt {
+                key: self.describe(namespace, key),
+                detail,
+            }),
+        }
+    }
+
+    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+        if let Some(deny) = &self.inner.deny {
+            deny.remove(namespace, key.as_bytes());
+        }
+        let client = self.inner.db.pool.get().await.map_err(pool_error)?;
+        let row = client
+            .query_opt(
+                self.inner.db.sql.reset.as_str(),
+                &[&namespace, &key.as_bytes()],
+            )
+            .await
+            .map_err(pg_error)?;
+        Ok(row.is_some_and(|row| row.get::<_, Option<bool>>(0).unwrap_or(true)))
+    }
+}
+
+impl Spending for PostgresBackend {
     /// One transaction ([spends](self#costs-lockouts-and-amends)): it
     /// bypasses the hit batching and the local deny cache.
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> PostgresHit {
@@ -920,44 +956,6 @@ impl Backend for PostgresBackend {
             }
             changed
         })))
-    }
-
-    fn supports_spend(&self) -> bool {
-        true
-    }
-
-    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
-        self.start_cleaner();
-        let client = self.inner.db.pool.get().await.map_err(pool_error)?;
-        let row = client
-            .query_opt(
-                self.inner.db.sql.peek.as_str(),
-                &[&namespace, &key.as_bytes()],
-            )
-            .await
-            .map_err(pg_error)?;
-        match row {
-            None => Ok(None),
-            Some(row) => read_row(&row).map_err(|detail| BackendError::Corrupt {
-                key: self.describe(namespace, key),
-                detail,
-            }),
-        }
-    }
-
-    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
-        if let Some(deny) = &self.inner.deny {
-            deny.remove(namespace, key.as_bytes());
-        }
-        let client = self.inner.db.pool.get().await.map_err(pool_error)?;
-        let row = client
-            .query_opt(
-                self.inner.db.sql.reset.as_str(),
-                &[&namespace, &key.as_bytes()],
-            )
-            .await
-            .map_err(pg_error)?;
-        Ok(row.is_some_and(|row| row.get::<_, Option<bool>>(0).unwrap_or(true)))
     }
 }
 

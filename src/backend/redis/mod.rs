@@ -59,7 +59,7 @@ use self::reply::{parse_hit, parse_peek, parse_refund, parse_spend};
 use self::script::{AMEND, HIT, PEEK, RESET, SPEND, Size, U64_DIGITS};
 use super::deny_cache::DenyCache;
 use super::result_or_call::ResultOrCall;
-use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, storage_key};
+use super::{Amend, Backend, Spending, BackendError, Counter, Hit, Hits, Spend, storage_key};
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::{Quota, Window};
@@ -947,6 +947,57 @@ where
         self.amend(namespace, key, hit, Amend::Refund(1))
     }
 
+    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+        let storage_key = self.storage_key(namespace, key);
+        let reply = PEEK
+            .run_on_key(
+                &mut self.inner.connection.for_key(&storage_key),
+                &storage_key,
+                None,
+            )
+            .await
+            .map_err(unavailable)?;
+        parse_peek(reply, &storage_key)
+    }
+
+    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+        let storage_key = self.storage_key(namespace, key);
+        if let Some(deny) = &self.inner.deny {
+            deny.remove(namespace, key.as_bytes());
+        }
+        let lock = storage_key::encode_lockout(&self.inner.prefix, namespace, key);
+        let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
+        let size = Size {
+            keys: 3,
+            args: 3,
+            bytes: storage_key.len() + lock.len() + marker.len(),
+        };
+        let reply = RESET
+            .run(
+                &mut self.inner.connection.for_key(&storage_key),
+                size,
+                |cmd| {
+                    cmd.arg(&storage_key).arg(&lock).arg(&marker);
+                },
+            )
+            .await
+            .map_err(unavailable)?;
+        let deleted = match reply {
+            ::redis::Value::Int(n) => n,
+            other => {
+                return Err(BackendError::Unavailable(
+                    format!("unexpected reset reply {other:?}").into(),
+                ));
+            }
+        };
+        Ok(deleted > 0)
+    }
+}
+
+impl<C> Spending for RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     /// One `EVALSHA` of the spend script on the key's counters and their
     /// lockouts (one hash tag, so one slot of a Cluster): all or nothing,
     /// as the [contract](crate::backend#costs-lockouts-and-amends) says.
@@ -1048,56 +1099,6 @@ where
             }
             parse_refund(reply?, &storage_key)
         })))
-    }
-
-    fn supports_spend(&self) -> bool {
-        true
-    }
-
-    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
-        let storage_key = self.storage_key(namespace, key);
-        let reply = PEEK
-            .run_on_key(
-                &mut self.inner.connection.for_key(&storage_key),
-                &storage_key,
-                None,
-            )
-            .await
-            .map_err(unavailable)?;
-        parse_peek(reply, &storage_key)
-    }
-
-    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
-        let storage_key = self.storage_key(namespace, key);
-        if let Some(deny) = &self.inner.deny {
-            deny.remove(namespace, key.as_bytes());
-        }
-        let lock = storage_key::encode_lockout(&self.inner.prefix, namespace, key);
-        let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
-        let size = Size {
-            keys: 3,
-            args: 3,
-            bytes: storage_key.len() + lock.len() + marker.len(),
-        };
-        let reply = RESET
-            .run(
-                &mut self.inner.connection.for_key(&storage_key),
-                size,
-                |cmd| {
-                    cmd.arg(&storage_key).arg(&lock).arg(&marker);
-                },
-            )
-            .await
-            .map_err(unavailable)?;
-        let deleted = match reply {
-            ::redis::Value::Int(n) => n,
-            other => {
-                return Err(BackendError::Unavailable(
-                    format!("unexpected reset reply {other:?}").into(),
-                ));
-            }
-        };
-        Ok(deleted > 0)
     }
 }
 
