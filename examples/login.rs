@@ -23,7 +23,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use tower_pinned_window::backend::MemoryBackend;
 use tower_pinned_window::key::PeerIp;
-use tower_pinned_window::{CountOnly, Quota, RateLimitLayer};
+use tower_pinned_window::{CountOnly, Quota, RateLimitLayer, Window};
 
 /// How long an address is locked out once it has failed too often.
 pub const LOCKOUT: Duration = Duration::from_secs(60 * 60);
@@ -35,7 +35,7 @@ pub fn app(backend: MemoryBackend) -> Router {
         .key(PeerIp::new())
         .count_only(CountOnly::AuthFailures) // only 401 and 403 count
         .backend(backend)
-        .block_for(LOCKOUT); // the 6th attempt locks the address out
+        .block_for(Window::new(LOCKOUT).expect("an hour is a window")); // the 6th attempt locks the address out
     Router::new().route("/login", post(login)).layer(limit)
 }
 

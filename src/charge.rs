@@ -2,11 +2,12 @@
 //! [`charge`](crate::RateLimitLayer::charge): the answer's body is wrapped
 //! in [`Metered`], which reads the response's cost when the body ends (its
 //! trailers, its last chunk) and hands it to the request's tab
-//! ([`Meter`], implemented in `refund.rs`), which adds it to the counters
+//! ([`Meter`], implemented in `outcome.rs`), which adds it to the counters
 //! the request was counted in.
 //!
-//! A layer without a charge is [`NoCharge`]: its answers are handed back as
-//! the service made them, with their own body type, and nothing here runs.
+//! A layer without a charge is not [`Charged`](crate::Charged): its answers
+//! are handed back as the service made them, with their own body type, and
+//! nothing here runs.
 
 use std::fmt;
 use std::pin::Pin;
@@ -137,7 +138,7 @@ impl<'a> ResponseEnd<'a> {
 
 /// What the request's tab does with the response's end: read its charge
 /// and add it to the counters the request was counted in. Implemented by
-/// the tab in `refund.rs`.
+/// the tab in `outcome.rs`.
 pub trait Meter: Send + Sync {
     /// The body ended with `end`.
     fn end(self: Box<Self>, end: &ResponseEnd<'_>);
@@ -303,16 +304,6 @@ where
         self.inner.size_hint()
     }
 }
-
-/// A layer without a [`charge`](crate::RateLimitLayer::charge): its
-/// answers keep the service's body type, and nothing is metered.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct NoCharge;
-
-/// A layer with a [`charge`](crate::RateLimitLayer::charge): its answers'
-/// bodies are [`Metered`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Charged;
 
 #[cfg(test)]
 mod tests {

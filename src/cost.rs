@@ -1,7 +1,9 @@
 //! What a request spends: the plan a layer with a cost, a charge, a lockout
 //! or a reset on success follows on the way in (see
 //! [`RateLimitLayer::cost`](crate::RateLimitLayer::cost)), turned per
-//! request into the backend's [`Spend`].
+//! request into the backend's [`Spend`]; and the layer's mode, which says
+//! in its type whether it spends, so that a layer that spends builds only
+//! on a backend that implements [`Spending`].
 //!
 //! Without any of these, nothing here runs: the request is counted with
 //! `hit_all`, as a layer has always counted it.
@@ -9,9 +11,155 @@
 use std::fmt;
 use std::sync::Arc;
 
-use crate::backend::Spend;
+use http::Response;
+
+use crate::backend::{Amend, Backend, Counter, Hit, Spend, Spending};
+use crate::charge::{Meter, Metered};
+use crate::key::Key;
 use crate::quota::Window;
 use crate::request::RequestHead;
+
+mod sealed {
+    pub trait Sealed {}
+}
+
+/// A layer that counts plain hits: the default mode, on any
+/// [`Backend`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Plain;
+
+/// A layer that spends: after a [`cost`](crate::RateLimitLayer::cost),
+/// [`cost_fn`](crate::RateLimitLayer::cost_fn),
+/// [`block_for`](crate::RateLimitLayer::block_for) or
+/// [`reset_if`](crate::RateLimitLayer::reset_if). It builds only on a
+/// backend that implements [`Spending`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Spends;
+
+/// A layer with a [`charge`](crate::RateLimitLayer::charge): it spends,
+/// and its answers' bodies are [`Metered`]. It builds only on a backend
+/// that implements [`Spending`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Charged;
+
+impl sealed::Sealed for Plain {}
+impl sealed::Sealed for Spends {}
+impl sealed::Sealed for Charged {}
+
+/// How a layer counts, in its type: [`Plain`] hits, or [`Spends`] and
+/// [`Charged`], which need a backend that implements [`Spending`]. Sealed:
+/// the layer's setters move it from one to the next, whatever their order.
+pub trait Mode: sealed::Sealed {
+    /// The mode once the layer spends: [`Spends`], or [`Charged`] when
+    /// it is already charged.
+    type Spending: Mode;
+}
+
+impl Mode for Plain {
+    type Spending = Spends;
+}
+
+impl Mode for Spends {
+    type Spending = Spends;
+}
+
+impl Mode for Charged {
+    type Spending = Charged;
+}
+
+/// What a layer in mode `Self` counts with on `Bk`, and the body of its
+/// answers to a service whose bodies are `B`.
+#[diagnostic::on_unimplemented(
+    message = "a layer with a cost, a charge, a lockout or a reset on success needs a backend that implements `Spending`",
+    label = "`{Bk}` cannot spend",
+    note = "implement `tower_pinned_window::backend::Spending` for the backend, or drop the cost, charge, block_for or reset_if"
+)]
+pub trait Counts<Bk, B>: Mode {
+    /// The answers' body type: `B`, or [`Metered<B>`] under a charge.
+    type Body;
+
+    /// Spends `spend` of `key` on `counters` in `backend`.
+    #[doc(hidden)]
+    fn spend_all(backend: &Bk, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Bk::Future
+    where
+        Bk: Backend;
+
+    /// Amends `hit` of `key` on `namespace`'s counter in `backend`.
+    #[doc(hidden)]
+    fn amend(backend: &Bk, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Bk::Refund
+    where
+        Bk: Backend;
+
+    /// Hands back `response`, metered by `meter` when there is one.
+    #[doc(hidden)]
+    fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<Self::Body>;
+}
+
+impl<Bk: Backend, B> Counts<Bk, B> for Plain {
+    type Body = B;
+
+    fn spend_all(backend: &Bk, key: &Key, counters: &[Counter<'_>], _spend: Spend) -> Bk::Future {
+        // A plain layer has no spend plan: it never gets here.
+        debug_assert!(false, "a plain layer spends nothing");
+        backend.hit_all(key, counters)
+    }
+
+    fn amend(backend: &Bk, namespace: &str, key: &Key, hit: &Hit, _amend: Amend) -> Bk::Refund {
+        // A plain layer only refunds (`Backend::refund`): it never gets here.
+        debug_assert!(false, "a plain layer amends nothing");
+        backend.refund(
+            namespace,
+            key,
+            &Hit {
+                deadline: None,
+                ..*hit
+            },
+        )
+    }
+
+    #[inline(always)]
+    fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<B> {
+        debug_assert!(meter.is_none(), "a layer without a charge meters nothing");
+        response
+    }
+}
+
+impl<Bk: Spending, B> Counts<Bk, B> for Spends {
+    type Body = B;
+
+    #[inline]
+    fn spend_all(backend: &Bk, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Bk::Future {
+        backend.spend_all(key, counters, spend)
+    }
+
+    fn amend(backend: &Bk, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Bk::Refund {
+        backend.amend(namespace, key, hit, amend)
+    }
+
+    #[inline(always)]
+    fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<B> {
+        debug_assert!(meter.is_none(), "a layer without a charge meters nothing");
+        response
+    }
+}
+
+impl<Bk: Spending, B: http_body::Body> Counts<Bk, B> for Charged {
+    type Body = Metered<B>;
+
+    #[inline]
+    fn spend_all(backend: &Bk, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Bk::Future {
+        backend.spend_all(key, counters, spend)
+    }
+
+    fn amend(backend: &Bk, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Bk::Refund {
+        backend.amend(namespace, key, hit, amend)
+    }
+
+    #[inline]
+    fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<Metered<B>> {
+        Metered::wrap(response, meter)
+    }
+}
 
 /// A request's cost, read from its head.
 pub(crate) type CostFn = Arc<dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync>;

@@ -53,8 +53,6 @@ pub enum ConfigError {
     /// A storage-key prefix with a `{` or `}`, which would choose the Redis
     /// Cluster hash tag in place of the key (shown escaped).
     InvalidPrefix(String),
-    /// The backend timeout was zero.
-    ZeroTimeout,
     /// An IPv6 grouping prefix outside 32..=128 bits.
     InvalidIpv6Prefix(u8),
     /// A trusted-proxy or allowlist range that is neither a CIDR nor an IP
@@ -88,7 +86,7 @@ pub enum ConfigError {
     /// A circuit breaker with a zero cool-down.
     ZeroBreakerCooldown,
     /// A request cost above a quota's limit (see
-    /// [`RateLimitLayer::try_cost`](crate::RateLimitLayer::try_cost)): such
+    /// [`RateLimitLayer::check`](crate::RateLimitLayer::check)): such
     /// a request could never be admitted.
     CostAboveLimit {
         /// The cost given.
@@ -96,16 +94,6 @@ pub enum ConfigError {
         /// The smallest limit among the layer's quotas.
         limit: u64,
     },
-    /// A layer that spends (a cost, a charge, a lockout, a reset on
-    /// success) on a backend whose
-    /// [`supports_spend`](crate::backend::Backend::supports_spend) is
-    /// `false`: every request would fail.
-    SpendUnsupported,
-    /// A lockout of zero (see
-    /// [`RateLimitLayer::try_block_for`](crate::RateLimitLayer::try_block_for)).
-    ZeroBlock,
-    /// A lockout longer than [`Window::MAX`](crate::Window::MAX).
-    BlockTooLong,
     /// An insurance [`Share`](crate::Share) that is not a fraction in
     /// `(0, 1]` (a zero numerator or denominator, or a numerator above the
     /// denominator), or text that is not `N/D` (what was given).
@@ -142,7 +130,6 @@ impl fmt::Display for ConfigError {
                 f,
                 "the storage-key prefix {prefix:?} must not contain '{{' or '}}' (they would choose the Redis Cluster hash tag)"
             ),
-            Self::ZeroTimeout => f.write_str("the backend timeout must be longer than zero"),
             Self::InvalidCidr(cidr) => {
                 write!(
                     f,
@@ -180,17 +167,9 @@ impl fmt::Display for ConfigError {
                 f,
                 "a request cost of {cost} is above the limit of {limit}: such a request could never be admitted"
             ),
-            Self::SpendUnsupported => f.write_str(
-                "this backend does not support costs, charges, lockouts or resets on success (its supports_spend() is false)",
-            ),
-            Self::ZeroBlock => f.write_str("a lockout must be longer than zero"),
             Self::InvalidShare(share) => write!(
                 f,
                 "an insurance share must be a fraction N/D above 0 and at most 1, such as 1/4, not {share:?}"
-            ),
-            Self::BlockTooLong => write!(
-                f,
-                "a lockout must be at most {MAX_WINDOW_MS} ms (36,525 days, Window::MAX)"
             ),
             Self::InvalidIpv6Prefix(bits) => {
                 write!(

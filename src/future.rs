@@ -1,4 +1,5 @@
-//! [`ResponseFuture`]: waits for the backend's answer, then for the service.
+//! [`ResponseFuture`]: waits for the backend's answer when it did not come
+//! at once, then for the service.
 
 use std::fmt;
 use std::future::Future;
@@ -13,24 +14,25 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::backend::{Backend, BackendError};
-use crate::charge::NoCharge;
+use crate::charge::Meter;
+use crate::core::Core;
+use crate::cost::{Counts, Plain};
 use crate::decision::{Carry, Decision};
-use crate::judge::{Core, Fallback, Passed, Verdict};
 use crate::key::Key;
 use crate::metrics::Stopwatch;
+use crate::outcome::{Passed, RefundTab, Settled, Wait};
 use crate::policy::{Policy, Selected};
-use crate::refund::{self, ChargeMode, CountedVerdict, RefundTab, Settled, Wait};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
+use crate::verdict::{self, Ask, Verdict};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): what its
     /// `call` returns, to await (a server awaits it for you). See the
     /// [example](crate::RateLimit#example).
     ///
-    /// `C` is [`NoCharge`] unless the layer has a
-    /// [`charge`](crate::RateLimitLayer::charge).
-    pub struct ResponseFuture<S, ReqBody, Bk, D, C = NoCharge>
+    /// `M` is the layer's [`Mode`](crate::Mode).
+    pub struct ResponseFuture<S, ReqBody, Bk, D, M = Plain>
     where
         S: Service<Request<ReqBody>>,
         Bk: Backend,
@@ -45,7 +47,7 @@ pin_project! {
             S::Future,
             S::Response,
         >,
-        charge: PhantomData<fn() -> C>,
+        mode: PhantomData<fn() -> M>,
     }
 }
 
@@ -55,7 +57,7 @@ pin_project! {
         // Waiting for the backend's count; the timer is armed only if the
         // backend does not answer on the first poll (boxed, so that the
         // in-memory path does not carry a timer's weight). Only this state
-        // needs the core: a request judged in `call` never touches it again.
+        // needs the core: a request decided in `call` never touches it again.
         Checking {
             core: C,
             hit: H,
@@ -113,7 +115,7 @@ type FutureState<S, ReqBody, Bk, D> = State<
     <S as Service<Request<ReqBody>>>::Response,
 >;
 
-impl<S, ReqBody, Bk, D, C> ResponseFuture<S, ReqBody, Bk, D, C>
+impl<S, ReqBody, Bk, D, M> ResponseFuture<S, ReqBody, Bk, D, M>
 where
     S: Service<Request<ReqBody>>,
     Bk: Backend,
@@ -121,7 +123,7 @@ where
     fn with(state: FutureState<S, ReqBody, Bk, D>) -> Self {
         Self {
             state,
-            charge: PhantomData,
+            mode: PhantomData,
         }
     }
 
@@ -163,22 +165,25 @@ where
     }
 }
 
-impl<S, ReqBody, ResBody, Bk, D, C> ResponseFuture<S, ReqBody, Bk, D, C>
+impl<S, ReqBody, ResBody, Bk, D, M> ResponseFuture<S, ReqBody, Bk, D, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     Bk: Backend,
 {
-    /// After the judge's `verdict`, without refunds: `call` the service
-    /// (with the decision to put into the request, when `carry` says so),
-    /// or answer.
+    /// After the `verdict`: `call` the service (with the decision to put
+    /// into the request, when `carry` says so), or answer (after the
+    /// denial's refunds when they must finish first).
     #[inline]
-    pub(crate) fn judged(
-        verdict: Verdict<ResBody>,
+    pub(crate) fn decided(
+        verdict: Verdict<ResBody, RefundTab<Bk, D>>,
         carry: Carry,
         call: impl FnOnce(Option<Decision>) -> S::Future,
     ) -> Self {
-        match verdict {
-            Verdict::Pass(None) => Self::passing(call(None)),
+        let state = match verdict {
+            Verdict::Pass(None) => State::Inner {
+                future: call(None),
+                answer: None,
+            },
             Verdict::Pass(Some(Passed { decision, .. })) => {
                 let (for_request, answer) =
                     if carry.response || response::writes_on_passed(&decision) {
@@ -193,36 +198,19 @@ where
                         // goes to the request, or nowhere.
                         (carry.request.then_some(decision), None)
                     };
-                Self::with(State::Inner {
+                State::Inner {
                     future: call(for_request),
                     answer,
-                })
+                }
             }
-            Verdict::Respond(response) => Self::respond(response),
-        }
-    }
-
-    /// After the `verdict` on a request whose hits may be refunded: `call`
-    /// the service, or answer (after the denial's refunds when they must
-    /// finish first).
-    pub(crate) fn counted(
-        verdict: CountedVerdict<ResBody, Bk, D>,
-        carry: Carry,
-        call: impl FnOnce(Option<Decision>) -> S::Future,
-    ) -> Self {
-        let state = match verdict {
-            CountedVerdict::Pass(tab) => State::Counting {
+            Verdict::Counted(tab) => State::Counting {
                 future: call(carry.request.then(|| tab.decision().cloned()).flatten()),
                 tab: Some(tab),
             },
-            CountedVerdict::PassUncounted => State::Inner {
-                future: call(None),
-                answer: None,
-            },
-            CountedVerdict::Respond(response, None) => State::Respond {
+            Verdict::Respond(response, None) => State::Respond {
                 response: Some(response),
             },
-            CountedVerdict::Respond(response, Some(wait)) => State::Refunding {
+            Verdict::Respond(response, Some(wait)) => State::Refunding {
                 wait,
                 response: Some(response),
             },
@@ -264,15 +252,15 @@ pub(crate) fn call_with<S: Service<Request<B>>, B>(
     service.call(request)
 }
 
-impl<S, ReqBody, ResBody, Bk, D, C> Future for ResponseFuture<S, ReqBody, Bk, D, C>
+impl<S, ReqBody, ResBody, Bk, D, M> Future for ResponseFuture<S, ReqBody, Bk, D, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     Bk: Backend,
-    D: Deny<ResBody>,
+    D: Deny<ResBody> + Send + Sync + 'static,
     ResBody: Default,
-    C: ChargeMode<ResBody, D>,
+    M: Counts<Bk, ResBody>,
 {
-    type Output = Result<Response<C::Body>, S::Error>;
+    type Output = Result<Response<M::Body>, S::Error>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -305,23 +293,15 @@ where
                         RequestHead::new(request.as_ref().expect("the request is taken once"));
                     let policy = Selected::Kept(policy);
                     let carry = core.carry(&head);
-                    let next = match tab.take() {
-                        None => {
-                            let verdict = match (result, fallback.as_ref()) {
-                                (Err(err), Some((key, cost))) if core.insures(&err) => {
-                                    let fallback = Fallback { key, cost: *cost };
-                                    core.insure(err, &policy, &head, fallback).0
-                                }
-                                (result, _) => core.judge(result, &policy, &head, carry.anywhere()),
-                            };
-                            Self::judged(verdict, carry, |d| call_once(service, request, d))
-                        }
-                        Some(tab) => Self::counted(
-                            refund::judge(core, tab, result, &policy, &head),
-                            carry,
-                            |d| call_once(service, request, d),
-                        ),
+                    let ask = Ask {
+                        request: &head,
+                        policy: &policy,
+                        carry,
+                        key: fallback.as_ref().map(|(key, _)| key),
+                        cost: fallback.as_ref().and_then(|(_, cost)| *cost),
                     };
+                    let verdict = verdict::decide(core, result, ask, tab.take());
+                    let next = Self::decided(verdict, carry, |d| call_once(service, request, d));
                     this.state.set(next.state);
                 }
                 StateProj::Inner { future, answer } => {
@@ -336,7 +316,7 @@ where
                     {
                         response::passed(&mut response, decision, in_extensions);
                     }
-                    return Poll::Ready(Ok(C::answer::<Bk>(response, None)));
+                    return Poll::Ready(Ok(M::answer(response, None)));
                 }
                 StateProj::Counting { future, tab } => {
                     let result = ready!(future.poll(cx));
@@ -353,20 +333,20 @@ where
                             });
                             continue;
                         }
-                        Settled::Meter(tab) => Some(tab),
+                        Settled::Meter(tab) => Some(tab as Box<dyn Meter>),
                     };
-                    return Poll::Ready(Ok(C::answer(response, meter)));
+                    return Poll::Ready(Ok(M::answer(response, meter)));
                 }
                 StateProj::Refunding { wait, response } => {
                     ready!(wait.as_mut().poll(cx));
                     let response = response.take().expect("the response is taken once");
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(C::answer::<Bk>(response, None)));
+                    return Poll::Ready(Ok(M::answer(response, None)));
                 }
                 StateProj::Respond { response } => {
                     let response = response.take().expect("the response is taken once");
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(C::answer::<Bk>(response, None)));
+                    return Poll::Ready(Ok(M::answer(response, None)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }
@@ -374,7 +354,7 @@ where
     }
 }
 
-impl<S, ReqBody, Bk, D, C> fmt::Debug for ResponseFuture<S, ReqBody, Bk, D, C>
+impl<S, ReqBody, Bk, D, M> fmt::Debug for ResponseFuture<S, ReqBody, Bk, D, M>
 where
     S: Service<Request<ReqBody>>,
     Bk: Backend,
@@ -404,9 +384,8 @@ mod tests {
 
     use super::*;
     use crate::backend::{Counter, Hit, MemoryBackend};
-    use crate::key::Key;
     use crate::layer::RateLimitLayer;
-    use crate::quota::Quota;
+    use crate::quota::{Quota, Window};
 
     /// The in-memory backend, answering each hit on its second poll: the
     /// path of a backend that has to go out.
@@ -590,19 +569,6 @@ mod tests {
             }
         }
 
-        fn spend_all(
-            &self,
-            key: &Key,
-            counters: &[Counter<'_>],
-            _spend: crate::backend::Spend,
-        ) -> Self::Future {
-            self.hit_all(key, counters)
-        }
-
-        fn supports_spend(&self) -> bool {
-            true
-        }
-
         fn refund(&self, _namespace: &str, _key: &Key, _hit: &Hit) -> Self::Refund {
             panic!("nothing the insurance counted is refunded in the backend")
         }
@@ -616,10 +582,31 @@ mod tests {
         }
     }
 
+    impl crate::backend::Spending for Out {
+        fn spend_all(
+            &self,
+            key: &Key,
+            counters: &[Counter<'_>],
+            _spend: crate::backend::Spend,
+        ) -> Self::Future {
+            self.hit_all(key, counters)
+        }
+
+        fn amend(
+            &self,
+            _namespace: &str,
+            _key: &Key,
+            _hit: &Hit,
+            _amend: crate::backend::Amend,
+        ) -> Self::Refund {
+            panic!("nothing the insurance counted is amended in the backend")
+        }
+    }
+
     /// The statuses, insured marks, counts and limits of `n` requests
     /// through `layer`.
-    async fn answers(
-        layer: RateLimitLayer<crate::key::GlobalKey, Out>,
+    async fn answers<M: Counts<Out, String, Body = String>>(
+        layer: RateLimitLayer<crate::key::GlobalKey, Out, crate::response::DefaultDeny, M>,
         n: usize,
     ) -> Vec<(u16, Option<(bool, u64, u64)>)> {
         let service = layer
@@ -645,7 +632,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_insurance_limiter_decides_however_the_backend_fails() {
-        use crate::judge::FailurePolicy;
+        use crate::core::FailurePolicy;
         use crate::quota::Share;
         let quota = Quota::new(4, Duration::from_secs(60)).unwrap();
         let half = FailurePolicy::Insurance(Share::new(1, 2).unwrap());
@@ -653,7 +640,7 @@ mod tests {
             let layer = || {
                 RateLimitLayer::new("api", quota)
                     .backend(out)
-                    .timeout(Duration::from_millis(20))
+                    .timeout(Window::new(Duration::from_millis(20)).unwrap())
             };
             assert_eq!(
                 answers(layer(), 2).await,
@@ -712,14 +699,14 @@ mod tests {
 
     #[tokio::test]
     async fn the_insurance_limiter_takes_charges_in_its_own_store() {
-        use crate::judge::FailurePolicy;
+        use crate::core::FailurePolicy;
         use crate::quota::Share;
         use http_body_util::BodyExt;
         let quota = Quota::new(4, Duration::from_secs(60)).unwrap();
         for out in [Out::AtOnce, Out::Later, Out::Never] {
             let service = RateLimitLayer::new("tokens", quota)
                 .backend(out)
-                .timeout(Duration::from_millis(20))
+                .timeout(Window::new(Duration::from_millis(20)).unwrap())
                 .on_failure(FailurePolicy::Insurance(Share::new(1, 2).unwrap()))
                 .charge(|_| 2)
                 .layer(service_fn(|_request: Request<String>| async {

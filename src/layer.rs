@@ -9,12 +9,13 @@ use http::Response;
 use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
-use crate::charge::{Charged, NoCharge, ResponseEnd};
-use crate::cost::{Cost, SpendPlan};
+use crate::charge::ResponseEnd;
+use crate::core::{Core, FailurePolicy, OnMissingKey, Settings, SkipIf};
+use crate::cost::{Charged, Cost, Mode, Plain, SpendPlan};
 use crate::count::{CountOnly, ResponseHead};
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
-use crate::judge::{Core, FailurePolicy, OnMissingKey, SkipIf};
+use crate::insurance::Insurance;
 use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
 use crate::name::is_layer_name;
 use crate::policy::{NamedQuota, Policies};
@@ -107,12 +108,19 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// );
 /// ```
 ///
-/// `C` is [`NoCharge`] unless the layer has a [`charge`](Self::charge).
+/// `M` is the layer's [`Mode`]: [`Plain`] unless it spends (a
+/// [`cost`](Self::cost), a [`block_for`](Self::block_for), a
+/// [`reset_if`](Self::reset_if)) or has a [`charge`](Self::charge).
+///
+/// # Panics
+/// [`Layer::layer`] panics when the layer cannot work (see
+/// [`check`](Self::check)): settings that depend on each other are checked
+/// there, once, whatever the order they were set in.
 #[must_use]
-pub struct RateLimitLayer<K = GlobalKey, Bk = MemoryBackend, D = DefaultDeny, C = NoCharge> {
+pub struct RateLimitLayer<K = GlobalKey, Bk = MemoryBackend, D = DefaultDeny, M = Plain> {
     key: K,
     core: Core<Bk, D>,
-    charge: PhantomData<fn() -> C>,
+    mode: PhantomData<fn() -> M>,
 }
 
 impl RateLimitLayer {
@@ -171,21 +179,21 @@ impl RateLimitLayer {
                 policies,
                 DEFAULT_TIMEOUT,
             ),
-            charge: PhantomData,
+            mode: PhantomData,
         })
     }
 }
 
-impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
+impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     /// Charge each request to the key `key` extracts (see [`crate::key`]):
     /// a built-in extractor, a pair of them, or your own [`KeyExtractor`].
     /// For a closure, use [`key_fn`](Self::key_fn), which infers its
     /// argument's type.
-    pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D, C> {
+    pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D, M> {
         RateLimitLayer {
             key,
             core: self.core,
-            charge: PhantomData,
+            mode: PhantomData,
         }
     }
 
@@ -211,7 +219,7 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
     /// # }
     /// ```
-    pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D, C>
+    pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D, M>
     where
         F: Fn(&RequestHead<'_>) -> Result<Key, KeyError>,
     {
@@ -233,51 +241,21 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// let admin = RateLimitLayer::new("api", quota).backend(store);
     /// ```
     ///
-    /// # Panics
-    /// When the layer spends (a [cost](Self::cost), a [charge](Self::charge),
-    /// a [lockout](Self::block_for) or a [reset on success](Self::reset_if))
-    /// and `backend` does not
-    /// [support it](crate::backend::Backend::supports_spend). Use
-    /// [`try_backend`](Self::try_backend) to get the error instead.
-    #[track_caller]
-    pub fn backend<Bk2: Backend>(self, backend: Bk2) -> RateLimitLayer<K, Bk2, D, C> {
-        match self.try_backend(backend) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
-    }
-
-    /// Like [`backend`](Self::backend), with the error instead of a panic.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, backend::MemoryBackend};
-    ///
-    /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap())
-    ///     .cost(2)
-    ///     .try_backend(MemoryBackend::new())
-    ///     .unwrap(); // the memory backend spends
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigError::SpendUnsupported`] when the layer spends and `backend`
-    /// does not support it.
-    pub fn try_backend<Bk2: Backend>(
-        self,
-        backend: Bk2,
-    ) -> Result<RateLimitLayer<K, Bk2, D, C>, ConfigError> {
-        if self.core.settings.spend.is_some() && !backend.supports_spend() {
-            return Err(ConfigError::SpendUnsupported);
-        }
-        Ok(RateLimitLayer {
+    /// A layer that spends (a [cost](Self::cost), a [charge](Self::charge), a
+    /// [lockout](Self::block_for) or a [reset on success](Self::reset_if))
+    /// needs a backend that implements
+    /// [`Spending`](crate::backend::Spending), set before or after them: on
+    /// another, it does not compile.
+    pub fn backend<Bk2: Backend>(self, backend: Bk2) -> RateLimitLayer<K, Bk2, D, M> {
+        RateLimitLayer {
             key: self.key,
             core: Core {
                 backend,
                 deny: self.core.deny,
                 settings: self.core.settings,
             },
-            charge: PhantomData,
-        })
+            mode: PhantomData,
+        }
     }
 
     /// Answer denied (non-gRPC) requests with `deny`'s response instead of
@@ -307,7 +285,7 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// assert_eq!(body, "try again in 60 s");
     /// # }
     /// ```
-    pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F, C>
+    pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F, M>
     where
         F: Fn(&Decision) -> Response<B>,
     {
@@ -318,7 +296,7 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
                 deny,
                 settings: self.core.settings,
             },
-            charge: PhantomData,
+            mode: PhantomData,
         }
     }
 
@@ -357,40 +335,11 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// # }
     /// ```
     ///
-    /// # Panics
-    /// When a fixed [`cost`](Self::cost) set before it is above `quota`'s
-    /// limit: every request would be denied. Set the quotas first, and the
-    /// cost after them with [`try_cost`](Self::try_cost) when it is read at
-    /// run time.
-    #[track_caller]
+    /// A fixed [`cost`](Self::cost) above `quota`'s limit is refused when
+    /// the layer is built ([`check`](Self::check)).
     pub fn also(mut self, quota: impl Into<NamedQuota>) -> Self {
-        let quota = quota.into();
-        self.refuse_a_cost_above(quota.quota().limit());
-        self.core.settings.policies.add_also(quota);
+        self.core.settings.policies.add_also(quota.into());
         self
-    }
-
-    /// Panics when the layer's fixed cost is above `limit`, a quota's being
-    /// added: no request could ever fit it.
-    #[track_caller]
-    fn refuse_a_cost_above(&self, limit: u64) {
-        let fixed = self
-            .core
-            .settings
-            .spend
-            .as_ref()
-            .and_then(|plan| match plan.cost {
-                Some(Cost::Fixed(cost)) => Some(cost),
-                _ => None,
-            });
-        if let Some(cost) = fixed
-            && cost > limit
-        {
-            panic!(
-                "{} (the cost was set before this quota: set the quotas first)",
-                ConfigError::CostAboveLimit { cost, limit }
-            );
-        }
     }
 
     /// Use `quota` instead of the layer's for one route: axum's matched path
@@ -428,14 +377,10 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// # }
     /// ```
     ///
-    /// # Panics
-    /// When a fixed [`cost`](Self::cost) set before it is above `quota`'s
-    /// limit, as [`also`](Self::also) does.
-    #[track_caller]
+    /// A fixed [`cost`](Self::cost) above `quota`'s limit is refused when
+    /// the layer is built, as for [`also`](Self::also).
     pub fn route_quota(mut self, route: &str, quota: impl Into<NamedQuota>) -> Self {
-        let quota = quota.into();
-        self.refuse_a_cost_above(quota.quota().limit());
-        self.core.settings.policies.add_route(route, quota);
+        self.core.settings.policies.add_route(route, quota.into());
         self
     }
 
@@ -698,9 +643,10 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
         settings.failure = policy;
         // The insurance limiter's counters, made once: a layer and its
         // clones share them.
-        match policy {
-            FailurePolicy::Insurance(_) => {
-                settings.insurance.get_or_insert_with(MemoryBackend::new);
+        match (policy, &mut settings.insurance) {
+            (FailurePolicy::Insurance(share), Some(insurance)) => insurance.set_share(share),
+            (FailurePolicy::Insurance(share), None) => {
+                settings.insurance = Some(Insurance::new(share));
             }
             _ => settings.insurance = None,
         }
@@ -717,51 +663,20 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// How long one backend call may take (default [`DEFAULT_TIMEOUT`]);
     /// past it the request is handled under the [`FailurePolicy`]. The timer
     /// only starts if the backend does not answer at once, so the in-memory
-    /// backend never arms it.
+    /// backend never arms it. A [`Window`] is never zero.
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_pinned_window::{DEFAULT_TIMEOUT, Quota, RateLimitLayer};
+    /// use tower_pinned_window::{DEFAULT_TIMEOUT, Quota, RateLimitLayer, Window};
     ///
     /// assert_eq!(DEFAULT_TIMEOUT, Duration::from_millis(100));
     /// // A store across the world: give it longer.
     /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap())
-    ///     .timeout(Duration::from_millis(250));
+    ///     .timeout(Window::new(Duration::from_millis(250)).unwrap());
     /// ```
-    ///
-    /// # Panics
-    /// When `timeout` is zero (every call would time out), like
-    /// [`http::HeaderValue::from_static`] on a bad literal. Use
-    /// [`try_timeout`](Self::try_timeout) for a value read at run time.
-    #[track_caller]
-    pub fn timeout(self, timeout: Duration) -> Self {
-        match self.try_timeout(timeout) {
-            Ok(this) => this,
-            Err(err) => panic!("{err}"),
-        }
-    }
-
-    /// Like [`timeout`](Self::timeout), for a value read at run time.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap());
-    /// assert!(matches!(
-    ///     layer.try_timeout(Duration::ZERO),
-    ///     Err(ConfigError::ZeroTimeout)
-    /// ));
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigError::ZeroTimeout`] for zero.
-    pub fn try_timeout(mut self, timeout: Duration) -> Result<Self, ConfigError> {
-        if timeout.is_zero() {
-            return Err(ConfigError::ZeroTimeout);
-        }
-        self.core.settings.timeout = timeout;
-        Ok(self)
+    pub fn timeout(mut self, timeout: Window) -> Self {
+        self.core.settings.timeout = timeout.as_duration();
+        self
     }
 
     /// Shadow (dry-run) mode: count and set headers, but never deny. Requests
@@ -828,29 +743,26 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 }
 
-/// Costs, charges, lockouts and resets on success: see the guide,
-/// `docs/costs.md`. A layer with any of them counts with
-/// [`Backend::spend_all`] (one atomic step per request) and amends with
-/// [`Backend::amend`]; one with none counts with `hit_all`, as it always
-/// has, and pays nothing for them. Each builds only on a backend that
-/// [supports spending](Backend::supports_spend): every backend of this
-/// crate does; a backend written before this answers `false`, and the layer
-/// refuses it (see the [one rule](crate::ConfigError)).
-impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
-    /// The layer's spend plan, made when first asked for: `Err` when the
-    /// backend does not support spending.
-    fn plan(&mut self) -> Result<&mut SpendPlan, ConfigError> {
-        if !self.core.backend.supports_spend() {
-            return Err(ConfigError::SpendUnsupported);
+/// Costs, charges, lockouts and resets on success (the guide:
+/// `docs/costs.md`). Each moves the layer to a mode that spends
+/// ([`Spends`](crate::Spends), or [`Charged`]), which builds only on a
+/// backend that implements [`Spending`](crate::backend::Spending), whatever
+/// the order of the calls.
+impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
+    /// The spend plan, once the layer spends.
+    fn spending<M2>(mut self, set: impl FnOnce(&mut Settings)) -> RateLimitLayer<K, Bk, D, M2> {
+        self.core.settings.spend.get_or_insert_with(SpendPlan::new);
+        set(&mut self.core.settings);
+        RateLimitLayer {
+            key: self.key,
+            core: self.core,
+            mode: PhantomData,
         }
-        Ok(self.core.settings.spend.get_or_insert_with(SpendPlan::new))
     }
 
-    /// Every request costs `cost` in each of its quotas, instead of 1: a
-    /// request is admitted only if its whole cost fits in what is left of
-    /// every quota, and then counts `cost` in each; a denied request spends
-    /// nothing. A cost of 0 checks without counting: admitted while the
-    /// counter is under its limit.
+    /// Each request costs `cost` in each of its quotas, admitted only when
+    /// the whole cost fits; a denied request spends nothing, and a cost of
+    /// 0 checks without counting.
     ///
     /// ```
     /// use std::time::Duration;
@@ -874,26 +786,61 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
     /// # }
     /// ```
     ///
-    /// The cost is checked against the layer's quota, its routes' and those
-    /// added with [`also`](Self::also), whichever comes first: `also` or
-    /// `route_quota` after `cost` panics on a quota the cost exceeds. A
-    /// quota picked by [`quota_by`](Self::quota_by) is known only per
-    /// request: one the cost exceeds denies that request, with
-    /// [`Decision::never_fits`].
-    ///
-    /// # Panics
-    /// When `cost` is above one of those limits (it could never be
-    /// admitted), or the backend does not support spending. Use
-    /// [`try_cost`](Self::try_cost) for a cost read at run time.
-    #[track_caller]
-    pub fn cost(self, cost: u64) -> Self {
-        match self.try_cost(cost) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
+    /// A cost above one of the layer's limits could never be admitted: the
+    /// layer refuses it when it is built ([`check`](Self::check)).
+    pub fn cost(self, cost: u64) -> RateLimitLayer<K, Bk, D, M::Spending> {
+        self.spending(|s| s.spend.as_mut().expect("a plan").cost = Some(Cost::Fixed(cost)))
     }
 
-    /// Like [`cost`](Self::cost), for a cost read at run time.
+    /// Each request costs what `cost` reads from its head, as
+    /// [`cost`](Self::cost) does. A cost above the limit of the request's
+    /// quota is denied without asking the backend, with
+    /// [`Decision::never_fits`].
+    pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, M::Spending>
+    where
+        F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
+    {
+        let cost = Cost::By(Arc::new(cost));
+        self.spending(|s| s.spend.as_mut().expect("a plan").cost = Some(cost))
+    }
+
+    /// A response's cost, read from its [`ResponseEnd`] when its body ends
+    /// (a token count in a trailer, say), added to the window the request
+    /// was counted in. The request goes in as a check that opens the
+    /// window; the answers' bodies become [`Metered`](crate::Metered).
+    pub fn charge<F>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged>
+    where
+        F: Fn(&ResponseEnd<'_>) -> u64 + Send + Sync + 'static,
+    {
+        self.spending(|s| {
+            s.spend.as_mut().expect("a plan").open = true;
+            s.charge = Some(Arc::new(charge));
+        })
+    }
+
+    /// Once a request does not fit, lock its key out for `block`, counted
+    /// from that first denial and never extended; `Retry-After` gives the
+    /// lockout's end.
+    pub fn block_for(self, block: Window) -> RateLimitLayer<K, Bk, D, M::Spending> {
+        self.spending(|s| s.spend.as_mut().expect("a plan").block = Some(block))
+    }
+
+    /// A passed request whose answer `reset` picks (a successful login)
+    /// clears its key's counters in the request's window, never creating
+    /// one; its decision is [`cleared`](Decision::cleared).
+    pub fn reset_if<F>(self, reset: F) -> RateLimitLayer<K, Bk, D, M::Spending>
+    where
+        F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
+    {
+        self.spending(|s| s.reset_if = Some(Arc::new(reset)))
+    }
+}
+
+impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
+    /// Whether the layer can work: the one place where settings that
+    /// depend on each other are checked, whatever the order they were set
+    /// in. [`Layer::layer`] panics with this error; call it at start-up to
+    /// handle the error yourself.
     ///
     /// ```
     /// use std::time::Duration;
@@ -901,373 +848,43 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
     ///
     /// let layer = RateLimitLayer::new("export", Quota::new(10, Duration::from_secs(60)).unwrap());
     /// assert_eq!(
-    ///     layer.clone().try_cost(11).unwrap_err(),
-    ///     ConfigError::CostAboveLimit { cost: 11, limit: 10 }
+    ///     layer.clone().cost(11).check(),
+    ///     Err(ConfigError::CostAboveLimit { cost: 11, limit: 10 })
     /// );
-    /// assert!(layer.try_cost(10).is_ok());
+    /// assert_eq!(layer.cost(10).check(), Ok(()));
     /// ```
     ///
     /// # Errors
-    /// [`ConfigError::CostAboveLimit`] when `cost` is above the limit of a
-    /// quota the layer has; [`ConfigError::SpendUnsupported`] when the
-    /// backend does not support spending.
-    pub fn try_cost(mut self, cost: u64) -> Result<Self, ConfigError> {
-        let limit = self.core.settings.policies.smallest_limit();
-        if cost > limit {
-            return Err(ConfigError::CostAboveLimit { cost, limit });
+    /// [`ConfigError::CostAboveLimit`] when a fixed [`cost`](Self::cost) is
+    /// above the limit of one of the layer's quotas (its own, a route's, or
+    /// one added with [`also`](Self::also)): no request could be admitted.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        let s = &self.core.settings;
+        if let Some(SpendPlan {
+            cost: Some(Cost::Fixed(cost)),
+            ..
+        }) = s.spend
+        {
+            let limit = s.policies.smallest_limit();
+            if cost > limit {
+                return Err(ConfigError::CostAboveLimit { cost, limit });
+            }
         }
-        self.plan()?.cost = Some(Cost::Fixed(cost));
-        Ok(self)
-    }
-
-    /// Each request costs what `cost` reads from its head (a header, the
-    /// route, an extension your authentication set), in each of its quotas:
-    /// [`cost`](Self::cost), per request. A cost above a quota's limit can
-    /// never be admitted: the request is denied without counting, with
-    /// [`Decision::never_fits`] and no `Retry-After` (see its example). The
-    /// closure's argument type is inferred; it runs on every request, before
-    /// the backend is called: keep it cheap.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // A batch of N items costs N, of 100 a minute.
-    /// let layer = RateLimitLayer::new("items", Quota::new(100, Duration::from_secs(60)).unwrap())
-    ///     .cost_fn(|req| {
-    ///         let items = req.headers().get("x-batch-size").and_then(|v| v.to_str().ok()?.parse().ok());
-    ///         items.unwrap_or(1)
-    ///     });
-    /// let app = Router::new().route("/batch", post(|| async { "ok" })).layer(layer);
-    /// let batch = |n: u64| {
-    ///     let request = Request::post("/batch").header("x-batch-size", n).body(Body::empty()).unwrap();
-    ///     app.clone().oneshot(request)
-    /// };
-    /// assert_eq!(batch(60).await.unwrap().status(), StatusCode::OK);
-    /// assert_eq!(batch(60).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(batch(40).await.unwrap().status(), StatusCode::OK, "40 still fit");
-    /// # }
-    /// ```
-    ///
-    /// # Panics
-    /// When the backend does not support spending; use
-    /// [`try_cost_fn`](Self::try_cost_fn) to get the error instead.
-    #[track_caller]
-    pub fn cost_fn<F>(self, cost: F) -> Self
-    where
-        F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
-    {
-        match self.try_cost_fn(cost) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
-    }
-
-    /// Like [`cost_fn`](Self::cost_fn), with the error instead of a panic.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new("items", Quota::new(100, Duration::from_secs(60)).unwrap())
-    ///     .try_cost_fn(|req| if req.method() == "POST" { 5 } else { 1 })
-    ///     .unwrap();
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigError::SpendUnsupported`] when the backend does not support
-    /// spending.
-    pub fn try_cost_fn<F>(mut self, cost: F) -> Result<Self, ConfigError>
-    where
-        F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
-    {
-        self.plan()?.cost = Some(Cost::By(Arc::new(cost)));
-        Ok(self)
-    }
-
-    /// Charge each answer what `charge` reads from it once the service has
-    /// answered: its status and headers, and, for a streamed body, its
-    /// trailers and last data frame, read when the body ends (see
-    /// [`ResponseEnd`]). A budget can then be counted in what the answers
-    /// cost (LLM tokens, rows, bytes) rather than in requests.
-    ///
-    /// - A request is admitted while its counter is under its limit, since
-    ///   its cost is not known yet: its own cost is 0 (a
-    ///   [`cost`](Self::cost) set too is spent on the way in, as usual).
-    /// - The charge is added to every counter the request was counted in,
-    ///   in one atomic step each ([`Backend::amend`]), and may take a count
-    ///   past its limit: later requests are then denied until the window
-    ///   closes.
-    /// - Like a refund, a charge never creates a counter, never gives one a
-    ///   lifetime, and only touches the window its request was counted in:
-    ///   a charge that lands after that window closed (or was reset) does
-    ///   nothing.
-    /// - A body dropped before its end (the client went away mid-stream) is
-    ///   charged when it is dropped, with what was sent by then
-    ///   ([`ResponseEnd::complete`] is `false`): the service did the work.
-    /// - The answer's rate-limit headers and [`Decision`] show the count
-    ///   before the charge.
-    /// - An answer [`count_if`](Self::count_if) does not count, or that
-    ///   [`reset_if`](Self::reset_if) picks, is not charged.
-    ///
-    /// The answers' bodies become [`Metered`](crate::Metered) around the
-    /// service's own, which axum and tonic take as they take the body
-    /// inside. A layer without a charge keeps the service's body type, and
-    /// pays nothing for this.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let tokens = RateLimitLayer::new("tokens", Quota::new(1000, Duration::from_secs(60)).unwrap())
-    ///     .charge(|end| {
-    ///         let used = end.headers().get("x-usage-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
-    ///         used.unwrap_or(0)
-    ///     });
-    /// let app = Router::new()
-    ///     .route("/complete", post(|| async { ([("x-usage-tokens", "600")], "...") }))
-    ///     .layer(tokens);
-    /// let complete = || async {
-    ///     let response = app.clone().oneshot(Request::post("/complete").body(Body::empty()).unwrap());
-    ///     let response = response.await.unwrap();
-    ///     let status = response.status();
-    ///     // The charge is taken when the body ends.
-    ///     axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1024).await.unwrap();
-    ///     status
-    /// };
-    /// assert_eq!(complete().await, StatusCode::OK); // 600 of 1000
-    /// assert_eq!(complete().await, StatusCode::OK); // under the limit: admitted, 1200
-    /// assert_eq!(complete().await, StatusCode::TOO_MANY_REQUESTS);
-    /// # }
-    /// ```
-    ///
-    /// # Panics
-    /// When the backend does not support spending; use
-    /// [`try_charge`](Self::try_charge) to get the error instead.
-    #[track_caller]
-    pub fn charge<F>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged>
-    where
-        F: Fn(&ResponseEnd<'_>) -> u64 + Send + Sync + 'static,
-    {
-        match self.try_charge(charge) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
-    }
-
-    /// Like [`charge`](Self::charge), with the error instead of a panic.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// let bytes = RateLimitLayer::new("egress", Quota::new(1 << 30, Duration::from_secs(86_400)).unwrap())
-    ///     .try_charge(|end| end.headers().get("content-length").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0))
-    ///     .unwrap();
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigError::SpendUnsupported`] when the backend does not support
-    /// spending.
-    pub fn try_charge<F>(
-        mut self,
-        charge: F,
-    ) -> Result<RateLimitLayer<K, Bk, D, Charged>, ConfigError>
-    where
-        F: Fn(&ResponseEnd<'_>) -> u64 + Send + Sync + 'static,
-    {
-        self.plan()?.open = true;
-        self.core.settings.charge = Some(Arc::new(charge));
-        Ok(RateLimitLayer {
-            key: self.key,
-            core: self.core,
-            charge: PhantomData,
-        })
-    }
-
-    /// Lock a key out for `duration` once a request does not fit in its
-    /// count: that request and every one after it are denied until the
-    /// lockout ends, counted from that first denial. The lockout is pinned
-    /// like the window: more attempts never extend it. `Retry-After` and the
-    /// rate-limit headers give the lockout's end. Each quota of the request
-    /// locks on its own; [`reset`](Backend::reset) lifts a key's counter and
-    /// lockout. Sub-millisecond parts round up, as a [`Window`]'s do.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // 3 attempts a minute; past them, locked out for an hour.
-    /// let layer = RateLimitLayer::new("otp", Quota::new(3, Duration::from_secs(60)).unwrap())
-    ///     .block_for(Duration::from_secs(3600));
-    /// let app = Router::new().route("/otp", post(|| async { "checked" })).layer(layer);
-    /// let attempt = || app.clone().oneshot(Request::post("/otp").body(Body::empty()).unwrap());
-    /// for _ in 0..3 {
-    ///     assert_eq!(attempt().await.unwrap().status(), StatusCode::OK);
-    /// }
-    /// let locked = attempt().await.unwrap();
-    /// assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(locked.headers()["retry-after"], "3600");
-    /// # }
-    /// ```
-    ///
-    /// # Panics
-    /// When `duration` is zero or longer than [`Window::MAX`], or the
-    /// backend does not support spending. Use
-    /// [`try_block_for`](Self::try_block_for) for a value read at run time.
-    #[track_caller]
-    pub fn block_for(self, duration: Duration) -> Self {
-        match self.try_block_for(duration) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
-    }
-
-    /// Like [`block_for`](Self::block_for), for a value read at run time.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new("otp", Quota::new(3, Duration::from_secs(60)).unwrap());
-    /// assert_eq!(
-    ///     layer.clone().try_block_for(Duration::ZERO).unwrap_err(),
-    ///     ConfigError::ZeroBlock
-    /// );
-    /// assert!(layer.try_block_for(Duration::from_micros(1)).is_ok(), "rounds up to 1 ms");
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigError::ZeroBlock`] for zero, [`ConfigError::BlockTooLong`]
-    /// past [`Window::MAX`], [`ConfigError::SpendUnsupported`] when the
-    /// backend does not support spending.
-    pub fn try_block_for(mut self, duration: Duration) -> Result<Self, ConfigError> {
-        let block = Window::new(duration).map_err(|err| match err {
-            ConfigError::NonPositiveWindow => ConfigError::ZeroBlock,
-            _ => ConfigError::BlockTooLong,
-        })?;
-        self.plan()?.block = Some(block);
-        Ok(self)
-    }
-
-    /// Clear the key's counter in each of the request's quotas when the
-    /// service's answer is one `reset` picks: "5 failures in a row", not "5
-    /// failures per window". The clear ([`Backend::amend`] with
-    /// [`Amend::Clear`](crate::backend::Amend::Clear)) applies only to the
-    /// window the request was counted in and never creates a counter; the
-    /// answer's [`Decision`] is [`cleared`](Decision::cleared). A request
-    /// that was denied is never served, so never resets anything. The
-    /// closure's argument type is inferred.
-    ///
-    /// **The trade-off:** whoever knows one valid password can clear the
-    /// counter it shares with others. Counted per client IP, one account's
-    /// owner (or an attacker holding one stolen password) resets the
-    /// counter between guesses at every other account from that address.
-    /// Count per username *and* IP, so that a success clears only that
-    /// pair's run:
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::key::{HeaderKey, Key, KeyExtractor, KeyError, PeerIp};
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let user = HeaderKey::new(http::HeaderName::from_static("x-username"));
-    /// let layer = RateLimitLayer::new("login", Quota::new(3, Duration::from_secs(900)).unwrap())
-    ///     .key((user, PeerIp::new())) // the pair: username and client IP
-    ///     .reset_if(|res| res.status() == StatusCode::OK);
-    /// let app = Router::new()
-    ///     .route("/login", post(|body: String| async move {
-    ///         if body == "hunter2" { StatusCode::OK } else { StatusCode::UNAUTHORIZED }
-    ///     }))
-    ///     .layer(layer);
-    /// let login = |user: &str, password: &str| {
-    ///     let mut request = Request::post("/login")
-    ///         .header("x-username", user)
-    ///         .body(Body::from(password.to_owned()))
-    ///         .unwrap();
-    ///     request.extensions_mut().insert(axum::extract::ConnectInfo(
-    ///         std::net::SocketAddr::from(([192, 0, 2, 7], 4711)),
-    ///     ));
-    ///     app.clone().oneshot(request)
-    /// };
-    /// for _ in 0..2 {
-    ///     assert_eq!(login("alice", "guess").await.unwrap().status(), StatusCode::UNAUTHORIZED);
-    /// }
-    /// // Alice's success clears her run of failures, not anyone else's.
-    /// assert_eq!(login("alice", "hunter2").await.unwrap().status(), StatusCode::OK);
-    /// for _ in 0..3 {
-    ///     assert_eq!(login("bob", "guess").await.unwrap().status(), StatusCode::UNAUTHORIZED);
-    /// }
-    /// assert_eq!(login("bob", "guess").await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(login("alice", "guess").await.unwrap().status(), StatusCode::UNAUTHORIZED);
-    /// # }
-    /// ```
-    ///
-    /// # Panics
-    /// When the backend does not support spending; use
-    /// [`try_reset_if`](Self::try_reset_if) to get the error instead.
-    #[track_caller]
-    pub fn reset_if<F>(self, reset: F) -> Self
-    where
-        F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
-    {
-        match self.try_reset_if(reset) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
-    }
-
-    /// Like [`reset_if`](Self::reset_if), with the error instead of a panic.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new("login", Quota::new(5, Duration::from_secs(900)).unwrap())
-    ///     .try_reset_if(|res| res.status().is_success())
-    ///     .unwrap();
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigError::SpendUnsupported`] when the backend does not support
-    /// spending.
-    pub fn try_reset_if<F>(mut self, reset: F) -> Result<Self, ConfigError>
-    where
-        F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
-    {
-        self.plan()?;
-        self.core.settings.reset_if = Some(Arc::new(reset));
-        Ok(self)
+        Ok(())
     }
 }
 
-impl<K: Clone, Bk: Clone, D: Clone, C> Clone for RateLimitLayer<K, Bk, D, C> {
+impl<K: Clone, Bk: Clone, D: Clone, M> Clone for RateLimitLayer<K, Bk, D, M> {
     fn clone(&self) -> Self {
         Self {
             key: self.key.clone(),
             core: self.core.clone(),
-            charge: PhantomData,
+            mode: PhantomData,
         }
     }
 }
 
-impl<K: fmt::Debug, Bk: fmt::Debug, D, C> fmt::Debug for RateLimitLayer<K, Bk, D, C> {
+impl<K: fmt::Debug, Bk: fmt::Debug, D, M> fmt::Debug for RateLimitLayer<K, Bk, D, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("key", &self.key)
@@ -1276,10 +893,16 @@ impl<K: fmt::Debug, Bk: fmt::Debug, D, C> fmt::Debug for RateLimitLayer<K, Bk, D
     }
 }
 
-impl<S, K: Clone, Bk: Clone, D: Clone, C> Layer<S> for RateLimitLayer<K, Bk, D, C> {
-    type Service = RateLimit<S, K, Bk, D, C>;
+/// # Panics
+/// When the layer cannot work: see [`check`](RateLimitLayer::check).
+impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, M> {
+    type Service = RateLimit<S, K, Bk, D, M>;
 
+    #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
+        if let Err(err) = self.check() {
+            panic!("{err}");
+        }
         RateLimit::new(inner, self.key.clone(), Arc::new(self.core.clone()))
     }
 }
@@ -1317,27 +940,26 @@ mod tests {
     }
 
     #[test]
-    fn zero_timeout_is_rejected() {
+    fn a_timeout_is_a_window_never_zero() {
         let q = Quota::new(1, Duration::from_secs(1)).unwrap();
         assert_eq!(
-            RateLimitLayer::new("t", q)
-                .try_timeout(Duration::ZERO)
-                .unwrap_err(),
-            ConfigError::ZeroTimeout
+            Window::new(Duration::ZERO).unwrap_err(),
+            ConfigError::NonPositiveWindow
         );
-        let layer = RateLimitLayer::new("t", q).try_timeout(Duration::from_millis(1));
+        let layer =
+            RateLimitLayer::new("t", q).timeout(Window::new(Duration::from_millis(1)).unwrap());
         assert_eq!(
-            layer.unwrap().core.settings.timeout,
+            layer.core.settings.timeout,
             Duration::from_millis(1),
             "kept as given"
         );
     }
 
-    /// A backend written before spending: it counts, refunds, peeks and
-    /// resets, and answers `supports_spend` with the default `false`.
     #[derive(Clone, Debug)]
     struct Old(MemoryBackend);
 
+    /// A backend that only counts hits: it implements `Backend`, not
+    /// `Spending`.
     impl Backend for Old {
         type Future = <MemoryBackend as Backend>::Future;
         type Refund = <MemoryBackend as Backend>::Refund;
@@ -1367,58 +989,88 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_backend_that_cannot_spend_is_refused_whatever_the_order() {
-        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
-        let old = || RateLimitLayer::new("t", q).backend(Old(MemoryBackend::new()));
-        let refused = Err::<(), _>(ConfigError::SpendUnsupported);
-        assert_eq!(old().try_cost(1).map(drop), refused);
-        assert_eq!(old().try_cost_fn(|_| 1).map(drop), refused);
-        assert_eq!(old().try_charge(|_| 1).map(drop), refused);
-        assert_eq!(
-            old().try_block_for(Duration::from_secs(1)).map(drop),
-            refused
-        );
-        assert_eq!(old().try_reset_if(|_| true).map(drop), refused);
-        // Without any of them it builds and counts as it always has.
-        let _plain = old();
-        if MemoryBackend::new().supports_spend() {
-            let spending = RateLimitLayer::new("t", q).cost(2);
-            assert_eq!(
-                spending.try_backend(Old(MemoryBackend::new())).map(drop),
-                refused
-            );
-        }
-    }
-
-    #[test]
-    #[should_panic(expected = "does not support costs, charges, lockouts or resets on success")]
-    fn a_backend_that_cannot_spend_panics_the_plain_builder() {
-        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
-        let _ = RateLimitLayer::new("t", q)
+    #[tokio::test]
+    async fn a_backend_that_cannot_spend_builds_plain_layers_in_any_order() {
+        use tower::{ServiceExt, service_fn};
+        let q = Quota::new(1, Duration::from_secs(60)).unwrap();
+        let ok = service_fn(|_request: http::Request<String>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+        });
+        // A plain layer on it, its backend set first or last; a layer that
+        // spends does not compile on it (the doctest on `Counts`).
+        let first = RateLimitLayer::new("t", q)
             .backend(Old(MemoryBackend::new()))
-            .block_for(Duration::from_secs(1));
+            .count_if(|_| true);
+        let last = RateLimitLayer::new("t", q)
+            .count_if(|_| true)
+            .backend(Old(MemoryBackend::new()));
+        for layer in [first, last] {
+            let service = layer.layer(ok);
+            let statuses = [
+                service
+                    .clone()
+                    .oneshot(http::Request::new(String::new()))
+                    .await
+                    .unwrap()
+                    .status(),
+                service
+                    .oneshot(http::Request::new(String::new()))
+                    .await
+                    .unwrap()
+                    .status(),
+            ];
+            assert_eq!(statuses.map(|s| s.as_u16()), [200, 429]);
+        }
+        // A layer that spends takes a backend that spends before or after.
+        let before = RateLimitLayer::new("t", q)
+            .backend(MemoryBackend::new())
+            .cost(1);
+        let after = RateLimitLayer::new("t", q)
+            .cost(1)
+            .backend(MemoryBackend::new());
+        assert_eq!(before.check(), Ok(()));
+        assert_eq!(after.check(), Ok(()));
     }
 
     #[test]
-    fn a_quota_added_after_a_cost_it_cannot_fit_panics() {
+    fn a_cost_a_quota_cannot_fit_is_refused_in_any_order() {
         let q = Quota::new(10, Duration::from_secs(1)).unwrap();
         let small = Quota::new(3, Duration::from_secs(60)).unwrap();
-        let layer = || RateLimitLayer::new("t", q).cost(4);
-        let also = std::panic::catch_unwind(|| layer().also(small)).map(drop);
-        let route = std::panic::catch_unwind(|| layer().route_quota("/a", small)).map(drop);
-        for (what, result) in [("also", also), ("route_quota", route)] {
-            let message = result.expect_err(what);
-            let message = message.downcast_ref::<String>().expect(what);
-            assert!(
-                message.contains("4") && message.contains("set the quotas first"),
-                "{what}: {message}"
-            );
-        }
-        // Quotas the cost fits, before or after it, and a cost set after.
+        let layer = || RateLimitLayer::new("t", q);
+        let refused = Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 });
+        assert_eq!(layer().cost(4).also(small).check(), refused, "also after");
+        assert_eq!(layer().also(small).cost(4).check(), refused, "also before");
+        assert_eq!(
+            layer().cost(4).route_quota("/a", small).check(),
+            refused,
+            "route after"
+        );
+        assert_eq!(
+            layer().route_quota("/a", small).cost(4).check(),
+            refused,
+            "route before"
+        );
+        // Building it panics with the same error.
+        let service = || {
+            tower::service_fn(|_: http::Request<()>| async {
+                Ok::<_, std::convert::Infallible>(Response::new(()))
+            })
+        };
+        let built = std::panic::catch_unwind(|| layer().cost(4).also(small).layer(service()))
+            .map(drop)
+            .expect_err("a layer that cannot work does not build");
+        let message = built.downcast_ref::<String>().expect("a message");
+        assert!(
+            message.contains("a request cost of 4 is above the limit of 3"),
+            "{message}"
+        );
+        // Quotas the cost fits, before or after it.
         let big = Quota::new(4, Duration::from_secs(60)).unwrap();
-        let _ = layer().also(big).route_quota("/b", big);
-        let _ = RateLimitLayer::new("t", q).also(big).cost(4);
+        assert_eq!(
+            layer().cost(4).also(big).route_quota("/b", big).check(),
+            Ok(())
+        );
+        assert_eq!(layer().also(big).cost(4).check(), Ok(()));
     }
 
     #[test]
@@ -1427,49 +1079,42 @@ mod tests {
         let small = Quota::new(3, Duration::from_secs(60)).unwrap();
         let layer = || RateLimitLayer::new("t", q);
         assert_eq!(
-            layer().try_cost(11).map(drop),
+            layer().cost(11).check(),
             Err(ConfigError::CostAboveLimit {
                 cost: 11,
                 limit: 10
             })
         );
         assert_eq!(
-            layer().also(small).try_cost(4).map(drop),
+            layer().also(small).cost(4).check(),
             Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 })
         );
         assert_eq!(
-            layer().route_quota("/a", small).try_cost(4).map(drop),
+            layer().route_quota("/a", small).cost(4).check(),
             Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 })
         );
+        // A lockout's length is a window: never zero, never past the
+        // longest window, milliseconds rounded up.
         assert_eq!(
-            layer().try_block_for(Duration::ZERO).map(drop),
-            Err(ConfigError::ZeroBlock)
+            Window::new(Duration::ZERO).unwrap_err(),
+            ConfigError::NonPositiveWindow
         );
         assert_eq!(
-            layer()
-                .try_block_for(Window::MAX.as_duration() + Duration::from_millis(1))
-                .map(drop),
-            Err(ConfigError::BlockTooLong)
+            Window::new(Window::MAX.as_duration() + Duration::from_millis(1)).unwrap_err(),
+            ConfigError::WindowTooLong
         );
-        if MemoryBackend::new().supports_spend() {
-            let blocked = layer()
-                .try_block_for(Duration::from_nanos(1_000_001))
-                .unwrap();
-            let plan = blocked.core.settings.spend.unwrap();
-            assert_eq!(plan.block.unwrap().as_millis(), 2, "rounded up");
-        }
+        let blocked = layer().block_for(Window::new(Duration::from_nanos(1_000_001)).unwrap());
+        let plan = blocked.core.settings.spend.unwrap();
+        assert_eq!(plan.block.unwrap().as_millis(), 2, "rounded up");
     }
 
     #[test]
     #[should_panic(expected = "a request cost of 11 is above the limit of 10")]
-    fn a_literal_cost_above_the_limit_panics() {
-        let _ = RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap()).cost(11);
-    }
-
-    #[test]
-    #[should_panic(expected = "the backend timeout must be longer than zero")]
-    fn a_zero_literal_timeout_panics() {
-        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
-        let _ = RateLimitLayer::new("t", q).timeout(Duration::ZERO);
+    fn a_literal_cost_above_the_limit_panics_when_built() {
+        let layer =
+            RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap()).cost(11);
+        let _ = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+            Ok::<_, std::convert::Infallible>(Response::new(()))
+        }));
     }
 }

@@ -161,26 +161,29 @@
     doc = concat!("# Features\n\n", document_features::document_features!())
 )]
 
-// The data path, outside in: layer.rs (configuration) → service.rs →
-// future.rs → refund.rs (only under count_if, reset_if or charge: the hits
-// an answer does not count, handed back, cleared or charged) → charge.rs
-// (only under charge: the body that reads the answer's cost when it ends) →
-// judge.rs (the verdict, and the core they share) → cost.rs (only when the
-// layer spends: what a request costs); request.rs is the way in, key/ and
-// policy.rs read it, backend/ counts, decision.rs and response.rs are the
-// way out (label.rs: what a decision shows of its quota), and count.rs
-// reads the service's answer.
+// The data path, outside in: layer.rs (configuration) → service.rs (key,
+// quota, the backend's count) → future.rs (the wait for a backend that goes
+// out, then for the service) → verdict.rs (the one verdict: pass, deny or
+// fail) → outcome.rs (only under count_if, reset_if or charge: the hits an
+// answer does not count, handed back, cleared or charged) → core.rs (the
+// settings a layer's services share) → insurance.rs (the limiter that
+// decides during outages) → cost.rs (what a request spends, and the
+// layer's mode) → charge.rs (the body that reads the answer's cost when it
+// ends); request.rs is the way in, key/ and policy.rs read it, backend/
+// counts, decision.rs and response.rs are the way out (label.rs: what a
+// decision shows of its quota), and count.rs reads the service's answer.
 // Imports only point down this list.
 pub mod backend;
 mod charge;
 #[cfg(feature = "serde")]
 pub mod config;
+mod core;
 mod cost;
 mod count;
 mod decision;
 mod error;
 mod future;
-mod judge;
+mod insurance;
 pub mod key;
 mod label;
 mod layer;
@@ -189,26 +192,27 @@ pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod name;
+mod outcome;
 mod policy;
 mod quota;
-mod refund;
 mod request;
 mod response;
 mod service;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod verdict;
 
-pub use charge::{Charged, Metered, NoCharge, ResponseEnd};
+pub use charge::{Metered, ResponseEnd};
+pub use core::{FailurePolicy, OnMissingKey};
+pub use cost::{Charged, Counts, Mode, Plain, Spends};
 pub use count::{CountOnly, ResponseHead};
 pub use decision::{Decision, DecisionIn, Outcome, WantDecision};
 pub use error::{ConfigError, ParseRateError, RateErrorKind};
 pub use future::ResponseFuture;
-pub use judge::{FailurePolicy, OnMissingKey};
 pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};
-pub use refund::ChargeMode;
 pub use request::RequestHead;
 pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;

@@ -10,7 +10,7 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use smallvec::SmallVec;
 
-use crate::backend::{Backend, Counter, Hit, Hits, Spend};
+use crate::backend::{Backend, Counter, Hit, Hits};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::key::Key;
@@ -148,24 +148,19 @@ fn counter(slot: &Slot) -> Counter<'_> {
 }
 
 impl Policy {
-    /// Counts a hit of `key` on each of the policy's counters in `backend`:
-    /// the usual one quota's counter is handed over as a one-element slice,
-    /// with nothing to build.
+    /// Counts a hit of `key` on each of the policy's counters in `backend`.
     #[inline]
     pub(crate) fn hit<Bk: Backend>(&self, backend: &Bk, key: &Key) -> Bk::Future {
-        match &self.slots[..] {
-            [one] => backend.hit_all(key, std::slice::from_ref(&counter(one))),
-            _ => backend.hit_all(key, &self.counters()),
-        }
+        self.with_counters(|counters| backend.hit_all(key, counters))
     }
 
-    /// Spends `spend` of `key` on the policy's counters in `backend`, in
-    /// one atomic step ([`Backend::spend_all`]).
+    /// Calls `f` with the policy's counters: the usual one quota's counter
+    /// is handed over as a one-element slice, with nothing to build.
     #[inline]
-    pub(crate) fn spend<Bk: Backend>(&self, backend: &Bk, key: &Key, spend: Spend) -> Bk::Future {
+    pub(crate) fn with_counters<R>(&self, f: impl FnOnce(&[Counter<'_>]) -> R) -> R {
         match &self.slots[..] {
-            [one] => backend.spend_all(key, std::slice::from_ref(&counter(one)), spend),
-            _ => backend.spend_all(key, &self.counters(), spend),
+            [one] => f(std::slice::from_ref(&counter(one))),
+            _ => f(&self.counters()),
         }
     }
 

@@ -11,13 +11,14 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use crate::backend::Backend;
-use crate::charge::NoCharge;
+use crate::core::{Core, OnMissingKey};
+use crate::cost::{Counts, Plain};
 use crate::future::{ResponseFuture, call_with};
-use crate::judge::{Core, Fallback, OnMissingKey};
 use crate::key::KeyExtractor;
-use crate::refund::{self, ChargeMode, RefundTab};
+use crate::outcome::RefundTab;
 use crate::request::RequestHead;
 use crate::response::Deny;
+use crate::verdict::{self, Ask};
 
 /// Rate-limits the requests to `S`; made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -73,24 +74,24 @@ use crate::response::Deny;
 /// counter nor hand a hit back once the answer is known
 /// ([`count_if`](crate::RateLimitLayer::count_if)).
 ///
-/// `C` is [`NoCharge`] unless the layer has a
-/// [`charge`](crate::RateLimitLayer::charge), whose answers' bodies are
-/// [`Metered`](crate::Metered).
+/// `M` is the layer's [`Mode`](crate::Mode): [`Plain`] unless it spends or
+/// has a [`charge`](crate::RateLimitLayer::charge), whose answers' bodies
+/// are [`Metered`](crate::Metered).
 #[must_use]
-pub struct RateLimit<S, K, Bk, D, C = NoCharge> {
+pub struct RateLimit<S, K, Bk, D, M = Plain> {
     inner: S,
     key: K,
     core: Arc<Core<Bk, D>>,
-    charge: PhantomData<fn() -> C>,
+    mode: PhantomData<fn() -> M>,
 }
 
-impl<S, K, Bk, D, C> RateLimit<S, K, Bk, D, C> {
+impl<S, K, Bk, D, M> RateLimit<S, K, Bk, D, M> {
     pub(crate) fn new(inner: S, key: K, core: Arc<Core<Bk, D>>) -> Self {
         Self {
             inner,
             key,
             core,
-            charge: PhantomData,
+            mode: PhantomData,
         }
     }
 
@@ -116,18 +117,18 @@ impl<S, K, Bk, D, C> RateLimit<S, K, Bk, D, C> {
     }
 }
 
-impl<S, K, Bk, D, C, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, Bk, D, C>
+impl<S, K, Bk, D, M, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, K, Bk, D, M>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     K: KeyExtractor,
     Bk: Backend,
-    D: Deny<ResBody>,
+    D: Deny<ResBody> + Send + Sync + 'static,
     ResBody: Default,
-    C: ChargeMode<ResBody, D>,
+    M: Counts<Bk, ResBody>,
 {
-    type Response = Response<C::Body>;
+    type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S, ReqBody, Bk, D, C>;
+    type Future = ResponseFuture<S, ReqBody, Bk, D, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -135,88 +136,76 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let core = &self.core;
+        let s = &core.settings;
         let head = RequestHead::new(&request);
-        if let Some(skip) = &core.settings.skip
+        if let Some(skip) = &s.skip
             && skip(&head)
         {
-            tracing::trace!(limiter = %core.settings.name, "request skipped: passing it uncounted");
+            tracing::trace!(limiter = %s.name, "request skipped: passing it uncounted");
             return ResponseFuture::passing(self.inner.call(request));
         }
         let key = match self.key.extract(&head) {
             Ok(key) => key,
             Err(err) => {
-                if core.settings.missing_key == OnMissingKey::Allow {
-                    tracing::debug!(limiter = %core.settings.name, error = %err, "no rate-limit key; passing the request uncounted");
+                if s.missing_key == OnMissingKey::Allow {
+                    tracing::debug!(limiter = %s.name, error = %err, "no rate-limit key; passing the request uncounted");
                     return ResponseFuture::passing(self.inner.call(request));
                 }
-                return ResponseFuture::respond(core.key_error_response(&err, &head));
+                return ResponseFuture::respond(verdict::key_rejected(core, &err, &head));
             }
         };
-        let policy = core.settings.policies.select(&head);
+        let policy = s.policies.select(&head);
         // A layer with a cost, a charge, a lockout or a reset on success
         // spends; any other hits, as it always has.
-        let (mut hit, cost) = match &core.settings.spend {
+        let (mut hit, cost) = match &s.spend {
             None => (policy.hit(&core.backend, &key), None),
             Some(plan) => {
                 let cost = plan.cost(&head);
                 if let Some(index) = policy.never_fits(cost) {
-                    let verdict = core.never_fits(&policy, index, cost, &head);
-                    let carry = core.carry(&head);
-                    return ResponseFuture::judged(verdict, carry, |decision| {
+                    let verdict = verdict::never_fits(core, &policy, index, cost, &head);
+                    return ResponseFuture::decided(verdict, core.carry(&head), |decision| {
                         call_with(&mut self.inner, request, decision)
                     });
                 }
                 let spend = plan.spend(cost);
-                (policy.spend(&core.backend, &key, spend), Some(cost))
+                let hit = policy
+                    .with_counters(|counters| M::spend_all(&core.backend, &key, counters, spend));
+                (hit, Some(cost))
             }
         };
-        tracing::trace!(limiter = %core.settings.name, %key, ?cost, "rate-limit hit");
+        tracing::trace!(limiter = %s.name, %key, ?cost, "rate-limit hit");
+        // Only a layer that counts by outcome opens a tab.
+        let tab = core
+            .counts_by_outcome()
+            .then(|| RefundTab::open(core, &key, cost, M::amend));
         // A backend that answers at once (the in-memory one does) is judged
         // here, and the service that was driven to readiness is called
         // directly. A backend that has to go out is polled again, with the
         // real waker, by the future; the ready service goes into the future
-        // and a clone stays behind for the next call. Only a layer that
-        // counts by outcome takes the refund step.
+        // and a clone stays behind for the next call.
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
                 let result = core.answered_at_once(result);
                 let carry = core.carry(&head);
-                if core.counts_by_outcome() {
-                    let mut tab = RefundTab::open(core, &key);
-                    if let Some(cost) = cost {
-                        tab.spending(cost);
-                    }
-                    let verdict = refund::judge(core, tab, result, &policy, &head);
-                    ResponseFuture::counted(verdict, carry, |decision| {
-                        call_with(&mut self.inner, request, decision)
-                    })
-                } else {
-                    let verdict = match result {
-                        Err(err) if core.insures(&err) => {
-                            core.insure(err, &policy, &head, Fallback { key: &key, cost })
-                                .0
-                        }
-                        result => core.judge(result, &policy, &head, carry.anywhere()),
-                    };
-                    ResponseFuture::judged(verdict, carry, |decision| {
-                        call_with(&mut self.inner, request, decision)
-                    })
-                }
+                let ask = Ask {
+                    request: &head,
+                    policy: &policy,
+                    carry,
+                    key: Some(&key),
+                    cost,
+                };
+                let verdict = verdict::decide(core, result, ask, tab);
+                ResponseFuture::decided(verdict, carry, |decision| {
+                    call_with(&mut self.inner, request, decision)
+                })
             }
             Poll::Pending => {
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                let tab = core.counts_by_outcome().then(|| {
-                    let mut tab = RefundTab::open(core, &key);
-                    if let Some(cost) = cost {
-                        tab.spending(cost);
-                    }
-                    tab
-                });
                 // The insurance limiter needs the key and the cost; a tab
                 // holds them already.
-                let fallback = (tab.is_none() && core.settings.insurance.is_some())
-                    .then(|| (key.clone(), cost));
+                let fallback =
+                    (tab.is_none() && s.insurance.is_some()).then(|| (key.clone(), cost));
                 let core = Arc::clone(core);
                 ResponseFuture::checking(core, hit, inner, request, policy.to_arc(), tab, fallback)
             }
@@ -228,25 +217,25 @@ where
 /// `Server::builder().add_service(layer.layer(MyServer::new(..)))` routes to
 /// it and the limit applies to that service alone.
 #[cfg(feature = "tonic")]
-impl<S, K, Bk, D, C> tonic::server::NamedService for RateLimit<S, K, Bk, D, C>
+impl<S, K, Bk, D, M> tonic::server::NamedService for RateLimit<S, K, Bk, D, M>
 where
     S: tonic::server::NamedService,
 {
     const NAME: &'static str = S::NAME;
 }
 
-impl<S: Clone, K: Clone, Bk, D, C> Clone for RateLimit<S, K, Bk, D, C> {
+impl<S: Clone, K: Clone, Bk, D, M> Clone for RateLimit<S, K, Bk, D, M> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             key: self.key.clone(),
             core: Arc::clone(&self.core),
-            charge: PhantomData,
+            mode: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, K: fmt::Debug, Bk: fmt::Debug, D, C> fmt::Debug for RateLimit<S, K, Bk, D, C> {
+impl<S: fmt::Debug, K: fmt::Debug, Bk: fmt::Debug, D, M> fmt::Debug for RateLimit<S, K, Bk, D, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)

@@ -74,7 +74,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::backend::{
-    Amend, Backend, BackendError, Counter, Hit, Hits, MIN_SECRET_LEN, PrivateKeys, Spend,
+    Amend, Backend, BackendError, Counter, Hit, Hits, MIN_SECRET_LEN, PrivateKeys, Spend, Spending,
 };
 use crate::error::ConfigError;
 use crate::key::Key;
@@ -137,8 +137,9 @@ pub struct Audit {
 /// answer `None`, which a scenario that relies on the ability treats as a
 /// broken harness (it only runs where the ability is claimed).
 pub trait Store: Send + Sync + 'static {
-    /// The backend under test.
-    type Backend: Backend;
+    /// The backend under test: it keeps the whole contract, the spends
+    /// ([`Spending`]) included.
+    type Backend: Spending;
 
     /// A backend on counters that no other backend from `fresh` shares (its
     /// own key prefix, schema or process), empty. Called once or more per
@@ -1091,15 +1092,15 @@ async fn the_audit_reports_corrupt_counters<S: Store>(store: &S) {
 /// does not fails these scenarios, since a layer with a cost, a charge, a
 /// lockout or a reset on success would not build on it.
 async fn spender<S: Store>(store: &S) -> S::Backend {
-    let backend = store.fresh().await;
-    assert!(
-        backend.supports_spend(),
-        "the backend does not keep the spend contract (supports_spend is false)"
-    );
-    backend
+    store.fresh().await
 }
 
-async fn spend<B: Backend>(backend: &B, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Hits {
+async fn spend<B: Spending>(
+    backend: &B,
+    key: &Key,
+    counters: &[Counter<'_>],
+    spend: Spend,
+) -> Hits {
     let hits = backend
         .spend_all(key, counters, spend)
         .await
@@ -1108,7 +1109,7 @@ async fn spend<B: Backend>(backend: &B, key: &Key, counters: &[Counter<'_>], spe
     hits
 }
 
-async fn amend<B: Backend>(
+async fn amend<B: Spending>(
     backend: &B,
     namespace: &str,
     key: &Key,

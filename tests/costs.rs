@@ -20,7 +20,7 @@ use tower_pinned_window::backend::{
     Amend, Backend, BackendError, Counter, Hit, MemoryBackend, Spend, Spending,
 };
 use tower_pinned_window::key::{GlobalKey, Key};
-use tower_pinned_window::{CountOnly, Decision, DecisionIn, Quota, RateLimitLayer};
+use tower_pinned_window::{CountOnly, Decision, DecisionIn, Quota, RateLimitLayer, Window};
 
 fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
@@ -391,7 +391,7 @@ async fn a_lockout_is_pinned_and_outlasts_the_window() {
     let backend = Recorded::new();
     let layer = RateLimitLayer::new("otp", quota(2, 60))
         .backend(backend.clone())
-        .block_for(Duration::from_secs(600));
+        .block_for(Window::new(Duration::from_secs(600)).unwrap());
     let service = layer.layer(streaming());
     let call = || service.clone().oneshot(request(&[]));
     for _ in 0..2 {

@@ -26,7 +26,7 @@ use tokio::time::advance;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Allowlist, ClientIp, Key};
-use tower_pinned_window::{CountOnly, Decision, Outcome, Quota, RateLimitLayer};
+use tower_pinned_window::{CountOnly, Decision, Outcome, Quota, RateLimitLayer, Window};
 
 #[allow(dead_code)]
 #[path = "../examples/login.rs"]
@@ -1034,7 +1034,7 @@ mod cases {
             // Real servers on a busy machine: no answer here may turn into
             // an outage because the machine is slow (timeouts have tests of
             // their own).
-            .timeout(Duration::from_secs(10));
+            .timeout(Window::new(Duration::from_secs(10)).unwrap());
         (layer, backend)
     }
 

@@ -22,7 +22,7 @@ use support::postgres::{PgServer, TestSchema, connect, pool};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Hit;
 use tower_pinned_window::backend::postgres::PostgresBackend;
-use tower_pinned_window::backend::{Backend, BackendError};
+use tower_pinned_window::backend::{Backend, BackendError, Spending};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
 use trial::Needs;
@@ -271,7 +271,7 @@ async fn a_crashed_database_recovers_by_itself_and_unlogged_counters_are_lost() 
     let key = Key::new("user");
     let svc = RateLimitLayer::new("traffic", q)
         .backend(logged.clone())
-        .timeout(Duration::from_secs(2))
+        .timeout(Window::new(Duration::from_secs(2)).unwrap())
         .layer(ok_service());
 
     // Traffic runs on its own task through the crash and the restart.
@@ -803,7 +803,7 @@ async fn an_outage_follows_the_policy_and_a_slow_database_times_out() {
     let mut server = pg_or_skip!(PgServer::start("outage"));
     let store = PostgresBackend::builder(pool(&server.url(), "outage", 4)).build();
     store.migrate().await.unwrap();
-    let timeout = Duration::from_millis(300);
+    let timeout = Window::new(Duration::from_millis(300)).unwrap();
     let layer = || {
         RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
             .backend(store.clone())
@@ -1336,7 +1336,9 @@ async fn spends_lockouts_and_amends() {
         .unwrap()[0];
     assert_eq!(opened.count, 0);
     assert!(opened.deadline.is_some());
-    assert!(backend.supports_spend());
+    // It spends: checked by the compiler.
+    fn spends<B: tower_pinned_window::backend::Spending>(_: &B) {}
+    spends(&backend);
 }
 
 /// A table made by the previous release (its DDL as it was) is migrated in

@@ -21,7 +21,9 @@ use support::http::{by_client, from, multi_thread_runtime, ok_service};
 use support::redis::{RedisServer, Shared, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::{ConnectError, RedisBackend};
-use tower_pinned_window::backend::{Amend, Backend, BackendError, BackendErrorKind, Hit, Spend};
+use tower_pinned_window::backend::{
+    Amend, Backend, BackendError, BackendErrorKind, Hit, Spend, Spending,
+};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{
     ConfigError, Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share, Window,
@@ -300,12 +302,12 @@ async fn an_outage_follows_the_policy_and_limiting_resumes_by_itself() {
     let timeout = Duration::from_millis(300);
     let closed = RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
-        .timeout(timeout)
+        .timeout(Window::new(timeout).unwrap())
         .decision_in(DecisionIn::Response)
         .layer(ok_service());
     let open = RateLimitLayer::new("outage", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
-        .timeout(timeout)
+        .timeout(Window::new(timeout).unwrap())
         .on_failure(FailurePolicy::FailOpen)
         .layer(ok_service());
     let get = || Request::new(String::new());
@@ -364,7 +366,7 @@ async fn insurance_decides_while_redis_is_out_and_hands_back() {
     let limiter = RateLimitLayer::new("insured", quota(10, Duration::from_secs(60)))
         .key(by_client())
         .backend(store.clone())
-        .timeout(Duration::from_millis(300))
+        .timeout(Window::new(Duration::from_millis(300)).unwrap())
         .decision_in(DecisionIn::Response)
         .on_failure(FailurePolicy::Insurance(Share::new(1, 2).unwrap()))
         .layer(ok_service());
@@ -839,12 +841,12 @@ async fn a_backend_connecting_in_the_background_starts_during_an_outage() {
     assert!(!store.connection().is_connected());
     let limited = RateLimitLayer::new("background", quota(3, Duration::from_secs(60)))
         .backend(store.clone())
-        .timeout(OUTAGE_TIMEOUT)
+        .timeout(Window::new(OUTAGE_TIMEOUT).unwrap())
         .decision_in(DecisionIn::Response)
         .layer(ok_service());
     let open = RateLimitLayer::new("background", quota(3, Duration::from_secs(60)))
         .backend(store.clone())
-        .timeout(OUTAGE_TIMEOUT)
+        .timeout(Window::new(OUTAGE_TIMEOUT).unwrap())
         .on_failure(FailurePolicy::FailOpen)
         .layer(ok_service());
     let mut kinds = Vec::new();
@@ -923,7 +925,7 @@ async fn the_breaker_answers_at_once_during_an_outage_and_closes_after() {
         .build();
     let limited = RateLimitLayer::new("breaker", quota(1_000, Duration::from_secs(60)))
         .backend(store.clone())
-        .timeout(OUTAGE_TIMEOUT)
+        .timeout(Window::new(OUTAGE_TIMEOUT).unwrap())
         .decision_in(DecisionIn::Response)
         .layer(ok_service());
     assert_eq!(
@@ -973,7 +975,7 @@ async fn a_store_that_stops_answering_opens_the_breaker_on_timeouts() {
         .build();
     let limited = RateLimitLayer::new("frozen", quota(1_000, Duration::from_secs(60)))
         .backend(store)
-        .timeout(Duration::from_millis(50))
+        .timeout(Window::new(Duration::from_millis(50)).unwrap())
         .layer(ok_service());
     assert_eq!(
         limited.clone().oneshot(from("a")).await.unwrap().status(),
@@ -1291,7 +1293,7 @@ async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
         .key(by_client())
         .backend(store)
         .decision_in(DecisionIn::Response)
-        .timeout(Duration::from_secs(10))
+        .timeout(Window::new(Duration::from_secs(10)).unwrap())
         .on_failure(FailurePolicy::FailOpen)
         .layer(ok_service());
     let clients = [
@@ -1844,7 +1846,9 @@ async fn spends_are_all_or_nothing_with_lockouts_and_amends() {
     ));
     let mut con = server.sync();
     let store = backend(&server).await;
-    assert!(store.supports_spend());
+    // It spends: checked by the compiler.
+    fn spends<B: tower_pinned_window::backend::Spending>(_: &B) {}
+    spends(&store);
     let k = Key::new("ip");
     let both = [counter("s", 10, 60), counter("s:2", 5, 60)];
     // A check creates nothing.

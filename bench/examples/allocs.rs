@@ -63,7 +63,9 @@ use tower::Service;
 use tower::util::MapResponseLayer;
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::PeerIp;
-use tower_pinned_window::{Decision, DecisionIn, HeaderStyle, Quota, RateLimitLayer, WantDecision};
+use tower_pinned_window::{
+    Decision, DecisionIn, HeaderStyle, Quota, RateLimitLayer, WantDecision, Window,
+};
 
 /// The system allocator, counting allocations.
 struct Counting;
@@ -274,7 +276,7 @@ fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
         // per allocation): the layer's timer is armed all the same.
         let layer = layer(HeaderStyle::Ietf, place)
             .backend(backend)
-            .timeout(Duration::from_secs(600));
+            .timeout(Window::new(Duration::from_secs(600)).unwrap());
         Router::new().route("/", get(no_content)).route_layer(layer)
     };
     vec![

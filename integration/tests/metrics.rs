@@ -15,7 +15,7 @@ use support::http::{Body, by_client, from, ok_service};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::Key;
-use tower_pinned_window::{FailurePolicy, NamedQuota, Quota, RateLimitLayer};
+use tower_pinned_window::{FailurePolicy, NamedQuota, Quota, RateLimitLayer, Window};
 
 fn quota(limit: u64, window: Duration) -> Quota {
     Quota::new(limit, window).unwrap()
@@ -227,7 +227,7 @@ async fn latency_only_where_a_call_waited_and_deny_cache_answers() {
     let q = quota(10, Duration::from_secs(60));
     let silent = RateLimitLayer::new("silent", q)
         .backend(Silent)
-        .timeout(Duration::from_millis(50))
+        .timeout(Window::new(Duration::from_millis(50)).unwrap())
         .layer(ok_service());
     let answer = silent.oneshot(Request::new(Body::new())).await.unwrap();
     assert_eq!(answer.status(), StatusCode::SERVICE_UNAVAILABLE);

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{Amend, Backend, Spending, BackendError, Counter, Hit, Spend};
+use super::{Amend, Backend, BackendError, Counter, Hit, Spend, Spending};
 use crate::error::ConfigError;
 use crate::key::{Key, PRIVATE_KEY_MARK};
 

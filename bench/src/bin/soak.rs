@@ -51,7 +51,9 @@ use tower_pinned_window::backend::redis::{
     RedisBackend, SentinelConnection, connection_manager_config,
 };
 use tower_pinned_window::key::HeaderKey;
-use tower_pinned_window::{Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share};
+use tower_pinned_window::{
+    Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share, Window,
+};
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
 
@@ -202,7 +204,10 @@ fn layer() -> Result<RateLimitLayer<HeaderKey>, Error> {
         .key(HeaderKey::new(HeaderName::from_static("x-key")))
         .on_failure(failure_policy()?)
         .decision_in(DecisionIn::Response)
-        .try_timeout(Duration::from_millis(env("LAYER_TIMEOUT_MS", 100)?))?)
+        .timeout(Window::new(Duration::from_millis(env(
+            "LAYER_TIMEOUT_MS",
+            100,
+        )?))?))
 }
 
 /// `INSURE_SHARE` (`N/D`), when set.

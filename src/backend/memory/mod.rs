@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use super::expiring::id::{Id, KeyBytes, Scratch};
 use super::expiring::{Entry, Shard, Table};
-use super::{Amend, Backend, Spending, BackendError, Counter, Hit, Hits, Spend};
+use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, Spending};
 use crate::error::ConfigError;
 use crate::key::Key;
 #[cfg(test)]

@@ -20,7 +20,7 @@ use smallvec::SmallVec;
 
 use super::MemoryBackend;
 #[cfg(test)]
-use crate::backend::Backend;
+use crate::backend::Spending;
 use crate::backend::expiring::id::{KeyBytes, Scratch};
 use crate::backend::expiring::{Entry, Shard, SlotsMut, Table};
 use crate::backend::{Amend, BackendError, Counter, Hit, Hits, Spend};

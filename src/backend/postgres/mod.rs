@@ -215,7 +215,7 @@ use self::row::{deadline_time, describe, read_row};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
 use super::deny_cache::DenyCache;
 use super::result_or_call::ResultOrCall;
-use super::{Amend, Backend, Spending, BackendError, Counter, Hit, Hits, Spend};
+use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, Spending};
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Window;

@@ -59,7 +59,7 @@ use self::reply::{parse_hit, parse_peek, parse_refund, parse_spend};
 use self::script::{AMEND, HIT, PEEK, RESET, SPEND, Size, U64_DIGITS};
 use super::deny_cache::DenyCache;
 use super::result_or_call::ResultOrCall;
-use super::{Amend, Backend, Spending, BackendError, Counter, Hit, Hits, Spend, storage_key};
+use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, Spending, storage_key};
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::{Quota, Window};

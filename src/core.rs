@@ -1,33 +1,24 @@
-//! The judge: once the backend has answered, a request is passed on,
-//! denied (429 / RESOURCE_EXHAUSTED), or answered for a failure (503 /
-//! UNAVAILABLE under fail-closed, 500 / INTERNAL for corrupt state, 400 or
-//! 500 for a request without a usable key). Also the runtime core the
-//! service and its futures share, and the gates that keep the log bounded.
-//!
-//! The judge picks the answer; [`response`](crate::response) builds it and
-//! writes every header, and the quota's metrics count the decision.
+//! The core a layer's services and their futures share: the settings, the
+//! failure policies, and the gates that keep the log bounded. Each
+//! capability's state sits here as a value its own module defines (the
+//! insurance limiter's store, the spend plan, the outcome predicates, the
+//! charge); the steps that use them live in those modules.
 
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use http::Response;
-
-use crate::backend::{BackendError, Hits, MemoryBackend};
+use crate::backend::{BackendError, Hits};
 use crate::charge::ChargeFn;
 use crate::cost::SpendPlan;
 use crate::count::CountIf;
 use crate::decision::{Carry, Decision, DecisionIn};
-use crate::key::{Key, KeyError};
+use crate::insurance::Insurance;
 use crate::metrics::LayerMetrics;
-use crate::policy::{Policies, Policy};
+use crate::policy::Policies;
 use crate::quota::Share;
 use crate::request::RequestHead;
-use crate::response::{self, Deny};
 
 /// What a request gets when the backend is down, slow, or full.
 ///
@@ -133,8 +124,8 @@ pub(crate) struct Settings {
     pub(crate) name: Arc<str>,
     pub(crate) policies: Policies,
     pub(crate) failure: FailurePolicy,
-    /// The insurance limiter's counters, under [`FailurePolicy::Insurance`].
-    pub(crate) insurance: Option<MemoryBackend>,
+    /// The insurance limiter, under [`FailurePolicy::Insurance`].
+    pub(crate) insurance: Option<Insurance>,
     pub(crate) missing_key: OnMissingKey,
     pub(crate) timeout: Duration,
     pub(crate) shadow: bool,
@@ -159,41 +150,6 @@ pub(crate) struct Settings {
     pub(crate) reset_if: Option<CountIf>,
     /// What a passed request's answer costs, once its body has ended.
     pub(crate) charge: Option<ChargeFn>,
-}
-
-/// What the limiter does with a request once the backend has answered.
-pub(crate) enum Verdict<B> {
-    /// Call the service; write the decision onto its answer
-    /// ([`response::passed`]), if there is one: `None` for a request passed
-    /// uncounted, or counted with nothing to show (see [`Core::judge`]).
-    Pass(Option<Passed>),
-    /// Answer without calling the service.
-    Respond(Response<B>),
-}
-
-/// What the insurance limiter needs to count a request the backend failed:
-/// its key and, under a layer that spends, its cost.
-#[derive(Clone, Copy)]
-pub(crate) struct Fallback<'a> {
-    pub(crate) key: &'a Key,
-    pub(crate) cost: Option<u64>,
-}
-
-/// What the insurance limiter counted for a request: its hits in the local
-/// store, and the policy (at the share) they were counted under.
-pub(crate) struct Insured {
-    pub(crate) hits: Hits,
-    pub(crate) policy: Policy,
-}
-
-/// A request passed on counted: its decision, for its answer.
-pub(crate) struct Passed {
-    /// The decision: its label holds the quota's header fields, so the
-    /// answer needs nothing else of the policy.
-    pub(crate) decision: Decision,
-    /// Which of the policy's quotas decided (an index into the backend's
-    /// hits), for a refund to tell whether that counter counted the hit.
-    pub(crate) quota: usize,
 }
 
 impl<Bk, D> Core<Bk, D> {
@@ -235,7 +191,7 @@ impl<Bk, D> Core<Bk, D> {
 
     /// Whether passed requests' hits wait for their answers
     /// ([`count_if`](crate::RateLimitLayer::count_if)), and so take the
-    /// refund step (`refund.rs`).
+    /// outcome step (`outcome.rs`).
     #[inline]
     pub(crate) fn counts_by_outcome(&self) -> bool {
         let s = &self.settings;
@@ -260,237 +216,12 @@ impl<Bk, D> Core<Bk, D> {
         result
     }
 
-    /// The verdict on `request`, given the backend's `result` for `policy`.
-    ///
-    /// Unless `read` (the decision on a passed request is carried to the
-    /// request or the response, or settled under `count_if`), a request
-    /// that passes with nothing to show for it (no headers, no metrics, no
-    /// [`on_decision`](crate::RateLimitLayer::on_decision) callback, no
-    /// debug log, hits to spare) gets no [`Decision`] at all: nobody would
-    /// read it.
-    pub(crate) fn judge<B>(
-        &self,
-        result: Result<Hits, BackendError>,
-        policy: &Policy,
-        request: &RequestHead<'_>,
-        read: bool,
-    ) -> Verdict<B>
-    where
-        D: Deny<B>,
-        B: Default,
-    {
-        let s = &self.settings;
-        if let Err(err) = &result {
-            s.metrics.backend_error(&s.name, err);
-        }
-        let hits = match result {
-            Ok(hits) => hits,
-            Err(err) if err.is_corrupt() => {
-                tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
-                let mut response = response::corrupt(request.is_grpc());
-                response.extensions_mut().insert(err.kind());
-                return Verdict::Respond(response);
-            }
-            Err(err) => return self.outage(err, request),
-        };
-        let Some((index, hit)) = policy.decisive(&hits) else {
-            let err = BackendError::Unavailable("the backend answered no hit".into());
-            s.metrics.backend_error(&s.name, &err);
-            return self.outage(err, request);
-        };
-        if !read
-            && s.observer.is_none()
-            && policy.passes_unseen(index, hit)
-            && !tracing::enabled!(tracing::Level::DEBUG)
-        {
-            return Verdict::Pass(None);
-        }
-        let decision = policy.decision(index, hit, s.shadow, request.route_owned());
-        tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision");
-        policy.quota_metrics(index).record(&decision);
-        if let Some(observer) = &s.observer {
-            observer(&decision);
-        }
-        if decision.passed() {
-            return Verdict::Pass(Some(Passed {
-                decision,
-                quota: index,
-            }));
-        }
-        Verdict::Respond(response::denial(&self.deny, decision, request.is_grpc()))
-    }
-
-    /// The verdict on `request`, whose `cost` is above the limit of the
-    /// quota at `index` of `policy`: denied (passed in shadow mode), with
-    /// nothing counted, since it could never be admitted.
-    #[cold]
-    pub(crate) fn never_fits<B>(
-        &self,
-        policy: &Policy,
-        index: usize,
-        cost: u64,
-        request: &RequestHead<'_>,
-    ) -> Verdict<B>
-    where
-        D: Deny<B>,
-        B: Default,
-    {
-        let s = &self.settings;
-        let decision = policy.never_fitting(index, cost, s.shadow, request.route_owned());
-        tracing::debug!(limiter = %s.name, policy = decision.policy(), cost, limit = decision.limit(), "rate-limit cost above the limit: the request can never be admitted");
-        policy.quota_metrics(index).record(&decision);
-        if let Some(observer) = &s.observer {
-            observer(&decision);
-        }
-        if decision.passed() {
-            return Verdict::Pass(Some(Passed {
-                decision,
-                quota: index,
-            }));
-        }
-        Verdict::Respond(response::denial(&self.deny, decision, request.is_grpc()))
-    }
-
     /// Whether the insurance limiter decides on a request the backend
     /// answered `err`: under [`FailurePolicy::Insurance`], for an outage
     /// (corrupt state is never insured).
     #[inline]
     pub(crate) fn insures(&self, err: &BackendError) -> bool {
         self.settings.insurance.is_some() && !err.is_corrupt()
-    }
-
-    /// The verdict on `request` when the backend failed with `err` under
-    /// [`FailurePolicy::Insurance`] (see [`insures`](Self::insures)): the
-    /// insurance limiter's, with the request's `fallback`, or 503 when it
-    /// cannot decide either.
-    /// With the verdict, what the insurance counted (`None` when it could
-    /// not decide), for a refund, a charge or a clear in the local store.
-    #[cold]
-    pub(crate) fn insure<B>(
-        &self,
-        err: BackendError,
-        policy: &Policy,
-        request: &RequestHead<'_>,
-        fallback: Fallback<'_>,
-    ) -> (Verdict<B>, Option<Insured>)
-    where
-        D: Deny<B>,
-        B: Default,
-    {
-        let s = &self.settings;
-        s.metrics.backend_error(&s.name, &err);
-        let (FailurePolicy::Insurance(share), Some(local)) = (s.failure, &s.insurance) else {
-            return (self.outage(err, request), None);
-        };
-        let Some((verdict, insured)) = self.insured(share, local, fallback, policy, request) else {
-            return (self.outage(err, request), None);
-        };
-        if let Some(suppressed) = s.warn_gate.admit() {
-            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: deciding with the insurance limiter");
-        }
-        (verdict, Some(insured))
-    }
-
-    /// The verdict on `request` when the backend failed with `err`: a pass
-    /// uncounted under fail-open, otherwise 503 (under insurance, when the
-    /// insurance limiter could not decide either).
-    #[cold]
-    fn outage<B: Default>(&self, err: BackendError, request: &RequestHead<'_>) -> Verdict<B> {
-        let s = &self.settings;
-        let fail_open = s.failure == FailurePolicy::FailOpen;
-        if let Some(suppressed) = s.warn_gate.admit() {
-            let action = if fail_open {
-                "passing requests uncounted"
-            } else {
-                "answering 503"
-            };
-            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
-        }
-        if fail_open {
-            return Verdict::Pass(None);
-        }
-        let mut response = response::unavailable(request.is_grpc());
-        // Where a decision would be: what kind of failure answered.
-        response.extensions_mut().insert(err.kind());
-        Verdict::Respond(response)
-    }
-
-    /// The insurance limiter's verdict on `request`: `policy` with each
-    /// limit cut to `share`, counted in `local`. `None` when the local store
-    /// fails too (full, or a corrupt counter): the request is answered as
-    /// under fail-closed.
-    #[cold]
-    fn insured<B>(
-        &self,
-        share: Share,
-        local: &MemoryBackend,
-        fallback: Fallback<'_>,
-        policy: &Policy,
-        request: &RequestHead<'_>,
-    ) -> Option<(Verdict<B>, Insured)>
-    where
-        D: Deny<B>,
-        B: Default,
-    {
-        let s = &self.settings;
-        let policy = policy.insured(share);
-        let mut hit = match (fallback.cost, &s.spend) {
-            (Some(cost), Some(plan)) => policy.spend(local, fallback.key, plan.spend(cost)),
-            _ => policy.hit(local, fallback.key),
-        };
-        // The memory backend answers on its first poll.
-        let Poll::Ready(result) = Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop()))
-        else {
-            return None;
-        };
-        let hits = match result {
-            Ok(hits) => hits,
-            Err(err) => {
-                s.metrics.backend_error(&s.name, &err);
-                tracing::debug!(limiter = %s.name, error = %err, "the insurance limiter failed too: answering as fail-closed");
-                return None;
-            }
-        };
-        let (index, hit) = policy.decisive(&hits)?;
-        let mut decision = policy.decision(index, hit, s.shadow, request.route_owned());
-        decision.insure();
-        tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), "rate-limit decision by the insurance limiter");
-        policy.quota_metrics(index).record(&decision);
-        if let Some(observer) = &s.observer {
-            observer(&decision);
-        }
-        let verdict = if decision.passed() {
-            Verdict::Pass(Some(Passed {
-                decision,
-                quota: index,
-            }))
-        } else {
-            Verdict::Respond(response::denial(&self.deny, decision, request.is_grpc()))
-        };
-        Some((verdict, Insured { hits, policy }))
-    }
-
-    /// The answer to a request without a usable key, under
-    /// [`OnMissingKey::Reject`].
-    pub(crate) fn key_error_response<B: Default>(
-        &self,
-        err: &KeyError,
-        request: &RequestHead<'_>,
-    ) -> Response<B> {
-        let s = &self.settings;
-        match err {
-            KeyError::Misconfigured(_) => {
-                if let Some(suppressed) = s.key_gate.admit() {
-                    tracing::error!(limiter = %s.name, error = %err, suppressed, "rate-limit key extractor misconfigured: answering 500");
-                }
-            }
-            _ => {
-                if let Some(suppressed) = s.key_gate.admit() {
-                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "request without a usable rate-limit key: answering 400");
-                }
-            }
-        }
-        response::key_rejected(request.is_grpc(), err.status())
     }
 }
 

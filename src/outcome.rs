@@ -1,11 +1,14 @@
-//! The way back: when the layer counts by outcome (see
-//! [`count_if`](crate::RateLimitLayer::count_if)), the hits of a request
-//! whose answer does not count, or that was denied, are refunded, each in
-//! the window it was counted in.
+//! Counting by outcome: when the layer has a
+//! [`count_if`](crate::RateLimitLayer::count_if), a
+//! [`reset_if`](crate::RateLimitLayer::reset_if) or a
+//! [`charge`](crate::RateLimitLayer::charge), a request's hits wait on its
+//! tab for the answer. The hits of a request whose answer does not count,
+//! or that was denied, are refunded, each in the window it was counted in;
+//! an answer `reset_if` picks clears them; a charge is added when the body
+//! ends.
 //!
-//! This step is on a request's path only when `count_if` is set: the
-//! service and its future check [`Core::counts_by_outcome`] and, without
-//! it, go from the backend's answer straight to the judge; nothing here
+//! This step is on a request's path only under one of these: the verdict
+//! opens no tab without [`Core::counts_by_outcome`], and then nothing here
 //! runs, and nothing is kept or allocated.
 //!
 //! A denied request is refunded at once: it was never served. What keeps a
@@ -23,15 +26,14 @@ use std::task::{Context, Poll, Waker};
 use http::Response;
 use smallvec::SmallVec;
 
-use crate::backend::{Amend, Backend, BackendError, Hit, Hits, MemoryBackend};
-use crate::charge::{Charged, Meter, Metered, NoCharge, ResponseEnd};
+use crate::backend::{Amend, Backend, BackendError, Hit, Hits};
+use crate::charge::{Meter, ResponseEnd};
+use crate::core::{Core, LogGate};
 use crate::count::ResponseHead;
 use crate::decision::Decision;
-use crate::judge::{Core, Fallback, Insured, LogGate, Passed, Settings, Verdict};
 use crate::key::Key;
-use crate::policy::{Policy, Selected};
-use crate::request::RequestHead;
-use crate::response::{self, Deny};
+use crate::policy::Policy;
+use crate::response;
 
 /// Refunds still under way, for the response to wait on when no tokio
 /// runtime is there to finish them.
@@ -41,12 +43,14 @@ pub(crate) type Wait = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// backend and the `count_if` predicate), the key, the policy whose counters
 /// were hit, the hits with their windows, and, once it passed counted, its
 /// decision for the answer.
-pub struct RefundTab<Bk, D> {
+pub struct RefundTab<Bk: Backend, D> {
     core: Arc<Core<Bk, D>>,
-    key: Key,
+    pub(crate) key: Key,
     policy: Option<Arc<Policy>>,
     hits: Hits,
     passed: Option<Passed>,
+    /// How the layer's mode amends a spend in the backend.
+    amend_in: AmendFn<Bk>,
     /// What the request spent, under a layer that spends (`spend_all`);
     /// `None` for a request counted with `hit_all`, whose hits are refunded
     /// with `refund`.
@@ -56,7 +60,21 @@ pub struct RefundTab<Bk, D> {
     insured: bool,
 }
 
-impl<Bk, D> std::fmt::Debug for RefundTab<Bk, D> {
+/// [`Spending::amend`](crate::backend::Spending::amend), as the layer's mode
+/// reaches it.
+pub(crate) type AmendFn<Bk> = fn(&Bk, &str, &Key, &Hit, Amend) -> <Bk as Backend>::Refund;
+
+/// A request passed on counted: its decision, for its answer.
+pub(crate) struct Passed {
+    /// The decision: its label holds the quota's header fields, so the
+    /// answer needs nothing else of the policy.
+    pub(crate) decision: Decision,
+    /// Which of the policy's quotas decided (an index into the backend's
+    /// hits), for a refund to tell whether that counter counted the hit.
+    pub(crate) quota: usize,
+}
+
+impl<Bk: Backend, D> std::fmt::Debug for RefundTab<Bk, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("RefundTab")
             .field("hits", &self.hits)
@@ -66,7 +84,7 @@ impl<Bk, D> std::fmt::Debug for RefundTab<Bk, D> {
 }
 
 /// What follows a passed request's answer once its tab is settled.
-pub(crate) enum Settled<Bk, D> {
+pub(crate) enum Settled<Bk: Backend, D> {
     /// Nothing more.
     Done,
     /// Refunds or clears under way, for the response to wait on.
@@ -75,37 +93,47 @@ pub(crate) enum Settled<Bk, D> {
     Meter(Box<RefundTab<Bk, D>>),
 }
 
-/// [`judge`]'s verdict on a request whose hits may be refunded.
-pub(crate) enum CountedVerdict<B, Bk, D> {
-    /// Call the service; its answer [settles](RefundTab::settle) the tab.
-    Pass(Box<RefundTab<Bk, D>>),
-    /// Call the service, uncounted (fail-open): nothing to refund, nothing
-    /// to write onto the answer.
-    PassUncounted,
-    /// Answer without calling the service, after the wait when its refunds
-    /// must finish first.
-    Respond(Response<B>, Option<Wait>),
-}
-
 impl<Bk: Backend, D> RefundTab<Bk, D> {
     /// The tab of a request charged to `key`, under a layer that counts by
     /// outcome.
-    pub(crate) fn open(core: &Arc<Core<Bk, D>>, key: &Key) -> Box<Self> {
+    /// `cost` is what the request spends (`spend_all`), what a refund takes
+    /// back, amended with `amend_in`; `None` for a request counted with
+    /// `hit_all`.
+    pub(crate) fn open(
+        core: &Arc<Core<Bk, D>>,
+        key: &Key,
+        cost: Option<u64>,
+        amend_in: AmendFn<Bk>,
+    ) -> Box<Self> {
         Box::new(Self {
             core: Arc::clone(core),
             key: key.clone(),
             policy: None,
             hits: Hits::new(),
             passed: None,
-            cost: None,
+            amend_in,
+            cost,
             insured: false,
         })
     }
 
-    /// The request spends `cost` (`spend_all`): that is what a refund takes
-    /// back.
-    pub(crate) fn spending(&mut self, cost: u64) {
-        self.cost = Some(cost);
+    /// The request's cost, when it spends.
+    pub(crate) fn cost(&self) -> Option<u64> {
+        self.cost
+    }
+
+    /// The store counted `hits` on `policy`'s counters: they may be
+    /// refunded. `insured`: the insurance limiter's store counted them, and
+    /// they are amended there.
+    pub(crate) fn counted(&mut self, hits: &Hits, policy: Arc<Policy>, insured: bool) {
+        self.hits = hits.clone();
+        self.policy = Some(policy);
+        self.insured = insured;
+    }
+
+    /// The request passed counted: its answer settles the tab.
+    pub(crate) fn pass(&mut self, passed: Passed) {
+        self.passed = Some(passed);
     }
 
     /// The passed request's decision, before any refund.
@@ -174,7 +202,7 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
     /// and the decision in the `denial` marked refunded when they were
     /// counted (a store counts all of a request's hits or, answering from a
     /// cache, none).
-    fn deny<B>(self: Box<Self>, denial: &mut Response<B>) -> Option<Wait> {
+    pub(crate) fn deny<B>(self: Box<Self>, denial: &mut Response<B>) -> Option<Wait> {
         if self.hits.iter().any(|hit| hit.deadline.is_some())
             && let Some(decision) = denial.extensions_mut().get_mut::<Decision>()
         {
@@ -198,6 +226,7 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
             policy,
             hits,
             passed: _,
+            amend_in,
             cost: _,
             insured,
         } = *self;
@@ -211,14 +240,15 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
                 continue;
             }
             if insured {
-                if let Some(local) = &settings.insurance {
-                    amend_insured(local, counter.namespace, &key, hit, amend, settings);
+                if let Some(insurance) = &settings.insurance {
+                    let result = insurance.amend(counter.namespace, &key, hit, amend);
+                    report(&settings.name, &settings.warn_gate, amend, result);
                 }
                 continue;
             }
             let mut refund = match amend {
                 None => core.backend.refund(counter.namespace, &key, hit),
-                Some(amend) => core.backend.amend(counter.namespace, &key, hit, amend),
+                Some(amend) => amend_in(&core.backend, counter.namespace, &key, hit, amend),
             };
             match Pin::new(&mut refund).poll(&mut Context::from_waker(Waker::noop())) {
                 Poll::Ready(result) => report(&settings.name, &settings.warn_gate, amend, result),
@@ -241,90 +271,6 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
             }
             Err(_) => Some(Box::pin(finish)),
         }
-    }
-}
-
-/// [`Core::judge`], for a layer that counts by outcome: the backend's hits
-/// and the policy are kept on `tab` when they may be refunded, for a
-/// request passed counted (after its answer) or denied (at once). Any other
-/// verdict drops the tab: a failure or a request passed uncounted has
-/// nothing to refund.
-pub(crate) fn judge<Bk, D, B>(
-    core: &Core<Bk, D>,
-    mut tab: Box<RefundTab<Bk, D>>,
-    result: Result<Hits, BackendError>,
-    policy: &Selected<'_>,
-    request: &RequestHead<'_>,
-) -> CountedVerdict<B, Bk, D>
-where
-    Bk: Backend,
-    D: Deny<B>,
-    B: Default,
-{
-    let (verdict, counted) = match result {
-        Err(err) if core.insures(&err) => {
-            let fallback = Fallback {
-                key: &tab.key,
-                cost: tab.cost,
-            };
-            let (verdict, insured) = core.insure(err, policy, request, fallback);
-            // What the insurance counted is refunded, charged or cleared in
-            // its own store, never in the backend.
-            let counted = insured.is_some();
-            if let Some(Insured { hits, policy }) = insured {
-                tab.hits = hits;
-                tab.policy = Some(Arc::new(policy));
-                tab.insured = true;
-            }
-            (verdict, counted)
-        }
-        result => {
-            let counted = match &result {
-                Ok(hits) => {
-                    tab.hits = hits.clone();
-                    tab.policy = Some(policy.to_arc());
-                    true
-                }
-                Err(_) => false,
-            };
-            (core.judge(result, policy, request, true), counted)
-        }
-    };
-    match verdict {
-        Verdict::Pass(Some(passed)) => {
-            tab.passed = Some(passed);
-            CountedVerdict::Pass(tab)
-        }
-        Verdict::Pass(None) => CountedVerdict::PassUncounted,
-        Verdict::Respond(mut response) => {
-            let wait = if counted {
-                tab.deny(&mut response)
-            } else {
-                None
-            };
-            CountedVerdict::Respond(response, wait)
-        }
-    }
-}
-
-/// Amends (or refunds, `None`) `hit` of `key` in the insurance limiter's
-/// store, which answers at once.
-#[cold]
-fn amend_insured(
-    local: &MemoryBackend,
-    namespace: &str,
-    key: &Key,
-    hit: &Hit,
-    amend: Option<Amend>,
-    settings: &Settings,
-) {
-    let mut refund = match amend {
-        None => local.refund(namespace, key, hit),
-        Some(amend) => local.amend(namespace, key, hit, amend),
-    };
-    if let Poll::Ready(result) = Pin::new(&mut refund).poll(&mut Context::from_waker(Waker::noop()))
-    {
-        report(&settings.name, &settings.warn_gate, amend, result);
     }
 }
 
@@ -376,59 +322,5 @@ where
             // No tokio runtime to finish it on, and a body cannot wait.
             tracing::warn!(limiter = %name, cost, "rate-limit charge dropped: the backend could not take it at once, and there is no tokio runtime to finish it on");
         }
-    }
-}
-
-mod sealed {
-    pub trait Sealed {}
-}
-
-impl sealed::Sealed for NoCharge {}
-impl sealed::Sealed for Charged {}
-
-/// Whether a layer's answers carry a charge: [`NoCharge`] (the default) or
-/// [`Charged`] (after [`charge`](crate::RateLimitLayer::charge)). It picks
-/// the body type of the answers to requests with a `B` body, for a layer
-/// whose denials are made by `D`: the service's own, or [`Metered`] around
-/// it. Sealed: only these two implement it.
-pub trait ChargeMode<B, D>: sealed::Sealed {
-    /// The answers' body type.
-    type Body;
-
-    /// Hands back `response`, metered by `tab` when there is one.
-    #[doc(hidden)]
-    fn answer<Bk: Backend>(
-        response: Response<B>,
-        tab: Option<Box<RefundTab<Bk, D>>>,
-    ) -> Response<Self::Body>;
-}
-
-impl<B, D> ChargeMode<B, D> for NoCharge {
-    type Body = B;
-
-    #[inline(always)]
-    fn answer<Bk: Backend>(
-        response: Response<B>,
-        tab: Option<Box<RefundTab<Bk, D>>>,
-    ) -> Response<B> {
-        debug_assert!(tab.is_none(), "a layer without a charge meters nothing");
-        drop(tab);
-        response
-    }
-}
-
-impl<B, D> ChargeMode<B, D> for Charged
-where
-    B: http_body::Body,
-    D: Send + Sync + 'static,
-{
-    type Body = Metered<B>;
-
-    #[inline]
-    fn answer<Bk: Backend>(
-        response: Response<B>,
-        tab: Option<Box<RefundTab<Bk, D>>>,
-    ) -> Response<Metered<B>> {
-        Metered::wrap(response, tab.map(|tab| tab as Box<dyn Meter>))
     }
 }

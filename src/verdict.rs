@@ -1,0 +1,299 @@
+//! The verdict: once the backend has answered (or failed), a request is
+//! passed on, denied (429 / RESOURCE_EXHAUSTED), or answered for a failure
+//! (503 / UNAVAILABLE under fail-closed, 500 / INTERNAL for corrupt state,
+//! 400 or 500 for a request without a usable key).
+//!
+//! One function, [`decide`], makes that call for every request, whether the
+//! backend answered at once (the service calls it) or later (its future
+//! does): the failure policy with the insurance limiter, the decision on
+//! the hits, and the request's tab when the layer counts by outcome. The
+//! verdict picks the answer; [`response`](crate::response) builds it and
+//! writes every header, and the quota's metrics count the decision.
+
+use std::sync::Arc;
+
+use http::Response;
+
+use crate::backend::{Backend, BackendError, Hits};
+use crate::core::{Core, FailurePolicy};
+use crate::decision::Carry;
+use crate::key::{Key, KeyError};
+use crate::outcome::{Passed, RefundTab, Wait};
+use crate::policy::{Policy, Selected};
+use crate::request::RequestHead;
+use crate::response::{self, Deny};
+
+/// What the limiter does with a request.
+pub(crate) enum Verdict<B, T> {
+    /// Call the service; write the decision onto its answer
+    /// ([`response::passed`]), if there is one: `None` for a request passed
+    /// uncounted, or counted with nothing to show.
+    Pass(Option<Passed>),
+    /// Call the service, counted, under a layer that counts by outcome: its
+    /// answer settles the tab, which holds the decision.
+    Counted(Box<T>),
+    /// Answer without calling the service, after the wait when the
+    /// denial's refunds must finish first.
+    Respond(Response<B>, Option<Wait>),
+}
+
+/// The request a verdict is on.
+#[derive(Clone, Copy)]
+pub(crate) struct Ask<'a> {
+    pub(crate) request: &'a RequestHead<'a>,
+    pub(crate) policy: &'a Selected<'a>,
+    /// Where a passed request's decision goes.
+    pub(crate) carry: Carry,
+    /// The key, for the insurance limiter (a tab holds its own).
+    pub(crate) key: Option<&'a Key>,
+    /// What the request spends, under a layer that spends.
+    pub(crate) cost: Option<u64>,
+}
+
+/// The verdict on `ask` given the backend's `result`; `tab` is the
+/// request's under a layer that counts by outcome.
+///
+/// When the backend failed and the layer is insured, the insurance
+/// limiter counts the request instead (what it counts is amended in its
+/// own store). When hits were counted, the tab keeps them, for a request
+/// passed counted (after its answer) or denied (at once); any other
+/// verdict drops the tab: a failure or a request passed uncounted has
+/// nothing to refund.
+pub(crate) fn decide<Bk, D, B>(
+    core: &Core<Bk, D>,
+    result: Result<Hits, BackendError>,
+    ask: Ask<'_>,
+    mut tab: Option<Box<RefundTab<Bk, D>>>,
+) -> Verdict<B, RefundTab<Bk, D>>
+where
+    Bk: Backend,
+    D: Deny<B>,
+    B: Default,
+{
+    let (result, insured) = match result {
+        Err(err) if core.insures(&err) => match insure(core, err, ask, tab.as_deref()) {
+            Ok((hits, policy)) => (Ok(hits), Some(Arc::new(policy))),
+            Err(err) => return outage(core, err, ask.request),
+        },
+        result => (result, None),
+    };
+    let policy: &Policy = insured.as_deref().unwrap_or(ask.policy);
+    if let (Some(tab), Ok(hits)) = (tab.as_mut(), &result) {
+        let kept = match &insured {
+            Some(policy) => Arc::clone(policy),
+            None => ask.policy.to_arc(),
+        };
+        tab.counted(hits, kept, insured.is_some());
+    }
+    let counted = result.is_ok();
+    let read = ask.carry.anywhere() || tab.is_some() || insured.is_some();
+    match judge(core, result, policy, ask.request, read, insured.is_some()) {
+        Verdict::Pass(Some(passed)) => match tab {
+            Some(mut tab) => {
+                tab.pass(passed);
+                Verdict::Counted(tab)
+            }
+            None => Verdict::Pass(Some(passed)),
+        },
+        Verdict::Respond(mut response, _) => {
+            let wait = match tab {
+                Some(tab) if counted => tab.deny(&mut response),
+                _ => None,
+            };
+            Verdict::Respond(response, wait)
+        }
+        verdict => verdict,
+    }
+}
+
+/// The insurance limiter's count of `ask`, whose backend failed with `err`:
+/// its hits and the policy at the share, or `err` back when it cannot
+/// decide either (the request is answered as in an outage).
+#[cold]
+fn insure<Bk: Backend, D>(
+    core: &Core<Bk, D>,
+    err: BackendError,
+    ask: Ask<'_>,
+    tab: Option<&RefundTab<Bk, D>>,
+) -> Result<(Hits, Policy), BackendError> {
+    let s = &core.settings;
+    s.metrics.backend_error(&s.name, &err);
+    let (FailurePolicy::Insurance(_), Some(insurance)) = (s.failure, &s.insurance) else {
+        return Err(err);
+    };
+    let (key, cost) = match (ask.key, tab) {
+        (Some(key), _) => (key, ask.cost),
+        (None, Some(tab)) => (&tab.key, tab.cost()),
+        (None, None) => return Err(err),
+    };
+    let spend = match (cost, &s.spend) {
+        (Some(cost), Some(plan)) => Some(plan.spend(cost)),
+        _ => None,
+    };
+    match insurance.count(ask.policy, key, spend) {
+        Ok(counted) => {
+            if let Some(suppressed) = s.warn_gate.admit() {
+                tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: deciding with the insurance limiter");
+            }
+            Ok(counted)
+        }
+        Err(local) => {
+            s.metrics.backend_error(&s.name, &local);
+            tracing::debug!(limiter = %s.name, error = %local, "the insurance limiter failed too: answering as fail-closed");
+            Err(err)
+        }
+    }
+}
+
+/// The verdict on `request`, given the hits (or failure) `result` on
+/// `policy`'s counters; `insured` when the insurance limiter counted them.
+///
+/// Unless `read` (the decision on a passed request is carried to the
+/// request or the response, settled under `count_if`, or insured), a
+/// request that passes with nothing to show for it (no headers, no
+/// metrics, no [`on_decision`](crate::RateLimitLayer::on_decision)
+/// callback, no debug log, hits to spare) gets no decision at all: nobody
+/// would read it.
+fn judge<Bk, D, B, T>(
+    core: &Core<Bk, D>,
+    result: Result<Hits, BackendError>,
+    policy: &Policy,
+    request: &RequestHead<'_>,
+    read: bool,
+    insured: bool,
+) -> Verdict<B, T>
+where
+    D: Deny<B>,
+    B: Default,
+{
+    let s = &core.settings;
+    if let Err(err) = &result {
+        s.metrics.backend_error(&s.name, err);
+    }
+    let hits = match result {
+        Ok(hits) => hits,
+        Err(err) if err.is_corrupt() => {
+            tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
+            let mut response = response::corrupt(request.is_grpc());
+            response.extensions_mut().insert(err.kind());
+            return Verdict::Respond(response, None);
+        }
+        Err(err) => return outage(core, err, request),
+    };
+    let Some((index, hit)) = policy.decisive(&hits) else {
+        let err = BackendError::Unavailable("the backend answered no hit".into());
+        s.metrics.backend_error(&s.name, &err);
+        return outage(core, err, request);
+    };
+    if !read
+        && s.observer.is_none()
+        && policy.passes_unseen(index, hit)
+        && !tracing::enabled!(tracing::Level::DEBUG)
+    {
+        return Verdict::Pass(None);
+    }
+    let mut decision = policy.decision(index, hit, s.shadow, request.route_owned());
+    if insured {
+        decision.insure();
+    }
+    tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), insured, "rate-limit decision");
+    policy.quota_metrics(index).record(&decision);
+    if let Some(observer) = &s.observer {
+        observer(&decision);
+    }
+    if decision.passed() {
+        return Verdict::Pass(Some(Passed {
+            decision,
+            quota: index,
+        }));
+    }
+    Verdict::Respond(
+        response::denial(&core.deny, decision, request.is_grpc()),
+        None,
+    )
+}
+
+/// The verdict on `request`, whose `cost` is above the limit of the quota
+/// at `index` of `policy`: denied (passed in shadow mode), with nothing
+/// counted, since it could never be admitted.
+#[cold]
+pub(crate) fn never_fits<Bk, D, B, T>(
+    core: &Core<Bk, D>,
+    policy: &Policy,
+    index: usize,
+    cost: u64,
+    request: &RequestHead<'_>,
+) -> Verdict<B, T>
+where
+    D: Deny<B>,
+    B: Default,
+{
+    let s = &core.settings;
+    let decision = policy.never_fitting(index, cost, s.shadow, request.route_owned());
+    tracing::debug!(limiter = %s.name, policy = decision.policy(), cost, limit = decision.limit(), "rate-limit cost above the limit: the request can never be admitted");
+    policy.quota_metrics(index).record(&decision);
+    if let Some(observer) = &s.observer {
+        observer(&decision);
+    }
+    if decision.passed() {
+        return Verdict::Pass(Some(Passed {
+            decision,
+            quota: index,
+        }));
+    }
+    Verdict::Respond(
+        response::denial(&core.deny, decision, request.is_grpc()),
+        None,
+    )
+}
+
+/// The verdict on `request` when the backend failed with `err`: a pass
+/// uncounted under fail-open, otherwise 503 (under insurance, when the
+/// insurance limiter could not decide either).
+#[cold]
+fn outage<Bk, D, B: Default, T>(
+    core: &Core<Bk, D>,
+    err: BackendError,
+    request: &RequestHead<'_>,
+) -> Verdict<B, T> {
+    let s = &core.settings;
+    let fail_open = s.failure == FailurePolicy::FailOpen;
+    if let Some(suppressed) = s.warn_gate.admit() {
+        let action = if fail_open {
+            "passing requests uncounted"
+        } else {
+            "answering 503"
+        };
+        tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
+    }
+    if fail_open {
+        return Verdict::Pass(None);
+    }
+    let mut response = response::unavailable(request.is_grpc());
+    // Where a decision would be: what kind of failure answered.
+    response.extensions_mut().insert(err.kind());
+    Verdict::Respond(response, None)
+}
+
+/// The answer to a request without a usable key, under
+/// [`OnMissingKey::Reject`](crate::OnMissingKey::Reject).
+pub(crate) fn key_rejected<Bk, D, B: Default>(
+    core: &Core<Bk, D>,
+    err: &KeyError,
+    request: &RequestHead<'_>,
+) -> Response<B> {
+    let s = &core.settings;
+    match err {
+        KeyError::Misconfigured(_) => {
+            if let Some(suppressed) = s.key_gate.admit() {
+                tracing::error!(limiter = %s.name, error = %err, suppressed, "rate-limit key extractor misconfigured: answering 500");
+            }
+        }
+        _ => {
+            if let Some(suppressed) = s.key_gate.admit() {
+                tracing::warn!(limiter = %s.name, error = %err, suppressed, "request without a usable rate-limit key: answering 400");
+            }
+        }
+    }
+    response::key_rejected(request.is_grpc(), err.status())
+}
