@@ -24,8 +24,7 @@ use crate::response::{DefaultDeny, HeaderStyle};
 use crate::service::RateLimit;
 
 /// How long a backend call may take before the request is handled as if the
-/// backend were down; see [`timeout`](RateLimitLayer::timeout) for an
-/// example.
+/// backend were down; see [`timeout`](RateLimitLayer::timeout).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Applies a pinned-window rate limit to a service.
@@ -41,28 +40,19 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// [name](Self::new) namespaces its keys, so two layers never share counters
 /// unless they share both a backend and a name.
 ///
-/// ```
-/// use std::time::Duration;
-/// use axum::{Router, routing::get};
-/// use tower_pinned_window::{Quota, RateLimitLayer};
-///
-/// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
-/// let app: Router = Router::new()
-///     .route("/", get(|| async { "hello" }))
-///     .layer(RateLimitLayer::new("api", quota));
-/// ```
+/// Every option, with examples, is in the guides (Markdown files in the
+/// repository): `docs/usage.md` (the options table), `docs/quotas.md`,
+/// `docs/client-identity.md`, `docs/outcomes.md`, `docs/costs.md` and
+/// `docs/headers.md`.
 ///
 /// # The response body must implement `Default`
 ///
-/// The layer answers a denial itself, with an empty body of the service's
-/// own response body type: the wrapped service's `Response<ResBody>` needs
-/// `ResBody: Default` (as tower-http's `TimeoutLayer` and
-/// `ValidateRequestHeaderLayer` do). axum's, tonic's and hyper's bodies
-/// implement it; a layer that wraps the body in a type of its own may not:
-/// tower-http's `TraceLayer` and `CompressionLayer` do not. Put this layer
-/// *inside* those (below them in a `ServiceBuilder`, whose first layer is the
-/// outermost), which is also where it belongs: the trace then records the
-/// 429s.
+/// A denial is answered with an empty body of the service's own body type,
+/// so the wrapped service's `Response<ResBody>` needs `ResBody: Default`.
+/// tower-http's `TraceLayer` and `CompressionLayer` wrap the body in types
+/// without it: put this layer *inside* them (below them in a
+/// `ServiceBuilder`), where the trace also records the 429s. Guide:
+/// `docs/usage.md#with-other-layers-the-response-body-must-implement-default`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -90,23 +80,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// # }
 /// ```
 ///
-/// The other way round, the limiter would have to build tower-http's
-/// `ResponseBody`, which has no `Default`, and the compiler says
-/// ``the trait bound `DefaultDeny: Deny<ResponseBody<..>>` is not satisfied``:
-///
-/// ```compile_fail,E0277
-/// # use std::time::Duration;
-/// # use axum::{Router, routing::get};
-/// # use tower::ServiceBuilder;
-/// # use tower_http::trace::TraceLayer;
-/// # use tower_pinned_window::{Quota, RateLimitLayer};
-/// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(
-///     ServiceBuilder::new()
-///         .layer(RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap()))
-///         .layer(TraceLayer::new_for_http()),
-/// );
-/// ```
-///
 /// `C` is [`NoCharge`] unless the layer has a [`charge`](Self::charge).
 #[must_use]
 pub struct RateLimitLayer<K = GlobalKey, Bk = MemoryBackend, D = DefaultDeny, C = NoCharge> {
@@ -119,13 +92,11 @@ impl RateLimitLayer {
     /// A layer named `name` that limits every request to `quota` in one
     /// global budget, counted in a fresh [`MemoryBackend`]. Pick the key with
     /// [`key`](Self::key) and the store with [`backend`](Self::backend).
-    /// See the [type's examples](RateLimitLayer).
     ///
     /// # Panics
-    /// When `name` is not 1 to [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN) characters from
-    /// `A-Z a-z 0-9 _ - . :`, like [`http::HeaderValue::from_static`]: a
-    /// literal name is checked once, when the layer is built. Use
-    /// [`try_new`](Self::try_new) for a name known only at run time.
+    /// When `name` is not 1 to [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN)
+    /// characters from `A-Z a-z 0-9 _ - . :`. Use [`try_new`](Self::try_new) for
+    /// a name known only at run time.
     #[track_caller]
     pub fn new(name: &'static str, quota: Quota) -> Self {
         match Self::try_new(name, quota) {
@@ -134,21 +105,8 @@ impl RateLimitLayer {
         }
     }
 
-    /// Like [`new`](Self::new), for a name known only at run time.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
-    ///
-    /// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
-    /// let layer = RateLimitLayer::try_new(String::from("tenant-7"), quota).unwrap();
-    /// assert_eq!(layer.name(), "tenant-7");
-    /// assert_eq!(layer.quota(), quota);
-    /// assert!(matches!(
-    ///     RateLimitLayer::try_new("no spaces", quota),
-    ///     Err(ConfigError::InvalidName(_))
-    /// ));
-    /// ```
+    /// Like [`new`](Self::new), for a name known only at run time. Guide:
+    /// `docs/usage.md#values-read-at-run-time`.
     ///
     /// # Errors
     /// [`ConfigError::InvalidName`] for a name that is empty, longer than
@@ -179,8 +137,8 @@ impl RateLimitLayer {
 impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     /// Charge each request to the key `key` extracts (see [`crate::key`]):
     /// a built-in extractor, a pair of them, or your own [`KeyExtractor`].
-    /// For a closure, use [`key_fn`](Self::key_fn), which infers its
-    /// argument's type.
+    /// For a closure, use [`key_fn`](Self::key_fn). Guide:
+    /// `docs/client-identity.md`.
     pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D, C> {
         RateLimitLayer {
             key,
@@ -189,28 +147,9 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
         }
     }
 
-    /// Charge each request to the key `key` reads from the request's head.
-    /// The closure's argument type is inferred:
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::key::{Key, KeyError};
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("per-user", Quota::new(10, Duration::from_secs(60)).unwrap())
-    ///     .key_fn(|req| match req.headers().get("x-user-id") {
-    ///         Some(id) => Ok(Key::new(id.as_bytes())),
-    ///         None => Err(KeyError::missing("x-user-id")),
-    ///     });
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-    /// let anonymous = app.oneshot(Request::new(Body::empty())).await.unwrap();
-    /// assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
-    /// # }
-    /// ```
+    /// Charge each request to the key the closure `key` reads from the
+    /// request's head; its argument type is inferred. Guide:
+    /// `docs/usage.md#your-own-key-your-own-denial`.
     pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D, C>
     where
         F: Fn(&RequestHead<'_>) -> Result<Key, KeyError>,
@@ -220,18 +159,8 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
 
     /// Keep counters in `backend` instead of this layer's own
     /// [`MemoryBackend`]. Layers given clones of one backend share counters
-    /// only where their names are equal.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, backend::MemoryBackend};
-    ///
-    /// let store = MemoryBackend::new();
-    /// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
-    /// // Two routers, one budget: same store, same name.
-    /// let public = RateLimitLayer::new("api", quota).backend(store.clone());
-    /// let admin = RateLimitLayer::new("api", quota).backend(store);
-    /// ```
+    /// only where their names are equal. Guide:
+    /// `docs/usage.md#sharing-a-backend-reading-a-counter`.
     ///
     /// # Panics
     /// When the layer spends (a [cost](Self::cost), a [charge](Self::charge),
@@ -248,16 +177,7 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Like [`backend`](Self::backend), with the error instead of a panic.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, backend::MemoryBackend};
-    ///
-    /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap())
-    ///     .cost(2)
-    ///     .try_backend(MemoryBackend::new())
-    ///     .unwrap(); // the memory backend spends
-    /// ```
+    /// Guide: `docs/costs.md`.
     ///
     /// # Errors
     /// [`ConfigError::SpendUnsupported`] when the layer spends and `backend`
@@ -281,32 +201,9 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Answer denied (non-gRPC) requests with `deny`'s response instead of
-    /// an empty 429. `Retry-After` and the rate-limit headers are added to
-    /// it, each unless the response already has it: a `Retry-After` you set
-    /// is kept. The closure's argument type is inferred:
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, Response, StatusCode}, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
-    ///     .deny_with(|d| {
-    ///         let mut res = Response::new(Body::from(format!("try again in {} s", d.reset_secs())));
-    ///         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    ///         res
-    ///     });
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-    /// app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
-    /// let denied = app.oneshot(Request::new(Body::empty())).await.unwrap();
-    /// assert_eq!(denied.headers()["retry-after"], "60");
-    /// let body = axum::body::to_bytes(denied.into_body(), 1024).await.unwrap();
-    /// assert_eq!(body, "try again in 60 s");
-    /// # }
-    /// ```
+    /// an empty 429. `Retry-After` and the rate-limit headers are added to it,
+    /// each unless the response already has it. The closure's argument type is
+    /// inferred. Guide: `docs/usage.md#your-own-key-your-own-denial`.
     pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F, C>
     where
         F: Fn(&Decision) -> Response<B>,
@@ -323,45 +220,20 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Which rate-limit headers responses carry (default: the IETF fields).
-    /// See the [example](HeaderStyle#example).
+    /// See the [example](HeaderStyle#example); guide: `docs/headers.md`.
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         self.core.settings.policies.set_style(style);
         self
     }
 
-    /// Check every request against `quota` too, in the same backend call:
-    /// `Quota` 5 per minute *and* (`also`) 100 per day. A request over any of
-    /// its quotas is denied; every quota counts every request. Each quota
-    /// other than the layer's own has its own counters, named
-    /// `name:LIMIT/WINDOWms` in storage.
-    ///
-    /// Clients see it under the name a [`NamedQuota`] gives it, or
-    /// `"<layer> <limit>/<window>"` (`"api 100/1d"`) for a plain [`Quota`].
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::Request, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
-    ///     .also(Quota::new(100, Duration::from_secs(86_400)).unwrap());
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-    /// let response = app.oneshot(Request::new(Body::empty())).await.unwrap();
-    /// assert_eq!(
-    ///     response.headers()["ratelimit-policy"],
-    ///     "\"api\";q=5;w=60, \"api 100/1d\";q=100;w=86400"
-    /// );
-    /// # }
-    /// ```
+    /// Check every request against `quota` too, in the same backend call: a
+    /// request over any of its quotas is denied. Clients see it under the name a
+    /// [`NamedQuota`] gives it, or `"<layer> <limit>/<window>"` for a plain
+    /// [`Quota`]. Guide: `docs/quotas.md#more-quotas-also`.
     ///
     /// # Panics
     /// When a fixed [`cost`](Self::cost) set before it is above `quota`'s
-    /// limit: every request would be denied. Set the quotas first, and the
-    /// cost after them with [`try_cost`](Self::try_cost) when it is read at
-    /// run time.
+    /// limit: every request would be denied.
     #[track_caller]
     pub fn also(mut self, quota: impl Into<NamedQuota>) -> Self {
         let quota = quota.into();
@@ -394,39 +266,9 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Use `quota` instead of the layer's for one route: axum's matched path
-    /// (`/users/{id}`; add the layer with `route_layer`) or a gRPC method
-    /// (`/auth.Auth/Login`). Quotas added with [`also`](Self::also) still
-    /// apply. Routes with equal quotas share counters; key by
-    /// [`RouteKey`](crate::key::RouteKey) too to keep them apart.
-    ///
-    /// Clients see it under the name a [`NamedQuota`] gives it, or
-    /// `"<layer> <route>"` (`"api /auth.Auth/Login"`) for a plain [`Quota`].
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use http::{Request, Response};
-    /// use tower::{Layer, ServiceExt, service_fn};
-    /// use tower_pinned_window::{NamedQuota, Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let minutes = |n, m: u64| Quota::new(n, Duration::from_secs(60 * m)).unwrap();
-    /// let layer = RateLimitLayer::new("api", minutes(100, 1))
-    ///     .route_quota("/auth.Auth/Login", NamedQuota::new("login", minutes(5, 15)))
-    ///     .route_quota("/shop.Shop/Checkout", minutes(10, 1));
-    /// let svc = layer.layer(service_fn(|_req: Request<String>| async {
-    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-    /// }));
-    /// let call = |method: &str| {
-    ///     let request = Request::post(method).header("content-type", "application/grpc");
-    ///     svc.clone().oneshot(request.body(String::new()).unwrap())
-    /// };
-    /// let login = call("/auth.Auth/Login").await.unwrap();
-    /// assert_eq!(login.headers()["ratelimit"], "\"login\";r=4;t=900");
-    /// let checkout = call("/shop.Shop/Checkout").await.unwrap();
-    /// assert_eq!(checkout.headers()["ratelimit"], "\"api /shop.Shop/Checkout\";r=9;t=60");
-    /// # }
-    /// ```
+    /// (add the layer with `route_layer`) or a gRPC method. Quotas added with
+    /// [`also`](Self::also) still apply. Guide:
+    /// `docs/quotas.md#per-route-or-method-route_quota`.
     ///
     /// # Panics
     /// When a fixed [`cost`](Self::cost) set before it is above `quota`'s
@@ -439,38 +281,10 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
         self
     }
 
-    /// Pick a request's quota with `choose` (a tier looked up from what your
-    /// authentication attached, say); `None` falls back to the route's quota
-    /// or the layer's. Quotas added with [`also`](Self::also) still apply.
-    ///
-    /// `choose` returns a [`NamedQuota`] or a plain [`Quota`]; clients see a
-    /// plain one as `"<layer> <limit>/<window>"`. Build named tiers once,
-    /// outside the closure:
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use http::{Request, Response};
-    /// use tower::{Layer, ServiceExt, service_fn};
-    /// use tower_pinned_window::{NamedQuota, Quota, RateLimitLayer};
-    ///
-    /// #[derive(Clone)]
-    /// struct Plan { pro: bool } // set by your authentication layer
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let minute = |n| Quota::new(n, Duration::from_secs(60)).unwrap();
-    /// let pro = NamedQuota::new("pro", minute(1_000));
-    /// let layer = RateLimitLayer::new("api", minute(100))
-    ///     .quota_by(move |req| req.extensions().get::<Plan>()?.pro.then(|| pro.clone()));
-    /// let svc = layer.layer(service_fn(|_req: Request<String>| async {
-    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-    /// }));
-    /// let mut request = Request::new(String::new());
-    /// request.extensions_mut().insert(Plan { pro: true });
-    /// let response = svc.oneshot(request).await.unwrap();
-    /// assert_eq!(response.headers()["ratelimit"], "\"pro\";r=999;t=60");
-    /// # }
-    /// ```
+    /// Pick a request's quota with `choose` (a tier your authentication
+    /// attached, say); `None` falls back to the route's quota or the layer's.
+    /// Quotas added with [`also`](Self::also) still apply. Guide:
+    /// `docs/quotas.md#tiers-quota_by`.
     pub fn quota_by<F, Q>(mut self, choose: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> Option<Q> + Send + Sync + 'static,
@@ -483,39 +297,10 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
         self
     }
 
-    /// Let the requests `skip` picks bypass the limiter: they are not
-    /// counted, get no rate-limit headers and no [`Decision`], and their key
-    /// is never read. The closure's argument type is inferred. Each call adds
-    /// a predicate; a request any of them picks is skipped.
-    ///
-    /// It runs on every request, before the key: keep it cheap. To skip
-    /// clients by address, use [`allowlist`](Self::allowlist), which finds
-    /// the client the way [`ClientIp`](crate::key::ClientIp) does.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
-    ///     .skip_if(|req| req.uri().path() == "/health");
-    /// let app = Router::new()
-    ///     .route("/", get(|| async { "hello" }))
-    ///     .route("/health", get(|| async { "ok" }))
-    ///     .layer(layer);
-    /// let get = |path| Request::get(path).body(Body::empty()).unwrap();
-    /// for _ in 0..3 {
-    ///     let health = app.clone().oneshot(get("/health")).await.unwrap();
-    ///     assert_eq!(health.status(), StatusCode::OK);
-    ///     assert!(health.headers().get("ratelimit").is_none(), "not counted, no headers");
-    /// }
-    /// assert_eq!(app.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::OK);
-    /// assert_eq!(app.oneshot(get("/")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    /// # }
-    /// ```
+    /// Let the requests `skip` picks bypass the limiter: they are not counted,
+    /// get no rate-limit headers and no [`Decision`], and their key is never
+    /// read. Each call adds a predicate; the closure's argument type is
+    /// inferred. Guide: `docs/client-identity.md#skipping-requests`.
     pub fn skip_if<F>(mut self, skip: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
@@ -529,143 +314,18 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Let the clients on `allowlist` bypass the limiter, as
-    /// [`skip_if`](Self::skip_if) does: your own monitoring, an office
-    /// network, partner servers.
-    ///
-    /// The list finds a request's client the way the
-    /// [`ClientIp`](crate::key::ClientIp) it was made with does, through the
-    /// proxies that `ClientIp` trusts and no others: a client cannot skip by
-    /// writing an allowlisted address into `X-Forwarded-For`. The list is
-    /// checked before the key, and independently of it: key by
-    /// [`ClientIp`](crate::key::ClientIp) (give both the same one), by an
-    /// API key, or by anything else. A request whose client cannot be found
-    /// (no peer address, a malformed forwarded entry) is not skipped; it
-    /// goes on to the key extractor, which answers it as it would any other.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::key::{Allowlist, ClientIp};
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let client_ip = ClientIp::new().trust("10.0.0.0/8")?; // the load balancer
-    /// let office = Allowlist::new(client_ip.clone()).allow("192.0.2.0/24")?;
-    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60))?)
-    ///     .key(client_ip)
-    ///     .allowlist(office);
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-    /// let via_balancer = |client: &str| {
-    ///     let mut req = Request::get("/").header("x-forwarded-for", client).body(Body::empty()).unwrap();
-    ///     req.extensions_mut().insert(std::net::SocketAddr::from(([10, 0, 0, 1], 443)));
-    ///     req
-    /// };
-    /// for _ in 0..3 {
-    ///     let office = app.clone().oneshot(via_balancer("192.0.2.7")).await?;
-    ///     assert_eq!(office.status(), StatusCode::OK);
-    /// }
-    /// assert_eq!(app.clone().oneshot(via_balancer("203.0.113.9")).await?.status(), StatusCode::OK);
-    /// assert_eq!(app.oneshot(via_balancer("203.0.113.9")).await?.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// [`skip_if`](Self::skip_if) does, found through the proxies its
+    /// [`ClientIp`](crate::key::ClientIp) trusts and no others. Guide:
+    /// `docs/client-identity.md#skipping-requests`.
     pub fn allowlist(self, allowlist: Allowlist) -> Self {
         self.skip_if(move |req| allowlist.contains(req))
     }
 
-    /// Count a request only if the service's answer says so: `counts`
-    /// reads the answer's status and headers (a [`ResponseHead`]), and a
-    /// request whose answer it rejects has its hit handed back
-    /// ([`Backend::refund`]), in every quota it was counted in; so does a
-    /// denied request. "Five failed
-    /// logins per 15 minutes, successful ones free" is
-    /// `.count_if(|res| res.status() == 401)`, or
-    /// [`count_only`](Self::count_only) with [`CountOnly::AuthFailures`]. The
-    /// closure's argument type is inferred; a later call replaces an earlier
-    /// one.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("login", Quota::new(2, Duration::from_secs(900)).unwrap())
-    ///     .count_if(|res| res.status() == StatusCode::UNAUTHORIZED);
-    /// let app = Router::new()
-    ///     .route("/login", post(|body: String| async move {
-    ///         if body == "hunter2" { StatusCode::OK } else { StatusCode::UNAUTHORIZED }
-    ///     }))
-    ///     .layer(layer);
-    /// let login = |password: &str| {
-    ///     let request = Request::post("/login").body(Body::from(password.to_owned())).unwrap();
-    ///     let app = app.clone();
-    ///     async move { app.oneshot(request).await.unwrap() }
-    /// };
-    /// for _ in 0..5 {
-    ///     assert_eq!(login("hunter2").await.status(), StatusCode::OK, "successes are free");
-    /// }
-    /// assert_eq!(login("guess").await.status(), StatusCode::UNAUTHORIZED);
-    /// assert_eq!(login("guess").await.status(), StatusCode::UNAUTHORIZED);
-    /// let denied = login("hunter2").await; // two failures: even the right password waits
-    /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(denied.headers()["retry-after"], "900");
-    /// # }
-    /// ```
-    ///
-    /// # What counts, and when
-    ///
-    /// - **A request is admitted or denied when it arrives**, by its hit,
-    ///   before any answer is known. Requests still being served hold their
-    ///   hits until their answers are in: with a limit of 5, five slow
-    ///   requests in flight deny a sixth, even if all five are then refunded.
-    ///   So the limit bounds the counted requests plus those in flight, and
-    ///   never more than `limit` counted requests are admitted in a window,
-    ///   however hits and refunds interleave.
-    /// - **A denied request is refunded at once.** It was never served, so
-    ///   it is not an answer that counts. Kept, it would outlive the
-    ///   requests that caused it: with a limit of 5 failures, ten parallel
-    ///   requests that all succeed would leave 5 denials counted after the 5
-    ///   successes were refunded, and the client locked out for the window
-    ///   without a single failure. A denial the Redis deny cache answered
-    ///   was never counted and needs no refund, so a flood costs about one
-    ///   refund per key and instance per round trip, not one per request.
-    /// - **No answer, no refund.** A response future dropped after the
-    ///   service was called but before it answered (the client went away,
-    ///   a timeout layer above gave up) and an error from the service
-    ///   (`S::Error`, which is not an answer) leave the hit counted. The
-    ///   service may have done the work (checked the password) before it
-    ///   was dropped, so a refund would let a client that hangs up early try
-    ///   for free. A hit whose count never came back (the future dropped
-    ///   while waiting for it, a backend timeout) leaves whatever the
-    ///   backend counted, unrefunded.
-    /// - **A refund is taken in the hit's own window only**
-    ///   ([`Hit::deadline`](crate::backend::Hit::deadline)): once that window
-    ///   has closed, or been reset and a new one opened, it does nothing; it
-    ///   never creates a counter, never gives one a lifetime and never takes
-    ///   a count below zero.
-    /// - **Each hit is refunded at most once, and a failed refund is not
-    ///   retried**: a backend that is down leaves the hit counted (logged at
-    ///   most once every few seconds). So does a process that stops between
-    ///   the hit and the refund.
-    /// - **The client does not wait for the refund.** It is issued when the
-    ///   answer is produced: the memory backend takes it at once; a backend
-    ///   that has to go out (Redis) finishes it on a tokio task. Outside a
-    ///   tokio runtime, the response waits for it instead.
-    /// - **The answer is judged by its head.** A status that comes later
-    ///   (a gRPC status in the trailers, after the messages; an error while
-    ///   the body streams) is not seen.
-    /// - The response's headers and [`Decision`] show the count without the
-    ///   refunded hit ([`Decision::refunded`]); the decision given to
-    ///   [`on_decision`](Self::on_decision), made before the answer, counts
-    ///   it. A skipped request, or one passed uncounted (fail-open,
-    ///   [`OnMissingKey::Allow`]), has no hit to refund.
-    /// - Without `count_if`, nothing of this runs: no hit is kept past the
-    ///   verdict, nothing is allocated, nothing is refunded.
+    /// Count a request only if the service's answer says so: `counts` reads
+    /// the answer's [`ResponseHead`], and a hit it rejects is handed back
+    /// ([`Backend::refund`]) in every quota, as a denied request's is. The
+    /// closure's argument type is inferred; a later call replaces an earlier one.
+    /// Guide (what counts, and when): `docs/outcomes.md`.
     pub fn count_if<F>(mut self, counts: F) -> Self
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
@@ -675,17 +335,7 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Count only the answers `which` names: [`count_if`](Self::count_if)
-    /// with one of the usual choices (failures, failed authentication,
-    /// server errors, successes), which read the HTTP status and the head's
-    /// gRPC status.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{CountOnly, Quota, RateLimitLayer};
-    ///
-    /// let login = RateLimitLayer::new("login", Quota::new(5, Duration::from_secs(900)).unwrap())
-    ///     .count_only(CountOnly::AuthFailures);
-    /// ```
+    /// with one of the usual choices ([`CountOnly`]). Guide: `docs/outcomes.md`.
     pub fn count_only(self, which: CountOnly) -> Self {
         self.count_if(move |res| which.counts(res))
     }
@@ -716,22 +366,11 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
 
     /// How long one backend call may take (default [`DEFAULT_TIMEOUT`]);
     /// past it the request is handled under the [`FailurePolicy`]. The timer
-    /// only starts if the backend does not answer at once, so the in-memory
-    /// backend never arms it.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{DEFAULT_TIMEOUT, Quota, RateLimitLayer};
-    ///
-    /// assert_eq!(DEFAULT_TIMEOUT, Duration::from_millis(100));
-    /// // A store across the world: give it longer.
-    /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap())
-    ///     .timeout(Duration::from_millis(250));
-    /// ```
+    /// only starts if the backend does not answer at once. Guide:
+    /// `docs/usage.md#values-read-at-run-time`.
     ///
     /// # Panics
-    /// When `timeout` is zero (every call would time out), like
-    /// [`http::HeaderValue::from_static`] on a bad literal. Use
+    /// When `timeout` is zero (every call would time out). Use
     /// [`try_timeout`](Self::try_timeout) for a value read at run time.
     #[track_caller]
     pub fn timeout(self, timeout: Duration) -> Self {
@@ -742,17 +381,6 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Like [`timeout`](Self::timeout), for a value read at run time.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap());
-    /// assert!(matches!(
-    ///     layer.try_timeout(Duration::ZERO),
-    ///     Err(ConfigError::ZeroTimeout)
-    /// ));
-    /// ```
     ///
     /// # Errors
     /// [`ConfigError::ZeroTimeout`] for zero.
@@ -793,36 +421,19 @@ impl<K, Bk, D, C> RateLimitLayer<K, Bk, D, C> {
         self
     }
 
-    /// The layer's name. See the [example](Self::try_new).
+    /// The layer's name.
     pub fn name(&self) -> &str {
         &self.core.settings.name
     }
 
-    /// The layer's quota. See the [example](Self::try_new).
+    /// The layer's quota.
     pub fn quota(&self) -> Quota {
         self.core.settings.policies.default_quota()
     }
 
     /// The layer's backend, for [`peek`](Backend::peek) and
-    /// [`reset`](Backend::reset).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::Request, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, backend::Backend, key::Key};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap());
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer.clone());
-    /// app.oneshot(Request::new(Body::empty())).await.unwrap();
-    /// // The layer's own quota counts under its name; every request shares
-    /// // the global key.
-    /// let hit = layer.backend_ref().peek("api", &Key::new("*")).await.unwrap();
-    /// assert_eq!(hit.map(|hit| hit.count), Some(1));
-    /// # }
-    /// ```
+    /// [`reset`](Backend::reset). Guide:
+    /// `docs/usage.md#sharing-a-backend-reading-a-counter`.
     pub fn backend_ref(&self) -> &Bk {
         &self.core.backend
     }
@@ -846,45 +457,16 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
         Ok(self.core.settings.spend.get_or_insert_with(SpendPlan::new))
     }
 
-    /// Every request costs `cost` in each of its quotas, instead of 1: a
-    /// request is admitted only if its whole cost fits in what is left of
-    /// every quota, and then counts `cost` in each; a denied request spends
-    /// nothing. A cost of 0 checks without counting: admitted while the
-    /// counter is under its limit.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // An export costs 3 of 10 a minute.
-    /// let layer = RateLimitLayer::new("export", Quota::new(10, Duration::from_secs(60)).unwrap())
-    ///     .cost(3);
-    /// let app = Router::new().route("/export", post(|| async { "done" })).layer(layer);
-    /// let export = || app.clone().oneshot(Request::post("/export").body(Body::empty()).unwrap());
-    /// for left in [7, 4, 1] {
-    ///     let response = export().await.unwrap();
-    ///     assert_eq!(response.headers()["ratelimit"], format!("\"export\";r={left};t=60").as_str());
-    /// }
-    /// // 1 left: a cost of 3 does not fit, and spends nothing.
-    /// assert_eq!(export().await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    /// # }
-    /// ```
-    ///
-    /// The cost is checked against the layer's quota, its routes' and those
-    /// added with [`also`](Self::also), whichever comes first: `also` or
-    /// `route_quota` after `cost` panics on a quota the cost exceeds. A
-    /// quota picked by [`quota_by`](Self::quota_by) is known only per
-    /// request: one the cost exceeds denies that request, with
-    /// [`Decision::never_fits`].
+    /// Every request costs `cost` in each of its quotas, instead of 1: it is
+    /// admitted only if its whole cost fits in every quota, and a denied request
+    /// spends nothing. A cost of 0 checks without counting. Guide:
+    /// `docs/costs.md#request-cost`.
     ///
     /// # Panics
-    /// When `cost` is above one of those limits (it could never be
-    /// admitted), or the backend does not support spending. Use
-    /// [`try_cost`](Self::try_cost) for a cost read at run time.
+    /// When `cost` is above the limit of a quota the layer has (its own, its
+    /// routes', those added with [`also`](Self::also)), or the backend does not
+    /// support spending. Use [`try_cost`](Self::try_cost) for a cost read at run
+    /// time.
     #[track_caller]
     pub fn cost(self, cost: u64) -> Self {
         match self.try_cost(cost) {
@@ -894,18 +476,6 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Like [`cost`](Self::cost), for a cost read at run time.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new("export", Quota::new(10, Duration::from_secs(60)).unwrap());
-    /// assert_eq!(
-    ///     layer.clone().try_cost(11).unwrap_err(),
-    ///     ConfigError::CostAboveLimit { cost: 11, limit: 10 }
-    /// );
-    /// assert!(layer.try_cost(10).is_ok());
-    /// ```
     ///
     /// # Errors
     /// [`ConfigError::CostAboveLimit`] when `cost` is above the limit of a
@@ -920,38 +490,10 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
         Ok(self)
     }
 
-    /// Each request costs what `cost` reads from its head (a header, the
-    /// route, an extension your authentication set), in each of its quotas:
-    /// [`cost`](Self::cost), per request. A cost above a quota's limit can
-    /// never be admitted: the request is denied without counting, with
-    /// [`Decision::never_fits`] and no `Retry-After` (see its example). The
-    /// closure's argument type is inferred; it runs on every request, before
-    /// the backend is called: keep it cheap.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // A batch of N items costs N, of 100 a minute.
-    /// let layer = RateLimitLayer::new("items", Quota::new(100, Duration::from_secs(60)).unwrap())
-    ///     .cost_fn(|req| {
-    ///         let items = req.headers().get("x-batch-size").and_then(|v| v.to_str().ok()?.parse().ok());
-    ///         items.unwrap_or(1)
-    ///     });
-    /// let app = Router::new().route("/batch", post(|| async { "ok" })).layer(layer);
-    /// let batch = |n: u64| {
-    ///     let request = Request::post("/batch").header("x-batch-size", n).body(Body::empty()).unwrap();
-    ///     app.clone().oneshot(request)
-    /// };
-    /// assert_eq!(batch(60).await.unwrap().status(), StatusCode::OK);
-    /// assert_eq!(batch(60).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(batch(40).await.unwrap().status(), StatusCode::OK, "40 still fit");
-    /// # }
-    /// ```
+    /// Each request costs what `cost` reads from its head, in each of its
+    /// quotas: [`cost`](Self::cost), per request. A cost above a quota's limit
+    /// is denied without counting ([`Decision::never_fits`]). It runs on every
+    /// request: keep it cheap. Guide: `docs/costs.md#request-cost`.
     ///
     /// # Panics
     /// When the backend does not support spending; use
@@ -969,15 +511,6 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
 
     /// Like [`cost_fn`](Self::cost_fn), with the error instead of a panic.
     ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new("items", Quota::new(100, Duration::from_secs(60)).unwrap())
-    ///     .try_cost_fn(|req| if req.method() == "POST" { 5 } else { 1 })
-    ///     .unwrap();
-    /// ```
-    ///
     /// # Errors
     /// [`ConfigError::SpendUnsupported`] when the backend does not support
     /// spending.
@@ -989,65 +522,10 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
         Ok(self)
     }
 
-    /// Charge each answer what `charge` reads from it once the service has
-    /// answered: its status and headers, and, for a streamed body, its
-    /// trailers and last data frame, read when the body ends (see
-    /// [`ResponseEnd`]). A budget can then be counted in what the answers
-    /// cost (LLM tokens, rows, bytes) rather than in requests.
-    ///
-    /// - A request is admitted while its counter is under its limit, since
-    ///   its cost is not known yet: its own cost is 0 (a
-    ///   [`cost`](Self::cost) set too is spent on the way in, as usual).
-    /// - The charge is added to every counter the request was counted in,
-    ///   in one atomic step each ([`Backend::amend`]), and may take a count
-    ///   past its limit: later requests are then denied until the window
-    ///   closes.
-    /// - Like a refund, a charge never creates a counter, never gives one a
-    ///   lifetime, and only touches the window its request was counted in:
-    ///   a charge that lands after that window closed (or was reset) does
-    ///   nothing.
-    /// - A body dropped before its end (the client went away mid-stream) is
-    ///   charged when it is dropped, with what was sent by then
-    ///   ([`ResponseEnd::complete`] is `false`): the service did the work.
-    /// - The answer's rate-limit headers and [`Decision`] show the count
-    ///   before the charge.
-    /// - An answer [`count_if`](Self::count_if) does not count, or that
-    ///   [`reset_if`](Self::reset_if) picks, is not charged.
-    ///
-    /// The answers' bodies become [`Metered`](crate::Metered) around the
-    /// service's own, which axum and tonic take as they take the body
-    /// inside. A layer without a charge keeps the service's body type, and
-    /// pays nothing for this.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let tokens = RateLimitLayer::new("tokens", Quota::new(1000, Duration::from_secs(60)).unwrap())
-    ///     .charge(|end| {
-    ///         let used = end.headers().get("x-usage-tokens").and_then(|v| v.to_str().ok()?.parse().ok());
-    ///         used.unwrap_or(0)
-    ///     });
-    /// let app = Router::new()
-    ///     .route("/complete", post(|| async { ([("x-usage-tokens", "600")], "...") }))
-    ///     .layer(tokens);
-    /// let complete = || async {
-    ///     let response = app.clone().oneshot(Request::post("/complete").body(Body::empty()).unwrap());
-    ///     let response = response.await.unwrap();
-    ///     let status = response.status();
-    ///     // The charge is taken when the body ends.
-    ///     axum::body::to_bytes(axum::body::Body::new(response.into_body()), 1024).await.unwrap();
-    ///     status
-    /// };
-    /// assert_eq!(complete().await, StatusCode::OK); // 600 of 1000
-    /// assert_eq!(complete().await, StatusCode::OK); // under the limit: admitted, 1200
-    /// assert_eq!(complete().await, StatusCode::TOO_MANY_REQUESTS);
-    /// # }
-    /// ```
+    /// Charge each answer what `charge` reads from its [`ResponseEnd`] once its
+    /// body has ended (LLM tokens, rows, bytes), in every counter its request
+    /// was counted in. The answers' bodies become [`Metered`](crate::Metered).
+    /// Guide: `docs/costs.md#response-cost-charge`.
     ///
     /// # Panics
     /// When the backend does not support spending; use
@@ -1064,15 +542,6 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Like [`charge`](Self::charge), with the error instead of a panic.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// let bytes = RateLimitLayer::new("egress", Quota::new(1 << 30, Duration::from_secs(86_400)).unwrap())
-    ///     .try_charge(|end| end.headers().get("content-length").and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0))
-    ///     .unwrap();
-    /// ```
     ///
     /// # Errors
     /// [`ConfigError::SpendUnsupported`] when the backend does not support
@@ -1093,35 +562,10 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
         })
     }
 
-    /// Lock a key out for `duration` once a request does not fit in its
-    /// count: that request and every one after it are denied until the
-    /// lockout ends, counted from that first denial. The lockout is pinned
-    /// like the window: more attempts never extend it. `Retry-After` and the
-    /// rate-limit headers give the lockout's end. Each quota of the request
-    /// locks on its own; [`reset`](Backend::reset) lifts a key's counter and
-    /// lockout. Sub-millisecond parts round up, as a [`Window`]'s do.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // 3 attempts a minute; past them, locked out for an hour.
-    /// let layer = RateLimitLayer::new("otp", Quota::new(3, Duration::from_secs(60)).unwrap())
-    ///     .block_for(Duration::from_secs(3600));
-    /// let app = Router::new().route("/otp", post(|| async { "checked" })).layer(layer);
-    /// let attempt = || app.clone().oneshot(Request::post("/otp").body(Body::empty()).unwrap());
-    /// for _ in 0..3 {
-    ///     assert_eq!(attempt().await.unwrap().status(), StatusCode::OK);
-    /// }
-    /// let locked = attempt().await.unwrap();
-    /// assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(locked.headers()["retry-after"], "3600");
-    /// # }
-    /// ```
+    /// Lock a key out for `duration` from its first request that does not fit:
+    /// it and every request after it are denied until the lockout ends, which
+    /// more attempts never extend. Sub-millisecond parts round up, as a
+    /// [`Window`]'s do. Guide: `docs/costs.md#lockouts-block_for`.
     ///
     /// # Panics
     /// When `duration` is zero or longer than [`Window::MAX`], or the
@@ -1136,18 +580,6 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Like [`block_for`](Self::block_for), for a value read at run time.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new("otp", Quota::new(3, Duration::from_secs(60)).unwrap());
-    /// assert_eq!(
-    ///     layer.clone().try_block_for(Duration::ZERO).unwrap_err(),
-    ///     ConfigError::ZeroBlock
-    /// );
-    /// assert!(layer.try_block_for(Duration::from_micros(1)).is_ok(), "rounds up to 1 ms");
-    /// ```
     ///
     /// # Errors
     /// [`ConfigError::ZeroBlock`] for zero, [`ConfigError::BlockTooLong`]
@@ -1164,60 +596,8 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
 
     /// Clear the key's counter in each of the request's quotas when the
     /// service's answer is one `reset` picks: "5 failures in a row", not "5
-    /// failures per window". The clear ([`Backend::amend`] with
-    /// [`Amend::Clear`](crate::backend::Amend::Clear)) applies only to the
-    /// window the request was counted in and never creates a counter; the
-    /// answer's [`Decision`] is [`cleared`](Decision::cleared). A request
-    /// that was denied is never served, so never resets anything. The
-    /// closure's argument type is inferred.
-    ///
-    /// **The trade-off:** whoever knows one valid password can clear the
-    /// counter it shares with others. Counted per client IP, one account's
-    /// owner (or an attacker holding one stolen password) resets the
-    /// counter between guesses at every other account from that address.
-    /// Count per username *and* IP, so that a success clears only that
-    /// pair's run:
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::key::{HeaderKey, Key, KeyExtractor, KeyError, PeerIp};
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let user = HeaderKey::new(http::HeaderName::from_static("x-username"));
-    /// let layer = RateLimitLayer::new("login", Quota::new(3, Duration::from_secs(900)).unwrap())
-    ///     .key((user, PeerIp::new())) // the pair: username and client IP
-    ///     .reset_if(|res| res.status() == StatusCode::OK);
-    /// let app = Router::new()
-    ///     .route("/login", post(|body: String| async move {
-    ///         if body == "hunter2" { StatusCode::OK } else { StatusCode::UNAUTHORIZED }
-    ///     }))
-    ///     .layer(layer);
-    /// let login = |user: &str, password: &str| {
-    ///     let mut request = Request::post("/login")
-    ///         .header("x-username", user)
-    ///         .body(Body::from(password.to_owned()))
-    ///         .unwrap();
-    ///     request.extensions_mut().insert(axum::extract::ConnectInfo(
-    ///         std::net::SocketAddr::from(([192, 0, 2, 7], 4711)),
-    ///     ));
-    ///     app.clone().oneshot(request)
-    /// };
-    /// for _ in 0..2 {
-    ///     assert_eq!(login("alice", "guess").await.unwrap().status(), StatusCode::UNAUTHORIZED);
-    /// }
-    /// // Alice's success clears her run of failures, not anyone else's.
-    /// assert_eq!(login("alice", "hunter2").await.unwrap().status(), StatusCode::OK);
-    /// for _ in 0..3 {
-    ///     assert_eq!(login("bob", "guess").await.unwrap().status(), StatusCode::UNAUTHORIZED);
-    /// }
-    /// assert_eq!(login("bob", "guess").await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(login("alice", "guess").await.unwrap().status(), StatusCode::UNAUTHORIZED);
-    /// # }
-    /// ```
+    /// failures per window". Key by username *and* IP: read the trade-off in
+    /// the guide, `docs/costs.md#reset-on-success-reset_if`.
     ///
     /// # Panics
     /// When the backend does not support spending; use
@@ -1234,15 +614,6 @@ impl<K, Bk: Backend, D, C> RateLimitLayer<K, Bk, D, C> {
     }
 
     /// Like [`reset_if`](Self::reset_if), with the error instead of a panic.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// let layer = RateLimitLayer::new("login", Quota::new(5, Duration::from_secs(900)).unwrap())
-    ///     .try_reset_if(|res| res.status().is_success())
-    ///     .unwrap();
-    /// ```
     ///
     /// # Errors
     /// [`ConfigError::SpendUnsupported`] when the backend does not support
