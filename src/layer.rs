@@ -25,8 +25,7 @@ use crate::response::{DefaultDeny, HeaderStyle};
 use crate::service::RateLimit;
 
 /// How long a backend call may take before the request is handled as if the
-/// backend were down; see [`timeout`](RateLimitLayer::timeout) for an
-/// example.
+/// backend were down; see [`timeout`](RateLimitLayer::timeout).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 
 /// Applies a pinned-window rate limit to a service.
@@ -42,28 +41,19 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// [name](Self::new) namespaces its keys, so two layers never share counters
 /// unless they share both a backend and a name.
 ///
-/// ```
-/// use std::time::Duration;
-/// use axum::{Router, routing::get};
-/// use tower_pinned_window::{Quota, RateLimitLayer};
-///
-/// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
-/// let app: Router = Router::new()
-///     .route("/", get(|| async { "hello" }))
-///     .layer(RateLimitLayer::new("api", quota));
-/// ```
+/// Every option, with examples, is in the guides (Markdown files in the
+/// repository): `docs/usage.md` (the options table), `docs/quotas.md`,
+/// `docs/client-identity.md`, `docs/outcomes.md`, `docs/costs.md` and
+/// `docs/headers.md`.
 ///
 /// # The response body must implement `Default`
 ///
-/// The layer answers a denial itself, with an empty body of the service's
-/// own response body type: the wrapped service's `Response<ResBody>` needs
-/// `ResBody: Default` (as tower-http's `TimeoutLayer` and
-/// `ValidateRequestHeaderLayer` do). axum's, tonic's and hyper's bodies
-/// implement it; a layer that wraps the body in a type of its own may not:
-/// tower-http's `TraceLayer` and `CompressionLayer` do not. Put this layer
-/// *inside* those (below them in a `ServiceBuilder`, whose first layer is the
-/// outermost), which is also where it belongs: the trace then records the
-/// 429s.
+/// A denial is answered with an empty body of the service's own body type,
+/// so the wrapped service's `Response<ResBody>` needs `ResBody: Default`.
+/// tower-http's `TraceLayer` and `CompressionLayer` wrap the body in types
+/// without it: put this layer *inside* them (below them in a
+/// `ServiceBuilder`), where the trace also records the 429s. Guide:
+/// `docs/usage.md#with-other-layers-the-response-body-must-implement-default`.
 ///
 /// ```
 /// use std::time::Duration;
@@ -91,23 +81,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// # }
 /// ```
 ///
-/// The other way round, the limiter would have to build tower-http's
-/// `ResponseBody`, which has no `Default`, and the compiler says
-/// ``the trait bound `DefaultDeny: Deny<ResponseBody<..>>` is not satisfied``:
-///
-/// ```compile_fail,E0277
-/// # use std::time::Duration;
-/// # use axum::{Router, routing::get};
-/// # use tower::ServiceBuilder;
-/// # use tower_http::trace::TraceLayer;
-/// # use tower_pinned_window::{Quota, RateLimitLayer};
-/// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(
-///     ServiceBuilder::new()
-///         .layer(RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap()))
-///         .layer(TraceLayer::new_for_http()),
-/// );
-/// ```
-///
 /// `M` is the layer's [`Mode`]: [`Plain`] unless it spends (a
 /// [`cost`](Self::cost), a [`block_for`](Self::block_for), a
 /// [`reset_if`](Self::reset_if)) or has a [`charge`](Self::charge).
@@ -127,13 +100,11 @@ impl RateLimitLayer {
     /// A layer named `name` that limits every request to `quota` in one
     /// global budget, counted in a fresh [`MemoryBackend`]. Pick the key with
     /// [`key`](Self::key) and the store with [`backend`](Self::backend).
-    /// See the [type's examples](RateLimitLayer).
     ///
     /// # Panics
-    /// When `name` is not 1 to [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN) characters from
-    /// `A-Z a-z 0-9 _ - . :`, like [`http::HeaderValue::from_static`]: a
-    /// literal name is checked once, when the layer is built. Use
-    /// [`try_new`](Self::try_new) for a name known only at run time.
+    /// When `name` is not 1 to [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN)
+    /// characters from `A-Z a-z 0-9 _ - . :`. Use [`try_new`](Self::try_new) for
+    /// a name known only at run time.
     #[track_caller]
     pub fn new(name: &'static str, quota: Quota) -> Self {
         match Self::try_new(name, quota) {
@@ -142,21 +113,8 @@ impl RateLimitLayer {
         }
     }
 
-    /// Like [`new`](Self::new), for a name known only at run time.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
-    ///
-    /// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
-    /// let layer = RateLimitLayer::try_new(String::from("tenant-7"), quota).unwrap();
-    /// assert_eq!(layer.name(), "tenant-7");
-    /// assert_eq!(layer.quota(), quota);
-    /// assert!(matches!(
-    ///     RateLimitLayer::try_new("no spaces", quota),
-    ///     Err(ConfigError::InvalidName(_))
-    /// ));
-    /// ```
+    /// Like [`new`](Self::new), for a name known only at run time. Guide:
+    /// `docs/usage.md#values-read-at-run-time`.
     ///
     /// # Errors
     /// [`ConfigError::InvalidName`] for a name that is empty, longer than
@@ -187,8 +145,8 @@ impl RateLimitLayer {
 impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     /// Charge each request to the key `key` extracts (see [`crate::key`]):
     /// a built-in extractor, a pair of them, or your own [`KeyExtractor`].
-    /// For a closure, use [`key_fn`](Self::key_fn), which infers its
-    /// argument's type.
+    /// For a closure, use [`key_fn`](Self::key_fn). Guide:
+    /// `docs/client-identity.md`.
     pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D, M> {
         RateLimitLayer {
             key,
@@ -197,28 +155,9 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
         }
     }
 
-    /// Charge each request to the key `key` reads from the request's head.
-    /// The closure's argument type is inferred:
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::key::{Key, KeyError};
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("per-user", Quota::new(10, Duration::from_secs(60)).unwrap())
-    ///     .key_fn(|req| match req.headers().get("x-user-id") {
-    ///         Some(id) => Ok(Key::new(id.as_bytes())),
-    ///         None => Err(KeyError::missing("x-user-id")),
-    ///     });
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-    /// let anonymous = app.oneshot(Request::new(Body::empty())).await.unwrap();
-    /// assert_eq!(anonymous.status(), StatusCode::BAD_REQUEST);
-    /// # }
-    /// ```
+    /// Charge each request to the key the closure `key` reads from the
+    /// request's head; its argument type is inferred. Guide:
+    /// `docs/usage.md#your-own-key-your-own-denial`.
     pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D, M>
     where
         F: Fn(&RequestHead<'_>) -> Result<Key, KeyError>,
@@ -228,18 +167,8 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
 
     /// Keep counters in `backend` instead of this layer's own
     /// [`MemoryBackend`]. Layers given clones of one backend share counters
-    /// only where their names are equal.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, backend::MemoryBackend};
-    ///
-    /// let store = MemoryBackend::new();
-    /// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
-    /// // Two routers, one budget: same store, same name.
-    /// let public = RateLimitLayer::new("api", quota).backend(store.clone());
-    /// let admin = RateLimitLayer::new("api", quota).backend(store);
-    /// ```
+    /// only where their names are equal. Guide:
+    /// `docs/usage.md#sharing-a-backend-reading-a-counter`.
     ///
     /// A layer that spends (a [cost](Self::cost), a [charge](Self::charge), a
     /// [lockout](Self::block_for) or a [reset on success](Self::reset_if))
@@ -259,32 +188,9 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     }
 
     /// Answer denied (non-gRPC) requests with `deny`'s response instead of
-    /// an empty 429. `Retry-After` and the rate-limit headers are added to
-    /// it, each unless the response already has it: a `Retry-After` you set
-    /// is kept. The closure's argument type is inferred:
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, Response, StatusCode}, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
-    ///     .deny_with(|d| {
-    ///         let mut res = Response::new(Body::from(format!("try again in {} s", d.reset_secs())));
-    ///         *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-    ///         res
-    ///     });
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-    /// app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
-    /// let denied = app.oneshot(Request::new(Body::empty())).await.unwrap();
-    /// assert_eq!(denied.headers()["retry-after"], "60");
-    /// let body = axum::body::to_bytes(denied.into_body(), 1024).await.unwrap();
-    /// assert_eq!(body, "try again in 60 s");
-    /// # }
-    /// ```
+    /// an empty 429. `Retry-After` and the rate-limit headers are added to it,
+    /// each unless the response already has it. The closure's argument type is
+    /// inferred. Guide: `docs/usage.md#your-own-key-your-own-denial`.
     pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F, M>
     where
         F: Fn(&Decision) -> Response<B>,
@@ -301,39 +207,16 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     }
 
     /// Which rate-limit headers responses carry (default: the IETF fields).
-    /// See the [example](HeaderStyle#example).
+    /// See the [example](HeaderStyle#example); guide: `docs/headers.md`.
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         self.core.settings.policies.set_style(style);
         self
     }
 
-    /// Check every request against `quota` too, in the same backend call:
-    /// `Quota` 5 per minute *and* (`also`) 100 per day. A request over any of
-    /// its quotas is denied; every quota counts every request. Each quota
-    /// other than the layer's own has its own counters, named
-    /// `name:LIMIT/WINDOWms` in storage.
-    ///
-    /// Clients see it under the name a [`NamedQuota`] gives it, or
-    /// `"<layer> <limit>/<window>"` (`"api 100/1d"`) for a plain [`Quota`].
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::Request, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
-    ///     .also(Quota::new(100, Duration::from_secs(86_400)).unwrap());
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-    /// let response = app.oneshot(Request::new(Body::empty())).await.unwrap();
-    /// assert_eq!(
-    ///     response.headers()["ratelimit-policy"],
-    ///     "\"api\";q=5;w=60, \"api 100/1d\";q=100;w=86400"
-    /// );
-    /// # }
-    /// ```
+    /// Check every request against `quota` too, in the same backend call: a
+    /// request over any of its quotas is denied. Clients see it under the name a
+    /// [`NamedQuota`] gives it, or `"<layer> <limit>/<window>"` for a plain
+    /// [`Quota`]. Guide: `docs/quotas.md#more-quotas-also`.
     ///
     /// A fixed [`cost`](Self::cost) above `quota`'s limit is refused when
     /// the layer is built ([`check`](Self::check)).
@@ -343,39 +226,9 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     }
 
     /// Use `quota` instead of the layer's for one route: axum's matched path
-    /// (`/users/{id}`; add the layer with `route_layer`) or a gRPC method
-    /// (`/auth.Auth/Login`). Quotas added with [`also`](Self::also) still
-    /// apply. Routes with equal quotas share counters; key by
-    /// [`RouteKey`](crate::key::RouteKey) too to keep them apart.
-    ///
-    /// Clients see it under the name a [`NamedQuota`] gives it, or
-    /// `"<layer> <route>"` (`"api /auth.Auth/Login"`) for a plain [`Quota`].
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use http::{Request, Response};
-    /// use tower::{Layer, ServiceExt, service_fn};
-    /// use tower_pinned_window::{NamedQuota, Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let minutes = |n, m: u64| Quota::new(n, Duration::from_secs(60 * m)).unwrap();
-    /// let layer = RateLimitLayer::new("api", minutes(100, 1))
-    ///     .route_quota("/auth.Auth/Login", NamedQuota::new("login", minutes(5, 15)))
-    ///     .route_quota("/shop.Shop/Checkout", minutes(10, 1));
-    /// let svc = layer.layer(service_fn(|_req: Request<String>| async {
-    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-    /// }));
-    /// let call = |method: &str| {
-    ///     let request = Request::post(method).header("content-type", "application/grpc");
-    ///     svc.clone().oneshot(request.body(String::new()).unwrap())
-    /// };
-    /// let login = call("/auth.Auth/Login").await.unwrap();
-    /// assert_eq!(login.headers()["ratelimit"], "\"login\";r=4;t=900");
-    /// let checkout = call("/shop.Shop/Checkout").await.unwrap();
-    /// assert_eq!(checkout.headers()["ratelimit"], "\"api /shop.Shop/Checkout\";r=9;t=60");
-    /// # }
-    /// ```
+    /// (add the layer with `route_layer`) or a gRPC method. Quotas added with
+    /// [`also`](Self::also) still apply. Guide:
+    /// `docs/quotas.md#per-route-or-method-route_quota`.
     ///
     /// A fixed [`cost`](Self::cost) above `quota`'s limit is refused when
     /// the layer is built, as for [`also`](Self::also).
@@ -384,38 +237,10 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
         self
     }
 
-    /// Pick a request's quota with `choose` (a tier looked up from what your
-    /// authentication attached, say); `None` falls back to the route's quota
-    /// or the layer's. Quotas added with [`also`](Self::also) still apply.
-    ///
-    /// `choose` returns a [`NamedQuota`] or a plain [`Quota`]; clients see a
-    /// plain one as `"<layer> <limit>/<window>"`. Build named tiers once,
-    /// outside the closure:
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use http::{Request, Response};
-    /// use tower::{Layer, ServiceExt, service_fn};
-    /// use tower_pinned_window::{NamedQuota, Quota, RateLimitLayer};
-    ///
-    /// #[derive(Clone)]
-    /// struct Plan { pro: bool } // set by your authentication layer
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let minute = |n| Quota::new(n, Duration::from_secs(60)).unwrap();
-    /// let pro = NamedQuota::new("pro", minute(1_000));
-    /// let layer = RateLimitLayer::new("api", minute(100))
-    ///     .quota_by(move |req| req.extensions().get::<Plan>()?.pro.then(|| pro.clone()));
-    /// let svc = layer.layer(service_fn(|_req: Request<String>| async {
-    ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-    /// }));
-    /// let mut request = Request::new(String::new());
-    /// request.extensions_mut().insert(Plan { pro: true });
-    /// let response = svc.oneshot(request).await.unwrap();
-    /// assert_eq!(response.headers()["ratelimit"], "\"pro\";r=999;t=60");
-    /// # }
-    /// ```
+    /// Pick a request's quota with `choose` (a tier your authentication
+    /// attached, say); `None` falls back to the route's quota or the layer's.
+    /// Quotas added with [`also`](Self::also) still apply. Guide:
+    /// `docs/quotas.md#tiers-quota_by`.
     pub fn quota_by<F, Q>(mut self, choose: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> Option<Q> + Send + Sync + 'static,
@@ -428,39 +253,10 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
         self
     }
 
-    /// Let the requests `skip` picks bypass the limiter: they are not
-    /// counted, get no rate-limit headers and no [`Decision`], and their key
-    /// is never read. The closure's argument type is inferred. Each call adds
-    /// a predicate; a request any of them picks is skipped.
-    ///
-    /// It runs on every request, before the key: keep it cheap. To skip
-    /// clients by address, use [`allowlist`](Self::allowlist), which finds
-    /// the client the way [`ClientIp`](crate::key::ClientIp) does.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
-    ///     .skip_if(|req| req.uri().path() == "/health");
-    /// let app = Router::new()
-    ///     .route("/", get(|| async { "hello" }))
-    ///     .route("/health", get(|| async { "ok" }))
-    ///     .layer(layer);
-    /// let get = |path| Request::get(path).body(Body::empty()).unwrap();
-    /// for _ in 0..3 {
-    ///     let health = app.clone().oneshot(get("/health")).await.unwrap();
-    ///     assert_eq!(health.status(), StatusCode::OK);
-    ///     assert!(health.headers().get("ratelimit").is_none(), "not counted, no headers");
-    /// }
-    /// assert_eq!(app.clone().oneshot(get("/")).await.unwrap().status(), StatusCode::OK);
-    /// assert_eq!(app.oneshot(get("/")).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    /// # }
-    /// ```
+    /// Let the requests `skip` picks bypass the limiter: they are not counted,
+    /// get no rate-limit headers and no [`Decision`], and their key is never
+    /// read. Each call adds a predicate; the closure's argument type is
+    /// inferred. Guide: `docs/client-identity.md#skipping-requests`.
     pub fn skip_if<F>(mut self, skip: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
@@ -474,143 +270,18 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     }
 
     /// Let the clients on `allowlist` bypass the limiter, as
-    /// [`skip_if`](Self::skip_if) does: your own monitoring, an office
-    /// network, partner servers.
-    ///
-    /// The list finds a request's client the way the
-    /// [`ClientIp`](crate::key::ClientIp) it was made with does, through the
-    /// proxies that `ClientIp` trusts and no others: a client cannot skip by
-    /// writing an allowlisted address into `X-Forwarded-For`. The list is
-    /// checked before the key, and independently of it: key by
-    /// [`ClientIp`](crate::key::ClientIp) (give both the same one), by an
-    /// API key, or by anything else. A request whose client cannot be found
-    /// (no peer address, a malformed forwarded entry) is not skipped; it
-    /// goes on to the key extractor, which answers it as it would any other.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::key::{Allowlist, ClientIp};
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    /// let client_ip = ClientIp::new().trust("10.0.0.0/8")?; // the load balancer
-    /// let office = Allowlist::new(client_ip.clone()).allow("192.0.2.0/24")?;
-    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60))?)
-    ///     .key(client_ip)
-    ///     .allowlist(office);
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-    /// let via_balancer = |client: &str| {
-    ///     let mut req = Request::get("/").header("x-forwarded-for", client).body(Body::empty()).unwrap();
-    ///     req.extensions_mut().insert(std::net::SocketAddr::from(([10, 0, 0, 1], 443)));
-    ///     req
-    /// };
-    /// for _ in 0..3 {
-    ///     let office = app.clone().oneshot(via_balancer("192.0.2.7")).await?;
-    ///     assert_eq!(office.status(), StatusCode::OK);
-    /// }
-    /// assert_eq!(app.clone().oneshot(via_balancer("203.0.113.9")).await?.status(), StatusCode::OK);
-    /// assert_eq!(app.oneshot(via_balancer("203.0.113.9")).await?.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// # Ok(())
-    /// # }
-    /// ```
+    /// [`skip_if`](Self::skip_if) does, found through the proxies its
+    /// [`ClientIp`](crate::key::ClientIp) trusts and no others. Guide:
+    /// `docs/client-identity.md#skipping-requests`.
     pub fn allowlist(self, allowlist: Allowlist) -> Self {
         self.skip_if(move |req| allowlist.contains(req))
     }
 
-    /// Count a request only if the service's answer says so: `counts`
-    /// reads the answer's status and headers (a [`ResponseHead`]), and a
-    /// request whose answer it rejects has its hit handed back
-    /// ([`Backend::refund`]), in every quota it was counted in; so does a
-    /// denied request. "Five failed
-    /// logins per 15 minutes, successful ones free" is
-    /// `.count_if(|res| res.status() == 401)`, or
-    /// [`count_only`](Self::count_only) with [`CountOnly::AuthFailures`]. The
-    /// closure's argument type is inferred; a later call replaces an earlier
-    /// one.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("login", Quota::new(2, Duration::from_secs(900)).unwrap())
-    ///     .count_if(|res| res.status() == StatusCode::UNAUTHORIZED);
-    /// let app = Router::new()
-    ///     .route("/login", post(|body: String| async move {
-    ///         if body == "hunter2" { StatusCode::OK } else { StatusCode::UNAUTHORIZED }
-    ///     }))
-    ///     .layer(layer);
-    /// let login = |password: &str| {
-    ///     let request = Request::post("/login").body(Body::from(password.to_owned())).unwrap();
-    ///     let app = app.clone();
-    ///     async move { app.oneshot(request).await.unwrap() }
-    /// };
-    /// for _ in 0..5 {
-    ///     assert_eq!(login("hunter2").await.status(), StatusCode::OK, "successes are free");
-    /// }
-    /// assert_eq!(login("guess").await.status(), StatusCode::UNAUTHORIZED);
-    /// assert_eq!(login("guess").await.status(), StatusCode::UNAUTHORIZED);
-    /// let denied = login("hunter2").await; // two failures: even the right password waits
-    /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
-    /// assert_eq!(denied.headers()["retry-after"], "900");
-    /// # }
-    /// ```
-    ///
-    /// # What counts, and when
-    ///
-    /// - **A request is admitted or denied when it arrives**, by its hit,
-    ///   before any answer is known. Requests still being served hold their
-    ///   hits until their answers are in: with a limit of 5, five slow
-    ///   requests in flight deny a sixth, even if all five are then refunded.
-    ///   So the limit bounds the counted requests plus those in flight, and
-    ///   never more than `limit` counted requests are admitted in a window,
-    ///   however hits and refunds interleave.
-    /// - **A denied request is refunded at once.** It was never served, so
-    ///   it is not an answer that counts. Kept, it would outlive the
-    ///   requests that caused it: with a limit of 5 failures, ten parallel
-    ///   requests that all succeed would leave 5 denials counted after the 5
-    ///   successes were refunded, and the client locked out for the window
-    ///   without a single failure. A denial the Redis deny cache answered
-    ///   was never counted and needs no refund, so a flood costs about one
-    ///   refund per key and instance per round trip, not one per request.
-    /// - **No answer, no refund.** A response future dropped after the
-    ///   service was called but before it answered (the client went away,
-    ///   a timeout layer above gave up) and an error from the service
-    ///   (`S::Error`, which is not an answer) leave the hit counted. The
-    ///   service may have done the work (checked the password) before it
-    ///   was dropped, so a refund would let a client that hangs up early try
-    ///   for free. A hit whose count never came back (the future dropped
-    ///   while waiting for it, a backend timeout) leaves whatever the
-    ///   backend counted, unrefunded.
-    /// - **A refund is taken in the hit's own window only**
-    ///   ([`Hit::deadline`](crate::backend::Hit::deadline)): once that window
-    ///   has closed, or been reset and a new one opened, it does nothing; it
-    ///   never creates a counter, never gives one a lifetime and never takes
-    ///   a count below zero.
-    /// - **Each hit is refunded at most once, and a failed refund is not
-    ///   retried**: a backend that is down leaves the hit counted (logged at
-    ///   most once every few seconds). So does a process that stops between
-    ///   the hit and the refund.
-    /// - **The client does not wait for the refund.** It is issued when the
-    ///   answer is produced: the memory backend takes it at once; a backend
-    ///   that has to go out (Redis) finishes it on a tokio task. Outside a
-    ///   tokio runtime, the response waits for it instead.
-    /// - **The answer is judged by its head.** A status that comes later
-    ///   (a gRPC status in the trailers, after the messages; an error while
-    ///   the body streams) is not seen.
-    /// - The response's headers and [`Decision`] show the count without the
-    ///   refunded hit ([`Decision::refunded`]); the decision given to
-    ///   [`on_decision`](Self::on_decision), made before the answer, counts
-    ///   it. A skipped request, or one passed uncounted (fail-open,
-    ///   [`OnMissingKey::Allow`]), has no hit to refund.
-    /// - Without `count_if`, nothing of this runs: no hit is kept past the
-    ///   verdict, nothing is allocated, nothing is refunded.
+    /// Count a request only if the service's answer says so: `counts` reads
+    /// the answer's [`ResponseHead`], and a hit it rejects is handed back
+    /// ([`Backend::refund`]) in every quota, as a denied request's is. The
+    /// closure's argument type is inferred; a later call replaces an earlier one.
+    /// Guide (what counts, and when): `docs/outcomes.md`.
     pub fn count_if<F>(mut self, counts: F) -> Self
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
@@ -620,17 +291,7 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     }
 
     /// Count only the answers `which` names: [`count_if`](Self::count_if)
-    /// with one of the usual choices (failures, failed authentication,
-    /// server errors, successes), which read the HTTP status and the head's
-    /// gRPC status.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{CountOnly, Quota, RateLimitLayer};
-    ///
-    /// let login = RateLimitLayer::new("login", Quota::new(5, Duration::from_secs(900)).unwrap())
-    ///     .count_only(CountOnly::AuthFailures);
-    /// ```
+    /// with one of the usual choices ([`CountOnly`]). Guide: `docs/outcomes.md`.
     pub fn count_only(self, which: CountOnly) -> Self {
         self.count_if(move |res| which.counts(res))
     }
@@ -662,18 +323,8 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
 
     /// How long one backend call may take (default [`DEFAULT_TIMEOUT`]);
     /// past it the request is handled under the [`FailurePolicy`]. The timer
-    /// only starts if the backend does not answer at once, so the in-memory
-    /// backend never arms it. A [`Window`] is never zero.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{DEFAULT_TIMEOUT, Quota, RateLimitLayer, Window};
-    ///
-    /// assert_eq!(DEFAULT_TIMEOUT, Duration::from_millis(100));
-    /// // A store across the world: give it longer.
-    /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60)).unwrap())
-    ///     .timeout(Window::new(Duration::from_millis(250)).unwrap());
-    /// ```
+    /// only starts if the backend does not answer at once. A [`Window`] is
+    /// never zero. Guide: `docs/usage.md#values-read-at-run-time`.
     pub fn timeout(mut self, timeout: Window) -> Self {
         self.core.settings.timeout = timeout.as_duration();
         self
@@ -708,36 +359,19 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
         self
     }
 
-    /// The layer's name. See the [example](Self::try_new).
+    /// The layer's name.
     pub fn name(&self) -> &str {
         &self.core.settings.name
     }
 
-    /// The layer's quota. See the [example](Self::try_new).
+    /// The layer's quota.
     pub fn quota(&self) -> Quota {
         self.core.settings.policies.default_quota()
     }
 
     /// The layer's backend, for [`peek`](Backend::peek) and
-    /// [`reset`](Backend::reset).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::Request, routing::get};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, backend::Backend, key::Key};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap());
-    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer.clone());
-    /// app.oneshot(Request::new(Body::empty())).await.unwrap();
-    /// // The layer's own quota counts under its name; every request shares
-    /// // the global key.
-    /// let hit = layer.backend_ref().peek("api", &Key::new("*")).await.unwrap();
-    /// assert_eq!(hit.map(|hit| hit.count), Some(1));
-    /// # }
-    /// ```
+    /// [`reset`](Backend::reset). Guide:
+    /// `docs/usage.md#sharing-a-backend-reading-a-counter`.
     pub fn backend_ref(&self) -> &Bk {
         &self.core.backend
     }
@@ -760,34 +394,11 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
         }
     }
 
-    /// Each request costs `cost` in each of its quotas, admitted only when
-    /// the whole cost fits; a denied request spends nothing, and a cost of
-    /// 0 checks without counting.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
-    /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// // An export costs 3 of 10 a minute.
-    /// let layer = RateLimitLayer::new("export", Quota::new(10, Duration::from_secs(60)).unwrap())
-    ///     .cost(3);
-    /// let app = Router::new().route("/export", post(|| async { "done" })).layer(layer);
-    /// let export = || app.clone().oneshot(Request::post("/export").body(Body::empty()).unwrap());
-    /// for left in [7, 4, 1] {
-    ///     let response = export().await.unwrap();
-    ///     assert_eq!(response.headers()["ratelimit"], format!("\"export\";r={left};t=60").as_str());
-    /// }
-    /// // 1 left: a cost of 3 does not fit, and spends nothing.
-    /// assert_eq!(export().await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
-    /// # }
-    /// ```
-    ///
-    /// A cost above one of the layer's limits could never be admitted: the
-    /// layer refuses it when it is built ([`check`](Self::check)).
+    /// Every request costs `cost` in each of its quotas, instead of 1: it is
+    /// admitted only if its whole cost fits in every quota, and a denied request
+    /// spends nothing. A cost of 0 checks without counting. A cost above one of
+    /// the layer's limits could never be admitted: the layer refuses it when it
+    /// is built ([`check`](Self::check)). Guide: `docs/costs.md#request-cost`.
     pub fn cost(self, cost: u64) -> RateLimitLayer<K, Bk, D, M::Spending> {
         self.spending(|s| s.spend.as_mut().expect("a plan").cost = Some(Cost::Fixed(cost)))
     }
@@ -795,7 +406,8 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// Each request costs what `cost` reads from its head, as
     /// [`cost`](Self::cost) does. A cost above the limit of the request's
     /// quota is denied without asking the backend, with
-    /// [`Decision::never_fits`].
+    /// [`Decision::never_fits`]. It runs on every request: keep it cheap.
+    /// Guide: `docs/costs.md#request-cost`.
     pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, M::Spending>
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
@@ -808,6 +420,7 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// (a token count in a trailer, say), added to the window the request
     /// was counted in. The request goes in as a check that opens the
     /// window; the answers' bodies become [`Metered`](crate::Metered).
+    /// Guide: `docs/costs.md#response-cost-charge`.
     pub fn charge<F>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged>
     where
         F: Fn(&ResponseEnd<'_>) -> u64 + Send + Sync + 'static,
@@ -820,14 +433,15 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
 
     /// Once a request does not fit, lock its key out for `block`, counted
     /// from that first denial and never extended; `Retry-After` gives the
-    /// lockout's end.
+    /// lockout's end. Guide: `docs/costs.md#lockouts-block_for`.
     pub fn block_for(self, block: Window) -> RateLimitLayer<K, Bk, D, M::Spending> {
         self.spending(|s| s.spend.as_mut().expect("a plan").block = Some(block))
     }
 
     /// A passed request whose answer `reset` picks (a successful login)
     /// clears its key's counters in the request's window, never creating
-    /// one; its decision is [`cleared`](Decision::cleared).
+    /// one; its decision is [`cleared`](Decision::cleared). Guide:
+    /// `docs/costs.md#reset-on-success-reset_if`.
     pub fn reset_if<F>(self, reset: F) -> RateLimitLayer<K, Bk, D, M::Spending>
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,

@@ -110,12 +110,12 @@
 //!
 //! | topic | where |
 //! |---|---|
-//! | the layer and every option | [`RateLimitLayer`] |
-//! | quotas, rate strings (`"100/min"`), policy names | [`Quota`], [`NamedQuota`], [`Window`] |
-//! | whom to count: peer address, client behind proxies, header, route, allowlists | [`key`] |
-//! | counting by the answer (failed logins) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`] |
+//! | the layer and every option (guide: `docs/usage.md`) | [`RateLimitLayer`] |
+//! | quotas, rate strings (`"100/min"`), policy names (guide: `docs/quotas.md`) | [`Quota`], [`NamedQuota`], [`Window`] |
+//! | whom to count: peer address, client behind proxies, header, route, allowlists (guide: `docs/client-identity.md`) | [`key`] |
+//! | counting by the answer (failed logins; guide: `docs/outcomes.md`) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`] |
 //! | request costs, response charges (token budgets), lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`ResponseEnd`], [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
-//! | the answer's headers and denials | [`HeaderStyle`], [`Deny`], [`Decision`] |
+//! | the answer's headers and denials (guide: `docs/headers.md`) | [`HeaderStyle`], [`Deny`], [`Decision`] |
 //! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`OnMissingKey`], [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
 //! | Redis, Cluster, Sentinel (feature `redis`) | [`backend::redis`][mod-redis] |
