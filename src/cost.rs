@@ -69,6 +69,52 @@ impl Mode for Charged {
 
 /// What a layer in mode `Self` counts with on `Bk`, and the body of its
 /// answers to a service whose bodies are `B`.
+///
+/// A layer that spends on a backend that only implements [`Backend`] does
+/// not compile, in whatever order its setters came:
+///
+/// ```compile_fail,E0277
+/// # use std::time::Duration;
+/// # use tower::{Layer, ServiceExt, service_fn};
+/// # use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, MemoryBackend};
+/// # use tower_pinned_window::key::Key;
+/// # use tower_pinned_window::{Quota, RateLimitLayer};
+/// /// Counts plain hits only: no `Spending`.
+/// #[derive(Clone)]
+/// struct HitsOnly(MemoryBackend);
+///
+/// impl Backend for HitsOnly {
+///     // ...
+/// #   type Future = <MemoryBackend as Backend>::Future;
+/// #   type Refund = <MemoryBackend as Backend>::Refund;
+/// #   fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
+/// #       self.0.hit_all(key, counters)
+/// #   }
+/// #   fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund {
+/// #       self.0.refund(namespace, key, hit)
+/// #   }
+/// #   async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+/// #       self.0.peek(namespace, key).await
+/// #   }
+/// #   async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+/// #       self.0.reset(namespace, key).await
+/// #   }
+/// }
+///
+/// # async fn run() {
+/// let layer = RateLimitLayer::new("api", Quota::new(10, Duration::from_secs(60)).unwrap())
+///     .cost(2)
+///     .backend(HitsOnly(MemoryBackend::new()));
+/// let service = layer.layer(service_fn(|_: http::Request<String>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// }));
+/// // error: a layer with a cost ... needs a backend that implements `Spending`
+/// service.oneshot(http::Request::new(String::new())).await;
+/// # }
+/// ```
+///
+/// The same layer without `.cost(2)`, or on [`MemoryBackend`](crate::backend::MemoryBackend),
+/// compiles.
 #[diagnostic::on_unimplemented(
     message = "a layer with a cost, a charge, a lockout or a reset on success needs a backend that implements `Spending`",
     label = "`{Bk}` cannot spend",
