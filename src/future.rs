@@ -6,7 +6,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 
 use http::{Request, Response};
 use pin_project_lite::pin_project;
@@ -18,7 +18,7 @@ use crate::charge::Meter;
 use crate::core::Core;
 use crate::cost::{Counts, Plain};
 use crate::decision::{Carry, Decision};
-use crate::key::Key;
+use crate::key::{Key, KeyError};
 use crate::metrics::Stopwatch;
 use crate::outcome::{Passed, RefundTab, Settled, Wait};
 use crate::policy::{Policy, Selected};
@@ -127,28 +127,6 @@ where
         }
     }
 
-    pub(crate) fn checking(
-        core: Arc<Core<Bk, D>>,
-        hit: Bk::Future,
-        service: S,
-        request: Request<ReqBody>,
-        policy: Arc<Policy>,
-        tab: Option<Box<RefundTab<Bk, D>>>,
-        fallback: Option<(Key, Option<u64>)>,
-    ) -> Self {
-        Self::with(State::Checking {
-            core,
-            hit,
-            timer: None,
-            service: Some(service),
-            request: Some(request),
-            policy,
-            stopwatch: Stopwatch::start(),
-            tab,
-            fallback,
-        })
-    }
-
     /// A request passed on uncounted (skipped, or without a key under
     /// `OnMissingKey::Allow`).
     pub(crate) fn passing(future: S::Future) -> Self {
@@ -174,7 +152,7 @@ where
     /// into the request, when `carry` says so), or answer (after the
     /// denial's refunds when they must finish first).
     #[inline]
-    pub(crate) fn decided(
+    fn decided(
         verdict: Verdict<ResBody, RefundTab<Bk, D>>,
         carry: Carry,
         call: impl FnOnce(Option<Decision>) -> S::Future,
@@ -219,6 +197,106 @@ where
     }
 }
 
+/// A request counted in the backend, as the service hands it over.
+pub(crate) struct Count<'a> {
+    /// The policy whose counters were hit.
+    pub(crate) policy: Selected<'a>,
+    pub(crate) key: &'a Key,
+    /// What the request spends, under a layer that spends.
+    pub(crate) cost: Option<u64>,
+}
+
+impl<S, ReqBody, ResBody, Bk, D, M> ResponseFuture<S, ReqBody, Bk, D, M>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    Bk: Backend,
+    D: Deny<ResBody>,
+    ResBody: Default,
+    M: Counts<Bk, ResBody>,
+{
+    /// The future of `request`, counted with `hit`.
+    ///
+    /// A backend that answers at once (the in-memory one does) is decided
+    /// here, and the `service` that was driven to readiness is called
+    /// directly. A backend that has to go out is polled again, with the real
+    /// waker, by the future; the ready service goes into the future and a
+    /// clone stays behind for the next call. Only a layer that counts by
+    /// outcome opens a tab.
+    pub(crate) fn start(
+        core: &Arc<Core<Bk, D>>,
+        mut hit: Bk::Future,
+        count: Count<'_>,
+        service: &mut S,
+        request: Request<ReqBody>,
+    ) -> Self {
+        let Count { policy, key, cost } = count;
+        let tab = core
+            .counts_by_outcome()
+            .then(|| RefundTab::open(core, key, cost, M::amend));
+        match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => {
+                let result = core.answered_at_once(result);
+                let head = RequestHead::new(&request);
+                let carry = core.carry(&head);
+                let ask = Ask {
+                    request: &head,
+                    policy: &policy,
+                    carry,
+                    key: Some(key),
+                    cost,
+                };
+                let verdict = verdict::decide(core, result, ask, tab);
+                Self::decided(verdict, carry, |decision| {
+                    call_with(service, request, decision)
+                })
+            }
+            Poll::Pending => {
+                let clone = service.clone();
+                let service = std::mem::replace(service, clone);
+                // The insurance limiter needs the key and the cost; a tab
+                // holds them already.
+                let fallback = (tab.is_none() && core.settings.insurance.is_some())
+                    .then(|| (key.clone(), cost));
+                Self::with(State::Checking {
+                    core: Arc::clone(core),
+                    hit,
+                    timer: None,
+                    service: Some(service),
+                    request: Some(request),
+                    policy: policy.to_arc(),
+                    stopwatch: Stopwatch::start(),
+                    tab,
+                    fallback,
+                })
+            }
+        }
+    }
+
+    /// The future of `request`, whose cost the quota at `index` of `policy`
+    /// can never fit (`refused`: the policy, the index, the cost): decided
+    /// without asking the backend.
+    #[cold]
+    pub(crate) fn never_fits(
+        core: &Core<Bk, D>,
+        refused: (&Policy, usize, u64),
+        service: &mut S,
+        request: Request<ReqBody>,
+    ) -> Self {
+        let (policy, index, cost) = refused;
+        let head = RequestHead::new(&request);
+        let carry = core.carry(&head);
+        let verdict = verdict::never_fits(core, policy, index, cost, &head);
+        Self::decided(verdict, carry, |decision| {
+            call_with(service, request, decision)
+        })
+    }
+
+    /// The answer to a request without a usable key.
+    pub(crate) fn key_rejected(core: &Core<Bk, D>, err: &KeyError, head: &RequestHead<'_>) -> Self {
+        Self::respond(verdict::key_rejected(core, err, head))
+    }
+}
+
 /// What a passed request's decision writes onto its answer.
 struct Answer {
     decision: Decision,
@@ -241,7 +319,7 @@ fn call_once<S: Service<Request<B>>, B>(
 /// Calls `service` with `request`, and `decision`, if any, in the request's
 /// extensions.
 #[inline(always)]
-pub(crate) fn call_with<S: Service<Request<B>>, B>(
+fn call_with<S: Service<Request<B>>, B>(
     service: &mut S,
     mut request: Request<B>,
     decision: Option<Decision>,

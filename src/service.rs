@@ -1,11 +1,9 @@
 //! [`RateLimit`]: the middleware service.
 
 use std::fmt;
-use std::future::Future;
 use std::marker::PhantomData;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use tower_service::Service;
@@ -13,12 +11,10 @@ use tower_service::Service;
 use crate::backend::Backend;
 use crate::core::{Core, OnMissingKey};
 use crate::cost::{Counts, Plain};
-use crate::future::{ResponseFuture, call_with};
+use crate::future::{Count, ResponseFuture};
 use crate::key::KeyExtractor;
-use crate::outcome::RefundTab;
 use crate::request::RequestHead;
 use crate::response::Deny;
-use crate::verdict::{self, Ask};
 
 /// Rate-limits the requests to `S`; made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -151,21 +147,19 @@ where
                     tracing::debug!(limiter = %s.name, error = %err, "no rate-limit key; passing the request uncounted");
                     return ResponseFuture::passing(self.inner.call(request));
                 }
-                return ResponseFuture::respond(verdict::key_rejected(core, &err, &head));
+                return ResponseFuture::key_rejected(core, &err, &head);
             }
         };
         let policy = s.policies.select(&head);
         // A layer with a cost, a charge, a lockout or a reset on success
         // spends; any other hits, as it always has.
-        let (mut hit, cost) = match &s.spend {
+        let (hit, cost) = match &s.spend {
             None => (policy.hit(&core.backend, &key), None),
             Some(plan) => {
                 let cost = plan.cost(&head);
                 if let Some(index) = policy.never_fits(cost) {
-                    let verdict = verdict::never_fits(core, &policy, index, cost, &head);
-                    return ResponseFuture::decided(verdict, core.carry(&head), |decision| {
-                        call_with(&mut self.inner, request, decision)
-                    });
+                    let refused = (&*policy, index, cost);
+                    return ResponseFuture::never_fits(core, refused, &mut self.inner, request);
                 }
                 let spend = plan.spend(cost);
                 let hit = policy
@@ -174,42 +168,12 @@ where
             }
         };
         tracing::trace!(limiter = %s.name, %key, ?cost, "rate-limit hit");
-        // Only a layer that counts by outcome opens a tab.
-        let tab = core
-            .counts_by_outcome()
-            .then(|| RefundTab::open(core, &key, cost, M::amend));
-        // A backend that answers at once (the in-memory one does) is judged
-        // here, and the service that was driven to readiness is called
-        // directly. A backend that has to go out is polled again, with the
-        // real waker, by the future; the ready service goes into the future
-        // and a clone stays behind for the next call.
-        match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(result) => {
-                let result = core.answered_at_once(result);
-                let carry = core.carry(&head);
-                let ask = Ask {
-                    request: &head,
-                    policy: &policy,
-                    carry,
-                    key: Some(&key),
-                    cost,
-                };
-                let verdict = verdict::decide(core, result, ask, tab);
-                ResponseFuture::decided(verdict, carry, |decision| {
-                    call_with(&mut self.inner, request, decision)
-                })
-            }
-            Poll::Pending => {
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
-                // The insurance limiter needs the key and the cost; a tab
-                // holds them already.
-                let fallback =
-                    (tab.is_none() && s.insurance.is_some()).then(|| (key.clone(), cost));
-                let core = Arc::clone(core);
-                ResponseFuture::checking(core, hit, inner, request, policy.to_arc(), tab, fallback)
-            }
-        }
+        let count = Count {
+            policy,
+            key: &key,
+            cost,
+        };
+        ResponseFuture::start(core, hit, count, &mut self.inner, request)
     }
 }
 
