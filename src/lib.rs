@@ -195,8 +195,6 @@ mod refund;
 mod request;
 mod response;
 mod service;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 
 pub use charge::{Charged, Metered, NoCharge, ResponseEnd};
 pub use count::{CountOnly, ResponseHead};
