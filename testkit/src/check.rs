@@ -7,7 +7,7 @@ use tower_pinned_window::Quota;
 use tower_pinned_window::backend::{Backend, Hit};
 use tower_pinned_window::key::Key;
 
-use crate::{Store, Stored};
+use crate::store::{Store, Stored};
 
 /// The windows the suite lets close: short, and still far above the
 /// millisecond a store may round to.

@@ -15,7 +15,8 @@ use tower_pinned_window::{Quota, Window};
 use crate::check::{
     PAST_SHORT, SHORT, assert_reset_within, count, hit, minute, peek, quota, refund, stored,
 };
-use crate::{Ability, Audit, Scenario, Store, Stored};
+use crate::scenario::Scenario;
+use crate::store::{Ability, Audit, Store, Stored};
 
 /// The scenarios of [`Backend`]'s contract, in a fixed order.
 pub(crate) fn scenarios<S: Store>() -> Vec<Scenario<S>> {

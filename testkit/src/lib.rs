@@ -75,87 +75,33 @@
 //!
 //! [backend contract]: tower_pinned_window::backend#the-contract
 
-use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
-
 /// One [`Scenario`] of the scenario function `$name`, which needs the
 /// abilities `$need`.
 macro_rules! scenario {
     ($name:ident $(, $need:ident)*) => {{
-        fn run<S: $crate::Store>(store: &S) -> $crate::ScenarioFuture<'_> {
+        fn run<S: $crate::store::Store>(store: &S) -> $crate::scenario::ScenarioFuture<'_> {
             Box::pin($name(store))
         }
-        $crate::Scenario {
-            name: stringify!($name),
-            needs: &[$($crate::Ability::$need),*],
-            run: run::<S>,
-        }
+        $crate::scenario::Scenario::new(
+            stringify!($name),
+            &[$($crate::store::Ability::$need),*],
+            run::<S>,
+        )
     }};
 }
 
 mod check;
 pub mod example;
 mod hits;
+mod scenario;
 mod spends;
 mod store;
 
+pub use scenario::{Scenario, ScenarioFuture};
 pub use store::{Ability, Audit, Private, Store, Stored};
 
 #[cfg(doc)]
 use tower_pinned_window::backend::{Backend, Hit, PrivateKeys};
-
-/// The future of one scenario's run.
-pub type ScenarioFuture<'a> = Pin<Box<dyn Future<Output = ()> + Send + 'a>>;
-
-/// One promise of the contract, checked on fresh backends of a [`Store`]. A
-/// broken promise panics, with a message that says which.
-pub struct Scenario<S> {
-    /// Its name, a Rust identifier (`pinned_window`): name a test after it.
-    pub name: &'static str,
-    /// The abilities the store needs for it.
-    pub needs: &'static [Ability],
-    run: for<'a> fn(&'a S) -> ScenarioFuture<'a>,
-}
-
-impl<S> fmt::Debug for Scenario<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Scenario")
-            .field("name", &self.name)
-            .field("needs", &self.needs)
-            .finish_non_exhaustive()
-    }
-}
-
-impl<S> Clone for Scenario<S> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<S> Copy for Scenario<S> {}
-
-impl<S: Store> Scenario<S> {
-    /// The first ability the scenario needs that `store` lacks: then it is
-    /// not applicable to `store`, and a harness reports it as ignored.
-    pub fn missing(&self, store: &S) -> Option<Ability> {
-        let has = store.abilities();
-        self.needs.iter().copied().find(|need| !has.contains(need))
-    }
-
-    /// Run it on `store` (a panic is a failure).
-    ///
-    /// # Panics
-    /// When the backend breaks the promise; when the scenario is not
-    /// applicable to `store` ([`missing`](Self::missing)), naming the
-    /// ability, since a run that skipped its checks must not pass.
-    pub fn run<'a>(&self, store: &'a S) -> ScenarioFuture<'a> {
-        if let Some(ability) = self.missing(store) {
-            panic!("{}: not applicable, the store cannot {ability}", self.name);
-        }
-        (self.run)(store)
-    }
-}
 
 /// Every scenario of the contract, in a fixed order: those of [`Backend`]
 /// (hits, refunds, peek and reset, what the store's client reads), then

@@ -3,9 +3,9 @@
 //! These scenarios call [`Backend::spend_all`] and [`Backend::amend`], and
 //! a backend that does not keep that contract fails them. They are kept
 //! apart from the rest of the contract (`hits.rs`) so that, once spending
-//! is a trait of its own beside `Backend`, [`scenarios`] can ask for it as
-//! a second bound on the store's backend, and a backend that only counts
-//! hits runs the rest.
+//! is a trait of its own beside `Backend`, [`spend_scenarios`] is the one
+//! list that asks for it, as a second bound on the store's backend, and a
+//! backend that only counts hits runs the rest.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +18,8 @@ use tower_pinned_window::key::Key;
 use crate::check::{
     PAST_SHORT, SHORT, assert_reset_within, count, hit, minute, peek, quota, refund, stored,
 };
-use crate::{Ability, Scenario, Store, Stored};
+use crate::scenario::Scenario;
+use crate::store::{Ability, Store, Stored};
 
 /// The scenarios of the spend contract, in a fixed order (after those of
 /// `hits.rs`).
