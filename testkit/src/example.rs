@@ -73,7 +73,10 @@
 //! impl State {
 //!     /// The entry of `namespace` and `key` as it stands at `now`.
 //!     fn entry(&mut self, now: u64, namespace: &str, key: &Key) -> &mut Entry {
-//!         let entry = self.entries.entry((namespace.to_owned(), key.clone())).or_default();
+//!         let entry = self
+//!             .entries
+//!             .entry((namespace.to_owned(), key.clone()))
+//!             .or_default();
 //!         entry.expire(now);
 //!         entry
 //!     }
@@ -81,7 +84,11 @@
 //!     /// The deadline of a window of `quota` opened at `now`.
 //!     fn open(&self, now: u64, quota: Quota) -> u64 {
 //!         let deadline = now.saturating_add(nanos(quota.window().as_duration()));
-//!         if deadline == self.removed { deadline - 1 } else { deadline }
+//!         if deadline == self.removed {
+//!             deadline - 1
+//!         } else {
+//!             deadline
+//!         }
 //!     }
 //! }
 //!
@@ -89,9 +96,19 @@
 //!     u64::try_from(duration.as_nanos()).unwrap_or(u64::MAX)
 //! }
 //!
+//! impl Default for MapBackend {
+//!     fn default() -> Self {
+//!         Self::new()
+//!     }
+//! }
+//!
 //! impl MapBackend {
+//!     /// An empty map.
 //!     pub fn new() -> Self {
-//!         Self { state: Arc::default(), epoch: Instant::now() }
+//!         Self {
+//!             state: Arc::default(),
+//!             epoch: Instant::now(),
+//!         }
 //!     }
 //!
 //!     /// The time and the map, locked; now and then, closed entries are
@@ -142,25 +159,35 @@
 //!
 //!     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Self::Future {
 //!         let (now, mut state) = self.lock();
-//!         let found: Vec<Entry> =
-//!             counters.iter().map(|c| *state.entry(now, c.namespace, key)).collect();
+//!         let found: Vec<Entry> = counters
+//!             .iter()
+//!             .map(|c| *state.entry(now, c.namespace, key))
+//!             .collect();
 //!         let need = spend.cost.max(1);
 //!         let count = |entry: &Entry| entry.window.map_or(0, |(count, _)| count);
 //!         let fits = |counter: &Counter<'_>, entry: &Entry| {
 //!             entry.locked_until.is_none()
-//!                 && count(entry).checked_add(need).is_some_and(|n| n <= counter.quota.limit())
+//!                 && count(entry)
+//!                     .checked_add(need)
+//!                     .is_some_and(|n| n <= counter.quota.limit())
 //!         };
 //!         let all_fit = counters.iter().zip(&found).all(|(c, e)| fits(c, e));
 //!         let mut hits = Hits::with_capacity(counters.len());
 //!         for (counter, found) in counters.iter().zip(&found) {
 //!             // Time left until `end`, or a whole window when there is none.
 //!             let left = |end: Option<u64>| {
-//!                 Duration::from_nanos(end.map_or(nanos(counter.quota.window().as_duration()), |end| end - now))
+//!                 Duration::from_nanos(
+//!                     end.map_or(nanos(counter.quota.window().as_duration()), |end| end - now),
+//!                 )
 //!             };
 //!             let window_end = found.window.map(|(_, deadline)| deadline);
 //!             hits.push(if !all_fit && fits(counter, found) {
 //!                 // It fits, another counter does not: nothing is spent.
-//!                 Hit { count: count(found).saturating_add(spend.cost), reset: left(window_end), deadline: None }
+//!                 Hit {
+//!                     count: count(found).saturating_add(spend.cost),
+//!                     reset: left(window_end),
+//!                     deadline: None,
+//!                 }
 //!             } else if !all_fit {
 //!                 // It does not fit: locked from this first denial, if asked.
 //!                 let mut until = found.locked_until;
@@ -170,7 +197,9 @@
 //!                     until = Some(end);
 //!                 }
 //!                 Hit {
-//!                     count: count(found).saturating_add(need).max(counter.quota.limit().saturating_add(1)),
+//!                     count: count(found)
+//!                         .saturating_add(need)
+//!                         .max(counter.quota.limit().saturating_add(1)),
 //!                     reset: left(until.or(window_end)),
 //!                     deadline: None,
 //!                 }
@@ -187,7 +216,11 @@
 //!                 }
 //!             } else {
 //!                 // A check (cost 0) on no counter creates nothing.
-//!                 Hit { count: 0, reset: left(None), deadline: None }
+//!                 Hit {
+//!                     count: 0,
+//!                     reset: left(None),
+//!                     deadline: None,
+//!                 }
 //!             });
 //!         }
 //!         ready(Ok(hits))
@@ -268,9 +301,10 @@
 //!
 //!     async fn stored(&self, backend: &MapBackend, namespace: &str, key: &Key) -> Option<Stored> {
 //!         Some(match backend.stored(namespace, key) {
-//!             Some((count, deadline)) => {
-//!                 Stored::Value { value: count.to_string(), expiry: Some(deadline) }
-//!             }
+//!             Some((count, deadline)) => Stored::Value {
+//!                 value: count.to_string(),
+//!                 expiry: Some(deadline),
+//!             },
 //!             None => Stored::Absent,
 //!         })
 //!     }
@@ -285,8 +319,16 @@
 //!     // A broken promise panics, naming its scenario.
 //!     let report = runtime.block_on(testkit::run_all(&Maps));
 //!     // Every scenario is accounted for: it passed, or it is not applicable.
-//!     let mut seen: Vec<&str> = report.passed.iter().chain(&report.not_applicable).copied().collect();
-//!     let mut all: Vec<&str> = testkit::scenarios::<Maps>().iter().map(|s| s.name).collect();
+//!     let mut seen: Vec<&str> = report
+//!         .passed
+//!         .iter()
+//!         .chain(&report.not_applicable)
+//!         .copied()
+//!         .collect();
+//!     let mut all: Vec<&str> = testkit::scenarios::<Maps>()
+//!         .iter()
+//!         .map(|s| s.name)
+//!         .collect();
 //!     seen.sort_unstable();
 //!     all.sort_unstable();
 //!     assert_eq!(seen, all);
