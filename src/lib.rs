@@ -198,8 +198,6 @@ mod quota;
 mod request;
 mod response;
 mod service;
-#[cfg(feature = "testkit")]
-pub mod testkit;
 mod verdict;
 
 pub use charge::{Metered, ResponseEnd};

@@ -1,4 +1,4 @@
-//! The backend contract (`tower_pinned_window::testkit`) on the in-memory
+//! The backend contract (`tower_pinned_window_testkit`) on the in-memory
 //! backend, as it is and wrapped in `PrivateKeys`: one test per scenario,
 //! `memory::<scenario>` and `private_memory::<scenario>`. The other
 //! backends run the same scenarios in their own test files, next to the
@@ -11,7 +11,7 @@ mod trial;
 use std::sync::Arc;
 
 use tower_pinned_window::backend::MemoryBackend;
-use tower_pinned_window::testkit::{Private, Store};
+use tower_pinned_window_testkit::{Private, Store};
 use trial::Needs;
 
 /// A new `MemoryBackend` per scenario; the memory holds no bytes to corrupt

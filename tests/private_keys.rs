@@ -22,8 +22,8 @@ use tower_pinned_window::backend::PrivateKeys;
 use tower_pinned_window::backend::redis::{Nodes, RedisBackend};
 use tower_pinned_window::backend::storage_key;
 use tower_pinned_window::key::Key;
-use tower_pinned_window::testkit::Private;
 use tower_pinned_window::{Quota, RateLimitLayer};
+use tower_pinned_window_testkit::Private;
 use trial::Needs;
 
 const SECRET_A: &[u8; 32] = b"secret A: 32 random bytes, here!";

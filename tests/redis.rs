@@ -1,6 +1,6 @@
 //! The Redis backend against a real redis-server that the harness starts:
 //! the backend contract (`contract::*`, `contract_deny_cache::*`: the
-//! scenarios of `tower_pinned_window::testkit`), then what only Redis does:
+//! scenarios of `tower_pinned_window_testkit`), then what only Redis does:
 //! scripts, coalescing, the deny cache, the breaker, outages.
 
 #[path = "support/stores.rs"]

@@ -1,12 +1,12 @@
-//! The harnesses of the backend contract (`tower_pinned_window::testkit`):
+//! The harnesses of the backend contract (`tower_pinned_window_testkit`):
 //! a `Store` per real backend, for the test binaries that run the contract
 //! (`#[path = "support/stores.rs"] mod stores;` beside `mod support;`; the
-//! integration/ member shares `support/` but not these, nor the `testkit`
-//! feature).
+//! integration/ member shares `support/` but not these, nor the testkit
+//! crate).
 
 #![allow(dead_code)]
 
-/// The backend contract (`tower_pinned_window::testkit`) on Redis: each
+/// The backend contract (`tower_pinned_window_testkit`) on Redis: each
 /// fresh backend has its own key prefix on a shared server, Cluster or
 /// Sentinel group, and its own connection.
 #[cfg(feature = "redis")]
@@ -18,7 +18,7 @@ pub mod redis {
     use redis::aio::ConnectionLike;
     use tower_pinned_window::backend::redis::{Nodes, RedisBackend};
     use tower_pinned_window::key::Key;
-    use tower_pinned_window::testkit::{Ability, Audit, Store, Stored};
+    use tower_pinned_window_testkit::{Ability, Audit, Store, Stored};
 
     type Connect<C> = Box<dyn Fn() -> Pin<Box<dyn Future<Output = C> + Send>> + Send + Sync>;
 
@@ -140,7 +140,7 @@ pub mod redis {
     }
 }
 
-/// The backend contract (`tower_pinned_window::testkit`) on PostgreSQL: each
+/// The backend contract (`tower_pinned_window_testkit`) on PostgreSQL: each
 /// fresh backend has a schema of its own on the machine's server, kept until
 /// the store is dropped.
 #[cfg(feature = "postgres")]
@@ -150,7 +150,7 @@ pub mod postgres {
 
     use tower_pinned_window::backend::postgres::PostgresBackend;
     use tower_pinned_window::key::Key;
-    use tower_pinned_window::testkit::{Ability, Audit, Store, Stored};
+    use tower_pinned_window_testkit::{Ability, Audit, Store, Stored};
 
     use crate::support::postgres::{TestSchema, connect, pool, url};
 

@@ -170,13 +170,15 @@ pub fn should_panic(name: &str, needs: Needs, expected: &'static str, test: fn()
 /// One trial per scenario of the backend contract, named
 /// `{prefix}::{scenario}`, on `store` (shared by every trial). A scenario
 /// that needs an ability the store lacks is ignored.
-#[cfg(feature = "testkit")]
-pub fn contract<S: tower_pinned_window::testkit::Store>(
+pub fn contract<S: tower_pinned_window_testkit::Store>(
     prefix: &str,
     needs: Needs,
     store: std::sync::Arc<S>,
-) -> Vec<Trial> {
-    tower_pinned_window::testkit::scenarios::<S>()
+) -> Vec<Trial>
+where
+    S::Backend: tower_pinned_window::backend::Spending,
+{
+    tower_pinned_window_testkit::scenarios::<S>()
         .into_iter()
         .map(|scenario| {
             let name = format!("{prefix}::{}", scenario.name);
