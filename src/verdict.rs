@@ -16,7 +16,7 @@ use http::Response;
 
 use crate::backend::{Backend, BackendError, Hits};
 use crate::core::{Core, FailurePolicy};
-use crate::decision::Carry;
+use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
 use crate::outcome::{Passed, RefundTab, Wait};
 use crate::policy::{Policy, Selected};
@@ -197,8 +197,26 @@ where
         decision.insure();
     }
     tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), insured, "rate-limit decision");
+    conclude(core, policy, index, decision, request)
+}
+
+/// The verdict of `decision`, made on the quota at `index` of `policy`:
+/// counted in the quota's metrics, shown to the observer, then passed on
+/// or denied.
+#[inline]
+fn conclude<Bk, D, B, T>(
+    core: &Core<Bk, D>,
+    policy: &Policy,
+    index: usize,
+    decision: Decision,
+    request: &RequestHead<'_>,
+) -> Verdict<B, T>
+where
+    D: Deny<B>,
+    B: Default,
+{
     policy.quota_metrics(index).record(&decision);
-    if let Some(observer) = &s.observer {
+    if let Some(observer) = &core.settings.observer {
         observer(&decision);
     }
     if decision.passed() {
@@ -231,20 +249,7 @@ where
     let s = &core.settings;
     let decision = policy.never_fitting(index, cost, s.shadow, request.route_owned());
     tracing::debug!(limiter = %s.name, policy = decision.policy(), cost, limit = decision.limit(), "rate-limit cost above the limit: the request can never be admitted");
-    policy.quota_metrics(index).record(&decision);
-    if let Some(observer) = &s.observer {
-        observer(&decision);
-    }
-    if decision.passed() {
-        return Verdict::Pass(Some(Passed {
-            decision,
-            quota: index,
-        }));
-    }
-    Verdict::Respond(
-        response::denial(&core.deny, decision, request.is_grpc()),
-        None,
-    )
+    conclude(core, policy, index, decision, request)
 }
 
 /// The verdict on `request` when the backend failed with `err`: a pass
