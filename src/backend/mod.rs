@@ -478,19 +478,6 @@ impl Extend<Hit> for Hits {
     }
 }
 
-impl IntoIterator for Hits {
-    type Item = Hit;
-    type IntoIter = HitsIntoIter;
-
-    fn into_iter(self) -> HitsIntoIter {
-        HitsIntoIter(match self.0 {
-            Repr::One(hit) => IterRepr::One(Some(hit).into_iter()),
-            Repr::Two(hits) => IterRepr::Two(hits.into_iter()),
-            Repr::Many(hits) => IterRepr::Many(hits.into_iter()),
-        })
-    }
-}
-
 impl<'a> IntoIterator for &'a Hits {
     type Item = &'a Hit;
     type IntoIter = std::slice::Iter<'a, Hit>;
@@ -499,49 +486,6 @@ impl<'a> IntoIterator for &'a Hits {
         self.as_slice().iter()
     }
 }
-
-/// The owning iterator of [`Hits`].
-#[derive(Debug)]
-pub struct HitsIntoIter(IterRepr);
-
-#[derive(Debug)]
-enum IterRepr {
-    One(std::option::IntoIter<Hit>),
-    Two(std::array::IntoIter<Hit, 2>),
-    Many(std::vec::IntoIter<Hit>),
-}
-
-impl Iterator for HitsIntoIter {
-    type Item = Hit;
-
-    fn next(&mut self) -> Option<Hit> {
-        match &mut self.0 {
-            IterRepr::One(it) => it.next(),
-            IterRepr::Two(it) => it.next(),
-            IterRepr::Many(it) => it.next(),
-        }
-    }
-
-    fn size_hint(&self) -> (usize, Option<usize>) {
-        match &self.0 {
-            IterRepr::One(it) => it.size_hint(),
-            IterRepr::Two(it) => it.size_hint(),
-            IterRepr::Many(it) => it.size_hint(),
-        }
-    }
-}
-
-impl DoubleEndedIterator for HitsIntoIter {
-    fn next_back(&mut self) -> Option<Hit> {
-        match &mut self.0 {
-            IterRepr::One(it) => it.next_back(),
-            IterRepr::Two(it) => it.next_back(),
-            IterRepr::Many(it) => it.next_back(),
-        }
-    }
-}
-
-impl ExactSizeIterator for HitsIntoIter {}
 
 /// A counter store that keeps the [contract](self#the-contract).
 ///
@@ -572,7 +516,12 @@ pub trait Backend: Clone + Send + Sync + 'static {
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future;
 
     /// [`hit_all`](Backend::hit_all) for one counter.
-    fn hit(&self, namespace: &str, key: &Key, quota: Quota) -> FirstHit<Self::Future> {
+    fn hit(
+        &self,
+        namespace: &str,
+        key: &Key,
+        quota: Quota,
+    ) -> impl Future<Output = Result<Hit, BackendError>> + Unpin + Send + 'static + use<Self> {
         FirstHit(self.hit_all(key, &[Counter { namespace, quota }]))
     }
 
@@ -631,8 +580,7 @@ pub trait Spending: Backend {
 
 /// The future of [`Backend::hit`]: the one [`Hit`] of a one-counter
 /// [`hit_all`](Backend::hit_all).
-#[derive(Debug)]
-pub struct FirstHit<F>(F);
+struct FirstHit<F>(F);
 
 impl<F> Future for FirstHit<F>
 where
@@ -697,10 +645,10 @@ mod tests {
             for hits in &built {
                 prop_assert_eq!(hits.as_slice(), &given[..]);
                 prop_assert_eq!(hits, &pushed);
-                prop_assert_eq!(hits.clone().into_iter().len(), given.len());
-                prop_assert_eq!(hits.clone().into_iter().collect::<Vec<_>>(), given.clone());
+                prop_assert_eq!(hits.iter().len(), given.len());
+                prop_assert_eq!(hits.iter().copied().collect::<Vec<_>>(), given.clone());
                 prop_assert_eq!(
-                    hits.clone().into_iter().rev().collect::<Vec<_>>(),
+                    hits.iter().rev().copied().collect::<Vec<_>>(),
                     given.iter().rev().copied().collect::<Vec<_>>()
                 );
                 prop_assert_eq!(hits.iter().collect::<Vec<_>>(), given.iter().collect::<Vec<_>>());
