@@ -55,50 +55,102 @@ pub(crate) struct Ask<'a> {
 ///
 /// When the backend failed and the layer is insured, the insurance
 /// limiter counts the request instead (what it counts is amended in its
-/// own store). When hits were counted, the tab keeps them, for a request
-/// passed counted (after its answer) or denied (at once); any other
-/// verdict drops the tab: a failure or a request passed uncounted has
-/// nothing to refund.
+/// own store). Under a tab, the request goes through [`tabbed`].
 pub(crate) fn decide<Bk, D, B>(
     core: &Core<Bk, D>,
     result: Result<Hits, BackendError>,
     ask: Ask<'_>,
-    mut tab: Option<Box<RefundTab<Bk, D>>>,
+    tab: Option<Box<RefundTab<Bk, D>>>,
 ) -> Verdict<B, RefundTab<Bk, D>>
 where
     Bk: Backend,
     D: Deny<B>,
     B: Default,
 {
-    let (result, insured) = match result {
-        Err(err) if core.insures(&err) => match insure(core, err, ask, tab.as_deref()) {
-            Ok((hits, policy)) => (Ok(hits), Some(Arc::new(policy))),
-            Err(err) => return outage(core, err, ask.request),
-        },
-        result => (result, None),
-    };
-    let policy: &Policy = insured.as_deref().unwrap_or(ask.policy);
-    if let (Some(tab), Ok(hits)) = (tab.as_mut(), &result) {
-        let kept = match &insured {
-            Some(policy) => Arc::clone(policy),
-            None => ask.policy.to_arc(),
-        };
-        tab.counted(hits, kept, insured.is_some());
+    match (result, tab) {
+        (Err(err), tab) if core.insures(&err) => insured(core, err, ask, tab),
+        (result, None) => judge(
+            core,
+            result,
+            ask.policy,
+            ask.request,
+            ask.carry.anywhere(),
+            false,
+        ),
+        (result, Some(tab)) => {
+            let kept = || ask.policy.to_arc();
+            tabbed(core, result, ask.policy, kept, ask.request, tab, false)
+        }
     }
-    let counted = result.is_ok();
-    let read = ask.carry.anywhere() || tab.is_some() || insured.is_some();
-    match judge(core, result, policy, ask.request, read, insured.is_some()) {
-        Verdict::Pass(Some(passed)) => match tab {
-            Some(mut tab) => {
-                tab.pass(passed);
-                Verdict::Counted(tab)
-            }
-            None => Verdict::Pass(Some(passed)),
-        },
+}
+
+/// [`decide`] when the backend failed with `err` and the layer is insured:
+/// the insurance limiter counts the request, or it is answered as in an
+/// outage when the limiter cannot decide either.
+#[cold]
+fn insured<Bk, D, B>(
+    core: &Core<Bk, D>,
+    err: BackendError,
+    ask: Ask<'_>,
+    tab: Option<Box<RefundTab<Bk, D>>>,
+) -> Verdict<B, RefundTab<Bk, D>>
+where
+    Bk: Backend,
+    D: Deny<B>,
+    B: Default,
+{
+    let (hits, policy) = match insure(core, err, ask, tab.as_deref()) {
+        Ok(counted) => counted,
+        Err(err) => return outage(core, err, ask.request),
+    };
+    match tab {
+        None => judge(core, Ok(hits), &policy, ask.request, true, true),
+        Some(tab) => {
+            // What the insurance counted is refunded, charged or cleared
+            // in its own store, never in the backend.
+            let policy = Arc::new(policy);
+            let kept = || Arc::clone(&policy);
+            tabbed(core, Ok(hits), &policy, kept, ask.request, tab, true)
+        }
+    }
+}
+
+/// [`judge`], for a layer that counts by outcome: the hits and the policy
+/// (`kept`, for what outlives the call) are kept on `tab` when they may be
+/// refunded, for a request passed counted (after its answer) or denied (at
+/// once). Any other verdict drops the tab: a failure or a request passed
+/// uncounted has nothing to refund.
+fn tabbed<Bk, D, B>(
+    core: &Core<Bk, D>,
+    result: Result<Hits, BackendError>,
+    policy: &Policy,
+    kept: impl FnOnce() -> Arc<Policy>,
+    request: &RequestHead<'_>,
+    mut tab: Box<RefundTab<Bk, D>>,
+    insured: bool,
+) -> Verdict<B, RefundTab<Bk, D>>
+where
+    Bk: Backend,
+    D: Deny<B>,
+    B: Default,
+{
+    let counted = match &result {
+        Ok(hits) => {
+            tab.counted(hits, kept(), insured);
+            true
+        }
+        Err(_) => false,
+    };
+    match judge(core, result, policy, request, true, insured) {
+        Verdict::Pass(Some(passed)) => {
+            tab.pass(passed);
+            Verdict::Counted(tab)
+        }
         Verdict::Respond(mut response, _) => {
-            let wait = match tab {
-                Some(tab) if counted => tab.deny(&mut response),
-                _ => None,
+            let wait = if counted {
+                tab.deny(&mut response)
+            } else {
+                None
             };
             Verdict::Respond(response, wait)
         }
