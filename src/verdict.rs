@@ -56,6 +56,7 @@ pub(crate) struct Ask<'a> {
 /// When the backend failed and the layer is insured, the insurance
 /// limiter counts the request instead (what it counts is amended in its
 /// own store). Under a tab, the request goes through [`tabbed`].
+#[inline(always)]
 pub(crate) fn decide<Bk, D, B>(
     core: &Core<Bk, D>,
     result: Result<Hits, BackendError>,
@@ -255,7 +256,7 @@ where
 /// The verdict of `decision`, made on the quota at `index` of `policy`:
 /// counted in the quota's metrics, shown to the observer, then passed on
 /// or denied.
-#[inline]
+#[inline(always)]
 fn conclude<Bk, D, B, T>(
     core: &Core<Bk, D>,
     policy: &Policy,
