@@ -112,16 +112,18 @@
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod deny_cache;
 mod expiring;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod future;
 mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod private;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-mod result_or_call;
 pub mod storage_key;
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub use future::BackendFuture;
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};
 pub use private::{MIN_SECRET_LEN, PrivateKeys};
 

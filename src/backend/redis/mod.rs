@@ -58,11 +58,10 @@ use self::conn::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
 use self::reply::{parse_hit, parse_peek, parse_refund, parse_spend};
 use self::script::{AMEND, HIT, PEEK, RESET, SPEND, Size, U64_DIGITS};
 use super::deny_cache::DenyCache;
-use super::result_or_call::ResultOrCall;
-use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, storage_key};
+use super::{Amend, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, storage_key};
 use crate::error::ConfigError;
 use crate::key::Key;
-use crate::quota::{Quota, Window};
+use crate::quota::Window;
 
 /// The prefix of every key this backend writes, unless configured otherwise
 /// ([`RedisBackendBuilder::prefix`]; [`RedisBackend`]'s example shows it in
@@ -721,126 +720,26 @@ impl RedisBackend<::redis::cluster_async::ClusterConnection> {
     }
 }
 
-/// The future of a [`RedisBackend`] hit: already complete when the local
-/// deny cache answered; otherwise waiting for the call that takes its hits
-/// (queued in their lane behind a call in flight, as most hits are under
-/// load), or sending a call of its own.
-///
-/// The layer awaits it; [`Backend::hit_all`] returns it. Example of the
-/// backend: [`RedisBackend`].
-pub struct RedisHit(HitStep);
+/// A request's answer from a lane: its hits, once the lane's call is back.
+pub(crate) type Ticket<T> = slots::Ticket<Result<T, BackendError>>;
 
-enum HitStep {
-    /// Answered here, or sending its own call (boxed: the `redis` client's
-    /// query inside is large).
-    NotQueued(ResultOrCall<Hits>),
-    /// Queued in its lane: no call of its own, so no box.
-    Queued {
-        answer: slots::Ticket<coalesce::Answered>,
-        finish: Finish,
-    },
-}
-
-impl fmt::Debug for RedisHit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.0 {
-            HitStep::NotQueued(answer) => answer.state(),
-            HitStep::Queued { .. } => "queued",
-        };
-        f.debug_struct("RedisHit").field("state", &state).finish()
-    }
-}
-
-impl Future for RedisHit {
-    type Output = Result<Hits, BackendError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.0 {
-            HitStep::NotQueued(answer) => answer.poll(cx, "RedisHit"),
-            HitStep::Queued { answer, finish } => Pin::new(answer)
-                .poll(cx)
-                .map(|answered| finish.answered(answered.map_err(|_| coalesce::dropped())?)),
-        }
-    }
-}
-
-/// What turns the answers for a request's counters into its [`Hits`]: the
-/// quotas, and the deny cache that remembers a denial.
-struct Finish {
-    quotas: SmallVec<[Quota; 2]>,
-    deny: Option<Arc<DenyCache>>,
-    /// The length of the backend's prefix: a denied counter's namespace and
-    /// key are read back from its storage key.
-    prefix: usize,
-    /// When the hits were sent: a denial is remembered until this plus the
-    /// time Redis said was left, never past the window in Redis.
-    sent: quanta::Instant,
-}
-
-impl Finish {
-    /// What a lane's call gave back: the request's counters and answers.
-    fn answered(&self, (counters, answers): coalesce::Answered) -> Result<Hits, BackendError> {
-        self.hits(
-            counters.iter().map(|(stored, _)| stored.as_slice()),
-            answers,
-        )
-    }
-
-    /// `stored`: the counters' storage keys, in the order of `answers`.
-    fn hits<'a>(
-        &self,
-        stored: impl Iterator<Item = &'a [u8]>,
-        answers: coalesce::Answers,
-    ) -> Result<Hits, BackendError> {
-        let mut hits = Hits::with_capacity(answers.len());
-        for ((answer, quota), stored) in answers.into_iter().zip(&self.quotas).zip(stored) {
-            let hit = answer?;
-            if let Some(deny) = &self.deny
-                && hit.count > quota.limit()
-            {
-                // Decoded only on a denial, which is rare: a hit that is
-                // let through copies nothing for the cache.
-                match storage_key::decode(&stored[..self.prefix], stored) {
-                    Some((namespace, key)) => deny.insert(&namespace, &key, self.sent + hit.reset),
-                    None => debug_assert!(false, "a storage key this backend made decodes"),
-                }
-            }
-            hits.push(hit);
-        }
-        Ok(hits)
-    }
-}
-
-/// The future of a [`RedisBackend`] refund: already complete when there is
-/// nothing to take back (a hit Redis did not count), one round trip
-/// otherwise.
-///
-/// The layer awaits it; [`Backend::refund`] returns it. Example of the
-/// backend: [`RedisBackend`].
-pub struct RedisRefund(ResultOrCall<bool>);
-
-impl fmt::Debug for RedisRefund {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisRefund")
-            .field("state", &self.0.state())
-            .finish()
-    }
-}
-
-impl Future for RedisRefund {
-    type Output = Result<bool, BackendError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.poll(cx, "RedisRefund")
-    }
+/// Polls a lane's answer; a call dropped unanswered (its runtime shut down)
+/// is an unavailable backend.
+pub(crate) fn poll_ticket<T>(
+    ticket: &mut Ticket<T>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<T, BackendError>> {
+    Pin::new(ticket)
+        .poll(cx)
+        .map(|answer| answer.unwrap_or_else(|_| Err(coalesce::dropped())))
 }
 
 impl<C> Backend for RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    type Future = RedisHit;
-    type Refund = RedisRefund;
+    type Future = BackendFuture<Hits>;
+    type Refund = BackendFuture<bool>;
 
     /// Coalesced (the default): every counter of the request in the next
     /// call of the key's lane (see [coalesced hits](RedisBackend#coalesced-hits)).
@@ -850,7 +749,7 @@ where
     /// Otherwise one `EVALSHA` per counter, all sent at once: on one
     /// connection they are pipelined (one round trip of latency); on a
     /// Cluster they go to the one master that holds the key's slot.
-    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> RedisHit {
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
         // One reading of the clock: for the deny cache, and as the time the
         // hits were sent.
         let now = quanta::Instant::now();
@@ -879,7 +778,7 @@ where
                         },
                     })
                     .collect();
-                return RedisHit(HitStep::NotQueued(ResultOrCall::Ready(Some(Ok(hits)))));
+                return BackendFuture::answered(Ok(hits));
             }
         }
         // Inline: no allocation for a key that fits.
@@ -891,7 +790,7 @@ where
                 stored
             })
             .collect();
-        let finish = Finish {
+        let finish = coalesce::Finish {
             quotas: counters.iter().map(|c| c.quota).collect(),
             deny: self.inner.deny.clone(),
             prefix: self.inner.prefix.len(),
@@ -910,40 +809,36 @@ where
                 .zip(&finish.quotas)
                 .map(|(k, q)| (k, q.window().as_millis()))
                 .collect();
-            return match coalesce::enqueue(batcher, &runtime, counters) {
-                Enqueued::Queued(answer) => RedisHit(HitStep::Queued { answer, finish }),
-                Enqueued::Alone(alone) => RedisHit(HitStep::NotQueued(ResultOrCall::Remote(
-                    Box::pin(async move { finish.answered(alone.send().await?) }),
-                ))),
+            return match coalesce::enqueue(batcher, &runtime, counters, finish) {
+                Enqueued::Queued(answer) => BackendFuture::queued(answer),
+                Enqueued::Alone(alone) => BackendFuture::calling(alone.send()),
             };
         }
         let this = self.clone();
-        RedisHit(HitStep::NotQueued(ResultOrCall::Remote(Box::pin(
-            async move {
-                let answers = join_all(storage_keys.iter().zip(&finish.quotas).map(|(k, q)| {
-                    let this = &this;
-                    async move {
-                        let reply = HIT
-                            .run_on_key(
-                                &mut this.inner.connection.for_key(k),
-                                k,
-                                Some(q.window().as_millis()),
-                            )
-                            .await
-                            .map_err(unavailable)?;
-                        parse_hit(reply, k)
-                    }
-                }))
-                .await
-                .into_iter()
-                .collect();
-                finish.hits(storage_keys.iter().map(|k| k.as_slice()), answers)
-            },
-        ))))
+        BackendFuture::calling(async move {
+            let answers = join_all(storage_keys.iter().zip(&finish.quotas).map(|(k, q)| {
+                let this = &this;
+                async move {
+                    let reply = HIT
+                        .run_on_key(
+                            &mut this.inner.connection.for_key(k),
+                            k,
+                            Some(q.window().as_millis()),
+                        )
+                        .await
+                        .map_err(unavailable)?;
+                    parse_hit(reply, k)
+                }
+            }))
+            .await
+            .into_iter()
+            .collect();
+            finish.hits(storage_keys.iter().map(|k| k.as_slice()), answers)
+        })
     }
 
     /// [`amend`](Backend::amend) with a refund of 1.
-    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> RedisRefund {
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> BackendFuture<bool> {
         self.amend(namespace, key, hit, Amend::Refund(1))
     }
 
@@ -953,7 +848,7 @@ where
     /// A spend goes straight to Redis: it is not coalesced with other
     /// hits, and the local deny cache neither answers it nor remembers its
     /// denials. Needs Redis 7.0 (`PEXPIRETIME`).
-    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> RedisHit {
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
         let keys: SmallVec<[(Vec<u8>, Vec<u8>); 2]> = counters
             .iter()
             .map(|c| {
@@ -969,33 +864,31 @@ where
             .collect();
         let block = spend.block.map_or(0, |b| b.as_millis());
         let this = self.clone();
-        RedisHit(HitStep::NotQueued(ResultOrCall::Remote(Box::pin(
-            async move {
-                let Some((first, _)) = keys.first() else {
-                    return Ok(Hits::new());
-                };
-                let size = Size {
-                    keys: 2 * keys.len(),
-                    args: 3 + 4 * keys.len(),
-                    bytes: keys.iter().map(|(c, l)| c.len() + l.len()).sum::<usize>()
-                        + (3 + 2 * keys.len()) * U64_DIGITS,
-                };
-                let reply = SPEND
-                    .run(&mut this.inner.connection.for_key(first), size, |cmd| {
-                        for (counter, lock) in &keys {
-                            cmd.arg(counter).arg(lock);
-                        }
-                        cmd.arg(spend.cost).arg(u8::from(spend.open)).arg(block);
-                        for (limit, window) in &limits {
-                            cmd.arg(limit).arg(window);
-                        }
-                    })
-                    .await
-                    .map_err(unavailable)?;
-                let stored: SmallVec<[&[u8]; 2]> = keys.iter().map(|(c, _)| c.as_slice()).collect();
-                parse_spend(reply, &stored)
-            },
-        ))))
+        BackendFuture::calling(async move {
+            let Some((first, _)) = keys.first() else {
+                return Ok(Hits::new());
+            };
+            let size = Size {
+                keys: 2 * keys.len(),
+                args: 3 + 4 * keys.len(),
+                bytes: keys.iter().map(|(c, l)| c.len() + l.len()).sum::<usize>()
+                    + (3 + 2 * keys.len()) * U64_DIGITS,
+            };
+            let reply = SPEND
+                .run(&mut this.inner.connection.for_key(first), size, |cmd| {
+                    for (counter, lock) in &keys {
+                        cmd.arg(counter).arg(lock);
+                    }
+                    cmd.arg(spend.cost).arg(u8::from(spend.open)).arg(block);
+                    for (limit, window) in &limits {
+                        cmd.arg(limit).arg(window);
+                    }
+                })
+                .await
+                .map_err(unavailable)?;
+            let stored: SmallVec<[&[u8]; 2]> = keys.iter().map(|(c, _)| c.as_slice()).collect();
+            parse_spend(reply, &stored)
+        })
     }
 
     /// One `EVALSHA` of the amend script, which finds the hit's window by
@@ -1011,9 +904,9 @@ where
     /// older than 7.0) is not sent. Once Redis has answered, the key is
     /// dropped from this instance's deny cache, so the next hit asks Redis
     /// again.
-    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> RedisRefund {
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> BackendFuture<bool> {
         let Some(deadline) = hit.deadline else {
-            return RedisRefund(ResultOrCall::Ready(Some(Ok(false))));
+            return BackendFuture::answered(Ok(false));
         };
         let (op, amount) = match amend {
             Amend::Refund(n) => ("refund", n),
@@ -1023,7 +916,7 @@ where
         let storage_key = self.storage_key(namespace, key);
         let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
         let (this, namespace, key) = (self.clone(), Box::<str>::from(namespace), key.clone());
-        RedisRefund(ResultOrCall::Remote(Box::pin(async move {
+        BackendFuture::calling(async move {
             let size = Size {
                 keys: 2,
                 args: 5,
@@ -1047,7 +940,7 @@ where
                 deny.remove(&namespace, key.as_bytes());
             }
             parse_refund(reply?, &storage_key)
-        })))
+        })
     }
 
     fn supports_spend(&self) -> bool {
