@@ -556,12 +556,13 @@ async fn failover_backend(
             .no_breaker()
             .build();
     }
-    let connection = tower_pinned_window::backend::redis::cluster_client_builder(cluster.urls())
-        .build()
-        .unwrap()
-        .get_async_connection()
-        .await
-        .unwrap();
+    let connection =
+        tower_pinned_window::backend::redis::connection::cluster_client_builder(cluster.urls())
+            .build()
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
     RedisBackend::builder(connection).deny_cache(0).build()
 }
 

@@ -40,8 +40,8 @@ use hashbrown::HashMap;
 use hashbrown::hash_map::Entry;
 use smallvec::SmallVec;
 
-use super::conn::breaker::{Guarded, unavailable};
-use super::conn::slot::key_slot;
+use super::connection::breaker::{Guarded, unavailable};
+use super::connection::slot::key_slot;
 use super::reply::{parse_batch, parse_hit};
 use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
 use super::slots::{ARENA_SLOTS, Arena, Reply, Ticket};

@@ -8,16 +8,17 @@
 //!   the script;
 //! - `reply`: what the scripts answer, read and checked;
 //! - `coalesce`: the lanes that send the hits issued together in one call;
-//! - `conn/`: the connections (made at once, in the background, to a
-//!   Cluster, through Sentinel), the nodes of a deployment, Cluster hash
-//!   slots, and the circuit breaker with its slot map;
+//! - [`connection`]: the connections a user builds (made at once, in the
+//!   background, to a Cluster, through Sentinel) and, inside, the nodes of a
+//!   deployment, Cluster hash slots, and the circuit breaker with its slot
+//!   map;
 //! - `audit`: the backstop that finds counters without a lifetime.
 //!
 //! [`RedisBackend`] documents the backend, with an example.
 
 mod audit;
 mod coalesce;
-mod conn;
+pub mod connection;
 mod reply;
 mod script;
 mod slots;
@@ -27,19 +28,7 @@ mod slots;
 pub(crate) use self::reply::fuzzing;
 
 pub use audit::AuditReport;
-pub use conn::breaker::{
-    BREAKER_FIRST_PROBE, BREAKER_SLOW_CALL, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
-    SLOTS_PER_RANGE,
-};
-#[cfg(feature = "redis-cluster")]
-pub use conn::connect::cluster_client_builder;
-pub use conn::connect::{BackgroundConnection, ConnectError, connection_manager_config};
-pub use conn::nodes::{Node, Nodes};
-#[cfg(feature = "redis-sentinel")]
-pub use conn::sentinel::{
-    DEFAULT_LOOKUP_INTERVAL, DEFAULT_STALL_AFTER, SentinelConnection, SentinelConnectionBuilder,
-};
-pub use script::HIT_SCRIPT;
+pub use connection::breaker::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES};
 
 use std::fmt;
 use std::future::Future;
@@ -54,7 +43,8 @@ use futures_util::future::join_all;
 use smallvec::SmallVec;
 
 use self::coalesce::{Batcher, Enqueued};
-use self::conn::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
+use self::connection::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
+use self::connection::{BackgroundConnection, ConnectError, Nodes};
 use self::reply::{parse_hit, parse_peek, parse_refund, parse_spend};
 use self::script::{AMEND, HIT, PEEK, RESET, SPEND, Size, U64_DIGITS};
 use super::deny_cache::DenyCache;
@@ -128,7 +118,7 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// [`FailurePolicy`](crate::FailurePolicy) to what fails. The connections
 /// this crate makes have the `redis` client's own response timeout turned
 /// off, so a hit arms one timer; turn it off in a connection of your own
-/// too ([`connection_manager_config`], or
+/// too ([`connection_manager_config`](connection::connection_manager_config), or
 /// `AsyncConnectionConfig::set_response_timeout(None)`).
 ///
 /// A circuit breaker (on by default; see
@@ -170,8 +160,8 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// still waiting (the dropped one only loses its answer). A hit whose request
 /// is dropped before its call is sent is not sent; when every request of a
 /// call in flight is gone, the call is dropped too, as a lone hit's would be.
-/// Outside a tokio runtime, each counter hit is one `EVALSHA` of
-/// [`HIT_SCRIPT`].
+/// Outside a tokio runtime, each counter hit is one `EVALSHA` of the hit
+/// script (`hit.lua` in the source).
 ///
 /// # Keys
 ///
@@ -378,11 +368,10 @@ impl<C> RedisBackendBuilder<C> {
     /// The circuit breaker: after `failures` failed commands in a row
     /// (unreachable, timed out by the layer, `LOADING`, `MASTERDOWN`...),
     /// the backend answers [`BackendError::CircuitOpen`] at once and lets
-    /// one probe through at a time: the first [`BREAKER_FIRST_PROBE`]
-    /// (25 ms) after it opened, the next twice as long after each probe
+    /// one probe through at a time: the first 25 ms after it opened, the next twice as long after each probe
     /// that failed (50 ms, 100 ms, ...), never more than `cooldown` apart.
     /// A probe that succeeds closes it, and the next opening starts from
-    /// [`BREAKER_FIRST_PROBE`] again. So an outage costs requests no wait
+    /// 25 ms again. So an outage costs requests no wait
     /// and Redis at most one probe per `cooldown` once it has lasted a
     /// while, and a short fault costs little more than it lasts: under a
     /// 100 ms layer timeout, a Redis frozen for 300 ms fails hits from
@@ -393,7 +382,7 @@ impl<C> RedisBackendBuilder<C> {
     /// metrics count its answers as `circuit_open`.
     ///
     /// A command the layer gave up on counts as a failure when it had waited
-    /// at least [`BREAKER_SLOW_CALL`] (10 ms): with a layer
+    /// at least 10 ms: with a layer
     /// [`timeout`](crate::RateLimitLayer::timeout) shorter than that, a
     /// store that stops answering costs each request its timeout instead.
     /// A command dropped sooner (its client went away) counts neither way,
@@ -404,14 +393,14 @@ impl<C> RedisBackendBuilder<C> {
     /// failing master does not stop the healthy masters' keys: the backend
     /// reads `CLUSTER SLOTS` on its first command and every 5 s after, and
     /// until it knows the masters, there is one breaker per
-    /// [`SLOTS_PER_RANGE`] consecutive slots. The Cluster's refusals
+    /// 128 consecutive slots. The Cluster's refusals
     /// (`CLUSTERDOWN`, `TRYAGAIN`) are answered by live nodes about the
     /// Cluster's state, not a master's failure, and count neither way; a
     /// `MOVED` or `ASK` the Cluster client gave up following counts as a
     /// failure of the master it points to, which did not answer. A hit that the
     /// Cluster client keeps retrying through `CLUSTERDOWN` until the layer's
     /// timeout does count; so while a breaker is open the backend reads
-    /// `CLUSTER INFO` (one node at random, every [`BREAKER_FIRST_PROBE`])
+    /// `CLUSTER INFO` (one node at random, every 25 ms)
     /// and, when `cluster_state` turns from `fail` back to `ok`, lets every
     /// open breaker probe at once (and again at each `ok` read in the next
     /// second, as the nodes turn ok one by one; it reads `CLUSTER SLOTS`
@@ -427,7 +416,7 @@ impl<C> RedisBackendBuilder<C> {
     /// connected to a master since it opened, so requests are served again
     /// within the lookup interval of the promotion, as without a breaker.
     ///
-    /// `cooldown` shorter than [`BREAKER_FIRST_PROBE`] is the wait before
+    /// `cooldown` shorter than 25 ms is the wait before
     /// every probe.
     ///
     /// # Panics
@@ -489,7 +478,7 @@ impl<C> RedisBackendBuilder<C> {
     /// (default `true`): one script call for every hit queued behind the call
     /// in flight, with each hit's count, time left and deadline exactly as
     /// if sent alone (see [coalesced hits](RedisBackend#coalesced-hits)).
-    /// `false` sends one `EVALSHA` of [`HIT_SCRIPT`] per counter hit.
+    /// `false` sends one `EVALSHA` of the hit script per counter hit.
     // Hidden: it exists only so the benchmarks (`bench/redis.sh`,
     // `bench/wrk_redis.sh`) and the tests can compare the two paths in one
     // run; coalescing is never worse for a user, so it is no setting of
@@ -518,8 +507,8 @@ impl<C> RedisBackendBuilder<C> {
         // master, so that one opened during a failover probes at once.
         #[cfg(feature = "redis-sentinel")]
         let found = (&self.connection as &dyn std::any::Any)
-            .downcast_ref::<conn::sentinel::SentinelConnection>()
-            .map(conn::sentinel::SentinelConnection::masters_found);
+            .downcast_ref::<connection::sentinel::SentinelConnection>()
+            .map(connection::sentinel::SentinelConnection::masters_found);
         #[cfg(not(feature = "redis-sentinel"))]
         let found = None;
         let connection = Guarded::new(
@@ -553,7 +542,7 @@ where
 {
     /// A backend on `connection`, with the default prefix and deny cache.
     ///
-    /// Example: [`connection_manager_config`]'s.
+    /// Example: [`connection_manager_config`](connection::connection_manager_config)'s.
     pub fn new(connection: C) -> Self {
         Self::builder(connection).build()
     }
@@ -632,7 +621,7 @@ impl RedisBackend<ConnectionManager> {
     /// Connect to the Redis at `url` (`redis://host:port/db`) through a
     /// [`ConnectionManager`], which reconnects by itself after an outage;
     /// waits until the first connection is up. It has no response timeout
-    /// of its own ([`connection_manager_config`]).
+    /// of its own ([`connection_manager_config`](connection::connection_manager_config)).
     ///
     /// To start while Redis may be down, use
     /// [`connect_in_background`](RedisBackend::connect_in_background).
@@ -654,7 +643,9 @@ impl RedisBackend<ConnectionManager> {
     /// # }
     /// ```
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
-        Ok(Self::new(conn::connect::connection_manager(url).await?))
+        Ok(Self::new(
+            connection::connect::connection_manager(url).await?,
+        ))
     }
 }
 
@@ -669,7 +660,7 @@ impl RedisBackend<BackgroundConnection> {
     /// [`BackendError::CircuitOpen`]. Attempts are made every 100 ms or so,
     /// and hits are counted from the first one that succeeds. After that the
     /// connection is a [`ConnectionManager`] with
-    /// [`connection_manager_config`], which reconnects by itself.
+    /// [`connection_manager_config`](connection::connection_manager_config), which reconnects by itself.
     ///
     /// The attempts start at once inside a Tokio runtime, otherwise on the
     /// first command; they stop when the last clone of the backend is
@@ -688,7 +679,7 @@ impl RedisBackend<BackgroundConnection> {
 #[cfg(feature = "redis-cluster")]
 impl RedisBackend<::redis::cluster_async::ClusterConnection> {
     /// Connect to the Redis Cluster that `nodes` belong to, with
-    /// [`cluster_client_builder`]'s settings; waits until the slot map is
+    /// [`cluster_client_builder`](connection::cluster_client_builder)'s settings; waits until the slot map is
     /// known. There is one breaker per master (see
     /// [`RedisBackendBuilder::breaker`]).
     ///
@@ -716,7 +707,9 @@ impl RedisBackend<::redis::cluster_async::ClusterConnection> {
         I: IntoIterator<Item = T>,
         T: ::redis::IntoConnectionInfo,
     {
-        Ok(Self::new(conn::connect::cluster_connection(nodes).await?))
+        Ok(Self::new(
+            connection::connect::cluster_connection(nodes).await?,
+        ))
     }
 }
 
