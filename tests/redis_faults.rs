@@ -15,7 +15,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use support::http::multi_thread_runtime;
-use support::redis::{RedisCluster, RedisServer, SENTINEL_MASTER, SentinelGroup};
+use support::redis::{
+    RedisCluster, RedisServer, SENTINEL_MASTER, SentinelGroup, plain_storage_key,
+};
 use tower_pinned_window::Quota;
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::redis::connection::DEFAULT_LOOKUP_INTERVAL;
@@ -298,8 +300,7 @@ fn a_cluster_refusal_holds_no_healthy_master_shut() {
         (0..240)
             .map(|i| {
                 let key = Key::display(format_args!("client-{i}"));
-                let stored =
-                    tower_pinned_window::backend::storage_key::encode(b"tpw:", namespace, &key);
+                let stored = plain_storage_key("tpw:", namespace, key.as_bytes());
                 let slot: u16 = cluster.nodes[1]
                     .cmd(&["CLUSTER", "KEYSLOT", &String::from_utf8_lossy(&stored)])
                     .unwrap()

@@ -17,7 +17,7 @@
 //! # One statement per hit, at most
 //!
 //! Hits are counted by a prepared `INSERT ... ON CONFLICT DO UPDATE`
-//! ([`HIT_SQL`]). Atomically for each counter (the row lock orders
+//! (`sql/hit.sql` in the source). Atomically for each counter (the row lock orders
 //! concurrent hits), it
 //! - creates the row with the count and `expires_at = now + window` when
 //!   there is none or its window has closed;
@@ -56,7 +56,7 @@
 //! they have cached until its window would have closed; turn the cache off
 //! with [`deny_cache(0)`](PostgresBackendBuilder::deny_cache) where resets
 //! must take effect everywhere at once. The cache is keyed by the counter's
-//! [canonical storage key](super::storage_key).
+//! [canonical storage key](super#storage-keys).
 //!
 //! # Refunds
 //!
@@ -215,20 +215,6 @@ use super::{Amend, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spe
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Window;
-
-/// The statement run for every hit, as written (`{table}` stands for the
-/// schema-qualified table name). See the [module docs](self).
-///
-/// Example: the [module docs](self).
-pub const HIT_SQL: &str = include_str!("sql/hit.sql");
-
-/// The tables' SQL, as written (`{schema}`, `{table}`, `{index}`,
-/// `{resets}` (the reset markers' table, `{table}_resets`) and `{unlogged}`
-/// stand for the names and options);
-/// [`PostgresBackend::migration_sql`] gives it filled in.
-///
-/// Example: [`PostgresBackendBuilder`].
-pub const MIGRATION_SQL: &str = include_str!("sql/migrate.sql");
 
 /// Denied keys remembered locally, unless configured otherwise.
 ///
@@ -936,6 +922,7 @@ mod tests {
     fn the_statement_attaches_the_deadline_only_when_it_opens_a_window() {
         // The deadline is written from `excluded` (the new window) only in the
         // branch that also starts the count over.
+        const HIT_SQL: &str = include_str!("sql/hit.sql");
         let open = "WHEN c.expires_at <= statement_timestamp() THEN";
         assert_eq!(HIT_SQL.matches("excluded.expires_at").count(), 1);
         assert!(HIT_SQL.contains(&format!("{open} excluded.count\n")));

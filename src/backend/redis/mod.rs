@@ -166,8 +166,9 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// # Keys
 ///
 /// A counter's key is the prefix (`tpw:` by default), the counter's
-/// namespace, and the request's key between braces, both escaped as
-/// [`storage_key`] describes: `tpw:api{203.0.113.7}`,
+/// namespace, and the request's key between braces, both escaped (printable
+/// ASCII but `%`, `{` and `}` as it is, every other byte `%` and two hex
+/// digits; see [storage keys](super#storage-keys)): `tpw:api{203.0.113.7}`,
 /// `tpw:api:100/86400000ms{203.0.113.7}` for the same layer's `also` quota.
 /// No two (namespace, key) pairs share a Redis key, whatever bytes a client
 /// sends. On a Cluster the braces are the hash tag, placed by this crate
@@ -177,7 +178,7 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 ///
 /// Beside a counter, in its slot, two markers may live, each named by the
 /// counter's key and a suffix, so never a counter's key (which always ends
-/// with `}`; see [`storage_key::encode_lockout`]): `tpw:login{203.0.113.7}:lock`,
+/// with `}`): `tpw:login{203.0.113.7}:lock`,
 /// a lockout ([`Spend::block`]), created with its lifetime in the step that
 /// denied, never extended, and deleted by [`reset`](Backend::reset); and
 /// `tpw:login{203.0.113.7}:reset`, left by a reset (or an
@@ -562,7 +563,8 @@ where
 
     /// The Redis key that holds `key`'s counter for the namespace
     /// `namespace` (a layer's name, or `name:LIMIT/WINDOWms` for its other
-    /// quotas): [`storage_key::encode`] under this backend's prefix.
+    /// quotas): the crate's one storage-key encoding (see [keys](RedisBackend#keys))
+    /// under this backend's prefix.
     ///
     /// Example: [`RedisBackend`].
     pub fn storage_key(&self, namespace: &str, key: &Key) -> Vec<u8> {
