@@ -7,7 +7,13 @@ use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
-use super::BackendError;
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::deny_cache::DenyCache;
+use super::{BackendError, Counter, Hit, Hits};
+use crate::key::Key;
 
 /// The future of a remote backend's call (a hit, a spend, a refund or an
 /// amend) of [`RedisBackend`](super::redis::RedisBackend) or
@@ -64,6 +70,38 @@ impl<T> BackendFuture<T> {
 // Nothing in it is pinned: the result is moved out, never polled in place,
 // and the call is boxed.
 impl<T> Unpin for BackendFuture<T> {}
+
+impl BackendFuture<Hits> {
+    /// The local deny cache's answer to a request's `counters`, asked by
+    /// each counter's parts (no storage key is built for it), when it
+    /// remembers any of them denied: those are over their limit until the
+    /// time it remembers, and no counter is hit. `None` when it remembers
+    /// none: the request goes to the store.
+    pub(crate) fn denied(
+        deny: &DenyCache,
+        key: &Key,
+        counters: &[Counter<'_>],
+        now: quanta::Instant,
+    ) -> Option<Self> {
+        let cached: SmallVec<[Option<Duration>; 2]> = counters
+            .iter()
+            .map(|c| deny.check(c.namespace, key.as_bytes(), now))
+            .collect();
+        if cached.iter().all(Option::is_none) {
+            return None;
+        }
+        let hits = counters
+            .iter()
+            .zip(cached)
+            .map(|(c, left)| Hit {
+                count: left.map_or(0, |_| c.quota.limit().saturating_add(1)),
+                reset: left.unwrap_or(Duration::ZERO),
+                deadline: None,
+            })
+            .collect();
+        Some(Self::answered(Ok(hits)))
+    }
+}
 
 impl<T> Future for BackendFuture<T> {
     type Output = Result<T, BackendError>;

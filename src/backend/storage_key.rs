@@ -208,27 +208,24 @@ mod tests {
     // The examples the codec documented when it was public.
     #[test]
     fn encode_writes_the_documented_examples() {
-        assert_eq!(
-            encode(b"tpw:", "api", &Key::new("203.0.113.7")),
-            b"tpw:api{203.0.113.7}"
-        );
-        // A key crafted to look like another quota's counter stays in its own.
-        assert_eq!(
-            encode(b"tpw:", "api", &Key::new("1/3600000ms:v")),
-            b"tpw:api{1/3600000ms:v}"
-        );
-        assert_eq!(
-            encode(b"tpw:", "api:1/3600000ms", &Key::new("v")),
-            b"tpw:api:1/3600000ms{v}"
-        );
-        assert_eq!(
-            encode(b"tpw:", "api", &Key::new("}{x")),
-            b"tpw:api{%7D%7Bx}"
-        );
-        assert_eq!(encode(b"tpw:", "api", &Key::new("")), b"tpw:api{%}");
+        let cases = [
+            ("api", "203.0.113.7", "tpw:api{203.0.113.7}"),
+            // A key crafted to look like another quota's counter stays in
+            // its own.
+            ("api", "1/3600000ms:v", "tpw:api{1/3600000ms:v}"),
+            ("api:1/3600000ms", "v", "tpw:api:1/3600000ms{v}"),
+            ("api", "}{x", "tpw:api{%7D%7Bx}"),
+            ("api", "", "tpw:api{%}"),
+        ];
+        for (namespace, key, stored) in cases {
+            assert_eq!(
+                encode(b"tpw:", namespace, &Key::new(key)),
+                stored.as_bytes(),
+                "{namespace:?} {key:?}"
+            );
+        }
     }
 
-    // The examples the codec documented when it was public.
     #[test]
     fn a_lockout_marker_is_the_counters_key_then_lock() {
         let lock = encode_lockout(b"tpw:", "login", &Key::new("203.0.113.7"));
@@ -236,7 +233,6 @@ mod tests {
         assert_eq!(decode(b"tpw:", &lock), None);
     }
 
-    // The examples the codec documented when it was public.
     #[test]
     fn decode_undoes_encode_and_reads_no_older_format() {
         let stored = encode(b"tpw:", "login:v2", &Key::new(b"a{b}%\n"));

@@ -703,25 +703,11 @@ impl Backend for PostgresBackend {
     /// one row each; a counter in the local deny cache answers at once, and
     /// then none of them is sent.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
-        if let Some(deny) = &self.inner.deny {
-            let now = quanta::Instant::now();
-            let cached: smallvec::SmallVec<[Option<Duration>; 2]> = counters
-                .iter()
-                .map(|c| deny.check(c.namespace, key.as_bytes(), now))
-                .collect();
-            if cached.iter().any(Option::is_some) {
-                // Denied here, with no statement; the counters are not hit.
-                let hits = counters
-                    .iter()
-                    .zip(cached)
-                    .map(|(c, left)| Hit {
-                        count: left.map_or(0, |_| c.quota.limit().saturating_add(1)),
-                        reset: left.unwrap_or(Duration::ZERO),
-                        deadline: None,
-                    })
-                    .collect();
-                return BackendFuture::answered(Ok(hits));
-            }
+        if let Some(deny) = &self.inner.deny
+            && let Some(denied) = BackendFuture::denied(deny, key, counters, quanta::Instant::now())
+        {
+            // Denied here, with no statement; the counters are not hit.
+            return denied;
         }
         let backend = self.clone();
         let limits: Vec<u64> = counters.iter().map(|c| c.quota.limit()).collect();

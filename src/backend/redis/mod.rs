@@ -748,33 +748,11 @@ where
         // One reading of the clock: for the deny cache, and as the time the
         // hits were sent.
         let now = quanta::Instant::now();
-        if let Some(deny) = &self.inner.deny {
-            // Asked by the counter's parts: no storage key is built for an
-            // answer given here.
-            let cached: SmallVec<[Option<Duration>; 2]> = counters
-                .iter()
-                .map(|c| deny.check(c.namespace, key.as_bytes(), now))
-                .collect();
-            if cached.iter().any(Option::is_some) {
-                // Denied here, without a round trip; the counters are not hit.
-                let hits = counters
-                    .iter()
-                    .zip(cached)
-                    .map(|(c, left)| match left {
-                        Some(reset) => Hit {
-                            count: c.quota.limit().saturating_add(1),
-                            reset,
-                            deadline: None,
-                        },
-                        None => Hit {
-                            count: 0,
-                            reset: Duration::ZERO,
-                            deadline: None,
-                        },
-                    })
-                    .collect();
-                return BackendFuture::answered(Ok(hits));
-            }
+        if let Some(deny) = &self.inner.deny
+            && let Some(denied) = BackendFuture::denied(deny, key, counters, now)
+        {
+            // Denied here, without a round trip; the counters are not hit.
+            return denied;
         }
         // Inline: no allocation for a key that fits.
         let storage_keys: SmallVec<[coalesce::StoredKey; 2]> = counters
