@@ -248,6 +248,18 @@ pub mod fuzzing {
         crate::backend::redis::fuzzing::peek(value, key)
     }
 
+    /// The storage key of (`namespace`, `key`) under `prefix`.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
+    pub fn storage_key_encode(prefix: &[u8], namespace: &str, key: &crate::key::Key) -> Vec<u8> {
+        crate::backend::storage_key::encode(prefix, namespace, key)
+    }
+
+    /// The (namespace, key) a storage key under `prefix` names, if it is one.
+    #[cfg(any(feature = "redis", feature = "postgres"))]
+    pub fn storage_key_decode(prefix: &[u8], stored: &[u8]) -> Option<(String, Vec<u8>)> {
+        crate::backend::storage_key::decode(prefix, stored)
+    }
+
     /// The batch script's reply for `entries` (storage key, window, hits).
     #[cfg(feature = "redis")]
     #[allow(clippy::type_complexity)]

@@ -18,10 +18,10 @@ use std::time::Duration;
 use http::StatusCode;
 use stores::redis::RedisStore;
 use support::http::{burst, from, multi_thread_runtime, ok_count, ok_service};
-use support::redis::{RedisCluster, Shared, cases};
+use support::redis::{RedisCluster, Shared, cases, plain_storage_key};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::{Backend, BackendError, Spending, storage_key};
+use tower_pinned_window::backend::{Backend, BackendError, Spending};
 use tower_pinned_window::key::{HeaderKey, Key};
 use tower_pinned_window::{Quota, RateLimitLayer, Window};
 use trial::Needs;
@@ -415,7 +415,7 @@ fn a_failover_stalls_no_healthy_master() {
     let keys: Vec<(Key, bool)> = (0..240)
         .map(|i| {
             let key = Key::display(format_args!("client-{i}"));
-            let stored = storage_key::encode(b"tpw:", namespace, &key);
+            let stored = plain_storage_key("tpw:", namespace, key.as_bytes());
             let slot = keyslot(&cluster, &stored);
             let on_victim = victim_slots.iter().any(|&(a, b)| (a..=b).contains(&slot));
             (key, on_victim)
@@ -556,12 +556,13 @@ async fn failover_backend(
             .no_breaker()
             .build();
     }
-    let connection = tower_pinned_window::backend::redis::cluster_client_builder(cluster.urls())
-        .build()
-        .unwrap()
-        .get_async_connection()
-        .await
-        .unwrap();
+    let connection =
+        tower_pinned_window::backend::redis::connection::cluster_client_builder(cluster.urls())
+            .build()
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap();
     RedisBackend::builder(connection).deny_cache(0).build()
 }
 

@@ -15,9 +15,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use support::http::multi_thread_runtime;
-use support::redis::{RedisCluster, RedisServer, SENTINEL_MASTER, SentinelGroup};
+use support::redis::{
+    RedisCluster, RedisServer, SENTINEL_MASTER, SentinelGroup, plain_storage_key,
+};
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::redis::{DEFAULT_LOOKUP_INTERVAL, RedisBackend};
+use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window::backend::redis::connection::DEFAULT_LOOKUP_INTERVAL;
 use tower_pinned_window::backend::{Backend, BackendError};
 use tower_pinned_window::key::Key;
 use trial::Needs;
@@ -192,12 +195,13 @@ fn a_sentinel_failover_is_not_held_up_by_the_breaker() {
     let new = group.servers[1].port();
     let runtime = multi_thread_runtime();
     let store = runtime.block_on(async {
-        let connection = tower_pinned_window::backend::redis::SentinelConnection::connect(
-            group.sentinel_urls(),
-            SENTINEL_MASTER,
-        )
-        .await
-        .unwrap();
+        let connection =
+            tower_pinned_window::backend::redis::connection::SentinelConnection::connect(
+                group.sentinel_urls(),
+                SENTINEL_MASTER,
+            )
+            .await
+            .unwrap();
         RedisBackend::builder(connection).deny_cache(0).build()
     });
     let keys: Arc<Vec<(Key, bool)>> = Arc::new(
@@ -296,8 +300,7 @@ fn a_cluster_refusal_holds_no_healthy_master_shut() {
         (0..240)
             .map(|i| {
                 let key = Key::display(format_args!("client-{i}"));
-                let stored =
-                    tower_pinned_window::backend::storage_key::encode(b"tpw:", namespace, &key);
+                let stored = plain_storage_key("tpw:", namespace, key.as_bytes());
                 let slot: u16 = cluster.nodes[1]
                     .cmd(&["CLUSTER", "KEYSLOT", &String::from_utf8_lossy(&stored)])
                     .unwrap()
@@ -313,7 +316,7 @@ fn a_cluster_refusal_holds_no_healthy_master_shut() {
     let runtime = multi_thread_runtime();
     let store = runtime.block_on(async {
         let connection =
-            tower_pinned_window::backend::redis::cluster_client_builder(cluster.urls())
+            tower_pinned_window::backend::redis::connection::cluster_client_builder(cluster.urls())
                 .build()
                 .unwrap()
                 .get_async_connection()

@@ -1,4 +1,5 @@
-//! The storage-key codec (`backend::storage_key`).
+//! The storage-key codec (`src/backend/storage_key.rs`, through the
+//! `fuzzing` entry points).
 //!
 //! The input is read twice: as raw bytes given to `decode`, and through
 //! `arbitrary` as a prefix and two (namespace, key) pairs given to `encode`.
@@ -10,7 +11,7 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use tower_pinned_window::backend::storage_key::{decode, encode};
+use tower_pinned_window::fuzzing::{storage_key_decode as decode, storage_key_encode as encode};
 use tower_pinned_window::key::{Key, MAX_KEY_LEN};
 
 #[derive(Debug, Arbitrary)]

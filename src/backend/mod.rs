@@ -97,7 +97,7 @@
 //!   (`namespace`, `key`), and names a counter in errors and logs by its
 //!   canonical storage key;
 //! - stores whose keys are byte strings (Redis, or any other later) use one
-//!   canonical encoding, [`storage_key`]: the prefix, the escaped namespace,
+//!   canonical encoding (`storage_key.rs`): the prefix, the escaped namespace,
 //!   then the escaped key between braces, for example
 //!   `tpw:api{203.0.113.7}` and `tpw:api:100/86400000ms{203.0.113.7}`. On a
 //!   Redis Cluster the braces make the escaped key the hash tag, chosen by
@@ -107,21 +107,25 @@
 //! A key longer than [`MAX_KEY_LEN`](crate::key::MAX_KEY_LEN) is held as its
 //! digest, which is longer than any key kept as it is, so a hashed key and a
 //! raw key never meet either. A backend of your own follows the same rule:
-//! keep the pair apart structurally, or use [`storage_key::encode`].
+//! keep the pair apart structurally, or encode it as this one does (what
+//! [`RedisBackend::storage_key`](redis::RedisBackend::storage_key) gives).
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod deny_cache;
 mod expiring;
+#[cfg(any(feature = "redis", feature = "postgres"))]
+mod future;
 mod memory;
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod private;
 #[cfg(feature = "redis")]
 pub mod redis;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-mod result_or_call;
-pub mod storage_key;
+#[cfg(any(feature = "redis", feature = "postgres", fuzzing))]
+pub(crate) mod storage_key;
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub use future::BackendFuture;
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};
 pub use private::{MIN_SECRET_LEN, PrivateKeys};
 

@@ -53,6 +53,10 @@
 //! string, because it is on the hot path. Every store with byte-string keys
 //! uses this encoding, so counters mean the same in each.
 
+// Without Redis only `encode` is used (PostgreSQL names a counter in errors
+// by its storage key); decoding and the markers are Redis's.
+#![cfg_attr(not(feature = "redis"), allow(dead_code))]
+
 use crate::key::{HASHED_KEY_LEN, HASHED_KEY_MARK, Key, MAX_KEY_LEN, PRIVATE_KEY_MARK};
 
 /// The bytes that are written as `%XX`: everything outside printable ASCII,
@@ -98,19 +102,7 @@ fn escape_into(out: &mut impl KeyBuf, mut bytes: &[u8]) {
 
 /// The storage key of `namespace`'s counter for `key`, under `prefix`; see
 /// the [module docs](self) for the format.
-///
-/// ```
-/// use tower_pinned_window::backend::storage_key::encode;
-/// use tower_pinned_window::key::Key;
-///
-/// assert_eq!(encode(b"tpw:", "api", &Key::new("203.0.113.7")), b"tpw:api{203.0.113.7}");
-/// // A key crafted to look like another quota's counter stays in its own.
-/// assert_eq!(encode(b"tpw:", "api", &Key::new("1/3600000ms:v")), b"tpw:api{1/3600000ms:v}");
-/// assert_eq!(encode(b"tpw:", "api:1/3600000ms", &Key::new("v")), b"tpw:api:1/3600000ms{v}");
-/// assert_eq!(encode(b"tpw:", "api", &Key::new("}{x")), b"tpw:api{%7D%7Bx}");
-/// assert_eq!(encode(b"tpw:", "api", &Key::new("")), b"tpw:api{%}");
-/// ```
-pub fn encode(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
+pub(crate) fn encode(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + namespace.len() + key.as_bytes().len() + 8);
     encode_into(&mut out, prefix, namespace, key);
     out
@@ -137,16 +129,7 @@ pub(crate) fn encode_into(out: &mut impl KeyBuf, prefix: &[u8], namespace: &str,
 /// counters' markers never meet either; the hash tag is the counter's, so a
 /// counter and its markers share a Redis Cluster slot. [`decode`] reads no
 /// marker.
-///
-/// ```
-/// use tower_pinned_window::backend::storage_key::{decode, encode_lockout};
-/// use tower_pinned_window::key::Key;
-///
-/// let lock = encode_lockout(b"tpw:", "login", &Key::new("203.0.113.7"));
-/// assert_eq!(lock, b"tpw:login{203.0.113.7}:lock");
-/// assert_eq!(decode(b"tpw:", &lock), None);
-/// ```
-pub fn encode_lockout(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
+pub(crate) fn encode_lockout(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
     marker(prefix, namespace, key, b":lock")
 }
 
@@ -170,17 +153,7 @@ fn marker(prefix: &[u8], namespace: &str, key: &Key, suffix: &[u8]) -> Vec<u8> {
 /// `stored` is not exactly what [`encode`] makes under `prefix` (another
 /// prefix, a missing brace, an escape that `encode` would not write). The
 /// key bytes are a hashed key's digest text when the key was hashed.
-///
-/// ```
-/// use tower_pinned_window::backend::storage_key::{decode, encode};
-/// use tower_pinned_window::key::Key;
-///
-/// let stored = encode(b"tpw:", "login:v2", &Key::new(b"a{b}%\n"));
-/// assert_eq!(stored, b"tpw:login:v2{a%7Bb%7D%25%0A}");
-/// assert_eq!(decode(b"tpw:", &stored), Some(("login:v2".to_string(), b"a{b}%\n".to_vec())));
-/// assert_eq!(decode(b"tpw:", b"tpw:login:v2:a"), None, "an older format is not read");
-/// ```
-pub fn decode(prefix: &[u8], stored: &[u8]) -> Option<(String, Vec<u8>)> {
+pub(crate) fn decode(prefix: &[u8], stored: &[u8]) -> Option<(String, Vec<u8>)> {
     let rest = stored.strip_prefix(prefix)?.strip_suffix(b"}")?;
     let open = rest.iter().position(|&b| b == b'{')?;
     let namespace = String::from_utf8(unescape(&rest[..open])?).ok()?;
@@ -231,6 +204,49 @@ fn hex_digit(digit: u8) -> Option<u8> {
 
 #[cfg(test)]
 mod tests {
+
+    // The examples the codec documented when it was public.
+    #[test]
+    fn encode_writes_the_documented_examples() {
+        let cases = [
+            ("api", "203.0.113.7", "tpw:api{203.0.113.7}"),
+            // A key crafted to look like another quota's counter stays in
+            // its own.
+            ("api", "1/3600000ms:v", "tpw:api{1/3600000ms:v}"),
+            ("api:1/3600000ms", "v", "tpw:api:1/3600000ms{v}"),
+            ("api", "}{x", "tpw:api{%7D%7Bx}"),
+            ("api", "", "tpw:api{%}"),
+        ];
+        for (namespace, key, stored) in cases {
+            assert_eq!(
+                encode(b"tpw:", namespace, &Key::new(key)),
+                stored.as_bytes(),
+                "{namespace:?} {key:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_lockout_marker_is_the_counters_key_then_lock() {
+        let lock = encode_lockout(b"tpw:", "login", &Key::new("203.0.113.7"));
+        assert_eq!(lock, b"tpw:login{203.0.113.7}:lock");
+        assert_eq!(decode(b"tpw:", &lock), None);
+    }
+
+    #[test]
+    fn decode_undoes_encode_and_reads_no_older_format() {
+        let stored = encode(b"tpw:", "login:v2", &Key::new(b"a{b}%\n"));
+        assert_eq!(stored, b"tpw:login:v2{a%7Bb%7D%25%0A}");
+        assert_eq!(
+            decode(b"tpw:", &stored),
+            Some(("login:v2".to_string(), b"a{b}%\n".to_vec()))
+        );
+        assert_eq!(
+            decode(b"tpw:", b"tpw:login:v2:a"),
+            None,
+            "an older format is not read"
+        );
+    }
     use super::*;
     use proptest::prelude::*;
     use std::collections::HashMap;

@@ -168,20 +168,17 @@ impl ClientIp {
         self
     }
 
-    /// Group IPv6 clients by a prefix of `bits` (default 64), as
-    /// [`PeerIp::ipv6_prefix`] does.
+    /// Group IPv6 clients by a prefix of `bits` (default 64): the peer's
+    /// rule, [`PeerIp::ipv6_prefix`], which this setter calls.
     ///
     /// # Panics
-    /// When `bits` is outside 32..=128, like
-    /// [`http::HeaderValue::from_static`] on a bad literal. Use
-    /// [`try_ipv6_prefix`](Self::try_ipv6_prefix) for a value read at run
-    /// time.
+    /// As [`PeerIp::ipv6_prefix`] does, when `bits` is outside 32..=128.
+    /// Use [`try_ipv6_prefix`](Self::try_ipv6_prefix) for a value read at
+    /// run time.
     #[track_caller]
-    pub fn ipv6_prefix(self, bits: u8) -> Self {
-        match self.try_ipv6_prefix(bits) {
-            Ok(this) => this,
-            Err(err) => panic!("{err}"),
-        }
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.peer = self.peer.ipv6_prefix(bits);
+        self
     }
 
     /// Like [`ipv6_prefix`](Self::ipv6_prefix), for a value read at run

@@ -59,6 +59,25 @@ fn binaries(test: &str) -> Option<(PathBuf, PathBuf)> {
     }
 }
 
+/// The storage key of (`namespace`, `key`) under `prefix`, for a namespace
+/// and key of printable ASCII without `%`, `{` or `}`, which the crate's
+/// encoding (`src/backend/storage_key.rs`) writes as they are:
+/// `tpw:api{client-7}`. For computing a key's Cluster slot before any
+/// backend exists.
+pub fn plain_storage_key(prefix: &str, namespace: &str, key: &[u8]) -> Vec<u8> {
+    let plain = |bytes: &[u8]| {
+        bytes
+            .iter()
+            .all(|b| (0x21..=0x7e).contains(b) && !b"%{}".contains(b))
+    };
+    assert!(
+        plain(namespace.as_bytes()) && plain(key),
+        "not plain: {namespace:?} {}",
+        key.escape_ascii()
+    );
+    [prefix.as_bytes(), namespace.as_bytes(), b"{", key, b"}"].concat()
+}
+
 /// Why the Redis tests cannot run here (no redis-server or redis-cli), or
 /// `None` when they can. The test binaries mark their trials ignored then
 /// (see `tests/support/trial.rs`).
@@ -703,7 +722,6 @@ pub mod cases {
     use tower::{Layer, ServiceExt};
     use tower_pinned_window::backend::Backend;
     use tower_pinned_window::backend::redis::RedisBackend;
-    use tower_pinned_window::backend::storage_key;
     use tower_pinned_window::key::{HeaderKey, Key};
     use tower_pinned_window::{Quota, RateLimitLayer};
 
@@ -857,30 +875,33 @@ pub mod cases {
         }
         // Every counter is one client's on one counter name, with exactly
         // that client's hits: ATTACKS for an attacker's key, 1 for a victim.
+        // Keyed by the storage key of each (counter name, key) pair: two
+        // different pairs never share one.
+        let mut pairs = BTreeSet::new();
         let mut want = BTreeMap::new();
         for (counters, _) in &services {
             for namespace in counters {
-                for key in &attackers {
-                    want.insert(
-                        (namespace.to_string(), Key::new(key).as_bytes().to_vec()),
-                        ATTACKS as i64,
-                    );
-                }
-                for key in &victims {
-                    want.insert(
-                        (namespace.to_string(), Key::new(key).as_bytes().to_vec()),
-                        1,
-                    );
+                let clients = attackers
+                    .iter()
+                    .map(|key| (key, ATTACKS as i64))
+                    .chain(victims.iter().map(|key| (key, 1)));
+                for (key, count) in clients {
+                    let key = Key::new(key);
+                    pairs.insert((namespace.to_string(), key.as_bytes().to_vec()));
+                    want.insert(store.storage_key(namespace, &key), count);
                 }
             }
         }
+        assert_eq!(
+            want.len(),
+            pairs.len(),
+            "two (counter name, key) pairs share a storage key"
+        );
         let mut got = BTreeMap::new();
         for stored in list_keys() {
-            let (namespace, key) = storage_key::decode(prefix.as_bytes(), &stored)
-                .unwrap_or_else(|| panic!("{} is not a storage key", stored.escape_ascii()));
             let count = get(&con, &stored).await.unwrap();
             assert!(pttl(&con, &stored).await > 0, "{}", stored.escape_ascii());
-            got.insert((namespace, key), count);
+            got.insert(stored, count);
         }
         assert_eq!(got.len(), want.len(), "one counter per (counter name, key)");
         assert_eq!(got, want);

@@ -16,7 +16,8 @@ pub mod redis {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use redis::aio::ConnectionLike;
-    use tower_pinned_window::backend::redis::{Nodes, RedisBackend};
+    use tower_pinned_window::backend::redis::RedisBackend;
+    use tower_pinned_window::backend::redis::connection::Nodes;
     use tower_pinned_window::key::Key;
     use tower_pinned_window_testkit::{Ability, Audit, Store, Stored};
 

@@ -20,8 +20,8 @@
 //! process's CPU time per hit in microseconds (user + system, from
 //! `/proc/self/stat`, so at a 10 ms tick).
 //!
-//! `script` prints the backend's Lua script (`HIT_SCRIPT`), which the
-//! script's ceiling runs through `redis-benchmark`.
+//! `script` prints the backend's Lua script (`src/backend/redis/hit.lua`),
+//! which the script's ceiling runs through `redis-benchmark`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -30,8 +30,11 @@ use std::time::{Duration, Instant};
 use redis::aio::ConnectionManager;
 use tower_pinned_window::Quota;
 use tower_pinned_window::backend::Backend;
-use tower_pinned_window::backend::redis::{HIT_SCRIPT, RedisBackend};
+use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::Key;
+
+/// The hit script, as the backend sends it.
+const HIT_SCRIPT: &str = include_str!("../../../src/backend/redis/hit.lua");
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

@@ -47,8 +47,9 @@ use tower_pinned_window::backend::Backend;
 use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
 use tower_pinned_window::backend::postgres::tokio_postgres::{self, NoTls};
-use tower_pinned_window::backend::redis::{
-    RedisBackend, SentinelConnection, connection_manager_config,
+use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window::backend::redis::connection::{
+    SentinelConnection, connection_manager_config,
 };
 use tower_pinned_window::key::HeaderKey;
 use tower_pinned_window::{

@@ -17,7 +17,7 @@
 //! # One statement per hit, at most
 //!
 //! Hits are counted by a prepared `INSERT ... ON CONFLICT DO UPDATE`
-//! ([`HIT_SQL`]). Atomically for each counter (the row lock orders
+//! (`sql/hit.sql` in the source). Atomically for each counter (the row lock orders
 //! concurrent hits), it
 //! - creates the row with the count and `expires_at = now + window` when
 //!   there is none or its window has closed;
@@ -56,7 +56,7 @@
 //! they have cached until its window would have closed; turn the cache off
 //! with [`deny_cache(0)`](PostgresBackendBuilder::deny_cache) where resets
 //! must take effect everywhere at once. The cache is keyed by the counter's
-//! [canonical storage key](super::storage_key).
+//! [canonical storage key](super#storage-keys).
 //!
 //! # Refunds
 //!
@@ -197,11 +197,8 @@ pub use deadpool_postgres;
 pub use tokio_postgres;
 
 use std::fmt;
-use std::future::Future;
 use std::num::{NonZeroU32, NonZeroUsize};
-use std::pin::Pin;
 use std::sync::{Arc, OnceLock};
-use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
@@ -214,25 +211,10 @@ use self::error::{pg_error, pool_error};
 use self::row::{deadline_time, describe, read_row};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
 use super::deny_cache::DenyCache;
-use super::result_or_call::ResultOrCall;
-use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, Spending};
+use super::{Amend, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending};
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Window;
-
-/// The statement run for every hit, as written (`{table}` stands for the
-/// schema-qualified table name). See the [module docs](self).
-///
-/// Example: the [module docs](self).
-pub const HIT_SQL: &str = include_str!("sql/hit.sql");
-
-/// The tables' SQL, as written (`{schema}`, `{table}`, `{index}`,
-/// `{resets}` (the reset markers' table, `{table}_resets`) and `{unlogged}`
-/// stand for the names and options);
-/// [`PostgresBackend::migration_sql`] gives it filled in.
-///
-/// Example: [`PostgresBackendBuilder`].
-pub const MIGRATION_SQL: &str = include_str!("sql/migrate.sql");
 
 /// Denied keys remembered locally, unless configured otherwise.
 ///
@@ -713,77 +695,19 @@ fn pool(url: &str, size: Option<usize>) -> Result<Pool, BackendError> {
         .map_err(|err| BackendError::Unavailable(Box::new(err)))
 }
 
-/// The future of a [`PostgresBackend`] hit: already complete when the local
-/// deny cache answered; otherwise the hit statement that carries it.
-///
-/// Example: the [module docs](self). The layer awaits it; [`Backend::hit_all`] returns it.
-pub struct PostgresHit(ResultOrCall<Hits>);
-
-impl fmt::Debug for PostgresHit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresHit")
-            .field("state", &self.0.state())
-            .finish()
-    }
-}
-
-impl Future for PostgresHit {
-    type Output = Result<Hits, BackendError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.poll(cx, "PostgresHit")
-    }
-}
-
-/// The future of a [`PostgresBackend`] refund: one statement, or already
-/// complete for a hit that was not counted in the table.
-///
-/// Example: the [module docs](self). The layer awaits it; [`Backend::refund`] returns it.
-pub struct PostgresRefund(ResultOrCall<bool>);
-
-impl fmt::Debug for PostgresRefund {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostgresRefund")
-            .field("state", &self.0.state())
-            .finish()
-    }
-}
-
-impl Future for PostgresRefund {
-    type Output = Result<bool, BackendError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.poll(cx, "PostgresRefund")
-    }
-}
-
 impl Backend for PostgresBackend {
-    type Future = PostgresHit;
-    type Refund = PostgresRefund;
+    type Future = BackendFuture<Hits>;
+    type Refund = BackendFuture<bool>;
 
     /// The counters go out in the next hit statement (see the module docs),
     /// one row each; a counter in the local deny cache answers at once, and
     /// then none of them is sent.
-    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> PostgresHit {
-        if let Some(deny) = &self.inner.deny {
-            let now = quanta::Instant::now();
-            let cached: smallvec::SmallVec<[Option<Duration>; 2]> = counters
-                .iter()
-                .map(|c| deny.check(c.namespace, key.as_bytes(), now))
-                .collect();
-            if cached.iter().any(Option::is_some) {
-                // Denied here, with no statement; the counters are not hit.
-                let hits = counters
-                    .iter()
-                    .zip(cached)
-                    .map(|(c, left)| Hit {
-                        count: left.map_or(0, |_| c.quota.limit().saturating_add(1)),
-                        reset: left.unwrap_or(Duration::ZERO),
-                        deadline: None,
-                    })
-                    .collect();
-                return PostgresHit(ResultOrCall::Ready(Some(Ok(hits))));
-            }
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
+        if let Some(deny) = &self.inner.deny
+            && let Some(denied) = BackendFuture::denied(deny, key, counters, quanta::Instant::now())
+        {
+            // Denied here, with no statement; the counters are not hit.
+            return denied;
         }
         let backend = self.clone();
         let limits: Vec<u64> = counters.iter().map(|c| c.quota.limit()).collect();
@@ -802,7 +726,7 @@ impl Backend for PostgresBackend {
                 reply,
             });
         }
-        PostgresHit(ResultOrCall::Remote(Box::pin(async move {
+        BackendFuture::calling(async move {
             // Queued on the first poll, on the runtime that polls it: a hit
             // dropped before then is never sent.
             let queued = quanta::Instant::now();
@@ -825,7 +749,7 @@ impl Backend for PostgresBackend {
                 hits.push(hit);
             }
             Ok(hits)
-        })))
+        })
     }
 
     /// One `UPDATE` ([`refund.sql`](self#refunds)) that takes one off the
@@ -834,12 +758,12 @@ impl Backend for PostgresBackend {
     /// that deadline. A hit with no deadline
     /// (answered by the deny cache) is not sent. The counter is dropped from
     /// this instance's deny cache, so its next hit asks the database again.
-    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> PostgresRefund {
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> BackendFuture<bool> {
         let Some(deadline) = hit.deadline else {
-            return PostgresRefund(ResultOrCall::Ready(Some(Ok(false))));
+            return BackendFuture::answered(Ok(false));
         };
         let (backend, namespace, key) = (self.clone(), namespace.to_owned(), key.clone());
-        PostgresRefund(ResultOrCall::Remote(Box::pin(async move {
+        BackendFuture::calling(async move {
             let refunded = backend
                 .refund_in_window(&namespace, &key, deadline_time(deadline))
                 .await;
@@ -847,7 +771,7 @@ impl Backend for PostgresBackend {
                 deny.remove(&namespace, key.as_bytes());
             }
             refunded
-        })))
+        })
     }
 
     async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
@@ -888,14 +812,14 @@ impl Backend for PostgresBackend {
 impl Spending for PostgresBackend {
     /// One transaction ([spends](self#costs-lockouts-and-amends)): it
     /// bypasses the hit batching and the local deny cache.
-    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> PostgresHit {
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
         let backend = self.clone();
         let key = key.clone();
         let owned: Vec<(Box<str>, crate::quota::Quota)> = counters
             .iter()
             .map(|c| (c.namespace.into(), c.quota))
             .collect();
-        PostgresHit(ResultOrCall::Remote(Box::pin(async move {
+        BackendFuture::calling(async move {
             backend.start_cleaner();
             let counters: Vec<Counter<'_>> = owned
                 .iter()
@@ -905,24 +829,24 @@ impl Spending for PostgresBackend {
                 })
                 .collect();
             spend::spend_all(&backend, &key, &counters, spend).await
-        })))
+        })
     }
 
     /// One statement, only in the row whose `expires_at` is the hit's
     /// deadline while that window is open and no reset marker names that
     /// deadline; a clear leaves such a marker in the same statement. A hit
     /// with no deadline is not sent. The counter is dropped from this instance's deny cache.
-    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> PostgresRefund {
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> BackendFuture<bool> {
         let delta: Option<i64> = match amend {
             Amend::Refund(n) => Some(-(i64::try_from(n).unwrap_or(i64::MAX))),
             Amend::Charge(n) => Some(i64::try_from(n).unwrap_or(i64::MAX)),
             Amend::Clear => None,
         };
         let (Some(deadline), false) = (hit.deadline, delta == Some(0)) else {
-            return PostgresRefund(ResultOrCall::Ready(Some(Ok(false))));
+            return BackendFuture::answered(Ok(false));
         };
         let (backend, namespace, key) = (self.clone(), namespace.to_owned(), key.clone());
-        PostgresRefund(ResultOrCall::Remote(Box::pin(async move {
+        BackendFuture::calling(async move {
             let expires_at = deadline_time(deadline);
             let changed = async {
                 let client = backend.inner.db.pool.get().await.map_err(pool_error)?;
@@ -955,7 +879,7 @@ impl Spending for PostgresBackend {
                 deny.remove(&namespace, key.as_bytes());
             }
             changed
-        })))
+        })
     }
 }
 
@@ -982,6 +906,7 @@ mod tests {
     fn the_statement_attaches_the_deadline_only_when_it_opens_a_window() {
         // The deadline is written from `excluded` (the new window) only in the
         // branch that also starts the count over.
+        const HIT_SQL: &str = include_str!("sql/hit.sql");
         let open = "WHEN c.expires_at <= statement_timestamp() THEN";
         assert_eq!(HIT_SQL.matches("excluded.expires_at").count(), 1);
         assert!(HIT_SQL.contains(&format!("{open} excluded.count\n")));

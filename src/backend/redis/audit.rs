@@ -3,8 +3,8 @@
 
 use ::redis::{Cmd, RedisResult, Value};
 
-use super::conn::breaker::unavailable;
-use super::conn::nodes::{Node, Nodes};
+use super::connection::breaker::unavailable;
+use super::connection::nodes::{Node, Nodes};
 use super::script::{REPAIR, Target};
 use crate::backend::BackendError;
 use crate::quota::Window;

@@ -40,12 +40,14 @@ use hashbrown::HashMap;
 use hashbrown::hash_map::Entry;
 use smallvec::SmallVec;
 
-use super::conn::breaker::{Guarded, unavailable};
-use super::conn::slot::key_slot;
+use super::connection::breaker::{Guarded, unavailable};
+use super::connection::slot::key_slot;
 use super::reply::{parse_batch, parse_hit};
 use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
 use super::slots::{ARENA_SLOTS, Arena, Reply, Ticket};
-use crate::backend::{BackendError, Hit};
+use crate::backend::deny_cache::DenyCache;
+use crate::backend::{BackendError, Hit, Hits, storage_key};
+use crate::quota::Quota;
 
 /// At most this many requests' hits go in one script call; the rest wait for
 /// the next (bounds how long one call keeps Redis busy).
@@ -75,15 +77,64 @@ pub(super) type StoredKey = SmallVec<[u8; 64]>;
 /// One request's counters: storage key and window (ms) of each.
 pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
 
-/// What a request gets back: its counters (the deny cache reads a denied
-/// counter's namespace and key from its storage key) and their answers.
-pub(super) type Answered = (Counters, Answers);
+/// What a request gets back: its hits, made by its [`Finish`] from the
+/// call's answers.
+pub(super) type Answered = Result<Hits, BackendError>;
 
 /// One request's hits, waiting in a lane.
 pub(super) struct Pending {
     /// Storage key and window (ms) of each counter the request hits.
     counters: Counters,
+    /// What makes the request's hits of the call's answers.
+    finish: Finish,
     reply: Reply<Answered>,
+}
+
+/// What turns the answers for a request's counters into its [`Hits`]: the
+/// quotas, and the deny cache that remembers a denial.
+pub(super) struct Finish {
+    pub(super) quotas: SmallVec<[Quota; 2]>,
+    pub(super) deny: Option<Arc<DenyCache>>,
+    /// The length of the backend's prefix: a denied counter's namespace and
+    /// key are read back from its storage key.
+    pub(super) prefix: usize,
+    /// When the hits were sent: a denial is remembered until this plus the
+    /// time Redis said was left, never past the window in Redis.
+    pub(super) sent: quanta::Instant,
+}
+
+impl Finish {
+    /// The request's hits, from the answers for its `counters`.
+    fn answered(&self, counters: &Counters, answers: Answers) -> Answered {
+        self.hits(
+            counters.iter().map(|(stored, _)| stored.as_slice()),
+            answers,
+        )
+    }
+
+    /// `stored`: the counters' storage keys, in the order of `answers`.
+    pub(super) fn hits<'a>(
+        &self,
+        stored: impl Iterator<Item = &'a [u8]>,
+        answers: Answers,
+    ) -> Result<Hits, BackendError> {
+        let mut hits = Hits::with_capacity(answers.len());
+        for ((answer, quota), stored) in answers.into_iter().zip(&self.quotas).zip(stored) {
+            let hit = answer?;
+            if let Some(deny) = &self.deny
+                && hit.count > quota.limit()
+            {
+                // Decoded only on a denial, which is rare: a hit that is
+                // let through copies nothing for the cache.
+                match storage_key::decode(&stored[..self.prefix], stored) {
+                    Some((namespace, key)) => deny.insert(&namespace, &key, self.sent + hit.reset),
+                    None => debug_assert!(false, "a storage key this backend made decodes"),
+                }
+            }
+            hits.push(hit);
+        }
+        Ok(hits)
+    }
 }
 
 /// The Cluster slot of a request's keys (one slot: they share the crate's
@@ -242,6 +293,10 @@ fn leave(lanes: &mut HashMap<u32, Lane>, lane: u32) {
 }
 
 /// Where [`enqueue`] put a request's hits.
+// Alone is large (it carries the request's counters and finish): boxing it
+// would cost an allocation on a path that has none, and the value is
+// matched as soon as it is made.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Enqueued<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -254,7 +309,7 @@ where
 }
 
 /// Put one request's hits in their lane: `counters` are (storage key,
-/// window in ms). Done at once, not when a future is first polled: a hit
+/// window in ms), `finish` makes the request's hits of their answers. Done at once, not when a future is first polled: a hit
 /// queued behind a call in flight (most hits, under load) needs no future
 /// of its own, only the answer's receiver. Needs a tokio runtime (the
 /// lane's driver is a task); the caller checks for one.
@@ -262,6 +317,7 @@ pub(super) fn enqueue<C>(
     batcher: &Arc<Batcher<C>>,
     runtime: &tokio::runtime::Handle,
     counters: Counters,
+    finish: Finish,
 ) -> Enqueued<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -273,7 +329,11 @@ where
             // Queued: the call that takes the hits answers in a slot.
             let lane_state = busy.get_mut();
             let (reply, answer) = lane_state.channel();
-            let second = lane_state.queue(Pending { counters, reply });
+            let second = lane_state.queue(Pending {
+                counters,
+                finish,
+                reply,
+            });
             drop(lanes);
             if let Some(batch) = second {
                 spawn_driver(batcher, runtime, lane, batch);
@@ -291,6 +351,7 @@ where
             // the same.
             Enqueued::Alone(Alone {
                 counters,
+                finish,
                 handover: Handover {
                     batcher: Arc::clone(batcher),
                     runtime: runtime.clone(),
@@ -307,6 +368,7 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     counters: Counters,
+    finish: Finish,
     handover: Handover<C>,
 }
 
@@ -315,20 +377,28 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     /// Send the call, hand the lane over, and give the request's answers.
-    pub(super) async fn send(self) -> Result<Answered, BackendError> {
-        let Self { counters, handover } = self;
+    pub(super) async fn send(self) -> Answered {
+        let Self {
+            counters,
+            finish,
+            handover,
+        } = self;
         let batcher = &handover.batcher;
         if let [(key, window)] = counters.as_slice() {
             // One counter: the one-hit script, the cheapest call for Redis,
             // answered here.
             let answer = one(&batcher.connection, key, *window).await;
             drop(handover);
-            return Ok((counters, std::iter::once(answer).collect()));
+            return finish.answered(&counters, std::iter::once(answer).collect());
         }
         // Several: the batch script, answered like a queued request's (a
         // refusal as cross-slot sends them again, through lanes).
         let (reply, answer) = Arena::with_capacity(1).channel();
-        let pending = Pending { counters, reply };
+        let pending = Pending {
+            counters,
+            finish,
+            reply,
+        };
         let retry = call(batcher, vec![pending], handover.lane == ANY_SLOT).await;
         if let Some(retry) = retry {
             // CROSSSLOT: nothing ran; the hits go again, by slot, once this
@@ -342,7 +412,7 @@ where
         } else {
             drop(handover);
         }
-        answer.await.map_err(|_| dropped())
+        answer.await.unwrap_or_else(|_| Err(dropped()))
     }
 }
 
@@ -571,7 +641,15 @@ where
         }
     }
     drop(entries);
-    for (Pending { counters, reply }, place) in batch.into_iter().zip(places) {
+    for (
+        Pending {
+            counters,
+            finish,
+            reply,
+        },
+        place,
+    ) in batch.into_iter().zip(places)
+    {
         let answers: Answers = place
             .iter()
             .map(|&(at, nth)| match &replies[at] {
@@ -584,7 +662,7 @@ where
             .collect();
         // A waiter that is gone only loses its answer: the hit was counted,
         // with its lifetime, like a request whose client went away.
-        let _ = reply.send((counters, answers));
+        let _ = reply.send(finish.answered(&counters, answers));
     }
     None
 }

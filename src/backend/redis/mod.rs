@@ -8,16 +8,17 @@
 //!   the script;
 //! - `reply`: what the scripts answer, read and checked;
 //! - `coalesce`: the lanes that send the hits issued together in one call;
-//! - `conn/`: the connections (made at once, in the background, to a
-//!   Cluster, through Sentinel), the nodes of a deployment, Cluster hash
-//!   slots, and the circuit breaker with its slot map;
+//! - [`connection`]: the connections a user builds (made at once, in the
+//!   background, to a Cluster, through Sentinel) and, inside, the nodes of a
+//!   deployment, Cluster hash slots, and the circuit breaker with its slot
+//!   map;
 //! - `audit`: the backstop that finds counters without a lifetime.
 //!
 //! [`RedisBackend`] documents the backend, with an example.
 
 mod audit;
 mod coalesce;
-mod conn;
+pub mod connection;
 mod reply;
 mod script;
 mod slots;
@@ -27,19 +28,7 @@ mod slots;
 pub(crate) use self::reply::fuzzing;
 
 pub use audit::AuditReport;
-pub use conn::breaker::{
-    BREAKER_FIRST_PROBE, BREAKER_SLOW_CALL, DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES,
-    SLOTS_PER_RANGE,
-};
-#[cfg(feature = "redis-cluster")]
-pub use conn::connect::cluster_client_builder;
-pub use conn::connect::{BackgroundConnection, ConnectError, connection_manager_config};
-pub use conn::nodes::{Node, Nodes};
-#[cfg(feature = "redis-sentinel")]
-pub use conn::sentinel::{
-    DEFAULT_LOOKUP_INTERVAL, DEFAULT_STALL_AFTER, SentinelConnection, SentinelConnectionBuilder,
-};
-pub use script::HIT_SCRIPT;
+pub use connection::breaker::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES};
 
 use std::fmt;
 use std::future::Future;
@@ -54,15 +43,17 @@ use futures_util::future::join_all;
 use smallvec::SmallVec;
 
 use self::coalesce::{Batcher, Enqueued};
-use self::conn::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
+use self::connection::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
+use self::connection::{BackgroundConnection, ConnectError, Nodes};
 use self::reply::{parse_hit, parse_peek, parse_refund, parse_spend};
 use self::script::{AMEND, HIT, PEEK, RESET, SPEND, Size, U64_DIGITS};
 use super::deny_cache::DenyCache;
-use super::result_or_call::ResultOrCall;
-use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, Spending, storage_key};
+use super::{
+    Amend, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending, storage_key,
+};
 use crate::error::ConfigError;
 use crate::key::Key;
-use crate::quota::{Quota, Window};
+use crate::quota::Window;
 
 /// The prefix of every key this backend writes, unless configured otherwise
 /// ([`RedisBackendBuilder::prefix`]; [`RedisBackend`]'s example shows it in
@@ -129,7 +120,7 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// [`FailurePolicy`](crate::FailurePolicy) to what fails. The connections
 /// this crate makes have the `redis` client's own response timeout turned
 /// off, so a hit arms one timer; turn it off in a connection of your own
-/// too ([`connection_manager_config`], or
+/// too ([`connection_manager_config`](connection::connection_manager_config), or
 /// `AsyncConnectionConfig::set_response_timeout(None)`).
 ///
 /// A circuit breaker (on by default; see
@@ -171,14 +162,15 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// still waiting (the dropped one only loses its answer). A hit whose request
 /// is dropped before its call is sent is not sent; when every request of a
 /// call in flight is gone, the call is dropped too, as a lone hit's would be.
-/// Outside a tokio runtime, each counter hit is one `EVALSHA` of
-/// [`HIT_SCRIPT`].
+/// Outside a tokio runtime, each counter hit is one `EVALSHA` of the hit
+/// script (`hit.lua` in the source).
 ///
 /// # Keys
 ///
 /// A counter's key is the prefix (`tpw:` by default), the counter's
-/// namespace, and the request's key between braces, both escaped as
-/// [`storage_key`] describes: `tpw:api{203.0.113.7}`,
+/// namespace, and the request's key between braces, both escaped (printable
+/// ASCII but `%`, `{` and `}` as it is, every other byte `%` and two hex
+/// digits; see [storage keys](super#storage-keys)): `tpw:api{203.0.113.7}`,
 /// `tpw:api:100/86400000ms{203.0.113.7}` for the same layer's `also` quota.
 /// No two (namespace, key) pairs share a Redis key, whatever bytes a client
 /// sends. On a Cluster the braces are the hash tag, placed by this crate
@@ -188,7 +180,7 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 ///
 /// Beside a counter, in its slot, two markers may live, each named by the
 /// counter's key and a suffix, so never a counter's key (which always ends
-/// with `}`; see [`storage_key::encode_lockout`]): `tpw:login{203.0.113.7}:lock`,
+/// with `}`): `tpw:login{203.0.113.7}:lock`,
 /// a lockout ([`Spend::block`]), created with its lifetime in the step that
 /// denied, never extended, and deleted by [`reset`](Backend::reset); and
 /// `tpw:login{203.0.113.7}:reset`, left by a reset (or an
@@ -379,11 +371,10 @@ impl<C> RedisBackendBuilder<C> {
     /// The circuit breaker: after `failures` failed commands in a row
     /// (unreachable, timed out by the layer, `LOADING`, `MASTERDOWN`...),
     /// the backend answers [`BackendError::CircuitOpen`] at once and lets
-    /// one probe through at a time: the first [`BREAKER_FIRST_PROBE`]
-    /// (25 ms) after it opened, the next twice as long after each probe
+    /// one probe through at a time: the first 25 ms after it opened, the next twice as long after each probe
     /// that failed (50 ms, 100 ms, ...), never more than `cooldown` apart.
     /// A probe that succeeds closes it, and the next opening starts from
-    /// [`BREAKER_FIRST_PROBE`] again. So an outage costs requests no wait
+    /// 25 ms again. So an outage costs requests no wait
     /// and Redis at most one probe per `cooldown` once it has lasted a
     /// while, and a short fault costs little more than it lasts: under a
     /// 100 ms layer timeout, a Redis frozen for 300 ms fails hits from
@@ -394,7 +385,7 @@ impl<C> RedisBackendBuilder<C> {
     /// metrics count its answers as `circuit_open`.
     ///
     /// A command the layer gave up on counts as a failure when it had waited
-    /// at least [`BREAKER_SLOW_CALL`] (10 ms): with a layer
+    /// at least 10 ms: with a layer
     /// [`timeout`](crate::RateLimitLayer::timeout) shorter than that, a
     /// store that stops answering costs each request its timeout instead.
     /// A command dropped sooner (its client went away) counts neither way,
@@ -405,14 +396,14 @@ impl<C> RedisBackendBuilder<C> {
     /// failing master does not stop the healthy masters' keys: the backend
     /// reads `CLUSTER SLOTS` on its first command and every 5 s after, and
     /// until it knows the masters, there is one breaker per
-    /// [`SLOTS_PER_RANGE`] consecutive slots. The Cluster's refusals
+    /// 128 consecutive slots. The Cluster's refusals
     /// (`CLUSTERDOWN`, `TRYAGAIN`) are answered by live nodes about the
     /// Cluster's state, not a master's failure, and count neither way; a
     /// `MOVED` or `ASK` the Cluster client gave up following counts as a
     /// failure of the master it points to, which did not answer. A hit that the
     /// Cluster client keeps retrying through `CLUSTERDOWN` until the layer's
     /// timeout does count; so while a breaker is open the backend reads
-    /// `CLUSTER INFO` (one node at random, every [`BREAKER_FIRST_PROBE`])
+    /// `CLUSTER INFO` (one node at random, every 25 ms)
     /// and, when `cluster_state` turns from `fail` back to `ok`, lets every
     /// open breaker probe at once (and again at each `ok` read in the next
     /// second, as the nodes turn ok one by one; it reads `CLUSTER SLOTS`
@@ -428,7 +419,7 @@ impl<C> RedisBackendBuilder<C> {
     /// connected to a master since it opened, so requests are served again
     /// within the lookup interval of the promotion, as without a breaker.
     ///
-    /// `cooldown` shorter than [`BREAKER_FIRST_PROBE`] is the wait before
+    /// `cooldown` shorter than 25 ms is the wait before
     /// every probe.
     ///
     /// # Panics
@@ -490,7 +481,7 @@ impl<C> RedisBackendBuilder<C> {
     /// (default `true`): one script call for every hit queued behind the call
     /// in flight, with each hit's count, time left and deadline exactly as
     /// if sent alone (see [coalesced hits](RedisBackend#coalesced-hits)).
-    /// `false` sends one `EVALSHA` of [`HIT_SCRIPT`] per counter hit.
+    /// `false` sends one `EVALSHA` of the hit script per counter hit.
     // Hidden: it exists only so the benchmarks (`bench/redis.sh`,
     // `bench/wrk_redis.sh`) and the tests can compare the two paths in one
     // run; coalescing is never worse for a user, so it is no setting of
@@ -519,8 +510,8 @@ impl<C> RedisBackendBuilder<C> {
         // master, so that one opened during a failover probes at once.
         #[cfg(feature = "redis-sentinel")]
         let found = (&self.connection as &dyn std::any::Any)
-            .downcast_ref::<conn::sentinel::SentinelConnection>()
-            .map(conn::sentinel::SentinelConnection::masters_found);
+            .downcast_ref::<connection::sentinel::SentinelConnection>()
+            .map(connection::sentinel::SentinelConnection::masters_found);
         #[cfg(not(feature = "redis-sentinel"))]
         let found = None;
         let connection = Guarded::new(
@@ -554,7 +545,7 @@ where
 {
     /// A backend on `connection`, with the default prefix and deny cache.
     ///
-    /// Example: [`connection_manager_config`]'s.
+    /// Example: [`connection_manager_config`](connection::connection_manager_config)'s.
     pub fn new(connection: C) -> Self {
         Self::builder(connection).build()
     }
@@ -574,7 +565,8 @@ where
 
     /// The Redis key that holds `key`'s counter for the namespace
     /// `namespace` (a layer's name, or `name:LIMIT/WINDOWms` for its other
-    /// quotas): [`storage_key::encode`] under this backend's prefix.
+    /// quotas): the crate's one storage-key encoding (see [keys](RedisBackend#keys))
+    /// under this backend's prefix.
     ///
     /// Example: [`RedisBackend`].
     pub fn storage_key(&self, namespace: &str, key: &Key) -> Vec<u8> {
@@ -633,7 +625,7 @@ impl RedisBackend<ConnectionManager> {
     /// Connect to the Redis at `url` (`redis://host:port/db`) through a
     /// [`ConnectionManager`], which reconnects by itself after an outage;
     /// waits until the first connection is up. It has no response timeout
-    /// of its own ([`connection_manager_config`]).
+    /// of its own ([`connection_manager_config`](connection::connection_manager_config)).
     ///
     /// To start while Redis may be down, use
     /// [`connect_in_background`](RedisBackend::connect_in_background).
@@ -655,7 +647,9 @@ impl RedisBackend<ConnectionManager> {
     /// # }
     /// ```
     pub async fn connect(url: &str) -> Result<Self, ConnectError> {
-        Ok(Self::new(conn::connect::connection_manager(url).await?))
+        Ok(Self::new(
+            connection::connect::connection_manager(url).await?,
+        ))
     }
 }
 
@@ -670,7 +664,7 @@ impl RedisBackend<BackgroundConnection> {
     /// [`BackendError::CircuitOpen`]. Attempts are made every 100 ms or so,
     /// and hits are counted from the first one that succeeds. After that the
     /// connection is a [`ConnectionManager`] with
-    /// [`connection_manager_config`], which reconnects by itself.
+    /// [`connection_manager_config`](connection::connection_manager_config), which reconnects by itself.
     ///
     /// The attempts start at once inside a Tokio runtime, otherwise on the
     /// first command; they stop when the last clone of the backend is
@@ -689,7 +683,7 @@ impl RedisBackend<BackgroundConnection> {
 #[cfg(feature = "redis-cluster")]
 impl RedisBackend<::redis::cluster_async::ClusterConnection> {
     /// Connect to the Redis Cluster that `nodes` belong to, with
-    /// [`cluster_client_builder`]'s settings; waits until the slot map is
+    /// [`cluster_client_builder`](connection::cluster_client_builder)'s settings; waits until the slot map is
     /// known. There is one breaker per master (see
     /// [`RedisBackendBuilder::breaker`]).
     ///
@@ -717,130 +711,32 @@ impl RedisBackend<::redis::cluster_async::ClusterConnection> {
         I: IntoIterator<Item = T>,
         T: ::redis::IntoConnectionInfo,
     {
-        Ok(Self::new(conn::connect::cluster_connection(nodes).await?))
+        Ok(Self::new(
+            connection::connect::cluster_connection(nodes).await?,
+        ))
     }
 }
 
-/// The future of a [`RedisBackend`] hit: already complete when the local
-/// deny cache answered; otherwise waiting for the call that takes its hits
-/// (queued in their lane behind a call in flight, as most hits are under
-/// load), or sending a call of its own.
-///
-/// The layer awaits it; [`Backend::hit_all`] returns it. Example of the
-/// backend: [`RedisBackend`].
-pub struct RedisHit(HitStep);
+/// A request's answer from a lane: its hits, once the lane's call is back.
+pub(crate) type Ticket<T> = slots::Ticket<Result<T, BackendError>>;
 
-enum HitStep {
-    /// Answered here, or sending its own call (boxed: the `redis` client's
-    /// query inside is large).
-    NotQueued(ResultOrCall<Hits>),
-    /// Queued in its lane: no call of its own, so no box.
-    Queued {
-        answer: slots::Ticket<coalesce::Answered>,
-        finish: Finish,
-    },
-}
-
-impl fmt::Debug for RedisHit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.0 {
-            HitStep::NotQueued(answer) => answer.state(),
-            HitStep::Queued { .. } => "queued",
-        };
-        f.debug_struct("RedisHit").field("state", &state).finish()
-    }
-}
-
-impl Future for RedisHit {
-    type Output = Result<Hits, BackendError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match &mut self.0 {
-            HitStep::NotQueued(answer) => answer.poll(cx, "RedisHit"),
-            HitStep::Queued { answer, finish } => Pin::new(answer)
-                .poll(cx)
-                .map(|answered| finish.answered(answered.map_err(|_| coalesce::dropped())?)),
-        }
-    }
-}
-
-/// What turns the answers for a request's counters into its [`Hits`]: the
-/// quotas, and the deny cache that remembers a denial.
-struct Finish {
-    quotas: SmallVec<[Quota; 2]>,
-    deny: Option<Arc<DenyCache>>,
-    /// The length of the backend's prefix: a denied counter's namespace and
-    /// key are read back from its storage key.
-    prefix: usize,
-    /// When the hits were sent: a denial is remembered until this plus the
-    /// time Redis said was left, never past the window in Redis.
-    sent: quanta::Instant,
-}
-
-impl Finish {
-    /// What a lane's call gave back: the request's counters and answers.
-    fn answered(&self, (counters, answers): coalesce::Answered) -> Result<Hits, BackendError> {
-        self.hits(
-            counters.iter().map(|(stored, _)| stored.as_slice()),
-            answers,
-        )
-    }
-
-    /// `stored`: the counters' storage keys, in the order of `answers`.
-    fn hits<'a>(
-        &self,
-        stored: impl Iterator<Item = &'a [u8]>,
-        answers: coalesce::Answers,
-    ) -> Result<Hits, BackendError> {
-        let mut hits = Hits::with_capacity(answers.len());
-        for ((answer, quota), stored) in answers.into_iter().zip(&self.quotas).zip(stored) {
-            let hit = answer?;
-            if let Some(deny) = &self.deny
-                && hit.count > quota.limit()
-            {
-                // Decoded only on a denial, which is rare: a hit that is
-                // let through copies nothing for the cache.
-                match storage_key::decode(&stored[..self.prefix], stored) {
-                    Some((namespace, key)) => deny.insert(&namespace, &key, self.sent + hit.reset),
-                    None => debug_assert!(false, "a storage key this backend made decodes"),
-                }
-            }
-            hits.push(hit);
-        }
-        Ok(hits)
-    }
-}
-
-/// The future of a [`RedisBackend`] refund: already complete when there is
-/// nothing to take back (a hit Redis did not count), one round trip
-/// otherwise.
-///
-/// The layer awaits it; [`Backend::refund`] returns it. Example of the
-/// backend: [`RedisBackend`].
-pub struct RedisRefund(ResultOrCall<bool>);
-
-impl fmt::Debug for RedisRefund {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisRefund")
-            .field("state", &self.0.state())
-            .finish()
-    }
-}
-
-impl Future for RedisRefund {
-    type Output = Result<bool, BackendError>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        self.0.poll(cx, "RedisRefund")
-    }
+/// Polls a lane's answer; a call dropped unanswered (its runtime shut down)
+/// is an unavailable backend.
+pub(crate) fn poll_ticket<T>(
+    ticket: &mut Ticket<T>,
+    cx: &mut Context<'_>,
+) -> Poll<Result<T, BackendError>> {
+    Pin::new(ticket)
+        .poll(cx)
+        .map(|answer| answer.unwrap_or_else(|_| Err(coalesce::dropped())))
 }
 
 impl<C> Backend for RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    type Future = RedisHit;
-    type Refund = RedisRefund;
+    type Future = BackendFuture<Hits>;
+    type Refund = BackendFuture<bool>;
 
     /// Coalesced (the default): every counter of the request in the next
     /// call of the key's lane (see [coalesced hits](RedisBackend#coalesced-hits)).
@@ -850,37 +746,15 @@ where
     /// Otherwise one `EVALSHA` per counter, all sent at once: on one
     /// connection they are pipelined (one round trip of latency); on a
     /// Cluster they go to the one master that holds the key's slot.
-    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> RedisHit {
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
         // One reading of the clock: for the deny cache, and as the time the
         // hits were sent.
         let now = quanta::Instant::now();
-        if let Some(deny) = &self.inner.deny {
-            // Asked by the counter's parts: no storage key is built for an
-            // answer given here.
-            let cached: SmallVec<[Option<Duration>; 2]> = counters
-                .iter()
-                .map(|c| deny.check(c.namespace, key.as_bytes(), now))
-                .collect();
-            if cached.iter().any(Option::is_some) {
-                // Denied here, without a round trip; the counters are not hit.
-                let hits = counters
-                    .iter()
-                    .zip(cached)
-                    .map(|(c, left)| match left {
-                        Some(reset) => Hit {
-                            count: c.quota.limit().saturating_add(1),
-                            reset,
-                            deadline: None,
-                        },
-                        None => Hit {
-                            count: 0,
-                            reset: Duration::ZERO,
-                            deadline: None,
-                        },
-                    })
-                    .collect();
-                return RedisHit(HitStep::NotQueued(ResultOrCall::Ready(Some(Ok(hits)))));
-            }
+        if let Some(deny) = &self.inner.deny
+            && let Some(denied) = BackendFuture::denied(deny, key, counters, now)
+        {
+            // Denied here, without a round trip; the counters are not hit.
+            return denied;
         }
         // Inline: no allocation for a key that fits.
         let storage_keys: SmallVec<[coalesce::StoredKey; 2]> = counters
@@ -891,7 +765,7 @@ where
                 stored
             })
             .collect();
-        let finish = Finish {
+        let finish = coalesce::Finish {
             quotas: counters.iter().map(|c| c.quota).collect(),
             deny: self.inner.deny.clone(),
             prefix: self.inner.prefix.len(),
@@ -910,40 +784,36 @@ where
                 .zip(&finish.quotas)
                 .map(|(k, q)| (k, q.window().as_millis()))
                 .collect();
-            return match coalesce::enqueue(batcher, &runtime, counters) {
-                Enqueued::Queued(answer) => RedisHit(HitStep::Queued { answer, finish }),
-                Enqueued::Alone(alone) => RedisHit(HitStep::NotQueued(ResultOrCall::Remote(
-                    Box::pin(async move { finish.answered(alone.send().await?) }),
-                ))),
+            return match coalesce::enqueue(batcher, &runtime, counters, finish) {
+                Enqueued::Queued(answer) => BackendFuture::queued(answer),
+                Enqueued::Alone(alone) => BackendFuture::calling(alone.send()),
             };
         }
         let this = self.clone();
-        RedisHit(HitStep::NotQueued(ResultOrCall::Remote(Box::pin(
-            async move {
-                let answers = join_all(storage_keys.iter().zip(&finish.quotas).map(|(k, q)| {
-                    let this = &this;
-                    async move {
-                        let reply = HIT
-                            .run_on_key(
-                                &mut this.inner.connection.for_key(k),
-                                k,
-                                Some(q.window().as_millis()),
-                            )
-                            .await
-                            .map_err(unavailable)?;
-                        parse_hit(reply, k)
-                    }
-                }))
-                .await
-                .into_iter()
-                .collect();
-                finish.hits(storage_keys.iter().map(|k| k.as_slice()), answers)
-            },
-        ))))
+        BackendFuture::calling(async move {
+            let answers = join_all(storage_keys.iter().zip(&finish.quotas).map(|(k, q)| {
+                let this = &this;
+                async move {
+                    let reply = HIT
+                        .run_on_key(
+                            &mut this.inner.connection.for_key(k),
+                            k,
+                            Some(q.window().as_millis()),
+                        )
+                        .await
+                        .map_err(unavailable)?;
+                    parse_hit(reply, k)
+                }
+            }))
+            .await
+            .into_iter()
+            .collect();
+            finish.hits(storage_keys.iter().map(|k| k.as_slice()), answers)
+        })
     }
 
     /// [`amend`](Backend::amend) with a refund of 1.
-    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> RedisRefund {
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> BackendFuture<bool> {
         self.amend(namespace, key, hit, Amend::Refund(1))
     }
 
@@ -1004,7 +874,7 @@ where
     /// A spend goes straight to Redis: it is not coalesced with other
     /// hits, and the local deny cache neither answers it nor remembers its
     /// denials. Needs Redis 7.0 (`PEXPIRETIME`).
-    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> RedisHit {
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
         let keys: SmallVec<[(Vec<u8>, Vec<u8>); 2]> = counters
             .iter()
             .map(|c| {
@@ -1020,33 +890,31 @@ where
             .collect();
         let block = spend.block.map_or(0, |b| b.as_millis());
         let this = self.clone();
-        RedisHit(HitStep::NotQueued(ResultOrCall::Remote(Box::pin(
-            async move {
-                let Some((first, _)) = keys.first() else {
-                    return Ok(Hits::new());
-                };
-                let size = Size {
-                    keys: 2 * keys.len(),
-                    args: 3 + 4 * keys.len(),
-                    bytes: keys.iter().map(|(c, l)| c.len() + l.len()).sum::<usize>()
-                        + (3 + 2 * keys.len()) * U64_DIGITS,
-                };
-                let reply = SPEND
-                    .run(&mut this.inner.connection.for_key(first), size, |cmd| {
-                        for (counter, lock) in &keys {
-                            cmd.arg(counter).arg(lock);
-                        }
-                        cmd.arg(spend.cost).arg(u8::from(spend.open)).arg(block);
-                        for (limit, window) in &limits {
-                            cmd.arg(limit).arg(window);
-                        }
-                    })
-                    .await
-                    .map_err(unavailable)?;
-                let stored: SmallVec<[&[u8]; 2]> = keys.iter().map(|(c, _)| c.as_slice()).collect();
-                parse_spend(reply, &stored)
-            },
-        ))))
+        BackendFuture::calling(async move {
+            let Some((first, _)) = keys.first() else {
+                return Ok(Hits::new());
+            };
+            let size = Size {
+                keys: 2 * keys.len(),
+                args: 3 + 4 * keys.len(),
+                bytes: keys.iter().map(|(c, l)| c.len() + l.len()).sum::<usize>()
+                    + (3 + 2 * keys.len()) * U64_DIGITS,
+            };
+            let reply = SPEND
+                .run(&mut this.inner.connection.for_key(first), size, |cmd| {
+                    for (counter, lock) in &keys {
+                        cmd.arg(counter).arg(lock);
+                    }
+                    cmd.arg(spend.cost).arg(u8::from(spend.open)).arg(block);
+                    for (limit, window) in &limits {
+                        cmd.arg(limit).arg(window);
+                    }
+                })
+                .await
+                .map_err(unavailable)?;
+            let stored: SmallVec<[&[u8]; 2]> = keys.iter().map(|(c, _)| c.as_slice()).collect();
+            parse_spend(reply, &stored)
+        })
     }
 
     /// One `EVALSHA` of the amend script, which finds the hit's window by
@@ -1062,9 +930,9 @@ where
     /// older than 7.0) is not sent. Once Redis has answered, the key is
     /// dropped from this instance's deny cache, so the next hit asks Redis
     /// again.
-    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> RedisRefund {
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> BackendFuture<bool> {
         let Some(deadline) = hit.deadline else {
-            return RedisRefund(ResultOrCall::Ready(Some(Ok(false))));
+            return BackendFuture::answered(Ok(false));
         };
         let (op, amount) = match amend {
             Amend::Refund(n) => ("refund", n),
@@ -1074,7 +942,7 @@ where
         let storage_key = self.storage_key(namespace, key);
         let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
         let (this, namespace, key) = (self.clone(), Box::<str>::from(namespace), key.clone());
-        RedisRefund(ResultOrCall::Remote(Box::pin(async move {
+        BackendFuture::calling(async move {
             let size = Size {
                 keys: 2,
                 args: 5,
@@ -1098,7 +966,7 @@ where
                 deny.remove(&namespace, key.as_bytes());
             }
             parse_refund(reply?, &storage_key)
-        })))
+        })
     }
 }
 

@@ -26,16 +26,9 @@ use ::redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 /// names the window for [`refund`](crate::backend::Backend::refund) (`-1` on
 /// a server older than Redis 7.0, where hits are never refunded).
 ///
-/// # Examples
-///
-/// The script is plain text, for a review or a `SCRIPT LOAD` of your own:
-///
-/// ```
-/// use tower_pinned_window::backend::redis::HIT_SCRIPT;
-///
-/// assert!(HIT_SCRIPT.contains("redis.call"));
-/// ```
-pub const HIT_SCRIPT: &str = include_str!("hit.lua");
+/// It is plain text in `hit.lua`, beside this file, for a review or a
+/// `SCRIPT LOAD` of your own.
+pub(crate) const HIT_SCRIPT: &str = include_str!("hit.lua");
 
 /// The script of a coalesced call: [`HIT_SCRIPT`]'s step for several
 /// counters, each taking one or more hits.

@@ -159,10 +159,10 @@ impl<T> Drop for Reply<T> {
 
 /// The reply was dropped unanswered.
 #[derive(Debug)]
-pub(super) struct Unanswered;
+pub(crate) struct Unanswered;
 
 /// The waiting end of a slot: a future of the answer.
-pub(super) struct Ticket<T> {
+pub(crate) struct Ticket<T> {
     arena: Arc<Arena<T>>,
     at: usize,
 }

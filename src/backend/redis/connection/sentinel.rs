@@ -13,11 +13,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionLike, MultiplexedConnection};
+use ::redis::aio::MultiplexedConnection;
 use ::redis::sentinel::{SentinelClient, SentinelNodeConnectionInfo, SentinelServerType};
 use ::redis::{
     AsyncConnectionConfig, Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind,
-    IntoConnectionInfo, Pipeline, RedisError, RedisFuture, RedisResult, ServerErrorKind, Value,
+    IntoConnectionInfo, RedisError, RedisResult, ServerErrorKind, Value,
 };
 use futures_util::future::{BoxFuture, FutureExt, Shared};
 
@@ -45,7 +45,8 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 /// lookup at a time), like a [`ConnectionManager`](::redis::aio::ConnectionManager).
 ///
 /// ```no_run
-/// use tower_pinned_window::backend::redis::{RedisBackend, SentinelConnection};
+/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window::backend::redis::connection::SentinelConnection;
 ///
 /// # async fn run() -> redis::RedisResult<()> {
 /// let sentinels = vec![
@@ -156,9 +157,8 @@ impl fmt::Debug for SentinelConnection {
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use tower_pinned_window::backend::redis::{
-///     DEFAULT_STALL_AFTER, RedisBackend, SentinelConnection,
-/// };
+/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window::backend::redis::connection::{DEFAULT_STALL_AFTER, SentinelConnection};
 ///
 /// let connection = SentinelConnection::builder(
 ///     vec!["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/"],
@@ -656,31 +656,12 @@ impl Drop for Watch<'_> {
     }
 }
 
-impl ConnectionLike for SentinelConnection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        Box::pin(
-            self.run(move |mut connection| async move { connection.req_packed_command(cmd).await }),
-        )
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        Box::pin(self.run(move |mut connection| async move {
-            connection
-                .req_packed_commands(pipeline, offset, count)
-                .await
-        }))
-    }
-
-    fn get_db(&self) -> i64 {
-        match self.inner.lock().master.peek() {
-            Some(Ok(master)) => master.connection.get_db(),
-            _ => 0,
-        }
+forward_commands! {
+    impl for SentinelConnection;
+    |this, send| Box::pin(this.run(move |mut connection| async move { send!(connection).await }));
+    |this| match this.inner.lock().master.peek() {
+        Some(Ok(master)) => master.connection.get_db(),
+        _ => 0,
     }
 }
 

@@ -12,8 +12,8 @@ use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
-use ::redis::{Client, Cmd, Pipeline, RedisError, RedisFuture, Value};
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{Client, RedisError};
 
 use super::breaker::unavailable;
 use crate::backend::BackendError;
@@ -26,7 +26,8 @@ use crate::error::ConfigError;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use tower_pinned_window::backend::redis::{ConnectError, RedisBackend};
+/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window::backend::redis::connection::ConnectError;
 ///
 /// // Not a Redis URL: retrying would not help.
 /// let err = RedisBackend::connect("http://example.com").await.unwrap_err();
@@ -87,7 +88,8 @@ fn invalid_url(err: RedisError) -> ConfigError {
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_pinned_window::backend::redis::{RedisBackend, connection_manager_config};
+/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window::backend::redis::connection::connection_manager_config;
 /// use tower_pinned_window::redis::Client;
 ///
 /// let client = Client::open("redis://127.0.0.1:6379/")?;
@@ -229,45 +231,19 @@ async fn connect_loop(client: Client, shared: Weak<Shared>) {
     }
 }
 
-impl ConnectionLike for BackgroundConnection {
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        match self.shared.connection.get() {
-            Some(connection) => {
-                let mut connection = connection.clone();
-                Box::pin(async move { connection.req_packed_command(cmd).await })
-            }
-            None => {
-                self.start();
-                Box::pin(std::future::ready(Err(Self::not_connected())))
-            }
+forward_commands! {
+    impl for BackgroundConnection;
+    |this, send| match this.shared.connection.get() {
+        Some(connection) => {
+            let mut connection = connection.clone();
+            Box::pin(async move { send!(connection).await })
         }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        match self.shared.connection.get() {
-            Some(connection) => {
-                let mut connection = connection.clone();
-                Box::pin(async move {
-                    connection
-                        .req_packed_commands(pipeline, offset, count)
-                        .await
-                })
-            }
-            None => {
-                self.start();
-                Box::pin(std::future::ready(Err(Self::not_connected())))
-            }
+        None => {
+            this.start();
+            Box::pin(std::future::ready(Err(Self::not_connected())))
         }
-    }
-
-    fn get_db(&self) -> i64 {
-        self.shared.db
-    }
+    };
+    |this| this.shared.db
 }
 
 #[cfg(feature = "redis-cluster")]
@@ -284,7 +260,8 @@ impl ConnectionLike for BackgroundConnection {
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_pinned_window::backend::redis::{RedisBackend, cluster_client_builder};
+/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window::backend::redis::connection::cluster_client_builder;
 ///
 /// let client = cluster_client_builder(["redis://127.0.0.1:7000/"]).build()?;
 /// let backend = RedisBackend::new(client.get_async_connection().await?);

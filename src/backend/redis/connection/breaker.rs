@@ -30,7 +30,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::ConnectionLike;
-use ::redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use ::redis::{ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use super::slot::{CLUSTER_SLOTS, key_slot};
 use super::slot_map::{MAX_NODES, SlotMap};
@@ -62,8 +62,8 @@ use crate::backend::BackendError;
 pub const DEFAULT_BREAKER_FAILURES: u32 = 5;
 
 /// The longest an open breaker answers at once before it lets a probe
-/// through, unless configured otherwise: the first probe goes
-/// [`BREAKER_FIRST_PROBE`] after it opened, and each probe that fails
+/// through, unless configured otherwise: the first probe goes 25 ms
+/// after it opened, and each probe that fails
 /// doubles the wait, up to this. Example: [`DEFAULT_BREAKER_FAILURES`]'s.
 pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(500);
 
@@ -72,26 +72,24 @@ pub const DEFAULT_BREAKER_COOLDOWN: Duration = Duration::from_millis(500);
 /// cool-down; a probe that succeeds closes the breaker and the next opening
 /// starts from this again. A Redis frozen for 300 ms (`DEBUG SLEEP 0.3`)
 /// is thus served again a probe's wait after it wakes, not a whole
-/// cool-down. Example of the breaker's settings: [`DEFAULT_BREAKER_FAILURES`].
-pub const BREAKER_FIRST_PROBE: Duration = Duration::from_millis(25);
+/// cool-down.
+pub(crate) const BREAKER_FIRST_PROBE: Duration = Duration::from_millis(25);
 
 /// Consecutive Cluster slots that share one breaker until the backend knows
 /// which master serves them (128 breakers for the 16384 slots). A master's
 /// slots are ranges of consecutive slots, so all but the ranges that
 /// straddle two masters belong to one master. See
 /// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)
-/// for the breaker's settings, with an example at
-/// [`DEFAULT_BREAKER_FAILURES`].
-pub const SLOTS_PER_RANGE: u16 = 128;
+/// for the breaker's settings.
+pub(crate) const SLOTS_PER_RANGE: u16 = 128;
 
 /// A call dropped before it was answered counts as a failure only when it
 /// had waited at least this long: the layer's timeout ran out on a store
 /// that is slow or gone. A call dropped sooner was given up by its request
 /// (the client went away, an HTTP/2 stream was reset), which says nothing
 /// about the store, so it counts neither way; otherwise clients that
-/// cancel their requests could open the breaker of a healthy store. An
-/// example of the breaker's settings: [`DEFAULT_BREAKER_FAILURES`].
-pub const BREAKER_SLOW_CALL: Duration = Duration::from_millis(10);
+/// cancel their requests could open the breaker of a healthy store.
+pub(crate) const BREAKER_SLOW_CALL: Duration = Duration::from_millis(10);
 
 /// The detail of the error an open breaker answers with.
 const OPEN: &str = "tower-pinned-window: circuit open after repeated failures";
@@ -666,37 +664,17 @@ fn through<'a, T: Send + 'a>(
     })
 }
 
-impl<C> ConnectionLike for Routed<C>
-where
-    C: ConnectionLike + Clone + Send + 'static,
-{
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        self.refresh_map();
-        let settle = self.settle();
+forward_commands! {
+    impl<C> for Routed<C> where [C: ConnectionLike + Clone + Send + 'static];
+    |this, send| {
+        this.refresh_map();
+        let settle = this.settle();
         if settle.is_err() {
-            self.watch_cluster();
+            this.watch_cluster();
         }
-        through(settle, || self.inner.req_packed_command(cmd))
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        let settle = self.settle();
-        if settle.is_err() {
-            self.watch_cluster();
-        }
-        through(settle, || {
-            self.inner.req_packed_commands(pipeline, offset, count)
-        })
-    }
-
-    fn get_db(&self) -> i64 {
-        self.inner.get_db()
-    }
+        through(settle, || send!(this.inner))
+    };
+    |this| this.inner.get_db()
 }
 
 #[cfg(test)]

@@ -1,0 +1,169 @@
+//! The one future of the remote backends ([Redis](super::redis) and
+//! [PostgreSQL](super::postgres)): their hits, refunds and amends all
+//! return a [`BackendFuture`].
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use std::time::Duration;
+
+use smallvec::SmallVec;
+
+use super::deny_cache::DenyCache;
+use super::{BackendError, Counter, Hit, Hits};
+use crate::key::Key;
+
+/// The future of a remote backend's call (a hit, a spend, a refund or an
+/// amend) of [`RedisBackend`](super::redis::RedisBackend) or
+/// [`PostgresBackend`](super::postgres::PostgresBackend).
+///
+/// It is in one of three states, fixed when the backend returns it:
+///
+/// - **answered**: the result is already known (the local deny cache
+///   answered a hit, or a refund has nothing to take back), and the first
+///   poll gives it, with no round trip;
+/// - **queued** (Redis, coalesced hits): the hits wait in their lane for
+///   the call that carries them; nothing is allocated for the future;
+/// - **calling**: the request's own call, one round trip away (boxed: a
+///   database client's query future is large).
+///
+/// The layer awaits it; a [`Backend`](super::Backend) of your own needs none
+/// of it. Polling it again after it completed panics.
+///
+/// `T` is what the call gives: [`Hits`](super::Hits) for a hit or a spend,
+/// `bool` for a refund or an amend (whether a counter changed).
+#[must_use = "futures do nothing unless polled"]
+pub struct BackendFuture<T>(State<T>);
+
+enum State<T> {
+    /// Known already; `None` once handed out.
+    Answered(Option<Result<T, BackendError>>),
+    /// Waiting in a Redis lane for the call that takes it.
+    #[cfg(feature = "redis")]
+    Queued(super::redis::Ticket<T>),
+    /// The request's own call.
+    Calling(Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>),
+}
+
+impl<T> BackendFuture<T> {
+    /// A result known without a call.
+    pub(crate) fn answered(result: Result<T, BackendError>) -> Self {
+        Self(State::Answered(Some(result)))
+    }
+
+    /// The request's own call.
+    pub(crate) fn calling(
+        call: impl Future<Output = Result<T, BackendError>> + Send + 'static,
+    ) -> Self {
+        Self(State::Calling(Box::pin(call)))
+    }
+
+    /// Queued in a Redis lane: the lane's call answers the ticket.
+    #[cfg(feature = "redis")]
+    pub(crate) fn queued(ticket: super::redis::Ticket<T>) -> Self {
+        Self(State::Queued(ticket))
+    }
+}
+
+// Nothing in it is pinned: the result is moved out, never polled in place,
+// and the call is boxed.
+impl<T> Unpin for BackendFuture<T> {}
+
+impl BackendFuture<Hits> {
+    /// The local deny cache's answer to a request's `counters`, asked by
+    /// each counter's parts (no storage key is built for it), when it
+    /// remembers any of them denied: those are over their limit until the
+    /// time it remembers, and no counter is hit. `None` when it remembers
+    /// none: the request goes to the store.
+    pub(crate) fn denied(
+        deny: &DenyCache,
+        key: &Key,
+        counters: &[Counter<'_>],
+        now: quanta::Instant,
+    ) -> Option<Self> {
+        let cached: SmallVec<[Option<Duration>; 2]> = counters
+            .iter()
+            .map(|c| deny.check(c.namespace, key.as_bytes(), now))
+            .collect();
+        if cached.iter().all(Option::is_none) {
+            return None;
+        }
+        let hits = counters
+            .iter()
+            .zip(cached)
+            .map(|(c, left)| Hit {
+                count: left.map_or(0, |_| c.quota.limit().saturating_add(1)),
+                reset: left.unwrap_or(Duration::ZERO),
+                deadline: None,
+            })
+            .collect();
+        Some(Self::answered(Ok(hits)))
+    }
+}
+
+impl<T> Future for BackendFuture<T> {
+    type Output = Result<T, BackendError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match &mut self.0 {
+            State::Answered(result) => Poll::Ready(
+                result
+                    .take()
+                    .expect("BackendFuture polled after it completed"),
+            ),
+            #[cfg(feature = "redis")]
+            State::Queued(ticket) => super::redis::poll_ticket(ticket, cx),
+            State::Calling(call) => call.as_mut().poll(cx),
+        }
+    }
+}
+
+impl<T> fmt::Debug for BackendFuture<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.0 {
+            State::Answered(_) => "answered",
+            #[cfg(feature = "redis")]
+            State::Queued(_) => "queued",
+            State::Calling(_) => "calling",
+        };
+        f.debug_struct("BackendFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn an_answered_future_gives_its_result_without_a_call() {
+        let future = BackendFuture::answered(Ok(true));
+        assert_eq!(
+            format!("{future:?}"),
+            r#"BackendFuture { state: "answered" }"#
+        );
+        assert!(future.await.unwrap());
+    }
+
+    #[tokio::test]
+    async fn a_calling_future_gives_its_calls_result() {
+        let future = BackendFuture::calling(async { Ok(7_u64) });
+        assert_eq!(
+            format!("{future:?}"),
+            r#"BackendFuture { state: "calling" }"#
+        );
+        assert_eq!(future.await.unwrap(), 7);
+    }
+
+    #[test]
+    #[should_panic(expected = "BackendFuture polled after it completed")]
+    fn a_future_polled_again_after_it_completed_panics() {
+        let mut future = BackendFuture::answered(Ok(()));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(Pin::new(&mut future).poll(&mut cx).is_ready());
+        let _ = Pin::new(&mut future).poll(&mut cx);
+    }
+}

@@ -1,0 +1,81 @@
+//! The Redis connections a user builds, and the plumbing under them.
+//!
+//! Public here, for [`RedisBackend::new`](super::RedisBackend::new) and
+//! its `connect` helpers: [`BackgroundConnection`] (a connection that comes
+//! up in the background), [`SentinelConnection`] (feature
+//! `redis-sentinel`), the settings of the connections this crate makes
+//! ([`connection_manager_config`], `cluster_client_builder` with feature
+//! `redis-cluster`), [`ConnectError`], and [`Nodes`], the connections
+//! [`RedisBackend::audit`](super::RedisBackend::audit) can scan.
+//!
+//! Inside, each a module of its own and private to the backend: the
+//! circuit breaker every command goes through (`breaker`, with its
+//! per-master slot map on a Cluster, `slot_map`), Cluster hash slots
+//! (`slot`).
+
+/// `ConnectionLike` for a connection that forwards each command to another,
+/// written once for the wrappers of this module (the breaker's router, the
+/// background connection, the Sentinel connection).
+///
+/// `|this, send| forward` forwards one command or a pipeline's: `this` is
+/// the wrapper, and `send!(connection)` sends the command on `connection`,
+/// giving the connection's future. `|this| db` answers `get_db`.
+macro_rules! forward_commands {
+    (
+        impl$(<$($generic:ident),*>)? for $wrapper:ty $(where [$($bound:tt)*])?;
+        |$this:ident, $send:ident| $forward:expr;
+        |$db_this:ident| $db:expr $(;)?
+    ) => {
+        impl$(<$($generic),*>)? ::redis::aio::ConnectionLike for $wrapper $(where $($bound)*)? {
+            fn req_packed_command<'a>(
+                &'a mut self,
+                cmd: &'a ::redis::Cmd,
+            ) -> ::redis::RedisFuture<'a, ::redis::Value> {
+                let $this = self;
+                macro_rules! $send {
+                    ($connection:expr) => {
+                        $connection.req_packed_command(cmd)
+                    };
+                }
+                $forward
+            }
+
+            fn req_packed_commands<'a>(
+                &'a mut self,
+                pipeline: &'a ::redis::Pipeline,
+                offset: usize,
+                count: usize,
+            ) -> ::redis::RedisFuture<'a, Vec<::redis::Value>> {
+                let $this = self;
+                macro_rules! $send {
+                    ($connection:expr) => {
+                        $connection.req_packed_commands(pipeline, offset, count)
+                    };
+                }
+                $forward
+            }
+
+            fn get_db(&self) -> i64 {
+                let $db_this = self;
+                $db
+            }
+        }
+    };
+}
+
+pub(super) mod breaker;
+pub(super) mod connect;
+pub(super) mod nodes;
+#[cfg(feature = "redis-sentinel")]
+pub(super) mod sentinel;
+pub(super) mod slot;
+pub(super) mod slot_map;
+
+#[cfg(feature = "redis-cluster")]
+pub use connect::cluster_client_builder;
+pub use connect::{BackgroundConnection, ConnectError, connection_manager_config};
+pub use nodes::{Node, Nodes};
+#[cfg(feature = "redis-sentinel")]
+pub use sentinel::{
+    DEFAULT_LOOKUP_INTERVAL, DEFAULT_STALL_AFTER, SentinelConnection, SentinelConnectionBuilder,
+};
