@@ -151,7 +151,7 @@ where
     /// After the `verdict`: `call` the service (with the decision to put
     /// into the request, when `carry` says so), or answer (after the
     /// denial's refunds when they must finish first).
-    #[inline]
+    #[inline(always)]
     fn decided(
         verdict: Verdict<ResBody, RefundTab<Bk, D>>,
         carry: Carry,
@@ -222,6 +222,7 @@ where
     /// waker, by the future; the ready service goes into the future and a
     /// clone stays behind for the next call. Only a layer that counts by
     /// outcome opens a tab.
+    #[inline(always)]
     pub(crate) fn start(
         core: &Arc<Core<Bk, D>>,
         mut hit: Bk::Future,
