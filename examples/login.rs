@@ -23,7 +23,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use tower_pinned_window::backend::MemoryBackend;
 use tower_pinned_window::key::PeerIp;
-use tower_pinned_window::{CountOnly, Quota, RateLimitLayer, Window};
+use tower_pinned_window::{Quota, RateLimitLayer, Window, outcome::CountOnly};
 
 /// How long an address is locked out once it has failed too often.
 pub const LOCKOUT: Duration = Duration::from_secs(60 * 60);

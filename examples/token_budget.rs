@@ -21,7 +21,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use tower_pinned_window::backend::MemoryBackend;
 use tower_pinned_window::key::HeaderKey;
-use tower_pinned_window::{Quota, RateLimitLayer, ResponseEnd};
+use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
 
 /// The header the answer's cost is read from.
 const USAGE: &str = "x-usage-tokens";

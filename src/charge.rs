@@ -5,7 +5,7 @@
 //! ([`Meter`], implemented in `outcome.rs`), which adds it to the counters
 //! the request was counted in.
 //!
-//! A layer without a charge is not [`Charged`](crate::Charged): its answers
+//! A layer without a charge is not [`Charged`](crate::cost::Charged): its answers
 //! are handed back as the service made them, with their own body type, and
 //! nothing here runs.
 
@@ -29,7 +29,7 @@ pub(crate) type ChargeFn = std::sync::Arc<dyn Fn(&ResponseEnd<'_>) -> u64 + Send
 ///
 /// ```
 /// use http::{HeaderMap, StatusCode};
-/// use tower_pinned_window::ResponseEnd;
+/// use tower_pinned_window::cost::ResponseEnd;
 ///
 /// let mut headers = HeaderMap::new();
 /// headers.insert("x-usage-tokens", "42".parse().unwrap());
@@ -92,7 +92,7 @@ impl<'a> ResponseEnd<'a> {
     ///
     /// ```
     /// # use http::{HeaderMap, StatusCode};
-    /// # use tower_pinned_window::ResponseEnd;
+    /// # use tower_pinned_window::cost::ResponseEnd;
     /// let headers = HeaderMap::new();
     /// assert!(!ResponseEnd::new(StatusCode::OK, &headers).cut_short().complete());
     /// ```
@@ -210,7 +210,7 @@ impl<B: Body> Metered<B> {
     ///
     /// ```
     /// use http_body_util::Full;
-    /// use tower_pinned_window::Metered;
+    /// use tower_pinned_window::cost::Metered;
     ///
     /// let body: Metered<Full<bytes::Bytes>> = Metered::default();
     /// let _inner: &Full<bytes::Bytes> = body.get_ref();

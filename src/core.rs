@@ -95,7 +95,7 @@ pub enum FailurePolicy {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum OnMissingKey {
-    /// Answer with the status the [`KeyError`] names: 400 for a request that
+    /// Answer with the status the [`KeyError`](crate::key::KeyError) names: 400 for a request that
     /// lacks its key, 500 for a server that is not set up for the extractor
     /// (gRPC: INVALID_ARGUMENT or INTERNAL).
     #[default]

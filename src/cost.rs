@@ -1,12 +1,18 @@
-//! What a request spends: the plan a layer with a cost, a charge, a lockout
-//! or a reset on success follows on the way in (see
-//! [`RateLimitLayer::cost`](crate::RateLimitLayer::cost)), turned per
-//! request into the backend's [`Spend`]; and the layer's mode, which says
-//! in its type whether it spends, so that a layer that spends builds only
-//! on a backend that implements [`Spending`].
+//! Costs and charges: what a request spends on the way in
+//! ([`cost`](crate::RateLimitLayer::cost),
+//! [`cost_fn`](crate::RateLimitLayer::cost_fn), a lockout with
+//! [`block_for`](crate::RateLimitLayer::block_for)), and what its answer
+//! adds once its body ends ([`charge`](crate::RateLimitLayer::charge),
+//! read from a [`ResponseEnd`], through a [`Metered`] body).
 //!
-//! Without any of these, nothing here runs: the request is counted with
-//! `hit_all`, as a layer has always counted it.
+//! The layer's [`Mode`] says in its type whether it spends: [`Plain`] by
+//! default, [`Spends`] or [`Charged`] once a setter asks for it. A layer
+//! that spends builds only on a backend that implements [`Spending`],
+//! whatever the order of its setters ([`Counts`]). A layer that does not
+//! spend counts with `hit_all`, as it always has, and runs nothing here.
+//! The guide: `docs/costs.md`.
+
+pub use crate::charge::{Metered, ResponseEnd};
 
 use std::fmt;
 use std::sync::Arc;
@@ -14,7 +20,7 @@ use std::sync::Arc;
 use http::Response;
 
 use crate::backend::{Amend, Backend, Counter, Hit, Spend, Spending};
-use crate::charge::{Meter, Metered};
+use crate::charge::Meter;
 use crate::key::Key;
 use crate::quota::Window;
 use crate::request::RequestHead;

@@ -19,7 +19,7 @@ pub(crate) type CountIf = Arc<dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync>;
 ///
 /// ```
 /// use http::{Response, StatusCode};
-/// use tower_pinned_window::ResponseHead;
+/// use tower_pinned_window::outcome::ResponseHead;
 ///
 /// let response = Response::builder().status(401).body(()).unwrap();
 /// let head = ResponseHead::new(&response);
@@ -58,7 +58,7 @@ impl<'a> ResponseHead<'a> {
     ///
     /// ```
     /// use http::{Response, StatusCode};
-    /// use tower_pinned_window::ResponseHead;
+    /// use tower_pinned_window::outcome::ResponseHead;
     ///
     /// let mut response = Response::builder().status(403).body(()).unwrap();
     /// response.extensions_mut().insert("marked");
@@ -136,7 +136,7 @@ impl<'a> ResponseHead<'a> {
 ///
 /// ```
 /// use http::Response;
-/// use tower_pinned_window::{CountOnly, ResponseHead};
+/// use tower_pinned_window::{outcome::{CountOnly, ResponseHead}};
 ///
 /// let status = |code: u16| Response::builder().status(code).body(()).unwrap();
 /// let cases = [

@@ -235,7 +235,7 @@ impl Decision {
     /// The route the request matched, when it had one: axum's `MatchedPath`
     /// (`/users/{id}`, the route's pattern, never the raw path) or a gRPC
     /// method (`/package.Service/Method`); see
-    /// [`RequestHead::route`](crate::RequestHead::route).
+    /// [`RequestHead::route`](crate::key::RequestHead::route).
     ///
     /// See the [example](Decision#example).
     pub fn route(&self) -> Option<&str> {
@@ -500,7 +500,7 @@ impl DecisionIn {
 /// use std::time::Duration;
 /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
 /// use tower::ServiceExt;
-/// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer, WantDecision};
+/// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer, outcome::WantDecision};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

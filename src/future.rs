@@ -31,7 +31,7 @@ pin_project! {
     /// `call` returns, to await (a server awaits it for you). See the
     /// [example](crate::RateLimit#example).
     ///
-    /// `M` is the layer's [`Mode`](crate::Mode).
+    /// `M` is the layer's [`Mode`](crate::cost::Mode).
     pub struct ResponseFuture<S, ReqBody, Bk, D, M = Plain>
     where
         S: Service<Request<ReqBody>>,

@@ -344,7 +344,7 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     /// the response's ([`DecisionIn::Response`]), or only where asked for
     /// ([`DecisionIn::Asked`]). A denial always carries it in the response's
     /// extensions, and a request carrying
-    /// [`WantDecision`](crate::WantDecision) gets it in its response's. See
+    /// [`WantDecision`](crate::outcome::WantDecision) gets it in its response's. See
     /// the [example](DecisionIn#example).
     pub fn decision_in(mut self, place: DecisionIn) -> Self {
         self.core.settings.decision_in = place;
@@ -379,7 +379,7 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
 
 /// Costs, charges, lockouts and resets on success (the guide:
 /// `docs/costs.md`). Each moves the layer to a mode that spends
-/// ([`Spends`](crate::Spends), or [`Charged`]), which builds only on a
+/// ([`Spends`](crate::cost::Spends), or [`Charged`]), which builds only on a
 /// backend that implements [`Spending`](crate::backend::Spending), whatever
 /// the order of the calls.
 impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
@@ -419,7 +419,7 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// A response's cost, read from its [`ResponseEnd`] when its body ends
     /// (a token count in a trailer, say), added to the window the request
     /// was counted in. The request goes in as a check that opens the
-    /// window; the answers' bodies become [`Metered`](crate::Metered).
+    /// window; the answers' bodies become [`Metered`](crate::cost::Metered).
     /// Guide: `docs/costs.md#response-cost-charge`.
     pub fn charge<F>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged>
     where

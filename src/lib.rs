@@ -7,7 +7,7 @@
 //! window open forever, and a client that stops is let back in on time.
 //!
 //! The data path, one module a step: a request, seen through its
-//! [`RequestHead`] → its [`key`] → the [`backend`] counts the hit → a
+//! [`RequestHead`](key::RequestHead) → its [`key`] → the [`backend`] counts the hit → a
 //! [`Decision`] → the response (passed on, or denied with `429` and
 //! `Retry-After`). Requests can bypass the limiter
 //! ([`skip_if`](RateLimitLayer::skip_if),
@@ -85,7 +85,7 @@
 //!
 //! | case | policy | HTTP | gRPC |
 //! |---|---|---|---|
-//! | under the limit | | the service's response, with the rate-limit headers ([`HeaderStyle`]) | the service's answer, the same fields as metadata |
+//! | under the limit | | the service's response, with the rate-limit headers ([`HeaderStyle`](response::HeaderStyle)) | the service's answer, the same fields as metadata |
 //! | over the limit | | `429` (or [`deny_with`](RateLimitLayer::deny_with)), `Retry-After` in whole seconds (rounded up, at least 1), the rate-limit headers | `8 RESOURCE_EXHAUSTED`; with the `tonic` feature a `google.rpc.RetryInfo` in `grpc-status-details-bin`; `Retry-After` and the rate-limit fields as metadata |
 //! | over the limit | [`shadow(true)`](RateLimitLayer::shadow) | the service's response, counted ([`Outcome::Shadowed`]) | the service's answer |
 //! | backend down, timed out, circuit open, or full | [`FailurePolicy::FailClosed`] (default) | `503` with `Retry-After: 1` | `14 UNAVAILABLE` |
@@ -99,7 +99,7 @@
 //!
 //! A request the limiter passed carries its [`Decision`] to the handler in
 //! its extensions (`axum::Extension<Decision>`), and its response carries
-//! it only when an outer layer asks ([`WantDecision`]); a denial always
+//! it only when an outer layer asks ([`WantDecision`](outcome::WantDecision)); a denial always
 //! carries it in its response's extensions.
 //! [`decision_in`](RateLimitLayer::decision_in) puts a passed request's in
 //! every response instead, or only where asked for; see [`DecisionIn`]. A
@@ -113,9 +113,9 @@
 //! | the layer and every option (guide: `docs/usage.md`) | [`RateLimitLayer`] |
 //! | quotas, rate strings (`"100/min"`), policy names (guide: `docs/quotas.md`) | [`Quota`], [`NamedQuota`], [`Window`] |
 //! | whom to count: peer address, client behind proxies, header, route, allowlists (guide: `docs/client-identity.md`) | [`key`] |
-//! | counting by the answer (failed logins; guide: `docs/outcomes.md`) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`] |
-//! | request costs, response charges (token budgets), lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`ResponseEnd`], [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
-//! | the answer's headers and denials (guide: `docs/headers.md`) | [`HeaderStyle`], [`Deny`], [`Decision`] |
+//! | counting by the answer (failed logins; guide: `docs/outcomes.md`) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`](outcome::CountOnly) |
+//! | request costs, response charges (token budgets), lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
+//! | the answer's headers and denials (guide: `docs/headers.md`) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
 //! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`OnMissingKey`], [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
 //! | Redis, Cluster, Sentinel (feature `redis`) | [`backend::redis`][mod-redis] |
@@ -178,7 +178,7 @@ mod charge;
 #[cfg(feature = "serde")]
 pub mod config;
 mod core;
-mod cost;
+pub mod cost;
 mod count;
 mod decision;
 mod error;
@@ -192,27 +192,22 @@ pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod name;
-mod outcome;
+pub mod outcome;
 mod policy;
 mod quota;
 mod request;
-mod response;
+pub mod response;
 mod service;
 mod verdict;
 
-pub use charge::{Metered, ResponseEnd};
-pub use core::{FailurePolicy, OnMissingKey};
-pub use cost::{Charged, Counts, Mode, Plain, Spends};
-pub use count::{CountOnly, ResponseHead};
-pub use decision::{Decision, DecisionIn, Outcome, WantDecision};
+pub use crate::core::{FailurePolicy, OnMissingKey};
+pub use decision::{Decision, DecisionIn, Outcome};
 pub use error::{ConfigError, ParseRateError, RateErrorKind};
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};
-pub use request::RequestHead;
-pub use response::{DefaultDeny, Deny, HeaderStyle};
 pub use service::RateLimit;
 
 /// Entry points for the fuzz targets in `fuzz/` (cargo-fuzz builds with

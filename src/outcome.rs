@@ -1,22 +1,28 @@
-//! Counting by outcome: when the layer has a
-//! [`count_if`](crate::RateLimitLayer::count_if), a
-//! [`reset_if`](crate::RateLimitLayer::reset_if) or a
-//! [`charge`](crate::RateLimitLayer::charge), a request's hits wait on its
-//! tab for the answer. The hits of a request whose answer does not count,
-//! or that was denied, are refunded, each in the window it was counted in;
-//! an answer `reset_if` picks clears them; a charge is added when the body
-//! ends.
+//! Counting by outcome: a request's hits wait for the service's answer,
+//! which decides what they become.
 //!
-//! This step is on a request's path only under one of these: the verdict
-//! opens no tab without [`Core::counts_by_outcome`], and then nothing here
-//! runs, and nothing is kept or allocated.
+//! - [`count_if`](crate::RateLimitLayer::count_if) (or
+//!   [`count_only`](crate::RateLimitLayer::count_only) with a [`CountOnly`])
+//!   keeps a hit only when its answer, read through a [`ResponseHead`],
+//!   counts: the hits of any other answer, and of a denial, are refunded,
+//!   each in the window it was counted in;
+//! - [`reset_if`](crate::RateLimitLayer::reset_if) clears the key's counters
+//!   when the answer says so (a successful login);
+//! - a [`charge`](crate::RateLimitLayer::charge) adds the answer's cost when
+//!   its body ends ([`cost`](crate::cost)).
 //!
-//! A denied request is refunded at once: it was never served. What keeps a
-//! hit counted, on purpose: a service error or a response future dropped
-//! before the answer (no answer, and the service may have done the work),
-//! a refund the backend failed, and a process that stops between the hit
-//! and the refund. Each hit is refunded at most once: the tab is consumed
-//! by its one [`settle`](RefundTab::settle) or [`deny`](RefundTab::deny).
+//! A layer without any of them keeps nothing for the answer and allocates
+//! nothing for it. What keeps a hit counted, on purpose: a service error or
+//! a response future dropped before the answer (there is no answer, and the
+//! service may have done the work), a refund the backend failed, and a
+//! process that stops between the hit and the refund. Each hit is refunded
+//! at most once. The guide: `docs/outcomes.md`.
+//!
+//! [`WantDecision`] is how an outer layer asks for a passed request's
+//! [`Decision`] in its response.
+
+pub use crate::count::{CountOnly, ResponseHead};
+pub use crate::decision::WantDecision;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -29,7 +35,6 @@ use smallvec::SmallVec;
 use crate::backend::{Amend, Backend, BackendError, Hit, Hits};
 use crate::charge::{Meter, ResponseEnd};
 use crate::core::{Core, LogGate};
-use crate::count::ResponseHead;
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::policy::Policy;
@@ -43,7 +48,7 @@ pub(crate) type Wait = Pin<Box<dyn Future<Output = ()> + Send>>;
 /// backend and the `count_if` predicate), the key, the policy whose counters
 /// were hit, the hits with their windows, and, once it passed counted, its
 /// decision for the answer.
-pub struct RefundTab<Bk: Backend, D> {
+pub(crate) struct RefundTab<Bk: Backend, D> {
     core: Arc<Core<Bk, D>>,
     pub(crate) key: Key,
     policy: Option<Arc<Policy>>,

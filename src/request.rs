@@ -18,7 +18,7 @@ use http::{Extensions, HeaderMap, Method, Request, Uri};
 ///
 /// ```
 /// use http::Request;
-/// use tower_pinned_window::RequestHead;
+/// use tower_pinned_window::key::RequestHead;
 ///
 /// let request = Request::post("/auth.Auth/Login")
 ///     .header("content-type", "application/grpc")
@@ -55,7 +55,7 @@ impl<'a> RequestHead<'a> {
     /// ```
     /// use std::net::SocketAddr;
     /// use http::{Method, Request};
-    /// use tower_pinned_window::RequestHead;
+    /// use tower_pinned_window::key::RequestHead;
     ///
     /// let mut request = Request::put("/items/7?dry-run").header("x-user", "alice").body(()).unwrap();
     /// request.extensions_mut().insert(SocketAddr::from(([192, 0, 2, 7], 443)));

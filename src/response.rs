@@ -1,7 +1,10 @@
 //! What a limited request is answered with, and the headers every answer
 //! carries: the one place that writes the layer's response headers, on
 //! the layer's own answers (a denial, a failure) and on the service's
-//! answers it passes back.
+//! answers it passes back. Pick the headers with [`HeaderStyle`], the
+//! denial with a [`Deny`] ([`deny_with`](crate::RateLimitLayer::deny_with));
+//! [`DefaultDeny`] answers an empty 429 (gRPC: RESOURCE_EXHAUSTED). The
+//! guide: `docs/headers.md`.
 
 use std::cell::RefCell;
 
@@ -22,7 +25,7 @@ use crate::quota::Quota;
 /// use std::time::Duration;
 /// use axum::{Router, body::Body, http::Request, routing::get};
 /// use tower::ServiceExt;
-/// use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
+/// use tower_pinned_window::{Quota, RateLimitLayer, response::HeaderStyle};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {

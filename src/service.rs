@@ -70,9 +70,9 @@ use crate::response::Deny;
 /// counter nor hand a hit back once the answer is known
 /// ([`count_if`](crate::RateLimitLayer::count_if)).
 ///
-/// `M` is the layer's [`Mode`](crate::Mode): [`Plain`] unless it spends or
+/// `M` is the layer's [`Mode`](crate::cost::Mode): [`Plain`] unless it spends or
 /// has a [`charge`](crate::RateLimitLayer::charge), whose answers' bodies
-/// are [`Metered`](crate::Metered).
+/// are [`Metered`](crate::cost::Metered).
 #[must_use]
 pub struct RateLimit<S, K, Bk, D, M = Plain> {
     inner: S,

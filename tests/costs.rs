@@ -20,7 +20,9 @@ use tower_pinned_window::backend::{
     Amend, Backend, BackendError, Counter, Hit, MemoryBackend, Spend, Spending,
 };
 use tower_pinned_window::key::{GlobalKey, Key};
-use tower_pinned_window::{CountOnly, Decision, DecisionIn, Quota, RateLimitLayer, Window};
+use tower_pinned_window::{
+    Decision, DecisionIn, Quota, RateLimitLayer, Window, outcome::CountOnly,
+};
 
 fn quota(limit: u64, secs: u64) -> Quota {
     Quota::new(limit, Duration::from_secs(secs)).unwrap()
@@ -151,7 +153,7 @@ fn request(headers: &[(&'static str, &str)]) -> Request<()> {
     request.body(()).unwrap()
 }
 
-fn usage_in_trailers(end: &tower_pinned_window::ResponseEnd<'_>) -> u64 {
+fn usage_in_trailers(end: &tower_pinned_window::cost::ResponseEnd<'_>) -> u64 {
     end.trailers()
         .and_then(|t| t.get("x-usage"))
         .and_then(|v| v.to_str().ok()?.parse().ok())
@@ -269,7 +271,7 @@ fn charged_by_usage() -> (
     Recorded,
     impl tower::Service<
         Request<()>,
-        Response = Response<tower_pinned_window::Metered<Frames>>,
+        Response = Response<tower_pinned_window::cost::Metered<Frames>>,
         Error = Infallible,
     > + Clone,
 ) {

@@ -14,7 +14,8 @@ use axum::routing::get;
 use axum::{Router, middleware};
 use tower::ServiceExt;
 use tower_pinned_window::{
-    Decision, DecisionIn, HeaderStyle, Outcome, Quota, RateLimitLayer, WantDecision,
+    Decision, DecisionIn, Outcome, Quota, RateLimitLayer, outcome::WantDecision,
+    response::HeaderStyle,
 };
 
 fn quota(limit: u64) -> Quota {

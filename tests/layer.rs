@@ -14,8 +14,8 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Key, KeyError};
 use tower_pinned_window::{
-    ConfigError, Decision, DecisionIn, FailurePolicy, HeaderStyle, NamedQuota, OnMissingKey,
-    Outcome, Quota, RateLimitLayer, Window,
+    ConfigError, Decision, DecisionIn, FailurePolicy, NamedQuota, OnMissingKey, Outcome, Quota,
+    RateLimitLayer, Window, response::HeaderStyle,
 };
 
 fn quota(limit: u64, secs: u64) -> Quota {

@@ -26,7 +26,7 @@ use tokio::time::advance;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Allowlist, ClientIp, Key};
-use tower_pinned_window::{CountOnly, Decision, Outcome, Quota, RateLimitLayer, Window};
+use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer, Window, outcome::CountOnly};
 
 #[allow(dead_code)]
 #[path = "../examples/login.rs"]

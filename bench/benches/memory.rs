@@ -23,7 +23,7 @@ use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
 use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
 use tower_pinned_window::key::Key;
-use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
+use tower_pinned_window::{Quota, RateLimitLayer, response::HeaderStyle};
 
 const KEYS: usize = 100_000;
 

@@ -64,7 +64,8 @@ use tower::util::MapResponseLayer;
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::{
-    Decision, DecisionIn, HeaderStyle, Quota, RateLimitLayer, WantDecision, Window,
+    Decision, DecisionIn, Quota, RateLimitLayer, Window, outcome::WantDecision,
+    response::HeaderStyle,
 };
 
 /// The system allocator, counting allocations.

@@ -19,7 +19,7 @@ use std::net::{IpAddr, SocketAddr};
 
 use http::{HeaderMap, HeaderValue, Request};
 use libfuzzer_sys::fuzz_target;
-use tower_pinned_window::RequestHead;
+use tower_pinned_window::key::RequestHead;
 use tower_pinned_window::key::{Allowlist, ClientIp, ForwardedHeader, KeyExtractor};
 
 const HEADERS: [ForwardedHeader; 3] = [

@@ -8,7 +8,7 @@ use axum::{Router, body::Body, routing::get};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_pinned_window::config::{LimiterConfig, Tier};
-use tower_pinned_window::{Decision, Outcome, Quota, WantDecision};
+use tower_pinned_window::{Decision, Outcome, Quota, outcome::WantDecision};
 
 fn config(text: &str) -> LimiterConfig {
     toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"))

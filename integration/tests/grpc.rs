@@ -14,7 +14,7 @@ use tonic_types::StatusExt;
 use tower::Layer;
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits};
 use tower_pinned_window::key::{ClientIp, Key, RouteKey};
-use tower_pinned_window::{CountOnly, Quota, RateLimitLayer};
+use tower_pinned_window::{Quota, RateLimitLayer, outcome::CountOnly};
 
 #[allow(dead_code)]
 #[path = "../examples/grpc_services.rs"]
@@ -186,7 +186,7 @@ async fn two_services_on_one_server_one_limited_per_service_one_per_method() {
             Auth,
             (ClientIp, RouteKey),
             tower_pinned_window::backend::MemoryBackend,
-            tower_pinned_window::DefaultDeny,
+            tower_pinned_window::response::DefaultDeny,
         > as NamedService>::NAME,
         "demo.Auth"
     );

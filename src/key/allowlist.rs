@@ -28,7 +28,7 @@ use crate::request::RequestHead;
 ///
 /// ```
 /// use http::Request;
-/// use tower_pinned_window::RequestHead;
+/// use tower_pinned_window::key::RequestHead;
 /// use tower_pinned_window::key::{Allowlist, ClientIp};
 ///
 /// let client_ip = ClientIp::new().trust("10.0.0.0/8").unwrap();

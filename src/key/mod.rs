@@ -53,6 +53,10 @@ pub use allowlist::Allowlist;
 pub use client_ip::{ClientIp, ForwardedHeader};
 pub use peer_ip::PeerIp;
 
+/// The request as extractors read it, re-exported here where keys are
+/// made from it.
+pub use crate::request::RequestHead;
+
 use std::fmt;
 use std::hash::{Hash, Hasher};
 
@@ -61,7 +65,6 @@ use http::header::HeaderName;
 use sha2::{Digest, Sha256};
 
 use crate::error::ConfigError;
-use crate::request::RequestHead;
 
 /// The longest key stored as it is, in bytes. A longer key is replaced by
 /// its digest: `#` followed by the 64 hex digits of its SHA-256, which is
@@ -358,7 +361,7 @@ impl std::error::Error for KeyError {}
 ///
 /// ```
 /// use http::Request;
-/// use tower_pinned_window::RequestHead;
+/// use tower_pinned_window::key::RequestHead;
 /// use tower_pinned_window::key::{Key, KeyError, KeyExtractor};
 ///
 /// struct TenantOrShared;
@@ -400,7 +403,7 @@ where
 ///
 /// ```
 /// use http::Request;
-/// use tower_pinned_window::RequestHead;
+/// use tower_pinned_window::key::RequestHead;
 /// use tower_pinned_window::key::{GlobalKey, KeyExtractor};
 ///
 /// let alice = Request::get("/a").header("x-user", "alice").body(()).unwrap();
@@ -467,7 +470,7 @@ impl HeaderKey {
     /// ```
     /// use http::Request;
     /// use http::header::{AUTHORIZATION, HeaderName};
-    /// use tower_pinned_window::RequestHead;
+    /// use tower_pinned_window::key::RequestHead;
     /// use tower_pinned_window::key::{HeaderKey, Key, KeyExtractor};
     ///
     /// let request = Request::get("/")

@@ -16,7 +16,7 @@ use std::time::Duration;
 use axum::{Router, routing::get};
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::{HeaderKey, PeerIp};
-use tower_pinned_window::{HeaderStyle, Quota, RateLimitLayer};
+use tower_pinned_window::{Quota, RateLimitLayer, response::HeaderStyle};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

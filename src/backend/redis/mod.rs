@@ -192,8 +192,8 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 ///
 /// # Spends
 ///
-/// [`spend_all`](Backend::spend_all) (costs, a window opened for a charge,
-/// lockouts) and [`amend`](Backend::amend) are each one script call, all or
+/// [`spend_all`](Spending::spend_all) (costs, a window opened for a charge,
+/// lockouts) and [`amend`](Spending::amend) are each one script call, all or
 /// nothing over the key's counters. They go straight to Redis: they are not
 /// coalesced with other hits, and the local deny cache neither answers a
 /// spend nor remembers its denials (a lockout lives in Redis, for every
@@ -206,7 +206,7 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// # Requirements
 ///
 /// Redis 7.0 or later for [`refund`](Backend::refund),
-/// [`amend`](Backend::amend) and [`spend_all`](Backend::spend_all), which
+/// [`amend`](Spending::amend) and [`spend_all`](Spending::spend_all), which
 /// identify a window by `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
 /// deadline and are never refunded: the hit stays counted). Tested against
 /// 7.0. An ACL user needs `+evalsha +eval +incr +incrby +decr +decrby +pttl
@@ -812,7 +812,7 @@ where
         })
     }
 
-    /// [`amend`](Backend::amend) with a refund of 1.
+    /// [`amend`](Spending::amend) with a refund of 1.
     fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> BackendFuture<bool> {
         self.amend(namespace, key, hit, Amend::Refund(1))
     }
