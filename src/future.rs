@@ -185,10 +185,10 @@ where
                 future: call(carry.request.then(|| tab.decision().cloned()).flatten()),
                 tab: Some(tab),
             },
-            Verdict::Respond(response, None) => State::Respond {
+            Verdict::Respond(response) => State::Respond {
                 response: Some(response),
             },
-            Verdict::Respond(response, Some(wait)) => State::Refunding {
+            Verdict::Refunding(response, wait) => State::Refunding {
                 wait,
                 response: Some(response),
             },

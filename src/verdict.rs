@@ -32,9 +32,11 @@ pub(crate) enum Verdict<B, T> {
     /// Call the service, counted, under a layer that counts by outcome: its
     /// answer settles the tab, which holds the decision.
     Counted(Box<T>),
-    /// Answer without calling the service, after the wait when the
-    /// denial's refunds must finish first.
-    Respond(Response<B>, Option<Wait>),
+    /// Answer without calling the service.
+    Respond(Response<B>),
+    /// Answer without calling the service, once the denial's refunds,
+    /// which no tokio runtime can finish in the background, are done.
+    Refunding(Response<B>, Wait),
 }
 
 /// The request a verdict is on.
@@ -147,14 +149,10 @@ where
             tab.pass(passed);
             Verdict::Counted(tab)
         }
-        Verdict::Respond(mut response, _) => {
-            let wait = if counted {
-                tab.deny(&mut response)
-            } else {
-                None
-            };
-            Verdict::Respond(response, wait)
-        }
+        Verdict::Respond(mut response) => match counted.then(|| tab.deny(&mut response)) {
+            Some(Some(wait)) => Verdict::Refunding(response, wait),
+            _ => Verdict::Respond(response),
+        },
         verdict => verdict,
     }
 }
@@ -229,7 +227,7 @@ where
             tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
             let mut response = response::corrupt(request.is_grpc());
             response.extensions_mut().insert(err.kind());
-            return Verdict::Respond(response, None);
+            return Verdict::Respond(response);
         }
         Err(err) => return outage(core, err, request),
     };
@@ -278,10 +276,7 @@ where
             quota: index,
         }));
     }
-    Verdict::Respond(
-        response::denial(&core.deny, decision, request.is_grpc()),
-        None,
-    )
+    Verdict::Respond(response::denial(&core.deny, decision, request.is_grpc()))
 }
 
 /// The verdict on `request`, whose `cost` is above the limit of the quota
@@ -330,7 +325,7 @@ fn outage<Bk, D, B: Default, T>(
     let mut response = response::unavailable(request.is_grpc());
     // Where a decision would be: what kind of failure answered.
     response.extensions_mut().insert(err.kind());
-    Verdict::Respond(response, None)
+    Verdict::Respond(response)
 }
 
 /// The answer to a request without a usable key, under
