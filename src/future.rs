@@ -120,6 +120,7 @@ where
     S: Service<Request<ReqBody>>,
     Bk: Backend,
 {
+    #[inline(always)]
     fn with(state: FutureState<S, ReqBody, Bk, D>) -> Self {
         Self {
             state,
@@ -129,6 +130,7 @@ where
 
     /// A request passed on uncounted (skipped, or without a key under
     /// `OnMissingKey::Allow`).
+    #[inline(always)]
     pub(crate) fn passing(future: S::Future) -> Self {
         Self::with(State::Inner {
             future,
@@ -157,43 +159,37 @@ where
         carry: Carry,
         call: impl FnOnce(Option<Decision>) -> S::Future,
     ) -> Self {
-        let state = match verdict {
-            Verdict::Pass(None) => State::Inner {
-                future: call(None),
-                answer: None,
-            },
+        // Each arm builds its state in place: a state built first and
+        // moved after is a copy of the whole future.
+        match verdict {
+            Verdict::Pass(None) => Self::passing(call(None)),
             Verdict::Pass(Some(Passed { decision, .. })) => {
-                let (for_request, answer) =
-                    if carry.response || response::writes_on_passed(&decision) {
-                        let for_request = carry.request.then(|| decision.clone());
-                        let answer = Answer {
-                            decision,
-                            in_extensions: carry.response,
-                        };
-                        (for_request, Some(answer))
-                    } else {
-                        // Nothing to write onto the answer: the decision
-                        // goes to the request, or nowhere.
-                        (carry.request.then_some(decision), None)
+                if carry.response || response::writes_on_passed(&decision) {
+                    let for_request = carry.request.then(|| decision.clone());
+                    let answer = Answer {
+                        decision,
+                        in_extensions: carry.response,
                     };
-                State::Inner {
-                    future: call(for_request),
-                    answer,
+                    Self::with(State::Inner {
+                        future: call(for_request),
+                        answer: Some(answer),
+                    })
+                } else {
+                    // Nothing to write onto the answer: the decision goes
+                    // to the request, or nowhere.
+                    Self::passing(call(carry.request.then_some(decision)))
                 }
             }
-            Verdict::Counted(tab) => State::Counting {
+            Verdict::Counted(tab) => Self::with(State::Counting {
                 future: call(carry.request.then(|| tab.decision().cloned()).flatten()),
                 tab: Some(tab),
-            },
-            Verdict::Respond(response) => State::Respond {
-                response: Some(response),
-            },
-            Verdict::Refunding(response, wait) => State::Refunding {
+            }),
+            Verdict::Respond(response) => Self::respond(response),
+            Verdict::Refunding(response, wait) => Self::with(State::Refunding {
                 wait,
                 response: Some(response),
-            },
-        };
-        Self::with(state)
+            }),
+        }
     }
 }
 
