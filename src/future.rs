@@ -154,7 +154,7 @@ where
     /// into the request, when `carry` says so), or answer (after the
     /// denial's refunds when they must finish first).
     #[inline(always)]
-    fn decided(
+    pub(crate) fn decided(
         verdict: Verdict<ResBody, RefundTab<Bk, D>>,
         carry: Carry,
         call: impl FnOnce(Option<Decision>) -> S::Future,
@@ -210,22 +210,21 @@ where
     ResBody: Default,
     M: Counts<Bk, ResBody>,
 {
-    /// The future of `request`, counted with `hit`.
+    /// The request of `head`, counted with `hit`: decided now when the
+    /// backend answered on the first poll (the in-memory one does), or
+    /// left to wait for it. Only a layer that counts by outcome opens a
+    /// tab.
     ///
-    /// A backend that answers at once (the in-memory one does) is decided
-    /// here, and the `service` that was driven to readiness is called
-    /// directly. A backend that has to go out is polled again, with the real
-    /// waker, by the future; the ready service goes into the future and a
-    /// clone stays behind for the next call. Only a layer that counts by
-    /// outcome opens a tab.
+    /// The service calls the service it drove to readiness itself, with
+    /// [`decided`](Self::decided), or hands it to [`waiting`](Self::waiting):
+    /// the request never leaves the service's frame before it is sent on.
     #[inline(always)]
-    pub(crate) fn start(
+    pub(crate) fn count(
         core: &Arc<Core<Bk, D>>,
         mut hit: Bk::Future,
         count: Count<'_>,
-        service: &mut S,
-        request: Request<ReqBody>,
-    ) -> Self {
+        head: &RequestHead<'_>,
+    ) -> Counted<Verdict<ResBody, RefundTab<Bk, D>>, Waiting<Bk, D>> {
         let Count { policy, key, cost } = count;
         let tab = core
             .counts_by_outcome()
@@ -233,40 +232,53 @@ where
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
                 let result = core.answered_at_once(result);
-                let head = RequestHead::new(&request);
-                let carry = core.carry(&head);
+                let carry = core.carry(head);
                 let ask = Ask {
-                    request: &head,
+                    request: head,
                     policy: &policy,
                     carry,
                     key: Some(key),
                     cost,
                 };
-                let verdict = verdict::decide(core, result, ask, tab);
-                Self::decided(verdict, carry, |decision| {
-                    call_with(service, request, decision)
-                })
+                Counted::Now(verdict::decide(core, result, ask, tab), carry)
             }
             Poll::Pending => {
-                let clone = service.clone();
-                let service = std::mem::replace(service, clone);
                 // The insurance limiter needs the key and the cost; a tab
                 // holds them already.
                 let fallback = (tab.is_none() && core.settings.insurance.is_some())
                     .then(|| (key.clone(), cost));
-                Self::with(State::Checking {
+                Counted::Later(Waiting {
                     core: Arc::clone(core),
                     hit,
-                    timer: None,
-                    service: Some(service),
-                    request: Some(request),
                     policy: policy.to_arc(),
-                    stopwatch: Stopwatch::start(),
                     tab,
                     fallback,
                 })
             }
         }
+    }
+
+    /// The future of `request`, to be sent to the ready `service` once the
+    /// backend has answered.
+    pub(crate) fn waiting(waiting: Waiting<Bk, D>, service: S, request: Request<ReqBody>) -> Self {
+        let Waiting {
+            core,
+            hit,
+            policy,
+            tab,
+            fallback,
+        } = waiting;
+        Self::with(State::Checking {
+            core,
+            hit,
+            timer: None,
+            service: Some(service),
+            request: Some(request),
+            policy,
+            stopwatch: Stopwatch::start(),
+            tab,
+            fallback,
+        })
     }
 
     /// The future of `request`, whose cost the quota at `index` of `policy`
@@ -294,6 +306,23 @@ where
     }
 }
 
+/// What [`ResponseFuture::count`] found.
+pub(crate) enum Counted<V, W> {
+    /// The verdict, and where a passed request's decision goes.
+    Now(V, Carry),
+    /// The backend has to go out: the wait.
+    Later(W),
+}
+
+/// A request whose backend has to go out, waiting for its service.
+pub(crate) struct Waiting<Bk: Backend, D> {
+    core: Arc<Core<Bk, D>>,
+    hit: Bk::Future,
+    policy: Arc<Policy>,
+    tab: Option<Box<RefundTab<Bk, D>>>,
+    fallback: Option<(Key, Option<u64>)>,
+}
+
 /// What a passed request's decision writes onto its answer.
 struct Answer {
     decision: Decision,
@@ -316,7 +345,7 @@ fn call_once<S: Service<Request<B>>, B>(
 /// Calls `service` with `request`, and `decision`, if any, in the request's
 /// extensions.
 #[inline(always)]
-fn call_with<S: Service<Request<B>>, B>(
+pub(crate) fn call_with<S: Service<Request<B>>, B>(
     service: &mut S,
     mut request: Request<B>,
     decision: Option<Decision>,

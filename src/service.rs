@@ -11,7 +11,7 @@ use tower_service::Service;
 use crate::backend::Backend;
 use crate::core::{Core, OnMissingKey};
 use crate::cost::{Counts, Plain};
-use crate::future::{Count, ResponseFuture};
+use crate::future::{Count, Counted, ResponseFuture, call_with};
 use crate::key::KeyExtractor;
 use crate::request::RequestHead;
 use crate::response::Deny;
@@ -173,7 +173,18 @@ where
             key: &key,
             cost,
         };
-        ResponseFuture::start(core, hit, count, &mut self.inner, request)
+        match ResponseFuture::<S, ReqBody, Bk, D, M>::count(core, hit, count, &head) {
+            Counted::Now(verdict, carry) => ResponseFuture::decided(verdict, carry, |decision| {
+                call_with(&mut self.inner, request, decision)
+            }),
+            Counted::Later(waiting) => {
+                // The ready service goes into the future; a clone stays
+                // behind for the next call.
+                let clone = self.inner.clone();
+                let inner = std::mem::replace(&mut self.inner, clone);
+                ResponseFuture::waiting(waiting, inner, request)
+            }
+        }
     }
 }
 
