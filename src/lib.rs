@@ -161,17 +161,18 @@
     doc = concat!("# Features\n\n", document_features::document_features!())
 )]
 
-// The data path, outside in: layer.rs (configuration) → service.rs (key,
-// quota, the backend's count) → future.rs (the wait for a backend that goes
-// out, then for the service) → verdict.rs (the one verdict: pass, deny or
-// fail) → outcome.rs (only under count_if, reset_if or charge: the hits an
-// answer does not count, handed back, cleared or charged) → core.rs (the
-// settings a layer's services share) → insurance.rs (the limiter that
-// decides during outages) → cost.rs (what a request spends, and the
-// layer's mode) → charge.rs (the body that reads the answer's cost when it
-// ends); request.rs is the way in, key/ and policy.rs read it, backend/
-// counts, decision.rs and response.rs are the way out (label.rs: what a
-// decision shows of its quota), and count.rs reads the service's answer.
+// The data path, outside in, one module a step: layer.rs (configuration)
+// → service.rs (the request's key, its quota, the backend's count) →
+// future.rs (the count at once or after the wait, then the service) →
+// verdict.rs (the one verdict: pass, deny or fail) → outcome.rs (only under
+// count_if, reset_if or charge: what the answer does to the hits) → core.rs
+// (the settings a layer's services share) → insurance.rs (the limiter that
+// decides during outages) → policy.rs (the quotas a request is charged to)
+// → cost.rs (what a request spends, the layer's mode) → backend/ (counts)
+// → charge.rs (the body that reads the answer's cost when it ends).
+// request.rs is the way in, key/ reads it; decision.rs and response.rs are
+// the way out (label.rs: what a decision shows of its quota); count.rs
+// reads the service's answer.
 // Imports only point down this list.
 pub mod backend;
 mod charge;

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::ConfigError;
+use crate::error::ConfigError;
 
 /// The schema used unless [`schema`](super::PostgresBackendBuilder::schema)
 /// names another.
