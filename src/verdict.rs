@@ -70,9 +70,16 @@ where
     D: Deny<B>,
     B: Default,
 {
-    match (result, tab) {
-        (Err(err), tab) if core.insures(&err) => insured(core, err, ask, tab),
-        (result, None) => judge(
+    if let Err(err) = &result
+        && core.insures(err)
+    {
+        let Err(err) = result else {
+            unreachable!("matched as an error above")
+        };
+        return insured(core, err, ask, tab);
+    }
+    match tab {
+        None => judge(
             core,
             result,
             ask.policy,
@@ -80,7 +87,7 @@ where
             ask.carry.anywhere(),
             false,
         ),
-        (result, Some(tab)) => {
+        Some(tab) => {
             let kept = || ask.policy.to_arc();
             tabbed(core, result, ask.policy, kept, ask.request, tab, false)
         }
