@@ -13,7 +13,8 @@
 use std::time::Duration;
 
 use tower_pinned_window::Window;
-use tower_pinned_window::backend::redis::{AuditReport, DEFAULT_PREFIX, RedisBackend};
+use tower_pinned_window::backend::AuditReport;
+use tower_pinned_window::backend::redis::{DEFAULT_PREFIX, RedisBackend};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -59,8 +60,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for key in &report.without_lifetime {
         let corrupt = report.corrupt.contains(key);
         println!(
-            "{}{}",
-            key.escape_ascii(),
+            "{key}{}",
             if corrupt {
                 "  (corrupt: not a counter, left untouched)"
             } else {
@@ -73,7 +73,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         report.nodes,
         report.scanned,
         report.without_lifetime.len(),
-        report.repaired,
+        report.repaired.len(),
         report.corrupt.len(),
         repair.map_or(String::new(), |w| format!(
             " window={:?}",

@@ -251,7 +251,7 @@ async fn killed_connections_and_dropped_futures_count_no_hit_twice() {
         "traffic went through: {ok_total} hits answered"
     );
     let report = schema.backend().await.audit(None).await.unwrap();
-    assert_eq!(report.rows, with_rows);
+    assert_eq!(report.scanned, with_rows);
     assert!(report.is_clean(), "{report:?}");
 }
 
@@ -505,16 +505,42 @@ async fn corrupt_rows_stop_requests_and_are_left_untouched() {
         0
     );
     let report = store.audit(None).await.unwrap();
+    let named = |keys: &[&str]| -> Vec<String> {
+        let mut names: Vec<String> = keys
+            .iter()
+            .map(|key| format!("{table} n{{{key}}}"))
+            .collect();
+        names.sort();
+        names
+    };
+    // Every row no hit may count is listed: a bad count as corrupt, a bad
+    // deadline as without a lifetime.
     let mut found: Vec<String> = report
         .corrupt
         .iter()
-        .map(|row| String::from_utf8(row.key.clone()).unwrap())
+        .chain(&report.without_lifetime)
+        .cloned()
         .collect();
     found.sort();
-    let mut want: Vec<String> = cases.iter().map(|(key, _, _)| key.to_string()).collect();
-    want.sort();
-    assert_eq!(found, want);
-    assert_eq!(report.rows, cases.len() as u64);
+    found.dedup();
+    let want: Vec<&str> = cases.iter().map(|(key, _, _)| *key).collect();
+    assert_eq!(found, named(&want));
+    let sorted = |names: &[String]| {
+        let mut names = names.to_vec();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        sorted(&report.corrupt),
+        named(&["full", "negative", "negative-expired", "null-count"])
+    );
+    assert_eq!(
+        sorted(&report.without_lifetime),
+        named(&["far", "infinite", "no-expiry"])
+    );
+    assert!(report.repaired.is_empty());
+    assert!(!report.is_clean());
+    assert_eq!((report.nodes, report.scanned), (1, cases.len() as u64));
 }
 
 async fn the_audit_repairs_only_rows_with_a_usable_count() {
@@ -534,28 +560,33 @@ async fn the_audit_repairs_only_rows_with_a_usable_count() {
         ))
         .await
         .unwrap();
+    let name = |key: &str| format!("{table} n{{{key}}}");
     let report = store.audit(None).await.unwrap();
-    assert_eq!((report.rows, report.expired), (5, 1));
-    assert_eq!(report.corrupt.len(), 3, "{report:?}");
-    assert!(report.corrupt.iter().all(|row| !row.repaired));
+    assert_eq!((report.scanned, report.expired), (5, 1));
+    // The three rows no hit may count: all without a usable deadline, one
+    // with a negative count as well.
+    assert_eq!(
+        report.without_lifetime,
+        [name("infinite"), name("negative"), name("no-expiry")],
+        "{report:?}"
+    );
+    assert_eq!(report.corrupt, [name("negative")]);
+    assert!(report.repaired.is_empty());
 
     let report = store
         .audit(Some(Window::new(Duration::from_secs(30)).unwrap()))
         .await
         .unwrap();
-    let repaired: Vec<(&[u8], bool)> = report
-        .corrupt
-        .iter()
-        .map(|row| (row.key.as_slice(), row.repaired))
-        .collect();
     assert_eq!(
-        repaired,
-        [
-            (&b"infinite"[..], true),
-            (&b"negative"[..], false),
-            (&b"no-expiry"[..], true)
-        ]
+        report.without_lifetime,
+        [name("infinite"), name("negative"), name("no-expiry")]
     );
+    assert_eq!(
+        report.repaired,
+        [name("infinite"), name("no-expiry")],
+        "only rows with a usable count"
+    );
+    assert_eq!(report.corrupt, [name("negative")]);
     let hit = store
         .hit(
             "n",
@@ -570,8 +601,10 @@ async fn the_audit_repairs_only_rows_with_a_usable_count() {
         "the repair's window: {:?}",
         hit.reset
     );
-    assert!(
-        store.audit(None).await.unwrap().corrupt.len() == 1,
+    let report = store.audit(None).await.unwrap();
+    assert_eq!(
+        (report.without_lifetime, report.corrupt),
+        (vec![name("negative")], vec![name("negative")]),
         "only the negative count is left"
     );
 }

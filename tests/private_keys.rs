@@ -153,7 +153,11 @@ async fn private_keys_are_digests_and_count_exactly<C>(
         .unwrap();
     let report = store_a.get_ref().audit(None).await.unwrap();
     assert_eq!(report.scanned, 3, "{prefix}");
-    assert_eq!(report.without_lifetime, vec![stored.clone()], "{prefix}");
+    assert_eq!(
+        report.without_lifetime,
+        [String::from_utf8(stored.clone()).unwrap()],
+        "{prefix}: named by its storage key, printable"
+    );
     let alice_hit =
         tower_pinned_window::backend::Backend::peek(&store_a, "api", &Key::new("sk_live_alice"))
             .await

@@ -583,8 +583,8 @@ fn the_backend_works_through_the_sentinels() {
             .audit(Some(Window::new(Duration::from_secs(60)).unwrap()))
             .await
             .unwrap();
-        assert_eq!(report.without_lifetime, vec![b"audit:n{k}".to_vec()]);
-        assert_eq!(report.repaired, 1);
+        assert_eq!(report.without_lifetime, ["audit:n{k}"]);
+        assert_eq!(report.repaired, ["audit:n{k}"]);
         let pttl: i64 = redis::cmd("PTTL")
             .arg("audit:n{k}")
             .query(&mut con)

@@ -111,6 +111,8 @@
 //! [`RedisBackend::storage_key`](redis::RedisBackend::storage_key) gives).
 
 #[cfg(any(feature = "redis", feature = "postgres"))]
+mod audit;
+#[cfg(any(feature = "redis", feature = "postgres"))]
 mod deny_cache;
 mod expiring;
 #[cfg(any(feature = "redis", feature = "postgres"))]
@@ -124,6 +126,8 @@ pub mod redis;
 #[cfg(any(feature = "redis", feature = "postgres", fuzzing))]
 pub(crate) mod storage_key;
 
+#[cfg(any(feature = "redis", feature = "postgres"))]
+pub use audit::AuditReport;
 #[cfg(any(feature = "redis", feature = "postgres"))]
 pub use future::BackendFuture;
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};

@@ -51,6 +51,10 @@ pub enum Stored {
 }
 
 /// What a backend's audit found, in the terms the suite checks.
+///
+/// For a backend of `tower-pinned-window`, from its `backend::AuditReport`:
+/// the names in `without_lifetime` that are not in `corrupt`, and how many
+/// `corrupt` holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Audit {
     /// Counters without a lifetime that are not corrupt.

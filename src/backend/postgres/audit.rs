@@ -6,55 +6,11 @@ use std::time::SystemTime;
 use super::db::Db;
 use super::error::{pg_error, pool_error};
 use super::row::{WINDOW_BOUND_MS, describe};
-use crate::backend::BackendError;
+use crate::backend::{AuditReport, BackendError};
 use crate::quota::Window;
 
-/// The most corrupt rows one audit lists.
+/// The most rows no hit may count that one audit lists.
 const MAX_LISTED: i64 = 10_000;
-
-/// A row the hit statement would not count, as the audit found it.
-///
-/// Example: [`PostgresBackend::audit`](super::PostgresBackend::audit).
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct CorruptRow {
-    /// The layer (or quota) name.
-    pub namespace: String,
-    /// The client's key.
-    pub key: Vec<u8>,
-    /// The count, if any (`NULL` is `None`).
-    pub count: Option<i64>,
-    /// The deadline, if any (`NULL` is `None`; `infinity` is a time past
-    /// the bound).
-    pub expires_at: Option<SystemTime>,
-    /// Whether this audit gave it a window: only a row with a usable count
-    /// and no usable deadline, and only when asked.
-    pub repaired: bool,
-}
-
-/// What [`PostgresBackend::audit`](super::PostgresBackend::audit) found;
-/// its example is there.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct AuditReport {
-    /// Rows in the table.
-    pub rows: u64,
-    /// Of those, rows whose window has closed, waiting for the cleaner.
-    pub expired: u64,
-    /// Rows that no hit may count: a negative or `NULL` count, a count that
-    /// cannot grow, no deadline, or one that is infinite or further away than
-    /// [`Window::MAX`]. At most 10,000 are listed.
-    pub corrupt: Vec<CorruptRow>,
-}
-
-impl AuditReport {
-    /// Whether the table holds nothing that needs a look.
-    ///
-    /// Example: [`PostgresBackend::audit`](super::PostgresBackend::audit).
-    pub fn is_clean(&self) -> bool {
-        self.corrupt.is_empty()
-    }
-}
 
 /// Scan `db`'s table, and repair what `repair` says: see
 /// [`PostgresBackend::audit`](super::PostgresBackend::audit).
@@ -66,42 +22,52 @@ pub(super) async fn run(db: &Db, repair: Option<Window>) -> Result<AuditReport, 
         .await
         .map_err(pg_error)?;
     let mut report = AuditReport {
-        rows: stats.get::<_, i64>(0).max(0) as u64,
+        nodes: 1,
+        scanned: stats.get::<_, i64>(0).max(0) as u64,
         expired: stats.get::<_, i64>(1).max(0) as u64,
-        corrupt: Vec::new(),
+        ..AuditReport::default()
     };
+    // A window past the bound would be refused by the repair statement.
+    let repair = repair
+        .map(|window| i64::try_from(window.as_millis()).unwrap_or(i64::MAX))
+        .filter(|&millis| millis <= WINDOW_BOUND_MS);
     let rows = client
         .query(sql.audit.as_str(), &[&WINDOW_BOUND_MS, &MAX_LISTED])
         .await
         .map_err(pg_error)?;
     for row in rows {
-        let mut found = CorruptRow {
-            namespace: row.get(0),
-            key: row.get(1),
-            count: row.get(2),
-            expires_at: row.try_get(3).ok().flatten(),
-            repaired: false,
-        };
+        let namespace: String = row.get(0);
+        let key: Vec<u8> = row.get(1);
+        let corrupt: bool = row.get(4);
+        let without_lifetime: bool = row.get(5);
+        let name = describe(&sql.table, &namespace, &key);
         tracing::warn!(
-            counter = %describe(&sql.table, &found.namespace, &found.key),
-            count = ?found.count,
-            expires_at = ?found.expires_at,
+            counter = %name,
+            count = ?row.get::<_, Option<i64>>(2),
+            // `infinity` cannot be read as a time: logged as `None`.
+            expires_at = ?row.try_get::<_, Option<SystemTime>>(3).ok().flatten(),
             "rate-limit audit: a row no hit may count"
         );
-        if let Some(window) = repair {
-            let millis = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
-            if millis <= WINDOW_BOUND_MS {
-                let updated = client
-                    .execute(
-                        sql.repair.as_str(),
-                        &[&found.namespace, &found.key, &millis, &WINDOW_BOUND_MS],
-                    )
-                    .await
-                    .map_err(pg_error)?;
-                found.repaired = updated == 1;
+        // Only a row with a usable count is given a window: a lifetime
+        // would make a corrupt one vanish.
+        if let (Some(millis), true, false) = (repair, without_lifetime, corrupt) {
+            let updated = client
+                .execute(
+                    sql.repair.as_str(),
+                    &[&namespace, &key, &millis, &WINDOW_BOUND_MS],
+                )
+                .await
+                .map_err(pg_error)?;
+            if updated == 1 {
+                report.repaired.push(name.clone());
             }
         }
-        report.corrupt.push(found);
+        if corrupt {
+            report.corrupt.push(name.clone());
+        }
+        if without_lifetime {
+            report.without_lifetime.push(name);
+        }
     }
     Ok(report)
 }

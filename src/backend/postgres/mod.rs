@@ -186,7 +186,6 @@ mod row;
 mod spend;
 mod table;
 
-pub use audit::{AuditReport, CorruptRow};
 pub use batch::DEFAULT_STATEMENTS;
 pub use table::{DEFAULT_SCHEMA, DEFAULT_TABLE};
 
@@ -211,7 +210,9 @@ use self::error::{pg_error, pool_error};
 use self::row::{deadline_time, describe, read_row};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
 use super::deny_cache::DenyCache;
-use super::{Amend, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending};
+use super::{
+    Amend, AuditReport, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending,
+};
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::quota::Window;
@@ -605,11 +606,14 @@ impl PostgresBackend {
 
     /// The backstop: scan the table for rows that no hit may count (which
     /// only a hand-written row, or a table whose `CHECK` constraints were
-    /// dropped, can hold), and count the rows waiting for the cleaner. With
-    /// `repair`, each such row that has a usable count but no usable deadline
-    /// gets one, `repair` from now, in one statement that checks the row
-    /// again; its count is kept. Rows with a bad count are never touched:
-    /// inspect them.
+    /// dropped, can hold), and count the rows waiting for the cleaner. Rows
+    /// with no usable deadline are reported in
+    /// [`AuditReport::without_lifetime`], rows with a bad count in
+    /// [`AuditReport::corrupt`], each named as [`BackendError::Corrupt`]
+    /// names it. With `repair`, each such row that has a usable count but no
+    /// usable deadline gets one, `repair` from now, in one statement that
+    /// checks the row again; its count is kept. Rows with a bad count are
+    /// never touched: inspect them.
     ///
     /// It reads the whole table: run it from a job, not on a request.
     ///
@@ -628,8 +632,14 @@ impl PostgresBackend {
     /// let report = backend
     ///     .audit(Some(Window::new(Duration::from_secs(3600))?))
     ///     .await?;
+    /// for row in &report.without_lifetime {
+    ///     println!("{row}: repaired {}", report.repaired.contains(row));
+    /// }
     /// for row in &report.corrupt {
-    ///     println!("{:?} {:?}: repaired {}", row.namespace, row.key, row.repaired);
+    ///     println!("{row}: corrupt, left as it is");
+    /// }
+    /// if !report.is_clean() {
+    ///     std::process::exit(1);
     /// }
     /// # Ok(())
     /// # }

@@ -5,28 +5,10 @@ use ::redis::{Cmd, RedisResult, Value};
 
 use super::connection::breaker::unavailable;
 use super::connection::nodes::{Node, Nodes};
+use super::reply::name;
 use super::script::{REPAIR, Target};
-use crate::backend::BackendError;
+use crate::backend::{AuditReport, BackendError};
 use crate::quota::Window;
-
-/// What [`RedisBackend::audit`](super::RedisBackend::audit) found; its
-/// example is there.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct AuditReport {
-    /// Nodes scanned: 1 for a standalone server, every master of a Cluster.
-    pub nodes: usize,
-    /// Keys under the prefix that were scanned.
-    pub scanned: u64,
-    /// Keys under the prefix that had no lifetime when they were scanned.
-    pub without_lifetime: Vec<Vec<u8>>,
-    /// Of those, how many were given a lifetime by this audit.
-    pub repaired: u64,
-    /// Of those, the ones that are not counters (another type, or not a
-    /// non-negative integer): never repaired, since a lifetime would make
-    /// corrupt state vanish; inspect them.
-    pub corrupt: Vec<Vec<u8>>,
-}
 
 /// A command target that is one node of a deployment: a script run on it
 /// goes to that node.
@@ -93,12 +75,12 @@ pub(super) async fn run<N: Nodes + Send>(
                         .map_err(unavailable)?;
                     let set: i64 = ::redis::from_redis_value(reply).map_err(malformed)?;
                     match set {
-                        1 => report.repaired += 1,
-                        -1 => report.corrupt.push(key.clone()),
+                        1 => report.repaired.push(name(&key)),
+                        -1 => report.corrupt.push(name(&key)),
                         _ => {}
                     }
                 }
-                report.without_lifetime.push(key);
+                report.without_lifetime.push(name(&key));
             }
             cursor = next;
             if cursor == 0 {

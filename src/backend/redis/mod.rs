@@ -27,7 +27,6 @@ mod slots;
 #[cfg(fuzzing)]
 pub(crate) use self::reply::fuzzing;
 
-pub use audit::AuditReport;
 pub use connection::breaker::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES};
 
 use std::fmt;
@@ -49,7 +48,8 @@ use self::reply::{parse_hit, parse_peek, parse_refund, parse_spend};
 use self::script::{AMEND, HIT, PEEK, RESET, SPEND, Size, U64_DIGITS};
 use super::deny_cache::DenyCache;
 use super::{
-    Amend, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending, storage_key,
+    Amend, AuditReport, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending,
+    storage_key,
 };
 use crate::error::ConfigError;
 use crate::key::Key;
@@ -591,7 +591,8 @@ where
     /// behind. With `repair`, each such counter is given that window,
     /// atomically and only if it still has no lifetime; its count is left as
     /// it is. Keys that are not counters are reported in
-    /// [`AuditReport::corrupt`] and never touched.
+    /// [`AuditReport::corrupt`] and never touched. The report names each key
+    /// as [`BackendError::Corrupt`] does.
     ///
     /// # Errors
     /// [`BackendError::Unavailable`] when a node cannot be scanned.
@@ -612,7 +613,7 @@ where
     /// let report = backend
     ///     .audit(Some(Window::new(Duration::from_secs(3600))?))
     ///     .await?;
-    /// assert!(report.repaired as usize <= report.without_lifetime.len());
+    /// assert!(report.repaired.len() <= report.without_lifetime.len());
     /// # Ok(())
     /// # }
     /// ```

@@ -13,9 +13,14 @@ use crate::backend::{BackendError, Hit, Hits};
 /// key.
 pub(super) fn corrupt(key: &[u8], detail: String) -> BackendError {
     BackendError::Corrupt {
-        key: key.escape_ascii().to_string(),
+        key: name(key),
         detail,
     }
+}
+
+/// A counter's name in errors and audit reports: its storage key, escaped.
+pub(super) fn name(key: &[u8]) -> String {
+    key.escape_ascii().to_string()
 }
 
 /// The reply of the hit script: `{count, microseconds left, PEXPIRETIME}`,
