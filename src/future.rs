@@ -221,7 +221,7 @@ where
     #[inline(always)]
     pub(crate) fn count(
         core: &Arc<Core<Bk, D>>,
-        mut hit: Bk::Future,
+        hit: &mut Bk::Future,
         count: Count<'_>,
         head: &RequestHead<'_>,
     ) -> Counted<Verdict<ResBody, RefundTab<Bk, D>>, Waiting<Bk, D>> {
@@ -229,7 +229,7 @@ where
         let tab = core
             .counts_by_outcome()
             .then(|| RefundTab::open(core, key, cost, M::amend));
-        match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
+        match Pin::new(hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
                 let result = core.answered_at_once(result);
                 let carry = core.carry(head);
@@ -249,7 +249,6 @@ where
                     .then(|| (key.clone(), cost));
                 Counted::Later(Waiting {
                     core: Arc::clone(core),
-                    hit,
                     policy: policy.to_arc(),
                     tab,
                     fallback,
@@ -259,11 +258,15 @@ where
     }
 
     /// The future of `request`, to be sent to the ready `service` once the
-    /// backend has answered.
-    pub(crate) fn waiting(waiting: Waiting<Bk, D>, service: S, request: Request<ReqBody>) -> Self {
+    /// backend has answered `hit`.
+    pub(crate) fn waiting(
+        waiting: Waiting<Bk, D>,
+        hit: Bk::Future,
+        service: S,
+        request: Request<ReqBody>,
+    ) -> Self {
         let Waiting {
             core,
-            hit,
             policy,
             tab,
             fallback,
@@ -317,7 +320,6 @@ pub(crate) enum Counted<V, W> {
 /// A request whose backend has to go out, waiting for its service.
 pub(crate) struct Waiting<Bk: Backend, D> {
     core: Arc<Core<Bk, D>>,
-    hit: Bk::Future,
     policy: Arc<Policy>,
     tab: Option<Box<RefundTab<Bk, D>>>,
     fallback: Option<(Key, Option<u64>)>,

@@ -153,7 +153,7 @@ where
         let policy = s.policies.select(&head);
         // A layer with a cost, a charge, a lockout or a reset on success
         // spends; any other hits, as it always has.
-        let (hit, cost) = match &s.spend {
+        let (mut hit, cost) = match &s.spend {
             None => (policy.hit(&core.backend, &key), None),
             Some(plan) => {
                 let cost = plan.cost(&head);
@@ -173,7 +173,7 @@ where
             key: &key,
             cost,
         };
-        match ResponseFuture::<S, ReqBody, Bk, D, M>::count(core, hit, count, &head) {
+        match ResponseFuture::<S, ReqBody, Bk, D, M>::count(core, &mut hit, count, &head) {
             Counted::Now(verdict, carry) => ResponseFuture::decided(verdict, carry, |decision| {
                 call_with(&mut self.inner, request, decision)
             }),
@@ -182,7 +182,7 @@ where
                 // behind for the next call.
                 let clone = self.inner.clone();
                 let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(waiting, inner, request)
+                ResponseFuture::waiting(waiting, hit, inner, request)
             }
         }
     }
