@@ -154,7 +154,7 @@ where
     /// into the request, when `carry` says so), or answer (after the
     /// denial's refunds when they must finish first).
     #[inline(always)]
-    pub(crate) fn decided(
+    fn decided(
         verdict: Verdict<ResBody, RefundTab<Bk, D>>,
         carry: Carry,
         call: impl FnOnce(Option<Decision>) -> S::Future,
@@ -210,78 +210,63 @@ where
     ResBody: Default,
     M: Counts<Bk, ResBody>,
 {
-    /// The request of `head`, counted with `hit`: decided now when the
-    /// backend answered on the first poll (the in-memory one does), or
-    /// left to wait for it. Only a layer that counts by outcome opens a
-    /// tab.
+    /// The future of `request`, counted with `hit`.
     ///
-    /// The service calls the service it drove to readiness itself, with
-    /// [`decided`](Self::decided), or hands it to [`waiting`](Self::waiting):
-    /// the request never leaves the service's frame before it is sent on.
+    /// A backend that answers at once (the in-memory one does) is decided
+    /// here, and the `service` that was driven to readiness is called
+    /// directly. A backend that has to go out is polled again, with the real
+    /// waker, by the future; the ready service goes into the future and a
+    /// clone stays behind for the next call. Only a layer that counts by
+    /// outcome opens a tab.
     #[inline(always)]
-    pub(crate) fn count(
+    pub(crate) fn start(
         core: &Arc<Core<Bk, D>>,
-        hit: &mut Bk::Future,
+        mut hit: Bk::Future,
         count: Count<'_>,
-        head: &RequestHead<'_>,
-    ) -> Counted<Verdict<ResBody, RefundTab<Bk, D>>, Waiting<Bk, D>> {
+        service: &mut S,
+        request: Request<ReqBody>,
+    ) -> Self {
         let Count { policy, key, cost } = count;
         let tab = core
             .counts_by_outcome()
             .then(|| RefundTab::open(core, key, cost, M::amend));
-        match Pin::new(hit).poll(&mut Context::from_waker(Waker::noop())) {
+        match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
                 let result = core.answered_at_once(result);
-                let carry = core.carry(head);
+                let head = RequestHead::new(&request);
+                let carry = core.carry(&head);
                 let ask = Ask {
-                    request: head,
+                    request: &head,
                     policy: &policy,
                     carry,
                     key: Some(key),
                     cost,
                 };
-                Counted::Now(verdict::decide(core, result, ask, tab), carry)
+                let verdict = verdict::decide(core, result, ask, tab);
+                Self::decided(verdict, carry, |decision| {
+                    call_with(service, request, decision)
+                })
             }
             Poll::Pending => {
+                let clone = service.clone();
+                let service = std::mem::replace(service, clone);
                 // The insurance limiter needs the key and the cost; a tab
                 // holds them already.
                 let fallback = (tab.is_none() && core.settings.insurance.is_some())
                     .then(|| (key.clone(), cost));
-                Counted::Later(Waiting {
+                Self::with(State::Checking {
                     core: Arc::clone(core),
+                    hit,
+                    timer: None,
+                    service: Some(service),
+                    request: Some(request),
                     policy: policy.to_arc(),
+                    stopwatch: Stopwatch::start(),
                     tab,
                     fallback,
                 })
             }
         }
-    }
-
-    /// The future of `request`, to be sent to the ready `service` once the
-    /// backend has answered `hit`.
-    pub(crate) fn waiting(
-        waiting: Waiting<Bk, D>,
-        hit: Bk::Future,
-        service: S,
-        request: Request<ReqBody>,
-    ) -> Self {
-        let Waiting {
-            core,
-            policy,
-            tab,
-            fallback,
-        } = waiting;
-        Self::with(State::Checking {
-            core,
-            hit,
-            timer: None,
-            service: Some(service),
-            request: Some(request),
-            policy,
-            stopwatch: Stopwatch::start(),
-            tab,
-            fallback,
-        })
     }
 
     /// The future of `request`, whose cost the quota at `index` of `policy`
@@ -309,22 +294,6 @@ where
     }
 }
 
-/// What [`ResponseFuture::count`] found.
-pub(crate) enum Counted<V, W> {
-    /// The verdict, and where a passed request's decision goes.
-    Now(V, Carry),
-    /// The backend has to go out: the wait.
-    Later(W),
-}
-
-/// A request whose backend has to go out, waiting for its service.
-pub(crate) struct Waiting<Bk: Backend, D> {
-    core: Arc<Core<Bk, D>>,
-    policy: Arc<Policy>,
-    tab: Option<Box<RefundTab<Bk, D>>>,
-    fallback: Option<(Key, Option<u64>)>,
-}
-
 /// What a passed request's decision writes onto its answer.
 struct Answer {
     decision: Decision,
@@ -347,7 +316,7 @@ fn call_once<S: Service<Request<B>>, B>(
 /// Calls `service` with `request`, and `decision`, if any, in the request's
 /// extensions.
 #[inline(always)]
-pub(crate) fn call_with<S: Service<Request<B>>, B>(
+fn call_with<S: Service<Request<B>>, B>(
     service: &mut S,
     mut request: Request<B>,
     decision: Option<Decision>,

@@ -11,7 +11,7 @@ use tower_service::Service;
 use crate::backend::Backend;
 use crate::core::{Core, OnMissingKey};
 use crate::cost::{Counts, Plain};
-use crate::future::{Count, Counted, ResponseFuture, call_with};
+use crate::future::{Count, ResponseFuture};
 use crate::key::KeyExtractor;
 use crate::request::RequestHead;
 use crate::response::Deny;
@@ -153,7 +153,7 @@ where
         let policy = s.policies.select(&head);
         // A layer with a cost, a charge, a lockout or a reset on success
         // spends; any other hits, as it always has.
-        let (mut hit, cost) = match &s.spend {
+        let (hit, cost) = match &s.spend {
             None => (policy.hit(&core.backend, &key), None),
             Some(plan) => {
                 let cost = plan.cost(&head);
@@ -173,18 +173,7 @@ where
             key: &key,
             cost,
         };
-        match ResponseFuture::<S, ReqBody, Bk, D, M>::count(core, &mut hit, count, &head) {
-            Counted::Now(verdict, carry) => ResponseFuture::decided(verdict, carry, |decision| {
-                call_with(&mut self.inner, request, decision)
-            }),
-            Counted::Later(waiting) => {
-                // The ready service goes into the future; a clone stays
-                // behind for the next call.
-                let clone = self.inner.clone();
-                let inner = std::mem::replace(&mut self.inner, clone);
-                ResponseFuture::waiting(waiting, hit, inner, request)
-            }
-        }
+        ResponseFuture::start(core, hit, count, &mut self.inner, request)
     }
 }
 
