@@ -76,7 +76,7 @@ where
         let Err(err) = result else {
             unreachable!("matched as an error above")
         };
-        return insured(core, err, ask, tab);
+        return insured(core, err, &ask, tab);
     }
     match tab {
         None => judge(
@@ -101,7 +101,7 @@ where
 fn insured<Bk, D, B>(
     core: &Core<Bk, D>,
     err: BackendError,
-    ask: Ask<'_>,
+    ask: &Ask<'_>,
     tab: Option<Box<RefundTab<Bk, D>>>,
 ) -> Verdict<B, RefundTab<Bk, D>>
 where
@@ -171,7 +171,7 @@ where
 fn insure<Bk: Backend, D>(
     core: &Core<Bk, D>,
     err: BackendError,
-    ask: Ask<'_>,
+    ask: &Ask<'_>,
     tab: Option<&RefundTab<Bk, D>>,
 ) -> Result<(Hits, Policy), BackendError> {
     let s = &core.settings;
