@@ -212,6 +212,7 @@ fn insure<Bk: Backend, D>(
 /// metrics, no [`on_decision`](crate::RateLimitLayer::on_decision)
 /// callback, no debug log, hits to spare) gets no decision at all: nobody
 /// would read it.
+#[inline(always)]
 fn judge<Bk, D, B, T>(
     core: &Core<Bk, D>,
     result: Result<Hits, BackendError>,
