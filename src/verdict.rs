@@ -4,9 +4,10 @@
 //! 400 or 500 for a request without a usable key).
 //!
 //! One function, [`decide`], makes that call for every request, whether the
-//! backend answered at once (the service calls it) or later (its future
-//! does): the failure policy with the insurance limiter, the decision on
-//! the hits, and the request's tab when the layer counts by outcome. The
+//! backend answered at once or later (the response future calls it, in its
+//! `start` or its poll): the failure policy with the insurance limiter, the
+//! decision on the hits, and the request's tab when the layer counts by
+//! outcome. The
 //! verdict picks the answer; [`response`](crate::response) builds it and
 //! writes every header, and the quota's metrics count the decision.
 
