@@ -26,7 +26,7 @@ use tokio::time::advance;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Allowlist, ClientIp, Key};
-use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer, Window, outcome::CountOnly};
+use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer, outcome::CountOnly};
 
 #[allow(dead_code)]
 #[path = "../examples/login.rs"]
@@ -1034,7 +1034,7 @@ mod cases {
             // Real servers on a busy machine: no answer here may turn into
             // an outage because the machine is slow (timeouts have tests of
             // their own).
-            .timeout(Window::new(Duration::from_secs(10)).unwrap());
+            .timeout(tower_pinned_window::Window::new(Duration::from_secs(10)).unwrap());
         (layer, backend)
     }
 
