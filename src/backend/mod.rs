@@ -83,6 +83,10 @@
 //! [`PrivateKeys`] wraps any of them to store a keyed digest of each key
 //! instead of its bytes.
 //!
+//! A backend of your own is held to the same contract by the
+//! `tower-pinned-window-testkit` crate: every scenario, on fresh backends
+//! your harness makes, as a test each (`docs/testing.md`).
+//!
 //! # Storage keys
 //!
 //! A counter is named by a pair: its namespace (the layer's name, or
