@@ -556,14 +556,9 @@ async fn failover_backend(
             .no_breaker()
             .build();
     }
-    let connection =
-        tower_pinned_window::backend::redis::connection::cluster_client_builder(cluster.urls())
-            .build()
-            .unwrap()
-            .get_async_connection()
-            .await
-            .unwrap();
-    RedisBackend::builder(connection).deny_cache(0).build()
+    RedisBackend::builder(cluster.advised_connection().await)
+        .deny_cache(0)
+        .build()
 }
 
 /// Concurrent spends of varied costs on one key, from four instances: the

@@ -315,14 +315,9 @@ fn a_cluster_refusal_holds_no_healthy_master_shut() {
     );
     let runtime = multi_thread_runtime();
     let store = runtime.block_on(async {
-        let connection =
-            tower_pinned_window::backend::redis::connection::cluster_client_builder(cluster.urls())
-                .build()
-                .unwrap()
-                .get_async_connection()
-                .await
-                .unwrap();
-        RedisBackend::builder(connection).deny_cache(0).build()
+        RedisBackend::builder(cluster.advised_connection().await)
+            .deny_cache(0)
+            .build()
     });
     let (started, stop) = (Instant::now(), Arc::new(AtomicBool::new(false)));
     let tasks = traffic(&runtime, store, namespace, keys, started, stop.clone());

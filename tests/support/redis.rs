@@ -413,6 +413,17 @@ impl RedisCluster {
             .await
             .unwrap()
     }
+
+    /// A connection made as the crate advises
+    /// (`connection::cluster_client_builder`: retries at most 100 ms apart).
+    pub async fn advised_connection(&self) -> redis::cluster_async::ClusterConnection {
+        tower_pinned_window::backend::redis::connection::cluster_client_builder(self.urls())
+            .build()
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap()
+    }
 }
 
 /// The name the harness's sentinels monitor their master under.
