@@ -177,7 +177,8 @@ fn insure<Bk: Backend, D>(
 ) -> Result<(Hits, Policy), BackendError> {
     let s = &core.settings;
     s.metrics.backend_error(&s.name, &err);
-    let (FailurePolicy::Insurance(_), Some(insurance)) = (s.failure, &s.insurance) else {
+    // Set only under `FailurePolicy::Insurance`, with its share.
+    let Some(insurance) = &s.insurance else {
         return Err(err);
     };
     let (key, cost) = match (ask.key, tab) {
