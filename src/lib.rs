@@ -226,13 +226,27 @@ pub mod fuzzing {
         crate::backend::redis::fuzzing::hit(value, key)
     }
 
-    /// The refund script's reply.
+    /// The amend script's reply for one amend (a refund): its answer, or
+    /// the reply back when it is not of the script's shape.
     #[cfg(feature = "redis")]
     pub fn redis_refund_reply(
         value: redis::Value,
         key: &[u8],
-    ) -> Result<bool, crate::backend::BackendError> {
+    ) -> Result<Result<bool, crate::backend::BackendError>, redis::Value> {
         crate::backend::redis::fuzzing::refund(value, key)
+    }
+
+    /// The spend script's reply for requests of `sizes` counters: per
+    /// request, each counter's hit and whether it is full, or `None` for a
+    /// corrupt counter or refused arguments; the reply back when it is not
+    /// of the script's shape.
+    #[cfg(feature = "redis")]
+    #[allow(clippy::type_complexity)]
+    pub fn redis_spend_reply(
+        value: redis::Value,
+        sizes: &[usize],
+    ) -> Result<Vec<Option<Vec<(crate::backend::Hit, bool)>>>, redis::Value> {
+        crate::backend::redis::fuzzing::spend(value, sizes)
     }
 
     /// The peek script's reply.

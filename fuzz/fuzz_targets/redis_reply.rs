@@ -1,5 +1,5 @@
-//! The Redis backend's reply parsers: the hit, refund and peek scripts'
-//! replies, and the batch script's, fed `redis::Value` trees built from the
+//! The Redis backend's reply parsers: the hit, amend, spend and peek
+//! scripts' replies, and the batch script's, fed `redis::Value` trees built from the
 //! input with `arbitrary` (every RESP2 and RESP3 shape but server errors,
 //! nested up to the input's length).
 //!
@@ -15,7 +15,7 @@ use std::time::Duration;
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
 use tower_pinned_window::fuzzing::{
-    redis_batch_reply, redis_hit_reply, redis_peek_reply, redis_refund_reply,
+    redis_batch_reply, redis_hit_reply, redis_peek_reply, redis_refund_reply, redis_spend_reply,
 };
 use tower_pinned_window::redis::Value;
 
@@ -111,15 +111,39 @@ fuzz_target!(|data: &[u8]| {
     }
 
     match redis_refund_reply(single.clone(), KEY) {
-        Ok(taken) => assert!(
+        Ok(Ok(taken)) => assert!(
             matches!(
                 (&single, taken),
-                (Value::Int(1), true) | (Value::Int(0), false)
+                (Value::Array(v), true) if matches!(v.as_slice(), [Value::Int(1), _])
+            ) || matches!(
+                (&single, taken),
+                (Value::Array(v), false) if matches!(v.as_slice(), [Value::Int(0), _])
             ),
             "refund {taken} read from {single:?}"
         ),
-        Err(err) => {
+        Ok(Err(err)) => {
+            assert!(
+                matches!(&single, Value::Array(v) if v.len() == 2),
+                "{single:?}"
+            );
             let _ = err.to_string();
+        }
+        Err(back) => assert!(
+            !matches!(&single, Value::Array(v) if v.len() == 2),
+            "{back:?} refused"
+        ),
+    }
+
+    // The spend reply, read for requests of 1, 2 and 1 counters: what is
+    // read has every counter of its request, with a count and a time left
+    // as sent.
+    let sizes = [1, 2, 1];
+    if let Ok(spent) = redis_spend_reply(single.clone(), &sizes) {
+        assert_eq!(spent.len(), sizes.len(), "{single:?}");
+        for (request, n) in spent.iter().zip(sizes) {
+            if let Some(counters) = request {
+                assert_eq!(counters.len(), n, "{single:?}");
+            }
         }
     }
 

@@ -130,8 +130,15 @@ pub(crate) fn encode_into(out: &mut impl KeyBuf, prefix: &[u8], namespace: &str,
 /// counter and its markers share a Redis Cluster slot. [`decode`] reads no
 /// marker.
 pub(crate) fn encode_lockout(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
-    marker(prefix, namespace, key, b":lock")
+    marker(prefix, namespace, key, LOCKOUT)
 }
+
+/// What follows a counter's storage key in its lockout marker's.
+pub(crate) const LOCKOUT: &[u8] = b":lock";
+
+/// What follows a counter's storage key in its reset marker's.
+#[cfg(any(test, feature = "redis"))]
+pub(crate) const RESET_MARKER: &[u8] = b":reset";
 
 /// The storage key of the reset marker of `namespace`'s counter for `key`
 /// (the Redis backend's record of the last deleted window, which tells a
@@ -140,7 +147,7 @@ pub(crate) fn encode_lockout(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u
 /// for the reasons [`encode_lockout`] gives.
 #[cfg(any(test, feature = "redis"))]
 pub(crate) fn encode_reset_marker(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
-    marker(prefix, namespace, key, b":reset")
+    marker(prefix, namespace, key, RESET_MARKER)
 }
 
 fn marker(prefix: &[u8], namespace: &str, key: &Key, suffix: &[u8]) -> Vec<u8> {

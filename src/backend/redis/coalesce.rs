@@ -29,12 +29,13 @@
 //! all gone is dropped (a call sent from a hit's own task goes with it, like
 //! a lone hit's); the hits queued behind it get a driver.
 
+use std::borrow::Borrow;
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use ::redis::aio::ConnectionLike;
-use ::redis::{ErrorKind, ServerErrorKind, Value};
+use ::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use futures_util::future::{Either, select};
 use hashbrown::HashMap;
 use hashbrown::hash_map::Entry;
@@ -42,12 +43,8 @@ use smallvec::SmallVec;
 
 use super::connection::breaker::{Guarded, unavailable};
 use super::connection::slot::key_slot;
-use super::reply::{parse_batch, parse_hit};
-use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
 use super::slots::{ARENA_SLOTS, Arena, Reply, Ticket};
-use crate::backend::deny_cache::DenyCache;
-use crate::backend::{BackendError, Hit, Hits, storage_key};
-use crate::quota::Quota;
+use crate::backend::BackendError;
 
 /// At most this many requests' hits go in one script call; the rest wait for
 /// the next (bounds how long one call keeps Redis busy).
@@ -67,100 +64,64 @@ const SECOND_CALL_AT: usize = 32;
 /// The lane of a standalone server: every key.
 const ANY_SLOT: u32 = u32::MAX;
 
-/// The answer to one request: a result per counter, in order.
-pub(super) type Answers = SmallVec<[Result<Hit, BackendError>; 2]>;
+/// A request's work for a lane: its hits, its spend or its amend. All the
+/// keys of one work share a hash slot (the crate's hash tag), so that one
+/// script call can carry it on a Cluster.
+pub(super) trait Work: Send + Sync + Sized + 'static {
+    /// What the request gets back.
+    type Answer: Send + 'static;
 
-/// A storage key, inline when it fits (most do: an IPv6 address under a
-/// short prefix and layer name), so that a hit allocates nothing for it.
-pub(super) type StoredKey = SmallVec<[u8; 64]>;
+    /// A key of the work's: its slot is the work's lane on a Cluster.
+    fn key(&self) -> &[u8];
 
-/// One request's counters: storage key and window (ms) of each.
-pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
-
-/// What a request gets back: its hits, made by its [`Finish`] from the
-/// call's answers.
-pub(super) type Answered = Result<Hits, BackendError>;
-
-/// One request's hits, waiting in a lane.
-pub(super) struct Pending {
-    /// Storage key and window (ms) of each counter the request hits.
-    counters: Counters,
-    /// What makes the request's hits of the call's answers.
-    finish: Finish,
-    reply: Reply<Answered>,
+    /// One script call for `works` (one lane's, in order), and each work's
+    /// answer, in the same order. An error is the call's, for every work
+    /// of it (a refusal as cross-slot sends them again, by slot).
+    fn run<'a, C, B>(
+        connection: &'a Guarded<C>,
+        works: &'a [B],
+    ) -> impl Future<Output = RedisResult<Answers<Self::Answer>>> + Send + 'a
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+        B: Borrow<Self> + Sync;
 }
 
-/// What turns the answers for a request's counters into its [`Hits`]: the
-/// quotas, and the deny cache that remembers a denial.
-pub(super) struct Finish {
-    pub(super) quotas: SmallVec<[Quota; 2]>,
-    pub(super) deny: Option<Arc<DenyCache>>,
-    /// The length of the backend's prefix: a denied counter's namespace and
-    /// key are read back from its storage key.
-    pub(super) prefix: usize,
-    /// When the hits were sent: a denial is remembered until this plus the
-    /// time Redis said was left, never past the window in Redis.
-    pub(super) sent: quanta::Instant,
+/// The answers of one call, one per work: one inline, so that a request
+/// sent alone allocates nothing for its answer.
+pub(super) type Answers<A> = SmallVec<[Result<A, BackendError>; 1]>;
+
+/// What a request gets back from its lane.
+pub(super) type Answered<W> = Result<<W as Work>::Answer, BackendError>;
+
+/// One request's work, waiting in a lane.
+pub(super) struct Pending<W: Work> {
+    work: W,
+    reply: Reply<Answered<W>>,
 }
 
-impl Finish {
-    /// The request's hits, from the answers for its `counters`.
-    fn answered(&self, counters: &Counters, answers: Answers) -> Answered {
-        self.hits(
-            counters.iter().map(|(stored, _)| stored.as_slice()),
-            answers,
-        )
+impl<W: Work> Borrow<W> for Pending<W> {
+    fn borrow(&self) -> &W {
+        &self.work
     }
-
-    /// `stored`: the counters' storage keys, in the order of `answers`.
-    pub(super) fn hits<'a>(
-        &self,
-        stored: impl Iterator<Item = &'a [u8]>,
-        answers: Answers,
-    ) -> Result<Hits, BackendError> {
-        let mut hits = Hits::with_capacity(answers.len());
-        for ((answer, quota), stored) in answers.into_iter().zip(&self.quotas).zip(stored) {
-            let hit = answer?;
-            if let Some(deny) = &self.deny
-                && hit.count > quota.limit()
-            {
-                // Decoded only on a denial, which is rare: a hit that is
-                // let through copies nothing for the cache.
-                match storage_key::decode(&stored[..self.prefix], stored) {
-                    Some((namespace, key)) => deny.insert(&namespace, &key, self.sent + hit.reset),
-                    None => debug_assert!(false, "a storage key this backend made decodes"),
-                }
-            }
-            hits.push(hit);
-        }
-        Ok(hits)
-    }
-}
-
-/// The Cluster slot of a request's keys (one slot: they share the crate's
-/// hash tag). Computed only for lanes by slot, so a standalone server's hits
-/// never pay for the CRC.
-fn slot(counters: &Counters) -> u16 {
-    counters.first().map_or(0, |(key, _)| key_slot(key))
 }
 
 /// A lane exists while a task sends its calls: a hit's own task (its call
 /// sent alone) or a driver; at most two, so at most two calls in flight.
-struct Lane {
-    queue: Vec<Pending>,
+struct Lane<W: Work> {
+    queue: Vec<Pending<W>>,
     /// The tasks sending this lane's calls (1 or 2).
     calls: u8,
     /// The requests in the lane's calls in flight.
     flying: usize,
     /// The answer slots of the requests queued from now on: one allocation
     /// for many requests. A new one once the queue is taken.
-    arena: Option<Arc<Arena<Answered>>>,
+    arena: Option<Arc<Arena<Answered<W>>>>,
     /// The requests of the lane's last call: the room a new arena starts
     /// with.
     last_call: usize,
 }
 
-impl Lane {
+impl<W: Work> Lane<W> {
     /// A lane whose first call is a request's own (1 request in flight).
     fn alone() -> Self {
         Self {
@@ -173,7 +134,7 @@ impl Lane {
     }
 
     /// An answer slot for a request to be queued.
-    fn channel(&mut self) -> (Reply<Answered>, Ticket<Answered>) {
+    fn channel(&mut self) -> (Reply<Answered<W>>, Ticket<Answered<W>>) {
         let hint = self.last_call;
         let arena = match &mut self.arena {
             Some(arena) if arena.len() < ARENA_SLOTS => arena,
@@ -204,7 +165,7 @@ impl Lane {
     /// The next call of a task of this lane: at most [`MAX_PER_CALL`]
     /// requests, none whose waiter is gone (nothing was counted for them).
     /// `None` when the task has nothing more to send.
-    fn next_call(&mut self) -> Option<Vec<Pending>> {
+    fn next_call(&mut self) -> Option<Vec<Pending<W>>> {
         self.queue.retain(|p| !p.reply.is_closed());
         if self.done_with() {
             return None;
@@ -213,7 +174,7 @@ impl Lane {
     }
 
     /// The next [`MAX_PER_CALL`] requests of the queue, counted in flight.
-    fn take(&mut self) -> Vec<Pending> {
+    fn take(&mut self) -> Vec<Pending<W>> {
         let take = self.queue.len().min(MAX_PER_CALL);
         self.flying += take;
         self.last_call = take.max(1);
@@ -230,7 +191,7 @@ impl Lane {
     /// requests (taken from the queue here, under the lock, so that no
     /// other hit sees the lane with one call and a full queue): the caller
     /// spawns a driver for them.
-    fn queue(&mut self, pending: Pending) -> Option<Vec<Pending>> {
+    fn queue(&mut self, pending: Pending<W>) -> Option<Vec<Pending<W>>> {
         self.queue.push(pending);
         if self.calls >= 2 || self.queue.len() < self.second_call_at() {
             return None;
@@ -244,17 +205,17 @@ impl Lane {
     }
 }
 
-/// The lanes of one backend, and the connection their calls go on.
-pub(super) struct Batcher<C> {
+/// The lanes of one kind of work, and the connection their calls go on.
+pub(super) struct Batcher<C, W: Work> {
     /// The backend's connection, behind the same breakers.
     connection: Guarded<C>,
-    lanes: Mutex<HashMap<u32, Lane>>,
+    lanes: Mutex<HashMap<u32, Lane<W>>>,
     /// Lanes are per slot: a Cluster connection (known from its type, or
     /// learnt from a `CROSSSLOT` refusal).
     by_slot: AtomicBool,
 }
 
-impl<C> Batcher<C> {
+impl<C, W: Work> Batcher<C, W> {
     /// Lanes for calls on `connection`: by slot from the start on a Cluster
     /// connection.
     pub(super) fn new(connection: Guarded<C>, cluster: bool) -> Self {
@@ -265,15 +226,17 @@ impl<C> Batcher<C> {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u32, Lane>> {
+    fn lock(&self) -> MutexGuard<'_, HashMap<u32, Lane<W>>> {
         self.lanes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    fn lane_of(&self, counters: &Counters) -> u32 {
+    /// The lane of `work`: the slot of its keys, computed only for lanes by
+    /// slot, so a standalone server's calls never pay for the CRC.
+    fn lane_of(&self, work: &W) -> u32 {
         if self.by_slot.load(Ordering::Relaxed) {
-            u32::from(slot(counters))
+            u32::from(key_slot(work.key()))
         } else {
             ANY_SLOT
         }
@@ -281,9 +244,9 @@ impl<C> Batcher<C> {
 }
 
 /// A task of `lane` has nothing more to send: the lane goes with its
-/// last task (under the lock, so a hit queued from then on starts a lane
-/// of its own).
-fn leave(lanes: &mut HashMap<u32, Lane>, lane: u32) {
+/// last task (under the lock, so a request queued from then on starts a
+/// lane of its own).
+fn leave<W: Work>(lanes: &mut HashMap<u32, Lane<W>>, lane: u32) {
     if let Entry::Occupied(mut state) = lanes.entry(lane) {
         state.get_mut().calls -= 1;
         if state.get().calls == 0 {
@@ -292,57 +255,53 @@ fn leave(lanes: &mut HashMap<u32, Lane>, lane: u32) {
     }
 }
 
-/// Where [`enqueue`] put a request's hits.
-// Alone is large (it carries the request's counters and finish): boxing it
-// would cost an allocation on a path that has none, and the value is
-// matched as soon as it is made.
+/// Where [`enqueue`] put a request's work.
+// Alone is large (it carries the request's work): boxing it would cost an
+// allocation on a path that has none, and the value is matched as soon as
+// it is made.
 #[allow(clippy::large_enum_variant)]
-pub(super) enum Enqueued<C>
+pub(super) enum Enqueued<C, W>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
-    /// In the queue of a busy lane: the call that takes them answers here.
-    Queued(Ticket<Answered>),
+    /// In the queue of a busy lane: the call that takes it answers here.
+    Queued(Ticket<Answered<W>>),
     /// The lane was idle: the request sends its own call
     /// ([`Alone::send`]).
-    Alone(Alone<C>),
+    Alone(Alone<C, W>),
 }
 
-/// Put one request's hits in their lane: `counters` are (storage key,
-/// window in ms), `finish` makes the request's hits of their answers. Done at once, not when a future is first polled: a hit
-/// queued behind a call in flight (most hits, under load) needs no future
-/// of its own, only the answer's receiver. Needs a tokio runtime (the
-/// lane's driver is a task); the caller checks for one.
-pub(super) fn enqueue<C>(
-    batcher: &Arc<Batcher<C>>,
+/// Put one request's work in its lane. Done at once, not when a future is
+/// first polled: a request queued behind a call in flight (most, under
+/// load) needs no future of its own, only the answer's receiver. Needs a
+/// tokio runtime (the lane's driver is a task); the caller checks for one.
+pub(super) fn enqueue<C, W>(
+    batcher: &Arc<Batcher<C, W>>,
     runtime: &tokio::runtime::Handle,
-    counters: Counters,
-    finish: Finish,
-) -> Enqueued<C>
+    work: W,
+) -> Enqueued<C, W>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
-    let lane = batcher.lane_of(&counters);
+    let lane = batcher.lane_of(&work);
     let mut lanes = batcher.lock();
     match lanes.entry(lane) {
         Entry::Occupied(mut busy) => {
-            // Queued: the call that takes the hits answers in a slot.
+            // Queued: the call that takes the work answers in a slot.
             let lane_state = busy.get_mut();
             let (reply, answer) = lane_state.channel();
-            let second = lane_state.queue(Pending {
-                counters,
-                finish,
-                reply,
-            });
+            let second = lane_state.queue(Pending { work, reply });
             drop(lanes);
             if let Some(batch) = second {
                 spawn_driver(batcher, runtime, lane, batch);
             }
             Enqueued::Queued(answer)
         }
-        // An idle lane: this hit goes at once, from the request's own task
-        // (no driver task, no wake-up, no channel), and the lane is busy
-        // until its answer is back.
+        // An idle lane: this request goes at once, from its own task (no
+        // driver task, no wake-up, no channel), and the lane is busy until
+        // its answer is back.
         Entry::Vacant(idle) => {
             idle.insert(Lane::alone());
             drop(lanes);
@@ -350,8 +309,7 @@ where
             // be dropped before it sends, the lane passes to a driver all
             // the same.
             Enqueued::Alone(Alone {
-                counters,
-                finish,
+                work,
                 handover: Handover {
                     batcher: Arc::clone(batcher),
                     runtime: runtime.clone(),
@@ -362,57 +320,46 @@ where
     }
 }
 
-/// A request whose hits found their lane idle: it sends them itself.
-pub(super) struct Alone<C>
+/// A request whose work found its lane idle: it sends it itself.
+pub(super) struct Alone<C, W>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
-    counters: Counters,
-    finish: Finish,
-    handover: Handover<C>,
+    work: W,
+    handover: Handover<C, W>,
 }
 
-impl<C> Alone<C>
+impl<C, W> Alone<C, W>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
-    /// Send the call, hand the lane over, and give the request's answers.
-    pub(super) async fn send(self) -> Answered {
-        let Self {
-            counters,
-            finish,
-            handover,
-        } = self;
+    /// Send the call, hand the lane over, and give the request's answer.
+    pub(super) async fn send(self) -> Answered<W> {
+        let Self { work, handover } = self;
         let batcher = &handover.batcher;
-        if let [(key, window)] = counters.as_slice() {
-            // One counter: the one-hit script, the cheapest call for Redis,
-            // answered here.
-            let answer = one(&batcher.connection, key, *window).await;
-            drop(handover);
-            return finish.answered(&counters, std::iter::once(answer).collect());
-        }
-        // Several: the batch script, answered like a queued request's (a
-        // refusal as cross-slot sends them again, through lanes).
-        let (reply, answer) = Arena::with_capacity(1).channel();
-        let pending = Pending {
-            counters,
-            finish,
-            reply,
-        };
-        let retry = call(batcher, vec![pending], handover.lane == ANY_SLOT).await;
-        if let Some(retry) = retry {
-            // CROSSSLOT: nothing ran; the hits go again, by slot, once this
-            // task has left the lane.
-            batcher.by_slot.store(true, Ordering::Relaxed);
-            let (batcher, runtime) = (Arc::clone(batcher), handover.runtime.clone());
-            drop(handover);
-            for pending in retry {
-                submit(&batcher, &runtime, pending);
+        let result = W::run(&batcher.connection, std::slice::from_ref(&work)).await;
+        match result {
+            Ok(mut answers) => {
+                drop(handover);
+                answers.pop().unwrap_or_else(|| Err(dropped()))
             }
-        } else {
-            drop(handover);
+            Err(err) if handover.lane == ANY_SLOT && is_cross_slot(&err) => {
+                // CROSSSLOT: nothing ran; the work goes again, by slot,
+                // once this task has left the lane.
+                batcher.by_slot.store(true, Ordering::Relaxed);
+                let (batcher, runtime) = (Arc::clone(batcher), handover.runtime.clone());
+                drop(handover);
+                let (reply, answer) = Arena::with_capacity(1).channel();
+                submit(&batcher, &runtime, Pending { work, reply });
+                answer.await.unwrap_or_else(|_| Err(dropped()))
+            }
+            Err(err) => {
+                drop(handover);
+                Err(unavailable(err))
+            }
         }
-        answer.await.unwrap_or_else(|_| Err(dropped()))
     }
 }
 
@@ -422,35 +369,29 @@ pub(super) fn dropped() -> BackendError {
     BackendError::Unavailable("the Redis call was dropped before it was answered".into())
 }
 
-/// One hit on one counter, alone: the one-hit script
-/// ([`HIT_SCRIPT`](super::script::HIT_SCRIPT)), what a batch of one would do.
-async fn one<C>(connection: &Guarded<C>, key: &[u8], window: u64) -> Result<Hit, BackendError>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let reply = HIT
-        .run_on_key(&mut connection.for_key(key), key, Some(window))
-        .await
-        .map_err(unavailable)?;
-    parse_hit(reply, key)
+/// A refusal of keys of several slots in one call: nothing ran.
+fn is_cross_slot(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot)
 }
 
-/// Ends a call sent from a hit's own task, answered or dropped (or never
-/// sent: the request's future was dropped first): the hits queued behind it
-/// meanwhile get a driver, unless the lane's other call takes them; with
-/// none, the task leaves the lane.
-struct Handover<C>
+/// Ends a call sent from a request's own task, answered or dropped (or
+/// never sent: the request's future was dropped first): the requests
+/// queued behind it meanwhile get a driver, unless the lane's other call
+/// takes them; with none, the task leaves the lane.
+struct Handover<C, W>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
-    batcher: Arc<Batcher<C>>,
+    batcher: Arc<Batcher<C, W>>,
     runtime: tokio::runtime::Handle,
     lane: u32,
 }
 
-impl<C> Drop for Handover<C>
+impl<C, W> Drop for Handover<C, W>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
     fn drop(&mut self) {
         let mut lanes = self.batcher.lock();
@@ -468,11 +409,12 @@ where
     }
 }
 
-fn submit<C>(batcher: &Arc<Batcher<C>>, runtime: &tokio::runtime::Handle, pending: Pending)
+fn submit<C, W>(batcher: &Arc<Batcher<C, W>>, runtime: &tokio::runtime::Handle, pending: Pending<W>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
-    let lane = batcher.lane_of(&pending.counters);
+    let lane = batcher.lane_of(&pending.work);
     let start = {
         let mut lanes = batcher.lock();
         match lanes.entry(lane) {
@@ -492,13 +434,14 @@ where
 /// lane's calls and in flight). Its guard is made here: should the task be
 /// dropped before it first runs (its runtime shutting down), the lane goes
 /// all the same.
-fn spawn_driver<C>(
-    batcher: &Arc<Batcher<C>>,
+fn spawn_driver<C, W>(
+    batcher: &Arc<Batcher<C, W>>,
     runtime: &tokio::runtime::Handle,
     lane: u32,
-    batch: Vec<Pending>,
+    batch: Vec<Pending<W>>,
 ) where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
     let guard = DriverGuard {
         batcher: Arc::clone(batcher),
@@ -512,14 +455,14 @@ fn spawn_driver<C>(
 /// task is dropped mid-call (its runtime shut down) or panics, the lane is
 /// removed with its queue, whose waiters then get `Unavailable` instead of
 /// waiting for a driver that is gone.
-struct DriverGuard<C> {
-    batcher: Arc<Batcher<C>>,
+struct DriverGuard<C, W: Work> {
+    batcher: Arc<Batcher<C, W>>,
     lane: u32,
     /// Still to be cleaned up: the driver has not ended normally.
     armed: bool,
 }
 
-impl<C> Drop for DriverGuard<C> {
+impl<C, W: Work> Drop for DriverGuard<C, W> {
     fn drop(&mut self) {
         if self.armed {
             self.batcher.lock().remove(&self.lane);
@@ -530,9 +473,13 @@ impl<C> Drop for DriverGuard<C> {
 /// A lane's driver: sends `batch`, then what is queued, one call at a
 /// time, until the queue is empty or the lane's other call takes what is
 /// left.
-async fn drive<C>(mut guard: DriverGuard<C>, runtime: tokio::runtime::Handle, first: Vec<Pending>)
-where
+async fn drive<C, W>(
+    mut guard: DriverGuard<C, W>,
+    runtime: tokio::runtime::Handle,
+    first: Vec<Pending<W>>,
+) where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
     let (batcher, lane) = (Arc::clone(&guard.batcher), guard.lane);
     let mut batch = first;
@@ -543,7 +490,7 @@ where
             Some(batch)
         } else {
             call(&batcher, batch, lane == ANY_SLOT).await.inspect(|_| {
-                // CROSSSLOT: nothing ran; the hits go again, by slot.
+                // CROSSSLOT: nothing ran; the work goes again, by slot.
                 batcher.by_slot.store(true, Ordering::Relaxed);
             })
         };
@@ -565,104 +512,55 @@ where
     }
 }
 
-/// One script call for `batch`, and each request's answers. Gives the batch
+/// One script call for `batch`, and each request's answer. Gives the batch
 /// back when the server refused it as cross-slot (nothing ran).
 ///
 /// When every waiter of the batch is gone before Redis answers (the layer's
-/// timeout during an outage, say), the call is dropped, as a lone hit's
-/// would be: a call still waiting for a connection is then never sent.
-async fn call<C>(batcher: &Batcher<C>, batch: Vec<Pending>, any_slot: bool) -> Option<Vec<Pending>>
+/// timeout during an outage, say), the call is dropped, as a lone
+/// request's would be: a call still waiting for a connection is then never
+/// sent.
+async fn call<C, W>(
+    batcher: &Batcher<C, W>,
+    batch: Vec<Pending<W>>,
+    any_slot: bool,
+) -> Option<Vec<Pending<W>>>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
 {
-    // One entry per distinct (key, window), with its number of hits; each
-    // request's counters are (entry, the hit's place among the entry's).
-    let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(batch.len());
-    // A hashbrown map (foldhash, seeded per process), not SipHash: it holds
-    // at most MAX_PER_CALL keys, so even keys chosen to collide cost a
-    // bounded amount per call.
-    let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(batch.len());
-    let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(batch.len());
-    for Pending { counters, .. } in &batch {
-        let mut place = SmallVec::new();
-        for (key, window) in counters {
-            let at = match index.entry((key.as_slice(), *window)) {
-                Entry::Occupied(e) => *e.get(),
-                Entry::Vacant(e) => {
-                    entries.push((key.as_slice(), *window, 0));
-                    *e.insert(entries.len() - 1)
-                }
-            };
-            place.push((at, entries[at].2));
-            entries[at].2 += 1;
-        }
-        places.push(place);
-    }
-    drop(index);
-
-    let reply = {
-        let eval = std::pin::pin!(eval(&batcher.connection, &entries));
+    let result = {
+        let run = std::pin::pin!(W::run(&batcher.connection, &batch));
         let abandoned = std::pin::pin!(all_closed(&batch));
-        match select(eval, abandoned).await {
-            Either::Left((reply, _)) => reply,
+        match select(run, abandoned).await {
+            Either::Left((result, _)) => result,
             Either::Right(_) => {
                 tracing::debug!("every waiter of a batch is gone: the call is dropped");
                 return None;
             }
         }
     };
-    // Each entry's last hit.
-    let mut replies: Vec<Result<Hit, BackendError>> = match reply {
-        Ok(reply) => parse_batch(reply, &entries).unwrap_or_else(|other| {
-            let detail = format!(
-                "unexpected reply to a batch of {}: {other:?}",
-                entries.len()
-            );
-            entries
+    let answers = match result {
+        Ok(answers) if answers.len() == batch.len() => answers,
+        Ok(answers) => {
+            let detail = format!("{} answers to a batch of {}", answers.len(), batch.len());
+            batch
                 .iter()
                 .map(|_| Err(BackendError::Unavailable(detail.clone().into())))
                 .collect()
-        }),
-        Err(err) if any_slot && err.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot) => {
+        }
+        Err(err) if any_slot && is_cross_slot(&err) => {
             tracing::debug!("keys of several slots in one call: coalescing by slot from now on");
-            drop(entries);
             return Some(batch);
         }
-        Err(err) => entries
+        Err(err) => batch
             .iter()
             .map(|_| Err(unavailable(err.clone())))
             .collect(),
     };
-    // The entry's n hits took count-n+1 ..= count, in order: each reply
-    // becomes its entry's first hit, and the nth hit's count is that plus n.
-    for (reply, &(_, _, hits)) in replies.iter_mut().zip(&entries) {
-        if let Ok(hit) = reply {
-            hit.count = hit.count.saturating_sub(hits - 1);
-        }
-    }
-    drop(entries);
-    for (
-        Pending {
-            counters,
-            finish,
-            reply,
-        },
-        place,
-    ) in batch.into_iter().zip(places)
-    {
-        let answers: Answers = place
-            .iter()
-            .map(|&(at, nth)| match &replies[at] {
-                Ok(first) => Ok(Hit {
-                    count: first.count + nth,
-                    ..*first
-                }),
-                Err(err) => Err(copy(err)),
-            })
-            .collect();
-        // A waiter that is gone only loses its answer: the hit was counted,
-        // with its lifetime, like a request whose client went away.
-        let _ = reply.send(finish.answered(&counters, answers));
+    for (Pending { reply, .. }, answer) in batch.into_iter().zip(answers) {
+        // A waiter that is gone only loses its answer: the work was done,
+        // like a request whose client went away.
+        let _ = reply.send(answer);
     }
     None
 }
@@ -670,7 +568,7 @@ where
 /// Ready once every waiter of a call is gone. Waits on one waiter at a time
 /// (a waiter that is gone stays gone), so a call costs one registered waker
 /// and no future or allocation per waiter.
-fn all_closed(batch: &[Pending]) -> impl Future<Output = ()> + '_ {
+fn all_closed<W: Work>(batch: &[Pending<W>]) -> impl Future<Output = ()> + '_ {
     let mut next = 0;
     std::future::poll_fn(move |cx| {
         while let Some(Pending { reply, .. }) = batch.get(next) {
@@ -681,48 +579,4 @@ fn all_closed(batch: &[Pending]) -> impl Future<Output = ()> + '_ {
         }
         std::task::Poll::Ready(())
     })
-}
-
-/// The batch script for `entries` (storage key, window in ms, hits): every
-/// key, then each entry's hits and window. The breaker is the one of the
-/// call's slot (one slot, on a Cluster), named by its first key.
-async fn eval<C>(
-    connection: &Guarded<C>,
-    entries: &[(&[u8], u64, u64)],
-) -> ::redis::RedisResult<Value>
-where
-    C: ConnectionLike + Clone + Send + Sync + 'static,
-{
-    let size = Size {
-        keys: entries.len(),
-        args: 3 * entries.len(),
-        bytes: entries
-            .iter()
-            .map(|(key, _, _)| key.len() + 2 * U64_DIGITS)
-            .sum(),
-    };
-    let first = entries.first().map_or(&[][..], |(key, _, _)| key);
-    HIT_BATCH
-        .run(&mut connection.for_key(first), size, |cmd| {
-            for (key, _, _) in entries {
-                cmd.arg(*key);
-            }
-            for (_, window, hits) in entries {
-                cmd.arg(*hits).arg(*window);
-            }
-        })
-        .await
-}
-
-/// The same error again, for every hit of an entry.
-fn copy(err: &BackendError) -> BackendError {
-    match err {
-        BackendError::Corrupt { key, detail } => BackendError::Corrupt {
-            key: key.clone(),
-            detail: detail.clone(),
-        },
-        BackendError::TimedOut => BackendError::TimedOut,
-        BackendError::AtCapacity => BackendError::AtCapacity,
-        other => BackendError::Unavailable(other.to_string().into()),
-    }
 }

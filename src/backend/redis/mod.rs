@@ -7,7 +7,9 @@
 //!   one runner of them all, `EVALSHA` then `EVAL` when the server has lost
 //!   the script;
 //! - `reply`: what the scripts answer, read and checked;
-//! - `coalesce`: the lanes that send the hits issued together in one call;
+//! - `coalesce`: the lanes that send the requests issued together in one
+//!   call, and what goes through them: `hits`, and `spends` (spends and
+//!   amends);
 //! - [`connection`]: the connections a user builds (made at once, in the
 //!   background, to a Cluster, through Sentinel) and, inside, the nodes of a
 //!   deployment, Cluster hash slots, and the circuit breaker with its slot
@@ -19,9 +21,11 @@
 mod audit;
 mod coalesce;
 pub mod connection;
+mod hits;
 mod reply;
 mod script;
 mod slots;
+mod spends;
 
 // The reply parsers, for the fuzz targets only (see src/lib.rs).
 #[cfg(fuzzing)]
@@ -41,11 +45,13 @@ use ::redis::aio::{ConnectionLike, ConnectionManager};
 use futures_util::future::join_all;
 use smallvec::SmallVec;
 
-use self::coalesce::{Batcher, Enqueued};
+use self::coalesce::{Batcher, Enqueued, Work};
 use self::connection::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
 use self::connection::{BackgroundConnection, ConnectError, Nodes};
-use self::reply::{parse_hit, parse_peek, parse_refund, parse_spend};
-use self::script::{AMEND, HIT, PEEK, RESET, SPEND, Size, U64_DIGITS};
+use self::hits::HitWork;
+use self::reply::{parse_hit, parse_peek};
+use self::script::{HIT, PEEK, RESET, Size};
+use self::spends::{AmendWork, Forget, SpendWork};
 use super::deny_cache::DenyCache;
 use super::{
     Amend, AuditReport, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending,
@@ -242,9 +248,26 @@ struct Inner<C> {
     prefix: Box<[u8]>,
     /// Shared with the futures of queued hits, which remember denials.
     deny: Option<Arc<DenyCache>>,
-    /// The lanes of coalesced hits (on a clone of the same connection);
-    /// `None` with `coalesce(false)`.
-    batch: Option<Arc<Batcher<C>>>,
+    /// The lanes of coalesced hits, spends and amends (on clones of the
+    /// same connection); `None` with `coalesce(false)`.
+    lanes: Option<Lanes<C>>,
+}
+
+/// The lanes of each kind of request: a call carries one kind.
+struct Lanes<C> {
+    hits: Arc<Batcher<C, HitWork>>,
+    spends: Arc<Batcher<C, SpendWork>>,
+    amends: Arc<Batcher<C, AmendWork>>,
+}
+
+impl<C: Clone> Lanes<C> {
+    fn new(connection: &Guarded<C>, cluster: bool) -> Self {
+        Self {
+            hits: Arc::new(Batcher::new(connection.clone(), cluster)),
+            spends: Arc::new(Batcher::new(connection.clone(), cluster)),
+            amends: Arc::new(Batcher::new(connection.clone(), cluster)),
+        }
+    }
 }
 
 impl<C> Clone for RedisBackend<C> {
@@ -263,7 +286,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
                 "deny_cache",
                 &self.inner.deny.as_ref().map_or(0, |d| d.capacity),
             )
-            .field("coalesce", &self.inner.batch.is_some())
+            .field("coalesce", &self.inner.lanes.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -521,9 +544,7 @@ impl<C> RedisBackendBuilder<C> {
         );
         RedisBackend {
             inner: Arc::new(Inner {
-                batch: self
-                    .coalesce
-                    .then(|| Arc::new(Batcher::new(connection.clone(), cluster))),
+                lanes: self.coalesce.then(|| Lanes::new(&connection, cluster)),
                 connection,
                 prefix: self.prefix.into(),
                 deny: (self.deny_cache > 0).then(|| Arc::new(DenyCache::new(self.deny_cache))),
@@ -758,15 +779,15 @@ where
             return denied;
         }
         // Inline: no allocation for a key that fits.
-        let storage_keys: SmallVec<[coalesce::StoredKey; 2]> = counters
+        let storage_keys: SmallVec<[hits::StoredKey; 2]> = counters
             .iter()
             .map(|c| {
-                let mut stored = coalesce::StoredKey::new();
+                let mut stored = hits::StoredKey::new();
                 storage_key::encode_into(&mut stored, &self.inner.prefix, c.namespace, key);
                 stored
             })
             .collect();
-        let finish = coalesce::Finish {
+        let finish = hits::Finish {
             quotas: counters.iter().map(|c| c.quota).collect(),
             deny: self.inner.deny.clone(),
             prefix: self.inner.prefix.len(),
@@ -774,21 +795,13 @@ where
         };
         // Coalesced: through the key's lane (a driver task, so only on a
         // tokio runtime).
-        let lanes = self.inner.batch.as_ref().and_then(|batcher| {
-            tokio::runtime::Handle::try_current()
-                .ok()
-                .map(|runtime| (batcher, runtime))
-        });
-        if let Some((batcher, runtime)) = lanes {
+        if let Some((lanes, runtime)) = self.lanes() {
             let counters = storage_keys
                 .into_iter()
                 .zip(&finish.quotas)
                 .map(|(k, q)| (k, q.window().as_millis()))
                 .collect();
-            return match coalesce::enqueue(batcher, &runtime, counters, finish) {
-                Enqueued::Queued(answer) => BackendFuture::queued(answer),
-                Enqueued::Alone(alone) => BackendFuture::calling(alone.send()),
-            };
+            return through(&lanes.hits, &runtime, HitWork { counters, finish });
         }
         let this = self.clone();
         BackendFuture::calling(async move {
@@ -869,105 +882,130 @@ impl<C> Spending for RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// One `EVALSHA` of the spend script on the key's counters and their
-    /// lockouts (one hash tag, so one slot of a Cluster): all or nothing,
-    /// as the [contract](crate::backend#costs-lockouts-and-amends) says.
-    /// A spend goes straight to Redis: it is not coalesced with other
-    /// hits, and the local deny cache neither answers it nor remembers its
-    /// denials. Needs Redis 7.0 (`PEXPIRETIME`).
+    /// The spend script on the key's counters and their lockouts (one hash
+    /// tag, so one slot of a Cluster): all or nothing, as the
+    /// [contract](crate::backend#costs-lockouts-and-amends) says.
+    /// Coalesced (the default) with the other spends of the key's lane,
+    /// many requests in one call (see [spends](RedisBackend#spends)); the
+    /// local deny cache answers a request that has a counter no spend can
+    /// fit, and remembers such counters. Needs Redis 7.0 (`PEXPIRETIME`).
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
-        let keys: SmallVec<[(Vec<u8>, Vec<u8>); 2]> = counters
-            .iter()
-            .map(|c| {
-                (
-                    self.storage_key(c.namespace, key),
-                    storage_key::encode_lockout(&self.inner.prefix, c.namespace, key),
-                )
-            })
-            .collect();
-        let limits: SmallVec<[(u64, u64); 2]> = counters
-            .iter()
-            .map(|c| (c.quota.limit(), c.quota.window().as_millis()))
-            .collect();
-        let block = spend.block.map_or(0, |b| b.as_millis());
-        let this = self.clone();
-        BackendFuture::calling(async move {
-            let Some((first, _)) = keys.first() else {
-                return Ok(Hits::new());
-            };
-            let size = Size {
-                keys: 2 * keys.len(),
-                args: 3 + 4 * keys.len(),
-                bytes: keys.iter().map(|(c, l)| c.len() + l.len()).sum::<usize>()
-                    + (3 + 2 * keys.len()) * U64_DIGITS,
-            };
-            let reply = SPEND
-                .run(&mut this.inner.connection.for_key(first), size, |cmd| {
-                    for (counter, lock) in &keys {
-                        cmd.arg(counter).arg(lock);
-                    }
-                    cmd.arg(spend.cost).arg(u8::from(spend.open)).arg(block);
-                    for (limit, window) in &limits {
-                        cmd.arg(limit).arg(window);
-                    }
+        let now = quanta::Instant::now();
+        if let Some(deny) = &self.inner.deny
+            && let Some(denied) = BackendFuture::denied(deny, key, counters, now)
+        {
+            // Denied here, without a round trip: nothing is spent, and a
+            // lockout was set by the denial that filled the cache.
+            return denied;
+        }
+        let work = SpendWork {
+            counters: counters
+                .iter()
+                .map(|c| {
+                    (
+                        self.stored(c.namespace, key, b""),
+                        self.stored(c.namespace, key, storage_key::LOCKOUT),
+                    )
                 })
-                .await
-                .map_err(unavailable)?;
-            let stored: SmallVec<[&[u8]; 2]> = keys.iter().map(|(c, _)| c.as_slice()).collect();
-            parse_spend(reply, &stored)
-        })
+                .collect(),
+            spend,
+            finish: hits::Finish {
+                quotas: counters.iter().map(|c| c.quota).collect(),
+                deny: self.inner.deny.clone(),
+                prefix: self.inner.prefix.len(),
+                sent: now,
+            },
+        };
+        self.send(self.inner.lanes.as_ref().map(|lanes| &lanes.spends), work)
     }
 
-    /// One `EVALSHA` of the amend script, which finds the hit's window by
-    /// the counter's `PEXPIRETIME` and the reset marker: a
-    /// [`reset`](Backend::reset) (or a clear) leaves a marker until the
-    /// deleted window's deadline, and no hit of that deadline is amended
-    /// while it lives. A window opened after a reset is so never taken for
-    /// the one before it, even when both close in the same millisecond; the
-    /// price is that a window opened in the same millisecond as the deleted
-    /// one was (so with the same deadline) keeps its own hits counted:
-    /// they are never refunded or charged. A hit with no
-    /// deadline (answered by the deny cache, denied, or counted on a server
-    /// older than 7.0) is not sent. Once Redis has answered, the key is
-    /// dropped from this instance's deny cache, so the next hit asks Redis
-    /// again.
+    /// The amend script, which finds the hit's window by the counter's
+    /// `PEXPIRETIME` and the reset marker: a [`reset`](Backend::reset) (or
+    /// a clear) leaves a marker until the deleted window's deadline, and no
+    /// hit of that deadline is amended while it lives. A window opened
+    /// after a reset is so never taken for the one before it, even when
+    /// both close in the same millisecond; the price is that a window
+    /// opened in the same millisecond as the deleted one was (so with the
+    /// same deadline) keeps its own hits counted: they are never refunded
+    /// or charged. A hit with no deadline (answered by the deny cache,
+    /// denied, or counted on a server older than 7.0) is not sent.
+    /// Coalesced (the default) with the other amends of the key's lane.
+    /// Once Redis has answered, the key is dropped from this instance's
+    /// deny cache, so the next hit asks Redis again.
     fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> BackendFuture<bool> {
         let Some(deadline) = hit.deadline else {
             return BackendFuture::answered(Ok(false));
         };
-        let (op, amount) = match amend {
-            Amend::Refund(n) => ("refund", n),
-            Amend::Charge(n) => ("charge", n),
-            Amend::Clear => ("clear", 0),
+        let work = AmendWork {
+            counter: self.stored(namespace, key, b""),
+            marker: self.stored(namespace, key, storage_key::RESET_MARKER),
+            amend,
+            deadline,
+            forget: self.inner.deny.as_ref().map(|deny| Forget {
+                deny: Arc::clone(deny),
+                namespace: namespace.as_bytes().into(),
+                key: key.clone(),
+            }),
         };
-        let storage_key = self.storage_key(namespace, key);
-        let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
-        let (this, namespace, key) = (self.clone(), Box::<str>::from(namespace), key.clone());
+        self.send(self.inner.lanes.as_ref().map(|lanes| &lanes.amends), work)
+    }
+}
+
+impl<C> RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The lanes, with the tokio runtime their drivers run on; `None`
+    /// without lanes (`coalesce(false)`) or outside a tokio runtime.
+    fn lanes(&self) -> Option<(&Lanes<C>, tokio::runtime::Handle)> {
+        let lanes = self.inner.lanes.as_ref()?;
+        Some((lanes, tokio::runtime::Handle::try_current().ok()?))
+    }
+
+    /// The storage key of `namespace`'s counter for `key`, followed by
+    /// `suffix` (a marker's), inline when it fits.
+    fn stored(&self, namespace: &str, key: &Key, suffix: &[u8]) -> hits::StoredKey {
+        let mut stored = hits::StoredKey::new();
+        storage_key::encode_into(&mut stored, &self.inner.prefix, namespace, key);
+        stored.extend_from_slice(suffix);
+        stored
+    }
+
+    /// `work` through its lane when there is one (and a tokio runtime), else
+    /// in a call of its own.
+    fn send<W: Work>(
+        &self,
+        lanes: Option<&Arc<Batcher<C, W>>>,
+        work: W,
+    ) -> BackendFuture<W::Answer> {
+        if let Some(lanes) = lanes
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            return through(lanes, &runtime, work);
+        }
+        let this = self.clone();
         BackendFuture::calling(async move {
-            let size = Size {
-                keys: 2,
-                args: 5,
-                bytes: storage_key.len() + marker.len() + 3 * U64_DIGITS,
-            };
-            let reply = AMEND
-                .run(
-                    &mut this.inner.connection.for_key(&storage_key),
-                    size,
-                    |cmd| {
-                        cmd.arg(&storage_key)
-                            .arg(&marker)
-                            .arg(op)
-                            .arg(amount)
-                            .arg(deadline.get());
-                    },
-                )
+            let mut answers = W::run(&this.inner.connection, std::slice::from_ref(&work))
                 .await
-                .map_err(unavailable);
-            if let Some(deny) = &this.inner.deny {
-                deny.remove(&namespace, key.as_bytes());
-            }
-            parse_refund(reply?, &storage_key)
+                .map_err(unavailable)?;
+            answers.pop().unwrap_or_else(|| Err(coalesce::dropped()))
         })
+    }
+}
+
+/// `work` in its lane of `batcher`.
+fn through<C, W>(
+    batcher: &Arc<Batcher<C, W>>,
+    runtime: &tokio::runtime::Handle,
+    work: W,
+) -> BackendFuture<W::Answer>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
+{
+    match coalesce::enqueue(batcher, runtime, work) {
+        Enqueued::Queued(answer) => BackendFuture::queued(answer),
+        Enqueued::Alone(alone) => BackendFuture::calling(alone.send()),
     }
 }
 

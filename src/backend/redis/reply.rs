@@ -7,7 +7,9 @@ use std::time::Duration;
 
 use ::redis::Value;
 
-use crate::backend::{BackendError, Hit, Hits};
+use smallvec::SmallVec;
+
+use crate::backend::{BackendError, Hit};
 
 /// A counter that holds something else than a count, named by its storage
 /// key.
@@ -46,20 +48,37 @@ pub(super) fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
     }
 }
 
-/// The reply of the refund script: 1 taken back, 0 nothing to take back, or
-/// `{reason}` for a corrupt counter.
-pub(super) fn parse_refund(value: Value, key: &[u8]) -> Result<bool, BackendError> {
-    match value {
-        Value::Int(1) => Ok(true),
-        Value::Int(0) => Ok(false),
-        Value::Array(items) => match items.as_slice() {
-            [Value::BulkString(reason)] => {
+/// The amend script's reply: two values per amend, in order: `1, ''`
+/// changed, `0, ''` nothing to change, `-1, reason` a corrupt counter (left
+/// as it is), `-2, error` invalid arguments. `counters`: the amends'
+/// storage keys, in order. A reply of another shape is given back, for the
+/// error.
+pub(super) fn parse_amends(
+    value: Value,
+    counters: &[&[u8]],
+) -> Result<Vec<Result<bool, BackendError>>, Value> {
+    match &value {
+        Value::Array(items) if items.len() == 2 * counters.len() => {}
+        _ => return Err(value),
+    }
+    let Value::Array(items) = value else {
+        unreachable!("matched above")
+    };
+    Ok(items
+        .chunks_exact(2)
+        .zip(counters)
+        .map(|(item, key)| match item {
+            [Value::Int(1), _] => Ok(true),
+            [Value::Int(0), _] => Ok(false),
+            [Value::Int(-1), Value::BulkString(reason)] => {
                 Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
             }
-            _ => Err(corrupt(key, format!("unexpected script reply {items:?}"))),
-        },
-        other => Err(corrupt(key, format!("unexpected script reply {other:?}"))),
-    }
+            [Value::Int(-2), Value::BulkString(err)] => Err(BackendError::Unavailable(
+                String::from_utf8_lossy(err).into_owned().into(),
+            )),
+            _ => Err(corrupt(key, format!("unexpected script reply {item:?}"))),
+        })
+        .collect())
 }
 
 /// The reply of the peek script: `{}` no counter, `{value, PTTL}`, or
@@ -147,51 +166,88 @@ fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Hit, Ba
     }
 }
 
-/// The reply of the spend script: `[admitted, count, ms left, deadline,
-/// ...]` with one triple per counter (deadline -1 when nothing was counted),
-/// or `[-1, i, reason]` when counter `i` (from 1) is corrupt.
-pub(super) fn parse_spend(value: Value, keys: &[&[u8]]) -> Result<Hits, BackendError> {
-    let Value::Array(items) = value else {
-        return Err(corrupt(
-            keys.first().copied().unwrap_or_default(),
-            format!("unexpected script reply {value:?}"),
-        ));
+/// What the spend script answered for one request.
+#[derive(Debug)]
+pub(super) enum Spent {
+    /// Admitted or denied: each counter's hit (a deadline only when the
+    /// request was admitted and the counter counted it), and whether no
+    /// spend can fit the counter until the hit's time left is over.
+    Decided(SmallVec<[(Hit, bool); 2]>),
+    /// Counter `counter` (from 0) is corrupt; nothing was written.
+    Corrupt { counter: usize, reason: String },
+    /// The request's arguments were refused; nothing was written.
+    Invalid(String),
+}
+
+/// The spend script's reply: a flat array, per request in order, of `1`
+/// admitted or `0` denied then four values per counter (count, ms left,
+/// deadline or -1, 1 when full), or `-1, i, reason` when counter `i` (from
+/// one) is corrupt, or `-2, error`. `sizes`: each request's number of
+/// counters. A reply of another shape (or one that does not end with the
+/// last request) is given back, for the error.
+pub(super) fn parse_spends(
+    value: Value,
+    sizes: impl Iterator<Item = usize>,
+) -> Result<Vec<Spent>, Value> {
+    let Value::Array(items) = &value else {
+        return Err(value);
     };
-    let unexpected = |items: &[Value]| {
-        corrupt(
-            keys.first().copied().unwrap_or_default(),
-            format!("unexpected script reply {items:?}"),
-        )
-    };
-    match items.as_slice() {
-        [Value::Int(-1), Value::Int(i), Value::BulkString(reason)] => {
-            let key = usize::try_from(*i)
-                .ok()
-                .and_then(|i| keys.get(i.checked_sub(1)?))
-                .copied()
-                .unwrap_or_default();
-            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
-        }
-        [Value::Int(admitted @ (0 | 1)), rest @ ..] if rest.len() == 3 * keys.len() => rest
-            .chunks_exact(3)
-            .map(|entry| match entry {
-                [Value::Int(count), Value::Int(left), Value::Int(deadline)]
-                    if *count >= 0 && *left >= 0 && *deadline >= -1 =>
-                {
-                    Ok(Hit {
-                        count: *count as u64,
-                        reset: Duration::from_millis(*left as u64),
-                        deadline: if *admitted == 1 {
-                            u64::try_from(*deadline).ok().and_then(NonZeroU64::new)
-                        } else {
-                            None
-                        },
-                    })
-                }
-                _ => Err(unexpected(&items)),
+    let mut spent = Vec::with_capacity(sizes.size_hint().0);
+    let mut at = 0;
+    for n in sizes {
+        let Some((one, used)) = parse_spent(&items[at..], n) else {
+            return Err(value);
+        };
+        spent.push(one);
+        at += used;
+    }
+    if at != items.len() {
+        return Err(value);
+    }
+    Ok(spent)
+}
+
+/// One request's answer at the start of `items`, for `n` counters, and how
+/// many values it took; `None` when it is not of the script's shape.
+fn parse_spent(items: &[Value], n: usize) -> Option<(Spent, usize)> {
+    match items {
+        [Value::Int(-1), Value::Int(i), Value::BulkString(reason), ..] => {
+            let counter = usize::try_from(*i).ok()?.checked_sub(1)?;
+            (counter < n).then(|| {
+                let reason = String::from_utf8_lossy(reason).into_owned();
+                (Spent::Corrupt { counter, reason }, 3)
             })
-            .collect(),
-        _ => Err(unexpected(&items)),
+        }
+        [Value::Int(-2), Value::BulkString(err), ..] => {
+            Some((Spent::Invalid(String::from_utf8_lossy(err).into_owned()), 2))
+        }
+        [Value::Int(admitted @ (0 | 1)), rest @ ..] if rest.len() >= 4 * n => {
+            let counters = rest[..4 * n]
+                .chunks_exact(4)
+                .map(|entry| match entry {
+                    [
+                        Value::Int(count),
+                        Value::Int(left),
+                        Value::Int(deadline),
+                        Value::Int(full @ (0 | 1)),
+                    ] if *count >= 0 && *left >= 0 && *deadline >= -1 => Some((
+                        Hit {
+                            count: *count as u64,
+                            reset: Duration::from_millis(*left as u64),
+                            deadline: if *admitted == 1 {
+                                u64::try_from(*deadline).ok().and_then(NonZeroU64::new)
+                            } else {
+                                None
+                            },
+                        },
+                        *full == 1,
+                    )),
+                    _ => None,
+                })
+                .collect::<Option<_>>()?;
+            Some((Spent::Decided(counters), 1 + 4 * n))
+        }
+        _ => None,
     }
 }
 
@@ -206,8 +262,24 @@ pub(crate) mod fuzzing {
         super::parse_hit(value, key)
     }
 
-    pub(crate) fn refund(value: Value, key: &[u8]) -> Result<bool, BackendError> {
-        super::parse_refund(value, key)
+    /// The amend script's reply for one amend.
+    pub(crate) fn refund(value: Value, key: &[u8]) -> Result<Result<bool, BackendError>, Value> {
+        let mut amended = super::parse_amends(value, &[key])?;
+        Ok(amended.pop().expect("one amend, one answer"))
+    }
+
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn spend(
+        value: Value,
+        sizes: &[usize],
+    ) -> Result<Vec<Option<Vec<(Hit, bool)>>>, Value> {
+        Ok(super::parse_spends(value, sizes.iter().copied())?
+            .into_iter()
+            .map(|spent| match spent {
+                super::Spent::Decided(counters) => Some(counters.into_vec()),
+                _ => None,
+            })
+            .collect())
     }
 
     pub(crate) fn peek(value: Value, key: &[u8]) -> Result<Option<Hit>, BackendError> {
@@ -291,25 +363,116 @@ mod tests {
     }
 
     #[test]
-    fn refund_replies_parse() {
-        let cases: &[(&str, Value, Result<bool, &str>)] = &[
-            ("taken back", Value::Int(1), Ok(true)),
-            ("nothing to take back", Value::Int(0), Ok(false)),
+    fn amend_replies_parse() {
+        let ok = || Value::BulkString(Vec::new());
+        let cases: &[(&str, [Value; 2], Result<bool, &str>)] = &[
+            ("changed", [Value::Int(1), ok()], Ok(true)),
+            ("nothing to change", [Value::Int(0), ok()], Ok(false)),
             (
                 "corrupt",
-                Value::Array(vec![Value::BulkString(b"value abc".to_vec())]),
+                [Value::Int(-1), text("value abc")],
                 Err("value abc"),
             ),
-            ("unexpected", Value::Int(2), Err("unexpected script reply")),
+            (
+                "unexpected",
+                [Value::Int(2), ok()],
+                Err("unexpected script reply"),
+            ),
         ];
-        for (name, value, want) in cases {
-            match (parse_refund(value.clone(), b"k"), want) {
+        // One call of all the cases: each answer is its own amend's.
+        let reply = Value::Array(cases.iter().flat_map(|(_, v, _)| v.clone()).collect());
+        let keys: Vec<&[u8]> = cases.iter().map(|_| &b"k"[..]).collect();
+        let amended = parse_amends(reply, &keys).unwrap();
+        assert_eq!(amended.len(), cases.len());
+        for ((name, _, want), got) in cases.iter().zip(amended) {
+            match (got, want) {
                 (Ok(got), Ok(want)) => assert_eq!(got, *want, "{name}"),
                 (Err(BackendError::Corrupt { detail, .. }), Err(want)) => {
                     assert!(detail.contains(want), "{name}: {detail}");
                 }
                 (got, _) => panic!("{name}: {got:?}"),
             }
+        }
+        let invalid = Value::Array(vec![Value::Int(-2), text("ERR invalid amend")]);
+        assert!(matches!(
+            parse_amends(invalid, &[b"k"]).unwrap().as_slice(),
+            [Err(BackendError::Unavailable(_))]
+        ));
+        // Another length than two values per amend: given back whole.
+        for reply in [
+            Value::Array(vec![Value::Int(1)]),
+            Value::Int(1),
+            Value::Array(vec![Value::Int(1), ok(), Value::Int(0), ok()]),
+        ] {
+            assert_eq!(parse_amends(reply.clone(), &[b"k"]).unwrap_err(), reply);
+        }
+    }
+
+    #[test]
+    fn spend_replies_parse() {
+        let int = Value::Int;
+        // Admitted on two counters (the second one full: at its limit now),
+        // then denied on one, then corrupt counter 2 of two, then refused.
+        let reply = Value::Array(vec![
+            int(1),
+            int(3),
+            int(1_000),
+            int(1_700_000_000_000),
+            int(0),
+            int(10),
+            int(500),
+            int(1_700_000_000_001),
+            int(1),
+            int(0),
+            int(11),
+            int(2_000),
+            int(-1),
+            int(1),
+            int(-1),
+            int(2),
+            text("value abc"),
+            int(-2),
+            text("ERR tower-pinned-window: invalid spend"),
+        ]);
+        let spent = parse_spends(reply, [2, 1, 2, 1].into_iter()).unwrap();
+        match &spent[..] {
+            [
+                Spent::Decided(admitted),
+                Spent::Decided(denied),
+                Spent::Corrupt { counter: 1, reason },
+                Spent::Invalid(err),
+            ] => {
+                assert_eq!(admitted.len(), 2);
+                assert_eq!(admitted[0].0.count, 3);
+                assert_eq!(admitted[0].0.reset, Duration::from_secs(1));
+                assert_eq!(admitted[0].0.deadline, NonZeroU64::new(1_700_000_000_000));
+                assert!(!admitted[0].1 && admitted[1].1);
+                // Denied: nothing counted, so no deadline.
+                assert_eq!(denied[0].0.count, 11);
+                assert_eq!(denied[0].0.deadline, None);
+                assert!(denied[0].1);
+                assert_eq!(reason, "value abc");
+                assert!(err.contains("invalid spend"), "{err}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Malformed: too short, too long, a counter index out of range, a
+        // negative count, a full flag of 2: each is given back whole.
+        for (reply, sizes) in [
+            (vec![int(1), int(3), int(1), int(-1)], vec![1]),
+            (
+                vec![int(0), int(3), int(1), int(-1), int(0), int(9)],
+                vec![1],
+            ),
+            (vec![int(-1), int(2), text("x")], vec![1]),
+            (vec![int(1), int(-3), int(1), int(-1), int(0)], vec![1]),
+            (vec![int(1), int(3), int(1), int(-1), int(2)], vec![1]),
+        ] {
+            let reply = Value::Array(reply);
+            assert_eq!(
+                parse_spends(reply.clone(), sizes.into_iter()).unwrap_err(),
+                reply
+            );
         }
     }
 

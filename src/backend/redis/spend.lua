@@ -1,12 +1,24 @@
--- tower-pinned-window: a spend on every counter of one request, all or
--- nothing (see the backend contract, "Costs, lockouts and amends").
--- KEYS[2i-1]: counter i; KEYS[2i]: its lockout marker.
--- ARGV[1]: the cost; ARGV[2]: '1' to open a missing counter at a cost of 0;
--- ARGV[3]: the lockout in milliseconds, '0' for none;
--- ARGV[2+2i]: counter i's limit; ARGV[3+2i]: its window in milliseconds.
--- Returns {1 admitted or 0 denied, then per counter: count, milliseconds
--- left, deadline (-1 when nothing was counted)}, or {-1, i, reason} when
--- counter i is corrupt (nothing written). Needs PEXPIRETIME (Redis 7.0).
+-- tower-pinned-window: the spends of one or more requests, in order, each
+-- all or nothing over its own counters (see the backend contract, "Costs,
+-- lockouts and amends"). A call of several requests changes nothing about
+-- each one: a request sees the counters as the requests before it in the
+-- call left them, exactly as if each had been its own call.
+-- Per request, in order:
+--   KEYS: counter i, then its lockout marker, for each of its n counters;
+--   ARGV: n; the cost; '1' to open a missing counter at a cost of 0; the
+--         lockout in milliseconds, '0' for none; then counter i's limit and
+--         window in milliseconds, for each counter.
+-- Returns a flat array (no table per request), per request in order:
+--   1 admitted or 0 denied, then four values per counter: count, ms left,
+--     deadline (-1 when nothing was counted), and 1 when no spend at all
+--     can fit until the ms left are over (the counter is at its limit or
+--     locked out), else 0;
+--   -1, i, reason: counter i (from 1) is corrupt; nothing written for this
+--     request;
+--   -2, reason: the request's arguments are invalid; nothing written.
+-- A refusal that is not about one counter (READONLY, OOM) fails the call;
+-- it comes at the call's first write, so nothing was written.
+-- Needs PEXPIRETIME (Redis 7.0).
 local function whole(sent, max)
   local n = tonumber(sent)
   if n and n >= 0 and n <= max and n % 1 == 0 and string.find(sent, '^%d+$') then
@@ -15,75 +27,98 @@ local function whole(sent, max)
   return nil
 end
 local big = 9007199254740991
-local cost = whole(ARGV[1], 18446744073709551615)
-local block = whole(ARGV[3], big)
-if not cost or not block or #KEYS % 2 ~= 0 or #ARGV ~= 3 + #KEYS then
-  return redis.error_reply('ERR tower-pinned-window: invalid spend')
-end
+local u64 = 18446744073709551615
 local time = redis.call('TIME')
-local now_us = tonumber(time[1]) * 1000000 + tonumber(time[2])
-local now = math.floor(now_us / 1000)
-local step = math.max(cost, 1)
-local n = #KEYS / 2
-local counters = {}
-local admitted = true
-for i = 1, n do
-  local key, lock = KEYS[2 * i - 1], KEYS[2 * i]
-  local limit = whole(ARGV[2 + 2 * i], 18446744073709551615)
-  local window = whole(ARGV[3 + 2 * i], big)
-  if not limit or not window or window < 1 then
-    return redis.error_reply('ERR tower-pinned-window: invalid limit or window')
-  end
-  local kind = redis.call('TYPE', key).ok
-  local count = 0
-  if kind == 'string' then
-    local value = redis.call('GET', key)
-    if not string.find(value, '^%d+$') or (#value > 1 and string.sub(value, 1, 1) == '0') or #value > 19 then
-      return {-1, i, 'value ' .. string.sub(value, 1, 64)}
-    end
-    count = tonumber(value)
-  elseif kind ~= 'none' then
-    return {-1, i, 'a key of type ' .. kind}
-  end
-  local locked = redis.call('PTTL', lock)
-  if locked == -1 then
-    return {-1, i, 'a lockout without a lifetime'}
-  end
-  local c = {key = key, lock = lock, limit = limit, window = window, count = count,
-    exists = kind ~= 'none', locked = locked}
-  c.fits = locked == -2 and count + step <= limit
-  admitted = admitted and c.fits
-  counters[i] = c
+local now = math.floor((tonumber(time[1]) * 1000000 + tonumber(time[2])) / 1000)
+local out = {}
+local function put(v)
+  out[#out + 1] = v
 end
-local out = {admitted and 1 or 0}
-for i = 1, n do
-  local c = counters[i]
-  local count, left, deadline = c.count, 0, -1
-  local expiry = -2
-  if c.exists then
-    expiry = redis.call('PEXPIRETIME', c.key)
-    if expiry == -1 then
-      -- No lifetime (left so by older code): its window starts now.
-      expiry = now + c.window
-      redis.call('PEXPIREAT', c.key, string.format('%d', expiry))
-    end
+
+-- One request: `k` KEYS and `a` ARGV read before it, `n` counters.
+local function spend(k, a, n)
+  local cost_sent = ARGV[a + 2]
+  local cost = whole(cost_sent, u64)
+  local open = ARGV[a + 3] == '1'
+  local block = whole(ARGV[a + 4], big)
+  if not cost or not block then
+    put(-2)
+    put('ERR tower-pinned-window: invalid spend')
+    return
   end
-  if admitted then
-    if cost > 0 or c.exists or ARGV[2] == '1' then
-      if cost > 0 then
-        count = redis.call('INCRBY', c.key, ARGV[1])
-      elseif not c.exists then
-        redis.call('SET', c.key, '0')
+  local step = math.max(cost, 1)
+  local counters = {}
+  for i = 1, n do
+    local limit = whole(ARGV[a + 3 + 2 * i], u64)
+    local window = whole(ARGV[a + 4 + 2 * i], big)
+    if not limit or not window or window < 1 then
+      put(-2)
+      put('ERR tower-pinned-window: invalid limit or window')
+      return
+    end
+    counters[i] = {key = KEYS[k + 2 * i - 1], lock = KEYS[k + 2 * i], limit = limit,
+      window = window}
+  end
+  local admitted = true
+  for i = 1, n do
+    local c = counters[i]
+    local kind = redis.call('TYPE', c.key).ok
+    local count = 0
+    if kind == 'string' then
+      local value = redis.call('GET', c.key)
+      if not string.find(value, '^%d+$') or (#value > 1 and string.sub(value, 1, 1) == '0')
+          or #value > 19 then
+        put(-1)
+        put(i)
+        put('value ' .. string.sub(value, 1, 64))
+        return
       end
-      if not c.exists then
+      count = tonumber(value)
+    elseif kind ~= 'none' then
+      put(-1)
+      put(i)
+      put('a key of type ' .. kind)
+      return
+    end
+    local locked = redis.call('PTTL', c.lock)
+    if locked == -1 then
+      put(-1)
+      put(i)
+      put('a lockout without a lifetime')
+      return
+    end
+    c.count, c.exists, c.locked = count, kind ~= 'none', locked
+    c.fits = locked == -2 and count + step <= c.limit
+    admitted = admitted and c.fits
+  end
+  put(admitted and 1 or 0)
+  for i = 1, n do
+    local c = counters[i]
+    local count, left, deadline, full = c.count, 0, -1, 0
+    local expiry = -2
+    if c.exists then
+      expiry = redis.call('PEXPIRETIME', c.key)
+      if expiry == -1 then
+        -- No lifetime (left so by older code): its window starts now.
         expiry = now + c.window
         redis.call('PEXPIREAT', c.key, string.format('%d', expiry))
       end
-      deadline = expiry
-      left = math.max(expiry - now, 0)
     end
-  else
-    if c.fits then
+    if admitted then
+      if cost > 0 or c.exists or open then
+        if cost > 0 then
+          count = redis.call('INCRBY', c.key, cost_sent)
+        elseif not c.exists then
+          redis.call('SET', c.key, '0')
+        end
+        if not c.exists then
+          expiry = now + c.window
+          redis.call('PEXPIREAT', c.key, string.format('%d', expiry))
+        end
+        deadline = expiry
+        left = math.max(expiry - now, 0)
+      end
+    elseif c.fits then
       if expiry > 0 then
         left = math.max(expiry - now, 0)
       end
@@ -95,15 +130,33 @@ for i = 1, n do
       end
       if c.locked >= 0 then
         left = c.locked
+        full = 1
       elseif expiry > 0 then
         left = math.max(expiry - now, 0)
+        if c.count >= c.limit then
+          full = 1
+        end
       else
         left = c.window
       end
     end
+    put(count)
+    put(left)
+    put(deadline)
+    put(full)
   end
-  out[3 * i - 1] = count
-  out[3 * i] = left
-  out[3 * i + 1] = deadline
+end
+
+local k, a = 0, 0
+while a < #ARGV do
+  local n = whole(ARGV[a + 1], 4096)
+  if not n or n < 1 or k + 2 * n > #KEYS or a + 4 + 2 * n > #ARGV then
+    return redis.error_reply('ERR tower-pinned-window: invalid spend batch')
+  end
+  spend(k, a, n)
+  k, a = k + 2 * n, a + 4 + 2 * n
+end
+if k ~= #KEYS then
+  return redis.error_reply('ERR tower-pinned-window: invalid spend batch')
 end
 return out

@@ -1,0 +1,481 @@
+//! Spends and amends through the Redis backend's lanes, against a real
+//! redis-server that the harness starts: many requests share a script call,
+//! and each stays exact, all or nothing, and isolated from a corrupt
+//! neighbour; the deny cache answers a counter no spend can fit; a
+//! connection killed mid-batch never counts a request twice.
+
+mod support;
+#[path = "support/trial.rs"]
+mod trial;
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+use support::redis::RedisServer;
+use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window::backend::{Amend, BackendError, Counter, Hit, Spend, Spending};
+use tower_pinned_window::key::Key;
+use tower_pinned_window::{Quota, Window};
+use trial::Needs;
+
+fn counter(namespace: &str, limit: u64, secs: u64) -> Counter<'_> {
+    Counter {
+        namespace,
+        quota: Quota::new(limit, Duration::from_secs(secs)).unwrap(),
+    }
+}
+
+async fn manager(server: &RedisServer) -> ConnectionManager {
+    server.client().get_connection_manager().await.unwrap()
+}
+
+/// The script calls the server has run (`EVALSHA` and `EVAL`).
+fn script_calls(server: &RedisServer) -> u64 {
+    let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
+    stats
+        .lines()
+        .filter_map(|line| {
+            line.strip_prefix("cmdstat_evalsha:calls=")
+                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
+        })
+        .filter_map(|rest| rest.split(',').next())
+        .map(|n| n.parse::<u64>().unwrap())
+        .sum()
+}
+
+fn get(con: &mut redis::Connection, key: &str) -> Option<String> {
+    redis::cmd("GET").arg(key).query(con).unwrap()
+}
+
+/// Spends on their own tasks, so that many are in flight together: one per
+/// (key, cost) of `spends`, each on counter `x` of limit `limit`. Gives
+/// back each one's key, cost and answer, in order.
+async fn spend_together(
+    store: &RedisBackend<ConnectionManager>,
+    limit: u64,
+    spends: Vec<(String, u64)>,
+) -> Vec<(String, u64, Result<Hit, BackendError>)> {
+    let tasks: Vec<_> = spends
+        .into_iter()
+        .map(|(key, cost)| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let hits = store
+                    .spend_all(
+                        &Key::new(key.clone()),
+                        &[counter("x", limit, 60)],
+                        Spend::cost(cost),
+                    )
+                    .await;
+                (key, cost, hits.map(|hits| hits[0]))
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
+}
+
+/// Spends queued while the server is frozen go in a few calls, not one
+/// each; every key's admitted costs add up to its stored count and stay
+/// within its limit; amends queued the same way share calls too.
+async fn spends_in_flight_together_share_calls_and_stay_exact() {
+    let server = redis_or_skip!(RedisServer::start(
+        "spends_in_flight_together_share_calls_and_stay_exact"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    // Both scripts loaded first (a first call is answered NOSCRIPT and
+    // sent again with EVAL).
+    let warm = spend_together(&store, 100, vec![("warm".into(), 1)]).await;
+    let hit = warm[0].2.as_ref().unwrap();
+    assert!(
+        store
+            .amend("x", &Key::new("warm"), hit, Amend::Refund(1))
+            .await
+            .unwrap()
+    );
+
+    let before = script_calls(&server);
+    server.signal("STOP");
+    let spends: Vec<(String, u64)> = (0..1_000u64)
+        .map(|i| {
+            let key = if i % 2 == 0 {
+                "hot".to_string()
+            } else {
+                format!("k{}", i % 20)
+            };
+            (key, 1 + i % 3)
+        })
+        .collect();
+    let (_, answers) = tokio::join!(
+        async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            server.signal("CONT");
+        },
+        spend_together(&store, 120, spends)
+    );
+    // The two calls held by the frozen server, then the queue in at most
+    // two more (at most 512 requests a call).
+    let calls = script_calls(&server) - before;
+    assert!(
+        (2..=4).contains(&calls),
+        "{calls} script calls for 1,000 spends"
+    );
+
+    let mut con = server.sync();
+    let mut admitted: std::collections::BTreeMap<String, u64> = Default::default();
+    let mut denied = 0;
+    for (key, cost, hit) in &answers {
+        let hit = hit.as_ref().unwrap();
+        if hit.deadline.is_some() {
+            *admitted.entry(key.clone()).or_default() += cost;
+        } else {
+            assert!(
+                hit.count > 120,
+                "{key}: a denial reports a count past the limit"
+            );
+            denied += 1;
+        }
+    }
+    assert!(
+        denied > 0,
+        "the hot key (about 1,000 spent on 120) was denied"
+    );
+    for (key, spent) in &admitted {
+        let stored: u64 = get(&mut con, &format!("tpw:x{{{key}}}"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!(*spent <= 120, "{key}: admitted {spent} > 120");
+        assert_eq!(*spent, stored, "{key}: admitted {spent}, stored {stored}");
+    }
+    assert!(
+        admitted["hot"] >= 118,
+        "the hot key filled up: {}",
+        admitted["hot"]
+    );
+
+    // Refunds of every admitted spend, queued while frozen: a few calls.
+    let before = script_calls(&server);
+    server.signal("STOP");
+    let refunds: Vec<_> = answers
+        .iter()
+        .filter_map(|(key, cost, hit)| {
+            let hit = *hit.as_ref().unwrap();
+            hit.deadline.is_some().then(|| {
+                let (store, key, cost) = (store.clone(), Key::new(key.clone()), *cost);
+                tokio::spawn(async move { store.amend("x", &key, &hit, Amend::Refund(cost)).await })
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    server.signal("CONT");
+    for refund in refunds {
+        assert!(
+            refund.await.unwrap().unwrap(),
+            "each refund took its cost back"
+        );
+    }
+    let calls = script_calls(&server) - before;
+    assert!(
+        (2..=4).contains(&calls),
+        "{calls} script calls for the refunds"
+    );
+    for key in admitted.keys() {
+        assert_eq!(
+            get(&mut con, &format!("tpw:x{{{key}}}")).as_deref(),
+            Some("0"),
+            "{key}"
+        );
+    }
+}
+
+/// A corrupt counter in a call answers only the requests on it, and is
+/// left as it is; the other requests of the same call are decided and
+/// counted. The same for amends.
+async fn a_corrupt_counter_fails_only_its_own_requests_in_a_batch() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_corrupt_counter_fails_only_its_own_requests_in_a_batch"
+    ));
+    let mut con = server.sync();
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let _: () = redis::cmd("SET")
+        .arg("tpw:x{bad}")
+        .arg("abc")
+        .query(&mut con)
+        .unwrap();
+    let warm = spend_together(&store, 100, vec![("warm".into(), 1)]).await;
+    assert!(warm[0].2.is_ok());
+
+    server.signal("STOP");
+    let spends: Vec<(String, u64)> = (0..300)
+        .map(|i| {
+            (
+                if i % 3 == 0 {
+                    "bad".into()
+                } else {
+                    format!("good{}", i % 5)
+                },
+                1,
+            )
+        })
+        .collect();
+    let (_, answers) = tokio::join!(
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            server.signal("CONT");
+        },
+        spend_together(&store, 1_000, spends)
+    );
+    let mut good: std::collections::BTreeMap<String, u64> = Default::default();
+    for (key, _, hit) in &answers {
+        match (key.as_str(), hit) {
+            ("bad", Err(BackendError::Corrupt { key, detail })) => {
+                assert_eq!(key, "tpw:x{bad}");
+                assert!(detail.contains("abc"), "{detail}");
+            }
+            ("bad", other) => panic!("the corrupt counter answered {other:?}"),
+            (_, Ok(hit)) => {
+                assert!(hit.deadline.is_some());
+                *good.entry(key.clone()).or_default() += 1;
+            }
+            (key, Err(err)) => panic!("{key}, beside a corrupt counter: {err}"),
+        }
+    }
+    assert_eq!(
+        get(&mut con, "tpw:x{bad}").as_deref(),
+        Some("abc"),
+        "left as it was"
+    );
+    assert_eq!(good.len(), 5);
+    for (key, n) in &good {
+        assert_eq!(
+            get(&mut con, &format!("tpw:x{{{key}}}")),
+            Some(n.to_string()),
+            "{key}"
+        );
+    }
+
+    // Amends: a counter made corrupt after its hit (its lifetime kept) in
+    // a call with healthy refunds.
+    let mut hits = Vec::new();
+    for key in ["a", "b", "c"] {
+        let answer = spend_together(&store, 100, vec![(key.into(), 5)]).await;
+        hits.push((key, answer[0].2.as_ref().copied().unwrap()));
+    }
+    let _: () = redis::cmd("SET")
+        .arg("tpw:x{b}")
+        .arg("oops")
+        .arg("KEEPTTL")
+        .query(&mut con)
+        .unwrap();
+    server.signal("STOP");
+    let refunds: Vec<_> = hits
+        .iter()
+        .map(|&(key, hit)| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                (
+                    key,
+                    store
+                        .amend("x", &Key::new(key), &hit, Amend::Refund(2))
+                        .await,
+                )
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    server.signal("CONT");
+    for refund in refunds {
+        match refund.await.unwrap() {
+            ("b", Err(BackendError::Corrupt { detail, .. })) => assert!(detail.contains("oops")),
+            ("b", other) => panic!("the corrupt counter's refund answered {other:?}"),
+            (key, answer) => assert!(answer.unwrap(), "{key} refunded"),
+        }
+    }
+    assert_eq!(get(&mut con, "tpw:x{a}").as_deref(), Some("3"));
+    assert_eq!(get(&mut con, "tpw:x{b}").as_deref(), Some("oops"));
+    assert_eq!(get(&mut con, "tpw:x{c}").as_deref(), Some("3"));
+}
+
+/// A counter no spend can fit (at its limit, or locked out) is answered by
+/// this instance until the deadline Redis gave, with no call; a spend
+/// denied only for its size is not remembered; an amend makes the instance
+/// ask Redis again.
+async fn the_deny_cache_answers_spends_on_a_full_counter() {
+    let server = redis_or_skip!(RedisServer::start(
+        "the_deny_cache_answers_spends_on_a_full_counter"
+    ));
+    let store = RedisBackend::new(manager(&server).await);
+    let key = Key::new("ip");
+    let three = [counter("c", 3, 60)];
+    let first = store.spend_all(&key, &three, Spend::cost(1)).await.unwrap();
+    // Cost 5 does not fit 1 of 3, but a cost of 1 still does: not cached.
+    let big = store.spend_all(&key, &three, Spend::cost(5)).await.unwrap();
+    assert_eq!(big[0].deadline, None);
+    let before = script_calls(&server);
+    let fits = store.spend_all(&key, &three, Spend::cost(1)).await.unwrap();
+    assert!(fits[0].deadline.is_some(), "a spend that fits is admitted");
+    assert_eq!(script_calls(&server) - before, 1, "asked Redis");
+    // 2 of 3, then 3 of 3; then a check (cost 0) is denied: full.
+    store.spend_all(&key, &three, Spend::cost(1)).await.unwrap();
+    let full = store.spend_all(&key, &three, Spend::cost(0)).await.unwrap();
+    assert_eq!(full[0].deadline, None);
+    let before = script_calls(&server);
+    for cost in [0, 1, 2] {
+        let cached = store
+            .spend_all(&key, &three, Spend::cost(cost))
+            .await
+            .unwrap();
+        assert_eq!(cached[0].deadline, None);
+        assert!(cached[0].count > 3);
+        assert!(
+            cached[0].reset > Duration::from_secs(55) && cached[0].reset <= Duration::from_secs(60)
+        );
+    }
+    assert_eq!(
+        script_calls(&server) - before,
+        0,
+        "answered by the deny cache"
+    );
+    // A refund of the first spend: the instance asks again, and it fits.
+    assert!(
+        store
+            .amend("c", &key, &first[0], Amend::Refund(1))
+            .await
+            .unwrap()
+    );
+    let before = script_calls(&server);
+    let again = store.spend_all(&key, &three, Spend::cost(1)).await.unwrap();
+    assert!(again[0].deadline.is_some());
+    assert_eq!(script_calls(&server) - before, 1);
+
+    // A lockout: remembered until the lockout's end, which no later
+    // attempt moves.
+    let login = Key::new("user");
+    let one = [counter("login", 1, 600)];
+    let lock = Spend::cost(1).block(Window::new(Duration::from_secs(5)).unwrap());
+    store.spend_all(&login, &one, lock).await.unwrap();
+    let locked = store.spend_all(&login, &one, lock).await.unwrap();
+    assert!(locked[0].reset <= Duration::from_secs(5) && locked[0].reset > Duration::from_secs(4));
+    let before = script_calls(&server);
+    let cached = store.spend_all(&login, &one, lock).await.unwrap();
+    assert!(
+        cached[0].reset <= locked[0].reset,
+        "the lockout's end, not moved"
+    );
+    assert_eq!(script_calls(&server) - before, 0);
+    let mut con = server.sync();
+    let left: i64 = redis::cmd("PTTL")
+        .arg("tpw:login{user}:lock")
+        .query(&mut con)
+        .unwrap();
+    assert!(
+        (4_000..=5_000).contains(&left),
+        "the lockout lives in Redis: {left} ms"
+    );
+}
+
+/// Costs whose sum tells which requests were counted: request `i` of a key
+/// costs 4^i, so the stored count, in base 4, has a digit of 1 for each
+/// request counted once, 0 for one not counted, and a 2 or 3 (or carries)
+/// for one counted twice.
+fn cost(i: u32) -> u64 {
+    4u64.pow(i)
+}
+
+/// Connections killed while calls are in flight, on purpose at their worst
+/// moments: while the server is paused (calls sent and never run) and at
+/// random during traffic (calls that ran and whose answer is lost). A
+/// request is counted once or not at all, never twice, and every admitted
+/// one is counted.
+async fn a_connection_killed_mid_batch_never_counts_a_spend_twice() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_connection_killed_mid_batch_never_counts_a_spend_twice"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .no_breaker()
+        .build();
+    let warm = spend_together(&store, 1, vec![("warm".into(), 1)]).await;
+    assert!(warm[0].2.is_ok());
+    let limit = u64::MAX / 2;
+    let (keys, per_key) = (8, 25);
+    let mut failed = 0;
+    for round in 0..6 {
+        let spends: Vec<(String, u64)> = (0..per_key)
+            .flat_map(|i| (0..keys).map(move |k| (format!("r{round}k{k}"), cost(i))))
+            .collect();
+        let killer = async {
+            if round % 2 == 0 {
+                // Paused: the calls wait unrun; the kill drops them.
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                server.cmd(&["CLIENT", "PAUSE", "200", "WRITE"]).unwrap();
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            } else {
+                tokio::time::sleep(Duration::from_millis(round as u64)).await;
+            }
+            server.cmd(&["CLIENT", "KILL", "TYPE", "normal"]).unwrap();
+        };
+        let (_, answers) = tokio::join!(killer, spend_together(&store, limit, spends));
+        server.cmd(&["CLIENT", "UNPAUSE"]).unwrap();
+        let mut con = server.sync();
+        for k in 0..keys {
+            let key = format!("r{round}k{k}");
+            let stored: u64 =
+                get(&mut con, &format!("tpw:x{{{key}}}")).map_or(0, |v| v.parse().unwrap());
+            for (i, (_, cost, hit)) in answers.iter().filter(|(at, _, _)| *at == key).enumerate() {
+                let digit = (stored / cost) % 4;
+                assert!(
+                    digit <= 1,
+                    "{key}: request {i} counted {digit} times (stored {stored:#x})"
+                );
+                match hit {
+                    Ok(hit) => {
+                        assert!(hit.deadline.is_some(), "{key}: admitted");
+                        assert_eq!(digit, 1, "{key}: admitted request {i} not counted");
+                    }
+                    Err(_) => failed += 1,
+                }
+            }
+            assert!(
+                stored < cost(per_key),
+                "{key}: stored {stored:#x} past every request's cost"
+            );
+        }
+    }
+    // The kills landed on calls in flight: some requests saw them.
+    assert!(failed > 0, "no request was cut by a kill");
+}
+
+fn main() {
+    let trials = vec![
+        trial::multi(
+            "spends_in_flight_together_share_calls_and_stay_exact",
+            Needs::Redis,
+            spends_in_flight_together_share_calls_and_stay_exact,
+        ),
+        trial::multi(
+            "a_corrupt_counter_fails_only_its_own_requests_in_a_batch",
+            Needs::Redis,
+            a_corrupt_counter_fails_only_its_own_requests_in_a_batch,
+        ),
+        trial::current(
+            "the_deny_cache_answers_spends_on_a_full_counter",
+            Needs::Redis,
+            the_deny_cache_answers_spends_on_a_full_counter,
+        ),
+        trial::multi(
+            "a_connection_killed_mid_batch_never_counts_a_spend_twice",
+            Needs::Redis,
+            a_connection_killed_mid_batch_never_counts_a_spend_twice,
+        ),
+    ];
+    trial::run(trials, ());
+}
