@@ -6,12 +6,19 @@
 # rounds, the ratio of each round and the median. Two cases:
 #   keys  10,000 keys (bench/wrk_keys.lua) at KEYS_CONNECTIONS (64)
 #   hot   one hot key (bench/wrk_hot.lua) at HOT_CONNECTIONS (16)
-# SINGLE=1 adds the server with one EVALSHA per hit (`.coalesce(false)`).
+# ROUTES names the layers measured beside bare (default: redis): redis, the
+# plain hit; redis-cost, a spend of 1 a request; redis-charged, a check then
+# a charge of 1 after the answer (a token budget); redis-single, one EVALSHA
+# per hit (`.coalesce(false)`; SINGLE=1 adds it, as before). Each route's
+# script calls per request (EVALSHA and EVAL, from INFO commandstats, over
+# wrk's requests) are printed beside its rate, and each route's ratio to
+# the plain redis route of the same round when both are measured.
 # It starts its own redis-server on a free port of 127.0.0.1; the app is
 # pinned to core 0 and wrk to core 1 (as in bench/wrk.sh), Redis is not.
 #
 #   bash bench/wrk_redis.sh            # 5 rounds of 10 s each way, both cases
 #   ROUNDS=5 DURATION=5s CASES=hot bash bench/wrk_redis.sh
+#   ROUTES="redis redis-cost redis-charged" CASES=keys bash bench/wrk_redis.sh
 #
 # Needs wrk (Debian: apt-get install wrk) and redis-server.
 set -euo pipefail
@@ -27,6 +34,8 @@ KEYS_CONNECTIONS=${KEYS_CONNECTIONS:-64}
 HOT_CONNECTIONS=${HOT_CONNECTIONS:-16}
 CASES=${CASES:-keys hot}
 SINGLE=${SINGLE:-0}
+ROUTES=${ROUTES:-redis}
+if [ "$SINGLE" = 1 ]; then ROUTES="$ROUTES redis-single"; fi
 PORT=${PORT:-3918}
 
 dir=$(mktemp -d)
@@ -38,18 +47,26 @@ for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; slee
 cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
 server="${CARGO_TARGET_DIR:-target}"/release/wrk_server
 
-run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s and errors (non-2xx + socket errors)
+calls() { # script calls the server has run so far
+  redis-cli -p "$rport" info commandstats | tr -d '\r' |
+    awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'
+}
+
+run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s, script calls per request, and errors (non-2xx + socket errors)
   redis-cli -p "$rport" flushall >/dev/null
   LIMIT=$1 PORT=$PORT REDIS_URL="redis://127.0.0.1:$rport/" taskset -c 0 "$server" >/dev/null &
   local pid=$!
   for _ in $(seq 50); do curl -fs -H 'x-client: warm' "http://127.0.0.1:$PORT/" >/dev/null && break; sleep 0.1; done
-  local out
+  local out before after
+  before=$(calls)
   out=$(taskset -c 1 wrk -t"$THREADS" -c"$2" -d"$DURATION" -s "$3" "http://127.0.0.1:$PORT/")
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  local rps bad
+  after=$(calls)
+  local rps requests bad
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
+  requests=$(echo "$out" | awk '/requests in/ {print $1}')
   bad=$(echo "$out" | awk '/Non-2xx/ {n = $NF} /Socket errors/ {s = $0; sub(/.*Socket errors: */, "", s); gsub(/ /, "", s)} END {printf "%d%s", n, (s == "" ? "" : "+socket:" s)}')
-  echo "$rps $bad"
+  echo "$rps $(echo "($after - $before) / $requests" | bc -l) $bad"
 }
 
 median() { sort -g | awk '{a[NR] = $1} END {if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
@@ -62,19 +79,34 @@ for case in $CASES; do
     *) echo "unknown case $case (keys, hot)" >&2; exit 1 ;;
   esac
   echo "case $case: $conns connections, $script"
-  echo "round  bare_rps  redis_rps  ratio  single_rps  ratio  (non-2xx[+socket errors]: redis, single)"
-  ratios=(); single_ratios=()
+  echo "round  route          rps  ratio_to_bare  ratio_to_redis  calls/request  non-2xx[+socket errors]"
+  declare -A ratios=() plain=() percall=()
   for round in $(seq "$ROUNDS"); do
-    read -r off _ < <(run static-headers "$conns" "$script")
-    read -r on bad_on < <(run redis "$conns" "$script")
-    single=0; bad_single=-
-    if [ "$SINGLE" = 1 ]; then read -r single bad_single < <(run redis-single "$conns" "$script"); fi
-    ratio=$(echo "$on / $off" | bc -l); single_ratio=$(echo "$single / $off" | bc -l)
-    ratios+=("$ratio"); single_ratios+=("$single_ratio")
-    printf '%5d  %8.0f  %9.0f  %5.3f  %10.0f  %5.3f  (%s, %s)\n' "$round" "$off" "$on" "$ratio" "$single" "$single_ratio" "$bad_on" "$bad_single"
+    read -r off _ _ < <(run static-headers "$conns" "$script")
+    printf '%5d  %-13s %8.0f\n' "$round" bare "$off"
+    declare -A rps=()
+    for route in $ROUTES; do
+      read -r on per bad < <(run "$route" "$conns" "$script")
+      rps[$route]=$on
+      ratio=$(echo "$on / $off" | bc -l)
+      to_redis=-
+      if [ -n "${rps[redis]:-}" ]; then
+        to_redis=$(printf '%.3f' "$(echo "$on / ${rps[redis]}" | bc -l)")
+        plain[$route]+="$to_redis "
+      fi
+      ratios[$route]+="$ratio "
+      percall[$route]+="$per "
+      printf '%5d  %-13s %8.0f  %13.3f  %14s  %13.3f  %s\n' "$round" "$route" "$on" "$ratio" "$to_redis" "$per" "$bad"
+    done
+    unset rps
   done
-  printf 'median ratio (%s): %.3f' "$case" "$(printf '%s\n' "${ratios[@]}" | median)"
-  if [ "$SINGLE" = 1 ]; then printf ', single: %.3f' "$(printf '%s\n' "${single_ratios[@]}" | median)"; fi
-  echo
+  for route in $ROUTES; do
+    printf 'median (%s, %s): ratio to bare %.3f' "$case" "$route" "$(printf '%s\n' ${ratios[$route]} | median)"
+    if [ -n "${plain[$route]:-}" ] && [ "$route" != redis ]; then
+      printf ', ratio to redis %.3f' "$(printf '%s\n' ${plain[$route]} | median)"
+    fi
+    printf ', script calls per request %.3f\n' "$(printf '%s\n' ${percall[$route]} | median)"
+  done
+  unset ratios plain percall
 done
 echo "load after: $(uptime)"

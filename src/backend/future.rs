@@ -24,8 +24,8 @@ use crate::key::Key;
 /// - **answered**: the result is already known (the local deny cache
 ///   answered a hit, or a refund has nothing to take back), and the first
 ///   poll gives it, with no round trip;
-/// - **queued** (Redis, coalesced hits): the hits wait in their lane for
-///   the call that carries them; nothing is allocated for the future;
+/// - **queued** (Redis, coalesced requests): the request waits in its lane for
+///   the call that carries it; nothing is allocated for the future;
 /// - **calling**: the request's own call, one round trip away (boxed: a
 ///   database client's query future is large).
 ///

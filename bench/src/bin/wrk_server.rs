@@ -3,7 +3,10 @@
 //! headers) or without it (`LIMIT=off`). `LIMIT=redis` counts in the Redis
 //! at `REDIS_URL` (coalesced hits, the default) and `LIMIT=redis-single` with
 //! one EVALSHA per hit (`.coalesce(false)`), both keyed by the `x-client`
-//! header (`bench/wrk_keys.lua` spreads it over 10,000 values). `LIMIT=static-headers`
+//! header (`bench/wrk_keys.lua` spreads it over 10,000 values);
+//! `LIMIT=redis-cost` spends a cost of 1 a request, and `LIMIT=redis-charged`
+//! checks the budget (a spend of 0 that opens the window) and charges 1 once
+//! the answer is sent, as a token budget does. `LIMIT=static-headers`
 //! has no layer but writes the layer's two headers as constants. The quota is
 //! large enough that every request is admitted, so a load test measures what
 //! counting costs, not how fast 429s are written.
@@ -32,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             app = app.route_layer(layer);
         }
-        "redis" | "redis-single" => {
+        "redis" | "redis-single" | "redis-cost" | "redis-charged" => {
             let url = std::env::var("REDIS_URL")?;
             let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
             // NODELAY=1: TCP_NODELAY on the connection to Redis (off by
@@ -44,15 +47,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let connection = redis::Client::open(info)?.get_connection_manager().await?;
             let backend = RedisBackend::builder(connection)
-                .coalesce(limit == "redis")
+                .coalesce(limit != "redis-single")
                 .build();
-            let quota = Quota::new(u64::MAX, Duration::from_secs(60))?;
+            let quota = Quota::new(u64::MAX / 2, Duration::from_secs(60))?;
             let layer = RateLimitLayer::new("wrk", quota)
                 .key(HeaderKey::new(axum::http::HeaderName::from_static(
                     "x-client",
                 )))
                 .backend(backend);
-            app = app.route_layer(layer);
+            app = match limit.as_str() {
+                "redis-cost" => app.route_layer(layer.cost(1)),
+                "redis-charged" => app.route_layer(layer.charge(|_| 1)),
+                _ => app.route_layer(layer),
+            };
         }
         "off" => {}
         // A layer that does nothing: what wrapping the route costs by itself.
@@ -81,7 +88,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => {
             return Err(format!(
-                "LIMIT must be on, noheaders, redis, redis-single, off, identity or static-headers, not {other:?}"
+                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, off, identity or static-headers, not {other:?}"
             )
             .into());
         }

@@ -1,33 +1,29 @@
-//! Coalesced hits: the hits issued while earlier ones are in flight go to
-//! Redis together, in one call of the batch script (`hit_batch.lua`).
+//! Coalesced requests: the requests issued while earlier ones are in
+//! flight go to Redis together, many in one script call. What a request
+//! carries is its [`Work`]: its hits (`hits.rs`, the batch script
+//! `hit_batch.lua`), its spend or its amend (`spends.rs`). Each kind has
+//! lanes of its own; one call carries one kind.
 //!
-//! Hits wait in a *lane*: one lane for a standalone server (any keys can go
-//! in one script call), one lane per hash slot on a Cluster (a script call
-//! may only name keys of one slot). A hit that finds its lane idle is sent
-//! at once, from its own task (with the one-hit script when it has one
-//! counter): a hit never waits for a timer to fill a batch. While a lane's
-//! call is in flight, new hits queue; when the answer is back, a driver task
-//! sends all of them in the next call, and goes on until the queue is empty.
-//! A lane has one call in flight, or two once as many requests queue behind
-//! the first as it carries (at most [`SECOND_CALL_AT`]): under load, Redis
-//! then works on one call while the answers of the other go out and their
-//! requests send their next hits, so neither side waits a whole round trip
-//! for the other.
+//! Requests wait in a *lane*: one lane for a standalone server (any keys can
+//! go in one script call), one lane per hash slot on a Cluster (a script call
+//! may only name keys of one slot). A request that finds its lane idle is
+//! sent at once, from its own task: a request never waits for a timer to
+//! fill a batch. While a lane's call is in flight, new requests queue; when
+//! the answer is back, a driver task sends all of them in the next call, and
+//! goes on until the queue is empty. A lane has one call in flight, or two
+//! once as many requests queue behind the first as it carries (at most
+//! [`SECOND_CALL_AT`]): under load, Redis then works on one call while the
+//! answers of the other go out and their requests send their next ones, so
+//! neither side waits a whole round trip for the other.
 //!
-//! Exactness: n hits on one counter are one `INCRBY n` in the script, with the
-//! lifetime attached in the same atomic step when the counter has none; they
-//! take the counts `c-n+1 ..= c`, exactly what n `INCR`s would have given,
-//! and each hit gets its own count, the counter's time left and its deadline
-//! (`PEXPIRETIME`). Hits on one key with different windows are separate
-//! entries, applied in order, as if sent one after the other. A corrupt
-//! counter answers its own entry; the other entries of the call are counted.
-//!
-//! A dropped hit never leaves a half-done call behind: the script either ran
-//! whole or not at all. A call sent by a driver goes on for the hits still
-//! waiting; a dropped waiter only loses its answer. A hit whose waiter is
-//! gone before its call is sent is not sent, and a call whose waiters are
-//! all gone is dropped (a call sent from a hit's own task goes with it, like
-//! a lone hit's); the hits queued behind it get a driver.
+//! A dropped request never leaves a half-done call behind: the script either
+//! ran whole or not at all. A call sent by a driver goes on for the requests
+//! still waiting; a dropped waiter only loses its answer. A request whose
+//! waiter is gone before its call is sent is not sent, and a call whose
+//! waiters are all gone is dropped (a call sent from a request's own task
+//! goes with it, like a lone request's); the requests queued behind it get a
+//! driver. A call that failed is never sent again by the lanes: each of its
+//! requests was done once (the script ran) or not at all.
 
 use std::borrow::Borrow;
 use std::future::Future;
@@ -46,8 +42,8 @@ use super::connection::slot::key_slot;
 use super::slots::{ARENA_SLOTS, Arena, Reply, Ticket};
 use crate::backend::BackendError;
 
-/// At most this many requests' hits go in one script call; the rest wait for
-/// the next (bounds how long one call keeps Redis busy).
+/// At most this many requests go in one script call; the rest wait for the
+/// next (bounds how long one call keeps Redis busy).
 const MAX_PER_CALL: usize = 512;
 
 /// A lane sends a second call while one is in flight (never a third) once

@@ -199,15 +199,31 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// # Spends
 ///
 /// [`spend_all`](Spending::spend_all) (costs, a window opened for a charge,
-/// lockouts) and [`amend`](Spending::amend) are each one script call, all or
-/// nothing over the key's counters. They go straight to Redis: they are not
-/// coalesced with other hits, and the local deny cache neither answers a
-/// spend nor remembers its denials (a lockout lives in Redis, for every
-/// instance). A refund or charge after a [`reset`](Backend::reset) never
-/// reaches the window opened after it; when that new window opened in the
-/// same millisecond as the deleted one had (so it closes in the same
-/// millisecond), its own hits are not refunded or charged either: Redis
-/// cannot tell them from the deleted window's, and the hit stays counted.
+/// lockouts) and [`amend`](Spending::amend) (refunds, charges, clears) are
+/// coalesced as hits are, each kind in lanes of its own: the spends issued
+/// while a call is in flight go together in the next call of the spend
+/// script, the amends in the next call of the amend script. The script
+/// applies a call's requests in order, each all or nothing over its own
+/// counters and seeing them as the requests before it left them, exactly as
+/// if each had been its own call: the admitted costs of a key never pass
+/// its limit, and add up to its stored count. A corrupt counter answers
+/// only the requests on it. A call cut by a dropped connection or a
+/// failover is never sent again by the backend, so each of its requests
+/// was counted once or not at all, and follows the failure policy.
+///
+/// The local deny cache answers a spend too, once Redis has denied one of
+/// its counters that no spend can fit until a deadline: at its limit (so a
+/// check of cost 0 is refused as well) until its window closes, or locked
+/// out until the lockout's end. A denial only because the cost is larger
+/// than what is left is not remembered. No request is answered locally that
+/// Redis would have admitted, except after a refund or a reset on another
+/// instance (see below). A lockout lives in Redis, for every instance, set
+/// by the denial that first reached it. A refund or charge after a
+/// [`reset`](Backend::reset) never reaches the window opened after it; when
+/// that new window opened in the same millisecond as the deleted one had
+/// (so it closes in the same millisecond), its own hits are not refunded or
+/// charged either: Redis cannot tell them from the deleted window's, and
+/// the hit stays counted.
 ///
 /// # Requirements
 ///
@@ -500,11 +516,12 @@ impl<C> RedisBackendBuilder<C> {
         self
     }
 
-    /// Whether hits issued while others are in flight go to Redis together
-    /// (default `true`): one script call for every hit queued behind the call
-    /// in flight, with each hit's count, time left and deadline exactly as
-    /// if sent alone (see [coalesced hits](RedisBackend#coalesced-hits)).
-    /// `false` sends one `EVALSHA` of the hit script per counter hit.
+    /// Whether requests issued while others are in flight go to Redis
+    /// together (default `true`): one script call for every hit (or spend,
+    /// or amend) queued behind the call in flight, each answered exactly as
+    /// if sent alone (see [coalesced hits](RedisBackend#coalesced-hits) and
+    /// [spends](RedisBackend#spends)). `false` sends one `EVALSHA` of the
+    /// hit script per counter hit, and one call per spend or amend.
     // Hidden: it exists only so the benchmarks (`bench/redis.sh`,
     // `bench/wrk_redis.sh`) and the tests can compare the two paths in one
     // run; coalescing is never worse for a user, so it is no setting of
