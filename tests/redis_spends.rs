@@ -240,7 +240,11 @@ async fn a_corrupt_counter_fails_only_its_own_requests_in_a_batch() {
                 assert_eq!(key, "tpw:x{bad}");
                 assert!(detail.contains("abc"), "{detail}");
             }
-            ("bad", other) => panic!("the corrupt counter answered {other:?}"),
+            ("hash", Err(BackendError::Corrupt { key, detail })) => {
+                assert_eq!(key, "tpw:x{hash}");
+                assert_eq!(detail, "a key of type hash");
+            }
+            ("bad" | "hash", other) => panic!("the corrupt counter answered {other:?}"),
             (_, Ok(hit)) => {
                 assert!(hit.deadline.is_some());
                 *good.entry(key.clone()).or_default() += 1;

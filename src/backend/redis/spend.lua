@@ -62,10 +62,16 @@ local function spend(k, a, n)
   local admitted = true
   for i = 1, n do
     local c = counters[i]
-    local kind = redis.call('TYPE', c.key).ok
+    -- GET answers a string, nil (false in Lua) for no key, or an error
+    -- for a key of another type, which TYPE then names.
+    local value = redis.pcall('GET', c.key)
     local count = 0
-    if kind == 'string' then
-      local value = redis.call('GET', c.key)
+    if type(value) == 'table' then
+      put(-1)
+      put(i)
+      put('a key of type ' .. redis.call('TYPE', c.key).ok)
+      return
+    elseif value then
       if not string.find(value, '^%d+$') or (#value > 1 and string.sub(value, 1, 1) == '0')
           or #value > 19 then
         put(-1)
@@ -74,11 +80,6 @@ local function spend(k, a, n)
         return
       end
       count = tonumber(value)
-    elseif kind ~= 'none' then
-      put(-1)
-      put(i)
-      put('a key of type ' .. kind)
-      return
     end
     local locked = redis.call('PTTL', c.lock)
     if locked == -1 then
@@ -87,7 +88,7 @@ local function spend(k, a, n)
       put('a lockout without a lifetime')
       return
     end
-    c.count, c.exists, c.locked = count, kind ~= 'none', locked
+    c.count, c.exists, c.locked = count, value ~= false, locked
     c.fits = locked == -2 and count + step <= c.limit
     admitted = admitted and c.fits
   end
