@@ -1593,13 +1593,36 @@ fn batch_script(
         cmd.arg(*hits).arg(*window);
     }
     let reply: Vec<redis::Value> = cmd.query(con).unwrap();
-    assert_eq!(reply.len(), 1 + 2 * entries.len(), "{reply:?}");
-    let redis::Value::Int(now) = reply[0] else {
-        panic!("no clock: {reply:?}");
+    // The clock, each entry's two integers packed, then each refused
+    // entry's place and reason: read back as (count or code, deadline or
+    // reason) per entry.
+    let (now, packed, refused) = match reply.as_slice() {
+        [
+            redis::Value::Int(now),
+            redis::Value::BulkString(packed),
+            refused @ ..,
+        ] => (*now, packed, refused),
+        other => panic!("unexpected reply {other:?}"),
     };
-    let answers = reply[1..]
-        .chunks(2)
-        .map(|pair| (pair[0].clone(), pair[1].clone()))
+    assert_eq!(packed.len(), 16 * entries.len(), "{reply:?}");
+    let int = |bytes: &[u8]| i64::from_be_bytes(bytes.try_into().unwrap());
+    let answers = packed
+        .chunks(16)
+        .enumerate()
+        .map(|(at, pair)| {
+            let (count, when) = (int(&pair[..8]), int(&pair[8..]));
+            let reason = refused
+                .chunks(2)
+                .find(|r| r[0] == redis::Value::Int(at as i64 + 1))
+                .map(|r| r[1].clone());
+            match reason {
+                Some(reason) => {
+                    assert!(count < 0 && when == 0, "{reply:?}");
+                    (redis::Value::Int(count), reason)
+                }
+                None => (redis::Value::Int(count), redis::Value::Int(when)),
+            }
+        })
         .collect();
     (now, answers)
 }

@@ -6,16 +6,18 @@
 -- ARGV[2i]: its window in milliseconds, attached only when the counter has
 -- no lifetime (it was just created, or older code left it without one), in
 -- the same atomic step.
--- Returns a flat array (no table per key): first the server's clock in ms
--- (TIME, read once) when the counters' deadlines follow, or -1 before Redis
--- 7.0, when their times left follow; then two values per key, in order:
+-- Returns {clock, answers, i, reason, i, reason, ...}: the server's clock
+-- in ms (TIME, read once) when the counters' deadlines follow, or -1 before
+-- Redis 7.0, when their times left follow; then one string of two signed
+-- 64-bit big-endian integers per key, in order (one value for the client to
+-- read, however many keys: a value costs it more to read than its bytes):
 --   count, deadline (or ms left)   after all n hits, which took the counts
 --                                  count-n+1 .. count; the time left is the
 --                                  deadline less the clock (the client
---                                  works it out: one integer fewer per key
---                                  for both sides to write and read)
---   -1, reason                     a corrupt counter, left as it was
---   -2, error                      invalid arguments (nothing written)
+--                                  works it out)
+--   -1, 0                          a corrupt counter, left as it was
+--   -2, 0                          invalid arguments (nothing written)
+-- then, for each key answered -1 or -2, its place (from 1) and why.
 -- A refusal that is not about one counter (READONLY, OOM) fails the call.
 -- Each counter costs INCRBY and PEXPIRETIME, or INCRBY and PEXPIREAT NX when
 -- it is new.
@@ -39,8 +41,15 @@ end
 -- invalid one, so that it is checked again).
 local hits_arg, hits = nil, nil
 local window_arg, window = nil, nil
--- out[1], the clock or -1, is set at the end, once the server is known.
-local out = { -1 }
+-- Two numbers per key, packed at the end; the reasons of the keys refused.
+local nums = {}
+local why = {}
+local function refuse(i, code, reason)
+  nums[2 * i - 1] = code
+  nums[2 * i] = 0
+  why[#why + 1] = i
+  why[#why + 1] = reason
+end
 for i = 1, #KEYS do
   local key = KEYS[i]
   local hits_sent = ARGV[2 * i - 1]
@@ -53,13 +62,11 @@ for i = 1, #KEYS do
     window = whole(window_sent, 9007199254740991)
     window_arg = window and window_sent
   end
-  local j = 2 * i
+  local j = 2 * i - 1
   if hits_arg == nil then
-    out[j] = -2
-    out[j + 1] = 'ERR tower-pinned-window: invalid hit count ' .. tostring(hits_sent)
+    refuse(i, -2, 'ERR tower-pinned-window: invalid hit count ' .. tostring(hits_sent))
   elseif window_arg == nil then
-    out[j] = -2
-    out[j + 1] = 'ERR tower-pinned-window: invalid window ' .. tostring(window_sent)
+    refuse(i, -2, 'ERR tower-pinned-window: invalid window ' .. tostring(window_sent))
   else
     local count = redis.pcall('INCRBY', key, hits_sent)
     if type(count) == 'table' then
@@ -67,16 +74,14 @@ for i = 1, #KEYS do
       if not string.find(hits_sent, '^[1-9]%d*$') then
         -- A number Lua reads but INCRBY does not ('01', '1.0', '0x1'): the
         -- argument, not the counter, was refused, and nothing was written.
-        out[j] = -2
-        out[j + 1] = 'ERR tower-pinned-window: invalid hit count ' .. hits_sent
+        refuse(i, -2, 'ERR tower-pinned-window: invalid hit count ' .. hits_sent)
       elseif string.find(err, 'WRONGTYPE', 1, true) or string.find(err, 'not an integer', 1, true)
           or string.find(err, 'overflow', 1, true) then
-        out[j] = -1
         local kind = redis.call('TYPE', key).ok
         if kind == 'string' then
-          out[j + 1] = 'value ' .. string.sub(redis.call('GET', key), 1, 64)
+          refuse(i, -1, 'value ' .. string.sub(redis.call('GET', key), 1, 64))
         else
-          out[j + 1] = 'a key of type ' .. kind
+          refuse(i, -1, 'a key of type ' .. kind)
         end
       else
         -- Not about this counter (READONLY, OOM, ...): the whole call fails,
@@ -88,10 +93,9 @@ for i = 1, #KEYS do
     elseif count < hits then
       -- The value was negative: put it back as it was.
       redis.call('DECRBY', key, hits_sent)
-      out[j] = -1
-      out[j + 1] = 'negative value ' .. tostring(count - hits)
+      refuse(i, -1, 'negative value ' .. tostring(count - hits))
     else
-      out[j] = count
+      nums[j] = count
       local deadline
       if count == hits and expiretime ~= false then
         -- The counter was just created (or its count refunded to 0): its
@@ -120,7 +124,7 @@ for i = 1, #KEYS do
           deadline = now + window
           redis.call('PEXPIREAT', key, string.format('%d', deadline))
         end
-        out[j + 1] = deadline
+        nums[j + 1] = deadline
       else
         -- Before Redis 7.0: no deadline, so hits are never refunded.
         local ttl = redis.call('PTTL', key)
@@ -128,12 +132,22 @@ for i = 1, #KEYS do
           redis.call('PEXPIRE', key, window)
           ttl = window
         end
-        out[j + 1] = ttl
+        nums[j + 1] = ttl
       end
     end
   end
 end
+-- Packed 256 keys at a time: unpack puts each number on Lua's stack.
+local parts = {}
+for at = 1, #nums, 512 do
+  local last = math.min(at + 511, #nums)
+  parts[#parts + 1] = struct.pack('>' .. string.rep('i8', last - at + 1), unpack(nums, at, last))
+end
+local out = { -1, table.concat(parts) }
 if expiretime ~= false then
   out[1] = now
+end
+for k = 1, #why do
+  out[2 + k] = why[k]
 end
 return out

@@ -109,40 +109,82 @@ pub(super) fn parse_peek(value: Value, key: &[u8]) -> Result<Option<Hit>, Backen
     }
 }
 
-/// The batch script's reply, `[clock, count, deadline, count, deadline,
-/// ...]`: one result per entry, the entry's last hit (its count, the
-/// counter's time left and deadline). `entries` are (storage key, window,
-/// hits), in the order of the call. The clock is the server's, in ms, when deadlines
-/// follow; -1 (a server before 7.0) when times left follow instead. A reply
-/// of another shape is given back, for the error.
+/// The batch script's reply, `[clock, answers, place, reason, ...]`: one
+/// result per entry, the entry's last hit (its count, the counter's time
+/// left and deadline). `answers` holds two signed 64-bit big-endian
+/// integers per entry (count and deadline, or a code of -1 or -2 and 0 for
+/// an entry refused, whose place, from 1, and reason follow). `entries`
+/// are (storage key, window, hits), in the order of the call. The clock is
+/// the server's, in ms, when deadlines follow; -1 (a server before 7.0)
+/// when times left follow instead. A reply of another shape is given back,
+/// for the error.
 pub(super) fn parse_batch(
     reply: Value,
     entries: &[(&[u8], u64, u64)],
 ) -> Result<Vec<Result<Hit, BackendError>>, Value> {
-    let shape = match &reply {
-        Value::Array(items) if items.len() == 1 + 2 * entries.len() => match items[0] {
-            Value::Int(now) if now >= -1 => Some((u64::try_from(now).ok(), &items[1..])),
-            _ => None,
-        },
-        _ => None,
-    };
-    let Some((clock, items)) = shape else {
+    let Some((clock, answers, refused)) = batch_shape(&reply, entries.len()) else {
         return Err(reply);
     };
-    Ok(items
-        .chunks_exact(2)
+    Ok(answers
+        .chunks_exact(16)
         .zip(entries)
-        .map(|(item, (key, _, _))| parse_entry(item, clock, key))
+        .enumerate()
+        .map(|(at, (pair, (key, _, _)))| {
+            let (count, when) = pair.split_at(8);
+            let count = i64::from_be_bytes(count.try_into().expect("8 bytes"));
+            let when = i64::from_be_bytes(when.try_into().expect("8 bytes"));
+            let reason = refused
+                .iter()
+                .find(|(place, _)| *place == at)
+                .map(|(_, reason)| *reason);
+            parse_entry(count, when, reason, clock, key)
+        })
         .collect())
 }
 
-/// One entry's two values: its last hit, or why there is none. `clock`
-/// is the server's when the second value is the counter's deadline; `None`
-/// when it is the time left.
-fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Hit, BackendError> {
-    match item {
-        [Value::Int(count), Value::Int(when)] if *count >= 1 && *when >= 0 => {
-            let (count, when) = (*count as u64, *when as u64);
+/// The parts of a batch reply for `n` entries: the clock (`None` before
+/// Redis 7.0), the packed answers, and the refused entries' places (from 0)
+/// and reasons; `None` when it is not of that shape.
+#[allow(clippy::type_complexity)]
+fn batch_shape(
+    reply: &Value,
+    n: usize,
+) -> Option<(Option<u64>, &[u8], SmallVec<[(usize, &[u8]); 2]>)> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let [Value::Int(now), Value::BulkString(answers), tail @ ..] = items.as_slice() else {
+        return None;
+    };
+    if *now < -1 || answers.len() != 16 * n || tail.len() % 2 != 0 {
+        return None;
+    }
+    let refused = tail
+        .chunks_exact(2)
+        .map(|pair| match pair {
+            [Value::Int(place), Value::BulkString(reason)] => {
+                let at = usize::try_from(*place).ok()?.checked_sub(1)?;
+                (at < n).then_some((at, reason.as_slice()))
+            }
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    Some((u64::try_from(*now).ok(), answers, refused))
+}
+
+/// One entry's answer: its last hit, or why there is none. `clock` is the
+/// server's when `when` is the counter's deadline; `None` when it is the
+/// time left.
+fn parse_entry(
+    count: i64,
+    when: i64,
+    reason: Option<&[u8]>,
+    clock: Option<u64>,
+    key: &[u8],
+) -> Result<Hit, BackendError> {
+    match (count, reason) {
+        (1.., None) if when >= 0 => {
+            let (count, when) = (count as u64, when as u64);
             Ok(match clock {
                 Some(now) => Hit {
                     count,
@@ -156,13 +198,14 @@ fn parse_entry(item: &[Value], clock: Option<u64>, key: &[u8]) -> Result<Hit, Ba
                 },
             })
         }
-        [Value::Int(-1), Value::BulkString(reason)] => {
-            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
-        }
-        [Value::Int(-2), Value::BulkString(err)] => Err(BackendError::Unavailable(
+        (-1, Some(reason)) => Err(corrupt(key, String::from_utf8_lossy(reason).into_owned())),
+        (-2, Some(err)) => Err(BackendError::Unavailable(
             String::from_utf8_lossy(err).into_owned().into(),
         )),
-        _ => Err(corrupt(key, format!("unexpected script reply {item:?}"))),
+        _ => Err(corrupt(
+            key,
+            format!("unexpected script reply {count}, {when}, {reason:?}"),
+        )),
     }
 }
 
@@ -487,21 +530,32 @@ mod tests {
         (b"tpw:n{d}", 60_000, 1),
     ];
 
+    /// The batch script's reply: the clock, each entry's two integers
+    /// packed, then the refused entries' places and reasons.
+    fn batch(clock: i64, entries: &[(i64, i64)], refused: &[(i64, &str)]) -> Value {
+        let packed = entries
+            .iter()
+            .flat_map(|(a, b)| a.to_be_bytes().into_iter().chain(b.to_be_bytes()))
+            .collect();
+        let mut reply = vec![Value::Int(clock), Value::BulkString(packed)];
+        for (place, reason) in refused {
+            reply.extend([Value::Int(*place), text(reason)]);
+        }
+        Value::Array(reply)
+    }
+
     #[test]
     fn replies_parse() {
-        let reply = vec![
-            Value::Int(1_000),
-            Value::Int(7),
-            Value::Int(1_500),
-            Value::Int(-2),
-            text("ERR tower-pinned-window: invalid window 0"),
+        let reply = batch(
+            1_000,
             // A deadline already behind the clock: no time left.
-            Value::Int(2),
-            Value::Int(990),
-            Value::Int(-1),
-            text("value abc"),
-        ];
-        let replies = parse_batch(Value::Array(reply), &KEYS).unwrap();
+            &[(7, 1_500), (-2, 0), (2, 990), (-1, 0)],
+            &[
+                (2, "ERR tower-pinned-window: invalid window 0"),
+                (4, "value abc"),
+            ],
+        );
+        let replies = parse_batch(reply, &KEYS).unwrap();
         assert_eq!(
             replies[0].as_ref().unwrap(),
             &Hit {
@@ -534,8 +588,7 @@ mod tests {
 
     #[test]
     fn before_redis_7_the_time_left_comes_without_a_deadline() {
-        let reply = vec![Value::Int(-1), Value::Int(2), Value::Int(5)];
-        let replies = parse_batch(Value::Array(reply), &KEYS[..1]).unwrap();
+        let replies = parse_batch(batch(-1, &[(2, 5)], &[]), &KEYS[..1]).unwrap();
         assert_eq!(
             replies[0].as_ref().unwrap(),
             &Hit {
@@ -548,15 +601,16 @@ mod tests {
 
     #[test]
     fn unexpected_entries_are_corrupt() {
-        for entry in [
-            [Value::Int(0), Value::Int(5)],
-            [Value::Int(3), Value::Int(-1)],
-            [Value::Int(-3), text("x")],
-            [Value::Int(-1), Value::Int(0)],
+        for (entry, refused) in [
+            ((0, 5), None),
+            ((3, -1), None),
+            ((-3, 0), Some("x")),
+            // A code without its reason, a count with one.
+            ((-1, 0), None),
+            ((3, 5), Some("x")),
         ] {
-            let mut reply = vec![Value::Int(1_000)];
-            reply.extend(entry.iter().cloned());
-            let replies = parse_batch(Value::Array(reply), &KEYS[..1]).unwrap();
+            let refused: Vec<_> = refused.into_iter().map(|r| (1, r)).collect();
+            let replies = parse_batch(batch(1_000, &[entry], &refused), &KEYS[..1]).unwrap();
             assert!(
                 matches!(replies[0], Err(BackendError::Corrupt { .. })),
                 "{entry:?}"
@@ -566,19 +620,19 @@ mod tests {
 
     #[test]
     fn replies_of_another_shape_are_refused_whole() {
+        let packed = |n: usize| Value::BulkString(vec![0; n]);
         for reply in [
-            // A value too few, a value too many.
-            vec![Value::Int(1_000), Value::Int(1)],
-            vec![
-                Value::Int(1_000),
-                Value::Int(1),
-                Value::Int(2_000),
-                Value::Int(3),
-            ],
+            // An answer too few, a byte too many.
+            vec![Value::Int(1_000), packed(0)],
+            vec![Value::Int(1_000), packed(17)],
             // No clock, a clock that is not one.
-            vec![Value::Int(1), Value::Int(2_000)],
-            vec![text("1000"), Value::Int(1), Value::Int(2_000)],
-            vec![Value::Int(-5), Value::Int(1), Value::Int(2_000)],
+            vec![packed(16)],
+            vec![text("1000"), packed(16)],
+            vec![Value::Int(-5), packed(16)],
+            // A refused entry's place outside the batch, or half a pair.
+            vec![Value::Int(1_000), packed(16), Value::Int(2), text("x")],
+            vec![Value::Int(1_000), packed(16), Value::Int(0), text("x")],
+            vec![Value::Int(1_000), packed(16), Value::Int(1)],
             vec![],
         ] {
             assert!(
@@ -586,8 +640,8 @@ mod tests {
                 "{reply:?}"
             );
         }
-        // The shape before, three integers per entry, for two entries.
-        let before = [7, 500, 1_500, 2, 5, 1_005].map(Value::Int).to_vec();
+        // The shape before, two integers per entry, for two entries.
+        let before = [1_000, 7, 1_500, 2, 1_005].map(Value::Int).to_vec();
         assert!(parse_batch(Value::Array(before), &KEYS[..2]).is_err());
     }
 }
