@@ -11,12 +11,14 @@
 -- the same millisecond as the deleted one was) cannot be told from it by
 -- its hits, so no hit of that deadline is amended while the marker lives:
 -- never the wrong window, at the price of the new window's own amends.
--- Returns a flat array, two values per amend, in order:
---   1, '' when the counter changed;
---   0, '' when there was nothing to change (no counter, the window closed,
---         another window, a count of zero, an amount of zero);
---   -1, reason  for a corrupt counter, left as it is;
---   -2, reason  for invalid arguments (nothing written).
+-- Returns {answers, reason, reason, ...}: one string of a signed byte per
+-- amend, in order (one value for the client to read, however many amends):
+--   1 when the counter changed;
+--   0 when there was nothing to change (no counter, the window closed,
+--     another window, a count of zero, an amount of zero);
+--   -1 for a corrupt counter, left as it is;
+--   -2 for invalid arguments (nothing written);
+-- then the reason of each amend answered -1 or -2, in order.
 -- Never creates a key, never sets or changes a counter's lifetime (INCRBY,
 -- DECRBY keep it).
 local out = {}
@@ -77,9 +79,13 @@ end
 if #KEYS % 2 ~= 0 or #ARGV ~= 3 * #KEYS / 2 then
   return redis.error_reply('ERR tower-pinned-window: invalid amend batch')
 end
+local codes = {}
 for i = 1, #KEYS / 2 do
   local code, detail = amend(KEYS[2 * i - 1], KEYS[2 * i], ARGV[3 * i - 2], ARGV[3 * i - 1], ARGV[3 * i])
-  out[2 * i - 1] = code
-  out[2 * i] = detail
+  codes[i] = string.char(code % 256)
+  if code < 0 then
+    out[#out + 1] = detail
+  end
 end
+table.insert(out, 1, table.concat(codes))
 return out

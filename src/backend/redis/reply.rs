@@ -48,37 +48,52 @@ pub(super) fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
     }
 }
 
-/// The amend script's reply: two values per amend, in order: `1, ''`
-/// changed, `0, ''` nothing to change, `-1, reason` a corrupt counter (left
-/// as it is), `-2, error` invalid arguments. `counters`: the amends'
-/// storage keys, in order. A reply of another shape is given back, for the
-/// error.
+/// The amend script's reply, `[codes, reason, ...]`: a signed byte per
+/// amend, in order (1 changed, 0 nothing to change, -1 a corrupt counter,
+/// left as it is, -2 invalid arguments), then the reason of each amend
+/// answered -1 or -2, in order. `counters`: the amends' storage keys, in
+/// order. A reply of another shape is given back, for the error.
 pub(super) fn parse_amends(
     value: Value,
     counters: &[&[u8]],
 ) -> Result<Vec<Result<bool, BackendError>>, Value> {
-    match &value {
-        Value::Array(items) if items.len() == 2 * counters.len() => {}
-        _ => return Err(value),
-    }
-    let Value::Array(items) = value else {
-        unreachable!("matched above")
+    let Some((codes, reasons)) = amends_shape(&value, counters.len()) else {
+        return Err(value);
     };
-    Ok(items
-        .chunks_exact(2)
+    let mut reasons = reasons.iter();
+    Ok(codes
+        .iter()
         .zip(counters)
-        .map(|(item, key)| match item {
-            [Value::Int(1), _] => Ok(true),
-            [Value::Int(0), _] => Ok(false),
-            [Value::Int(-1), Value::BulkString(reason)] => {
-                Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+        .map(|(&code, key)| match code as i8 {
+            1 => Ok(true),
+            0 => Ok(false),
+            code => {
+                let reason = match reasons.next() {
+                    Some(Value::BulkString(reason)) => String::from_utf8_lossy(reason),
+                    _ => unreachable!("counted by amends_shape"),
+                };
+                match code {
+                    -1 => Err(corrupt(key, reason.into_owned())),
+                    -2 => Err(BackendError::Unavailable(reason.into_owned().into())),
+                    other => Err(corrupt(key, format!("unexpected script reply {other}"))),
+                }
             }
-            [Value::Int(-2), Value::BulkString(err)] => Err(BackendError::Unavailable(
-                String::from_utf8_lossy(err).into_owned().into(),
-            )),
-            _ => Err(corrupt(key, format!("unexpected script reply {item:?}"))),
         })
         .collect())
+}
+
+/// The codes and reasons of an amend reply for `n` amends: a code per
+/// amend, and a reason (a string) for each one that is neither 1 nor 0.
+fn amends_shape(value: &Value, n: usize) -> Option<(&[u8], &[Value])> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let [Value::BulkString(codes), reasons @ ..] = items.as_slice() else {
+        return None;
+    };
+    let refused = codes.iter().filter(|&&code| code > 1).count();
+    let strings = reasons.iter().all(|r| matches!(r, Value::BulkString(_)));
+    (codes.len() == n && reasons.len() == refused && strings).then_some((codes, reasons))
 }
 
 /// The reply of the peek script: `{}` no counter, `{value, PTTL}`, or
@@ -222,76 +237,80 @@ pub(super) enum Spent {
     Invalid(String),
 }
 
-/// The spend script's reply: a flat array, per request in order, of `1`
-/// admitted or `0` denied then four values per counter (count, ms left,
-/// deadline or -1, 1 when full), or `-1, i, reason` when counter `i` (from
-/// one) is corrupt, or `-2, error`. `sizes`: each request's number of
-/// counters. A reply of another shape (or one that does not end with the
-/// last request) is given back, for the error.
+/// The spend script's reply, `[answers, reason, ...]`: signed 64-bit
+/// big-endian integers, per request in order, `1` admitted or `0` denied
+/// then four per counter (count, ms left, deadline or -1, 1 when full), or
+/// `-1, i` when counter `i` (from 1) is corrupt, or `-2` when the request's
+/// arguments were refused; then the reason of each request answered -1 or
+/// -2, in order. `sizes`: each request's number of counters. A reply of
+/// another shape (or with anything left over) is given back, for the error.
 pub(super) fn parse_spends(
     value: Value,
     sizes: impl Iterator<Item = usize>,
 ) -> Result<Vec<Spent>, Value> {
-    let Value::Array(items) = &value else {
-        return Err(value);
-    };
-    let mut spent = Vec::with_capacity(sizes.size_hint().0);
-    let mut at = 0;
-    for n in sizes {
-        let Some((one, used)) = parse_spent(&items[at..], n) else {
-            return Err(value);
-        };
-        spent.push(one);
-        at += used;
+    match spends_shape(&value, sizes) {
+        Some(spent) => Ok(spent),
+        None => Err(value),
     }
-    if at != items.len() {
-        return Err(value);
-    }
-    Ok(spent)
 }
 
-/// One request's answer at the start of `items`, for `n` counters, and how
-/// many values it took; `None` when it is not of the script's shape.
-fn parse_spent(items: &[Value], n: usize) -> Option<(Spent, usize)> {
-    match items {
-        [Value::Int(-1), Value::Int(i), Value::BulkString(reason), ..] => {
-            let counter = usize::try_from(*i).ok()?.checked_sub(1)?;
-            (counter < n).then(|| {
-                let reason = String::from_utf8_lossy(reason).into_owned();
-                (Spent::Corrupt { counter, reason }, 3)
-            })
-        }
-        [Value::Int(-2), Value::BulkString(err), ..] => {
-            Some((Spent::Invalid(String::from_utf8_lossy(err).into_owned()), 2))
-        }
-        [Value::Int(admitted @ (0 | 1)), rest @ ..] if rest.len() >= 4 * n => {
-            let counters = rest[..4 * n]
-                .chunks_exact(4)
-                .map(|entry| match entry {
-                    [
-                        Value::Int(count),
-                        Value::Int(left),
-                        Value::Int(deadline),
-                        Value::Int(full @ (0 | 1)),
-                    ] if *count >= 0 && *left >= 0 && *deadline >= -1 => Some((
-                        Hit {
-                            count: *count as u64,
-                            reset: Duration::from_millis(*left as u64),
-                            deadline: if *admitted == 1 {
-                                u64::try_from(*deadline).ok().and_then(NonZeroU64::new)
-                            } else {
-                                None
-                            },
-                        },
-                        *full == 1,
-                    )),
-                    _ => None,
-                })
-                .collect::<Option<_>>()?;
-            Some((Spent::Decided(counters), 1 + 4 * n))
-        }
-        _ => None,
+fn spends_shape(value: &Value, sizes: impl Iterator<Item = usize>) -> Option<Vec<Spent>> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let [Value::BulkString(packed), reasons @ ..] = items.as_slice() else {
+        return None;
+    };
+    if packed.len() % 8 != 0 {
+        return None;
     }
+    let mut nums = packed
+        .chunks_exact(8)
+        .map(|n| i64::from_be_bytes(n.try_into().expect("8 bytes")));
+    let mut reasons = reasons.iter().map(|r| match r {
+        Value::BulkString(reason) => Some(String::from_utf8_lossy(reason).into_owned()),
+        _ => None,
+    });
+    let mut spent = Vec::with_capacity(sizes.size_hint().0);
+    for n in sizes {
+        spent.push(match nums.next()? {
+            -1 => {
+                let counter = usize::try_from(nums.next()?).ok()?.checked_sub(1)?;
+                if counter >= n {
+                    return None;
+                }
+                let reason = reasons.next()??;
+                Spent::Corrupt { counter, reason }
+            }
+            -2 => Spent::Invalid(reasons.next()??),
+            admitted @ (0 | 1) => {
+                let counters = (0..n)
+                    .map(|_| {
+                        let (count, left, deadline, full) =
+                            (nums.next()?, nums.next()?, nums.next()?, nums.next()?);
+                        if count < 0 || left < 0 || deadline < -1 || !(0..=1).contains(&full) {
+                            return None;
+                        }
+                        Some((
+                            Hit {
+                                count: count as u64,
+                                reset: Duration::from_millis(left as u64),
+                                deadline: if admitted == 1 {
+                                    u64::try_from(deadline).ok().and_then(NonZeroU64::new)
+                                } else {
+                                    None
+                                },
+                            },
+                            full == 1,
+                        ))
+                    })
+                    .collect::<Option<_>>()?;
+                Spent::Decided(counters)
+            }
+            _ => return None,
+        });
+    }
+    (nums.next().is_none() && reasons.next().is_none()).then_some(spent)
 }
 
 /// The parsers above, for the fuzz targets (`fuzz/`): built only under
@@ -407,27 +426,20 @@ mod tests {
 
     #[test]
     fn amend_replies_parse() {
-        let ok = || Value::BulkString(Vec::new());
-        let cases: &[(&str, [Value; 2], Result<bool, &str>)] = &[
-            ("changed", [Value::Int(1), ok()], Ok(true)),
-            ("nothing to change", [Value::Int(0), ok()], Ok(false)),
-            (
-                "corrupt",
-                [Value::Int(-1), text("value abc")],
-                Err("value abc"),
-            ),
-            (
-                "unexpected",
-                [Value::Int(2), ok()],
-                Err("unexpected script reply"),
-            ),
+        let cases: &[(&str, i8, Option<&str>, Result<bool, &str>)] = &[
+            ("changed", 1, None, Ok(true)),
+            ("nothing to change", 0, None, Ok(false)),
+            ("corrupt", -1, Some("value abc"), Err("value abc")),
+            ("unexpected", 2, Some("x"), Err("unexpected script reply")),
         ];
         // One call of all the cases: each answer is its own amend's.
-        let reply = Value::Array(cases.iter().flat_map(|(_, v, _)| v.clone()).collect());
+        let codes = cases.iter().map(|(_, code, _, _)| *code as u8).collect();
+        let mut reply = vec![Value::BulkString(codes)];
+        reply.extend(cases.iter().filter_map(|(_, _, why, _)| why.map(text)));
         let keys: Vec<&[u8]> = cases.iter().map(|_| &b"k"[..]).collect();
-        let amended = parse_amends(reply, &keys).unwrap();
+        let amended = parse_amends(Value::Array(reply), &keys).unwrap();
         assert_eq!(amended.len(), cases.len());
-        for ((name, _, want), got) in cases.iter().zip(amended) {
+        for ((name, _, _, want), got) in cases.iter().zip(amended) {
             match (got, want) {
                 (Ok(got), Ok(want)) => assert_eq!(got, *want, "{name}"),
                 (Err(BackendError::Corrupt { detail, .. }), Err(want)) => {
@@ -436,47 +448,63 @@ mod tests {
                 (got, _) => panic!("{name}: {got:?}"),
             }
         }
-        let invalid = Value::Array(vec![Value::Int(-2), text("ERR invalid amend")]);
+        let invalid = Value::Array(vec![
+            Value::BulkString(vec![-2i8 as u8]),
+            text("ERR invalid amend"),
+        ]);
         assert!(matches!(
             parse_amends(invalid, &[b"k"]).unwrap().as_slice(),
             [Err(BackendError::Unavailable(_))]
         ));
-        // Another length than two values per amend: given back whole.
+        // Another number of codes than amends, a reason missing or left
+        // over, or not a string: given back whole.
+        let codes = |c: &[u8]| Value::BulkString(c.to_vec());
         for reply in [
-            Value::Array(vec![Value::Int(1)]),
+            Value::Array(vec![codes(&[])]),
+            Value::Array(vec![codes(&[1, 1])]),
+            Value::Array(vec![codes(&[255])]),
+            Value::Array(vec![codes(&[1]), text("x")]),
+            Value::Array(vec![codes(&[255]), Value::Int(1)]),
             Value::Int(1),
-            Value::Array(vec![Value::Int(1), ok(), Value::Int(0), ok()]),
         ] {
             assert_eq!(parse_amends(reply.clone(), &[b"k"]).unwrap_err(), reply);
         }
     }
 
+    /// The spend script's reply: the packed integers, then the reasons.
+    fn spends(nums: &[i64], reasons: &[&str]) -> Value {
+        let packed = nums.iter().flat_map(|n| n.to_be_bytes()).collect();
+        let mut reply = vec![Value::BulkString(packed)];
+        reply.extend(reasons.iter().map(|r| text(r)));
+        Value::Array(reply)
+    }
+
     #[test]
     fn spend_replies_parse() {
-        let int = Value::Int;
         // Admitted on two counters (the second one full: at its limit now),
         // then denied on one, then corrupt counter 2 of two, then refused.
-        let reply = Value::Array(vec![
-            int(1),
-            int(3),
-            int(1_000),
-            int(1_700_000_000_000),
-            int(0),
-            int(10),
-            int(500),
-            int(1_700_000_000_001),
-            int(1),
-            int(0),
-            int(11),
-            int(2_000),
-            int(-1),
-            int(1),
-            int(-1),
-            int(2),
-            text("value abc"),
-            int(-2),
-            text("ERR tower-pinned-window: invalid spend"),
-        ]);
+        let reply = spends(
+            &[
+                1,
+                3,
+                1_000,
+                1_700_000_000_000,
+                0,
+                10,
+                500,
+                1_700_000_000_001,
+                1,
+                0,
+                11,
+                2_000,
+                -1,
+                1,
+                -1,
+                2,
+                -2,
+            ],
+            &["value abc", "ERR tower-pinned-window: invalid spend"],
+        );
         let spent = parse_spends(reply, [2, 1, 2, 1].into_iter()).unwrap();
         match &spent[..] {
             [
@@ -500,18 +528,17 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // Malformed: too short, too long, a counter index out of range, a
-        // negative count, a full flag of 2: each is given back whole.
+        // negative count, a full flag of 2, a reason missing or left over:
+        // each is given back whole.
         for (reply, sizes) in [
-            (vec![int(1), int(3), int(1), int(-1)], vec![1]),
-            (
-                vec![int(0), int(3), int(1), int(-1), int(0), int(9)],
-                vec![1],
-            ),
-            (vec![int(-1), int(2), text("x")], vec![1]),
-            (vec![int(1), int(-3), int(1), int(-1), int(0)], vec![1]),
-            (vec![int(1), int(3), int(1), int(-1), int(2)], vec![1]),
+            (spends(&[1, 3, 1, -1], &[]), vec![1]),
+            (spends(&[0, 3, 1, -1, 0, 9], &[]), vec![1]),
+            (spends(&[-1, 2], &["x"]), vec![1]),
+            (spends(&[1, -3, 1, -1, 0], &[]), vec![1]),
+            (spends(&[1, 3, 1, -1, 2], &[]), vec![1]),
+            (spends(&[-2], &[]), vec![1]),
+            (spends(&[1, 3, 1, -1, 0], &["x"]), vec![1]),
         ] {
-            let reply = Value::Array(reply);
             assert_eq!(
                 parse_spends(reply.clone(), sizes.into_iter()).unwrap_err(),
                 reply

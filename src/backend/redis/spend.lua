@@ -8,14 +8,17 @@
 --   ARGV: n; the cost; '1' to open a missing counter at a cost of 0; the
 --         lockout in milliseconds, '0' for none; then counter i's limit and
 --         window in milliseconds, for each counter.
--- Returns a flat array (no table per request), per request in order:
---   1 admitted or 0 denied, then four values per counter: count, ms left,
+-- Returns {answers, reason, reason, ...}: one string of signed 64-bit
+-- big-endian integers (one value for the client to read, however many
+-- requests), per request in order:
+--   1 admitted or 0 denied, then four per counter: count, ms left,
 --     deadline (-1 when nothing was counted), and 1 when no spend at all
 --     can fit until the ms left are over (the counter is at its limit or
 --     locked out), else 0;
---   -1, i, reason: counter i (from 1) is corrupt; nothing written for this
+--   -1, i: counter i (from 1) is corrupt; nothing written for this
 --     request;
---   -2, reason: the request's arguments are invalid; nothing written.
+--   -2: the request's arguments are invalid; nothing written;
+-- then the reason of each request answered -1 or -2, in order.
 -- A refusal that is not about one counter (READONLY, OOM) fails the call;
 -- it comes at the call's first write, so nothing was written.
 -- Needs PEXPIRETIME (Redis 7.0).
@@ -30,9 +33,10 @@ local big = 9007199254740991
 local u64 = 18446744073709551615
 local time = redis.call('TIME')
 local now = math.floor((tonumber(time[1]) * 1000000 + tonumber(time[2])) / 1000)
-local out = {}
+local nums = {}
+local why = {}
 local function put(v)
-  out[#out + 1] = v
+  nums[#nums + 1] = v
 end
 
 -- One request: `k` KEYS and `a` ARGV read before it, `n` counters.
@@ -43,7 +47,7 @@ local function spend(k, a, n)
   local block = whole(ARGV[a + 4], big)
   if not cost or not block then
     put(-2)
-    put('ERR tower-pinned-window: invalid spend')
+    why[#why + 1] = 'ERR tower-pinned-window: invalid spend'
     return
   end
   local step = math.max(cost, 1)
@@ -53,7 +57,7 @@ local function spend(k, a, n)
     local window = whole(ARGV[a + 4 + 2 * i], big)
     if not limit or not window or window < 1 then
       put(-2)
-      put('ERR tower-pinned-window: invalid limit or window')
+      why[#why + 1] = 'ERR tower-pinned-window: invalid limit or window'
       return
     end
     counters[i] = {key = KEYS[k + 2 * i - 1], lock = KEYS[k + 2 * i], limit = limit,
@@ -69,14 +73,14 @@ local function spend(k, a, n)
     if type(value) == 'table' then
       put(-1)
       put(i)
-      put('a key of type ' .. redis.call('TYPE', c.key).ok)
+      why[#why + 1] = 'a key of type ' .. redis.call('TYPE', c.key).ok
       return
     elseif value then
       if not string.find(value, '^%d+$') or (#value > 1 and string.sub(value, 1, 1) == '0')
           or #value > 19 then
         put(-1)
         put(i)
-        put('value ' .. string.sub(value, 1, 64))
+        why[#why + 1] = 'value ' .. string.sub(value, 1, 64)
         return
       end
       count = tonumber(value)
@@ -85,7 +89,7 @@ local function spend(k, a, n)
     if locked == -1 then
       put(-1)
       put(i)
-      put('a lockout without a lifetime')
+      why[#why + 1] = 'a lockout without a lifetime'
       return
     end
     c.count, c.exists, c.locked = count, value ~= false, locked
@@ -159,5 +163,15 @@ while a < #ARGV do
 end
 if k ~= #KEYS then
   return redis.error_reply('ERR tower-pinned-window: invalid spend batch')
+end
+-- Packed 512 numbers at a time: unpack puts each one on Lua's stack.
+local parts = {}
+for at = 1, #nums, 512 do
+  local last = math.min(at + 511, #nums)
+  parts[#parts + 1] = struct.pack('>' .. string.rep('i8', last - at + 1), unpack(nums, at, last))
+end
+local out = { table.concat(parts) }
+for r = 1, #why do
+  out[1 + r] = why[r]
 end
 return out
