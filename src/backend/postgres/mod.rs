@@ -201,6 +201,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use smallvec::SmallVec;
 use tokio::sync::oneshot;
 use tokio_postgres::NoTls;
 
@@ -208,6 +209,7 @@ use self::batch::{Batcher, Pending};
 use self::db::Db;
 use self::error::{pg_error, pool_error};
 use self::row::{deadline_time, describe, read_row};
+use self::spend::{Cached, Op, Request, Spent};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
 use super::deny_cache::DenyCache;
 use super::{
@@ -246,7 +248,14 @@ struct Inner {
     db: Arc<Db>,
     /// The queue of hits and its senders.
     batcher: Arc<Batcher>,
+    /// The queue of spends and amends and its senders.
+    spender: Arc<Batcher<Request>>,
+    /// Counters over their limit until their window closes: hits and
+    /// spends without a lockout are denied here.
     deny: Option<DenyCache>,
+    /// Counters locked out until a deadline: spends are denied here (hits
+    /// do not read lockouts).
+    locked: Option<DenyCache>,
     clean: Option<(Duration, NonZeroU32)>,
     cleaner: OnceLock<cleaner::Handle>,
 }
@@ -482,14 +491,14 @@ impl PostgresBackendBuilder {
             pool: self.pool,
             sql: Sql::new(&self.schema, &self.table, self.unlogged),
         });
+        let statements = self.statements.min(connections);
         PostgresBackend {
             inner: Arc::new(Inner {
-                batcher: Arc::new(Batcher::new(
-                    self.statements.min(connections),
-                    Arc::clone(&db),
-                )),
+                batcher: Arc::new(Batcher::new(statements, Arc::clone(&db))),
+                spender: Arc::new(Batcher::new(statements, Arc::clone(&db))),
                 db,
                 deny: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+                locked: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
                 clean: self.clean,
                 cleaner: OnceLock::new(),
             }),
@@ -804,8 +813,8 @@ impl Backend for PostgresBackend {
     }
 
     async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
-        if let Some(deny) = &self.inner.deny {
-            deny.remove(namespace, key.as_bytes());
+        for cache in [&self.inner.deny, &self.inner.locked].into_iter().flatten() {
+            cache.remove(namespace, key.as_bytes());
         }
         let client = self.inner.db.pool.get().await.map_err(pool_error)?;
         let row = client
@@ -820,76 +829,146 @@ impl Backend for PostgresBackend {
 }
 
 impl Spending for PostgresBackend {
-    /// One transaction ([spends](self#costs-lockouts-and-amends)): it
-    /// bypasses the hit batching and the local deny cache.
+    /// Queued with the spends and amends in flight, and decided in the next
+    /// batch's transaction ([spends](self#spends-and-amends)); a counter the
+    /// local deny cache knows to deny every spend answers at once, and then
+    /// nothing is sent.
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
+        if counters.is_empty() {
+            return BackendFuture::answered(Ok(Hits::new()));
+        }
+        if let Some(denied) = self.denied_spend(key, counters, spend) {
+            return denied;
+        }
         let backend = self.clone();
-        let key = key.clone();
-        let owned: Vec<(Box<str>, crate::quota::Quota)> = counters
-            .iter()
-            .map(|c| (c.namespace.into(), c.quota))
-            .collect();
+        let (reply, receiver) = oneshot::channel();
+        let request = Request {
+            key: key.clone(),
+            op: Op::Spend {
+                counters: counters
+                    .iter()
+                    .map(|c| (c.namespace.into(), c.quota))
+                    .collect(),
+                spend,
+                reply,
+            },
+        };
         BackendFuture::calling(async move {
+            // Queued on the first poll, on the runtime that polls it: a
+            // spend dropped before then is never sent.
+            let queued = quanta::Instant::now();
             backend.start_cleaner();
-            let counters: Vec<Counter<'_>> = owned
-                .iter()
-                .map(|(namespace, quota)| Counter {
-                    namespace,
-                    quota: *quota,
-                })
-                .collect();
-            spend::spend_all(&backend, &key, &counters, spend).await
+            let key = request.key.clone();
+            let namespaces: SmallVec<[Box<str>; 2]> = match &request.op {
+                Op::Spend { counters, .. } => counters.iter().map(|(n, _)| n.clone()).collect(),
+                Op::Amend { .. } => SmallVec::new(),
+            };
+            batch::submit(&backend.inner.spender, [request]);
+            let Spent { hits, cache } = receiver.await.unwrap_or_else(|_| {
+                Err(BackendError::Unavailable(
+                    "the PostgreSQL sender stopped before answering".into(),
+                ))
+            })?;
+            for (namespace, cached) in namespaces.iter().zip(cache) {
+                // From when the spend was queued, before the database read
+                // its clock: the entry never outlasts the window or the
+                // lockout.
+                let (cache, left) = match cached {
+                    Some(Cached::Over(left)) => (&backend.inner.deny, left),
+                    Some(Cached::Locked(left)) => (&backend.inner.locked, left),
+                    None => continue,
+                };
+                if let Some(cache) = cache {
+                    cache.insert(namespace, key.as_bytes(), queued + left);
+                }
+            }
+            Ok(hits)
         })
     }
 
-    /// One statement, only in the row whose `expires_at` is the hit's
-    /// deadline while that window is open and no reset marker names that
-    /// deadline; a clear leaves such a marker in the same statement. A hit
-    /// with no deadline is not sent. The counter is dropped from this instance's deny cache.
+    /// Queued with the spends and amends in flight, and applied in the
+    /// next batch's transaction, only in the row whose `expires_at` is the
+    /// hit's deadline while that window is open and no reset marker names
+    /// that deadline; a clear leaves such a marker in the same transaction.
+    /// A hit with no deadline is not sent. The counter is dropped from this
+    /// instance's deny cache.
     fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> BackendFuture<bool> {
-        let delta: Option<i64> = match amend {
-            Amend::Refund(n) => Some(-(i64::try_from(n).unwrap_or(i64::MAX))),
-            Amend::Charge(n) => Some(i64::try_from(n).unwrap_or(i64::MAX)),
-            Amend::Clear => None,
-        };
-        let (Some(deadline), false) = (hit.deadline, delta == Some(0)) else {
+        let nothing = matches!(amend, Amend::Refund(0) | Amend::Charge(0));
+        let (Some(deadline), false) = (hit.deadline, nothing) else {
             return BackendFuture::answered(Ok(false));
         };
-        let (backend, namespace, key) = (self.clone(), namespace.to_owned(), key.clone());
+        let backend = self.clone();
+        let (reply, receiver) = oneshot::channel();
+        let request = Request {
+            key: key.clone(),
+            op: Op::Amend {
+                namespace: namespace.into(),
+                expires_at: deadline_time(deadline),
+                amend,
+                reply,
+            },
+        };
+        let namespace: Box<str> = namespace.into();
         BackendFuture::calling(async move {
-            let expires_at = deadline_time(deadline);
-            let changed = async {
-                let client = backend.inner.db.pool.get().await.map_err(pool_error)?;
-                let sql = &backend.inner.db.sql;
-                match delta {
-                    Some(delta) => {
-                        let rows = client
-                            .execute(
-                                sql.amend.as_str(),
-                                &[&namespace, &key.as_bytes(), &expires_at, &delta],
-                            )
-                            .await
-                            .map_err(pg_error)?;
-                        Ok(rows == 1)
-                    }
-                    None => {
-                        let row = client
-                            .query_one(
-                                sql.clear.as_str(),
-                                &[&namespace, &key.as_bytes(), &expires_at],
-                            )
-                            .await
-                            .map_err(pg_error)?;
-                        Ok(row.get::<_, i64>(0) > 0)
-                    }
-                }
-            }
-            .await;
-            if let Some(deny) = &backend.inner.deny {
-                deny.remove(&namespace, key.as_bytes());
+            backend.start_cleaner();
+            let key = request.key.clone();
+            batch::submit(&backend.inner.spender, [request]);
+            let changed = receiver.await.unwrap_or_else(|_| {
+                Err(BackendError::Unavailable(
+                    "the PostgreSQL sender stopped before answering".into(),
+                ))
+            });
+            for cache in [&backend.inner.deny, &backend.inner.locked]
+                .into_iter()
+                .flatten()
+            {
+                cache.remove(&namespace, key.as_bytes());
             }
             changed
         })
+    }
+}
+
+impl PostgresBackend {
+    /// The local deny cache's answer to a spend, when it knows one of its
+    /// counters denies every spend: locked out, or (for a spend that would
+    /// not lock it out) at its limit until its window closes. Nothing is
+    /// sent then, and nothing counted.
+    fn denied_spend(
+        &self,
+        key: &Key,
+        counters: &[Counter<'_>],
+        spend: Spend,
+    ) -> Option<BackendFuture<Hits>> {
+        let (deny, locked) = (self.inner.deny.as_ref()?, self.inner.locked.as_ref()?);
+        let now = quanta::Instant::now();
+        let cached: SmallVec<[Option<std::time::Duration>; 2]> = counters
+            .iter()
+            .map(|c| {
+                locked.check(c.namespace, key.as_bytes(), now).or_else(|| {
+                    // A spend with a lockout would lock a counter that is
+                    // only over its limit: the database must see it.
+                    spend
+                        .block
+                        .is_none()
+                        .then(|| deny.check(c.namespace, key.as_bytes(), now))
+                        .flatten()
+                })
+            })
+            .collect();
+        if cached.iter().all(Option::is_none) {
+            return None;
+        }
+        let hits = counters
+            .iter()
+            .zip(cached)
+            .map(|(c, left)| Hit {
+                count: left.map_or(0, |_| c.quota.limit().saturating_add(1)),
+                reset: left.unwrap_or(Duration::ZERO),
+                deadline: None,
+            })
+            .collect();
+        Some(BackendFuture::answered(Ok(hits)))
     }
 }
 
