@@ -1677,7 +1677,7 @@ async fn batched_spends_are_exact_under_concurrency() {
                 quota: narrow,
             };
             // A third of the requests name both counters.
-            let two_counters = (i / KEYS) % 3 == 0;
+            let two_counters = (i / KEYS).is_multiple_of(3);
             let counters: &[Counter<'_>] = if two_counters { &[n, m] } else { &[n] };
             let hits = backend
                 .spend_all(&key, counters, Spend::cost(costs[k]))

@@ -28,9 +28,9 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, NoTls};
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::{Amend, Backend, Counter, Spend, Spending};
 use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
+use tower_pinned_window::backend::{Amend, Backend, Counter, Spend, Spending};
 use tower_pinned_window::key::Key;
 
 #[tokio::main]
@@ -44,11 +44,19 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [url, schema, mode, in_flight, seconds] = args.as_slice() else {
         return Err(
-            "usage: postgres_bench URL SCHEMA fresh|hot|flood|cost|charged IN_FLIGHT SECONDS".into(),
+            "usage: postgres_bench URL SCHEMA fresh|hot|flood|cost|charged IN_FLIGHT SECONDS"
+                .into(),
         );
     };
     if mode == "cost" || mode == "charged" {
-        return spends(url, schema, mode == "charged", in_flight.parse()?, seconds.parse()?).await;
+        return spends(
+            url,
+            schema,
+            mode == "charged",
+            in_flight.parse()?,
+            seconds.parse()?,
+        )
+        .await;
     }
     let in_flight: usize = in_flight.parse()?;
     let duration = Duration::from_secs_f64(seconds.parse()?);

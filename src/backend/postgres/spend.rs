@@ -152,6 +152,10 @@ enum Answer {
     Amended(bool),
 }
 
+/// A counter as a spend finds it: its live count (0 when it has no live
+/// window), its live window's end, its live lockout's end.
+type Seen = (u64, Option<SystemTime>, Option<SystemTime>);
+
 fn left(at: SystemTime, now: SystemTime) -> Duration {
     at.duration_since(now).unwrap_or(Duration::ZERO)
 }
@@ -484,7 +488,7 @@ fn spend_one(
     }
     // Each counter as the spend finds it: its live count, its live window's
     // end, its live lockout's end.
-    let seen: SmallVec<[(u64, Option<SystemTime>, Option<SystemTime>); 2]> = ids
+    let seen: SmallVec<[Seen; 2]> = ids
         .iter()
         .map(|&i| {
             let row = &rows[i];
