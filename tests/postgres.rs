@@ -1806,6 +1806,92 @@ async fn a_batch_cut_by_a_killed_connection_never_counts_twice() {
     assert!(counted.iter().sum::<u64>() > 0, "traffic went through");
 }
 
+/// The deny cache on the spend route: a counter at its limit is denied
+/// here until its window closes, a lockout until it ends; a cost that only
+/// does not fit is asked again; a spend that would lock a counter out goes
+/// to the table; an amend forgets the counter.
+async fn spends_use_the_deny_cache_only_for_what_every_spend_is_denied() {
+    use tower_pinned_window::backend::{Amend, Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("spend_deny").await);
+    let backend = schema.backend().await;
+    let key = Key::new("k");
+    let c = [Counter {
+        namespace: "n",
+        quota: quota(5, Duration::from_secs(600)),
+    }];
+    let set_count = |count: i64| {
+        let (client, table) = (&schema.client, schema.table());
+        async move {
+            client
+                .execute(&format!("UPDATE {table} SET count = $1"), &[&count])
+                .await
+                .unwrap();
+        }
+    };
+    let first = backend.spend_all(&key, &c, Spend::cost(4)).await.unwrap()[0];
+    assert_eq!(first.count, 4);
+    let too_big = backend.spend_all(&key, &c, Spend::cost(2)).await.unwrap()[0];
+    assert_eq!(too_big.deadline, None, "does not fit");
+    let fits = backend.spend_all(&key, &c, Spend::cost(1)).await.unwrap()[0];
+    assert_eq!(
+        fits.count, 5,
+        "the cost that did not fit was not remembered"
+    );
+    let full = backend.spend_all(&key, &c, Spend::cost(1)).await.unwrap()[0];
+    assert_eq!(full.deadline, None);
+    // Behind the backend's back: the table would admit now.
+    set_count(0).await;
+    let cached = backend.spend_all(&key, &c, Spend::cost(0)).await.unwrap()[0];
+    assert_eq!(cached.deadline, None, "at its limit: denied here");
+    assert!(
+        cached.reset > Duration::from_secs(590),
+        "until the window closes"
+    );
+    assert_eq!(row(&schema, "n", "k").await.unwrap().0, 0, "nothing sent");
+    // A spend that locks out is not answered by that: the table decides.
+    let block = Window::new(Duration::from_secs(3600)).unwrap();
+    let locking = backend
+        .spend_all(&key, &c, Spend::cost(1).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!(locking.count, 1, "the table admits it");
+    set_count(5).await;
+    let locked = backend
+        .spend_all(&key, &c, Spend::cost(1).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!(locked.deadline, None);
+    let until = blocked_until(&schema).await;
+    set_count(0).await;
+    schema
+        .client
+        .execute(
+            &format!("UPDATE {} SET blocked_until = NULL", schema.table()),
+            &[],
+        )
+        .await
+        .unwrap();
+    let cached = backend
+        .spend_all(&key, &c, Spend::cost(1).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!(cached.deadline, None, "locked out: denied here");
+    assert!(
+        cached.reset > Duration::from_secs(3590),
+        "until the lockout ends"
+    );
+    assert!(until > SystemTime::now() + Duration::from_secs(3590));
+    // An amend forgets the counter: the table decides again.
+    assert!(
+        backend
+            .amend("n", &key, &first, Amend::Charge(1))
+            .await
+            .unwrap()
+    );
+    let asked = backend.spend_all(&key, &c, Spend::cost(1)).await.unwrap()[0];
+    assert_eq!(asked.count, 2, "asked the table");
+}
+
 /// A table made by the previous release (its DDL as it was) is migrated in
 /// place: its rows are kept and spends work on it.
 async fn a_table_of_the_previous_release_is_migrated_in_place() {
@@ -1879,6 +1965,11 @@ fn main() {
             "a_batch_cut_by_a_killed_connection_never_counts_twice",
             Needs::Postgres,
             a_batch_cut_by_a_killed_connection_never_counts_twice,
+        ),
+        trial::current(
+            "spends_use_the_deny_cache_only_for_what_every_spend_is_denied",
+            Needs::Postgres,
+            spends_use_the_deny_cache_only_for_what_every_spend_is_denied,
         ),
         trial::current(
             "spends_lockouts_and_amends",
