@@ -4,7 +4,11 @@
 # postgres/sql/hit.sql, prepared) at the same concurrency, on the same table,
 # in the same run. Two workloads: `fresh` (every hit a new key: the insert
 # path) and `hot` (each client hits its own key: the update path). Then the
-# table's size under a flood of distinct keys with 1-second windows.
+# spends: `cost` (a spend of cost 1 a request) and `charged` (a check that
+# opens the window, then a charge once answered) over 10,000 keys, with the
+# statements (BEGIN and COMMIT included, from pg_stat_statements) and the
+# transactions the database ran per request. Then the table's size under a
+# flood of distinct keys with 1-second windows.
 #
 # It starts its own PostgreSQL (default settings, durable commits) on a free
 # port of 127.0.0.1, in a temporary directory, as the `postgres` user when run
@@ -17,6 +21,8 @@
 #   SYNCHRONOUS_COMMIT=off bash bench/postgres.sh
 #   SECONDS_PER_CASE=10 FLOOD_SECONDS=120 bash bench/postgres.sh
 #   ONLY_FLOOD=1 FLOOD_SECONDS=120 bash bench/postgres.sh
+#   ONLY_SPENDS=1 bash bench/postgres.sh         # the cost and charged routes alone
+#   POSTGRES_BENCH=/tmp/postgres_bench_before ONLY_SPENDS=1 bash bench/postgres.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SECS=${SECONDS_PER_CASE:-5}
@@ -42,13 +48,20 @@ else
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   as_pg "$bin/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 >/dev/null
   as_pg "$bin/pg_ctl" -D "$dir/data" -l "$dir/log" -w \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c synchronous_commit=${SYNCHRONOUS_COMMIT:-on}" start >/dev/null
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c max_connections=200 -c synchronous_commit=${SYNCHRONOUS_COMMIT:-on} -c shared_preload_libraries=pg_stat_statements" start >/dev/null
   URL="postgres://postgres@127.0.0.1:$port/postgres"
 fi
 psql -q "$URL" -c "CREATE SCHEMA $schema"
+# Statements per request on the spend routes; without it they read `nan`.
+psql -q "$URL" -c "CREATE EXTENSION IF NOT EXISTS pg_stat_statements" 2>/dev/null || true
 
-cargo build --release -p tower-pinned-window-bench --bin postgres_bench --quiet
-bench="${CARGO_TARGET_DIR:-target}"/release/postgres_bench
+# POSTGRES_BENCH: a postgres_bench built elsewhere (another commit, to compare).
+if [ -n "${POSTGRES_BENCH:-}" ]; then
+  bench=$POSTGRES_BENCH
+else
+  cargo build --release -p tower-pinned-window-bench --bin postgres_bench --quiet
+  bench="${CARGO_TARGET_DIR:-target}"/release/postgres_bench
+fi
 table="\"$schema\".\"tpw_counters\""
 # The backend's statement, as the backend runs it for one hit alone (arrays
 # of one counter), with pgbench variables for the key: $1 namespaces, $2
@@ -68,7 +81,7 @@ ceiling() { # mode, clients: pgbench's transactions per second
     awk '/^tps = / {print int($3)}'
 }
 
-[ -n "${ONLY_FLOOD:-}" ] || {
+[ -n "${ONLY_FLOOD:-}${ONLY_SPENDS:-}" ] || {
 printf '%-6s %9s  %15s  %15s  %8s\n' mode in_flight backend_hits/s pgbench_hits/s ratio
 for mode in fresh hot; do
   for c in 1 16 64; do
@@ -80,6 +93,19 @@ for mode in fresh hot; do
   done
 done
 }
+
+[ -n "${ONLY_FLOOD:-}" ] || {
+echo
+printf '%-8s %9s  %10s  %18s  %20s\n' route in_flight requests/s statements/request transactions/request
+for mode in cost charged; do
+  for c in 1 16 64; do
+    reset_table
+    read -r rps per_request xacts < <("$bench" "$URL" "$schema" "$mode" "$c" "$SECS")
+    printf '%-8s %9s  %10.0f  %18s  %20s\n' "$mode" "$c" "$rps" "$per_request" "$xacts"
+  done
+done
+}
+[ -n "${ONLY_SPENDS:-}" ] && exit 0
 
 echo
 reset_table

@@ -1374,6 +1374,524 @@ async fn spends_lockouts_and_amends() {
     spends(&backend);
 }
 
+/// A backend on `schema` with one connection and one sender, whose sender
+/// is made to wait: [`Held::queue`] then lines requests up behind it, in
+/// order, and [`Held::release`] lets them go, all in the one next batch.
+struct Held {
+    hold: Option<tower_pinned_window::backend::postgres::deadpool_postgres::Object>,
+    first: tower_pinned_window::backend::BackendFuture<tower_pinned_window::backend::Hits>,
+}
+
+/// A one-connection, one-sender backend on `schema`, its table migrated,
+/// no deny cache (every request reaches the table).
+async fn one_sender(schema: &TestSchema) -> PostgresBackend {
+    let backend = PostgresBackend::builder(schema.pool(1))
+        .schema(&schema.name)
+        .statements(std::num::NonZeroUsize::MIN)
+        .deny_cache(0)
+        .no_cleaner()
+        .build();
+    backend.migrate().await.unwrap();
+    backend
+}
+
+impl Held {
+    /// Take the backend's only connection, and queue a first spend (on a
+    /// key of its own): once the sender has taken it and waits for the
+    /// connection, every request queued is sent in the batch after it.
+    async fn new(backend: &PostgresBackend) -> Self {
+        use tower_pinned_window::backend::{Counter, Spend};
+        let hold = backend.pool().get().await.unwrap();
+        let counters = [Counter {
+            namespace: "first",
+            quota: quota(1_000, Duration::from_secs(600)),
+        }];
+        let mut first = backend.spend_all(&Key::new("first"), &counters, Spend::cost(1));
+        Self::queue(&mut first).await;
+        while backend.pool().status().waiting == 0 {
+            tokio::task::yield_now().await;
+        }
+        Self {
+            hold: Some(hold),
+            first,
+        }
+    }
+
+    /// Poll `request` once: it is queued, behind those queued before it.
+    async fn queue<F: std::future::Future + Unpin>(request: &mut F) {
+        std::future::poll_fn(|cx| {
+            assert!(
+                std::pin::Pin::new(&mut *request).poll(cx).is_pending(),
+                "queued, not answered"
+            );
+            std::task::Poll::Ready(())
+        })
+        .await;
+    }
+
+    /// Let the first batch go, then the one queued behind it.
+    async fn release(mut self) {
+        drop(self.hold.take());
+        self.first.await.unwrap();
+    }
+}
+
+/// Transactions that wrote the test table's rows of `namespace` (their
+/// distinct `xmin`s).
+async fn writers(schema: &TestSchema, namespace: &str) -> i64 {
+    schema
+        .client
+        .query_one(
+            &format!(
+                "SELECT count(DISTINCT xmin::text) FROM {} WHERE namespace = $1",
+                schema.table()
+            ),
+            &[&namespace],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Spends and amends of one batch are decided in the order they were
+/// queued, each on the counters as the ones before it left them, each all
+/// or nothing across its counters.
+async fn a_batch_decides_its_requests_in_order_and_all_or_nothing() {
+    use tower_pinned_window::backend::{Amend, Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("batch_order").await);
+    let backend = one_sender(&schema).await;
+    let a = Counter {
+        namespace: "a",
+        quota: quota(10, Duration::from_secs(600)),
+    };
+    let b = Counter {
+        namespace: "b",
+        quota: quota(6, Duration::from_secs(600)),
+    };
+    let (k, j) = (Key::new("k"), Key::new("j"));
+    let held = Held::new(&backend).await;
+    let mut spends = vec![
+        backend.spend_all(&k, &[a], Spend::cost(3)),    // a 3
+        backend.spend_all(&k, &[a, b], Spend::cost(4)), // a 7, b 4
+        backend.spend_all(&k, &[a, b], Spend::cost(3)), // b would pass 6: nothing
+        backend.spend_all(&k, &[a], Spend::cost(3)),    // a 10, the limit
+        backend.spend_all(&k, &[a], Spend::cost(0)),    // a check: at the limit
+        backend.spend_all(&k, &[b], Spend::cost(2)),    // b 6
+        backend.spend_all(&j, &[a], Spend::cost(11)),   // never fits
+        backend.spend_all(&j, &[a], Spend::cost(5)),    // j's own a 5
+    ];
+    for spend in &mut spends {
+        Held::queue(spend).await;
+    }
+    held.release().await;
+    let mut hits = Vec::new();
+    for spend in spends {
+        hits.push(spend.await.unwrap());
+    }
+    let counts = |i: usize| -> Vec<(u64, bool)> {
+        hits[i]
+            .iter()
+            .map(|h| (h.count, h.deadline.is_some()))
+            .collect()
+    };
+    assert_eq!(counts(0), [(3, true)]);
+    assert_eq!(counts(1), [(7, true), (4, true)]);
+    assert_eq!(
+        counts(2),
+        [(7, false), (7, false)],
+        "b did not fit: nothing spent"
+    );
+    assert_eq!(counts(3), [(10, true)]);
+    assert_eq!(
+        counts(4),
+        [(11, false)],
+        "at the limit, even a check is denied"
+    );
+    assert_eq!(counts(5), [(6, true)]);
+    assert_eq!(counts(6), [(11, false)]);
+    assert_eq!(counts(7), [(5, true)]);
+    assert_eq!(row(&schema, "a", "k").await.unwrap().0, 10);
+    assert_eq!(row(&schema, "b", "k").await.unwrap().0, 6);
+    assert_eq!(row(&schema, "a", "j").await.unwrap().0, 5);
+    assert_eq!(writers(&schema, "a").await, 1, "one transaction");
+    assert_eq!(writers(&schema, "b").await, 1, "the same one");
+
+    // Amends in a batch, in order with its spends: a refund makes room for
+    // the spend behind it; a clear deletes the window, which the spend
+    // behind it opens again, and a charge of the cleared window changes
+    // nothing.
+    let (ka, kb) = (hits[1][0], hits[5][0]);
+    let held = Held::new(&backend).await;
+    let mut refund = backend.amend("a", &k, &ka, Amend::Refund(4)); // a 6
+    let mut fits = backend.spend_all(&k, &[a], Spend::cost(4)); // a 10
+    let mut full = backend.spend_all(&k, &[a], Spend::cost(1)); // denied
+    let mut clear = backend.amend("b", &k, &kb, Amend::Clear);
+    let mut reopened = backend.spend_all(&k, &[b], Spend::cost(6)); // a new b, 6
+    let mut late = backend.amend("b", &k, &kb, Amend::Charge(1)); // the old window: no
+    Held::queue(&mut refund).await;
+    Held::queue(&mut fits).await;
+    Held::queue(&mut full).await;
+    Held::queue(&mut clear).await;
+    Held::queue(&mut reopened).await;
+    Held::queue(&mut late).await;
+    held.release().await;
+    assert!(refund.await.unwrap());
+    let fits = fits.await.unwrap()[0];
+    assert_eq!(
+        (fits.count, fits.deadline),
+        (10, ka.deadline),
+        "after the refund"
+    );
+    assert_eq!(full.await.unwrap()[0].deadline, None);
+    assert!(clear.await.unwrap());
+    let reopened = reopened.await.unwrap()[0];
+    assert_eq!(reopened.count, 6, "a new window after the clear");
+    assert!(reopened.deadline.is_some() && reopened.deadline != kb.deadline);
+    assert!(!late.await.unwrap(), "the cleared window is gone");
+    assert_eq!(row(&schema, "a", "k").await.unwrap().0, 10);
+    assert_eq!(row(&schema, "b", "k").await.unwrap().0, 6);
+    let marked = markers(&schema).await;
+    assert_eq!(marked.len(), 1, "the clear's reset marker: {marked:?}");
+}
+
+/// A corrupt counter fails the requests that name it, and only those; it
+/// is left as it is, and the rest of the batch is decided as usual.
+async fn a_corrupt_counter_fails_only_its_requests_in_a_batch() {
+    use tower_pinned_window::backend::{Amend, Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("batch_corrupt").await);
+    let backend = one_sender(&schema).await;
+    without_constraints(&schema).await;
+    schema
+        .client
+        .execute(
+            &format!(
+                "INSERT INTO {} VALUES ('n', 'bad', -3, now() + interval '1 minute')",
+                schema.table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let before = raw(&schema, "bad").await;
+    let q = quota(10, Duration::from_secs(600));
+    let n = Counter {
+        namespace: "n",
+        quota: q,
+    };
+    let m = Counter {
+        namespace: "m",
+        quota: q,
+    };
+    let (good, other, bad) = (Key::new("good"), Key::new("other"), Key::new("bad"));
+    let early = backend
+        .spend_all(&good, &[n], Spend::cost(1))
+        .await
+        .unwrap()[0];
+    let held = Held::new(&backend).await;
+    let mut spends = vec![
+        backend.spend_all(&good, &[n], Spend::cost(2)),
+        backend.spend_all(&bad, &[n], Spend::cost(1)),
+        backend.spend_all(&bad, &[m, n], Spend::cost(1)),
+        backend.spend_all(&other, &[n, m], Spend::cost(4)),
+        backend.spend_all(&bad, &[m], Spend::cost(5)),
+        backend.spend_all(&good, &[n], Spend::cost(3)),
+    ];
+    let mut amends = vec![
+        backend.amend("n", &good, &early, Amend::Charge(1)),
+        backend.amend("n", &bad, &early, Amend::Clear),
+    ];
+    for spend in &mut spends {
+        Held::queue(spend).await;
+    }
+    for amend in &mut amends {
+        Held::queue(amend).await;
+    }
+    held.release().await;
+    let mut results = Vec::new();
+    for spend in spends {
+        results.push(spend.await);
+    }
+    let count = |i: usize| results[i].as_ref().unwrap()[0].count;
+    assert_eq!(count(0), 3);
+    for i in [1, 2] {
+        match &results[i] {
+            Err(BackendError::Corrupt { key, detail }) => {
+                assert!(key.contains("n{bad}"), "{key}");
+                assert!(detail.contains("-3"), "{detail}");
+            }
+            other => panic!("{i}: {other:?}"),
+        }
+    }
+    assert_eq!(count(3), 4);
+    assert_eq!(count(4), 5, "another counter of the same key counts");
+    assert_eq!(count(5), 6);
+    assert!(amends.remove(0).await.unwrap());
+    assert!(
+        !amends.remove(0).await.unwrap(),
+        "an amend of it changes nothing"
+    );
+    assert_eq!(raw(&schema, "bad").await, before, "left as it is");
+    assert_eq!(row(&schema, "n", "good").await.unwrap().0, 7);
+    assert_eq!(row(&schema, "n", "other").await.unwrap().0, 4);
+    assert_eq!(row(&schema, "m", "other").await.unwrap().0, 4);
+    assert_eq!(
+        row(&schema, "m", "bad").await.unwrap().0,
+        5,
+        "the request naming the corrupt counter spent nothing on m"
+    );
+}
+
+/// Many concurrent spends of a fixed cost per key, from two instances, on
+/// keys with one counter and keys with two: each key's admitted costs add up
+/// to at most its limit and exactly to its stored counts, the same on both
+/// counters of a two-counter request (all or nothing), and the spends went
+/// out batched.
+async fn batched_spends_are_exact_under_concurrency() {
+    use tower_pinned_window::backend::{Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("batch_exact").await);
+    let one = schema.builder().deny_cache(0).build();
+    one.migrate().await.unwrap();
+    let two = schema.builder().build();
+    const KEYS: usize = 6;
+    let costs = [1u64, 3, 7, 10, 2, 5];
+    let (wide, narrow) = (
+        quota(100, Duration::from_secs(600)),
+        quota(60, Duration::from_secs(600)),
+    );
+    let admitted: Arc<Vec<AtomicU64>> = Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let both_admitted: Arc<Vec<AtomicU64>> =
+        Arc::new((0..KEYS).map(|_| AtomicU64::new(0)).collect());
+    let mut tasks = Vec::new();
+    for i in 0..900usize {
+        let backend = if i % 2 == 0 { one.clone() } else { two.clone() };
+        let (admitted, both_admitted) = (admitted.clone(), both_admitted.clone());
+        tasks.push(tokio::spawn(async move {
+            let k = i % KEYS;
+            let key = Key::display(format_args!("k{k}"));
+            let n = Counter {
+                namespace: "n",
+                quota: wide,
+            };
+            let m = Counter {
+                namespace: "m",
+                quota: narrow,
+            };
+            // A third of the requests name both counters.
+            let two_counters = (i / KEYS).is_multiple_of(3);
+            let counters: &[Counter<'_>] = if two_counters { &[n, m] } else { &[n] };
+            let hits = backend
+                .spend_all(&key, counters, Spend::cost(costs[k]))
+                .await
+                .unwrap();
+            let spent = hits.iter().all(|h| h.deadline.is_some());
+            assert_eq!(spent, hits.iter().any(|h| h.deadline.is_some()), "{hits:?}");
+            if spent {
+                assert!(hits[0].count <= 100);
+                admitted[k].fetch_add(1, Ordering::Relaxed);
+                if two_counters {
+                    assert!(hits[1].count <= 60);
+                    both_admitted[k].fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    for (k, cost) in costs.iter().enumerate() {
+        let key = format!("k{k}");
+        let n = row(&schema, "n", &key).await.unwrap().0 as u64;
+        let m = row(&schema, "m", &key)
+            .await
+            .map_or(0, |(count, _)| count as u64);
+        let admitted = admitted[k].load(Ordering::Relaxed) * cost;
+        let both = both_admitted[k].load(Ordering::Relaxed) * cost;
+        eprintln!("{key}: cost {cost}, admitted {admitted} (n {n}), both {both} (m {m})");
+        assert_eq!(admitted, n, "{key}: n");
+        assert!(n <= 100 && n > 100 - cost, "{key}: n used up, never passed");
+        assert_eq!(both, m, "{key}: m");
+        assert!(m <= 60, "{key}: m");
+    }
+    let transactions: i64 = schema
+        .client
+        .query_one(
+            &format!("SELECT count(DISTINCT xmin::text) FROM {}", schema.table()),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    // Rows show the transaction that last wrote them: with one spend per
+    // transaction, each of the 12 rows would show its own.
+    assert!(
+        transactions < 12,
+        "{transactions} transactions wrote 12 rows last"
+    );
+}
+
+/// Spends and charges in flight while the backend's connections are killed
+/// over and over: a request is counted once or not at all, never again by
+/// a retry, and each admission reported was counted: the stored counts are
+/// the admissions and charges answered.
+async fn a_batch_cut_by_a_killed_connection_never_counts_twice() {
+    use tower_pinned_window::backend::{Amend, Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("batch_killed").await);
+    let backend = schema.backend().await;
+    let done = Arc::new(AtomicBool::new(false));
+    const KEYS: usize = 8;
+    let q = quota(1_000_000, Duration::from_secs(600));
+    let mut tasks = Vec::new();
+    for worker in 0..32usize {
+        let backend = backend.clone();
+        tasks.push(tokio::spawn(async move {
+            // Per key: units answered as counted (spends of 2, charges of 1),
+            // and requests that failed.
+            let mut counted = [0u64; KEYS];
+            let mut failed = 0u64;
+            for i in 0..150usize {
+                let k = (worker + i) % KEYS;
+                let key = Key::display(format_args!("k{k}"));
+                let counters = [Counter {
+                    namespace: "n",
+                    quota: q,
+                }];
+                match backend.spend_all(&key, &counters, Spend::cost(2)).await {
+                    Ok(hits) => {
+                        assert!(hits[0].deadline.is_some(), "{hits:?}");
+                        counted[k] += 2;
+                        if i % 2 == 0 {
+                            match backend.amend("n", &key, &hits[0], Amend::Charge(1)).await {
+                                Ok(true) => counted[k] += 1,
+                                Ok(false) => panic!("the charge found no window"),
+                                Err(_) => failed += 1,
+                            }
+                        }
+                    }
+                    Err(_) => failed += 1,
+                }
+            }
+            (counted, failed)
+        }));
+    }
+    let killer = {
+        let done = done.clone();
+        tokio::spawn(async move {
+            let mut killed = 0;
+            while !done.load(Ordering::Relaxed) {
+                killed += schema.kill_connections().await;
+                tokio::time::sleep(Duration::from_millis(15)).await;
+            }
+            (schema, killed)
+        })
+    };
+    let (mut counted, mut failed) = ([0u64; KEYS], 0);
+    for task in tasks {
+        let (theirs, their_failed) = task.await.unwrap();
+        for k in 0..KEYS {
+            counted[k] += theirs[k];
+        }
+        failed += their_failed;
+    }
+    done.store(true, Ordering::Relaxed);
+    let (schema, killed) = killer.await.unwrap();
+    eprintln!("{killed} connections killed; {failed} requests failed; counted {counted:?}");
+    assert!(killed > 0, "the test killed no connection");
+    assert!(failed > 0, "no batch was cut");
+    for (k, counted) in counted.iter().enumerate() {
+        let stored = row(&schema, "n", &format!("k{k}"))
+            .await
+            .map_or(0, |(c, _)| c as u64);
+        assert_eq!(stored, *counted, "k{k}: stored, answered as counted");
+    }
+    assert!(counted.iter().sum::<u64>() > 0, "traffic went through");
+}
+
+/// The deny cache on the spend route: a counter at its limit is denied
+/// here until its window closes, a lockout until it ends; a cost that only
+/// does not fit is asked again; a spend that would lock a counter out goes
+/// to the table; an amend forgets the counter.
+async fn spends_use_the_deny_cache_only_for_what_every_spend_is_denied() {
+    use tower_pinned_window::backend::{Amend, Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("spend_deny").await);
+    let backend = schema.backend().await;
+    let key = Key::new("k");
+    let c = [Counter {
+        namespace: "n",
+        quota: quota(5, Duration::from_secs(600)),
+    }];
+    let set_count = |count: i64| {
+        let (client, table) = (&schema.client, schema.table());
+        async move {
+            client
+                .execute(&format!("UPDATE {table} SET count = $1"), &[&count])
+                .await
+                .unwrap();
+        }
+    };
+    let first = backend.spend_all(&key, &c, Spend::cost(4)).await.unwrap()[0];
+    assert_eq!(first.count, 4);
+    let too_big = backend.spend_all(&key, &c, Spend::cost(2)).await.unwrap()[0];
+    assert_eq!(too_big.deadline, None, "does not fit");
+    let fits = backend.spend_all(&key, &c, Spend::cost(1)).await.unwrap()[0];
+    assert_eq!(
+        fits.count, 5,
+        "the cost that did not fit was not remembered"
+    );
+    let full = backend.spend_all(&key, &c, Spend::cost(1)).await.unwrap()[0];
+    assert_eq!(full.deadline, None);
+    // Behind the backend's back: the table would admit now.
+    set_count(0).await;
+    let cached = backend.spend_all(&key, &c, Spend::cost(0)).await.unwrap()[0];
+    assert_eq!(cached.deadline, None, "at its limit: denied here");
+    assert!(
+        cached.reset > Duration::from_secs(590),
+        "until the window closes"
+    );
+    assert_eq!(row(&schema, "n", "k").await.unwrap().0, 0, "nothing sent");
+    // A spend that locks out is not answered by that: the table decides.
+    let block = Window::new(Duration::from_secs(3600)).unwrap();
+    let locking = backend
+        .spend_all(&key, &c, Spend::cost(1).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!(locking.count, 1, "the table admits it");
+    set_count(5).await;
+    let locked = backend
+        .spend_all(&key, &c, Spend::cost(1).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!(locked.deadline, None);
+    let until = blocked_until(&schema).await;
+    set_count(0).await;
+    schema
+        .client
+        .execute(
+            &format!("UPDATE {} SET blocked_until = NULL", schema.table()),
+            &[],
+        )
+        .await
+        .unwrap();
+    let cached = backend
+        .spend_all(&key, &c, Spend::cost(1).block(block))
+        .await
+        .unwrap()[0];
+    assert_eq!(cached.deadline, None, "locked out: denied here");
+    assert!(
+        cached.reset > Duration::from_secs(3590),
+        "until the lockout ends"
+    );
+    assert!(until > SystemTime::now() + Duration::from_secs(3590));
+    // An amend forgets the counter: the table decides again.
+    assert!(
+        backend
+            .amend("n", &key, &first, Amend::Charge(1))
+            .await
+            .unwrap()
+    );
+    let asked = backend.spend_all(&key, &c, Spend::cost(1)).await.unwrap()[0];
+    assert_eq!(asked.count, 2, "asked the table");
+}
+
 /// A table made by the previous release (its DDL as it was) is migrated in
 /// place: its rows are kept and spends work on it.
 async fn a_table_of_the_previous_release_is_migrated_in_place() {
@@ -1427,6 +1945,31 @@ fn main() {
             "concurrent_spends_never_admit_more_than_the_limit",
             Needs::Postgres,
             concurrent_spends_never_admit_more_than_the_limit,
+        ),
+        trial::current(
+            "a_batch_decides_its_requests_in_order_and_all_or_nothing",
+            Needs::Postgres,
+            a_batch_decides_its_requests_in_order_and_all_or_nothing,
+        ),
+        trial::current(
+            "a_corrupt_counter_fails_only_its_requests_in_a_batch",
+            Needs::Postgres,
+            a_corrupt_counter_fails_only_its_requests_in_a_batch,
+        ),
+        trial::multi(
+            "batched_spends_are_exact_under_concurrency",
+            Needs::Postgres,
+            batched_spends_are_exact_under_concurrency,
+        ),
+        trial::multi(
+            "a_batch_cut_by_a_killed_connection_never_counts_twice",
+            Needs::Postgres,
+            a_batch_cut_by_a_killed_connection_never_counts_twice,
+        ),
+        trial::current(
+            "spends_use_the_deny_cache_only_for_what_every_spend_is_denied",
+            Needs::Postgres,
+            spends_use_the_deny_cache_only_for_what_every_spend_is_denied,
         ),
         trial::current(
             "spends_lockouts_and_amends",

@@ -12,17 +12,25 @@
 //! The pool has IN_FLIGHT connections, as pgbench has at that concurrency;
 //! `STATEMENTS` sets the backend's statements in flight (default 4).
 //! `fresh` and `hot` print one number: hits per second.
+//!
+//! MODE `cost` (a spend of cost 1 per request) and `charged` (a check that
+//! opens the window, then a charge of 1 once answered: `Spend::cost(0).open()`
+//! then `Amend::Charge(1)`) pick each request's key at random among 10,000,
+//! and print three numbers: requests per second, the statements the database
+//! ran per request (from `pg_stat_statements`, BEGIN and COMMIT included; `nan`
+//! when the extension is not installed) and the transactions per request
+//! (from `pg_stat_database`, read once the pool is closed).
 
 use std::num::NonZeroU32;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use tokio_postgres::NoTls;
+use tokio_postgres::{Client, NoTls};
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::Backend;
 use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
+use tower_pinned_window::backend::{Amend, Backend, Counter, Spend, Spending};
 use tower_pinned_window::key::Key;
 
 #[tokio::main]
@@ -35,8 +43,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let [url, schema, mode, in_flight, seconds] = args.as_slice() else {
-        return Err("usage: postgres_bench URL SCHEMA fresh|hot|flood IN_FLIGHT SECONDS".into());
+        return Err(
+            "usage: postgres_bench URL SCHEMA fresh|hot|flood|cost|charged IN_FLIGHT SECONDS"
+                .into(),
+        );
     };
+    if mode == "cost" || mode == "charged" {
+        return spends(
+            url,
+            schema,
+            mode == "charged",
+            in_flight.parse()?,
+            seconds.parse()?,
+        )
+        .await;
+    }
     let in_flight: usize = in_flight.parse()?;
     let duration = Duration::from_secs_f64(seconds.parse()?);
     let pool = Pool::builder(Manager::new(url.parse()?, NoTls))
@@ -132,5 +153,120 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let elapsed = start.elapsed().as_secs_f64();
     println!("{:.0}", hits.load(Ordering::Relaxed) as f64 / elapsed);
+    Ok(())
+}
+
+/// Statements run so far (`pg_stat_statements`, every database), or `None`
+/// without the extension.
+async fn statements(db: &Client) -> Option<i64> {
+    let row = db
+        .query_one(
+            "SELECT coalesce(sum(calls), 0)::bigint FROM pg_stat_statements \
+             WHERE query NOT LIKE '%pg_stat_%'",
+            &[],
+        )
+        .await
+        .ok()?;
+    row.get(0)
+}
+
+/// Transactions committed or rolled back in this database so far.
+async fn transactions(db: &Client) -> Result<i64, tokio_postgres::Error> {
+    let row = db
+        .query_one(
+            "SELECT xact_commit + xact_rollback FROM pg_stat_database \
+             WHERE datname = current_database()",
+            &[],
+        )
+        .await?;
+    Ok(row.get(0))
+}
+
+/// The `cost` and `charged` modes: requests per second, statements per
+/// request, transactions per request.
+async fn spends(
+    url: &str,
+    schema: &str,
+    charged: bool,
+    in_flight: usize,
+    seconds: f64,
+) -> Result<(), Box<dyn std::error::Error>> {
+    const KEYS: u64 = 10_000;
+    let pool = Pool::builder(Manager::new(url.parse()?, NoTls))
+        .max_size(in_flight)
+        .build()?;
+    let mut builder = PostgresBackend::builder(pool).schema(schema).no_cleaner();
+    if let Ok(statements) = std::env::var("STATEMENTS") {
+        builder = builder.statements(statements.parse()?);
+    }
+    let backend = builder.build();
+    backend.migrate().await?;
+    let (db, connection) = tokio_postgres::connect(url, NoTls).await?;
+    tokio::spawn(connection);
+    let quota = Quota::new(u64::MAX / 2, Duration::from_secs(600))?;
+    let requests = Arc::new(AtomicU64::new(0));
+    let _ = db.execute("SELECT pg_stat_statements_reset()", &[]).await;
+    let (statements_before, transactions_before) =
+        (statements(&db).await, transactions(&db).await?);
+    let start = Instant::now();
+    let deadline = start + Duration::from_secs_f64(seconds);
+    let mut tasks = Vec::new();
+    for task in 0..in_flight as u64 {
+        let backend = backend.clone();
+        let requests = requests.clone();
+        tasks.push(tokio::spawn(async move {
+            // A small xorshift: keys spread over KEYS, no two tasks alike.
+            let mut state = 0x9E37_79B9_7F4A_7C15u64 ^ (task + 1);
+            let counters = [Counter {
+                namespace: "b",
+                quota,
+            }];
+            while Instant::now() < deadline {
+                state ^= state << 13;
+                state ^= state >> 7;
+                state ^= state << 17;
+                let key = Key::display(format_args!("k{}", state % KEYS));
+                if charged {
+                    let hits = backend
+                        .spend_all(&key, &counters, Spend::cost(0).open())
+                        .await
+                        .unwrap();
+                    let charged = backend
+                        .amend("b", &key, &hits[0], Amend::Charge(1))
+                        .await
+                        .unwrap();
+                    assert!(charged, "the charge found its window");
+                } else {
+                    let hits = backend
+                        .spend_all(&key, &counters, Spend::cost(1))
+                        .await
+                        .unwrap();
+                    assert!(hits[0].deadline.is_some(), "admitted");
+                }
+                requests.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await?;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let statements_after = statements(&db).await;
+    // Closing the pool's connections makes their backends report their
+    // transactions.
+    drop(backend);
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let transactions_after = transactions(&db).await?;
+    let done = requests.load(Ordering::Relaxed) as f64;
+    let statements = match (statements_before, statements_after) {
+        (Some(before), Some(after)) => (after - before) as f64 / done,
+        _ => f64::NAN,
+    };
+    println!(
+        "{:.0} {:.3} {:.3}",
+        done / elapsed,
+        statements,
+        (transactions_after - transactions_before) as f64 / done
+    );
     Ok(())
 }

@@ -14,8 +14,13 @@
 //!
 //! A hit whose caller has given up (its future dropped: the request timed
 //! out or went away) before its statement is sent is not sent.
+//!
+//! The queue and its senders are generic over the [`Job`] they carry: the
+//! spends and amends (`spend.rs`) go through a queue of their own, the same
+//! way, one transaction per batch.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::num::NonZeroUsize;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -52,15 +57,49 @@ pub(super) struct Pending {
     pub(super) reply: oneshot::Sender<Reply>,
 }
 
-/// The queue of hits, its senders, and the database they send to.
-pub(super) struct Batcher {
+/// What a queue carries: one caller's request, with where its answer goes.
+pub(super) trait Job: Send + Sized + 'static {
+    /// The most jobs one batch carries.
+    const MAX_BATCH: usize;
+
+    /// Whether the caller has given up (its future dropped): such a job is
+    /// not sent.
+    fn is_closed(&self) -> bool;
+
+    /// Answer the caller with `err`.
+    fn fail(self, err: BackendError);
+
+    /// Send `batch` to `db` (one statement, or one transaction), and answer
+    /// every job of it.
+    fn send(db: &Db, batch: Vec<Self>) -> impl Future<Output = ()> + Send;
+}
+
+impl Job for Pending {
+    const MAX_BATCH: usize = MAX_BATCH;
+
+    fn is_closed(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn fail(self, err: BackendError) {
+        let _ = self.reply.send(Err(err));
+    }
+
+    fn send(db: &Db, batch: Vec<Self>) -> impl Future<Output = ()> + Send {
+        send(db, batch)
+    }
+}
+
+/// The queue of hits (or of another [`Job`]), its senders, and the database
+/// they send to.
+pub(super) struct Batcher<J = Pending> {
     db: Arc<Db>,
-    queue: Mutex<Vec<Pending>>,
+    queue: Mutex<Vec<J>>,
     senders: AtomicUsize,
     max_senders: usize,
 }
 
-impl Batcher {
+impl<J: Job> Batcher<J> {
     /// At most `statements` senders at once, to `db`.
     pub(super) fn new(statements: NonZeroUsize, db: Arc<Db>) -> Self {
         Self {
@@ -76,7 +115,7 @@ impl Batcher {
         self.max_senders
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Pending>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<J>> {
         self.queue
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -102,21 +141,23 @@ impl Batcher {
     }
 }
 
-/// Queue `hits` and make sure a sender will send them. Must be called on a
+/// Queue `jobs` and make sure a sender will send them. Must be called on a
 /// Tokio runtime.
-pub(super) fn submit(batcher: &Arc<Batcher>, hits: Vec<Pending>) {
-    {
+pub(super) fn submit<J: Job>(batcher: &Arc<Batcher<J>>, jobs: impl IntoIterator<Item = J>) {
+    let refused = {
         let mut queue = batcher.lock();
-        if queue.len() + hits.len() > MAX_QUEUED {
-            drop(queue);
-            for hit in hits {
-                let _ = hit.reply.send(Err(BackendError::Unavailable(
-                    "too many PostgreSQL hits waiting to be sent".into(),
-                )));
-            }
-            return;
+        let before = queue.len();
+        queue.extend(jobs);
+        if queue.len() > MAX_QUEUED {
+            queue.split_off(before)
+        } else {
+            Vec::new()
         }
-        queue.extend(hits);
+    };
+    for job in refused {
+        job.fail(BackendError::Unavailable(
+            "too many PostgreSQL requests waiting to be sent".into(),
+        ));
     }
     if batcher.try_claim() {
         tokio::spawn(send_loop(Arc::clone(batcher)));
@@ -125,9 +166,9 @@ pub(super) fn submit(batcher: &Arc<Batcher>, hits: Vec<Pending>) {
 
 /// A sender's place, given back when dropped: also when the task is
 /// cancelled (its runtime shut down), so a place is never lost.
-struct Place<'a>(&'a Batcher);
+struct Place<'a, J>(&'a Batcher<J>);
 
-impl Drop for Place<'_> {
+impl<J> Drop for Place<'_, J> {
     fn drop(&mut self) {
         self.0.senders.fetch_sub(1, Ordering::AcqRel);
     }
@@ -135,14 +176,14 @@ impl Drop for Place<'_> {
 
 /// A sender: statements until the queue is empty. It holds the place
 /// [`submit`] claimed for it.
-async fn send_loop(batcher: Arc<Batcher>) {
+async fn send_loop<J: Job>(batcher: Arc<Batcher<J>>) {
     let batcher = &*batcher;
     let mut place = Place(batcher);
     loop {
-        let batch: Vec<Pending> = {
+        let batch: Vec<J> = {
             let mut queue = batcher.lock();
-            queue.retain(|hit| !hit.reply.is_closed());
-            let n = queue.len().min(MAX_BATCH);
+            queue.retain(|job| !job.is_closed());
+            let n = queue.len().min(J::MAX_BATCH);
             queue.drain(..n).collect()
         };
         if batch.is_empty() {
@@ -155,7 +196,7 @@ async fn send_loop(batcher: Arc<Batcher>) {
             place = Place(batcher);
             continue;
         }
-        send(batcher, batch).await;
+        J::send(&batcher.db, batch).await;
         // Let the callers just answered queue their next hits before this
         // sender looks again, so they go out together rather than one by one
         // (measured: up to 1.5 times the hits per second at 16 in flight).
@@ -164,8 +205,7 @@ async fn send_loop(batcher: Arc<Batcher>) {
 }
 
 /// One statement for `batch`, and every hit's answer.
-async fn send(batcher: &Batcher, mut batch: Vec<Pending>) {
-    let db = &*batcher.db;
+async fn send(db: &Db, mut batch: Vec<Pending>) {
     let client = match db.pool.get().await {
         Ok(client) => client,
         Err(err) => return fail(batch, &pool_error(err)),
@@ -277,15 +317,15 @@ async fn send(batcher: &Batcher, mut batch: Vec<Pending>) {
     }
 }
 
-/// Every hit of `batch` fails with `err`.
-fn fail(batch: Vec<Pending>, err: &BackendError) {
-    for hit in batch {
-        let _ = hit.reply.send(Err(share(err)));
+/// Every job of `batch` fails with `err`.
+pub(super) fn fail<J: Job>(batch: Vec<J>, err: &BackendError) {
+    for job in batch {
+        job.fail(share(err));
     }
 }
 
-/// `err` again, for another hit of the same statement.
-fn share(err: &BackendError) -> BackendError {
+/// `err` again, for another job of the same statement.
+pub(super) fn share(err: &BackendError) -> BackendError {
     match err {
         BackendError::TimedOut => BackendError::TimedOut,
         BackendError::AtCapacity => BackendError::AtCapacity,

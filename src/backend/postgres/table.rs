@@ -67,8 +67,6 @@ pub(super) struct Sql {
     pub(super) spend_lock: String,
     pub(super) spend_read: String,
     pub(super) spend_write: String,
-    pub(super) amend: String,
-    pub(super) clear: String,
 }
 
 impl fmt::Debug for Sql {
@@ -106,8 +104,6 @@ impl Sql {
             spend_lock: render(include_str!("sql/spend_lock.sql")),
             spend_read: render(include_str!("sql/spend_read.sql")),
             spend_write: render(include_str!("sql/spend_write.sql")),
-            amend: render(include_str!("sql/amend.sql")),
-            clear: render(include_str!("sql/clear.sql")),
         }
     }
 }
@@ -168,6 +164,9 @@ mod tests {
             ("stats", &sql.stats),
             ("repair", &sql.repair),
             ("migrate", &sql.migrate),
+            ("spend_lock", &sql.spend_lock),
+            ("spend_read", &sql.spend_read),
+            ("spend_write", &sql.spend_write),
         ] {
             assert!(text.contains("\"rate\".\"hits\""), "{name}: {text}");
             let left = text.replace("{batch}", "");
@@ -180,8 +179,8 @@ mod tests {
             ("reset", &sql.reset),
             ("clean", &sql.clean),
             ("refund", &sql.refund),
-            ("amend", &sql.amend),
-            ("clear", &sql.clear),
+            ("spend_read", &sql.spend_read),
+            ("spend_write", &sql.spend_write),
         ] {
             assert!(
                 text.contains("\"rate\".\"hits_resets\""),

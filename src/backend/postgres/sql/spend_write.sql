@@ -1,11 +1,28 @@
--- tower-pinned-window: the writes of a spend, on rows it holds locked.
--- $1 namespace, $2 key, $3 the new count (NULL: keep it), $4 open a new window of $4 ms
--- (NULL: keep expires_at), $5 lock until now + $5 ms (NULL: keep it).
-UPDATE {table}
-SET count = coalesce($3::bigint, count),
-    expires_at = CASE WHEN $4::bigint IS NULL THEN expires_at
-                      ELSE statement_timestamp() + $4::bigint * interval '1 millisecond' END,
-    blocked_until = CASE WHEN $5::bigint IS NULL THEN blocked_until
-                         ELSE statement_timestamp() + $5::bigint * interval '1 millisecond' END
-WHERE namespace = $1 AND key = $2
-RETURNING expires_at, statement_timestamp()
+-- tower-pinned-window: the writes of a batch of spends and amends, on rows
+-- its transaction holds locked: each changed counter's row as the batch
+-- left it, the rows its clears deleted, and their reset markers.
+-- $1 namespaces, $2 keys, $3 counts, $4 expires_at, $5 blocked_until (NULL:
+-- none), $6 whether the row is deleted (then $3 to $5 are not read);
+-- $7 the markers' deadlines, $8 their namespaces, $9 their keys.
+WITH w AS (
+    SELECT * FROM unnest($1::text[], $2::bytea[], $3::bigint[], $4::timestamptz[],
+                         $5::timestamptz[], $6::bool[])
+             AS w(namespace, key, count, expires_at, blocked_until, gone)
+), updated AS (
+    UPDATE {table} c
+    SET count = w.count, expires_at = w.expires_at, blocked_until = w.blocked_until
+    FROM w
+    WHERE c.namespace = w.namespace AND c.key = w.key AND NOT w.gone
+    RETURNING 1
+), deleted AS (
+    DELETE FROM {table} c
+    USING w
+    WHERE c.namespace = w.namespace AND c.key = w.key AND w.gone
+    RETURNING 1
+), marked AS (
+    INSERT INTO {resets} (expires_at, namespace, key)
+    SELECT * FROM unnest($7::timestamptz[], $8::text[], $9::bytea[])
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM updated) + (SELECT count(*) FROM deleted)
