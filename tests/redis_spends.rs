@@ -348,6 +348,34 @@ async fn the_deny_cache_answers_spends_on_a_full_counter() {
         0,
         "answered by the deny cache"
     );
+    // A spend that would lock the counter out goes to Redis, which locks
+    // it (a counter at its limit is no lockout yet); then it is remembered
+    // as locked, and answered here.
+    let mut con = server.sync();
+    let block = Spend::cost(1).block(Window::new(Duration::from_secs(30)).unwrap());
+    let before = script_calls(&server);
+    let locks = store.spend_all(&key, &three, block).await.unwrap();
+    assert_eq!(script_calls(&server) - before, 1, "asked Redis");
+    assert!(locks[0].reset <= Duration::from_secs(30) && locks[0].reset > Duration::from_secs(29));
+    let left: i64 = redis::cmd("PTTL")
+        .arg("tpw:c{ip}:lock")
+        .query(&mut con)
+        .unwrap();
+    assert!(
+        (29_000..=30_000).contains(&left),
+        "locked out in Redis: {left} ms"
+    );
+    let before = script_calls(&server);
+    store.spend_all(&key, &three, block).await.unwrap();
+    assert_eq!(
+        script_calls(&server) - before,
+        0,
+        "the lockout, answered here"
+    );
+    let _: () = redis::cmd("DEL")
+        .arg("tpw:c{ip}:lock")
+        .query(&mut con)
+        .unwrap();
     // A refund of the first spend: the instance asks again, and it fits.
     assert!(
         store
@@ -375,7 +403,6 @@ async fn the_deny_cache_answers_spends_on_a_full_counter() {
         "the lockout's end, not moved"
     );
     assert_eq!(script_calls(&server) - before, 0);
-    let mut con = server.sync();
     let left: i64 = redis::cmd("PTTL")
         .arg("tpw:login{user}:lock")
         .query(&mut con)

@@ -42,11 +42,36 @@ pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
 /// call's answers.
 pub(super) type Answered = Result<Hits, BackendError>;
 
+/// What this instance remembers denied until a deadline: counters at or
+/// over their limit, which hits and spends read, and counters locked out,
+/// which only spends read (a spend that would lock a counter out is
+/// answered here only by a lockout: a counter merely at its limit goes to
+/// Redis, which locks it).
+pub(super) struct Denials {
+    pub(super) over: DenyCache,
+    pub(super) locked: DenyCache,
+}
+
+impl Denials {
+    pub(super) fn new(capacity: usize) -> Self {
+        Self {
+            over: DenyCache::new(capacity),
+            locked: DenyCache::new(capacity),
+        }
+    }
+
+    /// Forget the counter (`namespace`, `key`) in both.
+    pub(super) fn forget(&self, namespace: &str, key: &[u8]) {
+        self.over.remove(namespace, key);
+        self.locked.remove(namespace, key);
+    }
+}
+
 /// What turns the answers for a request's counters into its [`Hits`]: the
 /// quotas, and the deny cache that remembers a denial.
 pub(super) struct Finish {
     pub(super) quotas: SmallVec<[Quota; 2]>,
-    pub(super) deny: Option<Arc<DenyCache>>,
+    pub(super) deny: Option<Arc<Denials>>,
     /// The length of the backend's prefix: a denied counter's namespace and
     /// key are read back from its storage key.
     pub(super) prefix: usize,
@@ -74,7 +99,7 @@ impl Finish {
         for ((answer, quota), stored) in answers.into_iter().zip(&self.quotas).zip(stored) {
             let hit = answer?;
             if hit.count > quota.limit() {
-                self.remember(stored, hit.reset);
+                self.remember(stored, hit.reset, false);
             }
             hits.push(hit);
         }
@@ -82,10 +107,16 @@ impl Finish {
     }
 
     /// The counter `stored` is denied for `left` from when the request was
-    /// sent: the deny cache, when there is one, remembers it until then.
-    pub(super) fn remember(&self, stored: &[u8], left: Duration) {
-        let Some(deny) = &self.deny else {
+    /// sent, at its limit or `locked` out: the deny cache, when there is
+    /// one, remembers it until then.
+    pub(super) fn remember(&self, stored: &[u8], left: Duration, locked: bool) {
+        let Some(denials) = &self.deny else {
             return;
+        };
+        let deny = if locked {
+            &denials.locked
+        } else {
+            &denials.over
         };
         // Decoded only on a denial, which is rare: a request that is let
         // through copies nothing for the cache.

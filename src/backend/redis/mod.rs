@@ -52,7 +52,6 @@ use self::hits::HitWork;
 use self::reply::{parse_hit, parse_peek};
 use self::script::{HIT, PEEK, RESET, Size};
 use self::spends::{AmendWork, Forget, SpendWork};
-use super::deny_cache::DenyCache;
 use super::{
     Amend, AuditReport, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending,
     storage_key,
@@ -263,7 +262,7 @@ struct Inner<C> {
     connection: Guarded<C>,
     prefix: Box<[u8]>,
     /// Shared with the futures of queued hits, which remember denials.
-    deny: Option<Arc<DenyCache>>,
+    deny: Option<Arc<hits::Denials>>,
     /// The lanes of coalesced hits, spends and amends (on clones of the
     /// same connection); `None` with `coalesce(false)`.
     lanes: Option<Lanes<C>>,
@@ -300,7 +299,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
             .field("prefix", &self.inner.prefix.escape_ascii().to_string())
             .field(
                 "deny_cache",
-                &self.inner.deny.as_ref().map_or(0, |d| d.capacity),
+                &self.inner.deny.as_ref().map_or(0, |d| d.over.capacity),
             )
             .field("coalesce", &self.inner.lanes.is_some())
             .finish_non_exhaustive()
@@ -564,7 +563,7 @@ impl<C> RedisBackendBuilder<C> {
                 lanes: self.coalesce.then(|| Lanes::new(&connection, cluster)),
                 connection,
                 prefix: self.prefix.into(),
-                deny: (self.deny_cache > 0).then(|| Arc::new(DenyCache::new(self.deny_cache))),
+                deny: (self.deny_cache > 0).then(|| Arc::new(hits::Denials::new(self.deny_cache))),
             }),
         }
     }
@@ -790,7 +789,7 @@ where
         // hits were sent.
         let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(deny, key, counters, now)
+            && let Some(denied) = BackendFuture::denied(&deny.over, key, counters, now)
         {
             // Denied here, without a round trip; the counters are not hit.
             return denied;
@@ -864,7 +863,7 @@ where
     async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
         let storage_key = self.storage_key(namespace, key);
         if let Some(deny) = &self.inner.deny {
-            deny.remove(namespace, key.as_bytes());
+            deny.forget(namespace, key.as_bytes());
         }
         let lock = storage_key::encode_lockout(&self.inner.prefix, namespace, key);
         let marker = storage_key::encode_reset_marker(&self.inner.prefix, namespace, key);
@@ -908,12 +907,19 @@ where
     /// fit, and remembers such counters. Needs Redis 7.0 (`PEXPIRETIME`).
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
         let now = quanta::Instant::now();
-        if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(deny, key, counters, now)
-        {
-            // Denied here, without a round trip: nothing is spent, and a
-            // lockout was set by the denial that filled the cache.
-            return denied;
+        if let Some(deny) = &self.inner.deny {
+            // A spend that would lock a counter out is answered here only by
+            // a lockout: a counter merely at its limit goes to Redis, which
+            // locks it out.
+            let over = (spend.block.is_none())
+                .then(|| BackendFuture::denied(&deny.over, key, counters, now))
+                .flatten();
+            if let Some(denied) =
+                over.or_else(|| BackendFuture::denied(&deny.locked, key, counters, now))
+            {
+                // Denied here, without a round trip: nothing is spent.
+                return denied;
+            }
         }
         let work = SpendWork {
             counters: counters

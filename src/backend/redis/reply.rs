@@ -224,13 +224,25 @@ fn parse_entry(
     }
 }
 
+/// Whether a spend's counter can take no spend at all until its time left is
+/// over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Full {
+    /// It can (or it was not denied).
+    No,
+    /// At its limit (or over): until its window closes.
+    AtLimit,
+    /// Locked out: until the lockout ends.
+    Locked,
+}
+
 /// What the spend script answered for one request.
 #[derive(Debug)]
 pub(super) enum Spent {
     /// Admitted or denied: each counter's hit (a deadline only when the
     /// request was admitted and the counter counted it), and whether no
     /// spend can fit the counter until the hit's time left is over.
-    Decided(SmallVec<[(Hit, bool); 2]>),
+    Decided(SmallVec<[(Hit, Full); 2]>),
     /// Counter `counter` (from 0) is corrupt; nothing was written.
     Corrupt { counter: usize, reason: String },
     /// The request's arguments were refused; nothing was written.
@@ -239,7 +251,9 @@ pub(super) enum Spent {
 
 /// The spend script's reply, `[answers, reason, ...]`: signed 64-bit
 /// big-endian integers, per request in order, `1` admitted or `0` denied
-/// then four per counter (count, ms left, deadline or -1, 1 when full), or
+/// then four per counter (count, ms left, deadline or -1, and 1 when at its
+/// limit or 2 when locked out, so that no spend fits before the ms left are
+/// over, else 0), or
 /// `-1, i` when counter `i` (from 1) is corrupt, or `-2` when the request's
 /// arguments were refused; then the reason of each request answered -1 or
 /// -2, in order. `sizes`: each request's number of counters. A reply of
@@ -288,7 +302,13 @@ fn spends_shape(value: &Value, sizes: impl Iterator<Item = usize>) -> Option<Vec
                     .map(|_| {
                         let (count, left, deadline, full) =
                             (nums.next()?, nums.next()?, nums.next()?, nums.next()?);
-                        if count < 0 || left < 0 || deadline < -1 || !(0..=1).contains(&full) {
+                        let full = match full {
+                            0 => Full::No,
+                            1 => Full::AtLimit,
+                            2 => Full::Locked,
+                            _ => return None,
+                        };
+                        if count < 0 || left < 0 || deadline < -1 {
                             return None;
                         }
                         Some((
@@ -301,7 +321,7 @@ fn spends_shape(value: &Value, sizes: impl Iterator<Item = usize>) -> Option<Vec
                                     None
                                 },
                             },
-                            full == 1,
+                            full,
                         ))
                     })
                     .collect::<Option<_>>()?;
@@ -338,7 +358,12 @@ pub(crate) mod fuzzing {
         Ok(super::parse_spends(value, sizes.iter().copied())?
             .into_iter()
             .map(|spent| match spent {
-                super::Spent::Decided(counters) => Some(counters.into_vec()),
+                super::Spent::Decided(counters) => Some(
+                    counters
+                        .into_iter()
+                        .map(|(hit, full)| (hit, full != super::Full::No))
+                        .collect(),
+                ),
                 _ => None,
             })
             .collect())
@@ -426,7 +451,9 @@ mod tests {
 
     #[test]
     fn amend_replies_parse() {
-        let cases: &[(&str, i8, Option<&str>, Result<bool, &str>)] = &[
+        // (case, code, reason, answer)
+        type Case<'a> = (&'a str, i8, Option<&'a str>, Result<bool, &'a str>);
+        let cases: &[Case<'_>] = &[
             ("changed", 1, None, Ok(true)),
             ("nothing to change", 0, None, Ok(false)),
             ("corrupt", -1, Some("value abc"), Err("value abc")),
@@ -498,7 +525,7 @@ mod tests {
                 11,
                 2_000,
                 -1,
-                1,
+                2,
                 -1,
                 2,
                 -2,
@@ -517,11 +544,11 @@ mod tests {
                 assert_eq!(admitted[0].0.count, 3);
                 assert_eq!(admitted[0].0.reset, Duration::from_secs(1));
                 assert_eq!(admitted[0].0.deadline, NonZeroU64::new(1_700_000_000_000));
-                assert!(!admitted[0].1 && admitted[1].1);
+                assert_eq!((admitted[0].1, admitted[1].1), (Full::No, Full::AtLimit));
                 // Denied: nothing counted, so no deadline.
                 assert_eq!(denied[0].0.count, 11);
                 assert_eq!(denied[0].0.deadline, None);
-                assert!(denied[0].1);
+                assert_eq!(denied[0].1, Full::Locked);
                 assert_eq!(reason, "value abc");
                 assert!(err.contains("invalid spend"), "{err}");
             }
@@ -535,7 +562,7 @@ mod tests {
             (spends(&[0, 3, 1, -1, 0, 9], &[]), vec![1]),
             (spends(&[-1, 2], &["x"]), vec![1]),
             (spends(&[1, -3, 1, -1, 0], &[]), vec![1]),
-            (spends(&[1, 3, 1, -1, 2], &[]), vec![1]),
+            (spends(&[1, 3, 1, -1, 3], &[]), vec![1]),
             (spends(&[-2], &[]), vec![1]),
             (spends(&[1, 3, 1, -1, 0], &["x"]), vec![1]),
         ] {

@@ -12,9 +12,9 @@
 -- big-endian integers (one value for the client to read, however many
 -- requests), per request in order:
 --   1 admitted or 0 denied, then four per counter: count, ms left,
---     deadline (-1 when nothing was counted), and 1 when no spend at all
---     can fit until the ms left are over (the counter is at its limit or
---     locked out), else 0;
+--     deadline (-1 when nothing was counted), and 1 (at its limit) or 2
+--     (locked out) when no spend at all can fit until the ms left are over,
+--     else 0;
 --   -1, i: counter i (from 1) is corrupt; nothing written for this
 --     request;
 --   -2: the request's arguments are invalid; nothing written;
@@ -135,7 +135,7 @@ local function spend(k, a, n)
       end
       if c.locked >= 0 then
         left = c.locked
-        full = 1
+        full = 2
       elseif expiry > 0 then
         left = math.max(expiry - now, 0)
         if c.count >= c.limit then

@@ -24,10 +24,9 @@ use smallvec::SmallVec;
 
 use super::coalesce::{Answers, Work};
 use super::connection::breaker::Guarded;
-use super::hits::{Finish, StoredKey};
-use super::reply::{Spent, corrupt, parse_amends, parse_spends};
+use super::hits::{Denials, Finish, StoredKey};
+use super::reply::{Full, Spent, corrupt, parse_amends, parse_spends};
 use super::script::{AMEND, SPEND, Size, U64_DIGITS};
-use crate::backend::deny_cache::DenyCache;
 use crate::backend::{Amend, BackendError, Hits, Spend};
 use crate::key::Key;
 
@@ -122,8 +121,10 @@ impl SpendWork {
                 .into_iter()
                 .zip(&self.counters)
                 .map(|((hit, full), (stored, _))| {
-                    if full {
-                        self.finish.remember(stored, hit.reset);
+                    match full {
+                        Full::No => {}
+                        Full::AtLimit => self.finish.remember(stored, hit.reset, false),
+                        Full::Locked => self.finish.remember(stored, hit.reset, true),
                     }
                     hit
                 })
@@ -154,7 +155,7 @@ pub(super) struct AmendWork {
 /// A counter this instance's deny cache drops once its amend is answered,
 /// so that the next request asks Redis again.
 pub(super) struct Forget {
-    pub(super) deny: Arc<DenyCache>,
+    pub(super) deny: Arc<Denials>,
     /// The namespace's bytes, inline when they fit.
     pub(super) namespace: StoredKey,
     pub(super) key: Key,
@@ -163,7 +164,7 @@ pub(super) struct Forget {
 impl Forget {
     fn forget(&self) {
         if let Ok(namespace) = std::str::from_utf8(&self.namespace) {
-            self.deny.remove(namespace, self.key.as_bytes());
+            self.deny.forget(namespace, self.key.as_bytes());
         }
     }
 }
