@@ -217,7 +217,9 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// than what is left is not remembered. No request is answered locally that
 /// Redis would have admitted, except after a refund or a reset on another
 /// instance (see below). A lockout lives in Redis, for every instance, set
-/// by the denial that first reached it. A refund or charge after a
+/// by the denial that first reached it: a spend that would lock a counter
+/// out is answered locally only by a lockout, and one merely at its limit
+/// goes to Redis, which locks it out. A refund or charge after a
 /// [`reset`](Backend::reset) never reaches the window opened after it; when
 /// that new window opened in the same millisecond as the deleted one had
 /// (so it closes in the same millisecond), its own hits are not refunded or
