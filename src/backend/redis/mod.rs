@@ -926,12 +926,7 @@ where
         let work = SpendWork {
             counters: counters
                 .iter()
-                .map(|c| {
-                    (
-                        self.stored(c.namespace, key, b""),
-                        self.stored(c.namespace, key, storage_key::LOCKOUT),
-                    )
-                })
+                .map(|c| self.stored(c.namespace, key, b""))
                 .collect(),
             spend,
             finish: hits::Finish {

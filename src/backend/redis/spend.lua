@@ -22,6 +22,11 @@
 -- A refusal that is not about one counter (READONLY, OOM) fails the call;
 -- it comes at the call's first write, so nothing was written.
 -- Needs PEXPIRETIME (Redis 7.0).
+-- Arguments are checked only when they differ from the request's before
+-- (most requests of a call repeat one layer's cost, lockout, limit and
+-- window; Lua compares strings by identity), and the counters' state is
+-- kept in arrays reused from request to request: a table per counter, or
+-- a check per argument, costs Redis more than a command.
 local function whole(sent, max)
   local n = tonumber(sent)
   if n and n >= 0 and n <= max and n % 1 == 0 and string.find(sent, '^%d+$') then
@@ -33,122 +38,135 @@ local big = 9007199254740991
 local u64 = 18446744073709551615
 local time = redis.call('TIME')
 local now = math.floor((tonumber(time[1]) * 1000000 + tonumber(time[2])) / 1000)
-local nums = {}
+local nums, np = {}, 0
 local why = {}
-local function put(v)
-  nums[#nums + 1] = v
-end
+-- The last valid arguments, as sent and as numbers.
+local cost_arg, cost, block_arg, block = nil, nil, nil, nil
+local limit_arg, limit, window_arg, window = nil, nil, nil, nil
+-- Per counter of the request: key, lockout, limit, window, count, whether
+-- it exists, its lockout's PTTL, whether it fits.
+local keys, locks, limits, windows = {}, {}, {}, {}
+local counts, exist, lockeds, fitting = {}, {}, {}, {}
 
 -- One request: `k` KEYS and `a` ARGV read before it, `n` counters.
 local function spend(k, a, n)
-  local cost_sent = ARGV[a + 2]
-  local cost = whole(cost_sent, u64)
-  local open = ARGV[a + 3] == '1'
-  local block = whole(ARGV[a + 4], big)
-  if not cost or not block then
-    put(-2)
+  local cost_sent, block_sent = ARGV[a + 2], ARGV[a + 4]
+  if cost_sent ~= cost_arg then
+    cost = whole(cost_sent, u64)
+    cost_arg = cost and cost_sent
+  end
+  if block_sent ~= block_arg then
+    block = whole(block_sent, big)
+    block_arg = block and block_sent
+  end
+  if cost_arg == nil or block_arg == nil then
+    np = np + 1
+    nums[np] = -2
     why[#why + 1] = 'ERR tower-pinned-window: invalid spend'
     return
   end
+  local open = ARGV[a + 3] == '1'
   local step = math.max(cost, 1)
-  local counters = {}
   for i = 1, n do
-    local limit = whole(ARGV[a + 3 + 2 * i], u64)
-    local window = whole(ARGV[a + 4 + 2 * i], big)
-    if not limit or not window or window < 1 then
-      put(-2)
+    local limit_sent, window_sent = ARGV[a + 3 + 2 * i], ARGV[a + 4 + 2 * i]
+    if limit_sent ~= limit_arg then
+      limit = whole(limit_sent, u64)
+      limit_arg = limit and limit_sent
+    end
+    if window_sent ~= window_arg then
+      window = whole(window_sent, big)
+      window_arg = window and window >= 1 and window_sent or nil
+    end
+    if limit_arg == nil or window_arg == nil then
+      np = np + 1
+      nums[np] = -2
       why[#why + 1] = 'ERR tower-pinned-window: invalid limit or window'
       return
     end
-    counters[i] = {key = KEYS[k + 2 * i - 1], lock = KEYS[k + 2 * i], limit = limit,
-      window = window}
+    keys[i], locks[i] = KEYS[k + 2 * i - 1], KEYS[k + 2 * i]
+    limits[i], windows[i] = limit, window
   end
   local admitted = true
   for i = 1, n do
-    local c = counters[i]
     -- GET answers a string, nil (false in Lua) for no key, or an error
     -- for a key of another type, which TYPE then names.
-    local value = redis.pcall('GET', c.key)
+    local value = redis.pcall('GET', keys[i])
     local count = 0
     if type(value) == 'table' then
-      put(-1)
-      put(i)
-      why[#why + 1] = 'a key of type ' .. redis.call('TYPE', c.key).ok
+      nums[np + 1], nums[np + 2], np = -1, i, np + 2
+      why[#why + 1] = 'a key of type ' .. redis.call('TYPE', keys[i]).ok
       return
     elseif value then
       if not string.find(value, '^%d+$') or (#value > 1 and string.sub(value, 1, 1) == '0')
           or #value > 19 then
-        put(-1)
-        put(i)
+        nums[np + 1], nums[np + 2], np = -1, i, np + 2
         why[#why + 1] = 'value ' .. string.sub(value, 1, 64)
         return
       end
       count = tonumber(value)
     end
-    local locked = redis.call('PTTL', c.lock)
+    local locked = redis.call('PTTL', locks[i])
     if locked == -1 then
-      put(-1)
-      put(i)
+      nums[np + 1], nums[np + 2], np = -1, i, np + 2
       why[#why + 1] = 'a lockout without a lifetime'
       return
     end
-    c.count, c.exists, c.locked = count, value ~= false, locked
-    c.fits = locked == -2 and count + step <= c.limit
-    admitted = admitted and c.fits
+    counts[i], exist[i], lockeds[i] = count, value ~= false, locked
+    fitting[i] = locked == -2 and count + step <= limits[i]
+    admitted = admitted and fitting[i]
   end
-  put(admitted and 1 or 0)
+  np = np + 1
+  nums[np] = admitted and 1 or 0
   for i = 1, n do
-    local c = counters[i]
-    local count, left, deadline, full = c.count, 0, -1, 0
+    local key, count, exists, locked = keys[i], counts[i], exist[i], lockeds[i]
+    local left, deadline, full = 0, -1, 0
     local expiry = -2
-    if c.exists then
-      expiry = redis.call('PEXPIRETIME', c.key)
+    if exists then
+      expiry = redis.call('PEXPIRETIME', key)
       if expiry == -1 then
         -- No lifetime (left so by older code): its window starts now.
-        expiry = now + c.window
-        redis.call('PEXPIREAT', c.key, string.format('%d', expiry))
+        expiry = now + windows[i]
+        redis.call('PEXPIREAT', key, string.format('%d', expiry))
       end
     end
     if admitted then
-      if cost > 0 or c.exists or open then
+      if cost > 0 or exists or open then
         if cost > 0 then
-          count = redis.call('INCRBY', c.key, cost_sent)
-        elseif not c.exists then
-          redis.call('SET', c.key, '0')
+          count = redis.call('INCRBY', key, cost_arg)
+        elseif not exists then
+          redis.call('SET', key, '0')
         end
-        if not c.exists then
-          expiry = now + c.window
-          redis.call('PEXPIREAT', c.key, string.format('%d', expiry))
+        if not exists then
+          expiry = now + windows[i]
+          redis.call('PEXPIREAT', key, string.format('%d', expiry))
         end
         deadline = expiry
         left = math.max(expiry - now, 0)
       end
-    elseif c.fits then
+    elseif fitting[i] then
       if expiry > 0 then
         left = math.max(expiry - now, 0)
       end
     else
-      count = math.max(count + step, c.limit + 1)
-      if c.locked == -2 and block > 0 then
-        redis.call('SET', c.lock, string.format('%d', now), 'PX', block)
-        c.locked = block
+      count = math.max(count + step, limits[i] + 1)
+      if locked == -2 and block > 0 then
+        redis.call('SET', locks[i], string.format('%d', now), 'PX', block)
+        locked = block
       end
-      if c.locked >= 0 then
-        left = c.locked
+      if locked >= 0 then
+        left = locked
         full = 2
       elseif expiry > 0 then
         left = math.max(expiry - now, 0)
-        if c.count >= c.limit then
+        if counts[i] >= limits[i] then
           full = 1
         end
       else
-        left = c.window
+        left = windows[i]
       end
     end
-    put(count)
-    put(left)
-    put(deadline)
-    put(full)
+    nums[np + 1], nums[np + 2], nums[np + 3], nums[np + 4] = count, left, deadline, full
+    np = np + 4
   end
 end
 
@@ -166,8 +184,8 @@ if k ~= #KEYS then
 end
 -- Packed 512 numbers at a time: unpack puts each one on Lua's stack.
 local parts = {}
-for at = 1, #nums, 512 do
-  local last = math.min(at + 511, #nums)
+for at = 1, np, 512 do
+  local last = math.min(at + 511, np)
   parts[#parts + 1] = struct.pack('>' .. string.rep('i8', last - at + 1), unpack(nums, at, last))
 end
 local out = { table.concat(parts) }

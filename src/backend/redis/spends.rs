@@ -27,15 +27,16 @@ use super::connection::breaker::Guarded;
 use super::hits::{Denials, Finish, StoredKey};
 use super::reply::{Full, Spent, corrupt, parse_amends, parse_spends};
 use super::script::{AMEND, SPEND, Size, U64_DIGITS};
+use crate::backend::storage_key::LOCKOUT;
 use crate::backend::{Amend, BackendError, Hits, Spend};
 use crate::key::Key;
 
-/// One request's spend, for a lane: its counters (storage key and lockout
-/// key of each), what it spends, and what makes its hits of the answer
-/// (the quotas, and the deny cache that remembers a counter no spend can
-/// fit).
+/// One request's spend, for a lane: its counters' storage keys (a lockout's
+/// key is its counter's and a suffix, written only into the call), what it
+/// spends, and what makes its hits of the answer (the quotas, and the deny
+/// cache that remembers a counter no spend can fit).
 pub(super) struct SpendWork {
-    pub(super) counters: SmallVec<[(StoredKey, StoredKey); 2]>,
+    pub(super) counters: SmallVec<[StoredKey; 2]>,
     pub(super) spend: Spend,
     pub(super) finish: Finish,
 }
@@ -52,7 +53,7 @@ impl Work for SpendWork {
     type Answer = Hits;
 
     fn key(&self) -> &[u8] {
-        self.counters.first().map_or(&[][..], |(key, _)| key)
+        self.counters.first().map_or(&[][..], |key| key)
     }
 
     async fn run<C, B>(connection: &Guarded<C>, works: &[B]) -> RedisResult<Answers<Hits>>
@@ -69,7 +70,7 @@ impl Work for SpendWork {
                 .map(|w| {
                     w.counters
                         .iter()
-                        .map(|(c, l)| c.len() + l.len())
+                        .map(|c| 2 * c.len() + LOCKOUT.len())
                         .sum::<usize>()
                         + w.args() * U64_DIGITS
                 })
@@ -79,7 +80,10 @@ impl Work for SpendWork {
         let reply = SPEND
             .run(&mut connection.for_key(first), size, |cmd| {
                 for work in works() {
-                    for (counter, lock) in &work.counters {
+                    for counter in &work.counters {
+                        let mut lock = StoredKey::new();
+                        lock.extend_from_slice(counter);
+                        lock.extend_from_slice(LOCKOUT);
                         cmd.arg(counter.as_slice()).arg(lock.as_slice());
                     }
                 }
@@ -120,7 +124,7 @@ impl SpendWork {
             Spent::Decided(counters) => Ok(counters
                 .into_iter()
                 .zip(&self.counters)
-                .map(|((hit, full), (stored, _))| {
+                .map(|((hit, full), stored)| {
                     match full {
                         Full::No => {}
                         Full::AtLimit => self.finish.remember(stored, hit.reset, false),
@@ -130,10 +134,7 @@ impl SpendWork {
                 })
                 .collect()),
             Spent::Corrupt { counter, reason } => {
-                let key = self
-                    .counters
-                    .get(counter)
-                    .map_or(&[][..], |(stored, _)| stored);
+                let key = self.counters.get(counter).map_or(&[][..], |stored| stored);
                 Err(corrupt(key, reason))
             }
             Spent::Invalid(reason) => Err(BackendError::Unavailable(reason.into())),
