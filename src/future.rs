@@ -523,14 +523,16 @@ mod tests {
             std::future::pending::<Result<Response<String>, Infallible>>()
         });
         let mut service = layer.layer(hangs);
-        let mut future = service
-            .ready()
-            .await
-            .unwrap()
-            .call(Request::new(String::new()));
+        let mut future = std::pin::pin!(
+            service
+                .ready()
+                .await
+                .unwrap()
+                .call(Request::new(String::new()))
+        );
         let mut cx = Context::from_waker(std::task::Waker::noop());
         for _ in 0..2 {
-            assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
+            assert!(future.as_mut().poll(&mut cx).is_pending());
         }
         format!("{future:?}")
     }
