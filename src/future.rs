@@ -55,13 +55,16 @@ pin_project! {
     #[project = StateProj]
     enum State<C, T, H, Svc, Req, F, Res> {
         // Waiting for the backend's count; the timer is armed only if the
-        // backend does not answer on the first poll (boxed, so that the
-        // in-memory path does not carry a timer's weight). Only this state
-        // needs the core: a request decided in `call` never touches it again.
+        // backend does not answer on the first poll. It is held in place,
+        // not boxed: a backend that goes out (Redis, PostgreSQL) waits on
+        // every request, and a box would be an allocation each. Only this
+        // state needs the core: a request decided in `call` never touches
+        // it again.
         Checking {
             core: C,
             hit: H,
-            timer: Option<Pin<Box<Sleep>>>,
+            #[pin]
+            timer: Option<Sleep>,
             service: Option<Svc>,
             request: Option<Req>,
             policy: Arc<Policy>,
@@ -344,7 +347,7 @@ where
                 StateProj::Checking {
                     core,
                     hit,
-                    timer,
+                    mut timer,
                     service,
                     request,
                     policy,
@@ -355,10 +358,11 @@ where
                     let result = match Pin::new(hit).poll(cx) {
                         Poll::Ready(result) => result,
                         Poll::Pending => {
-                            let timer = timer.get_or_insert_with(|| {
-                                Box::pin(tokio::time::sleep(core.settings.timeout))
-                            });
-                            ready!(timer.as_mut().poll(cx));
+                            if timer.is_none() {
+                                timer.set(Some(tokio::time::sleep(core.settings.timeout)));
+                            }
+                            let timer = timer.as_pin_mut().expect("armed above");
+                            ready!(timer.poll(cx));
                             Err(BackendError::TimedOut)
                         }
                     };
@@ -519,14 +523,16 @@ mod tests {
             std::future::pending::<Result<Response<String>, Infallible>>()
         });
         let mut service = layer.layer(hangs);
-        let mut future = service
-            .ready()
-            .await
-            .unwrap()
-            .call(Request::new(String::new()));
+        let mut future = std::pin::pin!(
+            service
+                .ready()
+                .await
+                .unwrap()
+                .call(Request::new(String::new()))
+        );
         let mut cx = Context::from_waker(std::task::Waker::noop());
         for _ in 0..2 {
-            assert!(Pin::new(&mut future).poll(&mut cx).is_pending());
+            assert!(future.as_mut().poll(&mut cx).is_pending());
         }
         format!("{future:?}")
     }

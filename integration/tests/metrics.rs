@@ -1,7 +1,6 @@
 //! The metrics a layer records (feature `metrics`), rendered by a
 //! Prometheus recorder local to each test.
 
-#[path = "../../tests/support/mod.rs"]
 mod support;
 
 use std::future::{Pending, Ready, pending, ready};

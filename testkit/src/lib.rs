@@ -71,7 +71,7 @@
 //!
 //! With `libtest-mimic` (or any harness that lists tests at run time), each
 //! scenario becomes a test named after it; the crate's own tests do this in
-//! `tests/contract.rs` and in each backend's test file.
+//! `integration/tests/contract.rs` and in each backend's test file.
 //!
 //! [backend contract]: tower_pinned_window::backend#the-contract
 

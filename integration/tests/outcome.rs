@@ -29,7 +29,7 @@ use tower_pinned_window::key::{Allowlist, ClientIp, Key};
 use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer, outcome::CountOnly};
 
 #[allow(dead_code)]
-#[path = "../examples/login.rs"]
+#[path = "../../examples/login.rs"]
 mod login;
 
 /// How long a test waits for something that must happen before it fails

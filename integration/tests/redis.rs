@@ -1584,7 +1584,7 @@ fn batch_script(
     entries: &[(&str, &str, &str)],
 ) -> (i64, Vec<(redis::Value, redis::Value)>) {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(include_str!("../src/backend/redis/hit_batch.lua"))
+    cmd.arg(include_str!("../../src/backend/redis/hit_batch.lua"))
         .arg(entries.len());
     for (key, ..) in entries {
         cmd.arg(format!("tpw:args{{{key}}}"));

@@ -1,0 +1,12 @@
+//! Helpers shared by the integration tests: real servers (Redis, PostgreSQL)
+//! and small services, so each test file reads as its cases. `http` is the
+//! crate's own (tests/support/http.rs), shared with the tests there.
+
+#![allow(dead_code)]
+
+#[path = "../../../tests/support/http.rs"]
+pub mod http;
+#[cfg(feature = "postgres")]
+pub mod postgres;
+#[cfg(feature = "redis")]
+pub mod redis;
