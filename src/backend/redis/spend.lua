@@ -48,6 +48,36 @@ local limit_arg, limit, window_arg, window = nil, nil, nil, nil
 local keys, locks, limits, windows = {}, {}, {}, {}
 local counts, exist, lockeds, fitting = {}, {}, {}, {}
 
+-- A request of one counter with a cost, when it fits: the cost added
+-- first, in three commands instead of four. Anything else (a lockout, a
+-- count that does not fit, a value INCRBY refuses or a negative one) is
+-- put back as it was, and false sends the request down the general way,
+-- which reads the counter and answers for it.
+local function admit_one(cost)
+  local key = keys[1]
+  if redis.call('PTTL', locks[1]) ~= -2 then
+    return false
+  end
+  local count = redis.pcall('INCRBY', key, cost_arg)
+  if type(count) == 'table' then
+    return false
+  end
+  if count - cost < 0 or count > limits[1] then
+    redis.call('DECRBY', key, cost_arg)
+    return false
+  end
+  local expiry = redis.call('PEXPIRETIME', key)
+  if expiry == -1 then
+    -- Just created (or left without a lifetime by older code): its
+    -- window starts now.
+    expiry = now + windows[1]
+    redis.call('PEXPIREAT', key, string.format('%d', expiry))
+  end
+  nums[np + 1], nums[np + 2], nums[np + 3] = 1, count, math.max(expiry - now, 0)
+  nums[np + 4], nums[np + 5], np = expiry, 0, np + 5
+  return true
+end
+
 -- One request: `k` KEYS and `a` ARGV read before it, `n` counters.
 local function spend(k, a, n)
   local cost_sent, block_sent = ARGV[a + 2], ARGV[a + 4]
@@ -85,6 +115,9 @@ local function spend(k, a, n)
     end
     keys[i], locks[i] = KEYS[k + 2 * i - 1], KEYS[k + 2 * i]
     limits[i], windows[i] = limit, window
+  end
+  if n == 1 and cost > 0 and admit_one(cost) then
+    return
   end
   local admitted = true
   for i = 1, n do
