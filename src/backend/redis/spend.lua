@@ -5,9 +5,12 @@
 -- call left them, exactly as if each had been its own call.
 -- Per request, in order:
 --   KEYS: counter i, then its lockout marker, for each of its n counters;
---   ARGV: n; the cost; '1' to open a missing counter at a cost of 0; the
---         lockout in milliseconds, '0' for none; then counter i's limit and
---         window in milliseconds, for each counter.
+--   ARGV: one argument, its words apart by a space: n; the cost; '1' to
+--         open a missing counter at a cost of 0; the lockout in
+--         milliseconds, '0' for none; then counter i's limit and window in
+--         milliseconds, for each counter ('1 5 0 0 100 60000'). One
+--         argument costs Redis less than six, and the requests of a call
+--         mostly repeat the same one, read only once.
 -- Returns {answers, reason, reason, ...}: one string of signed 64-bit
 -- big-endian integers (one value for the client to read, however many
 -- requests), per request in order:
@@ -40,9 +43,42 @@ local time = redis.call('TIME')
 local now = math.floor((tonumber(time[1]) * 1000000 + tonumber(time[2])) / 1000)
 local nums, np = {}, 0
 local why = {}
--- The last valid arguments, as sent and as numbers.
-local cost_arg, cost, block_arg, block = nil, nil, nil, nil
-local limit_arg, limit, window_arg, window = nil, nil, nil, nil
+-- The last request's argument, as sent, and what it says: n, the cost (as
+-- sent and as a number), open, the lockout, each counter's limit and
+-- window; `refused` the reason when it is invalid (n is nil when even its
+-- number of counters cannot be read).
+local said, n_said, cost_arg, cost, open, block = nil, nil, nil, nil, nil, nil
+local said_limits, said_windows, refused = {}, {}, nil
+local function read(sent)
+  if sent == said then
+    return
+  end
+  said, refused = sent, nil
+  local words = {}
+  for word in string.gmatch(sent, '[^ ]+') do
+    words[#words + 1] = word
+  end
+  n_said = whole(words[1], 4096)
+  if not n_said or n_said < 1 or #words ~= 4 + 2 * n_said then
+    n_said = nil
+    return
+  end
+  cost_arg, cost = words[2], whole(words[2], u64)
+  open, block = words[3] == '1', whole(words[4], big)
+  if not cost or not block then
+    refused = 'ERR tower-pinned-window: invalid spend'
+    return
+  end
+  said_limits, said_windows = {}, {}
+  for i = 1, n_said do
+    local limit, window = whole(words[3 + 2 * i], u64), whole(words[4 + 2 * i], big)
+    if not limit or not window or window < 1 then
+      refused = 'ERR tower-pinned-window: invalid limit or window'
+      return
+    end
+    said_limits[i], said_windows[i] = limit, window
+  end
+end
 -- Per counter of the request: key, lockout, limit, window, count, whether
 -- it exists, its lockout's PTTL, whether it fits.
 local keys, locks, limits, windows = {}, {}, {}, {}
@@ -55,7 +91,8 @@ local counts, exist, lockeds, fitting = {}, {}, {}, {}
 -- which reads the counter and answers for it.
 local function admit_one(cost)
   local key = keys[1]
-  if redis.call('PTTL', locks[1]) ~= -2 then
+  -- A cost above the limit could create the counter before it is refused.
+  if cost > limits[1] or redis.call('PTTL', locks[1]) ~= -2 then
     return false
   end
   local count = redis.pcall('INCRBY', key, cost_arg)
@@ -63,6 +100,7 @@ local function admit_one(cost)
     return false
   end
   if count - cost < 0 or count > limits[1] then
+    -- It held a count before (the cost fits the limit): put it back.
     redis.call('DECRBY', key, cost_arg)
     return false
   end
@@ -78,43 +116,19 @@ local function admit_one(cost)
   return true
 end
 
--- One request: `k` KEYS and `a` ARGV read before it, `n` counters.
-local function spend(k, a, n)
-  local cost_sent, block_sent = ARGV[a + 2], ARGV[a + 4]
-  if cost_sent ~= cost_arg then
-    cost = whole(cost_sent, u64)
-    cost_arg = cost and cost_sent
-  end
-  if block_sent ~= block_arg then
-    block = whole(block_sent, big)
-    block_arg = block and block_sent
-  end
-  if cost_arg == nil or block_arg == nil then
+-- One request: `k` KEYS read before it, its argument read (`read`), `n`
+-- counters.
+local function spend(k, n)
+  if refused then
     np = np + 1
     nums[np] = -2
-    why[#why + 1] = 'ERR tower-pinned-window: invalid spend'
+    why[#why + 1] = refused
     return
   end
-  local open = ARGV[a + 3] == '1'
   local step = math.max(cost, 1)
   for i = 1, n do
-    local limit_sent, window_sent = ARGV[a + 3 + 2 * i], ARGV[a + 4 + 2 * i]
-    if limit_sent ~= limit_arg then
-      limit = whole(limit_sent, u64)
-      limit_arg = limit and limit_sent
-    end
-    if window_sent ~= window_arg then
-      window = whole(window_sent, big)
-      window_arg = window and window >= 1 and window_sent or nil
-    end
-    if limit_arg == nil or window_arg == nil then
-      np = np + 1
-      nums[np] = -2
-      why[#why + 1] = 'ERR tower-pinned-window: invalid limit or window'
-      return
-    end
     keys[i], locks[i] = KEYS[k + 2 * i - 1], KEYS[k + 2 * i]
-    limits[i], windows[i] = limit, window
+    limits[i], windows[i] = said_limits[i], said_windows[i]
   end
   if n == 1 and cost > 0 and admit_one(cost) then
     return
@@ -203,14 +217,15 @@ local function spend(k, a, n)
   end
 end
 
-local k, a = 0, 0
-while a < #ARGV do
-  local n = whole(ARGV[a + 1], 4096)
-  if not n or n < 1 or k + 2 * n > #KEYS or a + 4 + 2 * n > #ARGV then
+local k = 0
+for a = 1, #ARGV do
+  read(ARGV[a])
+  local n = n_said
+  if not n or k + 2 * n > #KEYS then
     return redis.error_reply('ERR tower-pinned-window: invalid spend batch')
   end
-  spend(k, a, n)
-  k, a = k + 2 * n, a + 4 + 2 * n
+  spend(k, n)
+  k = k + 2 * n
 end
 if k ~= #KEYS then
   return redis.error_reply('ERR tower-pinned-window: invalid spend batch')

@@ -42,10 +42,36 @@ pub(super) struct SpendWork {
 }
 
 impl SpendWork {
-    /// The script's arguments after `numkeys` for this request: n, cost,
-    /// open, lockout, then each counter's limit and window.
-    fn args(&self) -> usize {
+    /// The numbers of the request's one argument: n, cost, open, lockout,
+    /// then each counter's limit and window.
+    fn numbers(&self) -> usize {
         4 + 2 * self.counters.len()
+    }
+
+    /// The request's one argument: its numbers in decimal, apart by a
+    /// space (`1 5 0 0 100 60000`), written inline.
+    fn argument(&self) -> SmallVec<[u8; 64]> {
+        let Spend { cost, open, block } = self.spend;
+        let head = [
+            self.counters.len() as u64,
+            cost,
+            u64::from(open),
+            block.map_or(0, |b| b.as_millis()),
+        ];
+        let quotas = self
+            .finish
+            .quotas
+            .iter()
+            .flat_map(|q| [q.limit(), q.window().as_millis()]);
+        let mut out = SmallVec::new();
+        let mut digits = itoa::Buffer::new();
+        for (i, n) in head.into_iter().chain(quotas).enumerate() {
+            if i > 0 {
+                out.push(b' ');
+            }
+            out.extend_from_slice(digits.format(n).as_bytes());
+        }
+        out
     }
 }
 
@@ -65,14 +91,14 @@ impl Work for SpendWork {
         let keys: usize = works().map(|w| 2 * w.counters.len()).sum();
         let size = Size {
             keys,
-            args: keys + works().map(SpendWork::args).sum::<usize>(),
+            args: keys + works().count(),
             bytes: works()
                 .map(|w| {
                     w.counters
                         .iter()
                         .map(|c| 2 * c.len() + LOCKOUT.len())
                         .sum::<usize>()
-                        + w.args() * U64_DIGITS
+                        + w.numbers() * (U64_DIGITS + 1)
                 })
                 .sum(),
         };
@@ -88,14 +114,7 @@ impl Work for SpendWork {
                     }
                 }
                 for work in works() {
-                    let Spend { cost, open, block } = work.spend;
-                    cmd.arg(work.counters.len())
-                        .arg(cost)
-                        .arg(u8::from(open))
-                        .arg(block.map_or(0, |b| b.as_millis()));
-                    for quota in &work.finish.quotas {
-                        cmd.arg(quota.limit()).arg(quota.window().as_millis());
-                    }
+                    cmd.arg(work.argument().as_slice());
                 }
             })
             .await?;
