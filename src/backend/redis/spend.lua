@@ -89,29 +89,29 @@ local counts, exist, lockeds, fitting = {}, {}, {}, {}
 -- count that does not fit, a value INCRBY refuses or a negative one) is
 -- put back as it was, and false sends the request down the general way,
 -- which reads the counter and answers for it.
-local function admit_one(cost)
-  local key = keys[1]
+local call, pcall_, max = redis.call, redis.pcall, math.max
+local function admit_one(key, lock, limit, window)
   -- A cost above the limit could create the counter before it is refused.
-  if cost > limits[1] or redis.call('PTTL', locks[1]) ~= -2 then
+  if cost > limit or call('PTTL', lock) ~= -2 then
     return false
   end
-  local count = redis.pcall('INCRBY', key, cost_arg)
+  local count = pcall_('INCRBY', key, cost_arg)
   if type(count) == 'table' then
     return false
   end
-  if count - cost < 0 or count > limits[1] then
+  if count - cost < 0 or count > limit then
     -- It held a count before (the cost fits the limit): put it back.
-    redis.call('DECRBY', key, cost_arg)
+    call('DECRBY', key, cost_arg)
     return false
   end
-  local expiry = redis.call('PEXPIRETIME', key)
+  local expiry = call('PEXPIRETIME', key)
   if expiry == -1 then
     -- Just created (or left without a lifetime by older code): its
     -- window starts now.
-    expiry = now + windows[1]
-    redis.call('PEXPIREAT', key, string.format('%d', expiry))
+    expiry = now + window
+    call('PEXPIREAT', key, string.format('%d', expiry))
   end
-  nums[np + 1], nums[np + 2], nums[np + 3] = 1, count, math.max(expiry - now, 0)
+  nums[np + 1], nums[np + 2], nums[np + 3] = 1, count, max(expiry - now, 0)
   nums[np + 4], nums[np + 5], np = expiry, 0, np + 5
   return true
 end
@@ -129,9 +129,6 @@ local function spend(k, n)
   for i = 1, n do
     keys[i], locks[i] = KEYS[k + 2 * i - 1], KEYS[k + 2 * i]
     limits[i], windows[i] = said_limits[i], said_windows[i]
-  end
-  if n == 1 and cost > 0 and admit_one(cost) then
-    return
   end
   local admitted = true
   for i = 1, n do
@@ -219,12 +216,19 @@ end
 
 local k = 0
 for a = 1, #ARGV do
-  read(ARGV[a])
+  local sent = ARGV[a]
+  if sent ~= said then
+    read(sent)
+  end
   local n = n_said
   if not n or k + 2 * n > #KEYS then
     return redis.error_reply('ERR tower-pinned-window: invalid spend batch')
   end
-  spend(k, n)
+  -- Most requests: one counter, a cost, and it fits.
+  if refused or n > 1 or cost == 0
+      or not admit_one(KEYS[k + 1], KEYS[k + 2], said_limits[1], said_windows[1]) then
+    spend(k, n)
+  end
   k = k + 2 * n
 end
 if k ~= #KEYS then
