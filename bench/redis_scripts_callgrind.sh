@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Redis' instructions per request inside the crate's scripts, under
+# valgrind's callgrind: a redis-server of its own (on a free port of
+# 127.0.0.1) runs the same calls for each script, as the lanes send them,
+# 300 calls of 32 requests over 2,000 keys (a few new, most existing), and
+# the instructions inside `evalGenericCommand` are divided by the requests:
+#   hit_batch   a hit on one counter per request (the plain route)
+#   spend       a spend of 1 on one counter per request (the cost route)
+#   spend-check a check (a spend of 0) on one counter per request
+# A count, not a time: it repeats from run to run to within a few
+# instructions, whatever else the machine does.
+#
+#   bash bench/redis_scripts_callgrind.sh
+#
+# Needs valgrind, redis-server, redis-cli and python3.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+for bin in valgrind callgrind_annotate redis-server redis-cli python3; do
+  command -v "$bin" >/dev/null || { echo "$bin not found" >&2; exit 1; }
+done
+CALLS=300 PER_CALL=32
+
+# The calls of one case, one per line, for redis-cli: $1 = case, $2 = sha.
+calls() {
+  python3 - "$1" "$2" "$CALLS" "$PER_CALL" <<'PY'
+import random, sys
+case, sha, calls, per = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+random.seed(1)
+for _ in range(calls):
+    keys = ['tpw:b{k%d}' % random.randrange(2000) for _ in range(per)]
+    if case == 'hit_batch':
+        args = [a for _ in keys for a in ('1', '60000')]
+        print(' '.join(['EVALSHA', sha, str(len(keys))] + keys + args))
+    else:
+        cost = '1' if case == 'spend' else '0'
+        ks = [x for k in keys for x in (k, k + ':lock')]
+        args = ['"1 %s 0 0 1000000000 60000"' % cost] * len(keys)
+        print(' '.join(['EVALSHA', sha, str(len(ks))] + ks + args))
+PY
+}
+
+one() { # $1 = case, $2 = script file: prints instructions per request
+  local dir port vg sha ir
+  dir=$(mktemp -d)
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  valgrind --tool=callgrind --callgrind-out-file="$dir/callgrind.out" \
+    redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" \
+    >"$dir/log" 2>&1 &
+  vg=$!
+  for _ in $(seq 150); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
+  sha=$(redis-cli -p "$port" script load "$(cat "$2")")
+  calls "$1" "$sha" | redis-cli -p "$port" >"$dir/replies"
+  if grep -q '^ERR' "$dir/replies"; then
+    echo "$1: a call failed: $(grep -m1 '^ERR' "$dir/replies")" >&2
+    exit 1
+  fi
+  redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
+  wait "$vg" || true
+  ir=$(callgrind_annotate --inclusive=yes "$dir/callgrind.out" 2>/dev/null |
+    grep -E ':evalGenericCommand ' | head -n 1 | awk '{gsub(",", "", $1); print $1}')
+  rm -rf "$dir"
+  [ -n "$ir" ] || { echo "no count for $1" >&2; exit 1; }
+  python3 -c "print('%-12s %12.0f' % ('$1', $ir / ($CALLS * $PER_CALL)))"
+}
+
+printf '%-12s %12s\n' case redis_ir/request
+one hit_batch src/backend/redis/hit_batch.lua
+one spend src/backend/redis/spend.lua
+one spend-check src/backend/redis/spend.lua
