@@ -607,6 +607,39 @@ async fn concurrent_spends_of_varied_costs_are_exact(cluster: &RedisCluster) {
     );
     assert!(admitted <= limit, "admitted {admitted}");
     assert_eq!(admitted, peeked.count);
+    // Spends on keys of many slots in flight together: each slot's lane
+    // carries its own, and every key's admitted costs are its stored count.
+    let tasks: Vec<_> = (0..1_200u64)
+        .map(|i| {
+            let store = stores[i as usize % 4].clone();
+            tokio::spawn(async move {
+                let (key, cost) = (format!("spread{}", i % 60), 1 + i % 3);
+                let hits = store
+                    .spend_all(
+                        &Key::new(key.clone()),
+                        &[Counter {
+                            namespace: "y",
+                            quota: quota(30, 60),
+                        }],
+                        Spend::cost(cost),
+                    )
+                    .await
+                    .unwrap();
+                (key, if hits[0].deadline.is_some() { cost } else { 0 })
+            })
+        })
+        .collect();
+    let mut by_key: std::collections::BTreeMap<String, u64> = Default::default();
+    for task in tasks {
+        let (key, cost) = task.await.unwrap();
+        *by_key.entry(key).or_default() += cost;
+    }
+    assert_eq!(by_key.len(), 60);
+    for (key, admitted) in by_key {
+        let stored = stores[1].peek("y", &Key::new(key.clone())).await.unwrap();
+        assert!(admitted <= 30, "{key}: admitted {admitted}");
+        assert_eq!(Some(admitted), stored.map(|h| h.count), "{key}");
+    }
     // A lockout on a Cluster: written in the counter's slot, in one step.
     let lock = Spend::cost(1).block(Window::new(std::time::Duration::from_secs(60)).unwrap());
     let one = [Counter {
