@@ -1090,20 +1090,6 @@ async fn breaker_settings_are_checked() {
     assert!(panicked.is_err());
 }
 
-/// Script calls (`EVALSHA` and `EVAL`) the server has run.
-fn script_calls(server: &RedisServer) -> u64 {
-    let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
-    stats
-        .lines()
-        .filter_map(|line| {
-            line.strip_prefix("cmdstat_evalsha:calls=")
-                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
-        })
-        .filter_map(|rest| rest.split(',').next())
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum()
-}
-
 /// Polls `future` once, without a runtime's waker: it is then submitted (a
 /// coalesced hit is queued in its lane) and can be dropped or awaited.
 fn poll_once<F: std::future::Future + Unpin>(future: &mut F) -> bool {
@@ -1153,7 +1139,7 @@ fn coalesced_hits_take_every_count_once_across_four_instances() {
                     .build(),
             );
         }
-        let before = script_calls(&server);
+        let before = server.script_calls();
         // One hot key, taken with two windows (one namespace: one counter),
         // and 50 other keys; 2,000 hits in flight together over 4 instances.
         let hits = 2_000usize;
@@ -1172,7 +1158,7 @@ fn coalesced_hits_take_every_count_once_across_four_instances() {
             ));
         }
         let by_key = hits_by_key(tasks).await;
-        let calls = script_calls(&server) - before;
+        let calls = server.script_calls() - before;
         assert!(
             calls < hits as u64 / 2,
             "the hits were coalesced: {calls} script calls for {hits} hits"
@@ -1228,7 +1214,7 @@ async fn a_frozen_server_holds_at_most_two_calls_per_lane() {
     for hit in futures_util::future::join_all(warm).await {
         hit.unwrap();
     }
-    let before = script_calls(&server);
+    let before = server.script_calls();
     // Frozen: the first hit's call and, once enough queue behind it, a
     // second call wait in the socket; every other hit waits in the lane.
     server.signal("STOP");
@@ -1252,7 +1238,7 @@ async fn a_frozen_server_holds_at_most_two_calls_per_lane() {
     let by_key = hits_by_key(tasks).await;
     // The two calls held by the frozen server, then the queue in at most
     // two more (at most 512 requests a call), not a call per few hits.
-    let calls = script_calls(&server) - before;
+    let calls = server.script_calls() - before;
     assert!(
         (3..=4).contains(&calls),
         "{calls} script calls for {hits} hits"
@@ -1307,7 +1293,7 @@ async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
     let clients = [
         "h1", "text", "h2", "old", "hash", "h1", "negative", "full", "h3", "old", "h1",
     ];
-    let before = script_calls(&server);
+    let before = server.script_calls();
     // On this current-thread runtime, every request is submitted before the
     // lane's driver first runs: they share calls.
     let mut tasks = Vec::new();
@@ -1346,7 +1332,7 @@ async fn a_mixed_batch_of_healthy_corrupt_and_ttl_less_keys() {
             }
         }
     }
-    let calls = script_calls(&server) - before;
+    let calls = server.script_calls() - before;
     assert!(
         calls < hits / 2,
         "the requests shared calls: {calls} for {hits} requests"
@@ -1416,13 +1402,13 @@ async fn dropped_futures_inside_a_batch_leave_no_key_without_a_lifetime() {
         .enumerate()
         .filter_map(|(i, f)| (i % 2 == 0).then_some((i, f)))
         .collect();
-    let before = script_calls(&server);
+    let before = server.script_calls();
     for (i, future) in kept {
         let hit = future.await.unwrap();
         assert_eq!(hit.count, 1, "a{i}");
     }
     assert!(
-        script_calls(&server) - before < 50,
+        server.script_calls() - before < 50,
         "the 50 kept hits were coalesced"
     );
     for i in 0..100 {
@@ -1523,7 +1509,7 @@ async fn script_flush_and_a_restart_in_the_middle_of_batches() {
         }
     };
     wait_for_hits(200).await;
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let hits_before = done.load(Ordering::Relaxed);
     for _ in 0..10 {
         let _: () = redis::cmd("SCRIPT")
@@ -1538,7 +1524,7 @@ async fn script_flush_and_a_restart_in_the_middle_of_batches() {
         0,
         "a SCRIPT FLUSH fails no hit: NOSCRIPT is answered with EVAL"
     );
-    let calls = script_calls(&server) - before;
+    let calls = server.script_calls() - before;
     let hits = (done.load(Ordering::Relaxed) - hits_before) as u64;
     assert!(calls < hits, "coalesced: {calls} calls for {hits} hits");
     let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
@@ -1565,7 +1551,7 @@ async fn script_flush_and_a_restart_in_the_middle_of_batches() {
         let ttl = pttl(&mut con, key);
         assert!(ttl > 0, "{key} has no lifetime: {ttl}");
     }
-    let calls = script_calls(&server);
+    let calls = server.script_calls();
     let counted: u64 = keys
         .iter()
         .map(|k| redis::cmd("GET").arg(k).query::<u64>(&mut con).unwrap())

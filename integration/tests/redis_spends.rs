@@ -29,20 +29,6 @@ async fn manager(server: &RedisServer) -> ConnectionManager {
     server.client().get_connection_manager().await.unwrap()
 }
 
-/// The script calls the server has run (`EVALSHA` and `EVAL`).
-fn script_calls(server: &RedisServer) -> u64 {
-    let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
-    stats
-        .lines()
-        .filter_map(|line| {
-            line.strip_prefix("cmdstat_evalsha:calls=")
-                .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
-        })
-        .filter_map(|rest| rest.split(',').next())
-        .map(|n| n.parse::<u64>().unwrap())
-        .sum()
-}
-
 fn get(con: &mut redis::Connection, key: &str) -> Option<String> {
     redis::cmd("GET").arg(key).query(con).unwrap()
 }
@@ -99,7 +85,7 @@ async fn spends_in_flight_together_share_calls_and_stay_exact() {
             .unwrap()
     );
 
-    let before = script_calls(&server);
+    let before = server.script_calls();
     server.signal("STOP");
     let spends: Vec<(String, u64)> = (0..1_000u64)
         .map(|i| {
@@ -120,7 +106,7 @@ async fn spends_in_flight_together_share_calls_and_stay_exact() {
     );
     // The two calls held by the frozen server, then the queue in at most
     // two more (at most 512 requests a call).
-    let calls = script_calls(&server) - before;
+    let calls = server.script_calls() - before;
     assert!(
         (2..=4).contains(&calls),
         "{calls} script calls for 1,000 spends"
@@ -160,7 +146,7 @@ async fn spends_in_flight_together_share_calls_and_stay_exact() {
     );
 
     // Refunds of every admitted spend, queued while frozen: a few calls.
-    let before = script_calls(&server);
+    let before = server.script_calls();
     server.signal("STOP");
     let refunds: Vec<_> = answers
         .iter()
@@ -180,7 +166,7 @@ async fn spends_in_flight_together_share_calls_and_stay_exact() {
             "each refund took its cost back"
         );
     }
-    let calls = script_calls(&server) - before;
+    let calls = server.script_calls() - before;
     assert!(
         (2..=4).contains(&calls),
         "{calls} script calls for the refunds"
@@ -323,15 +309,15 @@ async fn the_deny_cache_answers_spends_on_a_full_counter() {
     // Cost 5 does not fit 1 of 3, but a cost of 1 still does: not cached.
     let big = store.spend_all(&key, &three, Spend::cost(5)).await.unwrap();
     assert_eq!(big[0].deadline, None);
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let fits = store.spend_all(&key, &three, Spend::cost(1)).await.unwrap();
     assert!(fits[0].deadline.is_some(), "a spend that fits is admitted");
-    assert_eq!(script_calls(&server) - before, 1, "asked Redis");
+    assert_eq!(server.script_calls() - before, 1, "asked Redis");
     // 2 of 3, then 3 of 3; then a check (cost 0) is denied: full.
     store.spend_all(&key, &three, Spend::cost(1)).await.unwrap();
     let full = store.spend_all(&key, &three, Spend::cost(0)).await.unwrap();
     assert_eq!(full[0].deadline, None);
-    let before = script_calls(&server);
+    let before = server.script_calls();
     for cost in [0, 1, 2] {
         let cached = store
             .spend_all(&key, &three, Spend::cost(cost))
@@ -344,7 +330,7 @@ async fn the_deny_cache_answers_spends_on_a_full_counter() {
         );
     }
     assert_eq!(
-        script_calls(&server) - before,
+        server.script_calls() - before,
         0,
         "answered by the deny cache"
     );
@@ -353,9 +339,9 @@ async fn the_deny_cache_answers_spends_on_a_full_counter() {
     // as locked, and answered here.
     let mut con = server.sync();
     let block = Spend::cost(1).block(Window::new(Duration::from_secs(30)).unwrap());
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let locks = store.spend_all(&key, &three, block).await.unwrap();
-    assert_eq!(script_calls(&server) - before, 1, "asked Redis");
+    assert_eq!(server.script_calls() - before, 1, "asked Redis");
     assert!(locks[0].reset <= Duration::from_secs(30) && locks[0].reset > Duration::from_secs(29));
     let left: i64 = redis::cmd("PTTL")
         .arg("tpw:c{ip}:lock")
@@ -365,10 +351,10 @@ async fn the_deny_cache_answers_spends_on_a_full_counter() {
         (29_000..=30_000).contains(&left),
         "locked out in Redis: {left} ms"
     );
-    let before = script_calls(&server);
+    let before = server.script_calls();
     store.spend_all(&key, &three, block).await.unwrap();
     assert_eq!(
-        script_calls(&server) - before,
+        server.script_calls() - before,
         0,
         "the lockout, answered here"
     );
@@ -383,10 +369,10 @@ async fn the_deny_cache_answers_spends_on_a_full_counter() {
             .await
             .unwrap()
     );
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let again = store.spend_all(&key, &three, Spend::cost(1)).await.unwrap();
     assert!(again[0].deadline.is_some());
-    assert_eq!(script_calls(&server) - before, 1);
+    assert_eq!(server.script_calls() - before, 1);
 
     // A lockout: remembered until the lockout's end, which no later
     // attempt moves.
@@ -396,13 +382,13 @@ async fn the_deny_cache_answers_spends_on_a_full_counter() {
     store.spend_all(&login, &one, lock).await.unwrap();
     let locked = store.spend_all(&login, &one, lock).await.unwrap();
     assert!(locked[0].reset <= Duration::from_secs(5) && locked[0].reset > Duration::from_secs(4));
-    let before = script_calls(&server);
+    let before = server.script_calls();
     let cached = store.spend_all(&login, &one, lock).await.unwrap();
     assert!(
         cached[0].reset <= locked[0].reset,
         "the lockout's end, not moved"
     );
-    assert_eq!(script_calls(&server) - before, 0);
+    assert_eq!(server.script_calls() - before, 0);
     let left: i64 = redis::cmd("PTTL")
         .arg("tpw:login{user}:lock")
         .query(&mut con)

@@ -132,6 +132,48 @@ impl DenyCache {
     }
 }
 
+/// What an instance remembers denied until a deadline, for a remote
+/// store's hits and spends: counters at or over their limit, which hits and
+/// spends read, and counters locked out, which only spends read. A spend
+/// that would lock a counter out is answered here only by a lockout: a
+/// counter merely at its limit goes to the store, which locks it out.
+pub(crate) struct Denials {
+    pub(crate) over: DenyCache,
+    pub(crate) locked: DenyCache,
+}
+
+impl Denials {
+    /// Room for `capacity` counters of each kind.
+    pub(crate) fn new(capacity: usize) -> Self {
+        Self {
+            over: DenyCache::new(capacity),
+            locked: DenyCache::new(capacity),
+        }
+    }
+
+    /// Time left while a spend on (`namespace`, `key`) is denied here;
+    /// `locks`: the spend would lock the counter out.
+    pub(crate) fn spend(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        now: quanta::Instant,
+        locks: bool,
+    ) -> Option<Duration> {
+        self.locked.check(namespace, key, now).or_else(|| {
+            (!locks)
+                .then(|| self.over.check(namespace, key, now))
+                .flatten()
+        })
+    }
+
+    /// Forget the counter (`namespace`, `key`) in both.
+    pub(crate) fn forget(&self, namespace: &str, key: &[u8]) {
+        self.over.remove(namespace, key);
+        self.locked.remove(namespace, key);
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::deny_cache::DenyCache;
 use super::{BackendError, Counter, Hit, Hits};
-use crate::key::Key;
 
 /// The future of a remote backend's call (a hit, a spend, a refund or an
 /// amend) of [`RedisBackend`](super::redis::RedisBackend) or
@@ -72,21 +70,16 @@ impl<T> BackendFuture<T> {
 impl<T> Unpin for BackendFuture<T> {}
 
 impl BackendFuture<Hits> {
-    /// The local deny cache's answer to a request's `counters`, asked by
-    /// each counter's parts (no storage key is built for it), when it
-    /// remembers any of them denied: those are over their limit until the
-    /// time it remembers, and no counter is hit. `None` when it remembers
-    /// none: the request goes to the store.
+    /// The local deny cache's answer to a request's `counters`, when
+    /// `left` (asked for each counter by its parts: no storage key is
+    /// built for it) remembers any of them denied: those are over their
+    /// limit, or locked out, until the time it gives, and no counter is
+    /// hit. `None` when it remembers none: the request goes to the store.
     pub(crate) fn denied(
-        deny: &DenyCache,
-        key: &Key,
         counters: &[Counter<'_>],
-        now: quanta::Instant,
+        left: impl Fn(&Counter<'_>) -> Option<Duration>,
     ) -> Option<Self> {
-        let cached: SmallVec<[Option<Duration>; 2]> = counters
-            .iter()
-            .map(|c| deny.check(c.namespace, key.as_bytes(), now))
-            .collect();
+        let cached: SmallVec<[Option<Duration>; 2]> = counters.iter().map(left).collect();
         if cached.iter().all(Option::is_none) {
             return None;
         }

@@ -570,6 +570,24 @@ impl Drop for SentinelServer {
     }
 }
 
+#[allow(dead_code, reason = "not every test crate counts script calls")]
+impl RedisServer {
+    /// The script calls this server has run (`EVALSHA` and `EVAL`), from
+    /// `INFO commandstats`.
+    pub fn script_calls(&self) -> u64 {
+        let stats = self.cmd(&["INFO", "commandstats"]).unwrap();
+        stats
+            .lines()
+            .filter_map(|line| {
+                line.strip_prefix("cmdstat_evalsha:calls=")
+                    .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
+            })
+            .filter_map(|rest| rest.split(',').next())
+            .map(|n| n.parse::<u64>().unwrap())
+            .sum()
+    }
+}
+
 #[allow(dead_code, reason = "not every test crate freezes a server")]
 impl RedisServer {
     /// Send `signal` (`STOP`, `CONT`, ...) to the server process, with the

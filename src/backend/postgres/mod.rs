@@ -264,7 +264,7 @@ use self::error::{pg_error, pool_error};
 use self::row::{deadline_time, describe, read_row};
 use self::spend::{Cached, Op, Request, Spent};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
-use super::deny_cache::DenyCache;
+use super::deny_cache::Denials;
 use super::{
     Amend, AuditReport, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending,
 };
@@ -303,12 +303,10 @@ struct Inner {
     batcher: Arc<Batcher>,
     /// The queue of spends and amends and its senders.
     spender: Arc<Batcher<Request>>,
-    /// Counters over their limit until their window closes: hits and
-    /// spends without a lockout are denied here.
-    deny: Option<DenyCache>,
-    /// Counters locked out until a deadline: spends are denied here (hits
-    /// do not read lockouts).
-    locked: Option<DenyCache>,
+    /// Counters over their limit until their window closes (hits and
+    /// spends without a lockout are denied here), and counters locked out
+    /// until a deadline (spends are denied here; hits do not read lockouts).
+    deny: Option<Denials>,
     clean: Option<(Duration, NonZeroU32)>,
     cleaner: OnceLock<cleaner::Handle>,
 }
@@ -329,7 +327,7 @@ impl fmt::Debug for PostgresBackend {
             .field("statements", &self.inner.batcher.statements())
             .field(
                 "deny_cache",
-                &self.inner.deny.as_ref().map_or(0, |d| d.capacity),
+                &self.inner.deny.as_ref().map_or(0, |d| d.over.capacity),
             )
             .field("clean", &self.inner.clean)
             .finish_non_exhaustive()
@@ -552,8 +550,7 @@ impl PostgresBackendBuilder {
                 batcher: Arc::new(Batcher::new(statements, Arc::clone(&db))),
                 spender: Arc::new(Batcher::new(statements, Arc::clone(&db))),
                 db,
-                deny: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
-                locked: (self.deny_cache > 0).then(|| DenyCache::new(self.deny_cache)),
+                deny: (self.deny_cache > 0).then(|| Denials::new(self.deny_cache)),
                 clean: self.clean,
                 cleaner: OnceLock::new(),
             }),
@@ -777,8 +774,11 @@ impl Backend for PostgresBackend {
     /// one row each; a counter in the local deny cache answers at once, and
     /// then none of them is sent.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
+        let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(deny, key, counters, quanta::Instant::now())
+            && let Some(denied) = BackendFuture::denied(counters, |c| {
+                deny.over.check(c.namespace, key.as_bytes(), now)
+            })
         {
             // Denied here, with no statement; the counters are not hit.
             return denied;
@@ -818,7 +818,8 @@ impl Backend for PostgresBackend {
                 if let Some(deny) = backend.inner.deny.as_ref().filter(|_| hit.count > limit) {
                     // From when the hit was queued, before the database read
                     // its clock: the entry never outlasts the window.
-                    deny.insert(&namespace, denied_key.as_bytes(), queued + hit.reset);
+                    deny.over
+                        .insert(&namespace, denied_key.as_bytes(), queued + hit.reset);
                 }
                 hits.push(hit);
             }
@@ -842,7 +843,7 @@ impl Backend for PostgresBackend {
                 .refund_in_window(&namespace, &key, deadline_time(deadline))
                 .await;
             if let Some(deny) = &backend.inner.deny {
-                deny.remove(&namespace, key.as_bytes());
+                deny.over.remove(&namespace, key.as_bytes());
             }
             refunded
         })
@@ -868,8 +869,8 @@ impl Backend for PostgresBackend {
     }
 
     async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
-        for cache in [&self.inner.deny, &self.inner.locked].into_iter().flatten() {
-            cache.remove(namespace, key.as_bytes());
+        if let Some(deny) = &self.inner.deny {
+            deny.forget(namespace, key.as_bytes());
         }
         let client = self.inner.db.pool.get().await.map_err(pool_error)?;
         let row = client
@@ -928,14 +929,15 @@ impl Spending for PostgresBackend {
                 // From when the spend was queued, before the database read
                 // its clock: the entry never outlasts the window or the
                 // lockout.
+                let Some(deny) = &backend.inner.deny else {
+                    break;
+                };
                 let (cache, left) = match cached {
-                    Some(Cached::Over(left)) => (&backend.inner.deny, left),
-                    Some(Cached::Locked(left)) => (&backend.inner.locked, left),
+                    Some(Cached::Over(left)) => (&deny.over, left),
+                    Some(Cached::Locked(left)) => (&deny.locked, left),
                     None => continue,
                 };
-                if let Some(cache) = cache {
-                    cache.insert(namespace, key.as_bytes(), queued + left);
-                }
+                cache.insert(namespace, key.as_bytes(), queued + left);
             }
             Ok(hits)
         })
@@ -973,11 +975,8 @@ impl Spending for PostgresBackend {
                     "the PostgreSQL sender stopped before answering".into(),
                 ))
             });
-            for cache in [&backend.inner.deny, &backend.inner.locked]
-                .into_iter()
-                .flatten()
-            {
-                cache.remove(&namespace, key.as_bytes());
+            if let Some(deny) = &backend.inner.deny {
+                deny.forget(&namespace, key.as_bytes());
             }
             changed
         })
@@ -995,35 +994,11 @@ impl PostgresBackend {
         counters: &[Counter<'_>],
         spend: Spend,
     ) -> Option<BackendFuture<Hits>> {
-        let (deny, locked) = (self.inner.deny.as_ref()?, self.inner.locked.as_ref()?);
+        let deny = self.inner.deny.as_ref()?;
         let now = quanta::Instant::now();
-        let cached: SmallVec<[Option<std::time::Duration>; 2]> = counters
-            .iter()
-            .map(|c| {
-                locked.check(c.namespace, key.as_bytes(), now).or_else(|| {
-                    // A spend with a lockout would lock a counter that is
-                    // only over its limit: the database must see it.
-                    spend
-                        .block
-                        .is_none()
-                        .then(|| deny.check(c.namespace, key.as_bytes(), now))
-                        .flatten()
-                })
-            })
-            .collect();
-        if cached.iter().all(Option::is_none) {
-            return None;
-        }
-        let hits = counters
-            .iter()
-            .zip(cached)
-            .map(|(c, left)| Hit {
-                count: left.map_or(0, |_| c.quota.limit().saturating_add(1)),
-                reset: left.unwrap_or(Duration::ZERO),
-                deadline: None,
-            })
-            .collect();
-        Some(BackendFuture::answered(Ok(hits)))
+        BackendFuture::denied(counters, |c| {
+            deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
+        })
     }
 }
 

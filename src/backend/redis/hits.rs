@@ -24,7 +24,7 @@ use super::coalesce::{Answers, Work};
 use super::connection::breaker::Guarded;
 use super::reply::{parse_batch, parse_hit};
 use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
-use crate::backend::deny_cache::DenyCache;
+use crate::backend::deny_cache::Denials;
 use crate::backend::{BackendError, Hit, Hits, storage_key};
 use crate::quota::Quota;
 
@@ -41,31 +41,6 @@ pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
 /// What a request gets back: its hits, made by its [`Finish`] from the
 /// call's answers.
 pub(super) type Answered = Result<Hits, BackendError>;
-
-/// What this instance remembers denied until a deadline: counters at or
-/// over their limit, which hits and spends read, and counters locked out,
-/// which only spends read (a spend that would lock a counter out is
-/// answered here only by a lockout: a counter merely at its limit goes to
-/// Redis, which locks it).
-pub(super) struct Denials {
-    pub(super) over: DenyCache,
-    pub(super) locked: DenyCache,
-}
-
-impl Denials {
-    pub(super) fn new(capacity: usize) -> Self {
-        Self {
-            over: DenyCache::new(capacity),
-            locked: DenyCache::new(capacity),
-        }
-    }
-
-    /// Forget the counter (`namespace`, `key`) in both.
-    pub(super) fn forget(&self, namespace: &str, key: &[u8]) {
-        self.over.remove(namespace, key);
-        self.locked.remove(namespace, key);
-    }
-}
 
 /// What turns the answers for a request's counters into its [`Hits`]: the
 /// quotas, and the deny cache that remembers a denial.

@@ -52,6 +52,7 @@ use self::hits::HitWork;
 use self::reply::{parse_hit, parse_peek};
 use self::script::{HIT, PEEK, RESET, Size};
 use self::spends::{AmendWork, Forget, SpendWork};
+use super::deny_cache::Denials;
 use super::{
     Amend, AuditReport, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending,
     storage_key,
@@ -264,7 +265,7 @@ struct Inner<C> {
     connection: Guarded<C>,
     prefix: Box<[u8]>,
     /// Shared with the futures of queued hits, which remember denials.
-    deny: Option<Arc<hits::Denials>>,
+    deny: Option<Arc<Denials>>,
     /// The lanes of coalesced hits, spends and amends (on clones of the
     /// same connection); `None` with `coalesce(false)`.
     lanes: Option<Lanes<C>>,
@@ -565,7 +566,7 @@ impl<C> RedisBackendBuilder<C> {
                 lanes: self.coalesce.then(|| Lanes::new(&connection, cluster)),
                 connection,
                 prefix: self.prefix.into(),
-                deny: (self.deny_cache > 0).then(|| Arc::new(hits::Denials::new(self.deny_cache))),
+                deny: (self.deny_cache > 0).then(|| Arc::new(Denials::new(self.deny_cache))),
             }),
         }
     }
@@ -791,7 +792,9 @@ where
         // hits were sent.
         let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(&deny.over, key, counters, now)
+            && let Some(denied) = BackendFuture::denied(counters, |c| {
+                deny.over.check(c.namespace, key.as_bytes(), now)
+            })
         {
             // Denied here, without a round trip; the counters are not hit.
             return denied;
@@ -909,19 +912,13 @@ where
     /// fit, and remembers such counters. Needs Redis 7.0 (`PEXPIRETIME`).
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
         let now = quanta::Instant::now();
-        if let Some(deny) = &self.inner.deny {
-            // A spend that would lock a counter out is answered here only by
-            // a lockout: a counter merely at its limit goes to Redis, which
-            // locks it out.
-            let over = (spend.block.is_none())
-                .then(|| BackendFuture::denied(&deny.over, key, counters, now))
-                .flatten();
-            if let Some(denied) =
-                over.or_else(|| BackendFuture::denied(&deny.locked, key, counters, now))
-            {
-                // Denied here, without a round trip: nothing is spent.
-                return denied;
-            }
+        if let Some(deny) = &self.inner.deny
+            && let Some(denied) = BackendFuture::denied(counters, |c| {
+                deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
+            })
+        {
+            // Denied here, without a round trip: nothing is spent.
+            return denied;
         }
         let work = SpendWork {
             counters: counters

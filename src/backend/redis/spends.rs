@@ -24,9 +24,10 @@ use smallvec::SmallVec;
 
 use super::coalesce::{Answers, Work};
 use super::connection::breaker::Guarded;
-use super::hits::{Denials, Finish, StoredKey};
+use super::hits::{Finish, StoredKey};
 use super::reply::{Full, Spent, corrupt, parse_amends, parse_spends};
 use super::script::{AMEND, SPEND, Size, U64_DIGITS};
+use crate::backend::deny_cache::Denials;
 use crate::backend::storage_key::LOCKOUT;
 use crate::backend::{Amend, BackendError, Hits, Spend};
 use crate::key::Key;
