@@ -180,6 +180,76 @@ async fn spends_in_flight_together_share_calls_and_stay_exact() {
     }
 }
 
+/// The `INCRBY`s the server has run, scripts' included.
+fn incrby_calls(server: &RedisServer) -> u64 {
+    let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
+    stats
+        .lines()
+        .find_map(|line| line.strip_prefix("cmdstat_incrby:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Spends in a row on one hot key, with the same cost, in one call: decided
+/// together, exactly as one after the other (the first that fit admitted,
+/// each at its own count; the rest denied at the count they leave).
+async fn a_run_of_spends_on_one_hot_key_is_decided_in_order() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_run_of_spends_on_one_hot_key_is_decided_in_order"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let warm = spend_together(&store, 100, vec![("warm".into(), 1)]).await;
+    assert!(warm[0].2.is_ok());
+    let mut con = server.sync();
+    for (round, (cost, admitted_before)) in [(2u64, 0u64), (1, 100)].into_iter().enumerate() {
+        let (before, incrby) = (server.script_calls(), incrby_calls(&server));
+        server.signal("STOP");
+        let spends = (0..300).map(|_| ("hot".to_string(), cost)).collect();
+        let (_, answers) = tokio::join!(
+            async {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+                server.signal("CONT");
+            },
+            spend_together(&store, 101, spends)
+        );
+        assert!(
+            server.script_calls() - before <= 4,
+            "round {round}: the run shares calls"
+        );
+        // A run is one INCRBY a call, not one a request.
+        let incrby = incrby_calls(&server) - incrby;
+        assert!(incrby <= 6, "round {round}: {incrby} INCRBY for 300 spends");
+        let mut counts: Vec<u64> = Vec::new();
+        for (_, _, hit) in &answers {
+            let hit = hit.as_ref().unwrap();
+            if hit.deadline.is_some() {
+                counts.push(hit.count);
+            } else {
+                assert!(
+                    hit.count > 101,
+                    "round {round}: a denial reports {}",
+                    hit.count
+                );
+            }
+        }
+        counts.sort_unstable();
+        // 2, 4, ..., 100 in the first round (102 > 101); 101 in the second.
+        let want: Vec<u64> = (1..)
+            .map(|j| admitted_before + j * cost)
+            .take_while(|&c| c <= 101)
+            .collect();
+        assert_eq!(counts, want, "round {round}: each count once, in order");
+        let stored: u64 = get(&mut con, "tpw:x{hot}").unwrap().parse().unwrap();
+        assert_eq!(
+            stored,
+            want.last().copied().unwrap_or(admitted_before),
+            "round {round}"
+        );
+    }
+}
+
 /// A corrupt counter in a call answers only the requests on it, and is
 /// left as it is; the other requests of the same call are decided and
 /// counted. The same for amends.
@@ -477,6 +547,11 @@ fn main() {
             "spends_in_flight_together_share_calls_and_stay_exact",
             Needs::Redis,
             spends_in_flight_together_share_calls_and_stay_exact,
+        ),
+        trial::multi(
+            "a_run_of_spends_on_one_hot_key_is_decided_in_order",
+            Needs::Redis,
+            a_run_of_spends_on_one_hot_key_is_decided_in_order,
         ),
         trial::multi(
             "a_corrupt_counter_fails_only_its_own_requests_in_a_batch",

@@ -116,6 +116,65 @@ local function admit_one(key, lock, limit, window)
   return true
 end
 
+-- A run of `m` requests in a row with the same argument, each a cost on
+-- the one counter `key` (a hot key), without a lockout to set: decided at
+-- once, exactly as one after the other would be. The first that fit are
+-- admitted, in order, by one INCRBY of their costs; the rest are denied
+-- at the count they leave. False, with nothing written, sends them down
+-- the way of one request at a time: a lockout, a corrupt value, a counter
+-- without a lifetime that none of them fits, or numbers past 2^53.
+local function admit_run(key, lock, limit, window, m)
+  if cost > limit or limit > big or call('PTTL', lock) ~= -2 then
+    return false
+  end
+  local value = pcall_('GET', key)
+  if type(value) == 'table' then
+    return false
+  end
+  local count = 0
+  if value then
+    if not string.find(value, '^%d+$') or (#value > 1 and string.sub(value, 1, 1) == '0')
+        or #value > 15 then
+      return false
+    end
+    count = tonumber(value)
+  end
+  local fit = 0
+  if count + cost <= limit then
+    fit = math.min(m, math.floor((limit - count) / cost))
+  end
+  local expiry = -2
+  if value then
+    expiry = call('PEXPIRETIME', key)
+  end
+  if fit == 0 and expiry == -1 then
+    return false
+  end
+  if fit > 0 then
+    call('INCRBY', key, string.format('%d', fit * cost))
+    if expiry < 0 then
+      -- Just created (or left without a lifetime by older code): its
+      -- window starts now.
+      expiry = now + window
+      call('PEXPIREAT', key, string.format('%d', expiry))
+    end
+  end
+  local left = max(expiry - now, 0)
+  local after = count + fit * cost
+  local full = after >= limit and 1 or 0
+  for j = 1, m do
+    if j <= fit then
+      nums[np + 1], nums[np + 2], nums[np + 3] = 1, count + j * cost, left
+      nums[np + 4], nums[np + 5] = expiry, 0
+    else
+      nums[np + 1], nums[np + 2], nums[np + 3] = 0, max(after + cost, limit + 1), left
+      nums[np + 4], nums[np + 5] = -1, full
+    end
+    np = np + 5
+  end
+  return true
+end
+
 -- One request: `k` KEYS read before it, its argument read (`read`), `n`
 -- counters.
 local function spend(k, n)
@@ -214,8 +273,8 @@ local function spend(k, n)
   end
 end
 
-local k = 0
-for a = 1, #ARGV do
+local k, a = 0, 1
+while a <= #ARGV do
   local sent = ARGV[a]
   if sent ~= said then
     read(sent)
@@ -224,12 +283,24 @@ for a = 1, #ARGV do
   if not n or k + 2 * n > #KEYS then
     return redis.error_reply('ERR tower-pinned-window: invalid spend batch')
   end
-  -- Most requests: one counter, a cost, and it fits.
-  if refused or n > 1 or cost == 0
-      or not admit_one(KEYS[k + 1], KEYS[k + 2], said_limits[1], said_windows[1]) then
-    spend(k, n)
+  -- The requests that follow with the same argument on the same counter.
+  local m = 1
+  if not refused and n == 1 and cost > 0 and block == 0 then
+    local key = KEYS[k + 1]
+    while a + m <= #ARGV and ARGV[a + m] == sent and KEYS[k + 2 * m + 1] == key do
+      m = m + 1
+    end
   end
-  k = k + 2 * n
+  if m > 1 and admit_run(KEYS[k + 1], KEYS[k + 2], said_limits[1], said_windows[1], m) then
+    k, a = k + 2 * m, a + m
+  else
+    -- Most requests: one counter, a cost, and it fits.
+    if refused or n > 1 or cost == 0
+        or not admit_one(KEYS[k + 1], KEYS[k + 2], said_limits[1], said_windows[1]) then
+      spend(k, n)
+    end
+    k, a = k + 2 * n, a + 1
+  end
 end
 if k ~= #KEYS then
   return redis.error_reply('ERR tower-pinned-window: invalid spend batch')
