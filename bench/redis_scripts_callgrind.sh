@@ -7,6 +7,9 @@
 #   hit_batch   a hit on one counter per request (the plain route)
 #   spend       a spend of 1 on one counter per request (the cost route)
 #   spend-check a check (a spend of 0) on one counter per request
+#   spend-hot   a spend of 1 on one key for every request, a limit of
+#               5,000 (the first half of the calls admit, the rest deny)
+# (Hits on one key need no such case: the lanes send them as one entry.)
 # A count, not a time: it repeats from run to run to within a few
 # instructions, whatever else the machine does.
 #
@@ -27,14 +30,16 @@ import random, sys
 case, sha, calls, per = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 random.seed(1)
 for _ in range(calls):
-    keys = ['tpw:b{k%d}' % random.randrange(2000) for _ in range(per)]
+    hot = case.endswith('-hot')
+    keys = ['tpw:b{hot}' if hot else 'tpw:b{k%d}' % random.randrange(2000) for _ in range(per)]
     if case == 'hit_batch':
         args = [a for _ in keys for a in ('1', '60000')]
         print(' '.join(['EVALSHA', sha, str(len(keys))] + keys + args))
     else:
-        cost = '1' if case == 'spend' else '0'
+        cost = '0' if case == 'spend-check' else '1'
         ks = [x for k in keys for x in (k, k + ':lock')]
-        args = ['"1 %s 0 0 1000000000 60000"' % cost] * len(keys)
+        limit = '5000' if hot else '1000000000'
+        args = ['"1 %s 0 0 %s 60000"' % (cost, limit)] * len(keys)
         print(' '.join(['EVALSHA', sha, str(len(ks))] + ks + args))
 PY
 }
@@ -67,3 +72,4 @@ printf '%-12s %12s\n' case redis_ir/request
 one hit_batch src/backend/redis/hit_batch.lua
 one spend src/backend/redis/spend.lua
 one spend-check src/backend/redis/spend.lua
+one spend-hot src/backend/redis/spend.lua

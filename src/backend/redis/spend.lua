@@ -285,9 +285,9 @@ while a <= #ARGV do
   end
   -- The requests that follow with the same argument on the same counter.
   local m = 1
-  if not refused and n == 1 and cost > 0 and block == 0 then
-    local key = KEYS[k + 1]
-    while a + m <= #ARGV and ARGV[a + m] == sent and KEYS[k + 2 * m + 1] == key do
+  local key = KEYS[k + 1]
+  if KEYS[k + 3] == key and n == 1 and not refused and cost > 0 and block == 0 then
+    while ARGV[a + m] == sent and KEYS[k + 2 * m + 1] == key do
       m = m + 1
     end
   end
