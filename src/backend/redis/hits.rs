@@ -38,10 +38,6 @@ pub(super) type StoredKey = SmallVec<[u8; 64]>;
 /// One request's counters: storage key and window (ms) of each.
 pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
 
-/// What a request gets back: its hits, made by its [`Finish`] from the
-/// call's answers.
-pub(super) type Answered = Result<Hits, BackendError>;
-
 /// What turns the answers for a request's counters into its [`Hits`]: the
 /// quotas, and the deny cache that remembers a denial.
 pub(super) struct Finish {
@@ -56,22 +52,14 @@ pub(super) struct Finish {
 }
 
 impl Finish {
-    /// The request's hits, from the answers for its `counters`.
-    fn answered(&self, counters: &Counters, answers: CounterAnswers) -> Answered {
-        self.hits(
-            counters.iter().map(|(stored, _)| stored.as_slice()),
-            answers,
-        )
-    }
-
-    /// `stored`: the counters' storage keys, in the order of `answers`.
-    pub(super) fn hits<'a>(
+    /// The request's hits, from the answers for its `counters`, in order.
+    pub(super) fn answered(
         &self,
-        stored: impl Iterator<Item = &'a [u8]>,
+        counters: &Counters,
         answers: CounterAnswers,
     ) -> Result<Hits, BackendError> {
         let mut hits = Hits::with_capacity(answers.len());
-        for ((answer, quota), stored) in answers.into_iter().zip(&self.quotas).zip(stored) {
+        for ((answer, quota), (stored, _)) in answers.into_iter().zip(&self.quotas).zip(counters) {
             let hit = answer?;
             if hit.count > quota.limit() {
                 self.remember(stored, hit.reset, false);

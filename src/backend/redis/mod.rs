@@ -41,9 +41,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager};
-
 use futures_util::future::join_all;
-use smallvec::SmallVec;
 
 use self::coalesce::{Batcher, Enqueued, Work};
 use self::connection::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
@@ -799,42 +797,28 @@ where
             // Denied here, without a round trip; the counters are not hit.
             return denied;
         }
-        // Inline: no allocation for a key that fits.
-        let storage_keys: SmallVec<[hits::StoredKey; 2]> = counters
-            .iter()
-            .map(|c| {
-                let mut stored = hits::StoredKey::new();
-                storage_key::encode_into(&mut stored, &self.inner.prefix, c.namespace, key);
-                stored
-            })
-            .collect();
-        let finish = hits::Finish {
-            quotas: counters.iter().map(|c| c.quota).collect(),
-            deny: self.inner.deny.clone(),
-            prefix: self.inner.prefix.len(),
-            sent: now,
+        let work = HitWork {
+            counters: counters
+                .iter()
+                .map(|c| (self.stored(c.namespace, key), c.quota.window().as_millis()))
+                .collect(),
+            finish: self.finish(counters, now),
         };
-        // Coalesced: through the key's lane (a driver task, so only on a
-        // tokio runtime).
-        if let Some((lanes, runtime)) = self.lanes() {
-            let counters = storage_keys
-                .into_iter()
-                .zip(&finish.quotas)
-                .map(|(k, q)| (k, q.window().as_millis()))
-                .collect();
-            return through(&lanes.hits, &runtime, HitWork { counters, finish });
+        if let Some(lanes) = &self.inner.lanes
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            // Coalesced: through the key's lane (a driver task, so only on
+            // a tokio runtime).
+            return through(&lanes.hits, &runtime, work);
         }
+        // One call per counter, sent together.
         let this = self.clone();
         BackendFuture::calling(async move {
-            let answers = join_all(storage_keys.iter().zip(&finish.quotas).map(|(k, q)| {
+            let answers = join_all(work.counters.iter().map(|(k, window)| {
                 let this = &this;
                 async move {
                     let reply = HIT
-                        .run_on_key(
-                            &mut this.inner.connection.for_key(k),
-                            k,
-                            Some(q.window().as_millis()),
-                        )
+                        .run_on_key(&mut this.inner.connection.for_key(k), k, Some(*window))
                         .await
                         .map_err(unavailable)?;
                     parse_hit(reply, k)
@@ -843,7 +827,7 @@ where
             .await
             .into_iter()
             .collect();
-            finish.hits(storage_keys.iter().map(|k| k.as_slice()), answers)
+            work.finish.answered(&work.counters, answers)
         })
     }
 
@@ -923,15 +907,10 @@ where
         let work = SpendWork {
             counters: counters
                 .iter()
-                .map(|c| self.stored(c.namespace, key, b""))
+                .map(|c| self.stored(c.namespace, key))
                 .collect(),
             spend,
-            finish: hits::Finish {
-                quotas: counters.iter().map(|c| c.quota).collect(),
-                deny: self.inner.deny.clone(),
-                prefix: self.inner.prefix.len(),
-                sent: now,
-            },
+            finish: self.finish(counters, now),
         };
         self.send(self.inner.lanes.as_ref().map(|lanes| &lanes.spends), work)
     }
@@ -954,8 +933,7 @@ where
             return BackendFuture::answered(Ok(false));
         };
         let work = AmendWork {
-            counter: self.stored(namespace, key, b""),
-            marker: self.stored(namespace, key, storage_key::RESET_MARKER),
+            counter: self.stored(namespace, key),
             amend,
             deadline,
             forget: self.inner.deny.as_ref().map(|deny| Forget {
@@ -972,20 +950,23 @@ impl<C> RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
-    /// The lanes, with the tokio runtime their drivers run on; `None`
-    /// without lanes (`coalesce(false)`) or outside a tokio runtime.
-    fn lanes(&self) -> Option<(&Lanes<C>, tokio::runtime::Handle)> {
-        let lanes = self.inner.lanes.as_ref()?;
-        Some((lanes, tokio::runtime::Handle::try_current().ok()?))
-    }
-
-    /// The storage key of `namespace`'s counter for `key`, followed by
-    /// `suffix` (a marker's), inline when it fits.
-    fn stored(&self, namespace: &str, key: &Key, suffix: &[u8]) -> hits::StoredKey {
+    /// The storage key of `namespace`'s counter for `key`, inline when it
+    /// fits (no allocation for most keys).
+    fn stored(&self, namespace: &str, key: &Key) -> hits::StoredKey {
         let mut stored = hits::StoredKey::new();
         storage_key::encode_into(&mut stored, &self.inner.prefix, namespace, key);
-        stored.extend_from_slice(suffix);
         stored
+    }
+
+    /// What makes a request's hits of its answers: its counters' quotas,
+    /// and the deny cache that remembers a denial from `sent` on.
+    fn finish(&self, counters: &[Counter<'_>], sent: quanta::Instant) -> hits::Finish {
+        hits::Finish {
+            quotas: counters.iter().map(|c| c.quota).collect(),
+            deny: self.inner.deny.clone(),
+            prefix: self.inner.prefix.len(),
+            sent,
+        }
     }
 
     /// `work` through its lane when there is one (and a tokio runtime), else

@@ -28,9 +28,18 @@ use super::hits::{Finish, StoredKey};
 use super::reply::{Full, Spent, corrupt, parse_amends, parse_spends};
 use super::script::{AMEND, SPEND, Size, U64_DIGITS};
 use crate::backend::deny_cache::Denials;
-use crate::backend::storage_key::LOCKOUT;
+use crate::backend::storage_key::{LOCKOUT, RESET_MARKER};
 use crate::backend::{Amend, BackendError, Hits, Spend};
 use crate::key::Key;
+
+/// The key of a marker beside `counter` (its lockout or its reset marker):
+/// the counter's key and `suffix`, written into the call only, inline.
+fn beside(counter: &[u8], suffix: &[u8]) -> StoredKey {
+    let mut marker = StoredKey::new();
+    marker.extend_from_slice(counter);
+    marker.extend_from_slice(suffix);
+    marker
+}
 
 /// One request's spend, for a lane: its counters' storage keys (a lockout's
 /// key is its counter's and a suffix, written only into the call), what it
@@ -108,9 +117,7 @@ impl Work for SpendWork {
             .run(&mut connection.for_key(first), size, |cmd| {
                 for work in works() {
                     for counter in &work.counters {
-                        let mut lock = StoredKey::new();
-                        lock.extend_from_slice(counter);
-                        lock.extend_from_slice(LOCKOUT);
+                        let lock = beside(counter, LOCKOUT);
                         cmd.arg(counter.as_slice()).arg(lock.as_slice());
                     }
                 }
@@ -162,12 +169,12 @@ impl SpendWork {
     }
 }
 
-/// One amend, for a lane: the counter and its reset marker, what to do,
-/// and the hit's deadline; with the deny cache, the counter to forget once
-/// Redis has answered.
+/// One amend, for a lane: the counter (its reset marker's key is the
+/// counter's and a suffix, written only into the call), what to do, and the
+/// hit's deadline; with the deny cache, the counter to forget once Redis
+/// has answered.
 pub(super) struct AmendWork {
     pub(super) counter: StoredKey,
-    pub(super) marker: StoredKey,
     pub(super) amend: Amend,
     pub(super) deadline: NonZeroU64,
     pub(super) forget: Option<Forget>,
@@ -208,14 +215,15 @@ impl Work for AmendWork {
             keys: 2 * n,
             args: 5 * n,
             bytes: works()
-                .map(|w| w.counter.len() + w.marker.len() + 3 * U64_DIGITS)
+                .map(|w| 2 * w.counter.len() + RESET_MARKER.len() + 3 * U64_DIGITS)
                 .sum(),
         };
         let first = works().next().map_or(&[][..], AmendWork::key);
         let reply = AMEND
             .run(&mut connection.for_key(first), size, |cmd| {
                 for work in works() {
-                    cmd.arg(work.counter.as_slice()).arg(work.marker.as_slice());
+                    let marker = beside(&work.counter, RESET_MARKER);
+                    cmd.arg(work.counter.as_slice()).arg(marker.as_slice());
                 }
                 for work in works() {
                     let (op, amount) = match work.amend {
