@@ -583,15 +583,6 @@ async fn the_audit_finds_and_repairs_keys_without_a_lifetime() {
     );
 }
 
-fn evalsha_calls(server: &RedisServer) -> u64 {
-    let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_evalsha:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 async fn denied_keys_are_answered_locally_until_their_window_closes() {
     let server = redis_or_skip!(RedisServer::start(
         "denied_keys_are_answered_locally_until_their_window_closes"
@@ -605,14 +596,14 @@ async fn denied_keys_are_answered_locally_until_their_window_closes() {
     for _ in 0..3 {
         svc.clone().oneshot(from("x")).await.unwrap();
     }
-    let before = evalsha_calls(&server);
+    let before = server.calls(&["evalsha"]);
     for _ in 0..50 {
         let res = svc.clone().oneshot(from("x")).await.unwrap();
         assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
         assert!(res.extensions().get::<Decision>().unwrap().reset() <= Duration::from_millis(400));
     }
     assert_eq!(
-        evalsha_calls(&server),
+        server.calls(&["evalsha"]),
         before,
         "denials from the cache cost no Redis command"
     );
@@ -621,7 +612,7 @@ async fn denied_keys_are_answered_locally_until_their_window_closes() {
         StatusCode::OK,
         "other keys still go to Redis"
     );
-    assert_eq!(evalsha_calls(&server), before + 1);
+    assert_eq!(server.calls(&["evalsha"]), before + 1);
 
     // reset clears this instance's cache as well as Redis.
     assert!(store.reset("cache", &Key::new("x")).await.unwrap());
@@ -703,7 +694,7 @@ async fn several_quotas_are_counted_in_redis_together() {
                     .build(),
             )
             .layer(ok_service());
-        let before = evalsha_calls(&server);
+        let before = server.calls(&["evalsha"]);
         let statuses: Vec<StatusCode> = {
             let mut v = Vec::new();
             for _ in 0..4 {
@@ -721,7 +712,7 @@ async fn several_quotas_are_counted_in_redis_together() {
             ]
         );
         assert_eq!(
-            evalsha_calls(&server) - before,
+            server.calls(&["evalsha"]) - before,
             4 * calls_per_request,
             "coalesce {coalesce}"
         );
@@ -765,11 +756,11 @@ async fn refunds_of_deny_cache_answers_send_nothing() {
         .await
         .unwrap();
     assert!(warm.refund("warm", &Key::new("up"), &hit).await.unwrap());
-    let before = evalsha_calls(&server);
+    let before = server.calls(&["evalsha"]);
     cases::deny_cache_hits_are_never_refunded(manager(&server).await, "cache:").await;
     // 3 hits and 1 refund reached Redis; the 2 hits the cache answered and
     // the refund of one of them did not.
-    assert_eq!(evalsha_calls(&server) - before, 4);
+    assert_eq!(server.calls(&["evalsha"]) - before, 4);
 }
 
 async fn prefixes_with_braces_are_refused_and_the_audit_still_matches() {

@@ -180,16 +180,6 @@ async fn spends_in_flight_together_share_calls_and_stay_exact() {
     }
 }
 
-/// The `INCRBY`s the server has run, scripts' included.
-fn incrby_calls(server: &RedisServer) -> u64 {
-    let stats = server.cmd(&["INFO", "commandstats"]).unwrap();
-    stats
-        .lines()
-        .find_map(|line| line.strip_prefix("cmdstat_incrby:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
-}
-
 /// Spends in a row on one hot key, with the same cost, in one call: decided
 /// together, exactly as one after the other (the first that fit admitted,
 /// each at its own count; the rest denied at the count they leave).
@@ -204,7 +194,7 @@ async fn a_run_of_spends_on_one_hot_key_is_decided_in_order() {
     assert!(warm[0].2.is_ok());
     let mut con = server.sync();
     for (round, (cost, admitted_before)) in [(2u64, 0u64), (1, 100)].into_iter().enumerate() {
-        let (before, incrby) = (server.script_calls(), incrby_calls(&server));
+        let (before, incrby) = (server.script_calls(), server.calls(&["incrby"]));
         server.signal("STOP");
         let spends = (0..300).map(|_| ("hot".to_string(), cost)).collect();
         let (_, answers) = tokio::join!(
@@ -219,7 +209,7 @@ async fn a_run_of_spends_on_one_hot_key_is_decided_in_order() {
             "round {round}: the run shares calls"
         );
         // A run is one INCRBY a call, not one a request.
-        let incrby = incrby_calls(&server) - incrby;
+        let incrby = server.calls(&["incrby"]) - incrby;
         assert!(incrby <= 6, "round {round}: {incrby} INCRBY for 300 spends");
         let mut counts: Vec<u64> = Vec::new();
         for (_, _, hit) in &answers {

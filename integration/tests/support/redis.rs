@@ -575,12 +575,18 @@ impl RedisServer {
     /// The script calls this server has run (`EVALSHA` and `EVAL`), from
     /// `INFO commandstats`.
     pub fn script_calls(&self) -> u64 {
+        self.calls(&["evalsha", "eval"])
+    }
+
+    /// How many times this server has run `commands` (lowercase names),
+    /// scripts' own calls included, from `INFO commandstats`.
+    pub fn calls(&self, commands: &[&str]) -> u64 {
         let stats = self.cmd(&["INFO", "commandstats"]).unwrap();
         stats
             .lines()
             .filter_map(|line| {
-                line.strip_prefix("cmdstat_evalsha:calls=")
-                    .or_else(|| line.strip_prefix("cmdstat_eval:calls="))
+                let (name, rest) = line.strip_prefix("cmdstat_")?.split_once(":calls=")?;
+                commands.contains(&name).then_some(rest)
             })
             .filter_map(|rest| rest.split(',').next())
             .map(|n| n.parse::<u64>().unwrap())
