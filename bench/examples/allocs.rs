@@ -42,14 +42,13 @@
 
 #![allow(missing_docs)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::future::Future;
 use std::hint::black_box;
 use std::io::Write;
 use std::net::{Ipv4Addr, SocketAddr};
 use std::pin::pin;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -68,50 +67,21 @@ use tower_pinned_window::{
     response::HeaderStyle,
 };
 
-/// The system allocator, counting allocations.
-struct Counting;
+#[path = "support/counting.rs"]
+mod counting;
 
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-
-// SAFETY: every call is forwarded to `System` unchanged; only a counter is
-// added.
-static TRACE: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-fn trace() {
-    if TRACE.swap(false, Ordering::Relaxed) {
-        eprintln!("{}", std::backtrace::Backtrace::force_capture());
-        TRACE.store(true, Ordering::Relaxed);
-    }
-}
-
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        trace();
-        // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
+use counting::{TRACE, allocations};
 
 #[global_allocator]
-static ALLOCATOR: Counting = Counting;
+static ALLOCATOR: counting::Counting = counting::Counting {
+    counted: every_allocation,
+};
+
+/// Every thread's allocations count (one request at a time, or a
+/// current-thread runtime).
+fn every_allocation() -> bool {
+    true
+}
 
 const KEYS: u32 = 10_000;
 /// Requests counted per case, after the warm-up.
@@ -128,7 +98,7 @@ fn request(i: u32) -> Request<Body> {
 /// answered at once (the memory backend and the handlers here never wait).
 fn one(router: &mut Router, request: Request<Body>) -> u64 {
     let mut cx = Context::from_waker(Waker::noop());
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     {
         assert!(Service::<Request<Body>>::poll_ready(router, &mut cx).is_ready());
         let future = pin!(router.call(request));
@@ -139,13 +109,13 @@ fn one(router: &mut Router, request: Request<Body>) -> u64 {
         assert!(response.status().is_success(), "{}", response.status());
         black_box(response);
     }
-    ALLOCATIONS.load(Ordering::Relaxed) - before
+    allocations() - before
 }
 
 /// Allocations made by `router` answering `request` on `runtime`: the
 /// process's, every thread's (the Redis client's tasks too).
 fn one_on(runtime: &tokio::runtime::Runtime, router: &mut Router, request: Request<Body>) -> u64 {
-    let before = ALLOCATIONS.load(Ordering::Relaxed);
+    let before = allocations();
     runtime.block_on(async {
         let response = tower::ServiceExt::<Request<Body>>::ready(&mut *router)
             .await
@@ -156,7 +126,7 @@ fn one_on(runtime: &tokio::runtime::Runtime, router: &mut Router, request: Reque
         assert!(response.status().is_success(), "{}", response.status());
         black_box(response);
     });
-    ALLOCATIONS.load(Ordering::Relaxed) - before
+    allocations() - before
 }
 
 /// [`per_request`] for a route whose backend goes out (Redis), one request
@@ -218,7 +188,7 @@ fn per_request_in_flight(runtime: &tokio::runtime::Runtime, router: Router) -> f
             })
             .collect();
         let mut workers: Vec<Option<_>> = workers.into_iter().map(Some).collect();
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = allocations();
         runtime.block_on(std::future::poll_fn(|cx| {
             let mut pending = false;
             for slot in workers.iter_mut() {
@@ -236,7 +206,7 @@ fn per_request_in_flight(runtime: &tokio::runtime::Runtime, router: Router) -> f
                 Poll::Ready(())
             }
         }));
-        let counted = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let counted = allocations() - before;
         drop(workers);
         counted
     };

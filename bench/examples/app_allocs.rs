@@ -54,12 +54,11 @@
 
 #![allow(missing_docs)]
 
-use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use axum::Router;
@@ -72,12 +71,13 @@ use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::{Key, KeyError, RequestHead};
 use tower_pinned_window::{Quota, RateLimitLayer, Window};
 
-/// The system allocator, counting the allocations made on the server's
-/// threads.
-struct Counting;
+#[path = "support/counting.rs"]
+mod counting;
 
-static ALLOCATIONS: AtomicU64 = AtomicU64::new(0);
-static TRACE: AtomicBool = AtomicBool::new(false);
+use counting::{TRACE, allocations};
+
+#[global_allocator]
+static ALLOCATOR: counting::Counting = counting::Counting { counted: on_server };
 
 thread_local! {
     /// Whether this thread is one of the server's (set when its runtime
@@ -86,45 +86,10 @@ thread_local! {
     static SERVER: Cell<bool> = const { Cell::new(false) };
 }
 
-fn count() {
-    if SERVER.try_with(Cell::get).unwrap_or(false) {
-        ALLOCATIONS.fetch_add(1, Ordering::Relaxed);
-        if TRACE.swap(false, Ordering::Relaxed) {
-            eprintln!("{}", std::backtrace::Backtrace::force_capture());
-            TRACE.store(true, Ordering::Relaxed);
-        }
-    }
+/// Only the server's threads' allocations count.
+fn on_server() -> bool {
+    SERVER.try_with(Cell::get).unwrap_or(false)
 }
-
-// SAFETY: every call is forwarded to `System` unchanged; only a counter is
-// added.
-unsafe impl GlobalAlloc for Counting {
-    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: the caller's contract is `System`'s.
-        unsafe { System.alloc(layout) }
-    }
-
-    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
-        count();
-        // SAFETY: as above.
-        unsafe { System.alloc_zeroed(layout) }
-    }
-
-    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
-        count();
-        // SAFETY: as above.
-        unsafe { System.realloc(ptr, layout, new_size) }
-    }
-
-    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
-        // SAFETY: as above.
-        unsafe { System.dealloc(ptr, layout) }
-    }
-}
-
-#[global_allocator]
-static ALLOCATOR: Counting = Counting;
 
 /// Distinct keys (`x-api-key` values), each hit in the warm-up.
 const KEYS: usize = 10_000;
@@ -370,9 +335,9 @@ fn measure(case: Case) -> f64 {
             eprintln!("=================== end of {}", case.name);
         }
         let per_connection = REQUESTS / case.connections;
-        let before = ALLOCATIONS.load(Ordering::Relaxed);
+        let before = allocations();
         let _streams = round(streams, per_connection, 0).await;
-        let counted = ALLOCATIONS.load(Ordering::Relaxed) - before;
+        let counted = allocations() - before;
         counted as f64 / (per_connection * case.connections) as f64
     });
     drop(client);
