@@ -2,7 +2,8 @@
 //! starts: the backend contract (`contract::*`, `contract_deny_cache::*`,
 //! on one shared Cluster, each scenario under its own prefix), then what
 //! only a Cluster does, one test each: keys over every master, coalescing by
-//! slot, the audit of every master, hash tags, a failover. A test that
+//! slot, the audit of every master, hash tags (failovers:
+//! `redis_cluster_failover.rs`). A test that
 //! counts the Cluster's script calls or scans every master has a Cluster of
 //! its own.
 
@@ -18,10 +19,10 @@ use std::time::Duration;
 use http::StatusCode;
 use stores::redis::RedisStore;
 use support::http::{burst, from, multi_thread_runtime, ok_count, ok_service};
-use support::redis::{RedisCluster, Shared, cases, plain_storage_key};
+use support::redis::{RedisCluster, Shared, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::{Backend, BackendError, Spending};
+use tower_pinned_window::backend::{Backend, Spending};
 use tower_pinned_window::key::{HeaderKey, Key};
 use tower_pinned_window::{Quota, RateLimitLayer, Window};
 use trial::Needs;
@@ -371,196 +372,6 @@ async fn client_chosen_keys_reach_no_other_counter_nor_pick_a_slot(cluster: &Red
     assert_eq!(keyslot(cluster, &braced), keyslot(cluster, b"%7Bvictim%7D"));
 }
 
-/// How long a hit may take before it counts as stalled in the failover test:
-/// a round trip on loopback takes well under a millisecond, the redis
-/// client's retry sleeps take 1.28 s or more.
-const STALLED: Duration = Duration::from_secs(1);
-
-/// One master of a Cluster with replicas is killed (SIGKILL) in the middle
-/// of traffic; its replica takes over. Hits on keys whose master stays
-/// healthy must keep being answered throughout, each within [`STALLED`];
-/// the failed master's breaker opens, so its keys are answered at once
-/// meanwhile; they are served again once its replica has taken over.
-///
-/// To compare, `TPW_PLAIN_CLIENT=1` runs it on the `redis` crate's default
-/// Cluster client without the breaker, and `TPW_FULL_COVERAGE=1` runs the
-/// Cluster with Redis's default `cluster-require-full-coverage yes` (every
-/// master then refuses every key until the replica is promoted, and the
-/// test fails); `TPW_DEBUG=1` prints each failure.
-fn a_failover_stalls_no_healthy_master() {
-    let mut cluster = redis_or_skip!(RedisCluster::start_with_replicas(
-        "a_failover_stalls_no_healthy_master",
-        2000
-    ));
-    let masters = cluster.masters();
-    assert_eq!(masters.len(), 3, "three masters: {masters:?}");
-    // Every replica in sync before the kill, so that one can take over.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    for (port, _) in &masters {
-        let node = cluster.nodes.iter().find(|n| n.port() == *port).unwrap();
-        while !node
-            .cmd(&["INFO", "replication"])
-            .unwrap_or_default()
-            .contains("state=online")
-        {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the replica of {port} never came in sync"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-    let (victim, victim_slots) = masters[0].clone();
-    let namespace = "failover";
-    let keys: Vec<(Key, bool)> = (0..240)
-        .map(|i| {
-            let key = Key::display(format_args!("client-{i}"));
-            let stored = plain_storage_key("tpw:", namespace, key.as_bytes());
-            let slot = keyslot(&cluster, &stored);
-            let on_victim = victim_slots.iter().any(|&(a, b)| (a..=b).contains(&slot));
-            (key, on_victim)
-        })
-        .collect();
-    let healthy_keys = keys.iter().filter(|(_, v)| !v).count();
-    assert!(
-        healthy_keys > 0 && healthy_keys < keys.len(),
-        "keys on every master"
-    );
-
-    let runtime = multi_thread_runtime();
-    let store = runtime.block_on(failover_backend(&cluster));
-    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let open_answers = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
-    let started = std::time::Instant::now();
-    let workers: Vec<_> = (0..8)
-        .map(|w| {
-            let (store, keys, stop) = (store.clone(), keys.clone(), stop.clone());
-            let open_answers = open_answers.clone();
-            runtime.spawn(async move {
-                // (since start, on the victim, answered within STALLED)
-                let mut log = Vec::new();
-                let mut i = w;
-                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-                    let (key, on_victim) = &keys[i % keys.len()];
-                    i += 8;
-                    let sent = started.elapsed();
-                    let hit = tokio::time::timeout(
-                        STALLED,
-                        store.hit(namespace, key, quota(u64::MAX / 2, 600)),
-                    )
-                    .await;
-                    let ok = matches!(hit, Ok(Ok(_)));
-                    if matches!(hit, Ok(Err(BackendError::CircuitOpen))) {
-                        open_answers.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                    }
-                    if !ok && std::env::var("TPW_DEBUG").is_ok() {
-                        eprintln!(
-                            "failure (victim: {on_victim}) at {:?}: {:?}",
-                            started.elapsed(),
-                            hit.map(|r| r.map(|_| ()))
-                        );
-                    }
-                    log.push((sent, *on_victim, ok, started.elapsed() - sent));
-                    if !ok {
-                        // An outage answers at once: don't spin on it.
-                        tokio::time::sleep(Duration::from_millis(1)).await;
-                    }
-                }
-                log
-            })
-        })
-        .collect();
-    std::thread::sleep(Duration::from_secs(1));
-    let killed_at = started.elapsed();
-    cluster.node_mut(victim).stop();
-    eprintln!("killed at {killed_at:?}");
-    // Until the victim's slots have a new master, and 2 s more.
-    let promoted = loop {
-        let now = cluster.masters();
-        if now.len() == 3 && now.iter().all(|(port, _)| *port != victim) {
-            eprintln!("promoted seen at {:?}", started.elapsed());
-            break started.elapsed();
-        }
-        assert!(
-            started.elapsed() < killed_at + Duration::from_secs(60),
-            "no replica took over within 60 s: {now:?}"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    };
-    std::thread::sleep(Duration::from_secs(2));
-    stop.store(true, std::sync::atomic::Ordering::Relaxed);
-    let log: Vec<_> = runtime
-        .block_on(futures_util::future::join_all(workers))
-        .into_iter()
-        .flat_map(Result::unwrap)
-        .collect();
-
-    let after_kill = |&&(sent, ..): &&(Duration, bool, bool, Duration)| sent >= killed_at;
-    let healthy: Vec<_> = log.iter().filter(after_kill).filter(|e| !e.1).collect();
-    let healthy_failed = healthy.iter().filter(|e| !e.2).count();
-    let victim_failed = log
-        .iter()
-        .filter(after_kill)
-        .filter(|e| e.1 && !e.2)
-        .count();
-    let last_victim_failure = log
-        .iter()
-        .filter(|e| e.1 && !e.2)
-        .map(|e| e.0)
-        .max()
-        .unwrap_or(killed_at);
-    let slowest = healthy.iter().map(|e| e.3).max().unwrap_or_default();
-    let over_100ms = healthy
-        .iter()
-        .filter(|e| e.3 > Duration::from_millis(100))
-        .count();
-    eprintln!(
-        "failover: answered at once by an open breaker: {}",
-        open_answers.load(std::sync::atomic::Ordering::Relaxed)
-    );
-    eprintln!(
-        "failover: healthy-master hits over 100 ms: {over_100ms}, slowest {:.3} s",
-        slowest.as_secs_f64()
-    );
-    eprintln!(
-        "failover: promoted {:.2} s after the kill; {} hits on healthy masters after the kill, {healthy_failed} failed or stalled; {victim_failed} failed on the victim's keys, the last {:.2} s after the kill",
-        (promoted - killed_at).as_secs_f64(),
-        healthy.len(),
-        (last_victim_failure.saturating_sub(killed_at)).as_secs_f64(),
-    );
-    assert!(!healthy.is_empty(), "traffic on healthy masters went on");
-    assert!(
-        open_answers.load(std::sync::atomic::Ordering::Relaxed) > 0,
-        "the failed master's breaker opened: its keys were answered at once"
-    );
-    assert_eq!(
-        healthy_failed, 0,
-        "hits on keys of healthy masters failed or stalled during the failover"
-    );
-    let served_again = log
-        .iter()
-        .any(|&(sent, on_victim, ok, _)| on_victim && ok && sent > promoted);
-    assert!(
-        served_again,
-        "the victim's keys are served again after the promotion"
-    );
-}
-
-/// The backend the failover test drives.
-async fn failover_backend(
-    cluster: &RedisCluster,
-) -> RedisBackend<redis::cluster_async::ClusterConnection> {
-    if std::env::var("TPW_PLAIN_CLIENT").is_ok() {
-        return RedisBackend::builder(cluster.connection().await)
-            .deny_cache(0)
-            .no_breaker()
-            .build();
-    }
-    RedisBackend::builder(cluster.advised_connection().await)
-        .deny_cache(0)
-        .build()
-}
-
 /// Concurrent spends of varied costs on one key, from four instances: the
 /// admitted costs add up to no more than the limit, and to exactly the
 /// stored count; a lockout and its counter share the key's slot.
@@ -682,11 +493,6 @@ fn main() {
         on_its_own_cluster!(client_chosen_keys_reach_no_other_counter_nor_pick_a_slot),
         on_its_own_cluster!(deny_cache_hits_are_never_refunded),
         on_its_own_cluster!(concurrent_spends_of_varied_costs_are_exact),
-        trial::trial(
-            "a_failover_stalls_no_healthy_master",
-            Needs::Redis,
-            a_failover_stalls_no_healthy_master,
-        ),
     ];
     let cluster = Shared::new(|| RedisCluster::start("contract"));
     for (name, deny_cache) in [("contract", 0), ("contract_deny_cache", 1024)] {

@@ -119,6 +119,9 @@ pub struct RedisServer {
     port: u16,
     extra: Vec<String>,
     child: Option<Child>,
+    /// Stopped by `signal("STOP")` and not yet continued: `masters()` asks
+    /// another node (`redis-cli` would wait on it forever).
+    frozen: std::sync::atomic::AtomicBool,
 }
 
 impl RedisServer {
@@ -136,6 +139,7 @@ impl RedisServer {
             port: free_port(),
             extra,
             child: None,
+            frozen: std::sync::atomic::AtomicBool::new(false),
         };
         server.launch();
         server
@@ -370,11 +374,15 @@ impl RedisCluster {
     }
 
     /// Each master's port and the slot ranges it serves, as the first node
-    /// still answering sees them (`CLUSTER SLOTS`).
+    /// still answering sees them (`CLUSTER SLOTS`; a frozen node is not
+    /// asked).
     pub fn masters(&self) -> Vec<(u16, Vec<(u16, u16)>)> {
         let mut masters: Vec<(u16, Vec<(u16, u16)>)> = Vec::new();
         let Some(out) = self.nodes.iter().find_map(|n| {
             n.child.as_ref()?;
+            if n.is_frozen() {
+                return None;
+            }
             n.cmd(&["CLUSTER", "SLOTS"]).ok()
         }) else {
             return masters;
@@ -415,14 +423,18 @@ impl RedisCluster {
     }
 
     /// A connection made as the crate advises
-    /// (`connection::cluster_client_builder`: retries at most 100 ms apart).
-    pub async fn advised_connection(&self) -> redis::cluster_async::ClusterConnection {
-        tower_pinned_window::backend::redis::connection::cluster_client_builder(self.urls())
-            .build()
-            .unwrap()
-            .get_async_connection()
-            .await
-            .unwrap()
+    /// (`connection::cluster_client_builder` and `connect_cluster_client`:
+    /// retries at most 100 ms apart, probes of a node bounded).
+    pub async fn advised_connection(
+        &self,
+    ) -> redis::cluster_async::ClusterConnection<
+        tower_pinned_window::backend::redis::connection::ClusterNode,
+    > {
+        use tower_pinned_window::backend::redis::connection::{
+            cluster_client_builder, connect_cluster_client,
+        };
+        let client = cluster_client_builder(self.urls()).build().unwrap();
+        connect_cluster_client(&client).await.unwrap()
     }
 }
 
@@ -605,6 +617,20 @@ impl RedisServer {
             .status()
             .expect("sh -c kill");
         assert!(status.success(), "kill -s {signal} {pid}: {status}");
+        match signal {
+            "STOP" => self
+                .frozen
+                .store(true, std::sync::atomic::Ordering::Relaxed),
+            "CONT" => self
+                .frozen
+                .store(false, std::sync::atomic::Ordering::Relaxed),
+            _ => {}
+        }
+    }
+
+    /// Whether the server was stopped (`signal("STOP")`) and not continued.
+    pub fn is_frozen(&self) -> bool {
+        self.frozen.load(std::sync::atomic::Ordering::Relaxed)
     }
 }
 

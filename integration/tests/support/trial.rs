@@ -195,6 +195,17 @@ where
         .collect()
 }
 
+/// As [`run`], one trial at a time whatever `--test-threads` says: for
+/// trials that measure how long answers take under their own load.
+#[allow(dead_code, reason = "not every test crate needs it")]
+pub fn run_one_at_a_time(trials: Vec<Trial>, keep: impl Sized) -> ! {
+    let mut arguments = Arguments::from_args();
+    arguments.test_threads = Some(1);
+    let conclusion = libtest_mimic::run(&arguments, trials);
+    drop(keep);
+    conclusion.exit()
+}
+
 /// Run `trials` with the command line's arguments, then exit with their
 /// verdict. `keep` (shared servers) is dropped before the exit, so their
 /// processes are killed and reaped.

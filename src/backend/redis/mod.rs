@@ -573,8 +573,11 @@ impl<C> RedisBackendBuilder<C> {
 /// Whether `C` is the Redis Cluster connection (its breakers go by master).
 #[cfg(feature = "redis-cluster")]
 fn is_cluster<C: 'static>() -> bool {
-    std::any::TypeId::of::<C>()
-        == std::any::TypeId::of::<::redis::cluster_async::ClusterConnection>()
+    let c = std::any::TypeId::of::<C>();
+    c == std::any::TypeId::of::<::redis::cluster_async::ClusterConnection>()
+        || c == std::any::TypeId::of::<
+            ::redis::cluster_async::ClusterConnection<connection::ClusterNode>,
+        >()
 }
 
 impl<C> RedisBackend<C>
@@ -720,7 +723,7 @@ impl RedisBackend<BackgroundConnection> {
 }
 
 #[cfg(feature = "redis-cluster")]
-impl RedisBackend<::redis::cluster_async::ClusterConnection> {
+impl RedisBackend<::redis::cluster_async::ClusterConnection<connection::ClusterNode>> {
     /// Connect to the Redis Cluster that `nodes` belong to, with
     /// [`cluster_client_builder`](connection::cluster_client_builder)'s settings; waits until the slot map is
     /// known. There is one breaker per master (see

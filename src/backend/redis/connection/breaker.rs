@@ -32,6 +32,8 @@ use std::time::{Duration, Instant};
 use ::redis::aio::ConnectionLike;
 use ::redis::{ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value};
 
+#[cfg(feature = "redis-cluster")]
+use super::node::nudge;
 use super::slot::{CLUSTER_SLOTS, key_slot};
 use super::slot_map::{MAX_NODES, SlotMap};
 use crate::backend::BackendError;
@@ -332,11 +334,29 @@ impl Breakers {
         }
     }
 
-    /// Take in a `CLUSTER SLOTS` reply.
-    fn map(&self, reply: &Value) {
-        if let Some(map) = &self.map {
-            map.take(reply);
-        }
+    /// Take in a `CLUSTER SLOTS` reply; gives the slots that changed
+    /// masters (see [`SlotMap::take`]).
+    fn map(&self, reply: &Value) -> Vec<(u16, usize, usize)> {
+        self.map
+            .as_ref()
+            .map(|map| map.take(reply))
+            .unwrap_or_default()
+    }
+
+    /// Whether breaker `index` is open now.
+    fn is_open(&self, index: usize) -> bool {
+        self.breakers
+            .get(index)
+            .is_some_and(|breaker| breaker.open_until.load(Ordering::Acquire) != 0)
+    }
+
+    /// A master to ask about `slot` that serves neither it nor `from`, and
+    /// whose breaker is closed: it answers `MOVED` (see [`nudge`]).
+    fn bystander(&self, from: usize, to: usize) -> Option<String> {
+        let map = self.map.as_ref()?;
+        (0..MAX_NODES)
+            .filter(|&index| index != from && index != to && !self.is_open(index))
+            .find_map(|index| map.address(index))
     }
 
     fn now_ms(&self) -> u64 {
@@ -564,7 +584,9 @@ where
                 .query_async::<Value>(&mut connection)
                 .await
             {
-                Ok(reply) => breakers.map(&reply),
+                Ok(reply) => {
+                    breakers.map(&reply);
+                }
                 Err(err) => tracing::debug!(error = %err, "CLUSTER SLOTS failed: breakers keep the slot map they have"),
             }
         });
@@ -613,6 +635,7 @@ where
             // `fail` was read since the last release; polls left in which
             // an `ok` releases the open breakers again.
             let (mut failed, mut releases) = (false, 0);
+            let mut polls = 0u32;
             while breakers.any_open() {
                 let info = tokio::time::timeout(
                     CLUSTER_WATCH * 4,
@@ -636,10 +659,63 @@ where
                     }
                     _ => {}
                 }
+                polls += 1;
+                if polls.is_multiple_of(SLOTS_EVERY) {
+                    breakers.follow_moves(&mut connection).await;
+                }
                 tokio::time::sleep(CLUSTER_WATCH).await;
             }
             breakers.watching.store(false, Ordering::Release);
         });
+    }
+}
+
+/// Without `redis-cluster`, no connection is one of the `redis` crate's
+/// Cluster clients: nothing to nudge.
+#[cfg(not(feature = "redis-cluster"))]
+async fn nudge<C>(_connection: &mut C, _slot: u16, _via: &str) -> bool {
+    false
+}
+
+/// Every how many `CLUSTER INFO` polls the watcher reads `CLUSTER SLOTS`
+/// too (every 100 ms): a master whose breaker is open may have been
+/// replaced while it said nothing.
+const SLOTS_EVERY: u32 = 4;
+
+impl Breakers {
+    /// Read `CLUSTER SLOTS` (bounded), take it in, and when slots of a
+    /// master whose breaker is open have a new master, make the Cluster
+    /// client read its slot map again ([`nudge`]): a master that went
+    /// silent gives the client neither an error nor a redirection, so its
+    /// map would point at the silent node until it woke.
+    async fn follow_moves<C>(&self, connection: &mut C)
+    where
+        C: ConnectionLike + Send + 'static,
+    {
+        let reply = tokio::time::timeout(
+            CLUSTER_WATCH * 4,
+            ::redis::cmd("CLUSTER")
+                .arg("SLOTS")
+                .query_async::<Value>(connection),
+        )
+        .await;
+        let Ok(Ok(reply)) = reply else {
+            return;
+        };
+        for (slot, from, to) in self.map(&reply) {
+            if !self.is_open(from) {
+                continue;
+            }
+            let Some(via) = self.bystander(from, to) else {
+                continue;
+            };
+            tracing::info!(
+                from = %self.name(from),
+                to = %self.name(to),
+                "redis cluster: a silent master's slots have a new master; reading the slot map again"
+            );
+            nudge(connection, slot, &via).await;
+        }
     }
 }
 

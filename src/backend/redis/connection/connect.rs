@@ -263,8 +263,10 @@ forward_commands! {
 /// use tower_pinned_window::backend::redis::RedisBackend;
 /// use tower_pinned_window::backend::redis::connection::cluster_client_builder;
 ///
+/// use tower_pinned_window::backend::redis::connection::connect_cluster_client;
+///
 /// let client = cluster_client_builder(["redis://127.0.0.1:7000/"]).build()?;
-/// let backend = RedisBackend::new(client.get_async_connection().await?);
+/// let backend = RedisBackend::new(connect_cluster_client(&client).await?);
 /// # let _ = backend;
 /// # Ok(())
 /// # }
@@ -285,7 +287,7 @@ where
 /// [`cluster_client_builder`]'s settings, once the slot map is known.
 pub(crate) async fn cluster_connection<I, T>(
     nodes: I,
-) -> Result<::redis::cluster_async::ClusterConnection, ConnectError>
+) -> Result<::redis::cluster_async::ClusterConnection<super::ClusterNode>, ConnectError>
 where
     I: IntoIterator<Item = T>,
     T: ::redis::IntoConnectionInfo,
@@ -293,8 +295,41 @@ where
     let client = cluster_client_builder(nodes)
         .build()
         .map_err(|err| ConnectError::Config(invalid_url(err)))?;
+    connect_cluster_client(&client).await
+}
+
+#[cfg(feature = "redis-cluster")]
+/// A connection through `client` whose nodes are [`ClusterNode`](super::ClusterNode)s
+/// (probes given up after [`NODE_WAIT`](super::NODE_WAIT), so that a silent
+/// node holds no request of other nodes), once the slot map is known: what
+/// [`RedisBackend::connect_cluster`](crate::backend::redis::RedisBackend::connect_cluster)
+/// makes, for a client with settings of your own (TLS, a password). The
+/// `redis` crate's own `get_async_connection` gives a Cluster connection
+/// whose slot-map reads wait on a silent node for as long as it is silent.
+///
+/// # Errors
+/// [`ConnectError::Unavailable`] when no node answers.
+///
+/// # Examples
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window::backend::redis::connection::{
+///     cluster_client_builder, connect_cluster_client,
+/// };
+///
+/// let client = cluster_client_builder(["rediss://10.0.0.1:7000/"]).build()?;
+/// let backend = RedisBackend::new(connect_cluster_client(&client).await?);
+/// # let _ = backend;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn connect_cluster_client(
+    client: &::redis::cluster::ClusterClient,
+) -> Result<::redis::cluster_async::ClusterConnection<super::ClusterNode>, ConnectError> {
     client
-        .get_async_connection()
+        .get_async_generic_connection::<super::ClusterNode>()
         .await
         .map_err(|err| ConnectError::Unavailable(unavailable(err)))
 }

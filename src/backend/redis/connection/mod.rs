@@ -11,7 +11,8 @@
 //! Inside, each a module of its own and private to the backend: the
 //! circuit breaker every command goes through (`breaker`, with its
 //! per-master slot map on a Cluster, `slot_map`), Cluster hash slots
-//! (`slot`).
+//! (`slot`), and a Cluster node's connection with bounded probes
+//! ([`ClusterNode`], `node`).
 
 /// `ConnectionLike` for a connection that forwards each command to another,
 /// written once for the wrappers of this module (the breaker's router, the
@@ -65,15 +66,19 @@ macro_rules! forward_commands {
 
 pub(super) mod breaker;
 pub(super) mod connect;
+#[cfg(feature = "redis-cluster")]
+pub(super) mod node;
 pub(super) mod nodes;
 #[cfg(feature = "redis-sentinel")]
 pub(super) mod sentinel;
 pub(super) mod slot;
 pub(super) mod slot_map;
 
-#[cfg(feature = "redis-cluster")]
-pub use connect::cluster_client_builder;
 pub use connect::{BackgroundConnection, ConnectError, connection_manager_config};
+#[cfg(feature = "redis-cluster")]
+pub use connect::{cluster_client_builder, connect_cluster_client};
+#[cfg(feature = "redis-cluster")]
+pub use node::{ClusterNode, NODE_WAIT};
 pub use nodes::{Node, Nodes};
 #[cfg(feature = "redis-sentinel")]
 pub use sentinel::{

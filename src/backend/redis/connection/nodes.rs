@@ -55,7 +55,10 @@ macro_rules! standalone_nodes {
 standalone_nodes!(ConnectionManager, ::redis::aio::MultiplexedConnection);
 
 #[cfg(feature = "redis-cluster")]
-impl Nodes for ::redis::cluster_async::ClusterConnection {
+impl<C> Nodes for ::redis::cluster_async::ClusterConnection<C>
+where
+    C: ConnectionLike + ::redis::cluster_async::Connect + Clone + Send + Sync + Unpin + 'static,
+{
     async fn nodes(&mut self) -> ::redis::RedisResult<Vec<Node>> {
         use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
         let slots = self

@@ -75,9 +75,13 @@ impl SlotMap {
     }
 
     /// Take in a `CLUSTER SLOTS` reply: each entry is `[start, end, [host,
-    /// port, ...], replicas...]`.
-    pub(crate) fn take(&self, reply: &Value) {
-        let Value::Array(entries) = reply else { return };
+    /// port, ...], replicas...]`. Gives the slots that changed masters, one
+    /// slot for each (former master, new master) pair: `(slot, from, to)`.
+    pub(crate) fn take(&self, reply: &Value) -> Vec<(u16, usize, usize)> {
+        let mut moved: Vec<(u16, usize, usize)> = Vec::new();
+        let Value::Array(entries) = reply else {
+            return moved;
+        };
         let mut masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
         for entry in entries {
             let Value::Array(fields) = entry else {
@@ -109,8 +113,18 @@ impl SlotMap {
             };
             let owner = u8::try_from(index).unwrap_or(UNKNOWN);
             for slot in start..=end.min(CLUSTER_SLOTS - 1) {
-                self.owners[usize::from(slot)].store(owner, Ordering::Relaxed);
+                let before = self.owners[usize::from(slot)].swap(owner, Ordering::Relaxed);
+                if before != UNKNOWN
+                    && owner != UNKNOWN
+                    && before != owner
+                    && !moved
+                        .iter()
+                        .any(|&(_, f, t)| (f, t) == (usize::from(before), usize::from(owner)))
+                {
+                    moved.push((slot, usize::from(before), usize::from(owner)));
+                }
             }
         }
+        moved
     }
 }
