@@ -105,25 +105,34 @@ live_masters() { view "$1" | awk '$2 ~ /master/ && $2 !~ /fail/ && $4 != "-" { p
 slots_of() { view "$1" | awk -v p="$2" '$1 == p { print $4 }'; }
 replica_of() { view "$1" | awk -v p="$2" '$2 ~ /slave/ && $3 == p { print $1; exit }'; }
 role() { cli "$1" ROLE 2>/dev/null | head -n 1; }
+# Node $1's view without its own `myself` flag, sorted: the same on every
+# node once they agree.
+plain_view() { view "$1" | sed 's/myself,//' | sort; }
 ok_everywhere() {
-  local port
+  local port first
+  first=$(plain_view "${ports[0]}")
+  # 3 masters with slots, 3 replicas each of a known master, no flag but those.
+  [ "$(awk '$2 == "master" && $4 != "-"' <<<"$first" | wc -l)" = 3 ] || return 1
+  [ "$(awk '$2 == "slave" && $3 != "-"' <<<"$first" | wc -l)" = 3 ] || return 1
   for port in "${ports[@]}"; do
     cli "$port" CLUSTER INFO | grep -q cluster_state:ok || return 1
     cli "$port" CLUSTER INFO | grep -q cluster_slots_ok:16384 || return 1
+    [ "$(plain_view "$port")" = "$first" ] || return 1
   done
-  [ "$(view "${ports[0]}" | awk '$2 ~ /slave/' | wc -l)" = 3 ] || return 1
-  for port in $(view "${ports[0]}" | awk '$2 ~ /slave/ { print $1 }'); do
+  for port in $(awk '$2 == "slave" { print $1 }' <<<"$first"); do
     cli "$port" INFO replication | grep -q master_link_status:up || return 1
   done
 }
-await "the Cluster to be ok, each replica in sync" ok_everywhere
+await "the Cluster to be ok, its nodes agreeing, each replica in sync" ok_everywhere
 
 # The three shards, by their first slot: one fault each.
 mapfile -t masters < <(view "${ports[0]}" | awk '$2 ~ /master/ { print $4, $1 }' | sort -n | awk '{ print $2 }')
 killed=${masters[0]} frozen=${masters[1]} manual=${masters[2]}
-killed_replica=$(replica_of "$manual" "$killed")
-frozen_replica=$(replica_of "$manual" "$frozen")
-manual_replica=$(replica_of "$killed" "$manual")
+killed_replica=$(replica_of "${ports[0]}" "$killed")
+frozen_replica=$(replica_of "${ports[0]}" "$frozen")
+manual_replica=$(replica_of "${ports[0]}" "$manual")
+[ -n "$killed_replica" ] && [ -n "$frozen_replica" ] && [ -n "$manual_replica" ] ||
+  { echo "a master without a replica:" >&2; view "${ports[0]}" >&2; exit 1; }
 NODES=$(printf 'redis://127.0.0.1:%s/,' "${ports[@]}")
 export NODES=${NODES%,}
 
@@ -162,7 +171,7 @@ sleep_until $(( start + KILL_AT * 1000 ))
 note_slots master-kill-9 "$killed" "$manual"
 { kill -9 "${pid_of[$killed]}"; wait "${pid_of[$killed]}"; } 2>/dev/null || true
 echo "fault $(now_ms) master-kill-9" >>"$dir/events"
-if await_role "$killed_replica" master $(( $(now_ms) + 30000 )) replica-promoted; then
+if await_role "$killed_replica" master $(( start + FREEZE_AT * 1000 )) replica-promoted; then
   sleep "$SCAN_AFTER"
   scan_masters after-kill-promotion "$manual"
   if [ "$RESTART_AFTER" != off ]; then
