@@ -1,4 +1,4 @@
-# Shared by soak/sentinel.sh and soak/postgres.sh (sourced, not run): the
+# Shared by the soaks in soak/ (sourced, not run): the
 # load program, the clock, the processes to stop at the end.
 
 # The settings of the load and the quota, read by every instance and by the
@@ -29,9 +29,13 @@ stop_started() {
   started=()
 }
 
-# With KEEP set, copy the run's answers and events there before they go.
+# With KEEP set, copy the run's answers and events (and the Cluster soak's
+# slots of the keys) there before they go.
 keep_run() {
-  if [ -n "${KEEP:-}" ]; then mkdir -p "$KEEP" && cp "$dir"/answers.* "$dir"/events "$KEEP"/ 2>/dev/null || true; fi
+  if [ -n "${KEEP:-}" ]; then
+    mkdir -p "$KEEP" && cp "$dir"/answers.* "$dir"/events "$KEEP"/ 2>/dev/null || true
+    if [ -f "$dir/slots" ]; then cp "$dir/slots" "$KEEP"/; fi
+  fi
 }
 
 # For a soak on Redis servers of its own: redis-server checked for, the run's
@@ -46,7 +50,7 @@ begin_redis_soak() {
 }
 
 build_soak() {
-  cargo build --release -p tower-pinned-window-bench --bin soak --quiet
+  cargo build --release -p tower-pinned-window-bench --bin soak --features cluster --quiet
   soak_bin=${CARGO_TARGET_DIR:-target}/release/soak
 }
 

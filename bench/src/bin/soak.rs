@@ -1,5 +1,6 @@
 //! The load and the judge of the soaks in soak/ (`bash soak/sentinel.sh`,
-//! `bash soak/postgres.sh`; soak/README.md says what they do). The scripts
+//! `bash soak/cluster.sh`, `bash soak/postgres.sh`, `bash soak/insurance.sh`;
+//! soak/README.md says what they do). The scripts
 //! start the servers, these instances and the faults; this program is one
 //! instance of a service under load, or the report over every instance's
 //! answers.
@@ -7,6 +8,8 @@
 //! ```text
 //! soak sentinel ID OUT        one instance, through SentinelConnection
 //! soak redis ID OUT           one instance, through a standalone Redis (REDIS_URL)
+//! soak cluster ID OUT         one instance, through a Redis Cluster (NODES; feature `cluster`)
+//! soak cluster-keys OUT       each key's slot in that Cluster, for the report (KEY_SLOTS)
 //! soak postgres ID OUT        one instance, through PostgresBackend
 //! soak postgres-migrate       create the soak's table (once, before the instances)
 //! soak report EVENTS OUT...   the figures; exits 1 when a guarantee broke
@@ -17,11 +20,13 @@
 //! process of a service holds. `WORKERS` tasks send `RATE` requests a second
 //! between them, each to one of `KEYS` keys picked at random, until
 //! `END_MS` (Unix milliseconds), and the instance writes one line per answer
-//! to OUT: `unix_us key status deadline_ms`, where `deadline_ms` is when the
-//! store's window of an admitted request closes (the answer's time plus the
-//! decision's [`reset`](Decision::reset), read from the store: `PTTL` on
-//! Redis, `expires_at` on PostgreSQL), and 0 for any other answer; then 1
-//! when the insurance limiter decided (`INSURE_SHARE`, below), else 0.
+//! to OUT: `unix_us key status deadline_ms insured latency_us`, where
+//! `deadline_ms` is when the store's window of an admitted request closes
+//! (the answer's time plus the decision's [`reset`](Decision::reset), read
+//! from the store: `PTTL` on Redis, `expires_at` on PostgreSQL), and 0 for
+//! any other answer; `insured` 1 when the insurance limiter decided
+//! (`INSURE_SHARE`, below), else 0; `latency_us` the time from the request
+//! to its answer.
 //!
 //! With `INSURE_SHARE=N/D` the layer fails over to
 //! `FailurePolicy::Insurance(Share::new(N, D))` in place of failing closed,
@@ -34,11 +39,20 @@
 //! scans of the store for counters without an expiry
 //! (`scan UNIX_MS NAME COUNTERS WITHOUT_EXPIRY LONGEST_LEFT_MS`, the last
 //! the most time any counter had left, which a window bounds).
+//!
+//! On a Cluster (`soak/cluster.sh`), EVENTS also holds, before each fault,
+//! the slots of the master it strikes (`slots UNIX_MS NAME RANGES`, NAME the
+//! fault's, RANGES such as `0-5460,5462`), and `KEY_SLOTS` names the file
+//! of each key's slot (`soak cluster-keys`). The report then tells the
+//! failed master's keys from the healthy masters' keys, and fails on any
+//! 503 of a healthy master's key; it fails on over-admissions only with
+//! `ACK=1` (hits acknowledged by a replica), since without it a failover
+//! may lose hits that were admitted.
 
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::str::FromStr;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use axum::body::Body;
 use axum::http::{HeaderName, Request, Response, StatusCode};
@@ -47,16 +61,19 @@ use tower_pinned_window::backend::Backend;
 use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
 use tower_pinned_window::backend::postgres::tokio_postgres::{self, NoTls};
-use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::redis::connection::{
     SentinelConnection, connection_manager_config,
 };
+use tower_pinned_window::backend::redis::{RedisBackend, RedisBackendBuilder};
 use tower_pinned_window::key::HeaderKey;
 use tower_pinned_window::{
     Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share, Window,
 };
 
 type Error = Box<dyn std::error::Error + Send + Sync>;
+
+/// The layer's name: the namespace of its counters.
+const LAYER: &str = "soak";
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -70,6 +87,14 @@ async fn main() -> Result<(), Error> {
     match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
         ["sentinel", id, out] => sentinel(id.parse()?, out).await,
         ["redis", id, out] => standalone(id.parse()?, out).await,
+        #[cfg(feature = "cluster")]
+        ["cluster", id, out] => cluster(id.parse()?, out).await,
+        #[cfg(feature = "cluster")]
+        ["cluster-keys", out] => cluster_keys(out).await,
+        #[cfg(not(feature = "cluster"))]
+        ["cluster" | "cluster-keys", ..] => {
+            Err("built without the Cluster mode: cargo build --release -p tower-pinned-window-bench --bin soak --features cluster".into())
+        }
         ["postgres", id, out] => postgres(id.parse()?, out).await,
         ["postgres-migrate"] => postgres_backend("tpw-soak-migrate")?
             .migrate()
@@ -82,7 +107,7 @@ async fn main() -> Result<(), Error> {
                 std::process::exit(1)
             }
         }
-        _ => Err("usage: soak sentinel|redis|postgres ID OUT | soak postgres-migrate | soak report EVENTS OUT...".into()),
+        _ => Err("usage: soak sentinel|redis|cluster|postgres ID OUT | soak cluster-keys OUT | soak postgres-migrate | soak report EVENTS OUT...".into()),
     }
 }
 
@@ -132,15 +157,92 @@ where
     RedisBackend<C>: Backend + Clone + Send + Sync + 'static,
     <RedisBackend<C> as Backend>::Future: Send,
 {
-    let backend = RedisBackend::builder(connection)
-        .prefix(env("PREFIX", "tpw-soak:".to_owned())?)
-        .build();
+    let backend = redis_backend(connection)?;
     load(
         id,
         out,
         layer()?.backend(backend).layer(tower::service_fn(ok)),
     )
     .await
+}
+
+/// The backend of every Redis instance: counters under `PREFIX`, the
+/// crate's defaults otherwise (the breaker on), and with `ACK=1` hits
+/// acknowledged by a replica.
+fn redis_backend<C>(connection: C) -> Result<RedisBackend<C>, Error>
+where
+    C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let builder =
+        RedisBackend::builder(connection).try_prefix(env("PREFIX", "tpw-soak:".to_owned())?)?;
+    Ok(replica_acknowledged(builder)?.build())
+}
+
+/// With `ACK=1`, a batch of hits counts as admitted only once a replica
+/// holds it, waiting for that up to `ACK_TIMEOUT_MS` (default 50, half the
+/// layer's timeout).
+fn replica_acknowledged<C>(
+    builder: RedisBackendBuilder<C>,
+) -> Result<RedisBackendBuilder<C>, Error> {
+    if env::<u8>("ACK", 0)? != 1 {
+        return Ok(builder);
+    }
+    let timeout = Duration::from_millis(env("ACK_TIMEOUT_MS", 50)?);
+    // Refused until `RedisBackendBuilder::wait_for_replicas` (issue 33) is
+    // in: then the line below becomes
+    // `Ok(builder.wait_for_replicas(1, timeout))`.
+    Err(format!("ACK=1 (a replica's acknowledgement, waited for up to {timeout:?}) needs RedisBackendBuilder::wait_for_replicas, which this build does not have yet; run without ACK=1").into())
+}
+
+#[cfg(feature = "cluster")]
+/// The Redis Cluster nodes of `NODES` (comma-separated `redis://` URLs).
+fn cluster_nodes() -> Result<Vec<String>, Error> {
+    Ok(std::env::var("NODES")
+        .map_err(|_| "NODES (comma-separated redis:// URLs of the Cluster's nodes) is not set")?
+        .split(',')
+        .map(str::to_owned)
+        .collect())
+}
+
+#[cfg(feature = "cluster")]
+/// One instance through the Redis Cluster of `NODES`, on the connection
+/// `RedisBackend::connect_cluster` makes (one breaker per master).
+async fn cluster(id: u32, out: &str) -> Result<(), Error> {
+    let connection = RedisBackend::connect_cluster(cluster_nodes()?)
+        .await?
+        .connection()
+        .clone();
+    redis_instance(id, out, connection).await
+}
+
+#[cfg(feature = "cluster")]
+/// Each key's slot, one `KEY SLOT` line a key, as the Cluster of `NODES`
+/// computes it (`CLUSTER KEYSLOT`) for the key's counter (its storage key
+/// under `PREFIX`), to OUT: the report tells a failed master's keys by it.
+/// It builds the instances' backend first, so a setting they would refuse
+/// (`ACK=1` without its support) stops the soak before it starts.
+async fn cluster_keys(out: &str) -> Result<(), Error> {
+    let connection = RedisBackend::connect_cluster(cluster_nodes()?)
+        .await?
+        .connection()
+        .clone();
+    let backend = redis_backend(connection)?;
+    let mut connection = backend.connection().clone();
+    let mut text = String::new();
+    for key in 0..env::<u32>("KEYS", 50)? {
+        let stored = backend.storage_key(
+            LAYER,
+            &tower_pinned_window::key::Key::new(format!("k{key}")),
+        );
+        let slot: u16 = redis::cmd("CLUSTER")
+            .arg("KEYSLOT")
+            .arg(stored)
+            .query_async(&mut connection)
+            .await?;
+        text.push_str(&format!("{key} {slot}\n"));
+    }
+    std::fs::write(out, text)?;
+    Ok(())
 }
 
 /// One instance through a standalone Redis at `REDIS_URL`, over a
@@ -194,6 +296,7 @@ struct Answer {
     status: u16,
     deadline_ms: u64,
     insured: bool,
+    latency_us: u64,
 }
 
 /// The layer every instance puts in front of its service: `LIMIT` a
@@ -201,7 +304,7 @@ struct Answer {
 /// insurance limiter at that share), a timeout of `LAYER_TIMEOUT_MS`, the
 /// decision in the answer.
 fn layer() -> Result<RateLimitLayer<HeaderKey>, Error> {
-    Ok(RateLimitLayer::new("soak", quota()?)
+    Ok(RateLimitLayer::new(LAYER, quota()?)
         .key(HeaderKey::new(HeaderName::from_static("x-key")))
         .on_failure(failure_policy()?)
         .decision_in(DecisionIn::Response)
@@ -268,7 +371,9 @@ where
                         .header("x-key", format!("k{key}"))
                         .body(Body::empty())
                         .expect("a valid request");
+                    let sent = Instant::now();
                     let Ok(response) = service.clone().oneshot(request).await;
+                    let latency_us = sent.elapsed().as_micros() as u64;
                     let now = unix_us();
                     let decision = response.extensions().get::<Decision>();
                     let deadline_ms = match decision {
@@ -283,6 +388,7 @@ where
                         status: response.status().as_u16(),
                         deadline_ms,
                         insured: decision.is_some_and(Decision::insured),
+                        latency_us,
                     });
                 }
                 answers
@@ -295,12 +401,13 @@ where
         for a in task.await? {
             *statuses.entry(a.status).or_default() += 1;
             text.push_str(&format!(
-                "{} {} {} {} {}\n",
+                "{} {} {} {} {} {}\n",
                 a.unix_us,
                 a.key,
                 a.status,
                 a.deadline_ms,
-                u8::from(a.insured)
+                u8::from(a.insured),
+                a.latency_us
             ));
         }
     }
@@ -316,6 +423,22 @@ enum Event {
     Fault(u64, String),
     Moment(u64, String),
     Scan(u64, String, i64, i64, i64),
+    /// The slot ranges of the master a fault (or other moment) of that name
+    /// strikes, read just before it.
+    Slots(u64, String, Vec<(u16, u16)>),
+}
+
+/// Ranges of Cluster slots, first and last of each.
+type SlotRanges = [(u16, u16)];
+
+/// `0-5460,5462`: slot ranges, a single slot as a range of one.
+fn slot_ranges(text: &str) -> Result<Vec<(u16, u16)>, Error> {
+    text.split(',')
+        .map(|range| {
+            let (from, to) = range.split_once('-').unwrap_or((range, range));
+            Ok((from.parse()?, to.parse()?))
+        })
+        .collect()
 }
 
 /// Print the figures; `true` when over-admissions, counters without an
@@ -334,8 +457,8 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
                 .map(str::parse)
                 .collect::<Result<_, _>>()
                 .map_err(|e| format!("{out}: {line:?}: {e}"))?;
-            let [unix_us, key, status, deadline_ms, insured] = f[..] else {
-                return Err(format!("{out}: {line:?}: not 5 fields").into());
+            let [unix_us, key, status, deadline_ms, insured, latency_us] = f[..] else {
+                return Err(format!("{out}: {line:?}: not 6 fields").into());
             };
             answers.push(Answer {
                 unix_us,
@@ -343,6 +466,7 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
                 status: status as u16,
                 deadline_ms,
                 insured: insured == 1,
+                latency_us,
             });
             instance_of.push(instance);
         }
@@ -368,6 +492,9 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
                 bad.parse()?,
                 longest.parse()?,
             ),
+            ["slots", at, name, ranges] => {
+                Event::Slots(at.parse()?, name.to_owned(), slot_ranges(ranges)?)
+            }
             _ => return Err(format!("{events}: {line:?}: not an event").into()),
         });
     }
@@ -415,16 +542,27 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
             by_key.entry(a.key).or_default().push(a.deadline_ms);
         }
     }
-    let (windows, over, over_windows, fullest) = per_window(&mut by_key, limit, window_ms);
+    let Windows {
+        windows,
+        over,
+        over_windows,
+        fullest,
+        full,
+    } = per_window(&mut by_key, limit, window_ms);
     println!(
-        "over-admissions: {over} (in {over_windows} of {windows} windows of {} keys; limit {limit} a {window_ms} ms window; most admitted in one window: {fullest})",
+        "over-admissions: {over} (in {over_windows} of {windows} windows of {} keys, {full} of which reached the limit; limit {limit} a {window_ms} ms window; most admitted in one window: {fullest})",
         by_key.len()
     );
     let mut insured_over = 0;
     if let Some(share) = share {
         let local = share.of(limit);
-        let (windows, over, over_windows, fullest) =
-            per_window(&mut insured_by_key, local, window_ms);
+        let Windows {
+            windows,
+            over,
+            over_windows,
+            fullest,
+            ..
+        } = per_window(&mut insured_by_key, local, window_ms);
         insured_over = over;
         let insured = |status: u16| {
             answers
@@ -556,34 +694,213 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
     let errors = count(500);
     // Under the insurance, an outage is no reason for a 503.
     let unavailable = if share.is_some() { count(503) } else { 0 };
-    let pass = over == 0
+    // On a Cluster: the healthy masters' keys get no 503; a failover may
+    // lose admitted hits unless a replica acknowledged them (`ACK=1`).
+    let healthy_unavailable = cluster_report(&answers, &list, start_ms)?;
+    let acknowledged = env::<u8>("ACK", 0)? == 1;
+    let over_fails = healthy_unavailable.is_none() || acknowledged;
+    let pass = (over == 0 || !over_fails)
         && insured_over == 0
         && without_expiry == 0
         && errors == 0
         && unavailable == 0
+        && healthy_unavailable.unwrap_or(0) == 0
         && scans_ok;
     println!(
-        "{}: over-admissions {over}, counters without an expiry {without_expiry}, answers of 500 {errors}{}{}",
+        "{}: over-admissions {over}{}, counters without an expiry {without_expiry}, answers of 500 {errors}{}{}{}",
         if pass { "PASS" } else { "FAIL" },
+        if over_fails {
+            ""
+        } else {
+            " (not failed on: hits not acknowledged by a replica, ACK=0)"
+        },
         if share.is_some() {
             format!(", insurance over-admissions {insured_over}, answers of 503 {unavailable}")
         } else {
             String::new()
         },
+        healthy_unavailable.map_or(String::new(), |n| format!(
+            ", answers of 503 on a healthy master's key {n}"
+        )),
         if scans_ok { "" } else { ", a scan failed" }
     );
     Ok(pass)
 }
 
+/// The Cluster's figures, when EVENTS gives the slots of the failed masters
+/// (`slots` lines): per fault (from it to the next), the failed master's
+/// keys and the healthy masters' keys told apart by the slot of each key
+/// (`KEY_SLOTS`, from `soak cluster-keys`), their 503s before and after the
+/// promotion of the failed master's replica (the first `replica-promoted`
+/// moment after the fault), and each phase between the moments of the run.
+/// Another `slots` line (not a fault's) names a shard whose keys are shown
+/// apart too, among the healthy ones. `Some` answers of 503 on a healthy
+/// master's key (every key before the first fault), `None` when not a
+/// Cluster run.
+fn cluster_report(answers: &[Answer], list: &[Event], start_ms: u64) -> Result<Option<u64>, Error> {
+    let slots: Vec<(u64, &str, &SlotRanges)> = list
+        .iter()
+        .filter_map(|e| match e {
+            Event::Slots(at, name, ranges) => Some((*at, name.as_str(), ranges.as_slice())),
+            _ => None,
+        })
+        .collect();
+    if slots.is_empty() {
+        return Ok(None);
+    }
+    let path = std::env::var("KEY_SLOTS").map_err(|_| "KEY_SLOTS (each key's slot) is not set")?;
+    let mut slot_of: HashMap<u32, u16> = HashMap::new();
+    for line in std::fs::read_to_string(&path)?.lines() {
+        let (key, slot) = line
+            .split_once(' ')
+            .ok_or_else(|| format!("{path}: {line:?}: not `KEY SLOT`"))?;
+        slot_of.insert(key.parse()?, slot.parse()?);
+    }
+    let in_ranges = |ranges: &SlotRanges, key: u32| {
+        slot_of
+            .get(&key)
+            .is_some_and(|s| ranges.iter().any(|&(from, to)| (from..=to).contains(s)))
+    };
+    if let Some(a) = answers.iter().find(|a| !slot_of.contains_key(&a.key)) {
+        return Err(format!("{path}: no slot for key {}", a.key).into());
+    }
+    let rel = |ms: u64| (ms as f64 - start_ms as f64) / 1e3;
+    let ms = |us: u64| us as f64 / 1e3;
+    let end_ms = answers.last().map_or(start_ms, |a| a.unix_us / 1000 + 1);
+    // 503s, answers and the slowest answer of `keys` from `from` to `until`
+    // (milliseconds), and the last 503's time.
+    let tally = |from: u64, until: u64, keys: &dyn Fn(u32) -> bool| {
+        let (mut n, mut unavailable, mut slowest, mut last) = (0u64, 0u64, 0u64, None);
+        for a in answers
+            .iter()
+            .filter(|a| a.unix_us >= from * 1000 && a.unix_us < until * 1000 && keys(a.key))
+        {
+            n += 1;
+            slowest = slowest.max(a.latency_us);
+            if a.status == 503 {
+                unavailable += 1;
+                last = Some(a.unix_us / 1000);
+            }
+        }
+        (n, unavailable, slowest, last)
+    };
+    let faults: Vec<(u64, &str)> = list
+        .iter()
+        .filter_map(|e| match e {
+            Event::Fault(at, name) => Some((*at, name.as_str())),
+            _ => None,
+        })
+        .collect();
+    let mut healthy_unavailable = 0;
+    let first_fault = faults.first().map_or(end_ms, |f| f.0);
+    let (n, unavailable, slowest, _) = tally(start_ms, first_fault, &|_| true);
+    healthy_unavailable += unavailable;
+    println!(
+        "cluster: before the first fault, every master healthy: {unavailable} answers of 503 of {n}, slowest answer {:.1} ms",
+        ms(slowest)
+    );
+    for (i, &(at, name)) in faults.iter().enumerate() {
+        let until = faults.get(i + 1).map_or(end_ms, |f| f.0);
+        let Some(&(_, _, ranges)) = slots.iter().find(|s| s.1 == name) else {
+            return Err(format!("no `slots` line for the fault {name}").into());
+        };
+        let failed = |key: u32| in_ranges(ranges, key);
+        let healthy = |key: u32| !in_ranges(ranges, key);
+        let keys = slot_of.keys().filter(|&&k| failed(k)).count();
+        let ranges_text: Vec<String> = ranges.iter().map(|(f, t)| format!("{f}-{t}")).collect();
+        println!(
+            "cluster: fault {name} at {:.1} s, until {:.1} s: the failed master's slots {} ({keys} of {} keys)",
+            rel(at),
+            rel(until),
+            ranges_text.join(","),
+            slot_of.len(),
+        );
+        let promotion = list.iter().find_map(|e| match e {
+            Event::Moment(m, what) if *m >= at && *m < until && what == "replica-promoted" => {
+                Some(*m)
+            }
+            _ => None,
+        });
+        let (_, before, _, _) = tally(at, promotion.unwrap_or(until), &failed);
+        match promotion {
+            Some(p) => {
+                let (_, after, _, last) = tally(p, until, &failed);
+                println!(
+                    "  the failed master's keys: {before} answers of 503 before the promotion ({} ms after the fault), {after} after it; last 503 on its keys {}",
+                    p - at,
+                    last.map_or("none after the promotion".to_owned(), |l| format!(
+                        "{} ms after the promotion",
+                        l - p
+                    )),
+                );
+            }
+            None => println!(
+                "  the failed master's keys: {before} answers of 503; its replica was not promoted"
+            ),
+        }
+        let (n, unavailable, slowest, _) = tally(at, until, &healthy);
+        healthy_unavailable += unavailable;
+        println!(
+            "  the healthy masters' keys: {unavailable} answers of 503 of {n}, slowest answer {:.1} ms",
+            ms(slowest)
+        );
+        // Each phase, between the moments of the fault's span.
+        let mut marks: Vec<(u64, &str)> = vec![(at, name)];
+        for e in list {
+            if let Event::Moment(m, what) = e
+                && *m >= at
+                && *m < until
+            {
+                marks.push((*m, what));
+            }
+        }
+        marks.sort_unstable_by_key(|m| m.0);
+        for (j, &(from, what)) in marks.iter().enumerate() {
+            let to = marks.get(j + 1).map_or(until, |m| m.0);
+            let (fn_, fu, fs, _) = tally(from, to, &failed);
+            let (hn, hu, hs, _) = tally(from, to, &healthy);
+            let mut line = format!(
+                "  from {what} ({:.2} s) for {} ms: failed master's keys {fu} 503s of {fn_}, slowest {:.1} ms; healthy keys {hu} 503s of {hn}, slowest {:.1} ms",
+                rel(from),
+                to - from,
+                ms(fs),
+                ms(hs)
+            );
+            for &(_, shard, shard_ranges) in
+                slots.iter().filter(|s| !faults.iter().any(|f| f.1 == s.1))
+            {
+                let (sn, su, ss, _) =
+                    tally(from, to, &|k| in_ranges(shard_ranges, k) && healthy(k));
+                line.push_str(&format!(
+                    " (of which {shard}'s shard: {su} of {sn}, slowest {:.1} ms)",
+                    ms(ss)
+                ));
+            }
+            println!("{line}");
+        }
+    }
+    Ok(Some(healthy_unavailable))
+}
+
+/// What [`per_window`] counted.
+struct Windows {
+    windows: u64,
+    /// Admissions past the limit.
+    over: u64,
+    /// Windows past it.
+    over_windows: u64,
+    /// The most admitted in one window.
+    fullest: u64,
+    /// Windows that reached the limit: only in those can an admission the
+    /// store lost show.
+    full: u64,
+}
+
 /// Admissions per window, each group's deadlines (sorted here) told apart as
-/// [`report`] says: (windows, admissions past `limit`, windows past it, most
-/// admitted in one).
-fn per_window<K>(
-    groups: &mut HashMap<K, Vec<u64>>,
-    limit: u64,
-    window_ms: u64,
-) -> (u64, u64, u64, u64) {
-    let (mut windows, mut over, mut over_windows, mut fullest) = (0u64, 0u64, 0u64, 0u64);
+/// [`report`] says.
+fn per_window<K>(groups: &mut HashMap<K, Vec<u64>>, limit: u64, window_ms: u64) -> Windows {
+    let (mut windows, mut over, mut over_windows, mut fullest, mut full) =
+        (0u64, 0u64, 0u64, 0u64, 0u64);
     for deadlines in groups.values_mut() {
         deadlines.sort_unstable();
         let mut group: Option<(u64, u64)> = None; // (first deadline, admitted)
@@ -591,6 +908,7 @@ fn per_window<K>(
             if let Some((_, admitted)) = g {
                 windows += 1;
                 fullest = fullest.max(admitted);
+                full += u64::from(admitted >= limit);
                 if admitted > limit {
                     over += admitted - limit;
                     over_windows += 1;
@@ -608,7 +926,13 @@ fn per_window<K>(
         }
         close(group);
     }
-    (windows, over, over_windows, fullest)
+    Windows {
+        windows,
+        over,
+        over_windows,
+        fullest,
+        full,
+    }
 }
 
 /// How far past its limit each key went, whoever decided: per key, the most
