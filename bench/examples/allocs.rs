@@ -36,6 +36,11 @@
 //! the lanes' calls shared by many requests). `--budget` takes their names
 //! too.
 //!
+//! With `REDIS_CLUSTER_URLS` (a Cluster's nodes, separated by commas) and
+//! feature `cluster`, it adds Redis Cluster rows: the crate's Cluster client
+//! beside the `redis` crate's own (`bench/cluster_allocs.sh` starts a
+//! Cluster and runs them).
+//!
 //! With `ALLOCS_TRACE=1` in the environment, it prints a backtrace of
 //! every `alloc` made by one request of each case (on stderr, after the
 //! warm-up), to find where they come from.
@@ -227,13 +232,122 @@ fn per_request_in_flight(runtime: &tokio::runtime::Runtime, router: Router) -> f
 /// The Redis route's rows, when `REDIS_URL` names a Redis to count in (never
 /// a shared one: the keys are written). Measured, not budgeted.
 fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
-    let Ok(url) = std::env::var("REDIS_URL") else {
+    let cluster = cluster_urls();
+    let url = std::env::var("REDIS_URL").ok();
+    if url.is_none() && cluster.is_empty() {
         return Vec::new();
-    };
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .unwrap();
+    let mut rows = vec![
+        (
+            "redis-identity",
+            "the `identity` route, driven as the Redis rows are (`block_on`)",
+            per_request_on(&runtime, identity()),
+        ),
+        (
+            "redis-identity-64",
+            "the `identity` route, 64 requests in flight together",
+            per_request_in_flight(&runtime, identity()),
+        ),
+    ];
+    if let Some(url) = url {
+        rows.extend(standalone_rows(&runtime, url));
+    }
+    rows.extend(cluster_rows(&runtime, cluster));
+    rows
+}
+
+/// The Redis Cluster's nodes to count in (`REDIS_CLUSTER_URLS`, separated
+/// by commas; never a shared Cluster: the keys are written).
+fn cluster_urls() -> Vec<String> {
+    std::env::var("REDIS_CLUSTER_URLS")
+        .map(|urls| urls.split(',').map(str::to_owned).collect())
+        .unwrap_or_default()
+}
+
+/// The Redis Cluster rows: the Cluster client this crate makes
+/// (`connect_cluster`, whose nodes are `ClusterNode`s) beside the `redis`
+/// crate's own (`get_async_connection`), so that what `ClusterNode` adds
+/// a request shows as the difference. Needs feature `cluster`.
+#[cfg(feature = "cluster")]
+fn cluster_rows(
+    runtime: &tokio::runtime::Runtime,
+    urls: Vec<String>,
+) -> Vec<(&'static str, &'static str, f64)> {
+    if urls.is_empty() {
+        return Vec::new();
+    }
+    let ours = runtime.block_on(async {
+        let client =
+            tower_pinned_window::backend::redis::connection::cluster_client_builder(urls.clone())
+                .build()
+                .unwrap();
+        tower_pinned_window::backend::redis::connection::connect_cluster_client(&client)
+            .await
+            .unwrap()
+    });
+    let plain = runtime.block_on(async {
+        tower_pinned_window::backend::redis::connection::cluster_client_builder(urls)
+            .build()
+            .unwrap()
+            .get_async_connection()
+            .await
+            .unwrap()
+    });
+    fn route<C>(connection: C) -> Router
+    where
+        C: redis::aio::ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let layer = layer(HeaderStyle::Ietf, DecisionIn::Response)
+            .backend(RedisBackend::builder(connection).build())
+            .timeout(Window::new(Duration::from_secs(600)).unwrap());
+        Router::new().route("/", get(no_content)).route_layer(layer)
+    }
+    let ours_route = || route(ours.clone());
+    let plain_route = || route(plain.clone());
+    vec![
+        (
+            "redis-cluster-plain",
+            "Redis Cluster, the `redis` crate's own client (`get_async_connection`)",
+            per_request_on(runtime, plain_route()),
+        ),
+        (
+            "redis-cluster",
+            "Redis Cluster, the crate's client (`connect_cluster`: `ClusterNode`s)",
+            per_request_on(runtime, ours_route()),
+        ),
+        (
+            "redis-cluster-plain-64",
+            "Redis Cluster, the `redis` crate's own client, 64 in flight (amortized)",
+            per_request_in_flight(runtime, plain_route()),
+        ),
+        (
+            "redis-cluster-64",
+            "Redis Cluster, the crate's client, 64 in flight (amortized)",
+            per_request_in_flight(runtime, ours_route()),
+        ),
+    ]
+}
+
+#[cfg(not(feature = "cluster"))]
+fn cluster_rows(
+    _runtime: &tokio::runtime::Runtime,
+    urls: Vec<String>,
+) -> Vec<(&'static str, &'static str, f64)> {
+    if !urls.is_empty() {
+        eprintln!("REDIS_CLUSTER_URLS needs feature `cluster`: no Cluster rows");
+    }
+    Vec::new()
+}
+
+/// The standalone Redis rows (`REDIS_URL`).
+fn standalone_rows(
+    runtime: &tokio::runtime::Runtime,
+    url: String,
+) -> Vec<(&'static str, &'static str, f64)> {
     let connection = runtime.block_on(async {
         redis::Client::open(url)
             .unwrap()
@@ -252,44 +366,34 @@ fn redis_rows() -> Vec<(&'static str, &'static str, f64)> {
     };
     vec![
         (
-            "redis-identity",
-            "the `identity` route, driven as the Redis rows are (`block_on`)",
-            per_request_on(&runtime, identity()),
-        ),
-        (
             "redis",
             "Redis backend, headers on, `Decision` in the response (`DecisionIn::Response`)",
-            per_request_on(&runtime, route(DecisionIn::Response)),
+            per_request_on(runtime, route(DecisionIn::Response)),
         ),
         (
             "redis-default",
             "Redis backend, headers on, the defaults (`DecisionIn::Request`)",
-            per_request_on(&runtime, route(DecisionIn::Request)),
+            per_request_on(runtime, route(DecisionIn::Request)),
         ),
         (
             "redis-unread",
             "Redis backend, headers on, `Decision` unread (`DecisionIn::Asked`)",
-            per_request_on(&runtime, route(DecisionIn::Asked)),
-        ),
-        (
-            "redis-identity-64",
-            "the `identity` route, 64 requests in flight together",
-            per_request_in_flight(&runtime, identity()),
+            per_request_on(runtime, route(DecisionIn::Asked)),
         ),
         (
             "redis-64",
             "Redis backend, headers on, `Decision` in the response, 64 in flight (amortized)",
-            per_request_in_flight(&runtime, route(DecisionIn::Response)),
+            per_request_in_flight(runtime, route(DecisionIn::Response)),
         ),
         (
             "redis-default-64",
             "Redis backend, headers on, the defaults, 64 in flight (amortized)",
-            per_request_in_flight(&runtime, route(DecisionIn::Request)),
+            per_request_in_flight(runtime, route(DecisionIn::Request)),
         ),
         (
             "redis-unread-64",
             "Redis backend, headers on, `Decision` unread, 64 in flight (amortized)",
-            per_request_in_flight(&runtime, route(DecisionIn::Asked)),
+            per_request_in_flight(runtime, route(DecisionIn::Asked)),
         ),
     ]
 }
