@@ -415,7 +415,7 @@ impl RedisCluster {
     }
 
     /// A connection made as the crate advises
-    /// (`connection::cluster_client_builder`: retries at most 100 ms apart).
+    /// (`connection::cluster_client_builder`: 3 retries, 2–10 ms apart).
     pub async fn advised_connection(&self) -> redis::cluster_async::ClusterConnection {
         tower_pinned_window::backend::redis::connection::cluster_client_builder(self.urls())
             .build()
