@@ -5,7 +5,7 @@
 //! | name | type | labels | recorded |
 //! |---|---|---|---|
 //! | [`DECISIONS`] `tower_pinned_window_decisions_total` | counter | `limiter`, `policy`, `outcome` | once per request the backend answered: `outcome` is `allowed`, `denied` or `shadowed` |
-//! | [`BACKEND_ERRORS`] `tower_pinned_window_backend_errors_total` | counter | `limiter`, `kind` | once per failed backend call: `kind` is `unavailable`, `timed_out`, `circuit_open`, `at_capacity` or `corrupt` |
+//! | [`BACKEND_ERRORS`] `tower_pinned_window_backend_errors_total` | counter | `limiter`, `kind` | once per failed backend call: `kind` is `unavailable`, `timed_out`, `circuit_open`, `cluster_down`, `at_capacity` or `corrupt` |
 //! | [`BACKEND_LATENCY`] `tower_pinned_window_backend_latency_seconds` | histogram | `limiter` | once per backend call that had to wait (a round trip to Redis), never for an answer given at once |
 //! | [`DENY_CACHE_ANSWERS`] `tower_pinned_window_deny_cache_answers_total` | counter | `limiter` | once per request a local deny cache denied without asking the store |
 //!
@@ -118,12 +118,13 @@ mod enabled {
     /// See the [module's example](crate::metrics#example).
     pub const DENY_CACHE_ANSWERS: &str = "tower_pinned_window_deny_cache_answers_total";
 
-    const ERROR_KINDS: [BackendErrorKind; 5] = [
+    const ERROR_KINDS: [BackendErrorKind; 6] = [
         BackendErrorKind::Unavailable,
         BackendErrorKind::TimedOut,
         BackendErrorKind::AtCapacity,
         BackendErrorKind::Corrupt,
         BackendErrorKind::CircuitOpen,
+        BackendErrorKind::ClusterDown,
     ];
 
     fn error_index(err: &BackendError) -> usize {
@@ -133,6 +134,7 @@ mod enabled {
             BackendErrorKind::AtCapacity => 2,
             BackendErrorKind::Corrupt => 3,
             BackendErrorKind::CircuitOpen => 4,
+            BackendErrorKind::ClusterDown => 5,
         }
     }
 
@@ -168,7 +170,7 @@ mod enabled {
 
     #[derive(Default)]
     struct Handles {
-        errors: OnceLock<[Counter; 5]>,
+        errors: OnceLock<[Counter; 6]>,
         latency: OnceLock<Histogram>,
         deny_cache: OnceLock<Counter>,
     }

@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use http::Response;
 
-use crate::backend::{Backend, BackendError, Hits};
+use crate::backend::{Backend, BackendError, BackendErrorKind, Hits};
 use crate::core::{Core, FailurePolicy};
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
@@ -193,7 +193,11 @@ fn insure<Bk: Backend, D>(
     match insurance.count(ask.policy, key, spend) {
         Ok(counted) => {
             if let Some(suppressed) = s.warn_gate.admit() {
-                tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: deciding with the insurance limiter");
+                if refused(&err) {
+                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit store's cluster refused the hit (not a slow store: no breaker opened): deciding with the insurance limiter");
+                } else {
+                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: deciding with the insurance limiter");
+                }
             }
             Ok(counted)
         }
@@ -327,7 +331,11 @@ fn outage<Bk, D, B: Default, T>(
         } else {
             "answering 503"
         };
-        tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
+        if refused(&err) {
+            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit store's cluster refused the hit (not a slow store: no breaker opened): {action}");
+        } else {
+            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
+        }
     }
     if fail_open {
         return Verdict::Pass(None);
@@ -336,6 +344,13 @@ fn outage<Bk, D, B: Default, T>(
     // Where a decision would be: what kind of failure answered.
     response.extensions_mut().insert(err.kind());
     Verdict::Respond(response)
+}
+
+/// Whether `err` is a Cluster's refusal
+/// ([`BackendError::ClusterDown`]): logged as the Cluster's, not as a
+/// store that failed.
+fn refused(err: &BackendError) -> bool {
+    err.kind() == BackendErrorKind::ClusterDown
 }
 
 /// The answer to a request without a usable key, under

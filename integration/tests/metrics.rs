@@ -352,3 +352,160 @@ async fn redis_round_trips_and_deny_cache_answers() {
         "the deny cache's answers were not counted in Redis"
     );
 }
+
+/// On a real Redis Cluster (`cluster-require-full-coverage yes`, Redis's
+/// default) whose master of a key has one of its slots taken away
+/// (`CLUSTER DELSLOTS`): that master refuses every key (`CLUSTERDOWN`).
+/// Each request on the key is answered 503 within the layer's default
+/// timeout, carries `cluster_down`, and is counted under
+/// `kind="cluster_down"`: not as a timeout, and, however many in a row,
+/// never as an open circuit. Like any outage, the failure policy decides:
+/// fail-open passes it, the insurance limiter decides it.
+#[cfg(feature = "redis-cluster")]
+#[tokio::test]
+async fn a_cluster_refusal_is_counted_as_cluster_down() {
+    use support::logs::Capture;
+    use support::redis::{RedisCluster, plain_storage_key};
+    use tower_pinned_window::Share;
+    use tower_pinned_window::backend::BackendErrorKind;
+    use tower_pinned_window::backend::redis::RedisBackend;
+    use tracing_subscriber::filter::LevelFilter;
+
+    let cluster = redis_or_skip!(RedisCluster::start(
+        "a_cluster_refusal_is_counted_as_cluster_down"
+    ));
+    let (recorder, handle) = recorder();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let logs = Capture::start(LevelFilter::WARN);
+    let backend = RedisBackend::connect_cluster(cluster.urls()).await.unwrap();
+    let svc = RateLimitLayer::new("refused", quota(1000, Duration::from_secs(60)))
+        .key(by_client())
+        .backend(backend.clone())
+        .layer(ok_service());
+    assert_eq!(
+        svc.clone().oneshot(from("carol")).await.unwrap().status(),
+        StatusCode::OK,
+        "served while the Cluster is whole"
+    );
+    let stored = plain_storage_key("tpw:", "refused", b"carol");
+    let slot: u16 = cluster.nodes[0]
+        .cmd(&["CLUSTER", "KEYSLOT", std::str::from_utf8(&stored).unwrap()])
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    let (owner, _) = cluster
+        .masters()
+        .into_iter()
+        .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        .expect("the key's master");
+    let owner = cluster.nodes.iter().find(|n| n.port() == owner).unwrap();
+    owner
+        .cmd(&["CLUSTER", "DELSLOTS", &slot.to_string()])
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !owner
+        .cmd(&["CLUSTER", "INFO"])
+        .unwrap_or_default()
+        .contains("cluster_state:fail")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the master never refused"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    const REQUESTS: usize = 20;
+    let mut took = Vec::new();
+    for _ in 0..REQUESTS {
+        let sent = std::time::Instant::now();
+        let response = svc.clone().oneshot(from("carol")).await.unwrap();
+        took.push(sent.elapsed());
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            response.extensions().get::<BackendErrorKind>(),
+            Some(&BackendErrorKind::ClusterDown),
+            "answered for the Cluster's refusal"
+        );
+    }
+    took.sort();
+    eprintln!(
+        "a refused request failed in {:.1} to {:.1} ms (median {:.1} ms; {REQUESTS} requests, layer timeout {} ms)",
+        took[0].as_secs_f64() * 1e3,
+        took[REQUESTS - 1].as_secs_f64() * 1e3,
+        took[REQUESTS / 2].as_secs_f64() * 1e3,
+        tower_pinned_window::DEFAULT_TIMEOUT.as_millis(),
+    );
+    for (name, policy) in [
+        ("refused_open", FailurePolicy::FailOpen),
+        (
+            "refused_insured",
+            FailurePolicy::Insurance(Share::one_in(2).unwrap()),
+        ),
+    ] {
+        let other = RateLimitLayer::new(name, quota(1000, Duration::from_secs(60)))
+            .key(by_client())
+            .backend(backend.clone())
+            .on_failure(policy)
+            .layer(ok_service());
+        let response = other.oneshot(from("carol")).await.unwrap();
+        assert_eq!(response.status(), StatusCode::OK, "{policy:?}");
+    }
+    // One line a layer (each rate-limits its own), each naming the refusal.
+    let lines: Vec<String> = logs
+        .lines()
+        .into_iter()
+        .filter(|line| line.contains("limiter="))
+        .collect();
+    eprintln!("{}", lines.join("\n"));
+    assert_eq!(lines.len(), 3, "{lines:#?}");
+    for (line, action) in lines.iter().zip([
+        "answering 503",
+        "passing requests uncounted",
+        "deciding with the insurance limiter",
+    ]) {
+        assert!(
+            line.contains("cluster refused the hit") && line.contains(action),
+            "{line}"
+        );
+        assert!(
+            !line.contains("backend failed") && !line.contains("circuit open"),
+            "{line}"
+        );
+    }
+    let rendered = handle.render();
+    let errors_of = |limiter: &str, kind: &str| {
+        value(
+            &rendered,
+            &format!(
+                "tower_pinned_window_backend_errors_total{{limiter=\"{limiter}\",kind=\"{kind}\"}}"
+            ),
+        )
+    };
+    let errors = |kind: &str| errors_of("refused", kind);
+    assert_eq!(
+        errors_of("refused_open", "cluster_down"),
+        Some(1.0),
+        "{rendered}"
+    );
+    assert_eq!(
+        errors_of("refused_insured", "cluster_down"),
+        Some(1.0),
+        "{rendered}"
+    );
+    assert_eq!(
+        value(
+            &rendered,
+            "tower_pinned_window_decisions_total{limiter=\"refused_insured\",policy=\"refused_insured\",outcome=\"allowed\"}"
+        ),
+        Some(1.0),
+        "the insurance limiter decided:\n{rendered}"
+    );
+    assert_eq!(errors("cluster_down"), Some(REQUESTS as f64), "{rendered}");
+    assert_eq!(errors("timed_out"), Some(0.0), "{rendered}");
+    assert_eq!(
+        errors("circuit_open"),
+        Some(0.0),
+        "{REQUESTS} refusals in a row open no breaker:\n{rendered}"
+    );
+}

@@ -2,7 +2,8 @@
 //! starts: the backend contract (`contract::*`, `contract_deny_cache::*`,
 //! on one shared Cluster, each scenario under its own prefix), then what
 //! only a Cluster does, one test each: keys over every master, coalescing by
-//! slot, the audit of every master, hash tags (failovers:
+//! slot, the audit of every master, hash tags, the warning under
+//! `cluster-require-full-coverage yes` (failovers:
 //! `redis_cluster_failover.rs`). A test that
 //! counts the Cluster's script calls or scans every master has a Cluster of
 //! its own.
@@ -19,12 +20,14 @@ use std::time::Duration;
 use http::StatusCode;
 use stores::redis::RedisStore;
 use support::http::{burst, from, multi_thread_runtime, ok_count, ok_service};
+use support::logs::capture;
 use support::redis::{RedisCluster, Shared, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, Spending};
 use tower_pinned_window::key::{HeaderKey, Key};
 use tower_pinned_window::{Quota, RateLimitLayer, Window};
+use tracing_subscriber::filter::LevelFilter;
 use trial::Needs;
 
 fn quota(limit: u64, secs: u64) -> Quota {
@@ -372,6 +375,72 @@ async fn client_chosen_keys_reach_no_other_counter_nor_pick_a_slot(cluster: &Red
     assert_eq!(keyslot(cluster, &braced), keyslot(cluster, b"%7Bvictim%7D"));
 }
 
+/// `RedisBackend::connect_cluster` reads `cluster-require-full-coverage`
+/// when it connects: under `yes` (Redis's default) it warns, in one line
+/// per connection made, of what `yes` costs in a failover and where the
+/// docs are; under `no` it says nothing; and where `CONFIG GET` is refused
+/// (an ACL), it connects all the same and says so at debug level only.
+fn the_full_coverage_warning_is_given_once_under_yes() {
+    let cluster = redis_or_skip!(RedisCluster::start(
+        "the_full_coverage_warning_is_given_once_under_yes"
+    ));
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let on_every_node = |args: &[&str]| {
+        for node in &cluster.nodes {
+            let reply = node.cmd(args).expect("redis-cli");
+            assert!(!reply.contains("ERR"), "{args:?}: {reply}");
+        }
+    };
+    // Connect, with this thread's logs captured at `level`: the lines that
+    // name the setting.
+    let connect = |level| {
+        let (backend, lines) = capture(level, || {
+            runtime.block_on(RedisBackend::connect_cluster(cluster.urls()))
+        });
+        backend.expect("connected");
+        lines
+            .into_iter()
+            .filter(|line| line.contains("cluster-require-full-coverage"))
+            .collect::<Vec<_>>()
+    };
+    for value in ["yes", "no", "yes"] {
+        on_every_node(&["CONFIG", "SET", "cluster-require-full-coverage", value]);
+        let lines = connect(LevelFilter::WARN);
+        eprintln!("full coverage {value}: {lines:?}");
+        if value == "yes" {
+            assert_eq!(lines.len(), 1, "one warning a connection: {lines:?}");
+            let line = &lines[0];
+            assert!(line.contains("WARN"), "{line}");
+            assert!(
+                line.contains("CLUSTERDOWN") && line.contains("promotion"),
+                "says what yes costs: {line}"
+            );
+            assert!(line.contains("docs/redis.md"), "points to the docs: {line}");
+        } else {
+            assert!(lines.is_empty(), "no warning under no: {lines:?}");
+        }
+    }
+    // Under `yes` still, but `CONFIG GET` refused: no warning, a debug line.
+    on_every_node(&["ACL", "SETUSER", "default", "-config|get"]);
+    let refused = cluster.nodes[0]
+        .cmd(&["CONFIG", "GET", "cluster-require-full-coverage"])
+        .unwrap_or_else(|err| err);
+    assert!(refused.contains("NOPERM"), "CONFIG GET refused: {refused}");
+    assert!(
+        connect(LevelFilter::WARN).is_empty(),
+        "no warning when CONFIG is refused"
+    );
+    let debug = connect(LevelFilter::DEBUG);
+    assert!(
+        debug.iter().any(|line| line.contains("DEBUG")),
+        "the refusal is logged at debug level: {debug:?}"
+    );
+    assert!(!debug.iter().any(|line| line.contains("WARN")), "{debug:?}");
+}
+
 /// Concurrent spends of varied costs on one key, from four instances: the
 /// admitted costs add up to no more than the limit, and to exactly the
 /// stored count; a lockout and its counter share the key's slot.
@@ -493,6 +562,11 @@ fn main() {
         on_its_own_cluster!(client_chosen_keys_reach_no_other_counter_nor_pick_a_slot),
         on_its_own_cluster!(deny_cache_hits_are_never_refunded),
         on_its_own_cluster!(concurrent_spends_of_varied_costs_are_exact),
+        trial::trial(
+            "the_full_coverage_warning_is_given_once_under_yes",
+            Needs::Redis,
+            the_full_coverage_warning_is_given_once_under_yes,
+        ),
     ];
     let cluster = Shared::new(|| RedisCluster::start("contract"));
     for (name, deny_cache) in [("contract", 0), ("contract_deny_cache", 1024)] {

@@ -4,7 +4,8 @@
 //! Cluster failover under Redis's default `cluster-require-full-coverage
 //! yes`. Each test prints what it measured and asserts a generous bound
 //! that the breaker's old behaviour (a fixed 500 ms cool-down, no lookup
-//! while open, `CLUSTERDOWN` counted as the master's failure) fails.
+//! while open, `CLUSTERDOWN` counted as the master's failure, refused hits
+//! retried until the layer's timeout) fails.
 
 mod support;
 #[path = "support/trial.rs"]
@@ -35,13 +36,15 @@ fn quota() -> Quota {
 }
 
 /// One hit's outcome: sent and answered (since the start), whether it was
-/// served, whether an open breaker answered it, and a tag (which keys).
+/// served, whether an open breaker answered it, whether the Cluster refused
+/// it (`BackendError::ClusterDown`), and a tag (which keys).
 #[derive(Clone, Copy, Debug)]
 struct Outcome {
     sent: Duration,
     answered: Duration,
     ok: bool,
     open: bool,
+    refused: bool,
     tag: bool,
 }
 
@@ -73,6 +76,7 @@ fn traffic<B: Backend + Clone + Send + Sync + 'static>(
                         answered: started.elapsed(),
                         ok,
                         open: matches!(hit, Ok(Err(BackendError::CircuitOpen))),
+                        refused: matches!(hit, Ok(Err(BackendError::ClusterDown(_)))),
                         tag: *tag,
                     });
                     // A failure is answered at once: don't spin on it.
@@ -262,11 +266,15 @@ fn cluster_ok(node: &RedisServer) -> bool {
 
 /// A master killed on a Cluster with `cluster-require-full-coverage yes`:
 /// every master refuses every key (`CLUSTERDOWN`) until the replica takes
-/// over, which no client can help; but once the Cluster is OK again, the
+/// over, which no client can help; but each such hit on a healthy master's
+/// key fails as the Cluster's refusal (`BackendError::ClusterDown`, within
+/// the layer's default timeout: not a timeout, not an open circuit, and no
+/// healthy master's breaker opens), and once the Cluster is OK again, the
 /// healthy masters' keys fail no later than 100 ms after it (the moment
 /// every healthy master says `cluster_state:ok`, as this test's polling sees
 /// it), not held shut by breakers that counted the refusals (old code: the
-/// last failure 0.15 s after it here, 0.16–0.41 s in soaks).
+/// last failure 0.15 s after it here, 0.16–0.41 s in soaks; before the
+/// Cluster client's retries were cut, every refused hit was a timeout).
 fn a_cluster_refusal_holds_no_healthy_master_shut() {
     let mut cluster = redis_or_skip!(RedisCluster::start_with_replicas(
         "a_cluster_refusal_holds_no_healthy_master_shut",
@@ -372,6 +380,37 @@ fn a_cluster_refusal_holds_no_healthy_master_shut() {
         healthy_failed.len(),
         healthy_failed.iter().filter(|o| o.open).count(),
         last.as_millis() as i128 - ok_at.as_millis() as i128,
+    );
+    let mut took: Vec<Duration> = healthy_failed
+        .iter()
+        .filter(|o| o.refused)
+        .map(|o| o.answered - o.sent)
+        .collect();
+    took.sort();
+    if let (Some(first), Some(last)) = (took.first(), took.last()) {
+        eprintln!(
+            "full coverage: {} hits on healthy masters refused by the Cluster, each failed in {} to {} ms (median {} ms; layer timeout {} ms)",
+            took.len(),
+            ms(*first),
+            ms(*last),
+            ms(took[took.len() / 2]),
+            ms(TIMEOUT),
+        );
+    }
+    let not_refused: Vec<_> = healthy_failed.iter().filter(|o| !o.refused).collect();
+    assert!(
+        !took.is_empty(),
+        "the Cluster refused healthy masters' keys (CLUSTERDOWN under yes)"
+    );
+    assert!(
+        not_refused.is_empty(),
+        "every failed hit on a healthy master's key is the Cluster's refusal, answered within the layer's timeout (not a timeout, not an open circuit): {} others, the first {:?}",
+        not_refused.len(),
+        not_refused.iter().take(5).collect::<Vec<_>>()
+    );
+    assert!(
+        !log.iter().any(|o| o.tag && o.open),
+        "no healthy master's breaker opened"
     );
     assert!(
         log.iter().any(|o| o.tag && o.ok && o.sent > ok_at),

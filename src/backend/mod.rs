@@ -196,6 +196,18 @@ pub enum BackendError {
     /// An outage like [`Unavailable`](Self::Unavailable): the failure policy
     /// decides.
     CircuitOpen,
+    /// The store's node answered, but refused the command for its
+    /// Cluster's state: a Redis Cluster answered `CLUSTERDOWN` (no master
+    /// serves the key's slot for now: under `cluster-require-full-coverage
+    /// yes`, every key from a master's failure until its replica's
+    /// promotion), `TRYAGAIN` (the key's slot is being migrated) or
+    /// `MASTERDOWN` (a replica cut off from its master), still so after
+    /// the client's retries. The detail is the store's answer. Not a slow
+    /// or failing store: it opens no circuit breaker, and it is logged and
+    /// counted apart (`cluster_down`), but it is an outage like
+    /// [`Unavailable`](Self::Unavailable): the failure policy decides
+    /// (see `docs/redis.md`).
+    ClusterDown(Box<dyn std::error::Error + Send + Sync>),
     /// The stored counter is not an integer (or the key holds another type).
     /// The value was left untouched for inspection. Requests on this key are
     /// stopped whatever the failure policy says.
@@ -219,6 +231,7 @@ impl BackendError {
             Self::Unavailable(_) => BackendErrorKind::Unavailable,
             Self::TimedOut => BackendErrorKind::TimedOut,
             Self::CircuitOpen => BackendErrorKind::CircuitOpen,
+            Self::ClusterDown(_) => BackendErrorKind::ClusterDown,
             Self::AtCapacity => BackendErrorKind::AtCapacity,
             Self::Corrupt { .. } => BackendErrorKind::Corrupt,
         }
@@ -242,6 +255,8 @@ pub enum BackendErrorKind {
     TimedOut,
     /// [`BackendError::CircuitOpen`].
     CircuitOpen,
+    /// [`BackendError::ClusterDown`].
+    ClusterDown,
     /// [`BackendError::AtCapacity`].
     AtCapacity,
     /// [`BackendError::Corrupt`].
@@ -250,12 +265,21 @@ pub enum BackendErrorKind {
 
 impl BackendErrorKind {
     /// Its name in snake case: `unavailable`, `timed_out`, `circuit_open`,
-    /// `at_capacity`, `corrupt`.
+    /// `cluster_down`, `at_capacity`, `corrupt`.
+    ///
+    /// ```
+    /// use tower_pinned_window::backend::BackendError;
+    ///
+    /// let refused = BackendError::ClusterDown("CLUSTERDOWN The cluster is down".into());
+    /// assert_eq!(refused.kind().name(), "cluster_down");
+    /// assert!(!refused.is_corrupt(), "an outage: the failure policy decides");
+    /// ```
     pub fn name(self) -> &'static str {
         match self {
             Self::Unavailable => "unavailable",
             Self::TimedOut => "timed_out",
             Self::CircuitOpen => "circuit_open",
+            Self::ClusterDown => "cluster_down",
             Self::AtCapacity => "at_capacity",
             Self::Corrupt => "corrupt",
         }
@@ -276,6 +300,10 @@ impl fmt::Display for BackendError {
             Self::CircuitOpen => {
                 f.write_str("rate-limit backend failed repeatedly: circuit open, not waiting on it")
             }
+            Self::ClusterDown(err) => write!(
+                f,
+                "rate-limit backend refused by its cluster (down, failing over or resharding): {err}"
+            ),
             Self::AtCapacity => f.write_str("rate-limit backend is at its key capacity"),
             Self::Corrupt { key, detail } => {
                 write!(
@@ -290,7 +318,7 @@ impl fmt::Display for BackendError {
 impl std::error::Error for BackendError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Unavailable(err) => Some(&**err),
+            Self::Unavailable(err) | Self::ClusterDown(err) => Some(&**err),
             _ => None,
         }
     }

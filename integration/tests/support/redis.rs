@@ -424,7 +424,7 @@ impl RedisCluster {
 
     /// A connection made as the crate advises
     /// (`connection::cluster_client_builder` and `connect_cluster_client`:
-    /// retries at most 100 ms apart, probes of a node bounded).
+    /// 3 retries, 2–10 ms apart, probes of a node bounded).
     pub async fn advised_connection(
         &self,
     ) -> redis::cluster_async::ClusterConnection<

@@ -238,6 +238,7 @@ fn copy(err: &BackendError) -> BackendError {
         },
         BackendError::TimedOut => BackendError::TimedOut,
         BackendError::AtCapacity => BackendError::AtCapacity,
+        BackendError::ClusterDown(err) => BackendError::ClusterDown(err.to_string().into()),
         other => BackendError::Unavailable(other.to_string().into()),
     }
 }

@@ -133,7 +133,11 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// and one probe at a time goes through, soon after it opened and less
 /// often while probes keep failing. On a Cluster there is one breaker per
 /// master, so a master that fails over does not stop the other masters'
-/// keys, and the Cluster's own refusals (`CLUSTERDOWN`) open none.
+/// keys, and the Cluster's own refusals (`CLUSTERDOWN`, `TRYAGAIN`,
+/// `MASTERDOWN`) open none: a hit so refused fails with
+/// [`BackendError::ClusterDown`], within the layer's default timeout on a
+/// connection made with `cluster_client_builder`'s settings (feature
+/// `redis-cluster`).
 ///
 /// # Coalesced hits
 ///
@@ -408,7 +412,7 @@ impl<C> RedisBackendBuilder<C> {
     }
 
     /// The circuit breaker: after `failures` failed commands in a row
-    /// (unreachable, timed out by the layer, `LOADING`, `MASTERDOWN`...),
+    /// (unreachable, timed out by the layer, `LOADING`...),
     /// the backend answers [`BackendError::CircuitOpen`] at once and lets
     /// one probe through at a time: the first 25 ms after it opened, the next twice as long after each probe
     /// that failed (50 ms, 100 ms, ...), never more than `cooldown` apart.
@@ -436,19 +440,19 @@ impl<C> RedisBackendBuilder<C> {
     /// reads `CLUSTER SLOTS` on its first command and every 5 s after, and
     /// until it knows the masters, there is one breaker per
     /// 128 consecutive slots. The Cluster's refusals
-    /// (`CLUSTERDOWN`, `TRYAGAIN`) are answered by live nodes about the
-    /// Cluster's state, not a master's failure, and count neither way; a
+    /// (`CLUSTERDOWN`, `TRYAGAIN`, `MASTERDOWN`) are answered by live nodes
+    /// about the Cluster's state, not a master's failure, and count neither
+    /// way: such a hit fails with [`BackendError::ClusterDown`], counted as
+    /// `cluster_down` (with `cluster_client_builder`'s settings, within the
+    /// layer's default timeout; a client that retries
+    /// it until the layer's timeout gets a timeout, which does count). A
     /// `MOVED` or `ASK` the Cluster client gave up following counts as a
-    /// failure of the master it points to, which did not answer. A hit that the
-    /// Cluster client keeps retrying through `CLUSTERDOWN` until the layer's
-    /// timeout does count; so while a breaker is open the backend reads
-    /// `CLUSTER INFO` (one node at random, every 25 ms)
-    /// and, when `cluster_state` turns from `fail` back to `ok`, lets every
-    /// open breaker probe at once (and again at each `ok` read in the next
-    /// second, as the nodes turn ok one by one; it reads `CLUSTER SLOTS`
-    /// again): with `cluster-require-full-coverage yes`, the healthy
-    /// masters' keys are served again within about 100 ms of the Cluster
-    /// being ok. On any
+    /// failure of the master it points to, which did not answer. While a
+    /// breaker is open the backend reads `CLUSTER INFO` (one node at
+    /// random, every 25 ms) and, when `cluster_state` turns from `fail`
+    /// back to `ok`, lets every open breaker probe at once (and again at
+    /// each `ok` read in the next second, as the nodes turn ok one by one;
+    /// it reads `CLUSTER SLOTS` again). On any
     /// other connection there is one breaker for the backend.
     ///
     /// On a `SentinelConnection` (feature `redis-sentinel`) the breaker does not hold up a
@@ -728,6 +732,12 @@ impl RedisBackend<::redis::cluster_async::ClusterConnection<connection::ClusterN
     /// [`cluster_client_builder`](connection::cluster_client_builder)'s settings; waits until the slot map is
     /// known. There is one breaker per master (see
     /// [`RedisBackendBuilder::breaker`]).
+    ///
+    /// It then reads `cluster-require-full-coverage` (`CONFIG GET`, on one
+    /// node, for at most 250 ms; a refused or renamed `CONFIG` is passed
+    /// over, at debug level) and logs one warning when it is `yes`: in a
+    /// failover, every master then refuses every key until the failed
+    /// master's replica is promoted (see `docs/redis.md`).
     ///
     /// # Errors
     /// [`ConnectError::Config`] when a URL is invalid;

@@ -10,8 +10,10 @@
 //! connection that has connected to a master since the breaker opened (a
 //! failover found the new one), and, on a Cluster, `CLUSTER INFO` turning
 //! from `cluster_state:fail` back to `ok` (read in the background while a
-//! breaker is open). A Cluster's refusal (`CLUSTERDOWN`, `TRYAGAIN`) is
-//! the Cluster's state, not its master's failure: it counts neither way.
+//! breaker is open). A Cluster's refusal (`CLUSTERDOWN`, `TRYAGAIN`,
+//! `MASTERDOWN`) is the Cluster's state, not its master's failure: it
+//! counts neither way, and reaches the caller as
+//! [`BackendError::ClusterDown`](crate::backend::BackendError::ClusterDown).
 //!
 //! It wraps the connection ([`Guarded`]), so every command the backend sends
 //! goes through it, whatever path sends it: a command is sent on
@@ -118,10 +120,13 @@ fn is_open(err: &RedisError) -> bool {
 }
 
 /// A command's failure, as the backend reports it: what an open breaker
-/// answers is [`BackendError::CircuitOpen`].
+/// answers is [`BackendError::CircuitOpen`], and a Cluster's refusal
+/// ([`is_cluster_state`]) is [`BackendError::ClusterDown`].
 pub(crate) fn unavailable(err: RedisError) -> BackendError {
     if is_open(&err) {
         BackendError::CircuitOpen
+    } else if is_cluster_state(&err) {
+        BackendError::ClusterDown(Box::new(err))
     } else if err.is_timeout() {
         BackendError::TimedOut
     } else {
@@ -135,11 +140,14 @@ fn open_error() -> RedisError {
 
 /// Whether `err` is a Cluster's refusal rather than a master's failure:
 /// `CLUSTERDOWN` (with `cluster-require-full-coverage yes`, every master
-/// answers it for every key while one slot is unserved) and `TRYAGAIN` (a
-/// multi-key call on a slot being migrated). Each is answered by a live
-/// node about the Cluster's state, so it says nothing about the health of
-/// the master the key's breaker stands for: counting it would hold a
-/// healthy master's breaker shut after the Cluster is whole again.
+/// answers it for every key while one slot is unserved), `TRYAGAIN` (a
+/// multi-key call on a slot being migrated) and `MASTERDOWN` (a replica
+/// cut off from its master, with `replica-serve-stale-data no`). Each is
+/// answered at once by a live node about its Cluster's or its replication's
+/// state, so it says nothing about the health of the master the key's
+/// breaker stands for: counting it would hold a healthy master's breaker
+/// shut after the Cluster is whole again. It reaches the caller as
+/// [`BackendError::ClusterDown`].
 ///
 /// A redirection (`MOVED`, `ASK`) is not one: the Cluster client follows
 /// it, and one that reaches the caller is one it could not follow, to a
@@ -149,7 +157,9 @@ fn open_error() -> RedisError {
 fn is_cluster_state(err: &RedisError) -> bool {
     matches!(
         err.kind(),
-        ErrorKind::Server(ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown)
+        ErrorKind::Server(
+            ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown
+        )
     )
 }
 
@@ -158,13 +168,12 @@ fn is_cluster_state(err: &RedisError) -> bool {
 /// or that the Cluster refuses: [`is_cluster_state`]). A redirection
 /// (`MOVED`, `ASK`) or `READONLY` that reaches the caller is one the
 /// Cluster client gave up following: the master it points to does not
-/// answer. `MASTERDOWN` and `LOADING` are the server's own state.
+/// answer. `LOADING` is the server's own state.
 fn is_outage(err: &RedisError) -> bool {
     match err.kind() {
         ErrorKind::Server(kind) => matches!(
             kind,
-            ServerErrorKind::MasterDown
-                | ServerErrorKind::BusyLoading
+            ServerErrorKind::BusyLoading
                 | ServerErrorKind::Moved
                 | ServerErrorKind::Ask
                 | ServerErrorKind::ReadOnly
@@ -871,6 +880,89 @@ mod tests {
         assert_eq!(breakers.admit(0), None, "a refused probe waits");
         std::thread::sleep(BREAKER_FIRST_PROBE + Duration::from_millis(5));
         assert_eq!(breakers.admit(0), Some(Pass::Probe), "only the first wait");
+    }
+
+    /// A server's error of `kind`, as a Cluster node answers it.
+    fn server(kind: ServerErrorKind, code: &'static str, detail: &str) -> RedisError {
+        RedisError::from((ErrorKind::Server(kind), code, detail.to_owned()))
+    }
+
+    #[test]
+    fn masterdown_is_a_refusal_like_clusterdown_and_opens_nothing() {
+        let refusals = [
+            server(
+                ServerErrorKind::ClusterDown,
+                "CLUSTERDOWN",
+                "The cluster is down",
+            ),
+            server(
+                ServerErrorKind::TryAgain,
+                "TRYAGAIN",
+                "Multiple keys request during rehashing of slot",
+            ),
+            server(
+                ServerErrorKind::MasterDown,
+                "MASTERDOWN",
+                "Link with MASTER is down and replica-serve-stale-data is set to 'no'.",
+            ),
+        ];
+        let breakers = Arc::new(Breakers::new(
+            BreakerConfig {
+                failures: 2,
+                cooldown: Duration::from_secs(60),
+            },
+            true,
+            None,
+        ));
+        let settle = |err: &RedisError| {
+            Settle {
+                breakers: Arc::clone(&breakers),
+                index: 0,
+                pass: Pass::Closed,
+                sent: Instant::now(),
+                settled: false,
+            }
+            .result::<Value>(&Err(err.clone()));
+        };
+        for err in &refusals {
+            assert!(is_cluster_state(err), "{err}: a refusal");
+            assert!(!is_outage(err), "{err}: not an outage");
+            for _ in 0..10 {
+                settle(err);
+            }
+            assert_eq!(
+                breakers.admit(0),
+                Some(Pass::Closed),
+                "{err}: ten in a row open no breaker"
+            );
+            match unavailable(err.clone()) {
+                BackendError::ClusterDown(detail) => assert_eq!(
+                    detail.to_string(),
+                    err.to_string(),
+                    "the node's answer is kept"
+                ),
+                other => panic!("{err}: reported as {other:?}"),
+            }
+        }
+        let loading = server(ServerErrorKind::BusyLoading, "LOADING", "loading");
+        assert!(is_outage(&loading) && !is_cluster_state(&loading));
+        assert!(matches!(
+            unavailable(loading.clone()),
+            BackendError::Unavailable(_)
+        ));
+        assert!(matches!(
+            unavailable(open_error()),
+            BackendError::CircuitOpen
+        ));
+        assert!(matches!(
+            unavailable(RedisError::from(std::io::Error::from(
+                std::io::ErrorKind::TimedOut
+            ))),
+            BackendError::TimedOut
+        ));
+        settle(&loading);
+        settle(&loading);
+        assert_eq!(breakers.admit(0), None, "two outages open it");
     }
 
     #[test]

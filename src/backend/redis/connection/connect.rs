@@ -250,9 +250,40 @@ forward_commands! {
 /// The settings of the Cluster clients this crate makes, for `nodes`
 /// (`redis://host:port/`, any of the Cluster's nodes): no response
 /// timeout of the client's own (the layer's is the one timer of a hit),
-/// and retries of a command at most 100 ms apart (the client's default
-/// sleeps 1.28 s or more between two tries, which outlasts any
-/// sensible layer timeout).
+/// and few, short retries, so that a Cluster's refusal reaches the caller
+/// within the layer's default 100 ms timeout, as
+/// [`BackendError::ClusterDown`](crate::backend::BackendError::ClusterDown).
+///
+/// The client retries a command on its own: it follows a `MOVED` or an
+/// `ASK` at once, refreshes its slot map and sends again after `READONLY`
+/// or a dropped connection, and sleeps before it sends again after
+/// `CLUSTERDOWN`, `TRYAGAIN` or `MASTERDOWN` (or a node it cannot reach).
+/// All of these draw on one count per command. Its defaults (16 retries,
+/// sleeps from 1.28 s) outlast any sensible layer timeout, so a refusal
+/// never reached the caller: the layer gave the hit up as a timeout, and
+/// the breaker counted it as the master's failure. Here:
+///
+/// - **3 retries** (`retries`): enough for the one or two follows a
+///   resharding or a failover needs (a `MOVED`, an `ASK` then a `TRYAGAIN`
+///   while the slot's keys move, a `READONLY` from a demoted master, a
+///   dropped connection to a dead one), with one to spare;
+/// - **each sleep 2 to 10 ms**, picked at random (`min_retry_wait(2)`,
+///   `max_retry_wait(10)`, and `retry_wait_formula(10, 1)`: a flat 10 ms
+///   ceiling, not one that doubles with each retry): long enough for a
+///   `TRYAGAIN` to see the migration of a batch of keys end (a `MIGRATE`
+///   takes about a millisecond) or a slot map to be read again, short
+///   enough that three of them (6 to 30 ms, plus four round trips) end well
+///   within the layer's default 100 ms, with room for a busy host. The
+///   count of tries is what loads a refusing node (four a hit), not the
+///   sleeps, so shorter sleeps cost it nothing; the random part keeps
+///   instances from retrying in step.
+///
+/// A `CLUSTERDOWN` lasts until the failed master's replica is promoted
+/// (seconds): no retries within a timeout outlast it, so the hit is given
+/// up with the Cluster's own answer instead. A follow (`MOVED`, `ASK`)
+/// does not sleep, so a hit that a resharding or a failover redirects is
+/// not slowed by these. Fewer retries also send a command again less often
+/// after a dropped connection, where a script may have run already.
 ///
 /// # Examples
 ///
@@ -278,8 +309,68 @@ where
 {
     ::redis::cluster::ClusterClient::builder(nodes)
         .overall_response_timeout(None)
-        .min_retry_wait(10)
-        .max_retry_wait(100)
+        .retries(CLUSTER_RETRIES)
+        .min_retry_wait(CLUSTER_RETRY_WAIT_MS.0)
+        .max_retry_wait(CLUSTER_RETRY_WAIT_MS.1)
+        .retry_wait_formula(CLUSTER_RETRY_WAIT_MS.1, 1)
+}
+
+#[cfg(feature = "redis-cluster")]
+/// How many times the Cluster client sends a command again (see
+/// [`cluster_client_builder`]).
+const CLUSTER_RETRIES: u32 = 3;
+
+#[cfg(feature = "redis-cluster")]
+/// The shortest and the longest sleep (ms) before the Cluster client sends
+/// a refused command again (see [`cluster_client_builder`]).
+const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (2, 10);
+
+// A refused command's sleeps take at most half the layer's default timeout:
+// the other half is for its round trips and a busy host.
+#[cfg(feature = "redis-cluster")]
+const _: () = assert!(
+    CLUSTER_RETRIES as u64 * CLUSTER_RETRY_WAIT_MS.1 * 2
+        <= crate::layer::DEFAULT_TIMEOUT.as_millis() as u64
+);
+
+#[cfg(feature = "redis-cluster")]
+/// How long [`warn_full_coverage`] waits for `CONFIG GET`.
+const COVERAGE_READ: Duration = Duration::from_millis(250);
+
+#[cfg(feature = "redis-cluster")]
+/// Read `cluster-require-full-coverage` on a Cluster connection just made
+/// (one node's, at random), and warn once when it is `yes`: what it costs
+/// in a failover, and where the docs say so. Best effort: a `CONFIG` that
+/// is refused (ACL) or renamed, a reply that takes longer than
+/// [`COVERAGE_READ`], or any other error is logged at debug level only.
+async fn warn_full_coverage<C: ::redis::aio::ConnectionLike>(connection: &mut C) {
+    let read = tokio::time::timeout(
+        COVERAGE_READ,
+        ::redis::cmd("CONFIG")
+            .arg("GET")
+            .arg("cluster-require-full-coverage")
+            .query_async::<std::collections::HashMap<String, String>>(connection),
+    )
+    .await;
+    match read {
+        Ok(Ok(config)) => match config.get("cluster-require-full-coverage") {
+            Some(value) if value.eq_ignore_ascii_case("yes") => tracing::warn!(
+                "redis cluster has cluster-require-full-coverage yes: in a failover, every master refuses every key (CLUSTERDOWN) from the failed master's FAIL until its replica's promotion, so hits on healthy masters' keys fail too; `no` keeps them served (docs/redis.md, Cluster failover)"
+            ),
+            Some(_) => {}
+            None => tracing::debug!(
+                "CONFIG GET cluster-require-full-coverage: no such setting; not checked"
+            ),
+        },
+        Ok(Err(err)) => tracing::debug!(
+            error = %err,
+            "CONFIG GET cluster-require-full-coverage failed (refused or renamed?); not checked"
+        ),
+        Err(_) => tracing::debug!(
+            timeout = ?COVERAGE_READ,
+            "CONFIG GET cluster-require-full-coverage not answered in time; not checked"
+        ),
+    }
 }
 
 #[cfg(feature = "redis-cluster")]
@@ -306,6 +397,8 @@ where
 /// makes, for a client with settings of your own (TLS, a password). The
 /// `redis` crate's own `get_async_connection` gives a Cluster connection
 /// whose slot-map reads wait on a silent node for as long as it is silent.
+/// Like `connect_cluster`, it warns once when the Cluster runs with
+/// `cluster-require-full-coverage yes`.
 ///
 /// # Errors
 /// [`ConnectError::Unavailable`] when no node answers.
@@ -328,8 +421,10 @@ where
 pub async fn connect_cluster_client(
     client: &::redis::cluster::ClusterClient,
 ) -> Result<::redis::cluster_async::ClusterConnection<super::ClusterNode>, ConnectError> {
-    client
+    let mut connection = client
         .get_async_generic_connection::<super::ClusterNode>()
         .await
-        .map_err(|err| ConnectError::Unavailable(unavailable(err)))
+        .map_err(|err| ConnectError::Unavailable(unavailable(err)))?;
+    warn_full_coverage(&mut connection).await;
+    Ok(connection)
 }
