@@ -136,6 +136,12 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// master, so a master that fails over does not stop the other masters'
 /// keys, and the Cluster's own refusals (`CLUSTERDOWN`) open none.
 ///
+/// Redis replicates asynchronously: a failover loses the hits its master
+/// had not sent to the promoted replica, and a master frozen until it was
+/// deposed can admit hits when it wakes, before it learns it was deposed.
+/// [`RedisBackendBuilder::wait_for_replicas`] counts a write only once
+/// replicas hold it.
+///
 /// # Coalesced hits
 ///
 /// A hit that finds no call in flight goes at once, in a call of its own: no
@@ -237,7 +243,8 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// `+set` for spends, amends and resets, `+del` for
 /// [`reset`](Backend::reset) and [`Amend::Clear`], and `+scan` for [`audit`](Self::audit) (plus
 /// `+cluster|slots` on a Cluster, and `+cluster|info` for the breakers to
-/// see the Cluster whole again), all on the prefix's keys (`~tpw:*`).
+/// see the Cluster whole again), all on the prefix's keys (`~tpw:*`), and
+/// `+wait` with [`RedisBackendBuilder::wait_for_replicas`].
 ///
 /// # The local deny cache
 ///

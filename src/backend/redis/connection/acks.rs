@@ -54,10 +54,7 @@ impl Acks {
     ) -> RedisResult<Value> {
         let mut pipeline = Pipeline::with_capacity(2);
         pipeline.add_command(cmd.clone());
-        pipeline
-            .cmd("WAIT")
-            .arg(self.replicas)
-            .arg(self.timeout_ms);
+        pipeline.cmd("WAIT").arg(self.replicas).arg(self.timeout_ms);
         let replies = connection.req_packed_commands(&pipeline, 0, 2).await?;
         let Ok([reply, acked]) = <[Value; 2]>::try_from(replies) else {
             return Err(RedisError::from((
@@ -158,8 +155,8 @@ mod tests {
         let mut cmd = ::redis::cmd("EVALSHA");
         cmd.arg("sha").arg(1).arg("k");
         let acks = Acks::new(2, Duration::from_micros(1_500));
-        let reply = futures_util::FutureExt::now_or_never(acks.send(&mut connection, &cmd))
-            .expect("ready");
+        let reply =
+            futures_util::FutureExt::now_or_never(acks.send(&mut connection, &cmd)).expect("ready");
         (reply, connection.sent)
     }
 
@@ -168,7 +165,10 @@ mod tests {
         let (reply, sent) = send(vec![Value::Int(7), Value::Int(2)]);
         assert_eq!(reply.unwrap(), Value::Int(7));
         assert_eq!(sent.len(), 2, "the write and its WAIT, in one pipeline");
-        assert_eq!(sent[1], ::redis::cmd("WAIT").arg(2).arg(2).get_packed_command());
+        assert_eq!(
+            sent[1],
+            ::redis::cmd("WAIT").arg(2).arg(2).get_packed_command()
+        );
     }
 
     #[test]

@@ -1034,7 +1034,11 @@ mod tests {
             let err = send(guarded.for_write(b"k")).unwrap_err();
             assert!(is_outage(&err), "{err}");
         }
-        assert_eq!(breakers.admit(0), None, "open after 2 writes not acknowledged");
+        assert_eq!(
+            breakers.admit(0),
+            None,
+            "open after 2 writes not acknowledged"
+        );
         assert!(is_open(&send(guarded.for_write(b"k")).unwrap_err()));
     }
 
