@@ -44,8 +44,9 @@ fn waits<'a>(servers: impl IntoIterator<Item = &'a support::redis::RedisServer>)
 /// With the mode on, a Cluster of three masters with a replica each:
 /// concurrent hits from four instances on keys of every master admit
 /// exactly the limit, each hit counted once; concurrent spends admit costs
-/// that add up to the stored count; refunds and resets go through; and
-/// every one of those writes went with a `WAIT`.
+/// that add up to the stored count; refunds and resets go through; every
+/// one of those writes went with a `WAIT`, and each pipeline of a call and
+/// its `WAIT` went straight to the master of its slot (no `MOVED`).
 fn a_healthy_cluster_with_replicas_counts_exactly() {
     let cluster = redis_or_skip!(RedisCluster::start_with_replicas(
         "a_healthy_cluster_with_replicas_counts_exactly",
@@ -128,6 +129,16 @@ fn a_healthy_cluster_with_replicas_counts_exactly() {
         let stored = stores[0].peek("amend", &key).await.unwrap().unwrap();
         assert_eq!(stored.count, 1, "refunded");
         assert!(stores[1].reset("amend", &key).await.unwrap());
+        // Each pipeline went to the master of its slot at once: no node
+        // redirected one (`MOVED` counted in `INFO errorstats`).
+        for node in &cluster.nodes {
+            let errors = node.cmd(&["INFO", "errorstats"]).unwrap();
+            assert!(
+                !errors.contains("errorstat_MOVED"),
+                "{} redirected a call:\n{errors}",
+                node.port()
+            );
+        }
         let waited = waits(&cluster.nodes);
         eprintln!(
             "wait mode on a Cluster with replicas: {} hits, 200 spends, a refund and a reset: {waited} WAIT on the masters",
