@@ -9,16 +9,22 @@
 # ROUTES names the layers measured beside bare (default: redis): redis, the
 # plain hit; redis-cost, a spend of 1 a request; redis-charged, a check then
 # a charge of 1 after the answer (a token budget); redis-single, one EVALSHA
-# per hit (`.coalesce(false)`; SINGLE=1 adds it, as before). Each route's
+# per hit (`.coalesce(false)`; SINGLE=1 adds it, as before); redis-wait, the
+# plain hit in the replica-acknowledged mode (`wait_for_replicas(1, 100 ms)`).
+# With REPLICA=1, or when ROUTES has redis-wait, the Redis has a replica
+# (`--replicaof`, started by the script too), for every route of the run, so
+# that the routes are compared on the same master. Each route's
 # script calls per request (EVALSHA and EVAL, from INFO commandstats, over
 # wrk's requests) are printed beside its rate, and each route's ratio to
 # the plain redis route of the same round when both are measured.
-# It starts its own redis-server on a free port of 127.0.0.1; the app is
-# pinned to core 0 and wrk to core 1 (as in bench/wrk.sh), Redis is not.
+# It starts its own redis-server on a free port of 127.0.0.1 (and its
+# replica on another); the app is pinned to core 0 and wrk to core 1 (as in
+# bench/wrk.sh), Redis is not.
 #
 #   bash bench/wrk_redis.sh            # 5 rounds of 10 s each way, both cases
 #   ROUNDS=5 DURATION=5s CASES=hot bash bench/wrk_redis.sh
 #   ROUTES="redis redis-cost redis-charged" CASES=keys bash bench/wrk_redis.sh
+#   ROUTES="redis redis-wait" bash bench/wrk_redis.sh   # on a master with a replica
 #
 # Needs wrk (Debian: apt-get install wrk) and redis-server.
 set -euo pipefail
@@ -36,6 +42,8 @@ CASES=${CASES:-keys hot}
 SINGLE=${SINGLE:-0}
 ROUTES=${ROUTES:-redis}
 if [ "$SINGLE" = 1 ]; then ROUTES="$ROUTES redis-single"; fi
+REPLICA=${REPLICA:-0}
+case " $ROUTES " in *" redis-wait "*) REPLICA=1 ;; esac
 PORT=${PORT:-3918}
 
 dir=$(mktemp -d)
@@ -43,6 +51,20 @@ rport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); p
 redis-server --port "$rport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir" --logfile "$dir/log" --daemonize yes --pidfile "$dir/pid"
 trap 'redis-cli -p "$rport" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
 for _ in $(seq 50); do redis-cli -p "$rport" ping >/dev/null 2>&1 && break; sleep 0.1; done
+if [ "$REPLICA" = 1 ]; then
+  mkdir "$dir/replica"
+  rrport=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  redis-server --port "$rrport" --bind 127.0.0.1 --save "" --appendonly no --dir "$dir/replica" \
+    --logfile "$dir/replica/log" --daemonize yes --pidfile "$dir/replica/pid" \
+    --replicaof 127.0.0.1 "$rport"
+  trap 'redis-cli -p "$rrport" shutdown nosave >/dev/null 2>&1 || true; redis-cli -p "$rport" shutdown nosave >/dev/null 2>&1 || true; rm -rf "$dir"' EXIT
+  for _ in $(seq 100); do
+    redis-cli -p "$rrport" info replication 2>/dev/null | grep -q 'master_link_status:up' && break
+    sleep 0.1
+  done
+  redis-cli -p "$rrport" info replication | grep -q 'master_link_status:up' || { echo "the replica did not sync" >&2; exit 1; }
+  echo "the Redis on $rport has a replica on $rrport"
+fi
 
 cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
 server="${CARGO_TARGET_DIR:-target}"/release/wrk_server

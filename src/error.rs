@@ -85,6 +85,12 @@ pub enum ConfigError {
     ZeroBreakerFailures,
     /// A circuit breaker with a zero cool-down.
     ZeroBreakerCooldown,
+    /// A replica-acknowledged mode that waits for zero replicas (see
+    /// [`RedisBackendBuilder::wait_for_replicas`](crate::backend::redis::RedisBackendBuilder::wait_for_replicas)).
+    ZeroWaitReplicas,
+    /// A replica-acknowledged mode with a zero timeout: Redis's `WAIT`
+    /// would wait forever.
+    ZeroWaitTimeout,
     /// A request cost above a quota's limit (see
     /// [`RateLimitLayer::check`](crate::RateLimitLayer::check)): such
     /// a request could never be admitted.
@@ -163,6 +169,14 @@ impl fmt::Display for ConfigError {
             Self::ZeroBreakerCooldown => {
                 f.write_str("a circuit breaker's cool-down must be longer than zero")
             }
+            Self::ZeroWaitReplicas => {
+                f.write_str(
+                    "a write must wait for at least one replica (or leave wait_for_replicas off)",
+                )
+            }
+            Self::ZeroWaitTimeout => f.write_str(
+                "the wait for replicas must have a timeout longer than zero (WAIT with 0 waits forever)",
+            ),
             Self::CostAboveLimit { cost, limit } => write!(
                 f,
                 "a request cost of {cost} is above the limit of {limit}: such a request could never be admitted"

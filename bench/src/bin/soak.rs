@@ -188,10 +188,9 @@ fn replica_acknowledged<C>(
         return Ok(builder);
     }
     let timeout = Duration::from_millis(env("ACK_TIMEOUT_MS", 50)?);
-    // Refused until `RedisBackendBuilder::wait_for_replicas` (issue 33) is
-    // in: then the line below becomes
-    // `Ok(builder.wait_for_replicas(1, timeout))`.
-    Err(format!("ACK=1 (a replica's acknowledgement, waited for up to {timeout:?}) needs RedisBackendBuilder::wait_for_replicas, which this build does not have yet; run without ACK=1").into())
+    builder
+        .try_wait_for_replicas(1, timeout)
+        .map_err(|err| format!("ACK_TIMEOUT_MS: {err}").into())
 }
 
 #[cfg(feature = "cluster")]

@@ -6,7 +6,9 @@
 //! header (`bench/wrk_keys.lua` spreads it over 10,000 values);
 //! `LIMIT=redis-cost` spends a cost of 1 a request, and `LIMIT=redis-charged`
 //! checks the budget (a spend of 0 that opens the window) and charges 1 once
-//! the answer is sent, as a token budget does. `LIMIT=static-headers`
+//! the answer is sent, as a token budget does. `LIMIT=redis-wait` is the
+//! plain hit in the replica-acknowledged mode (`wait_for_replicas(1, 100
+//! ms)`: the Redis at `REDIS_URL` needs a replica). `LIMIT=static-headers`
 //! has no layer but writes the layer's two headers as constants. The quota is
 //! large enough that every request is admitted, so a load test measures what
 //! counting costs, not how fast 429s are written.
@@ -35,7 +37,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             app = app.route_layer(layer);
         }
-        "redis" | "redis-single" | "redis-cost" | "redis-charged" => {
+        "redis" | "redis-single" | "redis-cost" | "redis-charged" | "redis-wait" => {
             let url = std::env::var("REDIS_URL")?;
             let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
             // NODELAY=1: TCP_NODELAY on the connection to Redis (off by
@@ -46,9 +48,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 info = info.set_tcp_settings(tcp);
             }
             let connection = redis::Client::open(info)?.get_connection_manager().await?;
-            let backend = RedisBackend::builder(connection)
-                .coalesce(limit != "redis-single")
-                .build();
+            let mut backend = RedisBackend::builder(connection).coalesce(limit != "redis-single");
+            if limit == "redis-wait" {
+                backend = backend.wait_for_replicas(1, Duration::from_millis(100));
+            }
+            let backend = backend.build();
             let quota = Quota::new(u64::MAX / 2, Duration::from_secs(60))?;
             let layer = RateLimitLayer::new("wrk", quota)
                 .key(HeaderKey::new(axum::http::HeaderName::from_static(
@@ -88,7 +92,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => {
             return Err(format!(
-                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, off, identity or static-headers, not {other:?}"
+                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, off, identity or static-headers, not {other:?}"
             )
             .into());
         }

@@ -377,7 +377,6 @@ impl RedisCluster {
     /// still answering sees them (`CLUSTER SLOTS`; a frozen node is not
     /// asked).
     pub fn masters(&self) -> Vec<(u16, Vec<(u16, u16)>)> {
-        let mut masters: Vec<(u16, Vec<(u16, u16)>)> = Vec::new();
         let Some(out) = self.nodes.iter().find_map(|n| {
             n.child.as_ref()?;
             if n.is_frozen() {
@@ -385,8 +384,14 @@ impl RedisCluster {
             }
             n.cmd(&["CLUSTER", "SLOTS"]).ok()
         }) else {
-            return masters;
+            return Vec::new();
         };
+        Self::parse_masters(&out)
+    }
+
+    /// The masters in `redis-cli`'s print of `CLUSTER SLOTS`.
+    fn parse_masters(out: &str) -> Vec<(u16, Vec<(u16, u16)>)> {
+        let mut masters: Vec<(u16, Vec<(u16, u16)>)> = Vec::new();
         // redis-cli prints each range as: start, end, then per node ip,
         // port, id (and maybe more), one value a line.
         let lines: Vec<&str> = out.lines().map(str::trim).collect();
@@ -435,6 +440,72 @@ impl RedisCluster {
         };
         let client = cluster_client_builder(self.urls()).build().unwrap();
         connect_cluster_client(&client).await.unwrap()
+    }
+}
+
+#[cfg(feature = "redis-cluster")]
+#[allow(dead_code, reason = "not every test crate freezes a master")]
+impl RedisCluster {
+    /// [`masters`](Self::masters) as the node on `witness` sees them: a
+    /// frozen node (`SIGSTOP`) would never answer, so it is not asked.
+    pub fn masters_seen_by(&self, witness: u16) -> Vec<(u16, Vec<(u16, u16)>)> {
+        let node = self.nodes.iter().find(|n| n.port == witness).unwrap();
+        Self::parse_masters(&node.cmd(&["CLUSTER", "SLOTS"]).unwrap_or_default())
+    }
+
+    /// Wait (up to 30 s) until every master's replicas are online and hold
+    /// everything it wrote (their offsets equal its own).
+    pub fn wait_in_sync(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        for (port, _) in self.masters() {
+            let node = self.nodes.iter().find(|n| n.port == port).unwrap();
+            while !node.replicas_in_sync() {
+                assert!(
+                    Instant::now() < deadline,
+                    "the replicas of {port} never came in sync:\n{}",
+                    node.cmd(&["INFO", "replication"]).unwrap_or_default()
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+    }
+}
+
+#[allow(dead_code, reason = "not every test crate reads replication")]
+impl RedisServer {
+    /// A master whose replicas (at least one) are all online, at its own
+    /// replication offset.
+    pub fn replicas_in_sync(&self) -> bool {
+        let info = self.cmd(&["INFO", "replication"]).unwrap_or_default();
+        let field = |line: &str, name: &str| {
+            line.split(',')
+                .find_map(|f| f.strip_prefix(name)?.parse::<u64>().ok())
+        };
+        let Some(offset) = info.lines().find_map(|l| {
+            l.trim()
+                .strip_prefix("master_repl_offset:")?
+                .parse::<u64>()
+                .ok()
+        }) else {
+            return false;
+        };
+        let replicas: Vec<&str> = info
+            .lines()
+            .map(str::trim)
+            .filter(|l| l.starts_with("slave") && l.contains(":ip="))
+            .collect();
+        !replicas.is_empty()
+            && replicas
+                .iter()
+                .all(|r| r.contains("state=online") && field(r, "offset=") == Some(offset))
+    }
+
+    /// A replica whose link to its master is up and whose sync is done.
+    pub fn is_synced_replica(&self) -> bool {
+        let info = self.cmd(&["INFO", "replication"]).unwrap_or_default();
+        info.contains("role:slave")
+            && info.contains("master_link_status:up")
+            && info.contains("master_sync_in_progress:0")
     }
 }
 

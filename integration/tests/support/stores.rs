@@ -41,6 +41,8 @@ pub mod redis {
     pub struct RedisStore<C> {
         connect: Connect<C>,
         deny_cache: usize,
+        /// The replica-acknowledged mode's replicas and timeout, if on.
+        wait: Option<(u32, std::time::Duration)>,
     }
 
     /// Numbers the prefixes of every store of the process: stores share a
@@ -57,7 +59,30 @@ pub mod redis {
             Self {
                 connect: Box::new(move || Box::pin(connect())),
                 deny_cache,
+                wait: None,
             }
+        }
+
+        /// Backends in the replica-acknowledged mode
+        /// (`RedisBackendBuilder::wait_for_replicas`).
+        #[allow(dead_code, reason = "not every test crate waits for replicas")]
+        pub fn wait_for_replicas(mut self, replicas: u32, timeout: std::time::Duration) -> Self {
+            self.wait = Some((replicas, timeout));
+            self
+        }
+
+        fn build(&self, connection: C, prefix: Vec<u8>) -> RedisBackend<C>
+        where
+            C: ConnectionLike + Clone + Send + Sync + 'static,
+        {
+            let builder = RedisBackend::builder(connection)
+                .prefix(prefix)
+                .deny_cache(self.deny_cache);
+            match self.wait {
+                Some((replicas, timeout)) => builder.wait_for_replicas(replicas, timeout),
+                None => builder,
+            }
+            .build()
         }
     }
 
@@ -81,17 +106,11 @@ pub mod redis {
 
         async fn fresh(&self) -> RedisBackend<C> {
             let n = PREFIXES.fetch_add(1, Ordering::Relaxed);
-            RedisBackend::builder((self.connect)().await)
-                .prefix(format!("kit{n}:"))
-                .deny_cache(self.deny_cache)
-                .build()
+            self.build((self.connect)().await, format!("kit{n}:").into_bytes())
         }
 
         async fn another(&self, backend: &RedisBackend<C>) -> RedisBackend<C> {
-            RedisBackend::builder((self.connect)().await)
-                .prefix(prefix_of(backend))
-                .deny_cache(self.deny_cache)
-                .build()
+            self.build((self.connect)().await, prefix_of(backend))
         }
 
         fn abilities(&self) -> &'static [Ability] {

@@ -116,7 +116,7 @@ impl Work for HitWork {
             // cheapest call for Redis.
             let work = work.borrow();
             let reply = HIT
-                .run_on_key(&mut connection.for_key(key), key, Some(*window))
+                .run_on_key(&mut connection.for_write(key), key, Some(*window))
                 .await?;
             let answer = parse_hit(reply, key);
             return Ok(std::iter::once(
@@ -218,7 +218,7 @@ where
     };
     let first = entries.first().map_or(&[][..], |(key, _, _)| key);
     HIT_BATCH
-        .run(&mut connection.for_key(first), size, |cmd| {
+        .run(&mut connection.for_write(first), size, |cmd| {
             for (key, _, _) in entries {
                 cmd.arg(*key);
             }

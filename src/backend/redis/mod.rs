@@ -44,6 +44,7 @@ use ::redis::aio::{ConnectionLike, ConnectionManager};
 use futures_util::future::join_all;
 
 use self::coalesce::{Batcher, Enqueued, Work};
+use self::connection::acks::Acks;
 use self::connection::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
 use self::connection::{BackgroundConnection, ConnectError, Nodes};
 use self::hits::HitWork;
@@ -138,6 +139,12 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// [`BackendError::ClusterDown`], within the layer's default timeout on a
 /// connection made with `cluster_client_builder`'s settings (feature
 /// `redis-cluster`).
+///
+/// Redis replicates asynchronously: a failover loses the hits its master
+/// had not sent to the promoted replica, and a master frozen until it was
+/// deposed can admit hits when it wakes, before it learns it was deposed.
+/// [`RedisBackendBuilder::wait_for_replicas`] counts a write only once
+/// replicas hold it.
 ///
 /// # Coalesced hits
 ///
@@ -240,7 +247,8 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// `+set` for spends, amends and resets, `+del` for
 /// [`reset`](Backend::reset) and [`Amend::Clear`], and `+scan` for [`audit`](Self::audit) (plus
 /// `+cluster|slots` on a Cluster, and `+cluster|info` for the breakers to
-/// see the Cluster whole again), all on the prefix's keys (`~tpw:*`).
+/// see the Cluster whole again), all on the prefix's keys (`~tpw:*`), and
+/// `+wait` with [`RedisBackendBuilder::wait_for_replicas`].
 ///
 /// # The local deny cache
 ///
@@ -340,6 +348,7 @@ pub struct RedisBackendBuilder<C> {
     deny_cache: usize,
     breaker: Option<BreakerConfig>,
     coalesce: bool,
+    acks: Option<Acks>,
 }
 
 impl<C> fmt::Debug for RedisBackendBuilder<C> {
@@ -349,6 +358,7 @@ impl<C> fmt::Debug for RedisBackendBuilder<C> {
             .field("deny_cache", &self.deny_cache)
             .field("breaker", &self.breaker)
             .field("coalesce", &self.coalesce)
+            .field("wait_for_replicas", &self.acks)
             .finish_non_exhaustive()
     }
 }
@@ -520,6 +530,108 @@ impl<C> RedisBackendBuilder<C> {
         self
     }
 
+    /// The replica-acknowledged mode (off by default): a call that writes
+    /// counters (hits, spends, amends, resets) counts as answered only once
+    /// `replicas` replicas of its master hold it. Each such call is sent as
+    /// one pipeline, the script call then `WAIT replicas timeout`, on the
+    /// same connection to the same master (no extra round trip; on a
+    /// Cluster, to the master of the call's slot). `timeout` is rounded up
+    /// to whole milliseconds.
+    ///
+    /// When `WAIT` counts fewer replicas within `timeout`, the call's
+    /// answers are not used: each of its requests fails with
+    /// [`BackendError::Unavailable`] ("not acknowledged by N replica(s)
+    /// within T ms"), follows the layer's
+    /// [`FailurePolicy`](crate::FailurePolicy), and counts as a failure of
+    /// its master's breaker. The counts the master made stay as they are:
+    /// the call is never sent again, and nothing is undone.
+    ///
+    /// What it buys: a master that was frozen and deposed while its replica
+    /// took over has no replica left to acknowledge it, so what it answers
+    /// when it wakes is not admitted (without the mode, it can admit hits
+    /// in the moment before it learns it was deposed, and those are lost
+    /// when it resyncs). What it costs: every write waits for a replica's
+    /// acknowledgement, and `WAIT` holds the connection it is sent on, so
+    /// calls on one master's connection go one after the other, each a
+    /// replication round trip longer; a master whose replicas are slow or
+    /// gone costs each of its calls up to `timeout`. With
+    /// [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen), a call
+    /// not acknowledged still lets its requests through (uncounted), as
+    /// any outage does. See the Redis guide (`docs/redis.md`) for the
+    /// measured cost and what it guarantees.
+    ///
+    /// # Panics
+    /// When `replicas` is 0 or `timeout` is zero (`WAIT` would then wait
+    /// forever). Use [`try_wait_for_replicas`](Self::try_wait_for_replicas)
+    /// for values read from configuration.
+    ///
+    /// # Examples
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window::redis::Client;
+    ///
+    /// let client = Client::open("redis://127.0.0.1:6379/")?;
+    /// let connection = client.get_multiplexed_async_connection().await?;
+    /// let backend = RedisBackend::builder(connection)
+    ///     // The master's replica holds every write before it counts.
+    ///     .wait_for_replicas(1, Duration::from_millis(50))
+    ///     .build();
+    /// # let _ = backend;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[track_caller]
+    pub fn wait_for_replicas(self, replicas: u32, timeout: Duration) -> Self {
+        match self.try_wait_for_replicas(replicas, timeout) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`wait_for_replicas`](Self::wait_for_replicas), for values known
+    /// only at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroWaitReplicas`] or [`ConfigError::ZeroWaitTimeout`].
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+    /// let builder = || RedisBackend::builder(backend.connection().clone());
+    /// assert_eq!(
+    ///     builder().try_wait_for_replicas(0, Duration::from_millis(50)).err(),
+    ///     Some(ConfigError::ZeroWaitReplicas)
+    /// );
+    /// assert_eq!(
+    ///     builder().try_wait_for_replicas(1, Duration::ZERO).err(),
+    ///     Some(ConfigError::ZeroWaitTimeout)
+    /// );
+    /// assert!(builder().try_wait_for_replicas(1, Duration::from_micros(100)).is_ok());
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn try_wait_for_replicas(
+        mut self,
+        replicas: u32,
+        timeout: Duration,
+    ) -> Result<Self, ConfigError> {
+        if replicas == 0 {
+            return Err(ConfigError::ZeroWaitReplicas);
+        }
+        if timeout.is_zero() {
+            return Err(ConfigError::ZeroWaitTimeout);
+        }
+        self.acks = Some(Acks::new(replicas, timeout));
+        Ok(self)
+    }
+
     /// Whether requests issued while others are in flight go to Redis
     /// together (default `true`): one script call for every hit (or spend,
     /// or amend) queued behind the call in flight, each answered exactly as
@@ -562,6 +674,7 @@ impl<C> RedisBackendBuilder<C> {
             self.connection,
             self.breaker
                 .map(|config| Arc::new(Breakers::new(config, cluster, found))),
+            self.acks,
         );
         RedisBackend {
             inner: Arc::new(Inner {
@@ -605,6 +718,7 @@ where
             deny_cache: DEFAULT_DENY_CACHE,
             breaker: Some(BreakerConfig::default()),
             coalesce: true,
+            acks: None,
         }
     }
 
@@ -831,7 +945,7 @@ where
                 let this = &this;
                 async move {
                     let reply = HIT
-                        .run_on_key(&mut this.inner.connection.for_key(k), k, Some(*window))
+                        .run_on_key(&mut this.inner.connection.for_write(k), k, Some(*window))
                         .await
                         .map_err(unavailable)?;
                     parse_hit(reply, k)
@@ -876,7 +990,7 @@ where
         };
         let reply = RESET
             .run(
-                &mut self.inner.connection.for_key(&storage_key),
+                &mut self.inner.connection.for_write(&storage_key),
                 size,
                 |cmd| {
                     cmd.arg(&storage_key).arg(&lock).arg(&marker);
@@ -1032,6 +1146,7 @@ mod tests {
             deny_cache: 0,
             breaker: None,
             coalesce: true,
+            acks: None,
         };
         for prefix in ["{", "}", "a{b}:", "tpw}"] {
             assert_eq!(

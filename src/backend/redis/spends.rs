@@ -114,7 +114,7 @@ impl Work for SpendWork {
         };
         let first = works().next().map_or(&[][..], SpendWork::key);
         let reply = SPEND
-            .run(&mut connection.for_key(first), size, |cmd| {
+            .run(&mut connection.for_write(first), size, |cmd| {
                 for work in works() {
                     for counter in &work.counters {
                         let lock = beside(counter, LOCKOUT);
@@ -220,7 +220,7 @@ impl Work for AmendWork {
         };
         let first = works().next().map_or(&[][..], AmendWork::key);
         let reply = AMEND
-            .run(&mut connection.for_key(first), size, |cmd| {
+            .run(&mut connection.for_write(first), size, |cmd| {
                 for work in works() {
                     let marker = beside(&work.counter, RESET_MARKER);
                     cmd.arg(work.counter.as_slice()).arg(marker.as_slice());

@@ -32,8 +32,9 @@ use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ::redis::aio::ConnectionLike;
-use ::redis::{ErrorKind, RedisError, RedisFuture, ServerErrorKind, Value};
+use ::redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
+use super::acks::Acks;
 #[cfg(feature = "redis-cluster")]
 use super::node::nudge;
 use super::slot::{CLUSTER_SLOTS, key_slot};
@@ -509,18 +510,26 @@ impl Drop for Settle {
 }
 
 /// A connection behind the backend's breakers. Commands go out on
-/// [`for_key`](Self::for_key).
+/// [`for_key`](Self::for_key), or [`for_write`](Self::for_write) for those
+/// that write counters.
 #[derive(Clone)]
 pub(crate) struct Guarded<C> {
     inner: C,
     /// `None` when the breaker is off.
     breakers: Option<Arc<Breakers>>,
+    /// The replicas a write waits for; `None` (the default): none.
+    acks: Option<Acks>,
 }
 
 impl<C> Guarded<C> {
-    /// `inner` behind `breakers` (`None`: no breaker).
-    pub(crate) fn new(inner: C, breakers: Option<Arc<Breakers>>) -> Self {
-        Self { inner, breakers }
+    /// `inner` behind `breakers` (`None`: no breaker), its writes
+    /// acknowledged by `acks` (`None`: not waited for).
+    pub(crate) fn new(inner: C, breakers: Option<Arc<Breakers>>, acks: Option<Acks>) -> Self {
+        Self {
+            inner,
+            breakers,
+            acks,
+        }
     }
 
     /// The connection, without its breakers.
@@ -539,6 +548,16 @@ impl<C: Clone> Guarded<C> {
                 .breakers
                 .as_ref()
                 .map(|breakers| (Arc::clone(breakers), breakers.for_key(key))),
+            acks: None,
+        }
+    }
+
+    /// [`for_key`](Self::for_key), for a command that writes counters: in
+    /// the replica-acknowledged mode it goes with its `WAIT` ([`Acks`]).
+    pub(crate) fn for_write(&self, key: &[u8]) -> Routed<C> {
+        Routed {
+            acks: self.acks,
+            ..self.for_key(key)
         }
     }
 }
@@ -550,6 +569,9 @@ pub(crate) struct Routed<C> {
     /// The breakers and the index of this key's; `None` when the breaker
     /// is off.
     breaker: Option<(Arc<Breakers>, usize)>,
+    /// A command is sent with its `WAIT` ([`Guarded::for_write`] in the
+    /// replica-acknowledged mode).
+    acks: Option<Acks>,
 }
 
 impl<C> Routed<C> {
@@ -749,17 +771,50 @@ fn through<'a, T: Send + 'a>(
     })
 }
 
-forward_commands! {
-    impl<C> for Routed<C> where [C: ConnectionLike + Clone + Send + 'static];
-    |this, send| {
-        this.refresh_map();
-        let settle = this.settle();
+impl<C> Routed<C>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+{
+    /// Whether a call may go out now, as [`through`] takes it.
+    fn admit(&self) -> Result<Option<Settle>, RedisError> {
+        self.refresh_map();
+        let settle = self.settle();
         if settle.is_err() {
-            this.watch_cluster();
+            self.watch_cluster();
         }
-        through(settle, || send!(this.inner))
-    };
-    |this| this.inner.get_db()
+        settle
+    }
+}
+
+impl<C> ConnectionLike for Routed<C>
+where
+    C: ConnectionLike + Clone + Send + 'static,
+{
+    /// The command past its breaker; with [`Acks`], with its `WAIT`, and a
+    /// write not acknowledged settles as a failure of the breaker.
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        let settle = self.admit();
+        match self.acks {
+            None => through(settle, || self.inner.req_packed_command(cmd)),
+            Some(acks) => through(settle, || Box::pin(acks.send(&mut self.inner, cmd))),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        pipeline: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        let settle = self.admit();
+        through(settle, || {
+            self.inner.req_packed_commands(pipeline, offset, count)
+        })
+    }
+
+    fn get_db(&self) -> i64 {
+        self.inner.get_db()
+    }
 }
 
 #[cfg(test)]
@@ -1088,6 +1143,71 @@ mod tests {
         assert_ne!(promoted, ia);
         assert_eq!(breakers.name(promoted), "10.0.0.1:7003");
         assert_eq!(breakers.admit(promoted), Some(Pass::Closed));
+    }
+
+    /// Answers a command alone with 1, and a pipeline (a write with its
+    /// `WAIT`) with 1 and no replica.
+    #[derive(Clone)]
+    struct NoReplica;
+
+    impl ConnectionLike for NoReplica {
+        fn req_packed_command<'a>(&'a mut self, _: &'a Cmd) -> RedisFuture<'a, Value> {
+            Box::pin(std::future::ready(Ok(Value::Int(1))))
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            _: &'a Pipeline,
+            _: usize,
+            _: usize,
+        ) -> RedisFuture<'a, Vec<Value>> {
+            Box::pin(std::future::ready(Ok(vec![Value::Int(1), Value::Int(0)])))
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    #[test]
+    fn a_write_not_acknowledged_counts_against_its_breaker() {
+        let breakers = Arc::new(Breakers::new(
+            BreakerConfig {
+                failures: 2,
+                cooldown: Duration::from_secs(60),
+            },
+            false,
+            None,
+        ));
+        let guarded = Guarded::new(
+            NoReplica,
+            Some(Arc::clone(&breakers)),
+            Some(Acks::new(1, Duration::from_millis(5))),
+        );
+        let send = |mut routed: Routed<NoReplica>| {
+            futures_util::FutureExt::now_or_never(
+                ::redis::cmd("EVALSHA").query_async::<Value>(&mut routed),
+            )
+            .expect("ready")
+        };
+        for _ in 0..3 {
+            assert_eq!(
+                send(guarded.for_key(b"k")).unwrap(),
+                Value::Int(1),
+                "a read goes alone"
+            );
+        }
+        assert_eq!(breakers.admit(0), Some(Pass::Closed));
+        for _ in 0..2 {
+            let err = send(guarded.for_write(b"k")).unwrap_err();
+            assert!(is_outage(&err), "{err}");
+        }
+        assert_eq!(
+            breakers.admit(0),
+            None,
+            "open after 2 writes not acknowledged"
+        );
+        assert!(is_open(&send(guarded.for_write(b"k")).unwrap_err()));
     }
 
     #[test]

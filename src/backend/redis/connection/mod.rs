@@ -10,13 +10,15 @@
 //!
 //! Inside, each a module of its own and private to the backend: the
 //! circuit breaker every command goes through (`breaker`, with its
-//! per-master slot map on a Cluster, `slot_map`), Cluster hash slots
+//! per-master slot map on a Cluster, `slot_map`), the `WAIT` a write goes
+//! with in the replica-acknowledged mode (`acks`), Cluster hash slots
 //! (`slot`), and a Cluster node's connection with bounded probes
 //! ([`ClusterNode`], `node`).
 
 /// `ConnectionLike` for a connection that forwards each command to another,
-/// written once for the wrappers of this module (the breaker's router, the
-/// background connection, the Sentinel connection).
+/// written once for the wrappers of this module (the background
+/// connection, the Sentinel connection; the breaker's router, whose writes
+/// may go with a `WAIT`, has its own).
 ///
 /// `|this, send| forward` forwards one command or a pipeline's: `this` is
 /// the wrapper, and `send!(connection)` sends the command on `connection`,
@@ -64,6 +66,7 @@ macro_rules! forward_commands {
     };
 }
 
+pub(super) mod acks;
 pub(super) mod breaker;
 pub(super) mod connect;
 #[cfg(feature = "redis-cluster")]
