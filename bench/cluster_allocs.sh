@@ -21,17 +21,7 @@ cleanup() {
 }
 trap cleanup EXIT
 # A free port whose Cluster bus port (10,000 above it) is free too.
-free_cluster_port() {
-  python3 -c 'import random, socket
-while True:
-    p = random.randint(20000, 55535)
-    try:
-        for q in (p, p + 10000):
-            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
-        print(p); break
-    except OSError:
-        pass'
-}
+free_cluster_port() { python3 tools/free_cluster_port.py; }
 ports=()
 for i in 1 2 3; do
   port=$(free_cluster_port)

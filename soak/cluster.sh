@@ -71,17 +71,7 @@ node() { # port: start the Cluster node on it (again, with its nodes.conf)
   await "node $port to answer" bash -c "[ \"\$(redis-cli -h 127.0.0.1 -p $port PING)\" = PONG ]"
 }
 # A free port whose Cluster bus port (10,000 above it) is free too.
-free_cluster_port() {
-  python3 -c 'import random, socket
-while True:
-    p = random.randint(20000, 55535)
-    try:
-        for q in (p, p + 10000):
-            s = socket.socket(); s.bind(("127.0.0.1", q)); s.close()
-        print(p); break
-    except OSError:
-        pass'
-}
+free_cluster_port() { python3 tools/free_cluster_port.py; }
 ports=()
 for i in 1 2 3 4 5 6; do
   ports+=("$(free_cluster_port)")

@@ -308,16 +308,6 @@ async fn the_audit_covers_every_master(cluster: &RedisCluster) {
     assert!((299_000..=300_000).contains(&ttl));
 }
 
-fn keyslot(cluster: &RedisCluster, key: &[u8]) -> u16 {
-    let key = std::str::from_utf8(key).expect("storage keys are printable ASCII");
-    cluster.nodes[0]
-        .cmd(&["CLUSTER", "KEYSLOT", key])
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
-}
-
 async fn client_chosen_keys_reach_no_other_counter_nor_pick_a_slot(cluster: &RedisCluster) {
     let prefix = "adv:";
     let list = || -> Vec<Vec<u8>> {
@@ -338,16 +328,16 @@ async fn client_chosen_keys_reach_no_other_counter_nor_pick_a_slot(cluster: &Red
         let open = stored.iter().position(|&b| b == b'{').unwrap();
         let tag = &stored[open + 1..stored.len() - 1];
         assert_eq!(
-            keyslot(cluster, stored),
-            keyslot(cluster, tag),
+            cluster.keyslot(stored),
+            cluster.keyslot(tag),
             "{}",
             stored.escape_ascii()
         );
     }
-    let victim = keyslot(cluster, b"victim");
+    let victim = cluster.keyslot(b"victim");
     for namespace in ["api", "api:1/3600000ms", "api:v2", "login", "login:v2"] {
         assert_eq!(
-            keyslot(cluster, &store.storage_key(namespace, &Key::new("victim"))),
+            cluster.keyslot(&store.storage_key(namespace, &Key::new("victim"))),
             victim,
             "{namespace}: one slot for every counter of a key"
         );
@@ -360,19 +350,19 @@ async fn client_chosen_keys_reach_no_other_counter_nor_pick_a_slot(cluster: &Red
         let escaped = &stored[stored.find('{').unwrap() + 1..stored.len() - 1];
         assert!(!escaped.contains(['{', '}']), "{stored}");
         assert_eq!(
-            keyslot(cluster, stored.as_bytes()),
-            keyslot(cluster, escaped.as_bytes()),
+            cluster.keyslot(stored.as_bytes()),
+            cluster.keyslot(escaped.as_bytes()),
             "{stored}"
         );
     }
     let braced = store.storage_key("api", &Key::new("{victim}"));
     assert_eq!(braced, b"tpw:api{%7Bvictim%7D}");
     assert_ne!(
-        keyslot(cluster, &braced),
+        cluster.keyslot(&braced),
         victim,
         "{{victim}} does not land in the slot the client named"
     );
-    assert_eq!(keyslot(cluster, &braced), keyslot(cluster, b"%7Bvictim%7D"));
+    assert_eq!(cluster.keyslot(&braced), cluster.keyslot(b"%7Bvictim%7D"));
 }
 
 /// `RedisBackend::connect_cluster` reads `cluster-require-full-coverage`

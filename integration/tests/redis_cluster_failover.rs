@@ -58,7 +58,8 @@ fn failover(test: &str, fault: Fault) {
     let mut cluster = redis_or_skip!(RedisCluster::start_with_replicas(test, NODE_TIMEOUT_MS));
     let masters = cluster.masters();
     assert_eq!(masters.len(), 3, "three masters: {masters:?}");
-    wait_in_sync(&cluster, &masters);
+    // Every replica in sync, so that one can take over.
+    cluster.wait_in_sync();
     let (victim, victim_slots) = masters[0].clone();
     let by_hand = masters[1].0;
     let namespace = "failover";
@@ -68,7 +69,7 @@ fn failover(test: &str, fault: Fault) {
         .map(|i| {
             let key = Key::display(format_args!("client-{i}"));
             let stored = plain_storage_key("tpw:", namespace, key.as_bytes());
-            let slot = keyslot(&cluster, &stored);
+            let slot = cluster.keyslot(&stored);
             let on_victim = victim_slots.iter().any(|&(a, b)| (a..=b).contains(&slot));
             let shard = masters
                 .iter()
@@ -239,35 +240,6 @@ fn failover(test: &str, fault: Fault) {
 
 fn quota() -> Quota {
     Quota::new(u64::MAX / 2, Duration::from_secs(600)).unwrap()
-}
-
-/// Every replica in sync, so that one can take over.
-fn wait_in_sync(cluster: &RedisCluster, masters: &[(u16, Vec<(u16, u16)>)]) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for (port, _) in masters {
-        let node = cluster.nodes.iter().find(|n| n.port() == *port).unwrap();
-        while !node
-            .cmd(&["INFO", "replication"])
-            .unwrap_or_default()
-            .contains("state=online")
-        {
-            assert!(
-                Instant::now() < deadline,
-                "the replica of {port} never came in sync"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-fn keyslot(cluster: &RedisCluster, key: &[u8]) -> u16 {
-    let key = std::str::from_utf8(key).expect("storage keys are printable ASCII");
-    cluster.nodes[0]
-        .cmd(&["CLUSTER", "KEYSLOT", key])
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
 }
 
 /// Fail over by hand the shard first served by the master on `port`: its

@@ -286,21 +286,7 @@ fn a_cluster_refusal_holds_no_healthy_master_shut() {
     }
     let masters = cluster.masters();
     assert_eq!(masters.len(), 3, "three masters: {masters:?}");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for (port, _) in &masters {
-        let node = cluster.nodes.iter().find(|n| n.port() == *port).unwrap();
-        while !node
-            .cmd(&["INFO", "replication"])
-            .unwrap_or_default()
-            .contains("state=online")
-        {
-            assert!(
-                Instant::now() < deadline,
-                "the replica of {port} never came in sync"
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
+    cluster.wait_in_sync();
     let (victim, victim_slots) = masters[0].clone();
     let healthy_ports: Vec<u16> = masters[1..].iter().map(|(p, _)| *p).collect();
     let namespace = "coverage";

@@ -455,6 +455,17 @@ impl RedisCluster {
 
     /// Wait (up to 30 s) until every master's replicas are online and hold
     /// everything it wrote (their offsets equal its own).
+    /// The slot of `key`, as the Cluster computes it (`CLUSTER KEYSLOT`).
+    pub fn keyslot(&self, key: &[u8]) -> u16 {
+        let key = std::str::from_utf8(key).expect("storage keys are printable ASCII");
+        self.nodes[0]
+            .cmd(&["CLUSTER", "KEYSLOT", key])
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    }
+
     pub fn wait_in_sync(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         for (port, _) in self.masters() {
