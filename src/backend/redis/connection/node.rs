@@ -23,13 +23,14 @@ use ::redis::{Arg, AsyncConnectionConfig, Cmd, IntoConnectionInfo, RedisFuture, 
 use super::slot::key_slot;
 
 /// How long the crate's Cluster client waits on one node for a probe
-/// (`PING`, `CLUSTER ...`, `INFO`, `CONFIG`, `ROLE`), or for a new
-/// connection to a node to be made, before it gives the node up and asks
-/// the next: well below a layer timeout of 100 ms, so that a slot-map read
-/// that asks a silent node first (once for the map, once for its health,
-/// once for a new connection) leaves healthy masters' hits in time, and
-/// far above what a live node takes to answer one.
-pub const NODE_WAIT: Duration = Duration::from_millis(20);
+/// (`PING`, `CLUSTER ...`, `INFO`, `CONFIG`, `ROLE`) before it gives the
+/// node up and asks the next; a new connection to a node (TCP, TLS, the
+/// handshake) may take twice as long. Well below a layer timeout of
+/// 100 ms, so that a slot-map read that asks a silent node first (once for
+/// the map, once for its health, once for a new connection: about 40 ms)
+/// leaves healthy masters' hits in time, and far above what a live node in
+/// the same region takes to answer one.
+pub const NODE_WAIT: Duration = Duration::from_millis(10);
 
 /// A connection to one node of a Cluster, for the crate's Cluster client
 /// (`ClusterConnection<ClusterNode>`, what
@@ -103,7 +104,7 @@ impl Connect for ClusterNode {
     where
         T: IntoConnectionInfo + Send + 'a,
     {
-        let config = config.set_connection_timeout(Some(NODE_WAIT));
+        let config = config.set_connection_timeout(Some(NODE_WAIT * 2));
         Box::pin(async move {
             let connection = MultiplexedConnection::connect_with_config(info, config).await?;
             Ok(Self(connection))
