@@ -431,6 +431,16 @@ enum Event {
 type SlotRanges = [(u16, u16)];
 
 /// `0-5460,5462`: slot ranges, a single slot as a range of one.
+/// The faults of `list`: when (as written) and their names.
+fn faults(list: &[Event]) -> Vec<(u64, &str)> {
+    list.iter()
+        .filter_map(|e| match e {
+            Event::Fault(at, name) => Some((*at, name.as_str())),
+            _ => None,
+        })
+        .collect()
+}
+
 fn slot_ranges(text: &str) -> Result<Vec<(u16, u16)>, Error> {
     text.split(',')
         .map(|range| {
@@ -608,13 +618,7 @@ fn report(events: &str, outs: &[&str]) -> Result<bool, Error> {
     }
 
     // Each fault's share: the failed answers from it to the next fault.
-    let faults: Vec<(u64, &str)> = list
-        .iter()
-        .filter_map(|e| match e {
-            Event::Fault(at, name) => Some((*at, name.as_str())),
-            _ => None,
-        })
-        .collect();
+    let faults = faults(&list);
 
     let before = faults.first().map_or(u64::MAX, |f| f.0 * 1000);
     println!(
@@ -783,13 +787,7 @@ fn cluster_report(answers: &[Answer], list: &[Event], start_ms: u64) -> Result<O
         }
         (n, unavailable, slowest, last)
     };
-    let faults: Vec<(u64, &str)> = list
-        .iter()
-        .filter_map(|e| match e {
-            Event::Fault(at, name) => Some((*at, name.as_str())),
-            _ => None,
-        })
-        .collect();
+    let faults = faults(list);
     let mut healthy_unavailable = 0;
     let first_fault = faults.first().map_or(end_ms, |f| f.0);
     let (n, unavailable, slowest, _) = tally(start_ms, first_fault, &|_| true);
