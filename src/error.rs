@@ -91,6 +91,9 @@ pub enum ConfigError {
     /// A replica-acknowledged mode with a zero timeout: Redis's `WAIT`
     /// would wait forever.
     ZeroWaitTimeout,
+    /// A reservation ([`BudgetLayer::reserve`](crate::outbound::BudgetLayer::reserve))
+    /// that no charge settles.
+    ReserveWithoutCharge,
     /// A request cost above a quota's limit (see
     /// [`RateLimitLayer::check`](crate::RateLimitLayer::check)): such
     /// a request could never be admitted.
@@ -176,6 +179,9 @@ impl fmt::Display for ConfigError {
             }
             Self::ZeroWaitTimeout => f.write_str(
                 "the wait for replicas must have a timeout longer than zero (WAIT with 0 waits forever)",
+            ),
+            Self::ReserveWithoutCharge => f.write_str(
+                "a reservation needs a charge to settle it: add `charge`, or spend a plain `cost_fn`",
             ),
             Self::CostAboveLimit { cost, limit } => write!(
                 f,

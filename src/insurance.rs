@@ -9,10 +9,14 @@
 //! reaches the backend, and every request still goes to the backend first,
 //! so the backend decides again from its first answer.
 
-use crate::backend::{Amend, Backend, BackendError, Hit, Hits, MemoryBackend, Spend, Spending};
+use std::num::NonZeroU64;
+
+use crate::backend::{
+    Amend, Backend, BackendError, Counter, Hit, Hits, MemoryBackend, Spend, Spending,
+};
 use crate::key::Key;
 use crate::policy::Policy;
-use crate::quota::Share;
+use crate::quota::{Quota, Share};
 
 /// The insurance limiter's share and its counters, made once per layer: the
 /// layer's clones and services share the store.
@@ -56,6 +60,31 @@ impl Insurance {
             None => policy.hit(&self.local, key),
         };
         Ok((hits.into_inner()?, policy))
+    }
+
+    /// Spends `spend` of `key` on one counter, `namespace`'s with `quota`'s
+    /// limit cut to the share (the outbound layer's one budget).
+    #[cold]
+    pub(crate) fn spend_one(
+        &self,
+        namespace: &str,
+        quota: Quota,
+        key: &Key,
+        spend: Spend,
+    ) -> Result<Hit, BackendError> {
+        let limit = NonZeroU64::new(self.share.of(quota.limit()))
+            .expect("a share of a limit is at least 1");
+        let counter = Counter {
+            namespace,
+            quota: Quota::with_window(limit, quota.window()),
+        };
+        let hits = self
+            .local
+            .spend_all(key, std::slice::from_ref(&counter), spend)
+            .into_inner()?;
+        hits.first()
+            .copied()
+            .ok_or_else(|| BackendError::Unavailable("the backend answered no hit".into()))
     }
 
     /// Refunds (`None`) or amends `hit`, which [`count`](Self::count)

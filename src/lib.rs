@@ -173,6 +173,9 @@
 // request.rs is the way in, key/ reads it; decision.rs and response.rs are
 // the way out (label.rs: what a decision shows of its quota); count.rs
 // reads the service's answer.
+// outbound/ is the client layer's own data path, beside this one: its
+// layer → service → future → admit (line.rs: the waiters) → backend/ →
+// settle (the answer's charge); it imports from the list, nothing imports it.
 // Imports only point down this list.
 pub mod backend;
 mod charge;
@@ -193,6 +196,7 @@ pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod name;
+pub mod outbound;
 pub mod outcome;
 mod policy;
 mod quota;

@@ -1,0 +1,288 @@
+//! The admission step: a call spends its cost from the shared budget in one
+//! atomic step of the store, or, when the budget is spent, waits in its
+//! key's [line](super::line) for the window the store says ends it.
+//!
+//! Only the store's answer admits a call: no timer and no local count ever
+//! does, so a waiting call is never admitted past the budget, whatever the
+//! clock or the store's latency does (a store that fails is the failure
+//! policy's to decide).
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::FailurePolicy;
+use crate::backend::{BackendError, Counter, Hit, Hits, Spend, Spending};
+use crate::core::LogGate;
+use crate::cost::Cost;
+use crate::insurance::Insurance;
+use crate::key::Key;
+use crate::quota::Quota;
+use crate::request::RequestHead;
+
+use super::error::BudgetError;
+use super::line::Lines;
+
+/// A response's usage, read when its body ends; `None` when it cannot be
+/// read (absent or malformed).
+pub(crate) type UsageFn = Arc<dyn Fn(&crate::cost::ResponseEnd<'_>) -> Option<u64> + Send + Sync>;
+
+/// The shortest nap between two asks of a spent budget, when the store says
+/// it returns in less (a window that ends this millisecond).
+const MIN_NAP: Duration = Duration::from_millis(1);
+
+/// The longest wake-up jitter of a line's head (a twentieth of the window
+/// when that is shorter).
+const MAX_JITTER: Duration = Duration::from_millis(5);
+
+/// A budget's settings and state, shared by a layer's services.
+pub(crate) struct Budget<Bk> {
+    pub(crate) name: Arc<str>,
+    pub(crate) quota: Quota,
+    pub(crate) backend: Bk,
+    /// What a call spends on its way out (its reservation, under `reserve`).
+    pub(crate) cost: Cost,
+    /// The cost is an estimate that the charge settles to the actual use.
+    pub(crate) reserve: bool,
+    pub(crate) charge: Option<UsageFn>,
+    pub(crate) max_wait: Duration,
+    pub(crate) max_waiters: usize,
+    pub(crate) timeout: Duration,
+    pub(crate) failure: FailurePolicy,
+    pub(crate) insurance: Option<Insurance>,
+    pub(crate) lines: Arc<Lines>,
+    pub(crate) warn_gate: Arc<LogGate>,
+    /// Set once an unreadable usage has been logged.
+    pub(crate) usage_logged: Arc<AtomicBool>,
+}
+
+/// A call the budget let through.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Admitted {
+    /// What the store counted; `None` when the call passed uncounted
+    /// ([`FailurePolicy::FailOpen`] during an outage).
+    pub(crate) hit: Option<Hit>,
+    /// The insurance limiter counted it, in this process.
+    pub(crate) insured: bool,
+}
+
+/// One ask's answer.
+pub(crate) enum Try {
+    Admitted(Admitted),
+    /// Spent; the store says the budget returns after this long.
+    Denied(Duration),
+}
+
+/// Where a call's wait starts from.
+pub(crate) enum Start<F> {
+    /// The store is still answering the first ask.
+    Pending(F),
+    /// The first ask was turned away.
+    Denied(Duration),
+    /// Calls of its key already wait here: it queues behind them.
+    Busy,
+}
+
+impl<Bk: Spending> Budget<Bk> {
+    /// What the call with `head` spends.
+    #[inline]
+    pub(crate) fn cost(&self, head: &RequestHead<'_>) -> u64 {
+        match &self.cost {
+            Cost::Fixed(cost) => *cost,
+            Cost::By(cost) => cost(head),
+        }
+    }
+
+    /// The store's step for a call of `cost` on `key`.
+    #[inline]
+    pub(crate) fn spend(&self, key: &Key, cost: u64) -> Bk::Future {
+        let counter = Counter {
+            namespace: &self.name,
+            quota: self.quota,
+        };
+        let mut spend = Spend::cost(cost);
+        if self.charge.is_some() {
+            // A charge to come needs a window to land in, even at cost 0.
+            spend = spend.open();
+        }
+        self.backend
+            .spend_all(key, std::slice::from_ref(&counter), spend)
+    }
+
+    /// What the store's answer to a spend of `cost` on `key` means for the
+    /// call: admitted, turned away until the budget returns, or failed as
+    /// the failure policy says.
+    pub(crate) fn judge(
+        &self,
+        key: &Key,
+        cost: u64,
+        answer: Result<Hits, BackendError>,
+    ) -> Result<Try, BudgetError> {
+        let answer = answer.and_then(|hits| {
+            hits.first()
+                .copied()
+                .ok_or_else(|| BackendError::Unavailable("the backend answered no hit".into()))
+        });
+        match answer {
+            Ok(hit) => Ok(verdict(hit, self.quota.limit(), false)),
+            Err(err) if err.is_corrupt() => {
+                tracing::error!(budget = %self.name, error = %err, "budget counter is corrupt: the call is stopped, the value left untouched");
+                Err(BudgetError::Backend(err))
+            }
+            Err(err) => self.outage(key, cost, err),
+        }
+    }
+
+    /// The store failed: the failure policy decides.
+    #[cold]
+    fn outage(&self, key: &Key, cost: u64, err: BackendError) -> Result<Try, BudgetError> {
+        let suppressed = self.warn_gate.admit();
+        match (&self.failure, &self.insurance) {
+            (FailurePolicy::FailOpen, _) => {
+                if let Some(suppressed) = suppressed {
+                    tracing::warn!(budget = %self.name, error = %err, suppressed, "budget store failed: calls pass uncounted (fail open)");
+                }
+                Ok(Try::Admitted(Admitted {
+                    hit: None,
+                    insured: false,
+                }))
+            }
+            (FailurePolicy::Insurance(share), Some(insurance)) => {
+                if let Some(suppressed) = suppressed {
+                    tracing::warn!(budget = %self.name, error = %err, suppressed, %share, "budget store failed: calls are counted in this process at its share of the budget");
+                }
+                let limit = share.of(self.quota.limit());
+                let spend = Spend::cost(cost);
+                let spend = if self.charge.is_some() {
+                    spend.open()
+                } else {
+                    spend
+                };
+                match insurance.spend_one(&self.name, self.quota, key, spend) {
+                    Ok(hit) => Ok(verdict(hit, limit, true)),
+                    Err(local) => Err(BudgetError::Backend(local)),
+                }
+            }
+            _ => {
+                if let Some(suppressed) = suppressed {
+                    tracing::warn!(budget = %self.name, error = %err, suppressed, "budget store failed: calls fail (fail closed)");
+                }
+                Err(BudgetError::Backend(err))
+            }
+        }
+    }
+
+    /// `answer`, or a timeout after the layer's timeout.
+    pub(crate) async fn timed(
+        &self,
+        answer: impl Future<Output = Result<Hits, BackendError>>,
+    ) -> Result<Hits, BackendError> {
+        tokio::time::timeout(self.timeout, answer)
+            .await
+            .unwrap_or(Err(BackendError::TimedOut))
+    }
+
+    /// The longest jitter of a line's head.
+    fn jitter(&self) -> Duration {
+        MAX_JITTER.min(self.quota.window().as_duration() / 20)
+    }
+
+    /// Whether `used` could be read; logs the first unreadable one.
+    pub(crate) fn log_unreadable_usage(&self) {
+        if !self.usage_logged.swap(true, Ordering::Relaxed) {
+            tracing::warn!(budget = %self.name, "budget charge could not read the answer's usage (absent or malformed): nothing charged, the call's reservation stands; logged once");
+        } else {
+            tracing::debug!(budget = %self.name, "budget charge could not read the answer's usage");
+        }
+    }
+}
+
+/// A hit's meaning under `limit`: counted in the store's step (a spend's
+/// count within its limit), or turned away until its reset.
+fn verdict(hit: Hit, limit: u64, insured: bool) -> Try {
+    if hit.count <= limit {
+        Try::Admitted(Admitted {
+            hit: Some(hit),
+            insured,
+        })
+    } else {
+        Try::Denied(hit.reset)
+    }
+}
+
+/// The wait of a call of `cost` on `key` that the budget did not admit at
+/// once (`start`): in its key's line, in arrival order, until the store
+/// admits it, or until it is clear that the budget cannot return within
+/// the call's `max_wait` or `deadline`. Dropping it (a cancelled call)
+/// spends nothing: only the store's admitting step spends, and it is the
+/// last thing here.
+pub(crate) async fn wait<Bk: Spending>(
+    budget: Arc<Budget<Bk>>,
+    key: Key,
+    cost: u64,
+    deadline: Option<Instant>,
+    start: Start<Bk::Future>,
+) -> Result<Admitted, BudgetError> {
+    let arrived = Instant::now();
+    let bound = arrived + budget.max_wait;
+    let bound = deadline.map_or(bound, |deadline| deadline.min(bound));
+    let denied = match start {
+        Start::Pending(answer) => match budget.judge(&key, cost, budget.timed(answer).await)? {
+            Try::Admitted(admitted) => return Ok(admitted),
+            Try::Denied(reset) => Some(reset),
+        },
+        Start::Denied(reset) => Some(reset),
+        Start::Busy => None,
+    };
+    let now = Instant::now();
+    if let Some(reset) = denied
+        && now + reset > bound
+    {
+        return Err(BudgetError::Exhausted { retry_after: reset });
+    }
+    let (place, ahead) = budget
+        .lines
+        .join(&key, cost, budget.max_waiters)
+        .ok_or(BudgetError::Overloaded)?;
+    if let Some(reset) = denied {
+        place.closed_until(now + reset.max(MIN_NAP));
+    }
+    if let Some(earliest) = place.earliest(now, ahead, budget.quota)
+        && earliest > bound
+    {
+        return Err(BudgetError::Exhausted {
+            retry_after: earliest - now,
+        });
+    }
+    let Ok(turn) = tokio::time::timeout_at(bound, place.turn()).await else {
+        let now = Instant::now();
+        let returns = place.earliest(now, 0, budget.quota).unwrap_or(now);
+        return Err(BudgetError::Exhausted {
+            retry_after: returns - now,
+        });
+    };
+    // At the head: the one call of this line that asks the store.
+    loop {
+        let now = Instant::now();
+        if let Some(opens_at) = place.opens_at(now) {
+            if opens_at > bound {
+                return Err(BudgetError::Exhausted {
+                    retry_after: opens_at - now,
+                });
+            }
+            let wake = opens_at + budget.lines.jitter(budget.jitter());
+            tokio::time::sleep_until(wake.min(bound)).await;
+        }
+        let answer = budget.timed(budget.spend(&key, cost)).await;
+        match budget.judge(&key, cost, answer)? {
+            Try::Admitted(admitted) => {
+                drop(turn);
+                return Ok(admitted);
+            }
+            Try::Denied(reset) => place.closed_until(Instant::now() + reset.max(MIN_NAP)),
+        }
+    }
+}

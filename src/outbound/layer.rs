@@ -1,0 +1,307 @@
+//! The outbound layer's configuration: a named budget, its quota, whom a
+//! call is charged to, what it costs, how long it may wait.
+
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use tower_layer::Layer;
+
+use crate::FailurePolicy;
+use crate::backend::{MemoryBackend, Spending};
+use crate::core::LogGate;
+use crate::cost::{Cost, ResponseEnd};
+use crate::error::ConfigError;
+use crate::insurance::Insurance;
+use crate::key::{GlobalKey, KeyExtractor, RequestHead};
+use crate::layer::DEFAULT_TIMEOUT;
+use crate::name::is_layer_name;
+use crate::quota::{Quota, Window};
+
+use super::admit::{Budget, UsageFn};
+use super::line::Lines;
+use super::service::Budgeted;
+
+/// How long a call waits for its budget by default.
+pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
+
+/// How many calls of one layer wait for their budget at a time by default,
+/// in one process.
+pub const DEFAULT_MAX_WAITERS: usize = 1024;
+
+/// A tower layer for *clients*: every call it wraps spends from a named
+/// budget that every instance of the service shares through its backend,
+/// and waits for the budget's window to end when it is spent, instead of
+/// failing. See the [module](super) for the rules, and `docs/outbound.md`.
+///
+/// Its clones share one set of waiting lines: build it once per budget in a
+/// process, and clone it.
+#[derive(Clone)]
+pub struct BudgetLayer<K = GlobalKey, Bk = MemoryBackend> {
+    key: K,
+    backend: Bk,
+    settings: Settings,
+}
+
+/// Everything that does not change the layer's type.
+#[derive(Clone)]
+struct Settings {
+    name: Arc<str>,
+    quota: Quota,
+    cost: Cost,
+    reserve: bool,
+    charge: Option<UsageFn>,
+    max_wait: Duration,
+    max_waiters: usize,
+    timeout: Duration,
+    failure: FailurePolicy,
+    insurance: Option<Insurance>,
+    lines: Arc<Lines>,
+    warn_gate: Arc<LogGate>,
+    usage_logged: Arc<AtomicBool>,
+}
+
+impl BudgetLayer {
+    /// A budget named `name` of `quota`, with one key for every call,
+    /// counted in a fresh [`MemoryBackend`]: one process's budget. Point
+    /// [`backend`](Self::backend) at a shared store to share it.
+    ///
+    /// # Panics
+    /// When `name` is not 1 to [`MAX_NAME_LEN`](crate::MAX_NAME_LEN)
+    /// characters from `A-Z a-z 0-9 _ - . :`; see [`try_new`](Self::try_new).
+    #[track_caller]
+    pub fn new(name: &'static str, quota: Quota) -> Self {
+        match Self::try_new(name, quota) {
+            Ok(layer) => layer,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`new`](Self::new), for a name known only at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidName`] for a name that is empty, too long, or
+    /// has a character outside `A-Z a-z 0-9 _ - . :`.
+    pub fn try_new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
+        let name = name.into();
+        if !is_layer_name(&name) {
+            return Err(ConfigError::InvalidName(name));
+        }
+        Ok(Self {
+            key: GlobalKey,
+            backend: MemoryBackend::new(),
+            settings: Settings {
+                name: name.into(),
+                quota,
+                cost: Cost::Fixed(1),
+                reserve: false,
+                charge: None,
+                max_wait: DEFAULT_MAX_WAIT,
+                max_waiters: DEFAULT_MAX_WAITERS,
+                timeout: DEFAULT_TIMEOUT,
+                failure: FailurePolicy::FailClosed,
+                insurance: None,
+                lines: Arc::default(),
+                warn_gate: Arc::default(),
+                usage_logged: Arc::default(),
+            },
+        })
+    }
+}
+
+impl<K, Bk> BudgetLayer<K, Bk> {
+    /// Charge each call to the key `key` reads from it (see
+    /// [`crate::key`]), such as the provider's API key in a header:
+    /// [`HeaderKey`](crate::key::HeaderKey), or a closure. The default,
+    /// [`GlobalKey`], puts every call on one budget.
+    pub fn key<K2: KeyExtractor>(self, key: K2) -> BudgetLayer<K2, Bk> {
+        BudgetLayer {
+            key,
+            backend: self.backend,
+            settings: self.settings,
+        }
+    }
+
+    /// Count in `backend`: every process that points at the same store
+    /// (Redis, Redis Cluster or Sentinel, PostgreSQL) shares the budget.
+    pub fn backend<Bk2: Spending>(self, backend: Bk2) -> BudgetLayer<K, Bk2> {
+        BudgetLayer {
+            key: self.key,
+            backend,
+            settings: self.settings,
+        }
+    }
+
+    /// Every call costs `cost` (default 1), all or nothing: it is sent only
+    /// when its whole cost fits in what is left of the window.
+    pub fn cost(mut self, cost: u64) -> Self {
+        self.settings.cost = Cost::Fixed(cost);
+        self.settings.reserve = false;
+        self
+    }
+
+    /// Each call costs what `cost` reads from its request's head, as
+    /// [`cost`](Self::cost) does.
+    pub fn cost_fn<F>(mut self, cost: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
+    {
+        self.settings.cost = Cost::By(Arc::new(cost));
+        self.settings.reserve = false;
+        self
+    }
+
+    /// Each call reserves what `estimate` reads from its request (an LLM
+    /// call's `max_tokens`), all or nothing like a cost, and its answer's
+    /// [`charge`](Self::charge) settles the reservation to the actual use:
+    /// the difference is refunded or charged, in the window the call was
+    /// counted in. Needs a charge ([`check`](Self::check)).
+    pub fn reserve<F>(mut self, estimate: F) -> Self
+    where
+        F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
+    {
+        self.settings.cost = Cost::By(Arc::new(estimate));
+        self.settings.reserve = true;
+        self
+    }
+
+    /// What an answer used, read when its body ends (the tokens an LLM
+    /// answer reports). Without [`reserve`](Self::reserve), it is added to
+    /// what the call spent; with it, it settles the reservation. `None`
+    /// (the usage is absent or malformed) charges nothing, leaves what the
+    /// call spent as it is, and is logged once. The answers' bodies become
+    /// [`Metered`](crate::cost::Metered).
+    pub fn charge<F, T>(mut self, usage: F) -> Self
+    where
+        F: Fn(&ResponseEnd<'_>) -> T + Send + Sync + 'static,
+        T: Into<Option<u64>>,
+    {
+        self.settings.charge = Some(Arc::new(move |end: &ResponseEnd<'_>| usage(end).into()));
+        self
+    }
+
+    /// The longest a call waits for its budget (default
+    /// [`DEFAULT_MAX_WAIT`]). A call whose budget cannot return within it,
+    /// or within its own [`Deadline`](super::Deadline) or `grpc-timeout`,
+    /// fails at once with [`BudgetError::Exhausted`](super::BudgetError::Exhausted).
+    /// `Duration::ZERO`: never wait.
+    pub fn max_wait(mut self, max_wait: Duration) -> Self {
+        self.settings.max_wait = max_wait;
+        self
+    }
+
+    /// The most calls that wait for this layer's budgets at a time in this
+    /// process (default [`DEFAULT_MAX_WAITERS`]); beyond it, a call that
+    /// would wait fails at once with
+    /// [`BudgetError::Overloaded`](super::BudgetError::Overloaded). 0: never wait.
+    pub fn max_waiters(mut self, max_waiters: usize) -> Self {
+        self.settings.max_waiters = max_waiters;
+        self
+    }
+
+    /// What a call gets when the store fails (default
+    /// [`FailurePolicy::FailClosed`]: it fails with
+    /// [`BudgetError::Backend`](super::BudgetError::Backend)). Under
+    /// [`FailurePolicy::Insurance`], a limiter in this process's memory
+    /// spends the instance's share of the budget, and calls wait on it as
+    /// they would on the store. A corrupt counter stops the call under any
+    /// policy.
+    pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
+        match (&policy, &mut self.settings.insurance) {
+            (FailurePolicy::Insurance(share), Some(insurance)) => insurance.set_share(*share),
+            (FailurePolicy::Insurance(share), None) => {
+                self.settings.insurance = Some(Insurance::new(*share));
+            }
+            _ => self.settings.insurance = None,
+        }
+        self.settings.failure = policy;
+        self
+    }
+
+    /// How long one store call may take (default
+    /// [`DEFAULT_TIMEOUT`](crate::DEFAULT_TIMEOUT)) before it counts as an
+    /// outage.
+    pub fn timeout(mut self, timeout: Window) -> Self {
+        self.settings.timeout = timeout.as_duration();
+        self
+    }
+
+    /// The budget's name: it names its counters with each key.
+    pub fn name(&self) -> &str {
+        &self.settings.name
+    }
+
+    /// The budget's quota.
+    pub fn quota(&self) -> Quota {
+        self.settings.quota
+    }
+
+    /// Whether the layer can work: the one place where settings that
+    /// depend on each other are checked. [`Layer::layer`] panics with this
+    /// error.
+    ///
+    /// # Errors
+    /// - [`ConfigError::CostAboveLimit`] for a fixed cost above the limit:
+    ///   no call could ever be sent.
+    /// - [`ConfigError::ReserveWithoutCharge`] for a reservation that no
+    ///   charge settles.
+    pub fn check(&self) -> Result<(), ConfigError> {
+        if let Cost::Fixed(cost) = self.settings.cost
+            && cost > self.settings.quota.limit()
+        {
+            return Err(ConfigError::CostAboveLimit {
+                cost,
+                limit: self.settings.quota.limit(),
+            });
+        }
+        if self.settings.reserve && self.settings.charge.is_none() {
+            return Err(ConfigError::ReserveWithoutCharge);
+        }
+        Ok(())
+    }
+}
+
+impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
+    type Service = Budgeted<S, K, Bk>;
+
+    /// # Panics
+    /// When [`check`](BudgetLayer::check) fails.
+    #[track_caller]
+    fn layer(&self, inner: S) -> Self::Service {
+        if let Err(err) = self.check() {
+            panic!("{err}");
+        }
+        let budget = Budget {
+            name: Arc::clone(&self.settings.name),
+            quota: self.settings.quota,
+            backend: self.backend.clone(),
+            cost: self.settings.cost.clone(),
+            reserve: self.settings.reserve,
+            charge: self.settings.charge.clone(),
+            max_wait: self.settings.max_wait,
+            max_waiters: self.settings.max_waiters,
+            timeout: self.settings.timeout,
+            failure: self.settings.failure.clone(),
+            insurance: self.settings.insurance.clone(),
+            lines: Arc::clone(&self.settings.lines),
+            warn_gate: Arc::clone(&self.settings.warn_gate),
+            usage_logged: Arc::clone(&self.settings.usage_logged),
+        };
+        Budgeted::new(inner, self.key.clone(), Arc::new(budget))
+    }
+}
+
+impl<K, Bk> std::fmt::Debug for BudgetLayer<K, Bk> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BudgetLayer")
+            .field("name", &self.settings.name)
+            .field("quota", &self.settings.quota)
+            .field("reserve", &self.settings.reserve)
+            .field("charge", &self.settings.charge.is_some())
+            .field("max_wait", &self.settings.max_wait)
+            .field("max_waiters", &self.settings.max_waiters)
+            .field("timeout", &self.settings.timeout)
+            .field("failure", &self.settings.failure)
+            .finish_non_exhaustive()
+    }
+}
