@@ -281,7 +281,7 @@ impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
             max_wait: self.settings.max_wait,
             max_waiters: self.settings.max_waiters,
             timeout: self.settings.timeout,
-            failure: self.settings.failure.clone(),
+            failure: self.settings.failure,
             insurance: self.settings.insurance.clone(),
             lines: Arc::clone(&self.settings.lines),
             warn_gate: Arc::clone(&self.settings.warn_gate),

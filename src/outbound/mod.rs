@@ -11,11 +11,11 @@
 //! use tower_pinned_window::Quota;
 //! use tower_pinned_window::outbound::BudgetLayer;
 //!
-//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! // A partner allows 2 calls a second, for every instance of the service:
+//! // A partner allows 2 calls in 200 ms, for every instance of the service:
 //! // give each instance's layer the same shared backend (Redis, ...).
-//! let budget = BudgetLayer::new("partner", Quota::new(2, Duration::from_secs(1)).unwrap())
+//! let budget = BudgetLayer::new("partner", Quota::new(2, Duration::from_millis(200)).unwrap())
 //!     .max_wait(Duration::from_secs(5));
 //! let client = ServiceBuilder::new().layer(budget).service_fn(|_: http::Request<String>| async {
 //!     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
@@ -26,7 +26,7 @@
 //!     client.clone().oneshot(http::Request::new(String::new())).await.unwrap();
 //! }
 //! // The third call waited for the window its first call opened to end.
-//! assert!(started.elapsed() >= Duration::from_secs(1));
+//! assert!(started.elapsed() >= Duration::from_millis(200));
 //! # }
 //! ```
 //!
