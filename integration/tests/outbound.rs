@@ -1,0 +1,789 @@
+//! The outbound layer (`tower_pinned_window::outbound`): calls through a
+//! client that spend from a shared budget, wait for its window when it is
+//! spent, and never go past it. On the memory backend, and on real Redis
+//! (standalone, Cluster, Sentinel) and PostgreSQL servers, where two
+//! layers with their own backends stand for two instances of a service.
+//!
+//! Each test records what the store admitted, through a backend wrapper
+//! (`Recorded`) that keeps every admitting answer's window (its deadline):
+//! the calls the fake provider received are compared with it.
+
+mod support;
+#[path = "support/trial.rs"]
+mod trial;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use http::{Request, Response};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt};
+use tower_pinned_window::backend::{
+    Amend, Backend, BackendError, Counter, Hit, Hits, MemoryBackend, Spend, Spending,
+};
+use tower_pinned_window::key::{HeaderKey, Key};
+use tower_pinned_window::outbound::{BudgetError, BudgetLayer, Deadline};
+use tower_pinned_window::{ConfigError, FailurePolicy, Quota, Share};
+use trial::Needs;
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// What the budget is named in every test.
+const NAME: &str = "provider";
+
+/// A backend that records, for every spend the store admitted, the
+/// window it was counted in (its deadline), and counts the store's calls.
+#[derive(Clone)]
+struct Recorded<Bk> {
+    inner: Bk,
+    admitted: Arc<Mutex<Vec<u64>>>,
+    calls: Arc<AtomicU64>,
+}
+
+impl<Bk> Recorded<Bk> {
+    fn new(inner: Bk) -> Self {
+        Self {
+            inner,
+            admitted: Arc::default(),
+            calls: Arc::default(),
+        }
+    }
+
+    /// Another backend's wrapper that records in the same place.
+    fn beside<Other>(&self, inner: Other) -> Recorded<Other> {
+        Recorded {
+            inner,
+            admitted: Arc::clone(&self.admitted),
+            calls: Arc::clone(&self.calls),
+        }
+    }
+
+    /// Admitted spends per window.
+    fn windows(&self) -> BTreeMap<u64, u64> {
+        let mut windows = BTreeMap::new();
+        for deadline in self.admitted.lock().unwrap().iter() {
+            *windows.entry(*deadline).or_default() += 1;
+        }
+        windows
+    }
+}
+
+type Answer = Pin<Box<dyn Future<Output = Result<Hits, BackendError>> + Send>>;
+
+impl<Bk: Backend> Backend for Recorded<Bk> {
+    type Future = Answer;
+    type Refund = Bk::Refund;
+
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Answer {
+        Box::pin(self.inner.hit_all(key, counters))
+    }
+
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Bk::Refund {
+        self.inner.refund(namespace, key, hit)
+    }
+
+    fn peek(
+        &self,
+        namespace: &str,
+        key: &Key,
+    ) -> impl Future<Output = Result<Option<Hit>, BackendError>> + Send {
+        self.inner.peek(namespace, key)
+    }
+
+    fn reset(
+        &self,
+        namespace: &str,
+        key: &Key,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send {
+        self.inner.reset(namespace, key)
+    }
+}
+
+impl<Bk: Spending> Spending for Recorded<Bk> {
+    fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Answer {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        let answer = self.inner.spend_all(key, counters, spend);
+        let limit = counters[0].quota.limit();
+        let admitted = Arc::clone(&self.admitted);
+        Box::pin(async move {
+            let hits = answer.await;
+            if let Ok(hits) = &hits
+                && let Some(hit) = hits.first()
+                && hit.count <= limit
+                && let Some(deadline) = hit.deadline
+            {
+                admitted.lock().unwrap().push(deadline.get());
+            }
+            hits
+        })
+    }
+
+    fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Bk::Refund {
+        self.inner.amend(namespace, key, hit, amend)
+    }
+}
+
+/// The fake provider: answers every call at once, with the usage its
+/// request asks for (`x-use`) in `x-usage`, and keeps the order and time
+/// of the calls it receives (`x-n` names a call).
+#[derive(Clone, Default)]
+struct Provider {
+    seen: Arc<Mutex<Vec<(Instant, String)>>>,
+}
+
+impl Provider {
+    fn client(
+        &self,
+    ) -> impl Service<
+        Request<String>,
+        Response = Response<String>,
+        Error = std::convert::Infallible,
+        Future = impl Send,
+    > + Clone
+    + Send
+    + 'static {
+        let seen = Arc::clone(&self.seen);
+        tower::service_fn(move |request: Request<String>| {
+            let name = header(&request, "x-n");
+            seen.lock().unwrap().push((Instant::now(), name));
+            let usage = header(&request, "x-use");
+            async move {
+                let mut response = Response::new(String::from("ok"));
+                if !usage.is_empty() {
+                    response
+                        .headers_mut()
+                        .insert("x-usage", usage.parse().unwrap());
+                }
+                Ok(response)
+            }
+        })
+    }
+
+    fn calls(&self) -> usize {
+        self.seen.lock().unwrap().len()
+    }
+
+    fn names(&self) -> Vec<String> {
+        self.seen
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(_, name)| name.clone())
+            .collect()
+    }
+}
+
+fn header<B>(request: &Request<B>, name: &str) -> String {
+    request
+        .headers()
+        .get(name)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default()
+        .to_owned()
+}
+
+fn call(n: impl std::fmt::Display) -> Request<String> {
+    Request::builder()
+        .header("x-n", n.to_string())
+        .body(String::new())
+        .unwrap()
+}
+
+/// The budget error of a failed call.
+fn budget_error(err: &BoxError) -> &BudgetError {
+    err.downcast_ref::<BudgetError>()
+        .unwrap_or_else(|| panic!("not a budget error: {err}"))
+}
+
+/// Sends `request` through `client` and reads the answer's body to its
+/// end (which settles a charge).
+async fn send<S, B>(client: &S, request: Request<String>) -> Result<Response<()>, BoxError>
+where
+    S: Service<Request<String>, Response = Response<B>, Error = BoxError> + Clone,
+    B: http_body_util::BodyExt + Send,
+    B::Error: std::fmt::Debug,
+    B::Data: Send,
+{
+
+    let response = client.clone().oneshot(request).await?;
+    let (parts, body) = response.into_parts();
+    body.collect().await.unwrap();
+    Ok(Response::from_parts(parts, ()))
+}
+
+/// `instances` layers, each with its own backend from `backends`, share a
+/// budget of `limit` per `window`: `callers` tasks per instance send calls
+/// back to back for `run`. Every call the provider receives was admitted by
+/// the store, no window admits more than its limit, every window but the
+/// last is used in full, and the store is asked less than twice per call.
+async fn instances_share_the_budget<Bk: Spending>(
+    backends: Vec<Recorded<Bk>>,
+    limit: u64,
+    window: Duration,
+    callers: usize,
+    run: Duration,
+) {
+    let provider = Provider::default();
+    let quota = Quota::new(limit, window).unwrap();
+    let record = backends[0].clone();
+    let end = Instant::now() + run;
+    let mut tasks = Vec::new();
+    for (instance, backend) in backends.into_iter().enumerate() {
+        let client = BudgetLayer::new(NAME, quota)
+            .backend(backend)
+            .layer(provider.client());
+        for caller in 0..callers {
+            let client = client.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut sent = 0u64;
+                while Instant::now() < end {
+                    let request = call(format!("{instance}.{caller}.{sent}"));
+                    let answer = tokio::time::timeout_at(end, send(&client, request)).await;
+                    match answer {
+                        Ok(Ok(_)) => sent += 1,
+                        Ok(Err(err)) => panic!("a call failed: {err}"),
+                        Err(_) => break,
+                    }
+                }
+                sent
+            }));
+        }
+    }
+    let mut sent = 0;
+    for task in tasks {
+        sent += task.await.unwrap();
+    }
+    // A call cut by the run's end may have been admitted, not answered.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let windows = record.windows();
+    let admitted: u64 = windows.values().sum();
+    assert_eq!(
+        provider.calls() as u64,
+        admitted,
+        "every call sent was admitted by the store"
+    );
+    assert!(sent <= admitted);
+    let per_window: Vec<u64> = windows.values().copied().collect();
+    assert!(
+        per_window.iter().all(|&n| n <= limit),
+        "a window past its budget: {per_window:?}"
+    );
+    assert!(per_window.len() >= 3, "{per_window:?}");
+    assert!(
+        per_window[..per_window.len() - 1]
+            .iter()
+            .all(|&n| n == limit),
+        "the budget was not used in full: {per_window:?}"
+    );
+    let calls = record.calls.load(Ordering::Relaxed);
+    assert!(
+        (calls as f64) < 2.0 * admitted as f64,
+        "{calls} store calls for {admitted} admitted calls"
+    );
+}
+
+fn quota(limit: u64, millis: u64) -> Quota {
+    Quota::new(limit, Duration::from_millis(millis)).unwrap()
+}
+
+/// Two layers on one memory backend (one process's two clients): the
+/// shared budget holds, and is used in full.
+async fn two_clients_share_a_memory_budget() {
+    let store = Recorded::new(MemoryBackend::new());
+    let backends = vec![store.clone(), store];
+    instances_share_the_budget(backends, 10, Duration::from_millis(300), 8, Duration::from_millis(1_400))
+        .await;
+}
+
+/// Calls that wait are sent in the order they arrived, and each window
+/// sends only the budget.
+async fn waiting_calls_go_in_arrival_order() {
+    let provider = Provider::default();
+    let store = Recorded::new(MemoryBackend::new());
+    let client = BudgetLayer::new(NAME, quota(2, 300))
+        .backend(store.clone())
+        .layer(provider.client());
+    let mut tasks = Vec::new();
+    for n in 0..8 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move { send(&client, call(n)).await }));
+        // Each one arrives after the one before has joined the line.
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    for task in tasks {
+        task.await.unwrap().unwrap();
+    }
+    let names = provider.names();
+    let expected: Vec<String> = (0..8).map(|n| n.to_string()).collect();
+    assert_eq!(names, expected, "sent out of arrival order");
+    let per_window: Vec<u64> = store.windows().values().copied().collect();
+    assert_eq!(per_window, vec![2, 2, 2, 2]);
+}
+
+/// A call whose budget cannot return within its max wait, or its own
+/// deadline (a `Deadline`, or `grpc-timeout`), fails at once and says when
+/// the budget returns; it spends nothing.
+async fn a_call_that_cannot_be_served_in_time_fails_at_once() {
+    let provider = Provider::default();
+    let store = MemoryBackend::new();
+    let layer = BudgetLayer::new(NAME, quota(1, 2_000)).backend(store.clone());
+    let client = layer.clone().layer(provider.client());
+    send(&client, call("first")).await.unwrap();
+    let impatient = layer
+        .clone()
+        .max_wait(Duration::from_millis(100))
+        .layer(provider.client());
+    let mut deadline = call("deadline");
+    deadline
+        .extensions_mut()
+        .insert(Deadline(std::time::Instant::now() + Duration::from_millis(200)));
+    let mut grpc = call("grpc");
+    grpc.headers_mut()
+        .insert("grpc-timeout", "300m".parse().unwrap());
+    let cases: Vec<(&str, _, Request<String>)> = vec![
+        ("max wait", impatient, call("impatient")),
+        ("deadline", client.clone(), deadline),
+        ("grpc-timeout", client.clone(), grpc),
+    ];
+    for (what, client, request) in cases {
+        let started = Instant::now();
+        let err = send(&client, request).await.unwrap_err();
+        let took = started.elapsed();
+        let retry_after = budget_error(&err)
+            .retry_after()
+            .unwrap_or_else(|| panic!("{what}: {err}"));
+        assert!(took < Duration::from_millis(50), "{what}: waited {took:?}");
+        assert!(
+            retry_after > Duration::from_millis(1_500) && retry_after <= Duration::from_secs(2),
+            "{what}: returns in {retry_after:?}"
+        );
+    }
+    assert_eq!(provider.calls(), 1);
+    let stored = store.peek(NAME, &Key::new("*")).await.unwrap().unwrap();
+    assert_eq!(stored.count, 1, "the failed calls spent nothing");
+}
+
+/// A call behind more than its wait's worth of queued calls fails at once:
+/// the windows it would need are counted.
+async fn a_call_behind_too_long_a_line_fails_at_once() {
+    let provider = Provider::default();
+    let layer = BudgetLayer::new(NAME, quota(2, 500)).max_wait(Duration::from_millis(800));
+    let client = layer.layer(provider.client());
+    send(&client, call("a")).await.unwrap();
+    send(&client, call("b")).await.unwrap();
+    // Two wait for the next window, which opens within 500 ms: in time.
+    let waiting: Vec<_> = (0..2)
+        .map(|n| {
+            let client = client.clone();
+            tokio::spawn(async move { send(&client, call(n)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    // A third needs the window after, 500 ms later: past its 800 ms.
+    let started = Instant::now();
+    let err = send(&client, call("late")).await.unwrap_err();
+    assert!(started.elapsed() < Duration::from_millis(50));
+    let retry_after = budget_error(&err).retry_after().unwrap();
+    assert!(
+        retry_after > Duration::from_millis(800),
+        "returns in {retry_after:?}"
+    );
+    for task in waiting {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(provider.calls(), 4);
+}
+
+/// Beyond `max_waiters` waiting calls, a call is shed at once; the ones
+/// waiting are still served.
+async fn calls_past_max_waiters_are_shed() {
+    let provider = Provider::default();
+    let client = BudgetLayer::new(NAME, quota(1, 300))
+        .max_waiters(2)
+        .layer(provider.client());
+    send(&client, call("first")).await.unwrap();
+    let waiting: Vec<_> = (0..2)
+        .map(|n| {
+            let client = client.clone();
+            tokio::spawn(async move { send(&client, call(n)).await })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let started = Instant::now();
+    let err = send(&client, call("shed")).await.unwrap_err();
+    assert!(
+        matches!(budget_error(&err), BudgetError::Overloaded),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_millis(20));
+    for task in waiting {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(provider.calls(), 3);
+}
+
+/// A call dropped while it waits spends nothing and holds nobody up.
+async fn a_call_dropped_while_waiting_spends_nothing() {
+    let provider = Provider::default();
+    let store = MemoryBackend::new();
+    let client = BudgetLayer::new(NAME, quota(1, 300))
+        .backend(store.clone())
+        .layer(provider.client());
+    send(&client, call("first")).await.unwrap();
+    let dropped = {
+        let client = client.clone();
+        tokio::spawn(async move { send(&client, call("dropped")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let behind = {
+        let client = client.clone();
+        tokio::spawn(async move { send(&client, call("behind")).await })
+    };
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    dropped.abort();
+    assert!(dropped.await.unwrap_err().is_cancelled());
+    let started = Instant::now();
+    behind.await.unwrap().unwrap();
+    assert!(started.elapsed() < Duration::from_millis(400));
+    assert_eq!(provider.names(), vec!["first", "behind"]);
+    let stored = store.peek(NAME, &Key::new("*")).await.unwrap().unwrap();
+    assert_eq!(stored.count, 1, "only the call sent spent");
+}
+
+/// A reservation is spent on the way out, all or nothing, and the answer's
+/// usage settles it in its window: a refund lets the next call in, a
+/// charge above it takes more, and an unreadable usage keeps it and is
+/// logged once.
+async fn a_reservation_settles_to_the_usage<Bk: Spending>(store: Bk) {
+    let provider = Provider::default();
+    let estimate = |head: &tower_pinned_window::key::RequestHead<'_>| {
+        head.headers()
+            .get("x-max")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(0)
+    };
+    let usage = |end: &tower_pinned_window::cost::ResponseEnd<'_>| -> Option<u64> {
+        end.headers().get("x-usage")?.to_str().ok()?.parse().ok()
+    };
+    let client = BudgetLayer::new(NAME, quota(1_000, 60_000))
+        .backend(store.clone())
+        .key(HeaderKey::new("x-key"))
+        .reserve(estimate)
+        .charge(usage)
+        .max_wait(Duration::ZERO)
+        .layer(provider.client());
+    let request = |key: &str, max: u64, used: Option<u64>| {
+        let mut builder = Request::builder()
+            .header("x-key", key)
+            .header("x-max", max.to_string());
+        if let Some(used) = used {
+            builder = builder.header("x-use", used.to_string());
+        }
+        builder.body(String::new()).unwrap()
+    };
+    let stored = |key: &'static str| {
+        let store = store.clone();
+        async move {
+            // A settle that goes out finishes on its own task.
+            tokio::time::sleep(Duration::from_millis(30)).await;
+            store
+                .peek(NAME, &Key::new(key))
+                .await
+                .unwrap()
+                .map_or(0, |hit| hit.count)
+        }
+    };
+    // 300 reserved, 120 used: 120 stays.
+    send(&client, request("a", 300, Some(120))).await.unwrap();
+    assert_eq!(stored("a").await, 120);
+    // 300 reserved, 450 used: 450 more.
+    send(&client, request("a", 300, Some(450))).await.unwrap();
+    assert_eq!(stored("a").await, 570);
+    // 430 left: a reservation of 500 does not fit.
+    let err = send(&client, request("a", 500, Some(1))).await.unwrap_err();
+    assert!(budget_error(&err).retry_after().is_some(), "{err}");
+    assert_eq!(stored("a").await, 570, "a call turned away spends nothing");
+    // Reservations never pass the budget, whatever the answers say: three
+    // of 300 fit on a fresh key, the fourth does not.
+    for _ in 0..3 {
+        send(&client, request("b", 300, Some(300))).await.unwrap();
+    }
+    assert!(send(&client, request("b", 300, Some(300))).await.is_err());
+    assert_eq!(stored("b").await, 900);
+    // No usage: the reservation stands, and it is logged once.
+    let capture = support::logs::Capture::start(tracing::level_filters::LevelFilter::WARN);
+    for _ in 0..2 {
+        send(&client, request("c", 200, None)).await.unwrap();
+    }
+    let lines = capture.lines();
+    drop(capture);
+    assert_eq!(stored("c").await, 400);
+    let logged = lines
+        .iter()
+        .filter(|line| line.contains("could not read the answer's usage"))
+        .count();
+    assert_eq!(logged, 1, "{lines:?}");
+}
+
+async fn a_reservation_settles_in_memory() {
+    a_reservation_settles_to_the_usage(MemoryBackend::new()).await;
+}
+
+/// A call whose cost is above the budget fails at once; bad settings are
+/// refused when the layer is built.
+async fn impossible_calls_and_bad_settings_are_refused() {
+    let provider = Provider::default();
+    let client = BudgetLayer::new(NAME, quota(5, 1_000))
+        .cost_fn(|_| 6)
+        .layer(provider.client());
+    let err = send(&client, call("big")).await.unwrap_err();
+    assert!(
+        matches!(
+            budget_error(&err),
+            BudgetError::NeverFits { cost: 6, limit: 5 }
+        ),
+        "{err}"
+    );
+    assert_eq!(provider.calls(), 0);
+    let layer = BudgetLayer::new(NAME, quota(5, 1_000));
+    assert_eq!(
+        layer.clone().cost(6).check(),
+        Err(ConfigError::CostAboveLimit { cost: 6, limit: 5 })
+    );
+    assert_eq!(
+        layer.clone().reserve(|_| 1).check(),
+        Err(ConfigError::ReserveWithoutCharge)
+    );
+    assert!(layer.clone().reserve(|_| 1).charge(|_| 1).check().is_ok());
+    assert_eq!(
+        Quota::new(0, Duration::from_secs(1)).unwrap_err(),
+        ConfigError::ZeroLimit
+    );
+    assert_eq!(
+        Quota::new(1, Duration::ZERO).unwrap_err(),
+        ConfigError::NonPositiveWindow
+    );
+    assert!(BudgetLayer::try_new("has space", quota(5, 1_000)).is_err());
+    let built = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        layer.cost(6).layer(provider.client())
+    }));
+    assert!(built.is_err(), "a layer that cannot work is not built");
+}
+
+mod stores {
+    use super::*;
+
+    use redis::aio::ConnectionManager;
+    use support::redis::{RedisCluster, RedisServer, SENTINEL_MASTER, SentinelGroup};
+    use tower_pinned_window::backend::postgres::PostgresBackend;
+    use tower_pinned_window::backend::redis::RedisBackend;
+    use tower_pinned_window::backend::redis::connection::SentinelConnection;
+
+    const LIMIT: u64 = 10;
+    const WINDOW: Duration = Duration::from_millis(400);
+    const RUN: Duration = Duration::from_millis(1_800);
+
+    async fn manager(server: &RedisServer) -> ConnectionManager {
+        server.client().get_connection_manager().await.unwrap()
+    }
+
+    /// Two instances, each with its own connection to one Redis.
+    pub async fn two_instances_share_a_redis_budget() {
+        let server = redis_or_skip!(RedisServer::start("two_instances_share_a_redis_budget"));
+        let first = Recorded::new(RedisBackend::new(manager(&server).await));
+        let second = first.beside(RedisBackend::new(manager(&server).await));
+        instances_share_the_budget(vec![first, second], LIMIT, WINDOW, 8, RUN).await;
+        // Every counter has its lifetime.
+        let keys = server.cmd(&["--scan"]).unwrap();
+        for key in keys.lines().filter(|k| !k.is_empty()) {
+            let ttl = server.cmd(&["PTTL", key]).unwrap();
+            assert_ne!(ttl.trim(), "-1", "{key} has no lifetime");
+        }
+    }
+
+    /// The same on a Redis Cluster.
+    pub async fn two_instances_share_a_cluster_budget() {
+        let cluster = redis_or_skip!(RedisCluster::start("two_instances_share_a_cluster_budget"));
+        let first = Recorded::new(RedisBackend::connect_cluster(cluster.urls()).await.unwrap());
+        let second = first.beside(RedisBackend::connect_cluster(cluster.urls()).await.unwrap());
+        instances_share_the_budget(vec![first, second], LIMIT, WINDOW, 8, RUN).await;
+    }
+
+    /// The same behind Sentinel.
+    pub async fn two_instances_share_a_sentinel_budget() {
+        let group = redis_or_skip!(SentinelGroup::start("two_instances_share_a_sentinel_budget"));
+        let connect = || async {
+            SentinelConnection::connect(group.sentinel_urls(), SENTINEL_MASTER)
+                .await
+                .unwrap()
+        };
+        let first = Recorded::new(RedisBackend::new(connect().await));
+        let second = first.beside(RedisBackend::new(connect().await));
+        instances_share_the_budget(vec![first, second], LIMIT, WINDOW, 8, RUN).await;
+    }
+
+    /// The same on PostgreSQL, each instance with its own pool.
+    pub async fn two_instances_share_a_postgres_budget() {
+        let Some(schema) =
+            support::postgres::TestSchema::create("two_instances_share_a_postgres_budget").await
+        else {
+            return;
+        };
+        let first = Recorded::new(schema.backend().await);
+        let second: Recorded<PostgresBackend> = first.beside(schema.backend().await);
+        instances_share_the_budget(vec![first, second], LIMIT, WINDOW, 8, RUN).await;
+    }
+
+    pub async fn a_reservation_settles_on_redis() {
+        let server = redis_or_skip!(RedisServer::start("a_reservation_settles_on_redis"));
+        a_reservation_settles_to_the_usage(RedisBackend::new(manager(&server).await)).await;
+    }
+
+    pub async fn a_reservation_settles_on_postgres() {
+        let Some(schema) =
+            support::postgres::TestSchema::create("a_reservation_settles_on_postgres").await
+        else {
+            return;
+        };
+        a_reservation_settles_to_the_usage(schema.backend().await).await;
+    }
+
+    /// While Redis is down: fail closed fails the call, fail open sends it
+    /// uncounted, insurance counts the instance's share in this process;
+    /// a corrupt counter stops the call under every policy and stays.
+    pub async fn outages_follow_the_failure_policy() {
+        let mut server = redis_or_skip!(RedisServer::start("outages_follow_the_failure_policy"));
+        let backend = RedisBackend::new(manager(&server).await);
+        let provider = Provider::default();
+        let layer = BudgetLayer::new(NAME, quota(4, 60_000))
+            .backend(backend.clone())
+            .max_wait(Duration::ZERO);
+        // A corrupt counter.
+        let stored = String::from_utf8(backend.storage_key(NAME, &Key::new("*"))).unwrap();
+        server.cmd(&["SET", &stored, "not-a-number"]).unwrap();
+        for policy in [
+            FailurePolicy::FailClosed,
+            FailurePolicy::FailOpen,
+            FailurePolicy::Insurance(Share::one_in(2).unwrap()),
+        ] {
+            let client = layer.clone().on_failure(policy).layer(provider.client());
+            let err = send(&client, call("corrupt")).await.unwrap_err();
+            assert!(
+                budget_error(&err).backend_kind()
+                    == Some(tower_pinned_window::backend::BackendErrorKind::Corrupt),
+                "{policy:?}: {err}"
+            );
+        }
+        assert_eq!(server.cmd(&["GET", &stored]).unwrap().trim(), "not-a-number");
+        assert_eq!(provider.calls(), 0);
+        server.stop();
+        let closed = layer.clone().layer(provider.client());
+        let err = send(&closed, call("closed")).await.unwrap_err();
+        assert!(budget_error(&err).backend_kind().is_some(), "{err}");
+        assert_eq!(provider.calls(), 0);
+        let open = layer
+            .clone()
+            .on_failure(FailurePolicy::FailOpen)
+            .layer(provider.client());
+        for n in 0..6 {
+            send(&open, call(n)).await.unwrap();
+        }
+        assert_eq!(provider.calls(), 6, "fail open sends every call");
+        let insured = layer
+            .on_failure(FailurePolicy::Insurance(Share::one_in(2).unwrap()))
+            .layer(provider.client());
+        let answers = [
+            send(&insured, call("i0")).await.is_ok(),
+            send(&insured, call("i1")).await.is_ok(),
+            send(&insured, call("i2")).await.is_ok(),
+        ];
+        assert_eq!(answers, [true, true, false], "half of 4 in this process");
+        assert_eq!(provider.calls(), 8);
+        server.restart();
+    }
+}
+
+fn main() {
+    let trials = vec![
+        trial::multi(
+            "two_clients_share_a_memory_budget",
+            Needs::Nothing,
+            two_clients_share_a_memory_budget,
+        ),
+        trial::multi(
+            "waiting_calls_go_in_arrival_order",
+            Needs::Nothing,
+            waiting_calls_go_in_arrival_order,
+        ),
+        trial::multi(
+            "a_call_that_cannot_be_served_in_time_fails_at_once",
+            Needs::Nothing,
+            a_call_that_cannot_be_served_in_time_fails_at_once,
+        ),
+        trial::multi(
+            "a_call_behind_too_long_a_line_fails_at_once",
+            Needs::Nothing,
+            a_call_behind_too_long_a_line_fails_at_once,
+        ),
+        trial::multi(
+            "calls_past_max_waiters_are_shed",
+            Needs::Nothing,
+            calls_past_max_waiters_are_shed,
+        ),
+        trial::multi(
+            "a_call_dropped_while_waiting_spends_nothing",
+            Needs::Nothing,
+            a_call_dropped_while_waiting_spends_nothing,
+        ),
+        trial::current(
+            "a_reservation_settles_in_memory",
+            Needs::Nothing,
+            a_reservation_settles_in_memory,
+        ),
+        trial::multi(
+            "impossible_calls_and_bad_settings_are_refused",
+            Needs::Nothing,
+            impossible_calls_and_bad_settings_are_refused,
+        ),
+        trial::multi(
+            "two_instances_share_a_redis_budget",
+            Needs::Redis,
+            stores::two_instances_share_a_redis_budget,
+        ),
+        trial::multi(
+            "two_instances_share_a_cluster_budget",
+            Needs::Redis,
+            stores::two_instances_share_a_cluster_budget,
+        ),
+        trial::multi(
+            "two_instances_share_a_sentinel_budget",
+            Needs::Redis,
+            stores::two_instances_share_a_sentinel_budget,
+        ),
+        trial::multi(
+            "two_instances_share_a_postgres_budget",
+            Needs::Postgres,
+            stores::two_instances_share_a_postgres_budget,
+        ),
+        trial::current(
+            "a_reservation_settles_on_redis",
+            Needs::Redis,
+            stores::a_reservation_settles_on_redis,
+        ),
+        trial::current(
+            "a_reservation_settles_on_postgres",
+            Needs::Postgres,
+            stores::a_reservation_settles_on_postgres,
+        ),
+        trial::multi(
+            "outages_follow_the_failure_policy",
+            Needs::Redis,
+            stores::outages_follow_the_failure_policy,
+        ),
+    ];
+    trial::run(trials, ());
+}
