@@ -208,7 +208,6 @@ where
     B::Error: std::fmt::Debug,
     B::Data: Send,
 {
-
     let response = client.clone().oneshot(request).await?;
     let (parts, body) = response.into_parts();
     body.collect().await.unwrap();
@@ -295,8 +294,14 @@ fn quota(limit: u64, millis: u64) -> Quota {
 async fn two_clients_share_a_memory_budget() {
     let store = Recorded::new(MemoryBackend::new());
     let backends = vec![store.clone(), store];
-    instances_share_the_budget(backends, 10, Duration::from_millis(300), 8, Duration::from_millis(1_400))
-        .await;
+    instances_share_the_budget(
+        backends,
+        10,
+        Duration::from_millis(300),
+        8,
+        Duration::from_millis(1_400),
+    )
+    .await;
 }
 
 /// Calls that wait are sent in the order they arrived, and each window
@@ -338,9 +343,9 @@ async fn a_call_that_cannot_be_served_in_time_fails_at_once() {
         .max_wait(Duration::from_millis(100))
         .layer(provider.client());
     let mut deadline = call("deadline");
-    deadline
-        .extensions_mut()
-        .insert(Deadline(std::time::Instant::now() + Duration::from_millis(200)));
+    deadline.extensions_mut().insert(Deadline(
+        std::time::Instant::now() + Duration::from_millis(200),
+    ));
     let mut grpc = call("grpc");
     grpc.headers_mut()
         .insert("grpc-timeout", "300m".parse().unwrap());
@@ -615,7 +620,9 @@ mod stores {
 
     /// The same behind Sentinel.
     pub async fn two_instances_share_a_sentinel_budget() {
-        let group = redis_or_skip!(SentinelGroup::start("two_instances_share_a_sentinel_budget"));
+        let group = redis_or_skip!(SentinelGroup::start(
+            "two_instances_share_a_sentinel_budget"
+        ));
         let connect = || async {
             SentinelConnection::connect(group.sentinel_urls(), SENTINEL_MASTER)
                 .await
@@ -678,7 +685,10 @@ mod stores {
                 "{policy:?}: {err}"
             );
         }
-        assert_eq!(server.cmd(&["GET", &stored]).unwrap().trim(), "not-a-number");
+        assert_eq!(
+            server.cmd(&["GET", &stored]).unwrap().trim(),
+            "not-a-number"
+        );
         assert_eq!(provider.calls(), 0);
         server.stop();
         let closed = layer.clone().layer(provider.client());
