@@ -307,3 +307,35 @@ async fn a_charge_reads_the_grpc_status_in_the_trailers_when_the_stream_ends() {
     );
     task.abort();
 }
+
+/// The outbound layer around a tonic `Channel`: a generated client takes
+/// it as it is; a call over the budget waits for the window, and one whose
+/// `grpc-timeout` (set by `Request::set_timeout`) ends before the budget
+/// returns fails at once, without reaching the server.
+#[tokio::test]
+async fn a_tonic_client_waits_for_its_outbound_budget() {
+    use tokio::time::Instant;
+    use tower_pinned_window::outbound::BudgetLayer;
+
+    let routes = Routes::new(tonic_health::server::health_reporter().1);
+    let (channel, server) = serve_routes(routes).await;
+    let budget = BudgetLayer::new("health", Quota::new(1, Duration::from_millis(400)).unwrap());
+    let mut client = HealthClient::new(tower::ServiceBuilder::new().layer(budget).service(channel));
+    let started = Instant::now();
+    client.check(check()).await.unwrap();
+    let mut hurried = tonic::Request::new(check());
+    hurried.set_timeout(Duration::from_millis(100));
+    let status = client.check(hurried).await.unwrap_err();
+    assert!(
+        started.elapsed() < Duration::from_millis(200),
+        "failed at once, not after the window"
+    );
+    assert!(status.message().contains("budget"), "{status:?}");
+    client.check(check()).await.unwrap();
+    assert!(
+        started.elapsed() >= Duration::from_millis(390),
+        "the second call waited for the window: {:?}",
+        started.elapsed()
+    );
+    server.abort();
+}
