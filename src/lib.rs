@@ -116,6 +116,7 @@
 //! | counting by the answer (failed logins; guide: `docs/outcomes.md`) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`](outcome::CountOnly) |
 //! | request costs, response charges (token budgets), lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials (guide: `docs/headers.md`) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
+//! | a budget for outbound calls, shared by every instance, that waits for its window (guide: `docs/outbound.md`) | [`outbound::BudgetLayer`] |
 //! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`OnMissingKey`], [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
 //! | Redis, Cluster, Sentinel (feature `redis`) | [`backend::redis`][mod-redis] |

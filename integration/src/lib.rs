@@ -35,6 +35,7 @@ markdown_doctests! {
     ConfigurationGuide = "../../docs/configuration.md";
     OutcomesGuide = "../../docs/outcomes.md";
     CostsGuide = "../../docs/costs.md";
+    OutboundGuide = "../../docs/outbound.md";
     HeadersGuide = "../../docs/headers.md";
     MetricsGuide = "../../docs/metrics.md";
     GrpcGuide = "../../docs/grpc.md";
