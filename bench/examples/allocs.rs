@@ -65,12 +65,12 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
-use bytes::Bytes;
 use axum::extract::{ConnectInfo, Extension};
 use axum::http::{Request, StatusCode};
 use axum::response::Response;
 use axum::routing::get;
 use axum::{Router, middleware};
+use bytes::Bytes;
 use http_body_util::Empty;
 use tower::Service;
 use tower::limit::RateLimit;
@@ -557,7 +557,10 @@ fn client_rows() -> Vec<(&'static str, &'static str, f64)> {
         (
             "client-budget",
             "`outbound::BudgetLayer`, memory backend, the budget has room",
-            per_call(tower::Layer::layer(&BudgetLayer::new("bench", quota), client)),
+            per_call(tower::Layer::layer(
+                &BudgetLayer::new("bench", quota),
+                client,
+            )),
         ),
     ]
 }
