@@ -68,6 +68,13 @@
 #   response's extensions, which it empties into three allocations.
 # - headers-off-outer-default=4: a ratchet at the measured figure. The same
 #   under the default DecisionIn::Request: the request's copy too.
+# - client-budget=0: the measured figure (0.00). A client's call through
+#   `outbound::BudgetLayer` on the memory backend, the budget with room, one
+#   call at a time, against the bare client (`service_fn`; tower's
+#   `RateLimit` is measured beside it, `client-rate-limit`, not budgeted):
+#   the key is inline, the memory backend answers at once, so the call's
+#   future is not boxed, and an answer with no charge is wrapped in
+#   `Metered` without a meter or a copy of its headers.
 #
 # The Redis route, when redis-server is installed: the script starts its own
 # on a free port of 127.0.0.1 (never a shared one: keys are written), and
@@ -137,4 +144,5 @@ fi
   --budget headers-off-handler=1 \
   --budget headers-off-outer=3 \
   --budget headers-off-outer-default=4 \
+  --budget client-budget=0 \
   "${redis_budgets[@]}"

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Instructions per call under valgrind's callgrind, each case through this
 # crate and through governor 0.10 (`check_key`) / tower_governor 0.8 in one
-# run, and the ratios ours / theirs. Instruction counts repeat from run to
+# run, and the ratios ours / theirs; then a client's call through the
+# outbound BudgetLayer beside tower's RateLimit (0.5), in the same run. Instruction counts repeat from run to
 # run (to within an instruction where random hash seeds change the probes),
 # unlike times on a shared machine.
 #
@@ -44,6 +45,8 @@ tg_h=$(per case_layer_tower_governor_headers "$layer"); tg_n=$(per case_layer_to
 bare_ax=$(per case_layer_bare_axum_request "$layer")
 ours_hax=$(per case_layer_ours_headers_axum_request "$layer"); ours_nax=$(per case_layer_ours_no_headers_axum_request "$layer")
 tg_hax=$(per case_layer_tower_governor_headers_axum_request "$layer"); tg_nax=$(per case_layer_tower_governor_no_headers_axum_request "$layer")
+client_bare=$(per case_client_bare "$layer")
+client_budget=$(per case_client_budget "$layer"); client_rate=$(per case_client_rate_limit "$layer")
 
 row() { printf '| %s | %.0f | %.0f | %.2f |\n' "$1" "$2" "$3" "$(echo "$2 / $3" | bc -l)"; }
 over() { echo "$1 - $2" | bc -l; } # a layer case's overhead: $1 less its bare case $2
@@ -63,3 +66,9 @@ row "layer overhead, with headers (defaults), the request with extensions (as un
 row "layer overhead, no headers (defaults), the request with extensions (as under axum)" "$(over "$ours_nax" "$bare_ax")" "$(over "$tg_nax" "$bare_ax")"
 printf '\nbare `service_fn` request: %.0f instructions; with extensions: %.0f\n' "$bare" "$bare_ax"
 printf 'memory backend, one hot key under two quotas (no governor counterpart): %.0f instructions\n' "$two_ours"
+
+echo
+echo "| outbound case (instructions per call) | BudgetLayer | tower RateLimit | ratio |"
+echo "|---|---|---|---|"
+row "client layer overhead over \`service_fn\`, the budget has room (memory backend)" "$(over "$client_budget" "$client_bare")" "$(over "$client_rate" "$client_bare")"
+printf '\nbare `service_fn` client call: %.0f instructions\n' "$client_bare"

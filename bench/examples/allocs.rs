@@ -41,6 +41,13 @@
 //! beside the `redis` crate's own (`bench/cluster_allocs.sh` starts a
 //! Cluster and runs them).
 //!
+//! The client rows (`client-*`) are the outbound side: one call at a time
+//! of a client (`service_fn`) through `outbound::BudgetLayer` (memory
+//! backend, one key, a budget that always has room), through
+//! `tower::limit::RateLimit` (a rate that never blocks), and bare; what a
+//! layer adds is its count less the bare client's. `--budget` takes their
+//! names too.
+//!
 //! With `ALLOCS_TRACE=1` in the environment, it prints a backtrace of
 //! every `alloc` made by one request of each case (on stderr, after the
 //! warm-up), to find where they come from.
@@ -63,10 +70,15 @@ use axum::http::{Request, StatusCode};
 use axum::response::Response;
 use axum::routing::get;
 use axum::{Router, middleware};
+use bytes::Bytes;
+use http_body_util::Empty;
 use tower::Service;
+use tower::limit::RateLimit;
+use tower::limit::rate::Rate;
 use tower::util::MapResponseLayer;
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::outbound::BudgetLayer;
 use tower_pinned_window::{
     Decision, DecisionIn, Quota, RateLimitLayer, Window, outcome::WantDecision,
     response::HeaderStyle,
@@ -468,6 +480,91 @@ fn limited(headers: HeaderStyle, place: DecisionIn) -> Router {
         .route_layer(layer(headers, place))
 }
 
+/// Allocations made by one client call through `svc`, as
+/// `ServiceExt::ready().call()` makes it (`poll_ready`, `call`, the future
+/// polled to its answer, the answer dropped); every client here answers at
+/// once. The request is built before counting, as in [`one`].
+fn one_call<S>(svc: &mut S) -> u64
+where
+    S: Service<http::Request<Empty<Bytes>>>,
+    S::Error: std::fmt::Debug,
+{
+    let request = http::Request::new(Empty::new());
+    let mut cx = Context::from_waker(Waker::noop());
+    let before = allocations();
+    {
+        let Poll::Ready(ready) = svc.poll_ready(&mut cx) else {
+            panic!("the client was not ready at once");
+        };
+        ready.unwrap();
+        let future = pin!(svc.call(request));
+        let Poll::Ready(response) = future.poll(&mut cx) else {
+            panic!("the client did not answer at once");
+        };
+        black_box(response.unwrap());
+    }
+    allocations() - before
+}
+
+/// Allocations per call through `svc`, after a warm-up.
+fn per_call<S>(mut svc: S) -> f64
+where
+    S: Service<http::Request<Empty<Bytes>>>,
+    S::Error: std::fmt::Debug,
+{
+    for _ in 0..1000 {
+        one_call(&mut svc);
+    }
+    if std::env::var("ALLOCS_TRACE").is_ok() {
+        TRACE.store(true, Ordering::Relaxed);
+        one_call(&mut svc);
+        TRACE.store(false, Ordering::Relaxed);
+        eprintln!("=================== end of call");
+    }
+    let total: u64 = (0..REQUESTS).map(|_| one_call(&mut svc)).sum();
+    total as f64 / f64::from(REQUESTS)
+}
+
+/// The client rows: a client behind `BudgetLayer` (memory backend, the
+/// default key, a budget of `u64::MAX` an hour: always room), behind
+/// tower's `RateLimit` (`u64::MAX` calls a second: never limited), and
+/// bare, the base of both.
+fn client_rows() -> Vec<(&'static str, &'static str, f64)> {
+    // RateLimit arms a tokio timer when it is made.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _entered = runtime.enter();
+    let client = tower::service_fn(|_req: http::Request<Empty<Bytes>>| async {
+        Ok::<_, std::convert::Infallible>(http::Response::new(Empty::<Bytes>::new()))
+    });
+    let quota = Quota::new(u64::MAX, Duration::from_secs(3600)).unwrap();
+    vec![
+        (
+            "client-bare",
+            "bare client (`service_fn`)",
+            per_call(client),
+        ),
+        (
+            "client-rate-limit",
+            "tower's `RateLimit` (a rate that never blocks)",
+            per_call(RateLimit::new(
+                client,
+                Rate::new(u64::MAX, Duration::from_secs(1)),
+            )),
+        ),
+        (
+            "client-budget",
+            "`outbound::BudgetLayer`, memory backend, the budget has room",
+            per_call(tower::Layer::layer(
+                &BudgetLayer::new("bench", quota),
+                client,
+            )),
+        ),
+    ]
+}
+
 struct Case {
     name: &'static str,
     what: &'static str,
@@ -646,6 +743,23 @@ fn main() -> ExitCode {
             println!("| `{name}` | {what} | {n:.2} | {:.2} | {added} |", n - bare);
         }
     }
+    let clients = client_rows();
+    let client_bare = clients[0].2;
+    let client_added: Vec<(&str, f64)> = clients
+        .iter()
+        .skip(1)
+        .map(|(name, _, n)| (*name, n - client_bare))
+        .collect();
+    println!();
+    println!("| case | client | allocations per call | added by the layer |");
+    println!("|---|---|---|---|");
+    for (name, what, n) in &clients {
+        let added = client_added
+            .iter()
+            .find(|(case, _)| case == name)
+            .map_or_else(String::new, |(_, added)| format!("{added:.2}"));
+        println!("| `{name}` | {what} | {n:.2} | {added} |");
+    }
     std::io::stdout().flush().expect("stdout");
     let mut over = false;
     for (name, budget) in &budgets {
@@ -654,7 +768,11 @@ fn main() -> ExitCode {
             .find(|(case, _)| case.name == name)
             .map(|(case, n)| n - of(case.base).expect("measured"));
         let redis = || redis_added.iter().find(|(case, _)| case == name);
-        let Some(added) = memory.or_else(|| redis().map(|(_, added)| *added)) else {
+        let client = || client_added.iter().find(|(case, _)| case == name);
+        let Some(added) = memory
+            .or_else(|| redis().map(|(_, added)| *added))
+            .or_else(|| client().map(|(_, added)| *added))
+        else {
             eprintln!("no case {name:?} (the Redis cases need REDIS_URL)");
             return ExitCode::from(2);
         };

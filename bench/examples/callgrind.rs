@@ -10,6 +10,12 @@
 //! the number of iterations this program prints.
 //!
 //! Run on its own (no valgrind) it only prints the iteration counts.
+//!
+//! The `case_client_*` functions are the outbound side: one call of a
+//! client through `outbound::BudgetLayer` (memory backend, one key, a
+//! budget that always has room), through `tower::limit::RateLimit` (a rate
+//! that never blocks), and bare, each driven as a client does
+//! (`poll_ready`, `call`, the future polled to its answer).
 
 #![allow(missing_docs)]
 
@@ -23,20 +29,25 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
+use bytes::Bytes;
 use governor::{DefaultKeyedRateLimiter, RateLimiter};
 use http::{Request, Response};
+use http_body_util::Empty;
+use tower::limit::RateLimit;
+use tower::limit::rate::Rate;
 use tower::{Layer, Service, service_fn};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
 use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
 use tower_pinned_window::key::Key;
+use tower_pinned_window::outbound::BudgetLayer;
 use tower_pinned_window::{DecisionIn, Quota, RateLimitLayer, response::HeaderStyle};
 
 const KEYS: usize = 100_000;
 /// Hits per memory case.
 const ITERS: usize = 200_000;
-/// Requests per layer case.
+/// Requests per layer case, and calls per client case.
 const REQUESTS: usize = 20_000;
 
 const COUNTER: &[Counter<'static>] = &[Counter {
@@ -120,6 +131,9 @@ cases!(
     case_layer_ours_no_headers_axum_request,
     case_layer_tower_governor_headers_axum_request,
     case_layer_tower_governor_no_headers_axum_request,
+    case_client_bare,
+    case_client_rate_limit,
+    case_client_budget,
 );
 
 /// One request through a clone of `svc` (as axum's router clones a route's
@@ -167,6 +181,29 @@ where
             black_box(response.unwrap());
         }
         Poll::Pending => panic!("the service did not answer at once"),
+    }
+}
+
+/// One client call through `svc`, as `ServiceExt::ready().call()` makes
+/// it: `poll_ready`, `call`, and its future polled to the answer, with a
+/// no-op waker (every client here answers at once). The same instance
+/// serves every call: tower's `RateLimit` is not `Clone`.
+fn one_call<S>(svc: &mut S)
+where
+    S: Service<Request<Empty<Bytes>>>,
+    S::Error: std::fmt::Debug,
+{
+    let mut cx = Context::from_waker(Waker::noop());
+    match svc.poll_ready(&mut cx) {
+        Poll::Ready(ready) => ready.unwrap(),
+        Poll::Pending => panic!("the client was not ready at once"),
+    }
+    let future = pin!(svc.call(Request::new(Empty::new())));
+    match future.poll(&mut cx) {
+        Poll::Ready(response) => {
+            black_box(response.unwrap());
+        }
+        Poll::Pending => panic!("the client did not answer at once"),
     }
 }
 
@@ -348,6 +385,37 @@ fn main() {
         case_layer_tower_governor_no_headers_axum_request,
         one_axum_request,
         governed!(routed)
+    );
+
+    // The outbound side: a client behind our BudgetLayer (memory backend,
+    // the default key, a budget of u64::MAX an hour: always room) and
+    // behind tower's RateLimit (u64::MAX calls a second: never limited),
+    // the bare client subtracted from both. RateLimit arms a tokio timer
+    // when it is made, so the runtime is entered first.
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _entered = runtime.enter();
+    let client = service_fn(|_req: Request<Empty<Bytes>>| async {
+        Ok::<_, Infallible>(Response::new(Empty::<Bytes>::new()))
+    });
+    macro_rules! client_case {
+        ($case:ident, $svc:expr) => {{
+            let mut svc = $svc;
+            let mut f = |_| one_call(&mut svc);
+            warm(1000, &mut f);
+            $case(REQUESTS, &mut f);
+        }};
+    }
+    client_case!(case_client_bare, client);
+    client_case!(
+        case_client_rate_limit,
+        RateLimit::new(client, Rate::new(u64::MAX, Duration::from_secs(1)))
+    );
+    client_case!(
+        case_client_budget,
+        BudgetLayer::new("bench", quota).layer(client)
     );
 
     println!("iters memory={ITERS} layer={REQUESTS}");
