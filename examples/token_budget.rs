@@ -200,7 +200,11 @@ pub async fn measure(
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let addr = listener.local_addr()?;
     let server = tokio::spawn(async move {
-        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
     });
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
     let body = Bytes::from(json!({ "tokens": usage }).to_string());

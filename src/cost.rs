@@ -350,7 +350,11 @@ mod tests {
         assert_eq!(settle(300, Some(120)), Some(Amend::Refund(180)));
         assert_eq!(settle(300, Some(0)), Some(Amend::Refund(300)));
         assert_eq!(settle(300, Some(300)), None, "nothing to change");
-        assert_eq!(settle(300, None), None, "unknown use: the reservation stays");
+        assert_eq!(
+            settle(300, None),
+            None,
+            "unknown use: the reservation stays"
+        );
         // Without a reservation: the plain charge.
         assert_eq!(settle(0, Some(7)), Some(Amend::Charge(7)));
         assert_eq!(settle(0, Some(0)), None);

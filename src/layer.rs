@@ -823,6 +823,41 @@ mod tests {
     }
 
     #[test]
+    fn a_reservation_needs_a_charge_and_no_cost_in_any_order() {
+        let layer = || RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap());
+        let estimate = |_: &RequestHead<'_>| 3;
+        let used = |_: &ResponseEnd<'_>| Some(2);
+        assert_eq!(
+            layer().reserve(estimate).check(),
+            Err(ConfigError::ReserveWithoutCharge)
+        );
+        assert_eq!(
+            layer()
+                .reserve(estimate)
+                .block_for(Window::new(Duration::from_secs(1)).unwrap())
+                .check(),
+            Err(ConfigError::ReserveWithoutCharge)
+        );
+        assert_eq!(layer().reserve(estimate).charge(used).check(), Ok(()));
+        assert_eq!(layer().charge(used).reserve(estimate).check(), Ok(()));
+        assert_eq!(
+            layer().cost(2).charge(used).reserve(estimate).check(),
+            Err(ConfigError::ReserveWithCost)
+        );
+        assert_eq!(
+            layer()
+                .reserve(estimate)
+                .charge(used)
+                .cost_fn(estimate)
+                .check(),
+            Err(ConfigError::ReserveWithCost)
+        );
+        // A charge alone, and a cost beside a charge, as before.
+        assert_eq!(layer().charge(|_: &ResponseEnd<'_>| 1).check(), Ok(()));
+        assert_eq!(layer().cost(2).charge(used).check(), Ok(()));
+    }
+
+    #[test]
     #[should_panic(expected = "a request cost of 11 is above the limit of 10")]
     fn a_literal_cost_above_the_limit_panics_when_built() {
         let layer =

@@ -295,7 +295,10 @@ async fn the_token_budget_example_reserves_then_settles_per_api_key() {
     // A call that uses less than it reserved gives the rest back.
     let (parts, _) = complete("k2", Some("300"), 120).await;
     assert_eq!(parts.status, StatusCode::OK);
-    assert_eq!(parts.headers["ratelimit"], format!("\"tokens\";r={};t=60", limit - 300).as_str());
+    assert_eq!(
+        parts.headers["ratelimit"],
+        format!("\"tokens\";r={};t=60", limit - 300).as_str()
+    );
     assert_eq!(parts.headers["x-usage-tokens"], "120");
     assert_eq!(spent("k2").await, Some(120), "settled to the use");
     // Without `x-max-tokens`, the default estimate is reserved and the
@@ -303,7 +306,10 @@ async fn the_token_budget_example_reserves_then_settles_per_api_key() {
     let (parts, _) = complete("k3", None, 10_000).await;
     let default = token_budget::DEFAULT_MAX_TOKENS;
     assert_eq!(parts.status, StatusCode::OK);
-    assert_eq!(parts.headers["x-usage-tokens"], default.to_string().as_str());
+    assert_eq!(
+        parts.headers["x-usage-tokens"],
+        default.to_string().as_str()
+    );
     assert_eq!(spent("k3").await, Some(default));
 }
 
@@ -324,16 +330,23 @@ async fn the_token_budget_measure_mode_never_overspends_with_reservations() {
             .await
             .unwrap();
         let admitted = limit.div_ceil(usage);
-        assert_eq!((charged.admitted, charged.spent), (admitted, admitted * usage), "{charged}");
+        assert_eq!(
+            (charged.admitted, charged.spent),
+            (admitted, admitted * usage),
+            "{charged}"
+        );
         assert_eq!(charged.overspend(), admitted * usage - limit);
         assert!(charged.overspend() > 0, "{charged}");
         // Reserved then settled: admitted only while the estimate fits.
-        let reserved =
-            token_budget::measure(budget, Budgeting::ReserveThenSettle, estimate, usage)
-                .await
-                .unwrap();
+        let reserved = token_budget::measure(budget, Budgeting::ReserveThenSettle, estimate, usage)
+            .await
+            .unwrap();
         let admitted = (limit - estimate) / usage + 1;
-        assert_eq!((reserved.admitted, reserved.spent), (admitted, admitted * usage), "{reserved}");
+        assert_eq!(
+            (reserved.admitted, reserved.spent),
+            (admitted, admitted * usage),
+            "{reserved}"
+        );
         assert_eq!(reserved.overspend(), 0);
         assert_eq!(
             reserved.to_string(),
