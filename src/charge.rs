@@ -18,8 +18,9 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-/// What a response costs, read when its body has ended.
-pub(crate) type ChargeFn = std::sync::Arc<dyn Fn(&ResponseEnd<'_>) -> u64 + Send + Sync>;
+/// What a response costs, read when its body has ended; `None` when the
+/// charge could not read it (absent or malformed).
+pub(crate) type ChargeFn = std::sync::Arc<dyn Fn(&ResponseEnd<'_>) -> Option<u64> + Send + Sync>;
 
 /// What a [`charge`](crate::RateLimitLayer::charge) reads once the answer's
 /// body has ended: the head's status and headers (as the service answered,
@@ -129,8 +130,9 @@ impl<'a> ResponseEnd<'a> {
 
     /// Whether the body reached its end. `false` when it was dropped before
     /// (the client went away mid-stream) or failed: the charge is still
-    /// taken, with what was sent by then, since the service did the work; a
-    /// charge that should not count then can answer 0.
+    /// taken (or a reservation settled) with what was sent by then, since
+    /// the service did the work; a charge that should not count then can
+    /// answer 0.
     pub fn complete(&self) -> bool {
         self.complete
     }

@@ -1,9 +1,11 @@
 //! Costs and charges: what a request spends on the way in
 //! ([`cost`](crate::RateLimitLayer::cost),
-//! [`cost_fn`](crate::RateLimitLayer::cost_fn), a lockout with
+//! [`cost_fn`](crate::RateLimitLayer::cost_fn), an estimate with
+//! [`reserve`](crate::RateLimitLayer::reserve), a lockout with
 //! [`block_for`](crate::RateLimitLayer::block_for)), and what its answer
 //! adds once its body ends ([`charge`](crate::RateLimitLayer::charge),
-//! read from a [`ResponseEnd`], through a [`Metered`] body).
+//! read from a [`ResponseEnd`], through a [`Metered`] body), or how it
+//! settles a reservation.
 //!
 //! The layer's [`Mode`] says in its type whether it spends: [`Plain`] by
 //! default, [`Spends`] or [`Charged`] once a setter asks for it. A layer
@@ -36,6 +38,7 @@ pub struct Plain;
 
 /// A layer that spends: after a [`cost`](crate::RateLimitLayer::cost),
 /// [`cost_fn`](crate::RateLimitLayer::cost_fn),
+/// [`reserve`](crate::RateLimitLayer::reserve),
 /// [`block_for`](crate::RateLimitLayer::block_for) or
 /// [`reset_if`](crate::RateLimitLayer::reset_if). It builds only on a
 /// backend that implements [`Spending`].
@@ -228,6 +231,9 @@ pub(crate) enum Cost {
 pub(crate) struct SpendPlan {
     /// What a request costs; `None`: 1, or 0 when a charge follows.
     pub(crate) cost: Option<Cost>,
+    /// What a request reserves, settled by the charge once its answer ends
+    /// ([`settle`]); it takes the place of `cost` (`check` refuses both).
+    pub(crate) reserve: Option<CostFn>,
     /// Open the window at a cost of 0, for a charge to come.
     pub(crate) open: bool,
     /// Lock a key that does not fit for this long.
@@ -239,14 +245,18 @@ impl SpendPlan {
     pub(crate) fn new() -> Self {
         Self {
             cost: None,
+            reserve: None,
             open: false,
             block: None,
         }
     }
 
-    /// What `request` costs.
+    /// What `request` costs: its reservation, when the layer reserves.
     #[inline]
     pub(crate) fn cost(&self, request: &RequestHead<'_>) -> u64 {
+        if let Some(reserve) = &self.reserve {
+            return reserve(request);
+        }
         match &self.cost {
             None if self.open => 0,
             None => 1,
@@ -278,9 +288,34 @@ impl fmt::Debug for SpendPlan {
         };
         f.debug_struct("SpendPlan")
             .field("cost", &cost)
+            .field("reserve", &self.reserve.is_some())
             .field("open", &self.open)
             .field("block", &self.block)
             .finish()
+    }
+}
+
+/// How an answer settles what its request spent on the way in, once its
+/// charge has read the actual use: `reserved` is what the request
+/// spent on the way in for the charge to settle (its
+/// [`reserve`](crate::RateLimitLayer::reserve) estimate, 0 without one),
+/// `used` what the charge read (`None`: it could not read it).
+///
+/// - `used` above `reserved`: charge the difference;
+/// - below: refund the difference;
+/// - equal, or `None` (the usage is unknown: the reservation stays spent,
+///   since the work was done): nothing.
+///
+/// Without a reservation this is the plain charge: `used`, unless it is 0.
+/// The amend applies in the request's own window under the amend rules
+/// ([`Spending::amend`]).
+#[inline]
+pub(crate) fn settle(reserved: u64, used: Option<u64>) -> Option<Amend> {
+    let used = used?;
+    match used.cmp(&reserved) {
+        std::cmp::Ordering::Greater => Some(Amend::Charge(used - reserved)),
+        std::cmp::Ordering::Less => Some(Amend::Refund(reserved - used)),
+        std::cmp::Ordering::Equal => None,
     }
 }
 
@@ -304,5 +339,29 @@ mod tests {
         let hour = Window::new(Duration::from_secs(3600)).unwrap();
         plan.block = Some(hour);
         assert_eq!(plan.spend(7), Spend::cost(7).open().block(hour));
+        // A reservation is what the request spends on the way in.
+        plan.reserve = Some(Arc::new(|_: &RequestHead<'_>| 300));
+        assert_eq!(plan.cost(&head), 300);
+    }
+
+    #[test]
+    fn a_reservation_settles_to_the_actual_use() {
+        assert_eq!(settle(300, Some(450)), Some(Amend::Charge(150)));
+        assert_eq!(settle(300, Some(120)), Some(Amend::Refund(180)));
+        assert_eq!(settle(300, Some(0)), Some(Amend::Refund(300)));
+        assert_eq!(settle(300, Some(300)), None, "nothing to change");
+        assert_eq!(
+            settle(300, None),
+            None,
+            "unknown use: the reservation stays"
+        );
+        // Without a reservation: the plain charge.
+        assert_eq!(settle(0, Some(7)), Some(Amend::Charge(7)));
+        assert_eq!(settle(0, Some(0)), None);
+        assert_eq!(settle(0, None), None);
+        // The extremes never overflow.
+        assert_eq!(settle(0, Some(u64::MAX)), Some(Amend::Charge(u64::MAX)));
+        assert_eq!(settle(u64::MAX, Some(0)), Some(Amend::Refund(u64::MAX)));
+        assert_eq!(settle(u64::MAX, Some(u64::MAX)), None);
     }
 }

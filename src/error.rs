@@ -91,9 +91,6 @@ pub enum ConfigError {
     /// A replica-acknowledged mode with a zero timeout: Redis's `WAIT`
     /// would wait forever.
     ZeroWaitTimeout,
-    /// A reservation ([`BudgetLayer::reserve`](crate::outbound::BudgetLayer::reserve))
-    /// that no charge settles.
-    ReserveWithoutCharge,
     /// A request cost above a quota's limit (see
     /// [`RateLimitLayer::check`](crate::RateLimitLayer::check)): such
     /// a request could never be admitted.
@@ -103,6 +100,20 @@ pub enum ConfigError {
         /// The smallest limit among the layer's quotas.
         limit: u64,
     },
+    /// A [`reserve`](crate::RateLimitLayer::reserve) without a
+    /// [`charge`](crate::RateLimitLayer::charge) to settle it (see
+    /// [`RateLimitLayer::check`](crate::RateLimitLayer::check) and
+    /// [`BudgetLayer::check`](crate::outbound::BudgetLayer::check)): every
+    /// request would keep its whole estimate.
+    ReserveWithoutCharge,
+    /// A [`reserve`](crate::RateLimitLayer::reserve) together with a
+    /// [`cost`](crate::RateLimitLayer::cost) or
+    /// [`cost_fn`](crate::RateLimitLayer::cost_fn) (see
+    /// [`RateLimitLayer::check`](crate::RateLimitLayer::check) and
+    /// [`BudgetLayer::check`](crate::outbound::BudgetLayer::check)): the
+    /// reservation is the request's cost on the way in, so only one may
+    /// say what a request spends.
+    ReserveWithCost,
     /// An insurance [`Share`](crate::Share) that is not a fraction in
     /// `(0, 1]` (a zero numerator or denominator, or a numerator above the
     /// denominator), or text that is not `N/D` (what was given).
@@ -180,12 +191,15 @@ impl fmt::Display for ConfigError {
             Self::ZeroWaitTimeout => f.write_str(
                 "the wait for replicas must have a timeout longer than zero (WAIT with 0 waits forever)",
             ),
-            Self::ReserveWithoutCharge => f.write_str(
-                "a reservation needs a charge to settle it: add `charge`, or spend a plain `cost_fn`",
-            ),
             Self::CostAboveLimit { cost, limit } => write!(
                 f,
                 "a request cost of {cost} is above the limit of {limit}: such a request could never be admitted"
+            ),
+            Self::ReserveWithoutCharge => f.write_str(
+                "a reservation (reserve) needs a charge to settle it: add .charge(..), which reads each answer's actual use",
+            ),
+            Self::ReserveWithCost => f.write_str(
+                "a reservation (reserve) is the request's cost on the way in: drop .cost(..) or .cost_fn(..), or the reserve",
             ),
             Self::InvalidShare(share) => write!(
                 f,

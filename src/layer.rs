@@ -82,8 +82,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// ```
 ///
 /// `M` is the layer's [`Mode`]: [`Plain`] unless it spends (a
-/// [`cost`](Self::cost), a [`block_for`](Self::block_for), a
-/// [`reset_if`](Self::reset_if)) or has a [`charge`](Self::charge).
+/// [`cost`](Self::cost), a [`reserve`](Self::reserve), a
+/// [`block_for`](Self::block_for), a [`reset_if`](Self::reset_if)) or has a
+/// [`charge`](Self::charge).
 ///
 /// # Panics
 /// [`Layer::layer`] panics when the layer cannot work (see
@@ -377,8 +378,8 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     }
 }
 
-/// Costs, charges, lockouts and resets on success (the guide:
-/// `docs/costs.md`). Each moves the layer to a mode that spends
+/// Costs, reservations, charges, lockouts and resets on success (the
+/// guide: `docs/costs.md`). Each moves the layer to a mode that spends
 /// ([`Spends`](crate::cost::Spends), or [`Charged`]), which builds only on a
 /// backend that implements [`Spending`](crate::backend::Spending), whatever
 /// the order of the calls.
@@ -421,14 +422,100 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// was counted in. The request goes in as a check that opens the
     /// window; the answers' bodies become [`Metered`](crate::cost::Metered).
     /// Guide: `docs/costs.md#response-cost-charge`.
-    pub fn charge<F>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged>
+    ///
+    /// `charge` answers a `u64`, or an `Option<u64>` where `None` means
+    /// that the answer's usage is absent or malformed: nothing is charged
+    /// (under [`reserve`](Self::reserve), nothing is settled, and the
+    /// reservation stays spent), and a warning is logged, at most once every
+    /// few seconds. A charge never panics the layer.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
+    ///
+    /// /// The tokens an answer used, when it says (`None`: it does not).
+    /// fn tokens(end: &ResponseEnd) -> Option<u64> {
+    ///     end.headers().get("x-usage-tokens")?.to_str().ok()?.parse().ok()
+    /// }
+    /// let quota = Quota::new(1000, Duration::from_secs(60)).unwrap();
+    /// let by_tokens = RateLimitLayer::new("tokens", quota).charge(tokens);
+    /// // A plain count still works: 0 charges nothing.
+    /// let by_calls = RateLimitLayer::new("calls", quota).charge(|end| u64::from(end.status().is_success()));
+    /// assert!(by_tokens.check().is_ok() && by_calls.check().is_ok());
+    /// ```
+    pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged>
     where
-        F: Fn(&ResponseEnd<'_>) -> u64 + Send + Sync + 'static,
+        F: Fn(&ResponseEnd<'_>) -> T + Send + Sync + 'static,
+        T: Into<Option<u64>>,
     {
         self.spending(|s| {
             s.spend.as_mut().expect("a plan").open = true;
-            s.charge = Some(Arc::new(charge));
+            s.charge = Some(Arc::new(move |end: &ResponseEnd<'_>| charge(end).into()));
         })
+    }
+
+    /// Reserve, then settle: each request spends what `estimate` reads from
+    /// its head (an LLM request's `max_tokens`, say) on the way in, all or
+    /// nothing like a [`cost_fn`](Self::cost_fn), and its answer settles the
+    /// reservation to the actual use the [`charge`](Self::charge) reads:
+    /// the difference is charged when it used more, refunded when it used
+    /// less, in the request's own window under the refund rules. So a window
+    /// never admits more than its budget in estimates, and the headers and
+    /// the [`Decision`] show the budget after the reservation.
+    ///
+    /// - An estimate above the limit of the request's quota is denied at
+    ///   once, with [`Decision::never_fits`]; a denied request spends
+    ///   nothing.
+    /// - A charge that cannot read the use (`None`) settles nothing: the
+    ///   reservation stays spent.
+    /// - An answer that [`count_if`](Self::count_if) rejects refunds the
+    ///   whole estimate; one that [`reset_if`](Self::reset_if) picks clears
+    ///   the counters.
+    /// - It needs a `charge` ([`ConfigError::ReserveWithoutCharge`]) and
+    ///   takes the place of a [`cost`](Self::cost) or `cost_fn`: a layer with
+    ///   both is refused ([`ConfigError::ReserveWithCost`]), in
+    ///   [`check`](Self::check), whatever the order of the calls.
+    ///
+    /// It runs on every request: keep it cheap. Guide:
+    /// `docs/costs.md#reserve-then-settle`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let header = |h: &http::HeaderMap, name: &str| -> Option<u64> {
+    ///     h.get(name)?.to_str().ok()?.parse().ok()
+    /// };
+    /// let budget = RateLimitLayer::new("tokens", Quota::new(1000, Duration::from_secs(60)).unwrap())
+    ///     .reserve(move |req| header(req.headers(), "x-max-tokens").unwrap_or(1000))
+    ///     .charge(move |end: &ResponseEnd| header(end.headers(), "x-usage-tokens"));
+    /// let app = Router::new()
+    ///     .route("/complete", post(|| async { ([("x-usage-tokens", "100")], "...") }))
+    ///     .layer(budget);
+    /// let complete = || async {
+    ///     let request = Request::post("/complete").header("x-max-tokens", "400");
+    ///     let response = app.clone().oneshot(request.body(Body::empty()).unwrap()).await.unwrap();
+    ///     let (status, left) = (response.status(), response.headers()["ratelimit"].clone());
+    ///     // The body sent: its usage of 100 settles the reservation of 400.
+    ///     axum::body::to_bytes(Body::new(response.into_body()), 1 << 16).await.unwrap();
+    ///     (status, left)
+    /// };
+    /// // The headers show the budget after the reservation: 1000 - 400.
+    /// assert_eq!(complete().await, (StatusCode::OK, "\"tokens\";r=600;t=60".parse().unwrap()));
+    /// // Settled to 100: 900 left, then 500 after this reservation.
+    /// assert_eq!(complete().await.1, "\"tokens\";r=500;t=60");
+    /// # }
+    /// ```
+    pub fn reserve<F>(self, estimate: F) -> RateLimitLayer<K, Bk, D, M::Spending>
+    where
+        F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
+    {
+        let estimate: crate::cost::CostFn = Arc::new(estimate);
+        self.spending(|s| s.spend.as_mut().expect("a plan").reserve = Some(estimate))
     }
 
     /// Once a request does not fit, lock its key out for `block`, counted
@@ -469,16 +556,29 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     /// ```
     ///
     /// # Errors
-    /// [`ConfigError::CostAboveLimit`] when a fixed [`cost`](Self::cost) is
-    /// above the limit of one of the layer's quotas (its own, a route's, or
-    /// one added with [`also`](Self::also)): no request could be admitted.
+    /// - [`ConfigError::CostAboveLimit`] when a fixed [`cost`](Self::cost) is
+    ///   above the limit of one of the layer's quotas (its own, a route's, or
+    ///   one added with [`also`](Self::also)): no request could be admitted.
+    /// - [`ConfigError::ReserveWithoutCharge`] for a
+    ///   [`reserve`](Self::reserve) without a [`charge`](Self::charge) to
+    ///   settle it.
+    /// - [`ConfigError::ReserveWithCost`] for a `reserve` together with a
+    ///   `cost` or [`cost_fn`](Self::cost_fn): the reservation is the
+    ///   request's cost on the way in.
     pub fn check(&self) -> Result<(), ConfigError> {
         let s = &self.core.settings;
-        if let Some(SpendPlan {
-            cost: Some(Cost::Fixed(cost)),
-            ..
-        }) = s.spend
-        {
+        let Some(plan) = &s.spend else {
+            return Ok(());
+        };
+        if plan.reserve.is_some() {
+            if s.charge.is_none() {
+                return Err(ConfigError::ReserveWithoutCharge);
+            }
+            if plan.cost.is_some() {
+                return Err(ConfigError::ReserveWithCost);
+            }
+        }
+        if let Some(Cost::Fixed(cost)) = plan.cost {
             let limit = s.policies.smallest_limit();
             if cost > limit {
                 return Err(ConfigError::CostAboveLimit { cost, limit });
@@ -720,6 +820,41 @@ mod tests {
         let blocked = layer().block_for(Window::new(Duration::from_nanos(1_000_001)).unwrap());
         let plan = blocked.core.settings.spend.unwrap();
         assert_eq!(plan.block.unwrap().as_millis(), 2, "rounded up");
+    }
+
+    #[test]
+    fn a_reservation_needs_a_charge_and_no_cost_in_any_order() {
+        let layer = || RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap());
+        let estimate = |_: &RequestHead<'_>| 3;
+        let used = |_: &ResponseEnd<'_>| Some(2);
+        assert_eq!(
+            layer().reserve(estimate).check(),
+            Err(ConfigError::ReserveWithoutCharge)
+        );
+        assert_eq!(
+            layer()
+                .reserve(estimate)
+                .block_for(Window::new(Duration::from_secs(1)).unwrap())
+                .check(),
+            Err(ConfigError::ReserveWithoutCharge)
+        );
+        assert_eq!(layer().reserve(estimate).charge(used).check(), Ok(()));
+        assert_eq!(layer().charge(used).reserve(estimate).check(), Ok(()));
+        assert_eq!(
+            layer().cost(2).charge(used).reserve(estimate).check(),
+            Err(ConfigError::ReserveWithCost)
+        );
+        assert_eq!(
+            layer()
+                .reserve(estimate)
+                .charge(used)
+                .cost_fn(estimate)
+                .check(),
+            Err(ConfigError::ReserveWithCost)
+        );
+        // A charge alone, and a cost beside a charge, as before.
+        assert_eq!(layer().charge(|_: &ResponseEnd<'_>| 1).check(), Ok(()));
+        assert_eq!(layer().cost(2).charge(used).check(), Ok(()));
     }
 
     #[test]

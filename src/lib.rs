@@ -114,7 +114,7 @@
 //! | quotas, rate strings (`"100/min"`), policy names (guide: `docs/quotas.md`) | [`Quota`], [`NamedQuota`], [`Window`] |
 //! | whom to count: peer address, client behind proxies, header, route, allowlists (guide: `docs/client-identity.md`) | [`key`] |
 //! | counting by the answer (failed logins; guide: `docs/outcomes.md`) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`](outcome::CountOnly) |
-//! | request costs, response charges (token budgets), lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
+//! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials (guide: `docs/headers.md`) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
 //! | a budget for outbound calls, shared by every instance, that waits for its window (guide: `docs/outbound.md`) | [`outbound::BudgetLayer`] |
 //! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`OnMissingKey`], [`ConfigError`] |

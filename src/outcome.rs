@@ -9,7 +9,8 @@
 //! - [`reset_if`](crate::RateLimitLayer::reset_if) clears the key's counters
 //!   when the answer says so (a successful login);
 //! - a [`charge`](crate::RateLimitLayer::charge) adds the answer's cost when
-//!   its body ends ([`cost`](crate::cost)).
+//!   its body ends, or settles the request's
+//!   [`reserve`](crate::RateLimitLayer::reserve) to it ([`cost`](crate::cost)).
 //!
 //! A layer without any of them keeps nothing for the answer and allocates
 //! nothing for it. What keeps a hit counted, on purpose: a service error or
@@ -35,6 +36,7 @@ use smallvec::SmallVec;
 use crate::backend::{Amend, Backend, BackendError, Hit, Hits};
 use crate::charge::{Meter, ResponseEnd};
 use crate::core::{Core, LogGate};
+use crate::cost::settle;
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::policy::Policy;
@@ -312,20 +314,30 @@ where
     D: Send + Sync + 'static,
 {
     fn end(self: Box<Self>, end: &ResponseEnd<'_>) {
-        let Some(charge) = self.core.settings.charge.clone() else {
+        let settings = &self.core.settings;
+        let Some(charge) = settings.charge.clone() else {
             return;
         };
-        let cost = charge(end);
-        if cost == 0 {
-            return;
+        let used = charge(end);
+        // What the request spent for the charge to settle: its reservation
+        // under `reserve`; 0 otherwise (a `cost` set beside a charge is
+        // kept, and the charge added to it).
+        let reserved = match &settings.spend {
+            Some(plan) if plan.reserve.is_some() => self.cost.unwrap_or(0),
+            _ => 0,
+        };
+        let (name, gate) = (settings.name.clone(), settings.warn_gate.clone());
+        if used.is_none()
+            && let Some(suppressed) = gate.admit()
+        {
+            tracing::warn!(limiter = %name, reserved, suppressed, "rate-limit charge could not read the answer's usage (absent or malformed): nothing charged or settled (a reservation stays spent)");
         }
-        let (name, gate) = (
-            self.core.settings.name.clone(),
-            self.core.settings.warn_gate.clone(),
-        );
-        if self.amend(Some(Amend::Charge(cost))).is_some() && gate.admit().is_some() {
+        let Some(amend) = settle(reserved, used) else {
+            return;
+        };
+        if self.amend(Some(amend)).is_some() && gate.admit().is_some() {
             // No tokio runtime to finish it on, and a body cannot wait.
-            tracing::warn!(limiter = %name, cost, "rate-limit charge dropped: the backend could not take it at once, and there is no tokio runtime to finish it on");
+            tracing::warn!(limiter = %name, ?amend, "rate-limit charge dropped: the backend could not take it at once, and there is no tokio runtime to finish it on");
         }
     }
 }

@@ -475,3 +475,66 @@ async fn a_charged_layer_is_an_axum_layer() {
     assert_eq!(backend.count("tokens").await, Some(12));
     let _: RateLimitLayer<GlobalKey> = RateLimitLayer::new("plain", quota(1, 1));
 }
+
+/// A reservation settles like a charge: a body dropped mid-stream settles
+/// with what the charge reads then; a settle never recreates a counter
+/// that was reset, nor reaches the window after its own.
+#[tokio::test(start_paused = true)]
+async fn a_reservation_settles_when_cut_short_and_only_in_its_own_window() {
+    let backend = Recorded::new();
+    let layer = RateLimitLayer::new("tokens", quota(1000, 60))
+        .backend(backend.clone())
+        .reserve(|req| {
+            let header = req.headers().get("x-max-tokens");
+            header.map_or(0, |v| v.to_str().unwrap().parse().unwrap())
+        })
+        .charge(|end| {
+            let header = end.headers().get("x-usage");
+            let usage: u64 = header.map_or(0, |v| v.to_str().unwrap().parse().unwrap());
+            if end.complete() { usage } else { usage / 2 }
+        });
+    let head_usage = service_fn(|_request: Request<()>| async {
+        let mut response = Response::new(Frames(
+            vec![
+                Frame::data(Bytes::from_static(b"a")),
+                Frame::data(Bytes::from_static(b"b")),
+            ]
+            .into_iter(),
+        ));
+        response
+            .headers_mut()
+            .insert("x-usage", "100".parse().unwrap());
+        Ok::<_, Infallible>(response)
+    });
+    let service = layer.layer(head_usage);
+    let call = || service.clone().oneshot(request(&[("x-max-tokens", "300")]));
+    let response = call().await.unwrap();
+    assert_eq!(response.headers()["ratelimit"], "\"tokens\";r=700;t=60");
+    let mut body = response.into_body();
+    body.frame().await.unwrap().unwrap();
+    assert_eq!(backend.count("tokens").await, Some(300), "reserved");
+    drop(body);
+    assert_eq!(
+        backend.count("tokens").await,
+        Some(50),
+        "settled to what the charge read of a body cut short"
+    );
+    // Reset while the body streams: the settle creates nothing.
+    let response = call().await.unwrap();
+    assert!(backend.reset("tokens", &Key::new("*")).await.unwrap());
+    response.into_body().collect().await.unwrap();
+    assert_eq!(backend.count("tokens").await, None, "never recreated");
+    // Its window closed and another opened: the refund does not cross.
+    let late = call().await.unwrap();
+    advance(Duration::from_secs(61)).await;
+    let next = call().await.unwrap();
+    assert_eq!(backend.count("tokens").await, Some(300));
+    late.into_body().collect().await.unwrap();
+    assert_eq!(
+        backend.count("tokens").await,
+        Some(300),
+        "only its own window"
+    );
+    next.into_body().collect().await.unwrap();
+    assert_eq!(backend.count("tokens").await, Some(100));
+}

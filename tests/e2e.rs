@@ -224,27 +224,33 @@ async fn a_route_quota_through_route_layer() {
 #[path = "../examples/token_budget.rs"]
 mod token_budget;
 
-/// examples/token_budget.rs on a real server: each answer is charged the
-/// tokens its `x-usage-tokens` header says, once hyper has sent its body.
+/// examples/token_budget.rs on a real server: each call reserves its
+/// `x-max-tokens` on the way in, and its answer settles the reservation to
+/// the tokens its `x-usage-tokens` header says, once hyper has sent its body.
 #[tokio::test]
-async fn the_token_budget_example_charges_each_answers_tokens_per_api_key() {
+async fn the_token_budget_example_reserves_then_settles_per_api_key() {
     use bytes::Bytes;
     use http_body_util::{BodyExt, Full};
     use hyper_util::rt::TokioExecutor;
-    use tower_pinned_window::backend::MemoryBackend;
+    use tower_pinned_window::backend::{Backend, MemoryBackend};
+    use tower_pinned_window::key::Key;
 
     let budget = token_budget::budget().unwrap();
     assert_eq!(budget, quota(1000, 60), "the default, TOKEN_BUDGET unset");
-    let server = serve(token_budget::app(MemoryBackend::new(), budget)).await;
+    let backend = MemoryBackend::new();
+    let server = serve(token_budget::app(backend.clone(), budget)).await;
     let client = hyper_util::client::legacy::Client::builder(TokioExecutor::new())
         .build_http::<Full<Bytes>>();
     let url = format!("{}/complete", server.url);
-    let complete = |key: &'static str| {
-        let request = http::Request::post(&url)
+    let complete = |key: &'static str, max_tokens: Option<&'static str>, tokens: u64| {
+        let mut request = http::Request::post(&url)
             .header("x-api-key", key)
-            .header("content-type", "application/json")
-            .body(Full::new(Bytes::from_static(br#"{"tokens": 300}"#)))
-            .unwrap();
+            .header("content-type", "application/json");
+        if let Some(max_tokens) = max_tokens {
+            request = request.header("x-max-tokens", max_tokens);
+        }
+        let body = Bytes::from(format!("{{\"tokens\": {tokens}}}"));
+        let request = request.body(Full::new(body)).unwrap();
         let client = client.clone();
         async move {
             let response = client.request(request).await.unwrap();
@@ -253,21 +259,30 @@ async fn the_token_budget_example_charges_each_answers_tokens_per_api_key() {
             (parts, body)
         }
     };
-    for (i, left) in [1000, 700, 400, 100].into_iter().enumerate() {
-        let (parts, body) = complete("k1").await;
-        assert_eq!(parts.status, StatusCode::OK, "request {i}");
+    let spent = |key: &'static str| {
+        let backend = backend.clone();
+        async move {
+            let hit = backend.peek("tokens", &Key::new(key)).await.unwrap();
+            hit.map(|hit| hit.count)
+        }
+    };
+    let limit = budget.limit();
+    let mut left = limit;
+    while left >= 300 {
+        let (parts, body) = complete("k1", Some("300"), 300).await;
+        assert_eq!(parts.status, StatusCode::OK, "{left} left");
         assert_eq!(parts.headers["x-usage-tokens"], "300");
-        // The headers show the count before this answer's charge.
+        left -= 300;
+        // The headers show the budget after this call's reservation.
         assert_eq!(
             parts.headers["ratelimit"],
             format!("\"tokens\";r={left};t=60").as_str(),
-            "request {i}"
         );
         let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
         assert_eq!(json["usage"]["tokens"], 300);
     }
-    // 1200 tokens spent, past the budget: denied until the window closes.
-    let (parts, _) = complete("k1").await;
+    // Less than an estimate left: denied, and nothing spent past the budget.
+    let (parts, _) = complete("k1", Some("300"), 300).await;
     assert_eq!(parts.status, StatusCode::TOO_MANY_REQUESTS);
     let retry: u64 = parts.headers["retry-after"]
         .to_str()
@@ -275,13 +290,77 @@ async fn the_token_budget_example_charges_each_answers_tokens_per_api_key() {
         .parse()
         .unwrap();
     assert!((1..=60).contains(&retry), "Retry-After {retry}");
-    let (parts, _) = complete("k2").await;
+    assert_eq!(spent("k1").await, Some(limit - left));
+
+    // A call that uses less than it reserved gives the rest back.
+    let (parts, _) = complete("k2", Some("300"), 120).await;
+    assert_eq!(parts.status, StatusCode::OK);
     assert_eq!(
-        parts.status,
-        StatusCode::OK,
-        "another key has its own budget"
+        parts.headers["ratelimit"],
+        format!("\"tokens\";r={};t=60", limit - 300).as_str()
     );
-    assert_eq!(parts.headers["ratelimit"], "\"tokens\";r=1000;t=60");
+    assert_eq!(parts.headers["x-usage-tokens"], "120");
+    assert_eq!(spent("k2").await, Some(120), "settled to the use");
+    // Without `x-max-tokens`, the default estimate is reserved and the
+    // answer capped at it.
+    let (parts, _) = complete("k3", None, 10_000).await;
+    let default = token_budget::DEFAULT_MAX_TOKENS;
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_eq!(
+        parts.headers["x-usage-tokens"],
+        default.to_string().as_str()
+    );
+    assert_eq!(spent("k3").await, Some(default));
+}
+
+/// examples/token_budget.rs's `--measure`: sequential calls until the first
+/// 429, charged only, or reserved then settled; the figures follow from the
+/// budget and the scenario's estimate and use.
+#[tokio::test]
+async fn the_token_budget_measure_mode_never_overspends_with_reservations() {
+    use token_budget::Budgeting;
+
+    let budget = token_budget::budget().unwrap();
+    let limit = budget.limit();
+    let estimate = 300;
+    for usage in [300, 120] {
+        // Charged only: admitted while under the budget, so the last call
+        // takes the count past it.
+        let charged = token_budget::measure(budget, Budgeting::ChargeOnly, estimate, usage)
+            .await
+            .unwrap();
+        let admitted = limit.div_ceil(usage);
+        assert_eq!(
+            (charged.admitted, charged.spent),
+            (admitted, admitted * usage),
+            "{charged}"
+        );
+        assert_eq!(charged.overspend(), admitted * usage - limit);
+        assert!(charged.overspend() > 0, "{charged}");
+        // Reserved then settled: admitted only while the estimate fits.
+        let reserved = token_budget::measure(budget, Budgeting::ReserveThenSettle, estimate, usage)
+            .await
+            .unwrap();
+        let admitted = (limit - estimate) / usage + 1;
+        assert_eq!(
+            (reserved.admitted, reserved.spent),
+            (admitted, admitted * usage),
+            "{reserved}"
+        );
+        assert_eq!(reserved.overspend(), 0);
+        assert_eq!(
+            reserved.to_string(),
+            format!(
+                "reserve then settle: admitted {admitted}, spent {} of {limit} (overspend 0)",
+                admitted * usage
+            )
+        );
+        if usage < estimate {
+            // The refund of the unused estimate lets more calls in than
+            // estimates fit in the budget.
+            assert!(reserved.admitted > limit / estimate, "{reserved}");
+        }
+    }
 }
 
 #[allow(dead_code)]

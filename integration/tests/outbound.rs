@@ -564,6 +564,12 @@ async fn impossible_calls_and_bad_settings_are_refused() {
         Err(ConfigError::ReserveWithoutCharge)
     );
     assert!(layer.clone().reserve(|_| 1).charge(|_| 1).check().is_ok());
+    for both in [
+        layer.clone().cost(1).reserve(|_| 1).charge(|_| 1),
+        layer.clone().reserve(|_| 1).charge(|_| 1).cost_fn(|_| 1),
+    ] {
+        assert_eq!(both.check(), Err(ConfigError::ReserveWithCost));
+    }
     assert_eq!(
         Quota::new(0, Duration::from_secs(1)).unwrap_err(),
         ConfigError::ZeroLimit

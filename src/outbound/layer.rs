@@ -10,7 +10,7 @@ use tower_layer::Layer;
 use crate::FailurePolicy;
 use crate::backend::{MemoryBackend, Spending};
 use crate::core::LogGate;
-use crate::cost::{Cost, ResponseEnd};
+use crate::cost::{Cost, CostFn, ResponseEnd};
 use crate::error::ConfigError;
 use crate::insurance::Insurance;
 use crate::key::{GlobalKey, KeyExtractor, RequestHead};
@@ -48,8 +48,10 @@ pub struct BudgetLayer<K = GlobalKey, Bk = MemoryBackend> {
 struct Settings {
     name: Arc<str>,
     quota: Quota,
-    cost: Cost,
-    reserve: bool,
+    /// What a call spends: `cost` or `cost_fn`.
+    cost: Option<Cost>,
+    /// What a call reserves, for its charge to settle.
+    reserve: Option<CostFn>,
     charge: Option<UsageFn>,
     max_wait: Duration,
     max_waiters: usize,
@@ -93,8 +95,8 @@ impl BudgetLayer {
             settings: Settings {
                 name: name.into(),
                 quota,
-                cost: Cost::Fixed(1),
-                reserve: false,
+                cost: None,
+                reserve: None,
                 charge: None,
                 max_wait: DEFAULT_MAX_WAIT,
                 max_waiters: DEFAULT_MAX_WAITERS,
@@ -132,11 +134,11 @@ impl<K, Bk> BudgetLayer<K, Bk> {
         }
     }
 
-    /// Every call costs `cost` (default 1), all or nothing: it is sent only
+    /// Every call costs `cost` (default 1; 0 under a
+    /// [`charge`](Self::charge) alone), all or nothing: it is sent only
     /// when its whole cost fits in what is left of the window.
     pub fn cost(mut self, cost: u64) -> Self {
-        self.settings.cost = Cost::Fixed(cost);
-        self.settings.reserve = false;
+        self.settings.cost = Some(Cost::Fixed(cost));
         self
     }
 
@@ -146,8 +148,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
-        self.settings.cost = Cost::By(Arc::new(cost));
-        self.settings.reserve = false;
+        self.settings.cost = Some(Cost::By(Arc::new(cost)));
         self
     }
 
@@ -155,13 +156,14 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// call's `max_tokens`), all or nothing like a cost, and its answer's
     /// [`charge`](Self::charge) settles the reservation to the actual use:
     /// the difference is refunded or charged, in the window the call was
-    /// counted in. Needs a charge ([`check`](Self::check)).
+    /// counted in. Needs a charge, and takes the place of a cost: with
+    /// either missing or both set, [`check`](Self::check) refuses the
+    /// layer, in whatever order the setters came.
     pub fn reserve<F>(mut self, estimate: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
-        self.settings.cost = Cost::By(Arc::new(estimate));
-        self.settings.reserve = true;
+        self.settings.reserve = Some(Arc::new(estimate));
         self
     }
 
@@ -244,9 +246,10 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// - [`ConfigError::CostAboveLimit`] for a fixed cost above the limit:
     ///   no call could ever be sent.
     /// - [`ConfigError::ReserveWithoutCharge`] for a reservation that no
-    ///   charge settles.
+    ///   charge settles, and [`ConfigError::ReserveWithCost`] for one beside
+    ///   a cost.
     pub fn check(&self) -> Result<(), ConfigError> {
-        if let Cost::Fixed(cost) = self.settings.cost
+        if let Some(Cost::Fixed(cost)) = self.settings.cost
             && cost > self.settings.quota.limit()
         {
             return Err(ConfigError::CostAboveLimit {
@@ -254,8 +257,13 @@ impl<K, Bk> BudgetLayer<K, Bk> {
                 limit: self.settings.quota.limit(),
             });
         }
-        if self.settings.reserve && self.settings.charge.is_none() {
-            return Err(ConfigError::ReserveWithoutCharge);
+        if self.settings.reserve.is_some() {
+            if self.settings.charge.is_none() {
+                return Err(ConfigError::ReserveWithoutCharge);
+            }
+            if self.settings.cost.is_some() {
+                return Err(ConfigError::ReserveWithCost);
+            }
         }
         Ok(())
     }
@@ -275,8 +283,13 @@ impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
             name: Arc::clone(&self.settings.name),
             quota: self.settings.quota,
             backend: self.backend.clone(),
-            cost: self.settings.cost.clone(),
-            reserve: self.settings.reserve,
+            cost: match (&self.settings.reserve, &self.settings.cost) {
+                (Some(estimate), _) => Cost::By(Arc::clone(estimate)),
+                (None, Some(cost)) => cost.clone(),
+                (None, None) if self.settings.charge.is_some() => Cost::Fixed(0),
+                (None, None) => Cost::Fixed(1),
+            },
+            reserve: self.settings.reserve.is_some(),
             charge: self.settings.charge.clone(),
             max_wait: self.settings.max_wait,
             max_waiters: self.settings.max_waiters,
@@ -296,7 +309,7 @@ impl<K, Bk> std::fmt::Debug for BudgetLayer<K, Bk> {
         f.debug_struct("BudgetLayer")
             .field("name", &self.settings.name)
             .field("quota", &self.settings.quota)
-            .field("reserve", &self.settings.reserve)
+            .field("reserve", &self.settings.reserve.is_some())
             .field("charge", &self.settings.charge.is_some())
             .field("max_wait", &self.settings.max_wait)
             .field("max_waiters", &self.settings.max_waiters)

@@ -8,8 +8,9 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use crate::backend::{Amend, BackendError, Hit, Spending};
+use crate::backend::{BackendError, Hit, Spending};
 use crate::charge::{Meter, ResponseEnd};
+use crate::cost::settle;
 use crate::key::Key;
 
 use super::admit::Budget;
@@ -25,19 +26,6 @@ pub(crate) struct Tab<Bk> {
     pub(crate) insured: bool,
 }
 
-/// The amend that takes a call that spent `spent` to `used`: under a
-/// reservation, the difference either way; otherwise the usage on top.
-pub(crate) fn amend(reserve: bool, spent: u64, used: u64) -> Option<Amend> {
-    if !reserve {
-        return (used > 0).then_some(Amend::Charge(used));
-    }
-    match used.cmp(&spent) {
-        std::cmp::Ordering::Greater => Some(Amend::Charge(used - spent)),
-        std::cmp::Ordering::Less => Some(Amend::Refund(spent - used)),
-        std::cmp::Ordering::Equal => None,
-    }
-}
-
 impl<Bk: Spending> Meter for Tab<Bk> {
     fn end(self: Box<Self>, end: &ResponseEnd<'_>) {
         let budget = &self.budget;
@@ -48,7 +36,8 @@ impl<Bk: Spending> Meter for Tab<Bk> {
             budget.log_unreadable_usage();
             return;
         };
-        let Some(amend) = amend(budget.reserve, self.spent, used) else {
+        let reserved = if budget.reserve { self.spent } else { 0 };
+        let Some(amend) = settle(reserved, Some(used)) else {
             return;
         };
         if self.insured {
@@ -90,19 +79,5 @@ fn report(budget: &str, result: Result<bool, BackendError>) {
         Err(err) => {
             tracing::warn!(budget, error = %err, "budget settle failed: what the call spent stays")
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_reservation_settles_to_the_usage_and_a_charge_adds_it() {
-        assert_eq!(amend(true, 300, 120), Some(Amend::Refund(180)));
-        assert_eq!(amend(true, 300, 450), Some(Amend::Charge(150)));
-        assert_eq!(amend(true, 300, 300), None);
-        assert_eq!(amend(false, 1, 40), Some(Amend::Charge(40)));
-        assert_eq!(amend(false, 0, 0), None);
     }
 }
