@@ -35,7 +35,9 @@
 //!   for; 1 when it was admitted with the store failing (insurance);
 //! - OUT.spends, one line a spend's answer: `unix_us verdict count
 //!   deadline_ms reset_ms local`, the verdict `admitted` (a count within
-//!   the limit, counted in a window: a deadline), `denied` or `failed`;
+//!   the limit, counted in a window: a deadline), `denied`, `failed`, or
+//!   `unanswered` (dropped before its answer: the layer's timeout, or a
+//!   call dropped while it waited);
 //!   `local` 1 when the answer was ready at once, without a round trip (the
 //!   Redis backend's deny cache), and a last line `totals spends amends
 //!   hits refunds` of the calls to each step.
@@ -199,6 +201,9 @@ enum Verdict {
     },
     Denied,
     Failed,
+    /// Dropped before its answer: the layer's timeout (an outage, for the
+    /// failure policy) or a call dropped while it waited.
+    Unanswered,
 }
 
 fn probe(change: impl FnOnce(&mut Probe)) {
@@ -247,6 +252,7 @@ struct Recorded<F> {
     limit: u64,
     log: Arc<Log>,
     polled: bool,
+    done: bool,
 }
 
 impl<F> Future for Recorded<F>
@@ -258,6 +264,7 @@ where
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let first = !std::mem::replace(&mut self.polled, true);
         let answer = std::task::ready!(Pin::new(&mut self.inner).poll(cx));
+        self.done = true;
         let hit = answer.as_ref().ok().and_then(|hits| hits.first().copied());
         let verdict = match hit {
             Some(Hit {
@@ -284,6 +291,25 @@ where
             });
         probe(|p| p.last = verdict);
         Poll::Ready(answer)
+    }
+}
+
+impl<F> Drop for Recorded<F> {
+    fn drop(&mut self) {
+        if !self.done {
+            self.log
+                .spends
+                .lock()
+                .expect("not poisoned")
+                .push(SpendRecord {
+                    unix_us: unix_us(),
+                    verdict: Verdict::Unanswered,
+                    count: 0,
+                    reset_ms: 0,
+                    local: false,
+                });
+            probe(|p| p.last = Verdict::Unanswered);
+        }
     }
 }
 
@@ -338,6 +364,7 @@ impl<B> Recording<B> {
             limit: self.limit,
             log: Arc::clone(&self.log),
             polled: false,
+            done: false,
         }
     }
 }
@@ -488,7 +515,8 @@ async fn client(id: u32, out: &str) -> Result<(), Error> {
                 }
                 _ => (0, 0),
             };
-            let insured = c.probe.admitted_us > 0 && c.probe.last == Verdict::Failed;
+            let insured = c.probe.admitted_us > 0
+                && matches!(c.probe.last, Verdict::Failed | Verdict::Unanswered);
             text.push_str(&format!(
                 "{} {} {} {} {} {} {} {}\n",
                 c.arrived_us,
@@ -510,6 +538,7 @@ async fn client(id: u32, out: &str) -> Result<(), Error> {
             Verdict::Admitted { deadline_ms, .. } => ("admitted", deadline_ms),
             Verdict::Denied => ("denied", 0),
             Verdict::Failed | Verdict::None => ("failed", 0),
+            Verdict::Unanswered => ("unanswered", 0),
         };
         text.push_str(&format!(
             "{} {verdict} {} {deadline_ms} {} {}\n",
@@ -961,13 +990,14 @@ fn report(events: &str, provider: &str, outs: &[&str]) -> Result<bool, Error> {
     let admitted_store = windows.values().map(Vec::len).sum::<usize>().max(1) as f64;
     let remote = spends.iter().filter(|s| !s.local).count();
     println!(
-        "store calls: {} spends ({:.2} per admitted call), {remote} of them answered by Redis ({:.2} per admitted call): admitted {}, denied {}, failed {}; answered at once in the process: denied {} (the deny cache), failed {}, admitted {}; {} amends, {} hits, {} refunds; the calls' own count: {} spends",
+        "store calls: {} spends ({:.2} per admitted call), {remote} of them sent to Redis ({:.2} per admitted call): admitted {}, denied {}, failed {}, unanswered (timed out or dropped) {}; answered at once in the process: denied {} (the deny cache), failed {}, admitted {}; {} amends, {} hits, {} refunds; the calls' own count: {} spends",
         totals.spends,
         totals.spends as f64 / admitted_store,
         remote as f64 / admitted_store,
         by("admitted", false),
         by("denied", false),
         by("failed", false),
+        by("unanswered", false),
         by("denied", true),
         by("failed", true),
         by("admitted", true),
@@ -977,11 +1007,11 @@ fn report(events: &str, provider: &str, outs: &[&str]) -> Result<bool, Error> {
         calls.iter().map(|c| c.spends).sum::<u64>()
     );
     if totals.spends != spends.len() as u64 {
-        println!(
-            "  ({} spends asked, {} answered: the others were dropped with the calls still waiting at the end)",
+        fail(format!(
+            "{} spends asked, {} written down",
             totals.spends,
             spends.len()
-        );
+        ));
     }
     // Away from the outage (before the kill, and from the first admission
     // after the restart): what the store is asked while it is up.
@@ -1001,7 +1031,7 @@ fn report(events: &str, provider: &str, outs: &[&str]) -> Result<bool, Error> {
         .count()
         .max(1) as f64;
     println!(
-        "store calls while Redis is up (before the kill, from the first admission after the restart): {:.3} spends per admitted call, {:.3} answered by Redis ({} spends, {} admitted)",
+        "store calls while Redis is up (before the kill, from the first admission after the restart): {:.3} spends per admitted call, {:.3} sent to Redis ({} spends, {} admitted)",
         up_spends.len() as f64 / up_admitted,
         up_spends.iter().filter(|s| !s.local).count() as f64 / up_admitted,
         up_spends.len(),
@@ -1054,8 +1084,7 @@ fn report(events: &str, provider: &str, outs: &[&str]) -> Result<bool, Error> {
             .map(|s| s.unix_us / 1000);
         let last_before = spends
             .iter()
-            .filter(|s| s.verdict == "admitted" && s.unix_us / 1000 < kill)
-            .next_back();
+            .rfind(|s| s.verdict == "admitted" && s.unix_us / 1000 < kill);
         let cut = last_before.map(|s| {
             (
                 s.deadline_ms,
