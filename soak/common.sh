@@ -30,28 +30,33 @@ stop_started() {
 }
 
 # With KEEP set, copy the run's answers and events (and the Cluster soak's
-# slots of the keys) there before they go.
+# slots of the keys, the outbound soak's provider log) there before they go.
 keep_run() {
   if [ -n "${KEEP:-}" ]; then
     mkdir -p "$KEEP" && cp "$dir"/answers.* "$dir"/events "$KEEP"/ 2>/dev/null || true
-    if [ -f "$dir/slots" ]; then cp "$dir/slots" "$KEEP"/; fi
+    local f
+    for f in slots provider; do
+      if [ -f "$dir/$f" ]; then cp "$dir/$f" "$KEEP"/; fi
+    done
   fi
 }
 
 # For a soak on Redis servers of its own: redis-server checked for, the run's
 # temporary directory ($dir), every process stopped and the directory
-# removed at exit, the soak program built ($soak_bin).
+# removed at exit, the soak program built ($soak_bin: bench/src/bin/$1.rs,
+# soak.rs by default).
 begin_redis_soak() {
   command -v redis-server >/dev/null || { echo "redis-server not found (apt-get install redis-server)" >&2; exit 1; }
   dir=$(mktemp -d)
   trap 'stop_started; keep_run; rm -rf "$dir"' EXIT
   trap 'exit 130' INT TERM
-  build_soak
+  build_soak "${1:-soak}"
 }
 
-build_soak() {
-  cargo build --release -p tower-pinned-window-bench --bin soak --features cluster --quiet
-  soak_bin=${CARGO_TARGET_DIR:-target}/release/soak
+build_soak() { # [bin]
+  local bin=${1:-soak}
+  cargo build --release -p tower-pinned-window-bench --bin "$bin" --features cluster --quiet
+  soak_bin=${CARGO_TARGET_DIR:-target}/release/$bin
 }
 
 # Start $INSTANCES instances of $1 (sentinel, postgres) until END_MS, each
@@ -74,6 +79,25 @@ wait_instances() {
     wait "$pid" || { echo "instance $pid failed" >&2; failed=1; }
   done
   return $failed
+}
+
+# Start a standalone redis-server on $port (again, after a kill: same port),
+# without persistence, in $dir; its id in $redis_pid. Exits when it does not
+# answer PING within 10 s.
+redis_pid=
+start_redis() {
+  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
+    --dir "$dir" --logfile "$dir/redis.log" &
+  redis_pid=$!
+  started+=("$redis_pid")
+  local i
+  for i in $(seq 1 200); do
+    [ "$(redis-cli -h 127.0.0.1 -p "$port" PING 2>/dev/null)" = PONG ] && return 0
+    sleep 0.05
+  done
+  echo "redis-server on $port did not answer; log:" >&2
+  tail -n 20 "$dir/redis.log" >&2
+  exit 1
 }
 
 # Scan the Redis on port $2 for the run's counters (under $PREFIX): how

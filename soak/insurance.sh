@@ -31,22 +31,6 @@ begin_redis_soak
 
 port=$(free_port)
 export REDIS_URL="redis://127.0.0.1:$port/"
-redis_pid=
-start_redis() {
-  redis-server --port "$port" --bind 127.0.0.1 --save "" --appendonly no \
-    --dir "$dir" --logfile "$dir/redis.log" &
-  redis_pid=$!
-  started+=("$redis_pid")
-  local i
-  for i in $(seq 1 200); do
-    [ "$(redis-cli -h 127.0.0.1 -p "$port" PING 2>/dev/null)" = PONG ] && return 0
-    sleep 0.05
-  done
-  echo "redis-server on $port did not answer; log:" >&2
-  tail -n 20 "$dir/redis.log" >&2
-  exit 1
-}
-
 
 start_redis
 echo "insurance soak: $INSTANCES instances x $RATE requests/s for $DURATION s, $KEYS keys, $LIMIT per $WINDOW_MS ms, insurance share ${INSURE_SHARE:-off (fail closed)}; Redis (port $port) killed at $KILL_AT s, restarted $DOWN_FOR s later"
