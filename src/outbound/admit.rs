@@ -24,7 +24,7 @@ use crate::quota::Quota;
 use crate::request::RequestHead;
 
 use super::error::BudgetError;
-use super::line::Lines;
+use super::line::{Lines, Turn};
 
 /// A response's usage, read when its body ends; `None` when it cannot be
 /// read (absent or malformed).
@@ -67,6 +67,8 @@ pub(crate) struct Admitted {
     pub(crate) hit: Option<Hit>,
     /// The insurance limiter counted it, in this process.
     pub(crate) insured: bool,
+    /// What is left in the window after it, as far as the store said.
+    pub(crate) room: u64,
 }
 
 /// One ask's answer.
@@ -148,6 +150,7 @@ impl<Bk: Spending> Budget<Bk> {
                 Ok(Try::Admitted(Admitted {
                     hit: None,
                     insured: false,
+                    room: 0,
                 }))
             }
             (FailurePolicy::Insurance(share), Some(insurance)) => {
@@ -207,6 +210,7 @@ fn verdict(hit: Hit, limit: u64, insured: bool) -> Try {
         Try::Admitted(Admitted {
             hit: Some(hit),
             insured,
+            room: limit - hit.count,
         })
     } else {
         Try::Denied(hit.reset)
@@ -257,17 +261,19 @@ pub(crate) async fn wait<Bk: Spending>(
             retry_after: earliest - now,
         });
     }
-    let Ok(turn) = tokio::time::timeout_at(bound, place.turn()).await else {
-        let now = Instant::now();
-        let returns = place.earliest(now, 0, budget.quota).unwrap_or(now);
-        return Err(BudgetError::Exhausted {
-            retry_after: returns - now,
-        });
-    };
-    // At the head: the one call of this line that asks the store.
     loop {
+        let Ok(turn) = tokio::time::timeout_at(bound, place.turn()).await else {
+            let now = Instant::now();
+            let returns = place.earliest(now, 0, budget.quota).unwrap_or(now);
+            return Err(BudgetError::Exhausted {
+                retry_after: returns - now,
+            });
+        };
         let now = Instant::now();
-        if let Some(opens_at) = place.opens_at(now) {
+        if turn == Turn::Head
+            && let Some(opens_at) = place.opens_at(now)
+        {
+            // The one call of this line that waits for the window's end.
             if opens_at > bound {
                 return Err(BudgetError::Exhausted {
                     retry_after: opens_at - now,
@@ -279,10 +285,17 @@ pub(crate) async fn wait<Bk: Spending>(
         let answer = budget.timed(budget.spend(&key, cost)).await;
         match budget.judge(&key, cost, answer)? {
             Try::Admitted(admitted) => {
-                drop(turn);
+                place.admitted(admitted.room);
                 return Ok(admitted);
             }
-            Try::Denied(reset) => place.closed_until(Instant::now() + reset.max(MIN_NAP)),
+            Try::Denied(reset) => {
+                let now = Instant::now();
+                let opens_at = now + reset.max(MIN_NAP);
+                place.denied(opens_at);
+                if opens_at > bound {
+                    return Err(BudgetError::Exhausted { retry_after: reset });
+                }
+            }
         }
     }
 }

@@ -1,18 +1,27 @@
 //! The calls of this process that wait for a budget: one line per budget
-//! key, served in arrival order, with one call at a time (the line's head)
-//! asking the store while the budget is spent.
+//! key, served in arrival order.
+//!
+//! While the budget is spent, one call of a line, its head, asks the store
+//! (once the window ends); the others sleep. When the store admits the
+//! head and says how much room is left, the head lets the calls behind it
+//! that fit in that room ask at once, together (a wave), so a line is
+//! served as fast as a process whose calls find room on their own. The
+//! next head is chosen only once the wave has its answers: a call of the
+//! wave that the store turned away (another process took the room) goes
+//! back to its place at the front.
 //!
 //! A call joins a line only once the budget turned it away, or when others
 //! of its key already wait here: a call that finds room never touches the
 //! line, so a budget with room costs one store call and no lock beyond a
 //! counter's read.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use crate::key::Key;
@@ -32,19 +41,44 @@ pub(crate) struct Lines {
 
 /// One budget key's line.
 #[derive(Debug, Default)]
-pub(crate) struct Line {
-    /// Held by the head; `tokio`'s lock hands it over in arrival order, and
-    /// a waiter dropped while queued for it leaves the queue.
-    turn: tokio::sync::Mutex<()>,
+struct Line {
     state: Mutex<State>,
 }
 
 #[derive(Debug, Default)]
 struct State {
+    /// The calls waiting for their turn, in arrival order.
+    queue: VecDeque<Arc<Ticket>>,
+    /// A call is the head: it asks the store, or sleeps until the budget
+    /// returns.
+    head: bool,
+    /// Calls of the last wave that have no answer yet.
+    wave: usize,
     /// What the calls in the line cost together.
     queued: u64,
     /// When the store said the budget returns, from its last denial.
     opens_at: Option<Instant>,
+    /// The next call's number: its place in arrival order.
+    next: u64,
+}
+
+/// What a call of the line may do now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Turn {
+    /// Ask the store, sleeping first until the budget returns when the
+    /// store said when.
+    Head,
+    /// Ask the store at once: the head saw room for this call.
+    Wave,
+}
+
+#[derive(Debug)]
+struct Ticket {
+    number: u64,
+    cost: u64,
+    wake: Notify,
+    /// Set by the line when the call leaves the queue.
+    turn: Mutex<Option<Turn>>,
 }
 
 impl Lines {
@@ -55,8 +89,8 @@ impl Lines {
         self.waiting.load(Ordering::Acquire) > 0 && lock(&self.lines).contains_key(key)
     }
 
-    /// A place in `key`'s line for a call of `cost`, or `None` when
-    /// `max_waiters` calls already wait in this process. What the line
+    /// A place at the back of `key`'s line for a call of `cost`, or `None`
+    /// when `max_waiters` calls already wait in this process. What the line
     /// costs ahead of it is returned with it.
     pub(crate) fn join(
         self: &Arc<Self>,
@@ -80,18 +114,26 @@ impl Lines {
             }
         }
         let line = Arc::clone(lock(&self.lines).entry(key.clone()).or_default());
-        let ahead = {
+        let (ticket, ahead) = {
             let mut state = lock(&line.state);
+            let ticket = Arc::new(Ticket {
+                number: state.next,
+                cost,
+                wake: Notify::new(),
+                turn: Mutex::new(None),
+            });
+            state.next += 1;
             let ahead = state.queued;
             state.queued = state.queued.saturating_add(cost);
-            ahead
+            state.queue.push_back(Arc::clone(&ticket));
+            (ticket, ahead)
         };
         Some((
             Place {
                 lines: Arc::clone(self),
                 key: key.clone(),
                 line,
-                cost,
+                ticket,
             },
             ahead,
         ))
@@ -113,19 +155,38 @@ impl Lines {
 }
 
 /// A call's place in its key's line; leaving it (dropped) takes the call
-/// out, and the last one out removes the line.
+/// out, hands the head on, and the last one out removes the line.
 #[derive(Debug)]
 pub(crate) struct Place {
     lines: Arc<Lines>,
     key: Key,
     line: Arc<Line>,
-    cost: u64,
+    ticket: Arc<Ticket>,
 }
 
 impl Place {
-    /// Waits for the call's turn at the head of the line.
-    pub(crate) async fn turn(&self) -> tokio::sync::MutexGuard<'_, ()> {
-        self.line.turn.lock().await
+    /// Waits for the call's turn: the head of the line, or a wave's.
+    pub(crate) async fn turn(&self) -> Turn {
+        loop {
+            {
+                let mut state = lock(&self.line.state);
+                if let Some(turn) = *lock(&self.ticket.turn) {
+                    return turn;
+                }
+                let first = state
+                    .queue
+                    .front()
+                    .is_some_and(|front| Arc::ptr_eq(front, &self.ticket));
+                if first && !state.head && state.wave == 0 {
+                    state.queue.pop_front();
+                    state.head = true;
+                    *lock(&self.ticket.turn) = Some(Turn::Head);
+                    return Turn::Head;
+                }
+            }
+            // A wake-up sent before this wait is kept for it.
+            self.ticket.wake.notified().await;
+        }
     }
 
     /// When the budget returns, as the store last said, if it is later
@@ -139,6 +200,55 @@ impl Place {
         lock(&self.line.state).opens_at = Some(at);
     }
 
+    /// The store turned the call away until `at`. The head stays the head;
+    /// a call of a wave goes back to its place in the line.
+    pub(crate) fn denied(&self, at: Instant) {
+        let mut state = lock(&self.line.state);
+        state.opens_at = Some(at);
+        let mut turn = lock(&self.ticket.turn);
+        if *turn == Some(Turn::Wave) {
+            *turn = None;
+            let place = state
+                .queue
+                .iter()
+                .position(|other| other.number > self.ticket.number)
+                .unwrap_or(state.queue.len());
+            state.queue.insert(place, Arc::clone(&self.ticket));
+            drop(turn);
+            state.wave -= 1;
+            wake_next(&state);
+        }
+    }
+
+    /// The store admitted the call with `room` left in its window: a head
+    /// lets the calls behind it that fit in it ask at once, and the next
+    /// head is chosen once they have their answers.
+    pub(crate) fn admitted(&self, room: u64) {
+        let mut state = lock(&self.line.state);
+        let turn = lock(&self.ticket.turn).take();
+        match turn {
+            Some(Turn::Head) => {
+                state.head = false;
+                state.opens_at = None;
+                let mut room = room;
+                while let Some(next) = state.queue.front() {
+                    let need = next.cost.max(1);
+                    if need > room {
+                        break;
+                    }
+                    room -= need;
+                    let next = state.queue.pop_front().expect("a front");
+                    *lock(&next.turn) = Some(Turn::Wave);
+                    next.wake.notify_one();
+                    state.wave += 1;
+                }
+            }
+            Some(Turn::Wave) => state.wave -= 1,
+            None => {}
+        }
+        wake_next(&state);
+    }
+
     /// The earliest the budget can return for a call with `ahead` queued
     /// before it in this process, when the store said it is spent: the
     /// window that opens then serves `limit` of the line, the next one
@@ -148,10 +258,20 @@ impl Place {
     pub(crate) fn earliest(&self, now: Instant, ahead: u64, quota: Quota) -> Option<Instant> {
         let opens_at = self.opens_at(now)?;
         // A call of cost 0 needs a unit of room, as a check does.
-        let need = ahead.saturating_add(self.cost.max(1));
+        let need = ahead.saturating_add(self.ticket.cost.max(1));
         let windows = (need - 1) / quota.limit().max(1);
         let windows = u32::try_from(windows).unwrap_or(u32::MAX);
         Some(opens_at + quota.window().as_duration().saturating_mul(windows))
+    }
+}
+
+/// Wakes the first call of the line when it may become the head.
+fn wake_next(state: &State) {
+    if !state.head
+        && state.wave == 0
+        && let Some(front) = state.queue.front()
+    {
+        front.wake.notify_one();
     }
 }
 
@@ -159,7 +279,15 @@ impl Drop for Place {
     fn drop(&mut self) {
         {
             let mut state = lock(&self.line.state);
-            state.queued = state.queued.saturating_sub(self.cost);
+            state.queued = state.queued.saturating_sub(self.ticket.cost);
+            match lock(&self.ticket.turn).take() {
+                Some(Turn::Head) => state.head = false,
+                Some(Turn::Wave) => state.wave -= 1,
+                None => state
+                    .queue
+                    .retain(|other| !Arc::ptr_eq(other, &self.ticket)),
+            }
+            wake_next(&state);
         }
         {
             let mut lines = lock(&self.lines.lines);
@@ -238,6 +366,38 @@ mod tests {
             Some(opens + Duration::from_secs(20))
         );
         assert_eq!(place.opens_at(now + Duration::from_secs(3)), None, "passed");
+    }
+
+    /// The head's room lets the calls that fit ask together; the next head
+    /// waits for their answers, and one turned away goes back to the front.
+    #[tokio::test]
+    async fn a_head_with_room_sends_a_wave_and_the_line_keeps_its_order() {
+        let lines = Arc::new(Lines::default());
+        let key = Key::new("k");
+        let places: Vec<Place> = (0..5).map(|_| lines.join(&key, 1, 10).unwrap().0).collect();
+        assert_eq!(places[0].turn().await, Turn::Head);
+        places[0].admitted(2);
+        assert_eq!(places[1].turn().await, Turn::Wave);
+        assert_eq!(places[2].turn().await, Turn::Wave);
+        let next = |n: usize| {
+            let place = &places[n];
+            async move {
+                tokio::time::timeout(Duration::from_millis(20), place.turn())
+                    .await
+                    .ok()
+            }
+        };
+        assert_eq!(next(3).await, None, "no head while the wave has no answers");
+        places[1].admitted(1);
+        assert_eq!(next(3).await, None);
+        // Another process took the room: the wave's second call is turned
+        // away, and goes back before the others.
+        places[2].denied(Instant::now() + Duration::from_secs(1));
+        assert_eq!(next(3).await, None, "behind the call turned away");
+        assert_eq!(places[2].turn().await, Turn::Head);
+        assert!(places[2].opens_at(Instant::now()).is_some());
+        drop(places);
+        assert!(!lines.busy(&key));
     }
 
     #[test]
