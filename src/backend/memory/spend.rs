@@ -4,10 +4,15 @@
 //! A spend takes the write locks of every shard its counters and their
 //! lockouts live in, in one order (the counters' shards by address, then
 //! the lockouts' by address), so it is one atomic step over all of them, and
-//! two spends never wait on each other in a circle. A plain hit takes one
-//! lock at a time, so it never takes part in a circle either. Lockouts are
-//! kept in a table of their own: a lockout and a counter never meet,
-//! whatever the namespace and key.
+//! two spends never wait on each other in a circle. A spend of one counter
+//! that only adds to a live counter (or is denied without creating a
+//! lockout) takes its shard's read lock instead, as a hit does, and the
+//! lockout shard's after it, in the same order. A plain hit takes one lock
+//! at a time, so it never takes part in a circle either. Lockouts are kept
+//! in a table of their own: a lockout and a counter never meet, whatever the
+//! namespace and key. A lockout is named by its counter's id and hash, and
+//! lives in the shard of the same index as its counter (the lockout table is
+//! the counter table's sibling), so a spend hashes its key once.
 //!
 //! [`Backend::spend_all`]: crate::backend::Backend::spend_all
 //! [`Backend::amend`]: crate::backend::Backend::amend
@@ -621,6 +626,62 @@ mod tests {
             1
         );
         assert!(!store.remove_at(6 * MS, "a", &Key::new("never")));
+    }
+
+    #[test]
+    fn one_counter_and_general_spends_at_once_keep_to_the_limit() {
+        // One-counter spends (read lock, atomic add) and two-counter spends
+        // (write locks) on one counter, some with a lockout of a minute:
+        // what was admitted is what the counter holds, never past the limit,
+        // and nothing waits on anything in a circle.
+        let store = MemoryBackend::builder().shards(1).build();
+        let a = Counter {
+            namespace: "a",
+            quota: quota(300, 60_000),
+        };
+        let b = Counter {
+            namespace: "b",
+            quota: quota(1_000_000, 60_000),
+        };
+        let block = Window::new(Duration::from_secs(60)).unwrap();
+        let admitted: u64 = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let store = &store;
+                    s.spawn(move || {
+                        let key = Key::new("hot");
+                        let mut admitted = 0;
+                        for i in 0..400u64 {
+                            let cost = (t * 5 + i) % 4;
+                            let mut spend = Spend::cost(cost);
+                            if i % 7 == 0 {
+                                spend = spend.block(block);
+                            }
+                            let fits = if t % 2 == 0 {
+                                store
+                                    .spend_one(store.now(), &key, &a, spend)
+                                    .unwrap()
+                                    .deadline
+                            } else {
+                                store.spend_at(store.now(), &key, &[a, b], spend).unwrap()[0]
+                                    .deadline
+                            };
+                            if fits.is_some() {
+                                admitted += cost;
+                            }
+                        }
+                        admitted
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        let stored = store
+            .peek_at(store.now(), "a", &Key::new("hot"))
+            .unwrap()
+            .count;
+        assert!(admitted <= 300, "{admitted}");
+        assert_eq!(admitted, stored);
     }
 
     /// One step of [`the_one_counter_spend_answers_as_the_general_one`].
