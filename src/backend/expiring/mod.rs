@@ -154,6 +154,41 @@ impl<V> Table<V> {
         }
     }
 
+    /// An empty table of the same shards, caps and hasher as this one: an
+    /// [`Id`] built by this table's [`id`](Self::id) has the same hash in
+    /// both, and its entry goes to the shard of the same index in each
+    /// ([`shard_of`](Self::shard_of) finds it from the hash), so one hash
+    /// of a key serves both tables. Its entries are only ever named by ids
+    /// built by this table: its own namespaces' short ids may differ.
+    pub(crate) fn sibling<W>(&self) -> Table<W> {
+        Table {
+            hasher: self.hasher.clone(),
+            names: Names::default(),
+            shards: self
+                .shards
+                .iter()
+                .map(|shard| Shard {
+                    slots: RwLock::new(Slots {
+                        short: HashTable::new(),
+                        long: HashTable::new(),
+                        cap: shard.read().cap,
+                        sweep_at: MIN_SWEEP_LEN,
+                        min_deadline: u64::MAX,
+                    }),
+                    held: AtomicUsize::new(0),
+                })
+                .collect(),
+            shard_bits: self.shard_bits,
+        }
+    }
+
+    /// The shard of an id whose hash is `hash` (what
+    /// [`locate`](Self::locate) gives with it).
+    #[inline(always)]
+    pub(crate) fn shard_of(&self, hash: u64) -> &Shard<V> {
+        &self.shards[shard_index(hash, self.shard_bits)]
+    }
+
     /// How many shards the table has.
     pub(crate) fn shards(&self) -> usize {
         self.shards.len()
@@ -180,7 +215,7 @@ impl<V> Table<V> {
     #[inline(always)]
     pub(crate) fn locate(&self, id: &Id<'_>) -> (u64, &Shard<V>) {
         let hash = id.hash(&self.hasher);
-        (hash, &self.shards[shard_index(hash, self.shard_bits)])
+        (hash, self.shard_of(hash))
     }
 
     /// The shard's entries, to change.

@@ -120,7 +120,11 @@ struct Inner {
     /// Each counter's count, until its window's deadline.
     table: Table<AtomicU64>,
     /// Each lockout, until its end: a table of its own, so a lockout never
-    /// meets a counter.
+    /// meets a counter. It is `table`'s sibling, named by `table`'s ids: a
+    /// counter's lockout has the counter's hash and is in the shard of the
+    /// same index, so a spend hashes the key once, and a lockout is only
+    /// ever added under the write lock of its counter's shard (see
+    /// `spend.rs`).
     locks: Table<()>,
     /// The deadline of the last live counter a reset or a clear removed: a
     /// window opened at the same instant gets a deadline a nanosecond
@@ -271,10 +275,11 @@ impl MemoryBackendBuilder {
 
     /// The backend (see the [builder's example](Self)).
     pub fn build(self) -> MemoryBackend {
+        let table = Table::new(self.max_keys, self.shards, MIN_KEYS_PER_SHARD);
         MemoryBackend {
             inner: Arc::new(Inner {
-                table: Table::new(self.max_keys, self.shards, MIN_KEYS_PER_SHARD),
-                locks: Table::new(self.max_keys, self.shards, MIN_KEYS_PER_SHARD),
+                locks: table.sibling(),
+                table,
                 removed: AtomicU64::new(0),
                 max_keys: self.max_keys,
                 clock: if self.tokio_clock {
@@ -605,8 +610,15 @@ impl Backend for MemoryBackend {
 }
 
 impl Spending for MemoryBackend {
+    #[inline]
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Self::Future {
-        ready(self.spend_at(self.now(), key, counters, spend))
+        let now = self.now();
+        if let [counter] = counters {
+            // The common case, without the general spend's vectors and
+            // ordered locks.
+            return ready(self.spend_one(now, key, counter, spend).map(Hits::one));
+        }
+        ready(self.spend_at(now, key, counters, spend))
     }
 
     fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Self::Refund {

@@ -4,10 +4,15 @@
 //! A spend takes the write locks of every shard its counters and their
 //! lockouts live in, in one order (the counters' shards by address, then
 //! the lockouts' by address), so it is one atomic step over all of them, and
-//! two spends never wait on each other in a circle. A plain hit takes one
-//! lock at a time, so it never takes part in a circle either. Lockouts are
-//! kept in a table of their own: a lockout and a counter never meet,
-//! whatever the namespace and key.
+//! two spends never wait on each other in a circle. A spend of one counter
+//! that only adds to a live counter (or is denied without creating a
+//! lockout) takes its shard's read lock instead, as a hit does, and the
+//! lockout shard's after it, in the same order. A plain hit takes one lock
+//! at a time, so it never takes part in a circle either. Lockouts are kept
+//! in a table of their own: a lockout and a counter never meet, whatever the
+//! namespace and key. A lockout is named by its counter's id and hash, and
+//! lives in the shard of the same index as its counter (the lockout table is
+//! the counter table's sibling), so a spend hashes its key once.
 //!
 //! [`Backend::spend_all`]: crate::backend::Backend::spend_all
 //! [`Backend::amend`]: crate::backend::Backend::amend
@@ -60,6 +65,107 @@ struct Found {
 }
 
 impl MemoryBackend {
+    /// [`Backend::spend_all`](crate::backend::Backend::spend_all) of one
+    /// counter at time `now`: what [`spend_at`](Self::spend_at) answers for
+    /// it, in the way a hit is taken. On a live counter, the spend takes the
+    /// shard's read lock, and adds its cost in one atomic step that checks
+    /// the limit, so spends (and hits) on a shard, and on one key, don't
+    /// wait for each other; the lockout table is looked into only when the
+    /// lockout's shard holds any. Everything else (a counter to create or
+    /// whose window closed, a lockout to create) is left to `spend_at`,
+    /// under the write locks.
+    ///
+    /// Under the counter's shard's read lock, its lockout cannot appear: a
+    /// lockout is only ever added under the write lock of its counter's
+    /// shard, and published (the lockout shard's count) before that lock is
+    /// let go. So a lockout shard that holds nothing holds no lockout of
+    /// this counter, and one that is there stays for the whole step (a
+    /// reset may take it away meanwhile: the reset came after).
+    #[inline(never)]
+    pub(super) fn spend_one(
+        &self,
+        now: u64,
+        key: &Key,
+        counter: &Counter<'_>,
+        spend: Spend,
+    ) -> Result<Hit, BackendError> {
+        let inner = &*self.inner;
+        let table = &inner.table;
+        let mut scratch = Scratch::new();
+        let id = table.id(counter.namespace, KeyBytes::of(key), &mut scratch);
+        let (hash, shard) = table.locate(&id);
+        let limit = counter.quota.limit();
+        let need = spend.cost.max(1);
+        let fits = |count: u64| count.checked_add(need).is_some_and(|total| total <= limit);
+        let denied = |count: u64, until: u64| Hit {
+            count: count.saturating_add(need).max(limit.saturating_add(1)),
+            reset: Duration::from_nanos(until - now),
+            deadline: None,
+        };
+        {
+            let slots = shard.read();
+            if let Some(entry) = slots.find(hash, &id).filter(|e| e.deadline() > now) {
+                let deadline = entry.deadline();
+                let lock_shard = inner.locks.shard_of(hash);
+                let locked = if lock_shard.held() == 0 {
+                    None
+                } else {
+                    lock_shard
+                        .read()
+                        .find(hash, &id)
+                        .map(Entry::deadline)
+                        .filter(|&end| end > now)
+                };
+                if let Some(end) = locked {
+                    // Locked: it does not fit, and its lockout is never
+                    // extended.
+                    return Ok(denied(entry.value.load(Ordering::Relaxed), end));
+                }
+                let taken = if spend.cost == 0 {
+                    // A check: nothing to add.
+                    let count = entry.value.load(Ordering::Relaxed);
+                    if fits(count) { Ok(count) } else { Err(count) }
+                } else {
+                    entry
+                        .value
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |count| {
+                            fits(count).then(|| count + spend.cost)
+                        })
+                };
+                match taken {
+                    Ok(count) => {
+                        return Ok(Hit {
+                            count: count + spend.cost,
+                            reset: Duration::from_nanos(deadline - now),
+                            deadline: NonZeroU64::new(deadline),
+                        });
+                    }
+                    // Denied with no lockout to create: nothing changes.
+                    Err(count) if spend.block.is_none() => return Ok(denied(count, deadline)),
+                    // Denied, and a lockout to create: under the write locks.
+                    Err(_) => {}
+                }
+            }
+        }
+        self.spend_rest(now, key, counter, spend)
+    }
+
+    /// [`spend_one`](Self::spend_one)'s spends that change more than a
+    /// count: the general spend, of one counter. Kept out of `spend_one`,
+    /// so that its spend on a live counter compiles small.
+    #[cold]
+    #[inline(never)]
+    fn spend_rest(
+        &self,
+        now: u64,
+        key: &Key,
+        counter: &Counter<'_>,
+        spend: Spend,
+    ) -> Result<Hit, BackendError> {
+        let hits = self.spend_at(now, key, std::slice::from_ref(counter), spend)?;
+        Ok(hits[0])
+    }
+
     /// [`Backend::spend_all`](crate::backend::Backend::spend_all) at time
     /// `now`.
     pub(super) fn spend_at(
@@ -72,19 +178,19 @@ impl MemoryBackend {
         let inner = &*self.inner;
         let (table, locks) = (&inner.table, &inner.locks);
         let mut scratch: Few<Scratch> = counters.iter().map(|_| Scratch::new()).collect();
-        let mut lock_scratch: Few<Scratch> = counters.iter().map(|_| Scratch::new()).collect();
         let ids: Few<_> = counters
             .iter()
             .zip(scratch.iter_mut())
             .map(|(c, s)| table.id(c.namespace, KeyBytes::of(key), s))
             .collect();
-        let lock_ids: Few<_> = counters
-            .iter()
-            .zip(lock_scratch.iter_mut())
-            .map(|(c, s)| locks.id(c.namespace, KeyBytes::of(key), s))
-            .collect();
         let placed: Few<_> = ids.iter().map(|id| table.locate(id)).collect();
-        let lock_placed: Few<_> = lock_ids.iter().map(|id| locks.locate(id)).collect();
+        // A lockout is named by its counter's id and hash (`locks` is
+        // `table`'s sibling).
+        let lock_ids = &ids;
+        let lock_placed: Few<_> = placed
+            .iter()
+            .map(|&(hash, _)| (hash, locks.shard_of(hash)))
+            .collect();
         let shards: Few<_> = placed.iter().map(|(_, shard)| *shard).collect();
         let lock_shards: Few<_> = lock_placed.iter().map(|(_, shard)| *shard).collect();
         // Counters first, then lockouts: the one order every spend takes.
@@ -263,13 +369,14 @@ impl MemoryBackend {
     /// Delete the lockout of (`namespace`, `key`), if any; `true` when a
     /// live one was there.
     pub(super) fn unlock_at(&self, now: u64, namespace: &str, key: &Key) -> bool {
-        let locks = &self.inner.locks;
+        let (table, locks) = (&self.inner.table, &self.inner.locks);
         if locks.len() == 0 {
             return false;
         }
         let mut scratch = Scratch::new();
-        let id = locks.id(namespace, KeyBytes::of(key), &mut scratch);
-        let (hash, shard) = locks.locate(&id);
+        let id = table.id(namespace, KeyBytes::of(key), &mut scratch);
+        let (hash, _) = table.locate(&id);
+        let shard = locks.shard_of(hash);
         locks
             .write(shard)
             .remove(hash, &id)
@@ -281,6 +388,7 @@ impl MemoryBackend {
 mod tests {
     use super::*;
     use crate::quota::{Quota, Window};
+    use proptest::prelude::*;
 
     const MS: u64 = 1_000_000;
 
@@ -450,6 +558,217 @@ mod tests {
         let stored = futures_ready_peek(&store);
         assert!(admitted <= 1000);
         assert_eq!(admitted, stored);
+    }
+
+    #[test]
+    fn one_counter_and_several_see_the_same_lockouts() {
+        let store = MemoryBackend::builder().shards(1).build();
+        let key = Key::new("k");
+        let (a, b) = (
+            Counter {
+                namespace: "a",
+                quota: quota(10, 1000),
+            },
+            Counter {
+                namespace: "b",
+                quota: quota(1, 1000),
+            },
+        );
+        let block = Window::new(Duration::from_secs(5)).unwrap();
+        assert_eq!(
+            counts(&store.spend_at(0, &key, &[a, b], Spend::cost(1)).unwrap()),
+            [1, 1]
+        );
+        // The general spend locks `b` out; the one-counter spend sees it.
+        let denied = store
+            .spend_at(MS, &key, &[a, b], Spend::cost(1).block(block))
+            .unwrap();
+        assert_eq!(denied[1].reset, Duration::from_secs(5));
+        let one = store.spend_one(2 * MS, &key, &b, Spend::cost(0)).unwrap();
+        assert_eq!((one.count, one.deadline), (2, None));
+        assert_eq!(one.reset, Duration::from_nanos(5000 * MS - MS));
+        assert_eq!(
+            store
+                .spend_one(2 * MS, &key, &a, Spend::cost(1))
+                .unwrap()
+                .count,
+            2
+        );
+        // After b's window closes it would fit, but its lockout holds.
+        let one = store
+            .spend_one(1500 * MS, &key, &b, Spend::cost(1))
+            .unwrap();
+        assert!(one.count > 1 && one.deadline.is_none());
+        assert_eq!(one.reset, Duration::from_nanos(3501 * MS));
+        // The one-counter spend locks `a` out; the general spend sees it.
+        let c = Counter {
+            namespace: "a",
+            quota: quota(2, 1000),
+        };
+        let locked = store
+            .spend_one(3 * MS, &key, &c, Spend::cost(1).block(block))
+            .unwrap();
+        assert_eq!(
+            (locked.deadline, locked.reset),
+            (None, Duration::from_secs(5))
+        );
+        let both = store
+            .spend_at(4 * MS, &key, &[c, b], Spend::cost(0))
+            .unwrap();
+        assert_eq!(both[0].reset, Duration::from_nanos(5000 * MS - MS));
+        // A reset takes the lockout away for both.
+        assert!(store.remove_at(5 * MS, "a", &key));
+        assert_eq!(
+            store
+                .spend_one(5 * MS, &key, &c, Spend::cost(1))
+                .unwrap()
+                .count,
+            1
+        );
+        assert!(!store.remove_at(6 * MS, "a", &Key::new("never")));
+    }
+
+    #[test]
+    fn one_counter_and_general_spends_at_once_keep_to_the_limit() {
+        // One-counter spends (read lock, atomic add) and two-counter spends
+        // (write locks) on one counter, some with a lockout of a minute:
+        // what was admitted is what the counter holds, never past the limit,
+        // and nothing waits on anything in a circle.
+        let store = MemoryBackend::builder().shards(1).build();
+        let a = Counter {
+            namespace: "a",
+            quota: quota(300, 60_000),
+        };
+        let b = Counter {
+            namespace: "b",
+            quota: quota(1_000_000, 60_000),
+        };
+        let block = Window::new(Duration::from_secs(60)).unwrap();
+        let admitted: u64 = std::thread::scope(|s| {
+            let workers: Vec<_> = (0..4u64)
+                .map(|t| {
+                    let store = &store;
+                    s.spawn(move || {
+                        let key = Key::new("hot");
+                        let mut admitted = 0;
+                        for i in 0..400u64 {
+                            let cost = (t * 5 + i) % 4;
+                            let mut spend = Spend::cost(cost);
+                            if i % 7 == 0 {
+                                spend = spend.block(block);
+                            }
+                            let fits = if t % 2 == 0 {
+                                store
+                                    .spend_one(store.now(), &key, &a, spend)
+                                    .unwrap()
+                                    .deadline
+                            } else {
+                                store.spend_at(store.now(), &key, &[a, b], spend).unwrap()[0]
+                                    .deadline
+                            };
+                            if fits.is_some() {
+                                admitted += cost;
+                            }
+                        }
+                        admitted
+                    })
+                })
+                .collect();
+            workers.into_iter().map(|w| w.join().unwrap()).sum()
+        });
+        let stored = store
+            .peek_at(store.now(), "a", &Key::new("hot"))
+            .unwrap()
+            .count;
+        assert!(admitted <= 300, "{admitted}");
+        assert_eq!(admitted, stored);
+    }
+
+    /// One step of [`the_one_counter_spend_answers_as_the_general_one`].
+    #[derive(Debug, Clone)]
+    enum Step {
+        Spend {
+            cost: u64,
+            open: bool,
+            block_ms: Option<u64>,
+        },
+        /// 0: refund, 1: charge, 2: clear; of the last counted hit.
+        Amend(u8, u64),
+        Reset,
+    }
+
+    fn step() -> impl Strategy<Value = Step> {
+        prop_oneof![
+            6 => (0u64..6, any::<bool>(), proptest::option::of(1u64..30))
+                .prop_map(|(cost, open, block_ms)| Step::Spend { cost, open, block_ms }),
+            2 => (0u8..3, 0u64..4).prop_map(|(kind, n)| Step::Amend(kind, n)),
+            1 => Just(Step::Reset),
+        ]
+    }
+
+    proptest! {
+        /// A one-counter spend through `spend_one` (the fast path) and
+        /// through the general `spend_at`, on two backends given the same
+        /// steps at the same times, answer exactly alike: counts, resets,
+        /// deadlines (the window's identity, after resets too), lockouts,
+        /// amends and what a peek then sees. Keys in short and long ids;
+        /// one shard, so that other keys' lockouts share a lockout shard.
+        #[test]
+        fn the_one_counter_spend_answers_as_the_general_one(
+            shards in 1usize..3,
+            limit in 1u64..5,
+            window_ms in 1u64..12,
+            steps in proptest::collection::vec((0u64..4_000_000, 0usize..3, step()), 1..200),
+        ) {
+            let fast = MemoryBackend::builder().shards(shards).build();
+            let general = MemoryBackend::builder().shards(shards).build();
+            let keys = [
+                Key::new("k0"),
+                Key::new("k1"),
+                Key::new("a key longer than a short id holds"),
+            ];
+            let counter = Counter { namespace: "n", quota: quota(limit, window_ms) };
+            let mut last: [Option<Hit>; 3] = [None; 3];
+            let mut now = 0;
+            for (advance, k, step) in steps {
+                now += advance;
+                let key = &keys[k];
+                match step {
+                    Step::Spend { cost, open, block_ms } => {
+                        let mut spend = Spend::cost(cost);
+                        if open {
+                            spend = spend.open();
+                        }
+                        if let Some(ms) = block_ms {
+                            spend = spend.block(Window::new(Duration::from_millis(ms)).unwrap());
+                        }
+                        let got = fast.spend_one(now, key, &counter, spend).unwrap();
+                        let want = general.spend_at(now, key, &[counter], spend).unwrap();
+                        prop_assert_eq!(got, want[0]);
+                        if got.deadline.is_some() {
+                            last[k] = Some(got);
+                        }
+                    }
+                    Step::Amend(kind, n) => {
+                        if let Some(d) = last[k].and_then(|h| h.deadline) {
+                            let amend = match kind {
+                                0 => Amend::Refund(n),
+                                1 => Amend::Charge(n),
+                                _ => Amend::Clear,
+                            };
+                            prop_assert_eq!(
+                                fast.amend_at(now, "n", key, d.get(), amend),
+                                general.amend_at(now, "n", key, d.get(), amend)
+                            );
+                        }
+                    }
+                    Step::Reset => {
+                        prop_assert_eq!(fast.remove_at(now, "n", key), general.remove_at(now, "n", key));
+                    }
+                }
+                prop_assert_eq!(fast.peek_at(now, "n", key), general.peek_at(now, "n", key));
+            }
+        }
     }
 
     fn futures_ready(f: std::future::Ready<Result<Hits, BackendError>>) -> Hits {
