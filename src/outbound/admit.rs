@@ -36,7 +36,7 @@ const MIN_NAP: Duration = Duration::from_millis(1);
 
 /// The longest wake-up jitter of a line's head (a twentieth of the window
 /// when that is shorter).
-const MAX_JITTER: Duration = Duration::from_millis(5);
+const MAX_JITTER: Duration = Duration::from_millis(1);
 
 /// A budget's settings and state, shared by a layer's services.
 pub(crate) struct Budget<Bk> {

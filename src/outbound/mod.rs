@@ -37,11 +37,12 @@
 //!   step of the store, and is sent.
 //! - **The budget is spent:** it waits until the window ends, as the store
 //!   says, and asks again. Within a process, the calls that wait for one
-//!   budget key form a line and are served in arrival order; only the
-//!   line's head asks the store, once when the window ends (with up to
-//!   5 ms of jitter, so that the processes sharing a budget do not all ask
-//!   in the same instant), and hands over to the next as soon as it is
-//!   admitted.
+//!   budget key form a line and are served in arrival order. Only the
+//!   line's head asks the store, once when the window ends (up to 1 ms
+//!   later, at random, so that the processes sharing a budget do not all
+//!   ask in the same instant). When the store admits it with room left,
+//!   the calls behind it that fit ask together, and the next head is
+//!   chosen once they have their answers.
 //! - **It cannot be served in time:** when the budget cannot return within
 //!   the call's [`max_wait`](BudgetLayer::max_wait) or its own deadline
 //!   ([`Deadline`], or the `grpc-timeout` a tonic client sets), the call
