@@ -58,11 +58,11 @@ use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
 use std::future::Future;
 use std::pin::Pin;
-use std::str::FromStr;
+
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use axum::body::Bytes;
 use axum::http::{Request, StatusCode};
@@ -71,6 +71,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::{Service, ServiceBuilder, ServiceExt};
+use tower_pinned_window::Quota;
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::redis::connection::connection_manager_config;
 use tower_pinned_window::backend::{
@@ -78,9 +79,10 @@ use tower_pinned_window::backend::{
 };
 use tower_pinned_window::key::Key;
 use tower_pinned_window::outbound::{BudgetError, BudgetLayer};
-use tower_pinned_window::{FailurePolicy, Quota, Share};
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+#[path = "../soak_env.rs"]
+mod soak_env;
+use soak_env::{Error, env, failure_policy, required, unix_us};
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -106,33 +108,6 @@ async fn main() -> Result<(), Error> {
                 .into(),
         ),
     }
-}
-
-/// `name` from the environment, or `default`.
-fn env<T: FromStr>(name: &str, default: T) -> Result<T, Error>
-where
-    T::Err: std::fmt::Display,
-{
-    match std::env::var(name) {
-        Ok(v) => v.parse().map_err(|e| format!("{name}={v}: {e}").into()),
-        Err(_) => Ok(default),
-    }
-}
-
-/// `name` from the environment, which must be set.
-fn required<T: FromStr>(name: &str) -> Result<T, Error>
-where
-    T::Err: std::fmt::Display,
-{
-    let v = std::env::var(name).map_err(|_| format!("{name} is not set"))?;
-    v.parse().map_err(|e| format!("{name}={v}: {e}").into())
-}
-
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("the clock is after 1970")
-        .as_micros() as u64
 }
 
 /// The budget every client shares: `LIMIT` calls a `WINDOW_MS`.
@@ -414,20 +389,6 @@ fn outcome_of(err: &Error) -> String {
         Some(_) => "budget-other".into(),
         None => "client".into(),
     }
-}
-
-/// `INSURE_SHARE` (`N/D`), when set.
-fn failure_policy() -> Result<FailurePolicy, Error> {
-    let Ok(text) = std::env::var("INSURE_SHARE") else {
-        return Ok(FailurePolicy::FailClosed);
-    };
-    let (n, d) = text
-        .split_once('/')
-        .ok_or_else(|| format!("INSURE_SHARE={text}: write N/D, such as 1/4"))?;
-    Ok(FailurePolicy::Insurance(Share::new(
-        n.trim().parse()?,
-        d.trim().parse()?,
-    )?))
 }
 
 async fn client(id: u32, out: &str) -> Result<(), Error> {

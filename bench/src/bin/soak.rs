@@ -51,8 +51,8 @@
 
 use std::collections::HashMap;
 use std::convert::Infallible;
-use std::str::FromStr;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::http::{HeaderName, Request, Response, StatusCode};
@@ -66,11 +66,11 @@ use tower_pinned_window::backend::redis::connection::{
 };
 use tower_pinned_window::backend::redis::{RedisBackend, RedisBackendBuilder};
 use tower_pinned_window::key::HeaderKey;
-use tower_pinned_window::{
-    Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share, Window,
-};
+use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer, Window};
 
-type Error = Box<dyn std::error::Error + Send + Sync>;
+#[path = "../soak_env.rs"]
+mod soak_env;
+use soak_env::{Error, env, failure_policy, insure_share, unix_us};
 
 /// The layer's name: the namespace of its counters.
 const LAYER: &str = "soak";
@@ -109,24 +109,6 @@ async fn main() -> Result<(), Error> {
         }
         _ => Err("usage: soak sentinel|redis|cluster|postgres ID OUT | soak cluster-keys OUT | soak postgres-migrate | soak report EVENTS OUT...".into()),
     }
-}
-
-/// `name` from the environment, or `default`.
-fn env<T: FromStr>(name: &str, default: T) -> Result<T, Error>
-where
-    T::Err: std::fmt::Display,
-{
-    match std::env::var(name) {
-        Ok(v) => v.parse().map_err(|e| format!("{name}={v}: {e}").into()),
-        Err(_) => Ok(default),
-    }
-}
-
-fn unix_us() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .expect("the clock is after 1970")
-        .as_micros() as u64
 }
 
 /// The quota every instance and the report share: `LIMIT` a `WINDOW_MS`.
@@ -311,21 +293,6 @@ fn layer() -> Result<RateLimitLayer<HeaderKey>, Error> {
             "LAYER_TIMEOUT_MS",
             100,
         )?))?))
-}
-
-/// `INSURE_SHARE` (`N/D`), when set.
-fn insure_share() -> Result<Option<Share>, Error> {
-    let Ok(text) = std::env::var("INSURE_SHARE") else {
-        return Ok(None);
-    };
-    let (n, d) = text
-        .split_once('/')
-        .ok_or_else(|| format!("INSURE_SHARE={text}: write N/D, such as 1/4"))?;
-    Ok(Some(Share::new(n.trim().parse()?, d.trim().parse()?)?))
-}
-
-fn failure_policy() -> Result<FailurePolicy, Error> {
-    Ok(insure_share()?.map_or(FailurePolicy::FailClosed, FailurePolicy::Insurance))
 }
 
 /// The service the layer guards: 200, at once.
