@@ -7,8 +7,8 @@
 //! [`BudgetLayer`] and its own backend, all pointed at one store, call it
 //! over TCP through hyper-util's client; together they demand three times
 //! the budget for about 20 s (`DURATION_SECS`). A call the budget cannot serve
-//! within 2 s fails at once, and calls beyond 64 waiting per client are
-//! shed; neither reaches the provider.
+//! within 2 s fails (at once, when its client can tell), and calls beyond 64
+//! waiting per client are shed; neither reaches the provider.
 //!
 //! The store is the memory backend, shared in this process, or Redis when
 //! `REDIS_URL` is set (build with `--features redis`):
@@ -106,7 +106,7 @@ pub struct Calls {
     pub ok: u64,
     /// Answered 429 by the provider.
     pub rejected: u64,
-    /// Failed at once: the budget could not return within the max wait.
+    /// Refused: the budget could not return within the max wait.
     pub exhausted: u64,
     /// Shed: too many calls waiting.
     pub shed: u64,
@@ -210,7 +210,7 @@ async fn stores() -> Result<(), Box<dyn std::error::Error>> {
     );
     for (n, calls) in outcomes.iter().enumerate() {
         println!(
-            "client {n}: {} ok, {} answered 429, {} failed at once (budget not back within 2 s), {} shed, {} other failures",
+            "client {n}: {} ok, {} answered 429, {} refused (the budget not back within 2 s), {} shed, {} other failures",
             calls.ok, calls.rejected, calls.exhausted, calls.shed, calls.failed
         );
     }
