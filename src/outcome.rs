@@ -283,7 +283,12 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
 
 /// Logs one refund's or amend's result; failures at most once per period
 /// of `gate`.
-fn report(limiter: &str, gate: &LogGate, amend: Option<Amend>, result: Result<bool, BackendError>) {
+pub(crate) fn report(
+    limiter: &str,
+    gate: &LogGate,
+    amend: Option<Amend>,
+    result: Result<bool, BackendError>,
+) {
     let what = match amend {
         None | Some(Amend::Refund(_)) => "refund",
         Some(Amend::Charge(_)) => "charge",

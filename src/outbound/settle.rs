@@ -8,10 +8,11 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
-use crate::backend::{BackendError, Hit, Spending};
+use crate::backend::{Hit, Spending};
 use crate::charge::{Meter, ResponseEnd};
 use crate::cost::settle;
 use crate::key::Key;
+use crate::outcome::report;
 
 use super::admit::Budget;
 
@@ -42,10 +43,8 @@ impl<Bk: Spending> Meter for Tab<Bk> {
         };
         if self.insured {
             if let Some(insurance) = &budget.insurance {
-                report(
-                    &budget.name,
-                    insurance.amend(&budget.name, &self.key, &self.hit, Some(amend)),
-                );
+                let result = insurance.amend(&budget.name, &self.key, &self.hit, Some(amend));
+                report(&budget.name, &budget.warn_gate, Some(amend), result);
             }
             return;
         }
@@ -55,29 +54,17 @@ impl<Bk: Spending> Meter for Tab<Bk> {
         if let Poll::Ready(result) =
             Pin::new(&mut pending).poll(&mut Context::from_waker(Waker::noop()))
         {
-            report(&budget.name, result);
+            report(&budget.name, &budget.warn_gate, Some(amend), result);
             return;
         }
-        let name = Arc::clone(&budget.name);
+        let (name, gate) = (Arc::clone(&budget.name), Arc::clone(&budget.warn_gate));
         match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move { report(&name, pending.await) })),
+            Ok(runtime) => drop(runtime.spawn(async move {
+                report(&name, &gate, Some(amend), pending.await);
+            })),
             Err(_) => {
                 tracing::warn!(budget = %name, "budget settle dropped: the store could not take it at once, and there is no tokio runtime to finish it on");
             }
-        }
-    }
-}
-
-/// Logs one settle's result.
-fn report(budget: &str, result: Result<bool, BackendError>) {
-    match result {
-        Ok(true) => tracing::trace!(budget, "budget settled"),
-        Ok(false) => tracing::debug!(
-            budget,
-            "budget settle found nothing to change: the call's window closed or was reset"
-        ),
-        Err(err) => {
-            tracing::warn!(budget, error = %err, "budget settle failed: what the call spent stays")
         }
     }
 }
