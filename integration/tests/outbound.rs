@@ -214,6 +214,30 @@ where
     Ok(Response::from_parts(parts, ()))
 }
 
+/// Sends the calls named `names` on tasks of their own, in that order.
+fn spawn_calls<S, B>(
+    client: &S,
+    names: std::ops::Range<usize>,
+) -> Vec<tokio::task::JoinHandle<Result<Response<()>, BoxError>>>
+where
+    S: Service<Request<String>, Response = Response<B>, Error = BoxError>
+        + Clone
+        + Send
+        + Sync
+        + 'static,
+    S::Future: Send,
+    B: http_body_util::BodyExt + Send + 'static,
+    B::Error: std::fmt::Debug,
+    B::Data: Send,
+{
+    names
+        .map(|n| {
+            let client = client.clone();
+            tokio::spawn(async move { send(&client, call(n)).await })
+        })
+        .collect()
+}
+
 /// `instances` layers, each with its own backend from `backends`, share a
 /// budget of `limit` per `window`: `callers` tasks per instance send calls
 /// back to back for `run`. Every call the provider receives was admitted by
@@ -381,12 +405,7 @@ async fn a_call_behind_too_long_a_line_fails_at_once() {
     send(&client, call("a")).await.unwrap();
     send(&client, call("b")).await.unwrap();
     // Two wait for the next window, which opens within 500 ms: in time.
-    let waiting: Vec<_> = (0..2)
-        .map(|n| {
-            let client = client.clone();
-            tokio::spawn(async move { send(&client, call(n)).await })
-        })
-        .collect();
+    let waiting = spawn_calls(&client, 0..2);
     tokio::time::sleep(Duration::from_millis(20)).await;
     // A third needs the window after, 500 ms later: past its 800 ms.
     let started = Instant::now();
@@ -411,12 +430,7 @@ async fn calls_past_max_waiters_are_shed() {
         .max_waiters(2)
         .layer(provider.client());
     send(&client, call("first")).await.unwrap();
-    let waiting: Vec<_> = (0..2)
-        .map(|n| {
-            let client = client.clone();
-            tokio::spawn(async move { send(&client, call(n)).await })
-        })
-        .collect();
+    let waiting = spawn_calls(&client, 0..2);
     tokio::time::sleep(Duration::from_millis(20)).await;
     let started = Instant::now();
     let err = send(&client, call("shed")).await.unwrap_err();

@@ -222,6 +222,20 @@ struct Recording<B> {
 
 /// The future of a recorded spend: the inner one's answer, written down
 /// when it is ready.
+impl Log {
+    /// Writes down one spend's answer, now.
+    fn record(&self, verdict: Verdict, count: u64, reset_ms: u64, local: bool) {
+        self.spends.lock().expect("not poisoned").push(SpendRecord {
+            unix_us: unix_us(),
+            verdict,
+            count,
+            reset_ms,
+            local,
+        });
+        probe(|p| p.last = verdict);
+    }
+}
+
 struct Recorded<F> {
     inner: F,
     limit: u64,
@@ -253,18 +267,12 @@ where
             Some(_) => Verdict::Denied,
             None => Verdict::Failed,
         };
-        self.log
-            .spends
-            .lock()
-            .expect("not poisoned")
-            .push(SpendRecord {
-                unix_us: unix_us(),
-                verdict,
-                count: hit.map_or(0, |h| h.count),
-                reset_ms: hit.map_or(0, |h| h.reset.as_millis() as u64),
-                local: first,
-            });
-        probe(|p| p.last = verdict);
+        self.log.record(
+            verdict,
+            hit.map_or(0, |h| h.count),
+            hit.map_or(0, |h| h.reset.as_millis() as u64),
+            first,
+        );
         Poll::Ready(answer)
     }
 }
@@ -272,18 +280,7 @@ where
 impl<F> Drop for Recorded<F> {
     fn drop(&mut self) {
         if !self.done {
-            self.log
-                .spends
-                .lock()
-                .expect("not poisoned")
-                .push(SpendRecord {
-                    unix_us: unix_us(),
-                    verdict: Verdict::Unanswered,
-                    count: 0,
-                    reset_ms: 0,
-                    local: false,
-                });
-            probe(|p| p.last = Verdict::Unanswered);
+            self.log.record(Verdict::Unanswered, 0, 0, false);
         }
     }
 }
