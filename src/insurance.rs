@@ -9,8 +9,6 @@
 //! reaches the backend, and every request still goes to the backend first,
 //! so the backend decides again from its first answer.
 
-use std::num::NonZeroU64;
-
 use crate::backend::{
     Amend, Backend, BackendError, Counter, Hit, Hits, MemoryBackend, Spend, Spending,
 };
@@ -72,11 +70,9 @@ impl Insurance {
         key: &Key,
         spend: Spend,
     ) -> Result<Hit, BackendError> {
-        let limit = NonZeroU64::new(self.share.of(quota.limit()))
-            .expect("a share of a limit is at least 1");
         let counter = Counter {
             namespace,
-            quota: Quota::with_window(limit, quota.window()),
+            quota: quota.share(self.share),
         };
         let hits = self
             .local

@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::num::NonZeroU64;
 use std::sync::{Arc, PoisonError, RwLock};
 
 use smallvec::SmallVec;
@@ -205,15 +204,11 @@ impl Policy {
         let slots = self
             .slots
             .iter()
-            .map(|slot| {
-                let limit = NonZeroU64::new(share.of(slot.quota.limit()))
-                    .expect("a share of a limit is at least 1");
-                Slot {
-                    namespace: Arc::clone(&slot.namespace),
-                    quota: Quota::with_window(limit, slot.quota.window()),
-                    label: Arc::clone(&slot.label),
-                    metrics: slot.metrics.clone(),
-                }
+            .map(|slot| Slot {
+                namespace: Arc::clone(&slot.namespace),
+                quota: slot.quota.share(share),
+                label: Arc::clone(&slot.label),
+                metrics: slot.metrics.clone(),
             })
             .collect();
         Self { slots }

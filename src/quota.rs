@@ -285,6 +285,14 @@ impl Quota {
     pub const fn window(&self) -> Window {
         self.window
     }
+
+    /// This quota with its limit cut to `share` of it (at least 1), in the
+    /// same window: what the insurance limiter applies.
+    pub(crate) fn share(self, share: Share) -> Self {
+        let limit =
+            NonZeroU64::new(share.of(self.limit())).expect("a share of a limit is at least 1");
+        Self::with_window(limit, self.window)
+    }
 }
 
 /// The units of a rate string, largest first: what [`Window`]'s

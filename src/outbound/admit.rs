@@ -157,7 +157,7 @@ impl<Bk: Spending> Budget<Bk> {
                 if let Some(suppressed) = suppressed {
                     tracing::warn!(budget = %self.name, error = %err, suppressed, %share, "budget store failed: calls are counted in this process at its share of the budget");
                 }
-                let limit = share.of(self.quota.limit());
+                let limit = self.quota.share(*share).limit();
                 let spend = Spend::cost(cost);
                 let spend = if self.charge.is_some() {
                     spend.open()
