@@ -277,6 +277,15 @@ use crate::quota::Window;
 /// Example: [`PostgresBackendBuilder`].
 pub const DEFAULT_DENY_CACHE: usize = 65_536;
 
+/// The longest this instance holds a denial of a counter whose count can
+/// go down (a [`Counter::lowers`]) before it asks the database again,
+/// unless configured otherwise
+/// ([`PostgresBackendBuilder::deny_cache_recheck`]): a counter denied on a
+/// busy route then costs the database at most ten statements a second per
+/// instance, and a denial outlives the room another instance freed by at
+/// most this and a round trip.
+pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
+
 /// How often the cleaner runs, unless configured otherwise.
 ///
 /// Example: [`PostgresBackendBuilder`].
@@ -358,6 +367,7 @@ impl fmt::Debug for PostgresBackend {
 ///     .clean_every(Duration::from_secs(5))
 ///     .clean_batch(NonZeroU32::new(500).unwrap())
 ///     .deny_cache(10_000)
+///     .deny_cache_recheck(Duration::from_millis(50))
 ///     .build();
 /// assert_eq!(backend.table(), "public.api_limits");
 /// assert!(backend.migration_sql().contains("CREATE TABLE IF NOT EXISTS \"public\".\"api_limits\""));
@@ -369,6 +379,7 @@ pub struct PostgresBackendBuilder {
     pool: Pool,
     statements: NonZeroUsize,
     deny_cache: usize,
+    deny_cache_recheck: Duration,
     schema: String,
     table: String,
     unlogged: bool,
@@ -383,6 +394,7 @@ impl fmt::Debug for PostgresBackendBuilder {
             .field("unlogged", &self.unlogged)
             .field("statements", &self.statements)
             .field("deny_cache", &self.deny_cache)
+            .field("deny_cache_recheck", &self.deny_cache_recheck)
             .field("clean", &self.clean)
             .finish_non_exhaustive()
     }
@@ -523,6 +535,41 @@ impl PostgresBackendBuilder {
         self
     }
 
+    /// The longest a denial of a counter that can go down (a
+    /// [`Counter::lowers`]: a layer with a `reserve`, a `count_if` or a
+    /// `reset_if`) is held here before the database is asked again
+    /// (default [`DEFAULT_DENY_CACHE_RECHECK`]); a counter that only goes
+    /// up is held until its window closes. See [the module
+    /// docs](self#the-local-deny-cache).
+    ///
+    /// # Panics
+    /// On zero (turn the cache off with [`deny_cache(0)`](Self::deny_cache)
+    /// instead); see [`try_deny_cache_recheck`](Self::try_deny_cache_recheck).
+    ///
+    /// Example: [`PostgresBackendBuilder`].
+    #[track_caller]
+    pub fn deny_cache_recheck(self, recheck: Duration) -> Self {
+        match self.try_deny_cache_recheck(recheck) {
+            Ok(builder) => builder,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// [`deny_cache_recheck`](Self::deny_cache_recheck), for a value read
+    /// from configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroDenyCacheRecheck`] for zero.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
+    pub fn try_deny_cache_recheck(mut self, recheck: Duration) -> Result<Self, ConfigError> {
+        if recheck.is_zero() {
+            return Err(ConfigError::ZeroDenyCacheRecheck);
+        }
+        self.deny_cache_recheck = recheck;
+        Ok(self)
+    }
+
     /// No cleaner on this instance: expired rows stay until a hit on their
     /// key reuses them, or another instance's cleaner (or
     /// [`PostgresBackend::clean_expired`]) deletes them.
@@ -550,7 +597,8 @@ impl PostgresBackendBuilder {
                 batcher: Arc::new(Batcher::new(statements, Arc::clone(&db))),
                 spender: Arc::new(Batcher::new(statements, Arc::clone(&db))),
                 db,
-                deny: (self.deny_cache > 0).then(|| Denials::new(self.deny_cache)),
+                deny: (self.deny_cache > 0)
+                    .then(|| Denials::new(self.deny_cache, self.deny_cache_recheck)),
                 clean: self.clean,
                 cleaner: OnceLock::new(),
             }),
@@ -595,6 +643,7 @@ impl PostgresBackend {
             pool,
             statements: NonZeroUsize::new(DEFAULT_STATEMENTS).expect("not zero"),
             deny_cache: DEFAULT_DENY_CACHE,
+            deny_cache_recheck: DEFAULT_DENY_CACHE_RECHECK,
             schema: DEFAULT_SCHEMA.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
             unlogged: false,
@@ -784,7 +833,10 @@ impl Backend for PostgresBackend {
             return denied;
         }
         let backend = self.clone();
-        let limits: Vec<u64> = counters.iter().map(|c| c.quota.limit()).collect();
+        let limits: Vec<(u64, bool)> = counters
+            .iter()
+            .map(|c| (c.quota.limit(), c.lowers))
+            .collect();
         let namespaces: Vec<Box<str>> = counters.iter().map(|c| c.namespace.into()).collect();
         let denied_key = key.clone();
         let mut receivers = Vec::with_capacity(counters.len());
@@ -807,7 +859,8 @@ impl Backend for PostgresBackend {
             backend.start_cleaner();
             batch::submit(&backend.inner.batcher, pending);
             let mut hits = Hits::with_capacity(receivers.len());
-            for ((receiver, namespace), limit) in receivers.into_iter().zip(namespaces).zip(limits)
+            for ((receiver, namespace), (limit, lowers)) in
+                receivers.into_iter().zip(namespaces).zip(limits)
             {
                 let counted = receiver.await.unwrap_or_else(|_| {
                     Err(BackendError::Unavailable(
@@ -818,8 +871,8 @@ impl Backend for PostgresBackend {
                 if let Some(deny) = backend.inner.deny.as_ref().filter(|_| hit.count > limit) {
                     // From when the hit was queued, before the database read
                     // its clock: the entry never outlasts the window.
-                    deny.over
-                        .insert(&namespace, denied_key.as_bytes(), queued + hit.reset);
+                    let key = denied_key.as_bytes();
+                    deny.remember(&namespace, key, queued, hit.reset, false, lowers);
                 }
                 hits.push(hit);
             }
@@ -897,6 +950,7 @@ impl Spending for PostgresBackend {
             return denied;
         }
         let backend = self.clone();
+        let lowers: SmallVec<[bool; 2]> = counters.iter().map(|c| c.lowers).collect();
         let (reply, receiver) = oneshot::channel();
         let request = Request {
             key: key.clone(),
@@ -925,19 +979,19 @@ impl Spending for PostgresBackend {
                     "the PostgreSQL sender stopped before answering".into(),
                 ))
             })?;
-            for (namespace, cached) in namespaces.iter().zip(cache) {
+            for ((namespace, cached), lowers) in namespaces.iter().zip(cache).zip(lowers) {
                 // From when the spend was queued, before the database read
                 // its clock: the entry never outlasts the window or the
                 // lockout.
                 let Some(deny) = &backend.inner.deny else {
                     break;
                 };
-                let (cache, left) = match cached {
-                    Some(Cached::Over(left)) => (&deny.over, left),
-                    Some(Cached::Locked(left)) => (&deny.locked, left),
+                let (locked, left) = match cached {
+                    Some(Cached::Over(left)) => (false, left),
+                    Some(Cached::Locked(left)) => (true, left),
                     None => continue,
                 };
-                cache.insert(namespace, key.as_bytes(), queued + left);
+                deny.remember(namespace, key.as_bytes(), queued, left, locked, lowers);
             }
             Ok(hits)
         })
