@@ -185,7 +185,9 @@ const PAST_THE_BOUND: Duration = Duration::from_millis(20);
 
 /// One instance's layer for the cases across instances: [`SHARED`] tokens
 /// a minute per `x-api-key`, `reserve` and `charge` and nothing else.
-fn reserving<Bk: Spending>(backend: Bk) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Charged> {
+fn reserving<Bk: Spending>(
+    backend: Bk,
+) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Charged> {
     RateLimitLayer::new("tokens", quota(SHARED))
         .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
         .backend(backend)
@@ -267,7 +269,11 @@ mod cases {
         }
         let status = on_b.clone().oneshot(request()).await.unwrap().status();
         assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{store}");
-        assert_eq!(count(&a, "plain").await, Some(3), "{store}: B's denial was counted");
+        assert_eq!(
+            count(&a, "plain").await,
+            Some(3),
+            "{store}: B's denial was counted"
+        );
         tokio::time::sleep(recheck + PAST_THE_BOUND).await;
         local().await;
         for _ in 0..5 {

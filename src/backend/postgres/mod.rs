@@ -91,22 +91,35 @@
 //! # The local deny cache
 //!
 //! Once a hit comes back over its limit, the counter is remembered on this
-//! instance until its window closes, and further hits on it are denied here,
-//! with no statement. Spends use it the same way: a counter a spend was
-//! denied on that even a check would be denied on (its count at its limit or
-//! over) is remembered until its window closes, one under a lockout until
-//! the lockout ends, and spends on it are denied here. A spend denied only
-//! because its cost does not fit is not remembered. A spend that would lock
-//! a counter out is answered here only by a lockout: a counter merely over
-//! its limit goes to the database, which locks it. Hits never read the
-//! lockouts. An amend drops its counter from this instance's cache. This is exact because the window is pinned: its
-//! deadline cannot move. The deadline is measured from when the hit was
-//! queued, before the database read its clock, so it never outlasts the
-//! window in the table. Such denials report a count of `limit + 1`, and are
-//! not counted in the table. The trade-off is [`reset`](Backend::reset): it
-//! clears this instance's cache, but other instances keep denying a counter
-//! they have cached until its window would have closed; turn the cache off
-//! with [`deny_cache(0)`](PostgresBackendBuilder::deny_cache) where resets
+//! instance, and further hits on it are denied here, with no statement.
+//! Spends use it the same way: a counter a spend was denied on that even a
+//! check would be denied on (its count at its limit or over) is remembered,
+//! as is one under a lockout, and spends on it are denied here. A spend
+//! denied only because its cost does not fit is not remembered. A spend
+//! that would lock a counter out is answered here only by a lockout: a
+//! counter merely over its limit goes to the database, which locks it. Hits
+//! never read the lockouts. An amend drops its counter from this
+//! instance's cache.
+//!
+//! How long a denial is held depends on whether the counter's count can go
+//! down. One that only goes up is held until its window closes (a lockout
+//! until it ends): exact, because the window is pinned and its deadline
+//! cannot move. One that [lowers](crate::backend::Counter::lowers) (its
+//! layer has a `reserve`, a `count_if` or a `reset_if`; a `BudgetLayer` has
+//! a `reserve`) may be freed at any moment by a settle, refund or clear on
+//! another instance, so it is held at most
+//! [`deny_cache_recheck`](PostgresBackendBuilder::deny_cache_recheck)
+//! (default [`DEFAULT_DENY_CACHE_RECHECK`]), never past its window: no
+//! instance denies a request here that the table has room for for longer
+//! than that bound and a round trip (`docs/guarantees.md`). Deadlines are
+//! measured from when the request was queued, before the database read its
+//! clock, so they never outlast the window in the table. Such denials
+//! report a count of `limit + 1`, and are not counted in the table. The
+//! trade-off left is a [`reset`](Backend::reset) or
+//! [`refund`](Backend::refund) your own code calls on a counter that does
+//! not lower: it clears this instance's cache, but other instances keep
+//! denying the counter until the window they cached closes; turn the cache
+//! off with [`deny_cache(0)`](PostgresBackendBuilder::deny_cache) where that
 //! must take effect everywhere at once. The cache is keyed by the counter's
 //! [canonical storage key](super#storage-keys).
 //!
@@ -312,9 +325,10 @@ struct Inner {
     batcher: Arc<Batcher>,
     /// The queue of spends and amends and its senders.
     spender: Arc<Batcher<Request>>,
-    /// Counters over their limit until their window closes (hits and
-    /// spends without a lockout are denied here), and counters locked out
-    /// until a deadline (spends are denied here; hits do not read lockouts).
+    /// Counters over their limit until their window closes or their
+    /// recheck bound passes (hits and spends without a lockout are denied
+    /// here), and counters locked out until a deadline (spends are denied
+    /// here; hits do not read lockouts).
     deny: Option<Denials>,
     clean: Option<(Duration, NonZeroU32)>,
     cleaner: OnceLock<cleaner::Handle>,

@@ -231,10 +231,9 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 /// The local deny cache answers a spend too, once Redis has denied one of
 /// its counters that no spend can fit until a deadline: at its limit (so a
 /// check of cost 0 is refused as well) until its window closes, or locked
-/// out until the lockout's end. A denial only because the cost is larger
-/// than what is left is not remembered. No request is answered locally that
-/// Redis would have admitted, except after a refund or a reset on another
-/// instance (see below). A lockout lives in Redis, for every instance, set
+/// out until the lockout's end (each for at most the recheck bound when the
+/// counter [lowers](Counter::lowers), see below). A denial only because the
+/// cost is larger than what is left is not remembered. A lockout lives in Redis, for every instance, set
 /// by the denial that first reached it: a spend that would lock a counter
 /// out is answered locally only by a lockout, and one merely at its limit
 /// goes to Redis, which locks it out. A refund or charge after a
@@ -260,20 +259,33 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 ///
 /// # The local deny cache
 ///
-/// Once a hit comes back over its limit, the key is remembered on this
-/// instance until its window closes, and further hits on it are denied here,
-/// with no round trip. This is exact because the window is pinned: its
-/// deadline cannot move. The deadline is measured from when the hit was sent,
-/// so it never outlasts the window in Redis. Such denials report a count of
-/// `limit + 1` and no [deadline](Hit::deadline): they were not counted in
-/// Redis, so they are never refunded.
+/// Once Redis denies a counter, this instance remembers it and denies
+/// further hits (and spends) on it here, with no round trip. How long
+/// depends on whether its count can go down:
 ///
-/// The trade-off is [`reset`](Backend::reset) (and
-/// [`refund`](Backend::refund)): each clears this instance's cache for the
-/// key, but other instances keep denying a key they have cached until its
-/// window would have closed. Turn the cache off with
-/// [`deny_cache(0)`](RedisBackendBuilder::deny_cache) where resets and
-/// refunds must take effect everywhere at once.
+/// - A counter whose count only goes up is held until its window closes
+///   (or its lockout ends). This is exact because the window is pinned: its
+///   deadline cannot move. The deadline is measured from when the hit was
+///   sent, so it never outlasts the window in Redis.
+/// - A counter that [lowers](Counter::lowers) (its layer has a `reserve`,
+///   a `count_if` or a `reset_if`; a `BudgetLayer` has a `reserve`) may be
+///   freed at any moment by a settle, refund or clear on another instance,
+///   so it is held at most
+///   [`deny_cache_recheck`](RedisBackendBuilder::deny_cache_recheck)
+///   (default [`DEFAULT_DENY_CACHE_RECHECK`]) from when the denied request
+///   was sent, never past its window or lockout. No instance then denies a
+///   request here that Redis has room for for longer than that bound and a
+///   round trip (`docs/guarantees.md`).
+///
+/// Such denials report a count of `limit + 1` and no
+/// [deadline](Hit::deadline): they were not counted in Redis, so they are
+/// never refunded. An amend, a [`refund`](Backend::refund) or a
+/// [`reset`](Backend::reset) clears this instance's cache for the key. The
+/// trade-off left is a `reset` or `refund` your own code calls on a counter
+/// that does not lower: other instances keep denying it until the window
+/// they cached closes. Turn the cache off with
+/// [`deny_cache(0)`](RedisBackendBuilder::deny_cache) where those must take
+/// effect everywhere at once.
 pub struct RedisBackend<C> {
     inner: Arc<Inner<C>>,
 }
