@@ -570,9 +570,11 @@ async fn a_settle_frees_the_budget_on_another_instance<Bk: Spending>(
                     .and_then(|v| v.to_str().ok()?.parse().ok())
                     .unwrap_or(0)
             })
-            .charge(|end: &tower_pinned_window::cost::ResponseEnd<'_>| -> Option<u64> {
-                end.headers().get("x-usage")?.to_str().ok()?.parse().ok()
-            })
+            .charge(
+                |end: &tower_pinned_window::cost::ResponseEnd<'_>| -> Option<u64> {
+                    end.headers().get("x-usage")?.to_str().ok()?.parse().ok()
+                },
+            )
             .max_wait(Duration::ZERO)
             .layer(provider.client())
     };
