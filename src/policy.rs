@@ -176,12 +176,15 @@ impl Policy {
     }
 
     /// The decision on a request of `cost` that the quota at `index` can
-    /// never fit (see [`never_fits`](Self::never_fits)).
+    /// never fit (see [`never_fits`](Self::never_fits)), given its `hit` in
+    /// the store's spend of that cost, which the store denied (`None`
+    /// when the store did not answer).
     #[cold]
     pub(crate) fn never_fitting(
         &self,
         index: usize,
         cost: u64,
+        hit: Option<&Hit>,
         shadow: bool,
         route: Option<Route>,
     ) -> Decision {
@@ -190,8 +193,8 @@ impl Policy {
             slot.label.clone(),
             route,
             slot.quota.limit(),
-            cost,
-            slot.quota.window().as_duration(),
+            hit.map(|hit| hit.count.saturating_sub(cost)),
+            hit.map_or(slot.quota.window().as_duration(), |hit| hit.reset),
             shadow,
         )
     }
@@ -238,24 +241,39 @@ impl Policy {
 
     /// The decision on the deciding `hit` of the quota at `index` (as
     /// [`decisive`](Self::decisive) returned them). `route` is the
-    /// request's.
+    /// request's; `cost` its cost under a layer that spends, whose denied
+    /// spend reports what stands plus `max(cost, 1)` (the
+    /// [spend contract](crate::backend#costs-lockouts-and-amends)): the
+    /// decision shows what stands, as nothing was spent.
     #[inline]
     pub(crate) fn decision(
         &self,
         index: usize,
         hit: &Hit,
+        cost: Option<u64>,
         shadow: bool,
         route: Option<Route>,
     ) -> Decision {
         let slot = &self.slots[index];
-        Decision::new(
-            slot.label.clone(),
-            route,
-            slot.quota.limit(),
-            hit.count,
-            hit.reset,
-            shadow,
-        )
+        let limit = slot.quota.limit();
+        match cost {
+            Some(cost) if hit.count > limit => Decision::refused(
+                slot.label.clone(),
+                route,
+                limit,
+                hit.count.saturating_sub(cost.max(1)),
+                hit.reset,
+                shadow,
+            ),
+            _ => Decision::new(
+                slot.label.clone(),
+                route,
+                limit,
+                hit.count,
+                hit.reset,
+                shadow,
+            ),
+        }
     }
 
     /// Whether a request whose deciding `hit` is of the quota at `index`

@@ -776,7 +776,7 @@ impl Backend for PostgresBackend {
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
         let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(counters, |c| {
+            && let Some(denied) = BackendFuture::denied(counters, 1, |c| {
                 deny.over.check(c.namespace, key.as_bytes(), now)
             })
         {
@@ -996,7 +996,7 @@ impl PostgresBackend {
     ) -> Option<BackendFuture<Hits>> {
         let deny = self.inner.deny.as_ref()?;
         let now = quanta::Instant::now();
-        BackendFuture::denied(counters, |c| {
+        BackendFuture::denied(counters, spend.cost.max(1), |c| {
             deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
         })
     }

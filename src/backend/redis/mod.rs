@@ -917,7 +917,7 @@ where
         // hits were sent.
         let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(counters, |c| {
+            && let Some(denied) = BackendFuture::denied(counters, 1, |c| {
                 deny.over.check(c.namespace, key.as_bytes(), now)
             })
         {
@@ -1024,7 +1024,7 @@ where
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
         let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(counters, |c| {
+            && let Some(denied) = BackendFuture::denied(counters, spend.cost.max(1), |c| {
                 deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
             })
         {
