@@ -102,7 +102,8 @@
 //! lockouts. An amend drops its counter from this instance's cache. This is exact because the window is pinned: its
 //! deadline cannot move. The deadline is measured from when the hit was
 //! queued, before the database read its clock, so it never outlasts the
-//! window in the table. Such denials report a count of `limit + 1`, and are
+//! window in the table. Such denials report a count of `limit + 1` (a
+//! spend's: the limit plus its cost, as the spend contract says), and are
 //! not counted in the table. The trade-off is [`reset`](Backend::reset): it
 //! clears this instance's cache, but other instances keep denying a counter
 //! they have cached until its window would have closed; turn the cache off

@@ -257,8 +257,10 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// with no round trip. This is exact because the window is pinned: its
 /// deadline cannot move. The deadline is measured from when the hit was sent,
 /// so it never outlasts the window in Redis. Such denials report a count of
-/// `limit + 1` and no [deadline](Hit::deadline): they were not counted in
-/// Redis, so they are never refunded.
+/// `limit + 1` (a spend's: the limit plus its cost, as the
+/// [spend contract](crate::backend#costs-lockouts-and-amends) says) and no
+/// [deadline](Hit::deadline): they were not counted in Redis, so they are
+/// never refunded.
 ///
 /// The trade-off is [`reset`](Backend::reset) (and
 /// [`refund`](Backend::refund)): each clears this instance's cache for the
