@@ -252,7 +252,11 @@ async fn a_denial_by_cost_shows_what_is_left() {
                 .map_or(1, |v| v.to_str().unwrap().parse().unwrap())
         });
     let service = layer.layer(streaming());
-    let call = |tokens: &str| service.clone().oneshot(request(&[("x-max-tokens", tokens)]));
+    let call = |tokens: &str| {
+        service
+            .clone()
+            .oneshot(request(&[("x-max-tokens", tokens)]))
+    };
     // A cost that can never fit, on a fresh key: all of it is left, and no
     // wait helps.
     let never = call("5000").await.unwrap();
@@ -269,10 +273,18 @@ async fn a_denial_by_cost_shows_what_is_left() {
     let denied = call("300").await.unwrap();
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(denied.headers()["ratelimit"], "\"tokens\";r=100;t=45");
-    assert_eq!(denied.headers()["retry-after"], "45", "a new window has room");
+    assert_eq!(
+        denied.headers()["retry-after"],
+        "45",
+        "a new window has room"
+    );
     let decision = denied.extensions().get::<Decision>().unwrap();
     assert_eq!(
-        (decision.count(), decision.remaining(), decision.never_fits()),
+        (
+            decision.count(),
+            decision.remaining(),
+            decision.never_fits()
+        ),
         (900, 100, false)
     );
     assert!(!decision.passed() && decision.over_limit());
@@ -317,7 +329,11 @@ async fn a_lockout_by_cost_shows_nothing_left() {
     for attempt in ["locks it", "locked"] {
         let locked = call().await.unwrap();
         assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS, "{attempt}");
-        assert_eq!(locked.headers()["ratelimit"], "\"otp\";r=0;t=600", "{attempt}");
+        assert_eq!(
+            locked.headers()["ratelimit"],
+            "\"otp\";r=0;t=600",
+            "{attempt}"
+        );
         assert_eq!(locked.headers()["retry-after"], "600", "{attempt}");
     }
 }
@@ -378,7 +394,11 @@ async fn a_cost_that_never_fits_is_denied_even_when_the_store_is_out() {
             .on_failure(failure)
             .cost_fn(by_max_tokens);
         let service = layer.layer(streaming());
-        let call = |tokens: &str| service.clone().oneshot(request(&[("x-max-tokens", tokens)]));
+        let call = |tokens: &str| {
+            service
+                .clone()
+                .oneshot(request(&[("x-max-tokens", tokens)]))
+        };
         let never = call("5000").await.unwrap();
         assert_eq!(never.status(), StatusCode::TOO_MANY_REQUESTS, "{failure:?}");
         // What is left is not known: nothing is promised.
@@ -429,7 +449,6 @@ async fn a_grpc_cost_that_never_fits_gets_no_retry_info() {
     assert_eq!(later.headers()["ratelimit"], "\"tokens\";r=100;t=60");
     assert!(later.headers().get("grpc-status-details-bin").is_some());
 }
-
 
 #[tokio::test(start_paused = true)]
 async fn count_if_with_a_cost_refunds_the_whole_cost() {

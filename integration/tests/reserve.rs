@@ -314,14 +314,23 @@ mod cases {
         assert!((1..=60).contains(&retry), "{store}: Retry-After {retry}");
         let never = send(&service, call("cost", 5 * LIMIT, Some("1"), 200)).await;
         assert_eq!(
-            (never.status, never.left, never.retry_after, never.never_fits),
+            (
+                never.status,
+                never.left,
+                never.retry_after,
+                never.never_fits
+            ),
             (StatusCode::TOO_MANY_REQUESTS, Some(100), None, true),
             "{store}"
         );
         assert_eq!(count(&backend, "cost").await, Some(900), "{store}");
 
         let last = send(&service, call("cost", 100, Some("100"), 200)).await;
-        assert_eq!((last.status, last.left), (StatusCode::OK, Some(0)), "{store}");
+        assert_eq!(
+            (last.status, last.left),
+            (StatusCode::OK, Some(0)),
+            "{store}"
+        );
         settled(&backend, "cost", LIMIT, store).await;
         // At the limit the store remembers the key in the deny cache: the
         // second answer may come from there.

@@ -188,7 +188,10 @@ where
         quota: minute(10),
     }];
     let count_of = |hits: Hits| hits[0].count;
-    assert_eq!(count_of(spend(&backend, &key, &one, Spend::cost(6)).await), 6);
+    assert_eq!(
+        count_of(spend(&backend, &key, &one, Spend::cost(6)).await),
+        6
+    );
     let denied = spend(&backend, &key, &one, Spend::cost(7)).await[0];
     assert_eq!(
         (denied.count, denied.deadline),
@@ -209,7 +212,11 @@ where
         let hits = spend(&backend, &key, &one, Spend::cost(3)).await;
         assert_eq!(hits[0].count, 10 + 3, "at the limit, asked {asked}");
         let check = spend(&backend, &key, &one, Spend::cost(0)).await;
-        assert_eq!(check[0].count, 10 + 1, "a check at the limit, asked {asked}");
+        assert_eq!(
+            check[0].count,
+            10 + 1,
+            "a check at the limit, asked {asked}"
+        );
     }
     assert!(amend(&backend, "a", &key, &full, Amend::Charge(2)).await);
     let over = spend(&backend, &key, &one, Spend::cost(20)).await[0];
@@ -241,14 +248,21 @@ where
     }];
     let block = Window::new(Duration::from_secs(60)).expect("a valid block");
     let locking = Spend::cost(3).block(block);
-    assert_eq!(count_of(spend(&backend, &locked_key, &login, locking).await), 3);
+    assert_eq!(
+        count_of(spend(&backend, &locked_key, &login, locking).await),
+        3
+    );
     for asked in ["locks it", "locked", "locked again"] {
         let hits = spend(&backend, &locked_key, &login, locking).await;
         assert_eq!(hits[0].count, 5 + 3, "{asked}: the limit stands");
     }
     let hits = spend(&backend, &locked_key, &login, Spend::cost(1)).await;
     assert_eq!(hits[0].count, 5 + 1, "a spend that fits the count, locked");
-    assert_eq!(count(&backend, "login", &locked_key).await, 3, "nothing spent");
+    assert_eq!(
+        count(&backend, "login", &locked_key).await,
+        3,
+        "nothing spent"
+    );
 }
 
 /// A lockout starts at the first denial and lasts its duration, however
