@@ -270,8 +270,8 @@ where
                 let service = std::mem::replace(service, clone);
                 // The insurance limiter needs the key; a tab holds it
                 // already.
-                let fallback = (tab.is_none() && core.settings.insurance.is_some())
-                    .then(|| key.clone());
+                let fallback =
+                    (tab.is_none() && core.settings.insurance.is_some()).then(|| key.clone());
                 Self::with(State::Checking {
                     core: Arc::clone(core),
                     hit,
@@ -288,7 +288,6 @@ where
             }
         }
     }
-
 
     /// The answer to a request without a usable key.
     pub(crate) fn key_rejected(core: &Core<Bk, D>, err: &KeyError, head: &RequestHead<'_>) -> Self {

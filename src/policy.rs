@@ -189,6 +189,10 @@ impl Policy {
         route: Option<Route>,
     ) -> Decision {
         let slot = &self.slots[index];
+        // The store denies a cost above the limit with a count above it;
+        // a hit that is not was never judged (a deny cache answered for
+        // another counter): what stands is not known.
+        let hit = hit.filter(|hit| hit.count > slot.quota.limit());
         Decision::never_fitting(
             slot.label.clone(),
             route,
@@ -734,6 +738,37 @@ mod tests {
                 Arc::strong_count(&policies.routes["/auth.Auth/Login"]),
                 login
             );
+        }
+    }
+
+    #[test]
+    fn a_cost_that_never_fits_shows_what_the_store_said_stands() {
+        let mut policies = Policies::new("api".into(), quota(100, 60_000), HeaderStyle::Ietf);
+        policies.add_also(quota(10, 1_000).into());
+        let policy = &policies.default;
+        let index = policy.never_fits(25).expect("above the smaller limit");
+        assert_eq!(policy.slots[index].quota, quota(10, 1_000));
+        let hit = |count| Hit {
+            count,
+            reset: Duration::from_millis(400),
+            deadline: None,
+        };
+        let cases = [
+            ("4 stand, the cost 25", Some(hit(4 + 25)), 6, 400),
+            ("nothing stands", Some(hit(25)), 10, 400),
+            ("the store failed", None, 0, 1_000),
+            (
+                "a deny cache answered for another counter",
+                Some(hit(0)),
+                0,
+                1_000,
+            ),
+        ];
+        for (case, hit, left, reset_ms) in cases {
+            let decision = policy.never_fitting(index, 25, hit.as_ref(), false, None);
+            assert!(decision.never_fits() && !decision.passed(), "{case}");
+            assert_eq!(decision.remaining(), left, "{case}");
+            assert_eq!(decision.reset(), Duration::from_millis(reset_ms), "{case}");
         }
     }
 
