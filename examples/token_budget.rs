@@ -10,9 +10,12 @@
 //! it is admitted only if the estimate fits in what is left, and its
 //! `RateLimit` header shows the budget after the reservation. Once the body
 //! has been sent, its answer **settles** the reservation to the tokens it
-//! used: the unused part goes back to the budget. Once the budget is spent,
-//! every call with that key gets 429 with `Retry-After` until the window
-//! that its first call opened closes.
+//! used: the unused part goes back to the budget. A call whose estimate
+//! does not fit in what is left gets 429 with `Retry-After` until the
+//! window that its first call opened closes, and its `RateLimit` header
+//! shows what is left (`r=100` after three calls of 300); an estimate
+//! above the whole budget gets 429 without `Retry-After`, since no wait
+//! makes room for it.
 //!
 //! ```text
 //! cargo run --example token_budget           # on 127.0.0.1:$PORT (3000)
@@ -293,7 +296,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}: {budget} tokens per API key, reserved then settled");
     println!(
-        "four completions of 300 tokens, each reserving 300 (200, 200, 200, then 429 with Retry-After):\n  for i in 1 2 3 4; do curl -si -H 'x-api-key: k1' -H 'x-max-tokens: 300' -H 'content-type: application/json' -d '{{\"tokens\": 300}}' http://{addr}/complete | grep -iE '^(HTTP|retry-after|ratelimit:)'; done"
+        "four completions of 300 tokens, each reserving 300 (200, 200, 200, then 429 with Retry-After and r=100):\n  for i in 1 2 3 4; do curl -si -H 'x-api-key: k1' -H 'x-max-tokens: 300' -H 'content-type: application/json' -d '{{\"tokens\": 300}}' http://{addr}/complete | grep -iE '^(HTTP|retry-after|ratelimit:)'; done"
     );
     axum::serve(
         listener,

@@ -183,18 +183,42 @@ impl Decision {
         }
     }
 
-    /// The decision on a request whose `cost` is above `limit`: it can never
-    /// be admitted, and nothing was counted.
+    /// The decision on a spend that did not fit: nothing was spent, and
+    /// `stands` is what the counter holds (at least `limit` under a
+    /// lockout), so [`remaining`](Self::remaining) is what is truly left.
+    #[cold]
+    pub(crate) fn refused(
+        label: Arc<Label>,
+        route: Option<Route>,
+        limit: u64,
+        stands: u64,
+        reset: Duration,
+        shadow: bool,
+    ) -> Self {
+        let mut decision = Self::new(label, route, limit, stands, reset, shadow);
+        decision.outcome = if shadow {
+            Outcome::Shadowed
+        } else {
+            Outcome::Denied
+        };
+        decision
+    }
+
+    /// The decision on a request whose cost is above `limit`: it can never
+    /// be admitted, and nothing was counted. `stands` is what the store
+    /// holds for the key, `None` when it could not be read (then the
+    /// decision shows nothing left).
     #[cold]
     pub(crate) fn never_fitting(
         label: Arc<Label>,
         route: Option<Route>,
         limit: u64,
-        cost: u64,
-        window: Duration,
+        stands: Option<u64>,
+        reset: Duration,
         shadow: bool,
     ) -> Self {
-        let mut decision = Self::new(label, route, limit, cost, window, shadow);
+        let stands = stands.unwrap_or(limit);
+        let mut decision = Self::refused(label, route, limit, stands, reset, shadow);
         decision.never_fits = true;
         decision
     }
@@ -254,12 +278,21 @@ impl Decision {
     /// [`RateLimitLayer::cost`](crate::RateLimitLayer::cost)), less this
     /// request's cost once it was [refunded](Self::refunded).
     ///
+    /// Under a layer that spends, a request whose cost does not fit spends
+    /// nothing: its count is the counter as it stands (at least the limit
+    /// while the key is locked out by
+    /// [`block_for`](crate::RateLimitLayer::block_for)), and
+    /// [`remaining`](Self::remaining) is what is truly left, which may be
+    /// more than 0 on a denial: 100 left deny a cost of 300.
+    ///
     /// See the [example](Decision#example).
     pub fn count(&self) -> u64 {
         self.count
     }
 
-    /// Hits left in this window after this request.
+    /// Hits left in this window after this request: the limit less the
+    /// [count](Self::count), or 0. On a denial by cost, what is left that
+    /// the cost did not fit in.
     ///
     /// See the [example](Decision#example).
     pub fn remaining(&self) -> u64 {
@@ -355,9 +388,13 @@ impl Decision {
     /// Whether the request's cost (see
     /// [`cost_fn`](crate::RateLimitLayer::cost_fn)) is above its quota's
     /// [limit](Self::limit): it is denied whatever the count, and would be in
-    /// any window, so waiting does not help. Nothing was counted,
-    /// [`count`](Self::count) is the cost, and the denial carries no
-    /// `Retry-After`.
+    /// any window, so waiting does not help. Nothing was counted: the
+    /// store is asked only what the key's counter holds, which
+    /// [`count`](Self::count) is (the limit when the store could not
+    /// answer), so [`remaining`](Self::remaining) and the `RateLimit`
+    /// header show what is truly left. The denial carries no `Retry-After`
+    /// (gRPC: no `RetryInfo`), since no wait brings room for it, and is
+    /// denied whatever the store's health or the failure policy.
     ///
     /// ```
     /// use std::time::Duration;
@@ -374,7 +411,10 @@ impl Decision {
     /// let denied = app.oneshot(too_big).await.unwrap();
     /// assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     /// assert!(denied.headers().get("retry-after").is_none(), "waiting would not help");
-    /// assert!(denied.extensions().get::<Decision>().unwrap().never_fits());
+    /// // Nothing was spent: all 100 are left.
+    /// assert_eq!(denied.headers()["ratelimit"], "\"rows\";r=100;t=60");
+    /// let decision = denied.extensions().get::<Decision>().unwrap();
+    /// assert!(decision.never_fits() && decision.remaining() == 100);
     /// # }
     /// ```
     pub fn never_fits(&self) -> bool {

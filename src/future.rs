@@ -73,9 +73,13 @@ pin_project! {
             stopwatch: Stopwatch,
             // Only when the layer counts by outcome.
             tab: Option<Box<T>>,
-            // The key and cost, for the insurance limiter; only under
-            // `FailurePolicy::Insurance` without a tab (which holds them).
-            fallback: Option<(Key, Option<u64>)>,
+            // The key, for the insurance limiter; only under
+            // `FailurePolicy::Insurance` without a tab (which holds it).
+            fallback: Option<Key>,
+            // What the request spends, under a layer that spends, and the
+            // quota its cost can never fit, when there is one.
+            cost: Option<u64>,
+            never_fits: Option<usize>,
         },
         // Passed on: waiting for the service, whose answer gets what the
         // decision writes onto it, if the request was counted and anything
@@ -203,6 +207,10 @@ pub(crate) struct Count<'a> {
     pub(crate) key: &'a Key,
     /// What the request spends, under a layer that spends.
     pub(crate) cost: Option<u64>,
+    /// The index of the quota its cost can never fit, when there is one:
+    /// the backend was asked only to learn what the key's counters hold
+    /// (a cost above a limit never fits, so nothing is spent).
+    pub(crate) never_fits: Option<usize>,
 }
 
 impl<S, ReqBody, ResBody, Bk, D, M> ResponseFuture<S, ReqBody, Bk, D, M>
@@ -229,9 +237,15 @@ where
         service: &mut S,
         request: Request<ReqBody>,
     ) -> Self {
-        let Count { policy, key, cost } = count;
-        let tab = core
-            .counts_by_outcome()
+        let Count {
+            policy,
+            key,
+            cost,
+            never_fits,
+        } = count;
+        // A request that can never fit is counted nowhere: nothing to
+        // amend.
+        let tab = (core.counts_by_outcome() && never_fits.is_none())
             .then(|| RefundTab::open(core, key, cost, M::amend));
         match Pin::new(&mut hit).poll(&mut Context::from_waker(Waker::noop())) {
             Poll::Ready(result) => {
@@ -244,6 +258,7 @@ where
                     carry,
                     key: Some(key),
                     cost,
+                    never_fits,
                 };
                 let verdict = verdict::decide(core, result, ask, tab);
                 Self::decided(verdict, carry, |decision| {
@@ -253,10 +268,10 @@ where
             Poll::Pending => {
                 let clone = service.clone();
                 let service = std::mem::replace(service, clone);
-                // The insurance limiter needs the key and the cost; a tab
-                // holds them already.
-                let fallback = (tab.is_none() && core.settings.insurance.is_some())
-                    .then(|| (key.clone(), cost));
+                // The insurance limiter needs the key; a tab holds it
+                // already.
+                let fallback =
+                    (tab.is_none() && core.settings.insurance.is_some()).then(|| key.clone());
                 Self::with(State::Checking {
                     core: Arc::clone(core),
                     hit,
@@ -267,28 +282,11 @@ where
                     stopwatch: Stopwatch::start(),
                     tab,
                     fallback,
+                    cost,
+                    never_fits,
                 })
             }
         }
-    }
-
-    /// The future of `request`, whose cost the quota at `index` of `policy`
-    /// can never fit (`refused`: the policy, the index, the cost): decided
-    /// without asking the backend.
-    #[cold]
-    pub(crate) fn never_fits(
-        core: &Core<Bk, D>,
-        refused: (&Policy, usize, u64),
-        service: &mut S,
-        request: Request<ReqBody>,
-    ) -> Self {
-        let (policy, index, cost) = refused;
-        let head = RequestHead::new(&request);
-        let carry = core.carry(&head);
-        let verdict = verdict::never_fits(core, policy, index, cost, &head);
-        Self::decided(verdict, carry, |decision| {
-            call_with(service, request, decision)
-        })
     }
 
     /// The answer to a request without a usable key.
@@ -354,6 +352,8 @@ where
                     stopwatch,
                     tab,
                     fallback,
+                    cost,
+                    never_fits,
                 } => {
                     let result = match Pin::new(hit).poll(cx) {
                         Poll::Ready(result) => result,
@@ -376,8 +376,9 @@ where
                         request: &head,
                         policy: &policy,
                         carry,
-                        key: fallback.as_ref().map(|(key, _)| key),
-                        cost: fallback.as_ref().and_then(|(_, cost)| *cost),
+                        key: fallback.as_ref(),
+                        cost: *cost,
+                        never_fits: *never_fits,
                     };
                     let verdict = verdict::decide(core, result, ask, tab.take());
                     let next = Self::decided(verdict, carry, |d| call_once(service, request, d));
@@ -757,10 +758,11 @@ mod tests {
                 ],
                 "{out:?}, count_if keeps what counts"
             );
-            // A layer that spends counts its cost locally.
+            // A layer that spends counts its cost locally; a cost that
+            // does not fit shows the count as it stands.
             assert_eq!(
                 answers(layer().on_failure(half).cost(2), 2).await,
-                vec![(200, Some((true, 2, 2))), (429, Some((true, 4, 2)))],
+                vec![(200, Some((true, 2, 2))), (429, Some((true, 2, 2)))],
                 "{out:?}, a cost of 2"
             );
             // Back to fail-closed: the insurance is gone.

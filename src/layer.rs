@@ -406,8 +406,10 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
 
     /// Each request costs what `cost` reads from its head, as
     /// [`cost`](Self::cost) does. A cost above the limit of the request's
-    /// quota is denied without asking the backend, with
-    /// [`Decision::never_fits`]. It runs on every request: keep it cheap.
+    /// quota is denied, with [`Decision::never_fits`] and no `Retry-After`,
+    /// whatever the backend answers: the backend is asked only what the
+    /// key's counters hold, for the headers, and nothing is spent. It runs
+    /// on every request: keep it cheap.
     /// Guide: `docs/costs.md#request-cost`.
     pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, M::Spending>
     where
@@ -463,9 +465,9 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// never admits more than its budget in estimates, and the headers and
     /// the [`Decision`] show the budget after the reservation.
     ///
-    /// - An estimate above the limit of the request's quota is denied at
-    ///   once, with [`Decision::never_fits`]; a denied request spends
-    ///   nothing.
+    /// - An estimate above the limit of the request's quota is denied,
+    ///   with [`Decision::never_fits`] and no `Retry-After`; a denied
+    ///   request spends nothing, and its headers show what is left.
     /// - A charge that cannot read the use (`None`) settles nothing: the
     ///   reservation stays spent.
     /// - An answer that [`count_if`](Self::count_if) rejects refunds the

@@ -179,22 +179,29 @@ impl Policy {
     }
 
     /// The decision on a request of `cost` that the quota at `index` can
-    /// never fit (see [`never_fits`](Self::never_fits)).
+    /// never fit (see [`never_fits`](Self::never_fits)), given its `hit` in
+    /// the store's spend of that cost, which the store denied (`None`
+    /// when the store did not answer).
     #[cold]
     pub(crate) fn never_fitting(
         &self,
         index: usize,
         cost: u64,
+        hit: Option<&Hit>,
         shadow: bool,
         route: Option<Route>,
     ) -> Decision {
         let slot = &self.slots[index];
+        // The store denies a cost above the limit with a count above it;
+        // a hit that is not was never judged (a deny cache answered for
+        // another counter): what stands is not known.
+        let hit = hit.filter(|hit| hit.count > slot.quota.limit());
         Decision::never_fitting(
             slot.label.clone(),
             route,
             slot.quota.limit(),
-            cost,
-            slot.quota.window().as_duration(),
+            hit.map(|hit| hit.count.saturating_sub(cost)),
+            hit.map_or(slot.quota.window().as_duration(), |hit| hit.reset),
             shadow,
         )
     }
@@ -242,24 +249,39 @@ impl Policy {
 
     /// The decision on the deciding `hit` of the quota at `index` (as
     /// [`decisive`](Self::decisive) returned them). `route` is the
-    /// request's.
+    /// request's; `cost` its cost under a layer that spends, whose denied
+    /// spend reports what stands plus `max(cost, 1)` (the
+    /// [spend contract](crate::backend#costs-lockouts-and-amends)): the
+    /// decision shows what stands, as nothing was spent.
     #[inline]
     pub(crate) fn decision(
         &self,
         index: usize,
         hit: &Hit,
+        cost: Option<u64>,
         shadow: bool,
         route: Option<Route>,
     ) -> Decision {
         let slot = &self.slots[index];
-        Decision::new(
-            slot.label.clone(),
-            route,
-            slot.quota.limit(),
-            hit.count,
-            hit.reset,
-            shadow,
-        )
+        let limit = slot.quota.limit();
+        match cost {
+            Some(cost) if hit.count > limit => Decision::refused(
+                slot.label.clone(),
+                route,
+                limit,
+                hit.count.saturating_sub(cost.max(1)),
+                hit.reset,
+                shadow,
+            ),
+            _ => Decision::new(
+                slot.label.clone(),
+                route,
+                limit,
+                hit.count,
+                hit.reset,
+                shadow,
+            ),
+        }
     }
 
     /// Whether a request whose deciding `hit` is of the quota at `index`
@@ -735,6 +757,37 @@ mod tests {
                 Arc::strong_count(&policies.routes["/auth.Auth/Login"]),
                 login
             );
+        }
+    }
+
+    #[test]
+    fn a_cost_that_never_fits_shows_what_the_store_said_stands() {
+        let mut policies = Policies::new("api".into(), quota(100, 60_000), HeaderStyle::Ietf);
+        policies.add_also(quota(10, 1_000).into());
+        let policy = &policies.default;
+        let index = policy.never_fits(25).expect("above the smaller limit");
+        assert_eq!(policy.slots[index].quota, quota(10, 1_000));
+        let hit = |count| Hit {
+            count,
+            reset: Duration::from_millis(400),
+            deadline: None,
+        };
+        let cases = [
+            ("4 stand, the cost 25", Some(hit(4 + 25)), 6, 400),
+            ("nothing stands", Some(hit(25)), 10, 400),
+            ("the store failed", None, 0, 1_000),
+            (
+                "a deny cache answered for another counter",
+                Some(hit(0)),
+                0,
+                1_000,
+            ),
+        ];
+        for (case, hit, left, reset_ms) in cases {
+            let decision = policy.never_fitting(index, 25, hit.as_ref(), false, None);
+            assert!(decision.never_fits() && !decision.passed(), "{case}");
+            assert_eq!(decision.remaining(), left, "{case}");
+            assert_eq!(decision.reset(), Duration::from_millis(reset_ms), "{case}");
         }
     }
 

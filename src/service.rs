@@ -8,7 +8,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::backend::Backend;
+use crate::backend::{Backend, Spend};
 use crate::core::{Core, OnMissingKey};
 use crate::cost::{Counts, Plain};
 use crate::future::{Count, ResponseFuture};
@@ -153,18 +153,21 @@ where
         let policy = s.policies.select(&head);
         // A layer with a cost, a charge, a lockout or a reset on success
         // spends; any other hits, as it always has.
-        let (hit, cost) = match &s.spend {
-            None => (policy.hit(&core.backend, &key), None),
+        let (hit, cost, never_fits) = match &s.spend {
+            None => (policy.hit(&core.backend, &key), None, None),
             Some(plan) => {
                 let cost = plan.cost(&head);
-                if let Some(index) = policy.never_fits(cost) {
-                    let refused = (&*policy, index, cost);
-                    return ResponseFuture::never_fits(core, refused, &mut self.inner, request);
-                }
-                let spend = plan.spend(cost);
+                // A cost above a limit is denied whatever the count; it is
+                // still spent, without a lockout, which spends nothing and
+                // tells what the key's counters hold (for the headers).
+                let never_fits = policy.never_fits(cost);
+                let spend = match never_fits {
+                    None => plan.spend(cost),
+                    Some(_) => Spend::cost(cost),
+                };
                 let hit = policy
                     .with_counters(|counters| M::spend_all(&core.backend, &key, counters, spend));
-                (hit, Some(cost))
+                (hit, Some(cost), never_fits)
             }
         };
         tracing::trace!(limiter = %s.name, %key, ?cost, "rate-limit hit");
@@ -172,6 +175,7 @@ where
             policy,
             key: &key,
             cost,
+            never_fits,
         };
         ResponseFuture::start(core, hit, count, &mut self.inner, request)
     }

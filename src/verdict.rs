@@ -51,6 +51,10 @@ pub(crate) struct Ask<'a> {
     pub(crate) key: Option<&'a Key>,
     /// What the request spends, under a layer that spends.
     pub(crate) cost: Option<u64>,
+    /// The index of the quota the cost can never fit, when there is one:
+    /// the backend was asked to spend it only to learn what the key's
+    /// counters hold.
+    pub(crate) never_fits: Option<usize>,
 }
 
 /// The verdict on `ask` given the backend's `result`; `tab` is the
@@ -71,6 +75,9 @@ where
     D: Deny<B>,
     B: Default,
 {
+    if let (Some(index), Some(cost)) = (ask.never_fits, ask.cost) {
+        return never_fits(core, result, ask.policy, index, cost, ask.request);
+    }
     if let Err(err) = &result
         && core.insures(err)
     {
@@ -85,12 +92,14 @@ where
             result,
             ask.policy,
             ask.request,
+            ask.cost,
             ask.carry.anywhere(),
             false,
         ),
         Some(tab) => {
             let kept = || ask.policy.to_arc();
-            tabbed(core, result, ask.policy, kept, ask.request, tab, false)
+            let judged = (&**ask.policy, ask.request, ask.cost);
+            tabbed(core, result, judged, kept, tab, false)
         }
     }
 }
@@ -115,18 +124,20 @@ where
         Err(err) => return outage(core, err, ask.request),
     };
     match tab {
-        None => judge(core, Ok(hits), &policy, ask.request, true, true),
+        None => judge(core, Ok(hits), &policy, ask.request, ask.cost, true, true),
         Some(tab) => {
             // What the insurance counted is refunded, charged or cleared
             // in its own store, never in the backend.
             let policy = Arc::new(policy);
             let kept = || Arc::clone(&policy);
-            tabbed(core, Ok(hits), &policy, kept, ask.request, tab, true)
+            let judged = (&*policy, ask.request, ask.cost);
+            tabbed(core, Ok(hits), judged, kept, tab, true)
         }
     }
 }
 
-/// [`judge`], for a layer that counts by outcome: the hits and the policy
+/// [`judge`] of `judged` (the policy, the request and its cost), for a
+/// layer that counts by outcome: the hits and the policy
 /// (`kept`, for what outlives the call) are kept on `tab` when they may be
 /// refunded, for a request passed counted (after its answer) or denied (at
 /// once). Any other verdict drops the tab: a failure or a request passed
@@ -134,9 +145,8 @@ where
 fn tabbed<Bk, D, B>(
     core: &Core<Bk, D>,
     result: Result<Hits, BackendError>,
-    policy: &Policy,
+    judged: (&Policy, &RequestHead<'_>, Option<u64>),
     kept: impl FnOnce() -> Arc<Policy>,
-    request: &RequestHead<'_>,
     mut tab: Box<RefundTab<Bk, D>>,
     insured: bool,
 ) -> Verdict<B, RefundTab<Bk, D>>
@@ -152,7 +162,8 @@ where
         }
         Err(_) => false,
     };
-    match judge(core, result, policy, request, true, insured) {
+    let (policy, request, cost) = judged;
+    match judge(core, result, policy, request, cost, true, insured) {
         Verdict::Pass(Some(passed)) => {
             tab.pass(passed);
             Verdict::Counted(tab)
@@ -210,7 +221,8 @@ fn insure<Bk: Backend, D>(
 }
 
 /// The verdict on `request`, given the hits (or failure) `result` on
-/// `policy`'s counters; `insured` when the insurance limiter counted them.
+/// `policy`'s counters; `cost` is the request's under a layer that spends;
+/// `insured` when the insurance limiter counted them.
 ///
 /// Unless `read` (the decision on a passed request is carried to the
 /// request or the response, settled under `count_if`, or insured), a
@@ -224,6 +236,7 @@ fn judge<Bk, D, B, T>(
     result: Result<Hits, BackendError>,
     policy: &Policy,
     request: &RequestHead<'_>,
+    cost: Option<u64>,
     read: bool,
     insured: bool,
 ) -> Verdict<B, T>
@@ -257,7 +270,7 @@ where
     {
         return Verdict::Pass(None);
     }
-    let mut decision = policy.decision(index, hit, s.shadow, request.route_owned());
+    let mut decision = policy.decision(index, hit, cost, s.shadow, request.route_owned());
     if insured {
         decision.insure();
     }
@@ -295,10 +308,15 @@ where
 
 /// The verdict on `request`, whose `cost` is above the limit of the quota
 /// at `index` of `policy`: denied (passed in shadow mode), with nothing
-/// counted, since it could never be admitted.
+/// counted, since it could never be admitted. `result` is the backend's
+/// answer to a spend of that cost, which spends nothing (a cost above a
+/// limit never fits) and says what the key's counters hold; whatever the
+/// backend answered, or however it failed, the request is denied, and
+/// the insurance limiter is not asked.
 #[cold]
-pub(crate) fn never_fits<Bk, D, B, T>(
+fn never_fits<Bk, D, B, T>(
     core: &Core<Bk, D>,
+    result: Result<Hits, BackendError>,
     policy: &Policy,
     index: usize,
     cost: u64,
@@ -309,7 +327,15 @@ where
     B: Default,
 {
     let s = &core.settings;
-    let decision = policy.never_fitting(index, cost, s.shadow, request.route_owned());
+    let hit = match &result {
+        Ok(hits) => hits.as_slice().get(index),
+        Err(err) => {
+            s.metrics.backend_error(&s.name, err);
+            tracing::debug!(limiter = %s.name, error = %err, "rate-limit backend failed on a cost above the limit: denied, with nothing shown as left");
+            None
+        }
+    };
+    let decision = policy.never_fitting(index, cost, hit, s.shadow, request.route_owned());
     tracing::debug!(limiter = %s.name, policy = decision.policy(), cost, limit = decision.limit(), "rate-limit cost above the limit: the request can never be admitted");
     conclude(core, policy, index, decision, request)
 }

@@ -228,15 +228,226 @@ async fn a_cost_counts_whole_a_denial_spends_nothing_and_zero_only_checks() {
         StatusCode::TOO_MANY_REQUESTS,
         "a check at the limit does not fit"
     );
-    // Above the smallest limit: never admitted, nothing asked of the backend.
-    let before = backend.calls();
+    // Above the smallest limit: never admitted; the backend is asked only
+    // what the counters hold, and nothing is spent.
+    let (hits, spends, amends) = backend.calls();
     let never = call("11").await.unwrap();
     assert_eq!(never.status(), StatusCode::TOO_MANY_REQUESTS);
     assert!(never.headers().get("retry-after").is_none());
     let decision = never.extensions().get::<Decision>().unwrap();
     assert!(decision.never_fits() && !decision.passed());
-    assert_eq!((decision.count(), decision.limit()), (11, 10));
-    assert_eq!(backend.calls(), before, "the backend was not called");
+    assert_eq!((decision.count(), decision.limit()), (10, 10));
+    assert_eq!(backend.calls(), (hits, spends + 1, amends), "one spend");
+    assert_eq!(backend.count("api").await, Some(10), "nothing spent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_denial_by_cost_shows_what_is_left() {
+    let backend = Recorded::new();
+    let layer = RateLimitLayer::new("tokens", quota(1000, 60))
+        .backend(backend.clone())
+        .cost_fn(|req| {
+            req.headers()
+                .get("x-max-tokens")
+                .map_or(1, |v| v.to_str().unwrap().parse().unwrap())
+        });
+    let service = layer.layer(streaming());
+    let call = |tokens: &str| {
+        service
+            .clone()
+            .oneshot(request(&[("x-max-tokens", tokens)]))
+    };
+    // A cost that can never fit, on a fresh key: all of it is left, and no
+    // wait helps.
+    let never = call("5000").await.unwrap();
+    assert_eq!(never.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(never.headers()["ratelimit"], "\"tokens\";r=1000;t=60");
+    assert!(never.headers().get("retry-after").is_none());
+    assert_eq!(backend.count("tokens").await, None, "nothing created");
+    for left in [700, 400, 100] {
+        let response = call("300").await.unwrap();
+        let want = format!("\"tokens\";r={left};t=60");
+        assert_eq!(response.headers()["ratelimit"], want.as_str());
+    }
+    advance(Duration::from_secs(15)).await;
+    let denied = call("300").await.unwrap();
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(denied.headers()["ratelimit"], "\"tokens\";r=100;t=45");
+    assert_eq!(
+        denied.headers()["retry-after"],
+        "45",
+        "a new window has room"
+    );
+    let decision = denied.extensions().get::<Decision>().unwrap();
+    assert_eq!(
+        (
+            decision.count(),
+            decision.remaining(),
+            decision.never_fits()
+        ),
+        (900, 100, false)
+    );
+    assert!(!decision.passed() && decision.over_limit());
+    let never = call("5000").await.unwrap();
+    assert_eq!(never.headers()["ratelimit"], "\"tokens\";r=100;t=45");
+    assert!(never.headers().get("retry-after").is_none());
+    assert_eq!(backend.count("tokens").await, Some(900), "nothing spent");
+    assert_eq!(call("100").await.unwrap().status(), StatusCode::OK);
+    let full = call("300").await.unwrap();
+    assert_eq!(full.headers()["ratelimit"], "\"tokens\";r=0;t=45");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_denial_by_cost_in_shadow_mode_passes_showing_what_is_left() {
+    let layer = RateLimitLayer::new("tokens", quota(10, 60))
+        .shadow(true)
+        .decision_in(DecisionIn::Response)
+        .cost_fn(|req| {
+            req.headers()
+                .get("x-cost")
+                .map_or(1, |v| v.to_str().unwrap().parse().unwrap())
+        });
+    let service = layer.layer(streaming());
+    let call = |cost: &str| service.clone().oneshot(request(&[("x-cost", cost)]));
+    assert_eq!(call("8").await.unwrap().status(), StatusCode::OK);
+    let shadowed = call("3").await.unwrap();
+    assert_eq!(shadowed.status(), StatusCode::OK);
+    assert_eq!(shadowed.headers()["ratelimit"], "\"tokens\";r=2;t=60");
+    let decision = shadowed.extensions().get::<Decision>().unwrap();
+    assert_eq!(decision.outcome(), tower_pinned_window::Outcome::Shadowed);
+    assert_eq!((decision.count(), decision.remaining()), (8, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_lockout_by_cost_shows_nothing_left() {
+    let layer = RateLimitLayer::new("otp", quota(5, 60))
+        .block_for(Window::new(Duration::from_secs(600)).unwrap())
+        .cost(3);
+    let service = layer.layer(streaming());
+    let call = || service.clone().oneshot(request(&[]));
+    assert_eq!(call().await.unwrap().status(), StatusCode::OK);
+    for attempt in ["locks it", "locked"] {
+        let locked = call().await.unwrap();
+        assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS, "{attempt}");
+        assert_eq!(
+            locked.headers()["ratelimit"],
+            "\"otp\";r=0;t=600",
+            "{attempt}"
+        );
+        assert_eq!(locked.headers()["retry-after"], "600", "{attempt}");
+    }
+}
+
+/// A store that is out: every call fails.
+#[derive(Clone, Debug)]
+struct Out;
+
+type Failed<T> = std::future::Ready<Result<T, BackendError>>;
+
+fn failed<T>() -> Failed<T> {
+    std::future::ready(Err(BackendError::Unavailable("out".into())))
+}
+
+impl Backend for Out {
+    type Future = Failed<tower_pinned_window::backend::Hits>;
+    type Refund = Failed<bool>;
+
+    fn hit_all(&self, _: &Key, _: &[Counter<'_>]) -> Self::Future {
+        failed()
+    }
+
+    fn refund(&self, _: &str, _: &Key, _: &Hit) -> Self::Refund {
+        failed()
+    }
+
+    async fn peek(&self, _: &str, _: &Key) -> Result<Option<Hit>, BackendError> {
+        failed().await
+    }
+
+    async fn reset(&self, _: &str, _: &Key) -> Result<bool, BackendError> {
+        failed().await
+    }
+}
+
+impl Spending for Out {
+    fn spend_all(&self, _: &Key, _: &[Counter<'_>], _: Spend) -> Self::Future {
+        failed()
+    }
+
+    fn amend(&self, _: &str, _: &Key, _: &Hit, _: Amend) -> Self::Refund {
+        failed()
+    }
+}
+
+fn by_max_tokens(req: &tower_pinned_window::key::RequestHead<'_>) -> u64 {
+    req.headers()
+        .get("x-max-tokens")
+        .map_or(1, |v| v.to_str().unwrap().parse().unwrap())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_cost_that_never_fits_is_denied_even_when_the_store_is_out() {
+    use tower_pinned_window::FailurePolicy;
+    for failure in [FailurePolicy::FailOpen, FailurePolicy::FailClosed] {
+        let layer = RateLimitLayer::new("tokens", quota(1000, 60))
+            .backend(Out)
+            .on_failure(failure)
+            .cost_fn(by_max_tokens);
+        let service = layer.layer(streaming());
+        let call = |tokens: &str| {
+            service
+                .clone()
+                .oneshot(request(&[("x-max-tokens", tokens)]))
+        };
+        let never = call("5000").await.unwrap();
+        assert_eq!(never.status(), StatusCode::TOO_MANY_REQUESTS, "{failure:?}");
+        // What is left is not known: nothing is promised.
+        assert_eq!(never.headers()["ratelimit"], "\"tokens\";r=0;t=60");
+        assert!(never.headers().get("retry-after").is_none(), "{failure:?}");
+        assert!(
+            never
+                .extensions()
+                .get::<Decision>()
+                .is_some_and(Decision::never_fits)
+        );
+        let fits = call("300").await.unwrap().status();
+        let want = match failure {
+            FailurePolicy::FailOpen => StatusCode::OK,
+            _ => StatusCode::SERVICE_UNAVAILABLE,
+        };
+        assert_eq!(fits, want, "a cost that fits follows the policy");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_grpc_cost_that_never_fits_gets_no_retry_info() {
+    let layer = RateLimitLayer::new("tokens", quota(1000, 60)).cost_fn(by_max_tokens);
+    let grpc = |tokens: &str| {
+        request(&[
+            ("x-max-tokens", tokens),
+            ("content-type", "application/grpc"),
+        ])
+    };
+    let service = layer.layer(streaming());
+    assert_eq!(
+        service.clone().oneshot(grpc("300")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let never = service.clone().oneshot(grpc("5000")).await.unwrap();
+    assert_eq!(never.headers()["grpc-status"], "8");
+    assert_eq!(never.headers()["ratelimit"], "\"tokens\";r=700;t=60");
+    assert!(
+        never.headers().get("grpc-status-details-bin").is_none(),
+        "no RetryInfo: no wait brings room"
+    );
+    assert!(never.headers().get("retry-after").is_none());
+    // A denial that a wait does help carries its RetryInfo.
+    for _ in 0..2 {
+        service.clone().oneshot(grpc("300")).await.unwrap();
+    }
+    let later = service.clone().oneshot(grpc("300")).await.unwrap();
+    assert_eq!(later.headers()["ratelimit"], "\"tokens\";r=100;t=60");
+    assert!(later.headers().get("grpc-status-details-bin").is_some());
 }
 
 #[tokio::test(start_paused = true)]

@@ -5,10 +5,12 @@
 //! or nothing, so concurrent requests never pass the budget; its answer
 //! settles the reservation to the use its charge reads (a refund lets the
 //! next call in, a use above the estimate is charged), in its own window; a
-//! use the charge cannot read keeps the reservation and is logged once.
-//! Across two instances (two backends on connections of their own), a
-//! settle on one frees the budget on the other within its deny cache's
-//! recheck bound, while a plain route's denial stays local.
+//! use the charge cannot read keeps the reservation and is logged once. A
+//! denial by cost shows what is truly left, on Redis, a Redis Cluster and
+//! Redis behind Sentinel too. Across two instances (two backends on
+//! connections of their own), a settle on one frees the budget on the
+//! other within its deny cache's recheck bound, while a plain route's
+//! denial stays local.
 
 mod support;
 #[path = "support/trial.rs"]
@@ -124,6 +126,8 @@ struct Seen {
     status: StatusCode,
     /// Budget left per the `RateLimit` header.
     left: Option<u64>,
+    /// Seconds per `Retry-After`.
+    retry_after: Option<u64>,
     never_fits: bool,
 }
 
@@ -140,6 +144,10 @@ where
         let r = value.split(";r=").nth(1).unwrap();
         r.split(';').next().unwrap().parse().unwrap()
     });
+    let retry_after = response
+        .headers()
+        .get("retry-after")
+        .map(|value| value.to_str().unwrap().parse().unwrap());
     let never_fits = response
         .extensions()
         .get::<Decision>()
@@ -148,6 +156,7 @@ where
     Seen {
         status,
         left,
+        retry_after,
         never_fits,
     }
 }
@@ -387,6 +396,72 @@ mod cases {
         settled(&backend, "over", 750, store).await;
     }
 
+    /// A denial because an estimate does not fit shows what is truly left
+    /// (the store's count as it stands, nothing spent), with a
+    /// `Retry-After` to the window's end, when a new window has room for
+    /// it; an estimate above the limit is denied without a `Retry-After`
+    /// (no wait brings room for it) and shows what is left too: all of it
+    /// on a fresh key. At the limit nothing is left, also when the deny
+    /// cache answers.
+    pub async fn denials_by_cost_show_what_is_left<Bk: Spending>(backend: Bk, store: &str) {
+        let service = limited(backend.clone());
+        let never = send(&service, call("fresh", 5 * LIMIT, Some("1"), 200)).await;
+        assert_eq!(never.status, StatusCode::TOO_MANY_REQUESTS, "{store}");
+        assert!(never.never_fits, "{store}");
+        assert_eq!(never.left, Some(LIMIT), "{store}: all of it is free");
+        assert_eq!(never.retry_after, None, "{store}: no wait helps");
+        assert_eq!(count(&backend, "fresh").await, None, "{store}");
+
+        for left in [700, 400, 100] {
+            let seen = send(&service, call("cost", ESTIMATE, Some("300"), 200)).await;
+            assert_eq!(seen.left, Some(left), "{store}");
+        }
+        settled(&backend, "cost", 900, store).await;
+        let denied = send(&service, call("cost", ESTIMATE, Some("300"), 200)).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{store}");
+        assert_eq!(denied.left, Some(100), "{store}: 100 remain");
+        assert!(!denied.never_fits, "{store}");
+        let retry = denied.retry_after.expect("a new window has room");
+        assert!((1..=60).contains(&retry), "{store}: Retry-After {retry}");
+        let never = send(&service, call("cost", 5 * LIMIT, Some("1"), 200)).await;
+        assert_eq!(
+            (
+                never.status,
+                never.left,
+                never.retry_after,
+                never.never_fits
+            ),
+            (StatusCode::TOO_MANY_REQUESTS, Some(100), None, true),
+            "{store}"
+        );
+        assert_eq!(count(&backend, "cost").await, Some(900), "{store}");
+
+        let last = send(&service, call("cost", 100, Some("100"), 200)).await;
+        assert_eq!(
+            (last.status, last.left),
+            (StatusCode::OK, Some(0)),
+            "{store}"
+        );
+        settled(&backend, "cost", LIMIT, store).await;
+        // At the limit the store remembers the key in the deny cache: the
+        // second answer may come from there.
+        for asked in ["first", "again"] {
+            let full = send(&service, call("cost", ESTIMATE, Some("300"), 200)).await;
+            assert_eq!(
+                (full.status, full.left),
+                (StatusCode::TOO_MANY_REQUESTS, Some(0)),
+                "{store}, asked {asked}"
+            );
+            assert!(full.retry_after.is_some(), "{store}, asked {asked}");
+        }
+        let never = send(&service, call("cost", 5 * LIMIT, Some("1"), 200)).await;
+        assert_eq!(
+            (never.left, never.retry_after, never.never_fits),
+            (Some(0), None, true),
+            "{store}"
+        );
+    }
+
     /// A use the charge cannot read (absent, or not a number) settles
     /// nothing: the reservation stays spent. The warning is logged once.
     /// On a current-thread runtime, so the capture sees the layer's lines.
@@ -416,6 +491,10 @@ async fn concurrent_on_memory() {
 
 async fn settles_on_memory() {
     cases::settles_refund_and_charge_in_the_window(MemoryBackend::new(), "memory").await;
+}
+
+async fn denials_by_cost_on_memory() {
+    cases::denials_by_cost_show_what_is_left(MemoryBackend::new(), "memory").await;
 }
 
 async fn unreadable_on_memory() {
@@ -552,6 +631,33 @@ mod on_redis {
         assert_eq!(since, 1, "no hit of B's reached Redis");
     }
 
+    pub async fn denials_by_cost() {
+        let server = redis_or_skip!(RedisServer::start("reserve_denials_by_cost"));
+        cases::denials_by_cost_show_what_is_left(backend(&server).await, "Redis").await;
+    }
+
+    #[cfg(feature = "redis-cluster")]
+    pub async fn denials_by_cost_on_a_cluster() {
+        use support::redis::RedisCluster;
+        let cluster = redis_or_skip!(RedisCluster::start("reserve_denials_by_cost_cluster"));
+        let backend = RedisBackend::builder(cluster.connection().await)
+            .prefix("reserve")
+            .build();
+        cases::denials_by_cost_show_what_is_left(backend, "Cluster").await;
+    }
+
+    #[cfg(feature = "redis-sentinel")]
+    pub async fn denials_by_cost_behind_sentinel() {
+        use support::redis::{SENTINEL_MASTER, SentinelGroup};
+        use tower_pinned_window::backend::redis::connection::SentinelConnection;
+        let group = redis_or_skip!(SentinelGroup::start("reserve_denials_by_cost_sentinel"));
+        let connection = SentinelConnection::connect(group.sentinel_urls(), SENTINEL_MASTER)
+            .await
+            .unwrap_or_else(|e| panic!("connect through the sentinels: {e}\n{}", group.logs()));
+        let backend = RedisBackend::builder(connection).prefix("reserve").build();
+        cases::denials_by_cost_show_what_is_left(backend, "Sentinel").await;
+    }
+
     pub async fn unreadable() {
         let server = redis_or_skip!(RedisServer::start("reserve_unreadable"));
         cases::an_unreadable_use_keeps_the_reservation_and_logs_once(
@@ -605,6 +711,12 @@ mod on_postgres {
         .await;
     }
 
+    pub async fn denials_by_cost() {
+        let schema = pg_or_skip!(TestSchema::create("reserve_denials_by_cost").await);
+        let backend = schema.backend().await;
+        cases::denials_by_cost_show_what_is_left(backend, "PostgreSQL").await;
+    }
+
     pub async fn unreadable() {
         let schema = pg_or_skip!(TestSchema::create("reserve_unreadable").await);
         let backend = schema.backend().await;
@@ -626,6 +738,11 @@ fn main() {
             "memory::settles_refund_and_charge_in_the_window",
             Needs::Nothing,
             settles_on_memory,
+        ),
+        trial::current(
+            "memory::denials_by_cost_show_what_is_left",
+            Needs::Nothing,
+            denials_by_cost_on_memory,
         ),
         trial::current(
             "memory::an_unreadable_use_keeps_the_reservation_and_logs_once",
@@ -656,6 +773,11 @@ fn main() {
             on_redis::settles,
         ),
         trial::current(
+            "redis::denials_by_cost_show_what_is_left",
+            Needs::Redis,
+            on_redis::denials_by_cost,
+        ),
+        trial::current(
             "redis::an_unreadable_use_keeps_the_reservation_and_logs_once",
             Needs::Redis,
             on_redis::unreadable,
@@ -671,6 +793,18 @@ fn main() {
             on_redis::plain_stays_local,
         ),
     ]);
+    #[cfg(feature = "redis-cluster")]
+    trials.push(trial::current(
+        "redis_cluster::denials_by_cost_show_what_is_left",
+        Needs::Redis,
+        on_redis::denials_by_cost_on_a_cluster,
+    ));
+    #[cfg(feature = "redis-sentinel")]
+    trials.push(trial::current(
+        "redis_sentinel::denials_by_cost_show_what_is_left",
+        Needs::Redis,
+        on_redis::denials_by_cost_behind_sentinel,
+    ));
     #[cfg(feature = "postgres")]
     trials.extend([
         trial::multi(
@@ -682,6 +816,11 @@ fn main() {
             "postgres::settles_refund_and_charge_in_the_window",
             Needs::Postgres,
             on_postgres::settles,
+        ),
+        trial::current(
+            "postgres::denials_by_cost_show_what_is_left",
+            Needs::Postgres,
+            on_postgres::denials_by_cost,
         ),
         trial::current(
             "postgres::an_unreadable_use_keeps_the_reservation_and_logs_once",

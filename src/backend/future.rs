@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{BackendError, Counter, Hit, Hits};
+use super::{BackendError, Counter, Hit, Hits, refused_count};
 
 /// The future of a remote backend's call (a hit, a spend, a refund or an
 /// amend) of [`RedisBackend`](super::redis::RedisBackend) or
@@ -75,8 +75,12 @@ impl BackendFuture<Hits> {
     /// built for it) remembers any of them denied: those are over their
     /// limit, or locked out, until the time it gives, and no counter is
     /// hit. `None` when it remembers none: the request goes to the store.
+    /// A remembered counter reports its limit plus `need` (the spend's
+    /// cost, at least 1; 1 for a hit), as a counter at its limit that did
+    /// not fit does.
     pub(crate) fn denied(
         counters: &[Counter<'_>],
+        need: u64,
         left: impl Fn(&Counter<'_>) -> Option<Duration>,
     ) -> Option<Self> {
         let cached: SmallVec<[Option<Duration>; 2]> = counters.iter().map(left).collect();
@@ -87,7 +91,7 @@ impl BackendFuture<Hits> {
             .iter()
             .zip(cached)
             .map(|(c, left)| Hit {
-                count: left.map_or(0, |_| c.quota.limit().saturating_add(1)),
+                count: left.map_or(0, |_| refused_count(0, c.quota.limit(), true, need)),
                 reset: left.unwrap_or(Duration::ZERO),
                 deadline: None,
             })

@@ -48,10 +48,16 @@
 //! - a counter that fits: its count after the step (`c + cost`, or `c` when
 //!   nothing was added), the time left in its window, and the window's
 //!   identity in [`Hit::deadline`] when the counter exists;
-//! - a counter that does not fit: a count above its limit (`c + max(cost,
-//!   1)`, or `L + 1` when that is smaller, as for a lockout), the time until
-//!   it can fit again (the lockout's end when locked, else its window's
-//!   end), and `deadline: None`;
+//! - a counter that does not fit: `s + max(cost, 1)` (saturating), the
+//!   count the spend would have made, with `s` what stands in its way: its
+//!   count `c`, or, under a lockout (one it had, or one this step set), the
+//!   larger of `c` and `L`. That count is above the limit, which says the
+//!   counter did not fit, and less `max(cost, 1)` it gives what is left,
+//!   `L - s` (saturating): what the layer's `RateLimit` header shows on a
+//!   denial. With it, the time until it can fit again (the lockout's end
+//!   when locked, else its window's end), and `deadline: None`. A local
+//!   deny cache that answers for a counter at its limit or locked out
+//!   reports `L + max(cost, 1)`;
 //! - every counter of a denied request: `deadline: None`, since nothing was
 //!   counted, so nothing is ever amended.
 //!
@@ -175,6 +181,16 @@ pub struct Hit {
     /// from a local cache (the Redis deny cache), a counter the call did not
     /// reach, or a [`peek`](Backend::peek). Such a hit is never refunded.
     pub deadline: Option<NonZeroU64>,
+}
+
+/// The count a counter that does not fit reports in a spend of `need`
+/// (its cost, at least 1): `count`, or the larger of `count` and `limit`
+/// when it is `locked` out, plus `need` (see
+/// [costs, lockouts and amends](self#costs-lockouts-and-amends)).
+#[inline]
+pub(crate) fn refused_count(count: u64, limit: u64, locked: bool, need: u64) -> u64 {
+    let stands = if locked { count.max(limit) } else { count };
+    stands.saturating_add(need)
 }
 
 /// A backend could not answer. Which of these a request sees decides its fate:

@@ -29,6 +29,7 @@ where
     vec![
         scenario!(spends: spends_count_their_cost_and_denials_spend_nothing),
         scenario!(spends: checks_create_nothing_unless_they_open_the_window),
+        scenario!(spends: denied_spends_report_what_stands_plus_their_cost),
         scenario!(spends: lockouts_are_pinned_to_the_first_denial),
         scenario!(spends: amends_follow_the_refund_rules),
         scenario!(spends: amends_after_a_reset_never_touch_the_new_window),
@@ -173,6 +174,103 @@ where
     let hit = spend(&backend, &big, &one, Spend::cost(4)).await[0];
     assert!(denied(&hit, 3), "a cost above the limit never fits");
     assert_eq!(peek(&backend, "a", &big).await, None);
+}
+
+/// A counter that does not fit reports what stands in its way plus the
+/// spend's cost (at least 1), so that a layer shows what is truly left:
+/// its count as it stands, at least its limit under a lockout (one it had
+/// or one the spend set), 0 with no counter. A local deny cache answers
+/// the same: the spends at the limit are each asked twice.
+async fn denied_spends_report_what_stands_plus_their_cost<S: Store>(store: &S)
+where
+    S::Backend: Spending,
+{
+    let backend = spender(store).await;
+    let key = Key::new("k");
+    let one = [Counter {
+        namespace: "a",
+        quota: minute(10),
+        lowers: false,
+    }];
+    let count_of = |hits: Hits| hits[0].count;
+    assert_eq!(
+        count_of(spend(&backend, &key, &one, Spend::cost(6)).await),
+        6
+    );
+    let denied = spend(&backend, &key, &one, Spend::cost(7)).await[0];
+    assert_eq!(
+        (denied.count, denied.deadline),
+        (6 + 7, None),
+        "4 left, a cost of 7: the count as it stands plus the cost"
+    );
+    assert_reset_within(&denied, Duration::from_secs(60), "its window's end");
+    assert_eq!(count(&backend, "a", &key).await, 6, "nothing spent");
+
+    // A cost above the limit, on no counter: nothing stands in its way.
+    let fresh = spend(&backend, &Key::new("fresh"), &one, Spend::cost(25)).await[0];
+    assert_eq!((fresh.count, fresh.deadline), (25, None));
+
+    // At the limit, then charged past it: what stands is the count.
+    let full = spend(&backend, &key, &one, Spend::cost(4)).await[0];
+    assert_eq!(full.count, 10);
+    for asked in ["first", "again"] {
+        let hits = spend(&backend, &key, &one, Spend::cost(3)).await;
+        assert_eq!(hits[0].count, 10 + 3, "at the limit, asked {asked}");
+        let check = spend(&backend, &key, &one, Spend::cost(0)).await;
+        assert_eq!(
+            check[0].count,
+            10 + 1,
+            "a check at the limit, asked {asked}"
+        );
+    }
+    assert!(amend(&backend, "a", &key, &full, Amend::Charge(2)).await);
+    let over = spend(&backend, &key, &one, Spend::cost(20)).await[0];
+    assert_eq!(over.count, 12 + 20, "charged past the limit");
+
+    // Two counters: each reports its own.
+    let both = Key::new("both");
+    let two = [
+        Counter {
+            namespace: "a",
+            quota: minute(10),
+            lowers: false,
+        },
+        Counter {
+            namespace: "b",
+            quota: minute(5),
+            lowers: false,
+        },
+    ];
+    spend(&backend, &both, &two, Spend::cost(4)).await;
+    let hits = spend(&backend, &both, &two, Spend::cost(3)).await;
+    assert!(hits.iter().all(|h| h.deadline.is_none()), "nothing counted");
+    assert_eq!(hits[1].count, 4 + 3, "the counter that does not fit");
+
+    // A lockout: what stands is at least the limit, from the spend that
+    // sets it on.
+    let locked_key = Key::new("locked");
+    let login = [Counter {
+        namespace: "login",
+        quota: minute(5),
+        lowers: false,
+    }];
+    let block = Window::new(Duration::from_secs(60)).expect("a valid block");
+    let locking = Spend::cost(3).block(block);
+    assert_eq!(
+        count_of(spend(&backend, &locked_key, &login, locking).await),
+        3
+    );
+    for asked in ["locks it", "locked", "locked again"] {
+        let hits = spend(&backend, &locked_key, &login, locking).await;
+        assert_eq!(hits[0].count, 5 + 3, "{asked}: the limit stands");
+    }
+    let hits = spend(&backend, &locked_key, &login, Spend::cost(1)).await;
+    assert_eq!(hits[0].count, 5 + 1, "a spend that fits the count, locked");
+    assert_eq!(
+        count(&backend, "login", &locked_key).await,
+        3,
+        "nothing spent"
+    );
 }
 
 /// A lockout starts at the first denial and lasts its duration, however

@@ -28,7 +28,7 @@ use super::MemoryBackend;
 use crate::backend::Spending;
 use crate::backend::expiring::id::{KeyBytes, Scratch};
 use crate::backend::expiring::{Entry, Shard, SlotsMut, Table};
-use crate::backend::{Amend, BackendError, Counter, Hit, Hits, Spend};
+use crate::backend::{Amend, BackendError, Counter, Hit, Hits, Spend, refused_count};
 use crate::key::Key;
 
 /// Up to two counters (a quota and one `also`) without a heap allocation.
@@ -97,8 +97,8 @@ impl MemoryBackend {
         let limit = counter.quota.limit();
         let need = spend.cost.max(1);
         let fits = |count: u64| count.checked_add(need).is_some_and(|total| total <= limit);
-        let denied = |count: u64, until: u64| Hit {
-            count: count.saturating_add(need).max(limit.saturating_add(1)),
+        let denied = |count: u64, locked: bool, until: u64| Hit {
+            count: refused_count(count, limit, locked, need),
             reset: Duration::from_nanos(until - now),
             deadline: None,
         };
@@ -119,7 +119,7 @@ impl MemoryBackend {
                 if let Some(end) = locked {
                     // Locked: it does not fit, and its lockout is never
                     // extended.
-                    return Ok(denied(entry.value.load(Ordering::Relaxed), end));
+                    return Ok(denied(entry.value.load(Ordering::Relaxed), true, end));
                 }
                 let taken = if spend.cost == 0 {
                     // A check: nothing to add.
@@ -141,7 +141,9 @@ impl MemoryBackend {
                         });
                     }
                     // Denied with no lockout to create: nothing changes.
-                    Err(count) if spend.block.is_none() => return Ok(denied(count, deadline)),
+                    Err(count) if spend.block.is_none() => {
+                        return Ok(denied(count, false, deadline));
+                    }
                     // Denied, and a lockout to create: under the write locks.
                     Err(_) => {}
                 }
@@ -258,7 +260,7 @@ impl MemoryBackend {
                     .or(f.live.map(|(_, d)| d))
                     .map_or(window_ns(i), |end| end - now);
                 hits.push(Hit {
-                    count: count.saturating_add(need).max(limit.saturating_add(1)),
+                    count: refused_count(count, limit, until.is_some(), need),
                     reset: Duration::from_nanos(reset),
                     deadline: None,
                 });

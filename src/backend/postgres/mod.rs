@@ -114,7 +114,8 @@
 //! than that bound and a round trip (`docs/guarantees.md`). Deadlines are
 //! measured from when the request was queued, before the database read its
 //! clock, so they never outlast the window in the table. Such denials
-//! report a count of `limit + 1`, and are not counted in the table. The
+//! report a count of `limit + 1` (a spend's: the limit plus its cost, as the
+//! spend contract says), and are not counted in the table. The
 //! trade-off left is a [`reset`](Backend::reset) or
 //! [`refund`](Backend::refund) your own code calls on a counter that does
 //! not lower: it clears this instance's cache, but other instances keep
@@ -839,7 +840,7 @@ impl Backend for PostgresBackend {
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
         let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(counters, |c| {
+            && let Some(denied) = BackendFuture::denied(counters, 1, |c| {
                 deny.over.check(c.namespace, key.as_bytes(), now)
             })
         {
@@ -1064,7 +1065,7 @@ impl PostgresBackend {
     ) -> Option<BackendFuture<Hits>> {
         let deny = self.inner.deny.as_ref()?;
         let now = quanta::Instant::now();
-        BackendFuture::denied(counters, |c| {
+        BackendFuture::denied(counters, spend.cost.max(1), |c| {
             deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
         })
     }

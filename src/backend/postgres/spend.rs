@@ -42,7 +42,7 @@ use super::batch::{Job, fail};
 use super::db::Db;
 use super::error::{pg_error, pool_error};
 use super::row::{WINDOW_BOUND_MS, deadline_id, describe};
-use crate::backend::{Amend, BackendError, Hit, Hits, Spend};
+use crate::backend::{Amend, BackendError, Hit, Hits, Spend, refused_count};
 use crate::key::Key;
 use crate::quota::Quota;
 
@@ -546,9 +546,8 @@ fn spend_one(
                 deadline: None,
             });
         } else {
-            let count = live
-                .saturating_add(need)
-                .max(quota.limit().saturating_add(1));
+            let locks = blocked.is_some() || spend.block.is_some();
+            let count = refused_count(live, quota.limit(), locks, need);
             let mut reset = match (blocked, expires_at) {
                 (Some(b), _) => left(b, now),
                 (None, Some(at)) => left(at, now),

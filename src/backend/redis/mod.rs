@@ -277,8 +277,9 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 ///   request here that Redis has room for for longer than that bound and a
 ///   round trip (`docs/guarantees.md`).
 ///
-/// Such denials report a count of `limit + 1` and no
-/// [deadline](Hit::deadline): they were not counted in Redis, so they are
+/// Such denials report a count of `limit + 1` (a spend's: the limit plus
+/// its cost, as the [spend contract](crate::backend#costs-lockouts-and-amends)
+/// says) and no [deadline](Hit::deadline): they were not counted in Redis, so they are
 /// never refunded. An amend, a [`refund`](Backend::refund) or a
 /// [`reset`](Backend::reset) clears this instance's cache for the key. The
 /// trade-off left is a `reset` or `refund` your own code calls on a counter
@@ -994,7 +995,7 @@ where
         // hits were sent.
         let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(counters, |c| {
+            && let Some(denied) = BackendFuture::denied(counters, 1, |c| {
                 deny.over.check(c.namespace, key.as_bytes(), now)
             })
         {
@@ -1101,7 +1102,7 @@ where
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
         let now = quanta::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(counters, |c| {
+            && let Some(denied) = BackendFuture::denied(counters, spend.cost.max(1), |c| {
                 deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
             })
         {

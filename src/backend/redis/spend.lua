@@ -14,7 +14,8 @@
 -- Returns {answers, reason, reason, ...}: one string of signed 64-bit
 -- big-endian integers (one value for the client to read, however many
 -- requests), per request in order:
---   1 admitted or 0 denied, then four per counter: count, ms left,
+--   1 admitted or 0 denied, then four per counter: count (for a counter
+--     that does not fit, what stands in its way plus the step), ms left,
 --     deadline (-1 when nothing was counted), and 1 (at its limit) or 2
 --     (locked out) when no spend at all can fit until the ms left are over,
 --     else 0;
@@ -251,7 +252,12 @@ local function spend(k, n)
         left = math.max(expiry - now, 0)
       end
     else
-      count = math.max(count + step, limits[i] + 1)
+      -- The count the spend would have made: what stands in its way (at
+      -- least the limit under a lockout) and the step.
+      if locked ~= -2 or block > 0 then
+        count = math.max(count, limits[i])
+      end
+      count = count + step
       if locked == -2 and block > 0 then
         redis.call('SET', locks[i], string.format('%d', now), 'PX', block)
         locked = block
