@@ -158,7 +158,7 @@ pub async fn run<Bk: Spending>(
                         Ok(_) => outcomes.rejected += 1,
                         Err(err) => match err.downcast_ref::<BudgetError>() {
                             Some(BudgetError::Exhausted { .. }) => outcomes.exhausted += 1,
-                            Some(BudgetError::Overloaded) => outcomes.shed += 1,
+                            Some(BudgetError::Overloaded { .. }) => outcomes.shed += 1,
                             _ => outcomes.failed += 1,
                         },
                     }

@@ -88,7 +88,7 @@ mod service;
 mod settle;
 
 pub use deadline::Deadline;
-pub use error::BudgetError;
+pub use error::{BudgetError, WaitBound};
 pub use future::BudgetFuture;
-pub use layer::{BudgetLayer, DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS};
+pub use layer::{BudgetLayer, DEFAULT_MARGIN, DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS};
 pub use service::Budgeted;

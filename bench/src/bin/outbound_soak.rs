@@ -379,10 +379,10 @@ struct Call {
 fn outcome_of(err: &Error) -> String {
     match err.downcast_ref::<BudgetError>() {
         Some(BudgetError::Exhausted { .. }) => "exhausted".into(),
-        Some(BudgetError::Overloaded) => "overloaded".into(),
+        Some(BudgetError::Overloaded { .. }) => "overloaded".into(),
         Some(BudgetError::NeverFits { .. }) => "never-fits".into(),
-        Some(BudgetError::Key(_)) => "key".into(),
-        Some(BudgetError::Backend(err)) => format!("backend-{}", err.kind().name()),
+        Some(BudgetError::Key { .. }) => "key".into(),
+        Some(BudgetError::Backend { error, .. }) => format!("backend-{}", error.kind().name()),
         Some(_) => "budget-other".into(),
         None => "client".into(),
     }
