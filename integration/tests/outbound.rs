@@ -486,6 +486,76 @@ async fn a_call_fails_as_soon_as_another_instance_takes_its_window() {
     assert_eq!(provider.names(), vec!["a0", "b0", "1"]);
 }
 
+/// Calls given the provider's quota as it is, under demand above it, so
+/// that each window sends its 5 calls at once: those of every other window
+/// take 8 ms longer to reach the provider. A provider window opened by slow
+/// calls ends 8 ms after ours, and without a margin the fast calls of our
+/// next window land in it. `margin` is the layer's; the provider's windows
+/// are pinned to the first call each receives.
+async fn most_in_a_provider_window(margin: Option<Duration>) -> u64 {
+    let store = MemoryBackend::builder().tokio_clock().build();
+    let (limit, window) = (5, Duration::from_millis(100));
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let sent = Arc::new(AtomicU64::new(0));
+    let provider = {
+        let arrivals = Arc::clone(&arrivals);
+        tower::service_fn(move |_: Request<String>| {
+            let slow = (sent.fetch_add(1, Ordering::Relaxed) / limit) % 2 == 0;
+            let arrivals = Arc::clone(&arrivals);
+            async move {
+                if slow {
+                    tokio::time::sleep(Duration::from_millis(8)).await;
+                }
+                arrivals.lock().unwrap().push(Instant::now());
+                Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+            }
+        })
+    };
+    let mut layer = BudgetLayer::new(NAME, Quota::new(limit, window).unwrap())
+        .backend(store)
+        .max_wait(Duration::from_secs(60));
+    if let Some(margin) = margin {
+        layer = layer.margin(margin);
+    }
+    let client = layer.layer(provider);
+    let end = Instant::now() + Duration::from_secs(3);
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    send(&client, call("c")).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let mut arrivals = arrivals.lock().unwrap().clone();
+    arrivals.sort();
+    let (mut opened, mut count, mut most) = (None::<Instant>, 0, 0);
+    for at in arrivals {
+        if opened.is_none_or(|opened| at >= opened + window) {
+            (opened, count) = (Some(at), 0);
+        }
+        count += 1;
+        most = most.max(count);
+    }
+    most
+}
+
+/// With the default margin, no provider window receives more than its
+/// limit; with none, some do (the test would not catch a margin that does
+/// nothing otherwise).
+async fn the_default_margin_keeps_each_provider_window_within_its_limit() {
+    assert_eq!(most_in_a_provider_window(None).await, 5);
+    assert!(
+        most_in_a_provider_window(Some(Duration::ZERO)).await > 5,
+        "without a margin, the provider's late windows take our next calls"
+    );
+}
+
 /// A budget error's message names the budget, the bound that was hit and
 /// when the budget returns.
 async fn budget_errors_say_which_budget_which_bound_and_when() {
@@ -895,6 +965,11 @@ fn main() {
             "a_call_fails_as_soon_as_another_instance_takes_its_window",
             Needs::Nothing,
             a_call_fails_as_soon_as_another_instance_takes_its_window,
+        ),
+        trial::paused(
+            "the_default_margin_keeps_each_provider_window_within_its_limit",
+            Needs::Nothing,
+            the_default_margin_keeps_each_provider_window_within_its_limit,
         ),
         trial::multi(
             "budget_errors_say_which_budget_which_bound_and_when",

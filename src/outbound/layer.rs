@@ -31,8 +31,8 @@ pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
 pub const DEFAULT_MAX_WAITERS: usize = 1024;
 
 /// What a budget adds to its window by default (see
-/// [`BudgetLayer::margin`]): a provider whose window opens up to 20 ms
-/// after ours never sees more than the limit in one of its windows.
+/// [`BudgetLayer::margin`]): a provider window that opens up to 20 ms
+/// after ours closes before our next window's calls reach it.
 pub const DEFAULT_MARGIN: Duration = Duration::from_millis(20);
 
 /// A tower layer for *clients*: every call it wraps spends from a named
@@ -43,8 +43,8 @@ pub const DEFAULT_MARGIN: Duration = Duration::from_millis(20);
 /// Give it the provider's own quota: each window the store pins is the
 /// quota's plus a [`margin`](Self::margin) (default [`DEFAULT_MARGIN`],
 /// 20 ms), so that the calls of our next window never land in a provider
-/// window that opened a little after ours (its first call took a few ms to
-/// reach it).
+/// window that opened a little after ours (its first call took a few ms
+/// longer to reach it).
 ///
 /// Its clones share one set of waiting lines: build it once per budget in a
 /// process, and clone it.
@@ -219,15 +219,14 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// What each window the store pins adds to the quota's (default
     /// [`DEFAULT_MARGIN`], rounded up to whole milliseconds), so that the
     /// provider's quota can be given as it is. A provider pins its window
-    /// to the first call it receives, which reaches it a little after the
-    /// store counted it: its window then opens up to that delay after ours.
-    /// With the margin, every provider window that opens up to `margin`
-    /// after ours has closed before our next window opens, so it never
-    /// receives more than the limit. Use a larger margin when a call can
-    /// take longer to reach the provider, and `Duration::ZERO` when the
-    /// store's windows are the provider's own. A margin that takes the
-    /// window past [`Window::MAX`] is refused by [`check`](Self::check).
-    /// See `docs/outbound.md`.
+    /// to the first call it receives, which reaches it some time after the
+    /// store counted it. With the margin, a provider window whose first
+    /// call was up to `margin` slower than the fastest of our next window's
+    /// has closed before those calls reach the provider, so they never land
+    /// in it. Use a larger margin when the calls' latency to the provider
+    /// varies more, and `Duration::ZERO` when the store's windows are the
+    /// provider's own. A margin that takes the window past [`Window::MAX`]
+    /// is refused by [`check`](Self::check). See `docs/outbound.md`.
     pub fn margin(mut self, margin: Duration) -> Self {
         self.settings.margin = margin;
         self

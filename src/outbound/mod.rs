@@ -74,8 +74,8 @@
 //! the quota's plus a [`margin`](BudgetLayer::margin) (default
 //! [`DEFAULT_MARGIN`], 20 ms), because the provider's window opens when the
 //! first call reaches it, a little after ours; without it, a call of our
-//! next window could land in the provider's previous one and be answered
-//! 429.
+//! next window that reaches the provider faster could land in the
+//! provider's previous window and be answered 429.
 //!
 //! # Tower's conventions
 //!
