@@ -500,7 +500,7 @@ async fn most_in_a_provider_window(margin: Option<Duration>) -> u64 {
     let provider = {
         let arrivals = Arc::clone(&arrivals);
         tower::service_fn(move |_: Request<String>| {
-            let slow = (sent.fetch_add(1, Ordering::Relaxed) / limit) % 2 == 0;
+            let slow = (sent.fetch_add(1, Ordering::Relaxed) / limit).is_multiple_of(2);
             let arrivals = Arc::clone(&arrivals);
             async move {
                 if slow {
