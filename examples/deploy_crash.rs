@@ -12,6 +12,29 @@
 //!
 //! Its keys live under a prefix unique to the run and are deleted at the end.
 //! `MINUTE_MS` sets the length of a compressed minute.
+//!
+//! Each row shows the key as Redis holds it when the minute's last request
+//! has been made: its count and the lifetime it has left. The pinned
+//! window is the user's, not the clock's: it opens with the first request
+//! that finds no counter, and lasts exactly a minute. Its count is the
+//! requests made since it opened, its lifetime what is left of it.
+//!
+//! - Minute 1 reads 50 or 49: the deploy drops the first request while its
+//!   script is in flight, and the script runs whole or not at all. When it
+//!   ran, the window opened with it; when not, with the second request,
+//!   20 ms later (with the default 1 s minute), and it outlives the minute
+//!   by about that much more.
+//! - The counts then go down (49, 48, ...) and the lifetimes up (tens of
+//!   ms, up to about 120): requests come exactly 20 ms apart and a window
+//!   lasts exactly 50 of them, so the request due when a window ends races
+//!   its lifetime. When it reaches Redis first, it is counted in the old
+//!   window, and the next window opens with the request after it. Each
+//!   window thus starts a request or two later than the one before, and
+//!   how often that happens depends on the latency, from run to run.
+//!
+//! Either way each window holds at most 100 requests and always ends. The
+//! naive key has no lifetime from the first request on: its count only
+//! grows, and from minute 3 every request is denied.
 
 use std::time::Duration;
 
@@ -118,6 +141,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (final_count, ttl) = state(&mut con, &naive_key).await?;
     let _: () = con.del(&[naive_key.as_str(), pinned_key.as_str()]).await?;
 
+    println!(
+        "\ncount, lifetime: the key's count and time left as each minute ends. The pinned window opens with the \
+         first request that finds no counter, so it starts a request ({:?}) later now and then: counts 50, 49, 48..., \
+         lifetimes growing (see this file's docs).",
+        minute / PER_MINUTE
+    );
     println!(
         "\nnaive: allowed={} denied={} first_denied_minute={} final_count={} ttl={} | pinned: allowed={} denied={}",
         naive_total.allowed,

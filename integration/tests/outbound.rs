@@ -26,7 +26,9 @@ use tower_pinned_window::backend::{
     Amend, Backend, BackendError, Counter, Hit, Hits, MemoryBackend, Spend, Spending,
 };
 use tower_pinned_window::key::{HeaderKey, Key};
-use tower_pinned_window::outbound::{BudgetError, BudgetLayer, Deadline};
+use tower_pinned_window::outbound::{
+    BudgetError, BudgetLayer, DEFAULT_MARGIN, Deadline, WaitBound,
+};
 use tower_pinned_window::{ConfigError, FailurePolicy, Quota, Share};
 use trial::Needs;
 
@@ -387,7 +389,8 @@ async fn a_call_that_cannot_be_served_in_time_fails_at_once() {
             .unwrap_or_else(|| panic!("{what}: {err}"));
         assert!(took < Duration::from_millis(50), "{what}: waited {took:?}");
         assert!(
-            retry_after > Duration::from_millis(1_500) && retry_after <= Duration::from_secs(2),
+            retry_after > Duration::from_millis(1_500)
+                && retry_after <= Duration::from_secs(2) + DEFAULT_MARGIN,
             "{what}: returns in {retry_after:?}"
         );
     }
@@ -422,6 +425,196 @@ async fn a_call_behind_too_long_a_line_fails_at_once() {
     assert_eq!(provider.calls(), 4);
 }
 
+/// Another instance takes the window a line waits for: the calls behind
+/// its head judge again at once, and one whose bound the windows left
+/// cannot meet fails then (one window into its wait), not at its bound.
+async fn a_call_fails_as_soon_as_another_instance_takes_its_window() {
+    let provider = Provider::default();
+    let store = MemoryBackend::builder().tokio_clock().build();
+    let window = Duration::from_secs(10);
+    // Two layers built apart: two instances, each with its own line.
+    let instance = || {
+        BudgetLayer::new(NAME, Quota::new(1, window).unwrap())
+            .margin(Duration::ZERO)
+            .max_wait(Duration::from_secs(25))
+            .backend(store.clone())
+            .layer(provider.client())
+    };
+    let (a, b) = (instance(), instance());
+    let start = Instant::now();
+    send(&a, call("a0")).await.unwrap();
+    // a1 waits for the window at 10 s, the head of a's line; a2 behind it
+    // needs the one at 20 s, within its 25 s.
+    let head = spawn_calls(&a, 1..2);
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    let behind = {
+        let a = a.clone();
+        tokio::spawn(async move {
+            let answer = send(&a, call(2)).await;
+            (answer, Instant::now())
+        })
+    };
+    // b asks the moment the window opens, before a's head wakes (its
+    // jitter): a's line misses the window at 10 s.
+    tokio::time::sleep_until(start + window).await;
+    send(&b, call("b0")).await.unwrap();
+    let (answer, failed_at) = behind.await.unwrap();
+    let err = answer.unwrap_err();
+    let windows_waited = (failed_at - start).as_millis() / window.as_millis();
+    assert_eq!(
+        windows_waited,
+        1,
+        "failed {:?} after its start: {err}",
+        failed_at - start
+    );
+    match budget_error(&err) {
+        BudgetError::Exhausted {
+            retry_after, bound, ..
+        } => {
+            assert_eq!(*bound, WaitBound::MaxWait(Duration::from_secs(25)));
+            // The window at 20 s serves the head; a2's is the one at 30 s.
+            assert!(
+                failed_at + *retry_after >= start + window * 3,
+                "returns in {retry_after:?}"
+            );
+        }
+        other => panic!("{other}"),
+    }
+    for task in head {
+        task.await.unwrap().unwrap();
+    }
+    assert_eq!(provider.names(), vec!["a0", "b0", "1"]);
+}
+
+/// Calls given the provider's quota as it is, under demand above it, so
+/// that each window sends its 5 calls at once: those of every other window
+/// take 8 ms longer to reach the provider. A provider window opened by slow
+/// calls ends 8 ms after ours, and without a margin the fast calls of our
+/// next window land in it. `margin` is the layer's; the provider's windows
+/// are pinned to the first call each receives.
+async fn most_in_a_provider_window(margin: Option<Duration>) -> u64 {
+    let store = MemoryBackend::builder().tokio_clock().build();
+    let (limit, window) = (5, Duration::from_millis(100));
+    let arrivals = Arc::new(Mutex::new(Vec::new()));
+    let sent = Arc::new(AtomicU64::new(0));
+    let provider = {
+        let arrivals = Arc::clone(&arrivals);
+        tower::service_fn(move |_: Request<String>| {
+            let slow = (sent.fetch_add(1, Ordering::Relaxed) / limit).is_multiple_of(2);
+            let arrivals = Arc::clone(&arrivals);
+            async move {
+                if slow {
+                    tokio::time::sleep(Duration::from_millis(8)).await;
+                }
+                arrivals.lock().unwrap().push(Instant::now());
+                Ok::<_, std::convert::Infallible>(Response::new(String::new()))
+            }
+        })
+    };
+    let mut layer = BudgetLayer::new(NAME, Quota::new(limit, window).unwrap())
+        .backend(store)
+        .max_wait(Duration::from_secs(60));
+    if let Some(margin) = margin {
+        layer = layer.margin(margin);
+    }
+    let client = layer.layer(provider);
+    let end = Instant::now() + Duration::from_secs(3);
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                while Instant::now() < end {
+                    send(&client, call("c")).await.unwrap();
+                }
+            })
+        })
+        .collect();
+    for caller in callers {
+        caller.await.unwrap();
+    }
+    let mut arrivals = arrivals.lock().unwrap().clone();
+    arrivals.sort();
+    let (mut opened, mut count, mut most) = (None::<Instant>, 0, 0);
+    for at in arrivals {
+        if opened.is_none_or(|opened| at >= opened + window) {
+            (opened, count) = (Some(at), 0);
+        }
+        count += 1;
+        most = most.max(count);
+    }
+    most
+}
+
+/// With the default margin, no provider window receives more than its
+/// limit; with none, some do (the test would not catch a margin that does
+/// nothing otherwise).
+async fn the_default_margin_keeps_each_provider_window_within_its_limit() {
+    assert_eq!(most_in_a_provider_window(None).await, 5);
+    assert!(
+        most_in_a_provider_window(Some(Duration::ZERO)).await > 5,
+        "without a margin, the provider's late windows take our next calls"
+    );
+}
+
+/// A budget error's message names the budget, the bound that was hit and
+/// when the budget returns.
+async fn budget_errors_say_which_budget_which_bound_and_when() {
+    let provider = Provider::default();
+    let layer = BudgetLayer::new(NAME, quota(1, 60_000)).max_wait(Duration::from_secs(5));
+    let client = layer.clone().layer(provider.client());
+    send(&client, call("first")).await.unwrap();
+    let mut deadline = call("deadline");
+    deadline
+        .extensions_mut()
+        .insert(Deadline(std::time::Instant::now() + Duration::from_secs(2)));
+    let mut grpc = call("grpc");
+    grpc.headers_mut()
+        .insert("grpc-timeout", "3S".parse().unwrap());
+    let cases = [
+        (call("max wait"), "after the call's max_wait of 5s"),
+        (deadline, "after the call's Deadline"),
+        (grpc, "after the call's grpc-timeout of 3s"),
+    ];
+    for (request, bound) in cases {
+        let err = send(&client, request).await.unwrap_err();
+        let message = err.to_string();
+        let retry_after = budget_error(&err).retry_after().unwrap();
+        assert_eq!(budget_error(&err).budget(), NAME);
+        assert_eq!(
+            message,
+            format!(r#"budget "provider" is spent: it returns in {retry_after:?}, {bound}"#)
+        );
+        assert!(retry_after > Duration::from_secs(59), "{message}");
+    }
+    let shed = layer
+        .max_wait(Duration::from_secs(120))
+        .max_waiters(0)
+        .layer(provider.client());
+    let err = send(&shed, call("shed")).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"budget "provider": 0 calls (its max_waiters) already wait in this process: the call was shed"#
+    );
+    let big = BudgetLayer::new(NAME, quota(5, 1_000))
+        .cost_fn(|_| 6)
+        .layer(provider.client());
+    let err = send(&big, call("big")).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        r#"budget "provider": a call cost of 6 is above its limit of 5: it could never be sent"#
+    );
+    let keyed = BudgetLayer::new(NAME, quota(5, 1_000))
+        .key(HeaderKey::new("x-key"))
+        .layer(provider.client());
+    let err = send(&keyed, call("no key")).await.unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with(r#"budget "provider": the call's key could not be read: "#),
+        "{err}"
+    );
+    assert_eq!(provider.calls(), 1);
+}
+
 /// Beyond `max_waiters` waiting calls, a call is shed at once; the ones
 /// waiting are still served.
 async fn calls_past_max_waiters_are_shed() {
@@ -435,7 +628,7 @@ async fn calls_past_max_waiters_are_shed() {
     let started = Instant::now();
     let err = send(&client, call("shed")).await.unwrap_err();
     assert!(
-        matches!(budget_error(&err), BudgetError::Overloaded),
+        matches!(budget_error(&err), BudgetError::Overloaded { .. }),
         "{err}"
     );
     assert!(started.elapsed() < Duration::from_millis(20));
@@ -622,7 +815,11 @@ async fn impossible_calls_and_bad_settings_are_refused() {
     assert!(
         matches!(
             budget_error(&err),
-            BudgetError::NeverFits { cost: 6, limit: 5 }
+            BudgetError::NeverFits {
+                cost: 6,
+                limit: 5,
+                ..
+            }
         ),
         "{err}"
     );
@@ -790,6 +987,11 @@ mod stores {
         let closed = layer.clone().layer(provider.client());
         let err = send(&closed, call("closed")).await.unwrap_err();
         assert!(budget_error(&err).backend_kind().is_some(), "{err}");
+        assert!(
+            err.to_string()
+                .starts_with(r#"budget "provider" could not be checked: "#),
+            "{err}"
+        );
         assert_eq!(provider.calls(), 0);
         let open = layer
             .clone()
@@ -834,6 +1036,21 @@ fn main() {
             "a_call_behind_too_long_a_line_fails_at_once",
             Needs::Nothing,
             a_call_behind_too_long_a_line_fails_at_once,
+        ),
+        trial::paused(
+            "a_call_fails_as_soon_as_another_instance_takes_its_window",
+            Needs::Nothing,
+            a_call_fails_as_soon_as_another_instance_takes_its_window,
+        ),
+        trial::paused(
+            "the_default_margin_keeps_each_provider_window_within_its_limit",
+            Needs::Nothing,
+            the_default_margin_keeps_each_provider_window_within_its_limit,
+        ),
+        trial::multi(
+            "budget_errors_say_which_budget_which_bound_and_when",
+            Needs::Nothing,
+            budget_errors_say_which_budget_which_bound_and_when,
         ),
         trial::multi(
             "calls_past_max_waiters_are_shed",

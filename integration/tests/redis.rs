@@ -545,6 +545,11 @@ async fn the_audit_finds_and_repairs_keys_without_a_lifetime() {
         ),
         (1, 27, 26, 0)
     );
+    assert_eq!(
+        report.corrupt,
+        ["tpw:bad:1"],
+        "a report without a repair window tells the corrupt key apart"
+    );
     assert_eq!(report.expired, 0, "Redis deletes expired keys itself");
     assert_eq!(
         pttl(&mut con, "tpw:legacy:3"),

@@ -45,9 +45,8 @@ pub struct AuditReport {
     /// fail with [`BackendError::Corrupt`](crate::backend::BackendError::Corrupt)
     /// until it is repaired.
     ///
-    /// Corrupt values without a lifetime are listed here too (on Redis,
-    /// whose audit reads a key's value only to repair it, that is the only
-    /// place a report-only audit lists them).
+    /// Corrupt values without a lifetime are listed here too, and in
+    /// [`corrupt`](Self::corrupt).
     pub without_lifetime: Vec<String>,
     /// Of [`without_lifetime`](Self::without_lifetime), the counters this
     /// audit gave the repair window, by name: empty without one. A counter is
@@ -55,10 +54,11 @@ pub struct AuditReport {
     /// count is kept.
     pub repaired: Vec<String>,
     /// Values that are not counters, by name, never repaired: on Redis, a
-    /// key that holds another type or a string that is not a non-negative
-    /// integer (found only by an audit given a repair window, among the keys
-    /// without a lifetime); on PostgreSQL, a row whose count is `NULL`,
-    /// negative, or cannot grow, whatever its deadline.
+    /// key without a lifetime that holds another type or a string that is
+    /// not a non-negative integer (read by the audit, with or without a
+    /// repair window; a key with a lifetime is not read); on PostgreSQL, a
+    /// row whose count is `NULL`, negative, or cannot grow, whatever its
+    /// deadline.
     ///
     /// PostgreSQL lists at most 10,000 rows in all, in
     /// [`without_lifetime`](Self::without_lifetime) and here.

@@ -23,8 +23,8 @@ use crate::key::Key;
 use crate::quota::Quota;
 use crate::request::RequestHead;
 
-use super::error::BudgetError;
-use super::line::{Lines, Turn};
+use super::error::{BudgetError, WaitBound};
+use super::line::{Lines, Turn, Wake};
 
 /// A response's usage, read when its body ends; `None` when it cannot be
 /// read (absent or malformed).
@@ -134,7 +134,7 @@ impl<Bk: Spending> Budget<Bk> {
             Ok(hit) => Ok(verdict(hit, self.quota.limit(), false)),
             Err(err) if err.is_corrupt() => {
                 tracing::error!(budget = %self.name, error = %err, "budget counter is corrupt: the call is stopped, the value left untouched");
-                Err(BudgetError::Backend(err))
+                Err(self.backend_error(err))
             }
             Err(err) => self.outage(key, cost, err),
         }
@@ -168,15 +168,33 @@ impl<Bk: Spending> Budget<Bk> {
                 };
                 match insurance.spend_one(&self.name, self.quota, key, spend) {
                     Ok(hit) => Ok(verdict(hit, limit, true)),
-                    Err(local) => Err(BudgetError::Backend(local)),
+                    Err(local) => Err(self.backend_error(local)),
                 }
             }
             _ => {
                 if let Some(suppressed) = suppressed {
                     tracing::warn!(budget = %self.name, error = %err, suppressed, "budget store failed: calls fail (fail closed)");
                 }
-                Err(BudgetError::Backend(err))
+                Err(self.backend_error(err))
             }
+        }
+    }
+
+    /// The store's `error`, as this budget's.
+    fn backend_error(&self, error: BackendError) -> BudgetError {
+        BudgetError::Backend {
+            budget: Arc::clone(&self.name),
+            error,
+        }
+    }
+
+    /// This budget cannot return within `bound` for a call: it returns in
+    /// `retry_after`.
+    pub(crate) fn exhausted(&self, retry_after: Duration, bound: WaitBound) -> BudgetError {
+        BudgetError::Exhausted {
+            budget: Arc::clone(&self.name),
+            retry_after,
+            bound,
         }
     }
 
@@ -222,19 +240,27 @@ fn verdict(hit: Hit, limit: u64, insured: bool) -> Try {
 /// The wait of a call of `cost` on `key` that the budget did not admit at
 /// once (`start`): in its key's line, in arrival order, until the store
 /// admits it, or until it is clear that the budget cannot return within
-/// the call's `max_wait` or `deadline`. Dropping it (a cancelled call)
-/// spends nothing: only the store's admitting step spends, and it is the
-/// last thing here.
+/// the call's `max_wait` or `deadline`. That is judged again at every
+/// window the line misses (each time the store turns a call of the line
+/// away), so a call whose windows other processes take fails as soon as
+/// it cannot be served in time, not at its bound. Dropping it (a
+/// cancelled call) spends nothing: only the store's admitting step
+/// spends, and it is the last thing here.
 pub(crate) async fn wait<Bk: Spending>(
     budget: Arc<Budget<Bk>>,
     key: Key,
     cost: u64,
-    deadline: Option<Instant>,
+    deadline: Option<(Instant, WaitBound)>,
     start: Start<Bk::Future>,
 ) -> Result<Admitted, BudgetError> {
     let arrived = Instant::now();
-    let bound = arrived + budget.max_wait;
-    let bound = deadline.map_or(bound, |deadline| deadline.min(bound));
+    let (bound, hit) = match deadline {
+        Some((deadline, which)) if deadline < arrived + budget.max_wait => (deadline, which),
+        _ => (
+            arrived + budget.max_wait,
+            WaitBound::MaxWait(budget.max_wait),
+        ),
+    };
     let denied = match start {
         Start::Pending(answer) => match budget.judge(&key, cost, budget.timed(answer).await)? {
             Try::Admitted(admitted) => return Ok(admitted),
@@ -247,39 +273,51 @@ pub(crate) async fn wait<Bk: Spending>(
     if let Some(reset) = denied
         && now + reset > bound
     {
-        return Err(BudgetError::Exhausted { retry_after: reset });
+        return Err(budget.exhausted(reset, hit));
     }
     let (place, ahead) = budget
         .lines
         .join(&key, cost, budget.max_waiters)
-        .ok_or(BudgetError::Overloaded)?;
+        .ok_or_else(|| BudgetError::Overloaded {
+            budget: Arc::clone(&budget.name),
+            max_waiters: budget.max_waiters,
+        })?;
     if let Some(reset) = denied {
         place.closed_until(now + reset.max(MIN_NAP));
     }
     if let Some(earliest) = place.earliest(now, ahead, budget.quota)
         && earliest > bound
     {
-        return Err(BudgetError::Exhausted {
-            retry_after: earliest - now,
-        });
+        return Err(budget.exhausted(earliest - now, hit));
     }
     loop {
-        let Ok(turn) = tokio::time::timeout_at(bound, place.turn()).await else {
+        let Ok(wake) = tokio::time::timeout_at(bound, place.turn()).await else {
             let now = Instant::now();
-            let returns = place.earliest(now, 0, budget.quota).unwrap_or(now);
-            return Err(BudgetError::Exhausted {
-                retry_after: returns - now,
-            });
+            let returns = place
+                .earliest(now, place.ahead(), budget.quota)
+                .unwrap_or(now);
+            return Err(budget.exhausted(returns - now, hit));
         };
         let now = Instant::now();
+        let turn = match wake {
+            Wake::Turn(turn) => turn,
+            Wake::Missed => {
+                // The store turned a call of the line away: the window it
+                // waited for went (to another process, or to calls ahead).
+                if let Some(earliest) = place.earliest(now, place.ahead(), budget.quota)
+                    && earliest > bound
+                {
+                    return Err(budget.exhausted(earliest - now, hit));
+                }
+                continue;
+            }
+        };
         if turn == Turn::Head
             && let Some(opens_at) = place.opens_at(now)
         {
             // The one call of this line that waits for the window's end.
             if opens_at > bound {
-                return Err(BudgetError::Exhausted {
-                    retry_after: opens_at - now,
-                });
+                return Err(budget.exhausted(opens_at - now, hit));
             }
             let wake = opens_at + budget.lines.jitter(budget.jitter());
             tokio::time::sleep_until(wake.min(bound)).await;
@@ -295,7 +333,7 @@ pub(crate) async fn wait<Bk: Spending>(
                 let opens_at = now + reset.max(MIN_NAP);
                 place.denied(opens_at);
                 if opens_at > bound {
-                    return Err(BudgetError::Exhausted { retry_after: reset });
+                    return Err(budget.exhausted(reset, hit));
                 }
             }
         }

@@ -7,6 +7,8 @@ use std::time::Duration;
 use http::Request;
 use tokio::time::Instant;
 
+use super::error::WaitBound;
+
 /// A deadline for one call, put in its request's extensions: the call
 /// waits for its budget only as long as it can still be sent before then.
 ///
@@ -21,19 +23,19 @@ use tokio::time::Instant;
 pub struct Deadline(pub std::time::Instant);
 
 /// The earlier of `request`'s [`Deadline`] and its `grpc-timeout` from
-/// `now`; a malformed `grpc-timeout` is ignored.
-pub(crate) fn of<B>(request: &Request<B>, now: Instant) -> Option<Instant> {
+/// `now`, and which one it is; a malformed `grpc-timeout` is ignored.
+pub(crate) fn of<B>(request: &Request<B>, now: Instant) -> Option<(Instant, WaitBound)> {
     let set = request
         .extensions()
         .get::<Deadline>()
-        .map(|deadline| Instant::from_std(deadline.0));
+        .map(|deadline| (Instant::from_std(deadline.0), WaitBound::Deadline));
     let grpc = request
         .headers()
         .get("grpc-timeout")
         .and_then(|value| grpc_timeout(value.as_bytes()))
-        .map(|timeout| now + timeout);
+        .map(|timeout| (now + timeout, WaitBound::GrpcTimeout(timeout)));
     match (set, grpc) {
-        (Some(a), Some(b)) => Some(a.min(b)),
+        (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
         (a, b) => a.or(b),
     }
 }
@@ -93,16 +95,22 @@ mod tests {
             .header("grpc-timeout", "2S")
             .body(())
             .unwrap();
-        assert_eq!(of(&request, now), Some(now + Duration::from_secs(2)));
+        assert_eq!(
+            of(&request, now),
+            Some((
+                now + Duration::from_secs(2),
+                WaitBound::GrpcTimeout(Duration::from_secs(2))
+            ))
+        );
         let sooner = now + Duration::from_secs(1);
         request.extensions_mut().insert(Deadline(sooner.into_std()));
-        assert_eq!(of(&request, now), Some(sooner));
+        assert_eq!(of(&request, now), Some((sooner, WaitBound::Deadline)));
         request
             .headers_mut()
             .insert("grpc-timeout", "bogus".parse().unwrap());
         assert_eq!(
             of(&request, now),
-            Some(sooner),
+            Some((sooner, WaitBound::Deadline)),
             "a malformed header is ignored"
         );
         assert_eq!(of(&Request::new(()), now), None);

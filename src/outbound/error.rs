@@ -1,6 +1,7 @@
 //! What a budgeted call fails with when it is not the client's own error.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::{BackendError, BackendErrorKind};
@@ -10,6 +11,8 @@ use crate::key::KeyError;
 pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Why a call through a [`BudgetLayer`](super::BudgetLayer) was not sent.
+/// Every case names its budget (the layer's name), and its message says
+/// which bound was hit and when the budget returns.
 ///
 /// The layer's services fail with a [`tower::BoxError`]-style
 /// `Box<dyn Error + Send + Sync>`, as tower's own `Timeout` and `LoadShed`
@@ -20,16 +23,31 @@ pub(crate) type BoxError = Box<dyn std::error::Error + Send + Sync>;
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_pinned_window::outbound::BudgetError;
+/// use tower::{Layer, ServiceExt};
+/// use tower_pinned_window::Quota;
+/// use tower_pinned_window::outbound::{BudgetError, BudgetLayer, WaitBound};
 ///
-/// let err: Box<dyn std::error::Error + Send + Sync> =
-///     Box::new(BudgetError::Exhausted { retry_after: Duration::from_millis(1500) });
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let quota = Quota::new(1, Duration::from_secs(60)).unwrap();
+/// let layer = BudgetLayer::new("payments", quota).max_wait(Duration::from_secs(5));
+/// let client = layer.layer(tower::service_fn(|_: http::Request<()>| async {
+///     Ok::<_, std::convert::Infallible>(http::Response::new(String::new()))
+/// }));
+/// client.clone().oneshot(http::Request::new(())).await.unwrap();
+/// // The budget returns in about a minute: past the call's 5 s.
+/// let err = client.oneshot(http::Request::new(())).await.unwrap_err();
 /// let budget = err.downcast_ref::<BudgetError>().unwrap();
-/// assert_eq!(budget.retry_after(), Some(Duration::from_millis(1500)));
-/// assert_eq!(
-///     err.to_string(),
-///     "the call's budget is spent and returns in 1.5s, after the call's wait would end"
-/// );
+/// assert_eq!(budget.budget(), "payments");
+/// assert!(budget.retry_after().unwrap() > Duration::from_secs(59));
+/// assert!(matches!(
+///     budget,
+///     BudgetError::Exhausted { bound: WaitBound::MaxWait(max_wait), .. }
+///         if *max_wait == Duration::from_secs(5)
+/// ));
+/// assert!(err.to_string().starts_with(r#"budget "payments" is spent: it returns in "#));
+/// assert!(err.to_string().ends_with("after the call's max_wait of 5s"));
+/// # }
 /// ```
 #[derive(Debug)]
 #[non_exhaustive]
@@ -39,34 +57,85 @@ pub enum BudgetError {
     /// call fails at once instead of waiting in vain. `retry_after` is when
     /// the budget returns, as far as this process knows (the window's end,
     /// plus a window for each window's worth of calls queued ahead).
+    #[non_exhaustive]
     Exhausted {
+        /// The budget's name.
+        budget: Arc<str>,
         /// How long until the budget returns for this call.
         retry_after: Duration,
+        /// The bound the call could not be served within.
+        bound: WaitBound,
     },
     /// More calls are waiting in this process than
     /// [`max_waiters`](super::BudgetLayer::max_waiters) allows: this one
     /// was shed at once, without waiting or spending.
-    Overloaded,
+    #[non_exhaustive]
+    Overloaded {
+        /// The budget's name.
+        budget: Arc<str>,
+        /// The layer's `max_waiters`: how many calls already wait.
+        max_waiters: usize,
+    },
     /// The call's cost is above the budget's limit: it could never be sent.
+    #[non_exhaustive]
     NeverFits {
+        /// The budget's name.
+        budget: Arc<str>,
         /// The call's cost.
         cost: u64,
         /// The budget's limit.
         limit: u64,
     },
     /// The call's key could not be read from it.
-    Key(KeyError),
+    #[non_exhaustive]
+    Key {
+        /// The budget's name.
+        budget: Arc<str>,
+        /// Why not.
+        error: KeyError,
+    },
     /// The store failed and the failure policy is
     /// [`FailClosed`](crate::FailurePolicy::FailClosed), or its counter is
     /// corrupt (which stops the call whatever the policy).
-    Backend(BackendError),
+    #[non_exhaustive]
+    Backend {
+        /// The budget's name.
+        budget: Arc<str>,
+        /// The store's error.
+        error: BackendError,
+    },
+}
+
+/// The bound on a call's wait that its budget could not be served within
+/// ([`BudgetError::Exhausted`]): the earliest of the layer's `max_wait` and
+/// the call's own deadlines.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum WaitBound {
+    /// The layer's [`max_wait`](super::BudgetLayer::max_wait).
+    MaxWait(Duration),
+    /// The [`Deadline`](super::Deadline) in the request's extensions.
+    Deadline,
+    /// The request's `grpc-timeout` header (tonic's `Request::set_timeout`).
+    GrpcTimeout(Duration),
 }
 
 impl BudgetError {
+    /// The budget's name: the layer's.
+    pub fn budget(&self) -> &str {
+        match self {
+            Self::Exhausted { budget, .. }
+            | Self::Overloaded { budget, .. }
+            | Self::NeverFits { budget, .. }
+            | Self::Key { budget, .. }
+            | Self::Backend { budget, .. } => budget,
+        }
+    }
+
     /// When the budget returns, for [`Exhausted`](Self::Exhausted).
     pub fn retry_after(&self) -> Option<Duration> {
         match self {
-            Self::Exhausted { retry_after } => Some(*retry_after),
+            Self::Exhausted { retry_after, .. } => Some(*retry_after),
             _ => None,
         }
     }
@@ -74,8 +143,18 @@ impl BudgetError {
     /// The store's failure kind, for [`Backend`](Self::Backend).
     pub fn backend_kind(&self) -> Option<BackendErrorKind> {
         match self {
-            Self::Backend(err) => Some(err.kind()),
+            Self::Backend { error, .. } => Some(error.kind()),
             _ => None,
+        }
+    }
+}
+
+impl fmt::Display for WaitBound {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::MaxWait(max_wait) => write!(f, "the call's max_wait of {max_wait:?}"),
+            Self::Deadline => f.write_str("the call's Deadline"),
+            Self::GrpcTimeout(timeout) => write!(f, "the call's grpc-timeout of {timeout:?}"),
         }
     }
 }
@@ -83,19 +162,38 @@ impl BudgetError {
 impl fmt::Display for BudgetError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            Self::Exhausted { retry_after } => write!(
+            Self::Exhausted {
+                budget,
+                retry_after,
+                bound,
+            } => write!(
                 f,
-                "the call's budget is spent and returns in {retry_after:?}, after the call's wait would end"
+                "budget {budget:?} is spent: it returns in {retry_after:?}, after {bound}"
             ),
-            Self::Overloaded => f.write_str(
-                "too many calls are waiting for the budget in this process: the call was shed",
-            ),
-            Self::NeverFits { cost, limit } => write!(
+            Self::Overloaded {
+                budget,
+                max_waiters,
+            } => write!(
                 f,
-                "a call cost of {cost} is above the budget's limit of {limit}: it could never be sent"
+                "budget {budget:?}: {max_waiters} calls (its max_waiters) already wait in this process: the call was shed"
             ),
-            Self::Key(err) => write!(f, "the call's budget key could not be read: {err}"),
-            Self::Backend(err) => write!(f, "the call's budget could not be checked: {err}"),
+            Self::NeverFits {
+                budget,
+                cost,
+                limit,
+            } => write!(
+                f,
+                "budget {budget:?}: a call cost of {cost} is above its limit of {limit}: it could never be sent"
+            ),
+            Self::Key { budget, error } => {
+                write!(
+                    f,
+                    "budget {budget:?}: the call's key could not be read: {error}"
+                )
+            }
+            Self::Backend { budget, error } => {
+                write!(f, "budget {budget:?} could not be checked: {error}")
+            }
         }
     }
 }
@@ -103,8 +201,8 @@ impl fmt::Display for BudgetError {
 impl std::error::Error for BudgetError {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match self {
-            Self::Key(err) => Some(err),
-            Self::Backend(err) => Some(err),
+            Self::Key { error, .. } => Some(error),
+            Self::Backend { error, .. } => Some(error),
             _ => None,
         }
     }

@@ -1,6 +1,7 @@
 //! The outbound layer's configuration: a named budget, its quota, whom a
 //! call is charged to, what it costs, how long it may wait.
 
+use std::num::NonZeroU64;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -29,10 +30,21 @@ pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
 /// in one process.
 pub const DEFAULT_MAX_WAITERS: usize = 1024;
 
+/// What a budget adds to its window by default (see
+/// [`BudgetLayer::margin`]): a provider window that opens up to 20 ms
+/// after ours closes before our next window's calls reach it.
+pub const DEFAULT_MARGIN: Duration = Duration::from_millis(20);
+
 /// A tower layer for *clients*: every call it wraps spends from a named
 /// budget that every instance of the service shares through its backend,
 /// and waits for the budget's window to end when it is spent, instead of
 /// failing. See the [module](super) for the rules, and `docs/outbound.md`.
+///
+/// Give it the provider's own quota: each window the store pins is the
+/// quota's plus a [`margin`](Self::margin) (default [`DEFAULT_MARGIN`],
+/// 20 ms), so that the calls of our next window never land in a provider
+/// window that opened a little after ours (its first call took a few ms
+/// longer to reach it).
 ///
 /// Its clones share one set of waiting lines: build it once per budget in a
 /// process, and clone it.
@@ -55,6 +67,8 @@ struct Settings {
     charge: Option<UsageFn>,
     max_wait: Duration,
     max_waiters: usize,
+    /// What the store's window adds to the quota's.
+    margin: Duration,
     timeout: Duration,
     failure: FailurePolicy,
     insurance: Option<Insurance>,
@@ -100,6 +114,7 @@ impl BudgetLayer {
                 charge: None,
                 max_wait: DEFAULT_MAX_WAIT,
                 max_waiters: DEFAULT_MAX_WAITERS,
+                margin: DEFAULT_MARGIN,
                 timeout: DEFAULT_TIMEOUT,
                 failure: FailurePolicy::FailClosed,
                 insurance: None,
@@ -201,6 +216,22 @@ impl<K, Bk> BudgetLayer<K, Bk> {
         self
     }
 
+    /// What each window the store pins adds to the quota's (default
+    /// [`DEFAULT_MARGIN`], rounded up to whole milliseconds), so that the
+    /// provider's quota can be given as it is. A provider pins its window
+    /// to the first call it receives, which reaches it some time after the
+    /// store counted it. With the margin, a provider window whose first
+    /// call was up to `margin` slower than the fastest of our next window's
+    /// has closed before those calls reach the provider, so they never land
+    /// in it. Use a larger margin when the calls' latency to the provider
+    /// varies more, and `Duration::ZERO` when the store's windows are the
+    /// provider's own. A margin that takes the window past [`Window::MAX`]
+    /// is refused by [`check`](Self::check). See `docs/outbound.md`.
+    pub fn margin(mut self, margin: Duration) -> Self {
+        self.settings.margin = margin;
+        self
+    }
+
     /// What a call gets when the store fails (default
     /// [`FailurePolicy::FailClosed`]: it fails with
     /// [`BudgetError::Backend`](super::BudgetError::Backend)). Under
@@ -233,9 +264,21 @@ impl<K, Bk> BudgetLayer<K, Bk> {
         &self.settings.name
     }
 
-    /// The budget's quota.
+    /// The budget's quota, as given (without the [`margin`](Self::margin)).
     pub fn quota(&self) -> Quota {
         self.settings.quota
+    }
+
+    /// The quota the store counts: the quota's window plus the margin.
+    fn stored_quota(&self) -> Result<Quota, ConfigError> {
+        let quota = self.settings.quota;
+        let window = quota
+            .window()
+            .as_duration()
+            .checked_add(self.settings.margin)
+            .ok_or(ConfigError::WindowTooLong)?;
+        let limit = NonZeroU64::new(quota.limit()).ok_or(ConfigError::ZeroLimit)?;
+        Ok(Quota::with_window(limit, Window::new(window)?))
     }
 
     /// Whether the layer can work: the one place where settings that
@@ -248,7 +291,10 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// - [`ConfigError::ReserveWithoutCharge`] for a reservation that no
     ///   charge settles, and [`ConfigError::ReserveWithCost`] for one beside
     ///   a cost.
+    /// - [`ConfigError::WindowTooLong`] when the window and the
+    ///   [`margin`](Self::margin) together are longer than [`Window::MAX`].
     pub fn check(&self) -> Result<(), ConfigError> {
+        self.stored_quota()?;
         if let Some(Cost::Fixed(cost)) = self.settings.cost
             && cost > self.settings.quota.limit()
         {
@@ -279,9 +325,13 @@ impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
         if let Err(err) = self.check() {
             panic!("{err}");
         }
+        let quota = match self.stored_quota() {
+            Ok(quota) => quota,
+            Err(err) => panic!("{err}"),
+        };
         let budget = Budget {
             name: Arc::clone(&self.settings.name),
-            quota: self.settings.quota,
+            quota,
             backend: self.backend.clone(),
             cost: match (&self.settings.reserve, &self.settings.cost) {
                 (Some(estimate), _) => Cost::By(Arc::clone(estimate)),
@@ -313,6 +363,7 @@ impl<K, Bk> std::fmt::Debug for BudgetLayer<K, Bk> {
             .field("charge", &self.settings.charge.is_some())
             .field("max_wait", &self.settings.max_wait)
             .field("max_waiters", &self.settings.max_waiters)
+            .field("margin", &self.settings.margin)
             .field("timeout", &self.settings.timeout)
             .field("failure", &self.settings.failure)
             .finish_non_exhaustive()

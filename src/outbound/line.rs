@@ -60,6 +60,10 @@ struct State {
     opens_at: Option<Instant>,
     /// The next call's number: its place in arrival order.
     next: u64,
+    /// How many times the store turned a call of the line away, or said
+    /// when the budget returns: each is a window the line missed, and the
+    /// calls in the queue judge again whether they can be served in time.
+    missed: u64,
 }
 
 /// What a call of the line may do now.
@@ -72,6 +76,16 @@ pub(crate) enum Turn {
     Wave,
 }
 
+/// Why a waiting call woke up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Wake {
+    /// Its turn came.
+    Turn(Turn),
+    /// The line missed a window (the store turned a call of it away): the
+    /// call judges again whether it can still be served in time.
+    Missed,
+}
+
 #[derive(Debug)]
 struct Ticket {
     number: u64,
@@ -79,6 +93,8 @@ struct Ticket {
     wake: Notify,
     /// Set by the line when the call leaves the queue.
     turn: Mutex<Option<Turn>>,
+    /// The line's `missed` when the call last judged its chances.
+    seen: AtomicU64,
 }
 
 impl Lines {
@@ -121,6 +137,7 @@ impl Lines {
                 cost,
                 wake: Notify::new(),
                 turn: Mutex::new(None),
+                seen: AtomicU64::new(state.missed),
             });
             state.next += 1;
             let ahead = state.queued;
@@ -165,13 +182,17 @@ pub(crate) struct Place {
 }
 
 impl Place {
-    /// Waits for the call's turn: the head of the line, or a wave's.
-    pub(crate) async fn turn(&self) -> Turn {
+    /// Waits for the call's turn (the head of the line, or a wave's), or
+    /// for a window the line missed.
+    pub(crate) async fn turn(&self) -> Wake {
         loop {
             {
                 let mut state = lock(&self.line.state);
                 if let Some(turn) = *lock(&self.ticket.turn) {
-                    return turn;
+                    return Wake::Turn(turn);
+                }
+                if self.ticket.seen.swap(state.missed, Ordering::Relaxed) != state.missed {
+                    return Wake::Missed;
                 }
                 let first = state
                     .queue
@@ -181,7 +202,7 @@ impl Place {
                     state.queue.pop_front();
                     state.head = true;
                     *lock(&self.ticket.turn) = Some(Turn::Head);
-                    return Turn::Head;
+                    return Wake::Turn(Turn::Head);
                 }
             }
             // A wake-up sent before this wait is kept for it.
@@ -197,14 +218,30 @@ impl Place {
 
     /// The store said the budget returns at `at`.
     pub(crate) fn closed_until(&self, at: Instant) {
-        lock(&self.line.state).opens_at = Some(at);
+        missed(&mut lock(&self.line.state), at);
+    }
+
+    /// What the calls of the line ahead of this one cost together: the
+    /// head's and a wave's, and those before it in the queue.
+    pub(crate) fn ahead(&self) -> u64 {
+        let state = lock(&self.line.state);
+        let behind: u64 = state
+            .queue
+            .iter()
+            .filter(|other| other.number > self.ticket.number)
+            .map(|other| other.cost)
+            .sum();
+        state
+            .queued
+            .saturating_sub(behind)
+            .saturating_sub(self.ticket.cost)
     }
 
     /// The store turned the call away until `at`. The head stays the head;
     /// a call of a wave goes back to its place in the line.
     pub(crate) fn denied(&self, at: Instant) {
         let mut state = lock(&self.line.state);
-        state.opens_at = Some(at);
+        missed(&mut state, at);
         let mut turn = lock(&self.ticket.turn);
         if *turn == Some(Turn::Wave) {
             *turn = None;
@@ -262,6 +299,17 @@ impl Place {
         let windows = (need - 1) / quota.limit().max(1);
         let windows = u32::try_from(windows).unwrap_or(u32::MAX);
         Some(opens_at + quota.window().as_duration().saturating_mul(windows))
+    }
+}
+
+/// The line missed a window: the store says the budget returns at `at`.
+/// Every call in the queue wakes to judge again whether it can be served
+/// in time.
+fn missed(state: &mut State, at: Instant) {
+    state.opens_at = Some(at);
+    state.missed += 1;
+    for ticket in &state.queue {
+        ticket.wake.notify_one();
     }
 }
 
@@ -375,10 +423,12 @@ mod tests {
         let lines = Arc::new(Lines::default());
         let key = Key::new("k");
         let places: Vec<Place> = (0..5).map(|_| lines.join(&key, 1, 10).unwrap().0).collect();
-        assert_eq!(places[0].turn().await, Turn::Head);
+        let head = Wake::Turn(Turn::Head);
+        let wave = Wake::Turn(Turn::Wave);
+        assert_eq!(places[0].turn().await, head);
         places[0].admitted(2);
-        assert_eq!(places[1].turn().await, Turn::Wave);
-        assert_eq!(places[2].turn().await, Turn::Wave);
+        assert_eq!(places[1].turn().await, wave);
+        assert_eq!(places[2].turn().await, wave);
         let next = |n: usize| {
             let place = &places[n];
             async move {
@@ -391,13 +441,31 @@ mod tests {
         places[1].admitted(1);
         assert_eq!(next(3).await, None);
         // Another process took the room: the wave's second call is turned
-        // away, and goes back before the others.
+        // away, and goes back before the others, which judge their chances
+        // again (a window missed) and wait on.
         places[2].denied(Instant::now() + Duration::from_secs(1));
+        assert_eq!(next(3).await, Some(Wake::Missed));
+        assert_eq!(next(4).await, Some(Wake::Missed));
         assert_eq!(next(3).await, None, "behind the call turned away");
-        assert_eq!(places[2].turn().await, Turn::Head);
+        assert_eq!(places[2].turn().await, Wake::Missed);
+        assert_eq!(places[2].turn().await, head);
         assert!(places[2].opens_at(Instant::now()).is_some());
         drop(places);
         assert!(!lines.busy(&key));
+    }
+
+    /// What is ahead of a call: the head's cost and the queue's before it.
+    #[tokio::test]
+    async fn a_call_counts_the_costs_ahead_of_it() {
+        let lines = Arc::new(Lines::default());
+        let key = Key::new("k");
+        let places: Vec<Place> = [2, 3, 5, 7]
+            .into_iter()
+            .map(|cost| lines.join(&key, cost, 10).unwrap().0)
+            .collect();
+        assert_eq!(places[0].turn().await, Wake::Turn(Turn::Head));
+        let ahead: Vec<u64> = places.iter().map(Place::ahead).collect();
+        assert_eq!(ahead, vec![0, 2, 5, 10]);
     }
 
     #[test]

@@ -46,10 +46,14 @@
 //! - **It cannot be served in time:** when the budget cannot return within
 //!   the call's [`max_wait`](BudgetLayer::max_wait) or its own deadline
 //!   ([`Deadline`], or the `grpc-timeout` a tonic client sets), the call
-//!   fails at once with [`BudgetError::Exhausted`], which says when the
-//!   budget returns. The estimate counts a window for every full budget
-//!   queued ahead in this process; other processes can take part of a
-//!   window too, so a call may still reach its bound and fail then.
+//!   fails at once with [`BudgetError::Exhausted`], which names the budget
+//!   and the bound ([`WaitBound`]) and says when the budget returns. The
+//!   estimate counts a window for every full budget queued ahead in this
+//!   process, and is made again at every window the call's line misses
+//!   (another process took it): a call fails as soon as not even this
+//!   process's getting every coming window in full could serve it in time.
+//!   Other processes can go on taking part of each window, so a call may
+//!   still reach its bound and fail then.
 //! - **Too many waiters:** beyond [`max_waiters`](BudgetLayer::max_waiters)
 //!   calls waiting in the process, a call fails at once with
 //!   [`BudgetError::Overloaded`].
@@ -65,6 +69,13 @@
 //!
 //! Only the store's answer admits a call: no timer, clock or local count
 //! does, so no call is sent past the budget while the store is up.
+//!
+//! Give the layer the provider's own quota: each window the store pins is
+//! the quota's plus a [`margin`](BudgetLayer::margin) (default
+//! [`DEFAULT_MARGIN`], 20 ms), because the provider's window opens when the
+//! first call reaches it, a little after ours; without it, a call of our
+//! next window that reaches the provider faster could land in the
+//! provider's previous window and be answered 429.
 //!
 //! # Tower's conventions
 //!
@@ -88,7 +99,7 @@ mod service;
 mod settle;
 
 pub use deadline::Deadline;
-pub use error::BudgetError;
+pub use error::{BudgetError, WaitBound};
 pub use future::BudgetFuture;
-pub use layer::{BudgetLayer, DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS};
+pub use layer::{BudgetLayer, DEFAULT_MARGIN, DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS};
 pub use service::Budgeted;

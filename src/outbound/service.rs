@@ -88,11 +88,17 @@ where
         let head = RequestHead::new(&request);
         let key = match self.key.extract(&head) {
             Ok(key) => key,
-            Err(err) => return BudgetFuture::failed(BudgetError::Key(err)),
+            Err(error) => {
+                return BudgetFuture::failed(BudgetError::Key {
+                    budget: Arc::clone(&budget.name),
+                    error,
+                });
+            }
         };
         let cost = budget.cost(&head);
         if cost > budget.quota.limit() {
             return BudgetFuture::failed(BudgetError::NeverFits {
+                budget: Arc::clone(&budget.name),
                 cost,
                 limit: budget.quota.limit(),
             });

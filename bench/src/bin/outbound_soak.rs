@@ -379,10 +379,10 @@ struct Call {
 fn outcome_of(err: &Error) -> String {
     match err.downcast_ref::<BudgetError>() {
         Some(BudgetError::Exhausted { .. }) => "exhausted".into(),
-        Some(BudgetError::Overloaded) => "overloaded".into(),
+        Some(BudgetError::Overloaded { .. }) => "overloaded".into(),
         Some(BudgetError::NeverFits { .. }) => "never-fits".into(),
-        Some(BudgetError::Key(_)) => "key".into(),
-        Some(BudgetError::Backend(err)) => format!("backend-{}", err.kind().name()),
+        Some(BudgetError::Key { .. }) => "key".into(),
+        Some(BudgetError::Backend { error, .. }) => format!("backend-{}", error.kind().name()),
         Some(_) => "budget-other".into(),
         None => "client".into(),
     }
@@ -409,7 +409,10 @@ async fn client(id: u32, out: &str) -> Result<(), Error> {
         limit: quota.limit(),
         log: Arc::clone(&log),
     };
+    // No margin: the report reads each store window as `WINDOW_MS` long,
+    // and its figures were measured so.
     let budget = BudgetLayer::new("provider", quota)
+        .margin(Duration::ZERO)
         .backend(backend)
         .on_failure(failure_policy()?);
     let http = Client::builder(TokioExecutor::new()).build(HttpConnector::new());

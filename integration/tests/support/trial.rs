@@ -183,9 +183,16 @@ where
         .map(|scenario| {
             let name = format!("{prefix}::{}", scenario.name);
             if let Some(ability) = scenario.missing(&store) {
-                // Not applicable: ignored, and failing if run anyway.
+                // Not applicable: ignored, and failing if run anyway. The
+                // reason is the trial's kind, which the test lines print
+                // before its name (`test [not applicable: ...] memory::...`).
                 let why = format!("not applicable: the store cannot {ability}");
-                return Trial::test(name, move || Err(Failed::from(why))).with_ignored_flag(true);
+                return Trial::test(name, {
+                    let why = why.clone();
+                    move || Err(Failed::from(why))
+                })
+                .with_kind(why)
+                .with_ignored_flag(true);
             }
             let store = store.clone();
             trial(name, needs, move || {

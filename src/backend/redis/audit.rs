@@ -79,6 +79,8 @@ pub(super) async fn run<N: Nodes + Send>(
                         -1 => report.corrupt.push(name(&key)),
                         _ => {}
                     }
+                } else if !holds_a_counter(&mut connection, node, &key).await? {
+                    report.corrupt.push(name(&key));
                 }
                 report.without_lifetime.push(name(&key));
             }
@@ -89,6 +91,38 @@ pub(super) async fn run<N: Nodes + Send>(
         }
     }
     Ok(report)
+}
+
+/// Whether `key` holds a counter, as the repair script judges it: a string
+/// of decimal digits. A key that is gone by now counts as one (there is
+/// nothing corrupt left to report). Read only: a report changes nothing.
+async fn holds_a_counter<N: Nodes + Send>(
+    connection: &mut N,
+    node: &Node,
+    key: &[u8],
+) -> Result<bool, BackendError> {
+    let mut kind = ::redis::cmd("TYPE");
+    kind.arg(key);
+    let kind: String =
+        ::redis::from_redis_value(connection.on_node(node, kind).await.map_err(unavailable)?)
+            .map_err(malformed)?;
+    match kind.as_str() {
+        "none" => return Ok(true),
+        "string" => {}
+        _ => return Ok(false),
+    }
+    let mut get = ::redis::cmd("GET");
+    get.arg(key);
+    let value: Option<Vec<u8>> =
+        ::redis::from_redis_value(connection.on_node(node, get).await.map_err(unavailable)?)
+            .map_err(malformed)?;
+    Ok(value.is_none_or(|value| is_count(&value)))
+}
+
+/// A counter's value: one or more ASCII digits (the repair script's
+/// `^%d+$`).
+fn is_count(value: &[u8]) -> bool {
+    !value.is_empty() && value.iter().all(u8::is_ascii_digit)
 }
 
 /// `prefix*`, with the prefix's glob characters escaped.
@@ -111,6 +145,22 @@ fn malformed(err: ::redis::ParsingError) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn counts_are_digits_only() {
+        for (value, count) in [
+            (&b"0"[..], true),
+            (b"42", true),
+            (b"", false),
+            (b"-1", false),
+            (b"1.5", false),
+            (b" 1", false),
+            (b"abc", false),
+            (b"1\n", false),
+        ] {
+            assert_eq!(is_count(value), count, "{value:?}");
+        }
+    }
 
     #[test]
     fn audit_patterns_escape_globs() {
