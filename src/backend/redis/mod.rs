@@ -22,6 +22,7 @@ mod audit;
 mod coalesce;
 pub mod connection;
 mod hits;
+mod lost;
 mod reply;
 mod script;
 mod slots;
