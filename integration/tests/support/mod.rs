@@ -7,6 +7,7 @@
 
 #[path = "../../../tests/support/http.rs"]
 pub mod http;
+pub mod drop_reply;
 pub mod logs;
 #[cfg(feature = "postgres")]
 pub mod postgres;
