@@ -235,6 +235,7 @@ mod batch;
 mod cleaner;
 mod db;
 mod error;
+mod lost;
 mod row;
 mod spend;
 mod table;
