@@ -1,13 +1,12 @@
 //! A TCP proxy on 127.0.0.1 in front of a real server (Redis, PostgreSQL)
 //! that forwards every byte both ways, and drops one reply when told: the
-//! server's next bytes, on any connection, are thrown away and that
-//! connection is closed on both sides. The request has reached the server
-//! and run there; only its answer is lost, as when a connection drops
-//! between a call and its reply.
+//! server's reply is thrown away and its connection closed on both sides.
+//! The request has reached the server and run there; only its answer is
+//! lost, as when a connection drops between a call and its reply.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -20,10 +19,24 @@ pub struct DropReply {
     accept: JoinHandle<()>,
 }
 
+/// Which reply to drop.
+struct Plan {
+    /// The request whose reply is dropped: the first one whose bytes hold
+    /// these; `None`: whatever the server sends next.
+    request: Option<Vec<u8>>,
+    /// The reply ends with the server's bytes that hold these: everything
+    /// the server sends up to them is dropped.
+    reply_end: Option<Vec<u8>>,
+}
+
 #[derive(Default)]
 struct State {
-    armed: AtomicBool,
+    plan: Mutex<Option<Plan>>,
     dropped: AtomicU64,
+}
+
+fn holds(bytes: &[u8], part: &[u8]) -> bool {
+    bytes.windows(part.len()).any(|w| w == part)
 }
 
 impl DropReply {
@@ -55,9 +68,24 @@ impl DropReply {
         self.port
     }
 
-    /// The server's next reply is dropped, and its connection closed.
+    /// The server's next bytes, on any connection, are dropped, and that
+    /// connection closed.
     pub fn drop_next_reply(&self) {
-        self.state.armed.store(true, Ordering::SeqCst);
+        *self.state.plan.lock().unwrap() = Some(Plan {
+            request: None,
+            reply_end: None,
+        });
+    }
+
+    /// The reply to the next request whose bytes hold `request` is
+    /// dropped, every byte of it up to the server's bytes that hold
+    /// `reply_end`, and then the connection closed (so the server has
+    /// answered the whole request before it sees the connection go).
+    pub fn drop_reply_to(&self, request: &[u8], reply_end: &[u8]) {
+        *self.state.plan.lock().unwrap() = Some(Plan {
+            request: Some(request.to_vec()),
+            reply_end: Some(reply_end.to_vec()),
+        });
     }
 
     /// Replies dropped so far.
@@ -77,7 +105,26 @@ impl Drop for DropReply {
 async fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
     let (mut client_read, mut client_write) = client.into_split();
     let (mut server_read, mut server_write) = server.into_split();
-    let up = tokio::io::copy(&mut client_read, &mut server_write);
+    // This connection carries the request whose reply is dropped.
+    let chosen = AtomicBool::new(false);
+    let up = async {
+        let mut buf = vec![0; 64 * 1024];
+        loop {
+            let n = client_read.read(&mut buf).await?;
+            if n == 0 {
+                return Ok::<_, std::io::Error>(());
+            }
+            if let Some(Plan {
+                request: Some(request),
+                ..
+            }) = &*state.plan.lock().unwrap()
+                && holds(&buf[..n], request)
+            {
+                chosen.store(true, Ordering::SeqCst);
+            }
+            server_write.write_all(&buf[..n]).await?;
+        }
+    };
     let down = async {
         let mut buf = vec![0; 64 * 1024];
         loop {
@@ -85,9 +132,28 @@ async fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
             if n == 0 {
                 return Ok::<_, std::io::Error>(());
             }
-            if state.armed.swap(false, Ordering::SeqCst) {
-                state.dropped.fetch_add(1, Ordering::SeqCst);
-                return Ok(());
+            {
+                let mut plan = state.plan.lock().unwrap();
+                let drop_it = match &*plan {
+                    Some(Plan { request: None, .. }) => Some(true),
+                    Some(Plan {
+                        reply_end: Some(end),
+                        ..
+                    }) if chosen.load(Ordering::SeqCst) => Some(holds(&buf[..n], end)),
+                    _ => None,
+                };
+                match drop_it {
+                    // The reply's last bytes: dropped, and the connection
+                    // closed.
+                    Some(true) => {
+                        *plan = None;
+                        state.dropped.fetch_add(1, Ordering::SeqCst);
+                        return Ok(());
+                    }
+                    // Part of the reply: dropped.
+                    Some(false) => continue,
+                    None => {}
+                }
             }
             client_write.write_all(&buf[..n]).await?;
         }
