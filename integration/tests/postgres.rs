@@ -2019,7 +2019,30 @@ async fn a_spend_whose_caller_has_gone_keeps_no_cost() {
         ))
         .await
         .unwrap();
-    let timed_out = tokio::time::timeout(Duration::from_millis(300), spend_x(&store, "gone", 3)).await;
+    let waiting = tokio::spawn(tokio::time::timeout(
+        Duration::from_secs(1),
+        spend_x(&store, "gone", 3),
+    ));
+    // Its transaction waits on the lock before the caller gives up.
+    let mut on_lock = 0;
+    for _ in 0..100 {
+        on_lock = schema
+            .client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                &[&schema.name],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        if on_lock > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(on_lock, 1, "the spend's transaction waits on the lock");
+    let timed_out = waiting.await.unwrap();
     assert!(timed_out.is_err(), "answered past a held lock");
     schema.client.batch_execute("COMMIT").await.unwrap();
     assert_eq!(
