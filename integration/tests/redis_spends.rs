@@ -603,6 +603,53 @@ async fn a_spend_dropped_in_flight_keeps_no_cost() {
     assert_eq!(markers(&server).len(), 1, "the first spend's only");
 }
 
+/// A spend whose waiter gives up (the layer's timeout) while its call is in
+/// flight with another request's, whose waiter stays, is answered to no
+/// one: what it spent is given back.
+async fn a_spend_answered_to_a_waiter_gone_keeps_no_cost() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_spend_answered_to_a_waiter_gone_keeps_no_cost"
+    ));
+    let proxy = support::drop_reply::DropReply::start(server.port()).await;
+    let through = redis::Client::open(format!("redis://127.0.0.1:{}/", proxy.port())).unwrap();
+    let store = RedisBackend::builder(through.get_connection_manager().await.unwrap())
+        .deny_cache(0)
+        .build();
+    let spend = |key: &str, cost| {
+        let store = store.clone();
+        let key = Key::new(key);
+        async move {
+            store
+                .spend_all(&key, &[counter("x", 10, 60)], Spend::cost(cost))
+                .await
+        }
+    };
+    assert_eq!(spend("held", 1).await.unwrap()[0].count, 1);
+
+    // Two calls in flight on a frozen server (a lane's most), then the
+    // timed-out spend and another queued behind them: one call for both.
+    server.signal("STOP");
+    let first = tokio::spawn(spend("w1", 1));
+    let second = tokio::spawn(spend("w2", 1));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.hold_reply_to(b"{held}");
+    let gone = tokio::spawn(tokio::time::timeout(
+        Duration::from_millis(600),
+        spend("held", 3),
+    ));
+    let stays = tokio::spawn(spend("stays", 1));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.signal("CONT");
+    assert!(first.await.unwrap().is_ok());
+    assert!(second.await.unwrap().is_ok());
+    // Their call is in Redis; its answer is held back until the waiter
+    // of `held` is gone.
+    assert!(gone.await.unwrap().is_err(), "answered while held back");
+    proxy.release();
+    assert_eq!(stays.await.unwrap().unwrap()[0].count, 1);
+    assert_eq!(count_once(&server, "held", 1), 1, "the refused spend's 3 stay counted");
+}
+
 /// Spends answered as usual leave their markers to expire on their own,
 /// each with a lifetime of at most 5 s, and give nothing back.
 async fn answered_spends_leave_markers_with_a_lifetime_only() {
@@ -668,6 +715,11 @@ fn main() {
             "a_spend_dropped_in_flight_keeps_no_cost",
             Needs::Redis,
             a_spend_dropped_in_flight_keeps_no_cost,
+        ),
+        trial::multi(
+            "a_spend_answered_to_a_waiter_gone_keeps_no_cost",
+            Needs::Redis,
+            a_spend_answered_to_a_waiter_gone_keeps_no_cost,
         ),
         trial::multi(
             "answered_spends_leave_markers_with_a_lifetime_only",

@@ -2,7 +2,8 @@
 //! that forwards every byte both ways, and drops one reply when told: the
 //! server's reply is thrown away and its connection closed on both sides.
 //! The request has reached the server and run there; only its answer is
-//! lost, as when a connection drops between a call and its reply.
+//! lost, as when a connection drops between a call and its reply. It can
+//! also hold replies back (a slow network), until released.
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -33,6 +34,9 @@ struct Plan {
 struct State {
     plan: Mutex<Option<Plan>>,
     dropped: AtomicU64,
+    /// Replies to the requests whose bytes hold these are held back.
+    hold: Mutex<Option<Vec<u8>>>,
+    released: tokio::sync::Notify,
 }
 
 fn holds(bytes: &[u8], part: &[u8]) -> bool {
@@ -88,6 +92,18 @@ impl DropReply {
         });
     }
 
+    /// The replies on the connection of the next request whose bytes hold
+    /// `request` are held back, from then until [`release`](Self::release).
+    pub fn hold_reply_to(&self, request: &[u8]) {
+        *self.state.hold.lock().unwrap() = Some(request.to_vec());
+    }
+
+    /// Replies held back go on.
+    pub fn release(&self) {
+        *self.state.hold.lock().unwrap() = None;
+        self.state.released.notify_waiters();
+    }
+
     /// Replies dropped so far.
     pub fn dropped(&self) -> u64 {
         self.state.dropped.load(Ordering::SeqCst)
@@ -107,6 +123,8 @@ async fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
     let (mut server_read, mut server_write) = server.into_split();
     // This connection carries the request whose reply is dropped.
     let chosen = AtomicBool::new(false);
+    // This connection's replies are held back.
+    let held = AtomicBool::new(false);
     let up = async {
         let mut buf = vec![0; 64 * 1024];
         loop {
@@ -122,6 +140,11 @@ async fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
             {
                 chosen.store(true, Ordering::SeqCst);
             }
+            if let Some(request) = &*state.hold.lock().unwrap()
+                && holds(&buf[..n], request)
+            {
+                held.store(true, Ordering::SeqCst);
+            }
             server_write.write_all(&buf[..n]).await?;
         }
     };
@@ -131,6 +154,16 @@ async fn pipe(client: TcpStream, server: TcpStream, state: Arc<State>) {
             let n = server_read.read(&mut buf).await?;
             if n == 0 {
                 return Ok::<_, std::io::Error>(());
+            }
+            if held.load(Ordering::SeqCst) {
+                loop {
+                    let released = state.released.notified();
+                    if state.hold.lock().unwrap().is_none() {
+                        break;
+                    }
+                    released.await;
+                }
+                held.store(false, Ordering::SeqCst);
             }
             {
                 let mut plan = state.plan.lock().unwrap();

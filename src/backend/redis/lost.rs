@@ -26,11 +26,12 @@ use ::redis::aio::ConnectionLike;
 use ::redis::{RedisError, RedisResult};
 use smallvec::SmallVec;
 
+use super::coalesce::Work;
 use super::connection::breaker::Guarded;
 use super::hits::StoredKey;
 use super::reply::{Spent, parse_spend_marker};
 use super::spends::{AmendWork, SpendWork};
-use crate::backend::Amend;
+use crate::backend::{Amend, Hits};
 
 /// How long a spend call's marker lives: a reply lost longer ago than this
 /// (Redis unreachable all that time) is not given back.
@@ -222,18 +223,60 @@ async fn give_back<C>(
                 })
         })
         .collect();
+    send_refunds(&connection, refunds).await;
+}
+
+/// The spends of `unread` that were admitted, answered to waiters who were
+/// gone (the layer's timeout): refunded, on a task of their own, once.
+pub(super) fn give_back_unread<C>(connection: &Guarded<C>, unread: Vec<(SpendWork, Hits)>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let refunds: Vec<AmendWork> = unread
+        .into_iter()
+        .filter(|(work, _)| work.spend.cost > 0)
+        .flat_map(|(work, hits)| {
+            let cost = work.spend.cost;
+            let deadlines: SmallVec<[_; 2]> = (&hits).into_iter().map(|hit| hit.deadline).collect();
+            work.counters
+                .into_iter()
+                .zip(deadlines)
+                .filter_map(move |(counter, deadline)| {
+                    Some(AmendWork {
+                        counter,
+                        amend: Amend::Refund(cost),
+                        deadline: deadline?,
+                        forget: None,
+                    })
+                })
+        })
+        .collect();
+    if refunds.is_empty() {
+        return;
+    }
+    if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+        let connection = connection.clone();
+        runtime.spawn(async move { send_refunds(&connection, refunds).await });
+    }
+}
+
+/// One amend call of `refunds`, sent once.
+async fn send_refunds<C>(connection: &Guarded<C>, refunds: Vec<AmendWork>)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     if refunds.is_empty() {
         return;
     }
     let n = refunds.len();
-    match <AmendWork as super::coalesce::Work>::run(&connection, &refunds).await {
+    match <AmendWork as Work>::run(connection, &refunds).await {
         Ok(_) => tracing::info!(
             refunds = n,
-            "a spend call's reply was lost after it ran: what its requests spent is given back"
+            "spends refused after Redis counted them (a reply lost, or its waiter gone): given back"
         ),
         Err(err) => tracing::warn!(
             error = %err,
-            "a spend call's reply was lost after it ran, and so was the reply of its give-back: its spends may stay counted"
+            "spends refused after Redis counted them could not be given back (the refund's reply was lost too): they may stay counted"
         ),
     }
 }

@@ -154,6 +154,14 @@ impl Work for SpendWork {
             .map(|(work, spent)| work.answer(spent))
             .collect())
     }
+
+    /// Admitted spends whose waiters were gone give back what they spent.
+    fn unread<C>(connection: &Guarded<C>, unread: Vec<(Self, Hits)>)
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        lost::give_back_unread(connection, unread);
+    }
 }
 
 impl SpendWork {
