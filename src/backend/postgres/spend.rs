@@ -20,6 +20,10 @@
 //! and the admitted costs never pass a limit. A transaction commits whole or
 //! not at all, and none is ever sent again: a batch cut by a lost connection
 //! counts each of its requests once or not at all, and fails them all.
+//! When it was the `COMMIT`'s reply that was lost, the spends it may have
+//! counted are given back once `txid_status` says it committed; so are the
+//! admitted spends whose callers are gone when their batch commits
+//! (`lost.rs`).
 //! The connection of a failed batch is dropped, never handed out again in
 //! the middle of a transaction.
 //!

@@ -12,7 +12,9 @@
 //! corrupt counter answers only the requests on it; the others of the call
 //! are decided. A call cut by a dropped connection is never sent again by
 //! the crate: each of its requests was counted once (the script ran) or not
-//! at all, and its caller sees the failure.
+//! at all, and its caller sees the failure; what it counted is given back
+//! (`lost.rs`: every spend call names a marker the script writes its
+//! answers to).
 
 use std::borrow::Borrow;
 use std::num::NonZeroU64;
