@@ -1955,8 +1955,8 @@ fn spend_x(
     store: &PostgresBackend,
     key: &str,
     cost: u64,
-) -> impl std::future::Future<Output = Result<tower_pinned_window::backend::Hits, BackendError>>
-+ use<> {
+) -> impl std::future::Future<Output = Result<tower_pinned_window::backend::Hits, BackendError>> + use<>
+{
     store.spend_all(
         &Key::new(key),
         &[tower_pinned_window::backend::Counter {

@@ -576,7 +576,11 @@ async fn a_spend_whose_reply_is_lost_keeps_no_cost() {
     let lost = spend(3).await;
     assert!(lost.is_err(), "{lost:?}");
     assert_eq!(proxy.dropped(), 1);
-    assert_eq!(count_once(&server, "lost", 1), 1, "the refused spend's 3 stay counted");
+    assert_eq!(
+        count_once(&server, "lost", 1),
+        1,
+        "the refused spend's 3 stay counted"
+    );
     assert_eq!(markers(&server).len(), 1, "the first spend's only");
     // The connection is back, and the budget is whole.
     assert_eq!(spend(9).await.unwrap()[0].count, 10);
@@ -599,7 +603,11 @@ async fn a_spend_dropped_in_flight_keeps_no_cost() {
     let timed_out = tokio::time::timeout(Duration::from_millis(100), spend(3)).await;
     assert!(timed_out.is_err(), "answered by a frozen server");
     server.signal("CONT");
-    assert_eq!(count_once(&server, "lost", 1), 1, "the dropped spend's 3 stay counted");
+    assert_eq!(
+        count_once(&server, "lost", 1),
+        1,
+        "the dropped spend's 3 stay counted"
+    );
     assert_eq!(markers(&server).len(), 1, "the first spend's only");
 }
 
@@ -647,7 +655,11 @@ async fn a_spend_answered_to_a_waiter_gone_keeps_no_cost() {
     assert!(gone.await.unwrap().is_err(), "answered while held back");
     proxy.release();
     assert_eq!(stays.await.unwrap().unwrap()[0].count, 1);
-    assert_eq!(count_once(&server, "held", 1), 1, "the refused spend's 3 stay counted");
+    assert_eq!(
+        count_once(&server, "held", 1),
+        1,
+        "the refused spend's 3 stay counted"
+    );
 }
 
 /// Spends answered as usual leave their markers to expire on their own,

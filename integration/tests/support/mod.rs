@@ -5,9 +5,9 @@
 
 #![allow(dead_code)]
 
+pub mod drop_reply;
 #[path = "../../../tests/support/http.rs"]
 pub mod http;
-pub mod drop_reply;
 pub mod logs;
 #[cfg(feature = "postgres")]
 pub mod postgres;

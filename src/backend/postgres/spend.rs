@@ -305,8 +305,12 @@ pub(super) async fn send(db: &Arc<Db>, mut batch: Vec<Request>) {
             drop(client);
             let mut refunds = Vec::new();
             for (request, answer) in batch.iter().zip(&answers) {
-                if let (Op::Spend { counters, spend, .. }, Answer::Spent(Ok(spent))) =
-                    (&request.op, answer)
+                if let (
+                    Op::Spend {
+                        counters, spend, ..
+                    },
+                    Answer::Spent(Ok(spent)),
+                ) = (&request.op, answer)
                 {
                     lost::refunds(&mut refunds, &request.key, counters, *spend, spent);
                 }
@@ -503,7 +507,8 @@ async fn transaction<'a>(
         {
             // The connection failed with the COMMIT sent: it may have
             // committed.
-            let err = BackendError::Unavailable(format!("the COMMIT's reply was lost: {err}").into());
+            let err =
+                BackendError::Unavailable(format!("the COMMIT's reply was lost: {err}").into());
             return Err(Failed::Lost { err, txid, answers });
         }
         let written: i64 = written.map_err(pg_error)?.get(0);

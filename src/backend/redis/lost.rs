@@ -139,7 +139,9 @@ where
             return;
         }
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            tracing::debug!("a spend call's reply was lost outside a tokio runtime: its spends stay counted");
+            tracing::debug!(
+                "a spend call's reply was lost outside a tokio runtime: its spends stay counted"
+            );
             return;
         };
         let spends: Vec<(SmallVec<[StoredKey; 2]>, u64)> = self
@@ -196,9 +198,7 @@ async fn give_back<C>(
         return;
     };
     let Some(spent) = parse_spend_marker(&packed, spends.iter().map(|(c, _)| c.len())) else {
-        tracing::warn!(
-            "a spend call's marker could not be read: its spends stay counted"
-        );
+        tracing::warn!("a spend call's marker could not be read: its spends stay counted");
         return;
     };
     let refunds: Vec<AmendWork> = spends
@@ -292,6 +292,9 @@ mod tests {
         assert_ne!(a, b);
         assert!(a.starts_with(b"tpw:x{k}:lost:"));
         assert_eq!(a.len(), b"tpw:x{k}".len() + MARKER_SUFFIX.len() + 32);
-        assert_eq!(MARKER_ARG, format!("marker {}", MARKER_LIFETIME.as_millis()));
+        assert_eq!(
+            MARKER_ARG,
+            format!("marker {}", MARKER_LIFETIME.as_millis())
+        );
     }
 }

@@ -290,7 +290,11 @@ pub(super) fn parse_spend_marker(
     packed: &[u8],
     sizes: impl Iterator<Item = usize>,
 ) -> Option<Vec<Spent>> {
-    unpack_spends(packed, &mut std::iter::repeat_with(|| Some(String::new())), sizes)
+    unpack_spends(
+        packed,
+        &mut std::iter::repeat_with(|| Some(String::new())),
+        sizes,
+    )
 }
 
 /// The answers packed in `packed`, each request's as `sizes` says, with
