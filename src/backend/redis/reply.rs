@@ -305,7 +305,7 @@ fn unpack_spends(
     reasons: &mut impl Iterator<Item = Option<String>>,
     sizes: impl Iterator<Item = usize>,
 ) -> Option<Vec<Spent>> {
-    if packed.len() % 8 != 0 {
+    if !packed.len().is_multiple_of(8) {
         return None;
     }
     let mut nums = packed
