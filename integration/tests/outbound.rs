@@ -687,8 +687,7 @@ mod stores {
             "a_call_failed_by_a_lost_reply_keeps_no_cost"
         ));
         let proxy = support::drop_reply::DropReply::start(server.port()).await;
-        let through =
-            redis::Client::open(format!("redis://127.0.0.1:{}/", proxy.port())).unwrap();
+        let through = redis::Client::open(format!("redis://127.0.0.1:{}/", proxy.port())).unwrap();
         let backend = RedisBackend::builder(through.get_connection_manager().await.unwrap())
             .deny_cache(0)
             .build();
