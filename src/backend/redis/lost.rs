@@ -27,6 +27,7 @@ use ::redis::{RedisError, RedisResult};
 use smallvec::SmallVec;
 
 use super::coalesce::Work;
+use super::connection::acks::is_not_acknowledged;
 use super::connection::breaker::Guarded;
 use super::hits::StoredKey;
 use super::reply::{Spent, parse_spend_marker};
@@ -80,12 +81,16 @@ pub(super) fn marker_key(counter: &[u8]) -> StoredKey {
     key
 }
 
-/// Whether a call that failed with `err` may have run: its connection
-/// failed after it was sent (an I/O error that is not a refused
-/// connection). A reply from Redis (an error it answered, `NOSCRIPT`,
-/// `CROSSSLOT`) and an open breaker's refusal say it did not.
+/// Whether a call that failed with `err` may have run with its reply lost:
+/// its connection failed after it was sent (an I/O error that is not a
+/// refused connection). A reply from Redis (an error it answered,
+/// `NOSCRIPT`, `CROSSSLOT`) and an open breaker's refusal say it did not
+/// run; a write `WAIT` did not see acknowledged was answered, and what the
+/// master counted stays (the replica-acknowledged mode's rule).
 pub(super) fn may_have_run(err: &RedisError) -> bool {
-    (err.is_io_error() || err.is_connection_dropped()) && !err.is_connection_refusal()
+    (err.is_io_error() || err.is_connection_dropped())
+        && !err.is_connection_refusal()
+        && !is_not_acknowledged(err)
 }
 
 /// Armed while a spend call is in flight: dropped armed (its reply lost, or
@@ -296,5 +301,23 @@ mod tests {
             MARKER_ARG,
             format!("marker {}", MARKER_LIFETIME.as_millis())
         );
+    }
+
+    #[test]
+    fn only_a_failed_connection_after_sending_may_have_run() {
+        use std::io::ErrorKind::{ConnectionRefused, ConnectionReset, UnexpectedEof};
+        for (kind, ran) in [
+            (ConnectionReset, true),
+            (UnexpectedEof, true),
+            (ConnectionRefused, false),
+        ] {
+            let err = RedisError::from(std::io::Error::from(kind));
+            assert_eq!(may_have_run(&err), ran, "{kind:?}");
+        }
+        let answered = RedisError::from((
+            ::redis::ErrorKind::Server(::redis::ServerErrorKind::NoScript),
+            "no script",
+        ));
+        assert!(!may_have_run(&answered));
     }
 }
