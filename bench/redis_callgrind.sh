@@ -11,6 +11,7 @@
 #   SECONDS_PER_CASE=8 bash bench/redis_callgrind.sh
 #   MODES="keys pinned" bash bench/redis_callgrind.sh
 #   REDIS_BENCH=/path/to/redis_bench bash bench/redis_callgrind.sh   # another build, for a before/after
+#   IN_FLIGHT=1 MODES=spend-keys bash bench/redis_callgrind.sh        # one request a call (default 64 in flight)
 #
 # Under valgrind Redis runs many times slower, so calls carry more hits than
 # in bench/redis.sh; the per-key work of a call (what the script spends on
@@ -41,7 +42,7 @@ one() { # $1 = mode: prints instructions per hit
     >"$dir/log" 2>&1 &
   vg=$!
   for _ in $(seq 150); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.2; done
-  out=$("$bench" "redis://127.0.0.1:$port/" "$1" 64 "$SECS")
+  out=$("$bench" "redis://127.0.0.1:$port/" "$1" "${IN_FLIGHT:-64}" "$SECS")
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || true
   wait "$vg" || true
   hits=$(awk '{print $2}' <<<"$out")

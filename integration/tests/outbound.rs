@@ -952,6 +952,43 @@ mod stores {
         a_reservation_settles_to_the_usage(schema.backend().await).await;
     }
 
+    /// A call of cost 3 whose spend Redis counted but whose reply a proxy
+    /// dropped fails with `BudgetError::Backend`, is never sent, and keeps
+    /// no cost: the stored count is the one before it.
+    pub async fn a_call_failed_by_a_lost_reply_keeps_no_cost() {
+        let server = redis_or_skip!(RedisServer::start(
+            "a_call_failed_by_a_lost_reply_keeps_no_cost"
+        ));
+        let proxy = support::drop_reply::DropReply::start(server.port()).await;
+        let through = redis::Client::open(format!("redis://127.0.0.1:{}/", proxy.port())).unwrap();
+        let backend = RedisBackend::builder(through.get_connection_manager().await.unwrap())
+            .deny_cache(0)
+            .build();
+        let provider = Provider::default();
+        let client = BudgetLayer::new(NAME, quota(10, 60_000))
+            .backend(backend.clone())
+            .cost(3)
+            .max_wait(Duration::ZERO)
+            .layer(provider.client());
+        send(&client, call(1)).await.unwrap();
+
+        proxy.drop_next_reply();
+        let err = send(&client, call(2)).await.unwrap_err();
+        assert!(budget_error(&err).backend_kind().is_some(), "{err}");
+        assert_eq!(proxy.dropped(), 1);
+        assert_eq!(provider.calls(), 1);
+        let stored = String::from_utf8(backend.storage_key(NAME, &Key::new("*"))).unwrap();
+        let mut count = String::new();
+        for _ in 0..100 {
+            count = server.cmd(&["GET", &stored]).unwrap().trim().to_owned();
+            if count == "3" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(count, "3", "the failed call's 3 stay counted");
+    }
+
     /// While Redis is down: fail closed fails the call, fail open sends it
     /// uncounted, insurance counts the instance's share in this process;
     /// a corrupt counter stops the call under every policy and stays.
@@ -1111,6 +1148,11 @@ fn main() {
             "a_settle_frees_the_budget_on_another_instance::postgres",
             Needs::Postgres,
             stores::a_settle_frees_postgres_budget_on_another_instance,
+        ),
+        trial::multi(
+            "a_call_failed_by_a_lost_reply_keeps_no_cost",
+            Needs::Redis,
+            stores::a_call_failed_by_a_lost_reply_keeps_no_cost,
         ),
         trial::multi(
             "outages_follow_the_failure_policy",

@@ -1953,8 +1953,132 @@ async fn a_table_of_the_previous_release_is_migrated_in_place() {
 
 /// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
+/// The count of the test table's row `x` of `key`, once it reads `want`
+/// (the give-back is a task of its own), or as it is after 5 s.
+async fn count_once(schema: &TestSchema, key: &str, want: i64) -> i64 {
+    for _ in 0..100 {
+        if row(schema, "x", key).await.map(|(count, _)| count) == Some(want) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    row(schema, "x", key).await.map_or(0, |(count, _)| count)
+}
+
+fn spend_x(
+    store: &PostgresBackend,
+    key: &str,
+    cost: u64,
+) -> impl std::future::Future<Output = Result<tower_pinned_window::backend::Hits, BackendError>> + use<>
+{
+    store.spend_all(
+        &Key::new(key),
+        &[tower_pinned_window::backend::Counter {
+            namespace: "x",
+            quota: quota(10, Duration::from_secs(60)),
+            lowers: false,
+        }],
+        tower_pinned_window::backend::Spend::cost(cost),
+    )
+}
+
+/// The issue's case: a cost-3 spend whose `COMMIT` a proxy lets through
+/// and whose reply it drops (the transaction committed, the connection
+/// closed before its answer) fails, and what it spent is given back: the
+/// stored count is the one before it, 1, not 4.
+async fn a_spend_whose_commit_reply_is_lost_keeps_no_cost() {
+    let schema = pg_or_skip!(TestSchema::create("commit_reply_lost").await);
+    let upstream: tokio_postgres::Config = schema.url.parse().unwrap();
+    let proxy = support::drop_reply::DropReply::start(upstream.get_ports()[0]).await;
+    let through = format!(
+        "postgres://{}@127.0.0.1:{}/{}",
+        upstream.get_user().unwrap_or("postgres"),
+        proxy.port(),
+        upstream.get_dbname().unwrap_or("test")
+    );
+    let pool = pool(&through, &schema.name, 1);
+    let store = PostgresBackend::builder(pool)
+        .schema(&schema.name)
+        .deny_cache(0)
+        .build();
+    store.migrate().await.unwrap();
+    assert_eq!(spend_x(&store, "lost", 1).await.unwrap()[0].count, 1);
+
+    proxy.drop_reply_to(b"COMMIT\0", b"COMMIT\0");
+    let lost = spend_x(&store, "lost", 3).await;
+    assert!(lost.is_err(), "{lost:?}");
+    assert_eq!(proxy.dropped(), 1);
+    assert_eq!(
+        count_once(&schema, "lost", 1).await,
+        1,
+        "the refused spend's 3 stay counted"
+    );
+    // The connection is back, and the budget is whole.
+    assert_eq!(spend_x(&store, "lost", 9).await.unwrap()[0].count, 10);
+}
+
+/// A spend whose caller gives up (the layer's timeout) while its
+/// transaction waits on a lock is counted when the lock goes, and given
+/// back.
+async fn a_spend_whose_caller_has_gone_keeps_no_cost() {
+    let schema = pg_or_skip!(TestSchema::create("caller_gone").await);
+    let store = schema.builder().deny_cache(0).build();
+    store.migrate().await.unwrap();
+    assert_eq!(spend_x(&store, "gone", 1).await.unwrap()[0].count, 1);
+
+    schema
+        .client
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM {} WHERE key = 'gone' FOR UPDATE",
+            schema.table()
+        ))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(tokio::time::timeout(
+        Duration::from_secs(1),
+        spend_x(&store, "gone", 3),
+    ));
+    // Its transaction waits on the lock before the caller gives up.
+    let mut on_lock = 0;
+    for _ in 0..100 {
+        on_lock = schema
+            .client
+            .query_one(
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                &[&schema.name],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0);
+        if on_lock > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(on_lock, 1, "the spend's transaction waits on the lock");
+    let timed_out = waiting.await.unwrap();
+    assert!(timed_out.is_err(), "answered past a held lock");
+    schema.client.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(
+        count_once(&schema, "gone", 1).await,
+        1,
+        "the refused spend's 3 stay counted"
+    );
+}
+
 fn main() {
     let mut trials = vec![
+        trial::multi(
+            "a_spend_whose_commit_reply_is_lost_keeps_no_cost",
+            Needs::Postgres,
+            a_spend_whose_commit_reply_is_lost_keeps_no_cost,
+        ),
+        trial::multi(
+            "a_spend_whose_caller_has_gone_keeps_no_cost",
+            Needs::Postgres,
+            a_spend_whose_caller_has_gone_keeps_no_cost,
+        ),
         trial::multi(
             "concurrent_spends_never_admit_more_than_the_limit",
             Needs::Postgres,

@@ -534,6 +534,51 @@ async fn concurrent_spends_of_varied_costs_are_exact(cluster: &RedisCluster) {
 }
 
 /// A trial of `case` on a Cluster of its own.
+/// A spend whose future is dropped (the layer's timeout) while its master
+/// is frozen runs when the master wakes: what it spent is given back, the
+/// marker being in the counter's slot.
+async fn a_spend_dropped_in_flight_keeps_no_cost(cluster: &RedisCluster) {
+    let store = RedisBackend::builder(cluster.connection().await)
+        .deny_cache(0)
+        .build();
+    let key = Key::new("lost");
+    let spend = |cost| {
+        store.spend_all(
+            &key,
+            &[tower_pinned_window::backend::Counter {
+                namespace: "x",
+                quota: quota(10, 60),
+                lowers: false,
+            }],
+            tower_pinned_window::backend::Spend::cost(cost),
+        )
+    };
+    assert_eq!(spend(1).await.unwrap()[0].count, 1);
+    let stored = store.storage_key("x", &key);
+    let slot = cluster.keyslot(&stored);
+    let (master, _) = cluster
+        .masters()
+        .into_iter()
+        .find(|(_, ranges)| ranges.iter().any(|&(a, b)| (a..=b).contains(&slot)))
+        .expect("a master serves the slot");
+    let node = cluster.node(master);
+    let stored = String::from_utf8(stored).unwrap();
+
+    node.signal("STOP");
+    let timed_out = tokio::time::timeout(Duration::from_millis(100), spend(3)).await;
+    assert!(timed_out.is_err(), "answered by a frozen master");
+    node.signal("CONT");
+    let mut count = String::new();
+    for _ in 0..100 {
+        count = node.cmd(&["GET", &stored]).unwrap().trim().to_owned();
+        if count == "1" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(count, "1", "the dropped spend's 3 stay counted");
+}
+
 macro_rules! on_its_own_cluster {
     ($case:ident) => {
         trial::trial(stringify!($case), Needs::Redis, || {
@@ -555,6 +600,7 @@ fn main() {
         on_its_own_cluster!(client_chosen_keys_reach_no_other_counter_nor_pick_a_slot),
         on_its_own_cluster!(deny_cache_hits_are_never_refunded),
         on_its_own_cluster!(concurrent_spends_of_varied_costs_are_exact),
+        on_its_own_cluster!(a_spend_dropped_in_flight_keeps_no_cost),
         trial::trial(
             "the_full_coverage_warning_is_given_once_under_yes",
             Needs::Redis,

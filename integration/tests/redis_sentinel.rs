@@ -31,9 +31,9 @@ use stores::redis::RedisStore;
 use support::http::{by_client, from, multi_thread_runtime, ok_service};
 use support::redis::{RedisServer, SENTINEL_MASTER, SentinelGroup, Shared, cases};
 use tower::{Layer, ServiceExt};
-use tower_pinned_window::backend::Backend;
 use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::redis::connection::SentinelConnection;
+use tower_pinned_window::backend::{Backend, Spending};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Window};
 use trial::Needs;
@@ -610,6 +610,49 @@ async fn connecting_without_a_sentinel_is_an_error() {
 
 /// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
+/// A spend whose future is dropped (the layer's timeout) while the master
+/// is frozen (shorter than the sentinels' `down-after`) runs when it wakes:
+/// what it spent is given back.
+fn a_spend_dropped_in_flight_keeps_no_cost() {
+    let group = redis_or_skip!(SentinelGroup::start(
+        "a_spend_dropped_in_flight_keeps_no_cost"
+    ));
+    multi_thread_runtime().block_on(async {
+        let store = RedisBackend::builder(connect(&group).await)
+            .deny_cache(0)
+            .build();
+        let key = Key::new("lost");
+        let spend = |cost| {
+            store.spend_all(
+                &key,
+                &[tower_pinned_window::backend::Counter {
+                    namespace: "x",
+                    quota: quota(),
+                    lowers: false,
+                }],
+                tower_pinned_window::backend::Spend::cost(cost),
+            )
+        };
+        assert_eq!(spend(1).await.unwrap()[0].count, 1);
+        let master = group.server(group.master_port().expect("a master"));
+        let stored = String::from_utf8(store.storage_key("x", &key)).unwrap();
+
+        master.signal("STOP");
+        let timed_out = tokio::time::timeout(Duration::from_millis(100), spend(3)).await;
+        assert!(timed_out.is_err(), "answered by a frozen master");
+        master.signal("CONT");
+        let mut count = String::new();
+        for _ in 0..100 {
+            count = master.cmd(&["GET", &stored]).unwrap().trim().to_owned();
+            if count == "1" {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert_eq!(count, "1", "the dropped spend's 3 stay counted");
+    });
+}
+
 fn main() {
     let mut trials = vec![
         trial::trial(
@@ -631,6 +674,11 @@ fn main() {
             "a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master",
             Needs::Redis,
             a_demoted_master_answers_readonly_and_the_hit_goes_to_the_new_master,
+        ),
+        trial::trial(
+            "a_spend_dropped_in_flight_keeps_no_cost",
+            Needs::Redis,
+            a_spend_dropped_in_flight_keeps_no_cost,
         ),
         trial::trial(
             "the_backend_works_through_the_sentinels",

@@ -532,6 +532,166 @@ async fn a_connection_killed_mid_batch_never_counts_a_spend_twice() {
     assert!(failed > 0, "no request was cut by a kill");
 }
 
+/// The stored count of `key` on counter `x`, once it reads `want` (the
+/// give-back is a task of its own), or as it is after 5 s.
+fn count_once(server: &RedisServer, key: &str, want: u64) -> u64 {
+    let mut con = server.sync();
+    let read = |con: &mut redis::Connection| {
+        get(con, &format!("tpw:x{{{key}}}")).map_or(0, |v| v.parse::<u64>().unwrap())
+    };
+    for _ in 0..100 {
+        if read(&mut con) == want {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    read(&mut con)
+}
+
+/// The markers spend calls left: an answered call's lives until it
+/// expires, a lost one's is taken by its give-back.
+fn markers(server: &RedisServer) -> Vec<String> {
+    redis::cmd("KEYS")
+        .arg("*:lost:*")
+        .query(&mut server.sync())
+        .unwrap()
+}
+
+/// The case: a cost-3 spend whose reply a proxy drops (the script
+/// ran, the connection closed before its answer) fails, and what it spent
+/// is given back: the stored count is the one before it, 1, not 4.
+async fn a_spend_whose_reply_is_lost_keeps_no_cost() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_spend_whose_reply_is_lost_keeps_no_cost"
+    ));
+    let proxy = support::drop_reply::DropReply::start(server.port()).await;
+    let through = redis::Client::open(format!("redis://127.0.0.1:{}/", proxy.port())).unwrap();
+    let store = RedisBackend::builder(through.get_connection_manager().await.unwrap())
+        .deny_cache(0)
+        .build();
+    let key = Key::new("lost");
+    let spend = |cost| store.spend_all(&key, &[counter("x", 10, 60)], Spend::cost(cost));
+    assert_eq!(spend(1).await.unwrap()[0].count, 1);
+
+    proxy.drop_next_reply();
+    let lost = spend(3).await;
+    assert!(lost.is_err(), "{lost:?}");
+    assert_eq!(proxy.dropped(), 1);
+    assert_eq!(
+        count_once(&server, "lost", 1),
+        1,
+        "the refused spend's 3 stay counted"
+    );
+    assert_eq!(markers(&server).len(), 1, "the first spend's only");
+    // The connection is back, and the budget is whole.
+    assert_eq!(spend(9).await.unwrap()[0].count, 10);
+}
+
+/// A spend whose future is dropped (the layer's timeout) while Redis is
+/// frozen runs when Redis wakes: what it spent is given back too.
+async fn a_spend_dropped_in_flight_keeps_no_cost() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_spend_dropped_in_flight_keeps_no_cost"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let key = Key::new("lost");
+    let spend = |cost| store.spend_all(&key, &[counter("x", 10, 60)], Spend::cost(cost));
+    assert_eq!(spend(1).await.unwrap()[0].count, 1);
+
+    server.signal("STOP");
+    let timed_out = tokio::time::timeout(Duration::from_millis(100), spend(3)).await;
+    assert!(timed_out.is_err(), "answered by a frozen server");
+    server.signal("CONT");
+    assert_eq!(
+        count_once(&server, "lost", 1),
+        1,
+        "the dropped spend's 3 stay counted"
+    );
+    assert_eq!(markers(&server).len(), 1, "the first spend's only");
+}
+
+/// A spend whose waiter gives up (the layer's timeout) while its call is in
+/// flight with another request's, whose waiter stays, is answered to no
+/// one: what it spent is given back.
+async fn a_spend_answered_to_a_waiter_gone_keeps_no_cost() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_spend_answered_to_a_waiter_gone_keeps_no_cost"
+    ));
+    let proxy = support::drop_reply::DropReply::start(server.port()).await;
+    let through = redis::Client::open(format!("redis://127.0.0.1:{}/", proxy.port())).unwrap();
+    let store = RedisBackend::builder(through.get_connection_manager().await.unwrap())
+        .deny_cache(0)
+        .build();
+    let spend = |key: &str, cost| {
+        let store = store.clone();
+        let key = Key::new(key);
+        async move {
+            store
+                .spend_all(&key, &[counter("x", 10, 60)], Spend::cost(cost))
+                .await
+        }
+    };
+    assert_eq!(spend("held", 1).await.unwrap()[0].count, 1);
+
+    // Two calls in flight on a frozen server (a lane's most), then the
+    // timed-out spend and another queued behind them: one call for both.
+    server.signal("STOP");
+    let first = tokio::spawn(spend("w1", 1));
+    let second = tokio::spawn(spend("w2", 1));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    proxy.hold_reply_to(b"{held}");
+    let gone = tokio::spawn(tokio::time::timeout(
+        Duration::from_millis(600),
+        spend("held", 3),
+    ));
+    let stays = tokio::spawn(spend("stays", 1));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    server.signal("CONT");
+    assert!(first.await.unwrap().is_ok());
+    assert!(second.await.unwrap().is_ok());
+    // Their call is in Redis; its answer is held back until the waiter
+    // of `held` is gone.
+    assert!(gone.await.unwrap().is_err(), "answered while held back");
+    proxy.release();
+    assert_eq!(stays.await.unwrap().unwrap()[0].count, 1);
+    assert_eq!(
+        count_once(&server, "held", 1),
+        1,
+        "the refused spend's 3 stay counted"
+    );
+}
+
+/// Spends answered as usual leave their markers to expire on their own,
+/// each with a lifetime of at most 5 s, and give nothing back.
+async fn answered_spends_leave_markers_with_a_lifetime_only() {
+    let server = redis_or_skip!(RedisServer::start(
+        "answered_spends_leave_markers_with_a_lifetime_only"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let key = Key::new("kept");
+    for cost in [1, 3, 20] {
+        let _ = store
+            .spend_all(&key, &[counter("x", 10, 60)], Spend::cost(cost))
+            .await
+            .unwrap();
+    }
+    let markers = markers(&server);
+    assert!(!markers.is_empty());
+    for marker in markers {
+        assert!(marker.starts_with("tpw:x{kept}:lost:"), "{marker}");
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(&marker)
+            .query(&mut server.sync())
+            .unwrap();
+        assert!((1..=5_000).contains(&ttl), "{marker}: {ttl} ms");
+    }
+    assert_eq!(count_once(&server, "kept", 4), 4);
+}
+
 fn main() {
     let trials = vec![
         trial::multi(
@@ -558,6 +718,26 @@ fn main() {
             "a_connection_killed_mid_batch_never_counts_a_spend_twice",
             Needs::Redis,
             a_connection_killed_mid_batch_never_counts_a_spend_twice,
+        ),
+        trial::multi(
+            "a_spend_whose_reply_is_lost_keeps_no_cost",
+            Needs::Redis,
+            a_spend_whose_reply_is_lost_keeps_no_cost,
+        ),
+        trial::multi(
+            "a_spend_dropped_in_flight_keeps_no_cost",
+            Needs::Redis,
+            a_spend_dropped_in_flight_keeps_no_cost,
+        ),
+        trial::multi(
+            "a_spend_answered_to_a_waiter_gone_keeps_no_cost",
+            Needs::Redis,
+            a_spend_answered_to_a_waiter_gone_keeps_no_cost,
+        ),
+        trial::multi(
+            "answered_spends_leave_markers_with_a_lifetime_only",
+            Needs::Redis,
+            answered_spends_leave_markers_with_a_lifetime_only,
         ),
     ];
     trial::run(trials, ());

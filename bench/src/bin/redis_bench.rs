@@ -14,7 +14,9 @@
 //! - `hot` and `hot-single`: every hit on one key;
 //! - `naive` (INCR, then PEXPIRE when the INCR created the key: two round
 //!   trips; every hit a fresh key, so it always pays its second trip);
-//! - `denied` (hits on one key over its limit, answered by the deny cache).
+//! - `denied` (hits on one key over its limit, answered by the deny cache);
+//! - `spend-keys` and `spend-hot`: spends of cost 3 (`Spending::spend_all`,
+//!   the spend script), over 10,000 keys or on one key.
 //!
 //! Prints three numbers: hits per second, the number of hits, and this
 //! process's CPU time per hit in microseconds (user + system, from
@@ -29,8 +31,8 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::Backend;
 use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window::backend::{Backend, Counter, Spend, Spending};
 use tower_pinned_window::key::Key;
 
 /// The hit script, as the backend sends it.
@@ -45,7 +47,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let [url, mode, in_flight, seconds] = args.as_slice() else {
         return Err(
-            "usage: redis_bench URL MODE IN_FLIGHT SECONDS (MODE: pinned, keys, hot, each with -single; naive; denied), or redis_bench script"
+            "usage: redis_bench URL MODE IN_FLIGHT SECONDS (MODE: pinned, keys, hot, each with -single; naive; denied; spend-keys, spend-hot), or redis_bench script"
                 .into(),
         );
     };
@@ -129,6 +131,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                             .await
                             .unwrap();
                         assert!(hit.count > 1);
+                    }
+                    "spend-keys" | "spend-hot" => {
+                        let key = if mode == "spend-hot" {
+                            Key::new("hot")
+                        } else {
+                            Key::display(format_args!(
+                                "k{}",
+                                (task as u64 * 7_919 + i) % DISTINCT_KEYS
+                            ))
+                        };
+                        let counter = Counter {
+                            namespace: "b",
+                            quota: Quota::new(u64::MAX, window).unwrap(),
+                            lowers: false,
+                        };
+                        backend
+                            .spend_all(&key, &[counter], Spend::cost(3))
+                            .await
+                            .unwrap();
                     }
                     other => panic!("unknown mode {other}"),
                 }

@@ -5,6 +5,7 @@
 
 #![allow(dead_code)]
 
+pub mod drop_reply;
 #[path = "../../../tests/support/http.rs"]
 pub mod http;
 pub mod logs;

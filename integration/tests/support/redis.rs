@@ -365,6 +365,14 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// The node on `port`, to read or signal.
+    pub fn node(&self, port: u16) -> &RedisServer {
+        self.nodes
+            .iter()
+            .find(|n| n.port == port)
+            .expect("a node of the cluster")
+    }
+
     /// The node on `port`.
     pub fn node_mut(&mut self, port: u16) -> &mut RedisServer {
         self.nodes

@@ -71,7 +71,7 @@ pub(super) trait Job: Send + Sized + 'static {
 
     /// Send `batch` to `db` (one statement, or one transaction), and answer
     /// every job of it.
-    fn send(db: &Db, batch: Vec<Self>) -> impl Future<Output = ()> + Send;
+    fn send(db: &Arc<Db>, batch: Vec<Self>) -> impl Future<Output = ()> + Send;
 }
 
 impl Job for Pending {
@@ -85,7 +85,7 @@ impl Job for Pending {
         let _ = self.reply.send(Err(err));
     }
 
-    fn send(db: &Db, batch: Vec<Self>) -> impl Future<Output = ()> + Send {
+    fn send(db: &Arc<Db>, batch: Vec<Self>) -> impl Future<Output = ()> + Send {
         send(db, batch)
     }
 }

@@ -86,7 +86,11 @@
 //! commits whole or not at all and is never sent again: a batch cut by a
 //! lost connection fails its requests (the failure policy decides), and
 //! each of them was counted once or not at all. Its connection is dropped,
-//! never handed out in the middle of a transaction.
+//! never handed out in the middle of a transaction. When the `COMMIT`'s
+//! reply was lost, `txid_status` (the transaction's id is read with its
+//! rows) says whether it committed, and its spends are then given back
+//! under the refund rules, as is an admitted spend whose caller was gone
+//! when its batch committed.
 //!
 //! # The local deny cache
 //!
@@ -249,6 +253,7 @@ mod batch;
 mod cleaner;
 mod db;
 mod error;
+mod lost;
 mod row;
 mod spend;
 mod table;

@@ -20,6 +20,10 @@
 //! and the admitted costs never pass a limit. A transaction commits whole or
 //! not at all, and none is ever sent again: a batch cut by a lost connection
 //! counts each of its requests once or not at all, and fails them all.
+//! When it was the `COMMIT`'s reply that was lost, the spends it may have
+//! counted are given back once `txid_status` says it committed; so are the
+//! admitted spends whose callers are gone when their batch commits
+//! (`lost.rs`).
 //! The connection of a failed batch is dropped, never handed out again in
 //! the middle of a transaction.
 //!
@@ -31,6 +35,7 @@
 use std::collections::HashMap;
 use std::future::{Future, poll_fn};
 use std::pin::pin;
+use std::sync::Arc;
 use std::task::Poll;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -41,6 +46,7 @@ use tokio::sync::oneshot;
 use super::batch::{Job, fail};
 use super::db::Db;
 use super::error::{pg_error, pool_error};
+use super::lost;
 use super::row::{WINDOW_BOUND_MS, deadline_id, describe};
 use crate::backend::{Amend, BackendError, Hit, Hits, Spend, refused_count};
 use crate::key::Key;
@@ -106,7 +112,7 @@ impl Job for Request {
         }
     }
 
-    fn send(db: &Db, batch: Vec<Self>) -> impl Future<Output = ()> + Send {
+    fn send(db: &Arc<Db>, batch: Vec<Self>) -> impl Future<Output = ()> + Send {
         send(db, batch)
     }
 }
@@ -230,8 +236,30 @@ impl Drop for InTransaction {
     }
 }
 
-/// One transaction for `batch`, and every request's answer.
-async fn send(db: &Db, mut batch: Vec<Request>) {
+/// How a batch's transaction failed.
+enum Failed {
+    /// Nothing was committed.
+    Before(BackendError),
+    /// The `COMMIT` was sent and its reply lost (the connection failed):
+    /// transaction `txid` may have committed `answers`.
+    Lost {
+        err: BackendError,
+        txid: i64,
+        answers: Vec<Answer>,
+    },
+}
+
+impl From<BackendError> for Failed {
+    fn from(err: BackendError) -> Self {
+        Self::Before(err)
+    }
+}
+
+/// One transaction for `batch`, and every request's answer. What the
+/// spends of a batch whose `COMMIT` reply was lost spent, and what an
+/// admitted spend whose caller has gone spent, is given back
+/// ([`lost`]).
+pub(super) async fn send(db: &Arc<Db>, mut batch: Vec<Request>) {
     let client = match db.pool.get().await {
         Ok(client) => client,
         Err(err) => return fail(batch, &pool_error(err)),
@@ -244,19 +272,51 @@ async fn send(db: &Db, mut batch: Vec<Request>) {
     match transaction(db, client.0.as_ref().expect("held"), &batch).await {
         Ok(answers) => {
             client.release();
+            let mut refunds = Vec::new();
             for (request, answer) in batch.into_iter().zip(answers) {
                 match (request.op, answer) {
-                    (Op::Spend { reply, .. }, Answer::Spent(spent)) => drop(reply.send(spent)),
+                    (
+                        Op::Spend {
+                            reply,
+                            counters,
+                            spend,
+                        },
+                        Answer::Spent(spent),
+                    ) => {
+                        if let Err(Ok(spent)) = reply.send(spent) {
+                            // Its caller has gone (the layer's timeout): it
+                            // was refused, and keeps no cost.
+                            lost::refunds(&mut refunds, &request.key, &counters, spend, &spent);
+                        }
+                    }
                     (Op::Amend { reply, .. }, Answer::Amended(changed)) => {
                         drop(reply.send(Ok(changed)));
                     }
                     _ => unreachable!("one answer per request, in order"),
                 }
             }
+            lost::give_back(db, None, refunds);
         }
-        Err(err) => {
+        Err(Failed::Before(err)) => {
             drop(client);
             fail(batch, &err);
+        }
+        Err(Failed::Lost { err, txid, answers }) => {
+            drop(client);
+            let mut refunds = Vec::new();
+            for (request, answer) in batch.iter().zip(&answers) {
+                if let (
+                    Op::Spend {
+                        counters, spend, ..
+                    },
+                    Answer::Spent(Ok(spent)),
+                ) = (&request.op, answer)
+                {
+                    lost::refunds(&mut refunds, &request.key, counters, *spend, spent);
+                }
+            }
+            fail(batch, &err);
+            lost::give_back(db, Some(txid), refunds);
         }
     }
 }
@@ -266,7 +326,7 @@ async fn transaction<'a>(
     db: &Db,
     client: &Object,
     batch: &'a [Request],
-) -> Result<Vec<Answer>, BackendError> {
+) -> Result<Vec<Answer>, Failed> {
     // Each counter once, in the order first named.
     let mut index: HashMap<(&'a str, &'a [u8]), usize> = HashMap::with_capacity(batch.len());
     let (mut namespaces, mut keys, mut spends) = (Vec::new(), Vec::new(), Vec::<bool>::new());
@@ -324,11 +384,13 @@ async fn transaction<'a>(
 
     let mut rows: Vec<Row> = (0..namespaces.len()).map(|_| Row::missing()).collect();
     let mut now = SystemTime::now();
+    let mut txid = None;
     for row in &read {
         let unread = |err: tokio_postgres::Error| BackendError::Unavailable(Box::new(err));
         let namespace: &str = row.try_get(0).map_err(unread)?;
         let key: &[u8] = row.try_get(1).map_err(unread)?;
         now = row.try_get(5).map_err(unread)?;
+        txid = Some(row.try_get::<_, i64>(7).map_err(unread)?);
         let Some(&i) = index.get(&(namespace, key)) else {
             continue;
         };
@@ -440,6 +502,15 @@ async fn transaction<'a>(
             client.batch_execute("COMMIT"),
         )
         .await;
+        if let (Err(err), Some(txid)) = (&committed, txid)
+            && err.as_db_error().is_none()
+        {
+            // The connection failed with the COMMIT sent: it may have
+            // committed.
+            let err =
+                BackendError::Unavailable(format!("the COMMIT's reply was lost: {err}").into());
+            return Err(Failed::Lost { err, txid, answers });
+        }
         let written: i64 = written.map_err(pg_error)?.get(0);
         committed.map_err(pg_error)?;
         debug_assert_eq!(written as usize, w_namespaces.len(), "rows held locked");

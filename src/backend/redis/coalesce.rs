@@ -80,6 +80,16 @@ pub(super) trait Work: Send + Sync + Sized + 'static {
     where
         C: ConnectionLike + Clone + Send + Sync + 'static,
         B: Borrow<Self> + Sync;
+
+    /// The answers of a call that came back to waiters who were gone (the
+    /// layer's timeout): their requests were refused. By default nothing
+    /// is done (a hit stays counted); a spend gives back what it spent.
+    fn unread<C>(connection: &Guarded<C>, unread: Vec<(Self, Self::Answer)>)
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        let _ = (connection, unread);
+    }
 }
 
 /// The answers of one call, one per work: one inline, so that a request
@@ -553,10 +563,16 @@ where
             .map(|_| Err(unavailable(err.clone())))
             .collect(),
     };
-    for (Pending { reply, .. }, answer) in batch.into_iter().zip(answers) {
-        // A waiter that is gone only loses its answer: the work was done,
-        // like a request whose client went away.
-        let _ = reply.send(answer);
+    let mut unread = Vec::new();
+    for (Pending { work, reply }, answer) in batch.into_iter().zip(answers) {
+        // A waiter that is gone loses its answer: the work was done, and
+        // is its kind's to undo (`Work::unread`).
+        if let Err(Ok(answer)) = reply.send(answer) {
+            unread.push((work, answer));
+        }
+    }
+    if !unread.is_empty() {
+        W::unread(&batcher.connection, unread);
     }
     None
 }

@@ -22,6 +22,7 @@ mod audit;
 mod coalesce;
 pub mod connection;
 mod hits;
+mod lost;
 mod reply;
 mod script;
 mod slots;
@@ -201,9 +202,10 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 /// of one key is in one slot. [`storage_key`](Self::storage_key) gives the
 /// key of a counter.
 ///
-/// Beside a counter, in its slot, two markers may live, each named by the
+/// Beside a counter, in its slot, markers may live, each named by the
 /// counter's key and a suffix, so never a counter's key (which always ends
-/// with `}`): `tpw:login{203.0.113.7}:lock`,
+/// with `}`): `tpw:login{203.0.113.7}:lost:` and 32 hex digits, a spend
+/// call's answers, for 5 s (see [spends](#spends)); `tpw:login{203.0.113.7}:lock`,
 /// a lockout ([`Spend::block`]), created with its lifetime in the step that
 /// denied, never extended, and deleted by [`reset`](Backend::reset); and
 /// `tpw:login{203.0.113.7}:reset`, left by a reset (or an
@@ -226,7 +228,14 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 /// its limit, and add up to its stored count. A corrupt counter answers
 /// only the requests on it. A call cut by a dropped connection or a
 /// failover is never sent again by the backend, so each of its requests
-/// was counted once or not at all, and follows the failure policy.
+/// was counted once or not at all, and follows the failure policy. A spend
+/// Redis counted but whose answer was lost (the connection dropped after
+/// the call ran, the layer's timeout) is given back: the script writes each
+/// call's answers to a marker beside its first counter (`…}:lost:` and an
+/// id, a 5 s lifetime), in the same atomic step, and the backend takes it
+/// (`GETDEL`) once Redis answers again, and refunds what the call admitted,
+/// each counter only in its own window (see the guarantees guide, "A
+/// refused request keeps no cost", for the bounds).
 ///
 /// The local deny cache answers a spend too, once Redis has denied one of
 /// its counters that no spend can fit until a deadline: at its limit (so a
@@ -251,7 +260,8 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 /// deadline and are never refunded: the hit stays counted). Tested against
 /// 7.0. An ACL user needs `+evalsha +eval +incr +incrby +decr +decrby +pttl
 /// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds,
-/// `+set` for spends, amends and resets, `+del` for
+/// `+set` for spends, amends and resets, `+getdel` for spends (a lost
+/// reply's give-back), `+del` for
 /// [`reset`](Backend::reset) and [`Amend::Clear`], and `+scan` for [`audit`](Self::audit) (plus
 /// `+cluster|slots` on a Cluster, and `+cluster|info` for the breakers to
 /// see the Cluster whole again), all on the prefix's keys (`~tpw:*`), and

@@ -275,16 +275,42 @@ fn spends_shape(value: &Value, sizes: impl Iterator<Item = usize>) -> Option<Vec
     let [Value::BulkString(packed), reasons @ ..] = items.as_slice() else {
         return None;
     };
-    if packed.len() % 8 != 0 {
+    let mut reasons = reasons.iter().map(|r| match r {
+        Value::BulkString(reason) => Some(String::from_utf8_lossy(reason).into_owned()),
+        _ => None,
+    });
+    let spent = unpack_spends(packed, &mut reasons, sizes)?;
+    reasons.next().is_none().then_some(spent)
+}
+
+/// What a spend call wrote in its marker (`spend.lua`): the first string of
+/// its reply, without the reasons (each request answered -1 or -2 gets an
+/// empty one). `None` for bytes of another shape.
+pub(super) fn parse_spend_marker(
+    packed: &[u8],
+    sizes: impl Iterator<Item = usize>,
+) -> Option<Vec<Spent>> {
+    unpack_spends(
+        packed,
+        &mut std::iter::repeat_with(|| Some(String::new())),
+        sizes,
+    )
+}
+
+/// The answers packed in `packed`, each request's as `sizes` says, with
+/// their reasons from `reasons`; `None` when anything is left over or
+/// missing.
+fn unpack_spends(
+    packed: &[u8],
+    reasons: &mut impl Iterator<Item = Option<String>>,
+    sizes: impl Iterator<Item = usize>,
+) -> Option<Vec<Spent>> {
+    if !packed.len().is_multiple_of(8) {
         return None;
     }
     let mut nums = packed
         .chunks_exact(8)
         .map(|n| i64::from_be_bytes(n.try_into().expect("8 bytes")));
-    let mut reasons = reasons.iter().map(|r| match r {
-        Value::BulkString(reason) => Some(String::from_utf8_lossy(reason).into_owned()),
-        _ => None,
-    });
     let mut spent = Vec::with_capacity(sizes.size_hint().0);
     for n in sizes {
         spent.push(match nums.next()? {
@@ -330,7 +356,7 @@ fn spends_shape(value: &Value, sizes: impl Iterator<Item = usize>) -> Option<Vec
             _ => return None,
         });
     }
-    (nums.next().is_none() && reasons.next().is_none()).then_some(spent)
+    nums.next().is_none().then_some(spent)
 }
 
 /// The parsers above, for the fuzz targets (`fuzz/`): built only under

@@ -25,6 +25,11 @@
 -- then the reason of each request answered -1 or -2, in order.
 -- A refusal that is not about one counter (READONLY, OOM) fails the call;
 -- it comes at the call's first write, so nothing was written.
+-- A call may name a marker: its last key, with a last argument 'marker'
+-- and a lifetime in ms ('marker 5000'). The call then also writes its
+-- answers string there, with that lifetime, in the same atomic step: a
+-- client whose reply was lost reads it back to give back what its refused
+-- requests spent.
 -- Needs PEXPIRETIME (Redis 7.0).
 -- Arguments are checked only when they differ from the request's before
 -- (most requests of a call repeat one layer's cost, lockout, limit and
@@ -39,6 +44,14 @@ local function whole(sent, max)
   return nil
 end
 local big = 9007199254740991
+local n_args, n_keys, marker, marker_ms = #ARGV, #KEYS, nil, nil
+if n_args > 0 and string.sub(ARGV[n_args], 1, 7) == 'marker ' then
+  marker_ms = whole(string.sub(ARGV[n_args], 8), big)
+  if not marker_ms or marker_ms < 1 or n_keys < 1 then
+    return redis.error_reply('ERR tower-pinned-window: invalid marker')
+  end
+  marker, n_args, n_keys = KEYS[n_keys], n_args - 1, n_keys - 1
+end
 local u64 = 18446744073709551615
 local time = redis.call('TIME')
 local now = math.floor((tonumber(time[1]) * 1000000 + tonumber(time[2])) / 1000)
@@ -280,13 +293,13 @@ local function spend(k, n)
 end
 
 local k, a = 0, 1
-while a <= #ARGV do
+while a <= n_args do
   local sent = ARGV[a]
   if sent ~= said then
     read(sent)
   end
   local n = n_said
-  if not n or k + 2 * n > #KEYS then
+  if not n or k + 2 * n > n_keys then
     return redis.error_reply('ERR tower-pinned-window: invalid spend batch')
   end
   -- The requests that follow with the same argument on the same counter.
@@ -308,7 +321,7 @@ while a <= #ARGV do
     k, a = k + 2 * n, a + 1
   end
 end
-if k ~= #KEYS then
+if k ~= n_keys then
   return redis.error_reply('ERR tower-pinned-window: invalid spend batch')
 end
 -- Packed 512 numbers at a time: unpack puts each one on Lua's stack.
@@ -318,6 +331,9 @@ for at = 1, np, 512 do
   parts[#parts + 1] = struct.pack('>' .. string.rep('i8', last - at + 1), unpack(nums, at, last))
 end
 local out = { table.concat(parts) }
+if marker then
+  redis.call('SET', marker, out[1], 'PX', string.format('%d', marker_ms))
+end
 for r = 1, #why do
   out[1 + r] = why[r]
 end

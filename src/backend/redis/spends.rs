@@ -12,7 +12,9 @@
 //! corrupt counter answers only the requests on it; the others of the call
 //! are decided. A call cut by a dropped connection is never sent again by
 //! the crate: each of its requests was counted once (the script ran) or not
-//! at all, and its caller sees the failure.
+//! at all, and its caller sees the failure; what it counted is given back
+//! (`lost.rs`: every spend call names a marker the script writes its
+//! answers to).
 
 use std::borrow::Borrow;
 use std::num::NonZeroU64;
@@ -25,6 +27,7 @@ use smallvec::SmallVec;
 use super::coalesce::{Answers, Work};
 use super::connection::breaker::Guarded;
 use super::hits::{Finish, StoredKey};
+use super::lost::{self, InFlight, MARKER_ARG};
 use super::reply::{Full, Spent, corrupt, parse_amends, parse_spends};
 use super::script::{AMEND, SPEND, Size, U64_DIGITS};
 use crate::backend::deny_cache::Denials;
@@ -97,6 +100,7 @@ impl Work for SpendWork {
         C: ConnectionLike + Clone + Send + Sync + 'static,
         B: Borrow<Self> + Sync,
     {
+        let batch = works;
         let works = || works.iter().map(Borrow::borrow);
         let keys: usize = works().map(|w| 2 * w.counters.len()).sum();
         let size = Size {
@@ -113,6 +117,14 @@ impl Work for SpendWork {
                 .sum(),
         };
         let first = works().next().map_or(&[][..], SpendWork::key);
+        // The call's marker, beside its first counter (`lost`).
+        let marker = lost::marker_key(first);
+        let size = Size {
+            keys: size.keys + 1,
+            args: size.args + 2,
+            bytes: size.bytes + marker.len() + MARKER_ARG.len(),
+        };
+        let in_flight = InFlight::new(connection, batch, &marker);
         let reply = SPEND
             .run(&mut connection.for_write(first), size, |cmd| {
                 for work in works() {
@@ -121,11 +133,15 @@ impl Work for SpendWork {
                         cmd.arg(counter.as_slice()).arg(lock.as_slice());
                     }
                 }
+                cmd.arg(marker.as_slice());
                 for work in works() {
                     cmd.arg(work.argument().as_slice());
                 }
+                cmd.arg(MARKER_ARG);
             })
-            .await?;
+            .await;
+        in_flight.landed(&reply);
+        let reply = reply?;
         let spent = match parse_spends(reply, works().map(|w| w.counters.len())) {
             Ok(spent) => spent,
             Err(other) => {
@@ -139,6 +155,14 @@ impl Work for SpendWork {
             .zip(spent)
             .map(|(work, spent)| work.answer(spent))
             .collect())
+    }
+
+    /// Admitted spends whose waiters were gone give back what they spent.
+    fn unread<C>(connection: &Guarded<C>, unread: Vec<(Self, Hits)>)
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        lost::give_back_unread(connection, unread);
     }
 }
 

@@ -97,11 +97,22 @@ impl fmt::Display for NotAcknowledged {
             Value::ServerError(err) => write!(f, "WAIT answered {err}")?,
             other => write!(f, "WAIT answered {other:?}")?,
         }
-        f.write_str("): its answer is not used; what the master counted stays")
+        f.write_str(NOT_ACKNOWLEDGED)
     }
 }
 
 impl std::error::Error for NotAcknowledged {}
+
+/// Whether `err` is a write `WAIT` did not see acknowledged: its reply came
+/// back (the master ran it), only the replicas' acknowledgement is missing.
+/// The `redis` crate keeps the I/O error it wraps to itself, so this reads
+/// its message (only on a failed call).
+pub(crate) fn is_not_acknowledged(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Io && err.to_string().contains(NOT_ACKNOWLEDGED)
+}
+
+/// What [`NotAcknowledged`]'s message says, and no other error's.
+const NOT_ACKNOWLEDGED: &str = "): its answer is not used; what the master counted stays";
 
 #[cfg(test)]
 mod tests {
@@ -176,6 +187,7 @@ mod tests {
         let (reply, _) = send(vec![Value::Int(7), Value::Int(1)]);
         let err = reply.unwrap_err();
         assert_eq!(err.kind(), ErrorKind::Io, "counted as an outage");
+        assert!(is_not_acknowledged(&err));
         assert!(
             err.to_string()
                 .contains("not acknowledged by 2 replica(s) within 2 ms (1 did)"),
