@@ -388,3 +388,31 @@ fn reserving_from_the_body_follows_the_rules_of_reserve() {
 fn a_zero_literal_body_limit_panics() {
     let _ = max_tokens().body_limit(0);
 }
+
+#[tokio::test]
+async fn reading_stops_at_the_limit_and_the_service_reads_the_rest() {
+    // 15 + 18 bytes are past the limit of 16: the third frame is left to
+    // the service.
+    let frames = [r#"{"messages": ["#, r#""a long prompt"], "#, r#""max_tokens": 300}"#];
+    let body = Chunks::new(&frames);
+    let polls = body.polls.clone();
+    let seen_polls = Arc::new(AtomicUsize::new(usize::MAX));
+    let (at_call, backend) = (seen_polls.clone(), MemoryBackend::new());
+    let service = RateLimitLayer::new("tokens", Quota::new(LIMIT, Duration::from_secs(60)).unwrap())
+        .backend(backend.clone())
+        .reserve_from_body(max_tokens().body_limit(16))
+        .charge(|_: &ResponseEnd<'_>| None::<u64>)
+        .layer(service_fn(move |request: Request<Replay<Chunks>>| {
+            at_call.store(polls.load(Ordering::SeqCst), Ordering::SeqCst);
+            echo(request)
+        }));
+    let response = service.oneshot(post(body)).await.unwrap();
+    assert_eq!(
+        seen_polls.load(Ordering::SeqCst),
+        2,
+        "two frames read before the limiter ran"
+    );
+    let body = response.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, format!("{}|None", frames.concat()));
+    assert_eq!(spent(&backend).await, Some(FALLBACK));
+}
