@@ -466,10 +466,7 @@ where
                 Self::calling(service, parts, Replay::unread(body))
             }
             OverLimit::Reject => {
-                tracing::debug!(
-                    limit = estimate.limit,
-                    "request body over the limit: 413"
-                );
+                tracing::debug!(limit = estimate.limit, "request body over the limit: 413");
                 let mut response = Response::new(ResBody::default());
                 *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
                 Self {

@@ -326,7 +326,11 @@ impl http_body::Body for Chunked {
         mut self: std::pin::Pin<&mut Self>,
         _cx: &mut std::task::Context<'_>,
     ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
-        std::task::Poll::Ready(self.0.pop_front().map(|data| Ok(http_body::Frame::data(data))))
+        std::task::Poll::Ready(
+            self.0
+                .pop_front()
+                .map(|data| Ok(http_body::Frame::data(data))),
+        )
     }
 }
 
@@ -350,7 +354,9 @@ async fn the_token_budget_example_reserves_from_a_chunked_body() {
         let request = http::Request::post(&url)
             .header("x-api-key", key)
             .header("content-type", "application/json")
-            .body(Chunked(frames.into_iter().map(bytes::Bytes::from).collect()))
+            .body(Chunked(
+                frames.into_iter().map(bytes::Bytes::from).collect(),
+            ))
             .unwrap();
         assert!(request.headers().get("content-length").is_none());
         let client = client.clone();
@@ -370,7 +376,10 @@ async fn the_token_budget_example_reserves_from_a_chunked_body() {
     let frames = ["{\"max_to", "kens\": 40", "0, \"tok", "ens\": 150}"].map(String::from);
     let (parts, body) = call("k1", frames.to_vec()).await;
     assert_eq!(parts.status, StatusCode::OK);
-    assert_eq!(parts.headers["ratelimit"], "\"tokens\";r=600;t=60", "400 reserved");
+    assert_eq!(
+        parts.headers["ratelimit"], "\"tokens\";r=600;t=60",
+        "400 reserved"
+    );
     // The handler parsed the whole body: 150 tokens, under max_tokens.
     assert_eq!(parts.headers["x-usage-tokens"], "150");
     let json: serde_json::Value = serde_json::from_slice(&body).unwrap();

@@ -124,14 +124,17 @@ async fn echo(request: Request<Replay<Chunks>>) -> Result<Response<String>, Infa
 /// `estimate` reads, to the service [`echo`].
 async fn send(estimate: BodyEstimate, request: Request<Chunks>) -> (Seen, MemoryBackend) {
     let backend = MemoryBackend::new();
-    let response = RateLimitLayer::new("tokens", Quota::new(LIMIT, Duration::from_secs(60)).unwrap())
-        .backend(backend.clone())
-        .reserve_from_body(estimate)
-        .charge(|_: &ResponseEnd<'_>| None::<u64>)
-        .layer(service_fn(echo))
-        .oneshot(request)
-        .await
-        .unwrap();
+    let response = RateLimitLayer::new(
+        "tokens",
+        Quota::new(LIMIT, Duration::from_secs(60)).unwrap(),
+    )
+    .backend(backend.clone())
+    .reserve_from_body(estimate)
+    .charge(|_: &ResponseEnd<'_>| None::<u64>)
+    .layer(service_fn(echo))
+    .oneshot(request)
+    .await
+    .unwrap();
     let status = response.status().as_u16();
     let left = response.headers().get("ratelimit").map(|value| {
         let value = value.to_str().unwrap();
@@ -182,13 +185,19 @@ async fn a_body_without_the_field_or_not_json_reserves_the_fallback() {
         ("not json", "max_tokens=300"),
         ("empty", ""),
         ("not an object", "[300]"),
-        ("nested, not top-level", r#"{"params": {"max_tokens": 300}}"#),
+        (
+            "nested, not top-level",
+            r#"{"params": {"max_tokens": 300}}"#,
+        ),
         ("negative", r#"{"max_tokens": -300}"#),
         ("a fraction", r#"{"max_tokens": 2.5}"#),
         ("a string", r#"{"max_tokens": "300"}"#),
         ("null", r#"{"max_tokens": null}"#),
         ("past u64", r#"{"max_tokens": 18446744073709551616}"#),
-        ("a stray NUL byte after the object", "{\"max_tokens\": 300}\u{0}"),
+        (
+            "a stray NUL byte after the object",
+            "{\"max_tokens\": 300}\u{0}",
+        ),
     ];
     for (case, body) in cases {
         let (seen, _) = send(max_tokens(), post(Chunks::new(&[body]))).await;
@@ -211,7 +220,9 @@ async fn a_body_without_the_field_or_not_json_reserves_the_fallback() {
     let (seen, _) = send(by_field, post(Chunks::new(&[body]))).await;
     assert_eq!(seen.left, Some(LIMIT - 40));
     let times_n = BodyEstimate::json(FALLBACK, |v| {
-        v["max_completion_tokens"].as_u64()?.checked_mul(v["n"].as_u64()?)
+        v["max_completion_tokens"]
+            .as_u64()?
+            .checked_mul(v["n"].as_u64()?)
     });
     let (seen, _) = send(times_n, post(Chunks::new(&[body]))).await;
     assert_eq!(seen.left, Some(LIMIT - 120));
@@ -219,7 +230,12 @@ async fn a_body_without_the_field_or_not_json_reserves_the_fallback() {
 
 #[tokio::test]
 async fn a_streamed_body_is_read_across_its_frames_and_keeps_its_trailers() {
-    let frames = [r#"{"max_"#, r#"tokens": 3"#, r#"00, "#, r#""stream": true}"#];
+    let frames = [
+        r#"{"max_"#,
+        r#"tokens": 3"#,
+        r#"00, "#,
+        r#""stream": true}"#,
+    ];
     let body = Chunks::new(&frames).streamed().trailers("x-trailer", "t1");
     let polls = body.polls.clone();
     let (seen, _) = send(max_tokens(), post(body)).await;
@@ -240,7 +256,11 @@ async fn a_streamed_body_is_read_across_its_frames_and_keeps_its_trailers() {
 #[tokio::test]
 async fn a_body_over_the_limit_reserves_the_fallback_and_goes_on_whole() {
     // 16 bytes at most: the field is past the limit.
-    let frames = [r#"{"messages": ["#, r#""a long prompt"], "#, r#""max_tokens": 300}"#];
+    let frames = [
+        r#"{"messages": ["#,
+        r#""a long prompt"], "#,
+        r#""max_tokens": 300}"#,
+    ];
     let limited = || max_tokens().body_limit(16);
     let body = Chunks::new(&frames).streamed().trailers("x-trailer", "t2");
     let (seen, _) = send(limited(), post(body)).await;
@@ -280,12 +300,12 @@ async fn a_body_over_the_limit_reserves_the_fallback_and_goes_on_whole() {
 
 #[tokio::test]
 async fn a_body_over_the_limit_gets_413_when_asked_and_spends_nothing() {
-    let reject = || {
-        max_tokens()
-            .body_limit(16)
-            .over_limit(OverLimit::Reject)
-    };
-    let frames = [r#"{"messages": ["#, r#""a long prompt"], "#, r#""max_tokens": 300}"#];
+    let reject = || max_tokens().body_limit(16).over_limit(OverLimit::Reject);
+    let frames = [
+        r#"{"messages": ["#,
+        r#""a long prompt"], "#,
+        r#""max_tokens": 300}"#,
+    ];
     let (seen, backend) = send(reject(), post(Chunks::new(&frames).streamed())).await;
     assert_eq!(
         seen,
@@ -335,13 +355,16 @@ async fn grpc_bodies_are_left_alone() {
         .unwrap();
     // A service that never reads its body.
     let backend = MemoryBackend::new();
-    let service = RateLimitLayer::new("tokens", Quota::new(LIMIT, Duration::from_secs(60)).unwrap())
-        .backend(backend.clone())
-        .reserve_from_body(max_tokens())
-        .charge(|_: &ResponseEnd<'_>| None::<u64>)
-        .layer(service_fn(|_: Request<Replay<Chunks>>| async {
-            Ok::<_, Infallible>(Response::new(String::new()))
-        }));
+    let service = RateLimitLayer::new(
+        "tokens",
+        Quota::new(LIMIT, Duration::from_secs(60)).unwrap(),
+    )
+    .backend(backend.clone())
+    .reserve_from_body(max_tokens())
+    .charge(|_: &ResponseEnd<'_>| None::<u64>)
+    .layer(service_fn(|_: Request<Replay<Chunks>>| async {
+        Ok::<_, Infallible>(Response::new(String::new()))
+    }));
     let response = service.oneshot(request).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(polls.load(Ordering::SeqCst), 0, "the body was not read");
@@ -393,19 +416,26 @@ fn a_zero_literal_body_limit_panics() {
 async fn reading_stops_at_the_limit_and_the_service_reads_the_rest() {
     // 15 + 18 bytes are past the limit of 16: the third frame is left to
     // the service.
-    let frames = [r#"{"messages": ["#, r#""a long prompt"], "#, r#""max_tokens": 300}"#];
+    let frames = [
+        r#"{"messages": ["#,
+        r#""a long prompt"], "#,
+        r#""max_tokens": 300}"#,
+    ];
     let body = Chunks::new(&frames);
     let polls = body.polls.clone();
     let seen_polls = Arc::new(AtomicUsize::new(usize::MAX));
     let (at_call, backend) = (seen_polls.clone(), MemoryBackend::new());
-    let service = RateLimitLayer::new("tokens", Quota::new(LIMIT, Duration::from_secs(60)).unwrap())
-        .backend(backend.clone())
-        .reserve_from_body(max_tokens().body_limit(16))
-        .charge(|_: &ResponseEnd<'_>| None::<u64>)
-        .layer(service_fn(move |request: Request<Replay<Chunks>>| {
-            at_call.store(polls.load(Ordering::SeqCst), Ordering::SeqCst);
-            echo(request)
-        }));
+    let service = RateLimitLayer::new(
+        "tokens",
+        Quota::new(LIMIT, Duration::from_secs(60)).unwrap(),
+    )
+    .backend(backend.clone())
+    .reserve_from_body(max_tokens().body_limit(16))
+    .charge(|_: &ResponseEnd<'_>| None::<u64>)
+    .layer(service_fn(move |request: Request<Replay<Chunks>>| {
+        at_call.store(polls.load(Ordering::SeqCst), Ordering::SeqCst);
+        echo(request)
+    }));
     let response = service.oneshot(post(body)).await.unwrap();
     assert_eq!(
         seen_polls.load(Ordering::SeqCst),
