@@ -87,6 +87,11 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// [`block_for`](Self::block_for), a [`reset_if`](Self::reset_if)) or has a
 /// [`charge`](Self::charge).
 ///
+/// `R` says where a reservation is read from: [`FromHead`], the request's
+/// head, unless [`reserve_from_body`](Self::reserve_from_body) made it a
+/// [`BodyEstimate`], whose layer makes a [`ReadBody`] around the
+/// [`RateLimit`] (a layer without it never awaits the request's body).
+///
 /// # Panics
 /// [`Layer::layer`] panics when the layer cannot work (see
 /// [`check`](Self::check)): settings that depend on each other are checked
