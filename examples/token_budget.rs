@@ -18,9 +18,9 @@
 //! that its first call opened closes.
 //!
 //! ```text
-//! cargo run --example token_budget           # on 127.0.0.1:$PORT (3000)
+//! cargo run --example token_budget --features json   # on 127.0.0.1:$PORT (3000)
 //! curl -si -H 'x-api-key: k1' -H 'content-type: application/json' -d '{"max_tokens": 300, "tokens": 300}' http://127.0.0.1:3000/complete
-//! cargo run --example token_budget -- --measure
+//! cargo run --example token_budget --features json -- --measure
 //! ```
 //!
 //! `--measure` serves the app on 127.0.0.1 (a free port) twice per case,
