@@ -596,3 +596,45 @@ where
             .finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    #[tokio::test]
+    async fn a_replay_hands_on_the_bytes_read_then_the_rest_with_its_length() {
+        let replay = |read: &[&'static str], rest: Option<&'static str>| Replay {
+            read: read
+                .iter()
+                .map(|s| Bytes::from_static(s.as_bytes()))
+                .collect::<Vec<_>>()
+                .into_iter(),
+            error: None,
+            trailers: None,
+            rest: rest.map(|s| Full::new(Bytes::from_static(s.as_bytes()))),
+        };
+        let cases = [
+            (
+                "read, then the rest",
+                replay(&["ab", "c"], Some("def")),
+                "abcdef",
+                6,
+            ),
+            ("all read", replay(&["ab", "c"], None), "abc", 3),
+            (
+                "none read",
+                Replay::unread(Full::new(Bytes::from_static(b"xyz"))),
+                "xyz",
+                3,
+            ),
+            ("empty", replay(&[], None), "", 0),
+        ];
+        for (case, body, whole, len) in cases {
+            assert_eq!(body.size_hint().exact(), Some(len), "{case}");
+            assert_eq!(body.is_end_stream(), len == 0, "{case}");
+            let bytes = body.collect().await.unwrap().to_bytes();
+            assert_eq!(bytes, whole, "{case}");
+        }
+    }
+}
