@@ -10,7 +10,13 @@
 # plain hit; redis-cost, a spend of 1 a request; redis-charged, a check then
 # a charge of 1 after the answer (a token budget); redis-single, one EVALSHA
 # per hit (`.coalesce(false)`; SINGLE=1 adds it, as before); redis-wait, the
-# plain hit in the replica-acknowledged mode (`wait_for_replicas(1, 100 ms)`).
+# plain hit in the replica-acknowledged mode (`wait_for_replicas(1, 100 ms)`);
+# redis-limited, the plain hit with a real limit (5 per 10 s per key), where
+# most requests are denied: its line adds the denials (wrk's non-2xx), those
+# answered by the deny cache with no hit sent to Redis (requests less the
+# hits Redis counted, the sum of its counters once the run is over: a hit
+# that reaches Redis is counted, denied or not) and the cache's hit rate
+# (local denials over denials).
 # With REPLICA=1, or when ROUTES has redis-wait, the Redis has a replica
 # (`--replicaof`, started by the script too), for every route of the run, so
 # that the routes are compared on the same master. Each route's
@@ -74,7 +80,11 @@ calls() { # script calls the server has run so far
     awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'
 }
 
-run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s, script calls per request, and errors (non-2xx + socket errors)
+counted() { # hits Redis has counted, over every counter but the warm-up's
+  redis-cli -p "$rport" eval "local n = 0 for _, k in ipairs(redis.call('keys', 'tpw:*')) do if not string.find(k, '{warm}', 1, true) then n = n + tonumber(redis.call('get', k)) end end return n" 0
+}
+
+run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s, script calls per request, errors (non-2xx + socket errors), denials, and denials answered locally
   redis-cli -p "$rport" flushall >/dev/null
   LIMIT=$1 PORT=$PORT REDIS_URL="redis://127.0.0.1:$rport/" taskset -c 0 "$server" >/dev/null &
   local pid=$!
@@ -84,11 +94,13 @@ run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s, scri
   out=$(taskset -c 1 wrk -t"$THREADS" -c"$2" -d"$DURATION" -s "$3" "http://127.0.0.1:$PORT/")
   kill "$pid"; wait "$pid" 2>/dev/null || true
   after=$(calls)
-  local rps requests bad
+  local rps requests bad denied reached
+  denied=$(echo "$out" | awk '/Non-2xx/ {n = $NF} END {print n + 0}')
+  reached=$(counted)
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   requests=$(echo "$out" | awk '/requests in/ {print $1}')
   bad=$(echo "$out" | awk '/Non-2xx/ {n = $NF} /Socket errors/ {s = $0; sub(/.*Socket errors: */, "", s); gsub(/ /, "", s)} END {printf "%d%s", n, (s == "" ? "" : "+socket:" s)}')
-  echo "$rps $(echo "($after - $before) / $requests" | bc -l) $bad"
+  echo "$rps $(echo "($after - $before) / $requests" | bc -l) $bad $denied $((requests - reached))"
 }
 
 median() { sort -g | awk '{a[NR] = $1} END {if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
@@ -101,14 +113,14 @@ for case in $CASES; do
     *) echo "unknown case $case (keys, hot)" >&2; exit 1 ;;
   esac
   echo "case $case: $conns connections, $script"
-  echo "round  route          rps  ratio_to_bare  ratio_to_redis  calls/request  non-2xx[+socket errors]"
-  declare -A ratios=() plain=() percall=()
+  echo "round  route          rps  ratio_to_bare  ratio_to_redis  calls/request  non-2xx[+socket errors]  [denied  local  hit_rate]"
+  declare -A ratios=() plain=() percall=() hitrate=()
   for round in $(seq "$ROUNDS"); do
     read -r off _ _ < <(run static-headers "$conns" "$script")
     printf '%5d  %-13s %8.0f\n' "$round" bare "$off"
     declare -A rps=()
     for route in $ROUTES; do
-      read -r on per bad < <(run "$route" "$conns" "$script")
+      read -r on per bad denied local < <(run "$route" "$conns" "$script")
       rps[$route]=$on
       ratio=$(echo "$on / $off" | bc -l)
       to_redis=-
@@ -118,7 +130,13 @@ for case in $CASES; do
       fi
       ratios[$route]+="$ratio "
       percall[$route]+="$per "
-      printf '%5d  %-13s %8.0f  %13.3f  %14s  %13.3f  %s\n' "$round" "$route" "$on" "$ratio" "$to_redis" "$per" "$bad"
+      printf '%5d  %-13s %8.0f  %13.3f  %14s  %13.3f  %s' "$round" "$route" "$on" "$ratio" "$to_redis" "$per" "$bad"
+      if [ "$denied" -gt 0 ]; then
+        rate=$(echo "$local / $denied" | bc -l)
+        hitrate[$route]+="$rate "
+        printf '  %d  %d  %.4f' "$denied" "$local" "$rate"
+      fi
+      printf '\n'
     done
     unset rps
   done
@@ -127,8 +145,12 @@ for case in $CASES; do
     if [ -n "${plain[$route]:-}" ] && [ "$route" != redis ]; then
       printf ', ratio to redis %.3f' "$(printf '%s\n' ${plain[$route]} | median)"
     fi
-    printf ', script calls per request %.3f\n' "$(printf '%s\n' ${percall[$route]} | median)"
+    printf ', script calls per request %.3f' "$(printf '%s\n' ${percall[$route]} | median)"
+    if [ -n "${hitrate[$route]:-}" ]; then
+      printf ', deny cache hit rate %.4f' "$(printf '%s\n' ${hitrate[$route]} | median)"
+    fi
+    printf '\n'
   done
-  unset ratios plain percall
+  unset ratios plain percall hitrate
 done
 echo "load after: $(uptime)"

@@ -198,6 +198,17 @@ impl<Bk, D> Core<Bk, D> {
         s.count_if.is_some() || s.reset_if.is_some() || s.charge.is_some()
     }
 
+    /// Whether an answer may lower a counter: a settle of a
+    /// [`reserve`](crate::RateLimitLayer::reserve), a refund under
+    /// [`count_if`](crate::RateLimitLayer::count_if), a clear under
+    /// [`reset_if`](crate::RateLimitLayer::reset_if). The backend is told
+    /// per counter ([`Counter::lowers`](crate::backend::Counter::lowers)).
+    pub(crate) fn lowers_counts(&self) -> bool {
+        let s = &self.settings;
+        let reserves = s.spend.as_ref().is_some_and(|plan| plan.reserve.is_some());
+        s.count_if.is_some() || s.reset_if.is_some() || reserves
+    }
+
     /// Where the decision on `request`, if it is passed on, goes.
     #[inline]
     pub(crate) fn carry(&self, request: &RequestHead<'_>) -> Carry {

@@ -91,6 +91,13 @@ pub enum ConfigError {
     /// A replica-acknowledged mode with a zero timeout: Redis's `WAIT`
     /// would wait forever.
     ZeroWaitTimeout,
+    /// A deny cache whose denials of counters that can go down would be
+    /// held for no time (see
+    /// [`RedisBackendBuilder::deny_cache_recheck`](crate::backend::redis::RedisBackendBuilder::deny_cache_recheck)
+    /// and
+    /// [`PostgresBackendBuilder::deny_cache_recheck`](crate::backend::postgres::PostgresBackendBuilder::deny_cache_recheck)):
+    /// turn the cache off with `deny_cache(0)` instead.
+    ZeroDenyCacheRecheck,
     /// A request cost above a quota's limit (see
     /// [`RateLimitLayer::check`](crate::RateLimitLayer::check)): such
     /// a request could never be admitted.
@@ -194,6 +201,9 @@ impl fmt::Display for ConfigError {
             }
             Self::ZeroWaitTimeout => f.write_str(
                 "the wait for replicas must have a timeout longer than zero (WAIT with 0 waits forever)",
+            ),
+            Self::ZeroDenyCacheRecheck => f.write_str(
+                "the deny cache's recheck bound must be longer than zero (deny_cache(0) turns the cache off)",
             ),
             Self::CostAboveLimit { cost, limit } => write!(
                 f,

@@ -73,6 +73,7 @@ impl Insurance {
         let counter = Counter {
             namespace,
             quota: quota.share(self.share),
+            lowers: false,
         };
         let hits = self
             .local

@@ -706,7 +706,11 @@ impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, 
         if let Err(err) = self.check() {
             panic!("{err}");
         }
-        RateLimit::new(inner, self.key.clone(), Arc::new(self.core.clone()))
+        let mut core = self.core.clone();
+        // Known only now, whatever the order the options were set in.
+        let lowers = core.lowers_counts();
+        core.settings.policies.set_lowers(lowers);
+        RateLimit::new(inner, self.key.clone(), Arc::new(core))
     }
 }
 

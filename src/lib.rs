@@ -189,6 +189,10 @@ mod count;
 mod decision;
 mod error;
 mod future;
+// The guides (docs/*.md) for rustdoc only; their examples run as doctests
+// of integration/, with every feature on.
+#[cfg(all(doc, not(doctest)))]
+pub mod guide;
 mod insurance;
 pub mod key;
 mod label;

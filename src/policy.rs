@@ -126,6 +126,8 @@ pub(crate) type QuotaBy = Arc<dyn Fn(&RequestHead<'_>) -> Option<NamedQuota> + S
 struct Slot {
     namespace: Arc<str>,
     quota: Quota,
+    /// The layer's answers may lower the counter ([`Counter::lowers`]).
+    lowers: bool,
     label: Arc<Label>,
     metrics: QuotaMetrics,
 }
@@ -143,6 +145,7 @@ fn counter(slot: &Slot) -> Counter<'_> {
     Counter {
         namespace: &slot.namespace,
         quota: slot.quota,
+        lowers: slot.lowers,
     }
 }
 
@@ -207,6 +210,7 @@ impl Policy {
             .map(|slot| Slot {
                 namespace: Arc::clone(&slot.namespace),
                 quota: slot.quota.share(share),
+                lowers: slot.lowers,
                 label: Arc::clone(&slot.label),
                 metrics: slot.metrics.clone(),
             })
@@ -330,6 +334,9 @@ pub(crate) struct Policies {
     routes: HashMap<Box<str>, Arc<Policy>>,
     route_quotas: Vec<(Box<str>, NamedQuota)>,
     quota_by: Option<QuotaBy>,
+    /// The layer has an option whose answers lower counts (a settle, a
+    /// refund, a clear): every counter it hits [lowers](Counter::lowers).
+    lowers: bool,
     /// Policies for quotas a `quota_by` closure returned, built on first use
     /// and then only read: a request takes the read lock, which never waits
     /// for another reader.
@@ -355,6 +362,7 @@ impl Policies {
             routes: HashMap::new(),
             route_quotas: Vec::new(),
             quota_by: None,
+            lowers: false,
             chosen: RwLock::default(),
         };
         this.rebuild();
@@ -419,6 +427,7 @@ impl Policies {
             .map(|((quota, name), headers)| Slot {
                 namespace: self.counter_name(*quota),
                 quota: *quota,
+                lowers: self.lowers,
                 label: Arc::new(Label {
                     limiter: self.name.clone(),
                     policy: name.clone(),
@@ -458,6 +467,15 @@ impl Policies {
         self.route_quotas.retain(|(r, _)| &**r != route);
         self.route_quotas.push((route.into(), quota));
         self.rebuild();
+    }
+
+    /// Whether the layer's answers may lower its counters (see
+    /// [`Counter::lowers`]); the policies are built again when it changes.
+    pub(crate) fn set_lowers(&mut self, lowers: bool) {
+        if self.lowers != lowers {
+            self.lowers = lowers;
+            self.rebuild();
+        }
     }
 
     pub(crate) fn set_quota_by(&mut self, quota_by: QuotaBy) {
@@ -586,6 +604,7 @@ impl Clone for Policies {
             routes: self.routes.clone(),
             route_quotas: self.route_quotas.clone(),
             quota_by: self.quota_by.clone(),
+            lowers: self.lowers,
             chosen: RwLock::default(),
         }
     }

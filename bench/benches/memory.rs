@@ -52,6 +52,7 @@ fn governor() -> DefaultKeyedRateLimiter<IpAddr> {
 const COUNTER: &[Counter<'static>] = &[Counter {
     namespace: "bench",
     quota: Quota::per_hour(NonZeroU32::MAX),
+    lowers: false,
 }];
 
 fn backend_hits(c: &mut Criterion) {

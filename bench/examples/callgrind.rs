@@ -53,6 +53,7 @@ const REQUESTS: usize = 20_000;
 const COUNTER: &[Counter<'static>] = &[Counter {
     namespace: "bench",
     quota: Quota::per_hour(NonZeroU32::MAX),
+    lowers: false,
 }];
 
 /// A policy of two quotas (`also`): one key, two counters.
@@ -61,6 +62,7 @@ const TWO_COUNTERS: &[Counter<'static>] = &[
     Counter {
         namespace: "bench-day",
         quota: Quota::per_day(NonZeroU32::MAX),
+        lowers: false,
     },
 ];
 

@@ -548,6 +548,65 @@ async fn a_reservation_settles_to_the_usage<Bk: Spending>(store: Bk) {
     assert_eq!(logged, 1, "{lines:?}");
 }
 
+/// Two instances (`a`, `b`: backends on connections of their own, one
+/// store) reserve from a budget of 1,000: A's call reserves it all and its
+/// answer is held; B's reservation of 100 is turned away (and B's deny
+/// cache learns the key is full); A's answer settles to 100; once B's
+/// `recheck` bound has passed, B's reservation is sent, not turned away
+/// until the window ends.
+async fn a_settle_frees_the_budget_on_another_instance<Bk: Spending>(
+    a: Bk,
+    b: Bk,
+    recheck: Duration,
+) {
+    let provider = Provider::default();
+    let client = |backend: Bk| {
+        BudgetLayer::new(NAME, quota(1_000, 60_000))
+            .backend(backend)
+            .key(HeaderKey::new("x-key"))
+            .reserve(|head: &tower_pinned_window::key::RequestHead<'_>| {
+                head.headers()
+                    .get("x-max")
+                    .and_then(|v| v.to_str().ok()?.parse().ok())
+                    .unwrap_or(0)
+            })
+            .charge(
+                |end: &tower_pinned_window::cost::ResponseEnd<'_>| -> Option<u64> {
+                    end.headers().get("x-usage")?.to_str().ok()?.parse().ok()
+                },
+            )
+            .max_wait(Duration::ZERO)
+            .layer(provider.client())
+    };
+    let (on_a, on_b) = (client(a.clone()), client(b));
+    let request = |max: u64| {
+        Request::builder()
+            .header("x-key", "shared")
+            .header("x-max", max.to_string())
+            .header("x-use", "100")
+            .body(String::new())
+            .unwrap()
+    };
+    let held = on_a.clone().oneshot(request(1_000)).await.unwrap();
+    let err = send(&on_b, request(100)).await.unwrap_err();
+    assert!(budget_error(&err).retry_after().is_some(), "{err}");
+    // A's answer ends: settled to 100.
+    http_body_util::BodyExt::collect(held.into_body())
+        .await
+        .unwrap();
+    let key = Key::new("shared");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while a.peek(NAME, &key).await.unwrap().map(|hit| hit.count) != Some(100) {
+        assert!(Instant::now() < deadline, "A's settle never landed");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(recheck + Duration::from_millis(20)).await;
+    send(&on_b, request(100))
+        .await
+        .expect("B sends what A freed");
+    assert_eq!(provider.calls(), 2);
+}
+
 async fn a_reservation_settles_in_memory() {
     a_reservation_settles_to_the_usage(MemoryBackend::new()).await;
 }
@@ -605,8 +664,8 @@ mod stores {
     use redis::aio::ConnectionManager;
     use support::redis::{RedisCluster, RedisServer, SENTINEL_MASTER, SentinelGroup};
     use tower_pinned_window::backend::postgres::PostgresBackend;
-    use tower_pinned_window::backend::redis::RedisBackend;
     use tower_pinned_window::backend::redis::connection::SentinelConnection;
+    use tower_pinned_window::backend::redis::{DEFAULT_DENY_CACHE_RECHECK, RedisBackend};
 
     const LIMIT: u64 = 10;
     const WINDOW: Duration = Duration::from_millis(400);
@@ -668,6 +727,23 @@ mod stores {
     pub async fn a_reservation_settles_on_redis() {
         let server = redis_or_skip!(RedisServer::start("a_reservation_settles_on_redis"));
         a_reservation_settles_to_the_usage(RedisBackend::new(manager(&server).await)).await;
+    }
+
+    pub async fn a_settle_frees_redis_budget_on_another_instance() {
+        let server = redis_or_skip!(RedisServer::start("a_settle_frees_on_another"));
+        let a = RedisBackend::new(manager(&server).await);
+        let b = RedisBackend::new(manager(&server).await);
+        a_settle_frees_the_budget_on_another_instance(a, b, DEFAULT_DENY_CACHE_RECHECK).await;
+    }
+
+    pub async fn a_settle_frees_postgres_budget_on_another_instance() {
+        let Some(schema) = support::postgres::TestSchema::create("a_settle_frees_on_another").await
+        else {
+            return;
+        };
+        let (a, b) = (schema.backend().await, schema.backend().await);
+        let recheck = tower_pinned_window::backend::postgres::DEFAULT_DENY_CACHE_RECHECK;
+        a_settle_frees_the_budget_on_another_instance(a, b, recheck).await;
     }
 
     pub async fn a_reservation_settles_on_postgres() {
@@ -808,6 +884,16 @@ fn main() {
             "a_reservation_settles_on_postgres",
             Needs::Postgres,
             stores::a_reservation_settles_on_postgres,
+        ),
+        trial::multi(
+            "a_settle_frees_the_budget_on_another_instance::redis",
+            Needs::Redis,
+            stores::a_settle_frees_redis_budget_on_another_instance,
+        ),
+        trial::multi(
+            "a_settle_frees_the_budget_on_another_instance::postgres",
+            Needs::Postgres,
+            stores::a_settle_frees_postgres_budget_on_another_instance,
         ),
         trial::multi(
             "outages_follow_the_failure_policy",

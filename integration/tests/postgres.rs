@@ -1170,6 +1170,7 @@ async fn amends_after_a_reset_never_reach_a_new_window_of_the_same_deadline() {
     let c = [Counter {
         namespace: "n",
         quota: one,
+        lowers: false,
     }];
     let block = Window::new(Duration::from_secs(60)).unwrap();
     let first = store.spend_all(&key, &c, Spend::cost(1)).await.unwrap()[0];
@@ -1257,6 +1258,7 @@ async fn concurrent_spends_never_admit_more_than_the_limit() {
                     &[Counter {
                         namespace: "n",
                         quota: q,
+                        lowers: false,
                     }],
                     Spend::cost(cost),
                 )
@@ -1290,6 +1292,7 @@ async fn spends_lockouts_and_amends() {
     let c = [Counter {
         namespace: "n",
         quota: q,
+        lowers: false,
     }];
     let block = Window::new(Duration::from_secs(3600)).unwrap();
     let first = backend.spend_all(&key, &c, Spend::cost(4)).await.unwrap()[0];
@@ -1405,6 +1408,7 @@ impl Held {
         let counters = [Counter {
             namespace: "first",
             quota: quota(1_000, Duration::from_secs(600)),
+            lowers: false,
         }];
         let mut first = backend.spend_all(&Key::new("first"), &counters, Spend::cost(1));
         Self::queue(&mut first).await;
@@ -1463,10 +1467,12 @@ async fn a_batch_decides_its_requests_in_order_and_all_or_nothing() {
     let a = Counter {
         namespace: "a",
         quota: quota(10, Duration::from_secs(600)),
+        lowers: false,
     };
     let b = Counter {
         namespace: "b",
         quota: quota(6, Duration::from_secs(600)),
+        lowers: false,
     };
     let (k, j) = (Key::new("k"), Key::new("j"));
     let held = Held::new(&backend).await;
@@ -1577,10 +1583,12 @@ async fn a_corrupt_counter_fails_only_its_requests_in_a_batch() {
     let n = Counter {
         namespace: "n",
         quota: q,
+        lowers: false,
     };
     let m = Counter {
         namespace: "m",
         quota: q,
+        lowers: false,
     };
     let (good, other, bad) = (Key::new("good"), Key::new("other"), Key::new("bad"));
     let early = backend
@@ -1671,10 +1679,12 @@ async fn batched_spends_are_exact_under_concurrency() {
             let n = Counter {
                 namespace: "n",
                 quota: wide,
+                lowers: false,
             };
             let m = Counter {
                 namespace: "m",
                 quota: narrow,
+                lowers: false,
             };
             // A third of the requests name both counters.
             let two_counters = (i / KEYS).is_multiple_of(3);
@@ -1754,6 +1764,7 @@ async fn a_batch_cut_by_a_killed_connection_never_counts_twice() {
                 let counters = [Counter {
                     namespace: "n",
                     quota: q,
+                    lowers: false,
                 }];
                 match backend.spend_all(&key, &counters, Spend::cost(2)).await {
                     Ok(hits) => {
@@ -1818,6 +1829,7 @@ async fn spends_use_the_deny_cache_only_for_what_every_spend_is_denied() {
     let c = [Counter {
         namespace: "n",
         quota: quota(5, Duration::from_secs(600)),
+        lowers: false,
     }];
     let set_count = |count: i64| {
         let (client, table) = (&schema.client, schema.table());
@@ -1916,6 +1928,7 @@ async fn a_table_of_the_previous_release_is_migrated_in_place() {
     let c = [Counter {
         namespace: "n",
         quota: q,
+        lowers: false,
     }];
     let block = Window::new(Duration::from_secs(60)).unwrap();
     let hit = backend

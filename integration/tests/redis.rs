@@ -1818,6 +1818,7 @@ async fn a_counter_of_the_previous_release_keeps_working() {
             &[tower_pinned_window::backend::Counter {
                 namespace: "old",
                 quota: q,
+                lowers: false,
             }],
             Spend::cost(5),
         )
@@ -1843,6 +1844,7 @@ fn counter(namespace: &str, limit: u64, secs: u64) -> tower_pinned_window::backe
     tower_pinned_window::backend::Counter {
         namespace,
         quota: quota(limit, Duration::from_secs(secs)),
+        lowers: false,
     }
 }
 

@@ -453,6 +453,7 @@ async fn concurrent_spends_of_varied_costs_are_exact(cluster: &RedisCluster) {
                         &[Counter {
                             namespace: "x",
                             quota: q,
+                            lowers: false,
                         }],
                         Spend::cost(cost),
                     )
@@ -490,6 +491,7 @@ async fn concurrent_spends_of_varied_costs_are_exact(cluster: &RedisCluster) {
                         &[Counter {
                             namespace: "y",
                             quota: quota(30, 60),
+                            lowers: false,
                         }],
                         Spend::cost(cost),
                     )
@@ -515,6 +517,7 @@ async fn concurrent_spends_of_varied_costs_are_exact(cluster: &RedisCluster) {
     let one = [Counter {
         namespace: "login",
         quota: quota(1, 60),
+        lowers: false,
     }];
     let key = Key::new("ip");
     assert_eq!(

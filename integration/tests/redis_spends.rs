@@ -22,6 +22,7 @@ fn counter(namespace: &str, limit: u64, secs: u64) -> Counter<'_> {
     Counter {
         namespace,
         quota: Quota::new(limit, Duration::from_secs(secs)).unwrap(),
+        lowers: false,
     }
 }
 

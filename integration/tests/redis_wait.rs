@@ -100,6 +100,7 @@ fn a_healthy_cluster_with_replicas_counts_exactly() {
                     let counters = [Counter {
                         namespace: "spend",
                         quota: quota(300),
+                        lowers: false,
                     }];
                     let hits = store
                         .spend_all(&Key::new("hot"), &counters, Spend::cost(cost))

@@ -6,6 +6,9 @@
 //! settles the reservation to the use its charge reads (a refund lets the
 //! next call in, a use above the estimate is charged), in its own window; a
 //! use the charge cannot read keeps the reservation and is logged once.
+//! Across two instances (two backends on connections of their own), a
+//! settle on one frees the budget on the other within its deny cache's
+//! recheck bound, while a plain route's denial stays local.
 
 mod support;
 #[path = "support/trial.rs"]
@@ -172,9 +175,117 @@ async fn settled<Bk: Backend>(backend: &Bk, key: &str, want: u64, what: &str) {
     }
 }
 
+/// The budget of the cases across two instances: the 2,000 tokens
+/// a minute.
+const SHARED: u64 = 2000;
+
+/// What a test waits past a deny cache's recheck bound, so that the bound
+/// has surely passed (the wait is never asserted on).
+const PAST_THE_BOUND: Duration = Duration::from_millis(20);
+
+/// One instance's layer for the cases across instances: [`SHARED`] tokens
+/// a minute per `x-api-key`, `reserve` and `charge` and nothing else.
+fn reserving<Bk: Spending>(
+    backend: Bk,
+) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Charged> {
+    RateLimitLayer::new("tokens", quota(SHARED))
+        .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
+        .backend(backend)
+        .reserve(estimate)
+        .charge(usage)
+        .layer(Provider)
+}
+
+/// One instance's plain route: 2 hits a minute per `x-api-key`, with no
+/// option that lowers a count.
+fn plain<Bk: Backend>(backend: Bk) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny> {
+    RateLimitLayer::new("tokens", quota(2))
+        .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
+        .backend(backend)
+        .layer(Provider)
+}
+
 /// The cases, on any backend that spends; `store` names it in messages.
 mod cases {
     use super::*;
+
+    /// The four steps, on instances A and B (`a`, `b`: backends on
+    /// connections of their own, the same store): A's call reserves the
+    /// whole budget and is still running; B's reservation is denied (and
+    /// its deny cache learns the key is full); A's answer settles to 100;
+    /// once B's `recheck` bound has passed, B's reservation is admitted
+    /// with 1,800 left, not denied until the window ends.
+    pub async fn a_settle_on_one_instance_frees_the_budget_on_another<Bk: Spending>(
+        a: Bk,
+        b: Bk,
+        recheck: Duration,
+        store: &str,
+    ) {
+        let (on_a, on_b) = (reserving(a.clone()), reserving(b));
+        // 1. A's call reserves 2,000; its answer's body is not read yet.
+        let running = on_a
+            .clone()
+            .oneshot(call("shared", SHARED, Some("100"), 200))
+            .await
+            .unwrap();
+        assert_eq!(running.status(), StatusCode::OK, "{store}");
+        assert_eq!(count(&a, "shared").await, Some(SHARED), "{store}");
+        // 2. B's reservation of 100 does not fit.
+        let denied = send(&on_b, call("shared", 100, Some("100"), 200)).await;
+        assert_eq!(denied.status, StatusCode::TOO_MANY_REQUESTS, "{store}");
+        // 3. A's answer ends: its use of 100 settles the reservation.
+        running.into_body().collect().await.unwrap();
+        settled(&a, "shared", 100, store).await;
+        // 4. Once B's bound has passed, B sees the room A freed.
+        tokio::time::sleep(recheck + PAST_THE_BOUND).await;
+        let seen = send(&on_b, call("shared", 100, Some("100"), 200)).await;
+        assert_eq!(
+            (seen.status, seen.left),
+            (StatusCode::OK, Some(SHARED - 100 - 100)),
+            "{store}: B denied what A freed"
+        );
+        let seen = send(&on_a, call("shared", 100, Some("100"), 200)).await;
+        assert_eq!(seen.left, Some(SHARED - 300), "{store}: A sees B's");
+    }
+
+    /// On a route with no option that lowers a count, B's denial is held
+    /// for the whole window: past the recheck bound, B's requests are
+    /// still denied with nothing sent to the store (a hit that reaches the
+    /// store is counted, even a denied one; the count stays where B's
+    /// first denial left it). Returns after B's local denials, for the
+    /// caller to count the store's calls too.
+    pub async fn a_plain_routes_denial_stays_local_past_the_bound<Bk: Backend>(
+        a: Bk,
+        b: Bk,
+        recheck: Duration,
+        store: &str,
+        local: impl AsyncFnOnce(),
+    ) {
+        let (on_a, on_b) = (plain(a.clone()), plain(b));
+        let request = || call("plain", 0, None, 200);
+        for _ in 0..2 {
+            let status = on_a.clone().oneshot(request()).await.unwrap().status();
+            assert_eq!(status, StatusCode::OK, "{store}");
+        }
+        let status = on_b.clone().oneshot(request()).await.unwrap().status();
+        assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{store}");
+        assert_eq!(
+            count(&a, "plain").await,
+            Some(3),
+            "{store}: B's denial was counted"
+        );
+        tokio::time::sleep(recheck + PAST_THE_BOUND).await;
+        local().await;
+        for _ in 0..5 {
+            let status = on_b.clone().oneshot(request()).await.unwrap().status();
+            assert_eq!(status, StatusCode::TOO_MANY_REQUESTS, "{store}");
+        }
+        assert_eq!(
+            count(&a, "plain").await,
+            Some(3),
+            "{store}: B's later denials were answered locally"
+        );
+    }
 
     /// 50 calls at once, each reserving 300 of 1,000: never more admitted
     /// than estimates fit, whatever the interleaving; once settled, the
@@ -394,7 +505,7 @@ async fn the_order_of_reserve_and_charge_does_not_matter() {
 mod on_redis {
     use super::*;
     use support::redis::RedisServer;
-    use tower_pinned_window::backend::redis::RedisBackend;
+    use tower_pinned_window::backend::redis::{DEFAULT_DENY_CACHE_RECHECK, RedisBackend};
 
     async fn backend(server: &RedisServer) -> RedisBackend<redis::aio::ConnectionManager> {
         let manager = server.client().get_connection_manager().await.unwrap();
@@ -411,6 +522,36 @@ mod on_redis {
         cases::settles_refund_and_charge_in_the_window(backend(&server).await, "Redis").await;
     }
 
+    pub async fn freed_across_instances() {
+        let server = redis_or_skip!(RedisServer::start("reserve_freed_across_instances"));
+        let (a, b) = (backend(&server).await, backend(&server).await);
+        cases::a_settle_on_one_instance_frees_the_budget_on_another(
+            a,
+            b,
+            DEFAULT_DENY_CACHE_RECHECK,
+            "Redis",
+        )
+        .await;
+    }
+
+    pub async fn plain_stays_local() {
+        let server = redis_or_skip!(RedisServer::start("reserve_plain_stays_local"));
+        let (a, b) = (backend(&server).await, backend(&server).await);
+        let calls = std::sync::atomic::AtomicU64::new(0);
+        let relaxed = std::sync::atomic::Ordering::Relaxed;
+        cases::a_plain_routes_denial_stays_local_past_the_bound(
+            a,
+            b,
+            DEFAULT_DENY_CACHE_RECHECK,
+            "Redis",
+            async || calls.store(server.script_calls(), relaxed),
+        )
+        .await;
+        // The peek after B's denials is the one script call since.
+        let since = server.script_calls() - calls.load(relaxed);
+        assert_eq!(since, 1, "no hit of B's reached Redis");
+    }
+
     pub async fn unreadable() {
         let server = redis_or_skip!(RedisServer::start("reserve_unreadable"));
         cases::an_unreadable_use_keeps_the_reservation_and_logs_once(
@@ -425,6 +566,7 @@ mod on_redis {
 mod on_postgres {
     use super::*;
     use support::postgres::TestSchema;
+    use tower_pinned_window::backend::postgres::DEFAULT_DENY_CACHE_RECHECK;
 
     pub async fn concurrent() {
         let schema = pg_or_skip!(TestSchema::create("reserve_concurrent").await);
@@ -436,6 +578,31 @@ mod on_postgres {
         let schema = pg_or_skip!(TestSchema::create("reserve_settles").await);
         let backend = schema.backend().await;
         cases::settles_refund_and_charge_in_the_window(backend, "PostgreSQL").await;
+    }
+
+    pub async fn freed_across_instances() {
+        let schema = pg_or_skip!(TestSchema::create("reserve_freed").await);
+        let (a, b) = (schema.backend().await, schema.backend().await);
+        cases::a_settle_on_one_instance_frees_the_budget_on_another(
+            a,
+            b,
+            DEFAULT_DENY_CACHE_RECHECK,
+            "PostgreSQL",
+        )
+        .await;
+    }
+
+    pub async fn plain_stays_local() {
+        let schema = pg_or_skip!(TestSchema::create("reserve_plain_local").await);
+        let (a, b) = (schema.backend().await, schema.backend().await);
+        cases::a_plain_routes_denial_stays_local_past_the_bound(
+            a,
+            b,
+            DEFAULT_DENY_CACHE_RECHECK,
+            "PostgreSQL",
+            async || {},
+        )
+        .await;
     }
 
     pub async fn unreadable() {
@@ -493,6 +660,16 @@ fn main() {
             Needs::Redis,
             on_redis::unreadable,
         ),
+        trial::multi(
+            "redis::a_settle_on_one_instance_frees_the_budget_on_another",
+            Needs::Redis,
+            on_redis::freed_across_instances,
+        ),
+        trial::multi(
+            "redis::a_plain_routes_denial_stays_local_past_the_bound",
+            Needs::Redis,
+            on_redis::plain_stays_local,
+        ),
     ]);
     #[cfg(feature = "postgres")]
     trials.extend([
@@ -510,6 +687,16 @@ fn main() {
             "postgres::an_unreadable_use_keeps_the_reservation_and_logs_once",
             Needs::Postgres,
             on_postgres::unreadable,
+        ),
+        trial::multi(
+            "postgres::a_settle_on_one_instance_frees_the_budget_on_another",
+            Needs::Postgres,
+            on_postgres::freed_across_instances,
+        ),
+        trial::multi(
+            "postgres::a_plain_routes_denial_stays_local_past_the_bound",
+            Needs::Postgres,
+            on_postgres::plain_stays_local,
         ),
     ]);
     trial::run(trials, ())

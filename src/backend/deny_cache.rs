@@ -137,18 +137,46 @@ impl DenyCache {
 /// spends read, and counters locked out, which only spends read. A spend
 /// that would lock a counter out is answered here only by a lockout: a
 /// counter merely at its limit goes to the store, which locks it out.
+///
+/// A denial is held until the store said it ends (its window's end, or its
+/// lockout's), measured from when the request was sent, except on a
+/// counter that [lowers](crate::backend::Counter::lowers): another
+/// instance's settle, refund or clear may free it at any moment, so its
+/// denial is held at most `recheck` from when it was sent, and the next
+/// request after that asks the store again.
 pub(crate) struct Denials {
     pub(crate) over: DenyCache,
     pub(crate) locked: DenyCache,
+    /// The longest a denial of a counter that lowers is held.
+    pub(crate) recheck: Duration,
 }
 
 impl Denials {
-    /// Room for `capacity` counters of each kind.
-    pub(crate) fn new(capacity: usize) -> Self {
+    /// Room for `capacity` counters of each kind; a counter that lowers is
+    /// held at most `recheck`.
+    pub(crate) fn new(capacity: usize, recheck: Duration) -> Self {
         Self {
             over: DenyCache::new(capacity),
             locked: DenyCache::new(capacity),
+            recheck,
         }
+    }
+
+    /// The store denied the counter (`namespace`, `key`) for `left` from
+    /// `sent`, at its limit or `locked` out: hold the denial until then,
+    /// or for at most the recheck bound when the counter `lowers`.
+    pub(crate) fn remember(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        sent: quanta::Instant,
+        left: Duration,
+        locked: bool,
+        lowers: bool,
+    ) {
+        let cache = if locked { &self.locked } else { &self.over };
+        let held = if lowers { left.min(self.recheck) } else { left };
+        cache.insert(namespace, key, sent + held);
     }
 
     /// Time left while a spend on (`namespace`, `key`) is denied here;
@@ -220,6 +248,51 @@ mod tests {
             None,
             "a deadline already gone is not cached"
         );
+    }
+
+    #[test]
+    fn a_denial_of_a_counter_that_lowers_is_held_only_for_the_recheck_bound() {
+        let recheck = Duration::from_millis(100);
+        let denials = Denials::new(64, recheck);
+        // Sent a little ahead of the clock, so that no deadline here is
+        // already gone when it is written, however slow the test runs.
+        let sent = quanta::Instant::now() + Duration::from_secs(10);
+        let window = Duration::from_secs(60);
+        for locked in [false, true] {
+            let cache = if locked {
+                &denials.locked
+            } else {
+                &denials.over
+            };
+            let (steady, lowers) = (format!("steady{locked}"), format!("lowers{locked}"));
+            denials.remember("n", steady.as_bytes(), sent, window, locked, false);
+            denials.remember("n", lowers.as_bytes(), sent, window, locked, true);
+            // Read at instants given, not the clock's: nothing here waits.
+            let before = sent + recheck - Duration::from_millis(1);
+            let after = sent + recheck + Duration::from_millis(1);
+            let held = cache.check("n", lowers.as_bytes(), before);
+            assert_eq!(
+                held,
+                Some(Duration::from_millis(1)),
+                "{locked}: held until the bound"
+            );
+            assert_eq!(
+                cache.check("n", lowers.as_bytes(), after),
+                None,
+                "{locked}: asked again past the bound"
+            );
+            let late = sent + Duration::from_secs(59);
+            assert_eq!(
+                cache.check("n", steady.as_bytes(), late),
+                Some(Duration::from_secs(1)),
+                "{locked}: a counter that only goes up is held for its whole window"
+            );
+        }
+        // A window that ends before the bound ends the denial with it.
+        let short = Duration::from_millis(10);
+        denials.remember("n", b"short", sent, short, false, true);
+        assert_eq!(denials.over.check("n", b"short", sent), Some(short));
+        assert_eq!(denials.over.check("n", b"short", sent + short), None);
     }
 
     #[test]

@@ -334,6 +334,16 @@ pub struct Counter<'a> {
     /// The counter's quota: its window is the lifetime of a new counter; its
     /// limit is a hint a backend may use (the Redis backend's deny cache).
     pub quota: Quota,
+    /// An answer may lower this counter later: a settle, a refund, a clear
+    /// (the layer that hits it has a [`reserve`](crate::RateLimitLayer::reserve),
+    /// a [`count_if`](crate::RateLimitLayer::count_if) or a
+    /// [`reset_if`](crate::RateLimitLayer::reset_if); a
+    /// [`BudgetLayer`](crate::outbound::BudgetLayer) with a
+    /// [`reserve`](crate::outbound::BudgetLayer::reserve)). A backend that
+    /// caches denials holds one of this counter only for its recheck bound,
+    /// not until the window closes, so that what another instance frees is
+    /// seen. `false` for a counter whose count only goes up.
+    pub lowers: bool,
 }
 
 /// What a request spends in [`Spending::spend_all`]: see
@@ -562,7 +572,14 @@ pub trait Backend: Clone + Send + Sync + 'static {
         key: &Key,
         quota: Quota,
     ) -> impl Future<Output = Result<Hit, BackendError>> + Unpin + Send + 'static + use<Self> {
-        FirstHit(self.hit_all(key, &[Counter { namespace, quota }]))
+        FirstHit(self.hit_all(
+            key,
+            &[Counter {
+                namespace,
+                quota,
+                lowers: false,
+            }],
+        ))
     }
 
     /// Take back `hit`, which [`hit_all`](Backend::hit_all) counted on

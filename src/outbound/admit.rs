@@ -104,6 +104,8 @@ impl<Bk: Spending> Budget<Bk> {
         let counter = Counter {
             namespace: &self.name,
             quota: self.quota,
+            // A settle may give back part of a reservation.
+            lowers: self.reserve,
         };
         let mut spend = Spend::cost(cost);
         if self.charge.is_some() {

@@ -201,10 +201,12 @@ async fn every_counter_of_a_hit_is_counted<S: Store>(store: &S) {
         Counter {
             namespace: "api",
             quota: minute_q,
+            lowers: false,
         },
         Counter {
             namespace: "api:10/3600000ms",
             quota: hour_q,
+            lowers: false,
         },
     ];
     for n in 1..=4 {

@@ -86,6 +86,7 @@ where
     let one = [Counter {
         namespace: "a",
         quota: minute(10),
+        lowers: false,
     }];
     let first = spend(&backend, &key, &one, Spend::cost(4)).await[0];
     assert_eq!(first.count, 4);
@@ -117,10 +118,12 @@ where
         Counter {
             namespace: "a",
             quota: minute(10),
+            lowers: false,
         },
         Counter {
             namespace: "b",
             quota: minute(5),
+            lowers: false,
         },
     ];
     let hits = spend(&backend, &other, &two, Spend::cost(4)).await;
@@ -148,6 +151,7 @@ where
     let one = [Counter {
         namespace: "a",
         quota: minute(3),
+        lowers: false,
     }];
     let check = spend(&backend, &key, &one, Spend::cost(0)).await[0];
     assert_eq!((check.count, check.deadline), (0, None));
@@ -182,6 +186,7 @@ where
     let one = [Counter {
         namespace: "login",
         quota: quota(2, SHORT),
+        lowers: false,
     }];
     let block = Window::new(Duration::from_millis(600)).expect("a valid block");
     let locked = Spend::cost(1).block(block);
@@ -234,6 +239,7 @@ where
     let one = [Counter {
         namespace: "a",
         quota: quota(3, SHORT),
+        lowers: false,
     }];
     let check = spend(&backend, &key, &one, Spend::cost(0)).await[0];
     for change in [Amend::Charge(5), Amend::Refund(1), Amend::Clear] {
@@ -337,6 +343,7 @@ where
             let one = [Counter {
                 namespace: "n",
                 quota: q,
+                lowers: false,
             }];
             for i in 0..25u64 {
                 let cost = 1 + (t + i * 3) % 7;

@@ -220,6 +220,7 @@ async fn spends(
             let counters = [Counter {
                 namespace: "b",
                 quota,
+                lowers: false,
             }];
             while Instant::now() < deadline {
                 state ^= state << 13;

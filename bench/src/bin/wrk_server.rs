@@ -11,7 +11,9 @@
 //! ms)`: the Redis at `REDIS_URL` needs a replica). `LIMIT=static-headers`
 //! has no layer but writes the layer's two headers as constants. The quota is
 //! large enough that every request is admitted, so a load test measures what
-//! counting costs, not how fast 429s are written.
+//! counting costs, not how fast 429s are written; except `LIMIT=redis-limited`,
+//! the plain hit with a real limit (5 per 10 s per key), where most
+//! requests are denied, most of them by the deny cache.
 //!
 //! Used by `bench/wrk.sh` and `bench/wrk_redis.sh`.
 
@@ -37,7 +39,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             app = app.route_layer(layer);
         }
-        "redis" | "redis-single" | "redis-cost" | "redis-charged" | "redis-wait" => {
+        "redis" | "redis-single" | "redis-cost" | "redis-charged" | "redis-wait"
+        | "redis-limited" => {
             let url = std::env::var("REDIS_URL")?;
             let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
             // NODELAY=1: TCP_NODELAY on the connection to Redis (off by
@@ -53,7 +56,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 backend = backend.wait_for_replicas(1, Duration::from_millis(100));
             }
             let backend = backend.build();
-            let quota = Quota::new(u64::MAX / 2, Duration::from_secs(60))?;
+            let quota = if limit == "redis-limited" {
+                Quota::new(5, Duration::from_secs(10))?
+            } else {
+                Quota::new(u64::MAX / 2, Duration::from_secs(60))?
+            };
             let layer = RateLimitLayer::new("wrk", quota)
                 .key(HeaderKey::new(axum::http::HeaderName::from_static(
                     "x-client",
@@ -92,7 +99,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => {
             return Err(format!(
-                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, off, identity or static-headers, not {other:?}"
+                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, redis-limited, off, identity or static-headers, not {other:?}"
             )
             .into());
         }

@@ -97,7 +97,7 @@ const MIN_KEYS_PER_SHARD: usize = 1024;
 /// let store = MemoryBackend::new();
 /// assert!(store.is_empty());
 /// let quota = Quota::per_minute(NonZeroU32::new(2).unwrap());
-/// let counters = [Counter { namespace: "login", quota }];
+/// let counters = [Counter { namespace: "login", quota, lowers: false }];
 /// let key = Key::new("alice");
 /// let counts: Vec<u64> = [
 ///     store.hit_all(&key, &counters).await.unwrap()[0].count,
@@ -260,7 +260,7 @@ impl MemoryBackendBuilder {
     /// # async fn main() {
     /// let store = MemoryBackend::builder().tokio_clock().build();
     /// let quota = Quota::per_minute(NonZeroU32::new(5).unwrap());
-    /// let counters = [Counter { namespace: "api", quota }];
+    /// let counters = [Counter { namespace: "api", quota, lowers: false }];
     /// let key = Key::new("203.0.113.7");
     /// assert_eq!(store.hit_all(&key, &counters).await.unwrap()[0].count, 1);
     /// tokio::time::advance(Duration::from_secs(61)).await;
@@ -688,6 +688,7 @@ mod tests {
         let counter = [Counter {
             namespace: "n",
             quota,
+            lowers: false,
         }];
         let first = store.hit_all(&key, &counter).into_inner().unwrap()[0];
         let second = store.hit_all(&key, &counter).into_inner().unwrap()[0];
@@ -1073,6 +1074,7 @@ mod tests {
         let counters = [Counter {
             namespace: "n",
             quota,
+            lowers: false,
         }];
         let hit = store.hit_all(&key, &counters).into_inner().unwrap()[0];
         assert!(store.refund("n", &key, &hit).into_inner().unwrap());
@@ -1149,6 +1151,7 @@ mod tests {
                     let counters = [Counter {
                         namespace: "race",
                         quota,
+                        lowers: false,
                     }];
                     for i in 0..2_000u64 {
                         let hit = store.hit_all(&key, &counters).into_inner().unwrap()[0];

@@ -408,10 +408,12 @@ mod tests {
             Counter {
                 namespace: "a",
                 quota: quota(10, 1000),
+                lowers: false,
             },
             Counter {
                 namespace: "b",
                 quota: quota(5, 1000),
+                lowers: false,
             },
         ];
         let spend = |t, cost| store.spend_at(t, &key, &two, Spend::cost(cost)).unwrap();
@@ -443,6 +445,7 @@ mod tests {
         let one = [Counter {
             namespace: "a",
             quota: quota(3, 1000),
+            lowers: false,
         }];
         let hit = store.spend_at(0, &key, &one, Spend::cost(0)).unwrap()[0];
         assert_eq!((hit.count, hit.deadline), (0, None));
@@ -472,6 +475,7 @@ mod tests {
         let one = [Counter {
             namespace: "login",
             quota: quota(2, 1000),
+            lowers: false,
         }];
         let block = Window::new(Duration::from_secs(10)).unwrap();
         let spend = |t| {
@@ -504,6 +508,7 @@ mod tests {
         let one = [Counter {
             namespace: "a",
             quota: quota(10, 1000),
+            lowers: false,
         }];
         let first = store.spend_at(0, &key, &one, Spend::cost(3)).unwrap()[0];
         let d = first.deadline.unwrap().get();
@@ -535,6 +540,7 @@ mod tests {
         let one = [Counter {
             namespace: "a",
             quota: quota(1000, 60_000),
+            lowers: false,
         }];
         let admitted: u64 = std::thread::scope(|s| {
             let workers: Vec<_> = (0..4u64)
@@ -568,10 +574,12 @@ mod tests {
             Counter {
                 namespace: "a",
                 quota: quota(10, 1000),
+                lowers: false,
             },
             Counter {
                 namespace: "b",
                 quota: quota(1, 1000),
+                lowers: false,
             },
         );
         let block = Window::new(Duration::from_secs(5)).unwrap();
@@ -604,6 +612,7 @@ mod tests {
         let c = Counter {
             namespace: "a",
             quota: quota(2, 1000),
+            lowers: false,
         };
         let locked = store
             .spend_one(3 * MS, &key, &c, Spend::cost(1).block(block))
@@ -638,10 +647,12 @@ mod tests {
         let a = Counter {
             namespace: "a",
             quota: quota(300, 60_000),
+            lowers: false,
         };
         let b = Counter {
             namespace: "b",
             quota: quota(1_000_000, 60_000),
+            lowers: false,
         };
         let block = Window::new(Duration::from_secs(60)).unwrap();
         let admitted: u64 = std::thread::scope(|s| {
@@ -727,7 +738,7 @@ mod tests {
                 Key::new("k1"),
                 Key::new("a key longer than a short id holds"),
             ];
-            let counter = Counter { namespace: "n", quota: quota(limit, window_ms) };
+            let counter = Counter { namespace: "n", quota: quota(limit, window_ms), lowers: false };
             let mut last: [Option<Hit>; 3] = [None; 3];
             let mut now = 0;
             for (advance, k, step) in steps {

@@ -91,22 +91,35 @@
 //! # The local deny cache
 //!
 //! Once a hit comes back over its limit, the counter is remembered on this
-//! instance until its window closes, and further hits on it are denied here,
-//! with no statement. Spends use it the same way: a counter a spend was
-//! denied on that even a check would be denied on (its count at its limit or
-//! over) is remembered until its window closes, one under a lockout until
-//! the lockout ends, and spends on it are denied here. A spend denied only
-//! because its cost does not fit is not remembered. A spend that would lock
-//! a counter out is answered here only by a lockout: a counter merely over
-//! its limit goes to the database, which locks it. Hits never read the
-//! lockouts. An amend drops its counter from this instance's cache. This is exact because the window is pinned: its
-//! deadline cannot move. The deadline is measured from when the hit was
-//! queued, before the database read its clock, so it never outlasts the
-//! window in the table. Such denials report a count of `limit + 1`, and are
-//! not counted in the table. The trade-off is [`reset`](Backend::reset): it
-//! clears this instance's cache, but other instances keep denying a counter
-//! they have cached until its window would have closed; turn the cache off
-//! with [`deny_cache(0)`](PostgresBackendBuilder::deny_cache) where resets
+//! instance, and further hits on it are denied here, with no statement.
+//! Spends use it the same way: a counter a spend was denied on that even a
+//! check would be denied on (its count at its limit or over) is remembered,
+//! as is one under a lockout, and spends on it are denied here. A spend
+//! denied only because its cost does not fit is not remembered. A spend
+//! that would lock a counter out is answered here only by a lockout: a
+//! counter merely over its limit goes to the database, which locks it. Hits
+//! never read the lockouts. An amend drops its counter from this
+//! instance's cache.
+//!
+//! How long a denial is held depends on whether the counter's count can go
+//! down. One that only goes up is held until its window closes (a lockout
+//! until it ends): exact, because the window is pinned and its deadline
+//! cannot move. One that [lowers](crate::backend::Counter::lowers) (its
+//! layer has a `reserve`, a `count_if` or a `reset_if`; a `BudgetLayer` has
+//! a `reserve`) may be freed at any moment by a settle, refund or clear on
+//! another instance, so it is held at most
+//! [`deny_cache_recheck`](PostgresBackendBuilder::deny_cache_recheck)
+//! (default [`DEFAULT_DENY_CACHE_RECHECK`]), never past its window: no
+//! instance denies a request here that the table has room for for longer
+//! than that bound and a round trip (`docs/guarantees.md`). Deadlines are
+//! measured from when the request was queued, before the database read its
+//! clock, so they never outlast the window in the table. Such denials
+//! report a count of `limit + 1`, and are not counted in the table. The
+//! trade-off left is a [`reset`](Backend::reset) or
+//! [`refund`](Backend::refund) your own code calls on a counter that does
+//! not lower: it clears this instance's cache, but other instances keep
+//! denying the counter until the window they cached closes; turn the cache
+//! off with [`deny_cache(0)`](PostgresBackendBuilder::deny_cache) where that
 //! must take effect everywhere at once. The cache is keyed by the counter's
 //! [canonical storage key](super#storage-keys).
 //!
@@ -277,6 +290,15 @@ use crate::quota::Window;
 /// Example: [`PostgresBackendBuilder`].
 pub const DEFAULT_DENY_CACHE: usize = 65_536;
 
+/// The longest this instance holds a denial of a counter whose count can
+/// go down (a [`Counter::lowers`]) before it asks the database again,
+/// unless configured otherwise
+/// ([`PostgresBackendBuilder::deny_cache_recheck`]): a counter denied on a
+/// busy route then costs the database at most ten statements a second per
+/// instance, and a denial outlives the room another instance freed by at
+/// most this and a round trip.
+pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
+
 /// How often the cleaner runs, unless configured otherwise.
 ///
 /// Example: [`PostgresBackendBuilder`].
@@ -303,9 +325,10 @@ struct Inner {
     batcher: Arc<Batcher>,
     /// The queue of spends and amends and its senders.
     spender: Arc<Batcher<Request>>,
-    /// Counters over their limit until their window closes (hits and
-    /// spends without a lockout are denied here), and counters locked out
-    /// until a deadline (spends are denied here; hits do not read lockouts).
+    /// Counters over their limit until their window closes or their
+    /// recheck bound passes (hits and spends without a lockout are denied
+    /// here), and counters locked out until a deadline (spends are denied
+    /// here; hits do not read lockouts).
     deny: Option<Denials>,
     clean: Option<(Duration, NonZeroU32)>,
     cleaner: OnceLock<cleaner::Handle>,
@@ -358,6 +381,7 @@ impl fmt::Debug for PostgresBackend {
 ///     .clean_every(Duration::from_secs(5))
 ///     .clean_batch(NonZeroU32::new(500).unwrap())
 ///     .deny_cache(10_000)
+///     .deny_cache_recheck(Duration::from_millis(50))
 ///     .build();
 /// assert_eq!(backend.table(), "public.api_limits");
 /// assert!(backend.migration_sql().contains("CREATE TABLE IF NOT EXISTS \"public\".\"api_limits\""));
@@ -369,6 +393,7 @@ pub struct PostgresBackendBuilder {
     pool: Pool,
     statements: NonZeroUsize,
     deny_cache: usize,
+    deny_cache_recheck: Duration,
     schema: String,
     table: String,
     unlogged: bool,
@@ -383,6 +408,7 @@ impl fmt::Debug for PostgresBackendBuilder {
             .field("unlogged", &self.unlogged)
             .field("statements", &self.statements)
             .field("deny_cache", &self.deny_cache)
+            .field("deny_cache_recheck", &self.deny_cache_recheck)
             .field("clean", &self.clean)
             .finish_non_exhaustive()
     }
@@ -523,6 +549,41 @@ impl PostgresBackendBuilder {
         self
     }
 
+    /// The longest a denial of a counter that can go down (a
+    /// [`Counter::lowers`]: a layer with a `reserve`, a `count_if` or a
+    /// `reset_if`) is held here before the database is asked again
+    /// (default [`DEFAULT_DENY_CACHE_RECHECK`]); a counter that only goes
+    /// up is held until its window closes. See [the module
+    /// docs](self#the-local-deny-cache).
+    ///
+    /// # Panics
+    /// On zero (turn the cache off with [`deny_cache(0)`](Self::deny_cache)
+    /// instead); see [`try_deny_cache_recheck`](Self::try_deny_cache_recheck).
+    ///
+    /// Example: [`PostgresBackendBuilder`].
+    #[track_caller]
+    pub fn deny_cache_recheck(self, recheck: Duration) -> Self {
+        match self.try_deny_cache_recheck(recheck) {
+            Ok(builder) => builder,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// [`deny_cache_recheck`](Self::deny_cache_recheck), for a value read
+    /// from configuration.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroDenyCacheRecheck`] for zero.
+    ///
+    /// Example: [`PostgresBackendBuilder`].
+    pub fn try_deny_cache_recheck(mut self, recheck: Duration) -> Result<Self, ConfigError> {
+        if recheck.is_zero() {
+            return Err(ConfigError::ZeroDenyCacheRecheck);
+        }
+        self.deny_cache_recheck = recheck;
+        Ok(self)
+    }
+
     /// No cleaner on this instance: expired rows stay until a hit on their
     /// key reuses them, or another instance's cleaner (or
     /// [`PostgresBackend::clean_expired`]) deletes them.
@@ -550,7 +611,8 @@ impl PostgresBackendBuilder {
                 batcher: Arc::new(Batcher::new(statements, Arc::clone(&db))),
                 spender: Arc::new(Batcher::new(statements, Arc::clone(&db))),
                 db,
-                deny: (self.deny_cache > 0).then(|| Denials::new(self.deny_cache)),
+                deny: (self.deny_cache > 0)
+                    .then(|| Denials::new(self.deny_cache, self.deny_cache_recheck)),
                 clean: self.clean,
                 cleaner: OnceLock::new(),
             }),
@@ -595,6 +657,7 @@ impl PostgresBackend {
             pool,
             statements: NonZeroUsize::new(DEFAULT_STATEMENTS).expect("not zero"),
             deny_cache: DEFAULT_DENY_CACHE,
+            deny_cache_recheck: DEFAULT_DENY_CACHE_RECHECK,
             schema: DEFAULT_SCHEMA.to_owned(),
             table: DEFAULT_TABLE.to_owned(),
             unlogged: false,
@@ -784,7 +847,10 @@ impl Backend for PostgresBackend {
             return denied;
         }
         let backend = self.clone();
-        let limits: Vec<u64> = counters.iter().map(|c| c.quota.limit()).collect();
+        let limits: Vec<(u64, bool)> = counters
+            .iter()
+            .map(|c| (c.quota.limit(), c.lowers))
+            .collect();
         let namespaces: Vec<Box<str>> = counters.iter().map(|c| c.namespace.into()).collect();
         let denied_key = key.clone();
         let mut receivers = Vec::with_capacity(counters.len());
@@ -807,7 +873,8 @@ impl Backend for PostgresBackend {
             backend.start_cleaner();
             batch::submit(&backend.inner.batcher, pending);
             let mut hits = Hits::with_capacity(receivers.len());
-            for ((receiver, namespace), limit) in receivers.into_iter().zip(namespaces).zip(limits)
+            for ((receiver, namespace), (limit, lowers)) in
+                receivers.into_iter().zip(namespaces).zip(limits)
             {
                 let counted = receiver.await.unwrap_or_else(|_| {
                     Err(BackendError::Unavailable(
@@ -818,8 +885,8 @@ impl Backend for PostgresBackend {
                 if let Some(deny) = backend.inner.deny.as_ref().filter(|_| hit.count > limit) {
                     // From when the hit was queued, before the database read
                     // its clock: the entry never outlasts the window.
-                    deny.over
-                        .insert(&namespace, denied_key.as_bytes(), queued + hit.reset);
+                    let key = denied_key.as_bytes();
+                    deny.remember(&namespace, key, queued, hit.reset, false, lowers);
                 }
                 hits.push(hit);
             }
@@ -897,6 +964,7 @@ impl Spending for PostgresBackend {
             return denied;
         }
         let backend = self.clone();
+        let lowers: SmallVec<[bool; 2]> = counters.iter().map(|c| c.lowers).collect();
         let (reply, receiver) = oneshot::channel();
         let request = Request {
             key: key.clone(),
@@ -925,19 +993,19 @@ impl Spending for PostgresBackend {
                     "the PostgreSQL sender stopped before answering".into(),
                 ))
             })?;
-            for (namespace, cached) in namespaces.iter().zip(cache) {
+            for ((namespace, cached), lowers) in namespaces.iter().zip(cache).zip(lowers) {
                 // From when the spend was queued, before the database read
                 // its clock: the entry never outlasts the window or the
                 // lockout.
                 let Some(deny) = &backend.inner.deny else {
                     break;
                 };
-                let (cache, left) = match cached {
-                    Some(Cached::Over(left)) => (&deny.over, left),
-                    Some(Cached::Locked(left)) => (&deny.locked, left),
+                let (locked, left) = match cached {
+                    Some(Cached::Over(left)) => (false, left),
+                    Some(Cached::Locked(left)) => (true, left),
                     None => continue,
                 };
-                cache.insert(namespace, key.as_bytes(), queued + left);
+                deny.remember(namespace, key.as_bytes(), queued, left, locked, lowers);
             }
             Ok(hits)
         })

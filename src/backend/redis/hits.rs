@@ -42,6 +42,9 @@ pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
 /// quotas, and the deny cache that remembers a denial.
 pub(super) struct Finish {
     pub(super) quotas: SmallVec<[Quota; 2]>,
+    /// Whether each counter [lowers](crate::backend::Counter::lowers): its
+    /// denial is held only for the recheck bound.
+    pub(super) lowers: SmallVec<[bool; 2]>,
     pub(super) deny: Option<Arc<Denials>>,
     /// The length of the backend's prefix: a denied counter's namespace and
     /// key are read back from its storage key.
@@ -59,10 +62,12 @@ impl Finish {
         answers: CounterAnswers,
     ) -> Result<Hits, BackendError> {
         let mut hits = Hits::with_capacity(answers.len());
-        for ((answer, quota), (stored, _)) in answers.into_iter().zip(&self.quotas).zip(counters) {
+        let each = self.quotas.iter().zip(&self.lowers);
+        for ((answer, (quota, &lowers)), (stored, _)) in answers.into_iter().zip(each).zip(counters)
+        {
             let hit = answer?;
             if hit.count > quota.limit() {
-                self.remember(stored, hit.reset, false);
+                self.remember(stored, hit.reset, false, lowers);
             }
             hits.push(hit);
         }
@@ -71,20 +76,18 @@ impl Finish {
 
     /// The counter `stored` is denied for `left` from when the request was
     /// sent, at its limit or `locked` out: the deny cache, when there is
-    /// one, remembers it until then.
-    pub(super) fn remember(&self, stored: &[u8], left: Duration, locked: bool) {
+    /// one, remembers it until then, or for its recheck bound when the
+    /// counter `lowers`.
+    pub(super) fn remember(&self, stored: &[u8], left: Duration, locked: bool, lowers: bool) {
         let Some(denials) = &self.deny else {
             return;
-        };
-        let deny = if locked {
-            &denials.locked
-        } else {
-            &denials.over
         };
         // Decoded only on a denial, which is rare: a request that is let
         // through copies nothing for the cache.
         match storage_key::decode(&stored[..self.prefix], stored) {
-            Some((namespace, key)) => deny.insert(&namespace, &key, self.sent + left),
+            Some((namespace, key)) => {
+                denials.remember(&namespace, &key, self.sent, left, locked, lowers);
+            }
             None => debug_assert!(false, "a storage key this backend made decodes"),
         }
     }

@@ -70,6 +70,14 @@ pub const DEFAULT_PREFIX: &str = "tpw:";
 /// example).
 pub const DEFAULT_DENY_CACHE: usize = 65_536;
 
+/// The longest this instance holds a denial of a counter whose count can
+/// go down (a [`Counter::lowers`]) before it asks Redis again, unless
+/// configured otherwise ([`RedisBackendBuilder::deny_cache_recheck`]): a
+/// key denied on a busy route then costs Redis at most ten calls a second
+/// per instance, and a denial outlives the room another instance freed by
+/// at most this and a round trip.
+pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
+
 /// Counters in Redis or Redis Cluster, shared by every instance of a service.
 ///
 /// Every hit is **one atomic script step**, and hits in flight together
@@ -223,10 +231,9 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 /// The local deny cache answers a spend too, once Redis has denied one of
 /// its counters that no spend can fit until a deadline: at its limit (so a
 /// check of cost 0 is refused as well) until its window closes, or locked
-/// out until the lockout's end. A denial only because the cost is larger
-/// than what is left is not remembered. No request is answered locally that
-/// Redis would have admitted, except after a refund or a reset on another
-/// instance (see below). A lockout lives in Redis, for every instance, set
+/// out until the lockout's end (each for at most the recheck bound when the
+/// counter [lowers](Counter::lowers), see below). A denial only because the
+/// cost is larger than what is left is not remembered. A lockout lives in Redis, for every instance, set
 /// by the denial that first reached it: a spend that would lock a counter
 /// out is answered locally only by a lockout, and one merely at its limit
 /// goes to Redis, which locks it out. A refund or charge after a
@@ -252,20 +259,33 @@ pub const DEFAULT_DENY_CACHE: usize = 65_536;
 ///
 /// # The local deny cache
 ///
-/// Once a hit comes back over its limit, the key is remembered on this
-/// instance until its window closes, and further hits on it are denied here,
-/// with no round trip. This is exact because the window is pinned: its
-/// deadline cannot move. The deadline is measured from when the hit was sent,
-/// so it never outlasts the window in Redis. Such denials report a count of
-/// `limit + 1` and no [deadline](Hit::deadline): they were not counted in
-/// Redis, so they are never refunded.
+/// Once Redis denies a counter, this instance remembers it and denies
+/// further hits (and spends) on it here, with no round trip. How long
+/// depends on whether its count can go down:
 ///
-/// The trade-off is [`reset`](Backend::reset) (and
-/// [`refund`](Backend::refund)): each clears this instance's cache for the
-/// key, but other instances keep denying a key they have cached until its
-/// window would have closed. Turn the cache off with
-/// [`deny_cache(0)`](RedisBackendBuilder::deny_cache) where resets and
-/// refunds must take effect everywhere at once.
+/// - A counter whose count only goes up is held until its window closes
+///   (or its lockout ends). This is exact because the window is pinned: its
+///   deadline cannot move. The deadline is measured from when the hit was
+///   sent, so it never outlasts the window in Redis.
+/// - A counter that [lowers](Counter::lowers) (its layer has a `reserve`,
+///   a `count_if` or a `reset_if`; a `BudgetLayer` has a `reserve`) may be
+///   freed at any moment by a settle, refund or clear on another instance,
+///   so it is held at most
+///   [`deny_cache_recheck`](RedisBackendBuilder::deny_cache_recheck)
+///   (default [`DEFAULT_DENY_CACHE_RECHECK`]) from when the denied request
+///   was sent, never past its window or lockout. No instance then denies a
+///   request here that Redis has room for for longer than that bound and a
+///   round trip (`docs/guarantees.md`).
+///
+/// Such denials report a count of `limit + 1` and no
+/// [deadline](Hit::deadline): they were not counted in Redis, so they are
+/// never refunded. An amend, a [`refund`](Backend::refund) or a
+/// [`reset`](Backend::reset) clears this instance's cache for the key. The
+/// trade-off left is a `reset` or `refund` your own code calls on a counter
+/// that does not lower: other instances keep denying it until the window
+/// they cached closes. Turn the cache off with
+/// [`deny_cache(0)`](RedisBackendBuilder::deny_cache) where those must take
+/// effect everywhere at once.
 pub struct RedisBackend<C> {
     inner: Arc<Inner<C>>,
 }
@@ -335,6 +355,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
 /// let backend = RedisBackend::builder(connection)
 ///     .prefix("app1:")
 ///     .deny_cache(10_000)
+///     .deny_cache_recheck(Duration::from_millis(50))
 ///     .breaker(3, Duration::from_secs(1))
 ///     .build();
 /// assert_eq!(backend.storage_key("api", &Key::new("203.0.113.7")), b"app1:api{203.0.113.7}");
@@ -346,6 +367,7 @@ pub struct RedisBackendBuilder<C> {
     connection: C,
     prefix: Vec<u8>,
     deny_cache: usize,
+    deny_cache_recheck: Duration,
     breaker: Option<BreakerConfig>,
     coalesce: bool,
     acks: Option<Acks>,
@@ -356,6 +378,7 @@ impl<C> fmt::Debug for RedisBackendBuilder<C> {
         f.debug_struct("RedisBackendBuilder")
             .field("prefix", &self.prefix.escape_ascii().to_string())
             .field("deny_cache", &self.deny_cache)
+            .field("deny_cache_recheck", &self.deny_cache_recheck)
             .field("breaker", &self.breaker)
             .field("coalesce", &self.coalesce)
             .field("wait_for_replicas", &self.acks)
@@ -419,6 +442,58 @@ impl<C> RedisBackendBuilder<C> {
     pub fn deny_cache(mut self, capacity: usize) -> Self {
         self.deny_cache = capacity;
         self
+    }
+
+    /// The longest a denial of a counter that can go down (a
+    /// [`Counter::lowers`]: a layer with a `reserve`, a `count_if` or a
+    /// `reset_if`) is held here before Redis is asked again (default
+    /// [`DEFAULT_DENY_CACHE_RECHECK`]); a counter that only goes up is
+    /// held until its window closes. See
+    /// [the local deny cache](RedisBackend#the-local-deny-cache).
+    ///
+    /// # Panics
+    /// When `recheck` is zero (turn the cache off with
+    /// [`deny_cache(0)`](Self::deny_cache) instead). Use
+    /// [`try_deny_cache_recheck`](Self::try_deny_cache_recheck) for a value
+    /// read from configuration.
+    ///
+    /// Example: [`RedisBackendBuilder`].
+    #[track_caller]
+    pub fn deny_cache_recheck(self, recheck: Duration) -> Self {
+        match self.try_deny_cache_recheck(recheck) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`deny_cache_recheck`](Self::deny_cache_recheck), for a value
+    /// known only at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroDenyCacheRecheck`] for zero.
+    ///
+    /// # Examples
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
+    /// let builder = || RedisBackend::builder(backend.connection().clone());
+    /// assert_eq!(
+    ///     builder().try_deny_cache_recheck(Duration::ZERO).err(),
+    ///     Some(ConfigError::ZeroDenyCacheRecheck)
+    /// );
+    /// assert!(builder().try_deny_cache_recheck(Duration::from_millis(20)).is_ok());
+    /// # Ok::<(), ConfigError>(())
+    /// ```
+    pub fn try_deny_cache_recheck(mut self, recheck: Duration) -> Result<Self, ConfigError> {
+        if recheck.is_zero() {
+            return Err(ConfigError::ZeroDenyCacheRecheck);
+        }
+        self.deny_cache_recheck = recheck;
+        Ok(self)
     }
 
     /// The circuit breaker: after `failures` failed commands in a row
@@ -681,7 +756,8 @@ impl<C> RedisBackendBuilder<C> {
                 lanes: self.coalesce.then(|| Lanes::new(&connection, cluster)),
                 connection,
                 prefix: self.prefix.into(),
-                deny: (self.deny_cache > 0).then(|| Arc::new(Denials::new(self.deny_cache))),
+                deny: (self.deny_cache > 0)
+                    .then(|| Arc::new(Denials::new(self.deny_cache, self.deny_cache_recheck))),
             }),
         }
     }
@@ -716,6 +792,7 @@ where
             connection,
             prefix: DEFAULT_PREFIX.into(),
             deny_cache: DEFAULT_DENY_CACHE,
+            deny_cache_recheck: DEFAULT_DENY_CACHE_RECHECK,
             breaker: Some(BreakerConfig::default()),
             coalesce: true,
             acks: None,
@@ -1090,6 +1167,7 @@ where
     fn finish(&self, counters: &[Counter<'_>], sent: quanta::Instant) -> hits::Finish {
         hits::Finish {
             quotas: counters.iter().map(|c| c.quota).collect(),
+            lowers: counters.iter().map(|c| c.lowers).collect(),
             deny: self.inner.deny.clone(),
             prefix: self.inner.prefix.len(),
             sent,
@@ -1144,6 +1222,7 @@ mod tests {
             connection: (),
             prefix: Vec::new(),
             deny_cache: 0,
+            deny_cache_recheck: DEFAULT_DENY_CACHE_RECHECK,
             breaker: None,
             coalesce: true,
             acks: None,

@@ -151,11 +151,12 @@ impl SpendWork {
             Spent::Decided(counters) => Ok(counters
                 .into_iter()
                 .zip(&self.counters)
-                .map(|((hit, full), stored)| {
+                .zip(&self.finish.lowers)
+                .map(|(((hit, full), stored), &lowers)| {
                     match full {
                         Full::No => {}
-                        Full::AtLimit => self.finish.remember(stored, hit.reset, false),
-                        Full::Locked => self.finish.remember(stored, hit.reset, true),
+                        Full::AtLimit => self.finish.remember(stored, hit.reset, false, lowers),
+                        Full::Locked => self.finish.remember(stored, hit.reset, true, lowers),
                     }
                     hit
                 })
