@@ -1,13 +1,16 @@
 //! A token budget: an LLM-style "completion" endpoint whose calls spend
-//! tokens per API key. `POST /complete` with `{"tokens": N}` and an
-//! `x-max-tokens: M` header (the most the call may use, as an LLM request's
-//! `max_tokens`; [`DEFAULT_MAX_TOKENS`] without one) answers with
-//! `x-usage-tokens: min(N, M)` (a real service would count the tokens it
-//! generated). Each `x-api-key` may spend `TOKEN_BUDGET` (default
-//! `1000/min`) tokens per window.
+//! tokens per API key. `POST /complete` with the JSON body
+//! `{"max_tokens": M, "tokens": N}` (`max_tokens`: the most the call may
+//! use, where OpenAI's and Anthropic's APIs put it;
+//! [`DEFAULT_MAX_TOKENS`] without one; `tokens`: how many the fake model
+//! generates) answers with `x-usage-tokens: min(N, M)` (a real service
+//! would count the tokens it generated). Each `x-api-key` may spend
+//! `TOKEN_BUDGET` (default `1000/min`) tokens per window.
 //!
-//! Each call **reserves** its `x-max-tokens` on the way in, all or nothing:
-//! it is admitted only if the estimate fits in what is left, and its
+//! Each call **reserves** its body's `max_tokens` on the way in, all or
+//! nothing: the layer reads at most [`BODY_LIMIT`] bytes of the body before
+//! it decides (a longer body gets 413), then hands the body whole to the
+//! handler. A call is admitted only if the estimate fits in what is left, and its
 //! `RateLimit` header shows the budget after the reservation. Once the body
 //! has been sent, its answer **settles** the reservation to the tokens it
 //! used: the unused part goes back to the budget. A call whose estimate
@@ -18,9 +21,9 @@
 //! makes room for it.
 //!
 //! ```text
-//! cargo run --example token_budget           # on 127.0.0.1:$PORT (3000)
-//! curl -si -H 'x-api-key: k1' -H 'x-max-tokens: 300' -H 'content-type: application/json' -d '{"tokens": 300}' http://127.0.0.1:3000/complete
-//! cargo run --example token_budget -- --measure
+//! cargo run --example token_budget --features json   # on 127.0.0.1:$PORT (3000)
+//! curl -si -H 'x-api-key: k1' -H 'content-type: application/json' -d '{"max_tokens": 300, "tokens": 300}' http://127.0.0.1:3000/complete
+//! cargo run --example token_budget --features json -- --measure
 //! ```
 //!
 //! `--measure` serves the app on 127.0.0.1 (a free port) twice per case,
@@ -37,13 +40,14 @@
 use std::fmt;
 use std::net::SocketAddr;
 
-use axum::http::{HeaderMap, HeaderName};
+use axum::http::HeaderName;
 use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use tower_pinned_window::backend::{Backend, MemoryBackend};
-use tower_pinned_window::key::{HeaderKey, Key, RequestHead};
-use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
+use tower_pinned_window::cost::{BodyEstimate, OverLimit, ResponseEnd};
+use tower_pinned_window::key::{HeaderKey, Key};
+use tower_pinned_window::{Quota, RateLimitLayer};
 
 /// The layer's name: the namespace of its counters.
 const NAME: &str = "tokens";
@@ -51,12 +55,16 @@ const NAME: &str = "tokens";
 /// The header the answer's cost is read from.
 const USAGE: &str = "x-usage-tokens";
 
-/// The header a call's estimate is read from: the most tokens it may use.
-const MAX_TOKENS: &str = "x-max-tokens";
+/// The body's field a call's estimate is read from: the most tokens it may
+/// use.
+const MAX_TOKENS: &str = "max_tokens";
 
-/// A call's estimate when it sends no `x-max-tokens`, or one that is not a
-/// number: the most tokens it may then use.
+/// A call's estimate when its body has no `max_tokens`, or one that is not
+/// a non-negative integer, or is not JSON: the most tokens it may then use.
 pub const DEFAULT_MAX_TOKENS: u64 = 256;
+
+/// The most bytes of a body read for its estimate; a longer body gets 413.
+pub const BODY_LIMIT: usize = 64 * 1024;
 
 /// The budget from `TOKEN_BUDGET` (a rate string such as `1000/min` or
 /// `50000 per 1d`), or 1000 tokens a minute.
@@ -88,18 +96,12 @@ impl fmt::Display for Budgeting {
     }
 }
 
-/// The most tokens a call may use: its `x-max-tokens`, or
-/// [`DEFAULT_MAX_TOKENS`].
-fn max_tokens(headers: &HeaderMap) -> u64 {
-    headers
-        .get(MAX_TOKENS)
-        .and_then(|value| value.to_str().ok()?.parse().ok())
-        .unwrap_or(DEFAULT_MAX_TOKENS)
-}
-
-/// A call's estimate, read from its head.
-fn estimate(request: &RequestHead<'_>) -> u64 {
-    max_tokens(request.headers())
+/// A call's estimate: its body's `max_tokens`, or [`DEFAULT_MAX_TOKENS`];
+/// a body over [`BODY_LIMIT`] bytes gets 413.
+fn estimate() -> BodyEstimate {
+    BodyEstimate::json_field(MAX_TOKENS, DEFAULT_MAX_TOKENS)
+        .body_limit(BODY_LIMIT)
+        .over_limit(OverLimit::Reject)
 }
 
 /// The tokens an answer used, from its `x-usage-tokens` header; `None`
@@ -121,24 +123,17 @@ pub fn app_with(backend: MemoryBackend, budget: Quota, budgeting: Budgeting) -> 
         .key(HeaderKey::new(HeaderName::from_static("x-api-key")))
         .backend(backend)
         .charge(tokens_used);
-    let limit = match budgeting {
-        Budgeting::ChargeOnly => limit,
-        Budgeting::ReserveThenSettle => limit.reserve(estimate),
-    };
-    Router::new()
-        .route("/complete", post(complete))
-        .layer(limit)
+    let router = Router::new().route("/complete", post(complete));
+    match budgeting {
+        Budgeting::ChargeOnly => router.layer(limit),
+        Budgeting::ReserveThenSettle => router.layer(limit.reserve_from_body(estimate())),
+    }
 }
 
-/// Answers with as many tokens as asked for, at most `x-max-tokens`.
-async fn complete(
-    headers: HeaderMap,
-    Json(body): Json<Value>,
-) -> ([(&'static str, String); 1], Json<Value>) {
-    let tokens = body["tokens"]
-        .as_u64()
-        .unwrap_or(0)
-        .min(max_tokens(&headers));
+/// Answers with as many tokens as asked for, at most `max_tokens`.
+async fn complete(Json(body): Json<Value>) -> ([(&'static str, String); 1], Json<Value>) {
+    let max_tokens = body[MAX_TOKENS].as_u64().unwrap_or(DEFAULT_MAX_TOKENS);
+    let tokens = body["tokens"].as_u64().unwrap_or(0).min(max_tokens);
     let text = "lorem ".repeat(usize::try_from(tokens.min(10_000)).unwrap_or(0));
     (
         [(USAGE, tokens.to_string())],
@@ -181,8 +176,8 @@ impl fmt::Display for Measured {
 }
 
 /// Serves the app (spending as `budgeting` says) on 127.0.0.1, a free port,
-/// over real TCP, and sends calls with one key, each with `x-max-tokens:
-/// estimate` and `{"tokens": usage}`, one after another, until the first
+/// over real TCP, and sends calls with one key, each with
+/// `{"max_tokens": estimate, "tokens": usage}`, one after another, until the first
 /// 429. `spent` is read from the backend (`Backend::peek`), not added up.
 pub async fn measure(
     budget: Quota,
@@ -210,7 +205,7 @@ pub async fn measure(
         .await
     });
     let client = Client::builder(TokioExecutor::new()).build_http::<Full<Bytes>>();
-    let body = Bytes::from(json!({ "tokens": usage }).to_string());
+    let body = Bytes::from(json!({ MAX_TOKENS: estimate, "tokens": usage }).to_string());
     let mut admitted = 0;
     // Each admitted call spends at least one token: the budget is spent
     // within `limit + 1` calls.
@@ -218,7 +213,6 @@ pub async fn measure(
     for _ in 0..=budget.limit() {
         let request = http::Request::post(format!("http://{addr}/complete"))
             .header("x-api-key", "k1")
-            .header(MAX_TOKENS, estimate)
             .header("content-type", "application/json")
             .body(Full::new(body.clone()))?;
         let response = client.request(request).await?;
@@ -296,7 +290,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
     let addr = listener.local_addr()?;
     println!("listening on http://{addr}: {budget} tokens per API key, reserved then settled");
     println!(
-        "four completions of 300 tokens, each reserving 300 (200, 200, 200, then 429 with Retry-After and r=100):\n  for i in 1 2 3 4; do curl -si -H 'x-api-key: k1' -H 'x-max-tokens: 300' -H 'content-type: application/json' -d '{{\"tokens\": 300}}' http://{addr}/complete | grep -iE '^(HTTP|retry-after|ratelimit:)'; done"
+        "four completions of 300 tokens, each reserving 300 (200, 200, 200, then 429 with Retry-After and r=100):\n  for i in 1 2 3 4; do curl -si -H 'x-api-key: k1' -H 'content-type: application/json' -d '{{\"max_tokens\": 300, \"tokens\": 300}}' http://{addr}/complete | grep -iE '^(HTTP|retry-after|ratelimit:)'; done"
     );
     axum::serve(
         listener,

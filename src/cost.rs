@@ -5,7 +5,10 @@
 //! [`block_for`](crate::RateLimitLayer::block_for)), and what its answer
 //! adds once its body ends ([`charge`](crate::RateLimitLayer::charge),
 //! read from a [`ResponseEnd`], through a [`Metered`] body), or how it
-//! settles a reservation.
+//! settles a reservation. A reservation can be read from the request's
+//! body ([`reserve_from_body`](crate::RateLimitLayer::reserve_from_body),
+//! [`BodyEstimate`]): a bounded prefix is read before the limiter runs,
+//! and the service gets the body whole ([`Replay`]).
 //!
 //! The layer's [`Mode`] says in its type whether it spends: [`Plain`] by
 //! default, [`Spends`] or [`Charged`] once a setter asks for it. A layer
@@ -14,6 +17,9 @@
 //! spend counts with `hit_all`, as it always has, and runs nothing here.
 //! The guide: `docs/costs.md`.
 
+pub use crate::body::{
+    BodyEstimate, DEFAULT_BODY_LIMIT, FromHead, OverLimit, ReadBody, ReadBodyFuture, Replay,
+};
 pub use crate::charge::{Metered, ResponseEnd};
 
 use std::fmt;

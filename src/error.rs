@@ -125,6 +125,10 @@ pub enum ConfigError {
     /// `(0, 1]` (a zero numerator or denominator, or a numerator above the
     /// denominator), or text that is not `N/D` (what was given).
     InvalidShare(String),
+    /// A body limit of 0 bytes for a reservation read from the body
+    /// ([`BodyEstimate::try_body_limit`](crate::cost::BodyEstimate::try_body_limit)):
+    /// no body could be read.
+    ZeroBodyLimit,
 }
 
 impl From<ParseRateError> for ConfigError {
@@ -210,6 +214,9 @@ impl fmt::Display for ConfigError {
             ),
             Self::ReserveWithCost => f.write_str(
                 "a reservation (reserve) is the request's cost on the way in: drop .cost(..) or .cost_fn(..), or the reserve",
+            ),
+            Self::ZeroBodyLimit => f.write_str(
+                "a body limit must be at least 1 byte: give the most bytes of a body to read for its estimate",
             ),
             Self::InvalidShare(share) => write!(
                 f,

@@ -9,6 +9,7 @@ use http::Response;
 use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
+use crate::body::{self, BodyEstimate, FromHead, ReadBody};
 use crate::charge::ResponseEnd;
 use crate::core::{Core, FailurePolicy, OnMissingKey, Settings, SkipIf};
 use crate::cost::{Charged, Cost, Mode, Plain, SpendPlan};
@@ -86,15 +87,29 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// [`block_for`](Self::block_for), a [`reset_if`](Self::reset_if)) or has a
 /// [`charge`](Self::charge).
 ///
+/// `R` says where a reservation is read from: [`FromHead`], the request's
+/// head, unless [`reserve_from_body`](Self::reserve_from_body) made it a
+/// [`BodyEstimate`], whose layer makes a [`ReadBody`] around the
+/// [`RateLimit`] (a layer without it never awaits the request's body).
+///
 /// # Panics
 /// [`Layer::layer`] panics when the layer cannot work (see
 /// [`check`](Self::check)): settings that depend on each other are checked
 /// there, once, whatever the order they were set in.
 #[must_use]
-pub struct RateLimitLayer<K = GlobalKey, Bk = MemoryBackend, D = DefaultDeny, M = Plain> {
+pub struct RateLimitLayer<
+    K = GlobalKey,
+    Bk = MemoryBackend,
+    D = DefaultDeny,
+    M = Plain,
+    R = FromHead,
+> {
     key: K,
     core: Core<Bk, D>,
     mode: PhantomData<fn() -> M>,
+    /// Where a reservation is read from: [`FromHead`], or the body
+    /// ([`BodyEstimate`]).
+    reads: R,
 }
 
 impl RateLimitLayer {
@@ -139,27 +154,29 @@ impl RateLimitLayer {
                 DEFAULT_TIMEOUT,
             ),
             mode: PhantomData,
+            reads: FromHead,
         })
     }
 }
 
-impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
+impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Charge each request to the key `key` extracts (see [`crate::key`]):
     /// a built-in extractor, a pair of them, or your own [`KeyExtractor`].
     /// For a closure, use [`key_fn`](Self::key_fn). Guide:
     /// `docs/client-identity.md`.
-    pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D, M> {
+    pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D, M, R> {
         RateLimitLayer {
             key,
             core: self.core,
             mode: PhantomData,
+            reads: self.reads,
         }
     }
 
     /// Charge each request to the key the closure `key` reads from the
     /// request's head; its argument type is inferred. Guide:
     /// `docs/usage.md#your-own-key-your-own-denial`.
-    pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D, M>
+    pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D, M, R>
     where
         F: Fn(&RequestHead<'_>) -> Result<Key, KeyError>,
     {
@@ -176,7 +193,7 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     /// needs a backend that implements
     /// [`Spending`](crate::backend::Spending), set before or after them: on
     /// another, it does not compile.
-    pub fn backend<Bk2: Backend>(self, backend: Bk2) -> RateLimitLayer<K, Bk2, D, M> {
+    pub fn backend<Bk2: Backend>(self, backend: Bk2) -> RateLimitLayer<K, Bk2, D, M, R> {
         RateLimitLayer {
             key: self.key,
             core: Core {
@@ -185,6 +202,7 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
                 settings: self.core.settings,
             },
             mode: PhantomData,
+            reads: self.reads,
         }
     }
 
@@ -192,7 +210,7 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     /// an empty 429. `Retry-After` and the rate-limit headers are added to it,
     /// each unless the response already has it. The closure's argument type is
     /// inferred. Guide: `docs/usage.md#your-own-key-your-own-denial`.
-    pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F, M>
+    pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F, M, R>
     where
         F: Fn(&Decision) -> Response<B>,
     {
@@ -204,6 +222,7 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
                 settings: self.core.settings,
             },
             mode: PhantomData,
+            reads: self.reads,
         }
     }
 
@@ -383,15 +402,26 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
 /// ([`Spends`](crate::cost::Spends), or [`Charged`]), which builds only on a
 /// backend that implements [`Spending`](crate::backend::Spending), whatever
 /// the order of the calls.
-impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
+impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// The spend plan, once the layer spends.
-    fn spending<M2>(mut self, set: impl FnOnce(&mut Settings)) -> RateLimitLayer<K, Bk, D, M2> {
+    fn spending<M2>(mut self, set: impl FnOnce(&mut Settings)) -> RateLimitLayer<K, Bk, D, M2, R> {
         self.core.settings.spend.get_or_insert_with(SpendPlan::new);
         set(&mut self.core.settings);
         RateLimitLayer {
             key: self.key,
             core: self.core,
             mode: PhantomData,
+            reads: self.reads,
+        }
+    }
+
+    /// The layer, its reservation read from where `reads` says.
+    fn reading<R2>(self, reads: R2) -> RateLimitLayer<K, Bk, D, M, R2> {
+        RateLimitLayer {
+            key: self.key,
+            core: self.core,
+            mode: PhantomData,
+            reads,
         }
     }
 
@@ -400,7 +430,7 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// spends nothing. A cost of 0 checks without counting. A cost above one of
     /// the layer's limits could never be admitted: the layer refuses it when it
     /// is built ([`check`](Self::check)). Guide: `docs/costs.md#request-cost`.
-    pub fn cost(self, cost: u64) -> RateLimitLayer<K, Bk, D, M::Spending> {
+    pub fn cost(self, cost: u64) -> RateLimitLayer<K, Bk, D, M::Spending, R> {
         self.spending(|s| s.spend.as_mut().expect("a plan").cost = Some(Cost::Fixed(cost)))
     }
 
@@ -411,7 +441,7 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// key's counters hold, for the headers, and nothing is spent. It runs
     /// on every request: keep it cheap.
     /// Guide: `docs/costs.md#request-cost`.
-    pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, M::Spending>
+    pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, M::Spending, R>
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
@@ -445,7 +475,7 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// let by_calls = RateLimitLayer::new("calls", quota).charge(|end| u64::from(end.status().is_success()));
     /// assert!(by_tokens.check().is_ok() && by_calls.check().is_ok());
     /// ```
-    pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged>
+    pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged, R>
     where
         F: Fn(&ResponseEnd<'_>) -> T + Send + Sync + 'static,
         T: Into<Option<u64>>,
@@ -512,18 +542,73 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// assert_eq!(complete().await.1, "\"tokens\";r=500;t=60");
     /// # }
     /// ```
-    pub fn reserve<F>(self, estimate: F) -> RateLimitLayer<K, Bk, D, M::Spending>
+    pub fn reserve<F>(self, estimate: F) -> RateLimitLayer<K, Bk, D, M::Spending, FromHead>
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
         let estimate: crate::cost::CostFn = Arc::new(estimate);
         self.spending(|s| s.spend.as_mut().expect("a plan").reserve = Some(estimate))
+            .reading(FromHead)
+    }
+
+    /// Reserve, then settle, with the estimate read from the request's
+    /// body (an LLM request's `max_tokens` in its JSON): as
+    /// [`reserve`](Self::reserve), whose rules it follows (it needs a
+    /// [`charge`](Self::charge), and takes the place of a
+    /// [`cost`](Self::cost); a later `reserve` or `reserve_from_body`
+    /// replaces an earlier one). [`BodyEstimate`] says how the estimate is
+    /// read, from at most how many bytes, and what a longer body gets (the
+    /// fallback, or 413).
+    ///
+    /// Each request's body is read up to that limit before the limiter
+    /// runs, then handed on whole to the service (a
+    /// [`Replay`](crate::cost::Replay): the frames read, then the rest of
+    /// the stream, trailers kept). A body that cannot be read (empty, not
+    /// of the format, without the field, failing, or too long) reserves
+    /// the fallback; gRPC bodies are not read. The layer makes a
+    /// [`ReadBody`](crate::cost::ReadBody) around its
+    /// [`RateLimit`]; a layer without this setter never awaits the body.
+    /// Guide: `docs/costs.md#reserve-from-the-body`.
+    ///
+    /// ```
+    /// # #[cfg(feature = "json")] {
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer, cost::{BodyEstimate, ResponseEnd}};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let budget = RateLimitLayer::new("tokens", Quota::new(1000, Duration::from_secs(60)).unwrap())
+    ///     .reserve_from_body(BodyEstimate::json_field("max_tokens", 1000))
+    ///     .charge(|end: &ResponseEnd| end.headers().get("x-usage-tokens")?.to_str().ok()?.parse().ok());
+    /// let app = Router::new()
+    ///     // The handler gets the body whole.
+    ///     .route("/complete", post(|body: String| async move { ([("x-usage-tokens", "100")], body) }))
+    ///     .layer(budget);
+    /// let request = Request::post("/complete").body(Body::from(r#"{"max_tokens": 400}"#)).unwrap();
+    /// let response = app.oneshot(request).await.unwrap();
+    /// assert_eq!(response.status(), StatusCode::OK);
+    /// assert_eq!(response.headers()["ratelimit"], "\"tokens\";r=600;t=60");
+    /// let body = axum::body::to_bytes(Body::new(response.into_body()), 1 << 16).await.unwrap();
+    /// assert_eq!(body, r#"{"max_tokens": 400}"#);
+    /// # }
+    /// # }
+    /// ```
+    pub fn reserve_from_body(
+        self,
+        estimate: BodyEstimate,
+    ) -> RateLimitLayer<K, Bk, D, M::Spending, BodyEstimate> {
+        let fallback = estimate.fallback();
+        let read: crate::cost::CostFn = Arc::new(move |head| body::estimated(head, fallback));
+        self.spending(|s| s.spend.as_mut().expect("a plan").reserve = Some(read))
+            .reading(estimate)
     }
 
     /// Once a request does not fit, lock its key out for `block`, counted
     /// from that first denial and never extended; `Retry-After` gives the
     /// lockout's end. Guide: `docs/costs.md#lockouts-block_for`.
-    pub fn block_for(self, block: Window) -> RateLimitLayer<K, Bk, D, M::Spending> {
+    pub fn block_for(self, block: Window) -> RateLimitLayer<K, Bk, D, M::Spending, R> {
         self.spending(|s| s.spend.as_mut().expect("a plan").block = Some(block))
     }
 
@@ -531,7 +616,7 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     /// clears its key's counters in the request's window, never creating
     /// one; its decision is [`cleared`](Decision::cleared). Guide:
     /// `docs/costs.md#reset-on-success-reset_if`.
-    pub fn reset_if<F>(self, reset: F) -> RateLimitLayer<K, Bk, D, M::Spending>
+    pub fn reset_if<F>(self, reset: F) -> RateLimitLayer<K, Bk, D, M::Spending, R>
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
     {
@@ -539,7 +624,7 @@ impl<K, Bk, D, M: Mode> RateLimitLayer<K, Bk, D, M> {
     }
 }
 
-impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
+impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Whether the layer can work: the one place where settings that
     /// depend on each other are checked, whatever the order they were set
     /// in. [`Layer::layer`] panics with this error; call it at start-up to
@@ -590,21 +675,25 @@ impl<K, Bk, D, M> RateLimitLayer<K, Bk, D, M> {
     }
 }
 
-impl<K: Clone, Bk: Clone, D: Clone, M> Clone for RateLimitLayer<K, Bk, D, M> {
+impl<K: Clone, Bk: Clone, D: Clone, M, R: Clone> Clone for RateLimitLayer<K, Bk, D, M, R> {
     fn clone(&self) -> Self {
         Self {
             key: self.key.clone(),
             core: self.core.clone(),
             mode: PhantomData,
+            reads: self.reads.clone(),
         }
     }
 }
 
-impl<K: fmt::Debug, Bk: fmt::Debug, D, M> fmt::Debug for RateLimitLayer<K, Bk, D, M> {
+impl<K: fmt::Debug, Bk: fmt::Debug, D, M, R: fmt::Debug> fmt::Debug
+    for RateLimitLayer<K, Bk, D, M, R>
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("key", &self.key)
             .field("core", &self.core)
+            .field("reads", &self.reads)
             .finish()
     }
 }
@@ -624,6 +713,24 @@ impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, 
         let lowers = core.lowers_counts();
         core.settings.policies.set_lowers(lowers);
         RateLimit::new(inner, self.key.clone(), Arc::new(core))
+    }
+}
+
+/// A layer that [reserves from the body](RateLimitLayer::reserve_from_body)
+/// reads each request's body before its limiter runs.
+///
+/// # Panics
+/// When the layer cannot work: see [`check`](RateLimitLayer::check).
+impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, M, BodyEstimate> {
+    type Service = ReadBody<RateLimit<S, K, Bk, D, M>>;
+
+    #[track_caller]
+    fn layer(&self, inner: S) -> Self::Service {
+        if let Err(err) = self.check() {
+            panic!("{err}");
+        }
+        let limiter = RateLimit::new(inner, self.key.clone(), Arc::new(self.core.clone()));
+        ReadBody::new(limiter, self.reads.clone())
     }
 }
 

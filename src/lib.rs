@@ -179,6 +179,7 @@
 // settle (the answer's charge); it imports from the list, nothing imports it.
 // Imports only point down this list.
 pub mod backend;
+mod body;
 mod charge;
 #[cfg(feature = "serde")]
 pub mod config;

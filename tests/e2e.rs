@@ -225,7 +225,7 @@ async fn a_route_quota_through_route_layer() {
 mod token_budget;
 
 /// examples/token_budget.rs on a real server: each call reserves its
-/// `x-max-tokens` on the way in, and its answer settles the reservation to
+/// body's `max_tokens` on the way in, and its answer settles the reservation to
 /// the tokens its `x-usage-tokens` header says, once hyper has sent its body.
 #[tokio::test]
 async fn the_token_budget_example_reserves_then_settles_per_api_key() {
@@ -243,13 +243,14 @@ async fn the_token_budget_example_reserves_then_settles_per_api_key() {
         .build_http::<Full<Bytes>>();
     let url = format!("{}/complete", server.url);
     let complete = |key: &'static str, max_tokens: Option<&'static str>, tokens: u64| {
-        let mut request = http::Request::post(&url)
+        let request = http::Request::post(&url)
             .header("x-api-key", key)
             .header("content-type", "application/json");
-        if let Some(max_tokens) = max_tokens {
-            request = request.header("x-max-tokens", max_tokens);
-        }
-        let body = Bytes::from(format!("{{\"tokens\": {tokens}}}"));
+        let body = match max_tokens {
+            Some(max_tokens) => format!("{{\"max_tokens\": {max_tokens}, \"tokens\": {tokens}}}"),
+            None => format!("{{\"tokens\": {tokens}}}"),
+        };
+        let body = Bytes::from(body);
         let request = request.body(Full::new(body)).unwrap();
         let client = client.clone();
         async move {
@@ -301,7 +302,7 @@ async fn the_token_budget_example_reserves_then_settles_per_api_key() {
     );
     assert_eq!(parts.headers["x-usage-tokens"], "120");
     assert_eq!(spent("k2").await, Some(120), "settled to the use");
-    // Without `x-max-tokens`, the default estimate is reserved and the
+    // Without `max_tokens`, the default estimate is reserved and the
     // answer capped at it.
     let (parts, _) = complete("k3", None, 10_000).await;
     let default = token_budget::DEFAULT_MAX_TOKENS;
@@ -311,6 +312,88 @@ async fn the_token_budget_example_reserves_then_settles_per_api_key() {
         default.to_string().as_str()
     );
     assert_eq!(spent("k3").await, Some(default));
+}
+
+/// A request body sent in `frames`, one a poll, with no length: hyper
+/// sends it chunked.
+struct Chunked(std::collections::VecDeque<bytes::Bytes>);
+
+impl http_body::Body for Chunked {
+    type Data = bytes::Bytes;
+    type Error = std::convert::Infallible;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<bytes::Bytes>, Self::Error>>> {
+        std::task::Poll::Ready(
+            self.0
+                .pop_front()
+                .map(|data| Ok(http_body::Frame::data(data))),
+        )
+    }
+}
+
+/// examples/token_budget.rs on a real server, its calls' bodies sent
+/// chunked in several frames by a real client: the layer reads
+/// `max_tokens` across the frames, the handler gets the body whole, and a
+/// body over the example's limit gets 413 and spends nothing.
+#[tokio::test]
+async fn the_token_budget_example_reserves_from_a_chunked_body() {
+    use http_body_util::BodyExt;
+    use hyper_util::rt::TokioExecutor;
+    use tower_pinned_window::backend::{Backend, MemoryBackend};
+    use tower_pinned_window::key::Key;
+
+    let backend = MemoryBackend::new();
+    let server = serve(token_budget::app(backend.clone(), quota(1000, 60))).await;
+    let client =
+        hyper_util::client::legacy::Client::builder(TokioExecutor::new()).build_http::<Chunked>();
+    let url = format!("{}/complete", server.url);
+    let call = |key: &'static str, frames: Vec<String>| {
+        let request = http::Request::post(&url)
+            .header("x-api-key", key)
+            .header("content-type", "application/json")
+            .body(Chunked(
+                frames.into_iter().map(bytes::Bytes::from).collect(),
+            ))
+            .unwrap();
+        assert!(request.headers().get("content-length").is_none());
+        let client = client.clone();
+        async move {
+            let response = client.request(request).await.unwrap();
+            let (parts, body) = response.into_parts();
+            (parts, body.collect().await.unwrap().to_bytes())
+        }
+    };
+    let spent = |key: &'static str| {
+        let backend = backend.clone();
+        async move {
+            let hit = backend.peek("tokens", &Key::new(key)).await.unwrap();
+            hit.map(|hit| hit.count)
+        }
+    };
+    let frames = ["{\"max_to", "kens\": 40", "0, \"tok", "ens\": 150}"].map(String::from);
+    let (parts, body) = call("k1", frames.to_vec()).await;
+    assert_eq!(parts.status, StatusCode::OK);
+    assert_eq!(
+        parts.headers["ratelimit"], "\"tokens\";r=600;t=60",
+        "400 reserved"
+    );
+    // The handler parsed the whole body: 150 tokens, under max_tokens.
+    assert_eq!(parts.headers["x-usage-tokens"], "150");
+    let json: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(json["usage"]["tokens"], 150);
+    assert_eq!(spent("k1").await, Some(150), "settled to the use");
+
+    // Over the example's limit (64 KiB), chunked: 413, nothing spent.
+    let pad = "x".repeat(16 * 1024);
+    let mut frames = vec!["{\"max_tokens\": 10, \"pad\": \"".to_owned()];
+    frames.extend(std::iter::repeat_n(pad, 5));
+    frames.push("\"}".to_owned());
+    let (parts, _) = call("k2", frames).await;
+    assert_eq!(parts.status, StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(spent("k2").await, None);
 }
 
 /// examples/token_budget.rs's `--measure`: sequential calls until the first

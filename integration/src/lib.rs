@@ -18,6 +18,7 @@ macro_rules! markdown_doctests {
             feature = "redis-sentinel",
             feature = "postgres",
             feature = "serde",
+            feature = "json",
             feature = "tonic",
             feature = "metrics"
         ))]

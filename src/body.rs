@@ -1,0 +1,640 @@
+//! Reservations read from the request's body: [`BodyEstimate`] says how
+//! ([`reserve_from_body`](crate::RateLimitLayer::reserve_from_body)),
+//! [`ReadBody`] reads a bounded prefix of the body before the limiter
+//! runs, and [`Replay`] hands the whole body on to the service: the bytes
+//! read, then the rest of the stream, trailers included.
+//!
+//! Only a layer that reserves from the body has these in its type (its
+//! [`Layer`](tower_layer::Layer) makes a `ReadBody<RateLimit<..>>`); any
+//! other layer never awaits the body and makes a plain
+//! [`RateLimit`](crate::RateLimit).
+
+use std::fmt;
+use std::future::Future;
+use std::mem;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::{HeaderMap, Request, Response, StatusCode, request::Parts};
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use crate::error::ConfigError;
+use crate::request::{RequestHead, is_grpc};
+
+/// The most bytes of a body [`BodyEstimate`] reads unless told otherwise
+/// ([`BodyEstimate::body_limit`]): 1 MiB.
+pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
+
+/// The marker of a layer whose reservation, if any, is read from the
+/// request's head: every layer until
+/// [`reserve_from_body`](crate::RateLimitLayer::reserve_from_body). Its
+/// service is a plain [`RateLimit`](crate::RateLimit), which never awaits
+/// the body.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct FromHead;
+
+/// What a body longer than the [limit](BodyEstimate::body_limit) gets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OverLimit {
+    /// The [fallback](BodyEstimate::new) estimate is reserved and the
+    /// request goes on, its body whole (the default).
+    #[default]
+    Fallback,
+    /// `413 Payload Too Large` with an empty body, uncounted; the service
+    /// is not called.
+    Reject,
+}
+
+/// A reading of the estimate, from the bytes of a whole body.
+type ReadFn = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
+
+/// How a layer reads a request's reservation from its body: the reading
+/// (a top-level JSON field with [`json_field`](Self::json_field), any
+/// function of the parsed JSON with [`json`](Self::json), any function of
+/// the bytes with [`new`](Self::new)), the estimate when it cannot read
+/// one (the fallback), and how much of the body it reads at most. Given to
+/// [`reserve_from_body`](crate::RateLimitLayer::reserve_from_body); the
+/// guide: `docs/costs.md#reserve-from-the-body`.
+///
+/// - The body is read up to its end, frame by frame (a chunked body too),
+///   before the limiter runs, at most [`body_limit`](Self::body_limit)
+///   bytes; a `content-length` above it is known at once, unread.
+/// - The fallback is reserved for a body that is empty, not of the
+///   format, without the field, with a value that is not a non-negative
+///   integer, that fails while it is read, or that is longer than the
+///   limit (or it gets 413: [`over_limit`](Self::over_limit)). Reading
+///   never panics.
+/// - gRPC requests (`content-type: application/grpc*`) are left alone:
+///   their bodies are not read, and they reserve the fallback.
+/// - The service gets the body whole, as a [`Replay`]: the frames read,
+///   then the rest of the stream, trailers kept.
+///
+/// ```
+/// # #[cfg(feature = "json")] {
+/// use tower_pinned_window::cost::{BodyEstimate, OverLimit};
+///
+/// let estimate = BodyEstimate::json_field("max_tokens", 4096)
+///     .body_limit(256 * 1024)
+///     .over_limit(OverLimit::Reject);
+/// assert_eq!(estimate.read(br#"{"model": "m", "max_tokens": 300}"#), 300);
+/// assert_eq!(estimate.read(br#"{"max_tokens": -1}"#), 4096, "not a non-negative integer");
+/// assert_eq!(estimate.read(b"{not json"), 4096);
+/// # }
+/// ```
+#[derive(Clone)]
+#[must_use]
+pub struct BodyEstimate {
+    read: ReadFn,
+    fallback: u64,
+    limit: usize,
+    over_limit: OverLimit,
+}
+
+impl BodyEstimate {
+    /// The estimate `read` finds in the bytes of a whole body (`None`: it
+    /// finds none, and `fallback` is reserved), read from bodies of at
+    /// most [`DEFAULT_BODY_LIMIT`] bytes; a longer one reserves
+    /// `fallback`.
+    pub fn new<F>(fallback: u64, read: F) -> Self
+    where
+        F: Fn(&[u8]) -> Option<u64> + Send + Sync + 'static,
+    {
+        Self {
+            read: Arc::new(read),
+            fallback,
+            limit: DEFAULT_BODY_LIMIT,
+            over_limit: OverLimit::Fallback,
+        }
+    }
+
+    /// The estimate in the top-level field `field` of a JSON object body
+    /// (`max_tokens`, `max_completion_tokens`), when it is a non-negative
+    /// integer; `fallback` otherwise.
+    #[cfg(feature = "json")]
+    pub fn json_field(field: impl Into<String>, fallback: u64) -> Self {
+        let field: String = field.into();
+        Self::json(fallback, move |body| body.get(&field)?.as_u64())
+    }
+
+    /// The estimate `read` finds in the parsed JSON body (`None`: it finds
+    /// none); `fallback` when `read` finds none or the body is not JSON.
+    #[cfg(feature = "json")]
+    pub fn json<F>(fallback: u64, read: F) -> Self
+    where
+        F: Fn(&serde_json::Value) -> Option<u64> + Send + Sync + 'static,
+    {
+        Self::new(fallback, move |bytes| {
+            read(&serde_json::from_slice::<serde_json::Value>(bytes).ok()?)
+        })
+    }
+
+    /// Read at most `bytes` of a body (default [`DEFAULT_BODY_LIMIT`]); a
+    /// longer one gets what [`over_limit`](Self::over_limit) says.
+    ///
+    /// # Panics
+    /// When `bytes` is 0: no body could be read. Use
+    /// [`try_body_limit`](Self::try_body_limit) for a limit known only at
+    /// run time.
+    #[track_caller]
+    pub fn body_limit(self, bytes: usize) -> Self {
+        match self.try_body_limit(bytes) {
+            Ok(estimate) => estimate,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`body_limit`](Self::body_limit), for a limit known only at
+    /// run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroBodyLimit`] when `bytes` is 0.
+    pub fn try_body_limit(mut self, bytes: usize) -> Result<Self, ConfigError> {
+        if bytes == 0 {
+            return Err(ConfigError::ZeroBodyLimit);
+        }
+        self.limit = bytes;
+        Ok(self)
+    }
+
+    /// What a body longer than the limit gets: the fallback
+    /// ([`OverLimit::Fallback`], the default) or 413
+    /// ([`OverLimit::Reject`]).
+    pub fn over_limit(mut self, over_limit: OverLimit) -> Self {
+        self.over_limit = over_limit;
+        self
+    }
+
+    /// The estimate of a request whose body cannot be read.
+    pub fn fallback(&self) -> u64 {
+        self.fallback
+    }
+
+    /// The estimate read from `body`, the bytes of a whole body: what
+    /// the reading finds, or the fallback. A body longer than the limit
+    /// is not read here either.
+    pub fn read(&self, body: &[u8]) -> u64 {
+        if body.len() > self.limit {
+            return self.fallback;
+        }
+        (self.read)(body).unwrap_or(self.fallback)
+    }
+}
+
+impl fmt::Debug for BodyEstimate {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("BodyEstimate")
+            .field("fallback", &self.fallback)
+            .field("limit", &self.limit)
+            .field("over_limit", &self.over_limit)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The estimate [`ReadBody`] read, in the request's extensions for the
+/// limiter's reservation.
+#[derive(Debug, Clone, Copy)]
+struct Estimated(u64);
+
+/// The reservation of a request: what [`ReadBody`] read from its body, or
+/// `fallback` (a request that came another way).
+pub(crate) fn estimated(head: &RequestHead<'_>, fallback: u64) -> u64 {
+    head.extensions()
+        .get::<Estimated>()
+        .map_or(fallback, |estimated| estimated.0)
+}
+
+/// A request body handed on whole after [`ReadBody`] read a prefix of it:
+/// the frames read, then the rest of the stream (its trailers, and an
+/// error it failed with, included).
+pub struct Replay<B: Body> {
+    read: std::vec::IntoIter<Bytes>,
+    /// An error the body failed with while it was read, handed on after
+    /// the frames read.
+    error: Option<B::Error>,
+    /// Trailers met while the body was read.
+    trailers: Option<HeaderMap>,
+    /// The rest of the stream; `None` once it ended while it was read.
+    rest: Option<B>,
+}
+
+impl<B: Body> Replay<B> {
+    /// `body`, none of it read.
+    fn unread(body: B) -> Self {
+        Self {
+            read: Vec::new().into_iter(),
+            error: None,
+            trailers: None,
+            rest: Some(body),
+        }
+    }
+
+    /// The bytes read and not yet handed on.
+    fn read_len(&self) -> u64 {
+        self.read.as_slice().iter().map(|b| b.len() as u64).sum()
+    }
+}
+
+// Nothing in a `Replay` is pinned: the rest is polled through `Pin::new`,
+// as an `Unpin` body, and the error is only moved.
+impl<B: Body + Unpin> Unpin for Replay<B> {}
+
+impl<B> Body for Replay<B>
+where
+    B: Body + Unpin,
+{
+    type Data = Bytes;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, B::Error>>> {
+        let this = self.get_mut();
+        if let Some(data) = this.read.next() {
+            return Poll::Ready(Some(Ok(Frame::data(data))));
+        }
+        if let Some(err) = this.error.take() {
+            return Poll::Ready(Some(Err(err)));
+        }
+        if let Some(trailers) = this.trailers.take() {
+            return Poll::Ready(Some(Ok(Frame::trailers(trailers))));
+        }
+        let Some(rest) = &mut this.rest else {
+            return Poll::Ready(None);
+        };
+        let frame = ready!(Pin::new(rest).poll_frame(cx));
+        Poll::Ready(frame.map(|frame| frame.map(|frame| frame.map_data(into_bytes))))
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.read.len() == 0
+            && self.error.is_none()
+            && self.trailers.is_none()
+            && self.rest.as_ref().is_none_or(Body::is_end_stream)
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        let read = self.read_len();
+        let mut hint = match &self.rest {
+            Some(rest) => rest.size_hint(),
+            None => SizeHint::with_exact(0),
+        };
+        let lower = hint.lower().saturating_add(read);
+        if let Some(upper) = hint.upper() {
+            hint.set_upper(upper.saturating_add(read));
+        }
+        hint.set_lower(lower);
+        hint
+    }
+}
+
+impl<B: Body> fmt::Debug for Replay<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Replay")
+            .field("read_bytes", &self.read_len())
+            .field("trailers", &self.trailers.is_some())
+            .field("rest", &self.rest.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A frame's data as [`Bytes`]; no copy when it is `Bytes` already.
+fn into_bytes<D: Buf>(mut data: D) -> Bytes {
+    data.copy_to_bytes(data.remaining())
+}
+
+/// Reads a bounded prefix of each request's body for its reservation
+/// ([`BodyEstimate`]), then calls the limiter `S` with the body whole (a
+/// [`Replay`]). What a layer that
+/// [reserves from the body](crate::RateLimitLayer::reserve_from_body)
+/// makes, around its [`RateLimit`](crate::RateLimit).
+///
+/// The request body must be [`Unpin`] (hyper's and axum's are); box
+/// another (`http_body_util::BodyExt::boxed`).
+#[must_use]
+pub struct ReadBody<S> {
+    inner: S,
+    estimate: BodyEstimate,
+}
+
+impl<S> ReadBody<S> {
+    pub(crate) fn new(inner: S, estimate: BodyEstimate) -> Self {
+        Self { inner, estimate }
+    }
+
+    /// The limiter inside.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The limiter inside, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The limiter inside, consuming `self`.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S: Clone> Clone for ReadBody<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            estimate: self.estimate.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for ReadBody<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadBody")
+            .field("inner", &self.inner)
+            .field("estimate", &self.estimate)
+            .finish()
+    }
+}
+
+impl<S, B, ResBody> Service<Request<B>> for ReadBody<S>
+where
+    S: Service<Request<Replay<B>>, Response = Response<ResBody>> + Clone,
+    B: Body + Unpin,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ReadBodyFuture<S, B>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        // gRPC bodies are left alone: the fallback is reserved.
+        if is_grpc(&parts.headers) {
+            return ReadBodyFuture::calling(&mut self.inner, parts, Replay::unread(body));
+        }
+        let declared = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > self.estimate.limit as u64) {
+            return ReadBodyFuture::over_limit(&self.estimate, &mut self.inner, parts, body);
+        }
+        // The ready limiter goes into the future; a clone stays for the
+        // next call.
+        let clone = self.inner.clone();
+        let service = mem::replace(&mut self.inner, clone);
+        ReadBodyFuture {
+            state: ReadState::Reading {
+                reading: Some(Reading {
+                    parts,
+                    body,
+                    read: Vec::new(),
+                    len: 0,
+                    service,
+                    estimate: self.estimate.clone(),
+                }),
+            },
+        }
+    }
+}
+
+/// A request whose body is being read.
+struct Reading<S, B> {
+    parts: Parts,
+    body: B,
+    read: Vec<Bytes>,
+    /// The bytes in `read`.
+    len: usize,
+    service: S,
+    estimate: BodyEstimate,
+}
+
+pin_project! {
+    /// The response future of [`ReadBody`]: reads the body's prefix, then
+    /// waits for the limiter (and the service).
+    pub struct ReadBodyFuture<S, B>
+    where
+        S: Service<Request<Replay<B>>>,
+        B: Body,
+    {
+        #[pin]
+        state: ReadState<Reading<S, B>, S::Future, S::Response>,
+    }
+}
+
+pin_project! {
+    #[project = ReadStateProj]
+    enum ReadState<R, F, Res> {
+        Reading { reading: Option<R> },
+        Calling { #[pin] future: F },
+        Respond { response: Option<Res> },
+        Done,
+    }
+}
+
+impl<S, B, ResBody> ReadBodyFuture<S, B>
+where
+    S: Service<Request<Replay<B>>, Response = Response<ResBody>> + Clone,
+    B: Body + Unpin,
+    ResBody: Default,
+{
+    /// Calls the ready `service` with the request of `parts` and `body`.
+    fn calling(service: &mut S, parts: Parts, body: Replay<B>) -> Self {
+        Self {
+            state: ReadState::Calling {
+                future: service.call(Request::from_parts(parts, body)),
+            },
+        }
+    }
+
+    /// A body longer than the limit: 413, or on with the fallback.
+    fn over_limit(estimate: &BodyEstimate, service: &mut S, parts: Parts, body: B) -> Self {
+        match estimate.over_limit {
+            OverLimit::Fallback => {
+                tracing::debug!(
+                    limit = estimate.limit,
+                    "request body over the limit: reserving the fallback estimate"
+                );
+                Self::calling(service, parts, Replay::unread(body))
+            }
+            OverLimit::Reject => {
+                tracing::debug!(limit = estimate.limit, "request body over the limit: 413");
+                let mut response = Response::new(ResBody::default());
+                *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+                Self {
+                    state: ReadState::Respond {
+                        response: Some(response),
+                    },
+                }
+            }
+        }
+    }
+}
+
+impl<S, B, ResBody> Future for ReadBodyFuture<S, B>
+where
+    S: Service<Request<Replay<B>>, Response = Response<ResBody>> + Clone,
+    B: Body + Unpin,
+    ResBody: Default,
+{
+    type Output = Result<Response<ResBody>, S::Error>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        loop {
+            match this.state.as_mut().project() {
+                ReadStateProj::Reading { reading } => {
+                    let r = reading.as_mut().expect("the body is read once");
+                    // Some(error) when the body failed; frames up to its end
+                    // or past the limit.
+                    let mut error = None;
+                    let mut trailers = None;
+                    let mut ended = r.body.is_end_stream();
+                    let mut over = false;
+                    while !ended && !over {
+                        match ready!(Pin::new(&mut r.body).poll_frame(cx)) {
+                            None => ended = true,
+                            Some(Err(err)) => {
+                                error = Some(err);
+                                ended = true;
+                            }
+                            Some(Ok(frame)) => match frame.into_data() {
+                                Ok(data) => {
+                                    let data = into_bytes(data);
+                                    r.len = r.len.saturating_add(data.len());
+                                    if !data.is_empty() {
+                                        r.read.push(data);
+                                    }
+                                    over = r.len > r.estimate.limit;
+                                }
+                                Err(frame) => {
+                                    // Trailers end the body.
+                                    trailers = frame.into_trailers().ok();
+                                    ended = true;
+                                }
+                            },
+                        }
+                    }
+                    let Reading {
+                        mut parts,
+                        body,
+                        read,
+                        len: _,
+                        mut service,
+                        estimate,
+                    } = reading.take().expect("the body is read once");
+                    if over && estimate.over_limit == OverLimit::Reject {
+                        let mut response = Response::new(ResBody::default());
+                        *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+                        this.state.set(ReadState::Done);
+                        return Poll::Ready(Ok(response));
+                    }
+                    let value = if over || error.is_some() {
+                        estimate.fallback
+                    } else {
+                        match &read[..] {
+                            [] => estimate.read(&[]),
+                            [one] => estimate.read(one),
+                            many => {
+                                let len = many.iter().map(Bytes::len).sum();
+                                let mut whole = BytesMut::with_capacity(len);
+                                for data in many {
+                                    whole.extend_from_slice(data);
+                                }
+                                estimate.read(&whole)
+                            }
+                        }
+                    };
+                    parts.extensions.insert(Estimated(value));
+                    let replay = Replay {
+                        read: read.into_iter(),
+                        error,
+                        trailers,
+                        rest: (!ended).then_some(body),
+                    };
+                    let future = service.call(Request::from_parts(parts, replay));
+                    this.state.set(ReadState::Calling { future });
+                }
+                ReadStateProj::Calling { future } => {
+                    let output = ready!(future.poll(cx));
+                    this.state.set(ReadState::Done);
+                    return Poll::Ready(output);
+                }
+                ReadStateProj::Respond { response } => {
+                    let response = response.take().expect("the response is taken once");
+                    this.state.set(ReadState::Done);
+                    return Poll::Ready(Ok(response));
+                }
+                ReadStateProj::Done => panic!("ReadBodyFuture polled after it completed"),
+            }
+        }
+    }
+}
+
+impl<S, B> fmt::Debug for ReadBodyFuture<S, B>
+where
+    S: Service<Request<Replay<B>>>,
+    B: Body,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            ReadState::Reading { .. } => "reading",
+            ReadState::Calling { .. } => "calling",
+            ReadState::Respond { .. } => "respond",
+            ReadState::Done => "done",
+        };
+        f.debug_struct("ReadBodyFuture")
+            .field("state", &state)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::{BodyExt, Full};
+
+    #[tokio::test]
+    async fn a_replay_hands_on_the_bytes_read_then_the_rest_with_its_length() {
+        let replay = |read: &[&'static str], rest: Option<&'static str>| Replay {
+            read: read
+                .iter()
+                .map(|s| Bytes::from_static(s.as_bytes()))
+                .collect::<Vec<_>>()
+                .into_iter(),
+            error: None,
+            trailers: None,
+            rest: rest.map(|s| Full::new(Bytes::from_static(s.as_bytes()))),
+        };
+        let cases = [
+            (
+                "read, then the rest",
+                replay(&["ab", "c"], Some("def")),
+                "abcdef",
+                6,
+            ),
+            ("all read", replay(&["ab", "c"], None), "abc", 3),
+            (
+                "none read",
+                Replay::unread(Full::new(Bytes::from_static(b"xyz"))),
+                "xyz",
+                3,
+            ),
+            ("empty", replay(&[], None), "", 0),
+        ];
+        for (case, body, whole, len) in cases {
+            assert_eq!(body.size_hint().exact(), Some(len), "{case}");
+            assert_eq!(body.is_end_stream(), len == 0, "{case}");
+            let bytes = body.collect().await.unwrap().to_bytes();
+            assert_eq!(bytes, whole, "{case}");
+        }
+    }
+}
