@@ -58,7 +58,7 @@ type ReadFn = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
 /// the bytes with [`new`](Self::new)), the estimate when it cannot read
 /// one (the fallback), and how much of the body it reads at most. Given to
 /// [`reserve_from_body`](crate::RateLimitLayer::reserve_from_body); the
-/// guide: `docs/costs.md#reserve-from-the-body`.
+/// guide: [`docs/costs.md#reserve-from-the-body`](crate::guide::costs#reserve-from-the-body).
 ///
 /// - The body is read up to its end, frame by frame (a chunked body too),
 ///   before the limiter runs, at most [`body_limit`](Self::body_limit)

@@ -15,7 +15,7 @@
 //! that spends builds only on a backend that implements [`Spending`],
 //! whatever the order of its setters ([`Counts`]). A layer that does not
 //! spend counts with `hit_all`, as it always has, and runs nothing here.
-//! The guide: `docs/costs.md`.
+//! The guide: [`docs/costs.md`](crate::guide::costs).
 
 pub use crate::body::{
     BodyEstimate, DEFAULT_BODY_LIMIT, FromHead, OverLimit, ReadBody, ReadBodyFuture, Replay,

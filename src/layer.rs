@@ -43,9 +43,9 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// unless they share both a backend and a name.
 ///
 /// Every option, with examples, is in the guides (Markdown files in the
-/// repository): `docs/usage.md` (the options table), `docs/quotas.md`,
-/// `docs/client-identity.md`, `docs/outcomes.md`, `docs/costs.md` and
-/// `docs/headers.md`.
+/// repository): [`docs/usage.md`](crate::guide::usage) (the options table), [`docs/quotas.md`](crate::guide::quotas),
+/// [`docs/client-identity.md`](crate::guide::client_identity), [`docs/outcomes.md`](crate::guide::outcomes), [`docs/costs.md`](crate::guide::costs) and
+/// [`docs/headers.md`](crate::guide::headers).
 ///
 /// # The response body must implement `Default`
 ///
@@ -54,7 +54,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// tower-http's `TraceLayer` and `CompressionLayer` wrap the body in types
 /// without it: put this layer *inside* them (below them in a
 /// `ServiceBuilder`), where the trace also records the 429s. Guide:
-/// `docs/usage.md#with-other-layers-the-response-body-must-implement-default`.
+/// [`docs/usage.md#with-other-layers-the-response-body-must-implement-default`](crate::guide::usage#with-other-layers-the-response-body-must-implement-default).
 ///
 /// ```
 /// use std::time::Duration;
@@ -130,7 +130,7 @@ impl RateLimitLayer {
     }
 
     /// Like [`new`](Self::new), for a name known only at run time. Guide:
-    /// `docs/usage.md#values-read-at-run-time`.
+    /// [`docs/usage.md#values-read-at-run-time`](crate::guide::usage#values-read-at-run-time).
     ///
     /// # Errors
     /// [`ConfigError::InvalidName`] for a name that is empty, longer than
@@ -163,7 +163,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Charge each request to the key `key` extracts (see [`crate::key`]):
     /// a built-in extractor, a pair of them, or your own [`KeyExtractor`].
     /// For a closure, use [`key_fn`](Self::key_fn). Guide:
-    /// `docs/client-identity.md`.
+    /// [`docs/client-identity.md`](crate::guide::client_identity).
     pub fn key<K2: KeyExtractor>(self, key: K2) -> RateLimitLayer<K2, Bk, D, M, R> {
         RateLimitLayer {
             key,
@@ -175,7 +175,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
 
     /// Charge each request to the key the closure `key` reads from the
     /// request's head; its argument type is inferred. Guide:
-    /// `docs/usage.md#your-own-key-your-own-denial`.
+    /// [`docs/usage.md#your-own-key-your-own-denial`](crate::guide::usage#your-own-key-your-own-denial).
     pub fn key_fn<F>(self, key: F) -> RateLimitLayer<F, Bk, D, M, R>
     where
         F: Fn(&RequestHead<'_>) -> Result<Key, KeyError>,
@@ -186,7 +186,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Keep counters in `backend` instead of this layer's own
     /// [`MemoryBackend`]. Layers given clones of one backend share counters
     /// only where their names are equal. Guide:
-    /// `docs/usage.md#sharing-a-backend-reading-a-counter`.
+    /// [`docs/usage.md#sharing-a-backend-reading-a-counter`](crate::guide::usage#sharing-a-backend-reading-a-counter).
     ///
     /// A layer that spends (a [cost](Self::cost), a [charge](Self::charge), a
     /// [lockout](Self::block_for) or a [reset on success](Self::reset_if))
@@ -209,7 +209,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Answer denied (non-gRPC) requests with `deny`'s response instead of
     /// an empty 429. `Retry-After` and the rate-limit headers are added to it,
     /// each unless the response already has it. The closure's argument type is
-    /// inferred. Guide: `docs/usage.md#your-own-key-your-own-denial`.
+    /// inferred. Guide: [`docs/usage.md#your-own-key-your-own-denial`](crate::guide::usage#your-own-key-your-own-denial).
     pub fn deny_with<F, B>(self, deny: F) -> RateLimitLayer<K, Bk, F, M, R>
     where
         F: Fn(&Decision) -> Response<B>,
@@ -227,7 +227,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     }
 
     /// Which rate-limit headers responses carry (default: the IETF fields).
-    /// See the [example](HeaderStyle#example); guide: `docs/headers.md`.
+    /// See the [example](HeaderStyle#example); guide: [`docs/headers.md`](crate::guide::headers).
     pub fn headers(mut self, style: HeaderStyle) -> Self {
         self.core.settings.policies.set_style(style);
         self
@@ -236,7 +236,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Check every request against `quota` too, in the same backend call: a
     /// request over any of its quotas is denied. Clients see it under the name a
     /// [`NamedQuota`] gives it, or `"<layer> <limit>/<window>"` for a plain
-    /// [`Quota`]. Guide: `docs/quotas.md#more-quotas-also`.
+    /// [`Quota`]. Guide: [`docs/quotas.md#more-quotas-also`](crate::guide::quotas#more-quotas-also).
     ///
     /// A fixed [`cost`](Self::cost) above `quota`'s limit is refused when
     /// the layer is built ([`check`](Self::check)).
@@ -248,7 +248,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Use `quota` instead of the layer's for one route: axum's matched path
     /// (add the layer with `route_layer`) or a gRPC method. Quotas added with
     /// [`also`](Self::also) still apply. Guide:
-    /// `docs/quotas.md#per-route-or-method-route_quota`.
+    /// [`docs/quotas.md#per-route-or-method-route_quota`](crate::guide::quotas#per-route-or-method-route_quota).
     ///
     /// A fixed [`cost`](Self::cost) above `quota`'s limit is refused when
     /// the layer is built, as for [`also`](Self::also).
@@ -260,7 +260,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Pick a request's quota with `choose` (a tier your authentication
     /// attached, say); `None` falls back to the route's quota or the layer's.
     /// Quotas added with [`also`](Self::also) still apply. Guide:
-    /// `docs/quotas.md#tiers-quota_by`.
+    /// [`docs/quotas.md#tiers-quota_by`](crate::guide::quotas#tiers-quota_by).
     pub fn quota_by<F, Q>(mut self, choose: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> Option<Q> + Send + Sync + 'static,
@@ -276,7 +276,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Let the requests `skip` picks bypass the limiter: they are not counted,
     /// get no rate-limit headers and no [`Decision`], and their key is never
     /// read. Each call adds a predicate; the closure's argument type is
-    /// inferred. Guide: `docs/client-identity.md#skipping-requests`.
+    /// inferred. Guide: [`docs/client-identity.md#skipping-requests`](crate::guide::client_identity#skipping-requests).
     pub fn skip_if<F>(mut self, skip: F) -> Self
     where
         F: Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
@@ -292,7 +292,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Let the clients on `allowlist` bypass the limiter, as
     /// [`skip_if`](Self::skip_if) does, found through the proxies its
     /// [`ClientIp`](crate::key::ClientIp) trusts and no others. Guide:
-    /// `docs/client-identity.md#skipping-requests`.
+    /// [`docs/client-identity.md#skipping-requests`](crate::guide::client_identity#skipping-requests).
     pub fn allowlist(self, allowlist: Allowlist) -> Self {
         self.skip_if(move |req| allowlist.contains(req))
     }
@@ -301,7 +301,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// the answer's [`ResponseHead`], and a hit it rejects is handed back
     /// ([`Backend::refund`]) in every quota, as a denied request's is. The
     /// closure's argument type is inferred; a later call replaces an earlier one.
-    /// Guide (what counts, and when): `docs/outcomes.md`.
+    /// Guide (what counts, and when): [`docs/outcomes.md`](crate::guide::outcomes).
     pub fn count_if<F>(mut self, counts: F) -> Self
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
@@ -311,7 +311,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     }
 
     /// Count only the answers `which` names: [`count_if`](Self::count_if)
-    /// with one of the usual choices ([`CountOnly`]). Guide: `docs/outcomes.md`.
+    /// with one of the usual choices ([`CountOnly`]). Guide: [`docs/outcomes.md`](crate::guide::outcomes).
     pub fn count_only(self, which: CountOnly) -> Self {
         self.count_if(move |res| which.counts(res))
     }
@@ -344,7 +344,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// How long one backend call may take (default [`DEFAULT_TIMEOUT`]);
     /// past it the request is handled under the [`FailurePolicy`]. The timer
     /// only starts if the backend does not answer at once. A [`Window`] is
-    /// never zero. Guide: `docs/usage.md#values-read-at-run-time`.
+    /// never zero. Guide: [`docs/usage.md#values-read-at-run-time`](crate::guide::usage#values-read-at-run-time).
     pub fn timeout(mut self, timeout: Window) -> Self {
         self.core.settings.timeout = timeout.as_duration();
         self
@@ -391,14 +391,14 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
 
     /// The layer's backend, for [`peek`](Backend::peek) and
     /// [`reset`](Backend::reset). Guide:
-    /// `docs/usage.md#sharing-a-backend-reading-a-counter`.
+    /// [`docs/usage.md#sharing-a-backend-reading-a-counter`](crate::guide::usage#sharing-a-backend-reading-a-counter).
     pub fn backend_ref(&self) -> &Bk {
         &self.core.backend
     }
 }
 
 /// Costs, reservations, charges, lockouts and resets on success (the
-/// guide: `docs/costs.md`). Each moves the layer to a mode that spends
+/// guide: [`docs/costs.md`](crate::guide::costs)). Each moves the layer to a mode that spends
 /// ([`Spends`](crate::cost::Spends), or [`Charged`]), which builds only on a
 /// backend that implements [`Spending`](crate::backend::Spending), whatever
 /// the order of the calls.
@@ -429,7 +429,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// admitted only if its whole cost fits in every quota, and a denied request
     /// spends nothing. A cost of 0 checks without counting. A cost above one of
     /// the layer's limits could never be admitted: the layer refuses it when it
-    /// is built ([`check`](Self::check)). Guide: `docs/costs.md#request-cost`.
+    /// is built ([`check`](Self::check)). Guide: [`docs/costs.md#request-cost`](crate::guide::costs#request-cost).
     pub fn cost(self, cost: u64) -> RateLimitLayer<K, Bk, D, M::Spending, R> {
         self.spending(|s| s.spend.as_mut().expect("a plan").cost = Some(Cost::Fixed(cost)))
     }
@@ -440,7 +440,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// whatever the backend answers: the backend is asked only what the
     /// key's counters hold, for the headers, and nothing is spent. It runs
     /// on every request: keep it cheap.
-    /// Guide: `docs/costs.md#request-cost`.
+    /// Guide: [`docs/costs.md#request-cost`](crate::guide::costs#request-cost).
     pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, M::Spending, R>
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
@@ -453,7 +453,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// (a token count in a trailer, say), added to the window the request
     /// was counted in. The request goes in as a check that opens the
     /// window; the answers' bodies become [`Metered`](crate::cost::Metered).
-    /// Guide: `docs/costs.md#response-cost-charge`.
+    /// Guide: [`docs/costs.md#response-cost-charge`](crate::guide::costs#response-cost-charge).
     ///
     /// `charge` answers a `u64`, or an `Option<u64>` where `None` means
     /// that the answer's usage is absent or malformed: nothing is charged
@@ -509,7 +509,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     ///   [`check`](Self::check), whatever the order of the calls.
     ///
     /// It runs on every request: keep it cheap. Guide:
-    /// `docs/costs.md#reserve-then-settle`.
+    /// [`docs/costs.md#reserve-then-settle`](crate::guide::costs#reserve-then-settle).
     ///
     /// ```
     /// use std::time::Duration;
@@ -568,7 +568,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// the fallback; gRPC bodies are not read. The layer makes a
     /// [`ReadBody`](crate::cost::ReadBody) around its
     /// [`RateLimit`]; a layer without this setter never awaits the body.
-    /// Guide: `docs/costs.md#reserve-from-the-body`.
+    /// Guide: [`docs/costs.md#reserve-from-the-body`](crate::guide::costs#reserve-from-the-body).
     ///
     /// ```
     /// # #[cfg(feature = "json")] {
@@ -607,7 +607,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
 
     /// Once a request does not fit, lock its key out for `block`, counted
     /// from that first denial and never extended; `Retry-After` gives the
-    /// lockout's end. Guide: `docs/costs.md#lockouts-block_for`.
+    /// lockout's end. Guide: [`docs/costs.md#lockouts-block_for`](crate::guide::costs#lockouts-block_for).
     pub fn block_for(self, block: Window) -> RateLimitLayer<K, Bk, D, M::Spending, R> {
         self.spending(|s| s.spend.as_mut().expect("a plan").block = Some(block))
     }
@@ -615,7 +615,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// A passed request whose answer `reset` picks (a successful login)
     /// clears its key's counters in the request's window, never creating
     /// one; its decision is [`cleared`](Decision::cleared). Guide:
-    /// `docs/costs.md#reset-on-success-reset_if`.
+    /// [`docs/costs.md#reset-on-success-reset_if`](crate::guide::costs#reset-on-success-reset_if).
     pub fn reset_if<F>(self, reset: F) -> RateLimitLayer<K, Bk, D, M::Spending, R>
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,

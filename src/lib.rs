@@ -110,13 +110,13 @@
 //!
 //! | topic | where |
 //! |---|---|
-//! | the layer and every option (guide: `docs/usage.md`) | [`RateLimitLayer`] |
-//! | quotas, rate strings (`"100/min"`), policy names (guide: `docs/quotas.md`) | [`Quota`], [`NamedQuota`], [`Window`] |
-//! | whom to count: peer address, client behind proxies, header, route, allowlists (guide: `docs/client-identity.md`) | [`key`] |
-//! | counting by the answer (failed logins; guide: `docs/outcomes.md`) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`](outcome::CountOnly) |
-//! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: `docs/costs.md`) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
-//! | the answer's headers and denials (guide: `docs/headers.md`) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
-//! | a budget for outbound calls, shared by every instance, that waits for its window (guide: `docs/outbound.md`) | [`outbound::BudgetLayer`] |
+//! | the layer and every option (guide: [`docs/usage.md`](crate::guide::usage)) | [`RateLimitLayer`] |
+//! | quotas, rate strings (`"100/min"`), policy names (guide: [`docs/quotas.md`](crate::guide::quotas)) | [`Quota`], [`NamedQuota`], [`Window`] |
+//! | whom to count: peer address, client behind proxies, header, route, allowlists (guide: [`docs/client-identity.md`](crate::guide::client_identity)) | [`key`] |
+//! | counting by the answer (failed logins; guide: [`docs/outcomes.md`](crate::guide::outcomes)) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`](outcome::CountOnly) |
+//! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: [`docs/costs.md`](crate::guide::costs)) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
+//! | the answer's headers and denials (guide: [`docs/headers.md`](crate::guide::headers)) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
+//! | a budget for outbound calls, shared by every instance, that waits for its window (guide: [`docs/outbound.md`](crate::guide::outbound)) | [`outbound::BudgetLayer`] |
 //! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`OnMissingKey`], [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
 //! | Redis, Cluster, Sentinel (feature `redis`) | [`backend::redis`][mod-redis] |
@@ -124,10 +124,11 @@
 //! | limits from TOML, YAML, JSON (feature `serde`) | [`config`][mod-config] |
 //! | metrics (feature `metrics`) | [`metrics`][mod-metrics] |
 //!
-//! Longer guides (proxies and forwarded headers, Redis outages and the
-//! circuit breaker, the audit, the PostgreSQL table, gRPC, benchmarks) are
-//! Markdown files in the repository: `docs/*.md`, listed in its README, and
-//! `bench/README.md`.
+//! The guides (proxies and forwarded headers, Redis outages and the
+//! circuit breaker, the audit, the PostgreSQL table, gRPC, outbound
+//! budgets) are rendered here, in the [`guide`] module, from the
+//! repository's `docs/*.md`; the benchmarks and their figures are in the
+//! repository's `bench/README.md`.
 //!
 // The feature-gated modules' links: intra-doc where the module is built
 // (docs.rs and CI build with every feature), docs.rs otherwise, so a docs

@@ -17,7 +17,7 @@
 //! a response future dropped before the answer (there is no answer, and the
 //! service may have done the work), a refund the backend failed, and a
 //! process that stops between the hit and the refund. Each hit is refunded
-//! at most once. The guide: `docs/outcomes.md`.
+//! at most once. The guide: [`docs/outcomes.md`](crate::guide::outcomes).
 //!
 //! [`WantDecision`] is how an outer layer asks for a passed request's
 //! [`Decision`] in its response.

@@ -4,7 +4,7 @@
 //! answers it passes back. Pick the headers with [`HeaderStyle`], the
 //! denial with a [`Deny`] ([`deny_with`](crate::RateLimitLayer::deny_with));
 //! [`DefaultDeny`] answers an empty 429 (gRPC: RESOURCE_EXHAUSTED). The
-//! guide: `docs/headers.md`.
+//! guide: [`docs/headers.md`](crate::guide::headers).
 
 use std::cell::RefCell;
 

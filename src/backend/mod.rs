@@ -91,7 +91,7 @@
 //!
 //! A backend of your own is held to the same contract by the
 //! `tower-pinned-window-testkit` crate: every scenario, on fresh backends
-//! your harness makes, as a test each (`docs/testing.md`).
+//! your harness makes, as a test each ([`docs/testing.md`](crate::guide::testing)).
 //!
 //! # Storage keys
 //!
@@ -222,7 +222,7 @@ pub enum BackendError {
     /// or failing store: it opens no circuit breaker, and it is logged and
     /// counted apart (`cluster_down`), but it is an outage like
     /// [`Unavailable`](Self::Unavailable): the failure policy decides
-    /// (see `docs/redis.md`).
+    /// (see [`docs/redis.md`](crate::guide::redis)).
     ClusterDown(Box<dyn std::error::Error + Send + Sync>),
     /// The stored counter is not an integer (or the key holds another type).
     /// The value was left untouched for inspection. Requests on this key are

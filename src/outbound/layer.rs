@@ -38,7 +38,7 @@ pub const DEFAULT_MARGIN: Duration = Duration::from_millis(20);
 /// A tower layer for *clients*: every call it wraps spends from a named
 /// budget that every instance of the service shares through its backend,
 /// and waits for the budget's window to end when it is spent, instead of
-/// failing. See the [module](super) for the rules, and `docs/outbound.md`.
+/// failing. See the [module](super) for the rules, and [`docs/outbound.md`](crate::guide::outbound).
 ///
 /// Give it the provider's own quota: each window the store pins is the
 /// quota's plus a [`margin`](Self::margin) (default [`DEFAULT_MARGIN`],
@@ -226,7 +226,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// in it. Use a larger margin when the calls' latency to the provider
     /// varies more, and `Duration::ZERO` when the store's windows are the
     /// provider's own. A margin that takes the window past [`Window::MAX`]
-    /// is refused by [`check`](Self::check). See `docs/outbound.md`.
+    /// is refused by [`check`](Self::check). See [`docs/outbound.md`](crate::guide::outbound).
     pub fn margin(mut self, margin: Duration) -> Self {
         self.settings.margin = margin;
         self

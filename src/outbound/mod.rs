@@ -87,7 +87,7 @@
 //! ready. Errors are boxed, as tower's `Timeout` and `LoadShed` do: the
 //! client's own pass through, and the budget's are a [`BudgetError`].
 //!
-//! The guide, with the measurements: `docs/outbound.md`.
+//! The guide, with the measurements: [`docs/outbound.md`](crate::guide::outbound).
 
 mod admit;
 mod deadline;

@@ -115,7 +115,7 @@
 //! [`deny_cache_recheck`](PostgresBackendBuilder::deny_cache_recheck)
 //! (default [`DEFAULT_DENY_CACHE_RECHECK`]), never past its window: no
 //! instance denies a request here that the table has room for for longer
-//! than that bound and a round trip (`docs/guarantees.md`). Deadlines are
+//! than that bound and a round trip ([`docs/guarantees.md`](crate::guide::guarantees)). Deadlines are
 //! measured from when the request was queued, before the database read its
 //! clock, so they never outlast the window in the table. Such denials
 //! report a count of `limit + 1` (a spend's: the limit plus its cost, as the

@@ -285,7 +285,7 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 ///   (default [`DEFAULT_DENY_CACHE_RECHECK`]) from when the denied request
 ///   was sent, never past its window or lockout. No instance then denies a
 ///   request here that Redis has room for for longer than that bound and a
-///   round trip (`docs/guarantees.md`).
+///   round trip ([`docs/guarantees.md`](crate::guide::guarantees)).
 ///
 /// Such denials report a count of `limit + 1` (a spend's: the limit plus
 /// its cost, as the [spend contract](crate::backend#costs-lockouts-and-amends)
@@ -643,7 +643,7 @@ impl<C> RedisBackendBuilder<C> {
     /// gone costs each of its calls up to `timeout`. With
     /// [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen), a call
     /// not acknowledged still lets its requests through (uncounted), as
-    /// any outage does. See the Redis guide (`docs/redis.md`) for the
+    /// any outage does. See the Redis guide ([`docs/redis.md`](crate::guide::redis)) for the
     /// measured cost and what it guarantees.
     ///
     /// # Panics
@@ -939,7 +939,7 @@ impl RedisBackend<::redis::cluster_async::ClusterConnection<connection::ClusterN
     /// node, for at most 250 ms; a refused or renamed `CONFIG` is passed
     /// over, at debug level) and logs one warning when it is `yes`: in a
     /// failover, every master then refuses every key until the failed
-    /// master's replica is promoted (see `docs/redis.md`).
+    /// master's replica is promoted (see [`docs/redis.md`](crate::guide::redis)).
     ///
     /// # Errors
     /// [`ConnectError::Config`] when a URL is invalid;
