@@ -164,7 +164,8 @@
 )]
 
 // The data path, outside in, one module a step: layer.rs (configuration)
-// → service.rs (the request's key, its quota, the backend's count) →
+// → body.rs (only under reserve_from_body: a bounded prefix of the
+// request's body read before the limiter, then replayed) → service.rs (the request's key, its quota, the backend's count) →
 // future.rs (the count at once or after the wait, then the service) →
 // verdict.rs (the one verdict: pass, deny or fail) → outcome.rs (only under
 // count_if, reset_if or charge: what the answer does to the hits) → core.rs

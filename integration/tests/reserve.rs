@@ -186,14 +186,17 @@ async fn settled<Bk: Backend>(backend: &Bk, key: &str, want: u64, what: &str) {
 
 /// The budget of the cases across two instances: the 2,000 tokens
 /// a minute.
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 const SHARED: u64 = 2000;
 
 /// What a test waits past a deny cache's recheck bound, so that the bound
 /// has surely passed (the wait is never asserted on).
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 const PAST_THE_BOUND: Duration = Duration::from_millis(20);
 
 /// One instance's layer for the cases across instances: [`SHARED`] tokens
 /// a minute per `x-api-key`, `reserve` and `charge` and nothing else.
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 fn reserving<Bk: Spending>(
     backend: Bk,
 ) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Charged> {
@@ -207,6 +210,7 @@ fn reserving<Bk: Spending>(
 
 /// One instance's plain route: 2 hits a minute per `x-api-key`, with no
 /// option that lowers a count.
+#[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 fn plain<Bk: Backend>(backend: Bk) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny> {
     RateLimitLayer::new("tokens", quota(2))
         .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
@@ -224,6 +228,7 @@ mod cases {
     /// its deny cache learns the key is full); A's answer settles to 100;
     /// once B's `recheck` bound has passed, B's reservation is admitted
     /// with 1,800 left, not denied until the window ends.
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     pub async fn a_settle_on_one_instance_frees_the_budget_on_another<Bk: Spending>(
         a: Bk,
         b: Bk,
@@ -263,6 +268,7 @@ mod cases {
     /// store is counted, even a denied one; the count stays where B's
     /// first denial left it). Returns after B's local denials, for the
     /// caller to count the store's calls too.
+    #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
     pub async fn a_plain_routes_denial_stays_local_past_the_bound<Bk: Backend>(
         a: Bk,
         b: Bk,

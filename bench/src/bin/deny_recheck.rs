@@ -83,7 +83,7 @@ async fn trial<Bk: Spending>(a: &Bk, b: &Bk, window: Duration, key: &str) -> Opt
         return None;
     }
     held.into_body().collect().await.unwrap();
-    let key_of = Key::new(key.to_owned());
+    let key_of = Key::new(key);
     while a.peek("tokens", &key_of).await.unwrap().map(|h| h.count) != Some(100) {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }

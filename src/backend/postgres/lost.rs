@@ -12,15 +12,11 @@
 //! given back twice: the refunds are sent once, and a refund transaction
 //! whose own reply is lost is not sent again.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
-
-use tokio::sync::oneshot;
 
 use super::db::Db;
 use super::row::deadline_time;
-use super::spend::{Op, Request, Spent, send};
-use crate::backend::{Amend, Spend};
+use crate::backend::{Hits, Spend};
 use crate::key::Key;
 use crate::quota::Quota;
 
@@ -35,25 +31,25 @@ const MAX_WAIT: Duration = Duration::from_secs(1);
 
 /// One counter's share of a spend to give back.
 pub(super) struct Refund {
-    key: Key,
-    namespace: Box<str>,
-    expires_at: SystemTime,
-    cost: u64,
+    pub(super) key: Key,
+    pub(super) namespace: Box<str>,
+    pub(super) expires_at: SystemTime,
+    pub(super) cost: u64,
 }
 
-/// Adds to `out` what `spent` counted of the spend `spend` of `key` on
-/// `counters`: its cost on each counter that counted it.
+/// Adds to `out` what the spend `spend` of `key` on `counters` counted,
+/// from its `hits`: its cost on each counter that counted it.
 pub(super) fn refunds(
     out: &mut Vec<Refund>,
     key: &Key,
     counters: &[(Box<str>, Quota)],
     spend: Spend,
-    spent: &Spent,
+    hits: &Hits,
 ) {
     if spend.cost == 0 {
         return;
     }
-    for ((namespace, _), hit) in counters.iter().zip(&spent.hits) {
+    for ((namespace, _), hit) in counters.iter().zip(hits) {
         if let Some(deadline) = hit.deadline {
             out.push(Refund {
                 key: key.clone(),
@@ -65,63 +61,9 @@ pub(super) fn refunds(
     }
 }
 
-/// Gives `refunds` back, on a task of its own; first, when `txid` names a
-/// transaction whose `COMMIT` reply was lost, only once it has committed.
-pub(super) fn give_back(db: &Arc<Db>, txid: Option<i64>, refunds: Vec<Refund>) {
-    if refunds.is_empty() {
-        return;
-    }
-    tokio::spawn(settle(Arc::clone(db), txid, refunds));
-}
-
-async fn settle(db: Arc<Db>, txid: Option<i64>, refunds: Vec<Refund>) {
-    if let Some(txid) = txid
-        && !committed(&db, txid).await
-    {
-        return;
-    }
-    let n = refunds.len();
-    let (requests, answers): (Vec<Request>, Vec<_>) = refunds
-        .into_iter()
-        .map(|refund| {
-            let (reply, answer) = oneshot::channel();
-            let request = Request {
-                key: refund.key,
-                op: Op::Amend {
-                    namespace: refund.namespace,
-                    expires_at: refund.expires_at,
-                    amend: Amend::Refund(refund.cost),
-                    reply,
-                },
-            };
-            (request, answer)
-        })
-        .unzip();
-    // Boxed: this runs in a task `send` spawns.
-    Box::pin(send(&db, requests)).await;
-    let mut failed = 0;
-    for answer in answers {
-        if !matches!(answer.await, Ok(Ok(_))) {
-            failed += 1;
-        }
-    }
-    if failed == 0 {
-        tracing::info!(
-            refunds = n,
-            "spends refused after they were counted (a COMMIT's reply lost, or their caller gone): given back"
-        );
-    } else {
-        tracing::warn!(
-            refunds = n,
-            failed,
-            "spends refused after they were counted could not all be given back: they may stay counted"
-        );
-    }
-}
-
 /// Whether transaction `txid` committed, asked until the database says
 /// it committed or aborted, for at most [`CHECK_FOR`].
-async fn committed(db: &Db, txid: i64) -> bool {
+pub(super) async fn committed(db: &Db, txid: i64) -> bool {
     let started = tokio::time::Instant::now();
     let mut wait = FIRST_WAIT;
     loop {

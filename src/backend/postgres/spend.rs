@@ -286,7 +286,13 @@ pub(super) async fn send(db: &Arc<Db>, mut batch: Vec<Request>) {
                         if let Err(Ok(spent)) = reply.send(spent) {
                             // Its caller has gone (the layer's timeout): it
                             // was refused, and keeps no cost.
-                            lost::refunds(&mut refunds, &request.key, &counters, spend, &spent);
+                            lost::refunds(
+                                &mut refunds,
+                                &request.key,
+                                &counters,
+                                spend,
+                                &spent.hits,
+                            );
                         }
                     }
                     (Op::Amend { reply, .. }, Answer::Amended(changed)) => {
@@ -295,7 +301,7 @@ pub(super) async fn send(db: &Arc<Db>, mut batch: Vec<Request>) {
                     _ => unreachable!("one answer per request, in order"),
                 }
             }
-            lost::give_back(db, None, refunds);
+            give_back(db, None, refunds);
         }
         Err(Failed::Before(err)) => {
             drop(client);
@@ -312,12 +318,66 @@ pub(super) async fn send(db: &Arc<Db>, mut batch: Vec<Request>) {
                     Answer::Spent(Ok(spent)),
                 ) = (&request.op, answer)
                 {
-                    lost::refunds(&mut refunds, &request.key, counters, *spend, spent);
+                    lost::refunds(&mut refunds, &request.key, counters, *spend, &spent.hits);
                 }
             }
             fail(batch, &err);
-            lost::give_back(db, Some(txid), refunds);
+            give_back(db, Some(txid), refunds);
         }
+    }
+}
+
+/// Gives `refunds` back, on a task of its own; first, when `txid` names a
+/// transaction whose `COMMIT` reply was lost, only once it has committed.
+fn give_back(db: &Arc<Db>, txid: Option<i64>, refunds: Vec<lost::Refund>) {
+    if refunds.is_empty() {
+        return;
+    }
+    tokio::spawn(settle(Arc::clone(db), txid, refunds));
+}
+
+async fn settle(db: Arc<Db>, txid: Option<i64>, refunds: Vec<lost::Refund>) {
+    if let Some(txid) = txid
+        && !lost::committed(&db, txid).await
+    {
+        return;
+    }
+    let n = refunds.len();
+    let (requests, answers): (Vec<Request>, Vec<_>) = refunds
+        .into_iter()
+        .map(|refund| {
+            let (reply, answer) = oneshot::channel();
+            let request = Request {
+                key: refund.key,
+                op: Op::Amend {
+                    namespace: refund.namespace,
+                    expires_at: refund.expires_at,
+                    amend: Amend::Refund(refund.cost),
+                    reply,
+                },
+            };
+            (request, answer)
+        })
+        .unzip();
+    // Boxed: this runs in a task `send` spawns.
+    Box::pin(send(&db, requests)).await;
+    let mut failed = 0;
+    for answer in answers {
+        if !matches!(answer.await, Ok(Ok(_))) {
+            failed += 1;
+        }
+    }
+    if failed == 0 {
+        tracing::info!(
+            refunds = n,
+            "spends refused after they were counted (a COMMIT's reply lost, or their caller gone): given back"
+        );
+    } else {
+        tracing::warn!(
+            refunds = n,
+            failed,
+            "spends refused after they were counted could not all be given back: they may stay counted"
+        );
     }
 }
 

@@ -18,6 +18,7 @@
 //! sent again (the spends may stay counted).
 
 use std::borrow::Borrow;
+use std::marker::PhantomData;
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -26,12 +27,12 @@ use ::redis::aio::ConnectionLike;
 use ::redis::{RedisError, RedisResult};
 use smallvec::SmallVec;
 
+use super::amends::AmendWork;
 use super::coalesce::Work;
 use super::connection::acks::is_not_acknowledged;
 use super::connection::breaker::Guarded;
 use super::hits::StoredKey;
 use super::reply::{Spent, parse_spend_marker};
-use super::spends::{AmendWork, SpendWork};
 use crate::backend::{Amend, Hits};
 
 /// How long a spend call's marker lives: a reply lost longer ago than this
@@ -81,6 +82,13 @@ pub(super) fn marker_key(counter: &[u8]) -> StoredKey {
     key
 }
 
+/// What the give-back reads of a spend a call carried: its counters'
+/// storage keys, and the cost spent on each.
+pub(super) trait Carried {
+    fn counters(&self) -> &[StoredKey];
+    fn cost(&self) -> u64;
+}
+
 /// Whether a call that failed with `err` may have run with its reply lost:
 /// its connection failed after it was sent (an I/O error that is not a
 /// refused connection). A reply from Redis (an error it answered,
@@ -96,21 +104,24 @@ pub(super) fn may_have_run(err: &RedisError) -> bool {
 /// Armed while a spend call is in flight: dropped armed (its reply lost, or
 /// its future dropped before the reply), it starts the give-back of the
 /// call's spends on the runtime.
-pub(super) struct InFlight<'a, C, B>
+pub(super) struct InFlight<'a, C, W, B>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
-    B: Borrow<SpendWork>,
+    W: Carried,
+    B: Borrow<W>,
 {
     connection: &'a Guarded<C>,
     works: &'a [B],
     marker: &'a [u8],
     armed: bool,
+    carried: PhantomData<fn() -> W>,
 }
 
-impl<'a, C, B> InFlight<'a, C, B>
+impl<'a, C, W, B> InFlight<'a, C, W, B>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
-    B: Borrow<SpendWork>,
+    W: Carried,
+    B: Borrow<W>,
 {
     /// A call of `works` on `connection`, naming `marker`.
     pub(super) fn new(connection: &'a Guarded<C>, works: &'a [B], marker: &'a [u8]) -> Self {
@@ -119,6 +130,7 @@ where
             works,
             marker,
             armed: true,
+            carried: PhantomData,
         }
     }
 
@@ -134,10 +146,11 @@ where
     }
 }
 
-impl<C, B> Drop for InFlight<'_, C, B>
+impl<C, W, B> Drop for InFlight<'_, C, W, B>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
-    B: Borrow<SpendWork>,
+    W: Carried,
+    B: Borrow<W>,
 {
     fn drop(&mut self) {
         if !self.armed {
@@ -154,7 +167,7 @@ where
             .iter()
             .map(|w| {
                 let w = w.borrow();
-                (w.counters.clone(), w.spend.cost)
+                (w.counters().iter().cloned().collect(), w.cost())
             })
             .collect();
         if spends.iter().all(|(_, cost)| *cost == 0) {
@@ -233,17 +246,19 @@ async fn give_back<C>(
 
 /// The spends of `unread` that were admitted, answered to waiters who were
 /// gone (the layer's timeout): refunded, on a task of their own, once.
-pub(super) fn give_back_unread<C>(connection: &Guarded<C>, unread: Vec<(SpendWork, Hits)>)
+pub(super) fn give_back_unread<C, W>(connection: &Guarded<C>, unread: Vec<(W, Hits)>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Carried,
 {
     let refunds: Vec<AmendWork> = unread
         .into_iter()
-        .filter(|(work, _)| work.spend.cost > 0)
+        .filter(|(work, _)| work.cost() > 0)
         .flat_map(|(work, hits)| {
-            let cost = work.spend.cost;
+            let cost = work.cost();
             let deadlines: SmallVec<[_; 2]> = (&hits).into_iter().map(|hit| hit.deadline).collect();
-            work.counters
+            let counters: SmallVec<[StoredKey; 2]> = work.counters().iter().cloned().collect();
+            counters
                 .into_iter()
                 .zip(deadlines)
                 .filter_map(move |(counter, deadline)| {

@@ -18,6 +18,7 @@
 //!
 //! [`RedisBackend`] documents the backend, with an example.
 
+mod amends;
 mod audit;
 mod coalesce;
 pub mod connection;
@@ -44,6 +45,7 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use futures_util::future::join_all;
 
+use self::amends::{AmendWork, Forget};
 use self::coalesce::{Batcher, Enqueued, Work};
 use self::connection::acks::Acks;
 use self::connection::breaker::{BreakerConfig, Breakers, Guarded, unavailable};
@@ -51,7 +53,7 @@ use self::connection::{BackgroundConnection, ConnectError, Nodes};
 use self::hits::HitWork;
 use self::reply::{parse_hit, parse_peek};
 use self::script::{HIT, PEEK, RESET, Size};
-use self::spends::{AmendWork, Forget, SpendWork};
+use self::spends::SpendWork;
 use super::deny_cache::Denials;
 use super::{
     Amend, AuditReport, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending,

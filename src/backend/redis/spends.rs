@@ -1,8 +1,8 @@
-//! Spends and amends through the lanes, as hits go: the spends of the
-//! requests issued while a call is in flight go together in the next call
-//! of the spend script (`spend.lua`), and their amends (refunds, charges,
-//! clears) in the next call of the amend script (`amend.lua`). Each has
-//! lanes of its own, beside the hits' ([`coalesce`](super::coalesce)).
+//! Spends through the lanes, as hits go: the spends of the requests issued
+//! while a call is in flight go together in the next call of the spend
+//! script (`spend.lua`); their amends (refunds, charges, clears) go through
+//! lanes of their own (`amends.rs`), beside the hits'
+//! ([`coalesce`](super::coalesce)).
 //!
 //! A call of several changes nothing about each one: the script applies
 //! them in order, each request all or nothing over its own counters, and
@@ -17,32 +17,20 @@
 //! answers to).
 
 use std::borrow::Borrow;
-use std::num::NonZeroU64;
-use std::sync::Arc;
 
 use ::redis::RedisResult;
 use ::redis::aio::ConnectionLike;
 use smallvec::SmallVec;
 
+use super::amends::beside;
 use super::coalesce::{Answers, Work};
 use super::connection::breaker::Guarded;
 use super::hits::{Finish, StoredKey};
-use super::lost::{self, InFlight, MARKER_ARG};
-use super::reply::{Full, Spent, corrupt, parse_amends, parse_spends};
-use super::script::{AMEND, SPEND, Size, U64_DIGITS};
-use crate::backend::deny_cache::Denials;
-use crate::backend::storage_key::{LOCKOUT, RESET_MARKER};
-use crate::backend::{Amend, BackendError, Hits, Spend};
-use crate::key::Key;
-
-/// The key of a marker beside `counter` (its lockout or its reset marker):
-/// the counter's key and `suffix`, written into the call only, inline.
-fn beside(counter: &[u8], suffix: &[u8]) -> StoredKey {
-    let mut marker = StoredKey::new();
-    marker.extend_from_slice(counter);
-    marker.extend_from_slice(suffix);
-    marker
-}
+use super::lost::{self, Carried, InFlight, MARKER_ARG};
+use super::reply::{Full, Spent, corrupt, parse_spends};
+use super::script::{SPEND, Size, U64_DIGITS};
+use crate::backend::storage_key::LOCKOUT;
+use crate::backend::{BackendError, Hits, Spend};
 
 /// One request's spend, for a lane: its counters' storage keys (a lockout's
 /// key is its counter's and a suffix, written only into the call), what it
@@ -194,87 +182,13 @@ impl SpendWork {
     }
 }
 
-/// One amend, for a lane: the counter (its reset marker's key is the
-/// counter's and a suffix, written only into the call), what to do, and the
-/// hit's deadline; with the deny cache, the counter to forget once Redis
-/// has answered.
-pub(super) struct AmendWork {
-    pub(super) counter: StoredKey,
-    pub(super) amend: Amend,
-    pub(super) deadline: NonZeroU64,
-    pub(super) forget: Option<Forget>,
-}
-
-/// A counter this instance's deny cache drops once its amend is answered,
-/// so that the next request asks Redis again.
-pub(super) struct Forget {
-    pub(super) deny: Arc<Denials>,
-    /// The namespace's bytes, inline when they fit.
-    pub(super) namespace: StoredKey,
-    pub(super) key: Key,
-}
-
-impl Forget {
-    fn forget(&self) {
-        if let Ok(namespace) = std::str::from_utf8(&self.namespace) {
-            self.deny.forget(namespace, self.key.as_bytes());
-        }
-    }
-}
-
-impl Work for AmendWork {
-    type Answer = bool;
-
-    fn key(&self) -> &[u8] {
-        &self.counter
+/// What the give-back of a lost reply reads of a spend (`lost.rs`).
+impl Carried for SpendWork {
+    fn counters(&self) -> &[StoredKey] {
+        &self.counters
     }
 
-    async fn run<C, B>(connection: &Guarded<C>, works: &[B]) -> RedisResult<Answers<bool>>
-    where
-        C: ConnectionLike + Clone + Send + Sync + 'static,
-        B: Borrow<Self> + Sync,
-    {
-        let works = || works.iter().map(Borrow::borrow);
-        let n = works().count();
-        let size = Size {
-            keys: 2 * n,
-            args: 5 * n,
-            bytes: works()
-                .map(|w| 2 * w.counter.len() + RESET_MARKER.len() + 3 * U64_DIGITS)
-                .sum(),
-        };
-        let first = works().next().map_or(&[][..], AmendWork::key);
-        let reply = AMEND
-            .run(&mut connection.for_write(first), size, |cmd| {
-                for work in works() {
-                    let marker = beside(&work.counter, RESET_MARKER);
-                    cmd.arg(work.counter.as_slice()).arg(marker.as_slice());
-                }
-                for work in works() {
-                    let (op, amount) = match work.amend {
-                        Amend::Refund(n) => ("refund", n),
-                        Amend::Charge(n) => ("charge", n),
-                        Amend::Clear => ("clear", 0),
-                    };
-                    cmd.arg(op).arg(amount).arg(work.deadline.get());
-                }
-            })
-            .await;
-        // Answered or failed: this instance asks Redis again either way.
-        for work in works() {
-            if let Some(forget) = &work.forget {
-                forget.forget();
-            }
-        }
-        let counters: SmallVec<[&[u8]; 1]> = works().map(|w| w.counter.as_slice()).collect();
-        Ok(match parse_amends(reply?, &counters) {
-            Ok(amended) => amended.into_iter().collect(),
-            Err(other) => {
-                let detail = format!("unexpected reply to an amend batch: {other:?}");
-                works()
-                    .map(|_| Err(BackendError::Unavailable(detail.clone().into())))
-                    .collect()
-            }
-        })
+    fn cost(&self) -> u64 {
+        self.spend.cost
     }
 }
