@@ -277,7 +277,7 @@ pub(crate) async fn wait<Bk: Spending>(
     }
     let (place, ahead) = budget
         .lines
-        .join(&key, cost, budget.max_waiters)
+        .join(&key, cost, budget.max_waiters, budget.quota.window().as_duration())
         .ok_or_else(|| BudgetError::Overloaded {
             budget: Arc::clone(&budget.name),
             max_waiters: budget.max_waiters,
