@@ -543,7 +543,10 @@ async fn a_call_fails_as_soon_as_its_share_of_the_windows_cannot_serve_it() {
     }
     for (n, answer, after) in &outcomes {
         if *n < 10 {
-            assert!(answer.is_ok(), "call {n} refused after {after:?}: {answer:?}");
+            assert!(
+                answer.is_ok(),
+                "call {n} refused after {after:?}: {answer:?}"
+            );
         } else {
             let bound = answer.as_ref().err().and_then(|(bound, _)| *bound);
             assert_eq!(

@@ -434,7 +434,10 @@ mod tests {
         assert!(lines.busy(&key));
         let (second, ahead) = lines.join(&key, 4, 2, WINDOW).unwrap();
         assert_eq!(ahead, 3);
-        assert!(lines.join(&Key::new("other"), 1, 2, WINDOW).is_none(), "full");
+        assert!(
+            lines.join(&Key::new("other"), 1, 2, WINDOW).is_none(),
+            "full"
+        );
         drop(first);
         assert!(lines.busy(&key));
         let (third, ahead) = lines.join(&key, 1, 2, WINDOW).unwrap();
@@ -554,7 +557,9 @@ mod tests {
     async fn a_head_with_room_sends_a_wave_and_the_line_keeps_its_order() {
         let lines = Arc::new(Lines::default());
         let key = Key::new("k");
-        let places: Vec<Place> = (0..5).map(|_| lines.join(&key, 1, 10, WINDOW).unwrap().0).collect();
+        let places: Vec<Place> = (0..5)
+            .map(|_| lines.join(&key, 1, 10, WINDOW).unwrap().0)
+            .collect();
         let head = Wake::Turn(Turn::Head);
         let wave = Wake::Turn(Turn::Wave);
         assert_eq!(places[0].turn().await, head);
