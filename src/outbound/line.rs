@@ -310,11 +310,13 @@ impl Place {
     /// The share is `limit` (the whole window) until the line has been
     /// turned away in two store windows after the one that was spent when
     /// it formed: it has then had whole windows to win in. From then on it
-    /// is what the line won per window it could win in (the first not
-    /// counted), at most `limit`; a line that won nothing in them counts
-    /// `u32::MAX` windows, past any call's bound. The share
-    /// is what other processes left this one while its line waited, so a
-    /// drop in their demand could serve the call sooner than this says.
+    /// is what the line won in those windows, plus `limit` for one window
+    /// more, per window counted so (at most `limit`): the whole window
+    /// counts as one window seen, so a line that lost a few windows in a
+    /// row (a window often goes whole to one process's wave) is not judged
+    /// unable to win any. The share is what other processes left this one
+    /// while its line waited, so a drop in their demand could serve the
+    /// call sooner than this says.
     pub(crate) fn earliest(&self, now: Instant, ahead: u64, quota: Quota) -> Option<Instant> {
         let state = lock(&self.line.state);
         let opens_at = state.opens_at.filter(|at| *at > now)?;
@@ -322,17 +324,16 @@ impl Place {
         let need = ahead.saturating_add(self.ticket.cost.max(1));
         let limit = quota.limit().max(1);
         let window = quota.window().as_duration();
-        // Whole windows the line could win in, and what it won in them.
+        // Whole windows the line could win in, and what it won in them,
+        // with one window won whole beside them.
         let (won, whole) = match state.windows.checked_sub(1) {
-            Some(whole) if whole >= 2 => (state.won, whole),
+            Some(whole) if whole >= 2 => (state.won.saturating_add(limit), whole + 1),
             _ => (limit, 1),
         };
         let windows = if won >= limit.saturating_mul(whole) {
             (need - 1) / limit
-        } else if won == 0 {
-            u64::MAX
         } else {
-            // ceil(need / (won / whole)) - 1, in integers.
+            // ceil(need / (won / whole)) - 1, in integers; won >= limit > 0.
             let need = u128::from(need) * u128::from(whole);
             u64::try_from((need - 1) / u128::from(won)).unwrap_or(u64::MAX)
         };
@@ -481,7 +482,8 @@ mod tests {
     /// The line counts what it won and the store windows it was turned
     /// away in (one per window, however many of its calls were): once it
     /// has had two whole windows, a call's windows are counted at the
-    /// line's share of each, not at the whole limit.
+    /// line's share of each (with one window won whole beside them), not
+    /// at the whole limit.
     #[tokio::test(start_paused = true)]
     async fn the_earliest_return_counts_the_share_of_each_window_the_line_won() {
         let lines = Arc::new(Lines::default());
@@ -520,7 +522,7 @@ mod tests {
         assert_eq!(
             place.earliest(t0, 5, quota(4)),
             Some(opens + secs(20)),
-            "4 won in 2 windows: 6 need three windows"
+            "(4 + 4) won in (2 + 1) windows: 6 need three windows"
         );
         assert_eq!(place.earliest(t0, 1, quota(4)), Some(opens));
         assert_eq!(place.earliest(t0, 2, quota(4)), Some(opens + secs(10)));
@@ -532,17 +534,21 @@ mod tests {
         );
         drop(places);
 
-        // A line that wins nothing in its whole windows cannot serve a call.
+        // A line that wins nothing in its whole windows: a third of the
+        // limit a window (the whole limit, once, over three windows).
         let places: Vec<Place> = (0..2)
             .map(|_| lines.join(&key, 1, 10, WINDOW).unwrap().0)
             .collect();
         let place = &places[1];
         places[0].closed_until(t0 + secs(10));
         places[0].closed_until(t0 + secs(20));
-        assert_eq!(place.earliest(t0, 0, quota(4)), Some(t0 + secs(20)));
+        assert_eq!(place.earliest(t0, 4, quota(4)), Some(t0 + secs(30)));
         places[0].closed_until(t0 + secs(30));
-        let never = place.earliest(t0, 0, quota(4)).unwrap();
-        assert!(never > t0 + secs(365 * 86_400), "{:?}", never - t0);
+        assert_eq!(
+            place.earliest(t0, 4, quota(4)),
+            Some(t0 + secs(60)),
+            "5 at 4 per 3 windows: the fourth window"
+        );
         drop(places);
 
         // The figures start over with the next line.
