@@ -53,7 +53,8 @@
 //!   misses (another process took it): a call fails as soon as, at the
 //!   share of each window this process has won while its line waited, its
 //!   turn comes after its bound. The share is the whole window until the
-//!   line has had two whole windows to win in; a drop in other processes'
+//!   line has had two whole windows to win in (then what it won, with one
+//!   window won whole counted beside them); a drop in other processes'
 //!   demand could have served a call that failed so.
 //! - **Too many waiters:** beyond [`max_waiters`](BudgetLayer::max_waiters)
 //!   calls waiting in the process, a call fails at once with
