@@ -486,6 +486,88 @@ async fn a_call_fails_as_soon_as_another_instance_takes_its_window() {
     assert_eq!(provider.names(), vec!["a0", "b0", "1"]);
 }
 
+/// Another instance takes half of every window while a's line waits: once
+/// a's line has had two whole windows, its calls are judged at the share it
+/// won (with one window won whole beside them), and those that share cannot
+/// serve within their bound fail then, not at their bound (nor windows
+/// later, as the whole limit would have them); those it can serve are
+/// served.
+async fn a_call_fails_as_soon_as_its_share_of_the_windows_cannot_serve_it() {
+    let provider = Provider::default();
+    let store = MemoryBackend::builder().tokio_clock().build();
+    let window = Duration::from_secs(10);
+    let instance = || {
+        BudgetLayer::new(NAME, Quota::new(4, window).unwrap())
+            .margin(Duration::ZERO)
+            .max_wait(Duration::from_secs(95))
+            .backend(store.clone())
+            .layer(provider.client())
+    };
+    let (a, b) = (instance(), instance());
+    let start = Instant::now();
+    // b takes 2 of every window the moment it opens, before a's head
+    // wakes (its jitter); a's line gets the other 2.
+    let taker = tokio::spawn(async move {
+        for n in 0..10u32 {
+            tokio::time::sleep_until(start + window * n).await;
+            let (x, y) = tokio::join!(
+                send(&b, call(format!("b{n}.0"))),
+                send(&b, call(format!("b{n}.1")))
+            );
+            x.unwrap();
+            y.unwrap();
+        }
+    });
+    tokio::task::yield_now().await;
+    send(&a, call("a0")).await.unwrap();
+    send(&a, call("a1")).await.unwrap();
+    // 30 calls wait: at the whole limit (4 a window) all are served by
+    // 80 s, within their 95 s; at a's 2 a window, the first 18 are served
+    // by 90 s, and the last 12 would need 100 s to 150 s.
+    let calls: Vec<_> = (0..30)
+        .map(|n| {
+            let a = a.clone();
+            tokio::spawn(async move {
+                let answer = send(&a, call(n)).await;
+                (answer, Instant::now())
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for (n, task) in calls.into_iter().enumerate() {
+        let (answer, at) = task.await.unwrap();
+        let answer = answer.map(drop).map_err(|err| match budget_error(&err) {
+            BudgetError::Exhausted { bound, .. } => (Some(*bound), err.to_string()),
+            other => (None, other.to_string()),
+        });
+        outcomes.push((n, answer, at - start));
+    }
+    for (n, answer, after) in &outcomes {
+        if *n < 18 {
+            assert!(
+                answer.is_ok(),
+                "call {n} refused after {after:?}: {answer:?}"
+            );
+        } else {
+            let bound = answer.as_ref().err().and_then(|(bound, _)| *bound);
+            assert_eq!(
+                bound,
+                Some(WaitBound::MaxWait(Duration::from_secs(95))),
+                "call {n}: {answer:?}"
+            );
+            // Two whole windows (to 30 s) tell a share; the calls deepest
+            // in the line fail then, the others as the share firms up. At
+            // the whole limit they would fail from 40 s to 90 s.
+            let by = if *n >= 22 { window * 2 } else { window * 6 };
+            assert!(
+                *after <= by + Duration::from_secs(1),
+                "call {n} failed {after:?} after its start, windows late"
+            );
+        }
+    }
+    taker.await.unwrap();
+}
+
 /// Calls given the provider's quota as it is, under demand above it, so
 /// that each window sends its 5 calls at once: those of every other window
 /// take 8 ms longer to reach the provider. A provider window opened by slow
@@ -1078,6 +1160,11 @@ fn main() {
             "a_call_fails_as_soon_as_another_instance_takes_its_window",
             Needs::Nothing,
             a_call_fails_as_soon_as_another_instance_takes_its_window,
+        ),
+        trial::paused(
+            "a_call_fails_as_soon_as_its_share_of_the_windows_cannot_serve_it",
+            Needs::Nothing,
+            a_call_fails_as_soon_as_its_share_of_the_windows_cannot_serve_it,
         ),
         trial::paused(
             "the_default_margin_keeps_each_provider_window_within_its_limit",

@@ -242,8 +242,11 @@ fn verdict(hit: Hit, limit: u64, insured: bool) -> Try {
 /// admits it, or until it is clear that the budget cannot return within
 /// the call's `max_wait` or `deadline`. That is judged again at every
 /// window the line misses (each time the store turns a call of the line
-/// away), so a call whose windows other processes take fails as soon as
-/// it cannot be served in time, not at its bound. Dropping it (a
+/// away), at the share of each window the line has won while it waited
+/// (the whole limit until it has had two whole windows; see
+/// `Place::earliest`), so a call whose
+/// windows other processes take fails as soon as its turn at that share
+/// comes after its bound, not at its bound. Dropping it (a
 /// cancelled call) spends nothing: only the store's admitting step
 /// spends, and it is the last thing here.
 pub(crate) async fn wait<Bk: Spending>(
@@ -277,7 +280,12 @@ pub(crate) async fn wait<Bk: Spending>(
     }
     let (place, ahead) = budget
         .lines
-        .join(&key, cost, budget.max_waiters)
+        .join(
+            &key,
+            cost,
+            budget.max_waiters,
+            budget.quota.window().as_duration(),
+        )
         .ok_or_else(|| BudgetError::Overloaded {
             budget: Arc::clone(&budget.name),
             max_waiters: budget.max_waiters,

@@ -56,7 +56,9 @@ pub enum BudgetError {
     /// [`max_wait`](super::BudgetLayer::max_wait) or its own deadline: the
     /// call fails at once instead of waiting in vain. `retry_after` is when
     /// the budget returns, as far as this process knows (the window's end,
-    /// plus a window for each window's worth of calls queued ahead).
+    /// plus a window for each share of a window queued ahead: the whole
+    /// window, or what this process won of each while its line waited; see
+    /// [`max_wait`](super::BudgetLayer::max_wait)).
     #[non_exhaustive]
     Exhausted {
         /// The budget's name.

@@ -202,6 +202,17 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// or within its own [`Deadline`](super::Deadline) or `grpc-timeout`,
     /// fails at once with [`BudgetError::Exhausted`](super::BudgetError::Exhausted).
     /// `Duration::ZERO`: never wait.
+    ///
+    /// A waiting call is judged again at each window its line in this
+    /// process misses (the store turned a call of it away), and fails then
+    /// when, at the share of each window this process has won while its
+    /// line waited, its turn comes after its bound. The share is the whole
+    /// window until the line has had two whole windows to win in, then
+    /// what it won per window, with one window won whole counted beside
+    /// them; it starts over when the line empties. A sudden drop in other processes'
+    /// demand could have served a call that failed so; the error's
+    /// [`retry_after`](super::BudgetError::retry_after) says when to try
+    /// again.
     pub fn max_wait(mut self, max_wait: Duration) -> Self {
         self.settings.max_wait = max_wait;
         self

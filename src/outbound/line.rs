@@ -64,6 +64,18 @@ struct State {
     /// when the budget returns: each is a window the line missed, and the
     /// calls in the queue judge again whether they can be served in time.
     missed: u64,
+    /// What the line won: the cost (at least 1) of each call admitted
+    /// through it.
+    won: u64,
+    /// The distinct store windows the line was turned away in; the first
+    /// is the one that was spent when the line formed.
+    windows: u64,
+    /// When the window of the last one counted in `windows` ends, as the
+    /// store said.
+    window_ends: Option<Instant>,
+    /// The budget's window: two denials whose ends are less than half of
+    /// it apart come from one store window.
+    window: Duration,
 }
 
 /// What a call of the line may do now.
@@ -113,6 +125,7 @@ impl Lines {
         key: &Key,
         cost: u64,
         max_waiters: usize,
+        window: Duration,
     ) -> Option<(Place, u64)> {
         let mut waiting = self.waiting.load(Ordering::Relaxed);
         loop {
@@ -132,6 +145,7 @@ impl Lines {
         let line = Arc::clone(lock(&self.lines).entry(key.clone()).or_default());
         let (ticket, ahead) = {
             let mut state = lock(&line.state);
+            state.window = window;
             let ticket = Arc::new(Ticket {
                 number: state.next,
                 cost,
@@ -262,6 +276,7 @@ impl Place {
     /// head is chosen once they have their answers.
     pub(crate) fn admitted(&self, room: u64) {
         let mut state = lock(&self.line.state);
+        state.won = state.won.saturating_add(self.ticket.cost.max(1));
         let turn = lock(&self.ticket.turn).take();
         match turn {
             Some(Turn::Head) => {
@@ -288,24 +303,67 @@ impl Place {
 
     /// The earliest the budget can return for a call with `ahead` queued
     /// before it in this process, when the store said it is spent: the
-    /// window that opens then serves `limit` of the line, the next one
-    /// opens a window later, and so on. Other processes may take some of
-    /// each window too, so this is a lower bound. `None` when the store has
-    /// not said so, or its word has passed: there may be room now.
+    /// window that opens then serves the line's share of it, the next one
+    /// opens a window later, and so on. `None` when the store has not said
+    /// so, or its word has passed: there may be room now.
+    ///
+    /// The share is `limit` (the whole window) until the line has been
+    /// turned away in two store windows after the one that was spent when
+    /// it formed: it has then had whole windows to win in. From then on it
+    /// is what the line won in those windows, plus `limit` for one window
+    /// more, per window counted so (at most `limit`): the whole window
+    /// counts as one window seen, so a line that lost a few windows in a
+    /// row (a window often goes whole to one process's wave) is not judged
+    /// unable to win any. The share is what other processes left this one
+    /// while its line waited, so a drop in their demand could serve the
+    /// call sooner than this says.
     pub(crate) fn earliest(&self, now: Instant, ahead: u64, quota: Quota) -> Option<Instant> {
-        let opens_at = self.opens_at(now)?;
+        let state = lock(&self.line.state);
+        let opens_at = state.opens_at.filter(|at| *at > now)?;
         // A call of cost 0 needs a unit of room, as a check does.
         let need = ahead.saturating_add(self.ticket.cost.max(1));
-        let windows = (need - 1) / quota.limit().max(1);
+        let limit = quota.limit().max(1);
+        let window = quota.window().as_duration();
+        // Whole windows the line could win in, and what it won in them,
+        // with one window won whole beside them.
+        let (won, whole) = match state.windows.checked_sub(1) {
+            Some(whole) if whole >= 2 => (state.won.saturating_add(limit), whole + 1),
+            _ => (limit, 1),
+        };
+        let windows = if won >= limit.saturating_mul(whole) {
+            (need - 1) / limit
+        } else {
+            // ceil(need / (won / whole)) - 1, in integers; won >= limit > 0.
+            let need = u128::from(need) * u128::from(whole);
+            u64::try_from((need - 1) / u128::from(won)).unwrap_or(u64::MAX)
+        };
         let windows = u32::try_from(windows).unwrap_or(u32::MAX);
-        Some(opens_at + quota.window().as_duration().saturating_mul(windows))
+        let later = window.saturating_mul(windows);
+        // Past what the clock can say: as late as it can.
+        Some(
+            opens_at
+                .checked_add(later)
+                .or_else(|| opens_at.checked_add(Duration::from_secs(u64::from(u32::MAX))))
+                .unwrap_or(opens_at),
+        )
     }
 }
 
 /// The line missed a window: the store says the budget returns at `at`.
 /// Every call in the queue wakes to judge again whether it can be served
 /// in time.
+///
+/// A denial whose `at` is more than half a window after the last window
+/// counted is a new store window (the calls of one wave turned away in one
+/// window are all told about the same end).
 fn missed(state: &mut State, at: Instant) {
+    let new = state
+        .window_ends
+        .is_none_or(|ends| at.saturating_duration_since(ends) > state.window / 2);
+    if new {
+        state.windows += 1;
+        state.window_ends = Some(at);
+    }
     state.opens_at = Some(at);
     state.missed += 1;
     for ticket in &state.queue {
@@ -361,8 +419,10 @@ fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
 mod tests {
     use super::*;
 
+    const WINDOW: Duration = Duration::from_secs(10);
+
     fn quota(limit: u64) -> Quota {
-        Quota::new(limit, Duration::from_secs(10)).unwrap()
+        Quota::new(limit, WINDOW).unwrap()
     }
 
     #[test]
@@ -370,15 +430,18 @@ mod tests {
         let lines = Arc::new(Lines::default());
         let key = Key::new("k");
         assert!(!lines.busy(&key));
-        let (first, ahead) = lines.join(&key, 3, 2).unwrap();
+        let (first, ahead) = lines.join(&key, 3, 2, WINDOW).unwrap();
         assert_eq!(ahead, 0);
         assert!(lines.busy(&key));
-        let (second, ahead) = lines.join(&key, 4, 2).unwrap();
+        let (second, ahead) = lines.join(&key, 4, 2, WINDOW).unwrap();
         assert_eq!(ahead, 3);
-        assert!(lines.join(&Key::new("other"), 1, 2).is_none(), "full");
+        assert!(
+            lines.join(&Key::new("other"), 1, 2, WINDOW).is_none(),
+            "full"
+        );
         drop(first);
         assert!(lines.busy(&key));
-        let (third, ahead) = lines.join(&key, 1, 2).unwrap();
+        let (third, ahead) = lines.join(&key, 1, 2, WINDOW).unwrap();
         assert_eq!(ahead, 4, "what is still queued");
         drop((second, third));
         assert!(!lines.busy(&key));
@@ -390,7 +453,7 @@ mod tests {
         let lines = Arc::new(Lines::default());
         let key = Key::new("k");
         let now = Instant::now();
-        let (place, _) = lines.join(&key, 1, 10).unwrap();
+        let (place, _) = lines.join(&key, 1, 10, WINDOW).unwrap();
         assert_eq!(
             place.earliest(now, 9, quota(5)),
             None,
@@ -416,13 +479,93 @@ mod tests {
         assert_eq!(place.opens_at(now + Duration::from_secs(3)), None, "passed");
     }
 
+    /// The line counts what it won and the store windows it was turned
+    /// away in (one per window, however many of its calls were): once it
+    /// has had two whole windows, a call's windows are counted at the
+    /// line's share of each (with one window won whole beside them), not
+    /// at the whole limit.
+    #[tokio::test(start_paused = true)]
+    async fn the_earliest_return_counts_the_share_of_each_window_the_line_won() {
+        let lines = Arc::new(Lines::default());
+        let key = Key::new("k");
+        let t0 = Instant::now();
+        let secs = Duration::from_secs;
+        let places: Vec<Place> = (0..8)
+            .map(|_| lines.join(&key, 1, 10, WINDOW).unwrap().0)
+            .collect();
+        let place = &places[7];
+        // The window that was spent when the line formed.
+        places[0].closed_until(t0 + secs(10));
+        places[1].denied(t0 + secs(10));
+        assert_eq!(
+            place.earliest(t0, 5, quota(4)),
+            Some(t0 + secs(10) + secs(10)),
+            "the whole limit: 6 need two windows"
+        );
+        // The first whole window: the line wins 2 of 4, then a wave's two
+        // calls are turned away with the same end (one window, not two).
+        places[0].admitted(0);
+        places[1].admitted(0);
+        places[2].denied(t0 + secs(20));
+        places[3].denied(t0 + secs(20) + Duration::from_millis(3));
+        let opens = t0 + secs(20) + Duration::from_millis(3);
+        assert_eq!(
+            place.earliest(t0, 5, quota(4)),
+            Some(opens + secs(10)),
+            "one whole window is not enough to judge a share by"
+        );
+        // The second whole window: 2 of 4 again.
+        places[2].admitted(0);
+        places[3].admitted(0);
+        places[4].denied(t0 + secs(30));
+        let opens = t0 + secs(30);
+        assert_eq!(
+            place.earliest(t0, 5, quota(4)),
+            Some(opens + secs(20)),
+            "(4 + 4) won in (2 + 1) windows: 6 need three windows"
+        );
+        assert_eq!(place.earliest(t0, 1, quota(4)), Some(opens));
+        assert_eq!(place.earliest(t0, 2, quota(4)), Some(opens + secs(10)));
+        // A share above the limit counts as the limit.
+        assert_eq!(
+            place.earliest(t0, 5, quota(1)),
+            Some(opens + secs(50)),
+            "at most the limit per window"
+        );
+        drop(places);
+
+        // A line that wins nothing in its whole windows: a third of the
+        // limit a window (the whole limit, once, over three windows).
+        let places: Vec<Place> = (0..2)
+            .map(|_| lines.join(&key, 1, 10, WINDOW).unwrap().0)
+            .collect();
+        let place = &places[1];
+        places[0].closed_until(t0 + secs(10));
+        places[0].closed_until(t0 + secs(20));
+        assert_eq!(place.earliest(t0, 4, quota(4)), Some(t0 + secs(30)));
+        places[0].closed_until(t0 + secs(30));
+        assert_eq!(
+            place.earliest(t0, 4, quota(4)),
+            Some(t0 + secs(60)),
+            "5 at 4 per 3 windows: the fourth window"
+        );
+        drop(places);
+
+        // The figures start over with the next line.
+        let (fresh, _) = lines.join(&key, 1, 10, WINDOW).unwrap();
+        fresh.closed_until(t0 + secs(40));
+        assert_eq!(fresh.earliest(t0, 0, quota(4)), Some(t0 + secs(40)));
+    }
+
     /// The head's room lets the calls that fit ask together; the next head
     /// waits for their answers, and one turned away goes back to the front.
     #[tokio::test]
     async fn a_head_with_room_sends_a_wave_and_the_line_keeps_its_order() {
         let lines = Arc::new(Lines::default());
         let key = Key::new("k");
-        let places: Vec<Place> = (0..5).map(|_| lines.join(&key, 1, 10).unwrap().0).collect();
+        let places: Vec<Place> = (0..5)
+            .map(|_| lines.join(&key, 1, 10, WINDOW).unwrap().0)
+            .collect();
         let head = Wake::Turn(Turn::Head);
         let wave = Wake::Turn(Turn::Wave);
         assert_eq!(places[0].turn().await, head);
@@ -461,7 +604,7 @@ mod tests {
         let key = Key::new("k");
         let places: Vec<Place> = [2, 3, 5, 7]
             .into_iter()
-            .map(|cost| lines.join(&key, cost, 10).unwrap().0)
+            .map(|cost| lines.join(&key, cost, 10, WINDOW).unwrap().0)
             .collect();
         assert_eq!(places[0].turn().await, Wake::Turn(Turn::Head));
         let ahead: Vec<u64> = places.iter().map(Place::ahead).collect();

@@ -48,12 +48,14 @@
 //!   ([`Deadline`], or the `grpc-timeout` a tonic client sets), the call
 //!   fails at once with [`BudgetError::Exhausted`], which names the budget
 //!   and the bound ([`WaitBound`]) and says when the budget returns. The
-//!   estimate counts a window for every full budget queued ahead in this
-//!   process, and is made again at every window the call's line misses
-//!   (another process took it): a call fails as soon as not even this
-//!   process's getting every coming window in full could serve it in time.
-//!   Other processes can go on taking part of each window, so a call may
-//!   still reach its bound and fail then.
+//!   estimate counts a window for every share of a window queued ahead in
+//!   this process, and is made again at every window the call's line
+//!   misses (another process took it): a call fails as soon as, at the
+//!   share of each window this process has won while its line waited, its
+//!   turn comes after its bound. The share is the whole window until the
+//!   line has had two whole windows to win in (then what it won, with one
+//!   window won whole counted beside them); a drop in other processes'
+//!   demand could have served a call that failed so.
 //! - **Too many waiters:** beyond [`max_waiters`](BudgetLayer::max_waiters)
 //!   calls waiting in the process, a call fails at once with
 //!   [`BudgetError::Overloaded`].
