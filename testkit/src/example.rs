@@ -218,10 +218,14 @@
 //!                     state.entry(now, counter.namespace, key).locked_until = Some(end);
 //!                     until = Some(end);
 //!                 }
+//!                 // What stands in its way (at least the limit when
+//!                 // locked out), plus what it asked for.
+//!                 let stands = match until {
+//!                     Some(_) => count(found).max(counter.quota.limit()),
+//!                     None => count(found),
+//!                 };
 //!                 Hit {
-//!                     count: count(found)
-//!                         .saturating_add(need)
-//!                         .max(counter.quota.limit().saturating_add(1)),
+//!                     count: stands.saturating_add(need),
 //!                     reset: left(until.or(window_end)),
 //!                     deadline: None,
 //!                 }
