@@ -41,10 +41,8 @@ pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
 /// What turns the answers for a request's counters into its [`Hits`]: the
 /// quotas, and the deny cache that remembers a denial.
 pub(super) struct Finish {
-    pub(super) quotas: SmallVec<[Quota; 2]>,
-    /// Whether each counter [lowers](crate::backend::Counter::lowers): its
-    /// denial is held only for the recheck bound.
-    pub(super) lowers: SmallVec<[bool; 2]>,
+    /// Each counter's quota, and whether it lowers.
+    pub(super) quotas: SmallVec<[CounterQuota; 2]>,
     pub(super) deny: Option<Arc<Denials>>,
     /// The length of the backend's prefix: a denied counter's namespace and
     /// key are read back from its storage key.
@@ -52,6 +50,15 @@ pub(super) struct Finish {
     /// When the hits were sent: a denial is remembered until this plus the
     /// time Redis said was left, never past the window in Redis.
     pub(super) sent: quanta::Instant,
+}
+
+/// A counter's quota, and whether it
+/// [lowers](crate::backend::Counter::lowers): its denial is then held only
+/// for the recheck bound.
+#[derive(Clone, Copy)]
+pub(super) struct CounterQuota {
+    pub(super) quota: Quota,
+    pub(super) lowers: bool,
 }
 
 impl Finish {
@@ -62,12 +69,11 @@ impl Finish {
         answers: CounterAnswers,
     ) -> Result<Hits, BackendError> {
         let mut hits = Hits::with_capacity(answers.len());
-        let each = self.quotas.iter().zip(&self.lowers);
-        for ((answer, (quota, &lowers)), (stored, _)) in answers.into_iter().zip(each).zip(counters)
+        for ((answer, counter), (stored, _)) in answers.into_iter().zip(&self.quotas).zip(counters)
         {
             let hit = answer?;
-            if hit.count > quota.limit() {
-                self.remember(stored, hit.reset, false, lowers);
+            if hit.count > counter.quota.limit() {
+                self.remember(stored, hit.reset, false, counter.lowers);
             }
             hits.push(hit);
         }

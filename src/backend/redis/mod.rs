@@ -1179,8 +1179,13 @@ where
     /// and the deny cache that remembers a denial from `sent` on.
     fn finish(&self, counters: &[Counter<'_>], sent: quanta::Instant) -> hits::Finish {
         hits::Finish {
-            quotas: counters.iter().map(|c| c.quota).collect(),
-            lowers: counters.iter().map(|c| c.lowers).collect(),
+            quotas: counters
+                .iter()
+                .map(|c| hits::CounterQuota {
+                    quota: c.quota,
+                    lowers: c.lowers,
+                })
+                .collect(),
             deny: self.inner.deny.clone(),
             prefix: self.inner.prefix.len(),
             sent,

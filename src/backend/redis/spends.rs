@@ -63,7 +63,7 @@ impl SpendWork {
             .finish
             .quotas
             .iter()
-            .flat_map(|q| [q.limit(), q.window().as_millis()]);
+            .flat_map(|c| [c.quota.limit(), c.quota.window().as_millis()]);
         let mut out = SmallVec::new();
         let mut digits = itoa::Buffer::new();
         for (i, n) in head.into_iter().chain(quotas).enumerate() {
@@ -163,8 +163,9 @@ impl SpendWork {
             Spent::Decided(counters) => Ok(counters
                 .into_iter()
                 .zip(&self.counters)
-                .zip(&self.finish.lowers)
-                .map(|(((hit, full), stored), &lowers)| {
+                .zip(&self.finish.quotas)
+                .map(|(((hit, full), stored), counter)| {
+                    let lowers = counter.lowers;
                     match full {
                         Full::No => {}
                         Full::AtLimit => self.finish.remember(stored, hit.reset, false, lowers),
