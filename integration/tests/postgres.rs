@@ -1951,8 +1951,6 @@ async fn a_table_of_the_previous_release_is_migrated_in_place() {
     );
 }
 
-/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
-/// server is missing is reported as ignored.
 /// The count of the test table's row `x` of `key`, once it reads `want`
 /// (the give-back is a task of its own), or as it is after 5 s.
 async fn count_once(schema: &TestSchema, key: &str, want: i64) -> i64 {
@@ -2039,27 +2037,49 @@ async fn a_spend_whose_caller_has_gone_keeps_no_cost() {
         spend_x(&store, "gone", 3),
     ));
     // Its transaction waits on the lock before the caller gives up.
-    let mut on_lock = 0;
+    let mut on_lock = Vec::new();
     for _ in 0..100 {
         on_lock = schema
             .client
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity \
+            .query(
+                "SELECT pid FROM pg_stat_activity \
                  WHERE application_name = $1 AND wait_event_type = 'Lock'",
                 &[&schema.name],
             )
             .await
             .unwrap()
-            .get::<_, i64>(0);
-        if on_lock > 0 {
+            .iter()
+            .map(|row| row.get::<_, i32>(0))
+            .collect();
+        if !on_lock.is_empty() {
             break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    assert_eq!(on_lock, 1, "the spend's transaction waits on the lock");
+    assert_eq!(
+        on_lock.len(),
+        1,
+        "the spend's transaction waits on the lock"
+    );
     let timed_out = waiting.await.unwrap();
     assert!(timed_out.is_err(), "answered past a held lock");
     schema.client.batch_execute("COMMIT").await.unwrap();
+    // The spend's transaction goes on once the lock is gone: until its
+    // connection is idle, the row may still read 1 from before it.
+    for _ in 0..100 {
+        let busy = schema
+            .client
+            .query_opt(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = $1 AND state <> 'idle'",
+                &[&on_lock[0]],
+            )
+            .await
+            .unwrap();
+        if busy.is_none() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert_eq!(
         count_once(&schema, "gone", 1).await,
         1,
@@ -2067,6 +2087,8 @@ async fn a_spend_whose_caller_has_gone_keeps_no_cost() {
     );
 }
 
+/// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
+/// server is missing is reported as ignored.
 fn main() {
     let mut trials = vec![
         trial::multi(
