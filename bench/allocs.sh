@@ -117,10 +117,10 @@ if [ "${REDIS:-1}" != 0 ] && { [ -n "${REDIS_URL:-}" ] || command -v redis-serve
     --budget redis-cost-8=10.5
   )
   redis_budgets=(
-    --budget redis-default-64=2
+    --budget redis-request-64=2
     --budget redis-unread-64=1
     --budget redis-64=4
-    --budget redis-default=8.1
+    --budget redis-request=8.1
     --budget redis-unread=7.1
     --budget redis=10.1
   )
@@ -143,6 +143,6 @@ fi
   --budget headers-off-response=3 \
   --budget headers-off-handler=1 \
   --budget headers-off-outer=3 \
-  --budget headers-off-outer-default=4 \
+  --budget headers-off-outer-request=4 \
   --budget client-budget=0 \
   "${redis_budgets[@]}"

@@ -1,4 +1,5 @@
-//! Where a passed request's `Decision` goes (`DecisionIn`, `WantDecision`),
+//! Where a passed request's `Decision` goes (`DecisionIn`, on the layer and
+//! in a request that asks),
 //! how a handler extracts it (and is told the setter when it is missing),
 //! and that a request nobody reads the decision of is still counted and
 //! answered exactly as before.
@@ -15,7 +16,7 @@ use axum::routing::get;
 use axum::{Router, middleware};
 use tower::ServiceExt;
 use tower_pinned_window::{
-    Decision, DecisionIn, Outcome, Quota, RateLimitLayer, outcome::WantDecision,
+    Decision, DecisionIn, Outcome, Quota, RateLimitLayer,
     response::HeaderStyle,
 };
 
@@ -37,7 +38,7 @@ fn get_root() -> Request<Body> {
 
 fn asking() -> Request<Body> {
     let mut request = get_root();
-    request.extensions_mut().insert(WantDecision);
+    request.extensions_mut().insert(DecisionIn::Response);
     request
 }
 
@@ -205,7 +206,7 @@ async fn an_outer_layer_that_asks_gets_it() {
     let outer = middleware::from_fn(move |mut request: Request<Body>, next: middleware::Next| {
         let log = Arc::clone(&log);
         async move {
-            request.extensions_mut().insert(WantDecision);
+            request.extensions_mut().insert(DecisionIn::Response);
             let response = next.run(request).await;
             let decision = response.extensions().get::<Decision>().cloned();
             log.lock()
