@@ -217,7 +217,7 @@ mod verdict;
 
 pub use crate::core::{FailurePolicy, OnMissingKey};
 pub use decision::{Decision, DecisionIn, Outcome};
-pub use error::{ConfigError, ParseRateError, RateErrorKind};
+pub use error::{ConfigError, RateErrorKind};
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;

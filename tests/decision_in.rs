@@ -16,8 +16,7 @@ use axum::routing::get;
 use axum::{Router, middleware};
 use tower::ServiceExt;
 use tower_pinned_window::{
-    Decision, DecisionIn, Outcome, Quota, RateLimitLayer,
-    response::HeaderStyle,
+    Decision, DecisionIn, Outcome, Quota, RateLimitLayer, response::HeaderStyle,
 };
 
 fn quota(limit: u64) -> Quota {
@@ -97,7 +96,11 @@ async fn by_default_the_decision_goes_only_where_asked() {
 
 /// What the handler saw through the `Decision` extractor.
 async fn extracts(decision: Decision) -> String {
-    format!("remaining={} count={}", decision.remaining(), decision.count())
+    format!(
+        "remaining={} count={}",
+        decision.remaining(),
+        decision.count()
+    )
 }
 
 /// What the handler saw through the `Option<Decision>` extractor.

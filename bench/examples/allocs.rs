@@ -80,8 +80,7 @@ use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::outbound::BudgetLayer;
 use tower_pinned_window::{
-    Decision, DecisionIn, Quota, RateLimitLayer, Window,
-    response::HeaderStyle,
+    Decision, DecisionIn, Quota, RateLimitLayer, Window, response::HeaderStyle,
 };
 
 #[path = "support/counting.rs"]

@@ -429,7 +429,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         };
         let (base, what) = if *beyond {
-            (case.base.replace("plain", "noop"), "beyond the no-op `.layer`")
+            (
+                case.base.replace("plain", "noop"),
+                "beyond the no-op `.layer`",
+            )
         } else {
             (case.base.to_owned(), "added")
         };
