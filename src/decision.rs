@@ -71,9 +71,8 @@ pub enum Outcome {
 ///   asks for one the layer was not told to give is answered `500` with a
 ///   body that names the setter.
 /// - A passed request's response carries it in its extensions when the
-///   request asked for it with [`DecisionIn::Response`] in its extensions
-///   (what an outer layer does to read it), or under
-///   [`DecisionIn::Response`].
+///   request asked for it with [`WantDecision`] in its extensions (what an
+///   outer layer does to read it), or under [`DecisionIn::Response`].
 ///
 /// Putting a value into empty extensions costs three allocations (the
 /// map's box, its table, the boxed value), so [`DecisionIn::Response`]
@@ -504,13 +503,8 @@ impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for Decision {
 
 /// Where a layer puts the [`Decision`] on a request it passes on (see
 /// [`RateLimitLayer::decision_in`](crate::RateLimitLayer::decision_in)). A
-/// denial always carries its decision in the response's extensions.
-///
-/// A request asks for its own: one that carries `DecisionIn::Response` in
-/// its extensions gets it in its response's, whatever the layer's place.
-/// That is what an outer layer that reads the decision inserts on the way
-/// in; it is a plain value, so inserting it allocates nothing once the
-/// request has extensions (under axum it has).
+/// denial always carries its decision in the response's extensions, and a
+/// request that carries [`WantDecision`] always gets it in its response's.
 ///
 /// The default, [`Asked`](Self::Asked), puts it nowhere unless asked for,
 /// so a server that never reads it pays nothing for it. A handler that
@@ -554,30 +548,6 @@ impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for Decision {
 /// assert!(std::str::from_utf8(&body).unwrap().contains(".decision_in(DecisionIn::Request)"));
 /// # }
 /// ```
-///
-/// An outer layer asks for it in the response, whatever the layer's place:
-///
-/// ```
-/// use std::time::Duration;
-/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
-/// use tower::ServiceExt;
-/// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap());
-/// let app = Router::new().route("/", get(|| async { StatusCode::NO_CONTENT })).layer(layer);
-///
-/// let unasked = app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
-/// assert!(unasked.extensions().get::<Decision>().is_none());
-///
-/// // What an outer layer does on the way in.
-/// let mut request = Request::new(Body::empty());
-/// request.extensions_mut().insert(DecisionIn::Response);
-/// let asked = app.oneshot(request).await.unwrap();
-/// assert_eq!(asked.extensions().get::<Decision>().unwrap().remaining(), 3);
-/// # }
-/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum DecisionIn {
@@ -588,10 +558,10 @@ pub enum DecisionIn {
     /// In the request's extensions, for the handler (the `Decision`
     /// extractor, or `axum::Extension<Decision>`): one allocation a request
     /// under axum. The response carries it only when asked for
-    /// (`DecisionIn::Response` in the request's extensions).
+    /// ([`WantDecision`]).
     Request,
-    /// Nowhere, unless the request asks for it with `DecisionIn::Response`
-    /// in its extensions: the response then carries it. Nothing is allocated for a decision nobody
+    /// Nowhere, unless the request asks for it with [`WantDecision`]: the
+    /// response then carries it. Nothing is allocated for a decision nobody
     /// reads. The default.
     #[default]
     Asked,
@@ -601,7 +571,7 @@ impl DecisionIn {
     /// Where the decision on the request with `extensions` goes.
     #[inline(always)]
     pub(crate) fn carry(self, extensions: &Extensions) -> Carry {
-        let wanted = || extensions.get::<Self>() == Some(&Self::Response);
+        let wanted = || extensions.get::<WantDecision>().is_some();
         match self {
             Self::Response => Carry {
                 request: false,
@@ -618,6 +588,39 @@ impl DecisionIn {
         }
     }
 }
+
+/// Asks every limiter a request goes through to put its [`Decision`] in the
+/// response's extensions, whatever its [`DecisionIn`]: an outer layer that
+/// reads the decision inserts this into the request's extensions. It is
+/// zero-sized, so inserting it allocates nothing once the request has
+/// extensions (under axum it has).
+///
+/// # Example
+///
+/// ```
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// use tower::ServiceExt;
+/// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer, outcome::WantDecision};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
+///     .decision_in(DecisionIn::Asked);
+/// let app = Router::new().route("/", get(|| async { StatusCode::NO_CONTENT })).layer(layer);
+///
+/// let unasked = app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+/// assert!(unasked.extensions().get::<Decision>().is_none());
+///
+/// // What an outer layer does on the way in.
+/// let mut request = Request::new(Body::empty());
+/// request.extensions_mut().insert(WantDecision);
+/// let asked = app.oneshot(request).await.unwrap();
+/// assert_eq!(asked.extensions().get::<Decision>().unwrap().remaining(), 3);
+/// # }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct WantDecision;
 
 /// Where one passed request's decision goes.
 #[derive(Debug, Clone, Copy)]

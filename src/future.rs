@@ -585,7 +585,7 @@ mod tests {
         if ask {
             request
                 .extensions_mut()
-                .insert(crate::decision::DecisionIn::Response);
+                .insert(crate::decision::WantDecision);
         }
         let response = layer.layer(reports).oneshot(request).await.unwrap();
         let in_response = response.extensions().get::<Decision>().map(Decision::count);

@@ -365,7 +365,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// ([`DecisionIn::Request`]: a handler that takes a `Decision` needs
     /// it), or the response's ([`DecisionIn::Response`]). A denial always
     /// carries it in the response's extensions, and a request carrying
-    /// `DecisionIn::Response` in its extensions gets it in its response's. See
+    /// [`WantDecision`](crate::outcome::WantDecision) gets it in its response's. See
     /// the [example](DecisionIn#example).
     pub fn decision_in(mut self, place: DecisionIn) -> Self {
         self.core.settings.decision_in = place;

@@ -103,8 +103,7 @@
 //! [`decision_in(DecisionIn::Request)`](RateLimitLayer::decision_in) (the
 //! handler takes `Decision` as an extractor), into every response under
 //! [`DecisionIn::Response`], and into the response of a request that asks
-//! (with `DecisionIn::Response` in its extensions, what an outer layer
-//! sends). A
+//! ([`WantDecision`](outcome::WantDecision), what an outer layer sends). A
 //! response answered for a backend failure carries the
 //! [`BackendErrorKind`](backend::BackendErrorKind) instead.
 //!

@@ -18,8 +18,12 @@
 //! service may have done the work), a refund the backend failed, and a
 //! process that stops between the hit and the refund. Each hit is refunded
 //! at most once. The guide: [`docs/outcomes.md`](crate::guide::outcomes).
+//!
+//! [`WantDecision`] is how an outer layer asks for a passed request's
+//! [`Decision`] in its response.
 
 pub use crate::count::{CountOnly, ResponseHead};
+pub use crate::decision::WantDecision;
 
 use std::future::Future;
 use std::pin::Pin;

@@ -1,5 +1,4 @@
-//! Where a passed request's `Decision` goes (`DecisionIn`, on the layer and
-//! in a request that asks),
+//! Where a passed request's `Decision` goes (`DecisionIn`, `WantDecision`),
 //! how a handler extracts it (and is told the setter when it is missing),
 //! and that a request nobody reads the decision of is still counted and
 //! answered exactly as before.
@@ -16,7 +15,8 @@ use axum::routing::get;
 use axum::{Router, middleware};
 use tower::ServiceExt;
 use tower_pinned_window::{
-    Decision, DecisionIn, Outcome, Quota, RateLimitLayer, response::HeaderStyle,
+    Decision, DecisionIn, Outcome, Quota, RateLimitLayer, outcome::WantDecision,
+    response::HeaderStyle,
 };
 
 fn quota(limit: u64) -> Quota {
@@ -37,7 +37,7 @@ fn get_root() -> Request<Body> {
 
 fn asking() -> Request<Body> {
     let mut request = get_root();
-    request.extensions_mut().insert(DecisionIn::Response);
+    request.extensions_mut().insert(WantDecision);
     request
 }
 
@@ -209,7 +209,7 @@ async fn an_outer_layer_that_asks_gets_it() {
     let outer = middleware::from_fn(move |mut request: Request<Body>, next: middleware::Next| {
         let log = Arc::clone(&log);
         async move {
-            request.extensions_mut().insert(DecisionIn::Response);
+            request.extensions_mut().insert(WantDecision);
             let response = next.run(request).await;
             let decision = response.extensions().get::<Decision>().cloned();
             log.lock()

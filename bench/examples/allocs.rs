@@ -80,7 +80,8 @@ use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::outbound::BudgetLayer;
 use tower_pinned_window::{
-    Decision, DecisionIn, Quota, RateLimitLayer, Window, response::HeaderStyle,
+    Decision, DecisionIn, Quota, RateLimitLayer, Window, outcome::WantDecision,
+    response::HeaderStyle,
 };
 
 #[path = "support/counting.rs"]
@@ -458,7 +459,7 @@ async fn passes_through(request: Request<Body>, next: middleware::Next) -> Respo
 
 /// An outer layer that asks for the decision and reads it from the response.
 async fn asks_for_decision(mut request: Request<Body>, next: middleware::Next) -> Response {
-    request.extensions_mut().insert(DecisionIn::Response);
+    request.extensions_mut().insert(WantDecision);
     let response = next.run(request).await;
     let decision = response.extensions().get::<Decision>();
     black_box(decision.expect("asked for").remaining());
@@ -650,13 +651,13 @@ fn cases() -> Vec<Case> {
         case(
             "headers-off-outer",
             "outer-bare",
-            "headers off, `DecisionIn::Asked` (the default), an outer layer asks (`DecisionIn::Response` in the request) and reads it",
+            "headers off, `DecisionIn::Asked` (the default), an outer layer asks (`WantDecision`) and reads it",
             limited(NoHeaders, Asked).route_layer(middleware::from_fn(asks_for_decision)),
         ),
         case(
             "headers-off-outer-request",
             "outer-bare",
-            "headers off, `DecisionIn::Request`, an outer layer asks (`DecisionIn::Response` in the request) and reads it",
+            "headers off, `DecisionIn::Request`, an outer layer asks (`WantDecision`) and reads it",
             limited(NoHeaders, InRequest).route_layer(middleware::from_fn(asks_for_decision)),
         ),
     ]

@@ -8,7 +8,7 @@ use axum::{Router, body::Body, routing::get};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_pinned_window::config::{LimiterConfig, Tier};
-use tower_pinned_window::{Decision, DecisionIn, Outcome, Quota};
+use tower_pinned_window::{Decision, Outcome, Quota, outcome::WantDecision};
 
 fn config(text: &str) -> LimiterConfig {
     toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
@@ -33,7 +33,7 @@ fn request(path: &str, peer: &str, headers: &[(&str, &str)]) -> Request<Body> {
     request.extensions_mut().insert(ConnectInfo(peer));
     // As an outer layer that reads the decision does: the response then
     // carries it.
-    request.extensions_mut().insert(DecisionIn::Response);
+    request.extensions_mut().insert(WantDecision);
     request
 }
 
