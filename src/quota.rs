@@ -912,8 +912,11 @@ mod tests {
             );
             assert!(shown.contains(message), "{text:?}: {shown}");
             // `?` in a function returning `ConfigError` keeps it whole.
-            let config =
-                (|| -> Result<Quota, ConfigError> { Ok(text.parse::<Quota>()?) })().unwrap_err();
+            let from_config = |text: &str| -> Result<u64, ConfigError> {
+                let quota = text.parse::<Quota>()?;
+                Ok(quota.limit())
+            };
+            let config = from_config(text).unwrap_err();
             assert_eq!(config.to_string(), shown, "{text:?}");
             assert_eq!(config, err, "{text:?}");
         }
