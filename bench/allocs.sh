@@ -24,15 +24,15 @@
 #      beyond the no-op layer 0 each: the issue's target (0 beyond the
 #      no-op layer, met), ratchets at the measured figures: the layer adds
 #      nothing to what `.layer` costs (the cost route, `.cost(1)`, neither).
-#    - redis-64=3.5, beyond the no-op layer 1: 64 in flight (2.73 added,
-#      0.73 beyond measured): axum's 2, the lanes' calls shared by the
+#    - redis-64=3.5, beyond the no-op layer 1: 64 in flight (2.73 to 2.74
+#      added, 0.73 to 0.74 beyond measured): axum's 2, the lanes' calls shared by the
 #      requests of a call (the figure moves with how many each call
 #      carries). The issue's target is at most 1 beyond the no-op layer.
-#    - redis-8=9: 8 in flight (8.08 measured): fewer requests share a call,
+#    - redis-8=9: 8 in flight (7.10 to 8.08 measured): fewer requests share a call,
 #      so each pays more of redis-rs's own per call.
 #    - redis-cost-64=3.5 (beyond: 1), redis-cost-8=9: the Redis cost route
 #      (`.cost(1)`), its spends coalesced as hits are: held to the plain
-#      route's budgets (2.62 and 6.31 measured).
+#      route's budgets (2.58 to 2.62 and 6.31 to 6.84 measured).
 #
 # 2. bench/examples/allocs.rs: the layer's cost by DecisionIn and header
 #    style, requests driven through an axum Router in-process (no TCP), the
@@ -77,7 +77,7 @@
 # on a free port of 127.0.0.1 (never a shared one: keys are written), and
 # holds the route to these budgets (REDIS=0 skips it; REDIS_URL=... uses a
 # Redis of your own instead):
-# - redis-request-64=2: a ratchet (1.72 measured). 64 requests in flight,
+# - redis-request-64=2: a ratchet (1.71 measured). 64 requests in flight,
 #   headers on, the Decision in the request's extensions (DecisionIn::Request,
 #   its one allocation), amortized: the lanes' calls (redis-rs's own
 #   allocations per call, the crate's few), shared by the requests of a
