@@ -11,32 +11,28 @@
 # 1. bench/examples/app_allocs.rs: what a user's app gets. The app a new
 #    user writes (`Router::new().route("/memory", get(handler))
 #    .layer(limiter)`, the key read from the x-api-key header with `key_fn`
-#    into `Key::new(value.as_bytes())`, default headers, the Decision in the
-#    request's extensions, the default), served by `axum::serve` over TCP,
-#    driven by a load generator in the same process keeping 8 or 64
-#    keep-alive connections busy; only the server's threads' allocations are
-#    counted. "Added" is against the same app without the layer. Budgets:
-#    - memory-8=4, memory-64=4: ratchets at the measured figures, which are
-#      the floor of `.layer` with the Decision in the request: axum's
-#      `Router::layer` boxes the layered route (its clone and its future: 2
-#      a request whatever the layer; the `noop-*` rows measure them), and
-#      the Decision is one boxed value in the request's extensions plus the
-#      growth of their table (hyper's and axum's three entries fill its
-#      first four buckets; a fourth grows it). The issue's target (at most
-#      1) is below what `.layer` alone costs; DecisionIn::Asked takes the
-#      Decision's 2 off (see the in-process rows below).
-#    - memory-cost-8=4, memory-cost-64=4: the cost route (`.cost(1)`); the
-#      target is the plain route's + 1 (5); the ratchet is the measured 4.
-#    - redis-64=5.5: 64 in flight (4.9 to 5.0 measured): axum's 2, the
-#      Decision's 2, the lanes' calls shared by the requests of a call (the
-#      figure moves with how many each call carries). The issue's target
-#      (at most 3) is below axum's and the Decision's 4.
-#    - redis-8=10.5: 8 in flight (9.1 to 9.7 measured): fewer requests
-#      share a call, so each pays more of redis-rs's own per call.
-#    - redis-cost-64=5.5, redis-cost-8=10.5: the Redis cost route
+#    into `Key::new(value.as_bytes())`, default headers, the Decision at its
+#    default place, DecisionIn::Asked: nobody reads it, so it goes nowhere),
+#    served by `axum::serve` over TCP, driven by a load generator in the
+#    same process keeping 8 or 64 keep-alive connections busy; only the
+#    server's threads' allocations are counted. "Added" is against the same
+#    app without the layer; "beyond" (`--beyond`) against the same app
+#    under a `.layer` that does nothing (the `noop-*` rows: a pass-through
+#    `MapResponseLayer`, which axum's `Router::layer` boxes as any layer:
+#    its clone and its future, 2 a request whatever the layer). Budgets:
+#    - memory-8=2, memory-64=2, memory-cost-8=2, memory-cost-64=2, and
+#      beyond the no-op layer 0 each: the issue's target (0 beyond the
+#      no-op layer, met), ratchets at the measured figures: the layer adds
+#      nothing to what `.layer` costs (the cost route, `.cost(1)`, neither).
+#    - redis-64=3.5, beyond the no-op layer 1: 64 in flight (2.73 to 2.74
+#      added, 0.73 to 0.74 beyond measured): axum's 2, the lanes' calls shared by the
+#      requests of a call (the figure moves with how many each call
+#      carries). The issue's target is at most 1 beyond the no-op layer.
+#    - redis-8=9: 8 in flight (7.10 to 8.08 measured): fewer requests share a call,
+#      so each pays more of redis-rs's own per call.
+#    - redis-cost-64=3.5 (beyond: 1), redis-cost-8=9: the Redis cost route
 #      (`.cost(1)`), its spends coalesced as hits are: held to the plain
-#      route's budgets, within the target of the plain route's + 1 (4.9
-#      and 9.3 measured, at or below the plain route's).
+#      route's budgets (2.58 to 2.62 and 6.31 to 6.84 measured).
 #
 # 2. bench/examples/allocs.rs: the layer's cost by DecisionIn and header
 #    style, requests driven through an axum Router in-process (no TCP), the
@@ -46,28 +42,29 @@
 #
 # The budgets of the in-process rows:
 # - headers-off-unread=0: the issue's target (met). Headers off, the
-#   Decision read by nobody (DecisionIn::Asked): nothing allocated.
+#   Decision read by nobody (DecisionIn::Asked, the default): nothing
+#   allocated.
 # - headers-on-unread=0: the issue's target was at most 1 (met); the
 #   budget is a ratchet at the measured figure. The IETF headers, the
 #   Decision unread: the RateLimit field's value is cut from a per-thread
 #   block of value bytes, reused once its values are dropped, so it costs
 #   no allocation of its own.
-# - headers-on=1, headers-off=1: a ratchet at the measured figures, for the
-#   default DecisionIn::Request (the handler could read Extension<Decision>;
-#   here it does not): the boxed Decision in the map axum already made for
-#   the request.
+# - headers-on=1, headers-off=1: a ratchet at the measured figures, for
+#   DecisionIn::Request (the handler could extract the Decision; here it
+#   does not): the boxed Decision in the map axum already made for the
+#   request.
 # - headers-on-response=3, headers-off-response=3: a ratchet at the
 #   measured figures, for DecisionIn::Response, which puts the Decision in
 #   the response's extensions (the map's box, its table, the boxed value:
 #   three).
 # - headers-off-handler=1: a ratchet at the measured figure. DecisionIn::Request,
-#   the handler reads Extension<Decision>: the boxed value, in the map axum
+#   the handler extracts the Decision: the boxed value, in the map axum
 #   already made for the request.
 # - headers-off-outer=3: a ratchet at the measured figure. DecisionIn::Asked,
 #   an outer layer asks with WantDecision and reads the Decision from the
 #   response's extensions, which it empties into three allocations.
-# - headers-off-outer-default=4: a ratchet at the measured figure. The same
-#   under the default DecisionIn::Request: the request's copy too.
+# - headers-off-outer-request=4: a ratchet at the measured figure. The same
+#   under DecisionIn::Request: the request's copy too.
 # - client-budget=0: the measured figure (0.00). A client's call through
 #   `outbound::BudgetLayer` on the memory backend, the budget with room, one
 #   call at a time, against the bare client (`service_fn`; tower's
@@ -80,17 +77,18 @@
 # on a free port of 127.0.0.1 (never a shared one: keys are written), and
 # holds the route to these budgets (REDIS=0 skips it; REDIS_URL=... uses a
 # Redis of your own instead):
-# - redis-default-64=2: a ratchet (1.45 measured). 64 requests in flight,
-#   headers on, the defaults (the Decision in the request's extensions, its
-#   one allocation), amortized: the lanes' calls (redis-rs's own
+# - redis-request-64=2: a ratchet (1.71 measured). 64 requests in flight,
+#   headers on, the Decision in the request's extensions (DecisionIn::Request,
+#   its one allocation), amortized: the lanes' calls (redis-rs's own
 #   allocations per call, the crate's few), shared by the requests of a
 #   call. A queued hit allocates nothing of its own, nor does the RateLimit
 #   field's value, nor the layer's timer (held in the response future). The
 #   figure moves a little with how many requests each call carries.
-# - redis-unread-64=1, redis-64=4: ratchets (0.46 and 3.45 measured). The
-#   same with the Decision unread (DecisionIn::Asked), and in the response's
-#   extensions (DecisionIn::Response: three, as on the memory backend).
-# - redis-default=8.1, redis-unread=7.1, redis=10.1: ratchets at the
+# - redis-unread-64=1, redis-64=4: ratchets (0.73 and 3.72 measured). The
+#   same with the Decision unread (DecisionIn::Asked, the default), and in the
+#   response's extensions (DecisionIn::Response: three, as on the memory
+#   backend).
+# - redis-request=8.1, redis-unread=7.1, redis=10.1: ratchets at the
 #   measured figures (8, 7 and 10), one request at a time, every hit its own
 #   call: redis-rs's own 5 a call, the crate's 2 (its future, boxed, and the
 #   breaker's), and the Decision's. The tenth is for redis-rs's buffers,
@@ -111,16 +109,18 @@ if [ "${REDIS:-1}" != 0 ] && { [ -n "${REDIS_URL:-}" ] || command -v redis-serve
     export REDIS_URL="redis://127.0.0.1:$rport/"
   fi
   app_redis_budgets=(
-    --budget redis-64=5.5
-    --budget redis-8=10.5
-    --budget redis-cost-64=5.5
-    --budget redis-cost-8=10.5
+    --budget redis-64=3.5
+    --beyond redis-64=1
+    --budget redis-8=9
+    --budget redis-cost-64=3.5
+    --beyond redis-cost-64=1
+    --budget redis-cost-8=9
   )
   redis_budgets=(
-    --budget redis-default-64=2
+    --budget redis-request-64=2
     --budget redis-unread-64=1
     --budget redis-64=4
-    --budget redis-default=8.1
+    --budget redis-request=8.1
     --budget redis-unread=7.1
     --budget redis=10.1
   )
@@ -129,10 +129,14 @@ else
   echo "redis-server not found (or REDIS=0): the Redis route's budgets are not checked" >&2
 fi
 "${CARGO_TARGET_DIR:-target}"/release/examples/app_allocs \
-  --budget memory-8=4 \
-  --budget memory-64=4 \
-  --budget memory-cost-8=4 \
-  --budget memory-cost-64=4 \
+  --budget memory-8=2 \
+  --budget memory-64=2 \
+  --budget memory-cost-8=2 \
+  --budget memory-cost-64=2 \
+  --beyond memory-8=0 \
+  --beyond memory-64=0 \
+  --beyond memory-cost-8=0 \
+  --beyond memory-cost-64=0 \
   "${app_redis_budgets[@]}"
 "${CARGO_TARGET_DIR:-target}"/release/examples/allocs \
   --budget headers-off-unread=0 \
@@ -143,6 +147,6 @@ fi
   --budget headers-off-response=3 \
   --budget headers-off-handler=1 \
   --budget headers-off-outer=3 \
-  --budget headers-off-outer-default=4 \
+  --budget headers-off-outer-request=4 \
   --budget client-budget=0 \
   "${redis_budgets[@]}"

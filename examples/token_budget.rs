@@ -45,7 +45,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use tower_pinned_window::backend::{Backend, MemoryBackend};
-use tower_pinned_window::cost::{BodyEstimate, OverLimit, ResponseEnd};
+use tower_pinned_window::cost::{BodyEstimate, ResponseEnd};
 use tower_pinned_window::key::{HeaderKey, Key};
 use tower_pinned_window::{Quota, RateLimitLayer};
 
@@ -101,7 +101,7 @@ impl fmt::Display for Budgeting {
 fn estimate() -> BodyEstimate {
     BodyEstimate::json_field(MAX_TOKENS, DEFAULT_MAX_TOKENS)
         .body_limit(BODY_LIMIT)
-        .over_limit(OverLimit::Reject)
+        .reject_over_limit(true)
 }
 
 /// The tokens an answer used, from its `x-usage-tokens` header; `None`

@@ -37,18 +37,6 @@ pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct FromHead;
 
-/// What a body longer than the [limit](BodyEstimate::body_limit) gets.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OverLimit {
-    /// The [fallback](BodyEstimate::new) estimate is reserved and the
-    /// request goes on, its body whole (the default).
-    #[default]
-    Fallback,
-    /// `413 Payload Too Large` with an empty body, uncounted; the service
-    /// is not called.
-    Reject,
-}
-
 /// A reading of the estimate, from the bytes of a whole body.
 type ReadFn = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
 
@@ -66,7 +54,7 @@ type ReadFn = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
 /// - The fallback is reserved for a body that is empty, not of the
 ///   format, without the field, with a value that is not a non-negative
 ///   integer, that fails while it is read, or that is longer than the
-///   limit (or it gets 413: [`over_limit`](Self::over_limit)). Reading
+///   limit (or it gets 413: [`reject_over_limit`](Self::reject_over_limit)). Reading
 ///   never panics.
 /// - gRPC requests (`content-type: application/grpc*`) are left alone:
 ///   their bodies are not read, and they reserve the fallback.
@@ -75,11 +63,11 @@ type ReadFn = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
 ///
 /// ```
 /// # #[cfg(feature = "json")] {
-/// use tower_pinned_window::cost::{BodyEstimate, OverLimit};
+/// use tower_pinned_window::cost::BodyEstimate;
 ///
 /// let estimate = BodyEstimate::json_field("max_tokens", 4096)
 ///     .body_limit(256 * 1024)
-///     .over_limit(OverLimit::Reject);
+///     .reject_over_limit(true);
 /// assert_eq!(estimate.read(br#"{"model": "m", "max_tokens": 300}"#), 300);
 /// assert_eq!(estimate.read(br#"{"max_tokens": -1}"#), 4096, "not a non-negative integer");
 /// assert_eq!(estimate.read(b"{not json"), 4096);
@@ -91,7 +79,9 @@ pub struct BodyEstimate {
     read: ReadFn,
     fallback: u64,
     limit: usize,
-    over_limit: OverLimit,
+    /// A body longer than the limit is answered 413 (not given the
+    /// fallback).
+    reject_over_limit: bool,
 }
 
 impl BodyEstimate {
@@ -107,7 +97,7 @@ impl BodyEstimate {
             read: Arc::new(read),
             fallback,
             limit: DEFAULT_BODY_LIMIT,
-            over_limit: OverLimit::Fallback,
+            reject_over_limit: false,
         }
     }
 
@@ -133,7 +123,7 @@ impl BodyEstimate {
     }
 
     /// Read at most `bytes` of a body (default [`DEFAULT_BODY_LIMIT`]); a
-    /// longer one gets what [`over_limit`](Self::over_limit) says.
+    /// longer one gets what [`reject_over_limit`](Self::reject_over_limit) says.
     ///
     /// # Panics
     /// When `bytes` is 0: no body could be read. Use
@@ -160,11 +150,13 @@ impl BodyEstimate {
         Ok(self)
     }
 
-    /// What a body longer than the limit gets: the fallback
-    /// ([`OverLimit::Fallback`], the default) or 413
-    /// ([`OverLimit::Reject`]).
-    pub fn over_limit(mut self, over_limit: OverLimit) -> Self {
-        self.over_limit = over_limit;
+    /// What a body longer than the limit gets: with `false` (the
+    /// default), the [fallback](Self::new) estimate is reserved and the
+    /// request goes on, its body whole; with `true`, `413 Payload Too
+    /// Large` with an empty body, uncounted, and the service is not
+    /// called.
+    pub fn reject_over_limit(mut self, reject: bool) -> Self {
+        self.reject_over_limit = reject;
         self
     }
 
@@ -189,7 +181,7 @@ impl fmt::Debug for BodyEstimate {
         f.debug_struct("BodyEstimate")
             .field("fallback", &self.fallback)
             .field("limit", &self.limit)
-            .field("over_limit", &self.over_limit)
+            .field("reject_over_limit", &self.reject_over_limit)
             .finish_non_exhaustive()
     }
 }
@@ -457,15 +449,15 @@ where
 
     /// A body longer than the limit: 413, or on with the fallback.
     fn over_limit(estimate: &BodyEstimate, service: &mut S, parts: Parts, body: B) -> Self {
-        match estimate.over_limit {
-            OverLimit::Fallback => {
+        match estimate.reject_over_limit {
+            false => {
                 tracing::debug!(
                     limit = estimate.limit,
                     "request body over the limit: reserving the fallback estimate"
                 );
                 Self::calling(service, parts, Replay::unread(body))
             }
-            OverLimit::Reject => {
+            true => {
                 tracing::debug!(limit = estimate.limit, "request body over the limit: 413");
                 let mut response = Response::new(ResBody::default());
                 *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
@@ -531,7 +523,7 @@ where
                         mut service,
                         estimate,
                     } = reading.take().expect("the body is read once");
-                    if over && estimate.over_limit == OverLimit::Reject {
+                    if over && estimate.reject_over_limit {
                         let mut response = Response::new(ResBody::default());
                         *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
                         this.state.set(ReadState::Done);

@@ -177,8 +177,13 @@ impl LimiterConfig {
     /// The layer this configuration describes, on a fresh
     /// [`MemoryBackend`](crate::backend::MemoryBackend). Chain what
     /// configuration does not hold: `.backend(redis)`, `.timeout(..)`,
-    /// `.deny_with(..)`, `.on_decision(..)`.
-    pub fn layer(&self) -> RateLimitLayer<ConfigKey> {
+    /// `.deny_with(..)`, `.on_decision(..)`. Its key extractor is the
+    /// configuration's (one of the built-in extractors, joined with the
+    /// route when `per-route` is set), a type of its own that is never
+    /// named.
+    pub fn layer(
+        &self,
+    ) -> RateLimitLayer<impl KeyExtractor + Clone + Send + Sync + fmt::Debug + 'static> {
         let mut layer = RateLimitLayer::try_new(self.name.0.as_str(), self.quota)
             .expect("the name was checked when the configuration was read")
             .key(ConfigKey {
@@ -239,10 +244,9 @@ impl Tier {
 }
 
 /// The key extractor of a layer built from a [`LimiterConfig`]: one of the
-/// built-in extractors, joined with the route when `per-route` is set
-/// (example: [the module docs](self)).
+/// built-in extractors, joined with the route when `per-route` is set.
 #[derive(Debug, Clone)]
-pub struct ConfigKey {
+struct ConfigKey {
     kind: KeyKind,
     per_route: bool,
 }

@@ -18,7 +18,7 @@
 //! The guide: [`docs/costs.md`](crate::guide::costs).
 
 pub use crate::body::{
-    BodyEstimate, DEFAULT_BODY_LIMIT, FromHead, OverLimit, ReadBody, ReadBodyFuture, Replay,
+    BodyEstimate, DEFAULT_BODY_LIMIT, FromHead, ReadBody, ReadBodyFuture, Replay,
 };
 pub use crate::charge::{Metered, ResponseEnd};
 

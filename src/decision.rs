@@ -61,23 +61,27 @@ pub enum Outcome {
 ///   [`count_if`](crate::RateLimitLayer::count_if), where the decision says
 ///   whether the hit was [refunded](Self::refunded)) always carries it in
 ///   the response's extensions.
-/// - Under [`DecisionIn::Request`] (the default), a passed request carries
-///   it to the handler: `axum::Extension<Decision>`.
+/// - A passed request's decision goes nowhere by default
+///   ([`DecisionIn::Asked`]): a server that never reads it pays nothing for
+///   it.
+/// - A handler that reads it says so with one setter,
+///   [`decision_in(DecisionIn::Request)`](crate::RateLimitLayer::decision_in),
+///   and takes `Decision` as an extractor (with the `axum` feature; or
+///   `Option<Decision>`, for requests passed without one). A handler that
+///   asks for one the layer was not told to give is answered `500` with a
+///   body that names the setter.
 /// - A passed request's response carries it in its extensions when the
 ///   request asked for it with [`WantDecision`] in its extensions (what an
 ///   outer layer does to read it), or under [`DecisionIn::Response`].
-/// - Under [`DecisionIn::Asked`], a passed request's decision goes nowhere
-///   unless it is asked for: a request nobody reads the decision of costs
-///   no allocation for it.
 ///
 /// Putting a value into empty extensions costs three allocations (the
 /// map's box, its table, the boxed value), so [`DecisionIn::Response`]
 /// costs three per passed request; [`DecisionIn::Request`] costs one under
-/// axum, whose router has already made the request's extensions. With the
-/// headers off, [`DecisionIn::Asked`], no
+/// axum, whose router has already made the request's extensions. At the
+/// default, with the headers off, no
 /// [`on_decision`](crate::RateLimitLayer::on_decision) callback and no
 /// `metrics` feature, a passed request nobody reads the decision of gets
-/// none at all (one with no hit to spare still does, to raise
+/// none made at all (one with no hit to spare still does, to raise
 /// `Retry-After`).
 ///
 /// The counts per request are measured by `bash bench/allocs.sh` (the
@@ -102,19 +106,19 @@ pub enum Outcome {
 /// ```
 /// use std::sync::{Arc, Mutex};
 /// use std::time::Duration;
-/// use axum::{Extension, Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
 /// use tower::ServiceExt;
-/// use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer};
+/// use tower_pinned_window::{Decision, DecisionIn, Outcome, Quota, RateLimitLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let seen = Arc::new(Mutex::new(Vec::new()));
 /// let log = Arc::clone(&seen);
 /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
-///     .on_decision(move |decision: &Decision| log.lock().unwrap().push(decision.outcome()));
-/// // The handler reads the decision from its request (the default
-/// // `DecisionIn::Request`).
-/// let handler = |Extension(decision): Extension<Decision>| async move {
+///     .on_decision(move |decision: &Decision| log.lock().unwrap().push(decision.outcome()))
+///     // The handler reads the decision: the layer puts it in the request.
+///     .decision_in(DecisionIn::Request);
+/// let handler = |decision: Decision| async move {
 ///     assert_eq!((decision.name(), decision.policy()), ("api", "api"));
 ///     assert_eq!((decision.limit(), decision.count(), decision.remaining()), (1, 1, 0));
 ///     assert!(decision.reset() <= Duration::from_secs(60));
@@ -451,40 +455,97 @@ impl fmt::Debug for Decision {
     }
 }
 
+/// What a handler is answered when it asks for a [`Decision`] its request
+/// does not carry: the status and a body that names the setter.
+#[cfg(feature = "axum")]
+const MISSING: (http::StatusCode, &str) = (
+    http::StatusCode::INTERNAL_SERVER_ERROR,
+    "no rate-limit `Decision` in this request: the layer puts one in a passed \
+     request only when told to, with `RateLimitLayer::decision_in` \
+     (`.decision_in(DecisionIn::Request)`). A request the layer passed without \
+     counting it (skipped, allowlisted, or passed under `FailurePolicy::FailOpen` \
+     or `OnMissingKey::Allow`) has none: extract `Option<Decision>` to allow for it.",
+);
+
+/// A handler takes the decision on its request as an extractor, when the
+/// layer was told to put it there
+/// ([`DecisionIn::Request`](DecisionIn::Request)). A request without one
+/// is answered `500`, with a body that names the setter, and logged; take
+/// `Option<Decision>` for a route whose requests may pass without one. See
+/// the [example](DecisionIn#example).
+#[cfg(feature = "axum")]
+impl<S: Send + Sync> axum::extract::FromRequestParts<S> for Decision {
+    type Rejection = (http::StatusCode, &'static str);
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _state: &S,
+    ) -> Result<Self, Self::Rejection> {
+        parts.extensions.get::<Self>().cloned().ok_or_else(|| {
+            tracing::error!("{}", MISSING.1);
+            MISSING
+        })
+    }
+}
+
+/// `Option<Decision>`: the decision on the request, if it carries one.
+#[cfg(feature = "axum")]
+impl<S: Send + Sync> axum::extract::OptionalFromRequestParts<S> for Decision {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(
+        parts: &mut http::request::Parts,
+        _state: &S,
+    ) -> Result<Option<Self>, Self::Rejection> {
+        Ok(parts.extensions.get::<Self>().cloned())
+    }
+}
+
 /// Where a layer puts the [`Decision`] on a request it passes on (see
 /// [`RateLimitLayer::decision_in`](crate::RateLimitLayer::decision_in)). A
 /// denial always carries its decision in the response's extensions, and a
 /// request that carries [`WantDecision`] always gets it in its response's.
 ///
-/// The default, [`Request`](Self::Request), is the cheapest place that
-/// keeps both readers: the handler finds it in its request, an outer layer
-/// in the response when it asks. Measured by `bash bench/allocs.sh` (the
-/// repository's `bench/`), through an axum router: one allocation a passed
-/// request for the decision, against three for
-/// [`Response`](Self::Response) and none for [`Asked`](Self::Asked).
+/// The default, [`Asked`](Self::Asked), puts it nowhere unless asked for,
+/// so a server that never reads it pays nothing for it. A handler that
+/// reads it needs [`Request`](Self::Request). Measured by
+/// `bash bench/allocs.sh` (the repository's `bench/`), through an axum
+/// router: none a passed request for the decision at the default, against
+/// one for [`Request`](Self::Request) and three for
+/// [`Response`](Self::Response).
 ///
 /// # Example
 ///
-/// A handler reads the decision from the request (the default):
+/// A handler reads the decision from the request, as its layer was told:
 ///
 /// ```
 /// use std::time::Duration;
-/// use axum::{Extension, Router, body::Body, http::Request, routing::get};
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
 /// use tower::ServiceExt;
-/// use tower_pinned_window::{Decision, Quota, RateLimitLayer};
+/// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// let layer = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap());
-/// let handler = |Extension(decision): Extension<Decision>| async move {
-///     format!("{} left", decision.remaining())
-/// };
-/// let app = Router::new().route("/", get(handler)).route_layer(layer);
+/// let quota = Quota::new(5, Duration::from_secs(60)).unwrap();
+/// let handler = |decision: Decision| async move { format!("{} left", decision.remaining()) };
+/// let app = Router::new()
+///     .route("/", get(handler))
+///     .route_layer(RateLimitLayer::new("api", quota).decision_in(DecisionIn::Request));
 /// let response = app.oneshot(Request::new(Body::empty())).await.unwrap();
 /// // Asked for by nobody: not in the response.
 /// assert!(response.extensions().get::<Decision>().is_none());
 /// let body = axum::body::to_bytes(response.into_body(), 64).await.unwrap();
 /// assert_eq!(body, "4 left");
+///
+/// // Without the setter, the handler is answered 500 with a body that
+/// // names it.
+/// let app = Router::new()
+///     .route("/", get(handler))
+///     .route_layer(RateLimitLayer::new("api", quota));
+/// let response = app.oneshot(Request::new(Body::empty())).await.unwrap();
+/// assert_eq!(response.status(), StatusCode::INTERNAL_SERVER_ERROR);
+/// let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+/// assert!(std::str::from_utf8(&body).unwrap().contains(".decision_in(DecisionIn::Request)"));
 /// # }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -494,15 +555,15 @@ pub enum DecisionIn {
     /// allocations a request when the response has no extensions yet. The
     /// handler does not get it.
     Response,
-    /// In the request's extensions, for the handler
-    /// (`axum::Extension<Decision>`): one allocation a request under axum.
-    /// The response carries it only when asked for ([`WantDecision`]).
-    /// The default.
-    #[default]
+    /// In the request's extensions, for the handler (the `Decision`
+    /// extractor, or `axum::Extension<Decision>`): one allocation a request
+    /// under axum. The response carries it only when asked for
+    /// ([`WantDecision`]).
     Request,
     /// Nowhere, unless the request asks for it with [`WantDecision`]: the
     /// response then carries it. Nothing is allocated for a decision nobody
-    /// reads.
+    /// reads. The default.
+    #[default]
     Asked,
 }
 

@@ -69,9 +69,32 @@ pub enum ConfigError {
     InvalidSqlIdentifier(String),
     /// The interval between two runs of a backend's cleaner was zero.
     ZeroCleanInterval,
-    /// A rate string that is not a quota (`"0/min"`, `"10/5y"`); the error
-    /// says what was wrong.
-    InvalidRate(ParseRateError),
+    /// A rate string that is not a quota or a window (`"0/min"`,
+    /// `"10/5y"`): what [`Quota`](crate::Quota) and
+    /// [`Window`](crate::Window) parsing returns. Its message names all
+    /// three fields.
+    ///
+    /// ```
+    /// use tower_pinned_window::{ConfigError, Quota, RateErrorKind};
+    ///
+    /// fn from_config(rate: &str) -> Result<Quota, ConfigError> {
+    ///     Ok(rate.parse::<Quota>()?)
+    /// }
+    ///
+    /// let err = "10/5y".parse::<Quota>().unwrap_err();
+    /// let ConfigError::InvalidRate { input, kind, part } = &err else { unreachable!() };
+    /// assert_eq!((input.as_str(), *kind, part.as_str()), ("10/5y", RateErrorKind::UnknownUnit, "y"));
+    /// assert_eq!(err.to_string(), "invalid rate \"10/5y\": unknown unit \"y\" (use ms, s, m or min, h, d)");
+    /// assert_eq!(from_config("10/5y"), Err(err));
+    /// ```
+    InvalidRate {
+        /// The text that was parsed.
+        input: String,
+        /// What was wrong.
+        kind: RateErrorKind,
+        /// The part of `input` that was wrong (empty when the whole was).
+        part: String,
+    },
     /// A header name that is not a valid HTTP header name.
     InvalidHeaderName(String),
     /// A secret for [`PrivateKeys`](crate::backend::PrivateKeys) shorter
@@ -131,9 +154,14 @@ pub enum ConfigError {
     ZeroBodyLimit,
 }
 
-impl From<ParseRateError> for ConfigError {
-    fn from(err: ParseRateError) -> Self {
-        Self::InvalidRate(err)
+impl ConfigError {
+    /// The error on the rate string `input`: `kind` was wrong with `part`.
+    pub(crate) fn invalid_rate(input: &str, kind: RateErrorKind, part: &str) -> Self {
+        Self::InvalidRate {
+            input: input.to_owned(),
+            kind,
+            part: part.to_owned(),
+        }
     }
 }
 
@@ -179,7 +207,7 @@ impl fmt::Display for ConfigError {
             Self::ZeroCleanInterval => {
                 f.write_str("the cleaner's interval must be longer than zero")
             }
-            Self::InvalidRate(err) => err.fmt(f),
+            Self::InvalidRate { input, kind, part } => fmt_rate(f, input, *kind, part),
             Self::InvalidHeaderName(name) => {
                 write!(f, "{name:?} is not a valid HTTP header name")
             }
@@ -234,8 +262,8 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// What was wrong with a rate string; see [`ParseRateError::kind`], whose
-/// example matches on it.
+/// What was wrong with a rate string: the `kind` of
+/// [`ConfigError::InvalidRate`], whose example matches on it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum RateErrorKind {
@@ -268,102 +296,58 @@ pub enum RateErrorKind {
     WindowTooLong,
 }
 
-/// A rate string that is not a quota: the input, what was wrong with it and
-/// which part. Its message names all three.
-///
-/// It converts into [`ConfigError::InvalidRate`], so `?` works in a
-/// function returning `ConfigError`.
-///
-/// ```
-/// use tower_pinned_window::{ConfigError, Quota, RateErrorKind};
-///
-/// fn from_config(rate: &str) -> Result<Quota, ConfigError> {
-///     Ok(rate.parse::<Quota>()?)
-/// }
-///
-/// let err = "10/5y".parse::<Quota>().unwrap_err();
-/// assert_eq!(err.kind(), RateErrorKind::UnknownUnit);
-/// assert_eq!(err.input(), "10/5y");
-/// assert_eq!(err.to_string(), "invalid rate \"10/5y\": unknown unit \"y\" (use ms, s, m or min, h, d)");
-/// assert_eq!(from_config("10/5y"), Err(ConfigError::InvalidRate(err)));
-/// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ParseRateError {
-    input: String,
+/// The message of [`ConfigError::InvalidRate`]: the input, what was wrong
+/// and with which part.
+fn fmt_rate(
+    f: &mut fmt::Formatter<'_>,
+    input: &str,
     kind: RateErrorKind,
-    part: String,
-}
-
-impl ParseRateError {
-    pub(crate) fn new(input: &str, kind: RateErrorKind, part: &str) -> Self {
-        Self {
-            input: input.to_owned(),
-            kind,
-            part: part.to_owned(),
+    part: &str,
+) -> fmt::Result {
+    const UNITS: &str = "ms, s, m or min, h, d";
+    const FORM: &str = "write LIMIT/WINDOW, such as \"100/min\" or \"5 per 15m\"";
+    write!(f, "invalid rate {input:?}: ")?;
+    match kind {
+        RateErrorKind::Empty => write!(f, "it is empty; {FORM}"),
+        RateErrorKind::NoSeparator => write!(
+            f,
+            "no \"/\" or \" per \" between the limit and the window; {FORM}"
+        ),
+        RateErrorKind::InvalidLimit => {
+            write!(f, "the limit {part:?} is not a whole number")
         }
-    }
-
-    /// What was wrong (example: [`ParseRateError`]).
-    pub fn kind(&self) -> RateErrorKind {
-        self.kind
-    }
-
-    /// The text that was parsed (example: [`ParseRateError`]).
-    pub fn input(&self) -> &str {
-        &self.input
-    }
-}
-
-impl fmt::Display for ParseRateError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        const UNITS: &str = "ms, s, m or min, h, d";
-        const FORM: &str = "write LIMIT/WINDOW, such as \"100/min\" or \"5 per 15m\"";
-        let part = &self.part;
-        write!(f, "invalid rate {:?}: ", self.input)?;
-        match self.kind {
-            RateErrorKind::Empty => write!(f, "it is empty; {FORM}"),
-            RateErrorKind::NoSeparator => write!(
-                f,
-                "no \"/\" or \" per \" between the limit and the window; {FORM}"
-            ),
-            RateErrorKind::InvalidLimit => {
-                write!(f, "the limit {part:?} is not a whole number")
-            }
-            RateErrorKind::NegativeLimit => {
-                write!(f, "the limit {part} is negative; it must be at least 1")
-            }
-            RateErrorKind::ZeroLimit => {
-                f.write_str("the limit is 0; a quota admits at least 1 request per window")
-            }
-            RateErrorKind::LimitTooLarge => {
-                write!(f, "the limit {part} is larger than {}", u64::MAX)
-            }
-            RateErrorKind::MissingWindow => write!(f, "the window is missing; {FORM}"),
-            RateErrorKind::InvalidWindow => write!(
-                f,
-                "the window {part:?} is not a whole number and a unit, such as \"15m\" or \"1500ms\""
-            ),
-            RateErrorKind::MissingUnit => {
-                write!(f, "the window {part:?} has no unit ({UNITS})")
-            }
-            RateErrorKind::UnknownUnit => write!(f, "unknown unit {part:?} (use {UNITS})"),
-            RateErrorKind::NegativeWindow => write!(
-                f,
-                "the window {part:?} is negative; it must be longer than zero"
-            ),
-            RateErrorKind::ZeroWindow => write!(
-                f,
-                "the window {part:?} is zero; it must be longer than zero (it is never read as \"no expiry\")"
-            ),
-            RateErrorKind::WindowTooLong => write!(
-                f,
-                "the window {part:?} is longer than {MAX_WINDOW} (Window::MAX, 100 years)"
-            ),
+        RateErrorKind::NegativeLimit => {
+            write!(f, "the limit {part} is negative; it must be at least 1")
         }
+        RateErrorKind::ZeroLimit => {
+            f.write_str("the limit is 0; a quota admits at least 1 request per window")
+        }
+        RateErrorKind::LimitTooLarge => {
+            write!(f, "the limit {part} is larger than {}", u64::MAX)
+        }
+        RateErrorKind::MissingWindow => write!(f, "the window is missing; {FORM}"),
+        RateErrorKind::InvalidWindow => write!(
+            f,
+            "the window {part:?} is not a whole number and a unit, such as \"15m\" or \"1500ms\""
+        ),
+        RateErrorKind::MissingUnit => {
+            write!(f, "the window {part:?} has no unit ({UNITS})")
+        }
+        RateErrorKind::UnknownUnit => write!(f, "unknown unit {part:?} (use {UNITS})"),
+        RateErrorKind::NegativeWindow => write!(
+            f,
+            "the window {part:?} is negative; it must be longer than zero"
+        ),
+        RateErrorKind::ZeroWindow => write!(
+            f,
+            "the window {part:?} is zero; it must be longer than zero (it is never read as \"no expiry\")"
+        ),
+        RateErrorKind::WindowTooLong => write!(
+            f,
+            "the window {part:?} is longer than {MAX_WINDOW} (Window::MAX, 100 years)"
+        ),
     }
 }
-
-impl std::error::Error for ParseRateError {}
 
 #[cfg(test)]
 mod tests {

@@ -359,11 +359,12 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
         self
     }
 
-    /// Where a passed request's [`Decision`] goes: the request's
-    /// extensions, for the handler ([`DecisionIn::Request`], the default),
-    /// the response's ([`DecisionIn::Response`]), or only where asked for
-    /// ([`DecisionIn::Asked`]). A denial always carries it in the response's
-    /// extensions, and a request carrying
+    /// Where a passed request's [`Decision`] goes: only where asked for
+    /// ([`DecisionIn::Asked`], the default: nothing is paid for a decision
+    /// nobody reads), the request's extensions, for the handler
+    /// ([`DecisionIn::Request`]: a handler that takes a `Decision` needs
+    /// it), or the response's ([`DecisionIn::Response`]). A denial always
+    /// carries it in the response's extensions, and a request carrying
     /// [`WantDecision`](crate::outcome::WantDecision) gets it in its response's. See
     /// the [example](DecisionIn#example).
     pub fn decision_in(mut self, place: DecisionIn) -> Self {

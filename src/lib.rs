@@ -97,12 +97,13 @@
 //! | either key error | [`OnMissingKey::Allow`] | the service's response, uncounted | the service's answer |
 //! | skipped ([`skip_if`](RateLimitLayer::skip_if), [`allowlist`](RateLimitLayer::allowlist)) | | the service's response, uncounted, no headers | the service's answer |
 //!
-//! A request the limiter passed carries its [`Decision`] to the handler in
-//! its extensions (`axum::Extension<Decision>`), and its response carries
-//! it only when an outer layer asks ([`WantDecision`](outcome::WantDecision)); a denial always
-//! carries it in its response's extensions.
-//! [`decision_in`](RateLimitLayer::decision_in) puts a passed request's in
-//! every response instead, or only where asked for; see [`DecisionIn`]. A
+//! A denial always carries its [`Decision`] in its response's extensions. A
+//! passed request's goes only where asked for, so a server that never reads
+//! it pays nothing for it: to the handler under
+//! [`decision_in(DecisionIn::Request)`](RateLimitLayer::decision_in) (the
+//! handler takes `Decision` as an extractor), into every response under
+//! [`DecisionIn::Response`], and into the response of a request that asks
+//! ([`WantDecision`](outcome::WantDecision), what an outer layer sends). A
 //! response answered for a backend failure carries the
 //! [`BackendErrorKind`](backend::BackendErrorKind) instead.
 //!
@@ -215,7 +216,7 @@ mod verdict;
 
 pub use crate::core::{FailurePolicy, OnMissingKey};
 pub use decision::{Decision, DecisionIn, Outcome};
-pub use error::{ConfigError, ParseRateError, RateErrorKind};
+pub use error::{ConfigError, RateErrorKind};
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;

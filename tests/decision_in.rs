@@ -1,4 +1,5 @@
 //! Where a passed request's `Decision` goes (`DecisionIn`, `WantDecision`),
+//! how a handler extracts it (and is told the setter when it is missing),
 //! and that a request nobody reads the decision of is still counted and
 //! answered exactly as before.
 #![cfg(feature = "axum")]
@@ -77,8 +78,8 @@ async fn a_handler_reads_the_decision_from_its_request() {
 }
 
 #[tokio::test]
-async fn by_default_the_handler_reads_it_and_the_response_carries_it_only_when_asked() {
-    assert_eq!(DecisionIn::default(), DecisionIn::Request);
+async fn by_default_the_decision_goes_only_where_asked() {
+    assert_eq!(DecisionIn::default(), DecisionIn::Asked);
     // No `decision_in`: the layer's default.
     let app = Router::new()
         .route("/", get(reports))
@@ -87,10 +88,78 @@ async fn by_default_the_handler_reads_it_and_the_response_carries_it_only_when_a
     assert_eq!(first.status(), StatusCode::OK);
     assert!(decision(&first).is_none(), "not in the response unasked");
     assert_eq!(first.headers()["ratelimit"], "\"api\";r=2;t=60");
-    assert_eq!(body(first).await, "remaining=2 count=1");
+    assert_eq!(body(first).await, "none", "not in the request untold");
     let asked = send(&app, asking()).await;
     assert_eq!(decision(&asked).map(Decision::count), Some(2));
-    assert_eq!(body(asked).await, "remaining=1 count=2");
+    assert_eq!(body(asked).await, "none");
+}
+
+/// What the handler saw through the `Decision` extractor.
+async fn extracts(decision: Decision) -> String {
+    format!(
+        "remaining={} count={}",
+        decision.remaining(),
+        decision.count()
+    )
+}
+
+/// What the handler saw through the `Option<Decision>` extractor.
+async fn extracts_if_any(decision: Option<Decision>) -> String {
+    decision.map_or_else(
+        || "none".to_owned(),
+        |d| format!("remaining={} count={}", d.remaining(), d.count()),
+    )
+}
+
+#[tokio::test]
+async fn a_handler_extracts_the_decision_when_the_layer_gives_it() {
+    let app = Router::new()
+        .route("/", get(extracts))
+        .route("/maybe", get(extracts_if_any))
+        .route_layer(layer(3, DecisionIn::Request));
+    let first = send(&app, get_root()).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(body(first).await, "remaining=2 count=1");
+    let maybe = send(&app, Request::get("/maybe").body(Body::empty()).unwrap()).await;
+    assert_eq!(body(maybe).await, "remaining=1 count=2");
+}
+
+#[tokio::test]
+async fn a_handler_that_extracts_a_decision_it_was_not_given_is_told_the_setter() {
+    for place in [DecisionIn::Asked, DecisionIn::Response] {
+        let app = Router::new()
+            .route("/", get(extracts))
+            .route_layer(layer(3, place));
+        let response = send(&app, get_root()).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "{place:?}"
+        );
+        let text = body(response).await;
+        assert!(
+            text.contains("`.decision_in(DecisionIn::Request)`"),
+            "{place:?}: {text}"
+        );
+        assert!(text.contains("`Option<Decision>`"), "{place:?}: {text}");
+    }
+}
+
+#[tokio::test]
+async fn an_optional_decision_is_none_when_the_layer_gives_none() {
+    // Untold, and skipped: the handler runs, without a decision.
+    let untold = Router::new()
+        .route("/", get(extracts_if_any))
+        .route_layer(layer(3, DecisionIn::Asked));
+    let response = send(&untold, get_root()).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body(response).await, "none");
+    let skipped = Router::new()
+        .route("/", get(extracts_if_any))
+        .route_layer(layer(3, DecisionIn::Request).skip_if(|_| true));
+    let response = send(&skipped, get_root()).await;
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body(response).await, "none");
 }
 
 #[tokio::test]

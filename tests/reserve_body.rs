@@ -18,7 +18,7 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, MemoryBackend};
-use tower_pinned_window::cost::{BodyEstimate, OverLimit, Replay, ResponseEnd};
+use tower_pinned_window::cost::{BodyEstimate, Replay, ResponseEnd};
 use tower_pinned_window::key::{GlobalKey, Key};
 use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
 
@@ -300,7 +300,7 @@ async fn a_body_over_the_limit_reserves_the_fallback_and_goes_on_whole() {
 
 #[tokio::test]
 async fn a_body_over_the_limit_gets_413_when_asked_and_spends_nothing() {
-    let reject = || max_tokens().body_limit(16).over_limit(OverLimit::Reject);
+    let reject = || max_tokens().body_limit(16).reject_over_limit(true);
     let frames = [
         r#"{"messages": ["#,
         r#""a long prompt"], "#,

@@ -65,7 +65,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::{ConnectInfo, Extension};
+use axum::extract::ConnectInfo;
 use axum::http::{Request, StatusCode};
 use axum::response::Response;
 use axum::routing::get;
@@ -383,13 +383,13 @@ fn standalone_rows(
             per_request_on(runtime, route(DecisionIn::Response)),
         ),
         (
-            "redis-default",
-            "Redis backend, headers on, the defaults (`DecisionIn::Request`)",
+            "redis-request",
+            "Redis backend, headers on, `Decision` in the request (`DecisionIn::Request`)",
             per_request_on(runtime, route(DecisionIn::Request)),
         ),
         (
             "redis-unread",
-            "Redis backend, headers on, `Decision` unread (`DecisionIn::Asked`)",
+            "Redis backend, headers on, the defaults: `Decision` unread (`DecisionIn::Asked`)",
             per_request_on(runtime, route(DecisionIn::Asked)),
         ),
         (
@@ -398,13 +398,13 @@ fn standalone_rows(
             per_request_in_flight(runtime, route(DecisionIn::Response)),
         ),
         (
-            "redis-default-64",
-            "Redis backend, headers on, the defaults, 64 in flight (amortized)",
+            "redis-request-64",
+            "Redis backend, headers on, `Decision` in the request, 64 in flight (amortized)",
             per_request_in_flight(runtime, route(DecisionIn::Request)),
         ),
         (
             "redis-unread-64",
-            "Redis backend, headers on, `Decision` unread, 64 in flight (amortized)",
+            "Redis backend, headers on, the defaults: `Decision` unread, 64 in flight (amortized)",
             per_request_in_flight(runtime, route(DecisionIn::Asked)),
         ),
     ]
@@ -447,7 +447,7 @@ async fn no_content() -> StatusCode {
 }
 
 /// A handler that reads the decision from the request's extensions.
-async fn reads_decision(Extension(decision): Extension<Decision>) -> StatusCode {
+async fn reads_decision(decision: Decision) -> StatusCode {
     black_box(decision.remaining());
     StatusCode::NO_CONTENT
 }
@@ -601,7 +601,7 @@ fn cases() -> Vec<Case> {
         case(
             "headers-on",
             "identity",
-            "headers on, `Decision` in the request (`DecisionIn::Request`, the default), unread",
+            "headers on, `Decision` in the request (`DecisionIn::Request`), unread",
             limited(Ietf, InRequest),
         ),
         case(
@@ -613,13 +613,13 @@ fn cases() -> Vec<Case> {
         case(
             "headers-on-unread",
             "identity",
-            "headers on, `Decision` unread (`DecisionIn::Asked`)",
+            "headers on, `Decision` unread (`DecisionIn::Asked`, the default)",
             limited(Ietf, Asked),
         ),
         case(
             "headers-off",
             "identity",
-            "headers off, `Decision` in the request (`DecisionIn::Request`, the default), unread",
+            "headers off, `Decision` in the request (`DecisionIn::Request`), unread",
             limited(NoHeaders, InRequest),
         ),
         case(
@@ -631,13 +631,13 @@ fn cases() -> Vec<Case> {
         case(
             "headers-off-unread",
             "identity",
-            "headers off, `Decision` unread (`DecisionIn::Asked`)",
+            "headers off, `Decision` unread (`DecisionIn::Asked`, the default)",
             limited(NoHeaders, Asked),
         ),
         case(
             "headers-off-handler",
             "identity",
-            "headers off, the handler reads `Extension<Decision>` (`DecisionIn::Request`)",
+            "headers off, the handler extracts `Decision` (`DecisionIn::Request`)",
             Router::new()
                 .route("/", get(reads_decision))
                 .route_layer(layer(NoHeaders, InRequest)),
@@ -651,13 +651,13 @@ fn cases() -> Vec<Case> {
         case(
             "headers-off-outer",
             "outer-bare",
-            "headers off, `DecisionIn::Asked`, an outer layer asks (`WantDecision`) and reads it",
+            "headers off, `DecisionIn::Asked` (the default), an outer layer asks (`WantDecision`) and reads it",
             limited(NoHeaders, Asked).route_layer(middleware::from_fn(asks_for_decision)),
         ),
         case(
-            "headers-off-outer-default",
+            "headers-off-outer-request",
             "outer-bare",
-            "headers off, `DecisionIn::Request` (the default), an outer layer asks (`WantDecision`) and reads it",
+            "headers off, `DecisionIn::Request`, an outer layer asks (`WantDecision`) and reads it",
             limited(NoHeaders, InRequest).route_layer(middleware::from_fn(asks_for_decision)),
         ),
     ]

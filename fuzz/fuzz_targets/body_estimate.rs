@@ -27,7 +27,7 @@ use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, MemoryBackend};
-use tower_pinned_window::cost::{BodyEstimate, OverLimit, Replay, ResponseEnd};
+use tower_pinned_window::cost::{BodyEstimate, Replay, ResponseEnd};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{Quota, RateLimitLayer};
 
@@ -95,11 +95,7 @@ fuzz_target!(|input: Input| {
 
     let estimate = BodyEstimate::json_field("max_tokens", FALLBACK)
         .body_limit(limit)
-        .over_limit(if input.reject {
-            OverLimit::Reject
-        } else {
-            OverLimit::Fallback
-        });
+        .reject_over_limit(input.reject);
     let called = Arc::new(AtomicBool::new(false));
     let backend = MemoryBackend::new();
     let layer = RateLimitLayer::new("fuzz", Quota::new(LIMIT, Duration::from_secs(60)).unwrap())
