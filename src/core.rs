@@ -10,8 +10,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::backend::{BackendError, Hits};
-use crate::charge::ChargeFn;
 use crate::cost::SpendPlan;
+use crate::cost::charge::ChargeFn;
 use crate::count::CountIf;
 use crate::decision::{Carry, Decision, DecisionIn};
 use crate::insurance::Insurance;

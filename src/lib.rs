@@ -181,8 +181,6 @@
 // settle (the answer's charge); it imports from the list, nothing imports it.
 // Imports only point down this list.
 pub mod backend;
-mod body;
-mod charge;
 #[cfg(feature = "serde")]
 pub mod config;
 mod core;
@@ -190,7 +188,6 @@ pub mod cost;
 mod count;
 mod decision;
 mod error;
-mod future;
 // The guides (docs/*.md) for rustdoc only; their examples run as doctests
 // of integration/, with every feature on.
 #[cfg(all(doc, not(doctest)))]
@@ -198,7 +195,6 @@ pub mod guide;
 mod insurance;
 pub mod key;
 mod label;
-mod layer;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
@@ -210,18 +206,17 @@ mod policy;
 mod quota;
 mod request;
 pub mod response;
-mod service;
-mod verdict;
+mod server;
 
 pub use crate::core::{FailurePolicy, OnMissingKey};
 pub use decision::{Decision, DecisionIn, Outcome};
 pub use error::{ConfigError, ParseRateError, RateErrorKind};
-pub use future::ResponseFuture;
-pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};
-pub use service::RateLimit;
+pub use server::future::ResponseFuture;
+pub use server::layer::{DEFAULT_TIMEOUT, RateLimitLayer};
+pub use server::service::RateLimit;
 
 /// Entry points for the fuzz targets in `fuzz/` (cargo-fuzz builds with
 /// `--cfg fuzzing`): thin wrappers around internal parsers. Not part of the

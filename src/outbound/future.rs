@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::backend::Spending;
-use crate::charge::{Meter, Metered};
+use crate::cost::charge::{Meter, Metered};
 use crate::key::Key;
 
 use super::admit::{Admitted, Budget};

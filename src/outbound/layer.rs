@@ -15,9 +15,9 @@ use crate::cost::{Cost, CostFn, ResponseEnd};
 use crate::error::ConfigError;
 use crate::insurance::Insurance;
 use crate::key::{GlobalKey, KeyExtractor, RequestHead};
-use crate::layer::DEFAULT_TIMEOUT;
 use crate::name::is_layer_name;
 use crate::quota::{Quota, Window};
+use crate::server::layer::DEFAULT_TIMEOUT;
 
 use super::admit::{Budget, UsageFn};
 use super::line::Lines;

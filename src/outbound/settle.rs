@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 
 use crate::backend::{Hit, Spending};
-use crate::charge::{Meter, ResponseEnd};
+use crate::cost::charge::{Meter, ResponseEnd};
 use crate::cost::settle;
 use crate::key::Key;
 use crate::outcome::report;

@@ -14,8 +14,8 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::backend::{Backend, BackendError};
-use crate::charge::Meter;
 use crate::core::Core;
+use crate::cost::charge::Meter;
 use crate::cost::{Counts, Plain};
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
@@ -24,7 +24,7 @@ use crate::outcome::{Passed, RefundTab, Settled, Wait};
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
-use crate::verdict::{self, Ask, Verdict};
+use crate::server::verdict::{self, Ask, Verdict};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): what its
@@ -464,8 +464,8 @@ mod tests {
 
     use super::*;
     use crate::backend::{Counter, Hit, MemoryBackend};
-    use crate::layer::RateLimitLayer;
     use crate::quota::{Quota, Window};
+    use crate::server::layer::RateLimitLayer;
 
     /// The in-memory backend, answering each hit on its second poll: the
     /// path of a backend that has to go out.

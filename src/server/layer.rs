@@ -9,9 +9,9 @@ use http::Response;
 use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
-use crate::body::{self, BodyEstimate, FromHead, ReadBody};
-use crate::charge::ResponseEnd;
 use crate::core::{Core, FailurePolicy, OnMissingKey, Settings, SkipIf};
+use crate::cost::body::{self, BodyEstimate, FromHead, ReadBody};
+use crate::cost::charge::ResponseEnd;
 use crate::cost::{Charged, Cost, Mode, Plain, SpendPlan};
 use crate::count::{CountOnly, ResponseHead};
 use crate::decision::{Decision, DecisionIn};
@@ -23,7 +23,7 @@ use crate::policy::{NamedQuota, Policies};
 use crate::quota::{Quota, Window};
 use crate::request::RequestHead;
 use crate::response::{DefaultDeny, HeaderStyle};
-use crate::service::RateLimit;
+use crate::server::service::RateLimit;
 
 /// How long a backend call may take before the request is handled as if the
 /// backend were down; see [`timeout`](RateLimitLayer::timeout).

@@ -17,10 +17,13 @@
 //! spend counts with `hit_all`, as it always has, and runs nothing here.
 //! The guide: [`docs/costs.md`](crate::guide::costs).
 
-pub use crate::body::{
+pub use self::body::{
     BodyEstimate, DEFAULT_BODY_LIMIT, FromHead, OverLimit, ReadBody, ReadBodyFuture, Replay,
 };
-pub use crate::charge::{Metered, ResponseEnd};
+pub use self::charge::{Metered, ResponseEnd};
+
+pub(crate) mod body;
+pub(crate) mod charge;
 
 use std::fmt;
 use std::sync::Arc;
@@ -28,7 +31,7 @@ use std::sync::Arc;
 use http::Response;
 
 use crate::backend::{Amend, Backend, Counter, Hit, Spend, Spending};
-use crate::charge::Meter;
+use crate::cost::charge::Meter;
 use crate::key::Key;
 use crate::quota::Window;
 use crate::request::RequestHead;

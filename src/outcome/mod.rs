@@ -34,8 +34,8 @@ use http::Response;
 use smallvec::SmallVec;
 
 use crate::backend::{Amend, Backend, BackendError, Hit, Hits};
-use crate::charge::{Meter, ResponseEnd};
 use crate::core::{Core, LogGate};
+use crate::cost::charge::{Meter, ResponseEnd};
 use crate::cost::settle;
 use crate::decision::Decision;
 use crate::key::Key;
