@@ -108,7 +108,8 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 
-use crate::core::{FailurePolicy, OnMissingKey};
+use crate::budget::failure::FailurePolicy;
+use crate::core::OnMissingKey;
 use crate::error::ConfigError;
 use crate::key::{
     ClientIp, ForwardedHeader, GlobalKey, HeaderKey, Key, KeyError, KeyExtractor, PeerIp, RouteKey,

@@ -181,6 +181,7 @@
 // settle (the answer's charge); it imports from the list, nothing imports it.
 // Imports only point down this list.
 pub mod backend;
+mod budget;
 #[cfg(feature = "serde")]
 pub mod config;
 mod core;
@@ -207,16 +208,19 @@ mod quota;
 mod request;
 pub mod response;
 mod server;
+mod timeout;
 
-pub use crate::core::{FailurePolicy, OnMissingKey};
+pub use crate::core::OnMissingKey;
+pub use budget::failure::FailurePolicy;
 pub use decision::{Decision, DecisionIn, Outcome};
 pub use error::{ConfigError, ParseRateError, RateErrorKind};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};
 pub use server::future::ResponseFuture;
-pub use server::layer::{DEFAULT_TIMEOUT, RateLimitLayer};
+pub use server::layer::RateLimitLayer;
 pub use server::service::RateLimit;
+pub use timeout::DEFAULT_TIMEOUT;
 
 /// Entry points for the fuzz targets in `fuzz/` (cargo-fuzz builds with
 /// `--cfg fuzzing`): thin wrappers around internal parsers. Not part of the

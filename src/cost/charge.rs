@@ -18,10 +18,6 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-/// What a response costs, read when its body has ended; `None` when the
-/// charge could not read it (absent or malformed).
-pub(crate) type ChargeFn = std::sync::Arc<dyn Fn(&ResponseEnd<'_>) -> Option<u64> + Send + Sync>;
-
 /// What a [`charge`](crate::RateLimitLayer::charge) reads once the answer's
 /// body has ended: the head's status and headers (as the service answered,
 /// before this layer added its own), the trailers, and the last data frame.

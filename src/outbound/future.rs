@@ -115,7 +115,7 @@ fn tab<Bk: Spending>(
     cost: u64,
     admitted: Admitted,
 ) -> Option<Box<dyn Meter>> {
-    budget.charge.as_ref()?;
+    budget.plan.charge.as_ref()?;
     let hit = admitted.hit.filter(|hit| hit.deadline.is_some())?;
     Some(Box::new(Tab {
         budget: Arc::clone(budget),

@@ -15,11 +15,13 @@ use std::sync::Arc;
 
 use http::Response;
 
-use crate::backend::{Backend, BackendError, BackendErrorKind, Hits};
-use crate::core::{Core, FailurePolicy};
+use crate::backend::{Backend, BackendError, Hits};
+use crate::budget::failure;
+use crate::budget::settle::Wait;
+use crate::core::Core;
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
-use crate::outcome::{Passed, RefundTab, Wait};
+use crate::outcome::{Passed, RefundTab};
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
@@ -79,7 +81,7 @@ where
         return never_fits(core, result, ask.policy, index, cost, ask.request);
     }
     if let Err(err) = &result
-        && core.insures(err)
+        && core.settings.failure.insures(err)
     {
         let Err(err) = result else {
             unreachable!("matched as an error above")
@@ -188,10 +190,6 @@ fn insure<Bk: Backend, D>(
 ) -> Result<(Hits, Policy), BackendError> {
     let s = &core.settings;
     s.metrics.backend_error(&s.name, &err);
-    // Set only under `FailurePolicy::Insurance`, with its share.
-    let Some(insurance) = &s.insurance else {
-        return Err(err);
-    };
     let (key, cost) = match (ask.key, tab) {
         (Some(key), _) => (key, ask.cost),
         (None, Some(tab)) => (&tab.key, tab.cost()),
@@ -201,23 +199,13 @@ fn insure<Bk: Backend, D>(
         (Some(cost), Some(plan)) => Some(plan.spend(cost)),
         _ => None,
     };
-    match insurance.count(ask.policy, key, spend) {
-        Ok(counted) => {
-            if let Some(suppressed) = s.warn_gate.admit() {
-                if refused(&err) {
-                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit store's cluster refused the hit (not a slow store: no breaker opened): deciding with the insurance limiter");
-                } else {
-                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: deciding with the insurance limiter");
-                }
-            }
-            Ok(counted)
+    s.failure.insure(&s.name, &s.warn_gate, err, |insurance| {
+        let counted = insurance.count(ask.policy, key, spend);
+        if let Err(local) = &counted {
+            s.metrics.backend_error(&s.name, local);
         }
-        Err(local) => {
-            s.metrics.backend_error(&s.name, &local);
-            tracing::debug!(limiter = %s.name, error = %local, "the insurance limiter failed too: answering as fail-closed");
-            Err(err)
-        }
-    }
+        counted
+    })
 }
 
 /// The verdict on `request`, given the hits (or failure) `result` on
@@ -251,7 +239,7 @@ where
     let hits = match result {
         Ok(hits) => hits,
         Err(err) if err.is_corrupt() => {
-            tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
+            failure::corrupt(&s.name, &err);
             let mut response = response::corrupt(request.is_grpc());
             response.extensions_mut().insert(err.kind());
             return Verdict::Respond(response);
@@ -259,7 +247,7 @@ where
         Err(err) => return outage(core, err, request),
     };
     let Some((index, hit)) = policy.decisive(&hits) else {
-        let err = BackendError::Unavailable("the backend answered no hit".into());
+        let err = failure::no_hit();
         s.metrics.backend_error(&s.name, &err);
         return outage(core, err, request);
     };
@@ -350,19 +338,7 @@ fn outage<Bk, D, B: Default, T>(
     request: &RequestHead<'_>,
 ) -> Verdict<B, T> {
     let s = &core.settings;
-    let fail_open = s.failure == FailurePolicy::FailOpen;
-    if let Some(suppressed) = s.warn_gate.admit() {
-        let action = if fail_open {
-            "passing requests uncounted"
-        } else {
-            "answering 503"
-        };
-        if refused(&err) {
-            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit store's cluster refused the hit (not a slow store: no breaker opened): {action}");
-        } else {
-            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
-        }
-    }
+    let fail_open = s.failure.outage(&s.name, &s.warn_gate, &err);
     if fail_open {
         return Verdict::Pass(None);
     }
@@ -370,13 +346,6 @@ fn outage<Bk, D, B: Default, T>(
     // Where a decision would be: what kind of failure answered.
     response.extensions_mut().insert(err.kind());
     Verdict::Respond(response)
-}
-
-/// Whether `err` is a Cluster's refusal
-/// ([`BackendError::ClusterDown`]): logged as the Cluster's, not as a
-/// store that failed.
-fn refused(err: &BackendError) -> bool {
-    err.kind() == BackendErrorKind::ClusterDown
 }
 
 /// The answer to a request without a usable key, under
