@@ -19,6 +19,7 @@
 //!   [`DEFAULT_TIMEOUT`](crate::DEFAULT_TIMEOUT), sits in `timeout.rs`,
 //!   below the backends, which read it too.
 
+pub(crate) mod check;
 pub(crate) mod failure;
 pub(crate) mod log;
 pub(crate) mod settle;

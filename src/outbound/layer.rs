@@ -8,13 +8,13 @@ use std::time::Duration;
 use tower_layer::Layer;
 
 use crate::backend::{MemoryBackend, Spending};
+use crate::budget::check::{built, layer_name};
 use crate::budget::failure::{Failure, FailurePolicy};
 use crate::budget::log::LogGate;
 use crate::budget::spend::{Cost, SpendPlan};
 use crate::cost::ResponseEnd;
 use crate::error::ConfigError;
 use crate::key::{GlobalKey, KeyExtractor, RequestHead};
-use crate::name::is_layer_name;
 use crate::quota::{Quota, Window};
 use crate::timeout::DEFAULT_TIMEOUT;
 
@@ -83,10 +83,7 @@ impl BudgetLayer {
     /// characters from `A-Z a-z 0-9 _ - . :`; see [`try_new`](Self::try_new).
     #[track_caller]
     pub fn new(name: &'static str, quota: Quota) -> Self {
-        match Self::try_new(name, quota) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
+        built(Self::try_new(name, quota))
     }
 
     /// Like [`new`](Self::new), for a name known only at run time.
@@ -95,15 +92,12 @@ impl BudgetLayer {
     /// [`ConfigError::InvalidName`] for a name that is empty, too long, or
     /// has a character outside `A-Z a-z 0-9 _ - . :`.
     pub fn try_new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
-        let name = name.into();
-        if !is_layer_name(&name) {
-            return Err(ConfigError::InvalidName(name));
-        }
+        let name = layer_name(name.into())?;
         Ok(Self {
             key: GlobalKey,
             backend: MemoryBackend::new(),
             settings: Settings {
-                name: name.into(),
+                name,
                 quota,
                 plan: SpendPlan::new(),
                 max_wait: DEFAULT_MAX_WAIT,
@@ -302,13 +296,8 @@ impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
     /// When [`check`](BudgetLayer::check) fails.
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
-        if let Err(err) = self.check() {
-            panic!("{err}");
-        }
-        let quota = match self.stored_quota() {
-            Ok(quota) => quota,
-            Err(err) => panic!("{err}"),
-        };
+        built(self.check());
+        let quota = built(self.stored_quota());
         let budget = Budget {
             name: Arc::clone(&self.settings.name),
             quota,

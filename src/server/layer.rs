@@ -8,6 +8,7 @@ use http::Response;
 use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
+use crate::budget::check::{built, layer_name};
 use crate::budget::failure::FailurePolicy;
 use crate::budget::spend::{Cost, CostFn, SpendPlan};
 use crate::core::{Core, OnMissingKey, Settings, SkipIf};
@@ -18,7 +19,6 @@ use crate::count::{CountOnly, ResponseHead};
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
 use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
-use crate::name::is_layer_name;
 use crate::policy::{NamedQuota, Policies};
 use crate::quota::{Quota, Window};
 use crate::request::RequestHead;
@@ -119,10 +119,7 @@ impl RateLimitLayer {
     /// a name known only at run time.
     #[track_caller]
     pub fn new(name: &'static str, quota: Quota) -> Self {
-        match Self::try_new(name, quota) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
+        built(Self::try_new(name, quota))
     }
 
     /// Like [`new`](Self::new), for a name known only at run time. Guide:
@@ -132,13 +129,7 @@ impl RateLimitLayer {
     /// [`ConfigError::InvalidName`] for a name that is empty, longer than
     /// [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN), or has a character outside `A-Z a-z 0-9 _ - . :`.
     pub fn try_new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
-        let name = name.into();
-        // The allowed characters are a subset of an sf-string's, so the name
-        // goes into the RateLimit headers as it is.
-        if !is_layer_name(&name) {
-            return Err(ConfigError::InvalidName(name));
-        }
-        let name: Arc<str> = name.into();
+        let name = layer_name(name.into())?;
         let policies = Policies::new(name.clone(), quota, HeaderStyle::default());
         Ok(Self {
             key: GlobalKey,
@@ -675,9 +666,7 @@ impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, 
 
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
-        if let Err(err) = self.check() {
-            panic!("{err}");
-        }
+        built(self.check());
         let mut core = self.core.clone();
         // Known only now, whatever the order the options were set in.
         let lowers = core.lowers_counts();
@@ -696,9 +685,7 @@ impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, 
 
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
-        if let Err(err) = self.check() {
-            panic!("{err}");
-        }
+        built(self.check());
         let limiter = RateLimit::new(inner, self.key.clone(), Arc::new(self.core.clone()));
         ReadBody::new(limiter, self.reads.clone())
     }
