@@ -141,7 +141,7 @@ impl<Bk, D> Core<Bk, D> {
 
     /// Whether passed requests' hits wait for their answers
     /// ([`count_if`](crate::RateLimitLayer::count_if)), and so take the
-    /// outcome step (`outcome.rs`).
+    /// outcome step ([`outcome`](crate::outcome)).
     #[inline]
     pub(crate) fn counts_by_outcome(&self) -> bool {
         let s = &self.settings;

@@ -52,8 +52,8 @@ pub enum FailurePolicy {
     /// (`charge`) or cleared (`reset_if`) in its own store, under the same
     /// rules as the backend's, and never in the backend. A full local store
     /// answers as under [`FailClosed`](Self::FailClosed). Its decisions say
-    /// so: [`Decision::insured`], and their
-    /// [`limit`](Decision::limit) is the share. See [`Share`](crate::Share) for an
+    /// so: [`Decision::insured`](crate::Decision::insured), and their
+    /// [`limit`](crate::Decision::limit) is the share. See [`Share`](crate::Share) for an
     /// example, and for how far past a quota's limit a fleet can go while
     /// its store is out.
     Insurance(Share),

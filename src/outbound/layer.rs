@@ -172,7 +172,8 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// answer reports). Without [`reserve`](Self::reserve), it is added to
     /// what the call spent; with it, it settles the reservation. `None`
     /// (the usage is absent or malformed) charges nothing, leaves what the
-    /// call spent as it is, and is logged once. The answers' bodies become
+    /// call spent as it is, and is logged at most once every 5 s. The
+    /// answers' bodies become
     /// [`Metered`](crate::cost::Metered).
     pub fn charge<F, T>(mut self, usage: F) -> Self
     where
