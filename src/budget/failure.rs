@@ -132,35 +132,82 @@ impl Failure {
 
     /// A request whose store failed with `err` (not insured, or the
     /// insurance could not decide): whether it passes uncounted (fail open)
-    /// rather than failing; warned of.
+    /// rather than failing; warned of, the failure in the middleware's
+    /// words (`fails`: "answering 503").
     #[cold]
-    pub(crate) fn outage(&self, limiter: &str, gate: &LogGate, err: &BackendError) -> bool {
+    pub(crate) fn outage(
+        &self,
+        limiter: &str,
+        gate: &LogGate,
+        err: &BackendError,
+        fails: &str,
+    ) -> bool {
         let open = self.policy == FailurePolicy::FailOpen;
-        warn(
-            limiter,
-            gate,
-            err,
-            if open {
-                Action::PassUncounted
-            } else {
-                Action::Fail
-            },
-        );
+        let action = if open {
+            Action::PassUncounted
+        } else {
+            Action::Fail(fails)
+        };
+        warn(limiter, gate, err, action);
         open
     }
 }
 
+/// What the failure policy made of a request whose store failed.
+pub(crate) enum Outage<T> {
+    /// The insurance limiter counted it: its count.
+    Insured(T),
+    /// It passes uncounted (fail open).
+    Open,
+    /// It fails, with the store's error (fail closed, or the insurance
+    /// could not decide either).
+    Closed(BackendError),
+}
+
+impl Failure {
+    /// The failure policy's decision on a request whose store failed with
+    /// `err`, an outage: the insurance limiter's count (`count`, under
+    /// [`FailurePolicy::Insurance`]), a pass uncounted, or a failure;
+    /// warned of once per `gate` period, as [`insure`](Self::insure) and
+    /// [`outage`](Self::outage) say (`fails`: the failure, in the
+    /// middleware's words).
+    #[cold]
+    pub(crate) fn decide<T>(
+        &self,
+        limiter: &str,
+        gate: &LogGate,
+        err: BackendError,
+        fails: &str,
+        count: impl FnOnce(&Insurance) -> Result<T, BackendError>,
+    ) -> Outage<T> {
+        let err = if self.insures(&err) {
+            match self.insure(limiter, gate, err, count) {
+                Ok(counted) => return Outage::Insured(counted),
+                Err(err) => err,
+            }
+        } else {
+            err
+        };
+        if self.outage(limiter, gate, &err, fails) {
+            Outage::Open
+        } else {
+            Outage::Closed(err)
+        }
+    }
+}
+
 /// What a middleware does with a request whose store failed.
-enum Action {
+enum Action<'a> {
     PassUncounted,
     Insured(Share),
-    Fail,
+    /// Fail closed, in the middleware's words.
+    Fail(&'a str),
 }
 
 /// The warning about a store that failed with `err`, at most once per
 /// `gate`'s period: a Cluster's refusal ([`BackendError::ClusterDown`]) is
 /// named as the Cluster's, not as a store that failed.
-fn warn(limiter: &str, gate: &LogGate, err: &BackendError, action: Action) {
+fn warn(limiter: &str, gate: &LogGate, err: &BackendError, action: Action<'_>) {
     let Some(suppressed) = gate.admit() else {
         return;
     };
@@ -169,7 +216,7 @@ fn warn(limiter: &str, gate: &LogGate, err: &BackendError, action: Action) {
         Action::Insured(share) => {
             format!("deciding with the insurance limiter, at this instance's share {share}")
         }
-        Action::Fail => "answering unavailable (fail closed)".to_owned(),
+        Action::Fail(fails) => format!("{fails} (fail closed)"),
     };
     if err.kind() == BackendErrorKind::ClusterDown {
         tracing::warn!(limiter, error = %err, suppressed, "rate-limit store's cluster refused the hit (not a slow store: no breaker opened): {action}");

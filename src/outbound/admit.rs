@@ -14,7 +14,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::backend::{BackendError, Counter, Hit, Hits, Spending};
-use crate::budget::failure::{self, Failure};
+use crate::budget::failure::{self, Failure, Outage};
 use crate::budget::log::LogGate;
 use crate::budget::spend::SpendPlan;
 use crate::key::Key;
@@ -123,30 +123,22 @@ impl<Bk: Spending> Budget<Bk> {
     #[cold]
     fn outage(&self, key: &Key, cost: u64, err: BackendError) -> Result<Try, BudgetError> {
         let (name, gate) = (&*self.name, &*self.warn_gate);
-        let err = if self.failure.insures(&err) {
-            let insured = self.failure.insure(name, gate, err, |insurance| {
-                let hit = insurance.spend_one(name, self.quota, key, self.plan.spend(cost))?;
-                Ok(verdict(
-                    hit,
-                    self.quota.share(insurance.share()).limit(),
-                    true,
-                ))
-            });
-            match insured {
-                Ok(judged) => return Ok(judged),
-                Err(err) => err,
-            }
-        } else {
-            err
-        };
-        if self.failure.outage(name, gate, &err) {
-            return Ok(Try::Admitted(Admitted {
+        // What a call gets when its store fails under fail-closed.
+        let fails = "failing the call";
+        let decided = self.failure.decide(name, gate, err, fails, |insurance| {
+            let hit = insurance.spend_one(name, self.quota, key, self.plan.spend(cost))?;
+            let limit = self.quota.share(insurance.share()).limit();
+            Ok(verdict(hit, limit, true))
+        });
+        match decided {
+            Outage::Insured(judged) => Ok(judged),
+            Outage::Open => Ok(Try::Admitted(Admitted {
                 hit: None,
                 insured: false,
                 room: 0,
-            }));
+            })),
+            Outage::Closed(err) => Err(self.backend_error(err)),
         }
-        Err(self.backend_error(err))
     }
 
     /// The store's `error`, as this budget's.

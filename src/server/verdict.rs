@@ -16,7 +16,7 @@ use std::sync::Arc;
 use http::Response;
 
 use crate::backend::{Backend, BackendError, Hits};
-use crate::budget::failure;
+use crate::budget::failure::{self, Outage};
 use crate::budget::settle::Wait;
 use crate::core::Core;
 use crate::decision::{Carry, Decision};
@@ -41,6 +41,10 @@ pub(crate) enum Verdict<B, T> {
     /// which no tokio runtime can finish in the background, are done.
     Refunding(Response<B>, Wait),
 }
+
+/// What a request gets when its store fails under fail-closed, in the
+/// outage warning's words.
+const FAILS: &str = "answering 503";
 
 /// The request a verdict is on.
 #[derive(Clone, Copy)]
@@ -107,8 +111,9 @@ where
 }
 
 /// [`decide`] when the backend failed with `err` and the layer is insured:
-/// the insurance limiter counts the request, or it is answered as in an
-/// outage when the limiter cannot decide either.
+/// the failure policy decides ([`Failure::decide`](crate::budget::failure::Failure::decide)),
+/// with the insurance limiter's count of the request at its share, or as
+/// in an outage when the limiter cannot decide either.
 #[cold]
 fn insured<Bk, D, B>(
     core: &Core<Bk, D>,
@@ -121,9 +126,30 @@ where
     D: Deny<B>,
     B: Default,
 {
-    let (hits, policy) = match insure(core, err, ask, tab.as_deref()) {
-        Ok(counted) => counted,
-        Err(err) => return outage(core, err, ask.request),
+    let s = &core.settings;
+    s.metrics.backend_error(&s.name, &err);
+    let (key, cost) = match (ask.key, tab.as_deref()) {
+        (Some(key), _) => (key, ask.cost),
+        (None, Some(tab)) => (&tab.key, tab.cost()),
+        (None, None) => return outage(core, err, ask.request),
+    };
+    let spend = match (cost, &s.spend) {
+        (Some(cost), Some(plan)) => Some(plan.spend(cost)),
+        _ => None,
+    };
+    let decided = s
+        .failure
+        .decide(&s.name, &s.warn_gate, err, FAILS, |insurance| {
+            let counted = insurance.count(ask.policy, key, spend);
+            if let Err(local) = &counted {
+                s.metrics.backend_error(&s.name, local);
+            }
+            counted
+        });
+    let (hits, policy) = match decided {
+        Outage::Insured(counted) => counted,
+        Outage::Open => return Verdict::Pass(None),
+        Outage::Closed(err) => return unavailable(err, ask.request),
     };
     match tab {
         None => judge(core, Ok(hits), &policy, ask.request, ask.cost, true, true),
@@ -176,36 +202,6 @@ where
         },
         verdict => verdict,
     }
-}
-
-/// The insurance limiter's count of `ask`, whose backend failed with `err`:
-/// its hits and the policy at the share, or `err` back when it cannot
-/// decide either (the request is answered as in an outage).
-#[cold]
-fn insure<Bk: Backend, D>(
-    core: &Core<Bk, D>,
-    err: BackendError,
-    ask: &Ask<'_>,
-    tab: Option<&RefundTab<Bk, D>>,
-) -> Result<(Hits, Policy), BackendError> {
-    let s = &core.settings;
-    s.metrics.backend_error(&s.name, &err);
-    let (key, cost) = match (ask.key, tab) {
-        (Some(key), _) => (key, ask.cost),
-        (None, Some(tab)) => (&tab.key, tab.cost()),
-        (None, None) => return Err(err),
-    };
-    let spend = match (cost, &s.spend) {
-        (Some(cost), Some(plan)) => Some(plan.spend(cost)),
-        _ => None,
-    };
-    s.failure.insure(&s.name, &s.warn_gate, err, |insurance| {
-        let counted = insurance.count(ask.policy, key, spend);
-        if let Err(local) = &counted {
-            s.metrics.backend_error(&s.name, local);
-        }
-        counted
-    })
 }
 
 /// The verdict on `request`, given the hits (or failure) `result` on
@@ -338,10 +334,16 @@ fn outage<Bk, D, B: Default, T>(
     request: &RequestHead<'_>,
 ) -> Verdict<B, T> {
     let s = &core.settings;
-    let fail_open = s.failure.outage(&s.name, &s.warn_gate, &err);
-    if fail_open {
+    if s.failure.outage(&s.name, &s.warn_gate, &err, FAILS) {
         return Verdict::Pass(None);
     }
+    unavailable(err, request)
+}
+
+/// The 503 (gRPC: UNAVAILABLE) answer to `request`, whose backend failed
+/// with `err`.
+#[cold]
+fn unavailable<B: Default, T>(err: BackendError, request: &RequestHead<'_>) -> Verdict<B, T> {
     let mut response = response::unavailable(request.is_grpc());
     // Where a decision would be: what kind of failure answered.
     response.extensions_mut().insert(err.kind());
