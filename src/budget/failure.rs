@@ -248,3 +248,63 @@ pub(crate) async fn timed<T>(
         .await
         .unwrap_or(Err(BackendError::TimedOut))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn down() -> BackendError {
+        BackendError::Unavailable("down".into())
+    }
+
+    fn failure(policy: FailurePolicy) -> Failure {
+        let mut failure = Failure::default();
+        failure.set(policy);
+        failure
+    }
+
+    #[test]
+    fn each_policy_decides_an_outage_its_way() {
+        let gate = LogGate::default();
+        let decide = |failure: &Failure, count: Result<u32, BackendError>| {
+            failure.decide("t", &gate, down(), "failing", |_| count)
+        };
+        let closed = failure(FailurePolicy::FailClosed);
+        assert!(
+            matches!(decide(&closed, Ok(1)), Outage::Closed(err) if err.to_string() == down().to_string())
+        );
+        let open = failure(FailurePolicy::FailOpen);
+        assert!(matches!(decide(&open, Ok(1)), Outage::Open));
+        let insured = failure(FailurePolicy::Insurance(Share::one_in(2).unwrap()));
+        assert!(matches!(decide(&insured, Ok(7)), Outage::Insured(7)));
+        // The insurance cannot decide either: fail closed, with the store's
+        // error, not the local one.
+        let local = Err(BackendError::Unavailable("local".into()));
+        assert!(
+            matches!(decide(&insured, local), Outage::Closed(err) if err.to_string() == down().to_string())
+        );
+    }
+
+    #[test]
+    fn corrupt_state_is_never_insured() {
+        let insured = failure(FailurePolicy::Insurance(Share::one_in(2).unwrap()));
+        assert!(insured.insures(&down()));
+        let corrupt = BackendError::Corrupt {
+            key: "k".into(),
+            detail: "not a number".into(),
+        };
+        assert!(!insured.insures(&corrupt));
+        assert!(!failure(FailurePolicy::FailOpen).insures(&down()));
+    }
+
+    #[test]
+    fn the_insurance_store_is_made_once_and_dropped_with_the_policy() {
+        let mut failure = failure(FailurePolicy::Insurance(Share::one_in(2).unwrap()));
+        let quarter = Share::one_in(4).unwrap();
+        failure.set(FailurePolicy::Insurance(quarter));
+        assert_eq!(failure.insurance().map(Insurance::share), Some(quarter));
+        assert_eq!(failure.policy(), FailurePolicy::Insurance(quarter));
+        failure.set(FailurePolicy::FailClosed);
+        assert!(failure.insurance().is_none());
+    }
+}

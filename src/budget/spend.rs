@@ -223,4 +223,39 @@ mod tests {
         assert_eq!(settle(u64::MAX, Some(0)), Some(Amend::Refund(u64::MAX)));
         assert_eq!(settle(u64::MAX, Some(u64::MAX)), None);
     }
+
+    #[test]
+    fn the_checks_that_span_setters_hold_in_one_order_for_every_layer() {
+        let estimate: CostFn = Arc::new(|_: &RequestHead<'_>| 5);
+        let usage: UsageFn = Arc::new(|_: &ResponseEnd<'_>| Some(1));
+        let plan = |cost: Option<u64>, reserve: bool, charge: bool| SpendPlan {
+            cost: cost.map(Cost::Fixed),
+            reserve: reserve.then(|| Arc::clone(&estimate)),
+            charge: charge.then(|| Arc::clone(&usage)),
+            block: None,
+        };
+        assert_eq!(plan(None, false, false).check(1), Ok(()));
+        assert_eq!(plan(Some(10), false, false).check(10), Ok(()));
+        assert_eq!(
+            plan(Some(11), false, false).check(10),
+            Err(ConfigError::CostAboveLimit {
+                cost: 11,
+                limit: 10
+            })
+        );
+        assert_eq!(
+            plan(None, true, false).check(10),
+            Err(ConfigError::ReserveWithoutCharge)
+        );
+        assert_eq!(
+            plan(Some(2), true, true).check(10),
+            Err(ConfigError::ReserveWithCost)
+        );
+        // A reservation's errors come first, whatever else is wrong.
+        assert_eq!(
+            plan(Some(11), true, false).check(10),
+            Err(ConfigError::ReserveWithoutCharge)
+        );
+        assert_eq!(plan(None, true, true).check(10), Ok(()));
+    }
 }
