@@ -15,6 +15,7 @@
 //!   with a warning;
 //! - [`log`]: the gate that bounds every warning, and the report of an
 //!   amend's result;
+//! - [`check`]: a layer's name, and a layer that cannot work is not built;
 //! - the backend timeout ([`failure::timed`]); its default,
 //!   [`DEFAULT_TIMEOUT`](crate::DEFAULT_TIMEOUT), sits in `timeout.rs`,
 //!   below the backends, which read it too.
