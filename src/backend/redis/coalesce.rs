@@ -593,3 +593,6 @@ fn all_closed<W: Work>(batch: &[Pending<W>]) -> impl Future<Output = ()> + '_ {
         std::task::Poll::Ready(())
     })
 }
+
+#[cfg(test)]
+mod tests;
