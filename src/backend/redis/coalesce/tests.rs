@@ -2,8 +2,9 @@
 //! holds, fails or half-answers each call as its test scripts it, and
 //! records what each call carried. A test [`Job`] is one request: an id,
 //! answered with itself, in a call of one command that names the ids in
-//! order. The real-Redis tests (`integration/tests/redis*.rs`) check the
-//! real works (`hits`, `spends`) and scripts.
+//! order. The fake also counts hits as the hit scripts do, for the lanes of
+//! [`HitWork`]. The real-Redis tests (`integration/tests/redis*.rs`) check
+//! the scripts themselves, and spends.
 
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -14,6 +15,8 @@ use ::redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
 use tokio::sync::oneshot;
 
 use super::*;
+use crate::backend::redis::hits::{CounterQuota, Finish, HitWork, StoredKey};
+use crate::quota::Quota;
 
 /// What the fake does with a call, in the order calls come; a call with no
 /// step left is answered.
@@ -36,6 +39,39 @@ struct Log {
     calls: Mutex<Vec<Vec<u64>>>,
     in_flight: AtomicUsize,
     most_in_flight: AtomicUsize,
+    /// The counters of the hit scripts' calls.
+    counters: Mutex<HashMap<Vec<u8>, i64>>,
+}
+
+impl Log {
+    /// A hit script's call (`EVALSHA sha numkeys keys.. args..`), run at
+    /// once, as Redis runs it: the one-hit script (one key, its window:
+    /// `{count, ttl, -1}`), or the batch script (each key's hits and
+    /// window: no clock, then each entry's count and time left, packed).
+    fn hit_script(&self, args: &[&[u8]]) -> Value {
+        let number = |arg: &[u8]| std::str::from_utf8(arg).unwrap().parse::<i64>().unwrap();
+        let keys = usize::try_from(number(args[2])).unwrap();
+        let (keys, numbers) = args[3..].split_at(keys);
+        let mut counters = self.counters.lock().unwrap();
+        let mut count = |key: &[u8], hits: i64| {
+            let count = counters.entry(key.to_vec()).or_default();
+            *count += hits;
+            *count
+        };
+        if let ([key], [window]) = (keys, numbers) {
+            return Value::Array(vec![
+                Value::Int(count(key, 1)),
+                Value::Int(number(window)),
+                Value::Int(-1),
+            ]);
+        }
+        let mut packed = Vec::new();
+        for (key, pair) in keys.iter().zip(numbers.chunks_exact(2)) {
+            packed.extend_from_slice(&count(key, number(pair[0])).to_be_bytes());
+            packed.extend_from_slice(&number(pair[1]).to_be_bytes());
+        }
+        Value::Array(vec![Value::Int(-1), Value::BulkString(packed)])
+    }
 }
 
 /// The fake connection: clones share one [`Log`].
@@ -84,29 +120,43 @@ fn io(kind: std::io::ErrorKind) -> RedisError {
 
 impl ConnectionLike for Fake {
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let ids: Vec<u64> = cmd
+        let args: Vec<&[u8]> = cmd
             .args_iter()
-            .skip(1)
             .map(|arg| match arg {
-                Arg::Simple(id) => std::str::from_utf8(id).unwrap().parse().unwrap(),
+                Arg::Simple(arg) => arg,
                 _ => unreachable!("only plain arguments"),
             })
             .collect();
-        self.0.calls.lock().unwrap().push(ids.clone());
+        let (whole, half) = match args[0] {
+            b"LANE" => {
+                let ids: Vec<i64> = args[1..]
+                    .iter()
+                    .map(|id| std::str::from_utf8(id).unwrap().parse().unwrap())
+                    .collect();
+                self.0
+                    .calls
+                    .lock()
+                    .unwrap()
+                    .push(ids.iter().map(|&id| id as u64).collect());
+                let answer =
+                    |ids: &[i64]| Value::Array(ids.iter().copied().map(Value::Int).collect());
+                (answer(&ids), answer(&ids[..ids.len() / 2]))
+            }
+            b"EVALSHA" => (self.0.hit_script(&args), Value::Nil),
+            other => unreachable!("the fake knows no {other:?}"),
+        };
         let step = self.0.plan.lock().unwrap().pop_front();
         let flying = Flying::new(&self.0);
-        let answer =
-            |ids: &[u64]| Value::Array(ids.iter().map(|&id| Value::Int(id as i64)).collect());
         Box::pin(async move {
             let _flying = flying;
             match step {
-                None => Ok(answer(&ids)),
+                None => Ok(whole),
                 Some(Step::Hold(gate)) => match gate.await {
-                    Ok(()) => Ok(answer(&ids)),
+                    Ok(()) => Ok(whole),
                     Err(_) => Err(io(std::io::ErrorKind::ConnectionAborted)),
                 },
                 Some(Step::Fail) => Err(io(std::io::ErrorKind::ConnectionReset)),
-                Some(Step::Half) => Ok(answer(&ids[..ids.len() / 2])),
+                Some(Step::Half) => Ok(half),
             }
         })
     }
@@ -432,4 +482,71 @@ async fn answers_of(waiters: Vec<tokio::task::JoinHandle<Answered<Job>>>) -> Ans
     let mut answers = answers(waiters).await;
     assert_eq!(answers.len(), 1);
     answers.remove(0)
+}
+
+/// A request's hit on one counter of a 1000-a-minute quota.
+fn hit(key: &[u8]) -> HitWork {
+    HitWork {
+        counters: std::iter::once((StoredKey::from_slice(key), 60_000)).collect(),
+        finish: Finish {
+            quotas: std::iter::once(CounterQuota {
+                quota: Quota::new(1000, Duration::from_secs(60)).unwrap(),
+                lowers: false,
+            })
+            .collect(),
+            deny: None,
+            prefix: 4,
+            sent: quanta::Instant::now(),
+        },
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn hits_on_one_counter_take_their_counts_in_the_order_they_came() {
+    let fake = Fake::default();
+    let batcher = Arc::new(Batcher::new(Guarded::new(fake.clone(), None, None), false));
+    let (open, hold) = gate();
+    fake.plan([hold]);
+    let request = |key: &'static [u8]| -> Pin<Box<dyn Future<Output = Answered<HitWork>> + Send>> {
+        match enqueue(&batcher, &tokio::runtime::Handle::current(), hit(key)) {
+            Enqueued::Queued(ticket) => {
+                Box::pin(async move { ticket.await.unwrap_or_else(|_| Err(dropped())) })
+            }
+            Enqueued::Alone(alone) => Box::pin(alone.send()),
+        }
+    };
+    // The first goes alone (the one-hit script) and is held; the second
+    // makes the lane's second call; the rest share a call of the batch
+    // script, on two counters.
+    let keys: Vec<&'static [u8]> = (0..30)
+        .map(|n| {
+            if n % 3 == 2 {
+                &b"tpw:api{b}"[..]
+            } else {
+                &b"tpw:api{a}"[..]
+            }
+        })
+        .collect();
+    let waiters: Vec<_> = keys.iter().map(|key| tokio::spawn(request(key))).collect();
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    open.send(()).unwrap();
+    let mut counted: HashMap<&[u8], u64> = HashMap::new();
+    for (n, (key, waiter)) in keys.iter().zip(waiters).enumerate() {
+        let hits = tokio::time::timeout(Duration::from_secs(3600), waiter)
+            .await
+            .expect("a caller hangs")
+            .unwrap()
+            .unwrap_or_else(|err| panic!("request {n}: {err}"));
+        let count = counted.entry(key).or_default();
+        *count += 1;
+        assert_eq!(
+            hits.as_slice()[0].count,
+            *count,
+            "request {n}: the count its place among its counter's hits gives"
+        );
+    }
+    assert_eq!(fake.most_in_flight(), 2);
+    assert!(batcher.lock().is_empty(), "the lane is gone");
 }
