@@ -12,7 +12,7 @@ use ::redis::aio::ConnectionLike;
 use smallvec::SmallVec;
 
 use super::coalesce::{Answers, Work};
-use super::connection::breaker::Guarded;
+use super::connection::guarded::Guarded;
 use super::hits::StoredKey;
 use super::reply::parse_amends;
 use super::script::{AMEND, Size, U64_DIGITS};

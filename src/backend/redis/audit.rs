@@ -3,7 +3,7 @@
 
 use ::redis::{Cmd, RedisResult, Value};
 
-use super::connection::breaker::unavailable;
+use super::connection::classify::unavailable;
 use super::connection::nodes::{Node, Nodes};
 use super::reply::name;
 use super::script::{REPAIR, Target};

@@ -37,7 +37,8 @@ use hashbrown::HashMap;
 use hashbrown::hash_map::Entry;
 use smallvec::SmallVec;
 
-use super::connection::breaker::{Guarded, unavailable};
+use super::connection::classify::unavailable;
+use super::connection::guarded::Guarded;
 use super::connection::slot::key_slot;
 use super::slots::{ARENA_SLOTS, Arena, Reply, Ticket};
 use crate::backend::BackendError;
@@ -592,3 +593,6 @@ fn all_closed<W: Work>(batch: &[Pending<W>]) -> impl Future<Output = ()> + '_ {
         std::task::Poll::Ready(())
     })
 }
+
+#[cfg(test)]
+mod tests;

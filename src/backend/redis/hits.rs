@@ -21,7 +21,7 @@ use hashbrown::hash_map::Entry;
 use smallvec::SmallVec;
 
 use super::coalesce::{Answers, Work};
-use super::connection::breaker::Guarded;
+use super::connection::guarded::Guarded;
 use super::reply::{parse_batch, parse_hit};
 use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
 use crate::backend::deny_cache::Denials;

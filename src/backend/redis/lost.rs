@@ -30,7 +30,7 @@ use smallvec::SmallVec;
 use super::amends::AmendWork;
 use super::coalesce::Work;
 use super::connection::acks::is_not_acknowledged;
-use super::connection::breaker::Guarded;
+use super::connection::guarded::Guarded;
 use super::hits::StoredKey;
 use super::reply::{Spent, parse_spend_marker};
 use crate::backend::{Amend, Hits};

@@ -24,7 +24,7 @@ use smallvec::SmallVec;
 
 use super::amends::beside;
 use super::coalesce::{Answers, Work};
-use super::connection::breaker::Guarded;
+use super::connection::guarded::Guarded;
 use super::hits::{Finish, StoredKey};
 use super::lost::{self, Carried, InFlight, MARKER_ARG};
 use super::reply::{Full, Spent, corrupt, parse_spends};

@@ -15,11 +15,13 @@
 //! counts neither way, and reaches the caller as
 //! [`BackendError::ClusterDown`](crate::backend::BackendError::ClusterDown).
 //!
-//! It wraps the connection ([`Guarded`]), so every command the backend sends
-//! goes through it, whatever path sends it: a command is sent on
-//! [`Guarded::for_key`], which is told the key the command is for and picks
-//! its breaker from that key (the command itself is never read back to find
-//! it). On a Cluster connection there is one breaker per master: the breaker
+//! Every command reaches its breaker through the connection wrapper
+//! ([`Guarded`](super::guarded::Guarded)), which picks the breaker from
+//! the key the command is for; the Cluster's state is read by the Cluster
+//! watcher ([`cluster_watch`](super::cluster_watch)), and failures are
+//! told apart by [`classify`](super::classify).
+//!
+//! On a Cluster connection there is one breaker per master: the breaker
 //! learns which master serves each slot from `CLUSTER SLOTS` (its
 //! [`SlotMap`], read on the first command, then at most every
 //! [`MAP_REFRESH`](super::slot_map::MAP_REFRESH)), and until it knows, there
@@ -31,15 +33,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use ::redis::aio::ConnectionLike;
-use ::redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
+use ::redis::{RedisError, Value};
 
-use super::acks::Acks;
-#[cfg(feature = "redis-cluster")]
-use super::node::nudge;
+use super::classify::{is_cluster_state, is_outage};
 use super::slot::{CLUSTER_SLOTS, key_slot};
 use super::slot_map::{MAX_NODES, SlotMap};
-use crate::backend::BackendError;
 
 /// Consecutive failures that open a breaker, unless configured otherwise.
 ///
@@ -96,9 +94,6 @@ pub(crate) const SLOTS_PER_RANGE: u16 = 128;
 /// cancel their requests could open the breaker of a healthy store.
 pub(crate) const BREAKER_SLOW_CALL: Duration = Duration::from_millis(10);
 
-/// The detail of the error an open breaker answers with.
-const OPEN: &str = "tower-pinned-window: circuit open after repeated failures";
-
 /// The breaker's settings.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct BreakerConfig {
@@ -112,77 +107,6 @@ impl Default for BreakerConfig {
             failures: DEFAULT_BREAKER_FAILURES,
             cooldown: DEFAULT_BREAKER_COOLDOWN,
         }
-    }
-}
-
-/// Whether `err` is what an open breaker answers.
-fn is_open(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::Client && err.detail() == Some(OPEN)
-}
-
-/// A command's failure, as the backend reports it: what an open breaker
-/// answers is [`BackendError::CircuitOpen`], and a Cluster's refusal
-/// ([`is_cluster_state`]) is [`BackendError::ClusterDown`].
-pub(crate) fn unavailable(err: RedisError) -> BackendError {
-    if is_open(&err) {
-        BackendError::CircuitOpen
-    } else if is_cluster_state(&err) {
-        BackendError::ClusterDown(Box::new(err))
-    } else if err.is_timeout() {
-        BackendError::TimedOut
-    } else {
-        BackendError::Unavailable(Box::new(err))
-    }
-}
-
-fn open_error() -> RedisError {
-    RedisError::from((ErrorKind::Client, "circuit open", OPEN.to_owned()))
-}
-
-/// Whether `err` is a Cluster's refusal rather than a master's failure:
-/// `CLUSTERDOWN` (with `cluster-require-full-coverage yes`, every master
-/// answers it for every key while one slot is unserved), `TRYAGAIN` (a
-/// multi-key call on a slot being migrated) and `MASTERDOWN` (a replica
-/// cut off from its master, with `replica-serve-stale-data no`). Each is
-/// answered at once by a live node about its Cluster's or its replication's
-/// state, so it says nothing about the health of the master the key's
-/// breaker stands for: counting it would hold a healthy master's breaker
-/// shut after the Cluster is whole again. It reaches the caller as
-/// [`BackendError::ClusterDown`].
-///
-/// A redirection (`MOVED`, `ASK`) is not one: the Cluster client follows
-/// it, and one that reaches the caller is one it could not follow, to a
-/// master that does not answer (in a failover, `MOVED <slot> <the dead
-/// master>` until the replica is promoted), so it counts as that master's
-/// failure ([`is_outage`]).
-fn is_cluster_state(err: &RedisError) -> bool {
-    matches!(
-        err.kind(),
-        ErrorKind::Server(
-            ServerErrorKind::TryAgain | ServerErrorKind::ClusterDown | ServerErrorKind::MasterDown
-        )
-    )
-}
-
-/// Whether `err` says the store is down or unreachable (rather than that a
-/// command was wrong, or a script missing, which a healthy server answers,
-/// or that the Cluster refuses: [`is_cluster_state`]). A redirection
-/// (`MOVED`, `ASK`) or `READONLY` that reaches the caller is one the
-/// Cluster client gave up following: the master it points to does not
-/// answer. `LOADING` is the server's own state.
-fn is_outage(err: &RedisError) -> bool {
-    match err.kind() {
-        ErrorKind::Server(kind) => matches!(
-            kind,
-            ServerErrorKind::BusyLoading
-                | ServerErrorKind::Moved
-                | ServerErrorKind::Ask
-                | ServerErrorKind::ReadOnly
-        ),
-        ErrorKind::Client | ErrorKind::UnexpectedReturnType | ErrorKind::InvalidClientConfig => {
-            false
-        }
-        _ => true,
     }
 }
 
@@ -220,7 +144,7 @@ impl Breaker {
 
 /// How a call got past its breaker.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Pass {
+pub(super) enum Pass {
     Closed,
     Probe,
 }
@@ -263,6 +187,25 @@ impl Breakers {
         }
     }
 
+    /// Whether these are the breakers of a Cluster connection (one per
+    /// master, with a slot map).
+    pub(super) fn is_cluster(&self) -> bool {
+        self.map.is_some()
+    }
+
+    /// Take the watcher's turn ([`watch_cluster`](super::cluster_watch::watch_cluster)):
+    /// `false` when one is running already.
+    pub(super) fn start_watching(&self) -> bool {
+        self.watching
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The watcher stopped (or could not start): the next may.
+    pub(super) fn stop_watching(&self) {
+        self.watching.store(false, Ordering::Release);
+    }
+
     /// The connection's count of masters found, or 0 when it keeps none.
     fn found(&self) -> u64 {
         self.found
@@ -283,7 +226,7 @@ impl Breakers {
     }
 
     /// Whether any breaker is open.
-    fn any_open(&self) -> bool {
+    pub(super) fn any_open(&self) -> bool {
         self.breakers
             .iter()
             .any(|breaker| breaker.open_until.load(Ordering::Acquire) != 0)
@@ -293,7 +236,7 @@ impl Breakers {
     /// now, its wait back to [`BREAKER_FIRST_PROBE`]. When `first` (the
     /// first `ok` after `fail`), the slot map is read again on the next
     /// command (a replica may serve a failed master's slots now).
-    fn cluster_ok_again(&self, first: bool) {
+    pub(super) fn cluster_ok_again(&self, first: bool) {
         let now = self.now_ms();
         for breaker in &self.breakers {
             let until = breaker.open_until.load(Ordering::Acquire);
@@ -320,7 +263,7 @@ impl Breakers {
     }
 
     /// What a log line calls breaker `index`.
-    fn name(&self, index: usize) -> String {
+    pub(super) fn name(&self, index: usize) -> String {
         let Some(map) = &self.map else {
             return "redis".into();
         };
@@ -333,12 +276,12 @@ impl Breakers {
     }
 
     /// Whether the slot map is due to be read (and now taken to be read).
-    fn map_due(&self) -> bool {
+    pub(super) fn map_due(&self) -> bool {
         self.map.as_ref().is_some_and(|map| map.due(self.now_ms()))
     }
 
     /// The slot map could not be asked for after all: due again.
-    fn map_not_asked(&self) {
+    pub(super) fn map_not_asked(&self) {
         if let Some(map) = &self.map {
             map.not_asked();
         }
@@ -346,7 +289,7 @@ impl Breakers {
 
     /// Take in a `CLUSTER SLOTS` reply; gives the slots that changed
     /// masters (see [`SlotMap::take`]).
-    fn map(&self, reply: &Value) -> Vec<(u16, usize, usize)> {
+    pub(super) fn map(&self, reply: &Value) -> Vec<(u16, usize, usize)> {
         self.map
             .as_ref()
             .map(|map| map.take(reply))
@@ -354,15 +297,16 @@ impl Breakers {
     }
 
     /// Whether breaker `index` is open now.
-    fn is_open(&self, index: usize) -> bool {
+    pub(super) fn is_open(&self, index: usize) -> bool {
         self.breakers
             .get(index)
             .is_some_and(|breaker| breaker.open_until.load(Ordering::Acquire) != 0)
     }
 
     /// A master to ask about `slot` that serves neither it nor `from`, and
-    /// whose breaker is closed: it answers `MOVED` (see [`nudge`]).
-    fn bystander(&self, from: usize, to: usize) -> Option<String> {
+    /// whose breaker is closed: it answers `MOVED` (see the Cluster watcher,
+    /// [`cluster_watch`](super::cluster_watch)).
+    pub(super) fn bystander(&self, from: usize, to: usize) -> Option<String> {
         let map = self.map.as_ref()?;
         (0..MAX_NODES)
             .filter(|&index| index != from && index != to && !self.is_open(index))
@@ -377,7 +321,7 @@ impl Breakers {
 
     /// The breaker of the commands on `key`: by its slot on a Cluster (the
     /// slot is computed only there), the one breaker otherwise.
-    fn for_key(&self, key: &[u8]) -> usize {
+    pub(super) fn for_key(&self, key: &[u8]) -> usize {
         match &self.map {
             Some(map) => self.for_slot(map, key_slot(key)),
             None => 0,
@@ -385,7 +329,7 @@ impl Breakers {
     }
 
     /// `Some` when a call may go out now.
-    fn admit(&self, index: usize) -> Option<Pass> {
+    pub(super) fn admit(&self, index: usize) -> Option<Pass> {
         let breaker = &self.breakers[index];
         let until = breaker.open_until.load(Ordering::Acquire);
         if until == 0 {
@@ -476,7 +420,7 @@ impl Breakers {
 /// and a call dropped before it answered counts as a failure when it had
 /// waited [`BREAKER_SLOW_CALL`] (the layer's timeout ran out), and not at all
 /// when it was dropped sooner (its request was given up).
-struct Settle {
+pub(super) struct Settle {
     breakers: Arc<Breakers>,
     index: usize,
     pass: Pass,
@@ -485,7 +429,20 @@ struct Settle {
 }
 
 impl Settle {
-    fn result<T>(mut self, result: &Result<T, RedisError>) {
+    /// A call on breaker `index`, when it may go out now (`None`: the
+    /// breaker is open and answers at once).
+    pub(super) fn admit(breakers: &Arc<Breakers>, index: usize) -> Option<Self> {
+        breakers.admit(index).map(|pass| Settle {
+            breakers: Arc::clone(breakers),
+            index,
+            pass,
+            sent: Instant::now(),
+            settled: false,
+        })
+    }
+
+    /// Settle with the call's `result`.
+    pub(super) fn result<T>(mut self, result: &Result<T, RedisError>) {
         self.settled = true;
         match result {
             Ok(_) => self.breakers.succeeded(self.index),
@@ -509,317 +466,13 @@ impl Drop for Settle {
     }
 }
 
-/// A connection behind the backend's breakers. Commands go out on
-/// [`for_key`](Self::for_key), or [`for_write`](Self::for_write) for those
-/// that write counters.
-#[derive(Clone)]
-pub(crate) struct Guarded<C> {
-    inner: C,
-    /// `None` when the breaker is off.
-    breakers: Option<Arc<Breakers>>,
-    /// The replicas a write waits for; `None` (the default): none.
-    acks: Option<Acks>,
-}
-
-impl<C> Guarded<C> {
-    /// `inner` behind `breakers` (`None`: no breaker), its writes
-    /// acknowledged by `acks` (`None`: not waited for).
-    pub(crate) fn new(inner: C, breakers: Option<Arc<Breakers>>, acks: Option<Acks>) -> Self {
-        Self {
-            inner,
-            breakers,
-            acks,
-        }
-    }
-
-    /// The connection, without its breakers.
-    pub(crate) fn unguarded(&self) -> &C {
-        &self.inner
-    }
-}
-
-impl<C: Clone> Guarded<C> {
-    /// The connection for commands on `key`, behind that key's breaker: its
-    /// master's on a Cluster. Costs what a clone of the connection costs.
-    pub(crate) fn for_key(&self, key: &[u8]) -> Routed<C> {
-        Routed {
-            inner: self.inner.clone(),
-            breaker: self
-                .breakers
-                .as_ref()
-                .map(|breakers| (Arc::clone(breakers), breakers.for_key(key))),
-            acks: None,
-        }
-    }
-
-    /// [`for_key`](Self::for_key), for a command that writes counters: in
-    /// the replica-acknowledged mode it goes with its `WAIT` ([`Acks`]).
-    pub(crate) fn for_write(&self, key: &[u8]) -> Routed<C> {
-        Routed {
-            acks: self.acks,
-            ..self.for_key(key)
-        }
-    }
-}
-
-/// A connection behind one breaker, the one of the key its commands are
-/// for ([`Guarded::for_key`]).
-pub(crate) struct Routed<C> {
-    inner: C,
-    /// The breakers and the index of this key's; `None` when the breaker
-    /// is off.
-    breaker: Option<(Arc<Breakers>, usize)>,
-    /// A command is sent with its `WAIT` ([`Guarded::for_write`] in the
-    /// replica-acknowledged mode).
-    acks: Option<Acks>,
-}
-
-impl<C> Routed<C> {
-    fn settle(&self) -> Result<Option<Settle>, RedisError> {
-        let Some((breakers, index)) = &self.breaker else {
-            return Ok(None);
-        };
-        match breakers.admit(*index) {
-            Some(pass) => Ok(Some(Settle {
-                breakers: Arc::clone(breakers),
-                index: *index,
-                pass,
-                sent: Instant::now(),
-                settled: false,
-            })),
-            None => Err(open_error()),
-        }
-    }
-}
-
-impl<C> Routed<C>
-where
-    C: ConnectionLike + Clone + Send + 'static,
-{
-    /// On a Cluster, read the slot map in the background when it is due.
-    fn refresh_map(&self) {
-        let Some((breakers, _)) = &self.breaker else {
-            return;
-        };
-        if !breakers.map_due() {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            breakers.map_not_asked();
-            return;
-        };
-        let (mut connection, breakers) = (self.inner.clone(), Arc::clone(breakers));
-        runtime.spawn(async move {
-            match ::redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async::<Value>(&mut connection)
-                .await
-            {
-                Ok(reply) => {
-                    breakers.map(&reply);
-                }
-                Err(err) => tracing::debug!(error = %err, "CLUSTER SLOTS failed: breakers keep the slot map they have"),
-            }
-        });
-    }
-}
-
-/// How often `CLUSTER INFO` is read while a Cluster breaker is open, and
-/// how long one read may take.
-const CLUSTER_WATCH: Duration = BREAKER_FIRST_PROBE;
-
-/// How many polls (one second's) after `CLUSTER INFO` turned from `fail`
-/// to `ok` an `ok` lets the open breakers probe at once again: the nodes
-/// turn ok one by one, and a probe sent while its master still refused
-/// failed and grew its breaker's wait.
-const CLUSTER_OK_RELEASES: u32 = 40;
-
-impl<C> Routed<C>
-where
-    C: ConnectionLike + Clone + Send + 'static,
-{
-    /// On a Cluster with a breaker open: read `CLUSTER INFO` in the
-    /// background (one node at random, every [`CLUSTER_WATCH`]) until no
-    /// breaker is open, and when it turns from `fail` back to `ok`, let
-    /// every open breaker probe at once, and again on each `ok` for
-    /// [`CLUSTER_OK_RELEASES`] polls. A breaker opened while the Cluster
-    /// refused every key is then closed by the first probe after its
-    /// master is ok, not after its grown wait. One watcher per backend.
-    fn watch_cluster(&self) {
-        let Some((breakers, _)) = &self.breaker else {
-            return;
-        };
-        if breakers.map.is_none()
-            || breakers
-                .watching
-                .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
-                .is_err()
-        {
-            return;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            breakers.watching.store(false, Ordering::Release);
-            return;
-        };
-        let (mut connection, breakers) = (self.inner.clone(), Arc::clone(breakers));
-        runtime.spawn(async move {
-            // `fail` was read since the last release; polls left in which
-            // an `ok` releases the open breakers again.
-            let (mut failed, mut releases) = (false, 0);
-            let mut polls = 0u32;
-            while breakers.any_open() {
-                let info = tokio::time::timeout(
-                    CLUSTER_WATCH * 4,
-                    ::redis::cmd("CLUSTER")
-                        .arg("INFO")
-                        .query_async::<String>(&mut connection),
-                )
-                .await;
-                match info {
-                    Ok(Ok(info)) if info.contains("cluster_state:fail") => {
-                        (failed, releases) = (true, 0);
-                    }
-                    Ok(Ok(info))
-                        if (failed || releases > 0) && info.contains("cluster_state:ok") =>
-                    {
-                        breakers.cluster_ok_again(std::mem::take(&mut failed));
-                        if releases == 0 {
-                            releases = CLUSTER_OK_RELEASES;
-                        }
-                        releases -= 1;
-                    }
-                    _ => {}
-                }
-                polls += 1;
-                if polls.is_multiple_of(SLOTS_EVERY) {
-                    breakers.follow_moves(&mut connection).await;
-                }
-                tokio::time::sleep(CLUSTER_WATCH).await;
-            }
-            breakers.watching.store(false, Ordering::Release);
-        });
-    }
-}
-
-/// Without `redis-cluster`, no connection is one of the `redis` crate's
-/// Cluster clients: nothing to nudge.
-#[cfg(not(feature = "redis-cluster"))]
-async fn nudge<C>(_connection: &mut C, _slot: u16, _via: &str) -> bool {
-    false
-}
-
-/// Every how many `CLUSTER INFO` polls the watcher reads `CLUSTER SLOTS`
-/// too (every 100 ms): a master whose breaker is open may have been
-/// replaced while it said nothing.
-const SLOTS_EVERY: u32 = 4;
-
-impl Breakers {
-    /// Read `CLUSTER SLOTS` (bounded), take it in, and when slots of a
-    /// master whose breaker is open have a new master, make the Cluster
-    /// client read its slot map again ([`nudge`]): a master that went
-    /// silent gives the client neither an error nor a redirection, so its
-    /// map would point at the silent node until it woke.
-    async fn follow_moves<C>(&self, connection: &mut C)
-    where
-        C: ConnectionLike + Send + 'static,
-    {
-        let reply = tokio::time::timeout(
-            CLUSTER_WATCH * 4,
-            ::redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async::<Value>(connection),
-        )
-        .await;
-        let Ok(Ok(reply)) = reply else {
-            return;
-        };
-        for (slot, from, to) in self.map(&reply) {
-            if !self.is_open(from) {
-                continue;
-            }
-            let Some(via) = self.bystander(from, to) else {
-                continue;
-            };
-            tracing::info!(
-                from = %self.name(from),
-                to = %self.name(to),
-                "redis cluster: a silent master's slots have a new master; reading the slot map again"
-            );
-            nudge(connection, slot, &via).await;
-        }
-    }
-}
-
-/// A call past its breaker: answered at once while the breaker is open
-/// (`settle` is the error), otherwise sent and settled with the breaker when
-/// it is answered or dropped.
-fn through<'a, T: Send + 'a>(
-    settle: Result<Option<Settle>, RedisError>,
-    call: impl FnOnce() -> RedisFuture<'a, T>,
-) -> RedisFuture<'a, T> {
-    let settle = match settle {
-        Ok(settle) => settle,
-        Err(err) => return Box::pin(std::future::ready(Err(err))),
-    };
-    let call = call();
-    Box::pin(async move {
-        let result = call.await;
-        if let Some(settle) = settle {
-            settle.result(&result);
-        }
-        result
-    })
-}
-
-impl<C> Routed<C>
-where
-    C: ConnectionLike + Clone + Send + 'static,
-{
-    /// Whether a call may go out now, as [`through`] takes it.
-    fn admit(&self) -> Result<Option<Settle>, RedisError> {
-        self.refresh_map();
-        let settle = self.settle();
-        if settle.is_err() {
-            self.watch_cluster();
-        }
-        settle
-    }
-}
-
-impl<C> ConnectionLike for Routed<C>
-where
-    C: ConnectionLike + Clone + Send + 'static,
-{
-    /// The command past its breaker; with [`Acks`], with its `WAIT`, and a
-    /// write not acknowledged settles as a failure of the breaker.
-    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let settle = self.admit();
-        match self.acks {
-            None => through(settle, || self.inner.req_packed_command(cmd)),
-            Some(acks) => through(settle, || Box::pin(acks.send(&mut self.inner, cmd))),
-        }
-    }
-
-    fn req_packed_commands<'a>(
-        &'a mut self,
-        pipeline: &'a Pipeline,
-        offset: usize,
-        count: usize,
-    ) -> RedisFuture<'a, Vec<Value>> {
-        let settle = self.admit();
-        through(settle, || {
-            self.inner.req_packed_commands(pipeline, offset, count)
-        })
-    }
-
-    fn get_db(&self) -> i64 {
-        self.inner.get_db()
-    }
-}
-
 #[cfg(test)]
 mod tests {
+    use ::redis::{ErrorKind, ServerErrorKind};
+
     use super::*;
+    use crate::backend::BackendError;
+    use crate::backend::redis::connection::classify::{open_error, unavailable};
 
     #[test]
     fn a_breaker_opens_after_repeated_failures_then_probes_once() {
@@ -1143,83 +796,5 @@ mod tests {
         assert_ne!(promoted, ia);
         assert_eq!(breakers.name(promoted), "10.0.0.1:7003");
         assert_eq!(breakers.admit(promoted), Some(Pass::Closed));
-    }
-
-    /// Answers a command alone with 1, and a pipeline (a write with its
-    /// `WAIT`) with 1 and no replica.
-    #[derive(Clone)]
-    struct NoReplica;
-
-    impl ConnectionLike for NoReplica {
-        fn req_packed_command<'a>(&'a mut self, _: &'a Cmd) -> RedisFuture<'a, Value> {
-            Box::pin(std::future::ready(Ok(Value::Int(1))))
-        }
-
-        fn req_packed_commands<'a>(
-            &'a mut self,
-            _: &'a Pipeline,
-            _: usize,
-            _: usize,
-        ) -> RedisFuture<'a, Vec<Value>> {
-            Box::pin(std::future::ready(Ok(vec![Value::Int(1), Value::Int(0)])))
-        }
-
-        fn get_db(&self) -> i64 {
-            0
-        }
-    }
-
-    #[test]
-    fn a_write_not_acknowledged_counts_against_its_breaker() {
-        let breakers = Arc::new(Breakers::new(
-            BreakerConfig {
-                failures: 2,
-                cooldown: Duration::from_secs(60),
-            },
-            false,
-            None,
-        ));
-        let guarded = Guarded::new(
-            NoReplica,
-            Some(Arc::clone(&breakers)),
-            Some(Acks::new(1, Duration::from_millis(5))),
-        );
-        let send = |mut routed: Routed<NoReplica>| {
-            futures_util::FutureExt::now_or_never(
-                ::redis::cmd("EVALSHA").query_async::<Value>(&mut routed),
-            )
-            .expect("ready")
-        };
-        for _ in 0..3 {
-            assert_eq!(
-                send(guarded.for_key(b"k")).unwrap(),
-                Value::Int(1),
-                "a read goes alone"
-            );
-        }
-        assert_eq!(breakers.admit(0), Some(Pass::Closed));
-        for _ in 0..2 {
-            let err = send(guarded.for_write(b"k")).unwrap_err();
-            assert!(is_outage(&err), "{err}");
-        }
-        assert_eq!(
-            breakers.admit(0),
-            None,
-            "open after 2 writes not acknowledged"
-        );
-        assert!(is_open(&send(guarded.for_write(b"k")).unwrap_err()));
-    }
-
-    #[test]
-    fn only_outages_count() {
-        assert!(is_outage(&RedisError::from(std::io::Error::from(
-            std::io::ErrorKind::ConnectionRefused
-        ))));
-        assert!(!is_outage(&RedisError::from((
-            ErrorKind::Server(ServerErrorKind::NoScript),
-            "no script"
-        ))));
-        assert!(is_open(&open_error()));
-        assert!(!is_outage(&open_error()));
     }
 }

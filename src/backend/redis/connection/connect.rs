@@ -15,7 +15,7 @@ use std::time::Duration;
 use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, RedisError};
 
-use super::breaker::unavailable;
+use super::classify::unavailable;
 use crate::backend::BackendError;
 use crate::error::ConfigError;
 

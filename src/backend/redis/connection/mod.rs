@@ -9,16 +9,19 @@
 //! [`RedisBackend::audit`](super::RedisBackend::audit) can scan.
 //!
 //! Inside, each a module of its own and private to the backend: the
-//! circuit breaker every command goes through (`breaker`, with its
-//! per-master slot map on a Cluster, `slot_map`), the `WAIT` a write goes
+//! connection wrapper every command goes through (`guarded`), the circuit
+//! breaker it passes (`breaker`, with its per-master slot map on a
+//! Cluster, `slot_map`, and the Cluster watcher that reads the Cluster's
+//! state while a breaker is open, `cluster_watch`), how a call's failure
+//! is classified (`classify`), the `WAIT` a write goes
 //! with in the replica-acknowledged mode (`acks`), Cluster hash slots
 //! (`slot`), and a Cluster node's connection with bounded probes
 //! ([`ClusterNode`], `node`).
 
 /// `ConnectionLike` for a connection that forwards each command to another,
 /// written once for the wrappers of this module (the background
-/// connection, the Sentinel connection; the breaker's router, whose writes
-/// may go with a `WAIT`, has its own).
+/// connection, the Sentinel connection; the guarded router of `guarded`,
+/// whose writes may go with a `WAIT`, has its own).
 ///
 /// `|this, send| forward` forwards one command or a pipeline's: `this` is
 /// the wrapper, and `send!(connection)` sends the command on `connection`,
@@ -68,7 +71,10 @@ macro_rules! forward_commands {
 
 pub(super) mod acks;
 pub(super) mod breaker;
+pub(super) mod classify;
+pub(super) mod cluster_watch;
 pub(super) mod connect;
+pub(super) mod guarded;
 #[cfg(feature = "redis-cluster")]
 pub(super) mod node;
 pub(super) mod nodes;
