@@ -203,7 +203,7 @@ async fn stores() -> Result<(), Box<dyn std::error::Error>> {
     let (outcomes, seen) = match std::env::var("REDIS_URL") {
         #[cfg(feature = "redis")]
         Ok(url) => {
-            use tower_pinned_window::backend::redis::RedisBackend;
+            use tower_pinned_window_redis::RedisBackend;
             let mut backends = Vec::new();
             for _ in 0..CLIENTS {
                 backends.push(RedisBackend::connect(&url).await?);

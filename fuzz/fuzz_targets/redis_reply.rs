@@ -17,7 +17,7 @@ use libfuzzer_sys::fuzz_target;
 use tower_pinned_window::fuzzing::{
     redis_batch_reply, redis_hit_reply, redis_peek_reply, redis_refund_reply, redis_spend_reply,
 };
-use tower_pinned_window::redis::Value;
+use tower_pinned_window_redis::redis::Value;
 
 /// A `redis::Value`, as `arbitrary` can build it.
 #[derive(Debug, Arbitrary)]

@@ -20,8 +20,8 @@ use stores::redis::RedisStore;
 use support::http::{by_client, from, multi_thread_runtime, ok_service};
 use support::redis::{RedisServer, Shared, cases};
 use tower::{Layer, ServiceExt};
-use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::redis::connection::ConnectError;
+use tower_pinned_window_redis::RedisBackend;
+use tower_pinned_window_redis::connection::ConnectError;
 use tower_pinned_window::backend::{
     Amend, Backend, BackendError, BackendErrorKind, Hit, Spend, Spending,
 };

@@ -20,8 +20,8 @@ use support::redis::{
     RedisCluster, RedisServer, SENTINEL_MASTER, SentinelGroup, plain_storage_key,
 };
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::redis::connection::DEFAULT_LOOKUP_INTERVAL;
+use tower_pinned_window_redis::RedisBackend;
+use tower_pinned_window_redis::connection::DEFAULT_LOOKUP_INTERVAL;
 use tower_pinned_window::backend::{Backend, BackendError};
 use tower_pinned_window::key::Key;
 use trial::Needs;
@@ -200,7 +200,7 @@ fn a_sentinel_failover_is_not_held_up_by_the_breaker() {
     let runtime = multi_thread_runtime();
     let store = runtime.block_on(async {
         let connection =
-            tower_pinned_window::backend::redis::connection::SentinelConnection::connect(
+            tower_pinned_window_redis::connection::SentinelConnection::connect(
                 group.sentinel_urls(),
                 SENTINEL_MASTER,
             )

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window::backend::postgres::PostgresBackend;
+use tower_pinned_window_postgres::PostgresBackend;
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
 

@@ -6,8 +6,8 @@ use std::time::SystemTime;
 use super::db::Db;
 use super::error::{pg_error, pool_error};
 use super::row::{WINDOW_BOUND_MS, describe};
-use crate::backend::{AuditReport, BackendError};
-use crate::quota::Window;
+use tower_pinned_window::backend::{AuditReport, BackendError};
+use tower_pinned_window::Window;
 
 /// The most rows no hit may count that one audit lists.
 const MAX_LISTED: i64 = 10_000;
@@ -21,12 +21,10 @@ pub(super) async fn run(db: &Db, repair: Option<Window>) -> Result<AuditReport, 
         .query_one(sql.stats.as_str(), &[])
         .await
         .map_err(pg_error)?;
-    let mut report = AuditReport {
-        nodes: 1,
-        scanned: stats.get::<_, i64>(0).max(0) as u64,
-        expired: stats.get::<_, i64>(1).max(0) as u64,
-        ..AuditReport::default()
-    };
+    let mut report = AuditReport::default();
+    report.nodes = 1;
+    report.scanned = stats.get::<_, i64>(0).max(0) as u64;
+    report.expired = stats.get::<_, i64>(1).max(0) as u64;
     // A window past the bound would be refused by the repair statement.
     let repair = repair
         .map(|window| i64::try_from(window.as_millis()).unwrap_or(i64::MAX))

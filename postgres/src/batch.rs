@@ -30,8 +30,8 @@ use tokio::sync::oneshot;
 use super::db::Db;
 use super::error::{pg_error, pool_error};
 use super::row::{HitRow, WINDOW_BOUND_MS, describe, read_row};
-use crate::backend::BackendError;
-use crate::key::Key;
+use tower_pinned_window::backend::BackendError;
+use tower_pinned_window::key::Key;
 
 /// The most counters one statement carries.
 pub(super) const MAX_BATCH: usize = 128;

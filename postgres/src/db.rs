@@ -8,7 +8,7 @@ use tokio_postgres::SimpleQueryMessage;
 
 use super::error::{pg_error, pool_error};
 use super::table::Sql;
-use crate::backend::BackendError;
+use tower_pinned_window::backend::BackendError;
 
 /// A pool, and the statements of one table.
 pub(super) struct Db {

@@ -2,7 +2,7 @@
 
 use deadpool_postgres::PoolError;
 
-use crate::backend::BackendError;
+use tower_pinned_window::backend::BackendError;
 
 /// A statement's failure, as the backend reports it: a cancelled statement
 /// (`statement_timeout`) is [`BackendError::TimedOut`].

@@ -1,9 +1,18 @@
-//! The PostgreSQL backend: counters in a table, shared by every instance of a
-//! service that points at the same database.
+//! The PostgreSQL backend of [`tower-pinned-window`](tower_pinned_window):
+//! counters in a table, shared by every instance of a service that points at
+//! the same database.
+//!
+//! Built only on what `tower-pinned-window` makes public for any store
+//! author: its [`Backend`] and [`Spending`] traits and its
+//! [`toolkit`](tower_pinned_window::backend::toolkit) (the deny cache, the
+//! remote future, the storage key that names a counter in errors). The
+//! guide is
+//! [`docs/postgres.md`](https://docs.rs/tower-pinned-window/latest/tower_pinned_window/guide/postgres/index.html).
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tower_pinned_window::{Quota, RateLimitLayer, backend::postgres::PostgresBackend, key::PeerIp};
+//! use tower_pinned_window::{Quota, RateLimitLayer, key::PeerIp};
+//! use tower_pinned_window_postgres::PostgresBackend;
 //!
 //! # async fn build() -> Result<(), Box<dyn std::error::Error>> {
 //! let backend = PostgresBackend::connect("postgres://postgres@127.0.0.1:5432/test").await?;
@@ -108,14 +117,14 @@
 //! How long a denial is held depends on whether the counter's count can go
 //! down. One that only goes up is held until its window closes (a lockout
 //! until it ends): exact, because the window is pinned and its deadline
-//! cannot move. One that [lowers](crate::backend::Counter::lowers) (its
+//! cannot move. One that [lowers](tower_pinned_window::backend::Counter::lowers) (its
 //! layer has a `reserve`, a `count_if` or a `reset_if`; a `BudgetLayer` has
 //! a `reserve`) may be freed at any moment by a settle, refund or clear on
 //! another instance, so it is held at most
 //! [`deny_cache_recheck`](PostgresBackendBuilder::deny_cache_recheck)
 //! (default [`DEFAULT_DENY_CACHE_RECHECK`]), never past its window: no
 //! instance denies a request here that the table has room for for longer
-//! than that bound and a round trip ([`docs/guarantees.md`](crate::guide::guarantees)). Deadlines are
+//! than that bound and a round trip ([`docs/guarantees.md`](https://docs.rs/tower-pinned-window/latest/tower_pinned_window/guide/guarantees/index.html)). Deadlines are
 //! measured from when the request was queued, before the database read its
 //! clock, so they never outlast the window in the table. Such denials
 //! report a count of `limit + 1` (a spend's: the limit plus its cost, as the
@@ -283,13 +292,13 @@ use self::error::{pg_error, pool_error};
 use self::row::{deadline_time, describe, read_row};
 use self::spend::{Cached, Op, Request, Spent};
 use self::table::{MAX_TABLE_LEN, Sql, identifier};
-use super::deny_cache::Denials;
-use super::{
-    Amend, AuditReport, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending,
+use tower_pinned_window::backend::toolkit::{BackendFuture, Denials};
+use tower_pinned_window::backend::{
+    Amend, AuditReport, Backend, BackendError, Counter, Hit, Hits, Spend, Spending,
 };
-use crate::error::ConfigError;
-use crate::key::Key;
-use crate::quota::Window;
+use tower_pinned_window::ConfigError;
+use tower_pinned_window::key::Key;
+use tower_pinned_window::Window;
 
 /// Denied keys remembered locally, unless configured otherwise.
 ///
@@ -356,7 +365,7 @@ impl fmt::Debug for PostgresBackend {
             .field("statements", &self.inner.batcher.statements())
             .field(
                 "deny_cache",
-                &self.inner.deny.as_ref().map_or(0, |d| d.over.capacity),
+                &self.inner.deny.as_ref().map_or(0, |d| d.capacity()),
             )
             .field("clean", &self.inner.clean)
             .finish_non_exhaustive()
@@ -373,7 +382,7 @@ impl fmt::Debug for PostgresBackend {
 /// ```
 /// use std::num::{NonZeroU32, NonZeroUsize};
 /// use std::time::Duration;
-/// use tower_pinned_window::backend::postgres::{
+/// use tower_pinned_window_postgres::{
 ///     DEFAULT_SCHEMA, PostgresBackend, deadpool_postgres, tokio_postgres,
 /// };
 ///
@@ -756,7 +765,7 @@ impl PostgresBackend {
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
     /// use tower_pinned_window::Window;
-    /// use tower_pinned_window::backend::postgres::PostgresBackend;
+    /// use tower_pinned_window_postgres::PostgresBackend;
     ///
     /// let backend = PostgresBackend::connect("postgres://postgres@127.0.0.1:5432/test").await?;
     /// let report = backend
@@ -843,10 +852,10 @@ impl Backend for PostgresBackend {
     /// one row each; a counter in the local deny cache answers at once, and
     /// then none of them is sent.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
-        let now = quanta::Instant::now();
+        let now = std::time::Instant::now();
         if let Some(deny) = &self.inner.deny
             && let Some(denied) = BackendFuture::denied(counters, 1, |c| {
-                deny.over.check(c.namespace, key.as_bytes(), now)
+                deny.hit(c.namespace, key.as_bytes(), now)
             })
         {
             // Denied here, with no statement; the counters are not hit.
@@ -875,7 +884,7 @@ impl Backend for PostgresBackend {
         BackendFuture::calling(async move {
             // Queued on the first poll, on the runtime that polls it: a hit
             // dropped before then is never sent.
-            let queued = quanta::Instant::now();
+            let queued = std::time::Instant::now();
             backend.start_cleaner();
             batch::submit(&backend.inner.batcher, pending);
             let mut hits = Hits::with_capacity(receivers.len());
@@ -916,7 +925,7 @@ impl Backend for PostgresBackend {
                 .refund_in_window(&namespace, &key, deadline_time(deadline))
                 .await;
             if let Some(deny) = &backend.inner.deny {
-                deny.over.remove(&namespace, key.as_bytes());
+                deny.forget_hit(&namespace, key.as_bytes());
             }
             refunded
         })
@@ -986,7 +995,7 @@ impl Spending for PostgresBackend {
         BackendFuture::calling(async move {
             // Queued on the first poll, on the runtime that polls it: a
             // spend dropped before then is never sent.
-            let queued = quanta::Instant::now();
+            let queued = std::time::Instant::now();
             backend.start_cleaner();
             let key = request.key.clone();
             let namespaces: SmallVec<[Box<str>; 2]> = match &request.op {
@@ -1069,7 +1078,7 @@ impl PostgresBackend {
         spend: Spend,
     ) -> Option<BackendFuture<Hits>> {
         let deny = self.inner.deny.as_ref()?;
-        let now = quanta::Instant::now();
+        let now = std::time::Instant::now();
         BackendFuture::denied(counters, spend.cost.max(1), |c| {
             deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
         })

@@ -7,9 +7,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::Row;
 
-use crate::backend::{Hit, storage_key};
-use crate::key::{Key, MAX_KEY_LEN};
-use crate::quota::Window;
+use tower_pinned_window::backend::{Hit, }; use tower_pinned_window::backend::toolkit::storage_key;
+use tower_pinned_window::key::{Key, MAX_KEY_LEN};
+use tower_pinned_window::Window;
 
 /// [`Window::MAX`] in milliseconds: the statements refuse any window, and
 /// any row's deadline, further away.

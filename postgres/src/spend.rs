@@ -48,9 +48,9 @@ use super::db::Db;
 use super::error::{pg_error, pool_error};
 use super::lost;
 use super::row::{WINDOW_BOUND_MS, deadline_id, describe};
-use crate::backend::{Amend, BackendError, Hit, Hits, Spend, refused_count};
-use crate::key::Key;
-use crate::quota::Quota;
+use tower_pinned_window::backend::{Amend, BackendError, Hit, Hits, Spend, }; use tower_pinned_window::backend::toolkit::refused_count;
+use tower_pinned_window::key::Key;
+use tower_pinned_window::Quota;
 
 /// The most requests one transaction carries.
 pub(super) const MAX_BATCH: usize = 128;
@@ -168,7 +168,7 @@ fn left(at: SystemTime, now: SystemTime) -> Duration {
 
 /// A row's count and `expires_at`, or why no spend may count it: a count
 /// that is not one (NULL, negative, or one that cannot grow), no
-/// `expires_at`, or one further away than [`Window::MAX`](crate::Window::MAX)
+/// `expires_at`, or one further away than [`Window::MAX`](tower_pinned_window::Window::MAX)
 /// (or infinite).
 fn classify(
     count: Option<i64>,

@@ -3,7 +3,7 @@
 
 use std::fmt;
 
-use crate::error::ConfigError;
+use tower_pinned_window::ConfigError;
 
 /// The schema used unless [`schema`](super::PostgresBackendBuilder::schema)
 /// names another.

@@ -14,7 +14,7 @@ use std::time::Duration;
 
 use tower_pinned_window::Window;
 use tower_pinned_window::backend::AuditReport;
-use tower_pinned_window::backend::redis::{DEFAULT_PREFIX, RedisBackend};
+use tower_pinned_window_redis::{DEFAULT_PREFIX, RedisBackend};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -86,7 +86,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     Ok(())
 }
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 async fn audit_cluster(
     urls: Vec<String>,
     prefix: &str,
@@ -103,7 +103,7 @@ async fn audit_cluster(
         .await?)
 }
 
-#[cfg(not(feature = "redis-cluster"))]
+#[cfg(not(feature = "cluster"))]
 async fn audit_cluster(
     _: Vec<String>,
     _: &str,

@@ -43,7 +43,7 @@ use redis::aio::ConnectionManager;
 use tokio::time::{Instant, sleep_until};
 use tower_pinned_window::Quota;
 use tower_pinned_window::backend::Backend;
-use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window_redis::RedisBackend;
 use tower_pinned_window::key::Key;
 
 const MINUTES: u32 = 6;

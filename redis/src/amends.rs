@@ -16,10 +16,10 @@ use super::connection::breaker::Guarded;
 use super::hits::StoredKey;
 use super::reply::parse_amends;
 use super::script::{AMEND, Size, U64_DIGITS};
-use crate::backend::deny_cache::Denials;
-use crate::backend::storage_key::RESET_MARKER;
-use crate::backend::{Amend, BackendError};
-use crate::key::Key;
+use tower_pinned_window::backend::toolkit::Denials;
+use tower_pinned_window::backend::toolkit::storage_key::RESET_MARKER;
+use tower_pinned_window::backend::{Amend, BackendError};
+use tower_pinned_window::key::Key;
 
 /// The key of a marker beside `counter` (its lockout or its reset marker):
 /// the counter's key and `suffix`, written into the call only, inline.

@@ -7,8 +7,8 @@ use super::connection::breaker::unavailable;
 use super::connection::nodes::{Node, Nodes};
 use super::reply::name;
 use super::script::{REPAIR, Target};
-use crate::backend::{AuditReport, BackendError};
-use crate::quota::Window;
+use tower_pinned_window::backend::{AuditReport, BackendError};
+use tower_pinned_window::Window;
 
 /// A command target that is one node of a deployment: a script run on it
 /// goes to that node.
@@ -37,10 +37,8 @@ pub(super) async fn run<N: Nodes + Send>(
 ) -> Result<AuditReport, BackendError> {
     let nodes = connection.nodes().await.map_err(unavailable)?;
     let pattern = glob_escape(prefix);
-    let mut report = AuditReport {
-        nodes: nodes.len(),
-        ..AuditReport::default()
-    };
+    let mut report = AuditReport::default();
+    report.nodes = nodes.len();
     for node in &nodes {
         let mut cursor = 0u64;
         loop {

@@ -39,8 +39,8 @@ use smallvec::SmallVec;
 
 use super::connection::breaker::{Guarded, unavailable};
 use super::connection::slot::key_slot;
-use super::slots::{ARENA_SLOTS, Arena, Reply, Ticket};
-use crate::backend::BackendError;
+use tower_pinned_window::backend::toolkit::{ARENA_SLOTS, Arena, Reply, Ticket};
+use tower_pinned_window::backend::BackendError;
 
 /// At most this many requests go in one script call; the rest wait for the
 /// next (bounds how long one call keeps Redis busy).
@@ -359,7 +359,7 @@ where
                 drop(handover);
                 let (reply, answer) = Arena::with_capacity(1).channel();
                 submit(&batcher, &runtime, Pending { work, reply });
-                answer.await.unwrap_or_else(|_| Err(dropped()))
+                answer.await.unwrap_or_else(|| Err(dropped()))
             }
             Err(err) => {
                 drop(handover);

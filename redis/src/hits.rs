@@ -24,9 +24,9 @@ use super::coalesce::{Answers, Work};
 use super::connection::breaker::Guarded;
 use super::reply::{parse_batch, parse_hit};
 use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
-use crate::backend::deny_cache::Denials;
-use crate::backend::{BackendError, Hit, Hits, storage_key};
-use crate::quota::Quota;
+use tower_pinned_window::backend::toolkit::Denials;
+use tower_pinned_window::backend::{BackendError, Hit, Hits, }; use tower_pinned_window::backend::toolkit::storage_key;
+use tower_pinned_window::Quota;
 
 /// The answer to one request: a result per counter, in order.
 pub(super) type CounterAnswers = SmallVec<[Result<Hit, BackendError>; 2]>;
@@ -49,11 +49,11 @@ pub(super) struct Finish {
     pub(super) prefix: usize,
     /// When the hits were sent: a denial is remembered until this plus the
     /// time Redis said was left, never past the window in Redis.
-    pub(super) sent: quanta::Instant,
+    pub(super) sent: std::time::Instant,
 }
 
 /// A counter's quota, and whether it
-/// [lowers](crate::backend::Counter::lowers): its denial is then held only
+/// [lowers](tower_pinned_window::backend::Counter::lowers): its denial is then held only
 /// for the recheck bound.
 #[derive(Clone, Copy)]
 pub(super) struct CounterQuota {

@@ -1,4 +1,13 @@
-//! The Redis backend: counters shared by every instance of a service.
+//! The Redis backend of [`tower-pinned-window`](tower_pinned_window): counters
+//! shared by every instance of a service, in Redis, a Redis Cluster (feature
+//! `cluster`) or Redis behind Sentinel (feature `sentinel`).
+//!
+//! Built only on what `tower-pinned-window` makes public for any store
+//! author: its [`Backend`] and [`Spending`] traits and its
+//! [`toolkit`](tower_pinned_window::backend::toolkit) (the storage-key
+//! codec, the deny cache, the batched future). [`RedisBackend`] documents
+//! the backend, with an example; the guide is
+//! [`docs/redis.md`](https://docs.rs/tower-pinned-window/latest/tower_pinned_window/guide/redis/index.html).
 //!
 //! The backend's public types are here, and wire its parts together, each a
 //! module of its own:
@@ -15,8 +24,12 @@
 //!   deployment, Cluster hash slots, and the circuit breaker with its slot
 //!   map;
 //! - `audit`: the backstop that finds counters without a lifetime.
-//!
-//! [`RedisBackend`] documents the backend, with an example.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// The features, rendered from the `##` comments of Cargo.toml's [features].
+#![cfg_attr(
+    feature = "document-features",
+    doc = concat!("# Features\n\n", document_features::document_features!())
+)]
 
 mod amends;
 mod audit;
@@ -26,20 +39,67 @@ mod hits;
 mod lost;
 mod reply;
 mod script;
-mod slots;
 mod spends;
 
-// The reply parsers, for the fuzz targets only (see src/lib.rs).
+/// Entry points for the fuzz targets in the repository's `fuzz/`
+/// (cargo-fuzz builds with `--cfg fuzzing`): thin wrappers around the reply
+/// parsers. Not part of the API, never built otherwise.
 #[cfg(fuzzing)]
-pub(crate) use self::reply::fuzzing;
+#[doc(hidden)]
+pub mod fuzzing {
+    use tower_pinned_window::backend::{BackendError, Hit};
+
+    /// The hit script's reply, read as the backend reads it.
+    pub fn hit_reply(value: redis::Value, key: &[u8]) -> Result<Hit, BackendError> {
+        crate::reply::fuzzing::hit(value, key)
+    }
+
+    /// The amend script's reply for one amend (a refund): its answer, or
+    /// the reply back when it is not of the script's shape.
+    pub fn refund_reply(
+        value: redis::Value,
+        key: &[u8],
+    ) -> Result<Result<bool, BackendError>, redis::Value> {
+        crate::reply::fuzzing::refund(value, key)
+    }
+
+    /// The spend script's reply for requests of `sizes` counters: per
+    /// request, each counter's hit and whether it is full, or `None` for a
+    /// corrupt counter or refused arguments; the reply back when it is not
+    /// of the script's shape.
+    #[allow(clippy::type_complexity)]
+    pub fn spend_reply(
+        value: redis::Value,
+        sizes: &[usize],
+    ) -> Result<Vec<Option<Vec<(Hit, bool)>>>, redis::Value> {
+        crate::reply::fuzzing::spend(value, sizes)
+    }
+
+    /// The peek script's reply.
+    pub fn peek_reply(value: redis::Value, key: &[u8]) -> Result<Option<Hit>, BackendError> {
+        crate::reply::fuzzing::peek(value, key)
+    }
+
+    /// The batch script's reply for `entries` (storage key, window, hits).
+    #[allow(clippy::type_complexity)]
+    pub fn batch_reply(
+        reply: redis::Value,
+        entries: &[(&[u8], u64, u64)],
+    ) -> Result<Vec<Result<Hit, BackendError>>, redis::Value> {
+        crate::reply::fuzzing::batch(reply, entries)
+    }
+}
 
 pub use connection::breaker::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES};
 
+/// The `redis` crate this crate is built with, so that connections and
+/// configuration types you pass to [`RedisBackend`] come from the same
+/// version: `use tower_pinned_window_redis::redis;` instead of a `redis`
+/// dependency of your own (or one pinned to the same version).
+pub use redis;
+
 use std::fmt;
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager};
@@ -54,14 +114,13 @@ use self::hits::HitWork;
 use self::reply::{parse_hit, parse_peek};
 use self::script::{HIT, PEEK, RESET, Size};
 use self::spends::SpendWork;
-use super::deny_cache::Denials;
-use super::{
-    Amend, AuditReport, Backend, BackendError, BackendFuture, Counter, Hit, Hits, Spend, Spending,
-    storage_key,
+use tower_pinned_window::backend::toolkit::{BackendFuture, Denials, storage_key};
+use tower_pinned_window::backend::{
+    Amend, AuditReport, Backend, BackendError, Counter, Hit, Hits, Spend, Spending,
 };
-use crate::error::ConfigError;
-use crate::key::Key;
-use crate::quota::Window;
+use tower_pinned_window::ConfigError;
+use tower_pinned_window::key::Key;
+use tower_pinned_window::Window;
 
 /// The prefix of every key this backend writes, unless configured otherwise
 /// ([`RedisBackendBuilder::prefix`]; [`RedisBackend`]'s example shows it in
@@ -111,7 +170,7 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 ///
 /// ```
 /// use std::time::Duration;
-/// use tower_pinned_window::backend::redis::{DEFAULT_PREFIX, RedisBackend};
+/// use tower_pinned_window_redis::{DEFAULT_PREFIX, RedisBackend};
 /// use tower_pinned_window::key::{Key, PeerIp};
 /// use tower_pinned_window::{Quota, RateLimitLayer};
 ///
@@ -132,8 +191,8 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 /// # Outages
 ///
 /// The layer times every backend call (its
-/// [`timeout`](crate::RateLimitLayer::timeout)) and applies its
-/// [`FailurePolicy`](crate::FailurePolicy) to what fails. The connections
+/// [`timeout`](tower_pinned_window::RateLimitLayer::timeout)) and applies its
+/// [`FailurePolicy`](tower_pinned_window::FailurePolicy) to what fails. The connections
 /// this crate makes have the `redis` client's own response timeout turned
 /// off, so a hit arms one timer; turn it off in a connection of your own
 /// too ([`connection_manager_config`](connection::connection_manager_config), or
@@ -287,10 +346,10 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 ///   (default [`DEFAULT_DENY_CACHE_RECHECK`]) from when the denied request
 ///   was sent, never past its window or lockout. No instance then denies a
 ///   request here that Redis has room for for longer than that bound and a
-///   round trip ([`docs/guarantees.md`](crate::guide::guarantees)).
+///   round trip ([`docs/guarantees.md`](https://docs.rs/tower-pinned-window/latest/tower_pinned_window/guide/guarantees/index.html)).
 ///
 /// Such denials report a count of `limit + 1` (a spend's: the limit plus
-/// its cost, as the [spend contract](crate::backend#costs-lockouts-and-amends)
+/// its cost, as the [spend contract](tower_pinned_window::backend#costs-lockouts-and-amends)
 /// says) and no [deadline](Hit::deadline): they were not counted in Redis, so they are
 /// never refunded. An amend, a [`refund`](Backend::refund) or a
 /// [`reset`](Backend::reset) clears this instance's cache for the key. The
@@ -345,7 +404,7 @@ impl<C> fmt::Debug for RedisBackend<C> {
             .field("prefix", &self.inner.prefix.escape_ascii().to_string())
             .field(
                 "deny_cache",
-                &self.inner.deny.as_ref().map_or(0, |d| d.over.capacity),
+                &self.inner.deny.as_ref().map_or(0, |d| d.capacity()),
             )
             .field("coalesce", &self.inner.lanes.is_some())
             .finish_non_exhaustive()
@@ -359,9 +418,9 @@ impl<C> fmt::Debug for RedisBackend<C> {
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window_redis::RedisBackend;
 /// use tower_pinned_window::key::Key;
-/// use tower_pinned_window::redis::Client;
+/// use tower_pinned_window_redis::redis::Client;
 ///
 /// let client = Client::open("redis://127.0.0.1:6379/")?;
 /// let connection = client.get_multiplexed_async_connection().await?;
@@ -425,7 +484,7 @@ impl<C> RedisBackendBuilder<C> {
     /// # Examples
     ///
     /// ```
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     /// use tower_pinned_window::ConfigError;
     ///
     /// // Not connected here (there is no runtime): only the builder is shown.
@@ -489,7 +548,7 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     /// use tower_pinned_window::ConfigError;
     ///
     /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
@@ -527,7 +586,7 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// A command the layer gave up on counts as a failure when it had waited
     /// at least 10 ms: with a layer
-    /// [`timeout`](crate::RateLimitLayer::timeout) shorter than that, a
+    /// [`timeout`](tower_pinned_window::RateLimitLayer::timeout) shorter than that, a
     /// store that stops answering costs each request its timeout instead.
     /// A command dropped sooner (its client went away) counts neither way,
     /// so clients that cancel requests can't open the breaker of a healthy
@@ -587,7 +646,7 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     /// use tower_pinned_window::ConfigError;
     ///
     /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
@@ -630,7 +689,7 @@ impl<C> RedisBackendBuilder<C> {
     /// answers are not used: each of its requests fails with
     /// [`BackendError::Unavailable`] ("not acknowledged by N replica(s)
     /// within T ms"), follows the layer's
-    /// [`FailurePolicy`](crate::FailurePolicy), and counts as a failure of
+    /// [`FailurePolicy`](tower_pinned_window::FailurePolicy), and counts as a failure of
     /// its master's breaker. The counts the master made stay as they are:
     /// the call is never sent again, and nothing is undone.
     ///
@@ -643,9 +702,9 @@ impl<C> RedisBackendBuilder<C> {
     /// calls on one master's connection go one after the other, each a
     /// replication round trip longer; a master whose replicas are slow or
     /// gone costs each of its calls up to `timeout`. With
-    /// [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen), a call
+    /// [`FailurePolicy::FailOpen`](tower_pinned_window::FailurePolicy::FailOpen), a call
     /// not acknowledged still lets its requests through (uncounted), as
-    /// any outage does. See the Redis guide ([`docs/redis.md`](crate::guide::redis)) for the
+    /// any outage does. See the Redis guide ([`docs/redis.md`](https://docs.rs/tower-pinned-window/latest/tower_pinned_window/guide/redis/index.html)) for the
     /// measured cost and what it guarantees.
     ///
     /// # Panics
@@ -658,8 +717,8 @@ impl<C> RedisBackendBuilder<C> {
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use tower_pinned_window::backend::redis::RedisBackend;
-    /// use tower_pinned_window::redis::Client;
+    /// use tower_pinned_window_redis::RedisBackend;
+    /// use tower_pinned_window_redis::redis::Client;
     ///
     /// let client = Client::open("redis://127.0.0.1:6379/")?;
     /// let connection = client.get_multiplexed_async_connection().await?;
@@ -689,7 +748,7 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     /// use tower_pinned_window::ConfigError;
     ///
     /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
@@ -746,17 +805,17 @@ impl<C> RedisBackendBuilder<C> {
         // Known from the connection's type. Another connection type that
         // turns out to reach a Cluster is found out by the first call Redis
         // refuses as cross-slot, and its hits are then grouped by slot.
-        #[cfg(feature = "redis-cluster")]
+        #[cfg(feature = "cluster")]
         let cluster = is_cluster::<C>();
-        #[cfg(not(feature = "redis-cluster"))]
+        #[cfg(not(feature = "cluster"))]
         let cluster = false;
         // A Sentinel connection tells the breakers when it has found a
         // master, so that one opened during a failover probes at once.
-        #[cfg(feature = "redis-sentinel")]
+        #[cfg(feature = "sentinel")]
         let found = (&self.connection as &dyn std::any::Any)
             .downcast_ref::<connection::sentinel::SentinelConnection>()
             .map(connection::sentinel::SentinelConnection::masters_found);
-        #[cfg(not(feature = "redis-sentinel"))]
+        #[cfg(not(feature = "sentinel"))]
         let found = None;
         let connection = Guarded::new(
             self.connection,
@@ -777,7 +836,7 @@ impl<C> RedisBackendBuilder<C> {
 }
 
 /// Whether `C` is the Redis Cluster connection (its breakers go by master).
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 fn is_cluster<C: 'static>() -> bool {
     let c = std::any::TypeId::of::<C>();
     c == std::any::TypeId::of::<::redis::cluster_async::ClusterConnection>()
@@ -852,7 +911,7 @@ where
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
     /// use tower_pinned_window::Window;
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     ///
     /// let backend = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
     /// // Report only:
@@ -889,7 +948,7 @@ impl RedisBackend<ConnectionManager> {
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     ///
     /// let backend = RedisBackend::connect("redis://127.0.0.1:6379/").await?;
     /// # let _ = backend;
@@ -909,7 +968,7 @@ impl RedisBackend<BackgroundConnection> {
     ///
     /// Until the first connection is up, every hit fails at once with
     /// [`BackendError::Unavailable`], which the layer's
-    /// [`FailurePolicy`](crate::FailurePolicy) turns into a pass (fail-open)
+    /// [`FailurePolicy`](tower_pinned_window::FailurePolicy) turns into a pass (fail-open)
     /// or a 503 (fail-closed); the breaker then answers
     /// [`BackendError::CircuitOpen`]. Attempts are made every 100 ms or so,
     /// and hits are counted from the first one that succeeds. After that the
@@ -930,7 +989,7 @@ impl RedisBackend<BackgroundConnection> {
     }
 }
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 impl RedisBackend<::redis::cluster_async::ClusterConnection<connection::ClusterNode>> {
     /// Connect to the Redis Cluster that `nodes` belong to, with
     /// [`cluster_client_builder`](connection::cluster_client_builder)'s settings; waits until the slot map is
@@ -941,7 +1000,7 @@ impl RedisBackend<::redis::cluster_async::ClusterConnection<connection::ClusterN
     /// node, for at most 250 ms; a refused or renamed `CONFIG` is passed
     /// over, at debug level) and logs one warning when it is `yes`: in a
     /// failover, every master then refuses every key until the failed
-    /// master's replica is promoted (see [`docs/redis.md`](crate::guide::redis)).
+    /// master's replica is promoted (see [`docs/redis.md`](https://docs.rs/tower-pinned-window/latest/tower_pinned_window/guide/redis/index.html)).
     ///
     /// # Errors
     /// [`ConnectError::Config`] when a URL is invalid;
@@ -951,7 +1010,7 @@ impl RedisBackend<::redis::cluster_async::ClusterConnection<connection::ClusterN
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     ///
     /// let backend = RedisBackend::connect_cluster([
     ///     "redis://10.0.0.1:7000/",
@@ -973,20 +1032,6 @@ impl RedisBackend<::redis::cluster_async::ClusterConnection<connection::ClusterN
     }
 }
 
-/// A request's answer from a lane: its hits, once the lane's call is back.
-pub(crate) type Ticket<T> = slots::Ticket<Result<T, BackendError>>;
-
-/// Polls a lane's answer; a call dropped unanswered (its runtime shut down)
-/// is an unavailable backend.
-pub(crate) fn poll_ticket<T>(
-    ticket: &mut Ticket<T>,
-    cx: &mut Context<'_>,
-) -> Poll<Result<T, BackendError>> {
-    Pin::new(ticket)
-        .poll(cx)
-        .map(|answer| answer.unwrap_or_else(|_| Err(coalesce::dropped())))
-}
-
 impl<C> Backend for RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -1005,10 +1050,10 @@ where
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
         // One reading of the clock: for the deny cache, and as the time the
         // hits were sent.
-        let now = quanta::Instant::now();
+        let now = std::time::Instant::now();
         if let Some(deny) = &self.inner.deny
             && let Some(denied) = BackendFuture::denied(counters, 1, |c| {
-                deny.over.check(c.namespace, key.as_bytes(), now)
+                deny.hit(c.namespace, key.as_bytes(), now)
             })
         {
             // Denied here, without a round trip; the counters are not hit.
@@ -1106,13 +1151,13 @@ where
 {
     /// The spend script on the key's counters and their lockouts (one hash
     /// tag, so one slot of a Cluster): all or nothing, as the
-    /// [contract](crate::backend#costs-lockouts-and-amends) says.
+    /// [contract](tower_pinned_window::backend#costs-lockouts-and-amends) says.
     /// Coalesced (the default) with the other spends of the key's lane,
     /// many requests in one call (see [spends](RedisBackend#spends)); the
     /// local deny cache answers a request that has a counter no spend can
     /// fit, and remembers such counters. Needs Redis 7.0 (`PEXPIRETIME`).
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
-        let now = quanta::Instant::now();
+        let now = std::time::Instant::now();
         if let Some(deny) = &self.inner.deny
             && let Some(denied) = BackendFuture::denied(counters, spend.cost.max(1), |c| {
                 deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
@@ -1171,13 +1216,15 @@ where
     /// fits (no allocation for most keys).
     fn stored(&self, namespace: &str, key: &Key) -> hits::StoredKey {
         let mut stored = hits::StoredKey::new();
-        storage_key::encode_into(&mut stored, &self.inner.prefix, namespace, key);
+        storage_key::encode_with(&self.inner.prefix, namespace, key, |bytes| {
+            stored.extend_from_slice(bytes)
+        });
         stored
     }
 
     /// What makes a request's hits of its answers: its counters' quotas,
     /// and the deny cache that remembers a denial from `sent` on.
-    fn finish(&self, counters: &[Counter<'_>], sent: quanta::Instant) -> hits::Finish {
+    fn finish(&self, counters: &[Counter<'_>], sent: std::time::Instant) -> hits::Finish {
         hits::Finish {
             quotas: counters
                 .iter()

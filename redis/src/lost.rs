@@ -10,7 +10,7 @@
 //! (`GETDEL`) once Redis answers again: when there is one, the call ran,
 //! and each request it admitted is refunded its cost on each of its
 //! counters, only in the window it was counted in, never below zero (the
-//! amend script, as [`Amend::Refund`](crate::backend::Amend::Refund)).
+//! amend script, as [`Amend::Refund`](tower_pinned_window::backend::Amend::Refund)).
 //! When there is none, the call did not run, or its marker expired before
 //! Redis answered again (the spends stay counted: the safe side). The
 //! marker is taken at most once and the refunds are sent at most once, so
@@ -33,7 +33,7 @@ use super::connection::acks::is_not_acknowledged;
 use super::connection::breaker::Guarded;
 use super::hits::StoredKey;
 use super::reply::{Spent, parse_spend_marker};
-use crate::backend::{Amend, Hits};
+use tower_pinned_window::backend::{Amend, Hits};
 
 /// How long a spend call's marker lives: a reply lost longer ago than this
 /// (Redis unreachable all that time) is not given back.

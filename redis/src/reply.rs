@@ -9,7 +9,7 @@ use ::redis::Value;
 
 use smallvec::SmallVec;
 
-use crate::backend::{BackendError, Hit};
+use tower_pinned_window::backend::{BackendError, Hit};
 
 /// A counter that holds something else than a count, named by its storage
 /// key.

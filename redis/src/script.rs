@@ -23,7 +23,7 @@ use ::redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 /// so no error can leave a counter without a lifetime.
 ///
 /// It answers `{count, PTTL, PEXPIRETIME}`: the counter's absolute expiry
-/// names the window for [`refund`](crate::backend::Backend::refund) (`-1` on
+/// names the window for [`refund`](tower_pinned_window::backend::Backend::refund) (`-1` on
 /// a server older than Redis 7.0, where hits are never refunded).
 ///
 /// It is plain text in `hit.lua`, beside this file, for a review or a

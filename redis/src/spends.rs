@@ -29,8 +29,8 @@ use super::hits::{Finish, StoredKey};
 use super::lost::{self, Carried, InFlight, MARKER_ARG};
 use super::reply::{Full, Spent, corrupt, parse_spends};
 use super::script::{SPEND, Size, U64_DIGITS};
-use crate::backend::storage_key::LOCKOUT;
-use crate::backend::{BackendError, Hits, Spend};
+use tower_pinned_window::backend::toolkit::storage_key::LOCKOUT;
+use tower_pinned_window::backend::{BackendError, Hits, Spend};
 
 /// One request's spend, for a lane: its counters' storage keys (a lockout's
 /// key is its counter's and a suffix, written only into the call), what it
@@ -52,7 +52,9 @@ impl SpendWork {
     /// The request's one argument: its numbers in decimal, apart by a
     /// space (`1 5 0 0 100 60000`), written inline.
     fn argument(&self) -> SmallVec<[u8; 64]> {
-        let Spend { cost, open, block } = self.spend;
+        let Spend {
+            cost, open, block, ..
+        } = self.spend;
         let head = [
             self.counters.len() as u64,
             cost,

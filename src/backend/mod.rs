@@ -120,26 +120,13 @@
 //! keep the pair apart structurally, or encode it as this one does (what
 //! [`RedisBackend::storage_key`](redis::RedisBackend::storage_key) gives).
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
 mod audit;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-mod deny_cache;
 mod expiring;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-mod future;
 mod memory;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 mod private;
-#[cfg(feature = "redis")]
-pub mod redis;
-#[cfg(any(feature = "redis", feature = "postgres", fuzzing))]
-pub(crate) mod storage_key;
+pub mod toolkit;
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
 pub use audit::AuditReport;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-pub use future::BackendFuture;
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};
 pub use private::{MIN_SECRET_LEN, PrivateKeys};
 
@@ -183,15 +170,7 @@ pub struct Hit {
     pub deadline: Option<NonZeroU64>,
 }
 
-/// The count a counter that does not fit reports in a spend of `need`
-/// (its cost, at least 1): `count`, or the larger of `count` and `limit`
-/// when it is `locked` out, plus `need` (see
-/// [costs, lockouts and amends](self#costs-lockouts-and-amends)).
-#[inline]
-pub(crate) fn refused_count(count: u64, limit: u64, locked: bool, need: u64) -> u64 {
-    let stands = if locked { count.max(limit) } else { count };
-    stands.saturating_add(need)
-}
+pub(crate) use toolkit::refused_count;
 
 /// A backend could not answer. Which of these a request sees decides its fate:
 /// see [`FailurePolicy`](crate::FailurePolicy).
@@ -416,8 +395,11 @@ impl Spend {
 
 /// What [`Spending::amend`] does to the counter a hit was counted in, once the
 /// answer is known: see [costs, lockouts and amends](self#costs-lockouts-and-amends).
+///
+/// Exhaustive on purpose: every store matches on it (the crate's own are
+/// crates of their own, as yours is), so a new kind of amend is a change of
+/// the contract that each store must answer, not one it may miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Amend {
     /// Take back this much (a request's cost, when its answer does not
     /// count); never below zero.

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::redis::RedisBackend;
+use tower_pinned_window_redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, Counter, Spend, Spending};
 use tower_pinned_window::key::Key;
 

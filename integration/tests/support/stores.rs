@@ -31,8 +31,8 @@ pub mod redis {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use redis::aio::ConnectionLike;
-    use tower_pinned_window::backend::redis::RedisBackend;
-    use tower_pinned_window::backend::redis::connection::Nodes;
+    use tower_pinned_window_redis::RedisBackend;
+    use tower_pinned_window_redis::connection::Nodes;
     use tower_pinned_window::key::Key;
     use tower_pinned_window_testkit::{Ability, Audit, Store, Stored};
 
@@ -180,7 +180,7 @@ pub mod postgres {
     use std::sync::Mutex;
     use std::time::{SystemTime, UNIX_EPOCH};
 
-    use tower_pinned_window::backend::postgres::PostgresBackend;
+    use tower_pinned_window_postgres::PostgresBackend;
     use tower_pinned_window::key::Key;
     use tower_pinned_window_testkit::{Ability, Audit, Store, Stored};
 

@@ -1,5 +1,5 @@
 //! Replica-acknowledged writes
-//! ([`wait_for_replicas`](crate::backend::redis::RedisBackendBuilder::wait_for_replicas)):
+//! ([`wait_for_replicas`](crate::RedisBackendBuilder::wait_for_replicas)):
 //! a command that writes counters goes out as one pipeline,
 //! `[the command, WAIT <replicas> <timeout ms>]`, on the connection (so the
 //! node) it would have gone on alone: no second round trip, and on a

@@ -1,5 +1,5 @@
 //! The circuit breaker: after repeated failures the backend answers
-//! [`BackendError::CircuitOpen`](crate::backend::BackendError::CircuitOpen)
+//! [`BackendError::CircuitOpen`](tower_pinned_window::backend::BackendError::CircuitOpen)
 //! at once, and lets one probe through at a time: the first
 //! [`BREAKER_FIRST_PROBE`] after it opened, then twice as long after each
 //! probe that failed, up to the configured cool-down. A short fault (a
@@ -13,7 +13,7 @@
 //! breaker is open). A Cluster's refusal (`CLUSTERDOWN`, `TRYAGAIN`,
 //! `MASTERDOWN`) is the Cluster's state, not its master's failure: it
 //! counts neither way, and reaches the caller as
-//! [`BackendError::ClusterDown`](crate::backend::BackendError::ClusterDown).
+//! [`BackendError::ClusterDown`](tower_pinned_window::backend::BackendError::ClusterDown).
 //!
 //! It wraps the connection ([`Guarded`]), so every command the backend sends
 //! goes through it, whatever path sends it: a command is sent on
@@ -35,25 +35,25 @@ use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 
 use super::acks::Acks;
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 use super::node::nudge;
 use super::slot::{CLUSTER_SLOTS, key_slot};
 use super::slot_map::{MAX_NODES, SlotMap};
-use crate::backend::BackendError;
+use tower_pinned_window::backend::BackendError;
 
 /// Consecutive failures that open a breaker, unless configured otherwise.
 ///
 /// # Examples
 ///
 /// The defaults, set again by hand (see
-/// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)):
+/// [`RedisBackendBuilder::breaker`](crate::RedisBackendBuilder::breaker)):
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_pinned_window::backend::redis::{
+/// use tower_pinned_window_redis::{
 ///     DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES, RedisBackend,
 /// };
-/// use tower_pinned_window::redis::Client;
+/// use tower_pinned_window_redis::redis::Client;
 ///
 /// let client = Client::open("redis://127.0.0.1:6379/")?;
 /// let connection = client.get_multiplexed_async_connection().await?;
@@ -84,7 +84,7 @@ pub(crate) const BREAKER_FIRST_PROBE: Duration = Duration::from_millis(25);
 /// which master serves them (128 breakers for the 16384 slots). A master's
 /// slots are ranges of consecutive slots, so all but the ranges that
 /// straddle two masters belong to one master. See
-/// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)
+/// [`RedisBackendBuilder::breaker`](crate::RedisBackendBuilder::breaker)
 /// for the breaker's settings.
 pub(crate) const SLOTS_PER_RANGE: u16 = 128;
 
@@ -703,7 +703,7 @@ where
 
 /// Without `redis-cluster`, no connection is one of the `redis` crate's
 /// Cluster clients: nothing to nudge.
-#[cfg(not(feature = "redis-cluster"))]
+#[cfg(not(feature = "cluster"))]
 async fn nudge<C>(_connection: &mut C, _slot: u16, _via: &str) -> bool {
     false
 }

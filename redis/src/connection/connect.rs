@@ -1,11 +1,11 @@
 //! The connections this crate makes, for
-//! [`RedisBackend::connect`](crate::backend::redis::RedisBackend::connect),
-//! [`RedisBackend::connect_in_background`](crate::backend::redis::RedisBackend::connect_in_background)
+//! [`RedisBackend::connect`](crate::RedisBackend::connect),
+//! [`RedisBackend::connect_in_background`](crate::RedisBackend::connect_in_background)
 //! and, with `redis-cluster`, `RedisBackend::connect_cluster`.
 //!
 //! Each has the `redis` client's own response timeout turned off: the layer
 //! already times every backend call (its
-//! [`timeout`](crate::RateLimitLayer::timeout)), so a hit arms one timer,
+//! [`timeout`](tower_pinned_window::RateLimitLayer::timeout)), so a hit arms one timer,
 //! not two.
 
 use std::fmt;
@@ -16,8 +16,8 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, RedisError};
 
 use super::breaker::unavailable;
-use crate::backend::BackendError;
-use crate::error::ConfigError;
+use tower_pinned_window::backend::BackendError;
+use tower_pinned_window::ConfigError;
 
 /// Why a connection could not be made.
 ///
@@ -26,8 +26,8 @@ use crate::error::ConfigError;
 /// ```
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
-/// use tower_pinned_window::backend::redis::RedisBackend;
-/// use tower_pinned_window::backend::redis::connection::ConnectError;
+/// use tower_pinned_window_redis::RedisBackend;
+/// use tower_pinned_window_redis::connection::ConnectError;
 ///
 /// // Not a Redis URL: retrying would not help.
 /// let err = RedisBackend::connect("http://example.com").await.unwrap_err();
@@ -88,9 +88,9 @@ fn invalid_url(err: RedisError) -> ConfigError {
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_pinned_window::backend::redis::RedisBackend;
-/// use tower_pinned_window::backend::redis::connection::connection_manager_config;
-/// use tower_pinned_window::redis::Client;
+/// use tower_pinned_window_redis::RedisBackend;
+/// use tower_pinned_window_redis::connection::connection_manager_config;
+/// use tower_pinned_window_redis::redis::Client;
 ///
 /// let client = Client::open("redis://127.0.0.1:6379/")?;
 /// let connection = client
@@ -117,12 +117,12 @@ pub(crate) async fn connection_manager(url: &str) -> Result<ConnectionManager, C
 }
 
 /// A connection that is made in the background: see
-/// [`RedisBackend::connect_in_background`](crate::backend::redis::RedisBackend::connect_in_background).
+/// [`RedisBackend::connect_in_background`](crate::RedisBackend::connect_in_background).
 ///
 /// # Examples
 ///
 /// ```
-/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window_redis::RedisBackend;
 ///
 /// // Outside a runtime, the attempts start with the first command.
 /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
@@ -246,13 +246,13 @@ forward_commands! {
     |this| this.shared.db
 }
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 /// The settings of the Cluster clients this crate makes, for `nodes`
 /// (`redis://host:port/`, any of the Cluster's nodes): no response
 /// timeout of the client's own (the layer's is the one timer of a hit),
 /// and few, short retries, so that a Cluster's refusal reaches the caller
 /// within the layer's default 100 ms timeout, as
-/// [`BackendError::ClusterDown`](crate::backend::BackendError::ClusterDown).
+/// [`BackendError::ClusterDown`](tower_pinned_window::backend::BackendError::ClusterDown).
 ///
 /// The client retries a command on its own: it follows a `MOVED` or an
 /// `ASK` at once, refreshes its slot map and sends again after `READONLY`
@@ -291,10 +291,10 @@ forward_commands! {
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_pinned_window::backend::redis::RedisBackend;
-/// use tower_pinned_window::backend::redis::connection::cluster_client_builder;
+/// use tower_pinned_window_redis::RedisBackend;
+/// use tower_pinned_window_redis::connection::cluster_client_builder;
 ///
-/// use tower_pinned_window::backend::redis::connection::connect_cluster_client;
+/// use tower_pinned_window_redis::connection::connect_cluster_client;
 ///
 /// let client = cluster_client_builder(["redis://127.0.0.1:7000/"]).build()?;
 /// let backend = RedisBackend::new(connect_cluster_client(&client).await?);
@@ -315,29 +315,29 @@ where
         .retry_wait_formula(CLUSTER_RETRY_WAIT_MS.1, 1)
 }
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 /// How many times the Cluster client sends a command again (see
 /// [`cluster_client_builder`]).
 const CLUSTER_RETRIES: u32 = 3;
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 /// The shortest and the longest sleep (ms) before the Cluster client sends
 /// a refused command again (see [`cluster_client_builder`]).
 const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (2, 10);
 
 // A refused command's sleeps take at most half the layer's default timeout:
 // the other half is for its round trips and a busy host.
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 const _: () = assert!(
     CLUSTER_RETRIES as u64 * CLUSTER_RETRY_WAIT_MS.1 * 2
-        <= crate::layer::DEFAULT_TIMEOUT.as_millis() as u64
+        <= tower_pinned_window::DEFAULT_TIMEOUT.as_millis() as u64
 );
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 /// How long [`warn_full_coverage`] waits for `CONFIG GET`.
 const COVERAGE_READ: Duration = Duration::from_millis(250);
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 /// Read `cluster-require-full-coverage` on a Cluster connection just made
 /// (one node's, at random), and warn once when it is `yes`: what it costs
 /// in a failover, and where the docs say so. Best effort: a `CONFIG` that
@@ -373,7 +373,7 @@ async fn warn_full_coverage<C: ::redis::aio::ConnectionLike>(connection: &mut C)
     }
 }
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 /// A connection to the Redis Cluster that `nodes` belong to, with
 /// [`cluster_client_builder`]'s settings, once the slot map is known.
 pub(crate) async fn cluster_connection<I, T>(
@@ -389,11 +389,11 @@ where
     connect_cluster_client(&client).await
 }
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 /// A connection through `client` whose nodes are [`ClusterNode`](super::ClusterNode)s
 /// (probes given up after [`NODE_WAIT`](super::NODE_WAIT), so that a silent
 /// node holds no request of other nodes), once the slot map is known: what
-/// [`RedisBackend::connect_cluster`](crate::backend::redis::RedisBackend::connect_cluster)
+/// [`RedisBackend::connect_cluster`](crate::RedisBackend::connect_cluster)
 /// makes, for a client with settings of your own (TLS, a password). The
 /// `redis` crate's own `get_async_connection` gives a Cluster connection
 /// whose slot-map reads wait on a silent node for as long as it is silent.
@@ -407,8 +407,8 @@ where
 ///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
-/// use tower_pinned_window::backend::redis::RedisBackend;
-/// use tower_pinned_window::backend::redis::connection::{
+/// use tower_pinned_window_redis::RedisBackend;
+/// use tower_pinned_window_redis::connection::{
 ///     cluster_client_builder, connect_cluster_client,
 /// };
 ///

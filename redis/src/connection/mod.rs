@@ -69,21 +69,21 @@ macro_rules! forward_commands {
 pub(super) mod acks;
 pub(super) mod breaker;
 pub(super) mod connect;
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 pub(super) mod node;
 pub(super) mod nodes;
-#[cfg(feature = "redis-sentinel")]
+#[cfg(feature = "sentinel")]
 pub(super) mod sentinel;
 pub(super) mod slot;
 pub(super) mod slot_map;
 
 pub use connect::{BackgroundConnection, ConnectError, connection_manager_config};
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 pub use connect::{cluster_client_builder, connect_cluster_client};
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 pub use node::{ClusterNode, NODE_WAIT};
 pub use nodes::{Node, Nodes};
-#[cfg(feature = "redis-sentinel")]
+#[cfg(feature = "sentinel")]
 pub use sentinel::{
     DEFAULT_LOOKUP_INTERVAL, DEFAULT_STALL_AFTER, SentinelConnection, SentinelConnectionBuilder,
 };

@@ -34,7 +34,7 @@ pub const NODE_WAIT: Duration = Duration::from_millis(10);
 
 /// A connection to one node of a Cluster, for the crate's Cluster client
 /// (`ClusterConnection<ClusterNode>`, what
-/// [`RedisBackend::connect_cluster`](crate::backend::redis::RedisBackend::connect_cluster)
+/// [`RedisBackend::connect_cluster`](crate::RedisBackend::connect_cluster)
 /// makes): a [`MultiplexedConnection`] whose probes are given up after
 /// [`NODE_WAIT`]. Script calls are never timed here (the layer's timeout
 /// bounds them, and a timed-out call is never sent again).

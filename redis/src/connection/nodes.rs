@@ -10,7 +10,7 @@ use ::redis::{Cmd, Value};
 /// one of them: the one server of a standalone connection, or every master of
 /// a Cluster connection. Implemented for the connections this crate supports.
 ///
-/// [`RedisBackend::audit`](crate::backend::redis::RedisBackend::audit) scans
+/// [`RedisBackend::audit`](crate::RedisBackend::audit) scans
 /// them, and has an example.
 pub trait Nodes: ConnectionLike {
     /// The nodes that hold keys.
@@ -54,7 +54,7 @@ macro_rules! standalone_nodes {
 
 standalone_nodes!(ConnectionManager, ::redis::aio::MultiplexedConnection);
 
-#[cfg(feature = "redis-cluster")]
+#[cfg(feature = "cluster")]
 impl<C> Nodes for ::redis::cluster_async::ClusterConnection<C>
 where
     C: ConnectionLike + ::redis::cluster_async::Connect + Clone + Send + Sync + Unpin + 'static,

@@ -45,8 +45,8 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 /// lookup at a time), like a [`ConnectionManager`](::redis::aio::ConnectionManager).
 ///
 /// ```no_run
-/// use tower_pinned_window::backend::redis::RedisBackend;
-/// use tower_pinned_window::backend::redis::connection::SentinelConnection;
+/// use tower_pinned_window_redis::RedisBackend;
+/// use tower_pinned_window_redis::connection::SentinelConnection;
 ///
 /// # async fn run() -> redis::RedisResult<()> {
 /// let sentinels = vec![
@@ -76,7 +76,7 @@ const MIN_RETRY: Duration = Duration::from_millis(10);
 /// - **The master dies or closes the connection** (a crash, `kill -9`, a
 ///   restart, or a sentinel's `CLIENT KILL` when it reconfigures the server):
 ///   the commands in flight fail with an I/O error, which the backend reports
-///   as [`Unavailable`](crate::backend::BackendError::Unavailable), so those
+///   as [`Unavailable`](tower_pinned_window::backend::BackendError::Unavailable), so those
 ///   requests follow the layer's failure policy. Such a command may or may
 ///   not have been counted: it is never sent again. The connection then asks
 ///   the sentinels for the master; commands wait for that lookup (within the
@@ -157,8 +157,8 @@ impl fmt::Debug for SentinelConnection {
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use tower_pinned_window::backend::redis::RedisBackend;
-/// use tower_pinned_window::backend::redis::connection::{DEFAULT_STALL_AFTER, SentinelConnection};
+/// use tower_pinned_window_redis::RedisBackend;
+/// use tower_pinned_window_redis::connection::{DEFAULT_STALL_AFTER, SentinelConnection};
 ///
 /// let connection = SentinelConnection::builder(
 ///     vec!["redis://10.0.0.1:26379/", "redis://10.0.0.2:26379/"],

@@ -13,7 +13,7 @@ use std::task::{Context, Poll, Waker};
 /// Slots in one arena at most: a lane starts a new arena beyond it, so an
 /// arena (and the answers it holds until they are read) stays bounded even
 /// when a lane's queue never empties.
-pub(super) const ARENA_SLOTS: usize = 512;
+pub const ARENA_SLOTS: usize = 512;
 
 enum State<T> {
     /// No answer yet; the ticket's waker once it has waited.
@@ -32,14 +32,41 @@ struct Slot<T> {
     closing: Option<Waker>,
 }
 
-/// Answer slots shared by the requests of one lane's queue.
-pub(super) struct Arena<T> {
+/// Answer slots shared by the requests of one batch's queue: one
+/// allocation for many requests, each answered through its own slot.
+///
+/// [`channel`](Self::channel) hands out a slot's two ends. Guarantees,
+/// per slot, as `tokio::sync::oneshot` gives them: the [`Ticket`] gets the
+/// answer its [`Reply`] sent and no other, or `None` once the reply was
+/// dropped unanswered; the reply learns when the ticket is gone
+/// ([`is_closed`](Reply::is_closed), [`poll_closed`](Reply::poll_closed)),
+/// so a request given up need not be sent. An arena grows with every slot
+/// it hands out and frees them all together when its last end is dropped:
+/// start a new one past [`ARENA_SLOTS`] so that a queue that never empties
+/// holds a bounded number of answers.
+///
+/// ```
+/// use std::future::Future;
+/// use std::pin::pin;
+/// use std::task::{Context, Poll, Waker};
+/// use tower_pinned_window::backend::toolkit::Arena;
+///
+/// let arena = Arena::with_capacity(2);
+/// let (reply, ticket) = arena.channel();
+/// let mut ticket = pin!(ticket);
+/// let mut cx = Context::from_waker(Waker::noop());
+/// assert!(ticket.as_mut().poll(&mut cx).is_pending());
+/// reply.send(7).unwrap();
+/// assert_eq!(ticket.as_mut().poll(&mut cx), Poll::Ready(Some(7)));
+/// ```
+pub struct Arena<T> {
     slots: Mutex<Vec<Slot<T>>>,
 }
 
 impl<T> Arena<T> {
     /// An arena with room for `capacity` slots before it grows.
-    pub(super) fn with_capacity(capacity: usize) -> Arc<Self> {
+    #[must_use]
+    pub fn with_capacity(capacity: usize) -> Arc<Self> {
         Arc::new(Self {
             slots: Mutex::new(Vec::with_capacity(capacity.min(ARENA_SLOTS))),
         })
@@ -52,12 +79,19 @@ impl<T> Arena<T> {
     }
 
     /// Slots handed out so far.
-    pub(super) fn len(&self) -> usize {
+    #[must_use]
+    pub fn len(&self) -> usize {
         self.lock().len()
     }
 
+    /// No slot handed out yet.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.lock().is_empty()
+    }
+
     /// A new slot: its two ends.
-    pub(super) fn channel(self: &Arc<Self>) -> (Reply<T>, Ticket<T>) {
+    pub fn channel(self: &Arc<Self>) -> (Reply<T>, Ticket<T>) {
         let at = {
             let mut slots = self.lock();
             slots.push(Slot {
@@ -79,8 +113,10 @@ impl<T> Arena<T> {
     }
 }
 
-/// The answering end of a slot.
-pub(super) struct Reply<T> {
+/// The answering end of a slot ([`Arena::channel`]): the call that carries
+/// the request sends its answer here. Dropped unanswered, its [`Ticket`]
+/// gives `None`.
+pub struct Reply<T> {
     arena: Arc<Arena<T>>,
     /// `None` once answered.
     at: Option<usize>,
@@ -88,13 +124,14 @@ pub(super) struct Reply<T> {
 
 impl<T> Reply<T> {
     /// The ticket is gone: nobody reads an answer.
-    pub(super) fn is_closed(&self) -> bool {
+    #[must_use]
+    pub fn is_closed(&self) -> bool {
         self.at
             .is_none_or(|at| matches!(self.arena.lock()[at].state, State::Closed))
     }
 
     /// Ready once the ticket is gone.
-    pub(super) fn poll_closed(&self, cx: &mut Context<'_>) -> Poll<()> {
+    pub fn poll_closed(&self, cx: &mut Context<'_>) -> Poll<()> {
         let Some(at) = self.at else {
             return Poll::Ready(());
         };
@@ -111,7 +148,7 @@ impl<T> Reply<T> {
     }
 
     /// Answer; the answer back when the ticket is gone.
-    pub(super) fn send(mut self, answer: T) -> Result<(), T> {
+    pub fn send(mut self, answer: T) -> Result<(), T> {
         let Some(at) = self.at.take() else {
             return Err(answer);
         };
@@ -157,18 +194,17 @@ impl<T> Drop for Reply<T> {
     }
 }
 
-/// The reply was dropped unanswered.
-#[derive(Debug)]
-pub(crate) struct Unanswered;
-
-/// The waiting end of a slot: a future of the answer.
-pub(crate) struct Ticket<T> {
+/// The waiting end of a slot ([`Arena::channel`]): a future of the answer,
+/// `None` when its [`Reply`] was dropped unanswered.
+/// [`BackendFuture::queued`](super::BackendFuture::queued) waits on one.
+#[must_use = "futures do nothing unless polled"]
+pub struct Ticket<T> {
     arena: Arc<Arena<T>>,
     at: usize,
 }
 
 impl<T> std::future::Future for Ticket<T> {
-    type Output = Result<T, Unanswered>;
+    type Output = Option<T>;
 
     fn poll(self: std::pin::Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut slots = self.arena.lock();
@@ -185,9 +221,9 @@ impl<T> std::future::Future for Ticket<T> {
                 let State::Ready(answer) = std::mem::replace(&mut slot.state, State::Closed) else {
                     unreachable!("matched")
                 };
-                Poll::Ready(Ok(answer))
+                Poll::Ready(Some(answer))
             }
-            State::Dropped | State::Closed => Poll::Ready(Err(Unanswered)),
+            State::Dropped | State::Closed => Poll::Ready(None),
         }
     }
 }
@@ -204,6 +240,24 @@ impl<T> Drop for Ticket<T> {
         if let Some(waker) = waker {
             waker.wake();
         }
+    }
+}
+
+impl<T> std::fmt::Debug for Arena<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Arena").field("slots", &self.len()).finish()
+    }
+}
+
+impl<T> std::fmt::Debug for Reply<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reply").field("slot", &self.at).finish()
+    }
+}
+
+impl<T> std::fmt::Debug for Ticket<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ticket").field("slot", &self.at).finish()
     }
 }
 
@@ -226,9 +280,9 @@ mod tests {
         assert!(poll(ticket_a.as_mut()).is_pending());
         b.send(2).unwrap();
         assert!(poll(ticket_a.as_mut()).is_pending());
-        assert!(matches!(poll(ticket_b.as_mut()), Poll::Ready(Ok(2))));
+        assert!(matches!(poll(ticket_b.as_mut()), Poll::Ready(Some(2))));
         a.send(1).unwrap();
-        assert!(matches!(poll(ticket_a.as_mut()), Poll::Ready(Ok(1))));
+        assert!(matches!(poll(ticket_a.as_mut()), Poll::Ready(Some(1))));
         assert_eq!(arena.len(), 2);
     }
 
@@ -237,7 +291,7 @@ mod tests {
         let arena = Arena::with_capacity(1);
         let (reply, ticket) = arena.channel();
         drop(reply);
-        assert!(matches!(poll(pin!(ticket)), Poll::Ready(Err(Unanswered))));
+        assert!(matches!(poll(pin!(ticket)), Poll::Ready(None)));
 
         let (reply, ticket) = arena.channel();
         let mut cx = Context::from_waker(Waker::noop());

@@ -4,12 +4,12 @@
 //! counter is its namespace and its key's bytes, looked up as they are (no
 //! storage key is built to ask), and deadlines are instants of this process.
 //! The denials are held in the memory backend's own [expiring
-//! table](super::expiring), with nothing beside each deadline.
+//! table](crate::backend::MemoryBackend), with nothing beside each deadline.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use super::expiring::id::{Id, KeyBytes, Scratch};
-use super::expiring::{Entry, Shard, Table};
+use crate::backend::expiring::id::{Id, KeyBytes, Scratch};
+use crate::backend::expiring::{Entry, Shard, Table};
 use crate::key::HASHED_KEY_LEN;
 
 /// The most shards a cache is cut into.
@@ -34,24 +34,24 @@ const MIN_PER_SHARD: usize = 64;
 /// moment stale can only miss an entry being written, and a missed entry
 /// costs one round trip to the store, which answers the same; never a
 /// wrong answer.
-pub(crate) struct DenyCache {
-    pub(crate) capacity: usize,
+struct DenyCache {
+    capacity: usize,
     /// Deadlines in nanoseconds since `epoch`.
     table: Table<()>,
-    epoch: quanta::Instant,
+    epoch: Instant,
 }
 
 impl DenyCache {
-    pub(crate) fn new(capacity: usize) -> Self {
+    fn new(capacity: usize) -> Self {
         Self {
             capacity,
             table: Table::new(capacity, MAX_SHARDS, MIN_PER_SHARD),
-            epoch: quanta::Instant::now(),
+            epoch: Instant::now(),
         }
     }
 
     /// `instant` in nanoseconds since the cache was made (0 before it).
-    fn nanos(&self, instant: quanta::Instant) -> u64 {
+    fn nanos(&self, instant: Instant) -> u64 {
         let since = instant.saturating_duration_since(self.epoch);
         u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
     }
@@ -59,11 +59,11 @@ impl DenyCache {
     /// Time left while the counter (`namespace`, `key`) is denied.
     /// `now`: the caller's reading of the clock, which it also uses for
     /// what it sends.
-    pub(crate) fn check(
+    fn check(
         &self,
         namespace: &str,
         key: &[u8],
-        now: quanta::Instant,
+        now: Instant,
     ) -> Option<Duration> {
         self.find(namespace, key, |id, hash, shard| {
             if shard.held() == 0 {
@@ -88,8 +88,8 @@ impl DenyCache {
     }
 
     /// Deny the counter (`namespace`, `key`) until `deadline`.
-    pub(crate) fn insert(&self, namespace: &str, key: &[u8], deadline: quanta::Instant) {
-        let now = quanta::Instant::now();
+    fn insert(&self, namespace: &str, key: &[u8], deadline: Instant) {
+        let now = Instant::now();
         if deadline <= now {
             return;
         }
@@ -108,7 +108,7 @@ impl DenyCache {
     }
 
     /// Forget the counter (`namespace`, `key`).
-    pub(crate) fn remove(&self, namespace: &str, key: &[u8]) {
+    fn remove(&self, namespace: &str, key: &[u8]) {
         self.find(namespace, key, |id, hash, shard| {
             self.table.write(shard).remove(hash, &id);
         });
@@ -144,17 +144,35 @@ impl DenyCache {
 /// instance's settle, refund or clear may free it at any moment, so its
 /// denial is held at most `recheck` from when it was sent, and the next
 /// request after that asks the store again.
-pub(crate) struct Denials {
-    pub(crate) over: DenyCache,
-    pub(crate) locked: DenyCache,
+///
+/// Free of any store's types: a counter is its namespace and its key's
+/// bytes, looked up as they are (no storage key is built to ask), and
+/// times are [`Instant`]s of this process, read by the caller once per
+/// request. The capacity bounds each table (counters at their limit, and
+/// counters locked out): a table full of live denials takes no more, and a
+/// counter it cannot hold just costs a round trip, never a wrong answer.
+///
+/// What it guarantees: it answers for a counter only between a denial the
+/// store gave and the end the store named for it (or the recheck bound), so
+/// an answer from the cache is one the store would have given when it was
+/// asked; it never admits anything (an admission always goes to the store).
+/// A store calls [`forget`](Self::forget) when it resets a counter, and for
+/// a counter that [lowers](crate::backend::Counter::lowers) on every amend
+/// that takes something back.
+///
+/// Example: the [module docs](super).
+pub struct Denials {
+    over: DenyCache,
+    locked: DenyCache,
     /// The longest a denial of a counter that lowers is held.
-    pub(crate) recheck: Duration,
+    recheck: Duration,
 }
 
 impl Denials {
     /// Room for `capacity` counters of each kind; a counter that lowers is
     /// held at most `recheck`.
-    pub(crate) fn new(capacity: usize, recheck: Duration) -> Self {
+    #[must_use]
+    pub fn new(capacity: usize, recheck: Duration) -> Self {
         Self {
             over: DenyCache::new(capacity),
             locked: DenyCache::new(capacity),
@@ -162,14 +180,22 @@ impl Denials {
         }
     }
 
+    /// The counters each table holds at most, as given to [`new`](Self::new).
+    #[must_use]
+    pub fn capacity(&self) -> usize {
+        self.over.capacity
+    }
+
     /// The store denied the counter (`namespace`, `key`) for `left` from
-    /// `sent`, at its limit or `locked` out: hold the denial until then,
-    /// or for at most the recheck bound when the counter `lowers`.
-    pub(crate) fn remember(
+    /// `sent` (when the request that learnt it was sent), at its limit or
+    /// `locked` out: hold the denial until then, or for at most the
+    /// recheck bound when the counter `lowers`. A denial that has already
+    /// ended is not held.
+    pub fn remember(
         &self,
         namespace: &str,
         key: &[u8],
-        sent: quanta::Instant,
+        sent: Instant,
         left: Duration,
         locked: bool,
         lowers: bool,
@@ -179,15 +205,19 @@ impl Denials {
         cache.insert(namespace, key, sent + held);
     }
 
-    /// Time left while a spend on (`namespace`, `key`) is denied here;
-    /// `locks`: the spend would lock the counter out.
-    pub(crate) fn spend(
-        &self,
-        namespace: &str,
-        key: &[u8],
-        now: quanta::Instant,
-        locks: bool,
-    ) -> Option<Duration> {
+    /// Time left at `now` while a hit on (`namespace`, `key`) is denied
+    /// here (the counter is at its limit), or `None`: ask the store.
+    #[must_use]
+    pub fn hit(&self, namespace: &str, key: &[u8], now: Instant) -> Option<Duration> {
+        self.over.check(namespace, key, now)
+    }
+
+    /// Time left at `now` while a spend on (`namespace`, `key`) is denied
+    /// here, or `None`: ask the store. `locks`: the spend would lock the
+    /// counter out, so only a lockout answers it (a counter merely at its
+    /// limit goes to the store, which locks it out).
+    #[must_use]
+    pub fn spend(&self, namespace: &str, key: &[u8], now: Instant, locks: bool) -> Option<Duration> {
         self.locked.check(namespace, key, now).or_else(|| {
             (!locks)
                 .then(|| self.over.check(namespace, key, now))
@@ -195,10 +225,26 @@ impl Denials {
         })
     }
 
-    /// Forget the counter (`namespace`, `key`) in both.
-    pub(crate) fn forget(&self, namespace: &str, key: &[u8]) {
+    /// Forget a denial of the counter (`namespace`, `key`) at its limit, and
+    /// keep its lockout: a refund made room under the limit, but a lockout
+    /// stands until its end.
+    pub fn forget_hit(&self, namespace: &str, key: &[u8]) {
+        self.over.remove(namespace, key);
+    }
+
+    /// Forget the counter (`namespace`, `key`) in both tables.
+    pub fn forget(&self, namespace: &str, key: &[u8]) {
         self.over.remove(namespace, key);
         self.locked.remove(namespace, key);
+    }
+}
+
+impl std::fmt::Debug for Denials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Denials")
+            .field("capacity", &self.over.capacity)
+            .field("recheck", &self.recheck)
+            .finish_non_exhaustive()
     }
 }
 
@@ -219,24 +265,24 @@ mod tests {
     #[test]
     fn the_deny_cache_expires_and_stays_bounded() {
         let cache = DenyCache::new(2);
-        let now = quanta::Instant::now();
+        let now = Instant::now();
         let later = now + Duration::from_secs(60);
         cache.insert("n", b"a", later);
         cache.insert("n", b"b", later);
         cache.insert("n", b"c", later);
-        assert!(cache.check("n", b"a", quanta::Instant::now()).is_some());
-        assert!(cache.check("n", b"b", quanta::Instant::now()).is_some());
+        assert!(cache.check("n", b"a", Instant::now()).is_some());
+        assert!(cache.check("n", b"b", Instant::now()).is_some());
         assert_eq!(
-            cache.check("n", b"c", quanta::Instant::now()),
+            cache.check("n", b"c", Instant::now()),
             None,
             "a full cache of live entries takes no more"
         );
         counts_match(&cache);
         cache.remove("n", b"a");
         counts_match(&cache);
-        assert_eq!(cache.check("n", b"a", quanta::Instant::now()), None);
+        assert_eq!(cache.check("n", b"a", Instant::now()), None);
         // An entry found expired is dropped by the check that finds it.
-        let soon = quanta::Instant::now() + Duration::from_millis(1);
+        let soon = Instant::now() + Duration::from_millis(1);
         cache.insert("n", b"soon", soon);
         counts_match(&cache);
         assert_eq!(cache.check("n", b"soon", soon), None);
@@ -244,7 +290,7 @@ mod tests {
         assert_eq!(held(&cache), 1);
         cache.insert("n", b"past", now);
         assert_eq!(
-            cache.check("n", b"past", quanta::Instant::now()),
+            cache.check("n", b"past", Instant::now()),
             None,
             "a deadline already gone is not cached"
         );
@@ -256,7 +302,7 @@ mod tests {
         let denials = Denials::new(64, recheck);
         // Sent a little ahead of the clock, so that no deadline here is
         // already gone when it is written, however slow the test runs.
-        let sent = quanta::Instant::now() + Duration::from_secs(10);
+        let sent = Instant::now() + Duration::from_secs(10);
         let window = Duration::from_secs(60);
         for locked in [false, true] {
             let cache = if locked {
@@ -302,7 +348,7 @@ mod tests {
             let caps: usize = cache.table.each().map(|s| s.cap()).sum();
             assert_eq!(caps, capacity, "the shards' shares add up to {capacity}");
             assert!(cache.table.shards() <= MAX_SHARDS);
-            let later = quanta::Instant::now() + Duration::from_secs(60);
+            let later = Instant::now() + Duration::from_secs(60);
             for i in 0..3 * capacity {
                 cache.insert("n", i.to_string().as_bytes(), later);
             }
@@ -310,7 +356,7 @@ mod tests {
             assert!(held <= capacity, "{held} > {capacity}");
             let found = (0..3 * capacity)
                 .filter(|i| {
-                    let now = quanta::Instant::now();
+                    let now = Instant::now();
                     cache.check("n", i.to_string().as_bytes(), now).is_some()
                 })
                 .count();
@@ -321,16 +367,16 @@ mod tests {
     #[test]
     fn a_counter_is_its_namespace_and_key_together() {
         let cache = DenyCache::new(64);
-        let later = quanta::Instant::now() + Duration::from_secs(60);
+        let later = Instant::now() + Duration::from_secs(60);
         cache.insert("a:b", b"c", later);
         // The same bytes, cut elsewhere, are other counters.
-        assert_eq!(cache.check("a", b":bc", quanta::Instant::now()), None);
-        assert_eq!(cache.check("a:", b"bc", quanta::Instant::now()), None);
-        assert_eq!(cache.check("a:bc", b"", quanta::Instant::now()), None);
-        assert_eq!(cache.check("", b"a:bc", quanta::Instant::now()), None);
-        assert!(cache.check("a:b", b"c", quanta::Instant::now()).is_some());
+        assert_eq!(cache.check("a", b":bc", Instant::now()), None);
+        assert_eq!(cache.check("a:", b"bc", Instant::now()), None);
+        assert_eq!(cache.check("a:bc", b"", Instant::now()), None);
+        assert_eq!(cache.check("", b"a:bc", Instant::now()), None);
+        assert!(cache.check("a:b", b"c", Instant::now()).is_some());
         cache.insert("", b"", later);
-        assert!(cache.check("", b"", quanta::Instant::now()).is_some());
+        assert!(cache.check("", b"", Instant::now()).is_some());
     }
 
     #[test]
@@ -346,13 +392,13 @@ mod tests {
         keys.dedup(); // one empty key, not two
 
         let cache = DenyCache::new(1024);
-        let later = quanta::Instant::now() + Duration::from_secs(60);
+        let later = Instant::now() + Duration::from_secs(60);
         for (i, name) in names.iter().enumerate() {
             for (j, key) in keys.iter().enumerate() {
                 cache.insert(name, key, later);
                 for (m, other_name) in names.iter().enumerate() {
                     for (n, other) in keys.iter().enumerate() {
-                        let denied = cache.check(other_name, other, quanta::Instant::now());
+                        let denied = cache.check(other_name, other, Instant::now());
                         let before = (m, n) <= (i, j);
                         assert_eq!(denied.is_some(), before, "{m}/{n} after inserting {i}/{j}");
                     }

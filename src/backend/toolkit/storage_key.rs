@@ -1,6 +1,12 @@
 //! The storage key: one byte string per (counter, key) pair, for stores whose
 //! keys are byte strings (Redis, and any backend like it).
 //!
+//! Guarantees: [`encode`] is one-to-one ([`decode`] undoes it exactly), two
+//! different (namespace, key) pairs never share a storage key whatever
+//! bytes a client puts in its key, a counter's markers
+//! ([`encode_lockout`], [`encode_reset_marker`]) never meet a counter or
+//! another counter's marker, and the hash tag is always the crate's.
+//!
 //! The prefix, the escaped namespace, then the escaped key between braces:
 //!
 //! ```text
@@ -29,7 +35,7 @@
 //! different (namespace, key) pairs never share a storage key, whatever bytes
 //! a client puts in its key. A key longer than [`MAX_KEY_LEN`] is held as its
 //! digest, which is longer than any key kept as it is, so it cannot meet a
-//! raw key either; a [private key](super::PrivateKeys)'s keyed digest is as
+//! raw key either; a [private key](crate::backend::PrivateKeys)'s keyed digest is as
 //! long, and marked `@` where a hashed key has `#`.
 //!
 //! The empty key is written `%`: a `%` that no two hex digits follow, which
@@ -48,14 +54,10 @@
 //!
 //! # Other backends
 //!
-//! The [memory backend](super::MemoryBackend) keeps the pair apart
+//! The [memory backend](crate::backend::MemoryBackend) keeps the pair apart
 //! structurally (the namespace is length-prefixed) and never builds this
 //! string, because it is on the hot path. Every store with byte-string keys
 //! uses this encoding, so counters mean the same in each.
-
-// Without Redis only `encode` is used (PostgreSQL names a counter in errors
-// by its storage key); decoding and the markers are Redis's.
-#![cfg_attr(not(feature = "redis"), allow(dead_code))]
 
 use crate::key::{HASHED_KEY_LEN, HASHED_KEY_MARK, Key, MAX_KEY_LEN, PRIVATE_KEY_MARK};
 
@@ -67,59 +69,53 @@ const fn escaped(byte: u8) -> bool {
 
 const HEX: &[u8; 16] = b"0123456789ABCDEF";
 
-/// Where a storage key is written: a `Vec`, or an inline buffer (the Redis
-/// backend's hits, which then allocate nothing for a key that fits).
-pub(crate) trait KeyBuf {
-    fn put(&mut self, bytes: &[u8]);
-}
-
-impl KeyBuf for Vec<u8> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-impl<const N: usize> KeyBuf for smallvec::SmallVec<[u8; N]> {
-    fn put(&mut self, bytes: &[u8]) {
-        self.extend_from_slice(bytes);
-    }
-}
-
-fn escape_into(out: &mut impl KeyBuf, mut bytes: &[u8]) {
+fn escape_into(out: &mut impl FnMut(&[u8]), mut bytes: &[u8]) {
     // Runs of bytes written as they are go in one piece.
     while let Some(at) = bytes.iter().position(|&b| escaped(b)) {
         let byte = bytes[at];
-        out.put(&bytes[..at]);
-        out.put(&[
+        out(&bytes[..at]);
+        out(&[
             b'%',
             HEX[usize::from(byte >> 4)],
             HEX[usize::from(byte & 0xf)],
         ]);
         bytes = &bytes[at + 1..];
     }
-    out.put(bytes);
+    out(bytes);
 }
 
 /// The storage key of `namespace`'s counter for `key`, under `prefix`; see
 /// the [module docs](self) for the format.
-pub(crate) fn encode(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
+///
+/// ```
+/// use tower_pinned_window::backend::toolkit::storage_key;
+/// use tower_pinned_window::key::Key;
+///
+/// let stored = storage_key::encode(b"tpw:", "api", &Key::new("{x}"));
+/// assert_eq!(stored, b"tpw:api{%7Bx%7D}");
+/// assert_eq!(storage_key::decode(b"tpw:", &stored), Some(("api".into(), b"{x}".to_vec())));
+/// ```
+#[must_use]
+pub fn encode(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
     let mut out = Vec::with_capacity(prefix.len() + namespace.len() + key.as_bytes().len() + 8);
-    encode_into(&mut out, prefix, namespace, key);
+    encode_with(prefix, namespace, key, |bytes| out.extend_from_slice(bytes));
     out
 }
 
-/// [`encode`], written into `out` (appended).
-pub(crate) fn encode_into(out: &mut impl KeyBuf, prefix: &[u8], namespace: &str, key: &Key) {
+/// [`encode`], handed to `put` piece by piece, in order, so that it can be
+/// written into any buffer (an inline one, which then allocates nothing
+/// for a key that fits).
+pub fn encode_with(prefix: &[u8], namespace: &str, key: &Key, mut put: impl FnMut(&[u8])) {
     let key = key.as_bytes();
-    out.put(prefix);
-    escape_into(out, namespace.as_bytes());
-    out.put(b"{");
+    put(prefix);
+    escape_into(&mut put, namespace.as_bytes());
+    put(b"{");
     if key.is_empty() {
-        out.put(b"%");
+        put(b"%");
     } else {
-        escape_into(out, key);
+        escape_into(&mut put, key);
     }
-    out.put(b"}");
+    put(b"}");
 }
 
 /// The storage key of the lockout marker of `namespace`'s counter for
@@ -129,24 +125,24 @@ pub(crate) fn encode_into(out: &mut impl KeyBuf, prefix: &[u8], namespace: &str,
 /// counters' markers never meet either; the hash tag is the counter's, so a
 /// counter and its markers share a Redis Cluster slot. [`decode`] reads no
 /// marker.
-pub(crate) fn encode_lockout(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
+#[must_use]
+pub fn encode_lockout(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
     marker(prefix, namespace, key, LOCKOUT)
 }
 
 /// What follows a counter's storage key in its lockout marker's.
-pub(crate) const LOCKOUT: &[u8] = b":lock";
+pub const LOCKOUT: &[u8] = b":lock";
 
 /// What follows a counter's storage key in its reset marker's.
-#[cfg(any(test, feature = "redis"))]
-pub(crate) const RESET_MARKER: &[u8] = b":reset";
+pub const RESET_MARKER: &[u8] = b":reset";
 
 /// The storage key of the reset marker of `namespace`'s counter for `key`
 /// (the Redis backend's record of the last deleted window, which tells a
 /// window opened after a reset from the one before it): the counter's
 /// storage key followed by `:reset`, apart from every counter and lockout
 /// for the reasons [`encode_lockout`] gives.
-#[cfg(any(test, feature = "redis"))]
-pub(crate) fn encode_reset_marker(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
+#[must_use]
+pub fn encode_reset_marker(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
     marker(prefix, namespace, key, RESET_MARKER)
 }
 
@@ -160,7 +156,8 @@ fn marker(prefix: &[u8], namespace: &str, key: &Key, suffix: &[u8]) -> Vec<u8> {
 /// `stored` is not exactly what [`encode`] makes under `prefix` (another
 /// prefix, a missing brace, an escape that `encode` would not write). The
 /// key bytes are a hashed key's digest text when the key was hashed.
-pub(crate) fn decode(prefix: &[u8], stored: &[u8]) -> Option<(String, Vec<u8>)> {
+#[must_use]
+pub fn decode(prefix: &[u8], stored: &[u8]) -> Option<(String, Vec<u8>)> {
     let rest = stored.strip_prefix(prefix)?.strip_suffix(b"}")?;
     let open = rest.iter().position(|&b| b == b'{')?;
     let namespace = String::from_utf8(unescape(&rest[..open])?).ok()?;

@@ -1,6 +1,6 @@
-//! The one future of the remote backends ([Redis](super::redis) and
-//! [PostgreSQL](super::postgres)): their hits, refunds and amends all
-//! return a [`BackendFuture`].
+//! The one future of the remote backends (the Redis and PostgreSQL crates,
+//! and any store of your own): their hits, refunds and amends all return a
+//! [`BackendFuture`].
 
 use std::fmt;
 use std::future::Future;
@@ -11,26 +11,32 @@ use std::time::Duration;
 
 use smallvec::SmallVec;
 
-use super::{BackendError, Counter, Hit, Hits, refused_count};
+use super::refused_count;
+use super::slots::Ticket;
+use crate::backend::{BackendError, Counter, Hit, Hits};
 
 /// The future of a remote backend's call (a hit, a spend, a refund or an
-/// amend) of [`RedisBackend`](super::redis::RedisBackend) or
-/// [`PostgresBackend`](super::postgres::PostgresBackend).
+/// amend): the `Future` and `Refund` of the Redis and PostgreSQL backends,
+/// and of a store of your own that wants one.
 ///
 /// It is in one of three states, fixed when the backend returns it:
 ///
 /// - **answered**: the result is already known (the local deny cache
 ///   answered a hit, or a refund has nothing to take back), and the first
 ///   poll gives it, with no round trip;
-/// - **queued** (Redis, coalesced requests): the request waits in its lane for
-///   the call that carries it; nothing is allocated for the future;
+/// - **queued** (batched requests, as Redis coalesces them): the request
+///   waits for the call that carries it, on a [`Ticket`] of an
+///   [`Arena`](super::Arena); nothing is allocated for the future. A
+///   ticket whose [`Reply`](super::Reply) is dropped unanswered (the call
+///   was dropped, its runtime shut down) gives
+///   [`BackendError::Unavailable`];
 /// - **calling**: the request's own call, one round trip away (boxed: a
 ///   database client's query future is large).
 ///
-/// The layer awaits it; a [`Backend`](super::Backend) of your own needs none
-/// of it. Polling it again after it completed panics.
+/// The layer awaits it; a [`Backend`](crate::backend::Backend) of your own
+/// needs none of it. Polling it again after it completed panics.
 ///
-/// `T` is what the call gives: [`Hits`](super::Hits) for a hit or a spend,
+/// `T` is what the call gives: [`Hits`] for a hit or a spend,
 /// `bool` for a refund or an amend (whether a counter changed).
 #[must_use = "futures do nothing unless polled"]
 pub struct BackendFuture<T>(State<T>);
@@ -38,29 +44,28 @@ pub struct BackendFuture<T>(State<T>);
 enum State<T> {
     /// Known already; `None` once handed out.
     Answered(Option<Result<T, BackendError>>),
-    /// Waiting in a Redis lane for the call that takes it.
-    #[cfg(feature = "redis")]
-    Queued(super::redis::Ticket<T>),
+    /// Waiting in a batch for the call that takes it.
+    Queued(Ticket<Result<T, BackendError>>),
     /// The request's own call.
     Calling(Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>),
 }
 
 impl<T> BackendFuture<T> {
-    /// A result known without a call.
-    pub(crate) fn answered(result: Result<T, BackendError>) -> Self {
+    /// A result known without a call: the first poll gives it.
+    pub fn answered(result: Result<T, BackendError>) -> Self {
         Self(State::Answered(Some(result)))
     }
 
-    /// The request's own call.
-    pub(crate) fn calling(
+    /// The request's own call (boxed once).
+    pub fn calling(
         call: impl Future<Output = Result<T, BackendError>> + Send + 'static,
     ) -> Self {
         Self(State::Calling(Box::pin(call)))
     }
 
-    /// Queued in a Redis lane: the lane's call answers the ticket.
-    #[cfg(feature = "redis")]
-    pub(crate) fn queued(ticket: super::redis::Ticket<T>) -> Self {
+    /// Queued in a batch: the batch's call answers the ticket (through its
+    /// [`Reply`](super::Reply)).
+    pub fn queued(ticket: Ticket<Result<T, BackendError>>) -> Self {
         Self(State::Queued(ticket))
     }
 }
@@ -78,7 +83,8 @@ impl BackendFuture<Hits> {
     /// A remembered counter reports its limit plus `need` (the spend's
     /// cost, at least 1; 1 for a hit), as a counter at its limit that did
     /// not fit does.
-    pub(crate) fn denied(
+    #[must_use]
+    pub fn denied(
         counters: &[Counter<'_>],
         need: u64,
         left: impl Fn(&Counter<'_>) -> Option<Duration>,
@@ -110,18 +116,23 @@ impl<T> Future for BackendFuture<T> {
                     .take()
                     .expect("BackendFuture polled after it completed"),
             ),
-            #[cfg(feature = "redis")]
-            State::Queued(ticket) => super::redis::poll_ticket(ticket, cx),
+            State::Queued(ticket) => Pin::new(ticket)
+                .poll(cx)
+                .map(|answer| answer.unwrap_or_else(|| Err(dropped()))),
             State::Calling(call) => call.as_mut().poll(cx),
         }
     }
+}
+
+/// A batch's call dropped before it answered a queued request.
+fn dropped() -> BackendError {
+    BackendError::Unavailable("the store's call was dropped before it was answered".into())
 }
 
 impl<T> fmt::Debug for BackendFuture<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.0 {
             State::Answered(_) => "answered",
-            #[cfg(feature = "redis")]
             State::Queued(_) => "queued",
             State::Calling(_) => "calling",
         };
