@@ -216,20 +216,3 @@ pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};
 pub use service::RateLimit;
-
-/// Entry points for the fuzz targets in `fuzz/` (cargo-fuzz builds with
-/// `--cfg fuzzing`): thin wrappers around internal parsers. Not part of the
-/// API, never built otherwise.
-#[cfg(fuzzing)]
-#[doc(hidden)]
-pub mod fuzzing {
-    /// The storage key of (`namespace`, `key`) under `prefix`.
-    pub fn storage_key_encode(prefix: &[u8], namespace: &str, key: &crate::key::Key) -> Vec<u8> {
-        crate::backend::toolkit::storage_key::encode(prefix, namespace, key)
-    }
-
-    /// The (namespace, key) a storage key under `prefix` names, if it is one.
-    pub fn storage_key_decode(prefix: &[u8], stored: &[u8]) -> Option<(String, Vec<u8>)> {
-        crate::backend::toolkit::storage_key::decode(prefix, stored)
-    }
-}

@@ -8,7 +8,7 @@
 //! minute. The deploy lands on the user's first request, in minute 1.
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example deploy_crash_postgres --features postgres
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run -p tower-pinned-window-postgres --example deploy_crash_postgres
 //! ```
 //!
 //! Both tables live in a schema made for the run and dropped at the end.

@@ -3,7 +3,7 @@
 //! the same database; `GET /health` is not limited.
 //!
 //! ```text
-//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run --example quickstart_postgres --features postgres
+//! DATABASE_URL=postgres://postgres@127.0.0.1:5432/test cargo run -p tower-pinned-window-postgres --example quickstart_postgres
 //! ```
 //!
 //! It creates the table `public.tpw_counters` if it is missing.

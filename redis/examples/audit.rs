@@ -1,8 +1,8 @@
 //! The backstop: list every limiter key without a lifetime, then a summary.
 //!
 //! ```text
-//! cargo run --example audit --features redis -- REDIS_URL [--prefix tpw:] [--repair SECONDS]
-//! cargo run --example audit --features redis-cluster -- --cluster URL [URL ...] [--repair SECONDS]
+//! cargo run -p tower-pinned-window-redis --example audit -- REDIS_URL [--prefix tpw:] [--repair SECONDS]
+//! cargo run -p tower-pinned-window-redis --example audit --features cluster -- --cluster URL [URL ...] [--repair SECONDS]
 //! ```
 //!
 //! Without `--repair` it changes nothing. With it, each counter found without
@@ -109,5 +109,5 @@ async fn audit_cluster(
     _: &str,
     _: Option<Window>,
 ) -> Result<AuditReport, Box<dyn std::error::Error>> {
-    Err("--cluster needs the redis-cluster feature: cargo run --example audit --features redis-cluster".into())
+    Err("--cluster needs the cluster feature: cargo run -p tower-pinned-window-redis --example audit --features cluster".into())
 }

@@ -7,7 +7,7 @@
 //! minute. The deploy lands on the user's first request, in minute 1.
 //!
 //! ```text
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example deploy_crash --features redis
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run -p tower-pinned-window-redis --example deploy_crash
 //! ```
 //!
 //! Its keys live under a prefix unique to the run and are deleted at the end.

@@ -9,7 +9,7 @@
 //! Redis is up.
 //!
 //! ```text
-//! REDIS_URL=redis://127.0.0.1:6379/ cargo run --example quickstart_redis --features redis
+//! REDIS_URL=redis://127.0.0.1:6379/ cargo run -p tower-pinned-window-redis --example quickstart_redis
 //! ```
 
 use std::net::SocketAddr;

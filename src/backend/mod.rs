@@ -80,11 +80,17 @@
 //! Backends here:
 //!
 //! - [`MemoryBackend`], the embedded default: counters in this process;
-//! - [`RedisBackend`](redis::RedisBackend) (feature `redis`): Redis, Redis
-//!   Cluster (`redis-cluster`) and Redis behind Sentinel (`redis-sentinel`),
-//!   shared by every instance of a service;
-//! - [`PostgresBackend`](postgres::PostgresBackend) (feature `postgres`): a
-//!   PostgreSQL table, shared the same way.
+//! - [`RedisBackend`](https://docs.rs/tower-pinned-window-redis/latest/tower_pinned_window_redis/struct.RedisBackend.html)
+//!   (crate `tower-pinned-window-redis`): Redis, Redis Cluster (feature
+//!   `cluster`) and Redis behind Sentinel (`sentinel`), shared by every
+//!   instance of a service;
+//! - [`PostgresBackend`](https://docs.rs/tower-pinned-window-postgres/latest/tower_pinned_window_postgres/struct.PostgresBackend.html)
+//!   (crate `tower-pinned-window-postgres`): a PostgreSQL table, shared the
+//!   same way.
+//!
+//! The two remote stores are crates of their own, built only on this
+//! module's public contract and its [`toolkit`] (the storage-key codec, the
+//! deny cache, the batched future), which a store of your own can use too.
 //!
 //! [`PrivateKeys`] wraps any of them to store a keyed digest of each key
 //! instead of its bytes.
@@ -107,7 +113,7 @@
 //!   (`namespace`, `key`), and names a counter in errors and logs by its
 //!   canonical storage key;
 //! - stores whose keys are byte strings (Redis, or any other later) use one
-//!   canonical encoding (`storage_key.rs`): the prefix, the escaped namespace,
+//!   canonical encoding ([`toolkit::storage_key`]): the prefix, the escaped namespace,
 //!   then the escaped key between braces, for example
 //!   `tpw:api{203.0.113.7}` and `tpw:api:100/86400000ms{203.0.113.7}`. On a
 //!   Redis Cluster the braces make the escaped key the hash tag, chosen by
@@ -118,7 +124,7 @@
 //! digest, which is longer than any key kept as it is, so a hashed key and a
 //! raw key never meet either. A backend of your own follows the same rule:
 //! keep the pair apart structurally, or encode it as this one does (what
-//! [`RedisBackend::storage_key`](redis::RedisBackend::storage_key) gives).
+//! [`toolkit::storage_key::encode`] gives).
 
 mod audit;
 mod expiring;
@@ -187,7 +193,7 @@ pub enum BackendError {
     /// The store failed repeatedly, and the backend's circuit breaker is
     /// answering at once for a short cool-down instead of waiting on it
     /// (the Redis backend: see
-    /// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)).
+    /// [`RedisBackendBuilder::breaker`](https://docs.rs/tower-pinned-window-redis/latest/tower_pinned_window_redis/struct.RedisBackendBuilder.html#method.breaker)).
     /// An outage like [`Unavailable`](Self::Unavailable): the failure policy
     /// decides.
     CircuitOpen,
