@@ -21,10 +21,10 @@ use support::http::{by_client, from, ok_service};
 use support::postgres::{PgServer, TestSchema, connect, pool};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Hit;
-use tower_pinned_window_postgres::PostgresBackend;
 use tower_pinned_window::backend::{Backend, BackendError, Spending};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use tower_pinned_window_postgres::PostgresBackend;
 use trial::Needs;
 
 fn quota(limit: u64, window: Duration) -> Quota {

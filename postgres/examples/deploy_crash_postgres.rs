@@ -20,9 +20,9 @@ use tokio::time::{Instant, sleep_until};
 use tokio_postgres::{Client, NoTls};
 use tower_pinned_window::Quota;
 use tower_pinned_window::backend::Backend;
+use tower_pinned_window::key::Key;
 use tower_pinned_window_postgres::PostgresBackend;
 use tower_pinned_window_postgres::deadpool_postgres::{Manager, Pool};
-use tower_pinned_window::key::Key;
 
 const MINUTES: u32 = 6;
 const PER_MINUTE: u32 = 50;

@@ -12,9 +12,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window_postgres::PostgresBackend;
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
+use tower_pinned_window_postgres::PostgresBackend;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

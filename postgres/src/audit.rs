@@ -6,8 +6,8 @@ use std::time::SystemTime;
 use super::db::Db;
 use super::error::{pg_error, pool_error};
 use super::row::{WINDOW_BOUND_MS, describe};
-use tower_pinned_window::backend::{AuditReport, BackendError};
 use tower_pinned_window::Window;
+use tower_pinned_window::backend::{AuditReport, BackendError};
 
 /// The most rows no hit may count that one audit lists.
 const MAX_LISTED: i64 = 10_000;

@@ -16,9 +16,9 @@ use std::time::{Duration, SystemTime};
 
 use super::db::Db;
 use super::row::deadline_time;
+use tower_pinned_window::Quota;
 use tower_pinned_window::backend::{Hits, Spend};
 use tower_pinned_window::key::Key;
-use tower_pinned_window::Quota;
 
 /// How long a lost `COMMIT` is asked after (`txid_status`) before its
 /// spends are left counted.

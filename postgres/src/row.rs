@@ -7,9 +7,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use tokio_postgres::Row;
 
-use tower_pinned_window::backend::{Hit, }; use tower_pinned_window::backend::toolkit::storage_key;
-use tower_pinned_window::key::{Key, MAX_KEY_LEN};
 use tower_pinned_window::Window;
+use tower_pinned_window::backend::Hit;
+use tower_pinned_window::backend::toolkit::storage_key;
+use tower_pinned_window::key::{Key, MAX_KEY_LEN};
 
 /// [`Window::MAX`] in milliseconds: the statements refuse any window, and
 /// any row's deadline, further away.

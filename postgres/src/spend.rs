@@ -48,9 +48,10 @@ use super::db::Db;
 use super::error::{pg_error, pool_error};
 use super::lost;
 use super::row::{WINDOW_BOUND_MS, deadline_id, describe};
-use tower_pinned_window::backend::{Amend, BackendError, Hit, Hits, Spend, }; use tower_pinned_window::backend::toolkit::refused_count;
-use tower_pinned_window::key::Key;
 use tower_pinned_window::Quota;
+use tower_pinned_window::backend::toolkit::refused_count;
+use tower_pinned_window::backend::{Amend, BackendError, Hit, Hits, Spend};
+use tower_pinned_window::key::Key;
 
 /// The most requests one transaction carries.
 pub(super) const MAX_BATCH: usize = 128;

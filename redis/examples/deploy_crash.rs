@@ -43,8 +43,8 @@ use redis::aio::ConnectionManager;
 use tokio::time::{Instant, sleep_until};
 use tower_pinned_window::Quota;
 use tower_pinned_window::backend::Backend;
-use tower_pinned_window_redis::RedisBackend;
 use tower_pinned_window::key::Key;
+use tower_pinned_window_redis::RedisBackend;
 
 const MINUTES: u32 = 6;
 const PER_MINUTE: u32 = 50;

@@ -7,8 +7,8 @@ use super::connection::breaker::unavailable;
 use super::connection::nodes::{Node, Nodes};
 use super::reply::name;
 use super::script::{REPAIR, Target};
-use tower_pinned_window::backend::{AuditReport, BackendError};
 use tower_pinned_window::Window;
+use tower_pinned_window::backend::{AuditReport, BackendError};
 
 /// A command target that is one node of a deployment: a script run on it
 /// goes to that node.

@@ -39,8 +39,8 @@ use smallvec::SmallVec;
 
 use super::connection::breaker::{Guarded, unavailable};
 use super::connection::slot::key_slot;
-use tower_pinned_window::backend::toolkit::{ARENA_SLOTS, Arena, Reply, Ticket};
 use tower_pinned_window::backend::BackendError;
+use tower_pinned_window::backend::toolkit::{ARENA_SLOTS, Arena, Reply, Ticket};
 
 /// At most this many requests go in one script call; the rest wait for the
 /// next (bounds how long one call keeps Redis busy).

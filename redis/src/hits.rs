@@ -24,9 +24,10 @@ use super::coalesce::{Answers, Work};
 use super::connection::breaker::Guarded;
 use super::reply::{parse_batch, parse_hit};
 use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
-use tower_pinned_window::backend::toolkit::Denials;
-use tower_pinned_window::backend::{BackendError, Hit, Hits, }; use tower_pinned_window::backend::toolkit::storage_key;
 use tower_pinned_window::Quota;
+use tower_pinned_window::backend::toolkit::Denials;
+use tower_pinned_window::backend::toolkit::storage_key;
+use tower_pinned_window::backend::{BackendError, Hit, Hits};
 
 /// The answer to one request: a result per counter, in order.
 pub(super) type CounterAnswers = SmallVec<[Result<Hit, BackendError>; 2]>;

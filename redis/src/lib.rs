@@ -114,13 +114,13 @@ use self::hits::HitWork;
 use self::reply::{parse_hit, parse_peek};
 use self::script::{HIT, PEEK, RESET, Size};
 use self::spends::SpendWork;
+use tower_pinned_window::ConfigError;
+use tower_pinned_window::Window;
 use tower_pinned_window::backend::toolkit::{BackendFuture, Denials, storage_key};
 use tower_pinned_window::backend::{
     Amend, AuditReport, Backend, BackendError, Counter, Hit, Hits, Spend, Spending,
 };
-use tower_pinned_window::ConfigError;
 use tower_pinned_window::key::Key;
-use tower_pinned_window::Window;
 
 /// The prefix of every key this backend writes, unless configured otherwise
 /// ([`RedisBackendBuilder::prefix`]; [`RedisBackend`]'s example shows it in
@@ -1052,9 +1052,8 @@ where
         // hits were sent.
         let now = std::time::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(counters, 1, |c| {
-                deny.hit(c.namespace, key.as_bytes(), now)
-            })
+            && let Some(denied) =
+                BackendFuture::denied(counters, 1, |c| deny.hit(c.namespace, key.as_bytes(), now))
         {
             // Denied here, without a round trip; the counters are not hit.
             return denied;

@@ -16,8 +16,8 @@ use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use ::redis::{Client, RedisError};
 
 use super::breaker::unavailable;
-use tower_pinned_window::backend::BackendError;
 use tower_pinned_window::ConfigError;
+use tower_pinned_window::backend::BackendError;
 
 /// Why a connection could not be made.
 ///

@@ -59,12 +59,7 @@ impl DenyCache {
     /// Time left while the counter (`namespace`, `key`) is denied.
     /// `now`: the caller's reading of the clock, which it also uses for
     /// what it sends.
-    fn check(
-        &self,
-        namespace: &str,
-        key: &[u8],
-        now: Instant,
-    ) -> Option<Duration> {
+    fn check(&self, namespace: &str, key: &[u8], now: Instant) -> Option<Duration> {
         self.find(namespace, key, |id, hash, shard| {
             if shard.held() == 0 {
                 return None;
@@ -217,7 +212,13 @@ impl Denials {
     /// counter out, so only a lockout answers it (a counter merely at its
     /// limit goes to the store, which locks it out).
     #[must_use]
-    pub fn spend(&self, namespace: &str, key: &[u8], now: Instant, locks: bool) -> Option<Duration> {
+    pub fn spend(
+        &self,
+        namespace: &str,
+        key: &[u8],
+        now: Instant,
+        locks: bool,
+    ) -> Option<Duration> {
         self.locked.check(namespace, key, now).or_else(|| {
             (!locks)
                 .then(|| self.over.check(namespace, key, now))

@@ -57,9 +57,7 @@ impl<T> BackendFuture<T> {
     }
 
     /// The request's own call (boxed once).
-    pub fn calling(
-        call: impl Future<Output = Result<T, BackendError>> + Send + 'static,
-    ) -> Self {
+    pub fn calling(call: impl Future<Output = Result<T, BackendError>> + Send + 'static) -> Self {
         Self(State::Calling(Box::pin(call)))
     }
 
