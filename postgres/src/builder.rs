@@ -224,7 +224,7 @@ impl PostgresBackendBuilder {
     }
 
     /// The longest a denial of a counter that can go down (a
-    /// [`Counter::lowers`]: a layer with a `reserve`, a `count_if` or a
+    /// [`Counter::lowers`](tower_pinned_window::backend::Counter::lowers): a layer with a `reserve`, a `count_if` or a
     /// `reset_if`) is held here before the database is asked again
     /// (default [`DEFAULT_DENY_CACHE_RECHECK`]); a counter that only goes
     /// up is held until its window closes. See [the module
