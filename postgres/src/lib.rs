@@ -71,7 +71,7 @@
 //!    pipelined, one round trip;
 //! 2. the batch is decided in the backend, request by request in the order
 //!    they were queued, each on the rows as the requests before it left them,
-//!    with the [contract's](super#costs-lockouts-and-amends) rules: a spend
+//!    with the [contract's](tower_pinned_window::backend#costs-lockouts-and-amends) rules: a spend
 //!    all or nothing across its counters, a counter it creates given its
 //!    window as its lifetime, a lockout set on its first denial and never
 //!    extended; an amend only in its hit's window while it is open and no
@@ -135,7 +135,7 @@
 //! denying the counter until the window they cached closes; turn the cache
 //! off with [`deny_cache(0)`](PostgresBackendBuilder::deny_cache) where that
 //! must take effect everywhere at once. The cache is keyed by the counter's
-//! [canonical storage key](super#storage-keys).
+//! [canonical storage key](tower_pinned_window::backend#storage-keys).
 //!
 //! # Refunds
 //!

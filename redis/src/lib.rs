@@ -255,7 +255,7 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 /// A counter's key is the prefix (`tpw:` by default), the counter's
 /// namespace, and the request's key between braces, both escaped (printable
 /// ASCII but `%`, `{` and `}` as it is, every other byte `%` and two hex
-/// digits; see [storage keys](super#storage-keys)): `tpw:api{203.0.113.7}`,
+/// digits; see [storage keys](tower_pinned_window::backend#storage-keys)): `tpw:api{203.0.113.7}`,
 /// `tpw:api:100/86400000ms{203.0.113.7}` for the same layer's `also` quota.
 /// No two (namespace, key) pairs share a Redis key, whatever bytes a client
 /// sends. On a Cluster the braces are the hash tag, placed by this crate
