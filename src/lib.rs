@@ -165,7 +165,9 @@
 // count_if, reset_if or charge: what the answer does to the hits) → core.rs
 // (the settings a layer's services share) → insurance.rs (the limiter that
 // decides during outages) → policy.rs (the quotas a request is charged to)
-// → cost.rs (what a request spends, the layer's mode) → backend/ (counts)
+// → cost.rs (what a request spends, the layer's mode) → backend/ (counts;
+// backend/toolkit/ is what the stores across the network, the crates in
+// redis/ and postgres/, are built on)
 // → charge.rs (the body that reads the answer's cost when it ends).
 // request.rs is the way in, key/ reads it; decision.rs and response.rs are
 // the way out (label.rs: what a decision shows of its quota); count.rs

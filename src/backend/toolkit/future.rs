@@ -164,6 +164,24 @@ mod tests {
         assert_eq!(future.await.unwrap(), 7);
     }
 
+    #[tokio::test]
+    async fn a_queued_future_gives_its_replys_answer_and_unavailable_once_the_reply_is_dropped() {
+        let arena = super::super::Arena::with_capacity(2);
+        let (reply, ticket) = arena.channel();
+        let future = BackendFuture::queued(ticket);
+        assert_eq!(
+            format!("{future:?}"),
+            r#"BackendFuture { state: "queued" }"#
+        );
+        reply.send(Ok(7_u64)).unwrap();
+        assert_eq!(future.await.unwrap(), 7);
+
+        let (reply, ticket) = arena.channel();
+        drop(reply);
+        let err = BackendFuture::<u64>::queued(ticket).await.unwrap_err();
+        assert!(matches!(err, BackendError::Unavailable(_)), "{err:?}");
+    }
+
     #[test]
     #[should_panic(expected = "BackendFuture polled after it completed")]
     fn a_future_polled_again_after_it_completed_panics() {
