@@ -157,7 +157,7 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 /// [`BackgroundConnection`] (what
 /// [`connect_in_background`](RedisBackend::connect_in_background) makes), a
 /// `MultiplexedConnection`, or a Cluster connection (feature
-/// `redis-cluster`; `connect_cluster` makes one). Concurrent hits share the
+/// `cluster`; `connect_cluster` makes one). Concurrent hits share the
 /// connection and are pipelined on it; no hit opens a connection of its own.
 /// Use the [`redis`] crate this crate re-exports to make your
 /// own.
@@ -208,7 +208,7 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 /// `MASTERDOWN`) open none: a hit so refused fails with
 /// [`BackendError::ClusterDown`], within the layer's default timeout on a
 /// connection made with `cluster_client_builder`'s settings (feature
-/// `redis-cluster`).
+/// `cluster`).
 ///
 /// Redis replicates asynchronously: a failover loses the hits its master
 /// had not sent to the promoted replica, and a master frozen until it was
@@ -612,7 +612,7 @@ impl<C> RedisBackendBuilder<C> {
     /// it reads `CLUSTER SLOTS` again). On any
     /// other connection there is one breaker for the backend.
     ///
-    /// On a `SentinelConnection` (feature `redis-sentinel`) the breaker does not hold up a
+    /// On a `SentinelConnection` (feature `sentinel`) the breaker does not hold up a
     /// failover: the connection goes on looking for the master in the
     /// background (every lookup interval) while no command reaches it, and
     /// an open breaker lets a probe through as soon as the connection has

@@ -701,7 +701,7 @@ where
     }
 }
 
-/// Without `redis-cluster`, no connection is one of the `redis` crate's
+/// Without `cluster`, no connection is one of the `redis` crate's
 /// Cluster clients: nothing to nudge.
 #[cfg(not(feature = "cluster"))]
 async fn nudge<C>(_connection: &mut C, _slot: u16, _via: &str) -> bool {

@@ -1,7 +1,7 @@
 //! The connections this crate makes, for
 //! [`RedisBackend::connect`](crate::RedisBackend::connect),
 //! [`RedisBackend::connect_in_background`](crate::RedisBackend::connect_in_background)
-//! and, with `redis-cluster`, `RedisBackend::connect_cluster`.
+//! and, with `cluster`, `RedisBackend::connect_cluster`.
 //!
 //! Each has the `redis` client's own response timeout turned off: the layer
 //! already times every backend call (its

@@ -3,9 +3,9 @@
 //! Public here, for [`RedisBackend::new`](super::RedisBackend::new) and
 //! its `connect` helpers: [`BackgroundConnection`] (a connection that comes
 //! up in the background), [`SentinelConnection`] (feature
-//! `redis-sentinel`), the settings of the connections this crate makes
+//! `sentinel`), the settings of the connections this crate makes
 //! ([`connection_manager_config`], `cluster_client_builder` with feature
-//! `redis-cluster`), [`ConnectError`], and [`Nodes`], the connections
+//! `cluster`), [`ConnectError`], and [`Nodes`], the connections
 //! [`RedisBackend::audit`](super::RedisBackend::audit) can scan.
 //!
 //! Inside, each a module of its own and private to the backend: the

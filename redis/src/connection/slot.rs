@@ -1,5 +1,5 @@
 //! Redis Cluster hash slots, computed here because coalesced hits need them
-//! even without the `redis-cluster` feature (a connection not known as a
+//! even without the `cluster` feature (a connection not known as a
 //! Cluster learns that it is one from a `CROSSSLOT` refusal), where the
 //! `redis` crate's own routing is not compiled (and where it is, its
 //! `Slot::for_key` does not give the slot's number back).
