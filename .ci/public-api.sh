@@ -1,11 +1,16 @@
 #!/usr/bin/env bash
-# The public API of tower-pinned-window, all features on, one item a line,
-# compared with the checked-in public-api.txt. A change to the surface then
-# shows in review as a change to that file.
+# The public API of a crate of the workspace, all features on, one item a
+# line, compared with its checked-in public-api.txt. A change to the surface
+# then shows in review as a change to that file.
 #
-#   .ci/public-api.sh           check: fails with a diff when the API moved
-#   .ci/public-api.sh --bless   write public-api.txt from the current source
-#   .ci/public-api.sh --count   count public-api.txt's types and functions
+#   .ci/public-api.sh [CRATE]           check: fails with a diff when the API moved
+#   .ci/public-api.sh --bless [CRATE]   write the public-api.txt from the current source
+#   .ci/public-api.sh --count [CRATE]   count the public-api.txt's types and functions
+#   .ci/public-api.sh --all [--bless | --count]   every crate in turn
+#
+# CRATE: `core` (tower-pinned-window, public-api.txt at the root; the
+# default), `redis` (tower-pinned-window-redis, redis/public-api.txt) or
+# `postgres` (tower-pinned-window-postgres, postgres/public-api.txt).
 #
 # How: rustdoc writes JSON (an unstable output format, so on this stable
 # toolchain it needs RUSTC_BOOTSTRAP=1, as the docs.rs-style doc build in
@@ -46,18 +51,37 @@ print(f"public functions and methods: {len(fns)}")
 PY
 }
 
-bless=false
-case "${1:-}" in
-  '') ;;
-  --bless) bless=true ;;
-  --count) count public-api.txt; exit 0 ;;
-  *) echo "usage: $0 [--bless | --count]" >&2; exit 2 ;;
+bless=false mode=check crate=core all=false
+for arg in "$@"; do
+  case "$arg" in
+    --bless) bless=true ;;
+    --count) mode=count ;;
+    --all) all=true ;;
+    core | redis | postgres) crate=$arg ;;
+    *) echo "usage: $0 [--bless | --count] [core | redis | postgres] | --all [--bless | --count]" >&2; exit 2 ;;
+  esac
+done
+if $all; then
+  flags=()
+  $bless && flags+=(--bless)
+  [ "$mode" = count ] && flags+=(--count)
+  for c in core redis postgres; do "$0" ${flags[@]+"${flags[@]}"} "$c"; done
+  exit 0
+fi
+case "$crate" in
+  core) package=tower-pinned-window file=public-api.txt ;;
+  *) package=tower-pinned-window-$crate file=$crate/public-api.txt ;;
 esac
+if [ "$mode" = count ]; then
+  echo "$package ($file):"
+  count "$file"
+  exit 0
+fi
 
 target=${CARGO_TARGET_DIR:-target}
-json=$target/doc/tower_pinned_window.json
+json=$target/doc/${package//-/_}.json
 rm -f "$json"
-cargo rustdoc --quiet --lib -p tower-pinned-window --all-features \
+cargo rustdoc --quiet --lib -p "$package" --all-features \
   -- -Z unstable-options --output-format json
 cargo build --quiet -p tower-pinned-window-public-api
 listing=$(mktemp)
@@ -65,15 +89,15 @@ trap 'rm -f "$listing"' EXIT
 "$target/debug/tower-pinned-window-public-api" "$json" >"$listing"
 
 if $bless; then
-  cp "$listing" public-api.txt
-  echo "public-api.txt: $(wc -l <public-api.txt) items written"
+  cp "$listing" "$file"
+  echo "$file: $(wc -l <"$file") items written"
   exit 0
 fi
-if ! diff -u --label 'public-api.txt (checked in)' --label 'public API (this source)' \
-  public-api.txt "$listing"; then
+if ! diff -u --label "$file (checked in)" --label 'public API (this source)' \
+  "$file" "$listing"; then
   echo >&2
-  echo "The public API differs from public-api.txt (above: - removed, + added)." >&2
-  echo "If the change is meant, run .ci/public-api.sh --bless and commit public-api.txt." >&2
+  echo "The public API of $package differs from $file (above: - removed, + added)." >&2
+  echo "If the change is meant, run .ci/public-api.sh --bless $crate and commit $file." >&2
   exit 1
 fi
-echo "public API matches public-api.txt ($(wc -l <public-api.txt) items)"
+echo "public API of $package matches $file ($(wc -l <"$file") items)"

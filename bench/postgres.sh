@@ -68,7 +68,7 @@ table="\"$schema\".\"tpw_counters\""
 # keys, $3 hits per counter, $4 windows (ms), $5 the bound (ms).
 hit_sql() { # $1: the key expression
   sed -e '/^--/d' -e "s/{table}/$table/g" -e "s/\\\$1/ARRAY['b']/g" -e "s/\\\$2/ARRAY[$1]/g" \
-      -e 's/\$3/ARRAY[1]/g' -e 's/\$4/ARRAY[600000]/g' -e 's/\$5/3155760000000/g' src/backend/postgres/sql/hit.sql | tr '\n' ' '
+      -e 's/\$3/ARRAY[1]/g' -e 's/\$4/ARRAY[600000]/g' -e 's/\$5/3155760000000/g' postgres/src/sql/hit.sql | tr '\n' ' '
   echo ';'
 }
 { echo '\set k random(1, 1000000000000)'; hit_sql "int8send(:k)"; } >"$dir/fresh.sql"

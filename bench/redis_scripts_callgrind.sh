@@ -69,7 +69,7 @@ one() { # $1 = case, $2 = script file: prints instructions per request
 }
 
 printf '%-12s %12s\n' case redis_ir/request
-one hit_batch src/backend/redis/hit_batch.lua
-one spend src/backend/redis/spend.lua
-one spend-check src/backend/redis/spend.lua
-one spend-hot src/backend/redis/spend.lua
+one hit_batch redis/src/hit_batch.lua
+one spend redis/src/spend.lua
+one spend-check redis/src/spend.lua
+one spend-hot redis/src/spend.lua

@@ -109,16 +109,16 @@ pub enum ConfigError {
     /// A circuit breaker with a zero cool-down.
     ZeroBreakerCooldown,
     /// A replica-acknowledged mode that waits for zero replicas (see
-    /// [`RedisBackendBuilder::wait_for_replicas`](crate::backend::redis::RedisBackendBuilder::wait_for_replicas)).
+    /// [`RedisBackendBuilder::wait_for_replicas`](https://docs.rs/tower-pinned-window-redis/latest/tower_pinned_window_redis/struct.RedisBackendBuilder.html#method.wait_for_replicas)).
     ZeroWaitReplicas,
     /// A replica-acknowledged mode with a zero timeout: Redis's `WAIT`
     /// would wait forever.
     ZeroWaitTimeout,
     /// A deny cache whose denials of counters that can go down would be
     /// held for no time (see
-    /// [`RedisBackendBuilder::deny_cache_recheck`](crate::backend::redis::RedisBackendBuilder::deny_cache_recheck)
+    /// [`RedisBackendBuilder::deny_cache_recheck`](https://docs.rs/tower-pinned-window-redis/latest/tower_pinned_window_redis/struct.RedisBackendBuilder.html#method.deny_cache_recheck)
     /// and
-    /// [`PostgresBackendBuilder::deny_cache_recheck`](crate::backend::postgres::PostgresBackendBuilder::deny_cache_recheck)):
+    /// [`PostgresBackendBuilder::deny_cache_recheck`](https://docs.rs/tower-pinned-window-postgres/latest/tower_pinned_window_postgres/struct.PostgresBackendBuilder.html#method.deny_cache_recheck)):
     /// turn the cache off with `deny_cache(0)` instead.
     ZeroDenyCacheRecheck,
     /// A request cost above a quota's limit (see

@@ -120,8 +120,9 @@
 //! | a budget for outbound calls, shared by every instance, that waits for its window (guide: [`docs/outbound.md`](crate::guide::outbound)) | [`outbound::BudgetLayer`] |
 //! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`OnMissingKey`], [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
-//! | Redis, Cluster, Sentinel (feature `redis`) | [`backend::redis`][mod-redis] |
-//! | PostgreSQL (feature `postgres`) | [`backend::postgres`][mod-postgres] |
+//! | a store of your own: storage keys, a deny cache, a batched future | [`backend::toolkit`] |
+//! | Redis, Cluster, Sentinel | the [`tower-pinned-window-redis`][crate-redis] crate |
+//! | PostgreSQL | the [`tower-pinned-window-postgres`][crate-postgres] crate |
 //! | limits from TOML, YAML, JSON (feature `serde`) | [`config`][mod-config] |
 //! | metrics (feature `metrics`) | [`metrics`][mod-metrics] |
 //!
@@ -131,19 +132,12 @@
 //! repository's `docs/*.md`; the benchmarks and their figures are in the
 //! repository's `bench/README.md`.
 //!
+// The backend crates' links, on docs.rs.
+#![doc = "[crate-redis]: https://docs.rs/tower-pinned-window-redis"]
+#![doc = "[crate-postgres]: https://docs.rs/tower-pinned-window-postgres"]
 // The feature-gated modules' links: intra-doc where the module is built
 // (docs.rs and CI build with every feature), docs.rs otherwise, so a docs
 // build with any features has no broken link.
-#![cfg_attr(feature = "redis", doc = "[mod-redis]: backend::redis")]
-#![cfg_attr(
-    not(feature = "redis"),
-    doc = "[mod-redis]: https://docs.rs/tower-pinned-window/latest/tower_pinned_window/backend/redis/index.html"
-)]
-#![cfg_attr(feature = "postgres", doc = "[mod-postgres]: backend::postgres")]
-#![cfg_attr(
-    not(feature = "postgres"),
-    doc = "[mod-postgres]: https://docs.rs/tower-pinned-window/latest/tower_pinned_window/backend/postgres/index.html"
-)]
 #![cfg_attr(feature = "serde", doc = "[mod-config]: config")]
 #![cfg_attr(
     not(feature = "serde"),
@@ -191,7 +185,8 @@
 //   metrics     the layer's metric handles (feature metrics)
 //   response    the way out: headers, denials
 //   cost/       what a request spends: modes, metered bodies, body estimates
-//   backend/    counts: the contract and the stores
+//   backend/    counts: the contract, the memory store, and toolkit/ for
+//               the stores across the network (the redis/ and postgres/ crates)
 //   key/        whom a request is charged to
 //   decision    the verdict's value, Decision
 //   label       what a decision shows of its quota
@@ -243,81 +238,3 @@ pub use server::future::ResponseFuture;
 pub use server::layer::RateLimitLayer;
 pub use server::service::RateLimit;
 pub use timeout::DEFAULT_TIMEOUT;
-
-/// Entry points for the fuzz targets in `fuzz/` (cargo-fuzz builds with
-/// `--cfg fuzzing`): thin wrappers around internal parsers. Not part of the
-/// API, never built otherwise.
-#[cfg(fuzzing)]
-#[doc(hidden)]
-pub mod fuzzing {
-    /// The hit script's reply, read as the Redis backend reads it.
-    #[cfg(feature = "redis")]
-    pub fn redis_hit_reply(
-        value: redis::Value,
-        key: &[u8],
-    ) -> Result<crate::backend::Hit, crate::backend::BackendError> {
-        crate::backend::redis::fuzzing::hit(value, key)
-    }
-
-    /// The amend script's reply for one amend (a refund): its answer, or
-    /// the reply back when it is not of the script's shape.
-    #[cfg(feature = "redis")]
-    pub fn redis_refund_reply(
-        value: redis::Value,
-        key: &[u8],
-    ) -> Result<Result<bool, crate::backend::BackendError>, redis::Value> {
-        crate::backend::redis::fuzzing::refund(value, key)
-    }
-
-    /// The spend script's reply for requests of `sizes` counters: per
-    /// request, each counter's hit and whether it is full, or `None` for a
-    /// corrupt counter or refused arguments; the reply back when it is not
-    /// of the script's shape.
-    #[cfg(feature = "redis")]
-    #[allow(clippy::type_complexity)]
-    pub fn redis_spend_reply(
-        value: redis::Value,
-        sizes: &[usize],
-    ) -> Result<Vec<Option<Vec<(crate::backend::Hit, bool)>>>, redis::Value> {
-        crate::backend::redis::fuzzing::spend(value, sizes)
-    }
-
-    /// The peek script's reply.
-    #[cfg(feature = "redis")]
-    pub fn redis_peek_reply(
-        value: redis::Value,
-        key: &[u8],
-    ) -> Result<Option<crate::backend::Hit>, crate::backend::BackendError> {
-        crate::backend::redis::fuzzing::peek(value, key)
-    }
-
-    /// The storage key of (`namespace`, `key`) under `prefix`.
-    #[cfg(any(feature = "redis", feature = "postgres"))]
-    pub fn storage_key_encode(prefix: &[u8], namespace: &str, key: &crate::key::Key) -> Vec<u8> {
-        crate::backend::storage_key::encode(prefix, namespace, key)
-    }
-
-    /// The (namespace, key) a storage key under `prefix` names, if it is one.
-    #[cfg(any(feature = "redis", feature = "postgres"))]
-    pub fn storage_key_decode(prefix: &[u8], stored: &[u8]) -> Option<(String, Vec<u8>)> {
-        crate::backend::storage_key::decode(prefix, stored)
-    }
-
-    /// The batch script's reply for `entries` (storage key, window, hits).
-    #[cfg(feature = "redis")]
-    #[allow(clippy::type_complexity)]
-    pub fn redis_batch_reply(
-        reply: redis::Value,
-        entries: &[(&[u8], u64, u64)],
-    ) -> Result<Vec<Result<crate::backend::Hit, crate::backend::BackendError>>, redis::Value> {
-        crate::backend::redis::fuzzing::batch(reply, entries)
-    }
-}
-
-/// The `redis` crate this crate is built with (feature `redis`), so that
-/// connections and configuration types you pass to
-/// [`RedisBackend`](backend::redis::RedisBackend) come from the same version:
-/// `use tower_pinned_window::redis;` instead of a `redis` dependency of your
-/// own (or one pinned to the same version).
-#[cfg(feature = "redis")]
-pub use redis;

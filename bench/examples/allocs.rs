@@ -76,13 +76,13 @@ use tower::Service;
 use tower::limit::RateLimit;
 use tower::limit::rate::Rate;
 use tower::util::MapResponseLayer;
-use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::PeerIp;
 use tower_pinned_window::outbound::BudgetLayer;
 use tower_pinned_window::{
     Decision, DecisionIn, Quota, RateLimitLayer, Window, outcome::WantDecision,
     response::HeaderStyle,
 };
+use tower_pinned_window_redis::RedisBackend;
 
 #[path = "support/counting.rs"]
 mod counting;
@@ -293,16 +293,15 @@ fn cluster_rows(
         return Vec::new();
     }
     let ours = runtime.block_on(async {
-        let client =
-            tower_pinned_window::backend::redis::connection::cluster_client_builder(urls.clone())
-                .build()
-                .unwrap();
-        tower_pinned_window::backend::redis::connection::connect_cluster_client(&client)
+        let client = tower_pinned_window_redis::connection::cluster_client_builder(urls.clone())
+            .build()
+            .unwrap();
+        tower_pinned_window_redis::connection::connect_cluster_client(&client)
             .await
             .unwrap()
     });
     let plain = runtime.block_on(async {
-        tower_pinned_window::backend::redis::connection::cluster_client_builder(urls)
+        tower_pinned_window_redis::connection::cluster_client_builder(urls)
             .build()
             .unwrap()
             .get_async_connection()

@@ -69,9 +69,9 @@ use axum::routing::get;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::util::MapResponseLayer;
-use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::{Key, KeyError, RequestHead};
 use tower_pinned_window::{Quota, RateLimitLayer, Window};
+use tower_pinned_window_redis::RedisBackend;
 
 #[path = "support/counting.rs"]
 mod counting;

@@ -14,10 +14,12 @@ use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use tower_pinned_window::fuzzing::{
-    redis_batch_reply, redis_hit_reply, redis_peek_reply, redis_refund_reply, redis_spend_reply,
+use tower_pinned_window_redis::fuzzing::{
+    batch_reply as redis_batch_reply, hit_reply as redis_hit_reply,
+    peek_reply as redis_peek_reply, refund_reply as redis_refund_reply,
+    spend_reply as redis_spend_reply,
 };
-use tower_pinned_window::redis::Value;
+use tower_pinned_window_redis::redis::Value;
 
 /// A `redis::Value`, as `arbitrary` can build it.
 #[derive(Debug, Arbitrary)]

@@ -11,7 +11,7 @@
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
-use tower_pinned_window::fuzzing::{storage_key_decode as decode, storage_key_encode as encode};
+use tower_pinned_window::backend::toolkit::storage_key::{decode, encode};
 use tower_pinned_window::key::{Key, MAX_KEY_LEN};
 
 #[derive(Debug, Arbitrary)]

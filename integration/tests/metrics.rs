@@ -299,7 +299,7 @@ async fn latency_only_where_a_call_waited_and_deny_cache_answers() {
 #[tokio::test]
 async fn redis_round_trips_and_deny_cache_answers() {
     use support::redis::RedisServer;
-    use tower_pinned_window::backend::redis::RedisBackend;
+    use tower_pinned_window_redis::RedisBackend;
 
     let server = redis_or_skip!(RedisServer::start(
         "redis_round_trips_and_deny_cache_answers"
@@ -368,7 +368,7 @@ async fn a_cluster_refusal_is_counted_as_cluster_down() {
     use support::redis::{RedisCluster, plain_storage_key};
     use tower_pinned_window::Share;
     use tower_pinned_window::backend::BackendErrorKind;
-    use tower_pinned_window::backend::redis::RedisBackend;
+    use tower_pinned_window_redis::RedisBackend;
     use tracing_subscriber::filter::LevelFilter;
 
     let cluster = redis_or_skip!(RedisCluster::start(

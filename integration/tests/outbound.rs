@@ -942,9 +942,9 @@ mod stores {
 
     use redis::aio::ConnectionManager;
     use support::redis::{RedisCluster, RedisServer, SENTINEL_MASTER, SentinelGroup};
-    use tower_pinned_window::backend::postgres::PostgresBackend;
-    use tower_pinned_window::backend::redis::connection::SentinelConnection;
-    use tower_pinned_window::backend::redis::{DEFAULT_DENY_CACHE_RECHECK, RedisBackend};
+    use tower_pinned_window_postgres::PostgresBackend;
+    use tower_pinned_window_redis::connection::SentinelConnection;
+    use tower_pinned_window_redis::{DEFAULT_DENY_CACHE_RECHECK, RedisBackend};
 
     const LIMIT: u64 = 10;
     const WINDOW: Duration = Duration::from_millis(400);
@@ -1021,7 +1021,7 @@ mod stores {
             return;
         };
         let (a, b) = (schema.backend().await, schema.backend().await);
-        let recheck = tower_pinned_window::backend::postgres::DEFAULT_DENY_CACHE_RECHECK;
+        let recheck = tower_pinned_window_postgres::DEFAULT_DENY_CACHE_RECHECK;
         a_settle_frees_the_budget_on_another_instance(a, b, recheck).await;
     }
 

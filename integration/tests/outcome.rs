@@ -1158,7 +1158,7 @@ mod on_redis {
     use super::*;
     use redis::aio::ConnectionLike;
     use support::redis::RedisServer;
-    use tower_pinned_window::backend::redis::RedisBackend;
+    use tower_pinned_window_redis::RedisBackend;
 
     /// A Redis backend under `prefix`.
     fn redis_backend<C>(con: C, prefix: &str, deny_cache: usize) -> RedisBackend<C>
@@ -1369,7 +1369,7 @@ mod on_redis {
 mod on_postgres {
     use super::*;
     use support::postgres::{TestSchema, pool};
-    use tower_pinned_window::backend::postgres::PostgresBackend;
+    use tower_pinned_window_postgres::PostgresBackend;
 
     /// A backend on `schema`'s table, its pool made on the runtime this is
     /// called on.

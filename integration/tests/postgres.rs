@@ -21,10 +21,10 @@ use support::http::{by_client, from, ok_service};
 use support::postgres::{PgServer, TestSchema, connect, pool};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Hit;
-use tower_pinned_window::backend::postgres::PostgresBackend;
 use tower_pinned_window::backend::{Backend, BackendError, Spending};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
+use tower_pinned_window_postgres::PostgresBackend;
 use trial::Needs;
 
 fn quota(limit: u64, window: Duration) -> Quota {
@@ -1382,8 +1382,8 @@ async fn spends_lockouts_and_amends() {
 /// is made to wait: [`Held::queue`] then lines requests up behind it, in
 /// order, and [`Held::release`] lets them go, all in the one next batch.
 struct Held {
-    hold: Option<tower_pinned_window::backend::postgres::deadpool_postgres::Object>,
-    first: tower_pinned_window::backend::BackendFuture<tower_pinned_window::backend::Hits>,
+    hold: Option<tower_pinned_window_postgres::deadpool_postgres::Object>,
+    first: tower_pinned_window::backend::toolkit::BackendFuture<tower_pinned_window::backend::Hits>,
 }
 
 /// A one-connection, one-sender backend on `schema`, its table migrated,

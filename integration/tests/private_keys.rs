@@ -19,10 +19,10 @@ use support::http::{burst, by_client, from, multi_thread_runtime, ok_count, ok_s
 use support::redis::{RedisServer, Shared};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::PrivateKeys;
-use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::redis::connection::Nodes;
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{Quota, RateLimitLayer};
+use tower_pinned_window_redis::RedisBackend;
+use tower_pinned_window_redis::connection::Nodes;
 use tower_pinned_window_testkit::Private;
 use trial::Needs;
 

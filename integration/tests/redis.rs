@@ -20,8 +20,6 @@ use stores::redis::RedisStore;
 use support::http::{by_client, from, multi_thread_runtime, ok_service};
 use support::redis::{RedisServer, Shared, cases};
 use tower::{Layer, ServiceExt};
-use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::redis::connection::ConnectError;
 use tower_pinned_window::backend::{
     Amend, Backend, BackendError, BackendErrorKind, Hit, Spend, Spending,
 };
@@ -29,6 +27,8 @@ use tower_pinned_window::key::Key;
 use tower_pinned_window::{
     ConfigError, Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share, Window,
 };
+use tower_pinned_window_redis::RedisBackend;
+use tower_pinned_window_redis::connection::ConnectError;
 use trial::Needs;
 
 fn quota(limit: u64, window: Duration) -> Quota {
@@ -1566,7 +1566,7 @@ fn batch_script(
     entries: &[(&str, &str, &str)],
 ) -> (i64, Vec<(redis::Value, redis::Value)>) {
     let mut cmd = redis::cmd("EVAL");
-    cmd.arg(include_str!("../../src/backend/redis/hit_batch.lua"))
+    cmd.arg(include_str!("../../redis/src/hit_batch.lua"))
         .arg(entries.len());
     for (key, ..) in entries {
         cmd.arg(format!("tpw:args{{{key}}}"));

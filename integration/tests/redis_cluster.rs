@@ -23,10 +23,10 @@ use support::http::{burst, from, multi_thread_runtime, ok_count, ok_service};
 use support::logs::capture;
 use support::redis::{RedisCluster, Shared, cases};
 use tower::{Layer, ServiceExt};
-use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, Spending};
 use tower_pinned_window::key::{HeaderKey, Key};
 use tower_pinned_window::{Quota, RateLimitLayer, Window};
+use tower_pinned_window_redis::RedisBackend;
 use tracing_subscriber::filter::LevelFilter;
 use trial::Needs;
 

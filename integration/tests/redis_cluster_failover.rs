@@ -24,10 +24,10 @@ use std::time::{Duration, Instant};
 
 use support::http::multi_thread_runtime;
 use support::redis::{RedisCluster, plain_storage_key};
-use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, BackendError};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{DEFAULT_TIMEOUT, Quota};
+use tower_pinned_window_redis::RedisBackend;
 use trial::Needs;
 
 /// How long a master is unreachable before its replica takes over.

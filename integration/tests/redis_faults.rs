@@ -20,10 +20,10 @@ use support::redis::{
     RedisCluster, RedisServer, SENTINEL_MASTER, SentinelGroup, plain_storage_key,
 };
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::redis::connection::DEFAULT_LOOKUP_INTERVAL;
 use tower_pinned_window::backend::{Backend, BackendError};
 use tower_pinned_window::key::Key;
+use tower_pinned_window_redis::RedisBackend;
+use tower_pinned_window_redis::connection::DEFAULT_LOOKUP_INTERVAL;
 use trial::Needs;
 
 /// The layer's timeout the traffic uses.
@@ -199,13 +199,12 @@ fn a_sentinel_failover_is_not_held_up_by_the_breaker() {
     let new = group.servers[1].port();
     let runtime = multi_thread_runtime();
     let store = runtime.block_on(async {
-        let connection =
-            tower_pinned_window::backend::redis::connection::SentinelConnection::connect(
-                group.sentinel_urls(),
-                SENTINEL_MASTER,
-            )
-            .await
-            .unwrap();
+        let connection = tower_pinned_window_redis::connection::SentinelConnection::connect(
+            group.sentinel_urls(),
+            SENTINEL_MASTER,
+        )
+        .await
+        .unwrap();
         RedisBackend::builder(connection).deny_cache(0).build()
     });
     let keys: Arc<Vec<(Key, bool)>> = Arc::new(

@@ -31,11 +31,11 @@ use stores::redis::RedisStore;
 use support::http::{by_client, from, multi_thread_runtime, ok_service};
 use support::redis::{RedisServer, SENTINEL_MASTER, SentinelGroup, Shared, cases};
 use tower::{Layer, ServiceExt};
-use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::redis::connection::SentinelConnection;
 use tower_pinned_window::backend::{Backend, Spending};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Window};
+use tower_pinned_window_redis::RedisBackend;
+use tower_pinned_window_redis::connection::SentinelConnection;
 use trial::Needs;
 
 /// Tasks sending hits, one at a time each.

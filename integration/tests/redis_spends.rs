@@ -12,10 +12,10 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use support::redis::RedisServer;
-use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Amend, BackendError, Counter, Hit, Spend, Spending};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{Quota, Window};
+use tower_pinned_window_redis::RedisBackend;
 use trial::Needs;
 
 fn counter(namespace: &str, limit: u64, secs: u64) -> Counter<'_> {

@@ -20,11 +20,11 @@ use redis::AsyncConnectionConfig;
 use stores::redis::RedisStore;
 use support::http::multi_thread_runtime;
 use support::redis::{RedisCluster, SENTINEL_MASTER, SentinelGroup, Shared, plain_storage_key};
-use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::redis::connection::SentinelConnection;
 use tower_pinned_window::backend::{Amend, Backend, BackendError, Counter, Spend, Spending};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Quota};
+use tower_pinned_window_redis::RedisBackend;
+use tower_pinned_window_redis::connection::SentinelConnection;
 use trial::Needs;
 
 /// How long a write may wait for its replica in these tests: far above a

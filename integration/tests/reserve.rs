@@ -590,7 +590,7 @@ async fn the_order_of_reserve_and_charge_does_not_matter() {
 mod on_redis {
     use super::*;
     use support::redis::RedisServer;
-    use tower_pinned_window::backend::redis::{DEFAULT_DENY_CACHE_RECHECK, RedisBackend};
+    use tower_pinned_window_redis::{DEFAULT_DENY_CACHE_RECHECK, RedisBackend};
 
     async fn backend(server: &RedisServer) -> RedisBackend<redis::aio::ConnectionManager> {
         let manager = server.client().get_connection_manager().await.unwrap();
@@ -655,7 +655,7 @@ mod on_redis {
     #[cfg(feature = "redis-sentinel")]
     pub async fn denials_by_cost_behind_sentinel() {
         use support::redis::{SENTINEL_MASTER, SentinelGroup};
-        use tower_pinned_window::backend::redis::connection::SentinelConnection;
+        use tower_pinned_window_redis::connection::SentinelConnection;
         let group = redis_or_skip!(SentinelGroup::start("reserve_denials_by_cost_sentinel"));
         let connection = SentinelConnection::connect(group.sentinel_urls(), SENTINEL_MASTER)
             .await
@@ -678,7 +678,7 @@ mod on_redis {
 mod on_postgres {
     use super::*;
     use support::postgres::TestSchema;
-    use tower_pinned_window::backend::postgres::DEFAULT_DENY_CACHE_RECHECK;
+    use tower_pinned_window_postgres::DEFAULT_DENY_CACHE_RECHECK;
 
     pub async fn concurrent() {
         let schema = pg_or_skip!(TestSchema::create("reserve_concurrent").await);

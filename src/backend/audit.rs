@@ -22,8 +22,8 @@
 /// - PostgreSQL: the table, then the namespace and the escaped key as a
 ///   Redis storage key has them (`public.tpw_counters login{203.0.113.7}`).
 ///
-/// [`RedisBackend::audit`]: crate::backend::redis::RedisBackend::audit
-/// [`PostgresBackend::audit`]: crate::backend::postgres::PostgresBackend::audit
+/// [`RedisBackend::audit`]: https://docs.rs/tower-pinned-window-redis/latest/tower_pinned_window_redis/struct.RedisBackend.html#method.audit
+/// [`PostgresBackend::audit`]: https://docs.rs/tower-pinned-window-postgres/latest/tower_pinned_window_postgres/struct.PostgresBackend.html#method.audit
 /// [`BackendError::Corrupt`]: crate::backend::BackendError::Corrupt
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[non_exhaustive]
@@ -69,7 +69,7 @@ impl AuditReport {
     /// Whether the audit found nothing that needs a look: no counter without
     /// a lifetime, and nothing corrupt.
     ///
-    /// Example: [`PostgresBackend::audit`](crate::backend::postgres::PostgresBackend::audit).
+    /// Example: [`PostgresBackend::audit`](https://docs.rs/tower-pinned-window-postgres/latest/tower_pinned_window_postgres/struct.PostgresBackend.html#method.audit).
     pub fn is_clean(&self) -> bool {
         self.without_lifetime.is_empty() && self.corrupt.is_empty()
     }

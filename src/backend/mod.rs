@@ -80,11 +80,17 @@
 //! Backends here:
 //!
 //! - [`MemoryBackend`], the embedded default: counters in this process;
-//! - [`RedisBackend`](redis::RedisBackend) (feature `redis`): Redis, Redis
-//!   Cluster (`redis-cluster`) and Redis behind Sentinel (`redis-sentinel`),
-//!   shared by every instance of a service;
-//! - [`PostgresBackend`](postgres::PostgresBackend) (feature `postgres`): a
-//!   PostgreSQL table, shared the same way.
+//! - [`RedisBackend`](https://docs.rs/tower-pinned-window-redis/latest/tower_pinned_window_redis/struct.RedisBackend.html)
+//!   (crate `tower-pinned-window-redis`): Redis, Redis Cluster (feature
+//!   `cluster`) and Redis behind Sentinel (`sentinel`), shared by every
+//!   instance of a service;
+//! - [`PostgresBackend`](https://docs.rs/tower-pinned-window-postgres/latest/tower_pinned_window_postgres/struct.PostgresBackend.html)
+//!   (crate `tower-pinned-window-postgres`): a PostgreSQL table, shared the
+//!   same way.
+//!
+//! The two remote stores are crates of their own, built only on this
+//! module's public contract and its [`toolkit`] (the storage-key codec, the
+//! deny cache, the batched future), which a store of your own can use too.
 //!
 //! [`PrivateKeys`] wraps any of them to store a keyed digest of each key
 //! instead of its bytes.
@@ -107,7 +113,7 @@
 //!   (`namespace`, `key`), and names a counter in errors and logs by its
 //!   canonical storage key;
 //! - stores whose keys are byte strings (Redis, or any other later) use one
-//!   canonical encoding (`storage_key.rs`): the prefix, the escaped namespace,
+//!   canonical encoding ([`toolkit::storage_key`]): the prefix, the escaped namespace,
 //!   then the escaped key between braces, for example
 //!   `tpw:api{203.0.113.7}` and `tpw:api:100/86400000ms{203.0.113.7}`. On a
 //!   Redis Cluster the braces make the escaped key the hash tag, chosen by
@@ -118,28 +124,15 @@
 //! digest, which is longer than any key kept as it is, so a hashed key and a
 //! raw key never meet either. A backend of your own follows the same rule:
 //! keep the pair apart structurally, or encode it as this one does (what
-//! [`RedisBackend::storage_key`](redis::RedisBackend::storage_key) gives).
+//! [`toolkit::storage_key::encode`] gives).
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
 mod audit;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-mod deny_cache;
 mod expiring;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-mod future;
 mod memory;
-#[cfg(feature = "postgres")]
-pub mod postgres;
 mod private;
-#[cfg(feature = "redis")]
-pub mod redis;
-#[cfg(any(feature = "redis", feature = "postgres", fuzzing))]
-pub(crate) mod storage_key;
+pub mod toolkit;
 
-#[cfg(any(feature = "redis", feature = "postgres"))]
 pub use audit::AuditReport;
-#[cfg(any(feature = "redis", feature = "postgres"))]
-pub use future::BackendFuture;
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};
 pub use private::{MIN_SECRET_LEN, PrivateKeys};
 
@@ -183,15 +176,7 @@ pub struct Hit {
     pub deadline: Option<NonZeroU64>,
 }
 
-/// The count a counter that does not fit reports in a spend of `need`
-/// (its cost, at least 1): `count`, or the larger of `count` and `limit`
-/// when it is `locked` out, plus `need` (see
-/// [costs, lockouts and amends](self#costs-lockouts-and-amends)).
-#[inline]
-pub(crate) fn refused_count(count: u64, limit: u64, locked: bool, need: u64) -> u64 {
-    let stands = if locked { count.max(limit) } else { count };
-    stands.saturating_add(need)
-}
+pub(crate) use toolkit::refused_count;
 
 /// A backend could not answer. Which of these a request sees decides its fate:
 /// see [`FailurePolicy`](crate::FailurePolicy).
@@ -208,7 +193,7 @@ pub enum BackendError {
     /// The store failed repeatedly, and the backend's circuit breaker is
     /// answering at once for a short cool-down instead of waiting on it
     /// (the Redis backend: see
-    /// [`RedisBackendBuilder::breaker`](crate::backend::redis::RedisBackendBuilder::breaker)).
+    /// [`RedisBackendBuilder::breaker`](https://docs.rs/tower-pinned-window-redis/latest/tower_pinned_window_redis/struct.RedisBackendBuilder.html#method.breaker)).
     /// An outage like [`Unavailable`](Self::Unavailable): the failure policy
     /// decides.
     CircuitOpen,
@@ -416,8 +401,11 @@ impl Spend {
 
 /// What [`Spending::amend`] does to the counter a hit was counted in, once the
 /// answer is known: see [costs, lockouts and amends](self#costs-lockouts-and-amends).
+///
+/// Exhaustive on purpose: every store matches on it (the crate's own are
+/// crates of their own, as yours is), so a new kind of amend is a change of
+/// the contract that each store must answer, not one it may miss.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Amend {
     /// Take back this much (a request's cost, when its answer does not
     /// count); never below zero.

@@ -27,12 +27,12 @@ use axum::http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Spending;
-use tower_pinned_window::backend::postgres::PostgresBackend;
-use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
-use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::cost::ResponseEnd;
 use tower_pinned_window::key::{HeaderKey, Key, RequestHead};
 use tower_pinned_window::{Quota, RateLimitLayer};
+use tower_pinned_window_postgres::PostgresBackend;
+use tower_pinned_window_postgres::deadpool_postgres::{Manager, Pool};
+use tower_pinned_window_redis::RedisBackend;
 
 /// The budget per key and window.
 const BUDGET: u64 = 2000;

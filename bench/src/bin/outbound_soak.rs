@@ -72,13 +72,13 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::{Service, ServiceBuilder, ServiceExt};
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::redis::RedisBackend;
-use tower_pinned_window::backend::redis::connection::connection_manager_config;
 use tower_pinned_window::backend::{
     Amend, Backend, BackendError, Counter, Hit, Hits, Spend, Spending,
 };
 use tower_pinned_window::key::Key;
 use tower_pinned_window::outbound::{BudgetError, BudgetLayer};
+use tower_pinned_window_redis::RedisBackend;
+use tower_pinned_window_redis::connection::connection_manager_config;
 
 #[path = "../soak_env.rs"]
 mod soak_env;

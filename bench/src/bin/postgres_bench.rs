@@ -28,10 +28,10 @@ use std::time::{Duration, Instant};
 
 use tokio_postgres::{Client, NoTls};
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::postgres::PostgresBackend;
-use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
 use tower_pinned_window::backend::{Amend, Backend, Counter, Spend, Spending};
 use tower_pinned_window::key::Key;
+use tower_pinned_window_postgres::PostgresBackend;
+use tower_pinned_window_postgres::deadpool_postgres::{Manager, Pool};
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

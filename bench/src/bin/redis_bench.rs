@@ -22,7 +22,7 @@
 //! process's CPU time per hit in microseconds (user + system, from
 //! `/proc/self/stat`, so at a 10 ms tick).
 //!
-//! `script` prints the backend's Lua script (`src/backend/redis/hit.lua`),
+//! `script` prints the backend's Lua script (`redis/src/hit.lua`),
 //! which the script's ceiling runs through `redis-benchmark`.
 
 use std::sync::Arc;
@@ -31,12 +31,12 @@ use std::time::{Duration, Instant};
 
 use redis::aio::ConnectionManager;
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::backend::{Backend, Counter, Spend, Spending};
 use tower_pinned_window::key::Key;
+use tower_pinned_window_redis::RedisBackend;
 
 /// The hit script, as the backend sends it.
-const HIT_SCRIPT: &str = include_str!("../../../src/backend/redis/hit.lua");
+const HIT_SCRIPT: &str = include_str!("../../../redis/src/hit.lua");
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

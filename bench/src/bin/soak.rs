@@ -58,15 +58,13 @@ use axum::body::Body;
 use axum::http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::Backend;
-use tower_pinned_window::backend::postgres::PostgresBackend;
-use tower_pinned_window::backend::postgres::deadpool_postgres::{Manager, Pool};
-use tower_pinned_window::backend::postgres::tokio_postgres::{self, NoTls};
-use tower_pinned_window::backend::redis::connection::{
-    SentinelConnection, connection_manager_config,
-};
-use tower_pinned_window::backend::redis::{RedisBackend, RedisBackendBuilder};
 use tower_pinned_window::key::HeaderKey;
 use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer, Window};
+use tower_pinned_window_postgres::PostgresBackend;
+use tower_pinned_window_postgres::deadpool_postgres::{Manager, Pool};
+use tower_pinned_window_postgres::tokio_postgres::{self, NoTls};
+use tower_pinned_window_redis::connection::{SentinelConnection, connection_manager_config};
+use tower_pinned_window_redis::{RedisBackend, RedisBackendBuilder};
 
 #[path = "../soak_env.rs"]
 mod soak_env;

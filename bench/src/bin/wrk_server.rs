@@ -21,9 +21,9 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window::backend::redis::RedisBackend;
 use tower_pinned_window::key::{HeaderKey, PeerIp};
 use tower_pinned_window::{Quota, RateLimitLayer, response::HeaderStyle};
+use tower_pinned_window_redis::RedisBackend;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {

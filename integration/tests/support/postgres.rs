@@ -21,11 +21,11 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use tempfile::TempDir;
-use tower_pinned_window::backend::postgres::deadpool_postgres::{
+use tower_pinned_window_postgres::deadpool_postgres::{
     Manager, ManagerConfig, Pool, RecyclingMethod, Runtime,
 };
-use tower_pinned_window::backend::postgres::tokio_postgres::{self, Client, NoTls};
-use tower_pinned_window::backend::postgres::{PostgresBackend, PostgresBackendBuilder};
+use tower_pinned_window_postgres::tokio_postgres::{self, Client, NoTls};
+use tower_pinned_window_postgres::{PostgresBackend, PostgresBackendBuilder};
 
 /// Returns the started fixture, or returns from the test when PostgreSQL is
 /// not there (and not required).

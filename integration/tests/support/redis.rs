@@ -440,10 +440,9 @@ impl RedisCluster {
     /// 3 retries, 2–10 ms apart, probes of a node bounded).
     pub async fn advised_connection(
         &self,
-    ) -> redis::cluster_async::ClusterConnection<
-        tower_pinned_window::backend::redis::connection::ClusterNode,
-    > {
-        use tower_pinned_window::backend::redis::connection::{
+    ) -> redis::cluster_async::ClusterConnection<tower_pinned_window_redis::connection::ClusterNode>
+    {
+        use tower_pinned_window_redis::connection::{
             cluster_client_builder, connect_cluster_client,
         };
         let client = cluster_client_builder(self.urls()).build().unwrap();
@@ -872,9 +871,9 @@ pub mod cases {
     use redis::aio::ConnectionLike;
     use tower::{Layer, ServiceExt};
     use tower_pinned_window::backend::Backend;
-    use tower_pinned_window::backend::redis::RedisBackend;
     use tower_pinned_window::key::{HeaderKey, Key};
     use tower_pinned_window::{Quota, RateLimitLayer};
+    use tower_pinned_window_redis::RedisBackend;
 
     use crate::support::http::{Body, ok_service};
 

@@ -31,9 +31,9 @@ pub mod redis {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use redis::aio::ConnectionLike;
-    use tower_pinned_window::backend::redis::RedisBackend;
-    use tower_pinned_window::backend::redis::connection::Nodes;
     use tower_pinned_window::key::Key;
+    use tower_pinned_window_redis::RedisBackend;
+    use tower_pinned_window_redis::connection::Nodes;
     use tower_pinned_window_testkit::{Ability, Audit, Store, Stored};
 
     type Connect<C> = Box<dyn Fn() -> Pin<Box<dyn Future<Output = C> + Send>> + Send + Sync>;
@@ -180,8 +180,8 @@ pub mod postgres {
     use std::sync::Mutex;
     use std::time::{SystemTime, UNIX_EPOCH};
 
-    use tower_pinned_window::backend::postgres::PostgresBackend;
     use tower_pinned_window::key::Key;
+    use tower_pinned_window_postgres::PostgresBackend;
     use tower_pinned_window_testkit::{Ability, Audit, Store, Stored};
 
     use crate::support::postgres::{TestSchema, connect, pool, url};

@@ -114,7 +114,6 @@ impl<'a> KeyBytes<'a> {
         }
     }
 
-    #[cfg(any(test, feature = "redis", feature = "postgres"))]
     /// Bytes that are not a [`Key`] (a key read back from a store's storage
     /// key, of any length), padded in `buffer`.
     pub(crate) fn copied(bytes: &'a [u8], buffer: &'a mut [u8; HASHED_KEY_LEN]) -> Self {

@@ -1,0 +1,168 @@
+//! The backstop: find (and on request repair) limiter keys without a
+//! lifetime, on one server or on every master of a Cluster.
+
+use ::redis::{Cmd, RedisResult, Value};
+
+use super::connection::classify::unavailable;
+use super::connection::nodes::{Node, Nodes};
+use super::reply::name;
+use super::script::{REPAIR, Target};
+use tower_pinned_window::Window;
+use tower_pinned_window::backend::{AuditReport, BackendError};
+
+/// A command target that is one node of a deployment: a script run on it
+/// goes to that node.
+struct OnNode<'a, N> {
+    connection: &'a mut N,
+    node: &'a Node,
+}
+
+impl<N: Nodes + Send> Target for OnNode<'_, N> {
+    async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        // A Cluster node's error reply (`NOSCRIPT`, say) comes back as a
+        // value: made an error here, as a connection's `query_async` does.
+        self.connection
+            .on_node(self.node, cmd.clone())
+            .await?
+            .extract_error()
+    }
+}
+
+/// Scan every key under `prefix` on every node of `connection`, and repair
+/// what `repair` says: see [`RedisBackend::audit`](super::RedisBackend::audit).
+pub(super) async fn run<N: Nodes + Send>(
+    mut connection: N,
+    prefix: &[u8],
+    repair: Option<Window>,
+) -> Result<AuditReport, BackendError> {
+    let nodes = connection.nodes().await.map_err(unavailable)?;
+    let pattern = glob_escape(prefix);
+    let mut report = AuditReport::default();
+    report.nodes = nodes.len();
+    for node in &nodes {
+        let mut cursor = 0u64;
+        loop {
+            let mut scan = ::redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(1000);
+            let reply = connection.on_node(node, scan).await.map_err(unavailable)?;
+            let (next, keys): (u64, Vec<Vec<u8>>) =
+                ::redis::from_redis_value(reply).map_err(malformed)?;
+            for key in keys {
+                report.scanned += 1;
+                let mut pttl = ::redis::cmd("PTTL");
+                pttl.arg(&key);
+                let ttl: i64 = ::redis::from_redis_value(
+                    connection.on_node(node, pttl).await.map_err(unavailable)?,
+                )
+                .map_err(malformed)?;
+                if ttl != -1 {
+                    continue;
+                }
+                if let Some(window) = repair {
+                    let mut target = OnNode {
+                        connection: &mut connection,
+                        node,
+                    };
+                    let reply = REPAIR
+                        .run_on_key(&mut target, &key, Some(window.as_millis()))
+                        .await
+                        .map_err(unavailable)?;
+                    let set: i64 = ::redis::from_redis_value(reply).map_err(malformed)?;
+                    match set {
+                        1 => report.repaired.push(name(&key)),
+                        -1 => report.corrupt.push(name(&key)),
+                        _ => {}
+                    }
+                } else if !holds_a_counter(&mut connection, node, &key).await? {
+                    report.corrupt.push(name(&key));
+                }
+                report.without_lifetime.push(name(&key));
+            }
+            cursor = next;
+            if cursor == 0 {
+                break;
+            }
+        }
+    }
+    Ok(report)
+}
+
+/// Whether `key` holds a counter, as the repair script judges it: a string
+/// of decimal digits. A key that is gone by now counts as one (there is
+/// nothing corrupt left to report). Read only: a report changes nothing.
+async fn holds_a_counter<N: Nodes + Send>(
+    connection: &mut N,
+    node: &Node,
+    key: &[u8],
+) -> Result<bool, BackendError> {
+    let mut kind = ::redis::cmd("TYPE");
+    kind.arg(key);
+    let kind: String =
+        ::redis::from_redis_value(connection.on_node(node, kind).await.map_err(unavailable)?)
+            .map_err(malformed)?;
+    match kind.as_str() {
+        "none" => return Ok(true),
+        "string" => {}
+        _ => return Ok(false),
+    }
+    let mut get = ::redis::cmd("GET");
+    get.arg(key);
+    let value: Option<Vec<u8>> =
+        ::redis::from_redis_value(connection.on_node(node, get).await.map_err(unavailable)?)
+            .map_err(malformed)?;
+    Ok(value.is_none_or(|value| is_count(&value)))
+}
+
+/// A counter's value: one or more ASCII digits (the repair script's
+/// `^%d+$`).
+fn is_count(value: &[u8]) -> bool {
+    !value.is_empty() && value.iter().all(u8::is_ascii_digit)
+}
+
+/// `prefix*`, with the prefix's glob characters escaped.
+fn glob_escape(prefix: &[u8]) -> Vec<u8> {
+    let mut pattern = Vec::with_capacity(prefix.len() + 1);
+    for &byte in prefix {
+        if matches!(byte, b'*' | b'?' | b'[' | b']' | b'\\') {
+            pattern.push(b'\\');
+        }
+        pattern.push(byte);
+    }
+    pattern.push(b'*');
+    pattern
+}
+
+fn malformed(err: ::redis::ParsingError) -> BackendError {
+    BackendError::Unavailable(Box::new(err))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_are_digits_only() {
+        for (value, count) in [
+            (&b"0"[..], true),
+            (b"42", true),
+            (b"", false),
+            (b"-1", false),
+            (b"1.5", false),
+            (b" 1", false),
+            (b"abc", false),
+            (b"1\n", false),
+        ] {
+            assert_eq!(is_count(value), count, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn audit_patterns_escape_globs() {
+        assert_eq!(glob_escape(b"tpw:"), b"tpw:*");
+        assert_eq!(glob_escape(b"a*b?[c]\\"), b"a\\*b\\?\\[c\\]\\\\*");
+    }
+}

@@ -1,0 +1,254 @@
+//! Hits through the lanes: the requests' hits of one call, counted by the
+//! batch script (`hit_batch.lua`), or by the one-hit script for a call of
+//! one request on one counter.
+//!
+//! Exactness: n hits on one counter are one `INCRBY n` in the script, with the
+//! lifetime attached in the same atomic step when the counter has none; they
+//! take the counts `c-n+1 ..= c`, exactly what n `INCR`s would have given,
+//! and each hit gets its own count, the counter's time left and its deadline
+//! (`PEXPIRETIME`). Hits on one key with different windows are separate
+//! entries, applied in order, as if sent one after the other. A corrupt
+//! counter answers its own entry; the other entries of the call are counted.
+
+use std::borrow::Borrow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ::redis::aio::ConnectionLike;
+use ::redis::{RedisResult, Value};
+use hashbrown::HashMap;
+use hashbrown::hash_map::Entry;
+use smallvec::SmallVec;
+
+use super::coalesce::{Answers, Work};
+use super::connection::guarded::Guarded;
+use super::reply::{parse_batch, parse_hit};
+use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
+use tower_pinned_window::Quota;
+use tower_pinned_window::backend::toolkit::Denials;
+use tower_pinned_window::backend::toolkit::storage_key;
+use tower_pinned_window::backend::{BackendError, Hit, Hits};
+
+/// The answer to one request: a result per counter, in order.
+pub(super) type CounterAnswers = SmallVec<[Result<Hit, BackendError>; 2]>;
+
+/// A storage key, inline when it fits (most do: an IPv6 address under a
+/// short prefix and layer name), so that a hit allocates nothing for it.
+pub(super) type StoredKey = SmallVec<[u8; 64]>;
+
+/// One request's counters: storage key and window (ms) of each.
+pub(super) type Counters = SmallVec<[(StoredKey, u64); 2]>;
+
+/// What turns the answers for a request's counters into its [`Hits`]: the
+/// quotas, and the deny cache that remembers a denial.
+pub(super) struct Finish {
+    /// Each counter's quota, and whether it lowers.
+    pub(super) quotas: SmallVec<[CounterQuota; 2]>,
+    pub(super) deny: Option<Arc<Denials>>,
+    /// The length of the backend's prefix: a denied counter's namespace and
+    /// key are read back from its storage key.
+    pub(super) prefix: usize,
+    /// When the hits were sent: a denial is remembered until this plus the
+    /// time Redis said was left, never past the window in Redis.
+    pub(super) sent: std::time::Instant,
+}
+
+/// A counter's quota, and whether it
+/// [lowers](tower_pinned_window::backend::Counter::lowers): its denial is then held only
+/// for the recheck bound.
+#[derive(Clone, Copy)]
+pub(super) struct CounterQuota {
+    pub(super) quota: Quota,
+    pub(super) lowers: bool,
+}
+
+impl Finish {
+    /// The request's hits, from the answers for its `counters`, in order.
+    pub(super) fn answered(
+        &self,
+        counters: &Counters,
+        answers: CounterAnswers,
+    ) -> Result<Hits, BackendError> {
+        let mut hits = Hits::with_capacity(answers.len());
+        for ((answer, counter), (stored, _)) in answers.into_iter().zip(&self.quotas).zip(counters)
+        {
+            let hit = answer?;
+            if hit.count > counter.quota.limit() {
+                self.remember(stored, hit.reset, false, counter.lowers);
+            }
+            hits.push(hit);
+        }
+        Ok(hits)
+    }
+
+    /// The counter `stored` is denied for `left` from when the request was
+    /// sent, at its limit or `locked` out: the deny cache, when there is
+    /// one, remembers it until then, or for its recheck bound when the
+    /// counter `lowers`.
+    pub(super) fn remember(&self, stored: &[u8], left: Duration, locked: bool, lowers: bool) {
+        let Some(denials) = &self.deny else {
+            return;
+        };
+        // Decoded only on a denial, which is rare: a request that is let
+        // through copies nothing for the cache.
+        match storage_key::decode(&stored[..self.prefix], stored) {
+            Some((namespace, key)) => {
+                denials.remember(&namespace, &key, self.sent, left, locked, lowers);
+            }
+            None => debug_assert!(false, "a storage key this backend made decodes"),
+        }
+    }
+}
+
+/// One request's hits, for a lane: its counters, and what makes its hits
+/// of their answers.
+pub(super) struct HitWork {
+    pub(super) counters: Counters,
+    pub(super) finish: Finish,
+}
+
+impl Work for HitWork {
+    type Answer = Hits;
+
+    fn key(&self) -> &[u8] {
+        self.counters.first().map_or(&[][..], |(key, _)| key)
+    }
+
+    async fn run<C, B>(connection: &Guarded<C>, works: &[B]) -> RedisResult<Answers<Hits>>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+        B: Borrow<Self> + Sync,
+    {
+        if let [work] = works
+            && let [(key, window)] = work.borrow().counters.as_slice()
+        {
+            // One request on one counter: the one-hit script, the
+            // cheapest call for Redis.
+            let work = work.borrow();
+            let reply = HIT
+                .run_on_key(&mut connection.for_write(key), key, Some(*window))
+                .await?;
+            let answer = parse_hit(reply, key);
+            return Ok(std::iter::once(
+                work.finish
+                    .answered(&work.counters, std::iter::once(answer).collect()),
+            )
+            .collect());
+        }
+        batch(connection, works).await
+    }
+}
+
+/// The batch script's call for `works`, and each request's hits.
+async fn batch<C, B>(connection: &Guarded<C>, works: &[B]) -> RedisResult<Answers<Hits>>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    B: Borrow<HitWork> + Sync,
+{
+    // One entry per distinct (key, window), with its number of hits; each
+    // request's counters are (entry, the hit's place among the entry's).
+    let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(works.len());
+    // A hashbrown map (foldhash, seeded per process), not SipHash: it holds
+    // at most MAX_PER_CALL keys, so even keys chosen to collide cost a
+    // bounded amount per call.
+    let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(works.len());
+    let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(works.len());
+    for work in works {
+        let mut place = SmallVec::new();
+        for (key, window) in &work.borrow().counters {
+            let at = match index.entry((key.as_slice(), *window)) {
+                Entry::Occupied(e) => *e.get(),
+                Entry::Vacant(e) => {
+                    entries.push((key.as_slice(), *window, 0));
+                    *e.insert(entries.len() - 1)
+                }
+            };
+            place.push((at, entries[at].2));
+            entries[at].2 += 1;
+        }
+        places.push(place);
+    }
+    drop(index);
+
+    let reply = eval(connection, &entries).await?;
+    // Each entry's last hit.
+    let mut replies: Vec<Result<Hit, BackendError>> =
+        parse_batch(reply, &entries).unwrap_or_else(|other| {
+            let detail = format!(
+                "unexpected reply to a batch of {}: {other:?}",
+                entries.len()
+            );
+            entries
+                .iter()
+                .map(|_| Err(BackendError::Unavailable(detail.clone().into())))
+                .collect()
+        });
+    // The entry's n hits took count-n+1 ..= count, in order: each reply
+    // becomes its entry's first hit, and the nth hit's count is that plus n.
+    for (reply, &(_, _, hits)) in replies.iter_mut().zip(&entries) {
+        if let Ok(hit) = reply {
+            hit.count = hit.count.saturating_sub(hits - 1);
+        }
+    }
+    drop(entries);
+    Ok(works
+        .iter()
+        .zip(places)
+        .map(|(work, place)| {
+            let work = work.borrow();
+            let answers: CounterAnswers = place
+                .iter()
+                .map(|&(at, nth)| match &replies[at] {
+                    Ok(first) => Ok(Hit {
+                        count: first.count + nth,
+                        ..*first
+                    }),
+                    Err(err) => Err(copy(err)),
+                })
+                .collect();
+            work.finish.answered(&work.counters, answers)
+        })
+        .collect())
+}
+
+/// The batch script for `entries` (storage key, window in ms, hits): every
+/// key, then each entry's hits and window. The breaker is the one of the
+/// call's slot (one slot, on a Cluster), named by its first key.
+async fn eval<C>(connection: &Guarded<C>, entries: &[(&[u8], u64, u64)]) -> RedisResult<Value>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    let size = Size {
+        keys: entries.len(),
+        args: 3 * entries.len(),
+        bytes: entries
+            .iter()
+            .map(|(key, _, _)| key.len() + 2 * U64_DIGITS)
+            .sum(),
+    };
+    let first = entries.first().map_or(&[][..], |(key, _, _)| key);
+    HIT_BATCH
+        .run(&mut connection.for_write(first), size, |cmd| {
+            for (key, _, _) in entries {
+                cmd.arg(*key);
+            }
+            for (_, window, hits) in entries {
+                cmd.arg(*hits).arg(*window);
+            }
+        })
+        .await
+}
+
+/// The same error again, for every hit of an entry.
+fn copy(err: &BackendError) -> BackendError {
+    match err {
+        BackendError::Corrupt { key, detail } => BackendError::Corrupt {
+            key: key.clone(),
+            detail: detail.clone(),
+        },
+        BackendError::TimedOut => BackendError::TimedOut,
+        BackendError::AtCapacity => BackendError::AtCapacity,
+        BackendError::ClusterDown(err) => BackendError::ClusterDown(err.to_string().into()),
+        other => BackendError::Unavailable(other.to_string().into()),
+    }
+}

@@ -1,0 +1,727 @@
+//! What Redis answers, read: the replies of the scripts, each checked for
+//! its shape. A counter that holds something else than a count is
+//! [`BackendError::Corrupt`], named by its storage key.
+
+use std::num::NonZeroU64;
+use std::time::Duration;
+
+use ::redis::Value;
+
+use smallvec::SmallVec;
+
+use tower_pinned_window::backend::{BackendError, Hit};
+
+/// A counter that holds something else than a count, named by its storage
+/// key.
+pub(super) fn corrupt(key: &[u8], detail: String) -> BackendError {
+    BackendError::Corrupt {
+        key: name(key),
+        detail,
+    }
+}
+
+/// A counter's name in errors and audit reports: its storage key, escaped.
+pub(super) fn name(key: &[u8]) -> String {
+    key.escape_ascii().to_string()
+}
+
+/// The reply of the hit script: `{count, microseconds left, PEXPIRETIME}`,
+/// or `{reason}` for a corrupt counter.
+pub(super) fn parse_hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
+    match value {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(count), Value::Int(ttl), Value::Int(deadline)]
+                if *count >= 1 && *ttl >= 0 =>
+            {
+                Ok(Hit {
+                    count: *count as u64,
+                    reset: Duration::from_millis(*ttl as u64),
+                    deadline: u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
+                })
+            }
+            [Value::BulkString(reason)] => {
+                Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+            }
+            _ => Err(corrupt(key, format!("unexpected script reply {items:?}"))),
+        },
+        other => Err(corrupt(key, format!("unexpected script reply {other:?}"))),
+    }
+}
+
+/// The amend script's reply, `[codes, reason, ...]`: a signed byte per
+/// amend, in order (1 changed, 0 nothing to change, -1 a corrupt counter,
+/// left as it is, -2 invalid arguments), then the reason of each amend
+/// answered -1 or -2, in order. `counters`: the amends' storage keys, in
+/// order. A reply of another shape is given back, for the error.
+pub(super) fn parse_amends(
+    value: Value,
+    counters: &[&[u8]],
+) -> Result<Vec<Result<bool, BackendError>>, Value> {
+    let Some((codes, reasons)) = amends_shape(&value, counters.len()) else {
+        return Err(value);
+    };
+    let mut reasons = reasons.iter();
+    Ok(codes
+        .iter()
+        .zip(counters)
+        .map(|(&code, key)| match code as i8 {
+            1 => Ok(true),
+            0 => Ok(false),
+            code => {
+                let reason = match reasons.next() {
+                    Some(Value::BulkString(reason)) => String::from_utf8_lossy(reason),
+                    _ => unreachable!("counted by amends_shape"),
+                };
+                match code {
+                    -1 => Err(corrupt(key, reason.into_owned())),
+                    -2 => Err(BackendError::Unavailable(reason.into_owned().into())),
+                    other => Err(corrupt(key, format!("unexpected script reply {other}"))),
+                }
+            }
+        })
+        .collect())
+}
+
+/// The codes and reasons of an amend reply for `n` amends: a code per
+/// amend, and a reason (a string) for each one that is neither 1 nor 0.
+fn amends_shape(value: &Value, n: usize) -> Option<(&[u8], &[Value])> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let [Value::BulkString(codes), reasons @ ..] = items.as_slice() else {
+        return None;
+    };
+    let refused = codes.iter().filter(|&&code| code > 1).count();
+    let strings = reasons.iter().all(|r| matches!(r, Value::BulkString(_)));
+    (codes.len() == n && reasons.len() == refused && strings).then_some((codes, reasons))
+}
+
+/// The reply of the peek script: `{}` no counter, `{value, PTTL}`, or
+/// `{reason}` for a corrupt counter.
+pub(super) fn parse_peek(value: Value, key: &[u8]) -> Result<Option<Hit>, BackendError> {
+    let Value::Array(items) = value else {
+        return Err(corrupt(key, format!("unexpected script reply {value:?}")));
+    };
+    match items.as_slice() {
+        [] => Ok(None),
+        [Value::BulkString(reason)] => {
+            Err(corrupt(key, String::from_utf8_lossy(reason).into_owned()))
+        }
+        [Value::BulkString(digits), Value::Int(ttl)] => {
+            let count = std::str::from_utf8(digits)
+                .ok()
+                .and_then(|s| s.parse::<u64>().ok())
+                .ok_or_else(|| corrupt(key, format!("value {}", digits.escape_ascii())))?;
+            // A counter without a lifetime (PTTL -1) never resets by itself.
+            let reset = u64::try_from(*ttl).map_or(Duration::MAX, Duration::from_millis);
+            Ok(Some(Hit {
+                count,
+                reset,
+                deadline: None,
+            }))
+        }
+        _ => Err(corrupt(key, format!("unexpected script reply {items:?}"))),
+    }
+}
+
+/// The batch script's reply, `[clock, answers, place, reason, ...]`: one
+/// result per entry, the entry's last hit (its count, the counter's time
+/// left and deadline). `answers` holds two signed 64-bit big-endian
+/// integers per entry (count and deadline, or a code of -1 or -2 and 0 for
+/// an entry refused, whose place, from 1, and reason follow). `entries`
+/// are (storage key, window, hits), in the order of the call. The clock is
+/// the server's, in ms, when deadlines follow; -1 (a server before 7.0)
+/// when times left follow instead. A reply of another shape is given back,
+/// for the error.
+pub(super) fn parse_batch(
+    reply: Value,
+    entries: &[(&[u8], u64, u64)],
+) -> Result<Vec<Result<Hit, BackendError>>, Value> {
+    let Some((clock, answers, refused)) = batch_shape(&reply, entries.len()) else {
+        return Err(reply);
+    };
+    Ok(answers
+        .chunks_exact(16)
+        .zip(entries)
+        .enumerate()
+        .map(|(at, (pair, (key, _, _)))| {
+            let (count, when) = pair.split_at(8);
+            let count = i64::from_be_bytes(count.try_into().expect("8 bytes"));
+            let when = i64::from_be_bytes(when.try_into().expect("8 bytes"));
+            let reason = refused
+                .iter()
+                .find(|(place, _)| *place == at)
+                .map(|(_, reason)| *reason);
+            parse_entry(count, when, reason, clock, key)
+        })
+        .collect())
+}
+
+/// The parts of a batch reply for `n` entries: the clock (`None` before
+/// Redis 7.0), the packed answers, and the refused entries' places (from 0)
+/// and reasons; `None` when it is not of that shape.
+#[allow(clippy::type_complexity)]
+fn batch_shape(
+    reply: &Value,
+    n: usize,
+) -> Option<(Option<u64>, &[u8], SmallVec<[(usize, &[u8]); 2]>)> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let [Value::Int(now), Value::BulkString(answers), tail @ ..] = items.as_slice() else {
+        return None;
+    };
+    if *now < -1 || answers.len() != 16 * n || tail.len() % 2 != 0 {
+        return None;
+    }
+    let refused = tail
+        .chunks_exact(2)
+        .map(|pair| match pair {
+            [Value::Int(place), Value::BulkString(reason)] => {
+                let at = usize::try_from(*place).ok()?.checked_sub(1)?;
+                (at < n).then_some((at, reason.as_slice()))
+            }
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    Some((u64::try_from(*now).ok(), answers, refused))
+}
+
+/// One entry's answer: its last hit, or why there is none. `clock` is the
+/// server's when `when` is the counter's deadline; `None` when it is the
+/// time left.
+fn parse_entry(
+    count: i64,
+    when: i64,
+    reason: Option<&[u8]>,
+    clock: Option<u64>,
+    key: &[u8],
+) -> Result<Hit, BackendError> {
+    match (count, reason) {
+        (1.., None) if when >= 0 => {
+            let (count, when) = (count as u64, when as u64);
+            Ok(match clock {
+                Some(now) => Hit {
+                    count,
+                    reset: Duration::from_millis(when.saturating_sub(now)),
+                    deadline: NonZeroU64::new(when),
+                },
+                None => Hit {
+                    count,
+                    reset: Duration::from_millis(when),
+                    deadline: None,
+                },
+            })
+        }
+        (-1, Some(reason)) => Err(corrupt(key, String::from_utf8_lossy(reason).into_owned())),
+        (-2, Some(err)) => Err(BackendError::Unavailable(
+            String::from_utf8_lossy(err).into_owned().into(),
+        )),
+        _ => Err(corrupt(
+            key,
+            format!("unexpected script reply {count}, {when}, {reason:?}"),
+        )),
+    }
+}
+
+/// Whether a spend's counter can take no spend at all until its time left is
+/// over.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Full {
+    /// It can (or it was not denied).
+    No,
+    /// At its limit (or over): until its window closes.
+    AtLimit,
+    /// Locked out: until the lockout ends.
+    Locked,
+}
+
+/// What the spend script answered for one request.
+#[derive(Debug)]
+pub(super) enum Spent {
+    /// Admitted or denied: each counter's hit (a deadline only when the
+    /// request was admitted and the counter counted it), and whether no
+    /// spend can fit the counter until the hit's time left is over.
+    Decided(SmallVec<[(Hit, Full); 2]>),
+    /// Counter `counter` (from 0) is corrupt; nothing was written.
+    Corrupt { counter: usize, reason: String },
+    /// The request's arguments were refused; nothing was written.
+    Invalid(String),
+}
+
+/// The spend script's reply, `[answers, reason, ...]`: signed 64-bit
+/// big-endian integers, per request in order, `1` admitted or `0` denied
+/// then four per counter (count, ms left, deadline or -1, and 1 when at its
+/// limit or 2 when locked out, so that no spend fits before the ms left are
+/// over, else 0), or
+/// `-1, i` when counter `i` (from 1) is corrupt, or `-2` when the request's
+/// arguments were refused; then the reason of each request answered -1 or
+/// -2, in order. `sizes`: each request's number of counters. A reply of
+/// another shape (or with anything left over) is given back, for the error.
+pub(super) fn parse_spends(
+    value: Value,
+    sizes: impl Iterator<Item = usize>,
+) -> Result<Vec<Spent>, Value> {
+    match spends_shape(&value, sizes) {
+        Some(spent) => Ok(spent),
+        None => Err(value),
+    }
+}
+
+fn spends_shape(value: &Value, sizes: impl Iterator<Item = usize>) -> Option<Vec<Spent>> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let [Value::BulkString(packed), reasons @ ..] = items.as_slice() else {
+        return None;
+    };
+    let mut reasons = reasons.iter().map(|r| match r {
+        Value::BulkString(reason) => Some(String::from_utf8_lossy(reason).into_owned()),
+        _ => None,
+    });
+    let spent = unpack_spends(packed, &mut reasons, sizes)?;
+    reasons.next().is_none().then_some(spent)
+}
+
+/// What a spend call wrote in its marker (`spend.lua`): the first string of
+/// its reply, without the reasons (each request answered -1 or -2 gets an
+/// empty one). `None` for bytes of another shape.
+pub(super) fn parse_spend_marker(
+    packed: &[u8],
+    sizes: impl Iterator<Item = usize>,
+) -> Option<Vec<Spent>> {
+    unpack_spends(
+        packed,
+        &mut std::iter::repeat_with(|| Some(String::new())),
+        sizes,
+    )
+}
+
+/// The answers packed in `packed`, each request's as `sizes` says, with
+/// their reasons from `reasons`; `None` when anything is left over or
+/// missing.
+fn unpack_spends(
+    packed: &[u8],
+    reasons: &mut impl Iterator<Item = Option<String>>,
+    sizes: impl Iterator<Item = usize>,
+) -> Option<Vec<Spent>> {
+    if !packed.len().is_multiple_of(8) {
+        return None;
+    }
+    let mut nums = packed
+        .chunks_exact(8)
+        .map(|n| i64::from_be_bytes(n.try_into().expect("8 bytes")));
+    let mut spent = Vec::with_capacity(sizes.size_hint().0);
+    for n in sizes {
+        spent.push(match nums.next()? {
+            -1 => {
+                let counter = usize::try_from(nums.next()?).ok()?.checked_sub(1)?;
+                if counter >= n {
+                    return None;
+                }
+                let reason = reasons.next()??;
+                Spent::Corrupt { counter, reason }
+            }
+            -2 => Spent::Invalid(reasons.next()??),
+            admitted @ (0 | 1) => {
+                let counters = (0..n)
+                    .map(|_| {
+                        let (count, left, deadline, full) =
+                            (nums.next()?, nums.next()?, nums.next()?, nums.next()?);
+                        let full = match full {
+                            0 => Full::No,
+                            1 => Full::AtLimit,
+                            2 => Full::Locked,
+                            _ => return None,
+                        };
+                        if count < 0 || left < 0 || deadline < -1 {
+                            return None;
+                        }
+                        Some((
+                            Hit {
+                                count: count as u64,
+                                reset: Duration::from_millis(left as u64),
+                                deadline: if admitted == 1 {
+                                    u64::try_from(deadline).ok().and_then(NonZeroU64::new)
+                                } else {
+                                    None
+                                },
+                            },
+                            full,
+                        ))
+                    })
+                    .collect::<Option<_>>()?;
+                Spent::Decided(counters)
+            }
+            _ => return None,
+        });
+    }
+    nums.next().is_none().then_some(spent)
+}
+
+/// The parsers above, for the fuzz targets (`fuzz/`): built only under
+/// `--cfg fuzzing`, which cargo-fuzz passes, and reached through the
+/// crate's hidden `fuzzing` module.
+#[cfg(fuzzing)]
+pub(crate) mod fuzzing {
+    use super::{BackendError, Hit, Value};
+
+    pub(crate) fn hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
+        super::parse_hit(value, key)
+    }
+
+    /// The amend script's reply for one amend.
+    pub(crate) fn refund(value: Value, key: &[u8]) -> Result<Result<bool, BackendError>, Value> {
+        let mut amended = super::parse_amends(value, &[key])?;
+        Ok(amended.pop().expect("one amend, one answer"))
+    }
+
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn spend(
+        value: Value,
+        sizes: &[usize],
+    ) -> Result<Vec<Option<Vec<(Hit, bool)>>>, Value> {
+        Ok(super::parse_spends(value, sizes.iter().copied())?
+            .into_iter()
+            .map(|spent| match spent {
+                super::Spent::Decided(counters) => Some(
+                    counters
+                        .into_iter()
+                        .map(|(hit, full)| (hit, full != super::Full::No))
+                        .collect(),
+                ),
+                _ => None,
+            })
+            .collect())
+    }
+
+    pub(crate) fn peek(value: Value, key: &[u8]) -> Result<Option<Hit>, BackendError> {
+        super::parse_peek(value, key)
+    }
+
+    pub(crate) fn batch(
+        reply: Value,
+        entries: &[(&[u8], u64, u64)],
+    ) -> Result<Vec<Result<Hit, BackendError>>, Value> {
+        super::parse_batch(reply, entries)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_replies_parse() {
+        let at = NonZeroU64::new(1_700_000_060_000);
+        let cases: &[(&str, Value, Result<Hit, &str>)] = &[
+            (
+                "fresh",
+                Value::Array(vec![
+                    Value::Int(1),
+                    Value::Int(60_000),
+                    Value::Int(1_700_000_060_000),
+                ]),
+                Ok(Hit {
+                    count: 1,
+                    reset: Duration::from_secs(60),
+                    deadline: at,
+                }),
+            ),
+            (
+                "a server without PEXPIRETIME",
+                Value::Array(vec![Value::Int(2), Value::Int(5), Value::Int(-1)]),
+                Ok(Hit {
+                    count: 2,
+                    reset: Duration::from_millis(5),
+                    deadline: None,
+                }),
+            ),
+            (
+                "corrupt value",
+                Value::Array(vec![Value::BulkString(b"value abc".to_vec())]),
+                Err("value abc"),
+            ),
+            (
+                "zero count",
+                Value::Array(vec![Value::Int(0), Value::Int(5), Value::Int(9)]),
+                Err("unexpected script reply"),
+            ),
+            (
+                "negative ttl",
+                Value::Array(vec![Value::Int(3), Value::Int(-1), Value::Int(9)]),
+                Err("unexpected script reply"),
+            ),
+            (
+                "an older script's reply",
+                Value::Array(vec![Value::Int(1), Value::Int(60_000)]),
+                Err("unexpected script reply"),
+            ),
+            (
+                "not an array",
+                Value::Int(7),
+                Err("unexpected script reply"),
+            ),
+        ];
+        for (name, value, want) in cases {
+            match (parse_hit(value.clone(), b"tpw:n{k}"), want) {
+                (Ok(hit), Ok(want)) => assert_eq!(hit, *want, "{name}"),
+                (Err(BackendError::Corrupt { key, detail }), Err(want)) => {
+                    assert_eq!(key, "tpw:n{k}", "{name}");
+                    assert!(detail.contains(want), "{name}: {detail}");
+                }
+                (got, _) => panic!("{name}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn amend_replies_parse() {
+        // (case, code, reason, answer)
+        type Case<'a> = (&'a str, i8, Option<&'a str>, Result<bool, &'a str>);
+        let cases: &[Case<'_>] = &[
+            ("changed", 1, None, Ok(true)),
+            ("nothing to change", 0, None, Ok(false)),
+            ("corrupt", -1, Some("value abc"), Err("value abc")),
+            ("unexpected", 2, Some("x"), Err("unexpected script reply")),
+        ];
+        // One call of all the cases: each answer is its own amend's.
+        let codes = cases.iter().map(|(_, code, _, _)| *code as u8).collect();
+        let mut reply = vec![Value::BulkString(codes)];
+        reply.extend(cases.iter().filter_map(|(_, _, why, _)| why.map(text)));
+        let keys: Vec<&[u8]> = cases.iter().map(|_| &b"k"[..]).collect();
+        let amended = parse_amends(Value::Array(reply), &keys).unwrap();
+        assert_eq!(amended.len(), cases.len());
+        for ((name, _, _, want), got) in cases.iter().zip(amended) {
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{name}"),
+                (Err(BackendError::Corrupt { detail, .. }), Err(want)) => {
+                    assert!(detail.contains(want), "{name}: {detail}");
+                }
+                (got, _) => panic!("{name}: {got:?}"),
+            }
+        }
+        let invalid = Value::Array(vec![
+            Value::BulkString(vec![-2i8 as u8]),
+            text("ERR invalid amend"),
+        ]);
+        assert!(matches!(
+            parse_amends(invalid, &[b"k"]).unwrap().as_slice(),
+            [Err(BackendError::Unavailable(_))]
+        ));
+        // Another number of codes than amends, a reason missing or left
+        // over, or not a string: given back whole.
+        let codes = |c: &[u8]| Value::BulkString(c.to_vec());
+        for reply in [
+            Value::Array(vec![codes(&[])]),
+            Value::Array(vec![codes(&[1, 1])]),
+            Value::Array(vec![codes(&[255])]),
+            Value::Array(vec![codes(&[1]), text("x")]),
+            Value::Array(vec![codes(&[255]), Value::Int(1)]),
+            Value::Int(1),
+        ] {
+            assert_eq!(parse_amends(reply.clone(), &[b"k"]).unwrap_err(), reply);
+        }
+    }
+
+    /// The spend script's reply: the packed integers, then the reasons.
+    fn spends(nums: &[i64], reasons: &[&str]) -> Value {
+        let packed = nums.iter().flat_map(|n| n.to_be_bytes()).collect();
+        let mut reply = vec![Value::BulkString(packed)];
+        reply.extend(reasons.iter().map(|r| text(r)));
+        Value::Array(reply)
+    }
+
+    #[test]
+    fn spend_replies_parse() {
+        // Admitted on two counters (the second one full: at its limit now),
+        // then denied on one, then corrupt counter 2 of two, then refused.
+        let reply = spends(
+            &[
+                1,
+                3,
+                1_000,
+                1_700_000_000_000,
+                0,
+                10,
+                500,
+                1_700_000_000_001,
+                1,
+                0,
+                11,
+                2_000,
+                -1,
+                2,
+                -1,
+                2,
+                -2,
+            ],
+            &["value abc", "ERR tower-pinned-window: invalid spend"],
+        );
+        let spent = parse_spends(reply, [2, 1, 2, 1].into_iter()).unwrap();
+        match &spent[..] {
+            [
+                Spent::Decided(admitted),
+                Spent::Decided(denied),
+                Spent::Corrupt { counter: 1, reason },
+                Spent::Invalid(err),
+            ] => {
+                assert_eq!(admitted.len(), 2);
+                assert_eq!(admitted[0].0.count, 3);
+                assert_eq!(admitted[0].0.reset, Duration::from_secs(1));
+                assert_eq!(admitted[0].0.deadline, NonZeroU64::new(1_700_000_000_000));
+                assert_eq!((admitted[0].1, admitted[1].1), (Full::No, Full::AtLimit));
+                // Denied: nothing counted, so no deadline.
+                assert_eq!(denied[0].0.count, 11);
+                assert_eq!(denied[0].0.deadline, None);
+                assert_eq!(denied[0].1, Full::Locked);
+                assert_eq!(reason, "value abc");
+                assert!(err.contains("invalid spend"), "{err}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Malformed: too short, too long, a counter index out of range, a
+        // negative count, a full flag of 2, a reason missing or left over:
+        // each is given back whole.
+        for (reply, sizes) in [
+            (spends(&[1, 3, 1, -1], &[]), vec![1]),
+            (spends(&[0, 3, 1, -1, 0, 9], &[]), vec![1]),
+            (spends(&[-1, 2], &["x"]), vec![1]),
+            (spends(&[1, -3, 1, -1, 0], &[]), vec![1]),
+            (spends(&[1, 3, 1, -1, 3], &[]), vec![1]),
+            (spends(&[-2], &[]), vec![1]),
+            (spends(&[1, 3, 1, -1, 0], &["x"]), vec![1]),
+        ] {
+            assert_eq!(
+                parse_spends(reply.clone(), sizes.into_iter()).unwrap_err(),
+                reply
+            );
+        }
+    }
+
+    fn text(s: &str) -> Value {
+        Value::BulkString(s.as_bytes().to_vec())
+    }
+
+    const KEYS: [(&[u8], u64, u64); 4] = [
+        (b"tpw:n{a}", 60_000, 1),
+        (b"tpw:n{b}", 60_000, 1),
+        (b"tpw:n{c}", 60_000, 1),
+        (b"tpw:n{d}", 60_000, 1),
+    ];
+
+    /// The batch script's reply: the clock, each entry's two integers
+    /// packed, then the refused entries' places and reasons.
+    fn batch(clock: i64, entries: &[(i64, i64)], refused: &[(i64, &str)]) -> Value {
+        let packed = entries
+            .iter()
+            .flat_map(|(a, b)| a.to_be_bytes().into_iter().chain(b.to_be_bytes()))
+            .collect();
+        let mut reply = vec![Value::Int(clock), Value::BulkString(packed)];
+        for (place, reason) in refused {
+            reply.extend([Value::Int(*place), text(reason)]);
+        }
+        Value::Array(reply)
+    }
+
+    #[test]
+    fn replies_parse() {
+        let reply = batch(
+            1_000,
+            // A deadline already behind the clock: no time left.
+            &[(7, 1_500), (-2, 0), (2, 990), (-1, 0)],
+            &[
+                (2, "ERR tower-pinned-window: invalid window 0"),
+                (4, "value abc"),
+            ],
+        );
+        let replies = parse_batch(reply, &KEYS).unwrap();
+        assert_eq!(
+            replies[0].as_ref().unwrap(),
+            &Hit {
+                count: 7,
+                reset: Duration::from_millis(500),
+                deadline: NonZeroU64::new(1_500),
+            }
+        );
+        match &replies[1] {
+            Err(BackendError::Unavailable(err)) => {
+                assert!(err.to_string().contains("invalid window"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(
+            replies[2].as_ref().unwrap(),
+            &Hit {
+                count: 2,
+                reset: Duration::ZERO,
+                deadline: NonZeroU64::new(990),
+            }
+        );
+        match &replies[3] {
+            Err(BackendError::Corrupt { key, detail }) => {
+                assert_eq!((key.as_str(), detail.as_str()), ("tpw:n{d}", "value abc"));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn before_redis_7_the_time_left_comes_without_a_deadline() {
+        let replies = parse_batch(batch(-1, &[(2, 5)], &[]), &KEYS[..1]).unwrap();
+        assert_eq!(
+            replies[0].as_ref().unwrap(),
+            &Hit {
+                count: 2,
+                reset: Duration::from_millis(5),
+                deadline: None,
+            }
+        );
+    }
+
+    #[test]
+    fn unexpected_entries_are_corrupt() {
+        for (entry, refused) in [
+            ((0, 5), None),
+            ((3, -1), None),
+            ((-3, 0), Some("x")),
+            // A code without its reason, a count with one.
+            ((-1, 0), None),
+            ((3, 5), Some("x")),
+        ] {
+            let refused: Vec<_> = refused.into_iter().map(|r| (1, r)).collect();
+            let replies = parse_batch(batch(1_000, &[entry], &refused), &KEYS[..1]).unwrap();
+            assert!(
+                matches!(replies[0], Err(BackendError::Corrupt { .. })),
+                "{entry:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn replies_of_another_shape_are_refused_whole() {
+        let packed = |n: usize| Value::BulkString(vec![0; n]);
+        for reply in [
+            // An answer too few, a byte too many.
+            vec![Value::Int(1_000), packed(0)],
+            vec![Value::Int(1_000), packed(17)],
+            // No clock, a clock that is not one.
+            vec![packed(16)],
+            vec![text("1000"), packed(16)],
+            vec![Value::Int(-5), packed(16)],
+            // A refused entry's place outside the batch, or half a pair.
+            vec![Value::Int(1_000), packed(16), Value::Int(2), text("x")],
+            vec![Value::Int(1_000), packed(16), Value::Int(0), text("x")],
+            vec![Value::Int(1_000), packed(16), Value::Int(1)],
+            vec![],
+        ] {
+            assert!(
+                parse_batch(Value::Array(reply.clone()), &KEYS[..1]).is_err(),
+                "{reply:?}"
+            );
+        }
+        // The shape before, two integers per entry, for two entries.
+        let before = [1_000, 7, 1_500, 2, 1_005].map(Value::Int).to_vec();
+        assert!(parse_batch(Value::Array(before), &KEYS[..2]).is_err());
+    }
+}

@@ -1,0 +1,277 @@
+//! The Lua scripts, and the one way every one of them is run: `EVALSHA` by
+//! its SHA1, then once more with `EVAL` (which loads it again) when the
+//! server has lost it (`NOSCRIPT` after a restart, `SCRIPT FLUSH` or a
+//! failover).
+//!
+//! Each script is a `.lua` file beside this module.
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::sync::OnceLock;
+
+use ::redis::aio::ConnectionLike;
+use ::redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
+
+/// The script run for every hit, by its SHA1 (`EVALSHA`).
+///
+/// It increments the counter and attaches the window's lifetime only when the
+/// counter has none, which is the case for a counter it just created (or one
+/// left without a lifetime by older code); an existing lifetime is never
+/// touched. A value that is not a non-negative integer, or a key of another
+/// type, is corrupt: the script answers `{reason}` and the stored value is
+/// left exactly as it was. The window is checked before anything is written,
+/// so no error can leave a counter without a lifetime.
+///
+/// It answers `{count, PTTL, PEXPIRETIME}`: the counter's absolute expiry
+/// names the window for [`refund`](tower_pinned_window::backend::Backend::refund) (`-1` on
+/// a server older than Redis 7.0, where hits are never refunded).
+///
+/// It is plain text in `hit.lua`, beside this file, for a review or a
+/// `SCRIPT LOAD` of your own.
+pub(crate) const HIT_SCRIPT: &str = include_str!("hit.lua");
+
+/// The script of a coalesced call: [`HIT_SCRIPT`]'s step for several
+/// counters, each taking one or more hits.
+const HIT_BATCH_SCRIPT: &str = include_str!("hit_batch.lua");
+
+/// Refunds, charges or clears the counter a hit was counted in, only in
+/// that window (the counter's `PEXPIRETIME`, and the reset marker); never creates a key or touches a lifetime.
+const AMEND_SCRIPT: &str = include_str!("amend.lua");
+
+/// A spend, all or nothing, on every counter of a request, with its
+/// lockouts.
+const SPEND_SCRIPT: &str = include_str!("spend.lua");
+
+/// Deletes a counter and its lockout, and records the deletion in the reset
+/// marker.
+const RESET_SCRIPT: &str = include_str!("reset.lua");
+
+/// Reads a counter without counting.
+const PEEK_SCRIPT: &str = include_str!("peek.lua");
+
+/// Attaches a window to a counter that has no lifetime; touches nothing
+/// else, and never a corrupt key (whose lifetime would make it vanish).
+const REPAIR_SCRIPT: &str = include_str!("repair.lua");
+
+/// A script, its SHA1 (the name `EVALSHA` runs it by), and what a log line
+/// calls it.
+pub(super) struct Script {
+    name: &'static str,
+    text: &'static str,
+    /// Computed on the first call.
+    sha: OnceLock<String>,
+}
+
+impl Script {
+    const fn new(name: &'static str, text: &'static str) -> Self {
+        Self {
+            name,
+            text,
+            sha: OnceLock::new(),
+        }
+    }
+
+    /// The SHA1 `EVALSHA` runs the script by.
+    fn sha(&self) -> &str {
+        self.sha.get_or_init(|| sha1_hex(self.text))
+    }
+}
+
+/// One hit on one counter.
+pub(super) static HIT: Script = Script::new("hit", HIT_SCRIPT);
+
+/// Hits on several counters, in one call.
+pub(super) static HIT_BATCH: Script = Script::new("hit_batch", HIT_BATCH_SCRIPT);
+
+/// A hit refunded, charged or cleared.
+pub(super) static AMEND: Script = Script::new("amend", AMEND_SCRIPT);
+
+/// A spend.
+pub(super) static SPEND: Script = Script::new("spend", SPEND_SCRIPT);
+
+/// A reset.
+pub(super) static RESET: Script = Script::new("reset", RESET_SCRIPT);
+
+/// A counter read.
+pub(super) static PEEK: Script = Script::new("peek", PEEK_SCRIPT);
+
+/// A lifetime given to a counter found without one (the audit).
+pub(super) static REPAIR: Script = Script::new("repair", REPAIR_SCRIPT);
+
+/// Bytes in the decimal form of any `u64`, at most.
+pub(super) const U64_DIGITS: usize = 20;
+
+/// Where a script call goes: a connection (the backend's, behind its
+/// breaker), or one node of a deployment (the audit).
+pub(super) trait Target {
+    /// Send `cmd` and give its reply.
+    fn send(&mut self, cmd: &Cmd) -> impl Future<Output = RedisResult<Value>> + Send;
+}
+
+impl<C: ConnectionLike + Send> Target for C {
+    async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        cmd.query_async(self).await
+    }
+}
+
+/// Commands kept per thread for the next script calls to fill.
+const SPARE_CMDS: usize = 4;
+
+thread_local! {
+    /// Commands whose buffers the next script calls reuse: a call takes one
+    /// (or makes one), and gives it back cleared once answered, so that a
+    /// call allocates nothing for its command once the thread has run a
+    /// few. A command is at most a batch's (about 35 KB for 512 counters),
+    /// so a thread holds at most [`SPARE_CMDS`] of those.
+    static SPARE: RefCell<Vec<Cmd>> = const { RefCell::new(Vec::new()) };
+}
+
+/// A command to fill: a spare one of this thread's, or a new one with room
+/// for `args` arguments of `bytes` bytes in all.
+fn take_cmd(args: usize, bytes: usize) -> Cmd {
+    SPARE
+        .try_with(|spare| spare.borrow_mut().pop())
+        .ok()
+        .flatten()
+        .unwrap_or_else(|| Cmd::with_capacity(args, bytes))
+}
+
+/// `cmd` cleared, for the next call on this thread.
+fn give_back(mut cmd: Cmd) {
+    cmd.clear();
+    let _ = SPARE.try_with(|spare| {
+        let mut spare = spare.borrow_mut();
+        if spare.len() < SPARE_CMDS {
+            spare.push(cmd);
+        }
+    });
+}
+
+/// The size of a script call, known before it is built: its keys, the
+/// arguments that follow `numkeys` (keys included), and their bytes in all.
+/// A command grown one argument at a time reallocates both its buffers as it
+/// grows: a dozen times for a batch, several of them over a kilobyte, which
+/// also has the allocator sort through every small block freed since.
+#[derive(Debug, Clone, Copy)]
+pub(super) struct Size {
+    pub(super) keys: usize,
+    pub(super) args: usize,
+    pub(super) bytes: usize,
+}
+
+impl Size {
+    /// A call on one key, with at most one number after it.
+    pub(super) fn one_key(key: &[u8]) -> Self {
+        Self {
+            keys: 1,
+            args: 2,
+            bytes: key.len() + U64_DIGITS,
+        }
+    }
+}
+
+impl Script {
+    /// Run the script on `target` by its SHA1, and once more by its text if
+    /// the server has lost it. `args` appends the keys and arguments, as
+    /// `size` announced them; it is called again for the second try.
+    pub(super) async fn run(
+        &self,
+        target: &mut impl Target,
+        size: Size,
+        args: impl Fn(&mut Cmd),
+    ) -> RedisResult<Value> {
+        let build = |name: &str, script: &str| {
+            let bytes = name.len() + script.len() + U64_DIGITS + size.bytes;
+            let mut cmd = take_cmd(3 + size.args, bytes);
+            cmd.arg(name).arg(script).arg(size.keys);
+            args(&mut cmd);
+            cmd
+        };
+        // Given back only once answered: a call dropped before (its
+        // request gone) drops its command too.
+        let cmd = build("EVALSHA", self.sha());
+        let reply = target.send(&cmd).await;
+        give_back(cmd);
+        match reply {
+            Err(err) if err.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                tracing::debug!(
+                    script = self.name,
+                    "script missing on the server (restart or SCRIPT FLUSH): sending it with EVAL"
+                );
+                let cmd = build("EVAL", self.text);
+                let reply = target.send(&cmd).await;
+                give_back(cmd);
+                reply
+            }
+            other => other,
+        }
+    }
+
+    /// [`run`](Self::run) on one key, with `arg` after it when there is one.
+    pub(super) async fn run_on_key(
+        &self,
+        target: &mut impl Target,
+        key: &[u8],
+        arg: Option<u64>,
+    ) -> RedisResult<Value> {
+        self.run(target, Size::one_key(key), |cmd| {
+            cmd.arg(key).arg(arg);
+        })
+        .await
+    }
+}
+
+/// SHA1 of `text`, in lowercase hex: the name `EVALSHA` runs a script by.
+fn sha1_hex(text: &str) -> String {
+    ::redis::Script::new(text).get_hash().to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_script_shas_are_sha1_of_their_text() {
+        assert_eq!(sha1_hex("abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
+        for script in [&HIT, &HIT_BATCH, &AMEND, &SPEND, &RESET, &PEEK, &REPAIR] {
+            assert_eq!(script.sha(), sha1_hex(script.text), "{}", script.name);
+            assert_eq!(script.sha().len(), 40, "{}", script.name);
+        }
+    }
+
+    /// A target that answers `NOSCRIPT` to every `EVALSHA`, and records
+    /// what it was sent.
+    struct Forgetful(Vec<Vec<u8>>);
+
+    impl Target for Forgetful {
+        async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+            let name = match cmd.args_iter().next() {
+                Some(::redis::Arg::Simple(name)) => name.to_vec(),
+                _ => Vec::new(),
+            };
+            self.0.push(name.clone());
+            if name == b"EVALSHA" {
+                Err(::redis::RedisError::from((
+                    ErrorKind::Server(ServerErrorKind::NoScript),
+                    "no script",
+                )))
+            } else {
+                Ok(Value::Int(cmd.args_iter().count() as i64))
+            }
+        }
+    }
+
+    #[test]
+    fn a_lost_script_is_sent_again_by_its_text_once() {
+        let mut target = Forgetful(Vec::new());
+        let reply = futures_util::FutureExt::now_or_never(HIT.run_on_key(
+            &mut target,
+            b"tpw:n{k}",
+            Some(60_000),
+        ))
+        .expect("ready");
+        // EVAL, the script, numkeys, the key and the window.
+        assert_eq!(reply.unwrap(), Value::Int(5));
+        assert_eq!(target.0, [b"EVALSHA".to_vec(), b"EVAL".to_vec()]);
+    }
+}
