@@ -34,9 +34,9 @@ pub const DEFAULT_DENY_CACHE_RECHECK: Duration = Duration::from_millis(100);
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::time::Duration;
-/// use tower_pinned_window::backend::redis::RedisBackend;
+/// use tower_pinned_window_redis::RedisBackend;
 /// use tower_pinned_window::key::Key;
-/// use tower_pinned_window::redis::Client;
+/// use tower_pinned_window_redis::redis::Client;
 ///
 /// let client = Client::open("redis://127.0.0.1:6379/")?;
 /// let connection = client.get_multiplexed_async_connection().await?;
@@ -113,7 +113,7 @@ impl<C> RedisBackendBuilder<C> {
     /// # Examples
     ///
     /// ```
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     /// use tower_pinned_window::ConfigError;
     ///
     /// // Not connected here (there is no runtime): only the builder is shown.
@@ -177,7 +177,7 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     /// use tower_pinned_window::ConfigError;
     ///
     /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
@@ -275,7 +275,7 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     /// use tower_pinned_window::ConfigError;
     ///
     /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
@@ -346,8 +346,8 @@ impl<C> RedisBackendBuilder<C> {
     /// ```no_run
     /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
     /// use std::time::Duration;
-    /// use tower_pinned_window::backend::redis::RedisBackend;
-    /// use tower_pinned_window::redis::Client;
+    /// use tower_pinned_window_redis::RedisBackend;
+    /// use tower_pinned_window_redis::redis::Client;
     ///
     /// let client = Client::open("redis://127.0.0.1:6379/")?;
     /// let connection = client.get_multiplexed_async_connection().await?;
@@ -377,7 +377,7 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_pinned_window::backend::redis::RedisBackend;
+    /// use tower_pinned_window_redis::RedisBackend;
     /// use tower_pinned_window::ConfigError;
     ///
     /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
