@@ -214,12 +214,14 @@ async fn a_body_without_the_field_or_not_json_reserves_the_fallback() {
     // No body at all.
     let (seen, _) = send(max_tokens(), post(Chunks::new(&[]))).await;
     assert_eq!(seen.left, Some(LIMIT - FALLBACK), "no body");
-    // Another field, named by the user, and a reading of the parsed JSON.
+    // Another field, named by the user, and a reading of the body's JSON by
+    // the user's own closure.
     let body = r#"{"max_completion_tokens": 40, "n": 3}"#;
     let by_field = BodyEstimate::json_field("max_completion_tokens", FALLBACK);
     let (seen, _) = send(by_field, post(Chunks::new(&[body]))).await;
     assert_eq!(seen.left, Some(LIMIT - 40));
-    let times_n = BodyEstimate::json(FALLBACK, |v| {
+    let times_n = BodyEstimate::new(FALLBACK, |bytes| {
+        let v: serde_json::Value = serde_json::from_slice(bytes).ok()?;
         v["max_completion_tokens"]
             .as_u64()?
             .checked_mul(v["n"].as_u64()?)

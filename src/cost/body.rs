@@ -107,18 +107,11 @@ impl BodyEstimate {
     #[cfg(feature = "json")]
     pub fn json_field(field: impl Into<String>, fallback: u64) -> Self {
         let field: String = field.into();
-        Self::json(fallback, move |body| body.get(&field)?.as_u64())
-    }
-
-    /// The estimate `read` finds in the parsed JSON body (`None`: it finds
-    /// none); `fallback` when `read` finds none or the body is not JSON.
-    #[cfg(feature = "json")]
-    pub fn json<F>(fallback: u64, read: F) -> Self
-    where
-        F: Fn(&serde_json::Value) -> Option<u64> + Send + Sync + 'static,
-    {
         Self::new(fallback, move |bytes| {
-            read(&serde_json::from_slice::<serde_json::Value>(bytes).ok()?)
+            serde_json::from_slice::<serde_json::Value>(bytes)
+                .ok()?
+                .get(&field)?
+                .as_u64()
         })
     }
 

@@ -65,34 +65,32 @@ impl Allowlist {
     /// Add `cidr`: a network (`192.0.2.0/24`, `2001:db8::/48`) or one
     /// address.
     ///
+    /// ```
+    /// use std::net::IpAddr;
+    /// use tower_pinned_window::key::{Allowlist, ClientIp};
+    ///
+    /// let list = Allowlist::new(ClientIp::new()).allow("192.0.2.0/24").unwrap();
+    /// assert!(list.contains_ip(IpAddr::from([192, 0, 2, 200])));
+    /// // Compared in canonical form: the IPv4-mapped address is on the list too.
+    /// assert!(list.contains_ip("::ffff:192.0.2.200".parse().unwrap()));
+    /// assert!(!list.contains_ip(IpAddr::from([192, 0, 3, 1])));
+    /// ```
+    ///
     /// # Errors
     /// [`ConfigError::InvalidCidr`] when `cidr` is neither.
     pub fn allow(self, cidr: &str) -> Result<Self, ConfigError> {
         Ok(self.allow_net(parse_net(cidr)?))
     }
 
-    /// Add the network `net`, an [`IpNet`] built in code.
-    ///
-    /// ```
-    /// use std::net::{IpAddr, Ipv4Addr};
-    /// use ipnet::{IpNet, Ipv4Net};
-    /// use tower_pinned_window::key::{Allowlist, ClientIp};
-    ///
-    /// let office = IpNet::V4(Ipv4Net::new(Ipv4Addr::new(192, 0, 2, 0), 24).unwrap());
-    /// let list = Allowlist::new(ClientIp::new()).allow_net(office);
-    /// assert!(list.contains_ip(IpAddr::from([192, 0, 2, 200])));
-    /// // Compared in canonical form: the IPv4-mapped address is on the list too.
-    /// assert!(list.contains_ip("::ffff:192.0.2.200".parse().unwrap()));
-    /// assert!(!list.contains_ip(IpAddr::from([192, 0, 3, 1])));
-    /// ```
-    pub fn allow_net(mut self, net: IpNet) -> Self {
+    /// Add the network `net`.
+    fn allow_net(mut self, net: IpNet) -> Self {
         let mut nets = self.nets.to_vec();
         nets.extend(canonical_nets(net));
         self.nets = nets.into();
         self
     }
 
-    /// Whether `ip` is on the list (example: [`allow_net`](Self::allow_net)).
+    /// Whether `ip` is on the list (example: [`allow`](Self::allow)).
     pub fn contains_ip(&self, ip: IpAddr) -> bool {
         let ip = canonical(ip);
         self.nets.iter().any(|net| net.contains(&ip))

@@ -116,9 +116,8 @@ impl ClientIp {
         Ok(self.trust_net(parse_net(cidr)?))
     }
 
-    /// Trust the proxies in `net`, an [`IpNet`] built in code (see
-    /// [`trust_private`](Self::trust_private)'s example).
-    pub fn trust_net(mut self, net: IpNet) -> Self {
+    /// Trust the proxies in `net`.
+    fn trust_net(mut self, net: IpNet) -> Self {
         let mut trusted = self.trusted.to_vec();
         trusted.extend(canonical_nets(net));
         self.trusted = trusted.into();
@@ -136,13 +135,12 @@ impl ClientIp {
     ///
     /// ```
     /// use http::HeaderMap;
-    /// use ipnet::IpNet;
     /// use tower_pinned_window::key::{ClientIp, ForwardedHeader};
     ///
-    /// let cdn: IpNet = "198.51.100.0/24".parse().unwrap();
     /// let client_ip = ClientIp::new()
     ///     .trust_private()
-    ///     .trust_net(cdn)
+    ///     .trust("198.51.100.0/24") // a CDN's range
+    ///     .unwrap()
     ///     .header(ForwardedHeader::XRealIp);
     /// let mut headers = HeaderMap::new();
     /// headers.insert("x-real-ip", "203.0.113.7".parse().unwrap());
