@@ -42,8 +42,7 @@ type ReadFn = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
 
 /// How a layer reads a request's reservation from its body: the reading
 /// (a top-level JSON field with [`json_field`](Self::json_field), any
-/// function of the parsed JSON with [`json`](Self::json), any function of
-/// the bytes with [`new`](Self::new)), the estimate when it cannot read
+/// function of the bytes with [`new`](Self::new)), the estimate when it cannot read
 /// one (the fallback), and how much of the body it reads at most. Given to
 /// [`reserve_from_body`](crate::RateLimitLayer::reserve_from_body); the
 /// guide: [`docs/costs.md#reserve-from-the-body`](crate::guide::costs#reserve-from-the-body).
