@@ -215,7 +215,7 @@ impl<C> RedisBackendBuilder<C> {
     ///
     /// A command the layer gave up on counts as a failure when it had waited
     /// at least 10 ms: with a layer
-    /// [`timeout`](crate::RateLimitLayer::timeout) shorter than that, a
+    /// [`timeout`](tower_pinned_window::RateLimitLayer::timeout) shorter than that, a
     /// store that stops answering costs each request its timeout instead.
     /// A command dropped sooner (its client went away) counts neither way,
     /// so clients that cancel requests can't open the breaker of a healthy
@@ -318,7 +318,7 @@ impl<C> RedisBackendBuilder<C> {
     /// answers are not used: each of its requests fails with
     /// [`BackendError::Unavailable`](tower_pinned_window::backend::BackendError::Unavailable) ("not acknowledged by N replica(s)
     /// within T ms"), follows the layer's
-    /// [`FailurePolicy`](crate::FailurePolicy), and counts as a failure of
+    /// [`FailurePolicy`](tower_pinned_window::FailurePolicy), and counts as a failure of
     /// its master's breaker. The counts the master made stay as they are:
     /// the call is never sent again, and nothing is undone.
     ///
@@ -331,7 +331,7 @@ impl<C> RedisBackendBuilder<C> {
     /// calls on one master's connection go one after the other, each a
     /// replication round trip longer; a master whose replicas are slow or
     /// gone costs each of its calls up to `timeout`. With
-    /// [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen), a call
+    /// [`FailurePolicy::FailOpen`](tower_pinned_window::FailurePolicy::FailOpen), a call
     /// not acknowledged still lets its requests through (uncounted), as
     /// any outage does. See the Redis guide ([`docs/redis.md`](https://docs.rs/tower-pinned-window/latest/tower_pinned_window/guide/redis/index.html)) for the
     /// measured cost and what it guarantees.
