@@ -108,17 +108,18 @@ use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
 
-use crate::core::{FailurePolicy, OnMissingKey};
+use crate::budget::failure::FailurePolicy;
+use crate::core::OnMissingKey;
 use crate::error::ConfigError;
 use crate::key::{
     ClientIp, ForwardedHeader, GlobalKey, HeaderKey, Key, KeyError, KeyExtractor, PeerIp, RouteKey,
 };
-use crate::layer::RateLimitLayer;
 use crate::name::is_layer_name;
 use crate::policy::NamedQuota;
 use crate::quota::Quota;
 use crate::request::RequestHead;
 use crate::response::HeaderStyle;
+use crate::server::layer::RateLimitLayer;
 
 /// One limiter, as configuration describes it; see the
 /// [module docs](self) for the format. Deserialising checks every value,

@@ -33,6 +33,11 @@ impl Insurance {
         }
     }
 
+    /// The share of each quota's limit this instance decides at.
+    pub(crate) fn share(&self) -> Share {
+        self.share
+    }
+
     /// The same store, at another share.
     pub(crate) fn set_share(&mut self, share: Share) {
         self.share = share;

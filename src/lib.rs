@@ -164,26 +164,46 @@
     doc = concat!("# Features\n\n", document_features::document_features!())
 )]
 
-// The data path, outside in, one module a step: layer.rs (configuration)
-// → body.rs (only under reserve_from_body: a bounded prefix of the
-// request's body read before the limiter, then replayed) → service.rs (the request's key, its quota, the backend's count) →
-// future.rs (the count at once or after the wait, then the service) →
-// verdict.rs (the one verdict: pass, deny or fail) → outcome.rs (only under
-// count_if, reset_if or charge: what the answer does to the hits) → core.rs
-// (the settings a layer's services share) → insurance.rs (the limiter that
-// decides during outages) → policy.rs (the quotas a request is charged to)
-// → cost.rs (what a request spends, the layer's mode) → backend/ (counts)
-// → charge.rs (the body that reads the answer's cost when it ends).
-// request.rs is the way in, key/ reads it; decision.rs and response.rs are
-// the way out (label.rs: what a decision shows of its quota); count.rs
-// reads the service's answer.
-// outbound/ is the client layer's own data path, beside this one: its
-// layer → service → future → admit (line.rs: the waiters) → backend/ →
-// settle (the answer's charge); it imports from the list, nothing imports it.
-// Imports only point down this list.
+// The data paths, outside in, one module a step.
+// A request: server/ (layer.rs: configuration → service.rs: its key, its
+// quota, the backend's count → future.rs: the count at once or after the
+// wait, then the service → verdict.rs: the one verdict, pass, deny or
+// fail) → outcome/ (only under count_if, reset_if or charge: what the
+// answer does to the hits) → response.rs (the answer's headers and
+// denials). Under reserve_from_body, cost/body.rs reads a bounded prefix
+// of the body before the layer's service.
+// An outbound call: outbound/ (layer → service → future → admit, line.rs:
+// the waiters → settle: the answer's charge).
+// Both stand on the floor, budget/ (the failure policy, the spend plan and
+// its checks, settling, the log rules), which reaches the backend/.
+//
+// The modules, top to bottom (tools/imports.py, run by CI, fails on an
+// import that points up this list, or on files that import each other in
+// a loop); the faces and the middlewares first, the floor under them:
+//   config      limits from TOML, YAML, JSON (feature serde): builds layers
+//   outbound/   the client layer, BudgetLayer
+//   server/     the server layer, RateLimitLayer
+//   outcome/    counting by the answer: refunds, clears, charges
+//   core        the settings a server layer's services share
+//   budget/     the floor: failure policy, spend plan, settling, log rules
+//   insurance   the limiter that decides during outages
+//   policy      the quotas a request is charged to
+//   metrics     the layer's metric handles (feature metrics)
+//   response    the way out: headers, denials
+//   cost/       what a request spends: modes, metered bodies, body estimates
+//   backend/    counts: the contract and the stores
+//   key/        whom a request is charged to
+//   decision    the verdict's value, Decision
+//   label       what a decision shows of its quota
+//   count       reads the service's answer (CountOnly)
+//   request     the way in: a request's head
+//   quota       quotas, windows, shares
+//   error       configuration errors
+//   name        the rules for names
+//   timeout     the backend timeout's default
+//   guide       the guides, for rustdoc
 pub mod backend;
-mod body;
-mod charge;
+mod budget;
 #[cfg(feature = "serde")]
 pub mod config;
 mod core;
@@ -191,7 +211,6 @@ pub mod cost;
 mod count;
 mod decision;
 mod error;
-mod future;
 // The guides (docs/*.md) for rustdoc only; their examples run as doctests
 // of integration/, with every feature on.
 #[cfg(all(doc, not(doctest)))]
@@ -199,7 +218,6 @@ pub mod guide;
 mod insurance;
 pub mod key;
 mod label;
-mod layer;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
@@ -211,18 +229,20 @@ mod policy;
 mod quota;
 mod request;
 pub mod response;
-mod service;
-mod verdict;
+mod server;
+mod timeout;
 
-pub use crate::core::{FailurePolicy, OnMissingKey};
+pub use crate::core::OnMissingKey;
+pub use budget::failure::FailurePolicy;
 pub use decision::{Decision, DecisionIn, Outcome};
 pub use error::{ConfigError, RateErrorKind};
-pub use future::ResponseFuture;
-pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};
-pub use service::RateLimit;
+pub use server::future::ResponseFuture;
+pub use server::layer::RateLimitLayer;
+pub use server::service::RateLimit;
+pub use timeout::DEFAULT_TIMEOUT;
 
 /// Entry points for the fuzz targets in `fuzz/` (cargo-fuzz builds with
 /// `--cfg fuzzing`): thin wrappers around internal parsers. Not part of the

@@ -9,26 +9,20 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::FailurePolicy;
-use crate::backend::{BackendError, Counter, Hit, Hits, Spend, Spending};
-use crate::core::LogGate;
-use crate::cost::Cost;
-use crate::insurance::Insurance;
+use crate::backend::{BackendError, Counter, Hit, Hits, Spending};
+use crate::budget::failure::{self, Failure, Outage};
+use crate::budget::log::LogGate;
+use crate::budget::spend::SpendPlan;
 use crate::key::Key;
 use crate::quota::Quota;
 use crate::request::RequestHead;
 
 use super::error::{BudgetError, WaitBound};
 use super::line::{Lines, Turn, Wake};
-
-/// A response's usage, read when its body ends; `None` when it cannot be
-/// read (absent or malformed).
-pub(crate) type UsageFn = Arc<dyn Fn(&crate::cost::ResponseEnd<'_>) -> Option<u64> + Send + Sync>;
 
 /// The shortest nap between two asks of a spent budget, when the store says
 /// it returns in less (a window that ends this millisecond).
@@ -43,27 +37,24 @@ pub(crate) struct Budget<Bk> {
     pub(crate) name: Arc<str>,
     pub(crate) quota: Quota,
     pub(crate) backend: Bk,
-    /// What a call spends on its way out (its reservation, under `reserve`).
-    pub(crate) cost: Cost,
-    /// The cost is an estimate that the charge settles to the actual use.
-    pub(crate) reserve: bool,
-    pub(crate) charge: Option<UsageFn>,
+    /// What a call spends on its way out (its reservation, under
+    /// `reserve`), and what its answer's usage settles (under `charge`).
+    pub(crate) plan: SpendPlan,
     pub(crate) max_wait: Duration,
     pub(crate) max_waiters: usize,
     pub(crate) timeout: Duration,
-    pub(crate) failure: FailurePolicy,
-    pub(crate) insurance: Option<Insurance>,
+    /// The failure policy, and the insurance limiter under
+    /// [`FailurePolicy::Insurance`](crate::FailurePolicy::Insurance).
+    pub(crate) failure: Failure,
     pub(crate) lines: Arc<Lines>,
     pub(crate) warn_gate: Arc<LogGate>,
-    /// Set once an unreadable usage has been logged.
-    pub(crate) usage_logged: Arc<AtomicBool>,
 }
 
 /// A call the budget let through.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Admitted {
     /// What the store counted; `None` when the call passed uncounted
-    /// ([`FailurePolicy::FailOpen`] during an outage).
+    /// ([`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen) during an outage).
     pub(crate) hit: Option<Hit>,
     /// The insurance limiter counted it, in this process.
     pub(crate) insured: bool,
@@ -92,10 +83,7 @@ impl<Bk: Spending> Budget<Bk> {
     /// What the call with `head` spends.
     #[inline]
     pub(crate) fn cost(&self, head: &RequestHead<'_>) -> u64 {
-        match &self.cost {
-            Cost::Fixed(cost) => *cost,
-            Cost::By(cost) => cost(head),
-        }
+        self.plan.cost(head)
     }
 
     /// The store's step for a call of `cost` on `key`.
@@ -105,15 +93,10 @@ impl<Bk: Spending> Budget<Bk> {
             namespace: &self.name,
             quota: self.quota,
             // A settle may give back part of a reservation.
-            lowers: self.reserve,
+            lowers: self.plan.reserves(),
         };
-        let mut spend = Spend::cost(cost);
-        if self.charge.is_some() {
-            // A charge to come needs a window to land in, even at cost 0.
-            spend = spend.open();
-        }
         self.backend
-            .spend_all(key, std::slice::from_ref(&counter), spend)
+            .spend_all(key, std::slice::from_ref(&counter), self.plan.spend(cost))
     }
 
     /// What the store's answer to a spend of `cost` on `key` means for the
@@ -125,15 +108,11 @@ impl<Bk: Spending> Budget<Bk> {
         cost: u64,
         answer: Result<Hits, BackendError>,
     ) -> Result<Try, BudgetError> {
-        let answer = answer.and_then(|hits| {
-            hits.first()
-                .copied()
-                .ok_or_else(|| BackendError::Unavailable("the backend answered no hit".into()))
-        });
+        let answer = answer.and_then(|hits| hits.first().copied().ok_or_else(failure::no_hit));
         match answer {
             Ok(hit) => Ok(verdict(hit, self.quota.limit(), false)),
             Err(err) if err.is_corrupt() => {
-                tracing::error!(budget = %self.name, error = %err, "budget counter is corrupt: the call is stopped, the value left untouched");
+                failure::corrupt(&self.name, &err);
                 Err(self.backend_error(err))
             }
             Err(err) => self.outage(key, cost, err),
@@ -143,40 +122,22 @@ impl<Bk: Spending> Budget<Bk> {
     /// The store failed: the failure policy decides.
     #[cold]
     fn outage(&self, key: &Key, cost: u64, err: BackendError) -> Result<Try, BudgetError> {
-        let suppressed = self.warn_gate.admit();
-        match (&self.failure, &self.insurance) {
-            (FailurePolicy::FailOpen, _) => {
-                if let Some(suppressed) = suppressed {
-                    tracing::warn!(budget = %self.name, error = %err, suppressed, "budget store failed: calls pass uncounted (fail open)");
-                }
-                Ok(Try::Admitted(Admitted {
-                    hit: None,
-                    insured: false,
-                    room: 0,
-                }))
-            }
-            (FailurePolicy::Insurance(share), Some(insurance)) => {
-                if let Some(suppressed) = suppressed {
-                    tracing::warn!(budget = %self.name, error = %err, suppressed, %share, "budget store failed: calls are counted in this process at its share of the budget");
-                }
-                let limit = self.quota.share(*share).limit();
-                let spend = Spend::cost(cost);
-                let spend = if self.charge.is_some() {
-                    spend.open()
-                } else {
-                    spend
-                };
-                match insurance.spend_one(&self.name, self.quota, key, spend) {
-                    Ok(hit) => Ok(verdict(hit, limit, true)),
-                    Err(local) => Err(self.backend_error(local)),
-                }
-            }
-            _ => {
-                if let Some(suppressed) = suppressed {
-                    tracing::warn!(budget = %self.name, error = %err, suppressed, "budget store failed: calls fail (fail closed)");
-                }
-                Err(self.backend_error(err))
-            }
+        let (name, gate) = (&*self.name, &*self.warn_gate);
+        // What a call gets when its store fails under fail-closed.
+        let fails = "failing the call";
+        let decided = self.failure.decide(name, gate, err, fails, |insurance| {
+            let hit = insurance.spend_one(name, self.quota, key, self.plan.spend(cost))?;
+            let limit = self.quota.share(insurance.share()).limit();
+            Ok(verdict(hit, limit, true))
+        });
+        match decided {
+            Outage::Insured(judged) => Ok(judged),
+            Outage::Open => Ok(Try::Admitted(Admitted {
+                hit: None,
+                insured: false,
+                room: 0,
+            })),
+            Outage::Closed(err) => Err(self.backend_error(err)),
         }
     }
 
@@ -203,23 +164,12 @@ impl<Bk: Spending> Budget<Bk> {
         &self,
         answer: impl Future<Output = Result<Hits, BackendError>>,
     ) -> Result<Hits, BackendError> {
-        tokio::time::timeout(self.timeout, answer)
-            .await
-            .unwrap_or(Err(BackendError::TimedOut))
+        failure::timed(self.timeout, answer).await
     }
 
     /// The longest jitter of a line's head.
     fn jitter(&self) -> Duration {
         MAX_JITTER.min(self.quota.window().as_duration() / 20)
-    }
-
-    /// Whether `used` could be read; logs the first unreadable one.
-    pub(crate) fn log_unreadable_usage(&self) {
-        if !self.usage_logged.swap(true, Ordering::Relaxed) {
-            tracing::warn!(budget = %self.name, "budget charge could not read the answer's usage (absent or malformed): nothing charged, the call's reservation stands; logged once");
-        } else {
-            tracing::debug!(budget = %self.name, "budget charge could not read the answer's usage");
-        }
     }
 }
 

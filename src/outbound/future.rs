@@ -12,7 +12,7 @@ use pin_project_lite::pin_project;
 use tower_service::Service;
 
 use crate::backend::Spending;
-use crate::charge::{Meter, Metered};
+use crate::cost::charge::{Meter, Metered};
 use crate::key::Key;
 
 use super::admit::{Admitted, Budget};
@@ -115,7 +115,7 @@ fn tab<Bk: Spending>(
     cost: u64,
     admitted: Admitted,
 ) -> Option<Box<dyn Meter>> {
-    budget.charge.as_ref()?;
+    budget.plan.charge.as_ref()?;
     let hit = admitted.hit.filter(|hit| hit.deadline.is_some())?;
     Some(Box::new(Tab {
         budget: Arc::clone(budget),

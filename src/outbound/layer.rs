@@ -3,23 +3,22 @@
 
 use std::num::NonZeroU64;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use tower_layer::Layer;
 
-use crate::FailurePolicy;
 use crate::backend::{MemoryBackend, Spending};
-use crate::core::LogGate;
-use crate::cost::{Cost, CostFn, ResponseEnd};
+use crate::budget::check::{built, layer_name};
+use crate::budget::failure::{Failure, FailurePolicy};
+use crate::budget::log::LogGate;
+use crate::budget::spend::{Cost, SpendPlan};
+use crate::cost::ResponseEnd;
 use crate::error::ConfigError;
-use crate::insurance::Insurance;
 use crate::key::{GlobalKey, KeyExtractor, RequestHead};
-use crate::layer::DEFAULT_TIMEOUT;
-use crate::name::is_layer_name;
 use crate::quota::{Quota, Window};
+use crate::timeout::DEFAULT_TIMEOUT;
 
-use super::admit::{Budget, UsageFn};
+use super::admit::Budget;
 use super::line::Lines;
 use super::service::Budgeted;
 
@@ -60,21 +59,18 @@ pub struct BudgetLayer<K = GlobalKey, Bk = MemoryBackend> {
 struct Settings {
     name: Arc<str>,
     quota: Quota,
-    /// What a call spends: `cost` or `cost_fn`.
-    cost: Option<Cost>,
-    /// What a call reserves, for its charge to settle.
-    reserve: Option<CostFn>,
-    charge: Option<UsageFn>,
+    /// What a call spends (`cost`, `cost_fn` or `reserve`), and what its
+    /// answer's usage settles (`charge`).
+    plan: SpendPlan,
     max_wait: Duration,
     max_waiters: usize,
     /// What the store's window adds to the quota's.
     margin: Duration,
     timeout: Duration,
-    failure: FailurePolicy,
-    insurance: Option<Insurance>,
+    /// The failure policy and its insurance limiter.
+    failure: Failure,
     lines: Arc<Lines>,
     warn_gate: Arc<LogGate>,
-    usage_logged: Arc<AtomicBool>,
 }
 
 impl BudgetLayer {
@@ -87,10 +83,7 @@ impl BudgetLayer {
     /// characters from `A-Z a-z 0-9 _ - . :`; see [`try_new`](Self::try_new).
     #[track_caller]
     pub fn new(name: &'static str, quota: Quota) -> Self {
-        match Self::try_new(name, quota) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
+        built(Self::try_new(name, quota))
     }
 
     /// Like [`new`](Self::new), for a name known only at run time.
@@ -99,28 +92,21 @@ impl BudgetLayer {
     /// [`ConfigError::InvalidName`] for a name that is empty, too long, or
     /// has a character outside `A-Z a-z 0-9 _ - . :`.
     pub fn try_new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
-        let name = name.into();
-        if !is_layer_name(&name) {
-            return Err(ConfigError::InvalidName(name));
-        }
+        let name = layer_name(name.into())?;
         Ok(Self {
             key: GlobalKey,
             backend: MemoryBackend::new(),
             settings: Settings {
-                name: name.into(),
+                name,
                 quota,
-                cost: None,
-                reserve: None,
-                charge: None,
+                plan: SpendPlan::new(),
                 max_wait: DEFAULT_MAX_WAIT,
                 max_waiters: DEFAULT_MAX_WAITERS,
                 margin: DEFAULT_MARGIN,
                 timeout: DEFAULT_TIMEOUT,
-                failure: FailurePolicy::FailClosed,
-                insurance: None,
+                failure: Failure::default(),
                 lines: Arc::default(),
                 warn_gate: Arc::default(),
-                usage_logged: Arc::default(),
             },
         })
     }
@@ -153,7 +139,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// [`charge`](Self::charge) alone), all or nothing: it is sent only
     /// when its whole cost fits in what is left of the window.
     pub fn cost(mut self, cost: u64) -> Self {
-        self.settings.cost = Some(Cost::Fixed(cost));
+        self.settings.plan.cost = Some(Cost::Fixed(cost));
         self
     }
 
@@ -163,7 +149,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
-        self.settings.cost = Some(Cost::By(Arc::new(cost)));
+        self.settings.plan.cost = Some(Cost::By(Arc::new(cost)));
         self
     }
 
@@ -178,7 +164,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
-        self.settings.reserve = Some(Arc::new(estimate));
+        self.settings.plan.reserve = Some(Arc::new(estimate));
         self
     }
 
@@ -186,14 +172,15 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// answer reports). Without [`reserve`](Self::reserve), it is added to
     /// what the call spent; with it, it settles the reservation. `None`
     /// (the usage is absent or malformed) charges nothing, leaves what the
-    /// call spent as it is, and is logged once. The answers' bodies become
+    /// call spent as it is, and is logged at most once every 5 s. The
+    /// answers' bodies become
     /// [`Metered`](crate::cost::Metered).
     pub fn charge<F, T>(mut self, usage: F) -> Self
     where
         F: Fn(&ResponseEnd<'_>) -> T + Send + Sync + 'static,
         T: Into<Option<u64>>,
     {
-        self.settings.charge = Some(Arc::new(move |end: &ResponseEnd<'_>| usage(end).into()));
+        self.settings.plan.charge = Some(Arc::new(move |end: &ResponseEnd<'_>| usage(end).into()));
         self
     }
 
@@ -251,14 +238,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// they would on the store. A corrupt counter stops the call under any
     /// policy.
     pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
-        match (&policy, &mut self.settings.insurance) {
-            (FailurePolicy::Insurance(share), Some(insurance)) => insurance.set_share(*share),
-            (FailurePolicy::Insurance(share), None) => {
-                self.settings.insurance = Some(Insurance::new(*share));
-            }
-            _ => self.settings.insurance = None,
-        }
-        self.settings.failure = policy;
+        self.settings.failure.set(policy);
         self
     }
 
@@ -306,23 +286,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     ///   [`margin`](Self::margin) together are longer than [`Window::MAX`].
     pub fn check(&self) -> Result<(), ConfigError> {
         self.stored_quota()?;
-        if let Some(Cost::Fixed(cost)) = self.settings.cost
-            && cost > self.settings.quota.limit()
-        {
-            return Err(ConfigError::CostAboveLimit {
-                cost,
-                limit: self.settings.quota.limit(),
-            });
-        }
-        if self.settings.reserve.is_some() {
-            if self.settings.charge.is_none() {
-                return Err(ConfigError::ReserveWithoutCharge);
-            }
-            if self.settings.cost.is_some() {
-                return Err(ConfigError::ReserveWithCost);
-            }
-        }
-        Ok(())
+        self.settings.plan.check(self.settings.quota.limit())
     }
 }
 
@@ -333,33 +297,19 @@ impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
     /// When [`check`](BudgetLayer::check) fails.
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
-        if let Err(err) = self.check() {
-            panic!("{err}");
-        }
-        let quota = match self.stored_quota() {
-            Ok(quota) => quota,
-            Err(err) => panic!("{err}"),
-        };
+        built(self.check());
+        let quota = built(self.stored_quota());
         let budget = Budget {
             name: Arc::clone(&self.settings.name),
             quota,
             backend: self.backend.clone(),
-            cost: match (&self.settings.reserve, &self.settings.cost) {
-                (Some(estimate), _) => Cost::By(Arc::clone(estimate)),
-                (None, Some(cost)) => cost.clone(),
-                (None, None) if self.settings.charge.is_some() => Cost::Fixed(0),
-                (None, None) => Cost::Fixed(1),
-            },
-            reserve: self.settings.reserve.is_some(),
-            charge: self.settings.charge.clone(),
+            plan: self.settings.plan.clone(),
             max_wait: self.settings.max_wait,
             max_waiters: self.settings.max_waiters,
             timeout: self.settings.timeout,
-            failure: self.settings.failure,
-            insurance: self.settings.insurance.clone(),
+            failure: self.settings.failure.clone(),
             lines: Arc::clone(&self.settings.lines),
             warn_gate: Arc::clone(&self.settings.warn_gate),
-            usage_logged: Arc::clone(&self.settings.usage_logged),
         };
         Budgeted::new(inner, self.key.clone(), Arc::new(budget))
     }
@@ -370,13 +320,13 @@ impl<K, Bk> std::fmt::Debug for BudgetLayer<K, Bk> {
         f.debug_struct("BudgetLayer")
             .field("name", &self.settings.name)
             .field("quota", &self.settings.quota)
-            .field("reserve", &self.settings.reserve.is_some())
-            .field("charge", &self.settings.charge.is_some())
+            .field("reserve", &self.settings.plan.reserve.is_some())
+            .field("charge", &self.settings.plan.charge.is_some())
             .field("max_wait", &self.settings.max_wait)
             .field("max_waiters", &self.settings.max_waiters)
             .field("margin", &self.settings.margin)
             .field("timeout", &self.settings.timeout)
-            .field("failure", &self.settings.failure)
+            .field("failure", &self.settings.failure.policy())
             .finish_non_exhaustive()
     }
 }

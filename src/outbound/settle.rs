@@ -3,16 +3,12 @@
 //! [`Metered`](crate::cost::Metered), and when it ends its usage settles
 //! what the call spent, in the window it was spent in.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use crate::backend::{Hit, Spending};
-use crate::charge::{Meter, ResponseEnd};
-use crate::cost::settle;
+use crate::budget::settle::{Amending, drop_at_end, finish};
+use crate::cost::charge::{Meter, ResponseEnd};
 use crate::key::Key;
-use crate::outcome::report;
 
 use super::admit::Budget;
 
@@ -30,41 +26,21 @@ pub(crate) struct Tab<Bk> {
 impl<Bk: Spending> Meter for Tab<Bk> {
     fn end(self: Box<Self>, end: &ResponseEnd<'_>) {
         let budget = &self.budget;
-        let Some(charge) = &budget.charge else {
+        let (name, gate) = (&budget.name, &budget.warn_gate);
+        let Some(amend) = budget.plan.settle_end(name, gate, self.spent, end) else {
             return;
         };
-        let Some(used) = charge(end) else {
-            budget.log_unreadable_usage();
+        let Some(amending) = Amending::new(name, gate, &budget.failure, self.insured) else {
             return;
         };
-        let reserved = if budget.reserve { self.spent } else { 0 };
-        let Some(amend) = settle(reserved, Some(used)) else {
+        let in_store = || budget.backend.amend(name, &self.key, &self.hit, amend);
+        let Some(pending) = amending.amend(name, &self.key, &self.hit, Some(amend), in_store)
+        else {
             return;
         };
-        if self.insured {
-            if let Some(insurance) = &budget.insurance {
-                let result = insurance.amend(&budget.name, &self.key, &self.hit, Some(amend));
-                report(&budget.name, &budget.warn_gate, Some(amend), result);
-            }
-            return;
-        }
-        let mut pending = budget
-            .backend
-            .amend(&budget.name, &self.key, &self.hit, amend);
-        if let Poll::Ready(result) =
-            Pin::new(&mut pending).poll(&mut Context::from_waker(Waker::noop()))
-        {
-            report(&budget.name, &budget.warn_gate, Some(amend), result);
-            return;
-        }
-        let (name, gate) = (Arc::clone(&budget.name), Arc::clone(&budget.warn_gate));
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => drop(runtime.spawn(async move {
-                report(&name, &gate, Some(amend), pending.await);
-            })),
-            Err(_) => {
-                tracing::warn!(budget = %name, "budget settle dropped: the store could not take it at once, and there is no tokio runtime to finish it on");
-            }
-        }
+        // A body cannot wait: with no tokio runtime to finish it on, it is
+        // dropped.
+        let unfinished = finish(Arc::clone(name), Arc::clone(gate), Some(amend), [pending]);
+        drop_at_end(name, gate, amend, unfinished);
     }
 }

@@ -330,7 +330,7 @@ const CLUSTER_RETRY_WAIT_MS: (u64, u64) = (2, 10);
 #[cfg(feature = "redis-cluster")]
 const _: () = assert!(
     CLUSTER_RETRIES as u64 * CLUSTER_RETRY_WAIT_MS.1 * 2
-        <= crate::layer::DEFAULT_TIMEOUT.as_millis() as u64
+        <= crate::timeout::DEFAULT_TIMEOUT.as_millis() as u64
 );
 
 #[cfg(feature = "redis-cluster")]

@@ -14,17 +14,18 @@ use tokio::time::Sleep;
 use tower_service::Service;
 
 use crate::backend::{Backend, BackendError};
-use crate::charge::Meter;
+use crate::budget::settle::Wait;
 use crate::core::Core;
+use crate::cost::charge::Meter;
 use crate::cost::{Counts, Plain};
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
 use crate::metrics::Stopwatch;
-use crate::outcome::{Passed, RefundTab, Settled, Wait};
+use crate::outcome::{Passed, RefundTab, Settled};
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
-use crate::verdict::{self, Ask, Verdict};
+use crate::server::verdict::{self, Ask, Verdict};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): what its
@@ -270,8 +271,8 @@ where
                 let service = std::mem::replace(service, clone);
                 // The insurance limiter needs the key; a tab holds it
                 // already.
-                let fallback =
-                    (tab.is_none() && core.settings.insurance.is_some()).then(|| key.clone());
+                let fallback = (tab.is_none() && core.settings.failure.insurance().is_some())
+                    .then(|| key.clone());
                 Self::with(State::Checking {
                     core: Arc::clone(core),
                     hit,
@@ -464,8 +465,8 @@ mod tests {
 
     use super::*;
     use crate::backend::{Counter, Hit, MemoryBackend};
-    use crate::layer::RateLimitLayer;
     use crate::quota::{Quota, Window};
+    use crate::server::layer::RateLimitLayer;
 
     /// The in-memory backend, answering each hit on its second poll: the
     /// path of a backend that has to go out.
@@ -714,7 +715,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_insurance_limiter_decides_however_the_backend_fails() {
-        use crate::core::FailurePolicy;
+        use crate::budget::failure::FailurePolicy;
         use crate::quota::Share;
         let quota = Quota::new(4, Duration::from_secs(60)).unwrap();
         let half = FailurePolicy::Insurance(Share::new(1, 2).unwrap());
@@ -782,7 +783,7 @@ mod tests {
 
     #[tokio::test]
     async fn the_insurance_limiter_takes_charges_in_its_own_store() {
-        use crate::core::FailurePolicy;
+        use crate::budget::failure::FailurePolicy;
         use crate::quota::Share;
         use http_body_util::BodyExt;
         let quota = Quota::new(4, Duration::from_secs(60)).unwrap();

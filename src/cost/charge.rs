@@ -2,7 +2,7 @@
 //! [`charge`](crate::RateLimitLayer::charge): the answer's body is wrapped
 //! in [`Metered`], which reads the response's cost when the body ends (its
 //! trailers, its last chunk) and hands it to the request's tab
-//! ([`Meter`], implemented in `outcome.rs`), which adds it to the counters
+//! ([`Meter`], implemented in `outcome/` and `outbound/settle.rs`), which adds it to the counters
 //! the request was counted in.
 //!
 //! A layer without a charge is not [`Charged`](crate::cost::Charged): its answers
@@ -17,10 +17,6 @@ use bytes::Buf;
 use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
-
-/// What a response costs, read when its body has ended; `None` when the
-/// charge could not read it (absent or malformed).
-pub(crate) type ChargeFn = std::sync::Arc<dyn Fn(&ResponseEnd<'_>) -> Option<u64> + Send + Sync>;
 
 /// What a [`charge`](crate::RateLimitLayer::charge) reads once the answer's
 /// body has ended: the head's status and headers (as the service answered,
@@ -140,7 +136,7 @@ impl<'a> ResponseEnd<'a> {
 
 /// What the request's tab does with the response's end: read its charge
 /// and add it to the counters the request was counted in. Implemented by
-/// the tab in `outcome.rs`.
+/// the tab in `outcome/`.
 pub trait Meter: Send + Sync {
     /// The body ended with `end`.
     fn end(self: Box<Self>, end: &ResponseEnd<'_>);

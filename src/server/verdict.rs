@@ -15,11 +15,13 @@ use std::sync::Arc;
 
 use http::Response;
 
-use crate::backend::{Backend, BackendError, BackendErrorKind, Hits};
-use crate::core::{Core, FailurePolicy};
+use crate::backend::{Backend, BackendError, Hits};
+use crate::budget::failure::{self, Outage};
+use crate::budget::settle::Wait;
+use crate::core::Core;
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
-use crate::outcome::{Passed, RefundTab, Wait};
+use crate::outcome::{Passed, RefundTab};
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
@@ -39,6 +41,10 @@ pub(crate) enum Verdict<B, T> {
     /// which no tokio runtime can finish in the background, are done.
     Refunding(Response<B>, Wait),
 }
+
+/// What a request gets when its store fails under fail-closed, in the
+/// outage warning's words.
+const FAILS: &str = "answering 503";
 
 /// The request a verdict is on.
 #[derive(Clone, Copy)]
@@ -79,7 +85,7 @@ where
         return never_fits(core, result, ask.policy, index, cost, ask.request);
     }
     if let Err(err) = &result
-        && core.insures(err)
+        && core.settings.failure.insures(err)
     {
         let Err(err) = result else {
             unreachable!("matched as an error above")
@@ -105,8 +111,9 @@ where
 }
 
 /// [`decide`] when the backend failed with `err` and the layer is insured:
-/// the insurance limiter counts the request, or it is answered as in an
-/// outage when the limiter cannot decide either.
+/// the failure policy decides ([`Failure::decide`](crate::budget::failure::Failure::decide)),
+/// with the insurance limiter's count of the request at its share, or as
+/// in an outage when the limiter cannot decide either.
 #[cold]
 fn insured<Bk, D, B>(
     core: &Core<Bk, D>,
@@ -119,9 +126,30 @@ where
     D: Deny<B>,
     B: Default,
 {
-    let (hits, policy) = match insure(core, err, ask, tab.as_deref()) {
-        Ok(counted) => counted,
-        Err(err) => return outage(core, err, ask.request),
+    let s = &core.settings;
+    s.metrics.backend_error(&s.name, &err);
+    let (key, cost) = match (ask.key, tab.as_deref()) {
+        (Some(key), _) => (key, ask.cost),
+        (None, Some(tab)) => (&tab.key, tab.cost()),
+        (None, None) => return outage(core, err, ask.request),
+    };
+    let spend = match (cost, &s.spend) {
+        (Some(cost), Some(plan)) => Some(plan.spend(cost)),
+        _ => None,
+    };
+    let decided = s
+        .failure
+        .decide(&s.name, &s.warn_gate, err, FAILS, |insurance| {
+            let counted = insurance.count(ask.policy, key, spend);
+            if let Err(local) = &counted {
+                s.metrics.backend_error(&s.name, local);
+            }
+            counted
+        });
+    let (hits, policy) = match decided {
+        Outage::Insured(counted) => counted,
+        Outage::Open => return Verdict::Pass(None),
+        Outage::Closed(err) => return unavailable(err, ask.request),
     };
     match tab {
         None => judge(core, Ok(hits), &policy, ask.request, ask.cost, true, true),
@@ -176,50 +204,6 @@ where
     }
 }
 
-/// The insurance limiter's count of `ask`, whose backend failed with `err`:
-/// its hits and the policy at the share, or `err` back when it cannot
-/// decide either (the request is answered as in an outage).
-#[cold]
-fn insure<Bk: Backend, D>(
-    core: &Core<Bk, D>,
-    err: BackendError,
-    ask: &Ask<'_>,
-    tab: Option<&RefundTab<Bk, D>>,
-) -> Result<(Hits, Policy), BackendError> {
-    let s = &core.settings;
-    s.metrics.backend_error(&s.name, &err);
-    // Set only under `FailurePolicy::Insurance`, with its share.
-    let Some(insurance) = &s.insurance else {
-        return Err(err);
-    };
-    let (key, cost) = match (ask.key, tab) {
-        (Some(key), _) => (key, ask.cost),
-        (None, Some(tab)) => (&tab.key, tab.cost()),
-        (None, None) => return Err(err),
-    };
-    let spend = match (cost, &s.spend) {
-        (Some(cost), Some(plan)) => Some(plan.spend(cost)),
-        _ => None,
-    };
-    match insurance.count(ask.policy, key, spend) {
-        Ok(counted) => {
-            if let Some(suppressed) = s.warn_gate.admit() {
-                if refused(&err) {
-                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit store's cluster refused the hit (not a slow store: no breaker opened): deciding with the insurance limiter");
-                } else {
-                    tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: deciding with the insurance limiter");
-                }
-            }
-            Ok(counted)
-        }
-        Err(local) => {
-            s.metrics.backend_error(&s.name, &local);
-            tracing::debug!(limiter = %s.name, error = %local, "the insurance limiter failed too: answering as fail-closed");
-            Err(err)
-        }
-    }
-}
-
 /// The verdict on `request`, given the hits (or failure) `result` on
 /// `policy`'s counters; `cost` is the request's under a layer that spends;
 /// `insured` when the insurance limiter counted them.
@@ -251,7 +235,7 @@ where
     let hits = match result {
         Ok(hits) => hits,
         Err(err) if err.is_corrupt() => {
-            tracing::error!(limiter = %s.name, error = %err, "corrupt rate-limit counter: request stopped, value left untouched");
+            failure::corrupt(&s.name, &err);
             let mut response = response::corrupt(request.is_grpc());
             response.extensions_mut().insert(err.kind());
             return Verdict::Respond(response);
@@ -259,7 +243,7 @@ where
         Err(err) => return outage(core, err, request),
     };
     let Some((index, hit)) = policy.decisive(&hits) else {
-        let err = BackendError::Unavailable("the backend answered no hit".into());
+        let err = failure::no_hit();
         s.metrics.backend_error(&s.name, &err);
         return outage(core, err, request);
     };
@@ -350,33 +334,20 @@ fn outage<Bk, D, B: Default, T>(
     request: &RequestHead<'_>,
 ) -> Verdict<B, T> {
     let s = &core.settings;
-    let fail_open = s.failure == FailurePolicy::FailOpen;
-    if let Some(suppressed) = s.warn_gate.admit() {
-        let action = if fail_open {
-            "passing requests uncounted"
-        } else {
-            "answering 503"
-        };
-        if refused(&err) {
-            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit store's cluster refused the hit (not a slow store: no breaker opened): {action}");
-        } else {
-            tracing::warn!(limiter = %s.name, error = %err, suppressed, "rate-limit backend failed: {action}");
-        }
-    }
-    if fail_open {
+    if s.failure.outage(&s.name, &s.warn_gate, &err, FAILS) {
         return Verdict::Pass(None);
     }
+    unavailable(err, request)
+}
+
+/// The 503 (gRPC: UNAVAILABLE) answer to `request`, whose backend failed
+/// with `err`.
+#[cold]
+fn unavailable<B: Default, T>(err: BackendError, request: &RequestHead<'_>) -> Verdict<B, T> {
     let mut response = response::unavailable(request.is_grpc());
     // Where a decision would be: what kind of failure answered.
     response.extensions_mut().insert(err.kind());
     Verdict::Respond(response)
-}
-
-/// Whether `err` is a Cluster's refusal
-/// ([`BackendError::ClusterDown`]): logged as the Cluster's, not as a
-/// store that failed.
-fn refused(err: &BackendError) -> bool {
-    err.kind() == BackendErrorKind::ClusterDown
 }
 
 /// The answer to a request without a usable key, under

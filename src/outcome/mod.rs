@@ -25,26 +25,19 @@
 pub use crate::count::{CountOnly, ResponseHead};
 pub use crate::decision::WantDecision;
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll, Waker};
 
 use http::Response;
 use smallvec::SmallVec;
 
-use crate::backend::{Amend, Backend, BackendError, Hit, Hits};
-use crate::charge::{Meter, ResponseEnd};
-use crate::core::{Core, LogGate};
-use crate::cost::settle;
+use crate::backend::{Amend, Backend, Hit, Hits};
+use crate::budget::settle::{Amending, Wait, drop_at_end, finish};
+use crate::core::Core;
+use crate::cost::charge::{Meter, ResponseEnd};
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::policy::Policy;
 use crate::response;
-
-/// Refunds still under way, for the response to wait on when no tokio
-/// runtime is there to finish them.
-pub(crate) type Wait = Pin<Box<dyn Future<Output = ()> + Send>>;
 
 /// What a request's refund needs once its fate is known: the core (for the
 /// backend and the `count_if` predicate), the key, the policy whose counters
@@ -199,7 +192,7 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
             return self.amend(refund).map_or(Settled::Done, Settled::Wait);
         }
         response::passed(response, decision, true);
-        if settings.charge.is_some() && self.hits.iter().any(|hit| hit.deadline.is_some()) {
+        if self.core.charges() && self.hits.iter().any(|hit| hit.deadline.is_some()) {
             return Settled::Meter(self);
         }
         Settled::Done
@@ -239,6 +232,12 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
         } = *self;
         let settings = &core.settings;
         let policy = policy?;
+        let amending = Amending::new(
+            &settings.name,
+            &settings.warn_gate,
+            &settings.failure,
+            insured,
+        )?;
         let mut pending: SmallVec<[Bk::Refund; 2]> = SmallVec::new();
         for (hit, counter) in hits.iter().zip(policy.counters().iter()) {
             if hit.deadline.is_none() {
@@ -246,70 +245,18 @@ impl<Bk: Backend, D> RefundTab<Bk, D> {
                 // take back.
                 continue;
             }
-            if insured {
-                if let Some(insurance) = &settings.insurance {
-                    let result = insurance.amend(counter.namespace, &key, hit, amend);
-                    report(&settings.name, &settings.warn_gate, amend, result);
-                }
-                continue;
-            }
-            let mut refund = match amend {
-                None => core.backend.refund(counter.namespace, &key, hit),
-                Some(amend) => amend_in(&core.backend, counter.namespace, &key, hit, amend),
+            let namespace = counter.namespace;
+            let in_store = || match amend {
+                None => core.backend.refund(namespace, &key, hit),
+                Some(amend) => amend_in(&core.backend, namespace, &key, hit, amend),
             };
-            match Pin::new(&mut refund).poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(result) => report(&settings.name, &settings.warn_gate, amend, result),
-                Poll::Pending => pending.push(refund),
-            }
+            pending.extend(amending.amend(namespace, &key, hit, amend, in_store));
         }
         if pending.is_empty() {
             return None;
         }
         let (name, gate) = (settings.name.clone(), settings.warn_gate.clone());
-        let finish = async move {
-            for refund in pending {
-                report(&name, &gate, amend, refund.await);
-            }
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(runtime) => {
-                drop(runtime.spawn(finish));
-                None
-            }
-            Err(_) => Some(Box::pin(finish)),
-        }
-    }
-}
-
-/// Logs one refund's or amend's result; failures at most once per period
-/// of `gate`.
-pub(crate) fn report(
-    limiter: &str,
-    gate: &LogGate,
-    amend: Option<Amend>,
-    result: Result<bool, BackendError>,
-) {
-    let what = match amend {
-        None | Some(Amend::Refund(_)) => "refund",
-        Some(Amend::Charge(_)) => "charge",
-        Some(Amend::Clear) => "clear",
-    };
-    match result {
-        Ok(true) => tracing::trace!(limiter, what, "rate-limit counter amended"),
-        Ok(false) => tracing::debug!(
-            limiter,
-            what,
-            "rate-limit {what} found nothing to change: the hit's window closed or was reset"
-        ),
-        Err(err) => {
-            if let Some(suppressed) = gate.admit() {
-                if err.is_corrupt() {
-                    tracing::error!(limiter, error = %err, suppressed, "rate-limit {what} found a corrupt counter: the count stays as it is, the value untouched");
-                } else {
-                    tracing::warn!(limiter, error = %err, suppressed, "rate-limit {what} failed: the count stays as it is");
-                }
-            }
-        }
+        finish(name, gate, amend, pending)
     }
 }
 
@@ -320,29 +267,18 @@ where
 {
     fn end(self: Box<Self>, end: &ResponseEnd<'_>) {
         let settings = &self.core.settings;
-        let Some(charge) = settings.charge.clone() else {
+        let Some(plan) = &settings.spend else {
             return;
         };
-        let used = charge(end);
-        // What the request spent for the charge to settle: its reservation
-        // under `reserve`; 0 otherwise (a `cost` set beside a charge is
-        // kept, and the charge added to it).
-        let reserved = match &settings.spend {
-            Some(plan) if plan.reserve.is_some() => self.cost.unwrap_or(0),
-            _ => 0,
+        // A `cost` set beside a charge is kept, and the charge added to it;
+        // a reservation is settled to the use.
+        let spent = self.cost.unwrap_or(0);
+        let Some(amend) = plan.settle_end(&settings.name, &settings.warn_gate, spent, end) else {
+            return;
         };
         let (name, gate) = (settings.name.clone(), settings.warn_gate.clone());
-        if used.is_none()
-            && let Some(suppressed) = gate.admit()
-        {
-            tracing::warn!(limiter = %name, reserved, suppressed, "rate-limit charge could not read the answer's usage (absent or malformed): nothing charged or settled (a reservation stays spent)");
-        }
-        let Some(amend) = settle(reserved, used) else {
-            return;
-        };
-        if self.amend(Some(amend)).is_some() && gate.admit().is_some() {
-            // No tokio runtime to finish it on, and a body cannot wait.
-            tracing::warn!(limiter = %name, ?amend, "rate-limit charge dropped: the backend could not take it at once, and there is no tokio runtime to finish it on");
-        }
+        // A body cannot wait: with no tokio runtime to finish it on, it is
+        // dropped.
+        drop_at_end(&name, &gate, amend, self.amend(Some(amend)));
     }
 }

@@ -3,31 +3,28 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
-use std::time::Duration;
 
 use http::Response;
 use tower_layer::Layer;
 
 use crate::backend::{Backend, MemoryBackend};
-use crate::body::{self, BodyEstimate, FromHead, ReadBody};
-use crate::charge::ResponseEnd;
-use crate::core::{Core, FailurePolicy, OnMissingKey, Settings, SkipIf};
-use crate::cost::{Charged, Cost, Mode, Plain, SpendPlan};
+use crate::budget::check::{built, layer_name};
+use crate::budget::failure::FailurePolicy;
+use crate::budget::spend::{Cost, CostFn, SpendPlan};
+use crate::core::{Core, OnMissingKey, Settings, SkipIf};
+use crate::cost::body::{self, BodyEstimate, FromHead, ReadBody};
+use crate::cost::charge::ResponseEnd;
+use crate::cost::{Charged, Mode, Plain};
 use crate::count::{CountOnly, ResponseHead};
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
-use crate::insurance::Insurance;
 use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
-use crate::name::is_layer_name;
 use crate::policy::{NamedQuota, Policies};
 use crate::quota::{Quota, Window};
 use crate::request::RequestHead;
 use crate::response::{DefaultDeny, HeaderStyle};
-use crate::service::RateLimit;
-
-/// How long a backend call may take before the request is handled as if the
-/// backend were down; see [`timeout`](RateLimitLayer::timeout).
-pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+use crate::server::service::RateLimit;
+use crate::timeout::DEFAULT_TIMEOUT;
 
 /// Applies a pinned-window rate limit to a service.
 ///
@@ -57,8 +54,7 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// [`docs/usage.md#with-other-layers-the-response-body-must-implement-default`](crate::guide::usage#with-other-layers-the-response-body-must-implement-default).
 ///
 /// ```
-/// use std::time::Duration;
-/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
 /// use tower::{ServiceBuilder, ServiceExt};
 /// use tower_http::{timeout::TimeoutLayer, trace::TraceLayer};
 /// use tower_pinned_window::{Quota, RateLimitLayer};
@@ -123,10 +119,7 @@ impl RateLimitLayer {
     /// a name known only at run time.
     #[track_caller]
     pub fn new(name: &'static str, quota: Quota) -> Self {
-        match Self::try_new(name, quota) {
-            Ok(layer) => layer,
-            Err(err) => panic!("{err}"),
-        }
+        built(Self::try_new(name, quota))
     }
 
     /// Like [`new`](Self::new), for a name known only at run time. Guide:
@@ -136,13 +129,7 @@ impl RateLimitLayer {
     /// [`ConfigError::InvalidName`] for a name that is empty, longer than
     /// [`MAX_NAME_LEN`](crate::name::MAX_NAME_LEN), or has a character outside `A-Z a-z 0-9 _ - . :`.
     pub fn try_new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
-        let name = name.into();
-        // The allowed characters are a subset of an sf-string's, so the name
-        // goes into the RateLimit headers as it is.
-        if !is_layer_name(&name) {
-            return Err(ConfigError::InvalidName(name));
-        }
-        let name: Arc<str> = name.into();
+        let name = layer_name(name.into())?;
         let policies = Policies::new(name.clone(), quota, HeaderStyle::default());
         Ok(Self {
             key: GlobalKey,
@@ -320,17 +307,9 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// [`FailurePolicy::FailClosed`]). See the
     /// [example](FailurePolicy#example).
     pub fn on_failure(mut self, policy: FailurePolicy) -> Self {
-        let settings = &mut self.core.settings;
-        settings.failure = policy;
         // The insurance limiter's counters, made once: a layer and its
         // clones share them.
-        match (policy, &mut settings.insurance) {
-            (FailurePolicy::Insurance(share), Some(insurance)) => insurance.set_share(share),
-            (FailurePolicy::Insurance(share), None) => {
-                settings.insurance = Some(Insurance::new(share));
-            }
-            _ => settings.insurance = None,
-        }
+        self.core.settings.failure.set(policy);
         self
     }
 
@@ -463,8 +442,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// few seconds. A charge never panics the layer.
     ///
     /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
+    ///     /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
     ///
     /// /// The tokens an answer used, when it says (`None`: it does not).
     /// fn tokens(end: &ResponseEnd) -> Option<u64> {
@@ -482,8 +460,8 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
         T: Into<Option<u64>>,
     {
         self.spending(|s| {
-            s.spend.as_mut().expect("a plan").open = true;
-            s.charge = Some(Arc::new(move |end: &ResponseEnd<'_>| charge(end).into()));
+            s.spend.as_mut().expect("a plan").charge =
+                Some(Arc::new(move |end: &ResponseEnd<'_>| charge(end).into()));
         })
     }
 
@@ -513,8 +491,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// [`docs/costs.md#reserve-then-settle`](crate::guide::costs#reserve-then-settle).
     ///
     /// ```
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    ///     /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
     /// use tower::ServiceExt;
     /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
     ///
@@ -547,7 +524,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
-        let estimate: crate::cost::CostFn = Arc::new(estimate);
+        let estimate: CostFn = Arc::new(estimate);
         self.spending(|s| s.spend.as_mut().expect("a plan").reserve = Some(estimate))
             .reading(FromHead)
     }
@@ -573,8 +550,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     ///
     /// ```
     /// # #[cfg(feature = "json")] {
-    /// use std::time::Duration;
-    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    ///     /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
     /// use tower::ServiceExt;
     /// use tower_pinned_window::{Quota, RateLimitLayer, cost::{BodyEstimate, ResponseEnd}};
     ///
@@ -601,7 +577,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
         estimate: BodyEstimate,
     ) -> RateLimitLayer<K, Bk, D, M::Spending, BodyEstimate> {
         let fallback = estimate.fallback();
-        let read: crate::cost::CostFn = Arc::new(move |head| body::estimated(head, fallback));
+        let read: CostFn = Arc::new(move |head| body::estimated(head, fallback));
         self.spending(|s| s.spend.as_mut().expect("a plan").reserve = Some(read))
             .reading(estimate)
     }
@@ -632,8 +608,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// handle the error yourself.
     ///
     /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
+    ///     /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
     ///
     /// let layer = RateLimitLayer::new("export", Quota::new(10, Duration::from_secs(60)).unwrap());
     /// assert_eq!(
@@ -655,24 +630,10 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     ///   request's cost on the way in.
     pub fn check(&self) -> Result<(), ConfigError> {
         let s = &self.core.settings;
-        let Some(plan) = &s.spend else {
-            return Ok(());
-        };
-        if plan.reserve.is_some() {
-            if s.charge.is_none() {
-                return Err(ConfigError::ReserveWithoutCharge);
-            }
-            if plan.cost.is_some() {
-                return Err(ConfigError::ReserveWithCost);
-            }
+        match &s.spend {
+            Some(plan) => plan.check(s.policies.smallest_limit()),
+            None => Ok(()),
         }
-        if let Some(Cost::Fixed(cost)) = plan.cost {
-            let limit = s.policies.smallest_limit();
-            if cost > limit {
-                return Err(ConfigError::CostAboveLimit { cost, limit });
-            }
-        }
-        Ok(())
     }
 }
 
@@ -706,9 +667,7 @@ impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, 
 
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
-        if let Err(err) = self.check() {
-            panic!("{err}");
-        }
+        built(self.check());
         let mut core = self.core.clone();
         // Known only now, whatever the order the options were set in.
         let lowers = core.lowers_counts();
@@ -727,257 +686,11 @@ impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, 
 
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
-        if let Err(err) = self.check() {
-            panic!("{err}");
-        }
+        built(self.check());
         let limiter = RateLimit::new(inner, self.key.clone(), Arc::new(self.core.clone()));
         ReadBody::new(limiter, self.reads.clone())
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::name::MAX_NAME_LEN;
-
-    #[test]
-    fn names_are_checked() {
-        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
-        for good in ["api", "login:v2", "a.b-c_d", &"x".repeat(MAX_NAME_LEN)] {
-            assert!(RateLimitLayer::try_new(good, q).is_ok(), "{good:?}");
-        }
-        for bad in [
-            "",
-            "with space",
-            "quote\"",
-            "é",
-            &"x".repeat(MAX_NAME_LEN + 1),
-        ] {
-            assert_eq!(
-                RateLimitLayer::try_new(bad, q).unwrap_err(),
-                ConfigError::InvalidName(bad.to_string()),
-                "{bad:?}"
-            );
-        }
-    }
-
-    #[test]
-    #[should_panic(expected = "invalid limiter name")]
-    fn new_panics_on_a_bad_literal_name() {
-        let _ = RateLimitLayer::new("no spaces", Quota::new(1, Duration::from_secs(1)).unwrap());
-    }
-
-    #[test]
-    fn a_timeout_is_a_window_never_zero() {
-        let q = Quota::new(1, Duration::from_secs(1)).unwrap();
-        assert_eq!(
-            Window::new(Duration::ZERO).unwrap_err(),
-            ConfigError::NonPositiveWindow
-        );
-        let layer =
-            RateLimitLayer::new("t", q).timeout(Window::new(Duration::from_millis(1)).unwrap());
-        assert_eq!(
-            layer.core.settings.timeout,
-            Duration::from_millis(1),
-            "kept as given"
-        );
-    }
-
-    #[derive(Clone, Debug)]
-    struct Old(MemoryBackend);
-
-    /// A backend that only counts hits: it implements `Backend`, not
-    /// `Spending`.
-    impl Backend for Old {
-        type Future = <MemoryBackend as Backend>::Future;
-        type Refund = <MemoryBackend as Backend>::Refund;
-
-        fn hit_all(&self, key: &Key, counters: &[crate::backend::Counter<'_>]) -> Self::Future {
-            self.0.hit_all(key, counters)
-        }
-
-        fn refund(&self, namespace: &str, key: &Key, hit: &crate::backend::Hit) -> Self::Refund {
-            self.0.refund(namespace, key, hit)
-        }
-
-        async fn peek(
-            &self,
-            namespace: &str,
-            key: &Key,
-        ) -> Result<Option<crate::backend::Hit>, crate::backend::BackendError> {
-            self.0.peek(namespace, key).await
-        }
-
-        async fn reset(
-            &self,
-            namespace: &str,
-            key: &Key,
-        ) -> Result<bool, crate::backend::BackendError> {
-            self.0.reset(namespace, key).await
-        }
-    }
-
-    #[tokio::test]
-    async fn a_backend_that_cannot_spend_builds_plain_layers_in_any_order() {
-        use tower::{ServiceExt, service_fn};
-        let q = Quota::new(1, Duration::from_secs(60)).unwrap();
-        let ok = service_fn(|_request: http::Request<String>| async {
-            Ok::<_, std::convert::Infallible>(Response::new(String::new()))
-        });
-        // A plain layer on it, its backend set first or last; a layer that
-        // spends does not compile on it (the doctest on `Counts`).
-        let first = RateLimitLayer::new("t", q)
-            .backend(Old(MemoryBackend::new()))
-            .count_if(|_| true);
-        let last = RateLimitLayer::new("t", q)
-            .count_if(|_| true)
-            .backend(Old(MemoryBackend::new()));
-        for layer in [first, last] {
-            let service = layer.layer(ok);
-            let statuses = [
-                service
-                    .clone()
-                    .oneshot(http::Request::new(String::new()))
-                    .await
-                    .unwrap()
-                    .status(),
-                service
-                    .oneshot(http::Request::new(String::new()))
-                    .await
-                    .unwrap()
-                    .status(),
-            ];
-            assert_eq!(statuses.map(|s| s.as_u16()), [200, 429]);
-        }
-        // A layer that spends takes a backend that spends before or after.
-        let before = RateLimitLayer::new("t", q)
-            .backend(MemoryBackend::new())
-            .cost(1);
-        let after = RateLimitLayer::new("t", q)
-            .cost(1)
-            .backend(MemoryBackend::new());
-        assert_eq!(before.check(), Ok(()));
-        assert_eq!(after.check(), Ok(()));
-    }
-
-    #[test]
-    fn a_cost_a_quota_cannot_fit_is_refused_in_any_order() {
-        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
-        let small = Quota::new(3, Duration::from_secs(60)).unwrap();
-        let layer = || RateLimitLayer::new("t", q);
-        let refused = Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 });
-        assert_eq!(layer().cost(4).also(small).check(), refused, "also after");
-        assert_eq!(layer().also(small).cost(4).check(), refused, "also before");
-        assert_eq!(
-            layer().cost(4).route_quota("/a", small).check(),
-            refused,
-            "route after"
-        );
-        assert_eq!(
-            layer().route_quota("/a", small).cost(4).check(),
-            refused,
-            "route before"
-        );
-        // Building it panics with the same error.
-        let service = || {
-            tower::service_fn(|_: http::Request<()>| async {
-                Ok::<_, std::convert::Infallible>(Response::new(()))
-            })
-        };
-        let built = std::panic::catch_unwind(|| layer().cost(4).also(small).layer(service()))
-            .map(drop)
-            .expect_err("a layer that cannot work does not build");
-        let message = built.downcast_ref::<String>().expect("a message");
-        assert!(
-            message.contains("a request cost of 4 is above the limit of 3"),
-            "{message}"
-        );
-        // Quotas the cost fits, before or after it.
-        let big = Quota::new(4, Duration::from_secs(60)).unwrap();
-        assert_eq!(
-            layer().cost(4).also(big).route_quota("/b", big).check(),
-            Ok(())
-        );
-        assert_eq!(layer().also(big).cost(4).check(), Ok(()));
-    }
-
-    #[test]
-    fn a_cost_above_a_limit_and_a_bad_lockout_are_config_errors() {
-        let q = Quota::new(10, Duration::from_secs(1)).unwrap();
-        let small = Quota::new(3, Duration::from_secs(60)).unwrap();
-        let layer = || RateLimitLayer::new("t", q);
-        assert_eq!(
-            layer().cost(11).check(),
-            Err(ConfigError::CostAboveLimit {
-                cost: 11,
-                limit: 10
-            })
-        );
-        assert_eq!(
-            layer().also(small).cost(4).check(),
-            Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 })
-        );
-        assert_eq!(
-            layer().route_quota("/a", small).cost(4).check(),
-            Err(ConfigError::CostAboveLimit { cost: 4, limit: 3 })
-        );
-        // A lockout's length is a window: never zero, never past the
-        // longest window, milliseconds rounded up.
-        assert_eq!(
-            Window::new(Duration::ZERO).unwrap_err(),
-            ConfigError::NonPositiveWindow
-        );
-        assert_eq!(
-            Window::new(Window::MAX.as_duration() + Duration::from_millis(1)).unwrap_err(),
-            ConfigError::WindowTooLong
-        );
-        let blocked = layer().block_for(Window::new(Duration::from_nanos(1_000_001)).unwrap());
-        let plan = blocked.core.settings.spend.unwrap();
-        assert_eq!(plan.block.unwrap().as_millis(), 2, "rounded up");
-    }
-
-    #[test]
-    fn a_reservation_needs_a_charge_and_no_cost_in_any_order() {
-        let layer = || RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap());
-        let estimate = |_: &RequestHead<'_>| 3;
-        let used = |_: &ResponseEnd<'_>| Some(2);
-        assert_eq!(
-            layer().reserve(estimate).check(),
-            Err(ConfigError::ReserveWithoutCharge)
-        );
-        assert_eq!(
-            layer()
-                .reserve(estimate)
-                .block_for(Window::new(Duration::from_secs(1)).unwrap())
-                .check(),
-            Err(ConfigError::ReserveWithoutCharge)
-        );
-        assert_eq!(layer().reserve(estimate).charge(used).check(), Ok(()));
-        assert_eq!(layer().charge(used).reserve(estimate).check(), Ok(()));
-        assert_eq!(
-            layer().cost(2).charge(used).reserve(estimate).check(),
-            Err(ConfigError::ReserveWithCost)
-        );
-        assert_eq!(
-            layer()
-                .reserve(estimate)
-                .charge(used)
-                .cost_fn(estimate)
-                .check(),
-            Err(ConfigError::ReserveWithCost)
-        );
-        // A charge alone, and a cost beside a charge, as before.
-        assert_eq!(layer().charge(|_: &ResponseEnd<'_>| 1).check(), Ok(()));
-        assert_eq!(layer().cost(2).charge(used).check(), Ok(()));
-    }
-
-    #[test]
-    #[should_panic(expected = "a request cost of 11 is above the limit of 10")]
-    fn a_literal_cost_above_the_limit_panics_when_built() {
-        let layer =
-            RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap()).cost(11);
-        let _ = layer.layer(tower::service_fn(|_: http::Request<()>| async {
-            Ok::<_, std::convert::Infallible>(Response::new(()))
-        }));
-    }
-}
+mod tests;

@@ -11,10 +11,10 @@ use tower_service::Service;
 use crate::backend::{Backend, Spend};
 use crate::core::{Core, OnMissingKey};
 use crate::cost::{Counts, Plain};
-use crate::future::{Count, ResponseFuture};
 use crate::key::KeyExtractor;
 use crate::request::RequestHead;
 use crate::response::Deny;
+use crate::server::future::{Count, ResponseFuture};
 
 /// Rate-limits the requests to `S`; made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///

@@ -17,21 +17,19 @@
 //! spend counts with `hit_all`, as it always has, and runs nothing here.
 //! The guide: [`docs/costs.md`](crate::guide::costs).
 
-pub use crate::body::{
+pub use self::body::{
     BodyEstimate, DEFAULT_BODY_LIMIT, FromHead, ReadBody, ReadBodyFuture, Replay,
 };
-pub use crate::charge::{Metered, ResponseEnd};
+pub use self::charge::{Metered, ResponseEnd};
 
-use std::fmt;
-use std::sync::Arc;
+pub(crate) mod body;
+pub(crate) mod charge;
 
 use http::Response;
 
 use crate::backend::{Amend, Backend, Counter, Hit, Spend, Spending};
-use crate::charge::Meter;
+use crate::cost::charge::Meter;
 use crate::key::Key;
-use crate::quota::Window;
-use crate::request::RequestHead;
 
 mod sealed {
     pub trait Sealed {}
@@ -219,155 +217,5 @@ impl<Bk: Spending, B: http_body::Body> Counts<Bk, B> for Charged {
     #[inline]
     fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<Metered<B>> {
         Metered::wrap(response, meter)
-    }
-}
-
-/// A request's cost, read from its head.
-pub(crate) type CostFn = Arc<dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync>;
-
-/// A request's cost: the same for every request, or read from its head.
-#[derive(Clone)]
-pub(crate) enum Cost {
-    Fixed(u64),
-    By(CostFn),
-}
-
-/// How a layer that spends turns a request into a [`Spend`].
-#[derive(Clone)]
-pub(crate) struct SpendPlan {
-    /// What a request costs; `None`: 1, or 0 when a charge follows.
-    pub(crate) cost: Option<Cost>,
-    /// What a request reserves, settled by the charge once its answer ends
-    /// ([`settle`]); it takes the place of `cost` (`check` refuses both).
-    pub(crate) reserve: Option<CostFn>,
-    /// Open the window at a cost of 0, for a charge to come.
-    pub(crate) open: bool,
-    /// Lock a key that does not fit for this long.
-    pub(crate) block: Option<Window>,
-}
-
-impl SpendPlan {
-    /// A plan that counts 1 a request, with no lockout.
-    pub(crate) fn new() -> Self {
-        Self {
-            cost: None,
-            reserve: None,
-            open: false,
-            block: None,
-        }
-    }
-
-    /// What `request` costs: its reservation, when the layer reserves.
-    #[inline]
-    pub(crate) fn cost(&self, request: &RequestHead<'_>) -> u64 {
-        if let Some(reserve) = &self.reserve {
-            return reserve(request);
-        }
-        match &self.cost {
-            None if self.open => 0,
-            None => 1,
-            Some(Cost::Fixed(cost)) => *cost,
-            Some(Cost::By(cost)) => cost(request),
-        }
-    }
-
-    /// The backend's spend for a request of `cost`.
-    #[inline]
-    pub(crate) fn spend(&self, cost: u64) -> Spend {
-        let mut spend = Spend::cost(cost);
-        if self.open {
-            spend = spend.open();
-        }
-        if let Some(block) = self.block {
-            spend = spend.block(block);
-        }
-        spend
-    }
-}
-
-impl fmt::Debug for SpendPlan {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let cost = match &self.cost {
-            None => "default".to_owned(),
-            Some(Cost::Fixed(cost)) => cost.to_string(),
-            Some(Cost::By(_)) => "per request".to_owned(),
-        };
-        f.debug_struct("SpendPlan")
-            .field("cost", &cost)
-            .field("reserve", &self.reserve.is_some())
-            .field("open", &self.open)
-            .field("block", &self.block)
-            .finish()
-    }
-}
-
-/// How an answer settles what its request spent on the way in, once its
-/// charge has read the actual use: `reserved` is what the request
-/// spent on the way in for the charge to settle (its
-/// [`reserve`](crate::RateLimitLayer::reserve) estimate, 0 without one),
-/// `used` what the charge read (`None`: it could not read it).
-///
-/// - `used` above `reserved`: charge the difference;
-/// - below: refund the difference;
-/// - equal, or `None` (the usage is unknown: the reservation stays spent,
-///   since the work was done): nothing.
-///
-/// Without a reservation this is the plain charge: `used`, unless it is 0.
-/// The amend applies in the request's own window under the amend rules
-/// ([`Spending::amend`]).
-#[inline]
-pub(crate) fn settle(reserved: u64, used: Option<u64>) -> Option<Amend> {
-    let used = used?;
-    match used.cmp(&reserved) {
-        std::cmp::Ordering::Greater => Some(Amend::Charge(used - reserved)),
-        std::cmp::Ordering::Less => Some(Amend::Refund(reserved - used)),
-        std::cmp::Ordering::Equal => None,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::time::Duration;
-
-    #[test]
-    fn the_default_cost_is_one_or_nothing_before_a_charge() {
-        let request = http::Request::new(());
-        let head = RequestHead::new(&request);
-        let mut plan = SpendPlan::new();
-        assert_eq!(plan.cost(&head), 1);
-        assert_eq!(plan.spend(1), Spend::cost(1));
-        plan.open = true;
-        assert_eq!(plan.cost(&head), 0);
-        assert_eq!(plan.spend(0), Spend::cost(0).open());
-        plan.cost = Some(Cost::By(Arc::new(|_: &RequestHead<'_>| 7)));
-        assert_eq!(plan.cost(&head), 7);
-        let hour = Window::new(Duration::from_secs(3600)).unwrap();
-        plan.block = Some(hour);
-        assert_eq!(plan.spend(7), Spend::cost(7).open().block(hour));
-        // A reservation is what the request spends on the way in.
-        plan.reserve = Some(Arc::new(|_: &RequestHead<'_>| 300));
-        assert_eq!(plan.cost(&head), 300);
-    }
-
-    #[test]
-    fn a_reservation_settles_to_the_actual_use() {
-        assert_eq!(settle(300, Some(450)), Some(Amend::Charge(150)));
-        assert_eq!(settle(300, Some(120)), Some(Amend::Refund(180)));
-        assert_eq!(settle(300, Some(0)), Some(Amend::Refund(300)));
-        assert_eq!(settle(300, Some(300)), None, "nothing to change");
-        assert_eq!(
-            settle(300, None),
-            None,
-            "unknown use: the reservation stays"
-        );
-        // Without a reservation: the plain charge.
-        assert_eq!(settle(0, Some(7)), Some(Amend::Charge(7)));
-        assert_eq!(settle(0, Some(0)), None);
-        assert_eq!(settle(0, None), None);
-        // The extremes never overflow.
-        assert_eq!(settle(0, Some(u64::MAX)), Some(Amend::Charge(u64::MAX)));
-        assert_eq!(settle(u64::MAX, Some(0)), Some(Amend::Refund(u64::MAX)));
-        assert_eq!(settle(u64::MAX, Some(u64::MAX)), None);
     }
 }

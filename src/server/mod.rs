@@ -1,0 +1,9 @@
+//! The server layer, [`RateLimitLayer`](crate::RateLimitLayer): its
+//! configuration (`layer.rs`), the service that reads a request's key and
+//! asks the backend (`service.rs`), the response future that waits for the
+//! answer (`future.rs`), and the one verdict on it (`verdict.rs`).
+
+pub(crate) mod future;
+pub(crate) mod layer;
+pub(crate) mod service;
+pub(crate) mod verdict;
