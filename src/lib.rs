@@ -87,7 +87,7 @@
 //! |---|---|---|---|
 //! | under the limit | | the service's response, with the rate-limit headers ([`HeaderStyle`](response::HeaderStyle)) | the service's answer, the same fields as metadata |
 //! | over the limit | | `429` (or [`deny_with`](RateLimitLayer::deny_with)), `Retry-After` in whole seconds (rounded up, at least 1), the rate-limit headers | `8 RESOURCE_EXHAUSTED`; with the `tonic` feature a `google.rpc.RetryInfo` in `grpc-status-details-bin`; `Retry-After` and the rate-limit fields as metadata |
-//! | over the limit | [`shadow(true)`](RateLimitLayer::shadow) | the service's response, counted ([`Outcome::Shadowed`]) | the service's answer |
+//! | over the limit | [`shadow(true)`](RateLimitLayer::shadow) | the service's response, counted (its [`Decision`] [passed](Decision::passed) and is [over the limit](Decision::over_limit)) | the service's answer |
 //! | backend down, timed out, circuit open, or full | [`FailurePolicy::FailClosed`] (default) | `503` with `Retry-After: 1` | `14 UNAVAILABLE` |
 //! | the same | [`FailurePolicy::FailOpen`] | the service's response, uncounted, no rate-limit headers | the service's answer |
 //! | the same | [`FailurePolicy::Insurance`] | decided by a limiter in this process's memory at the instance's [`Share`] of the limit: the service's response or `429`, as above ([`Decision::insured`]) | the same |
@@ -234,7 +234,7 @@ mod timeout;
 
 pub use crate::core::OnMissingKey;
 pub use budget::failure::FailurePolicy;
-pub use decision::{Decision, DecisionIn, Outcome};
+pub use decision::{Decision, DecisionIn};
 pub use error::{ConfigError, RateErrorKind};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;

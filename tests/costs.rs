@@ -314,7 +314,7 @@ async fn a_denial_by_cost_in_shadow_mode_passes_showing_what_is_left() {
     assert_eq!(shadowed.status(), StatusCode::OK);
     assert_eq!(shadowed.headers()["ratelimit"], "\"tokens\";r=2;t=60");
     let decision = shadowed.extensions().get::<Decision>().unwrap();
-    assert_eq!(decision.outcome(), tower_pinned_window::Outcome::Shadowed);
+    assert!(decision.passed() && decision.over_limit(), "shadowed");
     assert_eq!((decision.count(), decision.remaining()), (8, 2));
 }
 

@@ -26,7 +26,7 @@ use tokio::time::advance;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Allowlist, ClientIp, Key};
-use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer, outcome::CountOnly};
+use tower_pinned_window::{Decision, Quota, RateLimitLayer, outcome::CountOnly};
 
 #[allow(dead_code)]
 #[path = "../../examples/login.rs"]
@@ -488,8 +488,8 @@ async fn only_answers_that_count_are_kept_and_denials_are_refunded() {
         assert_eq!(ratelimit(&res), Some("\"login\";r=0;t=900"));
         let d = decision(&res);
         assert_eq!(
-            (d.outcome(), d.refunded(), d.count()),
-            (Outcome::Denied, true, 3)
+            ((d.passed(), d.over_limit()), d.refunded(), d.count()),
+            ((false, true), true, 3)
         );
     }
     assert_eq!(
@@ -603,8 +603,8 @@ async fn shadowed_requests_are_judged_by_their_answer_too() {
     assert_eq!(res.status(), StatusCode::OK);
     let d = decision(&res);
     assert_eq!(
-        (d.outcome(), d.refunded(), d.count()),
-        (Outcome::Shadowed, true, 1)
+        ((d.passed(), d.over_limit()), d.refunded(), d.count()),
+        ((true, true), true, 1)
     );
     assert_eq!(count(&backend, "shadow", "alice").await, 1);
 }

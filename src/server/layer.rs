@@ -330,9 +330,11 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     }
 
     /// Shadow (dry-run) mode: count and set headers, but never deny. Requests
-    /// over the limit pass with [`Outcome::Shadowed`](crate::Outcome), so a
-    /// new limit can be watched before it is enforced. See the
-    /// [example](crate::Outcome#example).
+    /// over the limit pass, and their [`Decision`](crate::Decision) is both
+    /// [`passed`](crate::Decision::passed) and
+    /// [`over_limit`](crate::Decision::over_limit), so a new limit can be
+    /// watched before it is enforced. See the
+    /// [example](crate::Decision::over_limit).
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.core.settings.shadow = shadow;
         self
