@@ -461,7 +461,7 @@ const MISSING: (http::StatusCode, &str) = (
      request only when told to, with `RateLimitLayer::decision_in` \
      (`.decision_in(DecisionIn::Request)`). A request the layer passed without \
      counting it (skipped, allowlisted, or passed under `FailurePolicy::FailOpen` \
-     or `OnMissingKey::Allow`) has none: extract `Option<Decision>` to allow for it.",
+     or with `allow_missing_key(true)`) has none: extract `Option<Decision>` to allow for it.",
 );
 
 /// A handler takes the decision on its request as an extractor, when the

@@ -92,9 +92,9 @@
 //! | the same | [`FailurePolicy::FailOpen`] | the service's response, uncounted, no rate-limit headers | the service's answer |
 //! | the same | [`FailurePolicy::Insurance`] | decided by a limiter in this process's memory at the instance's [`Share`] of the limit: the service's response or `429`, as above ([`Decision::insured`]) | the same |
 //! | corrupt counter | any | `500`, the value left untouched | `13 INTERNAL` |
-//! | key missing or malformed | [`OnMissingKey::Reject`] (default) | `400` | `3 INVALID_ARGUMENT` |
-//! | server not set up for the extractor (no peer address) | [`OnMissingKey::Reject`] | `500` | `13 INTERNAL` |
-//! | either key error | [`OnMissingKey::Allow`] | the service's response, uncounted | the service's answer |
+//! | key missing or malformed | [`allow_missing_key(false)`](RateLimitLayer::allow_missing_key) (default) | `400` | `3 INVALID_ARGUMENT` |
+//! | server not set up for the extractor (no peer address) | [`allow_missing_key(false)`](RateLimitLayer::allow_missing_key) | `500` | `13 INTERNAL` |
+//! | either key error | [`allow_missing_key(true)`](RateLimitLayer::allow_missing_key) | the service's response, uncounted | the service's answer |
 //! | skipped ([`skip_if`](RateLimitLayer::skip_if), [`allowlist`](RateLimitLayer::allowlist)) | | the service's response, uncounted, no headers | the service's answer |
 //!
 //! A denial always carries its [`Decision`] in its response's extensions. A
@@ -118,7 +118,7 @@
 //! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: [`docs/costs.md`](crate::guide::costs)) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials (guide: [`docs/headers.md`](crate::guide::headers)) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
 //! | a budget for outbound calls, shared by every instance, that waits for its window (guide: [`docs/outbound.md`](crate::guide::outbound)) | [`outbound::BudgetLayer`] |
-//! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`OnMissingKey`], [`ConfigError`] |
+//! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`allow_missing_key`](RateLimitLayer::allow_missing_key), [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
 //! | Redis, Cluster, Sentinel (feature `redis`) | [`backend::redis`][mod-redis] |
 //! | PostgreSQL (feature `postgres`) | [`backend::postgres`][mod-postgres] |
@@ -232,7 +232,6 @@ pub mod response;
 mod server;
 mod timeout;
 
-pub use crate::core::OnMissingKey;
 pub use budget::failure::FailurePolicy;
 pub use decision::{Decision, DecisionIn};
 pub use error::{ConfigError, RateErrorKind};

@@ -14,8 +14,8 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Key, KeyError};
 use tower_pinned_window::{
-    ConfigError, Decision, DecisionIn, FailurePolicy, NamedQuota, OnMissingKey, Quota,
-    RateLimitLayer, Window, response::HeaderStyle,
+    ConfigError, Decision, DecisionIn, FailurePolicy, NamedQuota, Quota, RateLimitLayer, Window,
+    response::HeaderStyle,
 };
 
 fn quota(limit: u64, secs: u64) -> Quota {
@@ -382,7 +382,7 @@ async fn requests_without_a_key() {
 
     let svc = limiter("api", quota(1, 60))
         .key(by_client())
-        .on_missing_key(OnMissingKey::Allow)
+        .allow_missing_key(true)
         .layer(ok_service());
     for _ in 0..3 {
         let res = send(&svc, get()).await;

@@ -137,7 +137,7 @@ where
     }
 
     /// A request passed on uncounted (skipped, or without a key under
-    /// `OnMissingKey::Allow`).
+    /// `allow_missing_key(true)`).
     #[inline(always)]
     pub(crate) fn passing(future: S::Future) -> Self {
         Self::with(State::Inner {

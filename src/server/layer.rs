@@ -313,10 +313,39 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
         self
     }
 
-    /// What requests get when no key can be extracted (default:
-    /// [`OnMissingKey::Reject`]). See the [example](OnMissingKey#example).
-    pub fn on_missing_key(mut self, policy: OnMissingKey) -> Self {
-        self.core.settings.missing_key = policy;
+    /// Whether a request whose key cannot be extracted passes on uncounted
+    /// (`true`), or is answered with the status its
+    /// [`KeyError`](crate::key::KeyError) names (`false`, the default): 400
+    /// for a request that lacks its key, 500 for a server that is not set up
+    /// for the extractor (gRPC: INVALID_ARGUMENT or INTERNAL).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{HeaderName, Request, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer, key::HeaderKey};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+    /// let by_api_key = RateLimitLayer::new("api", quota)
+    ///     .key(HeaderKey::new(HeaderName::from_static("x-api-key")));
+    /// let status = |layer: RateLimitLayer<HeaderKey>| async move {
+    ///     let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    ///     app.oneshot(Request::new(Body::empty())).await.unwrap().status()
+    /// };
+    /// // No `x-api-key` header:
+    /// assert_eq!(status(by_api_key.clone()).await, StatusCode::BAD_REQUEST);
+    /// let lenient = by_api_key.allow_missing_key(true);
+    /// assert_eq!(status(lenient).await, StatusCode::OK);
+    /// # }
+    /// ```
+    pub fn allow_missing_key(mut self, allow: bool) -> Self {
+        self.core.settings.missing_key = if allow {
+            OnMissingKey::Allow
+        } else {
+            OnMissingKey::Reject
+        };
         self
     }
 
