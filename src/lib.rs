@@ -114,7 +114,7 @@
 //! | the layer and every option (guide: [`docs/usage.md`](crate::guide::usage)) | [`RateLimitLayer`] |
 //! | quotas, rate strings (`"100/min"`), policy names (guide: [`docs/quotas.md`](crate::guide::quotas)) | [`Quota`], [`NamedQuota`], [`Window`] |
 //! | whom to count: peer address, client behind proxies, header, route, allowlists (guide: [`docs/client-identity.md`](crate::guide::client_identity)) | [`key`] |
-//! | counting by the answer (failed logins; guide: [`docs/outcomes.md`](crate::guide::outcomes)) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`](outcome::CountOnly) |
+//! | counting by the answer (failed logins; guide: [`docs/outcomes.md`](crate::guide::outcomes)) | [`count_if`](RateLimitLayer::count_if), [`ResponseHead`](outcome::ResponseHead) |
 //! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: [`docs/costs.md`](crate::guide::costs)) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials (guide: [`docs/headers.md`](crate::guide::headers)) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
 //! | a budget for outbound calls, shared by every instance, that waits for its window (guide: [`docs/outbound.md`](crate::guide::outbound)) | [`outbound::BudgetLayer`] |
@@ -195,7 +195,7 @@
 //   key/        whom a request is charged to
 //   decision    the verdict's value, Decision
 //   label       what a decision shows of its quota
-//   count       reads the service's answer (CountOnly)
+//   count       reads the service's answer (ResponseHead)
 //   request     the way in: a request's head
 //   quota       quotas, windows, shares
 //   error       configuration errors

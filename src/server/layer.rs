@@ -15,7 +15,7 @@ use crate::core::{Core, OnMissingKey, Settings, SkipIf};
 use crate::cost::body::{self, BodyEstimate, FromHead, ReadBody};
 use crate::cost::charge::ResponseEnd;
 use crate::cost::{Plain, Spends};
-use crate::count::{CountOnly, ResponseHead};
+use crate::count::ResponseHead;
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
 use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
@@ -288,6 +288,11 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// the answer's [`ResponseHead`], and a hit it rejects is handed back
     /// ([`Backend::refund`]) in every quota, as a denied request's is. The
     /// closure's argument type is inferred; a later call replaces an earlier one.
+    /// The usual choices are methods of the view:
+    /// `count_if(|res| res.is_auth_failure())` ([`is_failure`](ResponseHead::is_failure),
+    /// [`is_auth_failure`](ResponseHead::is_auth_failure),
+    /// [`is_server_error`](ResponseHead::is_server_error),
+    /// [`is_success`](ResponseHead::is_success)).
     /// Guide (what counts, and when): [`docs/outcomes.md`](crate::guide::outcomes).
     pub fn count_if<F>(mut self, counts: F) -> Self
     where
@@ -295,12 +300,6 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     {
         self.core.settings.count_if = Some(Arc::new(counts));
         self
-    }
-
-    /// Count only the answers `which` names: [`count_if`](Self::count_if)
-    /// with one of the usual choices ([`CountOnly`]). Guide: [`docs/outcomes.md`](crate::guide::outcomes).
-    pub fn count_only(self, which: CountOnly) -> Self {
-        self.count_if(move |res| which.counts(res))
     }
 
     /// What requests get when the backend is down, slow or full (default:
