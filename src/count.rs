@@ -225,15 +225,16 @@ mod tests {
     #[test]
     fn the_choices_read_http_and_grpc_statuses() {
         type Choice = fn(&ResponseHead<'_>) -> bool;
+        type Named = (&'static str, Choice);
         #[allow(non_upper_case_globals)]
-        const Failures: (&str, Choice) = ("Failures", |r| r.is_failure());
+        const Failures: Named = ("Failures", |r| r.is_failure());
         #[allow(non_upper_case_globals)]
-        const AuthFailures: (&str, Choice) = ("AuthFailures", |r| r.is_auth_failure());
+        const AuthFailures: Named = ("AuthFailures", |r| r.is_auth_failure());
         #[allow(non_upper_case_globals)]
-        const ServerErrors: (&str, Choice) = ("ServerErrors", |r| r.is_server_error());
+        const ServerErrors: Named = ("ServerErrors", |r| r.is_server_error());
         #[allow(non_upper_case_globals)]
-        const Successes: (&str, Choice) = ("Successes", |r| r.is_success());
-        let cases: Vec<(&str, (&str, Choice), Response<()>, bool)> = vec![
+        const Successes: Named = ("Successes", |r| r.is_success());
+        let cases: Vec<(&str, Named, Response<()>, bool)> = vec![
             ("200 is no failure", Failures, http(200), false),
             ("302 is no failure", Failures, http(302), false),
             ("400 is a failure", Failures, http(400), true),
