@@ -54,7 +54,8 @@ use crate::timeout::DEFAULT_TIMEOUT;
 /// [`docs/usage.md#with-other-layers-the-response-body-must-implement-default`](crate::guide::usage#with-other-layers-the-response-body-must-implement-default).
 ///
 /// ```
-/// /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+/// use std::time::Duration;
+/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
 /// use tower::{ServiceBuilder, ServiceExt};
 /// use tower_http::{timeout::TimeoutLayer, trace::TraceLayer};
 /// use tower_pinned_window::{Quota, RateLimitLayer};
@@ -472,7 +473,8 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// few seconds. A charge never panics the layer.
     ///
     /// ```
-    ///     /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
     ///
     /// /// The tokens an answer used, when it says (`None`: it does not).
     /// fn tokens(end: &ResponseEnd) -> Option<u64> {
@@ -521,7 +523,8 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// [`docs/costs.md#reserve-then-settle`](crate::guide::costs#reserve-then-settle).
     ///
     /// ```
-    ///     /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
     /// use tower::ServiceExt;
     /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
     ///
@@ -580,7 +583,8 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     ///
     /// ```
     /// # #[cfg(feature = "json")] {
-    ///     /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
     /// use tower::ServiceExt;
     /// use tower_pinned_window::{Quota, RateLimitLayer, cost::{BodyEstimate, ResponseEnd}};
     ///
@@ -638,7 +642,8 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// handle the error yourself.
     ///
     /// ```
-    ///     /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
     ///
     /// let layer = RateLimitLayer::new("export", Quota::new(10, Duration::from_secs(60)).unwrap());
     /// assert_eq!(
