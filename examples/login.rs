@@ -23,7 +23,7 @@ use axum::routing::post;
 use axum::{Json, Router};
 use tower_pinned_window::backend::MemoryBackend;
 use tower_pinned_window::key::PeerIp;
-use tower_pinned_window::{Quota, RateLimitLayer, Window, outcome::CountOnly};
+use tower_pinned_window::{Quota, RateLimitLayer, Window};
 
 /// How long an address is locked out once it has failed too often.
 pub const LOCKOUT: Duration = Duration::from_secs(60 * 60);
@@ -33,7 +33,7 @@ pub fn app(backend: MemoryBackend) -> Router {
     let failed_logins = Quota::new(5, Duration::from_secs(15 * 60)).expect("a valid quota");
     let limit = RateLimitLayer::new("login", failed_logins)
         .key(PeerIp::new())
-        .count_only(CountOnly::AuthFailures) // only 401 and 403 count
+        .count_if(|res| res.is_auth_failure()) // only 401 and 403 count
         .backend(backend)
         .block_for(Window::new(LOCKOUT).expect("an hour is a window")); // the 6th attempt locks the address out
     Router::new().route("/login", post(login)).layer(limit)

@@ -54,7 +54,7 @@
 //! | `tiers` | none | a table of tier names to their quota; a request's tier is the [`Tier`] in its extensions |
 //! | `shadow` | `false` | count and set headers, never deny |
 //! | `on-failure` | `"fail-closed"` | or `"fail-open"`, or `"insurance 1/4"` for [`FailurePolicy::Insurance`] at that [`Share`](crate::Share) (see [`FailurePolicy`]) |
-//! | `on-missing-key` | `"reject"` | or `"allow"` (see [`OnMissingKey`]) |
+//! | `on-missing-key` | `"reject"` | or `"allow"` (see [`allow_missing_key`](crate::RateLimitLayer::allow_missing_key)) |
 //! | `headers` | `"ietf"` | or `"legacy"`, `"none"` (see [`HeaderStyle`]) |
 //!
 //! The `key` is one of:
@@ -193,7 +193,7 @@ impl LimiterConfig {
             })
             .shadow(self.shadow)
             .on_failure(self.on_failure)
-            .on_missing_key(self.on_missing_key)
+            .allow_missing_key(self.on_missing_key == OnMissingKey::Allow)
             .headers(self.headers);
         for quota in &self.also {
             layer = layer.also(quota.clone());

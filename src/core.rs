@@ -19,34 +19,11 @@ use crate::metrics::LayerMetrics;
 use crate::policy::Policies;
 use crate::request::RequestHead;
 
-/// What a request gets when its key cannot be extracted.
-///
-/// # Example
-///
-/// ```
-/// use std::time::Duration;
-/// use axum::{Router, body::Body, http::{HeaderName, Request, StatusCode}, routing::get};
-/// use tower::ServiceExt;
-/// use tower_pinned_window::{OnMissingKey, Quota, RateLimitLayer, key::HeaderKey};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
-/// let by_api_key = RateLimitLayer::new("api", quota)
-///     .key(HeaderKey::new(HeaderName::from_static("x-api-key")));
-/// let status = |layer: RateLimitLayer<HeaderKey>| async move {
-///     let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-///     app.oneshot(Request::new(Body::empty())).await.unwrap().status()
-/// };
-/// // No `x-api-key` header:
-/// assert_eq!(status(by_api_key.clone()).await, StatusCode::BAD_REQUEST);
-/// let lenient = by_api_key.on_missing_key(OnMissingKey::Allow);
-/// assert_eq!(status(lenient).await, StatusCode::OK);
-/// # }
-/// ```
+/// What a request gets when its key cannot be extracted: the layer's
+/// [`allow_missing_key`](crate::RateLimitLayer::allow_missing_key), and the
+/// configuration's `on-missing-key`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum OnMissingKey {
+pub(crate) enum OnMissingKey {
     /// Answer with the status the [`KeyError`](crate::key::KeyError) names: 400 for a request that
     /// lacks its key, 500 for a server that is not set up for the extractor
     /// (gRPC: INVALID_ARGUMENT or INTERNAL).

@@ -1,6 +1,7 @@
 //! Which answers count: the body-free view of a response that
 //! [`count_if`](crate::RateLimitLayer::count_if) reads once the service has
-//! answered, and the usual choices ([`CountOnly`]).
+//! answered, and the usual choices
+//! ([`ResponseHead::is_failure`] and its siblings).
 
 use std::sync::Arc;
 
@@ -118,80 +119,65 @@ impl<'a> ResponseHead<'a> {
         value.parse().ok()
     }
 
+    /// Whether the answer is a failure: an HTTP status of 400 or more, or a
+    /// gRPC error in the head (any `grpc-status` but 0). "Five failed logins
+    /// a minute"; what express-rate-limit calls `skipSuccessfulRequests`:
+    /// `count_if(|res| res.is_failure())`.
+    ///
+    /// Like each of the usual choices below, it reads the HTTP status and,
+    /// for a gRPC answer, the `grpc-status` in its head (see
+    /// [`grpc_status`](Self::grpc_status): a status sent in the trailers is
+    /// not seen).
+    ///
+    /// ```
+    /// use http::Response;
+    /// use tower_pinned_window::outcome::ResponseHead;
+    ///
+    /// let status = |code: u16| Response::builder().status(code).body(()).unwrap();
+    /// let head = |code| ResponseHead::new(&status(code)).is_failure();
+    /// assert!(head(401) && !head(302));
+    /// assert!(ResponseHead::new(&status(403)).is_auth_failure());
+    /// assert!(!ResponseHead::new(&status(404)).is_auth_failure());
+    /// assert!(ResponseHead::new(&status(503)).is_server_error());
+    /// assert!(ResponseHead::new(&status(201)).is_success());
+    /// assert!(!ResponseHead::new(&status(302)).is_success());
+    /// ```
+    pub fn is_failure(&self) -> bool {
+        self.status.as_u16() >= 400 || self.grpc_error().is_some()
+    }
+
+    /// Whether the answer is a failed authentication: `401 Unauthorized` or
+    /// `403 Forbidden`, or gRPC UNAUTHENTICATED (16) or PERMISSION_DENIED
+    /// (7). A wrong password counts; a malformed request (400) or a server
+    /// error does not. See the [example](Self::is_failure).
+    pub fn is_auth_failure(&self) -> bool {
+        matches!(
+            self.status,
+            StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN
+        ) || matches!(self.grpc_error(), Some(7 | 16))
+    }
+
+    /// Whether the answer is a server error: an HTTP status of 500 or more,
+    /// or the gRPC codes that map to them: UNKNOWN (2), DEADLINE_EXCEEDED
+    /// (4), UNIMPLEMENTED (12), INTERNAL (13), UNAVAILABLE (14) and DATA_LOSS
+    /// (15). A circuit-breaker style budget for a client whose requests keep
+    /// failing the server. See the [example](Self::is_failure).
+    pub fn is_server_error(&self) -> bool {
+        self.status.is_server_error()
+            || matches!(self.grpc_error(), Some(2 | 4 | 12 | 13 | 14 | 15))
+    }
+
+    /// Whether the answer is a success: an HTTP status from 200 to 299 and
+    /// no gRPC error in the head. "Ten accounts created an hour";
+    /// express-rate-limit's `skipFailedRequests`. Redirects (3xx) are not
+    /// successes. See the [example](Self::is_failure).
+    pub fn is_success(&self) -> bool {
+        self.status.is_success() && self.grpc_error().is_none()
+    }
+
     /// A gRPC error in the head: a status other than OK.
     fn grpc_error(&self) -> Option<i32> {
         self.grpc_status().filter(|&code| code != 0)
-    }
-}
-
-/// Which answers count, for
-/// [`count_only`](crate::RateLimitLayer::count_only): the usual choices of
-/// [`count_if`](crate::RateLimitLayer::count_if).
-///
-/// Each reads the HTTP status and, for a gRPC answer, the `grpc-status` in
-/// its head (see [`ResponseHead::grpc_status`]: a status sent in the
-/// trailers is not seen).
-///
-/// # Example
-///
-/// ```
-/// use http::Response;
-/// use tower_pinned_window::{outcome::{CountOnly, ResponseHead}};
-///
-/// let status = |code: u16| Response::builder().status(code).body(()).unwrap();
-/// let cases = [
-///     (CountOnly::Failures, 401, true),
-///     (CountOnly::Failures, 302, false),
-///     (CountOnly::AuthFailures, 403, true),
-///     (CountOnly::AuthFailures, 404, false),
-///     (CountOnly::ServerErrors, 503, true),
-///     (CountOnly::Successes, 201, true),
-///     (CountOnly::Successes, 302, false),
-/// ];
-/// for (which, code, counts) in cases {
-///     assert_eq!(which.counts(&ResponseHead::new(&status(code))), counts, "{which:?} {code}");
-/// }
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum CountOnly {
-    /// Failures: an HTTP status of 400 or more, or a gRPC error (any
-    /// `grpc-status` but 0). "Five failed logins a minute"; what
-    /// express-rate-limit calls `skipSuccessfulRequests`.
-    Failures,
-    /// Failed authentication: `401 Unauthorized` or `403 Forbidden`, or gRPC
-    /// UNAUTHENTICATED (16) or PERMISSION_DENIED (7). A wrong password
-    /// counts; a malformed request (400) or a server error does not.
-    AuthFailures,
-    /// Server errors: an HTTP status of 500 or more, or the gRPC codes that
-    /// map to them: UNKNOWN (2), DEADLINE_EXCEEDED (4), UNIMPLEMENTED (12),
-    /// INTERNAL (13), UNAVAILABLE (14) and DATA_LOSS (15). A circuit-breaker
-    /// style budget for a client whose requests keep failing the server.
-    ServerErrors,
-    /// Successes: an HTTP status from 200 to 299 and no gRPC error in the
-    /// head. "Ten accounts created an hour"; express-rate-limit's
-    /// `skipFailedRequests`. Redirects (3xx) are not successes.
-    Successes,
-}
-
-impl CountOnly {
-    /// Whether `response` counts.
-    ///
-    /// See the [example](CountOnly#example).
-    pub fn counts(self, response: &ResponseHead<'_>) -> bool {
-        let status = response.status();
-        match self {
-            Self::Failures => status.as_u16() >= 400 || response.grpc_error().is_some(),
-            Self::AuthFailures => {
-                matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN)
-                    || matches!(response.grpc_error(), Some(7 | 16))
-            }
-            Self::ServerErrors => {
-                status.is_server_error()
-                    || matches!(response.grpc_error(), Some(2 | 4 | 12 | 13 | 14 | 15))
-            }
-            Self::Successes => status.is_success() && response.grpc_error().is_none(),
-        }
     }
 }
 
@@ -238,8 +224,17 @@ mod tests {
 
     #[test]
     fn the_choices_read_http_and_grpc_statuses() {
-        use CountOnly::*;
-        let cases: Vec<(&str, CountOnly, Response<()>, bool)> = vec![
+        type Choice = fn(&ResponseHead<'_>) -> bool;
+        type Named = (&'static str, Choice);
+        #[allow(non_upper_case_globals)]
+        const Failures: Named = ("Failures", |r| r.is_failure());
+        #[allow(non_upper_case_globals)]
+        const AuthFailures: Named = ("AuthFailures", |r| r.is_auth_failure());
+        #[allow(non_upper_case_globals)]
+        const ServerErrors: Named = ("ServerErrors", |r| r.is_server_error());
+        #[allow(non_upper_case_globals)]
+        const Successes: Named = ("Successes", |r| r.is_success());
+        let cases: Vec<(&str, Named, Response<()>, bool)> = vec![
             ("200 is no failure", Failures, http(200), false),
             ("302 is no failure", Failures, http(302), false),
             ("400 is a failure", Failures, http(400), true),
@@ -286,11 +281,11 @@ mod tests {
             ("gRPC ok", Successes, grpc(Some("0")), true),
             ("gRPC error", Successes, grpc(Some("16")), false),
         ];
-        for (name, which, response, want) in cases {
+        for (name, (which, counts), response, want) in cases {
             assert_eq!(
-                which.counts(&ResponseHead::new(&response)),
+                counts(&ResponseHead::new(&response)),
                 want,
-                "{which:?}: {name}"
+                "{which}: {name}"
             );
         }
     }

@@ -9,39 +9,10 @@ use http::Extensions;
 use crate::label::{Label, QuotaHeaders};
 use crate::request::Route;
 
-/// Whether a request went through.
-///
-/// # Example
-///
-/// In [shadow](crate::RateLimitLayer::shadow) mode, a request over the
-/// limit is passed on, and its decision says so:
-///
-/// ```
-/// use std::time::Duration;
-/// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
-/// use tower::ServiceExt;
-/// use tower_pinned_window::{Decision, DecisionIn, Outcome, Quota, RateLimitLayer};
-///
-/// # #[tokio::main(flavor = "current_thread")]
-/// # async fn main() {
-/// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
-///     .shadow(true)
-///     .decision_in(DecisionIn::Response);
-/// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
-/// let outcome = |response: &axum::response::Response| {
-///     response.extensions().get::<Decision>().map(Decision::outcome)
-/// };
-///
-/// let first = app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
-/// assert_eq!(outcome(&first), Some(Outcome::Allowed));
-/// let second = app.oneshot(Request::new(Body::empty())).await.unwrap();
-/// assert_eq!(second.status(), StatusCode::OK);
-/// assert_eq!(outcome(&second), Some(Outcome::Shadowed));
-/// # }
-/// ```
+/// Whether a request went through: what [`Decision::passed`] and
+/// [`Decision::over_limit`] read, and what metrics and logs name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum Outcome {
+pub(crate) enum Outcome {
     /// Within the limit: the request was passed on.
     Allowed,
     /// Over the limit: the request was answered with a denial.
@@ -108,14 +79,14 @@ pub enum Outcome {
 /// use std::time::Duration;
 /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
 /// use tower::ServiceExt;
-/// use tower_pinned_window::{Decision, DecisionIn, Outcome, Quota, RateLimitLayer};
+/// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let seen = Arc::new(Mutex::new(Vec::new()));
 /// let log = Arc::clone(&seen);
 /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
-///     .on_decision(move |decision: &Decision| log.lock().unwrap().push(decision.outcome()))
+///     .on_decision(move |decision: &Decision| log.lock().unwrap().push(decision.passed()))
 ///     // The handler reads the decision: the layer puts it in the request.
 ///     .decision_in(DecisionIn::Request);
 /// let handler = |decision: Decision| async move {
@@ -136,7 +107,7 @@ pub enum Outcome {
 /// // A denial always carries it in its response.
 /// let denied = app.oneshot(Request::new(Body::empty())).await.unwrap();
 /// assert!(denied.extensions().get::<Decision>().unwrap().over_limit());
-/// assert_eq!(*seen.lock().unwrap(), [Outcome::Allowed, Outcome::Denied]);
+/// assert_eq!(*seen.lock().unwrap(), [true, false], "passed, then denied");
 /// # }
 /// ```
 #[derive(Clone, PartialEq, Eq)]
@@ -319,9 +290,7 @@ impl Decision {
     }
 
     /// What happened to the request.
-    ///
-    /// See the [example](Decision#example).
-    pub fn outcome(&self) -> Outcome {
+    pub(crate) fn outcome(&self) -> Outcome {
         self.outcome
     }
 
@@ -332,9 +301,37 @@ impl Decision {
         self.outcome != Outcome::Denied
     }
 
-    /// Whether the request was over the limit (denied or shadowed).
+    /// Whether the request was over the limit (denied or shadowed): a
+    /// request that [passed](Self::passed) over the limit was shadowed.
     ///
-    /// See the [example](Decision#example).
+    /// In [shadow](crate::RateLimitLayer::shadow) mode, a request over the
+    /// limit is passed on, and its decision says so:
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
+    ///     .shadow(true)
+    ///     .decision_in(DecisionIn::Response);
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// // (passed, over the limit)
+    /// let outcome = |response: &axum::response::Response| {
+    ///     let decision = response.extensions().get::<Decision>()?;
+    ///     Some((decision.passed(), decision.over_limit()))
+    /// };
+    ///
+    /// let first = app.clone().oneshot(Request::new(Body::empty())).await.unwrap();
+    /// assert_eq!(outcome(&first), Some((true, false)), "allowed");
+    /// let second = app.oneshot(Request::new(Body::empty())).await.unwrap();
+    /// assert_eq!(second.status(), StatusCode::OK);
+    /// assert_eq!(outcome(&second), Some((true, true)), "shadowed");
+    /// # }
+    /// ```
     pub fn over_limit(&self) -> bool {
         self.outcome != Outcome::Allowed
     }
@@ -464,7 +461,7 @@ const MISSING: (http::StatusCode, &str) = (
      request only when told to, with `RateLimitLayer::decision_in` \
      (`.decision_in(DecisionIn::Request)`). A request the layer passed without \
      counting it (skipped, allowlisted, or passed under `FailurePolicy::FailOpen` \
-     or `OnMissingKey::Allow`) has none: extract `Option<Decision>` to allow for it.",
+     or with `allow_missing_key(true)`) has none: extract `Option<Decision>` to allow for it.",
 );
 
 /// A handler takes the decision on its request as an extractor, when the

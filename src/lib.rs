@@ -87,14 +87,14 @@
 //! |---|---|---|---|
 //! | under the limit | | the service's response, with the rate-limit headers ([`HeaderStyle`](response::HeaderStyle)) | the service's answer, the same fields as metadata |
 //! | over the limit | | `429` (or [`deny_with`](RateLimitLayer::deny_with)), `Retry-After` in whole seconds (rounded up, at least 1), the rate-limit headers | `8 RESOURCE_EXHAUSTED`; with the `tonic` feature a `google.rpc.RetryInfo` in `grpc-status-details-bin`; `Retry-After` and the rate-limit fields as metadata |
-//! | over the limit | [`shadow(true)`](RateLimitLayer::shadow) | the service's response, counted ([`Outcome::Shadowed`]) | the service's answer |
+//! | over the limit | [`shadow(true)`](RateLimitLayer::shadow) | the service's response, counted (its [`Decision`] [passed](Decision::passed) and is [over the limit](Decision::over_limit)) | the service's answer |
 //! | backend down, timed out, circuit open, or full | [`FailurePolicy::FailClosed`] (default) | `503` with `Retry-After: 1` | `14 UNAVAILABLE` |
 //! | the same | [`FailurePolicy::FailOpen`] | the service's response, uncounted, no rate-limit headers | the service's answer |
 //! | the same | [`FailurePolicy::Insurance`] | decided by a limiter in this process's memory at the instance's [`Share`] of the limit: the service's response or `429`, as above ([`Decision::insured`]) | the same |
 //! | corrupt counter | any | `500`, the value left untouched | `13 INTERNAL` |
-//! | key missing or malformed | [`OnMissingKey::Reject`] (default) | `400` | `3 INVALID_ARGUMENT` |
-//! | server not set up for the extractor (no peer address) | [`OnMissingKey::Reject`] | `500` | `13 INTERNAL` |
-//! | either key error | [`OnMissingKey::Allow`] | the service's response, uncounted | the service's answer |
+//! | key missing or malformed | [`allow_missing_key(false)`](RateLimitLayer::allow_missing_key) (default) | `400` | `3 INVALID_ARGUMENT` |
+//! | server not set up for the extractor (no peer address) | [`allow_missing_key(false)`](RateLimitLayer::allow_missing_key) | `500` | `13 INTERNAL` |
+//! | either key error | [`allow_missing_key(true)`](RateLimitLayer::allow_missing_key) | the service's response, uncounted | the service's answer |
 //! | skipped ([`skip_if`](RateLimitLayer::skip_if), [`allowlist`](RateLimitLayer::allowlist)) | | the service's response, uncounted, no headers | the service's answer |
 //!
 //! A denial always carries its [`Decision`] in its response's extensions. A
@@ -114,11 +114,11 @@
 //! | the layer and every option (guide: [`docs/usage.md`](crate::guide::usage)) | [`RateLimitLayer`] |
 //! | quotas, rate strings (`"100/min"`), policy names (guide: [`docs/quotas.md`](crate::guide::quotas)) | [`Quota`], [`NamedQuota`], [`Window`] |
 //! | whom to count: peer address, client behind proxies, header, route, allowlists (guide: [`docs/client-identity.md`](crate::guide::client_identity)) | [`key`] |
-//! | counting by the answer (failed logins; guide: [`docs/outcomes.md`](crate::guide::outcomes)) | [`count_if`](RateLimitLayer::count_if), [`CountOnly`](outcome::CountOnly) |
+//! | counting by the answer (failed logins; guide: [`docs/outcomes.md`](crate::guide::outcomes)) | [`count_if`](RateLimitLayer::count_if), [`ResponseHead`](outcome::ResponseHead) |
 //! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: [`docs/costs.md`](crate::guide::costs)) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials (guide: [`docs/headers.md`](crate::guide::headers)) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
 //! | a budget for outbound calls, shared by every instance, that waits for its window (guide: [`docs/outbound.md`](crate::guide::outbound)) | [`outbound::BudgetLayer`] |
-//! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`OnMissingKey`], [`ConfigError`] |
+//! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`allow_missing_key`](RateLimitLayer::allow_missing_key), [`ConfigError`] |
 //! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
 //! | a store of your own: storage keys, a deny cache, a batched future | [`backend::toolkit`] |
 //! | Redis, Cluster, Sentinel | the [`tower-pinned-window-redis`][crate-redis] crate |
@@ -190,7 +190,7 @@
 //   key/        whom a request is charged to
 //   decision    the verdict's value, Decision
 //   label       what a decision shows of its quota
-//   count       reads the service's answer (CountOnly)
+//   count       reads the service's answer (ResponseHead)
 //   request     the way in: a request's head
 //   quota       quotas, windows, shares
 //   error       configuration errors
@@ -227,9 +227,8 @@ pub mod response;
 mod server;
 mod timeout;
 
-pub use crate::core::OnMissingKey;
 pub use budget::failure::FailurePolicy;
-pub use decision::{Decision, DecisionIn, Outcome};
+pub use decision::{Decision, DecisionIn};
 pub use error::{ConfigError, RateErrorKind};
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;

@@ -15,8 +15,7 @@ use axum::routing::get;
 use axum::{Router, middleware};
 use tower::ServiceExt;
 use tower_pinned_window::{
-    Decision, DecisionIn, Outcome, Quota, RateLimitLayer, outcome::WantDecision,
-    response::HeaderStyle,
+    Decision, DecisionIn, Quota, RateLimitLayer, outcome::WantDecision, response::HeaderStyle,
 };
 
 fn quota(limit: u64) -> Quota {
@@ -214,7 +213,7 @@ async fn an_outer_layer_that_asks_gets_it() {
             let decision = response.extensions().get::<Decision>().cloned();
             log.lock()
                 .unwrap()
-                .push(decision.map(|d| (d.outcome(), d.remaining())));
+                .push(decision.map(|d| ((d.passed(), d.over_limit()), d.remaining())));
             response
         }
     });
@@ -232,7 +231,7 @@ async fn an_outer_layer_that_asks_gets_it() {
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(
         *seen.lock().unwrap(),
-        [Some((Outcome::Allowed, 0)), Some((Outcome::Denied, 0))]
+        [Some(((true, false), 0)), Some(((false, true), 0))]
     );
 }
 

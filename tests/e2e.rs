@@ -174,11 +174,15 @@ async fn a_route_quota_through_route_layer() {
                 .route_quota("/login", quota(1, 900))
                 .on_decision(move |d| {
                     log.lock().unwrap().push(format!(
-                        "{} {} {:?} {:?}",
+                        "{} {} {:?} {}",
                         d.name(),
                         d.policy(),
                         d.route(),
-                        d.outcome()
+                        match (d.passed(), d.over_limit()) {
+                            (true, false) => "Allowed",
+                            (true, true) => "Shadowed",
+                            (false, _) => "Denied",
+                        }
                     ))
                 }),
         );

@@ -14,8 +14,8 @@ use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Key, KeyError};
 use tower_pinned_window::{
-    ConfigError, Decision, DecisionIn, FailurePolicy, NamedQuota, OnMissingKey, Outcome, Quota,
-    RateLimitLayer, Window, response::HeaderStyle,
+    ConfigError, Decision, DecisionIn, FailurePolicy, NamedQuota, Quota, RateLimitLayer, Window,
+    response::HeaderStyle,
 };
 
 fn quota(limit: u64, secs: u64) -> Quota {
@@ -78,7 +78,7 @@ async fn denies_past_the_limit_with_retry_after_and_ietf_headers() {
     assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=8"));
     assert!(res.body().is_empty());
     let decision = res.extensions().get::<Decision>().unwrap();
-    assert_eq!(decision.outcome(), Outcome::Denied);
+    assert!(!decision.passed() && decision.over_limit(), "denied");
     assert_eq!(decision.reset(), Duration::from_millis(7500));
 
     // The structured fields parse as RFC 9651 items.
@@ -292,30 +292,33 @@ async fn legacy_and_no_headers() {
 
 #[tokio::test(start_paused = true)]
 async fn shadow_mode_counts_and_never_denies() {
+    // (passed, over the limit)
+    const ALLOWED: (bool, bool) = (true, false);
+    const SHADOWED: (bool, bool) = (true, true);
+    let outcome = |d: &Decision| (d.passed(), d.over_limit());
     let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
     let log = seen.clone();
     let svc = limiter("new-limit", quota(1, 60))
         .shadow(true)
         .decision_in(DecisionIn::Response)
-        .on_decision(move |d| log.lock().unwrap().push((d.count(), d.outcome())))
+        .on_decision(move |d| {
+            log.lock()
+                .unwrap()
+                .push((d.count(), (d.passed(), d.over_limit())))
+        })
         .layer(ok_service());
     for _ in 0..3 {
         assert_eq!(send(&svc, get()).await.status(), StatusCode::OK);
     }
     let res = send(&svc, get()).await;
     assert_eq!(
-        res.extensions().get::<Decision>().unwrap().outcome(),
-        Outcome::Shadowed
+        outcome(res.extensions().get::<Decision>().unwrap()),
+        SHADOWED
     );
     assert_eq!(header(&res, "ratelimit"), Some("\"new-limit\";r=0;t=60"));
     assert_eq!(
         *seen.lock().unwrap(),
-        vec![
-            (1, Outcome::Allowed),
-            (2, Outcome::Shadowed),
-            (3, Outcome::Shadowed),
-            (4, Outcome::Shadowed)
-        ]
+        vec![(1, ALLOWED), (2, SHADOWED), (3, SHADOWED), (4, SHADOWED)]
     );
 }
 
@@ -379,7 +382,7 @@ async fn requests_without_a_key() {
 
     let svc = limiter("api", quota(1, 60))
         .key(by_client())
-        .on_missing_key(OnMissingKey::Allow)
+        .allow_missing_key(true)
         .layer(ok_service());
     for _ in 0..3 {
         let res = send(&svc, get()).await;

@@ -14,7 +14,7 @@ use tonic_types::StatusExt;
 use tower::Layer;
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits};
 use tower_pinned_window::key::{ClientIp, Key, RouteKey};
-use tower_pinned_window::{Quota, RateLimitLayer, outcome::CountOnly};
+use tower_pinned_window::{Quota, RateLimitLayer};
 
 #[allow(dead_code)]
 #[path = "../examples/grpc_services.rs"]
@@ -241,7 +241,7 @@ async fn failed_grpc_calls_count_and_successful_ones_are_refunded() {
     let failed_logins =
         RateLimitLayer::new("login", Quota::new(2, Duration::from_secs(60)).unwrap())
             .key(ClientIp::new())
-            .count_only(CountOnly::AuthFailures);
+            .count_if(|res| res.is_auth_failure());
     let (channel, task) = serve_routes(Routes::new(failed_logins.layer(Auth))).await;
     for _ in 0..5 {
         let response = call_auth(channel.clone(), "Login", "hunter2")

@@ -26,7 +26,7 @@ use tokio::time::advance;
 use tower::{Layer, Service, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
 use tower_pinned_window::key::{Allowlist, ClientIp, Key};
-use tower_pinned_window::{Decision, Outcome, Quota, RateLimitLayer, outcome::CountOnly};
+use tower_pinned_window::{Decision, Quota, RateLimitLayer};
 
 #[allow(dead_code)]
 #[path = "../../examples/login.rs"]
@@ -455,7 +455,7 @@ async fn only_answers_that_count_are_kept_and_denials_are_refunded() {
     let svc = RateLimitLayer::new("login", quota(3, 900))
         .key(by_client())
         .backend(backend.clone())
-        .count_only(CountOnly::AuthFailures)
+        .count_if(|res| res.is_auth_failure())
         .layer(App::new().service());
     for _ in 0..5 {
         let res = send(&svc, answered("alice", 200)).await;
@@ -488,8 +488,8 @@ async fn only_answers_that_count_are_kept_and_denials_are_refunded() {
         assert_eq!(ratelimit(&res), Some("\"login\";r=0;t=900"));
         let d = decision(&res);
         assert_eq!(
-            (d.outcome(), d.refunded(), d.count()),
-            (Outcome::Denied, true, 3)
+            ((d.passed(), d.over_limit()), d.refunded(), d.count()),
+            ((false, true), true, 3)
         );
     }
     assert_eq!(
@@ -520,7 +520,7 @@ async fn parallel_successes_never_lock_a_client_out() {
     let svc = RateLimitLayer::new("burst", quota(5, 60))
         .key(by_client())
         .backend(backend.clone())
-        .count_only(CountOnly::Failures)
+        .count_if(|res| res.is_failure())
         .layer(app.service());
     let tasks: Vec<_> = (0..10)
         .map(|_| {
@@ -596,15 +596,15 @@ async fn shadowed_requests_are_judged_by_their_answer_too() {
         .key(by_client())
         .backend(backend.clone())
         .shadow(true)
-        .count_only(CountOnly::Failures)
+        .count_if(|res| res.is_failure())
         .layer(App::new().service());
     send(&svc, answered("alice", 500)).await;
     let res = send(&svc, answered("alice", 200)).await;
     assert_eq!(res.status(), StatusCode::OK);
     let d = decision(&res);
     assert_eq!(
-        (d.outcome(), d.refunded(), d.count()),
-        (Outcome::Shadowed, true, 1)
+        ((d.passed(), d.over_limit()), d.refunded(), d.count()),
+        ((true, true), true, 1)
     );
     assert_eq!(count(&backend, "shadow", "alice").await, 1);
 }
@@ -614,7 +614,7 @@ async fn a_refund_after_the_window_closed_leaves_no_counter() {
     let svc = RateLimitLayer::new("late", quota(5, 10))
         .key(by_client())
         .backend(backend.clone())
-        .count_only(CountOnly::Failures)
+        .count_if(|res| res.is_failure())
         .layer(App::new().service());
     // Hit at 0 s, answered at 11 s: the window closed at 10 s.
     let res = send(&svc, answered_after("alice", 200, Duration::from_secs(11))).await;
@@ -642,7 +642,7 @@ async fn a_refund_racing_a_new_window_never_touches_it() {
     let svc = RateLimitLayer::new("race", quota(5, 10))
         .key(by_client())
         .backend(backend.clone())
-        .count_only(CountOnly::Failures)
+        .count_if(|res| res.is_failure())
         .layer(app.service());
     // A is hit at 0 s and answered (200, refunded) at 11 s.
     let slow = {
@@ -681,7 +681,7 @@ fn concurrent_hits_and_refunds_never_keep_more_than_the_limit_in_memory() {
         let svc = RateLimitLayer::new("race", quota(limit, 3600))
             .key(by_client())
             .backend(backend.clone())
-            .count_only(CountOnly::AuthFailures)
+            .count_if(|res| res.is_auth_failure())
             .layer(App::new().service());
         let figures = race(&[svc], 16, 64).await;
         let counter = count(&backend, "race", "shared").await;
@@ -772,7 +772,7 @@ async fn a_dropped_response_future_leaves_the_hit_counted() {
     let svc = RateLimitLayer::new("drop", quota(5, 60))
         .key(by_client())
         .backend(backend.clone())
-        .count_only(CountOnly::Failures)
+        .count_if(|res| res.is_failure())
         .layer(app.service());
     // The client goes away while the service works on an answer that would
     // not have counted.
@@ -815,7 +815,7 @@ async fn a_service_error_is_no_answer_and_keeps_the_hit() {
     let svc = RateLimitLayer::new("err", quota(5, 60))
         .key(by_client())
         .backend(backend.clone())
-        .count_only(CountOnly::Failures)
+        .count_if(|res| res.is_failure())
         .layer(service_fn(|_: Request<Body>| async {
             Err::<Response<Body>, _>("the service failed")
         }));
@@ -832,7 +832,7 @@ async fn a_failed_refund_leaves_the_hit_counted() {
     let svc = RateLimitLayer::new("fail", quota(2, 60))
         .key(by_client())
         .backend(backend.clone())
-        .count_only(CountOnly::Failures)
+        .count_if(|res| res.is_failure())
         .layer(App::new().service());
     for _ in 0..2 {
         let res = send(&svc, answered("alice", 200)).await;
@@ -869,7 +869,7 @@ async fn the_client_does_not_wait_for_a_refund_that_has_to_go_out() {
     let svc = RateLimitLayer::new("bg", quota(2, 60))
         .key(by_client())
         .backend(backend.clone())
-        .count_only(CountOnly::Failures)
+        .count_if(|res| res.is_failure())
         .layer(App::new().service());
     let res = send(&svc, answered("alice", 200)).await;
     assert_eq!(
@@ -896,7 +896,7 @@ fn outside_a_tokio_runtime_the_response_waits_for_its_refund() {
     let svc = RateLimitLayer::new("plain", quota(2, 60))
         .key(by_client())
         .backend(backend.clone())
-        .count_only(CountOnly::Failures)
+        .count_if(|res| res.is_failure())
         .layer(service_fn(|_: Request<Body>| async {
             Ok::<_, Infallible>(Response::new(String::new()))
         }));
@@ -1030,7 +1030,7 @@ mod cases {
         let layer = RateLimitLayer::new("login", Quota::new(limit, window).unwrap())
             .key(by_client())
             .backend(backend.clone())
-            .count_only(CountOnly::AuthFailures)
+            .count_if(|res| res.is_auth_failure())
             // Real servers on a busy machine: no answer here may turn into
             // an outage because the machine is slow (timeouts have tests of
             // their own).

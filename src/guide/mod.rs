@@ -9,7 +9,7 @@
 //! | [`client_identity`] | proxies, forwarded headers, trusted hops, IPv6 prefixes; skipping requests and allowlists |
 //! | [`quotas`] | per route, per gRPC method, several quotas, tiers |
 //! | [`configuration`] | rate strings (`"5 per 15m"`) and whole limiters from TOML, YAML, JSON or the environment |
-//! | [`outcomes`] | counting only failures (`count_if`, `count_only`), and how refunds work |
+//! | [`outcomes`] | counting only failures (`count_if`), and how refunds work |
 //! | [`costs`] | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success |
 //! | [`outbound`] | a budget for the calls your service makes, shared by its instances |
 //! | [`headers`] | `RateLimit`, `RateLimit-Policy`, `Retry-After`, nested layers |

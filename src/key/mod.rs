@@ -433,13 +433,13 @@ impl KeyExtractor for GlobalKey {
 /// use http::{Request, Response, StatusCode};
 /// use tower::{Layer, ServiceExt, service_fn};
 /// use tower_pinned_window::key::HeaderKey;
-/// use tower_pinned_window::{OnMissingKey, Quota, RateLimitLayer};
+/// use tower_pinned_window::{Quota, RateLimitLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
 ///     .key(HeaderKey::new("x-api-key"))
-///     .on_missing_key(OnMissingKey::Reject);
+///     .allow_missing_key(false);
 /// let svc = layer.layer(service_fn(|_req: Request<String>| async {
 ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
 /// }));

@@ -1,8 +1,8 @@
 //! Counting by outcome: a request's hits wait for the service's answer,
 //! which decides what they become.
 //!
-//! - [`count_if`](crate::RateLimitLayer::count_if) (or
-//!   [`count_only`](crate::RateLimitLayer::count_only) with a [`CountOnly`])
+//! - [`count_if`](crate::RateLimitLayer::count_if) (the usual choices are
+//!   [`ResponseHead::is_failure`] and its siblings)
 //!   keeps a hit only when its answer, read through a [`ResponseHead`],
 //!   counts: the hits of any other answer, and of a denial, are refunded,
 //!   each in the window it was counted in;
@@ -22,7 +22,7 @@
 //! [`WantDecision`] is how an outer layer asks for a passed request's
 //! [`Decision`] in its response.
 
-pub use crate::count::{CountOnly, ResponseHead};
+pub use crate::count::ResponseHead;
 pub use crate::decision::WantDecision;
 
 use std::sync::Arc;

@@ -14,8 +14,8 @@ use crate::budget::spend::{Cost, CostFn, SpendPlan};
 use crate::core::{Core, OnMissingKey, Settings, SkipIf};
 use crate::cost::body::{self, BodyEstimate, FromHead, ReadBody};
 use crate::cost::charge::ResponseEnd;
-use crate::cost::{Charged, Mode, Plain};
-use crate::count::{CountOnly, ResponseHead};
+use crate::cost::{Plain, Spends};
+use crate::count::ResponseHead;
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
 use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
@@ -79,7 +79,7 @@ use crate::timeout::DEFAULT_TIMEOUT;
 /// # }
 /// ```
 ///
-/// `M` is the layer's [`Mode`]: [`Plain`] unless it spends (a
+/// `M` is the layer's mode: [`Plain`] unless it [`Spends`] (a
 /// [`cost`](Self::cost), a [`reserve`](Self::reserve), a
 /// [`block_for`](Self::block_for), a [`reset_if`](Self::reset_if)) or has a
 /// [`charge`](Self::charge).
@@ -289,6 +289,11 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// the answer's [`ResponseHead`], and a hit it rejects is handed back
     /// ([`Backend::refund`]) in every quota, as a denied request's is. The
     /// closure's argument type is inferred; a later call replaces an earlier one.
+    /// The usual choices are methods of the view:
+    /// `count_if(|res| res.is_auth_failure())` ([`is_failure`](ResponseHead::is_failure),
+    /// [`is_auth_failure`](ResponseHead::is_auth_failure),
+    /// [`is_server_error`](ResponseHead::is_server_error),
+    /// [`is_success`](ResponseHead::is_success)).
     /// Guide (what counts, and when): [`docs/outcomes.md`](crate::guide::outcomes).
     pub fn count_if<F>(mut self, counts: F) -> Self
     where
@@ -296,12 +301,6 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     {
         self.core.settings.count_if = Some(Arc::new(counts));
         self
-    }
-
-    /// Count only the answers `which` names: [`count_if`](Self::count_if)
-    /// with one of the usual choices ([`CountOnly`]). Guide: [`docs/outcomes.md`](crate::guide::outcomes).
-    pub fn count_only(self, which: CountOnly) -> Self {
-        self.count_if(move |res| which.counts(res))
     }
 
     /// What requests get when the backend is down, slow or full (default:
@@ -314,10 +313,39 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
         self
     }
 
-    /// What requests get when no key can be extracted (default:
-    /// [`OnMissingKey::Reject`]). See the [example](OnMissingKey#example).
-    pub fn on_missing_key(mut self, policy: OnMissingKey) -> Self {
-        self.core.settings.missing_key = policy;
+    /// Whether a request whose key cannot be extracted passes on uncounted
+    /// (`true`), or is answered with the status its
+    /// [`KeyError`](crate::key::KeyError) names (`false`, the default): 400
+    /// for a request that lacks its key, 500 for a server that is not set up
+    /// for the extractor (gRPC: INVALID_ARGUMENT or INTERNAL).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{HeaderName, Request, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{Quota, RateLimitLayer, key::HeaderKey};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+    /// let by_api_key = RateLimitLayer::new("api", quota)
+    ///     .key(HeaderKey::new(HeaderName::from_static("x-api-key")));
+    /// let status = |layer: RateLimitLayer<HeaderKey>| async move {
+    ///     let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    ///     app.oneshot(Request::new(Body::empty())).await.unwrap().status()
+    /// };
+    /// // No `x-api-key` header:
+    /// assert_eq!(status(by_api_key.clone()).await, StatusCode::BAD_REQUEST);
+    /// let lenient = by_api_key.allow_missing_key(true);
+    /// assert_eq!(status(lenient).await, StatusCode::OK);
+    /// # }
+    /// ```
+    pub fn allow_missing_key(mut self, allow: bool) -> Self {
+        self.core.settings.missing_key = if allow {
+            OnMissingKey::Allow
+        } else {
+            OnMissingKey::Reject
+        };
         self
     }
 
@@ -331,9 +359,11 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     }
 
     /// Shadow (dry-run) mode: count and set headers, but never deny. Requests
-    /// over the limit pass with [`Outcome::Shadowed`](crate::Outcome), so a
-    /// new limit can be watched before it is enforced. See the
-    /// [example](crate::Outcome#example).
+    /// over the limit pass, and their [`Decision`](crate::Decision) is both
+    /// [`passed`](crate::Decision::passed) and
+    /// [`over_limit`](crate::Decision::over_limit), so a new limit can be
+    /// watched before it is enforced. See the
+    /// [example](crate::Decision::over_limit).
     pub fn shadow(mut self, shadow: bool) -> Self {
         self.core.settings.shadow = shadow;
         self
@@ -380,12 +410,12 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
 
 /// Costs, reservations, charges, lockouts and resets on success (the
 /// guide: [`docs/costs.md`](crate::guide::costs)). Each moves the layer to a mode that spends
-/// ([`Spends`](crate::cost::Spends), or [`Charged`]), which builds only on a
+/// ([`Spends`]), which builds only on a
 /// backend that implements [`Spending`](crate::backend::Spending), whatever
 /// the order of the calls.
-impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
+impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// The spend plan, once the layer spends.
-    fn spending<M2>(mut self, set: impl FnOnce(&mut Settings)) -> RateLimitLayer<K, Bk, D, M2, R> {
+    fn spending(mut self, set: impl FnOnce(&mut Settings)) -> RateLimitLayer<K, Bk, D, Spends, R> {
         self.core.settings.spend.get_or_insert_with(SpendPlan::new);
         set(&mut self.core.settings);
         RateLimitLayer {
@@ -411,7 +441,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// spends nothing. A cost of 0 checks without counting. A cost above one of
     /// the layer's limits could never be admitted: the layer refuses it when it
     /// is built ([`check`](Self::check)). Guide: [`docs/costs.md#request-cost`](crate::guide::costs#request-cost).
-    pub fn cost(self, cost: u64) -> RateLimitLayer<K, Bk, D, M::Spending, R> {
+    pub fn cost(self, cost: u64) -> RateLimitLayer<K, Bk, D, Spends, R> {
         self.spending(|s| s.spend.as_mut().expect("a plan").cost = Some(Cost::Fixed(cost)))
     }
 
@@ -422,7 +452,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// key's counters hold, for the headers, and nothing is spent. It runs
     /// on every request: keep it cheap.
     /// Guide: [`docs/costs.md#request-cost`](crate::guide::costs#request-cost).
-    pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, M::Spending, R>
+    pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, Spends, R>
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
@@ -456,7 +486,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// let by_calls = RateLimitLayer::new("calls", quota).charge(|end| u64::from(end.status().is_success()));
     /// assert!(by_tokens.check().is_ok() && by_calls.check().is_ok());
     /// ```
-    pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged, R>
+    pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, Spends, R>
     where
         F: Fn(&ResponseEnd<'_>) -> T + Send + Sync + 'static,
         T: Into<Option<u64>>,
@@ -523,7 +553,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// assert_eq!(complete().await.1, "\"tokens\";r=500;t=60");
     /// # }
     /// ```
-    pub fn reserve<F>(self, estimate: F) -> RateLimitLayer<K, Bk, D, M::Spending, FromHead>
+    pub fn reserve<F>(self, estimate: F) -> RateLimitLayer<K, Bk, D, Spends, FromHead>
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
@@ -579,7 +609,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     pub fn reserve_from_body(
         self,
         estimate: BodyEstimate,
-    ) -> RateLimitLayer<K, Bk, D, M::Spending, BodyEstimate> {
+    ) -> RateLimitLayer<K, Bk, D, Spends, BodyEstimate> {
         let fallback = estimate.fallback();
         let read: CostFn = Arc::new(move |head| body::estimated(head, fallback));
         self.spending(|s| s.spend.as_mut().expect("a plan").reserve = Some(read))
@@ -589,7 +619,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Once a request does not fit, lock its key out for `block`, counted
     /// from that first denial and never extended; `Retry-After` gives the
     /// lockout's end. Guide: [`docs/costs.md#lockouts-block_for`](crate::guide::costs#lockouts-block_for).
-    pub fn block_for(self, block: Window) -> RateLimitLayer<K, Bk, D, M::Spending, R> {
+    pub fn block_for(self, block: Window) -> RateLimitLayer<K, Bk, D, Spends, R> {
         self.spending(|s| s.spend.as_mut().expect("a plan").block = Some(block))
     }
 
@@ -597,7 +627,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// clears its key's counters in the request's window, never creating
     /// one; its decision is [`cleared`](Decision::cleared). Guide:
     /// [`docs/costs.md#reset-on-success-reset_if`](crate::guide::costs#reset-on-success-reset_if).
-    pub fn reset_if<F>(self, reset: F) -> RateLimitLayer<K, Bk, D, M::Spending, R>
+    pub fn reset_if<F>(self, reset: F) -> RateLimitLayer<K, Bk, D, Spends, R>
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
     {

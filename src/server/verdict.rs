@@ -351,7 +351,7 @@ fn unavailable<B: Default, T>(err: BackendError, request: &RequestHead<'_>) -> V
 }
 
 /// The answer to a request without a usable key, under
-/// [`OnMissingKey::Reject`](crate::OnMissingKey::Reject).
+/// the default [`allow_missing_key(false)`](crate::RateLimitLayer::allow_missing_key).
 pub(crate) fn key_rejected<Bk, D, B: Default>(
     core: &Core<Bk, D>,
     err: &KeyError,
