@@ -29,7 +29,7 @@ use tower_pinned_window::key::{HeaderKey, Key};
 use tower_pinned_window::outbound::{
     BudgetError, BudgetLayer, DEFAULT_MARGIN, Deadline, WaitBound,
 };
-use tower_pinned_window::{ConfigError, FailurePolicy, Quota, Share};
+use tower_pinned_window::{ConfigError, FailurePolicy, Quota, Share, Window};
 use trial::Needs;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -258,8 +258,12 @@ async fn instances_share_the_budget<Bk: Spending>(
     let end = Instant::now() + run;
     let mut tasks = Vec::new();
     for (instance, backend) in backends.into_iter().enumerate() {
+        // What is checked is the sharing, not the store's speed: a store
+        // call slowed past the default timeout by a loaded machine (a
+        // PostgreSQL commit waiting on fsync) would fail the call closed.
         let client = BudgetLayer::new(NAME, quota)
             .backend(backend)
+            .timeout(Window::new(Duration::from_secs(5)).unwrap())
             .layer(provider.client());
         for caller in 0..callers {
             let client = client.clone();
