@@ -240,6 +240,14 @@ where
         .collect()
 }
 
+/// The backend timeout of the tests on real stores that check what is
+/// counted, not how fast: a store call slowed past the 100 ms default by a
+/// loaded machine (a fresh pool's first connection, a PostgreSQL commit
+/// waiting on fsync) would fail the call closed.
+fn patient() -> Window {
+    Window::new(Duration::from_secs(5)).unwrap()
+}
+
 /// `instances` layers, each with its own backend from `backends`, share a
 /// budget of `limit` per `window`: `callers` tasks per instance send calls
 /// back to back for `run`. Every call the provider receives was admitted by
@@ -258,12 +266,9 @@ async fn instances_share_the_budget<Bk: Spending>(
     let end = Instant::now() + run;
     let mut tasks = Vec::new();
     for (instance, backend) in backends.into_iter().enumerate() {
-        // What is checked is the sharing, not the store's speed: a store
-        // call slowed past the default timeout by a loaded machine (a
-        // PostgreSQL commit waiting on fsync) would fail the call closed.
         let client = BudgetLayer::new(NAME, quota)
             .backend(backend)
-            .timeout(Window::new(Duration::from_secs(5)).unwrap())
+            .timeout(patient())
             .layer(provider.client());
         for caller in 0..callers {
             let client = client.clone();
@@ -769,6 +774,7 @@ async fn a_reservation_settles_to_the_usage<Bk: Spending>(store: Bk) {
     };
     let client = BudgetLayer::new(NAME, quota(1_000, 60_000))
         .backend(store.clone())
+        .timeout(patient())
         .key(HeaderKey::new("x-key"))
         .reserve(estimate)
         .charge(usage)
@@ -842,6 +848,7 @@ async fn a_settle_frees_the_budget_on_another_instance<Bk: Spending>(
     let client = |backend: Bk| {
         BudgetLayer::new(NAME, quota(1_000, 60_000))
             .backend(backend)
+            .timeout(patient())
             .key(HeaderKey::new("x-key"))
             .reserve(|head: &tower_pinned_window::key::RequestHead<'_>| {
                 head.headers()
