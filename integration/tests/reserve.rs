@@ -26,7 +26,7 @@ use support::logs::Capture;
 
 use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::{Backend, MemoryBackend, Spending};
-use tower_pinned_window::cost::{Metered, ResponseEnd, Spends};
+use tower_pinned_window::cost::{Charged, Metered, ResponseEnd};
 use tower_pinned_window::key::{HeaderKey, Key, RequestHead};
 use tower_pinned_window::response::DefaultDeny;
 use tower_pinned_window::{ConfigError, Decision, Quota, RateLimit, RateLimitLayer};
@@ -97,7 +97,7 @@ impl Service<Request<String>> for Provider {
 /// The layer under test on `backend`: [`LIMIT`] tokens a minute per
 /// `x-api-key`, reserving [`estimate`], settled by [`usage`]; an answer
 /// with a 5xx does not count (its reservation is refunded).
-fn limited<Bk: Spending>(backend: Bk) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Spends> {
+fn limited<Bk: Spending>(backend: Bk) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Charged> {
     RateLimitLayer::new("tokens", quota(LIMIT))
         .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
         .backend(backend)
@@ -197,7 +197,9 @@ const PAST_THE_BOUND: Duration = Duration::from_millis(20);
 /// One instance's layer for the cases across instances: [`SHARED`] tokens
 /// a minute per `x-api-key`, `reserve` and `charge` and nothing else.
 #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
-fn reserving<Bk: Spending>(backend: Bk) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Spends> {
+fn reserving<Bk: Spending>(
+    backend: Bk,
+) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Charged> {
     RateLimitLayer::new("tokens", quota(SHARED))
         .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
         .backend(backend)

@@ -5,11 +5,9 @@
 //! ([`Meter`], implemented in `outcome/` and `outbound/settle.rs`), which adds it to the counters
 //! the request was counted in.
 //!
-//! A layer that does not spend ([`Plain`](crate::cost::Plain)) hands its
-//! answers back as the service made them, with their own body type, and
-//! nothing here runs; a layer that [`Spends`](crate::cost::Spends) without a
-//! charge wraps its answers' bodies with no meter, which pass every frame
-//! through untouched.
+//! A layer without a charge is not [`Charged`](crate::cost::Charged): its answers
+//! are handed back as the service made them, with their own body type, and
+//! nothing here runs.
 
 use std::fmt;
 use std::pin::Pin;
@@ -145,13 +143,11 @@ pub trait Meter: Send + Sync {
 }
 
 pin_project! {
-    /// The body of an answer from a layer that
-    /// [spends](crate::cost::Spends): the service's body, as it is, which
-    /// applies the response's [`charge`](crate::RateLimitLayer::charge), if
-    /// the layer has one, when it ends (its last frame, its trailers, an
-    /// error, or when it is dropped). An answer the layer made itself (a
-    /// denial), or that is not charged, carries no meter: its frames pass
-    /// through untouched.
+    /// The body of an answer from a layer with a
+    /// [`charge`](crate::RateLimitLayer::charge): the service's body, as it
+    /// is, which applies the response's charge when it ends (its last frame,
+    /// its trailers, an error, or when it is dropped). An answer the layer
+    /// made itself (a denial) or that is not charged carries no meter.
     ///
     /// It implements [`http_body::Body`] with the inner body's data and
     /// error types, so axum and tonic take it as they take the body inside

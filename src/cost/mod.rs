@@ -10,11 +10,10 @@
 //! [`BodyEstimate`]): a bounded prefix is read before the limiter runs,
 //! and the service gets the body whole ([`Replay`]).
 //!
-//! The layer's mode says in its type whether it spends: [`Plain`] by
-//! default, [`Spends`] once a setter asks for it. A layer that spends
-//! builds only on a backend that implements [`Spending`], whatever the
-//! order of its setters ([`Counts`]), and its answers' bodies are
-//! [`Metered`]. A layer that does not
+//! The layer's [`Mode`] says in its type whether it spends: [`Plain`] by
+//! default, [`Spends`] or [`Charged`] once a setter asks for it. A layer
+//! that spends builds only on a backend that implements [`Spending`],
+//! whatever the order of its setters ([`Counts`]). A layer that does not
 //! spend counts with `hit_all`, as it always has, and runs nothing here.
 //! The guide: [`docs/costs.md`](crate::guide::costs).
 
@@ -36,25 +35,52 @@ mod sealed {
     pub trait Sealed {}
 }
 
-/// A layer that counts plain hits: the default, on any [`Backend`].
+/// A layer that counts plain hits: the default mode, on any
+/// [`Backend`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Plain;
 
 /// A layer that spends: after a [`cost`](crate::RateLimitLayer::cost),
 /// [`cost_fn`](crate::RateLimitLayer::cost_fn),
 /// [`reserve`](crate::RateLimitLayer::reserve),
-/// [`charge`](crate::RateLimitLayer::charge),
 /// [`block_for`](crate::RateLimitLayer::block_for) or
 /// [`reset_if`](crate::RateLimitLayer::reset_if). It builds only on a
-/// backend that implements [`Spending`], and its answers' bodies are
-/// [`Metered`] (a body that no charge reads passes through untouched).
+/// backend that implements [`Spending`].
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Spends;
 
+/// A layer with a [`charge`](crate::RateLimitLayer::charge): it spends,
+/// and its answers' bodies are [`Metered`]. It builds only on a backend
+/// that implements [`Spending`].
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Charged;
+
 impl sealed::Sealed for Plain {}
 impl sealed::Sealed for Spends {}
+impl sealed::Sealed for Charged {}
 
-/// What a layer in mode `Self` ([`Plain`] or [`Spends`]) counts with on `Bk`, and the body of its
+/// How a layer counts, in its type: [`Plain`] hits, or [`Spends`] and
+/// [`Charged`], which need a backend that implements [`Spending`]. Sealed:
+/// the layer's setters move it from one to the next, whatever their order.
+pub trait Mode: sealed::Sealed {
+    /// The mode once the layer spends: [`Spends`], or [`Charged`] when
+    /// it is already charged.
+    type Spending: Mode;
+}
+
+impl Mode for Plain {
+    type Spending = Spends;
+}
+
+impl Mode for Spends {
+    type Spending = Spends;
+}
+
+impl Mode for Charged {
+    type Spending = Charged;
+}
+
+/// What a layer in mode `Self` counts with on `Bk`, and the body of its
 /// answers to a service whose bodies are `B`.
 ///
 /// A layer that spends on a backend that only implements [`Backend`] does
@@ -107,8 +133,8 @@ impl sealed::Sealed for Spends {}
     label = "`{Bk}` cannot spend",
     note = "implement `tower_pinned_window::backend::Spending` for the backend, or drop the cost, charge, block_for or reset_if"
 )]
-pub trait Counts<Bk, B>: sealed::Sealed {
-    /// The answers' body type: `B`, or [`Metered<B>`] for a layer that spends.
+pub trait Counts<Bk, B>: Mode {
+    /// The answers' body type: `B`, or [`Metered<B>`] under a charge.
     type Body;
 
     /// Spends `spend` of `key` on `counters` in `backend`.
@@ -157,7 +183,26 @@ impl<Bk: Backend, B> Counts<Bk, B> for Plain {
     }
 }
 
-impl<Bk: Spending, B: http_body::Body> Counts<Bk, B> for Spends {
+impl<Bk: Spending, B> Counts<Bk, B> for Spends {
+    type Body = B;
+
+    #[inline]
+    fn spend_all(backend: &Bk, key: &Key, counters: &[Counter<'_>], spend: Spend) -> Bk::Future {
+        backend.spend_all(key, counters, spend)
+    }
+
+    fn amend(backend: &Bk, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Bk::Refund {
+        backend.amend(namespace, key, hit, amend)
+    }
+
+    #[inline(always)]
+    fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<B> {
+        debug_assert!(meter.is_none(), "a layer without a charge meters nothing");
+        response
+    }
+}
+
+impl<Bk: Spending, B: http_body::Body> Counts<Bk, B> for Charged {
     type Body = Metered<B>;
 
     #[inline]

@@ -32,7 +32,7 @@ pin_project! {
     /// `call` returns, to await (a server awaits it for you). See the
     /// [example](crate::RateLimit#example).
     ///
-    /// `M` is the layer's mode: [`Plain`] or [`Spends`](crate::cost::Spends).
+    /// `M` is the layer's [`Mode`](crate::cost::Mode).
     pub struct ResponseFuture<S, ReqBody, Bk, D, M = Plain>
     where
         S: Service<Request<ReqBody>>,
@@ -688,7 +688,7 @@ mod tests {
 
     /// The statuses, insured marks, counts and limits of `n` requests
     /// through `layer`.
-    async fn answers<M: Counts<Out, String>>(
+    async fn answers<M: Counts<Out, String, Body = String>>(
         layer: RateLimitLayer<crate::key::GlobalKey, Out, crate::response::DefaultDeny, M>,
         n: usize,
     ) -> Vec<(u16, Option<(bool, u64, u64)>)> {

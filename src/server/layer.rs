@@ -14,7 +14,7 @@ use crate::budget::spend::{Cost, CostFn, SpendPlan};
 use crate::core::{Core, OnMissingKey, Settings, SkipIf};
 use crate::cost::body::{self, BodyEstimate, FromHead, ReadBody};
 use crate::cost::charge::ResponseEnd;
-use crate::cost::{Plain, Spends};
+use crate::cost::{Charged, Mode, Plain};
 use crate::count::ResponseHead;
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
@@ -79,7 +79,7 @@ use crate::timeout::DEFAULT_TIMEOUT;
 /// # }
 /// ```
 ///
-/// `M` is the layer's mode: [`Plain`] unless it [`Spends`] (a
+/// `M` is the layer's [`Mode`]: [`Plain`] unless it spends (a
 /// [`cost`](Self::cost), a [`reserve`](Self::reserve), a
 /// [`block_for`](Self::block_for), a [`reset_if`](Self::reset_if)) or has a
 /// [`charge`](Self::charge).
@@ -410,12 +410,12 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
 
 /// Costs, reservations, charges, lockouts and resets on success (the
 /// guide: [`docs/costs.md`](crate::guide::costs)). Each moves the layer to a mode that spends
-/// ([`Spends`]), which builds only on a
+/// ([`Spends`](crate::cost::Spends), or [`Charged`]), which builds only on a
 /// backend that implements [`Spending`](crate::backend::Spending), whatever
 /// the order of the calls.
-impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
+impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// The spend plan, once the layer spends.
-    fn spending(mut self, set: impl FnOnce(&mut Settings)) -> RateLimitLayer<K, Bk, D, Spends, R> {
+    fn spending<M2>(mut self, set: impl FnOnce(&mut Settings)) -> RateLimitLayer<K, Bk, D, M2, R> {
         self.core.settings.spend.get_or_insert_with(SpendPlan::new);
         set(&mut self.core.settings);
         RateLimitLayer {
@@ -441,7 +441,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// spends nothing. A cost of 0 checks without counting. A cost above one of
     /// the layer's limits could never be admitted: the layer refuses it when it
     /// is built ([`check`](Self::check)). Guide: [`docs/costs.md#request-cost`](crate::guide::costs#request-cost).
-    pub fn cost(self, cost: u64) -> RateLimitLayer<K, Bk, D, Spends, R> {
+    pub fn cost(self, cost: u64) -> RateLimitLayer<K, Bk, D, M::Spending, R> {
         self.spending(|s| s.spend.as_mut().expect("a plan").cost = Some(Cost::Fixed(cost)))
     }
 
@@ -452,7 +452,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// key's counters hold, for the headers, and nothing is spent. It runs
     /// on every request: keep it cheap.
     /// Guide: [`docs/costs.md#request-cost`](crate::guide::costs#request-cost).
-    pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, Spends, R>
+    pub fn cost_fn<F>(self, cost: F) -> RateLimitLayer<K, Bk, D, M::Spending, R>
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
@@ -486,7 +486,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// let by_calls = RateLimitLayer::new("calls", quota).charge(|end| u64::from(end.status().is_success()));
     /// assert!(by_tokens.check().is_ok() && by_calls.check().is_ok());
     /// ```
-    pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, Spends, R>
+    pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged, R>
     where
         F: Fn(&ResponseEnd<'_>) -> T + Send + Sync + 'static,
         T: Into<Option<u64>>,
@@ -553,7 +553,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// assert_eq!(complete().await.1, "\"tokens\";r=500;t=60");
     /// # }
     /// ```
-    pub fn reserve<F>(self, estimate: F) -> RateLimitLayer<K, Bk, D, Spends, FromHead>
+    pub fn reserve<F>(self, estimate: F) -> RateLimitLayer<K, Bk, D, M::Spending, FromHead>
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
@@ -609,7 +609,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     pub fn reserve_from_body(
         self,
         estimate: BodyEstimate,
-    ) -> RateLimitLayer<K, Bk, D, Spends, BodyEstimate> {
+    ) -> RateLimitLayer<K, Bk, D, M::Spending, BodyEstimate> {
         let fallback = estimate.fallback();
         let read: CostFn = Arc::new(move |head| body::estimated(head, fallback));
         self.spending(|s| s.spend.as_mut().expect("a plan").reserve = Some(read))
@@ -619,7 +619,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// Once a request does not fit, lock its key out for `block`, counted
     /// from that first denial and never extended; `Retry-After` gives the
     /// lockout's end. Guide: [`docs/costs.md#lockouts-block_for`](crate::guide::costs#lockouts-block_for).
-    pub fn block_for(self, block: Window) -> RateLimitLayer<K, Bk, D, Spends, R> {
+    pub fn block_for(self, block: Window) -> RateLimitLayer<K, Bk, D, M::Spending, R> {
         self.spending(|s| s.spend.as_mut().expect("a plan").block = Some(block))
     }
 
@@ -627,7 +627,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// clears its key's counters in the request's window, never creating
     /// one; its decision is [`cleared`](Decision::cleared). Guide:
     /// [`docs/costs.md#reset-on-success-reset_if`](crate::guide::costs#reset-on-success-reset_if).
-    pub fn reset_if<F>(self, reset: F) -> RateLimitLayer<K, Bk, D, Spends, R>
+    pub fn reset_if<F>(self, reset: F) -> RateLimitLayer<K, Bk, D, M::Spending, R>
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
     {

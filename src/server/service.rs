@@ -70,9 +70,9 @@ use crate::server::future::{Count, ResponseFuture};
 /// counter nor hand a hit back once the answer is known
 /// ([`count_if`](crate::RateLimitLayer::count_if)).
 ///
-/// `M` is the layer's mode: [`Plain`] unless it [`Spends`](crate::cost::Spends)
-/// (a cost, a reservation, a [`charge`](crate::RateLimitLayer::charge), ...),
-/// whose answers' bodies are [`Metered`](crate::cost::Metered).
+/// `M` is the layer's [`Mode`](crate::cost::Mode): [`Plain`] unless it spends or
+/// has a [`charge`](crate::RateLimitLayer::charge), whose answers' bodies
+/// are [`Metered`](crate::cost::Metered).
 #[must_use]
 pub struct RateLimit<S, K, Bk, D, M = Plain> {
     inner: S,
