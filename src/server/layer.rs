@@ -722,7 +722,11 @@ impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, 
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
         built(self.check());
-        let limiter = RateLimit::new(inner, self.key.clone(), Arc::new(self.core.clone()));
+        let mut core = self.core.clone();
+        // A reservation is settled: its counters may go down.
+        let lowers = core.lowers_counts();
+        core.settings.policies.set_lowers(lowers);
+        let limiter = RateLimit::new(inner, self.key.clone(), Arc::new(core));
         ReadBody::new(limiter, self.reads.clone())
     }
 }
