@@ -164,8 +164,8 @@
 // wait, then the service → verdict.rs: the one verdict, pass, deny or
 // fail) → outcome/ (only under count_if, reset_if or charge: what the
 // answer does to the hits) → response.rs (the answer's headers and
-// denials). Under reserve_from_body, cost/body.rs reads a bounded prefix
-// of the body before the layer's service.
+// denials). Under reserve_from_body, the future first reads a bounded
+// prefix of the body (cost/body.rs), then takes service.rs's limiter step.
 // An outbound call: outbound/ (layer → service → future → admit, line.rs:
 // the waiters → settle: the answer's charge).
 // Both stand on the floor, budget/ (the failure policy, the spend plan and

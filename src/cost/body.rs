@@ -1,17 +1,15 @@
 //! Reservations read from the request's body: [`BodyEstimate`] says how
-//! ([`reserve_from_body`](crate::RateLimitLayer::reserve_from_body)),
-//! [`ReadBody`] reads a bounded prefix of the body before the limiter
-//! runs, and [`Replay`] hands the whole body on to the service: the bytes
-//! read, then the rest of the stream, trailers included.
+//! ([`reserve_from_body`](crate::RateLimitLayer::reserve_from_body)), a
+//! reader takes a bounded prefix of the body before the limiter runs, and
+//! [`Replay`] hands the whole body on to the service: the bytes read, then
+//! the rest of the stream, trailers included.
 //!
-//! Only a layer that reserves from the body has these in its type (its
-//! [`Layer`](tower_layer::Layer) makes a `ReadBody<RateLimit<..>>`); any
-//! other layer never awaits the body and makes a plain
-//! [`RateLimit`](crate::RateLimit).
+//! Only a layer that reserves from the body reads it: its
+//! [`RateLimit`](crate::RateLimit) is a `RateLimit<.., BodyEstimate>`, whose
+//! [`ResponseFuture`](crate::ResponseFuture) starts by reading. Any other
+//! layer's service never awaits the body.
 
 use std::fmt;
-use std::future::Future;
-use std::mem;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -19,8 +17,6 @@ use std::task::{Context, Poll, ready};
 use bytes::{Buf, Bytes, BytesMut};
 use http::{HeaderMap, Request, Response, StatusCode, request::Parts};
 use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
-use tower_service::Service;
 
 use crate::error::ConfigError;
 use crate::request::{RequestHead, is_grpc};
@@ -28,14 +24,6 @@ use crate::request::{RequestHead, is_grpc};
 /// The most bytes of a body [`BodyEstimate`] reads unless told otherwise
 /// ([`BodyEstimate::body_limit`]): 1 MiB.
 pub const DEFAULT_BODY_LIMIT: usize = 1 << 20;
-
-/// The marker of a layer whose reservation, if any, is read from the
-/// request's head: every layer until
-/// [`reserve_from_body`](crate::RateLimitLayer::reserve_from_body). Its
-/// service is a plain [`RateLimit`](crate::RateLimit), which never awaits
-/// the body.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct FromHead;
 
 /// A reading of the estimate, from the bytes of a whole body.
 type ReadFn = Arc<dyn Fn(&[u8]) -> Option<u64> + Send + Sync>;
@@ -178,22 +166,24 @@ impl fmt::Debug for BodyEstimate {
     }
 }
 
-/// The estimate [`ReadBody`] read, in the request's extensions for the
+/// The estimate a [`BodyReader`] read, in the request's extensions for the
 /// limiter's reservation.
 #[derive(Debug, Clone, Copy)]
 struct Estimated(u64);
 
-/// The reservation of a request: what [`ReadBody`] read from its body, or
-/// `fallback` (a request that came another way).
+/// The reservation of a request: what a [`BodyReader`] read from its body,
+/// or `fallback` (a request that came another way).
 pub(crate) fn estimated(head: &RequestHead<'_>, fallback: u64) -> u64 {
     head.extensions()
         .get::<Estimated>()
         .map_or(fallback, |estimated| estimated.0)
 }
 
-/// A request body handed on whole after [`ReadBody`] read a prefix of it:
-/// the frames read, then the rest of the stream (its trailers, and an
-/// error it failed with, included).
+/// A request body handed on whole after the layer read a prefix of it (a
+/// layer that [reserves from the body](crate::RateLimitLayer::reserve_from_body)):
+/// the frames read, then the rest of the stream (its trailers, and an error
+/// it failed with, included). The service of such a layer takes
+/// `Request<Replay<B>>`.
 pub struct Replay<B: Body> {
     read: std::vec::IntoIter<Bytes>,
     /// An error the body failed with while it was read, handed on after
@@ -291,292 +281,178 @@ fn into_bytes<D: Buf>(mut data: D) -> Bytes {
     data.copy_to_bytes(data.remaining())
 }
 
-/// Reads a bounded prefix of each request's body for its reservation
-/// ([`BodyEstimate`]), then calls the limiter `S` with the body whole (a
-/// [`Replay`]). What a layer that
-/// [reserves from the body](crate::RateLimitLayer::reserve_from_body)
-/// makes, around its [`RateLimit`](crate::RateLimit).
-///
-/// The request body must be [`Unpin`] (hyper's and axum's are); box
-/// another (`http_body_util::BodyExt::boxed`).
-#[must_use]
-pub struct ReadBody<S> {
-    inner: S,
-    estimate: BodyEstimate,
+/// A body past the limit under
+/// [`reject_over_limit`](BodyEstimate::reject_over_limit): it is answered
+/// 413 ([`too_large`]), uncounted, the service not called.
+#[derive(Debug)]
+pub(crate) struct TooLarge;
+
+/// What the layer does with a request once its body is read, or known
+/// without reading it: on to the limiter, the body whole and the estimate
+/// read, if any, in the request's extensions (without one, the fallback is
+/// reserved); or 413.
+pub(crate) type Read<B> = Result<Request<Replay<B>>, TooLarge>;
+
+/// Where a request stands when it comes in: known at once, or its body to
+/// read first.
+pub(crate) enum Start<B: Body> {
+    Now(Read<B>),
+    Reading(BodyReader<B>),
 }
 
-impl<S> ReadBody<S> {
-    pub(crate) fn new(inner: S, estimate: BodyEstimate) -> Self {
-        Self { inner, estimate }
-    }
-
-    /// The limiter inside.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The limiter inside, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The limiter inside, consuming `self`.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
-}
-
-impl<S: Clone> Clone for ReadBody<S> {
-    fn clone(&self) -> Self {
-        Self {
-            inner: self.inner.clone(),
-            estimate: self.estimate.clone(),
-        }
-    }
-}
-
-impl<S: fmt::Debug> fmt::Debug for ReadBody<S> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ReadBody")
-            .field("inner", &self.inner)
-            .field("estimate", &self.estimate)
-            .finish()
-    }
-}
-
-impl<S, B, ResBody> Service<Request<B>> for ReadBody<S>
-where
-    S: Service<Request<Replay<B>>, Response = Response<ResBody>> + Clone,
-    B: Body + Unpin,
-    ResBody: Default,
-{
-    type Response = Response<ResBody>;
-    type Error = S::Error;
-    type Future = ReadBodyFuture<S, B>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, request: Request<B>) -> Self::Future {
+impl BodyEstimate {
+    /// Starts on `request`: a gRPC request, or one whose `content-length`
+    /// is above the limit, is known at once, unread; any other's body is
+    /// read first.
+    pub(crate) fn start<B: Body>(&self, request: Request<B>) -> Start<B> {
         let (parts, body) = request.into_parts();
         // gRPC bodies are left alone: the fallback is reserved.
         if is_grpc(&parts.headers) {
-            return ReadBodyFuture::calling(&mut self.inner, parts, Replay::unread(body));
+            return Start::Now(Ok(Request::from_parts(parts, Replay::unread(body))));
         }
         let declared = parts
             .headers
             .get(http::header::CONTENT_LENGTH)
             .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > self.estimate.limit as u64) {
-            return ReadBodyFuture::over_limit(&self.estimate, &mut self.inner, parts, body);
+        if declared.is_some_and(|len| len > self.limit as u64) {
+            return Start::Now(self.over_limit(parts, body));
         }
-        // The ready limiter goes into the future; a clone stays for the
-        // next call.
-        let clone = self.inner.clone();
-        let service = mem::replace(&mut self.inner, clone);
-        ReadBodyFuture {
-            state: ReadState::Reading {
-                reading: Some(Reading {
-                    parts,
-                    body,
-                    read: Vec::new(),
-                    len: 0,
-                    service,
-                    estimate: self.estimate.clone(),
-                }),
-            },
+        Start::Reading(BodyReader {
+            prefix: Some(Prefix {
+                parts,
+                body,
+                read: Vec::new(),
+                len: 0,
+                estimate: self.clone(),
+            }),
+        })
+    }
+
+    /// A body declared longer than the limit: 413, or on with the
+    /// fallback.
+    fn over_limit<B: Body>(&self, parts: Parts, body: B) -> Read<B> {
+        match self.reject_over_limit {
+            false => {
+                tracing::debug!(
+                    limit = self.limit,
+                    "request body over the limit: reserving the fallback estimate"
+                );
+                Ok(Request::from_parts(parts, Replay::unread(body)))
+            }
+            true => {
+                tracing::debug!(limit = self.limit, "request body over the limit: 413");
+                Err(TooLarge)
+            }
         }
     }
 }
 
+/// The answer to a body past the limit under
+/// [`reject_over_limit`](BodyEstimate::reject_over_limit): `413 Payload
+/// Too Large`, with an empty body.
+pub(crate) fn too_large<B: Default>() -> Response<B> {
+    let mut response = Response::new(B::default());
+    *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
+    response
+}
+
+/// Reads a bounded prefix of a request's body for its reservation
+/// ([`BodyEstimate`]), before the limiter runs. The body must be
+/// [`Unpin`] (hyper's and axum's are; box another with
+/// `http_body_util::BodyExt::boxed`).
+pub(crate) struct BodyReader<B> {
+    /// `None` once read.
+    prefix: Option<Prefix<B>>,
+}
+
 /// A request whose body is being read.
-struct Reading<S, B> {
+struct Prefix<B> {
     parts: Parts,
     body: B,
     read: Vec<Bytes>,
     /// The bytes in `read`.
     len: usize,
-    service: S,
     estimate: BodyEstimate,
 }
 
-pin_project! {
-    /// The response future of [`ReadBody`]: reads the body's prefix, then
-    /// waits for the limiter (and the service).
-    pub struct ReadBodyFuture<S, B>
-    where
-        S: Service<Request<Replay<B>>>,
-        B: Body,
-    {
-        #[pin]
-        state: ReadState<Reading<S, B>, S::Future, S::Response>,
-    }
-}
-
-pin_project! {
-    #[project = ReadStateProj]
-    enum ReadState<R, F, Res> {
-        Reading { reading: Option<R> },
-        Calling { #[pin] future: F },
-        Respond { response: Option<Res> },
-        Done,
-    }
-}
-
-impl<S, B, ResBody> ReadBodyFuture<S, B>
-where
-    S: Service<Request<Replay<B>>, Response = Response<ResBody>> + Clone,
-    B: Body + Unpin,
-    ResBody: Default,
-{
-    /// Calls the ready `service` with the request of `parts` and `body`.
-    fn calling(service: &mut S, parts: Parts, body: Replay<B>) -> Self {
-        Self {
-            state: ReadState::Calling {
-                future: service.call(Request::from_parts(parts, body)),
-            },
-        }
-    }
-
-    /// A body longer than the limit: 413, or on with the fallback.
-    fn over_limit(estimate: &BodyEstimate, service: &mut S, parts: Parts, body: B) -> Self {
-        match estimate.reject_over_limit {
-            false => {
-                tracing::debug!(
-                    limit = estimate.limit,
-                    "request body over the limit: reserving the fallback estimate"
-                );
-                Self::calling(service, parts, Replay::unread(body))
-            }
-            true => {
-                tracing::debug!(limit = estimate.limit, "request body over the limit: 413");
-                let mut response = Response::new(ResBody::default());
-                *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
-                Self {
-                    state: ReadState::Respond {
-                        response: Some(response),
-                    },
+impl<B: Body + Unpin> BodyReader<B> {
+    /// Reads the body up to its end or past the limit, then hands back
+    /// what to do with the request. Polled again after it is ready, it
+    /// panics.
+    pub(crate) fn poll_read(&mut self, cx: &mut Context<'_>) -> Poll<Read<B>> {
+        let r = self.prefix.as_mut().expect("the body is read once");
+        // Some(error) when the body failed; frames up to its end or past
+        // the limit.
+        let mut error = None;
+        let mut trailers = None;
+        let mut ended = r.body.is_end_stream();
+        let mut over = false;
+        while !ended && !over {
+            match ready!(Pin::new(&mut r.body).poll_frame(cx)) {
+                None => ended = true,
+                Some(Err(err)) => {
+                    error = Some(err);
+                    ended = true;
                 }
-            }
-        }
-    }
-}
-
-impl<S, B, ResBody> Future for ReadBodyFuture<S, B>
-where
-    S: Service<Request<Replay<B>>, Response = Response<ResBody>> + Clone,
-    B: Body + Unpin,
-    ResBody: Default,
-{
-    type Output = Result<Response<ResBody>, S::Error>;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let mut this = self.project();
-        loop {
-            match this.state.as_mut().project() {
-                ReadStateProj::Reading { reading } => {
-                    let r = reading.as_mut().expect("the body is read once");
-                    // Some(error) when the body failed; frames up to its end
-                    // or past the limit.
-                    let mut error = None;
-                    let mut trailers = None;
-                    let mut ended = r.body.is_end_stream();
-                    let mut over = false;
-                    while !ended && !over {
-                        match ready!(Pin::new(&mut r.body).poll_frame(cx)) {
-                            None => ended = true,
-                            Some(Err(err)) => {
-                                error = Some(err);
-                                ended = true;
-                            }
-                            Some(Ok(frame)) => match frame.into_data() {
-                                Ok(data) => {
-                                    let data = into_bytes(data);
-                                    r.len = r.len.saturating_add(data.len());
-                                    if !data.is_empty() {
-                                        r.read.push(data);
-                                    }
-                                    over = r.len > r.estimate.limit;
-                                }
-                                Err(frame) => {
-                                    // Trailers end the body.
-                                    trailers = frame.into_trailers().ok();
-                                    ended = true;
-                                }
-                            },
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        let data = into_bytes(data);
+                        r.len = r.len.saturating_add(data.len());
+                        if !data.is_empty() {
+                            r.read.push(data);
                         }
+                        over = r.len > r.estimate.limit;
                     }
-                    let Reading {
-                        mut parts,
-                        body,
-                        read,
-                        len: _,
-                        mut service,
-                        estimate,
-                    } = reading.take().expect("the body is read once");
-                    if over && estimate.reject_over_limit {
-                        let mut response = Response::new(ResBody::default());
-                        *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE;
-                        this.state.set(ReadState::Done);
-                        return Poll::Ready(Ok(response));
+                    Err(frame) => {
+                        // Trailers end the body.
+                        trailers = frame.into_trailers().ok();
+                        ended = true;
                     }
-                    let value = if over || error.is_some() {
-                        estimate.fallback
-                    } else {
-                        match &read[..] {
-                            [] => estimate.read(&[]),
-                            [one] => estimate.read(one),
-                            many => {
-                                let len = many.iter().map(Bytes::len).sum();
-                                let mut whole = BytesMut::with_capacity(len);
-                                for data in many {
-                                    whole.extend_from_slice(data);
-                                }
-                                estimate.read(&whole)
-                            }
-                        }
-                    };
-                    parts.extensions.insert(Estimated(value));
-                    let replay = Replay {
-                        read: read.into_iter(),
-                        error,
-                        trailers,
-                        rest: (!ended).then_some(body),
-                    };
-                    let future = service.call(Request::from_parts(parts, replay));
-                    this.state.set(ReadState::Calling { future });
-                }
-                ReadStateProj::Calling { future } => {
-                    let output = ready!(future.poll(cx));
-                    this.state.set(ReadState::Done);
-                    return Poll::Ready(output);
-                }
-                ReadStateProj::Respond { response } => {
-                    let response = response.take().expect("the response is taken once");
-                    this.state.set(ReadState::Done);
-                    return Poll::Ready(Ok(response));
-                }
-                ReadStateProj::Done => panic!("ReadBodyFuture polled after it completed"),
+                },
             }
         }
-    }
-}
-
-impl<S, B> fmt::Debug for ReadBodyFuture<S, B>
-where
-    S: Service<Request<Replay<B>>>,
-    B: Body,
-{
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let state = match &self.state {
-            ReadState::Reading { .. } => "reading",
-            ReadState::Calling { .. } => "calling",
-            ReadState::Respond { .. } => "respond",
-            ReadState::Done => "done",
+        let Prefix {
+            mut parts,
+            body,
+            read,
+            len: _,
+            estimate,
+        } = self.prefix.take().expect("the body is read once");
+        if over && estimate.reject_over_limit {
+            return Poll::Ready(Err(TooLarge));
+        }
+        let value = if over || error.is_some() {
+            estimate.fallback
+        } else {
+            match &read[..] {
+                [] => estimate.read(&[]),
+                [one] => estimate.read(one),
+                many => {
+                    let len = many.iter().map(Bytes::len).sum();
+                    let mut whole = BytesMut::with_capacity(len);
+                    for data in many {
+                        whole.extend_from_slice(data);
+                    }
+                    estimate.read(&whole)
+                }
+            }
         };
-        f.debug_struct("ReadBodyFuture")
-            .field("state", &state)
+        parts.extensions.insert(Estimated(value));
+        let replay = Replay {
+            read: read.into_iter(),
+            error,
+            trailers,
+            rest: (!ended).then_some(body),
+        };
+        Poll::Ready(Ok(Request::from_parts(parts, replay)))
+    }
+}
+
+impl<B> fmt::Debug for BodyReader<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let read = self.prefix.as_ref().map(|prefix| prefix.len);
+        f.debug_struct("BodyReader")
+            .field("read_bytes", &read)
             .finish_non_exhaustive()
     }
 }

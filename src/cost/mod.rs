@@ -17,9 +17,7 @@
 //! spend counts with `hit_all`, as it always has, and runs nothing here.
 //! The guide: [`docs/costs.md`](crate::guide::costs).
 
-pub use self::body::{
-    BodyEstimate, DEFAULT_BODY_LIMIT, FromHead, ReadBody, ReadBodyFuture, Replay,
-};
+pub use self::body::{BodyEstimate, DEFAULT_BODY_LIMIT, Replay};
 pub use self::charge::{Metered, ResponseEnd};
 
 pub(crate) mod body;

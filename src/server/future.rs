@@ -1,6 +1,8 @@
-//! [`ResponseFuture`]: waits for the backend's answer when it did not come
-//! at once, then for the service.
+//! [`ResponseFuture`]: reads the request's body first under a layer that
+//! reserves from it, waits for the backend's answer when it did not come at
+//! once, then for the service.
 
+use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -32,11 +34,17 @@ pin_project! {
     /// `call` returns, to await (a server awaits it for you). See the
     /// [example](crate::RateLimit#example).
     ///
-    /// `M` is the layer's [`Mode`](crate::cost::Mode).
-    pub struct ResponseFuture<S, ReqBody, Bk, D, M = Plain>
+    /// `ReqBody` is the request body `S` takes; `M` is the layer's
+    /// [`Mode`](crate::cost::Mode). `R` and `K` are `()` but under a layer
+    /// that [reserves from the body](crate::RateLimitLayer::reserve_from_body):
+    /// its future, `ResponseFuture<S, Replay<B>, Bk, D, M, BodyEstimate, K>`,
+    /// reads the body first (a [`BodyEstimate`](crate::cost::BodyEstimate)),
+    /// holding the key extractor `K` for the limiter that runs after.
+    pub struct ResponseFuture<S, ReqBody, Bk, D, M = Plain, R = (), K = ()>
     where
         S: Service<Request<ReqBody>>,
         Bk: Backend,
+        R: Reads<S, ReqBody, K>,
     {
         #[pin]
         state: State<
@@ -47,6 +55,7 @@ pin_project! {
             Request<ReqBody>,
             S::Future,
             S::Response,
+            R::Reading<Bk, D, M>,
         >,
         mode: PhantomData<fn() -> M>,
     }
@@ -54,7 +63,7 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<C, T, H, Svc, Req, F, Res> {
+    enum State<C, T, H, Svc, Req, F, Res, Rd> {
         // Waiting for the backend's count; the timer is armed only if the
         // backend does not answer on the first poll. It is held in place,
         // not boxed: a backend that goes out (Redis, PostgreSQL) waits on
@@ -109,11 +118,18 @@ pin_project! {
             response: Option<Res>,
         },
         Done,
+        // Reading the request's body, before the limiter runs: only under
+        // a layer that reserves from the body. Uninhabited for any other
+        // (`Infallible`), so its futures' layout and code are what they
+        // would be without it (last, so the others keep their indices).
+        Reading {
+            reading: Rd,
+        },
     }
 }
 
 /// The state of a [`ResponseFuture`], with its types filled in.
-type FutureState<S, ReqBody, Bk, D> = State<
+type FutureState<S, ReqBody, Bk, D, M, R, K> = State<
     Arc<Core<Bk, D>>,
     RefundTab<Bk, D>,
     <Bk as Backend>::Future,
@@ -121,15 +137,73 @@ type FutureState<S, ReqBody, Bk, D> = State<
     Request<ReqBody>,
     <S as Service<Request<ReqBody>>>::Future,
     <S as Service<Request<ReqBody>>>::Response,
+    <R as Reads<S, ReqBody, K>>::Reading<Bk, D, M>,
 >;
 
-impl<S, ReqBody, Bk, D, M> ResponseFuture<S, ReqBody, Bk, D, M>
+mod sealed {
+    use std::task::{Context, Poll};
+
+    use http::{Request, Response};
+    use tower_service::Service;
+
+    use super::ResponseFuture;
+    use crate::backend::Backend;
+    use crate::cost::Counts;
+    use crate::response::Deny;
+
+    /// Where a layer reads a request's reservation, in its
+    /// [`RateLimit`](crate::RateLimit)'s type and its future's: from the
+    /// head (`()`), with nothing to read first, or from the body
+    /// ([`BodyEstimate`](crate::cost::BodyEstimate)), read before the
+    /// limiter runs. Sealed: the layer's setters pick it.
+    pub trait Reads<S, ReqBody, K> {
+        /// The future's state while it reads: uninhabited for `()`.
+        type Reading<Bk, D, M>;
+
+        /// Reads on; once read, the future of the request as the limiter
+        /// left it.
+        fn poll_read<Bk, D, M, ResBody>(
+            reading: &mut Self::Reading<Bk, D, M>,
+            cx: &mut Context<'_>,
+        ) -> Poll<ResponseFuture<S, ReqBody, Bk, D, M, Self, K>>
+        where
+            Self: Sized,
+            S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+            Bk: Backend,
+            D: Deny<ResBody> + Send + Sync + 'static,
+            ResBody: Default,
+            M: Counts<Bk, ResBody>;
+    }
+}
+
+pub(crate) use sealed::Reads;
+
+/// A layer whose reservation, if any, is read from the request's head has
+/// nothing to read first.
+impl<S, ReqBody, K> Reads<S, ReqBody, K> for () {
+    type Reading<Bk, D, M> = Infallible;
+
+    #[inline(always)]
+    fn poll_read<Bk, D, M, ResBody>(
+        reading: &mut Infallible,
+        _cx: &mut Context<'_>,
+    ) -> Poll<ResponseFuture<S, ReqBody, Bk, D, M, Self, K>>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        Bk: Backend,
+    {
+        match *reading {}
+    }
+}
+
+impl<S, ReqBody, Bk, D, M, R, K> ResponseFuture<S, ReqBody, Bk, D, M, R, K>
 where
     S: Service<Request<ReqBody>>,
     Bk: Backend,
+    R: Reads<S, ReqBody, K>,
 {
     #[inline(always)]
-    fn with(state: FutureState<S, ReqBody, Bk, D>) -> Self {
+    fn with(state: FutureState<S, ReqBody, Bk, D, M, R, K>) -> Self {
         Self {
             state,
             mode: PhantomData,
@@ -151,12 +225,18 @@ where
             response: Some(response),
         })
     }
+
+    /// A request whose body is read before its limiter runs.
+    pub(crate) fn reading(reading: R::Reading<Bk, D, M>) -> Self {
+        Self::with(State::Reading { reading })
+    }
 }
 
-impl<S, ReqBody, ResBody, Bk, D, M> ResponseFuture<S, ReqBody, Bk, D, M>
+impl<S, ReqBody, ResBody, Bk, D, M, R, K> ResponseFuture<S, ReqBody, Bk, D, M, R, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     Bk: Backend,
+    R: Reads<S, ReqBody, K>,
 {
     /// After the `verdict`: `call` the service (with the decision to put
     /// into the request, when `carry` says so), or answer (after the
@@ -214,13 +294,14 @@ pub(crate) struct Count<'a> {
     pub(crate) never_fits: Option<usize>,
 }
 
-impl<S, ReqBody, ResBody, Bk, D, M> ResponseFuture<S, ReqBody, Bk, D, M>
+impl<S, ReqBody, ResBody, Bk, D, M, R, K> ResponseFuture<S, ReqBody, Bk, D, M, R, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     Bk: Backend,
     D: Deny<ResBody>,
     ResBody: Default,
     M: Counts<Bk, ResBody>,
+    R: Reads<S, ReqBody, K>,
 {
     /// The future of `request`, counted with `hit`.
     ///
@@ -329,13 +410,14 @@ fn call_with<S: Service<Request<B>>, B>(
     service.call(request)
 }
 
-impl<S, ReqBody, ResBody, Bk, D, M> Future for ResponseFuture<S, ReqBody, Bk, D, M>
+impl<S, ReqBody, ResBody, Bk, D, M, R, K> Future for ResponseFuture<S, ReqBody, Bk, D, M, R, K>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     Bk: Backend,
     D: Deny<ResBody> + Send + Sync + 'static,
     ResBody: Default,
     M: Counts<Bk, ResBody>,
+    R: Reads<S, ReqBody, K>,
 {
     type Output = Result<Response<M::Body>, S::Error>;
 
@@ -343,6 +425,10 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                StateProj::Reading { reading } => {
+                    let next = ready!(R::poll_read(reading, cx));
+                    this.state.set(next.state);
+                }
                 StateProj::Checking {
                     core,
                     hit,
@@ -435,13 +521,15 @@ where
     }
 }
 
-impl<S, ReqBody, Bk, D, M> fmt::Debug for ResponseFuture<S, ReqBody, Bk, D, M>
+impl<S, ReqBody, Bk, D, M, R, K> fmt::Debug for ResponseFuture<S, ReqBody, Bk, D, M, R, K>
 where
     S: Service<Request<ReqBody>>,
     Bk: Backend,
+    R: Reads<S, ReqBody, K>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
+            State::Reading { .. } => "reading",
             State::Checking { .. } => "checking",
             State::Inner { .. } => "inner",
             State::Counting { .. } => "counting",
@@ -569,6 +657,69 @@ mod tests {
         for (case, state, want) in cases {
             assert!(state.contains(&format!("\"{want}\"")), "{case}: {state}");
         }
+    }
+
+    /// A request body that never sends a frame.
+    struct Stalled;
+
+    impl http_body::Body for Stalled {
+        type Data = bytes::Bytes;
+        type Error = Infallible;
+
+        fn poll_frame(
+            self: Pin<&mut Self>,
+            _cx: &mut Context<'_>,
+        ) -> Poll<Option<Result<http_body::Frame<bytes::Bytes>, Infallible>>> {
+            Poll::Pending
+        }
+    }
+
+    /// The state of the future of a request with `body`, under a layer
+    /// that reserves from the body, while its service works.
+    async fn state_reading_body<B: http_body::Body + Unpin>(body: B) -> String {
+        use crate::cost::{BodyEstimate, Replay, ResponseEnd};
+        let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+        let hangs = service_fn(|_request: Request<Replay<B>>| {
+            std::future::pending::<Result<Response<String>, Infallible>>()
+        });
+        let mut service = RateLimitLayer::new("api", quota)
+            .reserve_from_body(BodyEstimate::new(1, |_| None))
+            .charge(|_: &ResponseEnd<'_>| None::<u64>)
+            .layer(hangs);
+        let mut future = std::pin::pin!(service.ready().await.unwrap().call(Request::new(body)));
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        for _ in 0..2 {
+            assert!(future.as_mut().poll(&mut cx).is_pending());
+        }
+        format!("{future:?}")
+    }
+
+    #[tokio::test]
+    async fn a_layer_that_reserves_from_the_body_reads_it_then_goes_on_as_from_the_head() {
+        let stalled = state_reading_body(Stalled).await;
+        assert!(stalled.contains("\"reading\""), "{stalled}");
+        // Once read, the future is where a reservation from the head puts
+        // it.
+        let read = state_reading_body(String::from("{}")).await;
+        let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
+        let from_head = RateLimitLayer::new("api", quota)
+            .reserve(|_| 1)
+            .charge(|_: &crate::cost::ResponseEnd<'_>| None::<u64>);
+        let hangs = service_fn(|_request: Request<String>| {
+            std::future::pending::<Result<Response<String>, Infallible>>()
+        });
+        let mut service = from_head.layer(hangs);
+        let mut future = std::pin::pin!(
+            service
+                .ready()
+                .await
+                .unwrap()
+                .call(Request::new(String::new()))
+        );
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+        assert_eq!(read, format!("{future:?}"));
+        assert!(read.contains("\"counting\""), "{read}");
     }
 
     /// What a service that reports the decision in its request answers

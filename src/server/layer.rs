@@ -12,7 +12,7 @@ use crate::budget::check::{built, layer_name};
 use crate::budget::failure::FailurePolicy;
 use crate::budget::spend::{Cost, CostFn, SpendPlan};
 use crate::core::{Core, OnMissingKey, Settings, SkipIf};
-use crate::cost::body::{self, BodyEstimate, FromHead, ReadBody};
+use crate::cost::body::{self, BodyEstimate};
 use crate::cost::charge::ResponseEnd;
 use crate::cost::{Charged, Mode, Plain};
 use crate::count::ResponseHead;
@@ -84,27 +84,21 @@ use crate::timeout::DEFAULT_TIMEOUT;
 /// [`block_for`](Self::block_for), a [`reset_if`](Self::reset_if)) or has a
 /// [`charge`](Self::charge).
 ///
-/// `R` says where a reservation is read from: [`FromHead`], the request's
-/// head, unless [`reserve_from_body`](Self::reserve_from_body) made it a
-/// [`BodyEstimate`], whose layer makes a [`ReadBody`] around the
-/// [`RateLimit`] (a layer without it never awaits the request's body).
+/// `R` says where a reservation is read from: `()`, the request's head,
+/// unless [`reserve_from_body`](Self::reserve_from_body) made it a
+/// [`BodyEstimate`], whose [`RateLimit`] reads each request's body before
+/// its limiter runs (a layer without it never awaits the request's body).
 ///
 /// # Panics
 /// [`Layer::layer`] panics when the layer cannot work (see
 /// [`check`](Self::check)): settings that depend on each other are checked
 /// there, once, whatever the order they were set in.
 #[must_use]
-pub struct RateLimitLayer<
-    K = GlobalKey,
-    Bk = MemoryBackend,
-    D = DefaultDeny,
-    M = Plain,
-    R = FromHead,
-> {
+pub struct RateLimitLayer<K = GlobalKey, Bk = MemoryBackend, D = DefaultDeny, M = Plain, R = ()> {
     key: K,
     core: Core<Bk, D>,
     mode: PhantomData<fn() -> M>,
-    /// Where a reservation is read from: [`FromHead`], or the body
+    /// Where a reservation is read from: `()`, the head, or the body
     /// ([`BodyEstimate`]).
     reads: R,
 }
@@ -142,7 +136,7 @@ impl RateLimitLayer {
                 DEFAULT_TIMEOUT,
             ),
             mode: PhantomData,
-            reads: FromHead,
+            reads: (),
         })
     }
 }
@@ -553,13 +547,13 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// assert_eq!(complete().await.1, "\"tokens\";r=500;t=60");
     /// # }
     /// ```
-    pub fn reserve<F>(self, estimate: F) -> RateLimitLayer<K, Bk, D, M::Spending, FromHead>
+    pub fn reserve<F>(self, estimate: F) -> RateLimitLayer<K, Bk, D, M::Spending>
     where
         F: Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static,
     {
         let estimate: CostFn = Arc::new(estimate);
         self.spending(|s| s.spend.as_mut().expect("a plan").reserve = Some(estimate))
-            .reading(FromHead)
+            .reading(())
     }
 
     /// Reserve, then settle, with the estimate read from the request's
@@ -577,8 +571,9 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// the stream, trailers kept). A body that cannot be read (empty, not
     /// of the format, without the field, failing, or too long) reserves
     /// the fallback; gRPC bodies are not read. The layer makes a
-    /// [`ReadBody`](crate::cost::ReadBody) around its
-    /// [`RateLimit`]; a layer without this setter never awaits the body.
+    /// `RateLimit<S, K, Bk, D, M, BodyEstimate>` (see [`RateLimit`]), whose
+    /// future reads the body first; a layer without this setter never
+    /// awaits the body.
     /// Guide: [`docs/costs.md#reserve-from-the-body`](crate::guide::costs#reserve-from-the-body).
     ///
     /// ```
@@ -695,10 +690,15 @@ impl<K: fmt::Debug, Bk: fmt::Debug, D, M, R: fmt::Debug> fmt::Debug
     }
 }
 
+/// A layer that [reserves from the body](RateLimitLayer::reserve_from_body)
+/// makes a `RateLimit<S, K, Bk, D, M, BodyEstimate>`, which reads each
+/// request's body before its limiter runs; any other, a `RateLimit` that
+/// never awaits the body.
+///
 /// # Panics
 /// When the layer cannot work: see [`check`](RateLimitLayer::check).
-impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, M> {
-    type Service = RateLimit<S, K, Bk, D, M>;
+impl<S, K: Clone, Bk: Clone, D: Clone, M, R: Clone> Layer<S> for RateLimitLayer<K, Bk, D, M, R> {
+    type Service = RateLimit<S, K, Bk, D, M, R>;
 
     #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
@@ -707,23 +707,7 @@ impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, 
         // Known only now, whatever the order the options were set in.
         let lowers = core.lowers_counts();
         core.settings.policies.set_lowers(lowers);
-        RateLimit::new(inner, self.key.clone(), Arc::new(core))
-    }
-}
-
-/// A layer that [reserves from the body](RateLimitLayer::reserve_from_body)
-/// reads each request's body before its limiter runs.
-///
-/// # Panics
-/// When the layer cannot work: see [`check`](RateLimitLayer::check).
-impl<S, K: Clone, Bk: Clone, D: Clone, M> Layer<S> for RateLimitLayer<K, Bk, D, M, BodyEstimate> {
-    type Service = ReadBody<RateLimit<S, K, Bk, D, M>>;
-
-    #[track_caller]
-    fn layer(&self, inner: S) -> Self::Service {
-        built(self.check());
-        let limiter = RateLimit::new(inner, self.key.clone(), Arc::new(self.core.clone()));
-        ReadBody::new(limiter, self.reads.clone())
+        RateLimit::new(inner, self.key.clone(), Arc::new(core), self.reads.clone())
     }
 }
 

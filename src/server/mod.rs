@@ -1,7 +1,8 @@
 //! The server layer, [`RateLimitLayer`](crate::RateLimitLayer): its
 //! configuration (`layer.rs`), the service that reads a request's key and
 //! asks the backend (`service.rs`), the response future that waits for the
-//! answer (`future.rs`), and the one verdict on it (`verdict.rs`).
+//! answer (`future.rs`; under `reserve_from_body`, it reads the request's
+//! body first), and the one verdict on it (`verdict.rs`).
 
 pub(crate) mod future;
 pub(crate) mod layer;

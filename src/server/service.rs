@@ -1,20 +1,24 @@
-//! [`RateLimit`]: the middleware service.
+//! [`RateLimit`]: the middleware service, and the limiter's step on each
+//! request (after its body is read, under a layer that reserves from it).
 
 use std::fmt;
 use std::marker::PhantomData;
+use std::mem;
 use std::sync::Arc;
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, ready};
 
 use http::{Request, Response};
+use http_body::Body;
 use tower_service::Service;
 
 use crate::backend::{Backend, Spend};
 use crate::core::{Core, OnMissingKey};
+use crate::cost::body::{self, BodyEstimate, BodyReader, Replay, Start, TooLarge};
 use crate::cost::{Counts, Plain};
 use crate::key::KeyExtractor;
 use crate::request::RequestHead;
 use crate::response::Deny;
-use crate::server::future::{Count, ResponseFuture};
+use crate::server::future::{Count, Reads, ResponseFuture};
 
 /// Rate-limits the requests to `S`; made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -73,21 +77,32 @@ use crate::server::future::{Count, ResponseFuture};
 /// `M` is the layer's [`Mode`](crate::cost::Mode): [`Plain`] unless it spends or
 /// has a [`charge`](crate::RateLimitLayer::charge), whose answers' bodies
 /// are [`Metered`](crate::cost::Metered).
+///
+/// `R` is `()` unless the layer
+/// [reserves from the body](crate::RateLimitLayer::reserve_from_body): a
+/// `RateLimit<S, K, Bk, D, M, BodyEstimate>` reads each request's body
+/// before its limiter runs (its [`ResponseFuture`] starts by reading), and
+/// `S` takes the body whole, as a `Request<`[`Replay<B>`](Replay)`>`. Any
+/// other `RateLimit` never awaits the body.
 #[must_use]
-pub struct RateLimit<S, K, Bk, D, M = Plain> {
+pub struct RateLimit<S, K, Bk, D, M = Plain, R = ()> {
     inner: S,
     key: K,
     core: Arc<Core<Bk, D>>,
     mode: PhantomData<fn() -> M>,
+    /// Where a reservation is read from: `()`, or the body
+    /// ([`BodyEstimate`]).
+    reads: R,
 }
 
-impl<S, K, Bk, D, M> RateLimit<S, K, Bk, D, M> {
-    pub(crate) fn new(inner: S, key: K, core: Arc<Core<Bk, D>>) -> Self {
+impl<S, K, Bk, D, M, R> RateLimit<S, K, Bk, D, M, R> {
+    pub(crate) fn new(inner: S, key: K, core: Arc<Core<Bk, D>>, reads: R) -> Self {
         Self {
             inner,
             key,
             core,
             mode: PhantomData,
+            reads,
         }
     }
 
@@ -131,6 +146,27 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        self.limit(request)
+    }
+}
+
+impl<S, K, Bk, D, M, R> RateLimit<S, K, Bk, D, M, R> {
+    /// The limiter's step on `request`: skipped, rejected for its key, or
+    /// counted in the backend; the future takes it from there.
+    #[inline(always)]
+    fn limit<ReqBody, ResBody, R2, K2>(
+        &mut self,
+        request: Request<ReqBody>,
+    ) -> ResponseFuture<S, ReqBody, Bk, D, M, R2, K2>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+        K: KeyExtractor,
+        Bk: Backend,
+        D: Deny<ResBody> + Send + Sync + 'static,
+        ResBody: Default,
+        M: Counts<Bk, ResBody>,
+        R2: Reads<S, ReqBody, K2>,
+    {
         let core = &self.core;
         let s = &core.settings;
         let head = RequestHead::new(&request);
@@ -181,34 +217,120 @@ where
     }
 }
 
+/// A layer that [reserves from the body](crate::RateLimitLayer::reserve_from_body)
+/// reads each request's body (a bounded prefix of it) before its limiter
+/// runs, and calls `S` with the body whole: a [`Replay`]. The request body
+/// must be [`Unpin`] (hyper's and axum's are); box another
+/// (`http_body_util::BodyExt::boxed`).
+impl<S, K, Bk, D, M, B, ResBody> Service<Request<B>> for RateLimit<S, K, Bk, D, M, BodyEstimate>
+where
+    S: Service<Request<Replay<B>>, Response = Response<ResBody>> + Clone,
+    K: KeyExtractor + Clone,
+    Bk: Backend,
+    D: Deny<ResBody> + Send + Sync + 'static,
+    ResBody: Default,
+    M: Counts<Bk, ResBody>,
+    B: Body + Unpin,
+{
+    type Response = Response<M::Body>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S, Replay<B>, Bk, D, M, BodyEstimate, K>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let reader = match self.reads.start(request) {
+            Start::Now(Ok(request)) => return self.limit(request),
+            Start::Now(Err(TooLarge)) => return ResponseFuture::respond(body::too_large()),
+            Start::Reading(reader) => reader,
+        };
+        // The ready service goes into the future, with the limiter that
+        // runs once the body is read; a clone stays for the next call.
+        let clone = self.inner.clone();
+        let inner = mem::replace(&mut self.inner, clone);
+        ResponseFuture::reading(ReadThenLimit {
+            reader,
+            limiter: RateLimit::new(inner, self.key.clone(), Arc::clone(&self.core), ()),
+        })
+    }
+}
+
+/// A request whose body is read before its limiter runs, and the limiter,
+/// its service ready. `pub` for the [`Reads`] impl's associated type, in a
+/// module no user can name.
+pub struct ReadThenLimit<S, K, B, Bk, D, M> {
+    reader: BodyReader<B>,
+    limiter: RateLimit<S, K, Bk, D, M>,
+}
+
+impl<S, B, K> Reads<S, Replay<B>, K> for BodyEstimate
+where
+    S: Clone,
+    K: KeyExtractor,
+    B: Body + Unpin,
+{
+    type Reading<Bk, D, M> = ReadThenLimit<S, K, B, Bk, D, M>;
+
+    fn poll_read<Bk, D, M, ResBody>(
+        reading: &mut ReadThenLimit<S, K, B, Bk, D, M>,
+        cx: &mut Context<'_>,
+    ) -> Poll<ResponseFuture<S, Replay<B>, Bk, D, M, Self, K>>
+    where
+        S: Service<Request<Replay<B>>, Response = Response<ResBody>>,
+        Bk: Backend,
+        D: Deny<ResBody> + Send + Sync + 'static,
+        ResBody: Default,
+        M: Counts<Bk, ResBody>,
+    {
+        Poll::Ready(match ready!(reading.reader.poll_read(cx)) {
+            Ok(request) => reading.limiter.limit(request),
+            Err(TooLarge) => ResponseFuture::respond(body::too_large()),
+        })
+    }
+}
+
+impl<S, K, B, Bk, D, M> fmt::Debug for ReadThenLimit<S, K, B, Bk, D, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ReadThenLimit")
+            .field("reader", &self.reader)
+            .finish_non_exhaustive()
+    }
+}
+
 /// A limited tonic service keeps its name, so tonic's
 /// `Server::builder().add_service(layer.layer(MyServer::new(..)))` routes to
 /// it and the limit applies to that service alone.
 #[cfg(feature = "tonic")]
-impl<S, K, Bk, D, M> tonic::server::NamedService for RateLimit<S, K, Bk, D, M>
+impl<S, K, Bk, D, M, R> tonic::server::NamedService for RateLimit<S, K, Bk, D, M, R>
 where
     S: tonic::server::NamedService,
 {
     const NAME: &'static str = S::NAME;
 }
 
-impl<S: Clone, K: Clone, Bk, D, M> Clone for RateLimit<S, K, Bk, D, M> {
+impl<S: Clone, K: Clone, Bk, D, M, R: Clone> Clone for RateLimit<S, K, Bk, D, M, R> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             key: self.key.clone(),
             core: Arc::clone(&self.core),
             mode: PhantomData,
+            reads: self.reads.clone(),
         }
     }
 }
 
-impl<S: fmt::Debug, K: fmt::Debug, Bk: fmt::Debug, D, M> fmt::Debug for RateLimit<S, K, Bk, D, M> {
+impl<S: fmt::Debug, K: fmt::Debug, Bk: fmt::Debug, D, M, R: fmt::Debug> fmt::Debug
+    for RateLimit<S, K, Bk, D, M, R>
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
             .field("key", &self.key)
             .field("core", &self.core)
+            .field("reads", &self.reads)
             .finish()
     }
 }

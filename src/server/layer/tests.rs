@@ -244,3 +244,106 @@ fn a_literal_cost_above_the_limit_panics_when_built() {
         Ok::<_, std::convert::Infallible>(Response::new(()))
     }));
 }
+
+/// A memory backend that records, per call, whether the layer told it
+/// that its counters may go down (`Counter::lowers`).
+#[derive(Clone, Debug, Default)]
+struct Told(MemoryBackend, Arc<std::sync::Mutex<Vec<bool>>>);
+
+impl Told {
+    fn record(&self, counters: &[crate::backend::Counter<'_>]) {
+        let lowers = counters.iter().all(|counter| counter.lowers);
+        self.1.lock().unwrap().push(lowers);
+    }
+}
+
+impl Backend for Told {
+    type Future = <MemoryBackend as Backend>::Future;
+    type Refund = <MemoryBackend as Backend>::Refund;
+
+    fn hit_all(&self, key: &Key, counters: &[crate::backend::Counter<'_>]) -> Self::Future {
+        self.record(counters);
+        self.0.hit_all(key, counters)
+    }
+
+    fn refund(&self, namespace: &str, key: &Key, hit: &crate::backend::Hit) -> Self::Refund {
+        self.0.refund(namespace, key, hit)
+    }
+
+    async fn peek(
+        &self,
+        namespace: &str,
+        key: &Key,
+    ) -> Result<Option<crate::backend::Hit>, crate::backend::BackendError> {
+        self.0.peek(namespace, key).await
+    }
+
+    async fn reset(
+        &self,
+        namespace: &str,
+        key: &Key,
+    ) -> Result<bool, crate::backend::BackendError> {
+        self.0.reset(namespace, key).await
+    }
+}
+
+impl crate::backend::Spending for Told {
+    fn spend_all(
+        &self,
+        key: &Key,
+        counters: &[crate::backend::Counter<'_>],
+        spend: crate::backend::Spend,
+    ) -> Self::Future {
+        self.record(counters);
+        self.0.spend_all(key, counters, spend)
+    }
+
+    fn amend(
+        &self,
+        namespace: &str,
+        key: &Key,
+        hit: &crate::backend::Hit,
+        amend: crate::backend::Amend,
+    ) -> Self::Refund {
+        self.0.amend(namespace, key, hit, amend)
+    }
+}
+
+#[tokio::test]
+async fn a_layer_that_reserves_tells_the_backend_its_counts_go_down_from_the_head_or_the_body() {
+    use tower::{ServiceExt, service_fn};
+    let q = Quota::new(100, Duration::from_secs(60)).unwrap();
+    let settled = |_: &ResponseEnd<'_>| None::<u64>;
+    async fn ok<B>(
+        _request: http::Request<B>,
+    ) -> Result<Response<String>, std::convert::Infallible> {
+        Ok(Response::new(String::new()))
+    }
+    let told = Told::default();
+    let plain = RateLimitLayer::new("plain", q).backend(told.clone());
+    let _ = plain
+        .layer(service_fn(ok::<String>))
+        .oneshot(http::Request::new(String::new()))
+        .await;
+    let from_head = RateLimitLayer::new("head", q)
+        .backend(told.clone())
+        .reserve(|_| 1)
+        .charge(settled);
+    let _ = from_head
+        .layer(service_fn(ok::<String>))
+        .oneshot(http::Request::new(String::new()))
+        .await;
+    let from_body = RateLimitLayer::new("body", q)
+        .backend(told.clone())
+        .reserve_from_body(BodyEstimate::new(1, |_| None))
+        .charge(settled);
+    let _ = from_body
+        .layer(service_fn(ok::<crate::cost::Replay<String>>))
+        .oneshot(http::Request::new(String::new()))
+        .await;
+    assert_eq!(
+        *told.1.lock().unwrap(),
+        [false, true, true],
+        "plain, head, body"
+    );
+}
