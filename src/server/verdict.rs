@@ -21,10 +21,10 @@ use crate::budget::settle::Wait;
 use crate::core::Core;
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
-use crate::outcome::{Passed, RefundTab};
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
+use crate::server::tab::{Passed, RefundTab};
 
 /// What the limiter does with a request.
 pub(crate) enum Verdict<B, T> {
