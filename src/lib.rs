@@ -181,8 +181,8 @@
 //   outcome/    counting by the answer: what it does to the hits (kept,
 //               refunded, cleared), count_if and reset_if as one value
 //   budget/     the floor: failure policy, spend plan, settling, log rules
-//   insurance   the limiter that decides during outages
 //   policy      the quotas a request is charged to
+//   insurance   the limiter that decides during outages, over counters
 //   metrics     the layer's metric handles (feature metrics)
 //   response    the way out: headers, denials
 //   cost/       what a request spends: modes, metered bodies, body estimates
