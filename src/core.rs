@@ -2,8 +2,8 @@
 //! settings every request reads, and the gates that keep the log bounded.
 //! Each capability's switch and state is a value its own module defines
 //! (the failure policy with its insurance limiter, [`Failure`]; the spend
-//! plan with its charge, [`SpendPlan`]; the outcome predicates); the steps
-//! that use them live in those modules.
+//! plan with its charge, [`SpendPlan`]; what an answer does to the hits,
+//! [`OutcomeRules`]); the steps that use them live in those modules.
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,9 +13,9 @@ use crate::backend::{BackendError, Hits};
 use crate::budget::failure::Failure;
 use crate::budget::log::LogGate;
 use crate::budget::spend::SpendPlan;
-use crate::count::CountIf;
 use crate::decision::{Carry, Decision, DecisionIn};
 use crate::metrics::LayerMetrics;
+use crate::outcome::rules::OutcomeRules;
 use crate::policy::Policies;
 use crate::request::RequestHead;
 
@@ -61,9 +61,6 @@ pub(crate) struct Settings {
     pub(crate) observer: Option<Observer>,
     /// Requests it picks pass uncounted, before their key is read.
     pub(crate) skip: Option<SkipIf>,
-    /// When set, a passed request's hit is kept only if its answer counts;
-    /// otherwise it is refunded.
-    pub(crate) count_if: Option<CountIf>,
     /// Bounds the warnings about backend failures.
     pub(crate) warn_gate: Arc<LogGate>,
     /// Bounds the log lines about requests without a usable key.
@@ -77,8 +74,9 @@ pub(crate) struct Settings {
     /// the charge: what a passed request's answer costs, once its body has
     /// ended.
     pub(crate) spend: Option<SpendPlan>,
-    /// A passed request whose answer it picks clears its counters.
-    pub(crate) reset_if: Option<CountIf>,
+    /// When set (`count_if`, `reset_if`), a passed request's answer decides
+    /// what its hits become: kept, refunded, or cleared.
+    pub(crate) outcome: Option<OutcomeRules>,
 }
 
 impl<Bk, D> Core<Bk, D> {
@@ -105,24 +103,22 @@ impl<Bk, D> Core<Bk, D> {
                 shadow: false,
                 observer: None,
                 skip: None,
-                count_if: None,
                 warn_gate: Arc::default(),
                 key_gate: Arc::default(),
                 metrics: Default::default(),
                 decision_in: DecisionIn::default(),
                 spend: None,
-                reset_if: None,
+                outcome: None,
             },
         }
     }
 
-    /// Whether passed requests' hits wait for their answers
-    /// ([`count_if`](crate::RateLimitLayer::count_if)), and so take the
-    /// outcome step ([`outcome`](crate::outcome)).
+    /// Whether passed requests' hits wait for their answers (the
+    /// [`OutcomeRules`], or a charge), and so each request opens a tab
+    /// (`server/tab.rs`) that its answer settles.
     #[inline]
     pub(crate) fn counts_by_outcome(&self) -> bool {
-        let s = &self.settings;
-        s.count_if.is_some() || s.reset_if.is_some() || self.charges()
+        self.settings.outcome.is_some() || self.charges()
     }
 
     /// Whether a passed request's answer is charged once its body ends.
@@ -140,7 +136,7 @@ impl<Bk, D> Core<Bk, D> {
     pub(crate) fn lowers_counts(&self) -> bool {
         let s = &self.settings;
         let reserves = s.spend.as_ref().is_some_and(SpendPlan::reserves);
-        s.count_if.is_some() || s.reset_if.is_some() || reserves
+        s.outcome.is_some() || reserves
     }
 
     /// Where the decision on `request`, if it is passed on, goes.
@@ -165,6 +161,7 @@ impl<Bk, D> Core<Bk, D> {
 impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let s = &self.settings;
+        let outcome = s.outcome.as_ref();
         f.debug_struct("Core")
             .field("name", &s.name)
             .field("policies", &s.policies)
@@ -176,10 +173,10 @@ impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
             .field("timeout", &s.timeout)
             .field("shadow", &s.shadow)
             .field("skip", &s.skip.is_some())
-            .field("count_if", &s.count_if.is_some())
+            .field("count_if", &outcome.is_some_and(|o| o.count_if.is_some()))
             .field("decision_in", &s.decision_in)
             .field("spend", &s.spend)
-            .field("reset_if", &s.reset_if.is_some())
+            .field("reset_if", &outcome.is_some_and(|o| o.reset_if.is_some()))
             .field("charge", &self.charges())
             .finish_non_exhaustive()
     }

@@ -3,18 +3,20 @@
 //! quota's limit cut to the instance's [`Share`] of it
 //! ([`FailurePolicy::Insurance`](crate::FailurePolicy::Insurance)).
 //!
-//! The verdict reaches it through one seam: [`Insurance::count`] when the
-//! backend failed, and [`Insurance::amend`] for what the outcome step hands
-//! back, charges or clears of what it counted. Nothing it counts ever
-//! reaches the backend, and every request still goes to the backend first,
-//! so the backend decides again from its first answer.
+//! Every middleware reaches it through one seam: [`Insurance::count`] when
+//! the backend failed, over the counters it would have asked the backend
+//! about, each limit already cut to the share (the server layer's policy,
+//! the outbound layer's one budget), and [`Insurance::amend`] for what the
+//! answer hands back, refunds, charges or clears of what it counted.
+//! Nothing it counts ever reaches the backend, and every request still goes
+//! to the backend first, so the backend decides again from its first
+//! answer.
 
 use crate::backend::{
     Amend, Backend, BackendError, Counter, Hit, Hits, MemoryBackend, Spend, Spending,
 };
 use crate::key::Key;
-use crate::policy::Policy;
-use crate::quota::{Quota, Share};
+use crate::quota::Share;
 
 /// The insurance limiter's share and its counters, made once per layer: the
 /// layer's clones and services share the store.
@@ -43,50 +45,25 @@ impl Insurance {
         self.share = share;
     }
 
-    /// Counts `key` on `policy`'s counters with each limit cut to the share,
-    /// spending `spend` under a layer that spends: the hits and the policy
-    /// at the share they were counted under, or the local store's own
-    /// failure (full, or a corrupt counter).
+    /// Counts `key` on `counters`, each limit already cut to the
+    /// [`share`](Self::share) (a policy's insured counters, or one
+    /// budget's counter with its quota
+    /// [cut](crate::quota::Quota::share)), spending `spend` under a
+    /// middleware that spends: the hits, or the local store's own failure
+    /// (full, or a corrupt counter).
     #[cold]
     pub(crate) fn count(
         &self,
-        policy: &Policy,
         key: &Key,
+        counters: &[Counter<'_>],
         spend: Option<Spend>,
-    ) -> Result<(Hits, Policy), BackendError> {
-        let policy = policy.insured(self.share);
+    ) -> Result<Hits, BackendError> {
         // The memory backend answers at once.
         let hits = match spend {
-            Some(spend) => {
-                policy.with_counters(|counters| self.local.spend_all(key, counters, spend))
-            }
-            None => policy.hit(&self.local, key),
+            Some(spend) => self.local.spend_all(key, counters, spend),
+            None => self.local.hit_all(key, counters),
         };
-        Ok((hits.into_inner()?, policy))
-    }
-
-    /// Spends `spend` of `key` on one counter, `namespace`'s with `quota`'s
-    /// limit cut to the share (the outbound layer's one budget).
-    #[cold]
-    pub(crate) fn spend_one(
-        &self,
-        namespace: &str,
-        quota: Quota,
-        key: &Key,
-        spend: Spend,
-    ) -> Result<Hit, BackendError> {
-        let counter = Counter {
-            namespace,
-            quota: quota.share(self.share),
-            lowers: false,
-        };
-        let hits = self
-            .local
-            .spend_all(key, std::slice::from_ref(&counter), spend)
-            .into_inner()?;
-        hits.first()
-            .copied()
-            .ok_or_else(|| BackendError::Unavailable("the backend answered no hit".into()))
+        hits.into_inner()
     }
 
     /// Refunds (`None`) or amends `hit`, which [`count`](Self::count)
@@ -104,5 +81,46 @@ impl Insurance {
             Some(amend) => self.local.amend(namespace, key, hit, amend),
         }
         .into_inner()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::quota::Quota;
+
+    #[test]
+    fn one_entry_point_counts_or_spends_on_the_counters_it_is_given() {
+        let insurance = Insurance::new(Share::one_in(2).unwrap());
+        let quota = Quota::new(4, Duration::from_secs(60)).unwrap();
+        let key = Key::new(b"k");
+        // The caller cuts the limit to the share: 2 of 4.
+        let cut = quota.share(insurance.share());
+        let counter = |namespace| Counter {
+            namespace,
+            quota: cut,
+            lowers: false,
+        };
+        let hits = insurance.count(&key, &[counter("a"), counter("b")], None);
+        let counts: Vec<u64> = hits.unwrap().iter().map(|hit| hit.count).collect();
+        assert_eq!(counts, [1, 1], "a hit on each counter");
+        let spend = Some(Spend::cost(2));
+        let spent = insurance.count(&key, &[counter("a")], spend).unwrap();
+        assert_eq!(
+            spent[0].count, 3,
+            "over the share of 2: denied, nothing spent"
+        );
+        let spent = insurance.count(&key, &[counter("c")], spend).unwrap();
+        assert_eq!(spent[0].count, 2, "a cost of 2 fits the share");
+        // What it counted is amended in its own store.
+        assert!(
+            insurance
+                .amend("c", &key, &spent[0], Some(Amend::Refund(2)))
+                .unwrap()
+        );
+        let again = insurance.count(&key, &[counter("c")], None).unwrap();
+        assert_eq!(again[0].count, 1);
     }
 }

@@ -162,10 +162,11 @@
 // A request: server/ (layer.rs: configuration → service.rs: its key, its
 // quota, the backend's count → future.rs: the count at once or after the
 // wait, then the service → verdict.rs: the one verdict, pass, deny or
-// fail) → outcome/ (only under count_if, reset_if or charge: what the
-// answer does to the hits) → response.rs (the answer's headers and
-// denials). Under reserve_from_body, the future first reads a bounded
-// prefix of the body (cost/body.rs), then takes service.rs's limiter step.
+// fail → tab.rs, only under count_if, reset_if or charge: what the answer
+// does to the hits, as outcome/'s rules say) → response.rs (the answer's
+// headers and denials). Under reserve_from_body, the future first reads a
+// bounded prefix of the body (cost/body.rs), then takes service.rs's
+// limiter step.
 // An outbound call: outbound/ (layer → service → future → admit, line.rs:
 // the waiters → settle: the answer's charge).
 // Both stand on the floor, budget/ (the failure policy, the spend plan and
@@ -177,11 +178,12 @@
 //   config      limits from TOML, YAML, JSON (feature serde): builds layers
 //   outbound/   the client layer, BudgetLayer
 //   server/     the server layer, RateLimitLayer
-//   outcome/    counting by the answer: refunds, clears, charges
 //   core        the settings a server layer's services share
+//   outcome/    counting by the answer: what it does to the hits (kept,
+//               refunded, cleared), count_if and reset_if as one value
 //   budget/     the floor: failure policy, spend plan, settling, log rules
-//   insurance   the limiter that decides during outages
 //   policy      the quotas a request is charged to
+//   insurance   the limiter that decides during outages, over counters
 //   metrics     the layer's metric handles (feature metrics)
 //   response    the way out: headers, denials
 //   cost/       what a request spends: modes, metered bodies, body estimates

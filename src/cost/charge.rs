@@ -2,7 +2,7 @@
 //! [`charge`](crate::RateLimitLayer::charge): the answer's body is wrapped
 //! in [`Metered`], which reads the response's cost when the body ends (its
 //! trailers, its last chunk) and hands it to the request's tab
-//! ([`Meter`], implemented in `outcome/` and `outbound/settle.rs`), which adds it to the counters
+//! ([`Meter`], implemented in `server/tab.rs` and `outbound/settle.rs`), which adds it to the counters
 //! the request was counted in.
 //!
 //! A layer without a charge is not [`Charged`](crate::cost::Charged): its answers
@@ -136,7 +136,7 @@ impl<'a> ResponseEnd<'a> {
 
 /// What the request's tab does with the response's end: read its charge
 /// and add it to the counters the request was counted in. Implemented by
-/// the tab in `outcome/`.
+/// the tab in `server/tab.rs`.
 pub trait Meter: Send + Sync {
     /// The body ended with `end`.
     fn end(self: Box<Self>, end: &ResponseEnd<'_>);

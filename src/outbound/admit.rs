@@ -86,15 +86,21 @@ impl<Bk: Spending> Budget<Bk> {
         self.plan.cost(head)
     }
 
-    /// The store's step for a call of `cost` on `key`.
+    /// The budget's one counter.
     #[inline]
-    pub(crate) fn spend(&self, key: &Key, cost: u64) -> Bk::Future {
-        let counter = Counter {
+    fn counter(&self) -> Counter<'_> {
+        Counter {
             namespace: &self.name,
             quota: self.quota,
             // A settle may give back part of a reservation.
             lowers: self.plan.reserves(),
-        };
+        }
+    }
+
+    /// The store's step for a call of `cost` on `key`.
+    #[inline]
+    pub(crate) fn spend(&self, key: &Key, cost: u64) -> Bk::Future {
+        let counter = self.counter();
         self.backend
             .spend_all(key, std::slice::from_ref(&counter), self.plan.spend(cost))
     }
@@ -108,8 +114,7 @@ impl<Bk: Spending> Budget<Bk> {
         cost: u64,
         answer: Result<Hits, BackendError>,
     ) -> Result<Try, BudgetError> {
-        let answer = answer.and_then(|hits| hits.first().copied().ok_or_else(failure::no_hit));
-        match answer {
+        match answer.and_then(one) {
             Ok(hit) => Ok(verdict(hit, self.quota.limit(), false)),
             Err(err) if err.is_corrupt() => {
                 failure::corrupt(&self.name, &err);
@@ -126,9 +131,14 @@ impl<Bk: Spending> Budget<Bk> {
         // What a call gets when its store fails under fail-closed.
         let fails = "failing the call";
         let decided = self.failure.decide(name, gate, err, fails, |insurance| {
-            let hit = insurance.spend_one(name, self.quota, key, self.plan.spend(cost))?;
-            let limit = self.quota.share(insurance.share()).limit();
-            Ok(verdict(hit, limit, true))
+            // The budget's counter, its limit cut to the share.
+            let counter = Counter {
+                quota: self.quota.share(insurance.share()),
+                ..self.counter()
+            };
+            let counters = std::slice::from_ref(&counter);
+            let hits = insurance.count(key, counters, Some(self.plan.spend(cost)))?;
+            Ok(verdict(one(hits)?, counter.quota.limit(), true))
         });
         match decided {
             Outage::Insured(judged) => Ok(judged),
@@ -171,6 +181,12 @@ impl<Bk: Spending> Budget<Bk> {
     fn jitter(&self) -> Duration {
         MAX_JITTER.min(self.quota.window().as_duration() / 20)
     }
+}
+
+/// The one hit of a store's answer about the budget's one counter.
+#[inline]
+fn one(hits: Hits) -> Result<Hit, BackendError> {
+    hits.first().copied().ok_or_else(failure::no_hit)
 }
 
 /// A hit's meaning under `limit`: counted in the store's step (a spend's

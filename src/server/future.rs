@@ -23,10 +23,10 @@ use crate::cost::{Counts, Plain};
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
 use crate::metrics::Stopwatch;
-use crate::outcome::{Passed, RefundTab, Settled};
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
+use crate::server::tab::{Passed, RefundTab, Settled};
 use crate::server::verdict::{self, Ask, Verdict};
 
 pin_project! {

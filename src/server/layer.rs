@@ -293,7 +293,8 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
     {
-        self.core.settings.count_if = Some(Arc::new(counts));
+        let outcome = self.core.settings.outcome.get_or_insert_default();
+        outcome.count_if = Some(Arc::new(counts));
         self
     }
 
@@ -626,7 +627,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     where
         F: Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
     {
-        self.spending(|s| s.reset_if = Some(Arc::new(reset)))
+        self.spending(|s| s.outcome.get_or_insert_default().reset_if = Some(Arc::new(reset)))
     }
 }
 

@@ -21,10 +21,10 @@ use crate::budget::settle::Wait;
 use crate::core::Core;
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
-use crate::outcome::{Passed, RefundTab};
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
+use crate::server::tab::{Passed, RefundTab};
 
 /// What the limiter does with a request.
 pub(crate) enum Verdict<B, T> {
@@ -140,11 +140,18 @@ where
     let decided = s
         .failure
         .decide(&s.name, &s.warn_gate, err, FAILS, |insurance| {
-            let counted = insurance.count(ask.policy, key, spend);
-            if let Err(local) = &counted {
-                s.metrics.backend_error(&s.name, local);
+            // The same counters, labels and metric handles, each limit cut
+            // to the share: the insurance counts on them, and the judge
+            // decides by them.
+            let policy = ask.policy.insured(insurance.share());
+            let counted = policy.with_counters(|counters| insurance.count(key, counters, spend));
+            match counted {
+                Ok(hits) => Ok((hits, policy)),
+                Err(local) => {
+                    s.metrics.backend_error(&s.name, &local);
+                    Err(local)
+                }
             }
-            counted
         });
     let (hits, policy) = match decided {
         Outage::Insured(counted) => counted,
