@@ -118,7 +118,7 @@ async fn decisions_by_limiter_policy_and_outcome() {
 async fn backend_errors_by_kind() {
     let (recorder, handle) = recorder();
     let _guard = metrics::set_default_local_recorder(&recorder);
-    let full = MemoryBackend::builder().max_keys(1).build();
+    let full = MemoryBackend::new().max_keys(1);
     let svc = RateLimitLayer::new("full", quota(5, Duration::from_secs(60)))
         .key(by_client())
         .backend(full)

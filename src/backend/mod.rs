@@ -133,7 +133,7 @@ mod private;
 pub mod toolkit;
 
 pub use audit::AuditReport;
-pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};
+pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend};
 pub use private::{MIN_SECRET_LEN, PrivateKeys};
 
 use std::fmt;
@@ -188,7 +188,7 @@ pub enum BackendError {
     /// The store did not answer within the layer's timeout.
     TimedOut,
     /// The store is full of live counters and will not evict one
-    /// (see [`MemoryBackendBuilder::max_keys`]).
+    /// (see [`MemoryBackend::max_keys`]).
     AtCapacity,
     /// The store failed repeatedly, and the backend's circuit breaker is
     /// answering at once for a short cool-down instead of waiting on it
