@@ -104,8 +104,8 @@
 //! handler takes `Decision` as an extractor), into every response under
 //! [`DecisionIn::Response`], and into the response of a request that asks
 //! ([`WantDecision`](outcome::WantDecision), what an outer layer sends). A
-//! response answered for a backend failure carries the
-//! [`BackendErrorKind`](backend::BackendErrorKind) instead.
+//! response answered for a backend failure carries its
+//! [`BackendError`](backend::BackendError) instead (as an `Arc`).
 //!
 //! # Topics
 //!

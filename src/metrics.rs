@@ -97,7 +97,7 @@ mod enabled {
     use ::metrics::{Counter, Histogram, counter, histogram};
 
     use super::{OUTCOMES, outcome_index};
-    use crate::backend::{BackendError, BackendErrorKind, Hits};
+    use crate::backend::{BackendError, Hits};
     use crate::decision::Decision;
 
     /// Decisions, by `limiter`, `policy` and `outcome` (counter).
@@ -117,26 +117,6 @@ mod enabled {
     ///
     /// See the [module's example](crate::metrics#example).
     pub const DENY_CACHE_ANSWERS: &str = "tower_pinned_window_deny_cache_answers_total";
-
-    const ERROR_KINDS: [BackendErrorKind; 6] = [
-        BackendErrorKind::Unavailable,
-        BackendErrorKind::TimedOut,
-        BackendErrorKind::AtCapacity,
-        BackendErrorKind::Corrupt,
-        BackendErrorKind::CircuitOpen,
-        BackendErrorKind::ClusterDown,
-    ];
-
-    fn error_index(err: &BackendError) -> usize {
-        match err.kind() {
-            BackendErrorKind::Unavailable => 0,
-            BackendErrorKind::TimedOut => 1,
-            BackendErrorKind::AtCapacity => 2,
-            BackendErrorKind::Corrupt => 3,
-            BackendErrorKind::CircuitOpen => 4,
-            BackendErrorKind::ClusterDown => 5,
-        }
-    }
 
     /// A quota's decision counters, one per outcome, registered on first
     /// use. Kept beside the quota (in its policy), never in a decision.
@@ -178,11 +158,11 @@ mod enabled {
     impl LayerMetrics {
         pub(crate) fn backend_error(&self, limiter: &str, err: &BackendError) {
             let errors = self.0.errors.get_or_init(|| {
-                ERROR_KINDS.map(|kind| {
-                    counter!(BACKEND_ERRORS, "limiter" => limiter.to_owned(), "kind" => kind.name())
+                BackendError::KIND_NAMES.map(|kind| {
+                    counter!(BACKEND_ERRORS, "limiter" => limiter.to_owned(), "kind" => kind)
                 })
             });
-            errors[error_index(err)].increment(1);
+            errors[err.kind_index()].increment(1);
         }
 
         pub(crate) fn backend_latency(&self, limiter: &str, elapsed: Duration) {

@@ -39,7 +39,7 @@ struct Recorded {
 impl Recorded {
     fn new() -> Self {
         Self {
-            inner: MemoryBackend::builder().tokio_clock().build(),
+            inner: MemoryBackend::new().tokio_clock(),
             ..Self::default()
         }
     }

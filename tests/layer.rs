@@ -24,7 +24,7 @@ fn quota(limit: u64, secs: u64) -> Quota {
 
 /// A layer on a memory backend that reads tokio's (paused) clock.
 fn limiter(name: &'static str, quota: Quota) -> RateLimitLayer {
-    RateLimitLayer::new(name, quota).backend(MemoryBackend::builder().tokio_clock().build())
+    RateLimitLayer::new(name, quota).backend(MemoryBackend::new().tokio_clock())
 }
 
 fn get() -> Request<Body> {

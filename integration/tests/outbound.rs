@@ -439,7 +439,7 @@ async fn a_call_behind_too_long_a_line_fails_at_once() {
 /// cannot meet fails then (one window into its wait), not at its bound.
 async fn a_call_fails_as_soon_as_another_instance_takes_its_window() {
     let provider = Provider::default();
-    let store = MemoryBackend::builder().tokio_clock().build();
+    let store = MemoryBackend::new().tokio_clock();
     let window = Duration::from_secs(10);
     // Two layers built apart: two instances, each with its own line.
     let instance = || {
@@ -503,7 +503,7 @@ async fn a_call_fails_as_soon_as_another_instance_takes_its_window() {
 /// served.
 async fn a_call_fails_as_soon_as_its_share_of_the_windows_cannot_serve_it() {
     let provider = Provider::default();
-    let store = MemoryBackend::builder().tokio_clock().build();
+    let store = MemoryBackend::new().tokio_clock();
     let window = Duration::from_secs(10);
     let instance = || {
         BudgetLayer::new(NAME, Quota::new(4, window).unwrap())
@@ -584,7 +584,7 @@ async fn a_call_fails_as_soon_as_its_share_of_the_windows_cannot_serve_it() {
 /// next window land in it. `margin` is the layer's; the provider's windows
 /// are pinned to the first call each receives.
 async fn most_in_a_provider_window(margin: Option<Duration>) -> u64 {
-    let store = MemoryBackend::builder().tokio_clock().build();
+    let store = MemoryBackend::new().tokio_clock();
     let (limit, window) = (5, Duration::from_millis(100));
     let arrivals = Arc::new(Mutex::new(Vec::new()));
     let sent = Arc::new(AtomicU64::new(0));
@@ -1103,8 +1103,7 @@ mod stores {
             let client = layer.clone().on_failure(policy).layer(provider.client());
             let err = send(&client, call("corrupt")).await.unwrap_err();
             assert!(
-                budget_error(&err).backend_kind()
-                    == Some(tower_pinned_window::backend::BackendErrorKind::Corrupt),
+                budget_error(&err).backend_kind() == Some("corrupt"),
                 "{policy:?}: {err}"
             );
         }

@@ -42,7 +42,7 @@ fn quota(limit: u64, secs: u64) -> Quota {
 
 /// A memory backend on tokio's (paused) clock.
 fn memory() -> MemoryBackend {
-    MemoryBackend::builder().tokio_clock().build()
+    MemoryBackend::new().tokio_clock()
 }
 
 /// A request from `client` that the app answers with `status`.

@@ -41,7 +41,7 @@ use super::connection::classify::unavailable;
 use super::connection::guarded::Guarded;
 use super::connection::slot::key_slot;
 use tower_pinned_window::backend::BackendError;
-use tower_pinned_window::backend::toolkit::{ARENA_SLOTS, Arena, Reply, Ticket};
+use tower_pinned_window::backend::toolkit::{BackendFuture, Reply};
 
 /// At most this many requests go in one script call; the rest wait for the
 /// next (bounds how long one call keeps Redis busy).
@@ -103,7 +103,7 @@ pub(super) type Answered<W> = Result<<W as Work>::Answer, BackendError>;
 /// One request's work, waiting in a lane.
 pub(super) struct Pending<W: Work> {
     work: W,
-    reply: Reply<Answered<W>>,
+    reply: Reply<W::Answer>,
 }
 
 impl<W: Work> Borrow<W> for Pending<W> {
@@ -120,11 +120,8 @@ struct Lane<W: Work> {
     calls: u8,
     /// The requests in the lane's calls in flight.
     flying: usize,
-    /// The answer slots of the requests queued from now on: one allocation
-    /// for many requests. A new one once the queue is taken.
-    arena: Option<Arc<Arena<Answered<W>>>>,
-    /// The requests of the lane's last call: the room a new arena starts
-    /// with.
+    /// The requests of the lane's last call: the room new answer slots
+    /// start with.
     last_call: usize,
 }
 
@@ -135,19 +132,15 @@ impl<W: Work> Lane<W> {
             queue: Vec::new(),
             calls: 1,
             flying: 1,
-            arena: None,
             last_call: 1,
         }
     }
 
-    /// An answer slot for a request to be queued.
-    fn channel(&mut self) -> (Reply<Answered<W>>, Ticket<Answered<W>>) {
-        let hint = self.last_call;
-        let arena = match &mut self.arena {
-            Some(arena) if arena.len() < ARENA_SLOTS => arena,
-            arena => arena.insert(Arena::with_capacity(hint)),
-        };
-        arena.channel()
+    /// An answer slot for a request to be queued: beside the last queued
+    /// request's (one allocation for many requests), in new slots once the
+    /// queue was taken.
+    fn channel(&self) -> (Reply<W::Answer>, BackendFuture<W::Answer>) {
+        Reply::channel(self.queue.last().map(|p| &p.reply), self.last_call)
     }
 
     /// Queued requests that make a second call: as many as the call in
@@ -185,13 +178,9 @@ impl<W: Work> Lane<W> {
         let take = self.queue.len().min(MAX_PER_CALL);
         self.flying += take;
         self.last_call = take.max(1);
-        let batch = self.queue.drain(..take).collect();
-        if self.queue.is_empty() {
-            // The requests queued from now on share new slots; these go
-            // when their requests have read them.
-            self.arena = None;
-        }
-        batch
+        // Once the queue is empty, the requests queued from now on share
+        // new slots; these go when their requests have read them.
+        self.queue.drain(..take).collect()
     }
 
     /// Queue a hit; when it is the lane's second call's turn, that call's
@@ -273,7 +262,7 @@ where
     W: Work,
 {
     /// In the queue of a busy lane: the call that takes it answers here.
-    Queued(Ticket<Answered<W>>),
+    Queued(BackendFuture<W::Answer>),
     /// The lane was idle: the request sends its own call
     /// ([`Alone::send`]).
     Alone(Alone<C, W>),
@@ -358,9 +347,9 @@ where
                 batcher.by_slot.store(true, Ordering::Relaxed);
                 let (batcher, runtime) = (Arc::clone(batcher), handover.runtime.clone());
                 drop(handover);
-                let (reply, answer) = Arena::with_capacity(1).channel();
+                let (reply, answer) = Reply::channel(None, 1);
                 submit(&batcher, &runtime, Pending { work, reply });
-                answer.await.unwrap_or_else(|| Err(dropped()))
+                answer.await
             }
             Err(err) => {
                 drop(handover);

@@ -871,7 +871,7 @@ where
     W: Work,
 {
     match coalesce::enqueue(batcher, runtime, work) {
-        Enqueued::Queued(answer) => BackendFuture::queued(answer),
+        Enqueued::Queued(answer) => answer,
         Enqueued::Alone(alone) => BackendFuture::calling(alone.send()),
     }
 }

@@ -133,7 +133,7 @@ mod private;
 pub mod toolkit;
 
 pub use audit::AuditReport;
-pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend, MemoryBackendBuilder};
+pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend};
 pub use private::{MIN_SECRET_LEN, PrivateKeys};
 
 use std::fmt;
@@ -180,6 +180,13 @@ pub(crate) use toolkit::refused_count;
 
 /// A backend could not answer. Which of these a request sees decides its fate:
 /// see [`FailurePolicy`](crate::FailurePolicy).
+///
+/// A request that the layer answers for a backend failure (503 /
+/// UNAVAILABLE under [`FailurePolicy::FailClosed`](crate::FailurePolicy),
+/// 500 / INTERNAL for corrupt state) carries the error in its response's
+/// extensions, where a [`Decision`](crate::Decision) would be: read it with
+/// `response.extensions().get::<Arc<BackendError>>()`. The metrics name its
+/// kind in the `kind` label ([`kind_name`](Self::kind_name)).
 #[derive(Debug)]
 #[non_exhaustive]
 pub enum BackendError {
@@ -188,7 +195,7 @@ pub enum BackendError {
     /// The store did not answer within the layer's timeout.
     TimedOut,
     /// The store is full of live counters and will not evict one
-    /// (see [`MemoryBackendBuilder::max_keys`]).
+    /// (see [`MemoryBackend::max_keys`]).
     AtCapacity,
     /// The store failed repeatedly, and the backend's circuit breaker is
     /// answering at once for a short cool-down instead of waiting on it
@@ -226,70 +233,42 @@ impl BackendError {
         matches!(self, Self::Corrupt { .. })
     }
 
-    /// What kind of failure this is, without its details.
-    pub fn kind(&self) -> BackendErrorKind {
-        match self {
-            Self::Unavailable(_) => BackendErrorKind::Unavailable,
-            Self::TimedOut => BackendErrorKind::TimedOut,
-            Self::CircuitOpen => BackendErrorKind::CircuitOpen,
-            Self::ClusterDown(_) => BackendErrorKind::ClusterDown,
-            Self::AtCapacity => BackendErrorKind::AtCapacity,
-            Self::Corrupt { .. } => BackendErrorKind::Corrupt,
-        }
-    }
-}
-
-/// The kind of a [`BackendError`], without its details.
-///
-/// A request that the layer answers for a backend failure (503 /
-/// UNAVAILABLE under [`FailurePolicy::FailClosed`](crate::FailurePolicy),
-/// 500 / INTERNAL for corrupt state) carries it in its response's
-/// extensions, where a [`Decision`](crate::Decision) would be: read it with
-/// `response.extensions().get::<BackendErrorKind>()`. The metrics name it
-/// in the `kind` label ([`name`](Self::name)).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum BackendErrorKind {
-    /// [`BackendError::Unavailable`].
-    Unavailable,
-    /// [`BackendError::TimedOut`].
-    TimedOut,
-    /// [`BackendError::CircuitOpen`].
-    CircuitOpen,
-    /// [`BackendError::ClusterDown`].
-    ClusterDown,
-    /// [`BackendError::AtCapacity`].
-    AtCapacity,
-    /// [`BackendError::Corrupt`].
-    Corrupt,
-}
-
-impl BackendErrorKind {
-    /// Its name in snake case: `unavailable`, `timed_out`, `circuit_open`,
-    /// `cluster_down`, `at_capacity`, `corrupt`.
+    /// The name of its kind, in snake case: `unavailable`, `timed_out`,
+    /// `circuit_open`, `cluster_down`, `at_capacity`, `corrupt`: the
+    /// metrics' `kind` label.
     ///
     /// ```
     /// use tower_pinned_window::backend::BackendError;
     ///
     /// let refused = BackendError::ClusterDown("CLUSTERDOWN The cluster is down".into());
-    /// assert_eq!(refused.kind().name(), "cluster_down");
+    /// assert_eq!(refused.kind_name(), "cluster_down");
     /// assert!(!refused.is_corrupt(), "an outage: the failure policy decides");
     /// ```
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::Unavailable => "unavailable",
-            Self::TimedOut => "timed_out",
-            Self::CircuitOpen => "circuit_open",
-            Self::ClusterDown => "cluster_down",
-            Self::AtCapacity => "at_capacity",
-            Self::Corrupt => "corrupt",
-        }
+    #[must_use]
+    pub fn kind_name(&self) -> &'static str {
+        Self::KIND_NAMES[self.kind_index()]
     }
-}
 
-impl fmt::Display for BackendErrorKind {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.name())
+    /// Every [`kind_name`](Self::kind_name), in [`kind_index`](Self::kind_index)'s order.
+    pub(crate) const KIND_NAMES: [&'static str; 6] = [
+        "unavailable",
+        "timed_out",
+        "at_capacity",
+        "corrupt",
+        "circuit_open",
+        "cluster_down",
+    ];
+
+    /// Its kind's place in [`KIND_NAMES`](Self::KIND_NAMES).
+    pub(crate) fn kind_index(&self) -> usize {
+        match self {
+            Self::Unavailable(_) => 0,
+            Self::TimedOut => 1,
+            Self::AtCapacity => 2,
+            Self::Corrupt { .. } => 3,
+            Self::CircuitOpen => 4,
+            Self::ClusterDown(_) => 5,
+        }
     }
 }
 

@@ -6,7 +6,7 @@
 use std::future::Future;
 use std::time::Duration;
 
-use crate::backend::{BackendError, BackendErrorKind};
+use crate::backend::BackendError;
 use crate::insurance::Insurance;
 use crate::quota::Share;
 
@@ -218,7 +218,7 @@ fn warn(limiter: &str, gate: &LogGate, err: &BackendError, action: Action<'_>) {
         }
         Action::Fail(fails) => format!("{fails} (fail closed)"),
     };
-    if err.kind() == BackendErrorKind::ClusterDown {
+    if matches!(err, BackendError::ClusterDown(_)) {
         tracing::warn!(limiter, error = %err, suppressed, "rate-limit store's cluster refused the hit (not a slow store: no breaker opened): {action}");
     } else {
         tracing::warn!(limiter, error = %err, suppressed, "rate-limit backend failed: {action}");

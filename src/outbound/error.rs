@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{BackendError, BackendErrorKind};
+use crate::backend::BackendError;
 use crate::key::KeyError;
 
 /// A boxed error, as tower's middleware fail with.
@@ -142,10 +142,11 @@ impl BudgetError {
         }
     }
 
-    /// The store's failure kind, for [`Backend`](Self::Backend).
-    pub fn backend_kind(&self) -> Option<BackendErrorKind> {
+    /// The name of the store's failure kind, for [`Backend`](Self::Backend)
+    /// (see [`BackendError::kind_name`]).
+    pub fn backend_kind(&self) -> Option<&'static str> {
         match self {
-            Self::Backend { error, .. } => Some(error.kind()),
+            Self::Backend { error, .. } => Some(error.kind_name()),
             _ => None,
         }
     }

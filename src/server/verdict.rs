@@ -244,7 +244,7 @@ where
         Err(err) if err.is_corrupt() => {
             failure::corrupt(&s.name, &err);
             let mut response = response::corrupt(request.is_grpc());
-            response.extensions_mut().insert(err.kind());
+            response.extensions_mut().insert(Arc::new(err));
             return Verdict::Respond(response);
         }
         Err(err) => return outage(core, err, request),
@@ -353,7 +353,7 @@ fn outage<Bk, D, B: Default, T>(
 fn unavailable<B: Default, T>(err: BackendError, request: &RequestHead<'_>) -> Verdict<B, T> {
     let mut response = response::unavailable(request.is_grpc());
     // Where a decision would be: what kind of failure answered.
-    response.extensions_mut().insert(err.kind());
+    response.extensions_mut().insert(Arc::new(err));
     Verdict::Respond(response)
 }
 

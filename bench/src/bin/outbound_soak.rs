@@ -382,7 +382,7 @@ fn outcome_of(err: &Error) -> String {
         Some(BudgetError::Overloaded { .. }) => "overloaded".into(),
         Some(BudgetError::NeverFits { .. }) => "never-fits".into(),
         Some(BudgetError::Key { .. }) => "key".into(),
-        Some(BudgetError::Backend { error, .. }) => format!("backend-{}", error.kind().name()),
+        Some(BudgetError::Backend { error, .. }) => format!("backend-{}", error.kind_name()),
         Some(_) => "budget-other".into(),
         None => "client".into(),
     }

@@ -247,9 +247,7 @@ impl Lanes {
             _alive: Arc::clone(&self.alive),
         };
         match enqueue(&self.batcher, &tokio::runtime::Handle::current(), job) {
-            Enqueued::Queued(ticket) => {
-                Box::pin(async move { ticket.await.unwrap_or_else(|| Err(dropped())) })
-            }
+            Enqueued::Queued(answer) => Box::pin(answer),
             Enqueued::Alone(alone) => Box::pin(alone.send()),
         }
     }
@@ -509,9 +507,7 @@ async fn hits_on_one_counter_take_their_counts_in_the_order_they_came() {
     fake.plan([hold]);
     let request = |key: &'static [u8]| -> Pin<Box<dyn Future<Output = Answered<HitWork>> + Send>> {
         match enqueue(&batcher, &tokio::runtime::Handle::current(), hit(key)) {
-            Enqueued::Queued(ticket) => {
-                Box::pin(async move { ticket.await.unwrap_or_else(|| Err(dropped())) })
-            }
+            Enqueued::Queued(answer) => Box::pin(answer),
             Enqueued::Alone(alone) => Box::pin(alone.send()),
         }
     };

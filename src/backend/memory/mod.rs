@@ -20,11 +20,11 @@ use crate::quota::Window;
 use clock::Clock;
 
 /// Live keys held by default before new keys are refused (see
-/// [`MemoryBackendBuilder`]'s example).
+/// [`MemoryBackend`]'s [configuration](MemoryBackend#configuration)).
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 /// The most shards a backend may be built with (see
-/// [`try_shards`](MemoryBackendBuilder::try_shards)'s example).
+/// [`try_shards`](MemoryBackend::try_shards)'s example).
 pub const MAX_SHARDS: usize = 1 << 16;
 
 /// The fewest live keys a shard is made to hold: below that, a backend uses
@@ -64,10 +64,10 @@ const MIN_KEYS_PER_SHARD: usize = 1024;
 ///   may refuse a key while it holds somewhat fewer than `n` counters in all.
 ///   Each shard is made to hold at least 1,024 keys (a small cap gets fewer
 ///   shards) to keep that margin small; a store with one shard (any cap
-///   under 2,048, or [`shards(1)`](MemoryBackendBuilder::shards)) holds
+///   under 2,048, or [`shards(1)`](MemoryBackend::shards)) holds
 ///   exactly `n` before its first refusal.
 ///
-/// [`max_keys(n)`]: MemoryBackendBuilder::max_keys
+/// [`max_keys(n)`]: MemoryBackend::max_keys
 ///
 /// A counter takes one 32-byte slot (plus a control byte) when its key has
 /// at most 15 bytes (an IPv4 address as text does) and its namespace is one
@@ -79,11 +79,30 @@ const MIN_KEYS_PER_SHARD: usize = 1024;
 /// cores) it is about 70 MB when full of short keys and about 140 MB when
 /// full of longer ones.
 ///
+/// # Configuration
+///
+/// [`new`](Self::new) makes a backend with the defaults; the setters
+/// ([`max_keys`](Self::max_keys), [`shards`](Self::shards),
+/// [`tokio_clock`](Self::tokio_clock)) each make it anew, empty, with their
+/// change. Chain them where the backend is made, before it is used or
+/// cloned: a clone made before a setter keeps the backend it was, with its
+/// own counters.
+///
+/// ```
+/// use tower_pinned_window::backend::MemoryBackend;
+///
+/// let store = MemoryBackend::new().max_keys(10_000).shards(4);
+/// assert_eq!(store.capacity(), 10_000);
+/// assert_eq!(store.shard_count(), 4);
+/// // A small cap is not cut into slivers: 1,000 keys make one shard.
+/// assert_eq!(MemoryBackend::new().max_keys(1_000).shard_count(), 1);
+/// ```
+///
 /// # Time
 ///
 /// Windows are measured on a monotonic clock (the processor's time-stamp counter); a test on
 /// a paused tokio runtime builds the backend with
-/// [`tokio_clock`](MemoryBackendBuilder::tokio_clock) and moves windows with
+/// [`tokio_clock`](MemoryBackend::tokio_clock) and moves windows with
 /// `tokio::time::advance`.
 ///
 /// ```
@@ -132,30 +151,21 @@ struct Inner {
     /// never lands on the new one (a paused test clock can open both in one
     /// instant).
     removed: AtomicU64,
-    max_keys: usize,
+    /// What it was made with, for a setter to make it anew.
+    config: Config,
     clock: Clock,
 }
 
-/// Builds a [`MemoryBackend`] with a key cap and shard count of your choice.
-///
-/// ```
-/// use tower_pinned_window::backend::MemoryBackend;
-///
-/// let store = MemoryBackend::builder().max_keys(10_000).shards(4).build();
-/// assert_eq!(store.max_keys(), 10_000);
-/// assert_eq!(store.shards(), 4);
-/// // A small cap is not cut into slivers: 1,000 keys make one shard.
-/// assert_eq!(MemoryBackend::builder().max_keys(1_000).build().shards(), 1);
-/// ```
-#[derive(Debug, Clone)]
-#[must_use]
-pub struct MemoryBackendBuilder {
+/// How a backend is made: what its setters change.
+#[derive(Debug, Clone, Copy)]
+struct Config {
     max_keys: usize,
+    /// The most shards, a power of two.
     shards: usize,
     tokio_clock: bool,
 }
 
-impl Default for MemoryBackendBuilder {
+impl Default for Config {
     fn default() -> Self {
         let cores = std::thread::available_parallelism().map_or(4, NonZeroUsize::get);
         Self {
@@ -166,122 +176,15 @@ impl Default for MemoryBackendBuilder {
     }
 }
 
-impl MemoryBackendBuilder {
-    /// The most live keys held at once (default [`DEFAULT_MAX_KEYS`]); new
-    /// keys past it are refused with [`BackendError::AtCapacity`] until old
-    /// windows close. See [`MemoryBackend`] for what is guaranteed about
-    /// refusing before the cap, and the [builder's example](Self).
-    ///
-    /// # Panics
-    /// When `max_keys` is zero. Use [`try_max_keys`](Self::try_max_keys) for a
-    /// value read from configuration.
-    #[track_caller]
-    pub fn max_keys(self, max_keys: usize) -> Self {
-        match self.try_max_keys(max_keys) {
-            Ok(this) => this,
-            Err(err) => panic!("{err}"),
-        }
-    }
-
-    /// Like [`max_keys`](Self::max_keys), for a value known only at run time.
-    ///
-    /// ```
-    /// use tower_pinned_window::backend::MemoryBackend;
-    /// use tower_pinned_window::ConfigError;
-    ///
-    /// let from_config = "0".parse::<usize>().unwrap();
-    /// let refused = MemoryBackend::builder().try_max_keys(from_config);
-    /// assert_eq!(refused.err(), Some(ConfigError::ZeroCapacity));
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigError::ZeroCapacity`] for zero.
-    pub fn try_max_keys(mut self, max_keys: usize) -> Result<Self, ConfigError> {
-        if max_keys == 0 {
-            return Err(ConfigError::ZeroCapacity);
-        }
-        self.max_keys = max_keys;
-        Ok(self)
-    }
-
-    /// How many independently locked shards, rounded up to a power of two
-    /// (default: four per core, 16 to 256). This is the most the backend
-    /// uses: it uses fewer when [`max_keys`](Self::max_keys) would give a
-    /// shard fewer than 1,024 keys (one shard below 2,048 keys), and
-    /// [`MemoryBackend::shards`] says how many it has (see the
-    /// [builder's example](Self)).
-    ///
-    /// # Panics
-    /// When `shards` is zero or above [`MAX_SHARDS`]. Use
-    /// [`try_shards`](Self::try_shards) for a value read from configuration.
-    #[track_caller]
-    pub fn shards(self, shards: usize) -> Self {
-        match self.try_shards(shards) {
-            Ok(this) => this,
-            Err(err) => panic!("{err}"),
-        }
-    }
-
-    /// Like [`shards`](Self::shards), for a value known only at run time.
-    ///
-    /// ```
-    /// use tower_pinned_window::backend::{MAX_SHARDS, MemoryBackend};
-    /// use tower_pinned_window::ConfigError;
-    ///
-    /// let too_many = MemoryBackend::builder().try_shards(MAX_SHARDS + 1);
-    /// assert_eq!(too_many.err(), Some(ConfigError::InvalidShards(MAX_SHARDS + 1)));
-    /// // Rounded up to a power of two.
-    /// let store = MemoryBackend::builder().try_shards(3).unwrap().build();
-    /// assert_eq!(store.shards(), 4);
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigError::InvalidShards`] for zero or more than [`MAX_SHARDS`].
-    pub fn try_shards(mut self, shards: usize) -> Result<Self, ConfigError> {
-        if shards == 0 || shards > MAX_SHARDS {
-            return Err(ConfigError::InvalidShards(shards));
-        }
-        self.shards = shards.next_power_of_two();
-        Ok(self)
-    }
-
-    /// Read tokio's clock instead of the default the processor's time-stamp counter, so that
-    /// `tokio::time::pause` and `tokio::time::advance` move the windows
-    /// (for tests; it costs about 8 ns more per hit).
-    ///
-    /// ```
-    /// use std::num::NonZeroU32;
-    /// use std::time::Duration;
-    /// use tower_pinned_window::Quota;
-    /// use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
-    /// use tower_pinned_window::key::Key;
-    ///
-    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
-    /// # async fn main() {
-    /// let store = MemoryBackend::builder().tokio_clock().build();
-    /// let quota = Quota::per_minute(NonZeroU32::new(5).unwrap());
-    /// let counters = [Counter { namespace: "api", quota, lowers: false }];
-    /// let key = Key::new("203.0.113.7");
-    /// assert_eq!(store.hit_all(&key, &counters).await.unwrap()[0].count, 1);
-    /// tokio::time::advance(Duration::from_secs(61)).await;
-    /// // The paused clock moved past the window: a new one opens.
-    /// assert_eq!(store.hit_all(&key, &counters).await.unwrap()[0].count, 1);
-    /// # }
-    /// ```
-    pub fn tokio_clock(mut self) -> Self {
-        self.tokio_clock = true;
-        self
-    }
-
-    /// The backend (see the [builder's example](Self)).
-    pub fn build(self) -> MemoryBackend {
+impl Config {
+    fn build(self) -> MemoryBackend {
         let table = Table::new(self.max_keys, self.shards, MIN_KEYS_PER_SHARD);
         MemoryBackend {
             inner: Arc::new(Inner {
                 locks: table.sibling(),
                 table,
                 removed: AtomicU64::new(0),
-                max_keys: self.max_keys,
+                config: self,
                 clock: if self.tokio_clock {
                     Clock::tokio()
                 } else {
@@ -299,16 +202,127 @@ impl Default for MemoryBackend {
 }
 
 impl MemoryBackend {
-    /// A backend holding at most [`DEFAULT_MAX_KEYS`] live keys (see the
-    /// [type's example](Self)).
+    /// A backend holding at most [`DEFAULT_MAX_KEYS`] live keys, in four
+    /// shards per core (16 to 256), on the processor's clock: the setters
+    /// below change these (see the [type's example](Self)).
+    #[must_use]
     pub fn new() -> Self {
-        Self::builder().build()
+        Config::default().build()
     }
 
-    /// Choose the key cap and shard count (see [`MemoryBackendBuilder`]'s
-    /// example).
-    pub fn builder() -> MemoryBackendBuilder {
-        MemoryBackendBuilder::default()
+    /// This backend made anew with `change` to its configuration (see
+    /// [configuration](Self#configuration)).
+    fn with(self, change: impl FnOnce(&mut Config)) -> Self {
+        let mut config = self.inner.config;
+        change(&mut config);
+        config.build()
+    }
+
+    /// The most live keys held at once (default [`DEFAULT_MAX_KEYS`]); new
+    /// keys past it are refused with [`BackendError::AtCapacity`] until old
+    /// windows close. See [bounded memory](Self#bounded-memory) for what is
+    /// guaranteed about refusing before the cap, and
+    /// [configuration](Self#configuration)'s example.
+    ///
+    /// # Panics
+    /// When `max_keys` is zero. Use [`try_max_keys`](Self::try_max_keys) for a
+    /// value read from configuration.
+    #[track_caller]
+    #[must_use]
+    pub fn max_keys(self, max_keys: usize) -> Self {
+        match self.try_max_keys(max_keys) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`max_keys`](Self::max_keys), for a value known only at run time.
+    ///
+    /// ```
+    /// use tower_pinned_window::backend::MemoryBackend;
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// let from_config = "0".parse::<usize>().unwrap();
+    /// let refused = MemoryBackend::new().try_max_keys(from_config);
+    /// assert_eq!(refused.err(), Some(ConfigError::ZeroCapacity));
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::ZeroCapacity`] for zero.
+    pub fn try_max_keys(self, max_keys: usize) -> Result<Self, ConfigError> {
+        if max_keys == 0 {
+            return Err(ConfigError::ZeroCapacity);
+        }
+        Ok(self.with(|config| config.max_keys = max_keys))
+    }
+
+    /// How many independently locked shards, rounded up to a power of two
+    /// (default: four per core, 16 to 256). This is the most the backend
+    /// uses: it uses fewer when [`max_keys`](Self::max_keys) would give a
+    /// shard fewer than 1,024 keys (one shard below 2,048 keys), and
+    /// [`shard_count`](Self::shard_count) says how many it has (see
+    /// [configuration](Self#configuration)'s example).
+    ///
+    /// # Panics
+    /// When `shards` is zero or above [`MAX_SHARDS`]. Use
+    /// [`try_shards`](Self::try_shards) for a value read from configuration.
+    #[track_caller]
+    #[must_use]
+    pub fn shards(self, shards: usize) -> Self {
+        match self.try_shards(shards) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
+    }
+
+    /// Like [`shards`](Self::shards), for a value known only at run time.
+    ///
+    /// ```
+    /// use tower_pinned_window::backend::{MAX_SHARDS, MemoryBackend};
+    /// use tower_pinned_window::ConfigError;
+    ///
+    /// let too_many = MemoryBackend::new().try_shards(MAX_SHARDS + 1);
+    /// assert_eq!(too_many.err(), Some(ConfigError::InvalidShards(MAX_SHARDS + 1)));
+    /// // Rounded up to a power of two.
+    /// let store = MemoryBackend::new().try_shards(3).unwrap();
+    /// assert_eq!(store.shard_count(), 4);
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidShards`] for zero or more than [`MAX_SHARDS`].
+    pub fn try_shards(self, shards: usize) -> Result<Self, ConfigError> {
+        if shards == 0 || shards > MAX_SHARDS {
+            return Err(ConfigError::InvalidShards(shards));
+        }
+        Ok(self.with(|config| config.shards = shards.next_power_of_two()))
+    }
+
+    /// Read tokio's clock instead of the default the processor's time-stamp counter, so that
+    /// `tokio::time::pause` and `tokio::time::advance` move the windows
+    /// (for tests; it costs about 8 ns more per hit).
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_pinned_window::Quota;
+    /// use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
+    /// use tower_pinned_window::key::Key;
+    ///
+    /// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+    /// # async fn main() {
+    /// let store = MemoryBackend::new().tokio_clock();
+    /// let quota = Quota::per_minute(NonZeroU32::new(5).unwrap());
+    /// let counters = [Counter { namespace: "api", quota, lowers: false }];
+    /// let key = Key::new("203.0.113.7");
+    /// assert_eq!(store.hit_all(&key, &counters).await.unwrap()[0].count, 1);
+    /// tokio::time::advance(Duration::from_secs(61)).await;
+    /// // The paused clock moved past the window: a new one opens.
+    /// assert_eq!(store.hit_all(&key, &counters).await.unwrap()[0].count, 1);
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn tokio_clock(self) -> Self {
+        self.with(|config| config.tokio_clock = true)
     }
 
     /// Live and expired-but-unswept counters held now (see the
@@ -323,16 +337,15 @@ impl MemoryBackend {
     }
 
     /// The most live keys this backend holds: exactly what
-    /// [`max_keys`](MemoryBackendBuilder::max_keys) was given (see
-    /// [`MemoryBackendBuilder`]'s example).
-    pub fn max_keys(&self) -> usize {
-        self.inner.max_keys
+    /// [`max_keys`](Self::max_keys) was given (see
+    /// [configuration](Self#configuration)'s example).
+    pub fn capacity(&self) -> usize {
+        self.inner.config.max_keys
     }
 
-    /// How many shards the backend has (see
-    /// [`shards`](MemoryBackendBuilder::shards) and
-    /// [`MemoryBackendBuilder`]'s example).
-    pub fn shards(&self) -> usize {
+    /// How many shards the backend has (see [`shards`](Self::shards) and
+    /// [configuration](Self#configuration)'s example).
+    pub fn shard_count(&self) -> usize {
         self.inner.table.shards()
     }
 

@@ -570,7 +570,7 @@ mod tests {
 
     #[test]
     fn one_counter_and_several_see_the_same_lockouts() {
-        let store = MemoryBackend::builder().shards(1).build();
+        let store = MemoryBackend::new().shards(1);
         let key = Key::new("k");
         let (a, b) = (
             Counter {
@@ -645,7 +645,7 @@ mod tests {
         // (write locks) on one counter, some with a lockout of a minute:
         // what was admitted is what the counter holds, never past the limit,
         // and nothing waits on anything in a circle.
-        let store = MemoryBackend::builder().shards(1).build();
+        let store = MemoryBackend::new().shards(1);
         let a = Counter {
             namespace: "a",
             quota: quota(300, 60_000),
@@ -733,8 +733,8 @@ mod tests {
             window_ms in 1u64..12,
             steps in proptest::collection::vec((0u64..4_000_000, 0usize..3, step()), 1..200),
         ) {
-            let fast = MemoryBackend::builder().shards(shards).build();
-            let general = MemoryBackend::builder().shards(shards).build();
+            let fast = MemoryBackend::new().shards(shards);
+            let general = MemoryBackend::new().shards(shards);
             let keys = [
                 Key::new("k0"),
                 Key::new("k1"),

@@ -198,7 +198,7 @@ fn peek_does_not_count_and_reset_deletes() {
 
 #[test]
 fn a_full_store_refuses_new_keys_and_keeps_live_counters() {
-    let store = MemoryBackend::builder().max_keys(100).shards(1).build();
+    let store = MemoryBackend::new().max_keys(100).shards(1);
     let w = window(1000);
     for i in 0..100 {
         store.hit_at(0, "n", &Key::display(i), w).unwrap();
@@ -235,7 +235,7 @@ fn a_full_store_refuses_new_keys_and_keeps_live_counters() {
 
 #[test]
 fn expired_counters_are_reclaimed_as_keys_arrive() {
-    let store = MemoryBackend::builder().shards(1).build();
+    let store = MemoryBackend::new().shards(1);
     let w = window(10);
     for i in 0..100_000u64 {
         // Every key lives 10 ms; a new key arrives every millisecond.
@@ -261,31 +261,24 @@ fn live(store: &MemoryBackend, now: u64) -> usize {
 #[test]
 fn max_keys_is_never_exceeded_under_a_flood() {
     let cases = [
-        ("17, default shards", MemoryBackend::builder().max_keys(17)),
-        (
-            "1000, default shards",
-            MemoryBackend::builder().max_keys(1000),
-        ),
+        ("17, default shards", MemoryBackend::new().max_keys(17)),
+        ("1000, default shards", MemoryBackend::new().max_keys(1000)),
         (
             "1000 asked for 64 shards",
-            MemoryBackend::builder().max_keys(1000).shards(64),
+            MemoryBackend::new().max_keys(1000).shards(64),
         ),
         (
             "5000 over 4 shards",
-            MemoryBackend::builder().max_keys(5000).shards(4),
+            MemoryBackend::new().max_keys(5000).shards(4),
         ),
         (
             "4099 over 4 shards",
-            MemoryBackend::builder().max_keys(4099).shards(4),
+            MemoryBackend::new().max_keys(4099).shards(4),
         ),
-        (
-            "one shard",
-            MemoryBackend::builder().max_keys(300).shards(1),
-        ),
+        ("one shard", MemoryBackend::new().max_keys(300).shards(1)),
     ];
-    for (name, builder) in cases {
-        let store = builder.build();
-        let n = store.max_keys();
+    for (name, store) in cases {
+        let n = store.capacity();
         let caps: usize = store.inner.table.each().map(|s| s.cap()).sum();
         assert_eq!(caps, n, "{name}: the shards' caps add up to max_keys");
         let mut held = 0;
@@ -309,7 +302,7 @@ fn max_keys_is_never_exceeded_under_a_flood() {
         assert!(live(&store, 0) <= n, "{name}: {} > {n}", live(&store, 0));
         assert_eq!(held, store.len(), "{name}");
         assert!(held <= n, "{name}: held {held} of {n}");
-        if store.shards() == 1 {
+        if store.shard_count() == 1 {
             assert_eq!(first_refusal, Some(n), "{name}: one shard holds exactly n");
             assert_eq!(held, n, "{name}");
         }
@@ -331,38 +324,39 @@ fn small_caps_get_fewer_shards_never_more_than_asked() {
         (1_000_000, 1, 1),
     ];
     for &(max_keys, asked, used) in cases {
-        let store = MemoryBackend::builder()
-            .max_keys(max_keys)
-            .shards(asked)
-            .build();
-        assert_eq!(store.shards(), used, "max_keys {max_keys}, shards({asked})");
-        assert_eq!(store.max_keys(), max_keys);
+        let store = MemoryBackend::new().max_keys(max_keys).shards(asked);
+        assert_eq!(
+            store.shard_count(),
+            used,
+            "max_keys {max_keys}, shards({asked})"
+        );
+        assert_eq!(store.capacity(), max_keys);
     }
 }
 
 #[test]
 fn bad_builder_values_are_errors_or_panics_never_changed() {
     assert_eq!(
-        MemoryBackend::builder().try_max_keys(0).err(),
+        MemoryBackend::new().try_max_keys(0).err(),
         Some(ConfigError::ZeroCapacity)
     );
     assert_eq!(
-        MemoryBackend::builder().try_shards(0).err(),
+        MemoryBackend::new().try_shards(0).err(),
         Some(ConfigError::InvalidShards(0))
     );
     assert_eq!(
-        MemoryBackend::builder().try_shards(MAX_SHARDS + 1).err(),
+        MemoryBackend::new().try_shards(MAX_SHARDS + 1).err(),
         Some(ConfigError::InvalidShards(MAX_SHARDS + 1))
     );
-    assert!(MemoryBackend::builder().try_shards(MAX_SHARDS).is_ok());
+    assert!(MemoryBackend::new().try_shards(MAX_SHARDS).is_ok());
     for (name, result) in [
         (
             "max_keys(0)",
-            std::panic::catch_unwind(|| MemoryBackend::builder().max_keys(0)),
+            std::panic::catch_unwind(|| MemoryBackend::new().max_keys(0)),
         ),
         (
             "shards(0)",
-            std::panic::catch_unwind(|| MemoryBackend::builder().shards(0)),
+            std::panic::catch_unwind(|| MemoryBackend::new().shards(0)),
         ),
     ] {
         let message = result.expect_err(name);
@@ -415,7 +409,7 @@ fn a_refund_takes_back_one_hit_of_its_own_window_only() {
 
 #[test]
 fn a_refund_after_the_window_closed_leaves_nothing() {
-    let store = MemoryBackend::builder().shards(1).build();
+    let store = MemoryBackend::new().shards(1);
     let key = Key::new("k");
     let hit = store.hit_at(0, "n", &key, window(10)).unwrap();
     // The expired counter is swept by a later sweep...
@@ -465,7 +459,7 @@ fn concurrent_hits_take_every_count_once_in_each_window() {
     // 1 ms: each window's counts are exactly 1..=n, with no count given
     // twice or skipped, whether a hit took the read lock's increment or
     // opened the window under the write lock.
-    let store = MemoryBackend::builder().shards(1).build();
+    let store = MemoryBackend::new().shards(1);
     let key = Key::new("k");
     let w = window(1);
     let seen: Vec<Vec<(u64, u64)>> = std::thread::scope(|scope| {
@@ -576,7 +570,7 @@ proptest! {
         window_ms in 1u64..50,
         steps in proptest::collection::vec((0u64..20_000_000, 0u8..4), 1..300),
     ) {
-        let store = MemoryBackend::builder().shards(2).build();
+        let store = MemoryBackend::new().shards(2);
         let mut model = Model::default();
         let mut now = 0;
         let w = window(window_ms);
@@ -606,7 +600,7 @@ proptest! {
             1..400,
         ),
     ) {
-        let store = MemoryBackend::builder().shards(2).build();
+        let store = MemoryBackend::new().shards(2);
         let mut model = Model::default();
         let w = window(5);
         let mut now = 0;

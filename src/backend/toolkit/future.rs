@@ -25,10 +25,11 @@ use crate::backend::{BackendError, Counter, Hit, Hits};
 ///   answered a hit, or a refund has nothing to take back), and the first
 ///   poll gives it, with no round trip;
 /// - **queued** (batched requests, as Redis coalesces them): the request
-///   waits for the call that carries it, on a [`Ticket`] of an
-///   [`Arena`](super::Arena); nothing is allocated for the future. A
-///   ticket whose [`Reply`](super::Reply) is dropped unanswered (the call
-///   was dropped, its runtime shut down) gives
+///   waits for the call that carries it, which answers through the
+///   future's [`Reply`](super::Reply) (both made by
+///   [`Reply::channel`](super::Reply::channel)); nothing is
+///   allocated for the future. When the reply is dropped unanswered (the
+///   call was dropped, its runtime shut down), it gives
 ///   [`BackendError::Unavailable`];
 /// - **calling**: the request's own call, one round trip away (boxed: a
 ///   database client's query future is large).
@@ -61,9 +62,9 @@ impl<T> BackendFuture<T> {
         Self(State::Calling(Box::pin(call)))
     }
 
-    /// Queued in a batch: the batch's call answers the ticket (through its
-    /// [`Reply`](super::Reply)).
-    pub fn queued(ticket: Ticket<Result<T, BackendError>>) -> Self {
+    /// Queued in a batch: the batch's call answers the ticket through its
+    /// reply ([`Reply::channel`](super::Reply::channel) makes the pair).
+    pub(super) fn queued(ticket: Ticket<Result<T, BackendError>>) -> Self {
         Self(State::Queued(ticket))
     }
 }
@@ -143,6 +144,7 @@ impl<T> fmt::Debug for BackendFuture<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::backend::toolkit::Reply;
 
     #[tokio::test]
     async fn an_answered_future_gives_its_result_without_a_call() {
@@ -166,9 +168,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_queued_future_gives_its_replys_answer_and_unavailable_once_the_reply_is_dropped() {
-        let arena = super::super::Arena::with_capacity(2);
-        let (reply, ticket) = arena.channel();
-        let future = BackendFuture::queued(ticket);
+        let (reply, future) = Reply::channel(None, 2);
         assert_eq!(
             format!("{future:?}"),
             r#"BackendFuture { state: "queued" }"#
@@ -176,9 +176,9 @@ mod tests {
         reply.send(Ok(7_u64)).unwrap();
         assert_eq!(future.await.unwrap(), 7);
 
-        let (reply, ticket) = arena.channel();
+        let (reply, future) = Reply::<u64>::channel(None, 1);
         drop(reply);
-        let err = BackendFuture::<u64>::queued(ticket).await.unwrap_err();
+        let err = future.await.unwrap_err();
         assert!(matches!(err, BackendError::Unavailable(_)), "{err:?}");
     }
 

@@ -16,7 +16,7 @@
 //!   denied on costs no round trip;
 //! - [`BackendFuture`]: one future for every call of a remote store, which
 //!   is answered at once (a denial [`Denials`] remembers), waits in a batch
-//!   for the call that carries it (a [`Ticket`] of an [`Arena`], with no
+//!   for the call that carries it (answered through its [`Reply`], with no
 //!   allocation per request), or makes its own call;
 //! - [`refused_count`]: the count the contract has a spend that did not fit
 //!   report.
@@ -49,7 +49,7 @@ pub mod storage_key;
 
 pub use deny_cache::Denials;
 pub use future::BackendFuture;
-pub use slots::{ARENA_SLOTS, Arena, Reply, Ticket};
+pub use slots::{ARENA_SLOTS, Reply};
 
 /// The count a counter that does not fit reports in a spend of `need`
 /// (its cost, at least 1): `count`, or the larger of `count` and `limit`
