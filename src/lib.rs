@@ -229,7 +229,7 @@ mod timeout;
 
 pub use budget::failure::FailurePolicy;
 pub use decision::{Decision, DecisionIn};
-pub use error::{ConfigError, RateErrorKind};
+pub use error::ConfigError;
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};
