@@ -151,7 +151,7 @@ fn request(headers: &[(&'static str, &str)]) -> Request<()> {
     request.body(()).unwrap()
 }
 
-fn usage_in_trailers(end: &tower_pinned_window::cost::ResponseEnd<'_>) -> u64 {
+fn usage_in_trailers(end: &tower_pinned_window::outcome::ResponseHead<'_>) -> u64 {
     end.trailers()
         .and_then(|t| t.get("x-usage"))
         .and_then(|v| v.to_str().ok()?.parse().ok())

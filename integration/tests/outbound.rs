@@ -769,7 +769,7 @@ async fn a_reservation_settles_to_the_usage<Bk: Spending>(store: Bk) {
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(0)
     };
-    let usage = |end: &tower_pinned_window::cost::ResponseEnd<'_>| -> Option<u64> {
+    let usage = |end: &tower_pinned_window::outcome::ResponseHead<'_>| -> Option<u64> {
         end.headers().get("x-usage")?.to_str().ok()?.parse().ok()
     };
     let client = BudgetLayer::new(NAME, quota(1_000, 60_000))
@@ -857,7 +857,7 @@ async fn a_settle_frees_the_budget_on_another_instance<Bk: Spending>(
                     .unwrap_or(0)
             })
             .charge(
-                |end: &tower_pinned_window::cost::ResponseEnd<'_>| -> Option<u64> {
+                |end: &tower_pinned_window::outcome::ResponseHead<'_>| -> Option<u64> {
                     end.headers().get("x-usage")?.to_str().ok()?.parse().ok()
                 },
             )

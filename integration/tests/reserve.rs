@@ -26,8 +26,9 @@ use support::logs::Capture;
 
 use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::{Backend, MemoryBackend, Spending};
-use tower_pinned_window::cost::{Charged, Metered, ResponseEnd};
+use tower_pinned_window::cost::{Charged, Metered};
 use tower_pinned_window::key::{HeaderKey, Key, RequestHead};
+use tower_pinned_window::outcome::ResponseHead;
 use tower_pinned_window::response::DefaultDeny;
 use tower_pinned_window::{ConfigError, Decision, Quota, RateLimit, RateLimitLayer};
 use tracing_subscriber::filter::LevelFilter;
@@ -61,7 +62,7 @@ fn estimate(request: &RequestHead<'_>) -> u64 {
 
 /// The use: the answer's `x-usage-tokens`, `None` when absent or not a
 /// number.
-fn usage(end: &ResponseEnd<'_>) -> Option<u64> {
+fn usage(end: &ResponseHead<'_>) -> Option<u64> {
     number(end.headers(), "x-usage-tokens")
 }
 

@@ -12,7 +12,7 @@ use crate::budget::check::{built, layer_name};
 use crate::budget::failure::{Failure, FailurePolicy};
 use crate::budget::log::LogGate;
 use crate::budget::spend::{Cost, SpendPlan};
-use crate::cost::ResponseEnd;
+use crate::count::ResponseHead;
 use crate::error::ConfigError;
 use crate::key::{GlobalKey, KeyExtractor, RequestHead};
 use crate::quota::{Quota, Window};
@@ -168,8 +168,10 @@ impl<K, Bk> BudgetLayer<K, Bk> {
         self
     }
 
-    /// What an answer used, read when its body ends (the tokens an LLM
-    /// answer reports). Without [`reserve`](Self::reserve), it is added to
+    /// What an answer used, read from its
+    /// [`ResponseHead`](crate::outcome::ResponseHead) when its body ends (the
+    /// tokens an LLM answer reports, in a header, a trailer or the last
+    /// chunk). Without [`reserve`](Self::reserve), it is added to
     /// what the call spent; with it, it settles the reservation. `None`
     /// (the usage is absent or malformed) charges nothing, leaves what the
     /// call spent as it is, and is logged at most once every 5 s. The
@@ -177,10 +179,10 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// [`Metered`](crate::cost::Metered).
     pub fn charge<F, T>(mut self, usage: F) -> Self
     where
-        F: Fn(&ResponseEnd<'_>) -> T + Send + Sync + 'static,
+        F: Fn(&ResponseHead<'_>) -> T + Send + Sync + 'static,
         T: Into<Option<u64>>,
     {
-        self.settings.plan.charge = Some(Arc::new(move |end: &ResponseEnd<'_>| usage(end).into()));
+        self.settings.plan.charge = Some(Arc::new(move |end: &ResponseHead<'_>| usage(end).into()));
         self
     }
 

@@ -8,8 +8,9 @@
 //!   each in the window it was counted in;
 //! - [`reset_if`](crate::RateLimitLayer::reset_if) clears the key's counters
 //!   when the answer says so (a successful login);
-//! - a [`charge`](crate::RateLimitLayer::charge) adds the answer's cost when
-//!   its body ends, or settles the request's
+//! - a [`charge`](crate::RateLimitLayer::charge) adds the answer's cost,
+//!   read from the same [`ResponseHead`] once its body ends (its trailers,
+//!   its last chunk), or settles the request's
 //!   [`reserve`](crate::RateLimitLayer::reserve) to it ([`cost`](crate::cost)).
 //!
 //! A layer without any of them keeps nothing for the answer and allocates
@@ -33,7 +34,7 @@ use smallvec::SmallVec;
 use crate::backend::{Amend, Backend, Hit, Hits};
 use crate::budget::settle::{Amending, Wait, drop_at_end, finish};
 use crate::core::Core;
-use crate::cost::charge::{Meter, ResponseEnd};
+use crate::cost::charge::Meter;
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::policy::Policy;
@@ -265,7 +266,7 @@ where
     Bk: Backend,
     D: Send + Sync + 'static,
 {
-    fn end(self: Box<Self>, end: &ResponseEnd<'_>) {
+    fn end(self: Box<Self>, end: &ResponseHead<'_>) {
         let settings = &self.core.settings;
         let Some(plan) = &settings.spend else {
             return;
