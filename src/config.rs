@@ -61,7 +61,7 @@
 //!
 //! ```toml
 //! key = "global"                      # one budget for everyone
-//! key = "peer-ip"                     # the connection's peer address
+//! key = "peer-ip"                     # the connection's peer address (a client-ip that trusts no proxy)
 //! key = { peer-ip = { ipv6-prefix = 56 } }
 //! key = "client-ip"                   # the client address through trusted proxies:
 //! key = { client-ip = { trust = ["10.0.0.0/8", "loopback", "private"], header = "x-forwarded-for", ipv6-prefix = 64, max-hops = 16 } }
@@ -112,7 +112,7 @@ use crate::budget::failure::FailurePolicy;
 use crate::core::OnMissingKey;
 use crate::error::ConfigError;
 use crate::key::{
-    ClientIp, ForwardedHeader, GlobalKey, HeaderKey, Key, KeyError, KeyExtractor, PeerIp, RouteKey,
+    ClientIp, ForwardedHeader, GlobalKey, HeaderKey, Key, KeyError, KeyExtractor, RouteKey,
 };
 use crate::name::is_layer_name;
 use crate::policy::NamedQuota;
@@ -256,7 +256,6 @@ impl KeyExtractor for ConfigKey {
     fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         let key = match &self.kind {
             KeyKind::Global => GlobalKey.extract(request),
-            KeyKind::PeerIp(peer) => peer.extract(request),
             KeyKind::ClientIp(client) => client.extract(request),
             KeyKind::Header(header) => header.extract(request),
             KeyKind::Route => RouteKey.extract(request),
@@ -273,7 +272,6 @@ impl KeyExtractor for ConfigKey {
 #[derive(Debug, Clone)]
 enum KeyKind {
     Global,
-    PeerIp(PeerIp),
     ClientIp(ClientIp),
     Header(HeaderKey),
     Route,
@@ -363,11 +361,12 @@ impl KeySpec {
             Self::Global => KeyKind::Global,
             Self::Route => KeyKind::Route,
             Self::PeerIp(spec) => {
-                let mut peer = PeerIp::new();
+                // The peer: a client address that trusts no proxy.
+                let mut peer = ClientIp::new();
                 if let Some(bits) = spec.ipv6_prefix {
                     peer = peer.try_ipv6_prefix(bits)?;
                 }
-                KeyKind::PeerIp(peer)
+                KeyKind::ClientIp(peer)
             }
             Self::ClientIp(spec) => {
                 let mut client = ClientIp::new();

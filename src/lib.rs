@@ -41,22 +41,23 @@
 //!
 //! # A server
 //!
-//! Keyed by [`PeerIp`](key::PeerIp), the layer reads the peer address from
-//! axum's `ConnectInfo`, so the app is served with
+//! Keyed by [`ClientIp`](key::ClientIp), the layer reads the peer address
+//! from axum's `ConnectInfo`, so the app is served with
 //! `into_make_service_with_connect_info::<SocketAddr>()` (without it, every
 //! request is answered 500: the server is not set up for the extractor).
-//! Behind a proxy, key by [`ClientIp`](key::ClientIp) instead.
+//! Behind a proxy, [trust](key::ClientIp::trust) the proxy, and the client
+//! it forwarded is the key.
 //!
 //! ```
 //! use std::{net::SocketAddr, time::Duration};
 //! use axum::{Router, routing::get};
-//! use tower_pinned_window::{Quota, RateLimitLayer, key::PeerIp};
+//! use tower_pinned_window::{Quota, RateLimitLayer, key::ClientIp};
 //! # use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let limit = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60))?)
-//!     .key(PeerIp::new());
+//!     .key(ClientIp::new());
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(limit);
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -3,9 +3,9 @@
 //! A [`KeyExtractor`] reads a [`Key`] from each request's
 //! [`RequestHead`] (the request without its body). Built-ins: [`GlobalKey`]
 //! (one counter for everyone), [`HeaderKey`] (a header's value, such as an
-//! API key, or a gRPC metadata value), [`PeerIp`] (the connection's peer
-//! address), [`ClientIp`] (the client's address through the proxies you
-//! trust), and [`RouteKey`] (axum's matched route, or the gRPC method). A
+//! API key, or a gRPC metadata value), [`ClientIp`] (the connection's peer
+//! address, or the client's address through the proxies you trust), and
+//! [`RouteKey`] (axum's matched route, or the gRPC method). A
 //! tuple of extractors keys by all of them (client IP and route, say). Any
 //! `Fn(&RequestHead<'_>) -> Result<Key, KeyError>` is an extractor too; give
 //! a closure to [`RateLimitLayer::key_fn`](crate::RateLimitLayer::key_fn) and
@@ -47,11 +47,10 @@
 mod allowlist;
 mod client_ip;
 mod forwarded;
-mod peer_ip;
+mod ip;
 
 pub use allowlist::Allowlist;
 pub use client_ip::{ClientIp, ForwardedHeader};
-pub use peer_ip::PeerIp;
 
 /// The request as extractors read it, re-exported here where keys are
 /// made from it.
@@ -383,7 +382,7 @@ impl std::error::Error for KeyError {}
     message = "`{Self}` is not a rate-limit key extractor",
     label = "not a `KeyExtractor`",
     note = "pass a closure to `.key_fn(|req| ...)`: it infers the argument's type, which `.key(...)` cannot",
-    note = "or use a built-in extractor (`HeaderKey::new(\"x-api-key\")`, `ClientIp::new()`, `PeerIp::new()`, `RouteKey::new()`, `GlobalKey`), a tuple of two, or implement `KeyExtractor`"
+    note = "or use a built-in extractor (`HeaderKey::new(\"x-api-key\")`, `ClientIp::new()`, `RouteKey::new()`, `GlobalKey`), a tuple of two, or implement `KeyExtractor`"
 )]
 pub trait KeyExtractor {
     /// The request's key, or why there is none.
