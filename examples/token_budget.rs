@@ -46,7 +46,7 @@ use axum::{Json, Router};
 use serde_json::{Value, json};
 use tower_pinned_window::backend::{Backend, MemoryBackend};
 use tower_pinned_window::cost::BodyEstimate;
-use tower_pinned_window::key::{HeaderKey, Key};
+use tower_pinned_window::key::Key;
 use tower_pinned_window::outcome::ResponseHead;
 use tower_pinned_window::{Quota, RateLimitLayer};
 
@@ -121,7 +121,7 @@ pub fn app(backend: MemoryBackend, budget: Quota) -> Router {
 /// The app, spending tokens as `budgeting` says.
 pub fn app_with(backend: MemoryBackend, budget: Quota, budgeting: Budgeting) -> Router {
     let limit = RateLimitLayer::new(NAME, budget)
-        .key(HeaderKey::new(HeaderName::from_static("x-api-key")))
+        .key(HeaderName::from_static("x-api-key"))
         .backend(backend)
         .charge(tokens_used);
     let router = Router::new().route("/complete", post(complete));

@@ -104,6 +104,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
+use http::HeaderName;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
@@ -111,9 +112,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::failure::FailurePolicy;
 use crate::core::OnMissingKey;
 use crate::error::ConfigError;
-use crate::key::{
-    ClientIp, ForwardedHeader, GlobalKey, HeaderKey, Key, KeyError, KeyExtractor, RouteKey,
-};
+use crate::key::{ClientIp, ForwardedHeader, GlobalKey, Key, KeyError, KeyExtractor, RouteKey};
 use crate::name::is_layer_name;
 use crate::policy::NamedQuota;
 use crate::quota::Quota;
@@ -273,7 +272,7 @@ impl KeyExtractor for ConfigKey {
 enum KeyKind {
     Global,
     ClientIp(ClientIp),
-    Header(HeaderKey),
+    Header(HeaderName),
     Route,
 }
 
@@ -392,7 +391,10 @@ impl KeySpec {
                 }
                 KeyKind::ClientIp(client)
             }
-            Self::Header(name) => KeyKind::Header(HeaderKey::try_new(name)?),
+            Self::Header(name) => KeyKind::Header(
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| ConfigError::InvalidHeaderName(name.clone()))?,
+            ),
         })
     }
 }

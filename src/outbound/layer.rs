@@ -115,7 +115,7 @@ impl BudgetLayer {
 impl<K, Bk> BudgetLayer<K, Bk> {
     /// Charge each call to the key `key` reads from it (see
     /// [`crate::key`]), such as the provider's API key in a header:
-    /// [`HeaderKey`](crate::key::HeaderKey), or a closure. The default,
+    /// its [`HeaderName`](http::HeaderName), or a closure. The default,
     /// [`GlobalKey`], puts every call on one budget.
     pub fn key<K2: KeyExtractor>(self, key: K2) -> BudgetLayer<K2, Bk> {
         BudgetLayer {

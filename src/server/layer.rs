@@ -322,14 +322,14 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// use std::time::Duration;
     /// use axum::{Router, body::Body, http::{HeaderName, Request, StatusCode}, routing::get};
     /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, key::HeaderKey};
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
     /// let by_api_key = RateLimitLayer::new("api", quota)
-    ///     .key(HeaderKey::new(HeaderName::from_static("x-api-key")));
-    /// let status = |layer: RateLimitLayer<HeaderKey>| async move {
+    ///     .key(HeaderName::from_static("x-api-key"));
+    /// let status = |layer: RateLimitLayer<HeaderName>| async move {
     ///     let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
     ///     app.oneshot(Request::new(Body::empty())).await.unwrap().status()
     /// };

@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window::key::{ClientIp, HeaderKey};
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{Quota, RateLimitLayer, response::HeaderStyle};
 use tower_pinned_window_redis::RedisBackend;
 
@@ -62,9 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Quota::new(u64::MAX / 2, Duration::from_secs(60))?
             };
             let layer = RateLimitLayer::new("wrk", quota)
-                .key(HeaderKey::new(axum::http::HeaderName::from_static(
-                    "x-client",
-                )))
+                .key(axum::http::HeaderName::from_static("x-client"))
                 .backend(backend);
             app = match limit.as_str() {
                 "redis-cost" => app.route_layer(layer.cost(1)),
