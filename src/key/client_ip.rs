@@ -100,7 +100,10 @@ pub enum ForwardedHeader {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ClientIp {
-    trusted: Arc<[IpNet]>,
+    /// The trusted proxies' networks; `None` while none is trusted, so a
+    /// clone of the peer's extractor (axum clones a route's service for
+    /// each request) takes no count on a shared reference.
+    trusted: Option<Arc<[IpNet]>>,
     header: ForwardedHeader,
     /// The prefix IPv6 clients are grouped by.
     ipv6_prefix: u8,
@@ -110,7 +113,7 @@ pub struct ClientIp {
 impl Default for ClientIp {
     fn default() -> Self {
         Self {
-            trusted: Arc::new([]),
+            trusted: None,
             header: ForwardedHeader::default(),
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
             max_hops: 16,
@@ -137,9 +140,9 @@ impl ClientIp {
 
     /// Trust the proxies in `net`.
     fn trust_net(mut self, net: IpNet) -> Self {
-        let mut trusted = self.trusted.to_vec();
+        let mut trusted = self.trusted.as_deref().unwrap_or_default().to_vec();
         trusted.extend(canonical_nets(net));
-        self.trusted = trusted.into();
+        self.trusted = Some(trusted.into());
         self
     }
 
@@ -239,7 +242,9 @@ impl ClientIp {
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
-        self.trusted.iter().any(|net| net.contains(&ip))
+        self.trusted
+            .as_deref()
+            .is_some_and(|nets| nets.iter().any(|net| net.contains(&ip)))
     }
 
     /// The client's address for a request from `peer` with `headers`.
@@ -299,7 +304,7 @@ impl KeyExtractor for ClientIp {
     fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         let peer = peer(request)?;
         // Trusting no proxy, the peer is the client: nothing to walk.
-        if self.trusted.is_empty() {
+        if self.trusted.is_none() {
             return Ok(self.key_for(peer));
         }
         let ip = self.client_ip(peer, request.headers())?;
