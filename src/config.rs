@@ -112,7 +112,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::failure::FailurePolicy;
 use crate::core::OnMissingKey;
 use crate::error::ConfigError;
-use crate::key::{ClientIp, ForwardedHeader, GlobalKey, Key, KeyError, KeyExtractor, RouteKey};
+use crate::key::{ClientIp, ForwardedHeader, Key, KeyError, KeyExtractor, RouteKey};
 use crate::name::is_layer_name;
 use crate::policy::NamedQuota;
 use crate::quota::Quota;
@@ -254,7 +254,7 @@ struct ConfigKey {
 impl KeyExtractor for ConfigKey {
     fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         let key = match &self.kind {
-            KeyKind::Global => GlobalKey.extract(request),
+            KeyKind::Global => ().extract(request),
             KeyKind::ClientIp(client) => client.extract(request),
             KeyKind::Header(header) => header.extract(request),
             KeyKind::Route => RouteKey.extract(request),

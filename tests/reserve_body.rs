@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, MemoryBackend};
 use tower_pinned_window::cost::{BodyEstimate, Replay};
-use tower_pinned_window::key::{GlobalKey, Key};
+use tower_pinned_window::key::Key;
 use tower_pinned_window::outcome::ResponseHead;
 use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
 
@@ -396,7 +396,7 @@ fn reserving_from_the_body_follows_the_rules_of_reserve() {
     );
     // A later `reserve` replaces it: the layer reads the head again, and
     // builds a plain `RateLimit`.
-    let from_head: RateLimitLayer<GlobalKey, _, _, _> = layer()
+    let from_head: RateLimitLayer<(), _, _, _> = layer()
         .reserve_from_body(max_tokens())
         .reserve(|_| 1)
         .charge(used);

@@ -1,8 +1,8 @@
 //! Which counter a request is charged to.
 //!
 //! A [`KeyExtractor`] reads a [`Key`] from each request's
-//! [`RequestHead`] (the request without its body). Built-ins: [`GlobalKey`]
-//! (one counter for everyone), a header's [`HeaderName`] (its value, such as
+//! [`RequestHead`] (the request without its body). Built-ins: `()`, the
+//! default (keyed by nothing: one counter for everyone), a header's [`HeaderName`] (its value, such as
 //! an API key, or a gRPC metadata value: `HeaderName::from_static("x-api-key")`),
 //! [`ClientIp`] (the connection's peer
 //! address, or the client's address through the proxies you trust), and
@@ -381,7 +381,7 @@ impl std::error::Error for KeyError {}
     message = "`{Self}` is not a rate-limit key extractor",
     label = "not a `KeyExtractor`",
     note = "pass a closure to `.key_fn(|req| ...)`: it infers the argument's type, which `.key(...)` cannot",
-    note = "or use a built-in extractor (`HeaderName::from_static(\"x-api-key\")`, `ClientIp::new()`, `RouteKey::new()`, `GlobalKey`), a tuple of two, or implement `KeyExtractor`"
+    note = "or use a built-in extractor (`HeaderName::from_static(\"x-api-key\")`, `ClientIp::new()`, `RouteKey::new()`, `()` for one budget), a tuple of two, or implement `KeyExtractor`"
 )]
 pub trait KeyExtractor {
     /// The request's key, or why there is none.
@@ -397,24 +397,23 @@ where
     }
 }
 
-/// One key for every request: the whole service shares one budget.
+/// Keyed by nothing, the unit `()`: one key for every request, so the
+/// whole service shares one budget. The layers' default; as a pair keys by
+/// both of its parts, the empty tuple keys by none.
 ///
 /// ```
 /// use http::Request;
 /// use tower_pinned_window::key::RequestHead;
-/// use tower_pinned_window::key::{GlobalKey, KeyExtractor};
+/// use tower_pinned_window::key::KeyExtractor;
 ///
 /// let alice = Request::get("/a").header("x-user", "alice").body(()).unwrap();
 /// let bob = Request::get("/b").header("x-user", "bob").body(()).unwrap();
 /// assert_eq!(
-///     GlobalKey.extract(&RequestHead::new(&alice)),
-///     GlobalKey.extract(&RequestHead::new(&bob)),
+///     ().extract(&RequestHead::new(&alice)),
+///     ().extract(&RequestHead::new(&bob)),
 /// );
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GlobalKey;
-
-impl KeyExtractor for GlobalKey {
+impl KeyExtractor for () {
     #[inline]
     fn extract(&self, _request: &RequestHead<'_>) -> Result<Key, KeyError> {
         Ok(Key::new("*"))
@@ -583,7 +582,7 @@ mod tests {
         assert_eq!(pair("1.2.3.4", "/login"), Key::new("7:1.2.3.4/login"));
         assert_ne!(pair("a:b", "c"), pair("a", ":bc"));
         assert_ne!(pair("ab", "c"), pair("a", "bc"));
-        let missing = (GlobalKey, HeaderName::from_static("x-k"));
+        let missing = ((), HeaderName::from_static("x-k"));
         assert!(matches!(
             extract(&missing, &Request::new(())),
             Err(KeyError::Missing(_))

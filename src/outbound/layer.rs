@@ -14,7 +14,7 @@ use crate::budget::log::LogGate;
 use crate::budget::spend::{Cost, SpendPlan};
 use crate::count::ResponseHead;
 use crate::error::ConfigError;
-use crate::key::{GlobalKey, KeyExtractor, RequestHead};
+use crate::key::{KeyExtractor, RequestHead};
 use crate::quota::{Quota, Window};
 use crate::timeout::DEFAULT_TIMEOUT;
 
@@ -48,7 +48,7 @@ pub const DEFAULT_MARGIN: Duration = Duration::from_millis(20);
 /// Its clones share one set of waiting lines: build it once per budget in a
 /// process, and clone it.
 #[derive(Clone)]
-pub struct BudgetLayer<K = GlobalKey, Bk = MemoryBackend> {
+pub struct BudgetLayer<K = (), Bk = MemoryBackend> {
     key: K,
     backend: Bk,
     settings: Settings,
@@ -94,7 +94,7 @@ impl BudgetLayer {
     pub fn try_new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
         let name = layer_name(name.into())?;
         Ok(Self {
-            key: GlobalKey,
+            key: (),
             backend: MemoryBackend::new(),
             settings: Settings {
                 name,
@@ -116,7 +116,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// Charge each call to the key `key` reads from it (see
     /// [`crate::key`]), such as the provider's API key in a header:
     /// its [`HeaderName`](http::HeaderName), or a closure. The default,
-    /// [`GlobalKey`], puts every call on one budget.
+    /// `()` (keyed by nothing), puts every call on one budget.
     pub fn key<K2: KeyExtractor>(self, key: K2) -> BudgetLayer<K2, Bk> {
         BudgetLayer {
             key,

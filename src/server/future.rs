@@ -516,9 +516,7 @@ mod tests {
     }
 
     /// The state a passed request's future is in while the service works.
-    async fn state_while_serving<Bk: Backend>(
-        layer: RateLimitLayer<crate::key::GlobalKey, Bk>,
-    ) -> String {
+    async fn state_while_serving<Bk: Backend>(layer: RateLimitLayer<(), Bk>) -> String {
         // A service that never answers: the future stays where the verdict
         // put it.
         let hangs = service_fn(|_request: Request<String>| {
@@ -575,7 +573,7 @@ mod tests {
     /// with, behind `layer` on a backend that answers at once or later:
     /// the decision the service saw, and the one its answer carries.
     async fn carried<Bk: Backend>(
-        layer: RateLimitLayer<crate::key::GlobalKey, Bk>,
+        layer: RateLimitLayer<(), Bk>,
         ask: bool,
     ) -> (Option<u64>, Option<u64>) {
         let reports = service_fn(|request: Request<String>| async move {
@@ -689,7 +687,7 @@ mod tests {
     /// The statuses, insured marks, counts and limits of `n` requests
     /// through `layer`.
     async fn answers<M: Counts<Out, String, Body = String>>(
-        layer: RateLimitLayer<crate::key::GlobalKey, Out, crate::response::DefaultDeny, M>,
+        layer: RateLimitLayer<(), Out, crate::response::DefaultDeny, M>,
         n: usize,
     ) -> Vec<(u16, Option<(bool, u64, u64)>)> {
         let service = layer

@@ -17,7 +17,7 @@ use crate::cost::{Charged, Mode, Plain};
 use crate::count::ResponseHead;
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
-use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
+use crate::key::{Allowlist, Key, KeyError, KeyExtractor};
 use crate::policy::{NamedQuota, Policies};
 use crate::quota::{Quota, Window};
 use crate::request::RequestHead;
@@ -93,13 +93,7 @@ use crate::timeout::DEFAULT_TIMEOUT;
 /// [`check`](Self::check)): settings that depend on each other are checked
 /// there, once, whatever the order they were set in.
 #[must_use]
-pub struct RateLimitLayer<
-    K = GlobalKey,
-    Bk = MemoryBackend,
-    D = DefaultDeny,
-    M = Plain,
-    R = FromHead,
-> {
+pub struct RateLimitLayer<K = (), Bk = MemoryBackend, D = DefaultDeny, M = Plain, R = FromHead> {
     key: K,
     core: Core<Bk, D>,
     mode: PhantomData<fn() -> M>,
@@ -132,7 +126,7 @@ impl RateLimitLayer {
         let name = layer_name(name.into())?;
         let policies = Policies::new(name.clone(), quota, HeaderStyle::default());
         Ok(Self {
-            key: GlobalKey,
+            key: (),
             core: Core::new(
                 MemoryBackend::new(),
                 DefaultDeny,
