@@ -22,7 +22,7 @@ use axum::http::StatusCode;
 use axum::routing::post;
 use axum::{Json, Router};
 use tower_pinned_window::backend::MemoryBackend;
-use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{Quota, RateLimitLayer, Window};
 
 /// How long an address is locked out once it has failed too often.
@@ -32,7 +32,7 @@ pub const LOCKOUT: Duration = Duration::from_secs(60 * 60);
 pub fn app(backend: MemoryBackend) -> Router {
     let failed_logins = Quota::new(5, Duration::from_secs(15 * 60)).expect("a valid quota");
     let limit = RateLimitLayer::new("login", failed_logins)
-        .key(PeerIp::new())
+        .key(ClientIp::new())
         .count_if(|res| res.is_auth_failure()) // only 401 and 403 count
         .backend(backend)
         .block_for(Window::new(LOCKOUT).expect("an hour is a window")); // the 6th attempt locks the address out

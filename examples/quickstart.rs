@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
 
 #[tokio::main]
@@ -35,7 +35,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("{err}");
         std::process::exit(2);
     });
-    let limit = RateLimitLayer::new("quickstart", quota).key(PeerIp::new());
+    let limit = RateLimitLayer::new("quickstart", quota).key(ClientIp::new());
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route_layer(limit)

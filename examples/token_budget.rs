@@ -45,8 +45,9 @@ use axum::routing::post;
 use axum::{Json, Router};
 use serde_json::{Value, json};
 use tower_pinned_window::backend::{Backend, MemoryBackend};
-use tower_pinned_window::cost::{BodyEstimate, ResponseEnd};
-use tower_pinned_window::key::{HeaderKey, Key};
+use tower_pinned_window::cost::BodyEstimate;
+use tower_pinned_window::key::Key;
+use tower_pinned_window::outcome::ResponseHead;
 use tower_pinned_window::{Quota, RateLimitLayer};
 
 /// The layer's name: the namespace of its counters.
@@ -107,7 +108,7 @@ fn estimate() -> BodyEstimate {
 /// The tokens an answer used, from its `x-usage-tokens` header; `None`
 /// when it has none or it is not a number (nothing is charged, and a
 /// reservation stays spent).
-pub fn tokens_used(end: &ResponseEnd<'_>) -> Option<u64> {
+pub fn tokens_used(end: &ResponseHead<'_>) -> Option<u64> {
     end.headers().get(USAGE)?.to_str().ok()?.parse().ok()
 }
 
@@ -120,7 +121,7 @@ pub fn app(backend: MemoryBackend, budget: Quota) -> Router {
 /// The app, spending tokens as `budgeting` says.
 pub fn app_with(backend: MemoryBackend, budget: Quota, budgeting: Budgeting) -> Router {
     let limit = RateLimitLayer::new(NAME, budget)
-        .key(HeaderKey::new(HeaderName::from_static("x-api-key")))
+        .key(HeaderName::from_static("x-api-key"))
         .backend(backend)
         .charge(tokens_used);
     let router = Router::new().route("/complete", post(complete));

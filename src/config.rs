@@ -61,7 +61,7 @@
 //!
 //! ```toml
 //! key = "global"                      # one budget for everyone
-//! key = "peer-ip"                     # the connection's peer address
+//! key = "peer-ip"                     # the connection's peer address (a client-ip that trusts no proxy)
 //! key = { peer-ip = { ipv6-prefix = 56 } }
 //! key = "client-ip"                   # the client address through trusted proxies:
 //! key = { client-ip = { trust = ["10.0.0.0/8", "loopback", "private"], header = "x-forwarded-for", ipv6-prefix = 64, max-hops = 16 } }
@@ -104,6 +104,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 use std::sync::Arc;
 
+use http::HeaderName;
 use serde::de::{self, Deserializer, IgnoredAny, MapAccess, Visitor};
 use serde::ser::{SerializeMap, Serializer};
 use serde::{Deserialize, Serialize};
@@ -111,9 +112,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::failure::FailurePolicy;
 use crate::core::OnMissingKey;
 use crate::error::ConfigError;
-use crate::key::{
-    ClientIp, ForwardedHeader, GlobalKey, HeaderKey, Key, KeyError, KeyExtractor, PeerIp, RouteKey,
-};
+use crate::key::{ClientIp, ForwardedHeader, Key, KeyError, KeyExtractor, RouteKey};
 use crate::name::is_layer_name;
 use crate::policy::NamedQuota;
 use crate::quota::Quota;
@@ -255,8 +254,7 @@ struct ConfigKey {
 impl KeyExtractor for ConfigKey {
     fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
         let key = match &self.kind {
-            KeyKind::Global => GlobalKey.extract(request),
-            KeyKind::PeerIp(peer) => peer.extract(request),
+            KeyKind::Global => ().extract(request),
             KeyKind::ClientIp(client) => client.extract(request),
             KeyKind::Header(header) => header.extract(request),
             KeyKind::Route => RouteKey.extract(request),
@@ -273,9 +271,8 @@ impl KeyExtractor for ConfigKey {
 #[derive(Debug, Clone)]
 enum KeyKind {
     Global,
-    PeerIp(PeerIp),
     ClientIp(ClientIp),
-    Header(HeaderKey),
+    Header(HeaderName),
     Route,
 }
 
@@ -363,11 +360,12 @@ impl KeySpec {
             Self::Global => KeyKind::Global,
             Self::Route => KeyKind::Route,
             Self::PeerIp(spec) => {
-                let mut peer = PeerIp::new();
+                // The peer: a client address that trusts no proxy.
+                let mut peer = ClientIp::new();
                 if let Some(bits) = spec.ipv6_prefix {
                     peer = peer.try_ipv6_prefix(bits)?;
                 }
-                KeyKind::PeerIp(peer)
+                KeyKind::ClientIp(peer)
             }
             Self::ClientIp(spec) => {
                 let mut client = ClientIp::new();
@@ -393,7 +391,10 @@ impl KeySpec {
                 }
                 KeyKind::ClientIp(client)
             }
-            Self::Header(name) => KeyKind::Header(HeaderKey::try_new(name)?),
+            Self::Header(name) => KeyKind::Header(
+                HeaderName::from_bytes(name.as_bytes())
+                    .map_err(|_| ConfigError::InvalidHeaderName(name.clone()))?,
+            ),
         })
     }
 }

@@ -1,9 +1,11 @@
-//! Which answers count: the body-free view of a response that
-//! [`count_if`](crate::RateLimitLayer::count_if) reads once the service has
-//! answered, and the usual choices
+//! Which answers count: the view of a response that
+//! [`count_if`](crate::RateLimitLayer::count_if) and
+//! [`reset_if`](crate::RateLimitLayer::reset_if) read once the service has
+//! answered, and a [`charge`](crate::RateLimitLayer::charge) once the
+//! answer's body has ended ([`ResponseHead`]); and the usual choices
 //! ([`ResponseHead::is_failure`] and its siblings).
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use http::{Extensions, HeaderMap, Response, StatusCode};
 
@@ -12,9 +14,20 @@ use crate::request::is_grpc;
 /// Decides, from the service's answer, whether a passed request's hit counts.
 pub(crate) type CountIf = Arc<dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync>;
 
-/// The parts of a response that [`count_if`](crate::RateLimitLayer::count_if)
-/// reads: everything but the body, as the service answered (before this
-/// layer adds its own headers).
+/// The service's answer, as this layer's closures read it: its status,
+/// headers and extensions, as the service answered (before this layer adds
+/// its own headers), and, once its body has ended, what the end showed.
+///
+/// - [`count_if`](crate::RateLimitLayer::count_if) and
+///   [`reset_if`](crate::RateLimitLayer::reset_if) read it at the head,
+///   before the body: it has no [trailers](Self::trailers) nor
+///   [last chunk](Self::last_chunk) then.
+/// - A [`charge`](crate::RateLimitLayer::charge) (and
+///   [`BudgetLayer::charge`](crate::outbound::BudgetLayer::charge)) reads it
+///   once the body has ended: with the trailers, the last data frame, and
+///   whether the body was [complete](Self::complete). The body keeps only
+///   the status and headers for it, so its
+///   [extensions](Self::extensions) are empty then.
 ///
 /// # Example
 ///
@@ -36,11 +49,40 @@ pub(crate) type CountIf = Arc<dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync>;
 ///     .unwrap();
 /// assert_eq!(ResponseHead::new(&failed).grpc_status(), Some(16));
 /// ```
+///
+/// What a charge reads, once the body has ended (how a test builds it):
+///
+/// ```
+/// use http::{HeaderMap, Response};
+/// use tower_pinned_window::outcome::ResponseHead;
+///
+/// let response = Response::builder().header("x-usage-tokens", "42").body(()).unwrap();
+/// let end = ResponseHead::new(&response);
+/// let tokens = |end: &ResponseHead| -> u64 {
+///     let header = end.trailers().and_then(|t| t.get("x-usage-tokens"));
+///     let header = header.or_else(|| end.headers().get("x-usage-tokens"));
+///     header.and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0)
+/// };
+/// assert_eq!(tokens(&end), 42);
+/// assert!(end.complete() && end.last_chunk().is_none());
+///
+/// let mut trailers = HeaderMap::new();
+/// trailers.insert("x-usage-tokens", "7".parse().unwrap());
+/// let streamed = ResponseHead::new(&response)
+///     .with_trailers(&trailers)
+///     .with_last_chunk(b"data: {\"usage\": 7}\n\n");
+/// assert_eq!(tokens(&streamed), 7);
+/// assert_eq!(streamed.last_chunk(), Some(&b"data: {\"usage\": 7}\n\n"[..]));
+/// ```
 #[derive(Debug, Clone, Copy)]
 pub struct ResponseHead<'a> {
     status: StatusCode,
     headers: &'a HeaderMap,
-    extensions: &'a Extensions,
+    /// `None` at the body's end: the metered body does not keep them.
+    extensions: Option<&'a Extensions>,
+    trailers: Option<&'a HeaderMap>,
+    last_chunk: Option<&'a [u8]>,
+    complete: bool,
 }
 
 impl<'a> ResponseHead<'a> {
@@ -51,7 +93,10 @@ impl<'a> ResponseHead<'a> {
         Self {
             status: response.status(),
             headers: response.headers(),
-            extensions: response.extensions(),
+            extensions: Some(response.extensions()),
+            trailers: None,
+            last_chunk: None,
+            complete: true,
         }
     }
 
@@ -72,8 +117,60 @@ impl<'a> ResponseHead<'a> {
         Self {
             status: parts.status,
             headers: &parts.headers,
-            extensions: &parts.extensions,
+            extensions: Some(&parts.extensions),
+            trailers: None,
+            last_chunk: None,
+            complete: true,
         }
+    }
+
+    /// The view of a response with `status` and `headers` whose body has
+    /// ended with `trailers` and `last_chunk`, `complete` or cut short:
+    /// what a metered body hands its charge.
+    #[inline]
+    pub(crate) fn ended(
+        status: StatusCode,
+        headers: &'a HeaderMap,
+        trailers: Option<&'a HeaderMap>,
+        last_chunk: Option<&'a [u8]>,
+        complete: bool,
+    ) -> Self {
+        Self {
+            status,
+            headers,
+            extensions: None,
+            trailers,
+            last_chunk,
+            complete,
+        }
+    }
+
+    /// With `trailers`, as the end of a body that sent them. See the
+    /// [example](ResponseHead#example).
+    pub fn with_trailers(mut self, trailers: &'a HeaderMap) -> Self {
+        self.trailers = Some(trailers);
+        self
+    }
+
+    /// With `chunk` as the body's last data frame. See the
+    /// [example](ResponseHead#example).
+    pub fn with_last_chunk(mut self, chunk: &'a [u8]) -> Self {
+        self.last_chunk = Some(chunk);
+        self
+    }
+
+    /// Marked as a body that did not reach its end (see
+    /// [`complete`](Self::complete)).
+    ///
+    /// ```
+    /// # use http::Response;
+    /// # use tower_pinned_window::outcome::ResponseHead;
+    /// let response = Response::new(());
+    /// assert!(!ResponseHead::new(&response).cut_short().complete());
+    /// ```
+    pub fn cut_short(mut self) -> Self {
+        self.complete = false;
+        self
     }
 
     /// The HTTP status (`200` for every gRPC answer: see
@@ -84,35 +181,76 @@ impl<'a> ResponseHead<'a> {
         self.status
     }
 
-    /// The headers.
+    /// The headers, as the service answered.
     ///
     /// See the [example](ResponseHead#example).
     pub fn headers(&self) -> &'a HeaderMap {
         self.headers
     }
 
-    /// The extensions the service attached. See the
+    /// The extensions the service attached, at the head. Empty at the
+    /// body's end (what a [`charge`](crate::RateLimitLayer::charge) reads):
+    /// the body keeps only the status and headers. See the
     /// [example](Self::from_parts).
     pub fn extensions(&self) -> &'a Extensions {
-        self.extensions
+        static NONE: OnceLock<Extensions> = OnceLock::new();
+        match self.extensions {
+            Some(extensions) => extensions,
+            None => NONE.get_or_init(Extensions::new),
+        }
     }
 
-    /// The gRPC status code in the response's head (`grpc-status`: 0 for
-    /// OK, 16 for UNAUTHENTICATED, ...), when the answer is gRPC and carries
-    /// one there.
+    /// The body's trailers, once it has ended and if it sent any (a gRPC
+    /// answer's `grpc-status`, a usage count sent after the stream); `None`
+    /// at the head. See the [example](ResponseHead#example).
+    pub fn trailers(&self) -> Option<&'a HeaderMap> {
+        self.trailers
+    }
+
+    /// The body's last data frame, once it has ended and if it had any:
+    /// for a body whose frames are `Bytes` (axum's, hyper's, tonic's), the
+    /// whole frame; for other buffers, the frame's first contiguous part.
+    /// `None` at the head. See the [example](ResponseHead#example).
+    pub fn last_chunk(&self) -> Option<&'a [u8]> {
+        self.last_chunk
+    }
+
+    /// Whether the body reached its end: `false` when it was dropped
+    /// before (the client went away mid-stream) or failed. A charge is
+    /// still taken (or a reservation settled) with what was sent by then,
+    /// since the service did the work; a charge that should not count then
+    /// can answer 0. `true` at the head, whose body is not read.
+    pub fn complete(&self) -> bool {
+        self.complete
+    }
+
+    /// The gRPC status code (`grpc-status`: 0 for OK, 16 for
+    /// UNAUTHENTICATED, ...), when the answer is gRPC and carries one: in
+    /// the trailers once the body has ended, or in the head.
     ///
     /// A gRPC call that fails before its first message is answered
     /// "trailers-only", with its status in the head; tonic answers a unary
     /// handler's `Err(Status)` that way. A call that sends messages puts its
-    /// status in the trailers, after the body, which this layer does not
-    /// wait for: its head has none, and this is `None`.
+    /// status in the trailers, after the body: at the head
+    /// ([`count_if`](crate::RateLimitLayer::count_if),
+    /// [`reset_if`](crate::RateLimitLayer::reset_if), which do not wait for
+    /// the body) it has none, and this is `None`; at the body's end (a
+    /// [`charge`](crate::RateLimitLayer::charge)) it is read from the
+    /// trailers.
     ///
     /// See the [example](ResponseHead#example).
     pub fn grpc_status(&self) -> Option<i32> {
         if !is_grpc(self.headers) {
             return None;
         }
-        let value = self.headers.get("grpc-status")?.to_str().ok()?;
+        let value = match self
+            .trailers
+            .and_then(|trailers| trailers.get("grpc-status"))
+        {
+            Some(value) => value,
+            None => self.headers.get("grpc-status")?,
+        };
+        let value = value.to_str().ok()?;
         if value.is_empty() || value.len() > 2 || !value.bytes().all(|b| b.is_ascii_digit()) {
             return None;
         }
@@ -120,14 +258,13 @@ impl<'a> ResponseHead<'a> {
     }
 
     /// Whether the answer is a failure: an HTTP status of 400 or more, or a
-    /// gRPC error in the head (any `grpc-status` but 0). "Five failed logins
-    /// a minute"; what express-rate-limit calls `skipSuccessfulRequests`:
+    /// gRPC error (any `grpc-status` but 0). "Five failed logins a minute";
+    /// what express-rate-limit calls `skipSuccessfulRequests`:
     /// `count_if(|res| res.is_failure())`.
     ///
     /// Like each of the usual choices below, it reads the HTTP status and,
-    /// for a gRPC answer, the `grpc-status` in its head (see
-    /// [`grpc_status`](Self::grpc_status): a status sent in the trailers is
-    /// not seen).
+    /// for a gRPC answer, its [`grpc_status`](Self::grpc_status): at the
+    /// head, a status the call sends in its trailers is not seen.
     ///
     /// ```
     /// use http::Response;
@@ -168,14 +305,14 @@ impl<'a> ResponseHead<'a> {
     }
 
     /// Whether the answer is a success: an HTTP status from 200 to 299 and
-    /// no gRPC error in the head. "Ten accounts created an hour";
+    /// no gRPC error. "Ten accounts created an hour";
     /// express-rate-limit's `skipFailedRequests`. Redirects (3xx) are not
     /// successes. See the [example](Self::is_failure).
     pub fn is_success(&self) -> bool {
         self.status.is_success() && self.grpc_error().is_none()
     }
 
-    /// A gRPC error in the head: a status other than OK.
+    /// A gRPC error: a status other than OK.
     fn grpc_error(&self) -> Option<i32> {
         self.grpc_status().filter(|&code| code != 0)
     }
@@ -220,6 +357,48 @@ mod tests {
             None,
             "not a gRPC answer"
         );
+    }
+
+    #[test]
+    fn at_the_bodys_end_the_grpc_status_is_read_from_the_trailers() {
+        let streamed = grpc(None);
+        let mut trailers = HeaderMap::new();
+        trailers.insert("grpc-status", "16".parse().unwrap());
+        let head = ResponseHead::new(&streamed);
+        assert_eq!(head.grpc_status(), None, "at the head: not sent yet");
+        let end = head.with_trailers(&trailers);
+        assert_eq!(end.grpc_status(), Some(16), "at the end");
+        assert!(end.is_auth_failure() && end.is_failure() && !end.is_success());
+        let failed = grpc(Some("7"));
+        assert_eq!(
+            ResponseHead::new(&failed)
+                .with_trailers(&HeaderMap::new())
+                .grpc_status(),
+            Some(7),
+            "trailers-only: the head's"
+        );
+        let plain = http(200);
+        assert_eq!(
+            ResponseHead::new(&plain)
+                .with_trailers(&trailers)
+                .grpc_status(),
+            None,
+            "not a gRPC answer"
+        );
+    }
+
+    #[test]
+    fn a_metered_bodys_end_has_no_extensions() {
+        let headers = HeaderMap::new();
+        let end = ResponseHead::ended(StatusCode::OK, &headers, None, Some(b"last"), false);
+        assert!(end.extensions().is_empty());
+        assert_eq!(end.last_chunk(), Some(&b"last"[..]));
+        assert!(!end.complete() && end.trailers().is_none());
+        let mut response = http(200);
+        response.extensions_mut().insert(7u8);
+        let head = ResponseHead::new(&response);
+        assert_eq!(head.extensions().get::<u8>(), Some(&7));
+        assert!(head.complete() && head.last_chunk().is_none() && head.trailers().is_none());
     }
 
     #[test]

@@ -71,29 +71,29 @@ pub enum ConfigError {
     ZeroCleanInterval,
     /// A rate string that is not a quota or a window (`"0/min"`,
     /// `"10/5y"`): what [`Quota`](crate::Quota) and
-    /// [`Window`](crate::Window) parsing returns. Its message names all
-    /// three fields.
+    /// [`Window`](crate::Window) parsing returns. Its message is
+    /// `invalid rate "<input>": <reason>`.
     ///
     /// ```
-    /// use tower_pinned_window::{ConfigError, Quota, RateErrorKind};
+    /// use tower_pinned_window::{ConfigError, Quota};
     ///
     /// fn from_config(rate: &str) -> Result<Quota, ConfigError> {
     ///     Ok(rate.parse::<Quota>()?)
     /// }
     ///
     /// let err = "10/5y".parse::<Quota>().unwrap_err();
-    /// let ConfigError::InvalidRate { input, kind, part } = &err else { unreachable!() };
-    /// assert_eq!((input.as_str(), *kind, part.as_str()), ("10/5y", RateErrorKind::UnknownUnit, "y"));
+    /// let ConfigError::InvalidRate { input, reason } = &err else { unreachable!() };
+    /// assert_eq!(input, "10/5y");
+    /// assert_eq!(reason, "unknown unit \"y\" (use ms, s, m or min, h, d)");
     /// assert_eq!(err.to_string(), "invalid rate \"10/5y\": unknown unit \"y\" (use ms, s, m or min, h, d)");
     /// assert_eq!(from_config("10/5y"), Err(err));
     /// ```
     InvalidRate {
         /// The text that was parsed.
         input: String,
-        /// What was wrong.
-        kind: RateErrorKind,
-        /// The part of `input` that was wrong (empty when the whole was).
-        part: String,
+        /// What was wrong, naming the part of `input` that was: `the
+        /// window "0s" is zero; ...`, `unknown unit "y" ...`.
+        reason: String,
     },
     /// A header name that is not a valid HTTP header name.
     InvalidHeaderName(String),
@@ -155,12 +155,12 @@ pub enum ConfigError {
 }
 
 impl ConfigError {
-    /// The error on the rate string `input`: `kind` was wrong with `part`.
-    pub(crate) fn invalid_rate(input: &str, kind: RateErrorKind, part: &str) -> Self {
+    /// The error on the rate string `input`: `problem` was wrong with
+    /// `part`.
+    pub(crate) fn invalid_rate(input: &str, problem: RateProblem, part: &str) -> Self {
         Self::InvalidRate {
             input: input.to_owned(),
-            kind,
-            part: part.to_owned(),
+            reason: problem.reason(part),
         }
     }
 }
@@ -207,7 +207,7 @@ impl fmt::Display for ConfigError {
             Self::ZeroCleanInterval => {
                 f.write_str("the cleaner's interval must be longer than zero")
             }
-            Self::InvalidRate { input, kind, part } => fmt_rate(f, input, *kind, part),
+            Self::InvalidRate { input, reason } => write!(f, "invalid rate {input:?}: {reason}"),
             Self::InvalidHeaderName(name) => {
                 write!(f, "{name:?} is not a valid HTTP header name")
             }
@@ -262,11 +262,10 @@ impl fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
-/// What was wrong with a rate string: the `kind` of
-/// [`ConfigError::InvalidRate`], whose example matches on it.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum RateErrorKind {
+/// What was wrong with a rate string, which
+/// [`ConfigError::InvalidRate`]'s `reason` says in words.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum RateProblem {
     /// Nothing but whitespace.
     Empty,
     /// No `/` or ` per ` between the limit and the window (`"abc"`).
@@ -296,56 +295,39 @@ pub enum RateErrorKind {
     WindowTooLong,
 }
 
-/// The message of [`ConfigError::InvalidRate`]: the input, what was wrong
-/// and with which part.
-fn fmt_rate(
-    f: &mut fmt::Formatter<'_>,
-    input: &str,
-    kind: RateErrorKind,
-    part: &str,
-) -> fmt::Result {
-    const UNITS: &str = "ms, s, m or min, h, d";
-    const FORM: &str = "write LIMIT/WINDOW, such as \"100/min\" or \"5 per 15m\"";
-    write!(f, "invalid rate {input:?}: ")?;
-    match kind {
-        RateErrorKind::Empty => write!(f, "it is empty; {FORM}"),
-        RateErrorKind::NoSeparator => write!(
-            f,
-            "no \"/\" or \" per \" between the limit and the window; {FORM}"
-        ),
-        RateErrorKind::InvalidLimit => {
-            write!(f, "the limit {part:?} is not a whole number")
+impl RateProblem {
+    /// The reason of [`ConfigError::InvalidRate`]: what was wrong, with
+    /// `part` (the part of the input that was; empty when the whole was).
+    fn reason(self, part: &str) -> String {
+        const UNITS: &str = "ms, s, m or min, h, d";
+        const FORM: &str = "write LIMIT/WINDOW, such as \"100/min\" or \"5 per 15m\"";
+        match self {
+            Self::Empty => format!("it is empty; {FORM}"),
+            Self::NoSeparator => {
+                format!("no \"/\" or \" per \" between the limit and the window; {FORM}")
+            }
+            Self::InvalidLimit => format!("the limit {part:?} is not a whole number"),
+            Self::NegativeLimit => format!("the limit {part} is negative; it must be at least 1"),
+            Self::ZeroLimit => {
+                "the limit is 0; a quota admits at least 1 request per window".to_owned()
+            }
+            Self::LimitTooLarge => format!("the limit {part} is larger than {}", u64::MAX),
+            Self::MissingWindow => format!("the window is missing; {FORM}"),
+            Self::InvalidWindow => format!(
+                "the window {part:?} is not a whole number and a unit, such as \"15m\" or \"1500ms\""
+            ),
+            Self::MissingUnit => format!("the window {part:?} has no unit ({UNITS})"),
+            Self::UnknownUnit => format!("unknown unit {part:?} (use {UNITS})"),
+            Self::NegativeWindow => {
+                format!("the window {part:?} is negative; it must be longer than zero")
+            }
+            Self::ZeroWindow => format!(
+                "the window {part:?} is zero; it must be longer than zero (it is never read as \"no expiry\")"
+            ),
+            Self::WindowTooLong => {
+                format!("the window {part:?} is longer than {MAX_WINDOW} (Window::MAX, 100 years)")
+            }
         }
-        RateErrorKind::NegativeLimit => {
-            write!(f, "the limit {part} is negative; it must be at least 1")
-        }
-        RateErrorKind::ZeroLimit => {
-            f.write_str("the limit is 0; a quota admits at least 1 request per window")
-        }
-        RateErrorKind::LimitTooLarge => {
-            write!(f, "the limit {part} is larger than {}", u64::MAX)
-        }
-        RateErrorKind::MissingWindow => write!(f, "the window is missing; {FORM}"),
-        RateErrorKind::InvalidWindow => write!(
-            f,
-            "the window {part:?} is not a whole number and a unit, such as \"15m\" or \"1500ms\""
-        ),
-        RateErrorKind::MissingUnit => {
-            write!(f, "the window {part:?} has no unit ({UNITS})")
-        }
-        RateErrorKind::UnknownUnit => write!(f, "unknown unit {part:?} (use {UNITS})"),
-        RateErrorKind::NegativeWindow => write!(
-            f,
-            "the window {part:?} is negative; it must be longer than zero"
-        ),
-        RateErrorKind::ZeroWindow => write!(
-            f,
-            "the window {part:?} is zero; it must be longer than zero (it is never read as \"no expiry\")"
-        ),
-        RateErrorKind::WindowTooLong => write!(
-            f,
-            "the window {part:?} is longer than {MAX_WINDOW} (Window::MAX, 100 years)"
-        ),
     }
 }
 

@@ -41,22 +41,23 @@
 //!
 //! # A server
 //!
-//! Keyed by [`PeerIp`](key::PeerIp), the layer reads the peer address from
-//! axum's `ConnectInfo`, so the app is served with
+//! Keyed by [`ClientIp`](key::ClientIp), the layer reads the peer address
+//! from axum's `ConnectInfo`, so the app is served with
 //! `into_make_service_with_connect_info::<SocketAddr>()` (without it, every
 //! request is answered 500: the server is not set up for the extractor).
-//! Behind a proxy, key by [`ClientIp`](key::ClientIp) instead.
+//! Behind a proxy, [trust](key::ClientIp::trust) the proxy, and the client
+//! it forwarded is the key.
 //!
 //! ```
 //! use std::{net::SocketAddr, time::Duration};
 //! use axum::{Router, routing::get};
-//! use tower_pinned_window::{Quota, RateLimitLayer, key::PeerIp};
+//! use tower_pinned_window::{Quota, RateLimitLayer, key::ClientIp};
 //! # use hyper_util::{client::legacy::Client, rt::TokioExecutor};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let limit = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60))?)
-//!     .key(PeerIp::new());
+//!     .key(ClientIp::new());
 //! let app = Router::new().route("/", get(|| async { "hello" })).layer(limit);
 //!
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -115,7 +116,7 @@
 //! | quotas, rate strings (`"100/min"`), policy names (guide: [`docs/quotas.md`](crate::guide::quotas)) | [`Quota`], [`NamedQuota`], [`Window`] |
 //! | whom to count: peer address, client behind proxies, header, route, allowlists (guide: [`docs/client-identity.md`](crate::guide::client_identity)) | [`key`] |
 //! | counting by the answer (failed logins; guide: [`docs/outcomes.md`](crate::guide::outcomes)) | [`count_if`](RateLimitLayer::count_if), [`ResponseHead`](outcome::ResponseHead) |
-//! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: [`docs/costs.md`](crate::guide::costs)) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseEnd`](cost::ResponseEnd), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
+//! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: [`docs/costs.md`](crate::guide::costs)) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseHead`](outcome::ResponseHead), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials (guide: [`docs/headers.md`](crate::guide::headers)) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
 //! | a budget for outbound calls, shared by every instance, that waits for its window (guide: [`docs/outbound.md`](crate::guide::outbound)) | [`outbound::BudgetLayer`] |
 //! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`allow_missing_key`](RateLimitLayer::allow_missing_key), [`ConfigError`] |
@@ -231,7 +232,7 @@ mod timeout;
 
 pub use budget::failure::FailurePolicy;
 pub use decision::{Decision, DecisionIn};
-pub use error::{ConfigError, RateErrorKind};
+pub use error::ConfigError;
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};

@@ -6,7 +6,7 @@ use std::num::{NonZeroU32, NonZeroU64};
 use std::str::FromStr;
 use std::time::Duration;
 
-use crate::error::{ConfigError, RateErrorKind};
+use crate::error::{ConfigError, RateProblem};
 
 /// The length of a pinned window, in whole milliseconds, from 1 ms to
 /// [`Window::MAX`] (100 years).
@@ -355,52 +355,52 @@ impl FromStr for Window {
 
 /// The window part of a rate string, already trimmed; on error, what was
 /// wrong and the part that was.
-fn parse_window(text: &str) -> Result<Window, (RateErrorKind, &str)> {
+fn parse_window(text: &str) -> Result<Window, (RateProblem, &str)> {
     if text.is_empty() {
-        return Err((RateErrorKind::MissingWindow, text));
+        return Err((RateProblem::MissingWindow, text));
     }
     if text.starts_with('-') {
-        return Err((RateErrorKind::NegativeWindow, text));
+        return Err((RateProblem::NegativeWindow, text));
     }
     let digits = text
         .find(|c: char| !c.is_ascii_digit())
         .unwrap_or(text.len());
     let unit = text[digits..].trim_start_matches(is_space);
     if unit.is_empty() {
-        return Err((RateErrorKind::MissingUnit, text));
+        return Err((RateProblem::MissingUnit, text));
     }
     if !unit.bytes().all(|b| b.is_ascii_alphabetic()) {
-        return Err((RateErrorKind::InvalidWindow, text));
+        return Err((RateProblem::InvalidWindow, text));
     }
-    let size = unit_millis(unit).ok_or((RateErrorKind::UnknownUnit, unit))?;
+    let size = unit_millis(unit).ok_or((RateProblem::UnknownUnit, unit))?;
     let amount = match &text[..digits] {
         "" => 1,
         // Only digits: the one way this fails is a number past u64::MAX.
         amount => amount
             .parse::<u64>()
-            .map_err(|_| (RateErrorKind::WindowTooLong, text))?,
+            .map_err(|_| (RateProblem::WindowTooLong, text))?,
     };
     if amount == 0 {
-        return Err((RateErrorKind::ZeroWindow, text));
+        return Err((RateProblem::ZeroWindow, text));
     }
     let millis = amount
         .checked_mul(size)
-        .ok_or((RateErrorKind::WindowTooLong, text))?;
-    Window::from_millis(millis.into()).map_err(|_| (RateErrorKind::WindowTooLong, text))
+        .ok_or((RateProblem::WindowTooLong, text))?;
+    Window::from_millis(millis.into()).map_err(|_| (RateProblem::WindowTooLong, text))
 }
 
 /// The limit part of a rate string, already trimmed.
-fn parse_limit(text: &str) -> Result<NonZeroU64, RateErrorKind> {
+fn parse_limit(text: &str) -> Result<NonZeroU64, RateProblem> {
     if text.starts_with('-') && text.len() > 1 && text[1..].bytes().all(|b| b.is_ascii_digit()) {
-        return Err(RateErrorKind::NegativeLimit);
+        return Err(RateProblem::NegativeLimit);
     }
     if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
-        return Err(RateErrorKind::InvalidLimit);
+        return Err(RateProblem::InvalidLimit);
     }
     let limit = text
         .parse::<u64>()
-        .map_err(|_| RateErrorKind::LimitTooLarge)?;
-    NonZeroU64::new(limit).ok_or(RateErrorKind::ZeroLimit)
+        .map_err(|_| RateProblem::LimitTooLarge)?;
+    NonZeroU64::new(limit).ok_or(RateProblem::ZeroLimit)
 }
 
 /// `text` split at its separator, `/` or the word `per`: the limit and the
@@ -427,18 +427,18 @@ impl fmt::Display for Quota {
 /// `"1000/1h"`, `"20/500ms"` (the grammar is in the [rate-string grammar](Quota#rate-strings)).
 ///
 /// ```
-/// use tower_pinned_window::{ConfigError, Quota, RateErrorKind};
+/// use tower_pinned_window::{ConfigError, Quota};
 ///
 /// let quota: Quota = "1000 / 1h".parse().unwrap();
 /// assert_eq!((quota.limit(), quota.window().as_millis()), (1000, 3_600_000));
-/// for (bad, kind) in [
-///     ("abc", RateErrorKind::NoSeparator),
-///     ("-1/min", RateErrorKind::NegativeLimit),
-///     ("10/0s", RateErrorKind::ZeroWindow),
-///     ("10/5y", RateErrorKind::UnknownUnit),
+/// for (bad, reason) in [
+///     ("abc", "no \"/\" or \" per \" between the limit and the window"),
+///     ("-1/min", "the limit -1 is negative"),
+///     ("10/0s", "the window \"0s\" is zero"),
+///     ("10/5y", "unknown unit \"y\""),
 /// ] {
 ///     let err = bad.parse::<Quota>().unwrap_err();
-///     assert!(matches!(err, ConfigError::InvalidRate { kind: k, .. } if k == kind), "{bad}");
+///     assert!(matches!(&err, ConfigError::InvalidRate { reason: r, .. } if r.starts_with(reason)), "{bad}");
 /// }
 /// ```
 impl FromStr for Quota {
@@ -447,10 +447,10 @@ impl FromStr for Quota {
     fn from_str(text: &str) -> Result<Self, ConfigError> {
         let trimmed = text.trim_matches(is_space);
         if trimmed.is_empty() {
-            return Err(ConfigError::invalid_rate(text, RateErrorKind::Empty, ""));
+            return Err(ConfigError::invalid_rate(text, RateProblem::Empty, ""));
         }
         let (limit, window) = split_rate(trimmed)
-            .ok_or_else(|| ConfigError::invalid_rate(text, RateErrorKind::NoSeparator, trimmed))?;
+            .ok_or_else(|| ConfigError::invalid_rate(text, RateProblem::NoSeparator, trimmed))?;
         let (limit, window) = (limit.trim_matches(is_space), window.trim_matches(is_space));
         let limit =
             parse_limit(limit).map_err(|kind| ConfigError::invalid_rate(text, kind, limit))?;

@@ -19,7 +19,7 @@ use tower::{Layer, ServiceExt, service_fn};
 use tower_pinned_window::backend::{
     Amend, Backend, BackendError, Counter, Hit, MemoryBackend, Spend, Spending,
 };
-use tower_pinned_window::key::{GlobalKey, Key};
+use tower_pinned_window::key::Key;
 use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer, Window};
 
 fn quota(limit: u64, secs: u64) -> Quota {
@@ -151,7 +151,7 @@ fn request(headers: &[(&'static str, &str)]) -> Request<()> {
     request.body(()).unwrap()
 }
 
-fn usage_in_trailers(end: &tower_pinned_window::cost::ResponseEnd<'_>) -> u64 {
+fn usage_in_trailers(end: &tower_pinned_window::outcome::ResponseHead<'_>) -> u64 {
     end.trailers()
         .and_then(|t| t.get("x-usage"))
         .and_then(|v| v.to_str().ok()?.parse().ok())
@@ -682,7 +682,7 @@ async fn a_charged_layer_is_an_axum_layer() {
             .unwrap();
     }
     assert_eq!(backend.count("tokens").await, Some(12));
-    let _: RateLimitLayer<GlobalKey> = RateLimitLayer::new("plain", quota(1, 1));
+    let _: RateLimitLayer<()> = RateLimitLayer::new("plain", quota(1, 1));
 }
 
 /// A reservation settles like a charge: a body dropped mid-stream settles

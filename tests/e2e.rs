@@ -8,7 +8,7 @@ use std::time::Duration;
 use axum::{Router, routing::get};
 use http::StatusCode;
 use support::http::{Client, serve};
-use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
 
 fn client_from(ip: &str) -> Client {
@@ -27,7 +27,7 @@ async fn status(client: &Client, url: &str) -> StatusCode {
 async fn the_quickstart_setup_limits_each_client_ip() {
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
-        .route_layer(RateLimitLayer::new("quickstart", quota(5, 10)).key(PeerIp::new()))
+        .route_layer(RateLimitLayer::new("quickstart", quota(5, 10)).key(ClientIp::new()))
         .route("/health", get(|| async { "ok" }));
     let server = serve(app).await;
     let url = format!("{}/", server.url);
@@ -146,7 +146,7 @@ async fn shadow_mode_over_http() {
 async fn a_server_without_connect_info_answers_500_not_a_panic() {
     let app = Router::new()
         .route("/", get(|| async { "hello" }))
-        .layer(RateLimitLayer::new("ip", quota(1, 60)).key(PeerIp::new()));
+        .layer(RateLimitLayer::new("ip", quota(1, 60)).key(ClientIp::new()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/", listener.local_addr().unwrap());
     // Served without into_make_service_with_connect_info.
@@ -170,7 +170,7 @@ async fn a_route_quota_through_route_layer() {
         .route("/items/{id}", get(|| async { "item" }))
         .route_layer(
             RateLimitLayer::new("site", quota(3, 60))
-                .key(PeerIp::new())
+                .key(ClientIp::new())
                 .route_quota("/login", quota(1, 900))
                 .on_decision(move |d| {
                     log.lock().unwrap().push(format!(

@@ -18,8 +18,9 @@ use http_body::{Body, Frame};
 use http_body_util::BodyExt;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, MemoryBackend};
-use tower_pinned_window::cost::{BodyEstimate, Replay, ResponseEnd};
-use tower_pinned_window::key::{GlobalKey, Key};
+use tower_pinned_window::cost::{BodyEstimate, Replay};
+use tower_pinned_window::key::Key;
+use tower_pinned_window::outcome::ResponseHead;
 use tower_pinned_window::{ConfigError, Quota, RateLimitLayer};
 
 /// The estimate of a body that gives none.
@@ -130,7 +131,7 @@ async fn send(estimate: BodyEstimate, request: Request<Chunks>) -> (Seen, Memory
     )
     .backend(backend.clone())
     .reserve_from_body(estimate)
-    .charge(|_: &ResponseEnd<'_>| None::<u64>)
+    .charge(|_: &ResponseHead<'_>| None::<u64>)
     .layer(service_fn(echo))
     .oneshot(request)
     .await
@@ -363,7 +364,7 @@ async fn grpc_bodies_are_left_alone() {
     )
     .backend(backend.clone())
     .reserve_from_body(max_tokens())
-    .charge(|_: &ResponseEnd<'_>| None::<u64>)
+    .charge(|_: &ResponseHead<'_>| None::<u64>)
     .layer(service_fn(|_: Request<Replay<Chunks>>| async {
         Ok::<_, Infallible>(Response::new(String::new()))
     }));
@@ -376,7 +377,7 @@ async fn grpc_bodies_are_left_alone() {
 #[test]
 fn reserving_from_the_body_follows_the_rules_of_reserve() {
     let layer = || RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap());
-    let used = |_: &ResponseEnd<'_>| Some(2);
+    let used = |_: &ResponseHead<'_>| Some(2);
     assert_eq!(
         layer().reserve_from_body(max_tokens()).check(),
         Err(ConfigError::ReserveWithoutCharge)
@@ -395,7 +396,7 @@ fn reserving_from_the_body_follows_the_rules_of_reserve() {
     );
     // A later `reserve` replaces it: the layer reads the head again, and
     // builds a plain `RateLimit`.
-    let from_head: RateLimitLayer<GlobalKey, _, _, _> = layer()
+    let from_head: RateLimitLayer<(), _, _, _> = layer()
         .reserve_from_body(max_tokens())
         .reserve(|_| 1)
         .charge(used);
@@ -433,7 +434,7 @@ async fn reading_stops_at_the_limit_and_the_service_reads_the_rest() {
     )
     .backend(backend.clone())
     .reserve_from_body(max_tokens().body_limit(16))
-    .charge(|_: &ResponseEnd<'_>| None::<u64>)
+    .charge(|_: &ResponseHead<'_>| None::<u64>)
     .layer(service_fn(move |request: Request<Replay<Chunks>>| {
         at_call.store(polls.load(Ordering::SeqCst), Ordering::SeqCst);
         echo(request)

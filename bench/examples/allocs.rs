@@ -76,7 +76,7 @@ use tower::Service;
 use tower::limit::RateLimit;
 use tower::limit::rate::Rate;
 use tower::util::MapResponseLayer;
-use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::outbound::BudgetLayer;
 use tower_pinned_window::{
     Decision, DecisionIn, Quota, RateLimitLayer, Window, outcome::WantDecision,
@@ -465,10 +465,10 @@ async fn asks_for_decision(mut request: Request<Body>, next: middleware::Next) -
     response
 }
 
-fn layer(headers: HeaderStyle, place: DecisionIn) -> RateLimitLayer<PeerIp> {
+fn layer(headers: HeaderStyle, place: DecisionIn) -> RateLimitLayer<ClientIp> {
     let quota = Quota::new(u64::MAX, Duration::from_secs(3600)).unwrap();
     RateLimitLayer::new("bench", quota)
-        .key(PeerIp::new())
+        .key(ClientIp::new())
         .headers(headers)
         .decision_in(place)
 }

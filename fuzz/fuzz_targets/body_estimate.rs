@@ -27,8 +27,9 @@ use http_body_util::{BodyExt, Full};
 use libfuzzer_sys::fuzz_target;
 use tower::{Layer, ServiceExt, service_fn};
 use tower_pinned_window::backend::{Backend, MemoryBackend};
-use tower_pinned_window::cost::{BodyEstimate, Replay, ResponseEnd};
+use tower_pinned_window::cost::{BodyEstimate, Replay};
 use tower_pinned_window::key::Key;
+use tower_pinned_window::outcome::ResponseHead;
 use tower_pinned_window::{Quota, RateLimitLayer};
 
 /// The estimate of a body that gives none.
@@ -101,7 +102,7 @@ fuzz_target!(|input: Input| {
     let layer = RateLimitLayer::new("fuzz", Quota::new(LIMIT, Duration::from_secs(60)).unwrap())
         .backend(backend.clone())
         .reserve_from_body(estimate)
-        .charge(|_: &ResponseEnd<'_>| None::<u64>);
+        .charge(|_: &ResponseHead<'_>| None::<u64>);
     let service = {
         let called = Arc::clone(&called);
         layer.layer(service_fn(move |request: Request<Replay<Frames>>| {

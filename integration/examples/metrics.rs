@@ -16,7 +16,7 @@ use std::time::Duration;
 
 use axum::{Router, routing::get};
 use metrics_exporter_prometheus::PrometheusBuilder;
-use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
 
 #[tokio::main]
@@ -40,7 +40,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     // its counters with whatever recorder is installed when it first counts.
     let prometheus = PrometheusBuilder::new().install_recorder()?;
 
-    let limit = RateLimitLayer::new("quickstart", quota).key(PeerIp::new());
+    let limit = RateLimitLayer::new("quickstart", quota).key(ClientIp::new());
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))
         .route_layer(limit)

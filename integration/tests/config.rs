@@ -8,7 +8,7 @@ use axum::{Router, body::Body, routing::get};
 use http::{Request, StatusCode};
 use tower::ServiceExt;
 use tower_pinned_window::config::{LimiterConfig, Tier};
-use tower_pinned_window::{Decision, Quota, outcome::WantDecision};
+use tower_pinned_window::{ConfigError, Decision, Quota, outcome::WantDecision};
 
 fn config(text: &str) -> LimiterConfig {
     toml::from_str(text).unwrap_or_else(|e| panic!("{e}\n{text}"))
@@ -304,6 +304,18 @@ fn json_works_too() {
     )
     .unwrap();
     assert_eq!(limiter.quota(), "10/1s".parse::<Quota>().unwrap());
+}
+
+/// A header key's name is checked as it is read: each bad name is
+/// `ConfigError::InvalidHeaderName`, which names it.
+#[test]
+fn bad_header_names_are_refused_with_their_text() {
+    for bad in ["", "x api key", "x-api-key:", "caf\u{e9}", "x\napi"] {
+        let json = serde_json::json!({ "name": "api", "quota": "1/s", "key": { "header": bad } });
+        let err = serde_json::from_value::<LimiterConfig>(json).unwrap_err();
+        let want = ConfigError::InvalidHeaderName(bad.to_owned()).to_string();
+        assert!(err.to_string().contains(&want), "{bad:?}: {err}");
+    }
 }
 
 /// Each bad configuration is refused with an error naming the value and

@@ -19,13 +19,13 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use http::{Request, Response};
+use http::{HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::{
     Amend, Backend, BackendError, Counter, Hit, Hits, MemoryBackend, Spend, Spending,
 };
-use tower_pinned_window::key::{HeaderKey, Key};
+use tower_pinned_window::key::Key;
 use tower_pinned_window::outbound::{
     BudgetError, BudgetLayer, DEFAULT_MARGIN, Deadline, WaitBound,
 };
@@ -695,7 +695,7 @@ async fn budget_errors_say_which_budget_which_bound_and_when() {
         r#"budget "provider": a call cost of 6 is above its limit of 5: it could never be sent"#
     );
     let keyed = BudgetLayer::new(NAME, quota(5, 1_000))
-        .key(HeaderKey::new("x-key"))
+        .key(HeaderName::from_static("x-key"))
         .layer(provider.client());
     let err = send(&keyed, call("no key")).await.unwrap_err();
     assert!(
@@ -769,13 +769,13 @@ async fn a_reservation_settles_to_the_usage<Bk: Spending>(store: Bk) {
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(0)
     };
-    let usage = |end: &tower_pinned_window::cost::ResponseEnd<'_>| -> Option<u64> {
+    let usage = |end: &tower_pinned_window::outcome::ResponseHead<'_>| -> Option<u64> {
         end.headers().get("x-usage")?.to_str().ok()?.parse().ok()
     };
     let client = BudgetLayer::new(NAME, quota(1_000, 60_000))
         .backend(store.clone())
         .timeout(patient())
-        .key(HeaderKey::new("x-key"))
+        .key(HeaderName::from_static("x-key"))
         .reserve(estimate)
         .charge(usage)
         .max_wait(Duration::ZERO)
@@ -849,7 +849,7 @@ async fn a_settle_frees_the_budget_on_another_instance<Bk: Spending>(
         BudgetLayer::new(NAME, quota(1_000, 60_000))
             .backend(backend)
             .timeout(patient())
-            .key(HeaderKey::new("x-key"))
+            .key(HeaderName::from_static("x-key"))
             .reserve(|head: &tower_pinned_window::key::RequestHead<'_>| {
                 head.headers()
                     .get("x-max")
@@ -857,7 +857,7 @@ async fn a_settle_frees_the_budget_on_another_instance<Bk: Spending>(
                     .unwrap_or(0)
             })
             .charge(
-                |end: &tower_pinned_window::cost::ResponseEnd<'_>| -> Option<u64> {
+                |end: &tower_pinned_window::outcome::ResponseHead<'_>| -> Option<u64> {
                     end.headers().get("x-usage")?.to_str().ok()?.parse().ok()
                 },
             )

@@ -1015,9 +1015,8 @@ async fn the_login_example_limits_failures_never_counts_successes_and_locks_out(
 #[cfg(any(feature = "redis", feature = "postgres"))]
 mod cases {
     use super::*;
-    use tower_pinned_window::key::HeaderKey;
 
-    pub type ObservedLayer<B> = RateLimitLayer<HeaderKey, Observed<B>>;
+    pub type ObservedLayer<B> = RateLimitLayer<http::HeaderName, Observed<B>>;
 
     /// The layer under test: `limit` failed logins per `window` per client,
     /// counted in `backend`, observed.

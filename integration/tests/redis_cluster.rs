@@ -24,7 +24,7 @@ use support::logs::capture;
 use support::redis::{RedisCluster, Shared, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::{Backend, Spending};
-use tower_pinned_window::key::{HeaderKey, Key};
+use tower_pinned_window::key::Key;
 use tower_pinned_window::{Quota, RateLimitLayer, Window};
 use tower_pinned_window_redis::RedisBackend;
 use tracing_subscriber::filter::LevelFilter;
@@ -39,7 +39,7 @@ async fn keys_spread_over_every_master_and_windows_stay_pinned(cluster: &RedisCl
         .deny_cache(0)
         .build();
     let svc = RateLimitLayer::new("spread", quota(2, 60))
-        .key(HeaderKey::new(http::HeaderName::from_static("x-client")))
+        .key(http::HeaderName::from_static("x-client"))
         .backend(store.clone())
         .layer(ok_service());
     for i in 0..60 {
@@ -106,7 +106,7 @@ async fn exactly_the_limit_is_admitted_across_four_instances(cluster: &RedisClus
         for _ in 0..4 {
             let store = RedisBackend::new(cluster.connection().await);
             let layer = RateLimitLayer::new("exact", quota(limit, 60))
-                .key(HeaderKey::new(http::HeaderName::from_static("x-client")))
+                .key(http::HeaderName::from_static("x-client"))
                 .backend(store);
             instances.push(layer.layer(ok_service()));
         }

@@ -19,15 +19,16 @@ mod trial;
 use std::convert::Infallible;
 use std::time::{Duration, Instant};
 
-use http::{HeaderMap, Request, Response, StatusCode};
+use http::{HeaderMap, HeaderName, Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use std::task::{Context, Poll};
 use support::logs::Capture;
 
 use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::{Backend, MemoryBackend, Spending};
-use tower_pinned_window::cost::{Charged, Metered, ResponseEnd};
-use tower_pinned_window::key::{HeaderKey, Key, RequestHead};
+use tower_pinned_window::cost::{Charged, Metered};
+use tower_pinned_window::key::{Key, RequestHead};
+use tower_pinned_window::outcome::ResponseHead;
 use tower_pinned_window::response::DefaultDeny;
 use tower_pinned_window::{ConfigError, Decision, Quota, RateLimit, RateLimitLayer};
 use tracing_subscriber::filter::LevelFilter;
@@ -61,7 +62,7 @@ fn estimate(request: &RequestHead<'_>) -> u64 {
 
 /// The use: the answer's `x-usage-tokens`, `None` when absent or not a
 /// number.
-fn usage(end: &ResponseEnd<'_>) -> Option<u64> {
+fn usage(end: &ResponseHead<'_>) -> Option<u64> {
     number(end.headers(), "x-usage-tokens")
 }
 
@@ -97,9 +98,9 @@ impl Service<Request<String>> for Provider {
 /// The layer under test on `backend`: [`LIMIT`] tokens a minute per
 /// `x-api-key`, reserving [`estimate`], settled by [`usage`]; an answer
 /// with a 5xx does not count (its reservation is refunded).
-fn limited<Bk: Spending>(backend: Bk) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Charged> {
+fn limited<Bk: Spending>(backend: Bk) -> RateLimit<Provider, HeaderName, Bk, DefaultDeny, Charged> {
     RateLimitLayer::new("tokens", quota(LIMIT))
-        .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
+        .key(HeaderName::from_static("x-api-key"))
         .backend(backend)
         .count_if(|res| !res.status().is_server_error())
         .reserve(estimate)
@@ -199,9 +200,9 @@ const PAST_THE_BOUND: Duration = Duration::from_millis(20);
 #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
 fn reserving<Bk: Spending>(
     backend: Bk,
-) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny, Charged> {
+) -> RateLimit<Provider, HeaderName, Bk, DefaultDeny, Charged> {
     RateLimitLayer::new("tokens", quota(SHARED))
-        .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
+        .key(HeaderName::from_static("x-api-key"))
         .backend(backend)
         .reserve(estimate)
         .charge(usage)
@@ -211,9 +212,9 @@ fn reserving<Bk: Spending>(
 /// One instance's plain route: 2 hits a minute per `x-api-key`, with no
 /// option that lowers a count.
 #[cfg_attr(not(any(feature = "redis", feature = "postgres")), allow(dead_code))]
-fn plain<Bk: Backend>(backend: Bk) -> RateLimit<Provider, HeaderKey, Bk, DefaultDeny> {
+fn plain<Bk: Backend>(backend: Bk) -> RateLimit<Provider, HeaderName, Bk, DefaultDeny> {
     RateLimitLayer::new("tokens", quota(2))
-        .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
+        .key(HeaderName::from_static("x-api-key"))
         .backend(backend)
         .layer(Provider)
 }
@@ -558,7 +559,7 @@ async fn the_order_of_reserve_and_charge_does_not_matter() {
     }
     let layer = |backend: &MemoryBackend| {
         RateLimitLayer::new("tokens", quota(LIMIT))
-            .key(HeaderKey::new(http::HeaderName::from_static("x-api-key")))
+            .key(HeaderName::from_static("x-api-key"))
             .backend(backend.clone())
     };
     let (first, second) = (MemoryBackend::new(), MemoryBackend::new());

@@ -12,7 +12,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
 use tower_pinned_window_postgres::PostgresBackend;
 
@@ -34,7 +34,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     backend.migrate().await?;
 
     let limit = RateLimitLayer::new("quickstart", Quota::new(5, Duration::from_secs(10))?)
-        .key(PeerIp::new())
+        .key(ClientIp::new())
         .backend(backend.clone());
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))

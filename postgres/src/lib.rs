@@ -11,14 +11,14 @@
 //!
 //! ```no_run
 //! use std::time::Duration;
-//! use tower_pinned_window::{Quota, RateLimitLayer, key::PeerIp};
+//! use tower_pinned_window::{Quota, RateLimitLayer, key::ClientIp};
 //! use tower_pinned_window_postgres::PostgresBackend;
 //!
 //! # async fn build() -> Result<(), Box<dyn std::error::Error>> {
 //! let backend = PostgresBackend::connect("postgres://postgres@127.0.0.1:5432/test").await?;
 //! backend.migrate().await?; // CREATE TABLE IF NOT EXISTS (or run `migration_sql()` yourself)
 //! let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60))?)
-//!     .key(PeerIp::new())
+//!     .key(ClientIp::new())
 //!     .backend(backend);
 //! # Ok(()) }
 //! ```

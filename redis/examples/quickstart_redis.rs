@@ -16,7 +16,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window::key::PeerIp;
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
 use tower_pinned_window_redis::RedisBackend;
 
@@ -37,7 +37,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let backend = RedisBackend::connect_in_background(&url)?;
 
     let limit = RateLimitLayer::new("quickstart", Quota::new(5, Duration::from_secs(10))?)
-        .key(PeerIp::new())
+        .key(ClientIp::new())
         .backend(backend);
     let app = Router::new()
         .route("/", get(|| async { "hello\n" }))

@@ -160,7 +160,7 @@ use tower_pinned_window::key::Key;
 /// ```
 /// use std::time::Duration;
 /// use tower_pinned_window_redis::{DEFAULT_PREFIX, RedisBackend};
-/// use tower_pinned_window::key::{Key, PeerIp};
+/// use tower_pinned_window::key::{Key, ClientIp};
 /// use tower_pinned_window::{Quota, RateLimitLayer};
 ///
 /// let backend = RedisBackend::connect_in_background("redis://127.0.0.1:6379/")?;
@@ -171,7 +171,7 @@ use tower_pinned_window::key::Key;
 /// );
 /// assert!(!backend.connection().is_connected());
 /// let layer = RateLimitLayer::new("api", Quota::new(100, Duration::from_secs(60))?)
-///     .key(PeerIp::new())
+///     .key(ClientIp::new())
 ///     .backend(backend);
 /// # let _ = layer;
 /// # Ok::<(), Box<dyn std::error::Error>>(())

@@ -8,7 +8,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::backend::{Amend, Spend};
-use crate::cost::ResponseEnd;
+use crate::count::ResponseHead;
 use crate::error::ConfigError;
 use crate::quota::Window;
 use crate::request::RequestHead;
@@ -21,7 +21,7 @@ pub(crate) type CostFn = Arc<dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync>;
 /// What an answer used, read when its body has ended; `None` when it could
 /// not be read (absent or malformed). The one type of every middleware's
 /// `charge`.
-pub(crate) type UsageFn = Arc<dyn Fn(&ResponseEnd<'_>) -> Option<u64> + Send + Sync>;
+pub(crate) type UsageFn = Arc<dyn Fn(&ResponseHead<'_>) -> Option<u64> + Send + Sync>;
 
 /// A request's cost: the same for every request, or read from its head.
 #[derive(Clone)]
@@ -123,7 +123,7 @@ impl SpendPlan {
         limiter: &str,
         gate: &LogGate,
         spent: u64,
-        end: &ResponseEnd<'_>,
+        end: &ResponseHead<'_>,
     ) -> Option<Amend> {
         let charge = self.charge.as_ref()?;
         // What the request spent for the charge to settle: its reservation
@@ -190,7 +190,7 @@ mod tests {
         let mut plan = SpendPlan::new();
         assert_eq!(plan.cost(&head), 1);
         assert_eq!(plan.spend(1), Spend::cost(1));
-        plan.charge = Some(Arc::new(|_: &ResponseEnd<'_>| Some(1)));
+        plan.charge = Some(Arc::new(|_: &ResponseHead<'_>| Some(1)));
         assert_eq!(plan.cost(&head), 0);
         assert_eq!(plan.spend(0), Spend::cost(0).open());
         plan.cost = Some(Cost::By(Arc::new(|_: &RequestHead<'_>| 7)));
@@ -227,7 +227,7 @@ mod tests {
     #[test]
     fn the_checks_that_span_setters_hold_in_one_order_for_every_layer() {
         let estimate: CostFn = Arc::new(|_: &RequestHead<'_>| 5);
-        let usage: UsageFn = Arc::new(|_: &ResponseEnd<'_>| Some(1));
+        let usage: UsageFn = Arc::new(|_: &ResponseHead<'_>| Some(1));
         let plan = |cost: Option<u64>, reserve: bool, charge: bool| SpendPlan {
             cost: cost.map(Cost::Fixed),
             reserve: reserve.then(|| Arc::clone(&estimate)),

@@ -1,7 +1,8 @@
 //! The last step of the way out, for a layer with a
 //! [`charge`](crate::RateLimitLayer::charge): the answer's body is wrapped
-//! in [`Metered`], which reads the response's cost when the body ends (its
-//! trailers, its last chunk) and hands it to the request's tab
+//! in [`Metered`], which hands the answer's end (a
+//! [`ResponseHead`](crate::outcome::ResponseHead) with its trailers and its
+//! last chunk) to the request's tab
 //! ([`Meter`], implemented in `server/tab.rs` and `outbound/settle.rs`), which adds it to the counters
 //! the request was counted in.
 //!
@@ -18,128 +19,14 @@ use http::{HeaderMap, Response, StatusCode};
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-/// What a [`charge`](crate::RateLimitLayer::charge) reads once the answer's
-/// body has ended: the head's status and headers (as the service answered,
-/// before this layer added its own), the trailers, and the last data frame.
-///
-/// # Example
-///
-/// ```
-/// use http::{HeaderMap, StatusCode};
-/// use tower_pinned_window::cost::ResponseEnd;
-///
-/// let mut headers = HeaderMap::new();
-/// headers.insert("x-usage-tokens", "42".parse().unwrap());
-/// let end = ResponseEnd::new(StatusCode::OK, &headers);
-/// let tokens = |end: &ResponseEnd| -> u64 {
-///     let header = end.trailers().and_then(|t| t.get("x-usage-tokens"));
-///     let header = header.or_else(|| end.headers().get("x-usage-tokens"));
-///     header.and_then(|v| v.to_str().ok()?.parse().ok()).unwrap_or(0)
-/// };
-/// assert_eq!(tokens(&end), 42);
-/// assert!(end.complete() && end.last_chunk().is_none());
-///
-/// let mut trailers = HeaderMap::new();
-/// trailers.insert("x-usage-tokens", "7".parse().unwrap());
-/// let streamed = ResponseEnd::new(StatusCode::OK, &headers)
-///     .with_trailers(&trailers)
-///     .with_last_chunk(b"data: {\"usage\": 7}\n\n");
-/// assert_eq!(tokens(&streamed), 7);
-/// assert_eq!(streamed.last_chunk(), Some(&b"data: {\"usage\": 7}\n\n"[..]));
-/// ```
-#[derive(Debug, Clone, Copy)]
-pub struct ResponseEnd<'a> {
-    status: StatusCode,
-    headers: &'a HeaderMap,
-    trailers: Option<&'a HeaderMap>,
-    last_chunk: Option<&'a [u8]>,
-    complete: bool,
-}
-
-impl<'a> ResponseEnd<'a> {
-    /// The end of a response with `status` and `headers` whose body had
-    /// nothing more (no trailers, no data frame): how a test builds one.
-    ///
-    /// See the [example](ResponseEnd#example).
-    pub fn new(status: StatusCode, headers: &'a HeaderMap) -> Self {
-        Self {
-            status,
-            headers,
-            trailers: None,
-            last_chunk: None,
-            complete: true,
-        }
-    }
-
-    /// With `trailers`. See the [example](ResponseEnd#example).
-    pub fn with_trailers(mut self, trailers: &'a HeaderMap) -> Self {
-        self.trailers = Some(trailers);
-        self
-    }
-
-    /// With `chunk` as the last data frame. See the
-    /// [example](ResponseEnd#example).
-    pub fn with_last_chunk(mut self, chunk: &'a [u8]) -> Self {
-        self.last_chunk = Some(chunk);
-        self
-    }
-
-    /// Marked as a body that did not reach its end (see
-    /// [`complete`](Self::complete)).
-    ///
-    /// ```
-    /// # use http::{HeaderMap, StatusCode};
-    /// # use tower_pinned_window::cost::ResponseEnd;
-    /// let headers = HeaderMap::new();
-    /// assert!(!ResponseEnd::new(StatusCode::OK, &headers).cut_short().complete());
-    /// ```
-    pub fn cut_short(mut self) -> Self {
-        self.complete = false;
-        self
-    }
-
-    /// The response's status. See the [example](ResponseEnd#example).
-    pub fn status(&self) -> StatusCode {
-        self.status
-    }
-
-    /// The response's headers, as the service answered. See the
-    /// [example](ResponseEnd#example).
-    pub fn headers(&self) -> &'a HeaderMap {
-        self.headers
-    }
-
-    /// The body's trailers, if it sent any (a gRPC answer's `grpc-status`,
-    /// a usage count sent after the stream). See the
-    /// [example](ResponseEnd#example).
-    pub fn trailers(&self) -> Option<&'a HeaderMap> {
-        self.trailers
-    }
-
-    /// The body's last data frame, if it had any: for a body whose frames
-    /// are `Bytes` (axum's, hyper's, tonic's), the whole frame; for other
-    /// buffers, the frame's first contiguous part. See the
-    /// [example](ResponseEnd#example).
-    pub fn last_chunk(&self) -> Option<&'a [u8]> {
-        self.last_chunk
-    }
-
-    /// Whether the body reached its end. `false` when it was dropped before
-    /// (the client went away mid-stream) or failed: the charge is still
-    /// taken (or a reservation settled) with what was sent by then, since
-    /// the service did the work; a charge that should not count then can
-    /// answer 0.
-    pub fn complete(&self) -> bool {
-        self.complete
-    }
-}
+use crate::count::ResponseHead;
 
 /// What the request's tab does with the response's end: read its charge
 /// and add it to the counters the request was counted in. Implemented by
 /// the tab in `server/tab.rs`.
 pub trait Meter: Send + Sync {
-    /// The body ended with `end`.
-    fn end(self: Box<Self>, end: &ResponseEnd<'_>);
+    /// The body ended: `end` is the answer as its charge reads it.
+    fn end(self: Box<Self>, end: &ResponseHead<'_>);
 }
 
 pin_project! {
@@ -170,9 +57,7 @@ pin_project! {
             let this = this.project();
             if let Some(meter) = this.meter.take() {
                 let last = this.last.as_ref().map(Buf::chunk);
-                let mut end = ResponseEnd::new(*this.status, this.headers).cut_short();
-                end.last_chunk = last;
-                meter.end(&end);
+                meter.end(&ResponseHead::ended(*this.status, this.headers, None, last, false));
             }
         }
     }
@@ -185,7 +70,13 @@ impl<B: Body> Metered<B> {
         let (parts, inner) = response.into_parts();
         let meter = match meter {
             Some(meter) if inner.is_end_stream() => {
-                meter.end(&ResponseEnd::new(parts.status, &parts.headers));
+                meter.end(&ResponseHead::ended(
+                    parts.status,
+                    &parts.headers,
+                    None,
+                    None,
+                    true,
+                ));
                 None
             }
             meter => meter,
@@ -268,23 +159,38 @@ where
             Some(Ok(frame)) => {
                 // The last frame: trailers, or the data after which the body
                 // says it has ended.
-                let mut end = ResponseEnd::new(*this.status, this.headers);
-                end.trailers = frame.trailers_ref();
-                end.last_chunk = match frame.data_ref() {
+                let last = match frame.data_ref() {
                     Some(data) => Some(data.chunk()),
                     None => this.last.as_ref().map(Buf::chunk),
                 };
-                meter.end(&end);
+                let trailers = frame.trailers_ref();
+                meter.end(&ResponseHead::ended(
+                    *this.status,
+                    this.headers,
+                    trailers,
+                    last,
+                    true,
+                ));
             }
             Some(Err(_)) => {
-                let mut end = ResponseEnd::new(*this.status, this.headers).cut_short();
-                end.last_chunk = this.last.as_ref().map(Buf::chunk);
-                meter.end(&end);
+                let last = this.last.as_ref().map(Buf::chunk);
+                meter.end(&ResponseHead::ended(
+                    *this.status,
+                    this.headers,
+                    None,
+                    last,
+                    false,
+                ));
             }
             None => {
-                let mut end = ResponseEnd::new(*this.status, this.headers);
-                end.last_chunk = this.last.as_ref().map(Buf::chunk);
-                meter.end(&end);
+                let last = this.last.as_ref().map(Buf::chunk);
+                meter.end(&ResponseHead::ended(
+                    *this.status,
+                    this.headers,
+                    None,
+                    last,
+                    true,
+                ));
             }
         }
         if this.meter.is_none() {
@@ -318,7 +224,7 @@ mod tests {
     struct Seen(Arc<Mutex<Vec<Sight>>>);
 
     impl Meter for Seen {
-        fn end(self: Box<Self>, end: &ResponseEnd<'_>) {
+        fn end(self: Box<Self>, end: &ResponseHead<'_>) {
             let trailer = end
                 .trailers()
                 .and_then(|t| t.get("x-usage"))

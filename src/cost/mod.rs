@@ -4,7 +4,8 @@
 //! [`reserve`](crate::RateLimitLayer::reserve), a lockout with
 //! [`block_for`](crate::RateLimitLayer::block_for)), and what its answer
 //! adds once its body ends ([`charge`](crate::RateLimitLayer::charge),
-//! read from a [`ResponseEnd`], through a [`Metered`] body), or how it
+//! read from a [`ResponseHead`](crate::outcome::ResponseHead) with its
+//! trailers and last chunk, through a [`Metered`] body), or how it
 //! settles a reservation. A reservation can be read from the request's
 //! body ([`reserve_from_body`](crate::RateLimitLayer::reserve_from_body),
 //! [`BodyEstimate`]): a bounded prefix is read before the limiter runs,
@@ -18,7 +19,7 @@
 //! The guide: [`docs/costs.md`](crate::guide::costs).
 
 pub use self::body::{BodyEstimate, DEFAULT_BODY_LIMIT, Replay};
-pub use self::charge::{Metered, ResponseEnd};
+pub use self::charge::Metered;
 
 pub(crate) mod body;
 pub(crate) mod charge;

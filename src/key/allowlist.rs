@@ -7,7 +7,7 @@ use std::sync::Arc;
 use ipnet::IpNet;
 
 use super::client_ip::{ClientIp, parse_net};
-use super::peer_ip::{canonical, canonical_nets, peer};
+use super::ip::{canonical, canonical_nets, peer};
 use crate::error::ConfigError;
 use crate::request::RequestHead;
 

@@ -5,7 +5,7 @@ use http::HeaderMap;
 use ipnet::IpNet;
 
 use super::forwarded::{self, Hop};
-use super::peer_ip::{PeerIp, canonical, canonical_nets, peer};
+use super::ip::{self, DEFAULT_IPV6_PREFIX, canonical, canonical_nets, peer};
 use super::{Key, KeyError, KeyExtractor};
 use crate::error::ConfigError;
 use crate::request::RequestHead;
@@ -37,14 +37,22 @@ pub enum ForwardedHeader {
     XRealIp,
 }
 
-/// The client's IP address, read through proxies you trust and no others.
+/// The client's IP address: the connection's peer, or, behind proxies you
+/// trust, the client they forwarded, and no one else's word.
 ///
 /// The peer address comes from axum's `ConnectInfo<SocketAddr>` (feature
-/// `axum`), tonic's `TcpConnectInfo` (feature `tonic`), or a `SocketAddr` in
-/// the request's extensions (for plain hyper services that put it there).
+/// `axum`; serve with `into_make_service_with_connect_info::<SocketAddr>()`),
+/// tonic's `TcpConnectInfo` (feature `tonic`), or a `SocketAddr` in the
+/// request's extensions (for plain hyper services that put it there). A
+/// server that provides none is misconfigured
+/// ([`KeyError::Misconfigured`], 500 by default).
 ///
-/// - When the peer is **not** a trusted proxy, the peer is the client and no
-///   header is read: a client cannot pick its own key by sending
+/// - `ClientIp::new()` trusts no proxy: the peer is the client, and no
+///   header is read. Behind a proxy or load balancer the peer is the proxy,
+///   and every client would share its budget: [trust](Self::trust) the
+///   proxy.
+/// - When the peer is **not** a trusted proxy, the peer is the client and
+///   no header is read: a client cannot pick its own key by sending
 ///   `X-Forwarded-For`.
 /// - When it is, the configured [`ForwardedHeader`] is walked from the right
 ///   (the hop nearest to this server), skipping trusted proxies; the first
@@ -58,11 +66,21 @@ pub enum ForwardedHeader {
 /// Addresses are canonical before anything else: IPv4-mapped
 /// (`::ffff:a.b.c.d`), IPv4-translated (`::ffff:0:a.b.c.d`) and
 /// IPv4-compatible (`::a.b.c.d`) IPv6 addresses are their IPv4 address, in
-/// whatever notation they arrive. The client, once found, is keyed as
-/// [`PeerIp`] keys a peer: IPv6 clients grouped by their /64
-/// (configurable), since one client usually holds a whole /64. With no proxy
-/// trusted, `ClientIp` keys exactly as [`PeerIp`] does; use [`PeerIp`] then,
-/// which says so.
+/// whatever notation they arrive. The client, once found, is keyed by its
+/// IPv4 address, or an IPv6 client by its /64
+/// ([configurable](Self::ipv6_prefix)), since one client usually holds a
+/// whole /64.
+///
+/// ```
+/// use tower_pinned_window::key::{ClientIp, Key};
+///
+/// // No proxy: the peer is the client.
+/// let peer = ClientIp::new().ipv6_prefix(48);
+/// assert_eq!(peer.key_for("::ffff:203.0.113.7".parse().unwrap()), Key::new("203.0.113.7"));
+/// assert_eq!(peer.key_for("2001:db8:1:2::9".parse().unwrap()), Key::new("2001:db8:1::/48"));
+/// ```
+///
+/// Behind a load balancer:
 ///
 /// ```
 /// use tower_pinned_window::key::{ClientIp, ForwardedHeader};
@@ -82,27 +100,31 @@ pub enum ForwardedHeader {
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct ClientIp {
-    trusted: Arc<[IpNet]>,
+    /// The trusted proxies' networks; `None` while none is trusted, so a
+    /// clone of the peer's extractor (axum clones a route's service for
+    /// each request) takes no count on a shared reference.
+    trusted: Option<Arc<[IpNet]>>,
     header: ForwardedHeader,
-    /// The address logic (canonical IPv4, IPv6 grouping), shared with
-    /// [`PeerIp`]: the client, once found, is keyed as a peer would be.
-    peer: PeerIp,
+    /// The prefix IPv6 clients are grouped by.
+    ipv6_prefix: u8,
     max_hops: usize,
 }
 
 impl Default for ClientIp {
     fn default() -> Self {
         Self {
-            trusted: Arc::new([]),
+            trusted: None,
             header: ForwardedHeader::default(),
-            peer: PeerIp::new(),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
             max_hops: 16,
         }
     }
 }
 
 impl ClientIp {
-    /// The peer address until proxies are [trusted](Self::trust).
+    /// Key by the peer address, trusting no proxy until one is
+    /// [trusted](Self::trust); IPv6 clients grouped by /64 (example:
+    /// [`ClientIp`]).
     pub fn new() -> Self {
         Self::default()
     }
@@ -118,9 +140,9 @@ impl ClientIp {
 
     /// Trust the proxies in `net`.
     fn trust_net(mut self, net: IpNet) -> Self {
-        let mut trusted = self.trusted.to_vec();
+        let mut trusted = self.trusted.as_deref().unwrap_or_default().to_vec();
         trusted.extend(canonical_nets(net));
-        self.trusted = trusted.into();
+        self.trusted = Some(trusted.into());
         self
     }
 
@@ -166,17 +188,20 @@ impl ClientIp {
         self
     }
 
-    /// Group IPv6 clients by a prefix of `bits` (default 64): the peer's
-    /// rule, [`PeerIp::ipv6_prefix`], which this setter calls.
+    /// Group IPv6 clients by a prefix of `bits` (default 64; example:
+    /// [`ClientIp`]).
     ///
     /// # Panics
-    /// As [`PeerIp::ipv6_prefix`] does, when `bits` is outside 32..=128.
-    /// Use [`try_ipv6_prefix`](Self::try_ipv6_prefix) for a value read at
-    /// run time.
+    /// When `bits` is outside 32..=128, like
+    /// [`http::HeaderValue::from_static`] on a bad literal. Use
+    /// [`try_ipv6_prefix`](Self::try_ipv6_prefix) for a value read at run
+    /// time.
     #[track_caller]
-    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
-        self.peer = self.peer.ipv6_prefix(bits);
-        self
+    pub fn ipv6_prefix(self, bits: u8) -> Self {
+        match self.try_ipv6_prefix(bits) {
+            Ok(this) => this,
+            Err(err) => panic!("{err}"),
+        }
     }
 
     /// Like [`ipv6_prefix`](Self::ipv6_prefix), for a value read at run
@@ -185,7 +210,7 @@ impl ClientIp {
     /// # Errors
     /// [`ConfigError::InvalidIpv6Prefix`] outside 32..=128.
     pub fn try_ipv6_prefix(mut self, bits: u8) -> Result<Self, ConfigError> {
-        self.peer = self.peer.try_ipv6_prefix(bits)?;
+        self.ipv6_prefix = ip::ipv6_prefix(bits)?;
         Ok(self)
     }
 
@@ -217,7 +242,9 @@ impl ClientIp {
     }
 
     fn is_trusted(&self, ip: IpAddr) -> bool {
-        self.trusted.iter().any(|net| net.contains(&ip))
+        self.trusted
+            .as_deref()
+            .is_some_and(|nets| nets.iter().any(|net| net.contains(&ip)))
     }
 
     /// The client's address for a request from `peer` with `headers`.
@@ -259,10 +286,10 @@ impl ClientIp {
         Ok(farthest_trusted)
     }
 
-    /// The key for `ip`: the IPv4 address, or the IPv6 prefix, as
-    /// [`PeerIp::key_for`] makes it (see its example).
+    /// The key for `ip`: the canonical IPv4 address, or the IPv6 network of
+    /// the configured prefix (`2001:db8:1:2::/64`; example: [`ClientIp`]).
     pub fn key_for(&self, ip: IpAddr) -> Key {
-        self.peer.key_for(ip)
+        ip::key_for(ip, self.ipv6_prefix)
     }
 }
 
@@ -275,7 +302,12 @@ pub(super) fn parse_net(cidr: &str) -> Result<IpNet, ConfigError> {
 
 impl KeyExtractor for ClientIp {
     fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
-        let ip = self.client_ip(peer(request)?, request.headers())?;
+        let peer = peer(request)?;
+        // Trusting no proxy, the peer is the client: nothing to walk.
+        if self.trusted.is_none() {
+            return Ok(self.key_for(peer));
+        }
+        let ip = self.client_ip(peer, request.headers())?;
         Ok(self.key_for(ip))
     }
 }
@@ -546,6 +578,95 @@ mod tests {
     #[should_panic(expected = "an IPv6 grouping prefix must be 32 to 128 bits, not 16")]
     fn a_bad_literal_prefix_panics() {
         let _ = ClientIp::new().ipv6_prefix(16);
+    }
+
+    #[test]
+    fn keys_group_ipv6_and_unmap_ipv4() {
+        let cases = [
+            ("v4", "203.0.113.7", 64, "203.0.113.7"),
+            ("mapped v4", "::ffff:203.0.113.7", 64, "203.0.113.7"),
+            ("v6 /64", "2001:db8:1:2:3:4:5:6", 64, "2001:db8:1:2::/64"),
+            (
+                "rotating in one /64",
+                "2001:db8:1:2:ffff:ffff:ffff:ffff",
+                64,
+                "2001:db8:1:2::/64",
+            ),
+            ("v6 /48", "2001:db8:1:2::1", 48, "2001:db8:1::/48"),
+            ("v6 /32", "2001:db8:1:2::1", 32, "2001:db8::/32"),
+            ("v6 /128", "2001:db8::1", 128, "2001:db8::1/128"),
+        ];
+        for (name, input, prefix, want) in cases {
+            let peer = ClientIp::new().ipv6_prefix(prefix);
+            assert_eq!(peer.key_for(ip(input)), Key::new(want), "{name}");
+        }
+    }
+
+    #[test]
+    fn prefixes_outside_32_to_128_are_errors() {
+        for bits in [0, 31, 129, 255] {
+            assert_eq!(
+                ClientIp::new().try_ipv6_prefix(bits).unwrap_err(),
+                ConfigError::InvalidIpv6Prefix(bits),
+                "{bits}"
+            );
+        }
+        for bits in [32, 64, 128] {
+            assert!(ClientIp::new().try_ipv6_prefix(bits).is_ok(), "{bits}");
+        }
+    }
+
+    #[test]
+    #[should_panic(expected = "an IPv6 grouping prefix must be 32 to 128 bits, not 129")]
+    fn a_bad_literal_prefix_above_128_panics() {
+        let _ = ClientIp::new().ipv6_prefix(129);
+    }
+
+    #[test]
+    fn without_a_peer_address_the_server_is_misconfigured() {
+        let req = http::Request::get("/").body(()).unwrap();
+        assert!(matches!(
+            ClientIp::new().extract(&RequestHead::new(&req)),
+            Err(KeyError::Misconfigured(_))
+        ));
+        let mut req = http::Request::get("/").body(()).unwrap();
+        req.extensions_mut().insert(
+            "[::ffff:198.51.100.1]:443"
+                .parse::<std::net::SocketAddr>()
+                .unwrap(),
+        );
+        assert_eq!(
+            ClientIp::new().extract(&RequestHead::new(&req)),
+            Ok(Key::new("198.51.100.1"))
+        );
+    }
+
+    #[test]
+    fn trusting_no_proxy_the_peer_is_the_client_whatever_the_headers() {
+        let mut req = http::Request::get("/")
+            .header("x-forwarded-for", "203.0.113.7")
+            .header("forwarded", "for=203.0.113.7")
+            .header("x-real-ip", "203.0.113.7")
+            .body(())
+            .unwrap();
+        req.extensions_mut().insert(
+            "[2001:db8:1:2::9]:443"
+                .parse::<std::net::SocketAddr>()
+                .unwrap(),
+        );
+        for header in [
+            ForwardedHeader::XForwardedFor,
+            ForwardedHeader::Forwarded,
+            ForwardedHeader::XRealIp,
+        ] {
+            assert_eq!(
+                ClientIp::new()
+                    .header(header)
+                    .extract(&RequestHead::new(&req)),
+                Ok(Key::new("2001:db8:1:2::/64")),
+                "{header:?}"
+            );
+        }
     }
 
     #[test]

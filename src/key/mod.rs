@@ -1,11 +1,12 @@
 //! Which counter a request is charged to.
 //!
 //! A [`KeyExtractor`] reads a [`Key`] from each request's
-//! [`RequestHead`] (the request without its body). Built-ins: [`GlobalKey`]
-//! (one counter for everyone), [`HeaderKey`] (a header's value, such as an
-//! API key, or a gRPC metadata value), [`PeerIp`] (the connection's peer
-//! address), [`ClientIp`] (the client's address through the proxies you
-//! trust), and [`RouteKey`] (axum's matched route, or the gRPC method). A
+//! [`RequestHead`] (the request without its body). Built-ins: `()`, the
+//! default (keyed by nothing: one counter for everyone), a header's [`HeaderName`] (its value, such as
+//! an API key, or a gRPC metadata value: `HeaderName::from_static("x-api-key")`),
+//! [`ClientIp`] (the connection's peer
+//! address, or the client's address through the proxies you trust), and
+//! [`RouteKey`] (axum's matched route, or the gRPC method). A
 //! tuple of extractors keys by all of them (client IP and route, say). Any
 //! `Fn(&RequestHead<'_>) -> Result<Key, KeyError>` is an extractor too; give
 //! a closure to [`RateLimitLayer::key_fn`](crate::RateLimitLayer::key_fn) and
@@ -47,11 +48,10 @@
 mod allowlist;
 mod client_ip;
 mod forwarded;
-mod peer_ip;
+mod ip;
 
 pub use allowlist::Allowlist;
 pub use client_ip::{ClientIp, ForwardedHeader};
-pub use peer_ip::PeerIp;
 
 /// The request as extractors read it, re-exported here where keys are
 /// made from it.
@@ -63,8 +63,6 @@ use std::hash::{Hash, Hasher};
 use http::StatusCode;
 use http::header::HeaderName;
 use sha2::{Digest, Sha256};
-
-use crate::error::ConfigError;
 
 /// The longest key stored as it is, in bytes. A longer key is replaced by
 /// its digest: `#` followed by the 64 hex digits of its SHA-256, which is
@@ -351,7 +349,7 @@ impl std::error::Error for KeyError {}
 /// use std::time::Duration;
 /// use tower_pinned_window::{Quota, RateLimitLayer};
 ///
-/// // A header's name is not an extractor: `HeaderKey::new("x-api-key")` is.
+/// // A header's name as text is not an extractor: `HeaderName::from_static("x-api-key")` is.
 /// let layer = RateLimitLayer::new("api", Quota::new(10, Duration::from_secs(60)).unwrap())
 ///     .key("x-api-key");
 /// ```
@@ -383,7 +381,7 @@ impl std::error::Error for KeyError {}
     message = "`{Self}` is not a rate-limit key extractor",
     label = "not a `KeyExtractor`",
     note = "pass a closure to `.key_fn(|req| ...)`: it infers the argument's type, which `.key(...)` cannot",
-    note = "or use a built-in extractor (`HeaderKey::new(\"x-api-key\")`, `ClientIp::new()`, `PeerIp::new()`, `RouteKey::new()`, `GlobalKey`), a tuple of two, or implement `KeyExtractor`"
+    note = "or use a built-in extractor (`HeaderName::from_static(\"x-api-key\")`, `ClientIp::new()`, `RouteKey::new()`, `()` for one budget), a tuple of two, or implement `KeyExtractor`"
 )]
 pub trait KeyExtractor {
     /// The request's key, or why there is none.
@@ -399,46 +397,49 @@ where
     }
 }
 
-/// One key for every request: the whole service shares one budget.
+/// Keyed by nothing, the unit `()`: one key for every request, so the
+/// whole service shares one budget. The layers' default; as a pair keys by
+/// both of its parts, the empty tuple keys by none.
 ///
 /// ```
 /// use http::Request;
 /// use tower_pinned_window::key::RequestHead;
-/// use tower_pinned_window::key::{GlobalKey, KeyExtractor};
+/// use tower_pinned_window::key::KeyExtractor;
 ///
 /// let alice = Request::get("/a").header("x-user", "alice").body(()).unwrap();
 /// let bob = Request::get("/b").header("x-user", "bob").body(()).unwrap();
 /// assert_eq!(
-///     GlobalKey.extract(&RequestHead::new(&alice)),
-///     GlobalKey.extract(&RequestHead::new(&bob)),
+///     ().extract(&RequestHead::new(&alice)),
+///     ().extract(&RequestHead::new(&bob)),
 /// );
 /// ```
-#[derive(Debug, Clone, Copy, Default)]
-pub struct GlobalKey;
-
-impl KeyExtractor for GlobalKey {
+impl KeyExtractor for () {
     #[inline]
     fn extract(&self, _request: &RequestHead<'_>) -> Result<Key, KeyError> {
         Ok(Key::new("*"))
     }
 }
 
-/// The value of one request header (an API key, a user id, a tenant).
+/// A header's name is an extractor: the request is charged to that
+/// header's value (an API key, a user id, a tenant, a gRPC metadata value).
+/// Give it as tower-http's header layers take it: a constant of
+/// [`http::header`] (`AUTHORIZATION`), `HeaderName::from_static` on a
+/// lowercase literal, or a parsed name (`"X-Api-Key".parse()`, which folds
+/// upper case, as HTTP header names are case-insensitive).
 ///
 /// A missing or empty header is [`KeyError::Missing`]. When the header is
 /// repeated, the first value is used.
 ///
 /// ```
 /// use std::time::Duration;
-/// use http::{Request, Response, StatusCode};
+/// use http::{HeaderName, Request, Response, StatusCode};
 /// use tower::{Layer, ServiceExt, service_fn};
-/// use tower_pinned_window::key::HeaderKey;
 /// use tower_pinned_window::{Quota, RateLimitLayer};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let layer = RateLimitLayer::new("api", Quota::new(1, Duration::from_secs(60)).unwrap())
-///     .key(HeaderKey::new("x-api-key"))
+///     .key(HeaderName::from_static("x-api-key"))
 ///     .allow_missing_key(false);
 /// let svc = layer.layer(service_fn(|_req: Request<String>| async {
 ///     Ok::<_, std::convert::Infallible>(Response::new(String::new()))
@@ -456,76 +457,31 @@ impl KeyExtractor for GlobalKey {
 /// assert_eq!(svc.oneshot(no_key).await.unwrap().status(), StatusCode::BAD_REQUEST);
 /// # }
 /// ```
-#[derive(Debug, Clone)]
-#[must_use]
-pub struct HeaderKey {
-    name: HeaderName,
-}
-
-impl HeaderKey {
-    /// Key requests by the header `name`: a [`HeaderName`]
-    /// (`http::header::AUTHORIZATION`), or its text (`"x-api-key"`; upper
-    /// case is folded, as HTTP header names are case-insensitive).
-    ///
-    /// ```
-    /// use http::Request;
-    /// use http::header::{AUTHORIZATION, HeaderName};
-    /// use tower_pinned_window::key::RequestHead;
-    /// use tower_pinned_window::key::{HeaderKey, Key, KeyExtractor};
-    ///
-    /// let request = Request::get("/")
-    ///     .header("x-api-key", "k1")
-    ///     .header(AUTHORIZATION, "Bearer t1")
-    ///     .body(())
-    ///     .unwrap();
-    /// let head = RequestHead::new(&request);
-    /// for by_api_key in [HeaderKey::new("X-Api-Key"), HeaderKey::new(HeaderName::from_static("x-api-key"))] {
-    ///     assert_eq!(by_api_key.extract(&head), Ok(Key::new("k1")));
-    /// }
-    /// assert_eq!(HeaderKey::new(AUTHORIZATION).extract(&head), Ok(Key::new("Bearer t1")));
-    /// ```
-    ///
-    /// # Panics
-    ///
-    /// If `name` is not a valid header name (empty, or with a space, a
-    /// colon or another byte outside HTTP's token characters). Use
-    /// [`try_new`](Self::try_new) for a name read at run time.
-    #[track_caller]
-    pub fn new(name: impl AsRef<[u8]>) -> Self {
-        match Self::try_new(name) {
-            Ok(key) => key,
-            Err(err) => panic!("{err}"),
-        }
-    }
-
-    /// Key requests by the header `name`, or
-    /// [`ConfigError::InvalidHeaderName`] if it is not a valid header name:
-    /// [`new`](Self::new) for a name read from configuration.
-    ///
-    /// ```
-    /// use tower_pinned_window::ConfigError;
-    /// use tower_pinned_window::key::HeaderKey;
-    ///
-    /// assert!(HeaderKey::try_new("x-tenant").is_ok());
-    /// assert_eq!(
-    ///     HeaderKey::try_new("x api key").unwrap_err(),
-    ///     ConfigError::InvalidHeaderName("x api key".into()),
-    /// );
-    /// ```
-    pub fn try_new(name: impl AsRef<[u8]>) -> Result<Self, ConfigError> {
-        let bytes = name.as_ref();
-        match HeaderName::from_bytes(bytes) {
-            Ok(name) => Ok(Self { name }),
-            Err(_) => Err(ConfigError::InvalidHeaderName(
-                String::from_utf8_lossy(bytes).into_owned(),
-            )),
-        }
-    }
-}
-
-impl KeyExtractor for HeaderKey {
+///
+/// Each way of naming the header:
+///
+/// ```
+/// use http::Request;
+/// use http::header::{AUTHORIZATION, HeaderName};
+/// use tower_pinned_window::key::{Key, KeyExtractor, RequestHead};
+///
+/// let request = Request::get("/")
+///     .header("x-api-key", "k1")
+///     .header(AUTHORIZATION, "Bearer t1")
+///     .body(())
+///     .unwrap();
+/// let head = RequestHead::new(&request);
+/// let parsed: HeaderName = "X-Api-Key".parse().unwrap();
+/// for by_api_key in [parsed, HeaderName::from_static("x-api-key")] {
+///     assert_eq!(by_api_key.extract(&head), Ok(Key::new("k1")));
+/// }
+/// assert_eq!(AUTHORIZATION.extract(&head), Ok(Key::new("Bearer t1")));
+/// // Not a header name: refused where the name is made.
+/// assert!("x api key".parse::<HeaderName>().is_err());
+/// ```
+impl KeyExtractor for HeaderName {
     fn extract(&self, request: &RequestHead<'_>) -> Result<Key, KeyError> {
-        match request.headers().get(&self.name) {
+        match request.headers().get(self) {
             Some(value) if !value.is_empty() => Ok(Key::new(value.as_bytes())),
             _ => Err(KeyError::Missing("the configured key header")),
         }
@@ -626,7 +582,7 @@ mod tests {
         assert_eq!(pair("1.2.3.4", "/login"), Key::new("7:1.2.3.4/login"));
         assert_ne!(pair("a:b", "c"), pair("a", ":bc"));
         assert_ne!(pair("ab", "c"), pair("a", "bc"));
-        let missing = (GlobalKey, HeaderKey::new(HeaderName::from_static("x-k")));
+        let missing = ((), HeaderName::from_static("x-k"));
         assert!(matches!(
             extract(&missing, &Request::new(())),
             Err(KeyError::Missing(_))
@@ -753,42 +709,35 @@ mod tests {
     }
 
     #[test]
-    fn header_key_takes_a_name_or_its_text() {
+    fn a_header_name_is_made_from_a_constant_or_its_text() {
         let request = Request::get("/")
             .header("x-api-key", "k1")
             .body(())
             .unwrap();
-        let name = HeaderName::from_static("x-api-key");
+        let parse = |text: &str| text.parse::<HeaderName>().unwrap();
         let valid = [
-            // Borrowed first, then moved: a caller that keeps its name.
-            ("a borrowed HeaderName", HeaderKey::new(&name)),
-            ("a HeaderName", HeaderKey::new(name)),
-            ("lower-case text", HeaderKey::new("x-api-key")),
-            ("mixed-case text", HeaderKey::new("X-Api-Key")),
-            ("a String", HeaderKey::new(String::from("x-api-key"))),
-            ("bytes", HeaderKey::new(b"x-api-key")),
+            ("a HeaderName", HeaderName::from_static("x-api-key")),
+            ("lower-case text", parse("x-api-key")),
+            ("mixed-case text", parse("X-Api-Key")),
+            (
+                "a String",
+                HeaderName::try_from(String::from("x-api-key")).unwrap(),
+            ),
+            ("bytes", HeaderName::from_bytes(b"x-api-key").unwrap()),
         ];
         for (case, extractor) in valid {
             assert_eq!(extract(&extractor, &request), Ok(Key::new("k1")), "{case}");
         }
+        // A bad name is refused where it is made (and by the
+        // configuration, with `ConfigError::InvalidHeaderName`: its tests).
         for bad in ["", "x api key", "x-api-key:", "caf\u{e9}", "x\napi"] {
-            assert_eq!(
-                HeaderKey::try_new(bad).unwrap_err(),
-                ConfigError::InvalidHeaderName(bad.to_owned()),
-                "{bad:?}"
-            );
+            assert!(HeaderName::from_bytes(bad.as_bytes()).is_err(), "{bad:?}");
         }
     }
 
     #[test]
-    #[should_panic(expected = "\"x api key\" is not a valid HTTP header name")]
-    fn header_key_new_panics_on_a_bad_name() {
-        let _ = HeaderKey::new("x api key");
-    }
-
-    #[test]
-    fn header_key_rejects_missing_and_empty() {
-        let extractor = HeaderKey::new(HeaderName::from_static("x-api-key"));
+    fn a_header_key_rejects_missing_and_empty() {
+        let extractor = HeaderName::from_static("x-api-key");
         let cases = [
             (
                 "missing",

@@ -12,9 +12,9 @@ use crate::budget::check::{built, layer_name};
 use crate::budget::failure::{Failure, FailurePolicy};
 use crate::budget::log::LogGate;
 use crate::budget::spend::{Cost, SpendPlan};
-use crate::cost::ResponseEnd;
+use crate::count::ResponseHead;
 use crate::error::ConfigError;
-use crate::key::{GlobalKey, KeyExtractor, RequestHead};
+use crate::key::{KeyExtractor, RequestHead};
 use crate::quota::{Quota, Window};
 use crate::timeout::DEFAULT_TIMEOUT;
 
@@ -48,7 +48,7 @@ pub const DEFAULT_MARGIN: Duration = Duration::from_millis(20);
 /// Its clones share one set of waiting lines: build it once per budget in a
 /// process, and clone it.
 #[derive(Clone)]
-pub struct BudgetLayer<K = GlobalKey, Bk = MemoryBackend> {
+pub struct BudgetLayer<K = (), Bk = MemoryBackend> {
     key: K,
     backend: Bk,
     settings: Settings,
@@ -94,7 +94,7 @@ impl BudgetLayer {
     pub fn try_new(name: impl Into<String>, quota: Quota) -> Result<Self, ConfigError> {
         let name = layer_name(name.into())?;
         Ok(Self {
-            key: GlobalKey,
+            key: (),
             backend: MemoryBackend::new(),
             settings: Settings {
                 name,
@@ -115,8 +115,8 @@ impl BudgetLayer {
 impl<K, Bk> BudgetLayer<K, Bk> {
     /// Charge each call to the key `key` reads from it (see
     /// [`crate::key`]), such as the provider's API key in a header:
-    /// [`HeaderKey`](crate::key::HeaderKey), or a closure. The default,
-    /// [`GlobalKey`], puts every call on one budget.
+    /// its [`HeaderName`](http::HeaderName), or a closure. The default,
+    /// `()` (keyed by nothing), puts every call on one budget.
     pub fn key<K2: KeyExtractor>(self, key: K2) -> BudgetLayer<K2, Bk> {
         BudgetLayer {
             key,
@@ -168,8 +168,10 @@ impl<K, Bk> BudgetLayer<K, Bk> {
         self
     }
 
-    /// What an answer used, read when its body ends (the tokens an LLM
-    /// answer reports). Without [`reserve`](Self::reserve), it is added to
+    /// What an answer used, read from its
+    /// [`ResponseHead`](crate::outcome::ResponseHead) when its body ends (the
+    /// tokens an LLM answer reports, in a header, a trailer or the last
+    /// chunk). Without [`reserve`](Self::reserve), it is added to
     /// what the call spent; with it, it settles the reservation. `None`
     /// (the usage is absent or malformed) charges nothing, leaves what the
     /// call spent as it is, and is logged at most once every 5 s. The
@@ -177,10 +179,10 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// [`Metered`](crate::cost::Metered).
     pub fn charge<F, T>(mut self, usage: F) -> Self
     where
-        F: Fn(&ResponseEnd<'_>) -> T + Send + Sync + 'static,
+        F: Fn(&ResponseHead<'_>) -> T + Send + Sync + 'static,
         T: Into<Option<u64>>,
     {
-        self.settings.plan.charge = Some(Arc::new(move |end: &ResponseEnd<'_>| usage(end).into()));
+        self.settings.plan.charge = Some(Arc::new(move |end: &ResponseHead<'_>| usage(end).into()));
         self
     }
 

@@ -7,7 +7,8 @@ use std::sync::Arc;
 
 use crate::backend::{Hit, Spending};
 use crate::budget::settle::{Amending, drop_at_end, finish};
-use crate::cost::charge::{Meter, ResponseEnd};
+use crate::cost::charge::Meter;
+use crate::count::ResponseHead;
 use crate::key::Key;
 
 use super::admit::Budget;
@@ -24,7 +25,7 @@ pub(crate) struct Tab<Bk> {
 }
 
 impl<Bk: Spending> Meter for Tab<Bk> {
-    fn end(self: Box<Self>, end: &ResponseEnd<'_>) {
+    fn end(self: Box<Self>, end: &ResponseHead<'_>) {
         let budget = &self.budget;
         let (name, gate) = (&budget.name, &budget.warn_gate);
         let Some(amend) = budget.plan.settle_end(name, gate, self.spent, end) else {

@@ -8,8 +8,9 @@
 //!   each in the window it was counted in;
 //! - [`reset_if`](crate::RateLimitLayer::reset_if) clears the key's counters
 //!   when the answer says so (a successful login);
-//! - a [`charge`](crate::RateLimitLayer::charge) adds the answer's cost when
-//!   its body ends, or settles the request's
+//! - a [`charge`](crate::RateLimitLayer::charge) adds the answer's cost,
+//!   read from the same [`ResponseHead`] once its body ends (its trailers,
+//!   its last chunk), or settles the request's
 //!   [`reserve`](crate::RateLimitLayer::reserve) to it ([`cost`](crate::cost)).
 //!
 //! A layer without any of them keeps nothing for the answer and allocates

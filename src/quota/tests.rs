@@ -255,77 +255,112 @@ fn shares_parse_strictly_and_never_round_to_zero() {
 
 #[test]
 fn bad_rate_strings_say_what_was_wrong() {
-    use RateErrorKind::*;
-    let cases: &[(&str, RateErrorKind, &str)] = &[
-        ("", Empty, "it is empty"),
-        ("   ", Empty, "it is empty"),
-        ("abc", NoSeparator, "no \"/\" or \" per \""),
-        ("100", NoSeparator, "no \"/\" or \" per \""),
-        ("5per15m", NoSeparator, "no \"/\" or \" per \""),
-        ("0/min", ZeroLimit, "the limit is 0"),
-        ("-1/min", NegativeLimit, "the limit -1 is negative"),
+    use RateProblem::*;
+    // The input, what was wrong with which part, and the message's words.
+    let cases: &[(&str, RateProblem, &str, &str)] = &[
+        ("", Empty, "", "it is empty"),
+        ("   ", Empty, "", "it is empty"),
+        ("abc", NoSeparator, "abc", "no \"/\" or \" per \""),
+        ("100", NoSeparator, "100", "no \"/\" or \" per \""),
+        ("5per15m", NoSeparator, "5per15m", "no \"/\" or \" per \""),
+        ("0/min", ZeroLimit, "0", "the limit is 0"),
+        ("-1/min", NegativeLimit, "-1", "the limit -1 is negative"),
         (
             "+1/min",
             InvalidLimit,
+            "+1",
             "the limit \"+1\" is not a whole number",
         ),
         (
             "1.5/min",
             InvalidLimit,
+            "1.5",
             "the limit \"1.5\" is not a whole number",
         ),
-        ("1_000/min", InvalidLimit, "not a whole number"),
-        ("/min", InvalidLimit, "the limit \"\" is not a whole number"),
-        ("ten/min", InvalidLimit, "the limit \"ten\""),
+        ("1_000/min", InvalidLimit, "1_000", "not a whole number"),
+        (
+            "/min",
+            InvalidLimit,
+            "",
+            "the limit \"\" is not a whole number",
+        ),
+        ("ten/min", InvalidLimit, "ten", "the limit \"ten\""),
         (
             "18446744073709551616/min",
             LimitTooLarge,
+            "18446744073709551616",
             "the limit 18446744073709551616 is larger than 18446744073709551615",
         ),
-        ("10/", MissingWindow, "the window is missing"),
-        ("10 per ", NoSeparator, "no \"/\""),
-        ("10/0s", ZeroWindow, "the window \"0s\" is zero"),
-        ("10/0ms", ZeroWindow, "is zero"),
-        ("10/-5s", NegativeWindow, "the window \"-5s\" is negative"),
+        ("10/", MissingWindow, "", "the window is missing"),
+        ("10 per ", NoSeparator, "10 per", "no \"/\""),
+        ("10/0s", ZeroWindow, "0s", "the window \"0s\" is zero"),
+        ("10/0ms", ZeroWindow, "0ms", "is zero"),
+        (
+            "10/-5s",
+            NegativeWindow,
+            "-5s",
+            "the window \"-5s\" is negative",
+        ),
         (
             "10/60",
             MissingUnit,
+            "60",
             "the window \"60\" has no unit (ms, s, m or min, h, d)",
         ),
         (
             "10/5y",
             UnknownUnit,
+            "y",
             "unknown unit \"y\" (use ms, s, m or min, h, d)",
         ),
-        ("10/5M", UnknownUnit, "unknown unit \"M\""),
-        ("10/5 mins", UnknownUnit, "unknown unit \"mins\""),
-        ("10/week", UnknownUnit, "unknown unit \"week\""),
+        ("10/5M", UnknownUnit, "M", "unknown unit \"M\""),
+        ("10/5 mins", UnknownUnit, "mins", "unknown unit \"mins\""),
+        ("10/week", UnknownUnit, "week", "unknown unit \"week\""),
         (
             "10/1.5s",
             InvalidWindow,
+            "1.5s",
             "the window \"1.5s\" is not a whole number and a unit",
         ),
-        ("10/+5s", InvalidWindow, "not a whole number and a unit"),
-        ("10/5s/2", InvalidWindow, "not a whole number and a unit"),
+        (
+            "10/+5s",
+            InvalidWindow,
+            "+5s",
+            "not a whole number and a unit",
+        ),
+        (
+            "10/5s/2",
+            InvalidWindow,
+            "5s/2",
+            "not a whole number and a unit",
+        ),
         (
             "10/36526d",
             WindowTooLong,
+            "36526d",
             "the window \"36526d\" is longer than 36525d",
         ),
         (
             "10/18446744073709551615d",
             WindowTooLong,
+            "18446744073709551615d",
             "longer than 36525d",
         ),
         (
             "10/99999999999999999999999ms",
             WindowTooLong,
+            "99999999999999999999999ms",
             "longer than 36525d",
         ),
     ];
-    for (text, kind, message) in cases {
+    for (text, problem, part, message) in cases {
         let err = text.parse::<Quota>().unwrap_err();
-        assert_eq!(rate_kind(&err), Some(*kind), "{text:?}: {err}");
+        // What was wrong, and with which part: the reason says exactly that.
+        assert_eq!(
+            err,
+            ConfigError::invalid_rate(text, *problem, part),
+            "{text:?}: {err}"
+        );
         assert!(
             matches!(&err, ConfigError::InvalidRate { input, .. } if input == text),
             "{text:?}: {err:?}"
@@ -356,21 +391,21 @@ fn windows_parse_alone() {
     );
     assert_eq!(Window::MAX.to_string(), "36525d");
     assert_eq!(
-        rate_kind(&"0s".parse::<Window>().unwrap_err()),
-        Some(RateErrorKind::ZeroWindow)
+        "0s".parse::<Window>(),
+        Err(ConfigError::invalid_rate(
+            "0s",
+            RateProblem::ZeroWindow,
+            "0s"
+        ))
     );
     assert_eq!(
-        rate_kind(&"".parse::<Window>().unwrap_err()),
-        Some(RateErrorKind::MissingWindow)
+        "".parse::<Window>(),
+        Err(ConfigError::invalid_rate(
+            "",
+            RateProblem::MissingWindow,
+            ""
+        ))
     );
-}
-
-/// What was wrong with a rate string, when `err` is about one.
-fn rate_kind(err: &ConfigError) -> Option<RateErrorKind> {
-    match err {
-        ConfigError::InvalidRate { kind, .. } => Some(*kind),
-        _ => None,
-    }
 }
 
 proptest::proptest! {

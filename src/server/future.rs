@@ -604,9 +604,7 @@ mod tests {
     }
 
     /// The state a passed request's future is in while the service works.
-    async fn state_while_serving<Bk: Backend>(
-        layer: RateLimitLayer<crate::key::GlobalKey, Bk>,
-    ) -> String {
+    async fn state_while_serving<Bk: Backend>(layer: RateLimitLayer<(), Bk>) -> String {
         // A service that never answers: the future stays where the verdict
         // put it.
         let hangs = service_fn(|_request: Request<String>| {
@@ -677,14 +675,15 @@ mod tests {
     /// The state of the future of a request with `body`, under a layer
     /// that reserves from the body, while its service works.
     async fn state_reading_body<B: http_body::Body + Unpin>(body: B) -> String {
-        use crate::cost::{BodyEstimate, Replay, ResponseEnd};
+        use crate::cost::{BodyEstimate, Replay};
+        use crate::outcome::ResponseHead;
         let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
         let hangs = service_fn(|_request: Request<Replay<B>>| {
             std::future::pending::<Result<Response<String>, Infallible>>()
         });
         let mut service = RateLimitLayer::new("api", quota)
             .reserve_from_body(BodyEstimate::new(1, |_| None))
-            .charge(|_: &ResponseEnd<'_>| None::<u64>)
+            .charge(|_: &ResponseHead<'_>| None::<u64>)
             .layer(hangs);
         let mut future = std::pin::pin!(service.ready().await.unwrap().call(Request::new(body)));
         let mut cx = Context::from_waker(std::task::Waker::noop());
@@ -704,7 +703,7 @@ mod tests {
         let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
         let from_head = RateLimitLayer::new("api", quota)
             .reserve(|_| 1)
-            .charge(|_: &crate::cost::ResponseEnd<'_>| None::<u64>);
+            .charge(|_: &crate::outcome::ResponseHead<'_>| None::<u64>);
         let hangs = service_fn(|_request: Request<String>| {
             std::future::pending::<Result<Response<String>, Infallible>>()
         });
@@ -726,7 +725,7 @@ mod tests {
     /// with, behind `layer` on a backend that answers at once or later:
     /// the decision the service saw, and the one its answer carries.
     async fn carried<Bk: Backend>(
-        layer: RateLimitLayer<crate::key::GlobalKey, Bk>,
+        layer: RateLimitLayer<(), Bk>,
         ask: bool,
     ) -> (Option<u64>, Option<u64>) {
         let reports = service_fn(|request: Request<String>| async move {
@@ -840,7 +839,7 @@ mod tests {
     /// The statuses, insured marks, counts and limits of `n` requests
     /// through `layer`.
     async fn answers<M: Counts<Out, String, Body = String>>(
-        layer: RateLimitLayer<crate::key::GlobalKey, Out, crate::response::DefaultDeny, M>,
+        layer: RateLimitLayer<(), Out, crate::response::DefaultDeny, M>,
         n: usize,
     ) -> Vec<(u16, Option<(bool, u64, u64)>)> {
         let service = layer

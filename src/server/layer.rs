@@ -13,12 +13,11 @@ use crate::budget::failure::FailurePolicy;
 use crate::budget::spend::{Cost, CostFn, SpendPlan};
 use crate::core::{Core, OnMissingKey, Settings, SkipIf};
 use crate::cost::body::{self, BodyEstimate};
-use crate::cost::charge::ResponseEnd;
 use crate::cost::{Charged, Mode, Plain};
 use crate::count::ResponseHead;
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
-use crate::key::{Allowlist, GlobalKey, Key, KeyError, KeyExtractor};
+use crate::key::{Allowlist, Key, KeyError, KeyExtractor};
 use crate::policy::{NamedQuota, Policies};
 use crate::quota::{Quota, Window};
 use crate::request::RequestHead;
@@ -94,7 +93,7 @@ use crate::timeout::DEFAULT_TIMEOUT;
 /// [`check`](Self::check)): settings that depend on each other are checked
 /// there, once, whatever the order they were set in.
 #[must_use]
-pub struct RateLimitLayer<K = GlobalKey, Bk = MemoryBackend, D = DefaultDeny, M = Plain, R = ()> {
+pub struct RateLimitLayer<K = (), Bk = MemoryBackend, D = DefaultDeny, M = Plain, R = ()> {
     key: K,
     core: Core<Bk, D>,
     mode: PhantomData<fn() -> M>,
@@ -127,7 +126,7 @@ impl RateLimitLayer {
         let name = layer_name(name.into())?;
         let policies = Policies::new(name.clone(), quota, HeaderStyle::default());
         Ok(Self {
-            key: GlobalKey,
+            key: (),
             core: Core::new(
                 MemoryBackend::new(),
                 DefaultDeny,
@@ -318,14 +317,14 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// use std::time::Duration;
     /// use axum::{Router, body::Body, http::{HeaderName, Request, StatusCode}, routing::get};
     /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, key::HeaderKey};
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// let quota = Quota::new(10, Duration::from_secs(60)).unwrap();
     /// let by_api_key = RateLimitLayer::new("api", quota)
-    ///     .key(HeaderKey::new(HeaderName::from_static("x-api-key")));
-    /// let status = |layer: RateLimitLayer<HeaderKey>| async move {
+    ///     .key(HeaderName::from_static("x-api-key"));
+    /// let status = |layer: RateLimitLayer<HeaderName>| async move {
     ///     let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
     ///     app.oneshot(Request::new(Body::empty())).await.unwrap().status()
     /// };
@@ -455,8 +454,10 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
         self.spending(|s| s.spend.as_mut().expect("a plan").cost = Some(cost))
     }
 
-    /// A response's cost, read from its [`ResponseEnd`] when its body ends
-    /// (a token count in a trailer, say), added to the window the request
+    /// A response's cost, read from its [`ResponseHead`] when its body ends
+    /// (a token count in a trailer, say: the view has the body's
+    /// [trailers](ResponseHead::trailers) and [last chunk](ResponseHead::last_chunk)
+    /// then), added to the window the request
     /// was counted in. The request goes in as a check that opens the
     /// window; the answers' bodies become [`Metered`](crate::cost::Metered).
     /// Guide: [`docs/costs.md#response-cost-charge`](crate::guide::costs#response-cost-charge).
@@ -469,10 +470,10 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
+    /// use tower_pinned_window::{Quota, RateLimitLayer, outcome::ResponseHead};
     ///
     /// /// The tokens an answer used, when it says (`None`: it does not).
-    /// fn tokens(end: &ResponseEnd) -> Option<u64> {
+    /// fn tokens(end: &ResponseHead) -> Option<u64> {
     ///     end.headers().get("x-usage-tokens")?.to_str().ok()?.parse().ok()
     /// }
     /// let quota = Quota::new(1000, Duration::from_secs(60)).unwrap();
@@ -483,12 +484,12 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// ```
     pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged, R>
     where
-        F: Fn(&ResponseEnd<'_>) -> T + Send + Sync + 'static,
+        F: Fn(&ResponseHead<'_>) -> T + Send + Sync + 'static,
         T: Into<Option<u64>>,
     {
         self.spending(|s| {
             s.spend.as_mut().expect("a plan").charge =
-                Some(Arc::new(move |end: &ResponseEnd<'_>| charge(end).into()));
+                Some(Arc::new(move |end: &ResponseHead<'_>| charge(end).into()));
         })
     }
 
@@ -521,7 +522,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// use std::time::Duration;
     /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
     /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, cost::ResponseEnd};
+    /// use tower_pinned_window::{Quota, RateLimitLayer, outcome::ResponseHead};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
@@ -530,7 +531,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// };
     /// let budget = RateLimitLayer::new("tokens", Quota::new(1000, Duration::from_secs(60)).unwrap())
     ///     .reserve(move |req| header(req.headers(), "x-max-tokens").unwrap_or(1000))
-    ///     .charge(move |end: &ResponseEnd| header(end.headers(), "x-usage-tokens"));
+    ///     .charge(move |end: &ResponseHead| header(end.headers(), "x-usage-tokens"));
     /// let app = Router::new()
     ///     .route("/complete", post(|| async { ([("x-usage-tokens", "100")], "...") }))
     ///     .layer(budget);
@@ -582,13 +583,13 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// use std::time::Duration;
     /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::post};
     /// use tower::ServiceExt;
-    /// use tower_pinned_window::{Quota, RateLimitLayer, cost::{BodyEstimate, ResponseEnd}};
+    /// use tower_pinned_window::{Quota, RateLimitLayer, cost::BodyEstimate, outcome::ResponseHead};
     ///
     /// # #[tokio::main(flavor = "current_thread")]
     /// # async fn main() {
     /// let budget = RateLimitLayer::new("tokens", Quota::new(1000, Duration::from_secs(60)).unwrap())
     ///     .reserve_from_body(BodyEstimate::json_field("max_tokens", 1000))
-    ///     .charge(|end: &ResponseEnd| end.headers().get("x-usage-tokens")?.to_str().ok()?.parse().ok());
+    ///     .charge(|end: &ResponseHead| end.headers().get("x-usage-tokens")?.to_str().ok()?.parse().ok());
     /// let app = Router::new()
     ///     // The handler gets the body whole.
     ///     .route("/complete", post(|body: String| async move { ([("x-usage-tokens", "100")], body) }))

@@ -12,7 +12,8 @@ use smallvec::SmallVec;
 use crate::backend::{Amend, Backend, Hit, Hits};
 use crate::budget::settle::{Amending, Wait, drop_at_end, finish};
 use crate::core::Core;
-use crate::cost::charge::{Meter, ResponseEnd};
+use crate::cost::charge::Meter;
+use crate::count::ResponseHead;
 use crate::decision::Decision;
 use crate::key::Key;
 use crate::outcome::rules::Fate;
@@ -240,7 +241,7 @@ where
     Bk: Backend,
     D: Send + Sync + 'static,
 {
-    fn end(self: Box<Self>, end: &ResponseEnd<'_>) {
+    fn end(self: Box<Self>, end: &ResponseHead<'_>) {
         let settings = &self.core.settings;
         let Some(plan) = &settings.spend else {
             return;

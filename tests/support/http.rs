@@ -10,7 +10,6 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::{Service, service_fn};
-use tower_pinned_window::key::HeaderKey;
 
 /// Request and response bodies of the `service_fn` tests.
 pub type Body = String;
@@ -32,8 +31,8 @@ pub fn from(client: &str) -> Request<Body> {
 }
 
 /// Key requests by `x-client`.
-pub fn by_client() -> HeaderKey {
-    HeaderKey::new(HeaderName::from_static("x-client"))
+pub fn by_client() -> HeaderName {
+    HeaderName::from_static("x-client")
 }
 
 /// An axum server on a free port of 127.0.0.1, with connect info, stopped

@@ -27,8 +27,8 @@ use axum::http::{Request, Response, StatusCode};
 use http_body_util::BodyExt;
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Spending;
-use tower_pinned_window::cost::ResponseEnd;
-use tower_pinned_window::key::{HeaderKey, Key, RequestHead};
+use tower_pinned_window::key::{Key, RequestHead};
+use tower_pinned_window::outcome::ResponseHead;
 use tower_pinned_window::{Quota, RateLimitLayer};
 use tower_pinned_window_postgres::PostgresBackend;
 use tower_pinned_window_postgres::deadpool_postgres::{Manager, Pool};
@@ -60,12 +60,10 @@ fn call(key: &str, max_tokens: u64) -> Request<Body> {
 async fn trial<Bk: Spending>(a: &Bk, b: &Bk, window: Duration, key: &str) -> Option<Duration> {
     let layer = |backend: Bk| {
         RateLimitLayer::new("tokens", Quota::new(BUDGET, window).unwrap())
-            .key(HeaderKey::new(axum::http::HeaderName::from_static(
-                "x-api-key",
-            )))
+            .key(axum::http::HeaderName::from_static("x-api-key"))
             .backend(backend)
             .reserve(|req: &RequestHead<'_>| number(req.headers(), "x-max-tokens").unwrap_or(0))
-            .charge(|end: &ResponseEnd<'_>| number(end.headers(), "x-usage-tokens"))
+            .charge(|end: &ResponseHead<'_>| number(end.headers(), "x-usage-tokens"))
             .layer(tower::service_fn(|_: Request<Body>| async {
                 Ok::<_, Infallible>(
                     Response::builder()

@@ -58,7 +58,6 @@ use axum::body::Body;
 use axum::http::{HeaderName, Request, Response, StatusCode};
 use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::Backend;
-use tower_pinned_window::key::HeaderKey;
 use tower_pinned_window::{Decision, DecisionIn, Quota, RateLimitLayer, Window};
 use tower_pinned_window_postgres::PostgresBackend;
 use tower_pinned_window_postgres::deadpool_postgres::{Manager, Pool};
@@ -282,9 +281,9 @@ struct Answer {
 /// `WINDOW_MS` per `x-key`, fail closed (or, with `INSURE_SHARE=N/D`, the
 /// insurance limiter at that share), a timeout of `LAYER_TIMEOUT_MS`, the
 /// decision in the answer.
-fn layer() -> Result<RateLimitLayer<HeaderKey>, Error> {
+fn layer() -> Result<RateLimitLayer<HeaderName>, Error> {
     Ok(RateLimitLayer::new(LAYER, quota()?)
-        .key(HeaderKey::new(HeaderName::from_static("x-key")))
+        .key(HeaderName::from_static("x-key"))
         .on_failure(failure_policy()?)
         .decision_in(DecisionIn::Response)
         .timeout(Window::new(Duration::from_millis(env(

@@ -21,7 +21,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window::key::{HeaderKey, PeerIp};
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{Quota, RateLimitLayer, response::HeaderStyle};
 use tower_pinned_window_redis::RedisBackend;
 
@@ -33,7 +33,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     match limit.as_str() {
         "on" | "noheaders" => {
             let quota = Quota::new(u64::MAX, Duration::from_secs(10))?;
-            let mut layer = RateLimitLayer::new("wrk", quota).key(PeerIp::new());
+            let mut layer = RateLimitLayer::new("wrk", quota).key(ClientIp::new());
             if limit == "noheaders" {
                 layer = layer.headers(HeaderStyle::None);
             }
@@ -62,9 +62,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 Quota::new(u64::MAX / 2, Duration::from_secs(60))?
             };
             let layer = RateLimitLayer::new("wrk", quota)
-                .key(HeaderKey::new(axum::http::HeaderName::from_static(
-                    "x-client",
-                )))
+                .key(axum::http::HeaderName::from_static("x-client"))
                 .backend(backend);
             app = match limit.as_str() {
                 "redis-cost" => app.route_layer(layer.cost(1)),

@@ -871,7 +871,7 @@ pub mod cases {
     use redis::aio::ConnectionLike;
     use tower::{Layer, ServiceExt};
     use tower_pinned_window::backend::Backend;
-    use tower_pinned_window::key::{HeaderKey, Key};
+    use tower_pinned_window::key::Key;
     use tower_pinned_window::{Quota, RateLimitLayer};
     use tower_pinned_window_redis::RedisBackend;
 
@@ -978,7 +978,7 @@ pub mod cases {
                 layer = layer.also(hour);
             }
             layer
-                .key(HeaderKey::new(http::HeaderName::from_static("x-client")))
+                .key(http::HeaderName::from_static("x-client"))
                 .backend(store.clone())
                 .layer(ok_service())
         };

@@ -205,7 +205,7 @@ fn a_cost_above_a_limit_and_a_bad_lockout_are_config_errors() {
 fn a_reservation_needs_a_charge_and_no_cost_in_any_order() {
     let layer = || RateLimitLayer::new("t", Quota::new(10, Duration::from_secs(1)).unwrap());
     let estimate = |_: &RequestHead<'_>| 3;
-    let used = |_: &ResponseEnd<'_>| Some(2);
+    let used = |_: &ResponseHead<'_>| Some(2);
     assert_eq!(
         layer().reserve(estimate).check(),
         Err(ConfigError::ReserveWithoutCharge)
@@ -232,7 +232,7 @@ fn a_reservation_needs_a_charge_and_no_cost_in_any_order() {
         Err(ConfigError::ReserveWithCost)
     );
     // A charge alone, and a cost beside a charge, as before.
-    assert_eq!(layer().charge(|_: &ResponseEnd<'_>| 1).check(), Ok(()));
+    assert_eq!(layer().charge(|_: &ResponseHead<'_>| 1).check(), Ok(()));
     assert_eq!(layer().cost(2).charge(used).check(), Ok(()));
 }
 
@@ -313,7 +313,7 @@ impl crate::backend::Spending for Told {
 async fn a_layer_that_reserves_tells_the_backend_its_counts_go_down_from_the_head_or_the_body() {
     use tower::{ServiceExt, service_fn};
     let q = Quota::new(100, Duration::from_secs(60)).unwrap();
-    let settled = |_: &ResponseEnd<'_>| None::<u64>;
+    let settled = |_: &ResponseHead<'_>| None::<u64>;
     async fn ok<B>(
         _request: http::Request<B>,
     ) -> Result<Response<String>, std::convert::Infallible> {
