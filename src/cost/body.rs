@@ -300,53 +300,6 @@ pub(crate) enum Start<B: Body> {
     Reading(BodyReader<B>),
 }
 
-impl BodyEstimate {
-    /// Starts on `request`: a gRPC request, or one whose `content-length`
-    /// is above the limit, is known at once, unread; any other's body is
-    /// read first.
-    pub(crate) fn start<B: Body>(&self, request: Request<B>) -> Start<B> {
-        let (parts, body) = request.into_parts();
-        // gRPC bodies are left alone: the fallback is reserved.
-        if is_grpc(&parts.headers) {
-            return Start::Now(Ok(Request::from_parts(parts, Replay::unread(body))));
-        }
-        let declared = parts
-            .headers
-            .get(http::header::CONTENT_LENGTH)
-            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
-        if declared.is_some_and(|len| len > self.limit as u64) {
-            return Start::Now(self.over_limit(parts, body));
-        }
-        Start::Reading(BodyReader {
-            prefix: Some(Prefix {
-                parts,
-                body,
-                read: Vec::new(),
-                len: 0,
-                estimate: self.clone(),
-            }),
-        })
-    }
-
-    /// A body declared longer than the limit: 413, or on with the
-    /// fallback.
-    fn over_limit<B: Body>(&self, parts: Parts, body: B) -> Read<B> {
-        match self.reject_over_limit {
-            false => {
-                tracing::debug!(
-                    limit = self.limit,
-                    "request body over the limit: reserving the fallback estimate"
-                );
-                Ok(Request::from_parts(parts, Replay::unread(body)))
-            }
-            true => {
-                tracing::debug!(limit = self.limit, "request body over the limit: 413");
-                Err(TooLarge)
-            }
-        }
-    }
-}
-
 /// The answer to a body past the limit under
 /// [`reject_over_limit`](BodyEstimate::reject_over_limit): `413 Payload
 /// Too Large`, with an empty body.
@@ -373,6 +326,53 @@ struct Prefix<B> {
     /// The bytes in `read`.
     len: usize,
     estimate: BodyEstimate,
+}
+
+impl<B: Body> BodyReader<B> {
+    /// Starts on `request`, whose body `estimate` reads: a gRPC request,
+    /// or one whose `content-length` is above the limit, is known at once,
+    /// unread; any other's body is read first.
+    pub(crate) fn start(estimate: &BodyEstimate, request: Request<B>) -> Start<B> {
+        let (parts, body) = request.into_parts();
+        // gRPC bodies are left alone: the fallback is reserved.
+        if is_grpc(&parts.headers) {
+            return Start::Now(Ok(Request::from_parts(parts, Replay::unread(body))));
+        }
+        let declared = parts
+            .headers
+            .get(http::header::CONTENT_LENGTH)
+            .and_then(|value| value.to_str().ok()?.parse::<u64>().ok());
+        if declared.is_some_and(|len| len > estimate.limit as u64) {
+            return Start::Now(Self::over_limit(estimate, parts, body));
+        }
+        Start::Reading(Self {
+            prefix: Some(Prefix {
+                parts,
+                body,
+                read: Vec::new(),
+                len: 0,
+                estimate: estimate.clone(),
+            }),
+        })
+    }
+
+    /// A body declared longer than the limit: 413, or on with the
+    /// fallback.
+    fn over_limit(estimate: &BodyEstimate, parts: Parts, body: B) -> Read<B> {
+        match estimate.reject_over_limit {
+            false => {
+                tracing::debug!(
+                    limit = estimate.limit,
+                    "request body over the limit: reserving the fallback estimate"
+                );
+                Ok(Request::from_parts(parts, Replay::unread(body)))
+            }
+            true => {
+                tracing::debug!(limit = estimate.limit, "request body over the limit: 413");
+                Err(TooLarge)
+            }
+        }
+    }
 }
 
 impl<B: Body + Unpin> BodyReader<B> {

@@ -241,7 +241,7 @@ where
     }
 
     fn call(&mut self, request: Request<B>) -> Self::Future {
-        let reader = match self.reads.start(request) {
+        let reader = match BodyReader::start(&self.reads, request) {
             Start::Now(Ok(request)) => return self.limit(request),
             Start::Now(Err(TooLarge)) => return ResponseFuture::respond(body::too_large()),
             Start::Reading(reader) => reader,
