@@ -14,8 +14,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use axum::{Router, routing::get};
-use tower_pinned_window::key::{ClientIp, ForwardedHeader};
+use axum::{Router, http::HeaderName, routing::get};
+use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{Quota, RateLimitLayer};
 
 #[tokio::main]
@@ -29,7 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let client_ip = ClientIp::new()
         .trust("127.0.0.1/32")?
-        .header(ForwardedHeader::XForwardedFor);
+        .header(HeaderName::from_static("x-forwarded-for"));
     let limit =
         RateLimitLayer::new("behind-proxy", Quota::new(5, Duration::from_secs(10))?).key(client_ip);
     let app = Router::new()

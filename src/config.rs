@@ -72,7 +72,8 @@
 //! `trust` takes CIDRs, addresses, and the presets `"loopback"` and
 //! `"private"`; `header` is `"x-forwarded-for"` (the default),
 //! `"forwarded"` or `"x-real-ip"`: the one **your proxy** sets (see
-//! [`ClientIp`]).
+//! [`ClientIp::header`]; a name outside these three, such as a CDN's, is
+//! set in code, where a typo is yours to see).
 //!
 //! # Tiers come from the server, never from the client
 //!
@@ -112,7 +113,7 @@ use serde::{Deserialize, Serialize};
 use crate::budget::failure::FailurePolicy;
 use crate::core::OnMissingKey;
 use crate::error::ConfigError;
-use crate::key::{ClientIp, ForwardedHeader, Key, KeyError, KeyExtractor, RouteKey};
+use crate::key::{ClientIp, Key, KeyError, KeyExtractor, RouteKey};
 use crate::name::is_layer_name;
 use crate::policy::NamedQuota;
 use crate::quota::Quota;
@@ -345,6 +346,9 @@ struct ClientIpSpec {
     max_hops: Option<usize>,
 }
 
+/// The headers a configuration may name: a closed list, so that a typo is
+/// refused when the file is read rather than trusted as a header of one
+/// address that never comes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 enum ForwardedSpec {
@@ -377,11 +381,11 @@ impl KeySpec {
                     };
                 }
                 if let Some(header) = spec.header {
-                    client = client.header(match header {
-                        ForwardedSpec::XForwardedFor => ForwardedHeader::XForwardedFor,
-                        ForwardedSpec::Forwarded => ForwardedHeader::Forwarded,
-                        ForwardedSpec::XRealIp => ForwardedHeader::XRealIp,
-                    });
+                    client = client.header(HeaderName::from_static(match header {
+                        ForwardedSpec::XForwardedFor => "x-forwarded-for",
+                        ForwardedSpec::Forwarded => "forwarded",
+                        ForwardedSpec::XRealIp => "x-real-ip",
+                    }));
                 }
                 if let Some(bits) = spec.ipv6_prefix {
                     client = client.try_ipv6_prefix(bits)?;

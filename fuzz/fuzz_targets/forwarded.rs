@@ -1,5 +1,5 @@
-//! `Forwarded`, `X-Forwarded-For` and `X-Real-IP` through `ClientIp`'s
-//! trusted-proxy walk, with each of the three headers configured.
+//! `Forwarded`, `X-Forwarded-For`, `X-Real-IP` and a CDN's header of one
+//! address through `ClientIp`'s trusted-proxy walk, with each configured.
 //!
 //! The input is text, one item a line:
 //!
@@ -8,7 +8,8 @@
 //! 10.0.0.1                     the peer address
 //! 10.0.0.0/8 loopback          trusted CIDRs, addresses, `loopback`, `private`
 //! f:for=192.0.2.1;proto=https  header lines: `f:` Forwarded, `r:` X-Real-IP,
-//! 198.51.100.7, 10.0.0.2       anything else X-Forwarded-For (`x:` optional)
+//! 198.51.100.7, 10.0.0.2       `c:` CF-Connecting-IP, anything else
+//!                              X-Forwarded-For (`x:` optional)
 //! ```
 //!
 //! Checked: no panic; the extractor and `client_ip` agree; from an untrusted
@@ -17,15 +18,18 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use http::{HeaderMap, HeaderValue, Request};
+use http::header::FORWARDED;
+use http::{HeaderMap, HeaderName, HeaderValue, Request};
 use libfuzzer_sys::fuzz_target;
 use tower_pinned_window::key::RequestHead;
-use tower_pinned_window::key::{Allowlist, ClientIp, ForwardedHeader, KeyExtractor};
+use tower_pinned_window::key::{Allowlist, ClientIp, KeyExtractor};
 
-const HEADERS: [ForwardedHeader; 3] = [
-    ForwardedHeader::XForwardedFor,
-    ForwardedHeader::Forwarded,
-    ForwardedHeader::XRealIp,
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const HEADERS: [HeaderName; 4] = [
+    X_FORWARDED_FOR,
+    FORWARDED,
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("cf-connecting-ip"),
 ];
 
 fuzz_target!(|data: &[u8]| {
@@ -79,6 +83,7 @@ fuzz_target!(|data: &[u8]| {
         let (name, value) = match line {
             [b'f', b':', rest @ ..] => ("forwarded", rest),
             [b'r', b':', rest @ ..] => ("x-real-ip", rest),
+            [b'c', b':', rest @ ..] => ("cf-connecting-ip", rest),
             [b'x', b':', rest @ ..] => ("x-forwarded-for", rest),
             _ => ("x-forwarded-for", line),
         };
@@ -92,7 +97,7 @@ fuzz_target!(|data: &[u8]| {
         .client_ip(peer, &HeaderMap::new())
         .expect("a peer alone is its client");
     for header in HEADERS {
-        let client = client.clone().header(header);
+        let client = client.clone().header(header.clone());
         let found = client.client_ip(peer, &headers);
 
         // The extractor, as the layer calls it, finds the same client.
@@ -118,13 +123,14 @@ fuzz_target!(|data: &[u8]| {
         // Entries left of an untrusted client are the client's own: more of
         // them change nothing.
         if let Ok(ip) = found
-            && header != ForwardedHeader::XRealIp
+            && (header == X_FORWARDED_FOR || header == FORWARDED)
             && !nets.contains_ip(ip)
         {
             let mut more = HeaderMap::new();
-            let (name, forged) = match header {
-                ForwardedHeader::Forwarded => ("forwarded", "for=6.6.6.6, for=\"[\", junk"),
-                _ => ("x-forwarded-for", "6.6.6.6, [, junk"),
+            let (name, forged) = if header == FORWARDED {
+                ("forwarded", "for=6.6.6.6, for=\"[\", junk")
+            } else {
+                ("x-forwarded-for", "6.6.6.6, [, junk")
             };
             more.append(name, HeaderValue::from_static(forged));
             for (name, value) in &headers {

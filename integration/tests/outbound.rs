@@ -26,9 +26,7 @@ use tower_pinned_window::backend::{
     Amend, Backend, BackendError, Counter, Hit, Hits, MemoryBackend, Spend, Spending,
 };
 use tower_pinned_window::key::Key;
-use tower_pinned_window::outbound::{
-    BudgetError, BudgetLayer, DEFAULT_MARGIN, Deadline, WaitBound,
-};
+use tower_pinned_window::outbound::{BudgetError, BudgetLayer, DEFAULT_MARGIN, WaitBound};
 use tower_pinned_window::{ConfigError, FailurePolicy, Quota, Share, Window};
 use trial::Needs;
 
@@ -365,7 +363,7 @@ async fn waiting_calls_go_in_arrival_order() {
 }
 
 /// A call whose budget cannot return within its max wait, or its own
-/// deadline (a `Deadline`, or `grpc-timeout`), fails at once and says when
+/// deadline (a `WaitBound::Deadline`, or `grpc-timeout`), fails at once and says when
 /// the budget returns; it spends nothing.
 async fn a_call_that_cannot_be_served_in_time_fails_at_once() {
     let provider = Provider::default();
@@ -378,7 +376,7 @@ async fn a_call_that_cannot_be_served_in_time_fails_at_once() {
         .max_wait(Duration::from_millis(100))
         .layer(provider.client());
     let mut deadline = call("deadline");
-    deadline.extensions_mut().insert(Deadline(
+    deadline.extensions_mut().insert(WaitBound::Deadline(
         std::time::Instant::now() + Duration::from_millis(200),
     ));
     let mut grpc = call("grpc");
@@ -655,16 +653,27 @@ async fn budget_errors_say_which_budget_which_bound_and_when() {
     let client = layer.clone().layer(provider.client());
     send(&client, call("first")).await.unwrap();
     let mut deadline = call("deadline");
-    deadline
-        .extensions_mut()
-        .insert(Deadline(std::time::Instant::now() + Duration::from_secs(2)));
+    deadline.extensions_mut().insert(WaitBound::Deadline(
+        std::time::Instant::now() + Duration::from_secs(2),
+    ));
     let mut grpc = call("grpc");
     grpc.headers_mut()
         .insert("grpc-timeout", "3S".parse().unwrap());
+    // A call's own wait shortens the layer's, and never lengthens it.
+    let mut shorter = call("shorter");
+    shorter
+        .extensions_mut()
+        .insert(WaitBound::MaxWait(Duration::from_secs(1)));
+    let mut longer = call("longer");
+    longer
+        .extensions_mut()
+        .insert(WaitBound::MaxWait(Duration::from_secs(600)));
     let cases = [
         (call("max wait"), "after the call's max_wait of 5s"),
         (deadline, "after the call's Deadline"),
         (grpc, "after the call's grpc-timeout of 3s"),
+        (shorter, "after the call's max_wait of 1s"),
+        (longer, "after the call's max_wait of 5s"),
     ];
     for (request, bound) in cases {
         let err = send(&client, request).await.unwrap_err();

@@ -11,8 +11,8 @@
 //! [`BodyEstimate`]): a bounded prefix is read before the limiter runs,
 //! and the service gets the body whole ([`Replay`]).
 //!
-//! The layer's [`Mode`] says in its type whether it spends: [`Plain`] by
-//! default, [`Spends`] or [`Charged`] once a setter asks for it. A layer
+//! The layer's mode says in its type whether it spends: `()`, plain hits,
+//! by default, [`Spends`] or [`Charged`] once a setter asks for it. A layer
 //! that spends builds only on a backend that implements [`Spending`],
 //! whatever the order of its setters ([`Counts`]). A layer that does not
 //! spend counts with `hit_all`, as it always has, and runs nothing here.
@@ -31,13 +31,31 @@ use crate::cost::charge::Meter;
 use crate::key::Key;
 
 mod sealed {
-    pub trait Sealed {}
+    /// How a layer counts, in its type: `()`, plain hits, or
+    /// [`Spends`](super::Spends) and [`Charged`](super::Charged), which
+    /// need a backend that implements [`Spending`](super::Spending). Sealed:
+    /// the layer's setters move it from one to the next, whatever their
+    /// order.
+    pub trait Mode {
+        /// The mode once the layer spends: `Spends`, or `Charged` when it
+        /// is already charged.
+        type Spending: Mode;
+    }
+
+    impl Mode for () {
+        type Spending = super::Spends;
+    }
+
+    impl Mode for super::Spends {
+        type Spending = super::Spends;
+    }
+
+    impl Mode for super::Charged {
+        type Spending = super::Charged;
+    }
 }
 
-/// A layer that counts plain hits: the default mode, on any
-/// [`Backend`].
-#[derive(Debug, Clone, Copy, Default)]
-pub struct Plain;
+pub(crate) use sealed::Mode;
 
 /// A layer that spends: after a [`cost`](crate::RateLimitLayer::cost),
 /// [`cost_fn`](crate::RateLimitLayer::cost_fn),
@@ -54,32 +72,7 @@ pub struct Spends;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Charged;
 
-impl sealed::Sealed for Plain {}
-impl sealed::Sealed for Spends {}
-impl sealed::Sealed for Charged {}
-
-/// How a layer counts, in its type: [`Plain`] hits, or [`Spends`] and
-/// [`Charged`], which need a backend that implements [`Spending`]. Sealed:
-/// the layer's setters move it from one to the next, whatever their order.
-pub trait Mode: sealed::Sealed {
-    /// The mode once the layer spends: [`Spends`], or [`Charged`] when
-    /// it is already charged.
-    type Spending: Mode;
-}
-
-impl Mode for Plain {
-    type Spending = Spends;
-}
-
-impl Mode for Spends {
-    type Spending = Spends;
-}
-
-impl Mode for Charged {
-    type Spending = Charged;
-}
-
-/// What a layer in mode `Self` counts with on `Bk`, and the body of its
+/// What a layer in mode `Self` (`()`, [`Spends`] or [`Charged`]) counts with on `Bk`, and the body of its
 /// answers to a service whose bodies are `B`.
 ///
 /// A layer that spends on a backend that only implements [`Backend`] does
@@ -132,7 +125,7 @@ impl Mode for Charged {
     label = "`{Bk}` cannot spend",
     note = "implement `tower_pinned_window::backend::Spending` for the backend, or drop the cost, charge, block_for or reset_if"
 )]
-pub trait Counts<Bk, B>: Mode {
+pub trait Counts<Bk, B>: sealed::Mode {
     /// The answers' body type: `B`, or [`Metered<B>`] under a charge.
     type Body;
 
@@ -153,7 +146,7 @@ pub trait Counts<Bk, B>: Mode {
     fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<Self::Body>;
 }
 
-impl<Bk: Backend, B> Counts<Bk, B> for Plain {
+impl<Bk: Backend, B> Counts<Bk, B> for () {
     type Body = B;
 
     fn spend_all(backend: &Bk, key: &Key, counters: &[Counter<'_>], _spend: Spend) -> Bk::Future {

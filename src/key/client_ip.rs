@@ -1,41 +1,15 @@
 use std::net::IpAddr;
 use std::sync::Arc;
 
-use http::HeaderMap;
+use http::header::FORWARDED;
+use http::{HeaderMap, HeaderName};
 use ipnet::IpNet;
 
-use super::forwarded::{self, Hop};
+use super::forwarded::{self, Hop, X_FORWARDED_FOR};
 use super::ip::{self, DEFAULT_IPV6_PREFIX, canonical, canonical_nets, peer};
 use super::{Key, KeyError, KeyExtractor};
 use crate::error::ConfigError;
 use crate::request::RequestHead;
-
-/// Which header a trusted proxy records the client in. Pick the one your
-/// proxy **sets or appends to**: a header the proxy passes through untouched
-/// is written by the client.
-///
-/// ```
-/// use http::HeaderMap;
-/// use tower_pinned_window::key::{ClientIp, ForwardedHeader};
-///
-/// let client_ip = ClientIp::new().trust_loopback().header(ForwardedHeader::Forwarded);
-/// let mut headers = HeaderMap::new();
-/// headers.insert("forwarded", "for=\"[2001:db8::1]:4711\"".parse().unwrap());
-/// let ip = client_ip.client_ip("127.0.0.1".parse().unwrap(), &headers).unwrap();
-/// assert_eq!(ip, "2001:db8::1".parse::<std::net::IpAddr>().unwrap());
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-#[non_exhaustive]
-pub enum ForwardedHeader {
-    /// `X-Forwarded-For: client, proxy1, proxy2` (nginx, HAProxy, most load
-    /// balancers).
-    #[default]
-    XForwardedFor,
-    /// RFC 7239 `Forwarded: for=client, for="[2001:db8::1]:4711"`.
-    Forwarded,
-    /// `X-Real-IP: client`, one address that the proxy overwrites.
-    XRealIp,
-}
 
 /// The client's IP address: the connection's peer, or, behind proxies you
 /// trust, the client they forwarded, and no one else's word.
@@ -54,7 +28,7 @@ pub enum ForwardedHeader {
 /// - When the peer is **not** a trusted proxy, the peer is the client and
 ///   no header is read: a client cannot pick its own key by sending
 ///   `X-Forwarded-For`.
-/// - When it is, the configured [`ForwardedHeader`] is walked from the right
+/// - When it is, the configured [`header`](Self::header) is walked from the right
 ///   (the hop nearest to this server), skipping trusted proxies; the first
 ///   untrusted address is the client. Entries left of it were written by the
 ///   client and are never read.
@@ -83,10 +57,11 @@ pub enum ForwardedHeader {
 /// Behind a load balancer:
 ///
 /// ```
-/// use tower_pinned_window::key::{ClientIp, ForwardedHeader};
+/// use tower_pinned_window::key::ClientIp;
 /// use http::HeaderMap;
 ///
-/// let client_ip = ClientIp::new().trust("10.0.0.0/8").unwrap().header(ForwardedHeader::XForwardedFor);
+/// // X-Forwarded-For is the default header.
+/// let client_ip = ClientIp::new().trust("10.0.0.0/8").unwrap();
 /// let mut headers = HeaderMap::new();
 /// headers.insert("x-forwarded-for", "6.6.6.6, 203.0.113.7, 10.0.0.2".parse().unwrap());
 /// // The load balancer at 10.0.0.1 forwarded it: 10.0.0.2 is trusted too,
@@ -104,7 +79,8 @@ pub struct ClientIp {
     /// clone of the peer's extractor (axum clones a route's service for
     /// each request) takes no count on a shared reference.
     trusted: Option<Arc<[IpNet]>>,
-    header: ForwardedHeader,
+    /// The header trusted proxies record the client in.
+    header: HeaderName,
     /// The prefix IPv6 clients are grouped by.
     ipv6_prefix: u8,
     max_hops: usize,
@@ -114,7 +90,7 @@ impl Default for ClientIp {
     fn default() -> Self {
         Self {
             trusted: None,
-            header: ForwardedHeader::default(),
+            header: X_FORWARDED_FOR,
             ipv6_prefix: DEFAULT_IPV6_PREFIX,
             max_hops: 16,
         }
@@ -147,7 +123,7 @@ impl ClientIp {
     }
 
     /// Trust loopback proxies (`127.0.0.0/8`, `::1`): a proxy on this host
-    /// (example: [`ForwardedHeader`]).
+    /// (example: [`header`](Self::header)).
     pub fn trust_loopback(self) -> Self {
         self.trust_nets(&["127.0.0.0/8", "::1/128"])
     }
@@ -157,13 +133,14 @@ impl ClientIp {
     ///
     /// ```
     /// use http::HeaderMap;
-    /// use tower_pinned_window::key::{ClientIp, ForwardedHeader};
+    /// use http::HeaderName;
+    /// use tower_pinned_window::key::ClientIp;
     ///
     /// let client_ip = ClientIp::new()
     ///     .trust_private()
     ///     .trust("198.51.100.0/24") // a CDN's range
     ///     .unwrap()
-    ///     .header(ForwardedHeader::XRealIp);
+    ///     .header(HeaderName::from_static("x-real-ip"));
     /// let mut headers = HeaderMap::new();
     /// headers.insert("x-real-ip", "203.0.113.7".parse().unwrap());
     /// for proxy in ["192.168.1.2", "198.51.100.9"] {
@@ -181,9 +158,34 @@ impl ClientIp {
         })
     }
 
-    /// The header trusted proxies record the client in (default
-    /// `X-Forwarded-For`; example: [`ForwardedHeader`]).
-    pub fn header(mut self, header: ForwardedHeader) -> Self {
+    /// The header trusted proxies record the client in. Name the one your
+    /// proxy **sets or appends to**: a header the proxy passes through
+    /// untouched is written by the client.
+    ///
+    /// - `x-forwarded-for` (the default): `client, proxy1, proxy2`, as
+    ///   nginx, HAProxy and most load balancers append to it.
+    /// - [`FORWARDED`](http::header::FORWARDED): RFC 7239,
+    ///   `for=client, for="[2001:db8::1]:4711"`.
+    /// - Any other name holds one address that the proxy overwrites:
+    ///   `x-real-ip`, or a CDN's own (`cf-connecting-ip`,
+    ///   `true-client-ip`, `fly-client-ip`). A list, or the header twice, is
+    ///   [`KeyError::Invalid`].
+    ///
+    /// A header that never arrives leaves the nearest trusted proxy as the
+    /// client, so every client would share its budget: a name is not
+    /// checked against your proxy's, so check it with a request through it.
+    ///
+    /// ```
+    /// use http::{HeaderMap, header::FORWARDED};
+    /// use tower_pinned_window::key::ClientIp;
+    ///
+    /// let client_ip = ClientIp::new().trust_loopback().header(FORWARDED);
+    /// let mut headers = HeaderMap::new();
+    /// headers.insert("forwarded", "for=\"[2001:db8::1]:4711\"".parse().unwrap());
+    /// let ip = client_ip.client_ip("127.0.0.1".parse().unwrap(), &headers).unwrap();
+    /// assert_eq!(ip, "2001:db8::1".parse::<std::net::IpAddr>().unwrap());
+    /// ```
+    pub fn header(mut self, header: HeaderName) -> Self {
         self.header = header;
         self
     }
@@ -257,10 +259,12 @@ impl ClientIp {
         if !self.is_trusted(peer) {
             return Ok(peer);
         }
-        match self.header {
-            ForwardedHeader::XForwardedFor => self.walk(peer, forwarded::x_forwarded_for(headers)),
-            ForwardedHeader::Forwarded => self.walk(peer, forwarded::forwarded(headers)),
-            ForwardedHeader::XRealIp => self.walk(peer, forwarded::x_real_ip(headers)),
+        if self.header == X_FORWARDED_FOR {
+            self.walk(peer, forwarded::x_forwarded_for(headers))
+        } else if self.header == FORWARDED {
+            self.walk(peer, forwarded::forwarded(headers))
+        } else {
+            self.walk(peer, forwarded::one_address(headers, &self.header))
         }
     }
 
@@ -332,8 +336,11 @@ mod tests {
     #[test]
     fn the_client_is_the_first_untrusted_hop_from_the_right() {
         let lb = ClientIp::new().trust("10.0.0.0/8").unwrap();
-        let fwd = lb.clone().header(ForwardedHeader::Forwarded);
-        let real = lb.clone().header(ForwardedHeader::XRealIp);
+        let fwd = lb.clone().header(FORWARDED);
+        let real = lb.clone().header(HeaderName::from_static("x-real-ip"));
+        let cdn = lb
+            .clone()
+            .header(HeaderName::from_static("cf-connecting-ip"));
         type Case<'a> = (
             &'a str,
             &'a ClientIp,
@@ -497,6 +504,30 @@ mod tests {
                 invalid("malformed forwarded address"),
             ),
             (
+                "a CDN's header: one address",
+                &cdn,
+                "10.0.0.1",
+                vec![
+                    ("cf-connecting-ip", "2001:db8::7"),
+                    ("x-forwarded-for", "6.6.6.6"),
+                ],
+                Ok("2001:db8::7"),
+            ),
+            (
+                "a CDN's header holds no list",
+                &cdn,
+                "10.0.0.1",
+                vec![("cf-connecting-ip", "6.6.6.6, 203.0.113.7")],
+                invalid("malformed forwarded address"),
+            ),
+            (
+                "a CDN's header absent: the proxy itself",
+                &cdn,
+                "10.0.0.1",
+                vec![("x-real-ip", "203.0.113.7")],
+                Ok("10.0.0.1"),
+            ),
+            (
                 "xff ignores x-real-ip",
                 &lb,
                 "10.0.0.1",
@@ -655,13 +686,14 @@ mod tests {
                 .unwrap(),
         );
         for header in [
-            ForwardedHeader::XForwardedFor,
-            ForwardedHeader::Forwarded,
-            ForwardedHeader::XRealIp,
+            X_FORWARDED_FOR,
+            FORWARDED,
+            HeaderName::from_static("x-real-ip"),
+            HeaderName::from_static("cf-connecting-ip"),
         ] {
             assert_eq!(
                 ClientIp::new()
-                    .header(header)
+                    .header(header.clone())
                     .extract(&RequestHead::new(&req)),
                 Ok(Key::new("2001:db8:1:2::/64")),
                 "{header:?}"

@@ -1,5 +1,5 @@
 //! Parsers for the headers proxies write: RFC 7239 `Forwarded`,
-//! `X-Forwarded-For` and `X-Real-IP`. They never panic, and yield hops from
+//! `X-Forwarded-For`, and one address in `X-Real-IP` or a CDN's header. They never panic, and yield hops from
 //! the nearest proxy outwards (right to left).
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
@@ -16,8 +16,9 @@ pub(crate) enum Hop {
     Opaque,
 }
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+/// `X-Forwarded-For`, the header [`ClientIp`](super::ClientIp) reads by
+/// default.
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 
 /// The hops in `X-Forwarded-For`, nearest first. Repeated header lines are
 /// one list, in order.
@@ -40,9 +41,10 @@ pub(crate) fn forwarded(headers: &HeaderMap) -> impl Iterator<Item = Hop> + '_ {
         .map(forwarded_for)
 }
 
-/// `X-Real-IP`: one address, or nothing when absent or repeated.
-pub(crate) fn x_real_ip(headers: &HeaderMap) -> Option<Hop> {
-    let mut values = headers.get_all(X_REAL_IP).iter();
+/// A header that holds one address (`X-Real-IP`, a CDN's
+/// `CF-Connecting-IP`): nothing when absent, opaque when repeated.
+pub(crate) fn one_address(headers: &HeaderMap, name: &HeaderName) -> Option<Hop> {
+    let mut values = headers.get_all(name).iter();
     let value = values.next()?;
     if values.next().is_some() {
         return Some(Hop::Opaque);
@@ -298,6 +300,12 @@ mod tests {
         let quoted = format!("for=\"{}\"", "[".repeat(10_000));
         let map = headers("forwarded", &[quoted.as_bytes()]);
         assert_eq!(forwarded(&map).collect::<Vec<_>>(), [Hop::Opaque]);
+    }
+
+    const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
+
+    fn x_real_ip(map: &HeaderMap) -> Option<Hop> {
+        one_address(map, &X_REAL_IP)
     }
 
     #[test]

@@ -51,7 +51,7 @@ mod forwarded;
 mod ip;
 
 pub use allowlist::Allowlist;
-pub use client_ip::{ClientIp, ForwardedHeader};
+pub use client_ip::ClientIp;
 
 /// The request as extractors read it, re-exported here where keys are
 /// made from it.

@@ -1,5 +1,5 @@
-//! A call's own deadline, read from its request: a [`Deadline`] in its
-//! extensions, or the `grpc-timeout` header a tonic client sets
+//! A call's own bound on its wait, read from its request: a [`WaitBound`]
+//! in its extensions, or the `grpc-timeout` header a tonic client sets
 //! (`Request::set_timeout`). The earlier one bounds the call's wait.
 
 use std::time::Duration;
@@ -9,31 +9,22 @@ use tokio::time::Instant;
 
 use super::error::WaitBound;
 
-/// A deadline for one call, put in its request's extensions: the call
-/// waits for its budget only as long as it can still be sent before then.
-///
-/// ```
-/// use std::time::{Duration, Instant};
-/// use tower_pinned_window::outbound::Deadline;
-///
-/// let mut request = http::Request::new(());
-/// request.extensions_mut().insert(Deadline(Instant::now() + Duration::from_secs(2)));
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Deadline(pub std::time::Instant);
-
-/// The earlier of `request`'s [`Deadline`] and its `grpc-timeout` from
-/// `now`, and which one it is; a malformed `grpc-timeout` is ignored.
+/// The earlier of `request`'s own [`WaitBound`] and its `grpc-timeout`
+/// from `now`, and which one it is; a malformed `grpc-timeout` is ignored,
+/// and so is a bound too far away for the clock to hold.
 pub(crate) fn of<B>(request: &Request<B>, now: Instant) -> Option<(Instant, WaitBound)> {
-    let set = request
-        .extensions()
-        .get::<Deadline>()
-        .map(|deadline| (Instant::from_std(deadline.0), WaitBound::Deadline));
+    let set = request.extensions().get::<WaitBound>().and_then(|&bound| {
+        let until = match bound {
+            WaitBound::Deadline(deadline) => Some(Instant::from_std(deadline)),
+            WaitBound::MaxWait(wait) | WaitBound::GrpcTimeout(wait) => now.checked_add(wait),
+        };
+        until.map(|until| (until, bound))
+    });
     let grpc = request
         .headers()
         .get("grpc-timeout")
         .and_then(|value| grpc_timeout(value.as_bytes()))
-        .map(|timeout| (now + timeout, WaitBound::GrpcTimeout(timeout)));
+        .and_then(|timeout| Some((now.checked_add(timeout)?, WaitBound::GrpcTimeout(timeout))));
     match (set, grpc) {
         (Some(a), Some(b)) => Some(if b.0 < a.0 { b } else { a }),
         (a, b) => a.or(b),
@@ -103,16 +94,29 @@ mod tests {
             ))
         );
         let sooner = now + Duration::from_secs(1);
-        request.extensions_mut().insert(Deadline(sooner.into_std()));
-        assert_eq!(of(&request, now), Some((sooner, WaitBound::Deadline)));
+        let deadline = WaitBound::Deadline(sooner.into_std());
+        request.extensions_mut().insert(deadline);
+        assert_eq!(of(&request, now), Some((sooner, deadline)));
         request
             .headers_mut()
             .insert("grpc-timeout", "bogus".parse().unwrap());
         assert_eq!(
             of(&request, now),
-            Some((sooner, WaitBound::Deadline)),
+            Some((sooner, deadline)),
             "a malformed header is ignored"
         );
         assert_eq!(of(&Request::new(()), now), None);
+        // A call's own wait counts from `now`; one too long for the clock is
+        // no bound at all, never a panic.
+        let wait = WaitBound::MaxWait(Duration::from_millis(500));
+        request.extensions_mut().insert(wait);
+        assert_eq!(
+            of(&request, now),
+            Some((now + Duration::from_millis(500), wait))
+        );
+        request
+            .extensions_mut()
+            .insert(WaitBound::MaxWait(Duration::MAX));
+        assert_eq!(of(&request, now), None);
     }
 }

@@ -108,17 +108,33 @@ pub enum BudgetError {
     },
 }
 
-/// The bound on a call's wait that its budget could not be served within
-/// ([`BudgetError::Exhausted`]): the earliest of the layer's `max_wait` and
-/// the call's own deadlines.
+/// A bound on a call's wait for its budget. The layer's
+/// [`max_wait`](super::BudgetLayer::max_wait) is one; a call can carry its
+/// own in its request's extensions (a deadline, or a shorter wait), and a
+/// tonic client sets a `grpc-timeout`. The earliest bound holds, and the
+/// [`BudgetError::Exhausted`] of a call that could not be served within it
+/// names it. A call's own bound can shorten the layer's, never lengthen it.
+///
+/// ```
+/// use std::time::{Duration, Instant};
+/// use tower_pinned_window::outbound::WaitBound;
+///
+/// let mut request = http::Request::new(());
+/// request
+///     .extensions_mut()
+///     .insert(WaitBound::Deadline(Instant::now() + Duration::from_secs(2)));
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum WaitBound {
-    /// The layer's [`max_wait`](super::BudgetLayer::max_wait).
+    /// At most this long from the call's arrival: the layer's
+    /// [`max_wait`](super::BudgetLayer::max_wait), or a call's own.
     MaxWait(Duration),
-    /// The [`Deadline`](super::Deadline) in the request's extensions.
-    Deadline,
-    /// The request's `grpc-timeout` header (tonic's `Request::set_timeout`).
+    /// A deadline: the call waits only as long as it can still be sent
+    /// before then.
+    Deadline(std::time::Instant),
+    /// The request's `grpc-timeout` header (tonic's `Request::set_timeout`),
+    /// from the call's arrival.
     GrpcTimeout(Duration),
 }
 
@@ -156,7 +172,7 @@ impl fmt::Display for WaitBound {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::MaxWait(max_wait) => write!(f, "the call's max_wait of {max_wait:?}"),
-            Self::Deadline => f.write_str("the call's Deadline"),
+            Self::Deadline(_) => f.write_str("the call's Deadline"),
             Self::GrpcTimeout(timeout) => write!(f, "the call's grpc-timeout of {timeout:?}"),
         }
     }

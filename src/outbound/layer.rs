@@ -188,7 +188,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
 
     /// The longest a call waits for its budget (default
     /// [`DEFAULT_MAX_WAIT`]). A call whose budget cannot return within it,
-    /// or within its own [`Deadline`](super::Deadline) or `grpc-timeout`,
+    /// or within its own [`WaitBound`](super::WaitBound) or `grpc-timeout`,
     /// fails at once with [`BudgetError::Exhausted`](super::BudgetError::Exhausted).
     /// `Duration::ZERO`: never wait.
     ///

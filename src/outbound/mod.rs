@@ -45,7 +45,7 @@
 //!   chosen once they have their answers.
 //! - **It cannot be served in time:** when the budget cannot return within
 //!   the call's [`max_wait`](BudgetLayer::max_wait) or its own deadline
-//!   ([`Deadline`], or the `grpc-timeout` a tonic client sets), the call
+//!   (a [`WaitBound`] in its extensions, or the `grpc-timeout` a tonic client sets), the call
 //!   fails at once with [`BudgetError::Exhausted`], which names the budget
 //!   and the bound ([`WaitBound`]) and says when the budget returns. The
 //!   estimate counts a window for every share of a window queued ahead in
@@ -100,7 +100,6 @@ mod line;
 mod service;
 mod settle;
 
-pub use deadline::Deadline;
 pub use error::{BudgetError, WaitBound};
 pub use future::BudgetFuture;
 pub use layer::{BudgetLayer, DEFAULT_MARGIN, DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS};

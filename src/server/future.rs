@@ -18,8 +18,8 @@ use tower_service::Service;
 use crate::backend::{Backend, BackendError};
 use crate::budget::settle::Wait;
 use crate::core::Core;
+use crate::cost::Counts;
 use crate::cost::charge::Meter;
-use crate::cost::{Counts, Plain};
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
 use crate::metrics::Stopwatch;
@@ -35,12 +35,12 @@ pin_project! {
     /// [example](crate::RateLimit#example).
     ///
     /// `ReqBody` is the request body `S` takes; `M` is the layer's
-    /// [`Mode`](crate::cost::Mode). `R` and `K` are `()` but under a layer
+    /// mode (`()` unless it spends, see [`RateLimit`](crate::RateLimit)). `R` and `K` are `()` but under a layer
     /// that [reserves from the body](crate::RateLimitLayer::reserve_from_body):
     /// its future, `ResponseFuture<S, Replay<B>, Bk, D, M, BodyEstimate, K>`,
     /// reads the body first (a [`BodyEstimate`](crate::cost::BodyEstimate)),
     /// holding the key extractor `K` for the limiter that runs after.
-    pub struct ResponseFuture<S, ReqBody, Bk, D, M = Plain, R = (), K = ()>
+    pub struct ResponseFuture<S, ReqBody, Bk, D, M = (), R = (), K = ()>
     where
         S: Service<Request<ReqBody>>,
         Bk: Backend,

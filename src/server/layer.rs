@@ -13,7 +13,7 @@ use crate::budget::failure::FailurePolicy;
 use crate::budget::spend::{Cost, CostFn, SpendPlan};
 use crate::core::{Core, OnMissingKey, Settings, SkipIf};
 use crate::cost::body::{self, BodyEstimate};
-use crate::cost::{Charged, Mode, Plain};
+use crate::cost::{Charged, Mode};
 use crate::count::ResponseHead;
 use crate::decision::{Decision, DecisionIn};
 use crate::error::ConfigError;
@@ -78,7 +78,7 @@ use crate::timeout::DEFAULT_TIMEOUT;
 /// # }
 /// ```
 ///
-/// `M` is the layer's [`Mode`]: [`Plain`] unless it spends (a
+/// `M` is the layer's mode: `()`, plain hits, unless it spends (a
 /// [`cost`](Self::cost), a [`reserve`](Self::reserve), a
 /// [`block_for`](Self::block_for), a [`reset_if`](Self::reset_if)) or has a
 /// [`charge`](Self::charge).
@@ -93,7 +93,7 @@ use crate::timeout::DEFAULT_TIMEOUT;
 /// [`check`](Self::check)): settings that depend on each other are checked
 /// there, once, whatever the order they were set in.
 #[must_use]
-pub struct RateLimitLayer<K = (), Bk = MemoryBackend, D = DefaultDeny, M = Plain, R = ()> {
+pub struct RateLimitLayer<K = (), Bk = MemoryBackend, D = DefaultDeny, M = (), R = ()> {
     key: K,
     core: Core<Bk, D>,
     mode: PhantomData<fn() -> M>,

@@ -13,8 +13,8 @@ use tower_service::Service;
 
 use crate::backend::{Backend, Spend};
 use crate::core::{Core, OnMissingKey};
+use crate::cost::Counts;
 use crate::cost::body::{self, BodyEstimate, BodyReader, Replay, Start, TooLarge};
-use crate::cost::{Counts, Plain};
 use crate::key::KeyExtractor;
 use crate::request::RequestHead;
 use crate::response::Deny;
@@ -74,7 +74,7 @@ use crate::server::future::{Count, Reads, ResponseFuture};
 /// counter nor hand a hit back once the answer is known
 /// ([`count_if`](crate::RateLimitLayer::count_if)).
 ///
-/// `M` is the layer's [`Mode`](crate::cost::Mode): [`Plain`] unless it spends or
+/// `M` is the layer's mode: `()`, plain hits, unless it spends ([`Spends`](crate::cost::Spends)) or
 /// has a [`charge`](crate::RateLimitLayer::charge), whose answers' bodies
 /// are [`Metered`](crate::cost::Metered).
 ///
@@ -85,7 +85,7 @@ use crate::server::future::{Count, Reads, ResponseFuture};
 /// `S` takes the body whole, as a `Request<`[`Replay<B>`](Replay)`>`. Any
 /// other `RateLimit` never awaits the body.
 #[must_use]
-pub struct RateLimit<S, K, Bk, D, M = Plain, R = ()> {
+pub struct RateLimit<S, K, Bk, D, M = (), R = ()> {
     inner: S,
     key: K,
     core: Arc<Core<Bk, D>>,
