@@ -126,10 +126,12 @@ struct Lane<W: Work> {
 }
 
 impl<W: Work> Lane<W> {
-    /// A lane whose first call is a request's own (1 request in flight).
-    fn alone() -> Self {
+    /// A lane whose first call is a request's own (1 request in flight),
+    /// its queue in `queue` (empty: a spare one, [`Lanes::spare`]).
+    fn alone(queue: Vec<Pending<W>>) -> Self {
+        debug_assert!(queue.is_empty());
         Self {
-            queue: Vec::new(),
+            queue,
             calls: 1,
             flying: 1,
             last_call: 1,
@@ -162,42 +164,85 @@ impl<W: Work> Lane<W> {
         self.flying = self.flying.saturating_sub(requests);
     }
 
-    /// The next call of a task of this lane: at most [`MAX_PER_CALL`]
-    /// requests, none whose waiter is gone (nothing was counted for them).
-    /// `None` when the task has nothing more to send.
-    fn next_call(&mut self) -> Option<Vec<Pending<W>>> {
+    /// The next call of a task of this lane, into `batch` (empty): at most
+    /// [`MAX_PER_CALL`] requests, none whose waiter is gone (nothing was
+    /// counted for them). `false` when the task has nothing more to send.
+    fn next_call(&mut self, batch: &mut Vec<Pending<W>>) -> bool {
         self.queue.retain(|p| !p.reply.is_closed());
         if self.done_with() {
-            return None;
+            return false;
         }
-        Some(self.take())
+        self.take(batch);
+        true
     }
 
-    /// The next [`MAX_PER_CALL`] requests of the queue, counted in flight.
-    fn take(&mut self) -> Vec<Pending<W>> {
+    /// The next [`MAX_PER_CALL`] requests of the queue, into `batch`
+    /// (empty), counted in flight.
+    fn take(&mut self, batch: &mut Vec<Pending<W>>) {
+        debug_assert!(batch.is_empty());
         let take = self.queue.len().min(MAX_PER_CALL);
         self.flying += take;
         self.last_call = take.max(1);
         // Once the queue is empty, the requests queued from now on share
         // new slots; these go when their requests have read them.
-        self.queue.drain(..take).collect()
+        batch.extend(self.queue.drain(..take));
     }
 
-    /// Queue a hit; when it is the lane's second call's turn, that call's
-    /// requests (taken from the queue here, under the lock, so that no
-    /// other hit sees the lane with one call and a full queue): the caller
-    /// spawns a driver for them.
-    fn queue(&mut self, pending: Pending<W>) -> Option<Vec<Pending<W>>> {
+    /// Queue a hit; `true` when it is the lane's second call's turn: the
+    /// caller takes that call's requests ([`take`](Self::take)) under the
+    /// same lock, so that no other hit sees the lane with one call and a
+    /// full queue, and spawns a driver for them.
+    fn queue(&mut self, pending: Pending<W>) -> bool {
         self.queue.push(pending);
         if self.calls >= 2 || self.queue.len() < self.second_call_at() {
-            return None;
+            return false;
         }
         self.queue.retain(|p| !p.reply.is_closed());
         if self.queue.is_empty() {
-            return None;
+            return false;
         }
         self.calls += 1;
-        Some(self.take())
+        true
+    }
+}
+
+/// Lists of requests kept emptied for the next, at most.
+const SPARE_LISTS: usize = 4;
+
+/// The most requests a kept list has room for: a list grown past it by a
+/// burst is let go, so the lists kept are at most a few tens of KB.
+const SPARE_ROOM: usize = 128;
+
+/// A batcher's lanes, by slot, and the emptied lists its lanes' queues and
+/// calls reuse.
+struct Lanes<W: Work> {
+    by_slot: HashMap<u32, Lane<W>>,
+    /// Queues of lanes gone and batches of calls answered, emptied: a new
+    /// lane's queue and a call's batch take one, so that a list grows once
+    /// rather than once a lane or a call. At most [`SPARE_LISTS`], each
+    /// with room for at most [`MAX_PER_CALL`] requests.
+    spare: Vec<Vec<Pending<W>>>,
+}
+
+impl<W: Work> Default for Lanes<W> {
+    fn default() -> Self {
+        Self {
+            by_slot: HashMap::new(),
+            spare: Vec::new(),
+        }
+    }
+}
+
+/// An emptied list of `spare`'s, or a new one.
+fn spare_list<W: Work>(spare: &mut Vec<Vec<Pending<W>>>) -> Vec<Pending<W>> {
+    spare.pop().unwrap_or_default()
+}
+
+/// `list`, emptied, kept in `spare` for the next lane or call.
+fn keep_list<W: Work>(spare: &mut Vec<Vec<Pending<W>>>, mut list: Vec<Pending<W>>) {
+    list.clear();
+    if spare.len() < SPARE_LISTS && list.capacity() <= SPARE_ROOM {
+        spare.push(list);
     }
 }
 
@@ -205,7 +250,7 @@ impl<W: Work> Lane<W> {
 pub(super) struct Batcher<C, W: Work> {
     /// The backend's connection, behind the same breakers.
     connection: Guarded<C>,
-    lanes: Mutex<HashMap<u32, Lane<W>>>,
+    lanes: Mutex<Lanes<W>>,
     /// Lanes are per slot: a Cluster connection (known from its type, or
     /// learnt from a `CROSSSLOT` refusal).
     by_slot: AtomicBool,
@@ -222,7 +267,7 @@ impl<C, W: Work> Batcher<C, W> {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<u32, Lane<W>>> {
+    fn lock(&self) -> MutexGuard<'_, Lanes<W>> {
         self.lanes
             .lock()
             .unwrap_or_else(|poisoned| poisoned.into_inner())
@@ -242,11 +287,11 @@ impl<C, W: Work> Batcher<C, W> {
 /// A task of `lane` has nothing more to send: the lane goes with its
 /// last task (under the lock, so a request queued from then on starts a
 /// lane of its own).
-fn leave<W: Work>(lanes: &mut HashMap<u32, Lane<W>>, lane: u32) {
-    if let Entry::Occupied(mut state) = lanes.entry(lane) {
+fn leave<W: Work>(lanes: &mut Lanes<W>, lane: u32) {
+    if let Entry::Occupied(mut state) = lanes.by_slot.entry(lane) {
         state.get_mut().calls -= 1;
         if state.get().calls == 0 {
-            state.remove();
+            keep_list(&mut lanes.spare, state.remove().queue);
         }
     }
 }
@@ -283,12 +328,17 @@ where
 {
     let lane = batcher.lane_of(&work);
     let mut lanes = batcher.lock();
-    match lanes.entry(lane) {
+    let Lanes { by_slot, spare } = &mut *lanes;
+    match by_slot.entry(lane) {
         Entry::Occupied(mut busy) => {
             // Queued: the call that takes the work answers in a slot.
             let lane_state = busy.get_mut();
             let (reply, answer) = lane_state.channel();
-            let second = lane_state.queue(Pending { work, reply });
+            let second = lane_state.queue(Pending { work, reply }).then(|| {
+                let mut batch = spare_list(spare);
+                lane_state.take(&mut batch);
+                batch
+            });
             drop(lanes);
             if let Some(batch) = second {
                 spawn_driver(batcher, runtime, lane, batch);
@@ -299,7 +349,7 @@ where
         // driver task, no wake-up, no channel), and the lane is busy until
         // its answer is back.
         Entry::Vacant(idle) => {
-            idle.insert(Lane::alone());
+            idle.insert(Lane::alone(spare_list(spare)));
             drop(lanes);
             // The handover is armed from here: should the request's future
             // be dropped before it sends, the lane passes to a driver all
@@ -391,14 +441,17 @@ where
 {
     fn drop(&mut self) {
         let mut lanes = self.batcher.lock();
-        let Some(state) = lanes.get_mut(&self.lane) else {
+        let Lanes { by_slot, spare } = &mut *lanes;
+        let Some(state) = by_slot.get_mut(&self.lane) else {
             return;
         };
         state.landed(1);
-        let Some(batch) = state.next_call() else {
+        let mut batch = spare_list(spare);
+        if !state.next_call(&mut batch) {
+            keep_list(spare, batch);
             leave(&mut lanes, self.lane);
             return;
-        };
+        }
         drop(lanes);
         // A driver takes this task's place in the lane.
         spawn_driver(&self.batcher, &self.runtime, self.lane, batch);
@@ -413,11 +466,21 @@ where
     let lane = batcher.lane_of(&pending.work);
     let start = {
         let mut lanes = batcher.lock();
-        match lanes.entry(lane) {
-            Entry::Occupied(mut busy) => busy.get_mut().queue(pending),
+        let Lanes { by_slot, spare } = &mut *lanes;
+        match by_slot.entry(lane) {
+            Entry::Occupied(mut busy) => {
+                let state = busy.get_mut();
+                state.queue(pending).then(|| {
+                    let mut batch = spare_list(spare);
+                    state.take(&mut batch);
+                    batch
+                })
+            }
             Entry::Vacant(idle) => {
-                idle.insert(Lane::alone());
-                Some(vec![pending])
+                idle.insert(Lane::alone(spare_list(spare)));
+                let mut batch = spare_list(spare);
+                batch.push(pending);
+                Some(batch)
             }
         }
     };
@@ -461,7 +524,7 @@ struct DriverGuard<C, W: Work> {
 impl<C, W: Work> Drop for DriverGuard<C, W> {
     fn drop(&mut self) {
         if self.armed {
-            self.batcher.lock().remove(&self.lane);
+            self.batcher.lock().by_slot.remove(&self.lane);
         }
     }
 }
@@ -483,57 +546,63 @@ async fn drive<C, W>(
         let sent = batch.len();
         let retry = if lane == ANY_SLOT && batcher.by_slot.load(Ordering::Relaxed) {
             // Learnt that the connection is a Cluster: to the slots' lanes.
-            Some(batch)
+            true
         } else {
-            call(&batcher, batch, lane == ANY_SLOT).await.inspect(|_| {
+            let cross_slot = call(&batcher, &mut batch, lane == ANY_SLOT).await;
+            if cross_slot {
                 // CROSSSLOT: nothing ran; the work goes again, by slot.
                 batcher.by_slot.store(true, Ordering::Relaxed);
-            })
+            }
+            cross_slot
         };
-        for pending in retry.into_iter().flatten() {
-            submit(&batcher, &runtime, pending);
+        if retry {
+            for pending in batch.drain(..) {
+                submit(&batcher, &runtime, pending);
+            }
         }
+        // The batch is empty now: the next call's requests go in it.
         let mut lanes = batcher.lock();
-        let Some(state) = lanes.get_mut(&lane) else {
+        let Lanes { by_slot, spare } = &mut *lanes;
+        let Some(state) = by_slot.get_mut(&lane) else {
+            keep_list(spare, batch);
             guard.armed = false;
             return;
         };
         state.landed(sent);
-        let Some(next) = state.next_call() else {
+        if !state.next_call(&mut batch) {
+            keep_list(spare, batch);
             leave(&mut lanes, lane);
             guard.armed = false;
             return;
-        };
-        batch = next;
+        }
     }
 }
 
-/// One script call for `batch`, and each request's answer. Gives the batch
-/// back when the server refused it as cross-slot (nothing ran).
+/// One script call for `batch`, and each request's answer, which empties
+/// it; `true`, the batch left as it was, when the server refused it as
+/// cross-slot (nothing ran).
 ///
 /// When every waiter of the batch is gone before Redis answers (the layer's
 /// timeout during an outage, say), the call is dropped, as a lone
 /// request's would be: a call still waiting for a connection is then never
 /// sent.
-async fn call<C, W>(
-    batcher: &Batcher<C, W>,
-    batch: Vec<Pending<W>>,
-    any_slot: bool,
-) -> Option<Vec<Pending<W>>>
+async fn call<C, W>(batcher: &Batcher<C, W>, batch: &mut Vec<Pending<W>>, any_slot: bool) -> bool
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
     W: Work,
 {
     let result = {
-        let run = std::pin::pin!(W::run(&batcher.connection, &batch));
-        let abandoned = std::pin::pin!(all_closed(&batch));
+        let run = std::pin::pin!(W::run(&batcher.connection, batch));
+        let abandoned = std::pin::pin!(all_closed(batch));
         match select(run, abandoned).await {
-            Either::Left((result, _)) => result,
-            Either::Right(_) => {
-                tracing::debug!("every waiter of a batch is gone: the call is dropped");
-                return None;
-            }
+            Either::Left((result, _)) => Some(result),
+            Either::Right(_) => None,
         }
+    };
+    let Some(result) = result else {
+        tracing::debug!("every waiter of a batch is gone: the call is dropped");
+        batch.clear();
+        return false;
     };
     let answers = match result {
         Ok(answers) if answers.len() == batch.len() => answers,
@@ -546,7 +615,7 @@ where
         }
         Err(err) if any_slot && is_cross_slot(&err) => {
             tracing::debug!("keys of several slots in one call: coalescing by slot from now on");
-            return Some(batch);
+            return true;
         }
         Err(err) => batch
             .iter()
@@ -554,7 +623,7 @@ where
             .collect(),
     };
     let mut unread = Vec::new();
-    for (Pending { work, reply }, answer) in batch.into_iter().zip(answers) {
+    for (Pending { work, reply }, answer) in batch.drain(..).zip(answers) {
         // A waiter that is gone loses its answer: the work was done, and
         // is its kind's to undo (`Work::unread`).
         if let Err(Ok(answer)) = reply.send(answer) {
@@ -564,7 +633,7 @@ where
     if !unread.is_empty() {
         W::unread(&batcher.connection, unread);
     }
-    None
+    false
 }
 
 /// Ready once every waiter of a call is gone. Waits on one waiter at a time

@@ -11,13 +11,14 @@
 //! counter answers its own entry; the other entries of the call are counted.
 
 use std::borrow::Borrow;
+use std::cell::RefCell;
+use std::hash::BuildHasher;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::aio::ConnectionLike;
 use ::redis::{RedisResult, Value};
-use hashbrown::HashMap;
-use hashbrown::hash_map::Entry;
+use hashbrown::{DefaultHashBuilder, HashTable};
 use smallvec::SmallVec;
 
 use super::coalesce::{Answers, Work};
@@ -139,65 +140,121 @@ impl Work for HitWork {
     }
 }
 
+/// The buffers of a batch call, kept per thread for the next: a call takes
+/// them and gives them back cleared once answered (a call dropped before
+/// drops them), so that a batch allocates none of its own once the thread
+/// has run one as large. They hold at most a call's entries
+/// (`MAX_PER_CALL`).
+#[derive(Default)]
+struct Scratch {
+    /// The entries' hash (foldhash, seeded per process, not SipHash: the
+    /// table holds at most a call's keys, so even keys chosen to collide
+    /// cost a bounded amount per call).
+    hasher: DefaultHashBuilder,
+    /// Each entry's place in `entries`, by its (key, window).
+    index: HashTable<usize>,
+    /// One per distinct (key, window): the request and counter of its
+    /// first hit, and its number of hits.
+    entries: Vec<(usize, usize, u64)>,
+    /// Each request's counters in order: the entry, and the hit's place
+    /// among the entry's hits.
+    places: Vec<(usize, u64)>,
+    /// Each entry's reply: its last hit, or its error.
+    replies: Vec<Result<Hit, BackendError>>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Option<Scratch>> = const { RefCell::new(None) };
+}
+
+impl Scratch {
+    /// This thread's buffers, or new ones.
+    fn take() -> Self {
+        SCRATCH
+            .try_with(|kept| kept.borrow_mut().take())
+            .ok()
+            .flatten()
+            .unwrap_or_default()
+    }
+
+    /// Cleared, for the next call on this thread.
+    fn give_back(mut self) {
+        self.index.clear();
+        self.entries.clear();
+        self.places.clear();
+        self.replies.clear();
+        let _ = SCRATCH.try_with(|kept| *kept.borrow_mut() = Some(self));
+    }
+}
+
+/// The storage key and window of request `work`'s counter `counter`.
+fn counter_of<B: Borrow<HitWork>>(works: &[B], (work, counter): (usize, usize)) -> (&[u8], u64) {
+    let (key, window) = &works[work].borrow().counters[counter];
+    (key.as_slice(), *window)
+}
+
 /// The batch script's call for `works`, and each request's hits.
 async fn batch<C, B>(connection: &Guarded<C>, works: &[B]) -> RedisResult<Answers<Hits>>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
     B: Borrow<HitWork> + Sync,
 {
-    // One entry per distinct (key, window), with its number of hits; each
-    // request's counters are (entry, the hit's place among the entry's).
-    let mut entries: Vec<(&[u8], u64, u64)> = Vec::with_capacity(works.len());
-    // A hashbrown map (foldhash, seeded per process), not SipHash: it holds
-    // at most MAX_PER_CALL keys, so even keys chosen to collide cost a
-    // bounded amount per call.
-    let mut index: HashMap<(&[u8], u64), usize> = HashMap::with_capacity(works.len());
-    let mut places: Vec<SmallVec<[(usize, u64); 2]>> = Vec::with_capacity(works.len());
-    for work in works {
-        let mut place = SmallVec::new();
-        for (key, window) in &work.borrow().counters {
-            let at = match index.entry((key.as_slice(), *window)) {
-                Entry::Occupied(e) => *e.get(),
-                Entry::Vacant(e) => {
-                    entries.push((key.as_slice(), *window, 0));
-                    *e.insert(entries.len() - 1)
+    let mut scratch = Scratch::take();
+    let Scratch {
+        hasher,
+        index,
+        entries,
+        places,
+        replies,
+    } = &mut scratch;
+    let key_of = |entry: &(usize, usize, u64)| counter_of(works, (entry.0, entry.1));
+    for (w, work) in works.iter().enumerate() {
+        for (c, (key, window)) in work.borrow().counters.iter().enumerate() {
+            let this = (key.as_slice(), *window);
+            let hash = hasher.hash_one(this);
+            let at = match index.find(hash, |&at| key_of(&entries[at]) == this) {
+                Some(&at) => at,
+                None => {
+                    entries.push((w, c, 0));
+                    let at = entries.len() - 1;
+                    index.insert_unique(hash, at, |&at| hasher.hash_one(key_of(&entries[at])));
+                    at
                 }
             };
-            place.push((at, entries[at].2));
+            places.push((at, entries[at].2));
             entries[at].2 += 1;
         }
-        places.push(place);
     }
-    drop(index);
 
-    let reply = eval(connection, &entries).await?;
+    let reply = eval(connection, entries, key_of).await?;
     // Each entry's last hit.
-    let mut replies: Vec<Result<Hit, BackendError>> =
-        parse_batch(reply, &entries).unwrap_or_else(|other| {
-            let detail = format!(
-                "unexpected reply to a batch of {}: {other:?}",
-                entries.len()
-            );
+    if let Err(other) = parse_batch(reply, entries.len(), |at| key_of(&entries[at]).0, replies) {
+        let detail = format!(
+            "unexpected reply to a batch of {}: {other:?}",
+            entries.len()
+        );
+        replies.clear();
+        replies.extend(
             entries
                 .iter()
-                .map(|_| Err(BackendError::Unavailable(detail.clone().into())))
-                .collect()
-        });
+                .map(|_| Err(BackendError::Unavailable(detail.clone().into()))),
+        );
+    }
     // The entry's n hits took count-n+1 ..= count, in order: each reply
     // becomes its entry's first hit, and the nth hit's count is that plus n.
-    for (reply, &(_, _, hits)) in replies.iter_mut().zip(&entries) {
+    for (reply, &(_, _, hits)) in replies.iter_mut().zip(entries.iter()) {
         if let Ok(hit) = reply {
             hit.count = hit.count.saturating_sub(hits - 1);
         }
     }
-    drop(entries);
-    Ok(works
+    let mut places = places.iter();
+    let answers = works
         .iter()
-        .zip(places)
-        .map(|(work, place)| {
+        .map(|work| {
             let work = work.borrow();
-            let answers: CounterAnswers = place
-                .iter()
+            let answers: CounterAnswers = places
+                .by_ref()
+                .take(work.counters.len())
                 .map(|&(at, nth)| match &replies[at] {
                     Ok(first) => Ok(Hit {
                         count: first.count + nth,
@@ -208,13 +265,20 @@ where
                 .collect();
             work.finish.answered(&work.counters, answers)
         })
-        .collect())
+        .collect();
+    scratch.give_back();
+    Ok(answers)
 }
 
-/// The batch script for `entries` (storage key, window in ms, hits): every
-/// key, then each entry's hits and window. The breaker is the one of the
-/// call's slot (one slot, on a Cluster), named by its first key.
-async fn eval<C>(connection: &Guarded<C>, entries: &[(&[u8], u64, u64)]) -> RedisResult<Value>
+/// The batch script for `entries` (each named by `key_of` as its storage
+/// key and window in ms, with its hits): every key, then each entry's hits
+/// and window. The breaker is the one of the call's slot (one slot, on a
+/// Cluster), named by its first key.
+async fn eval<'k, C>(
+    connection: &Guarded<C>,
+    entries: &[(usize, usize, u64)],
+    key_of: impl Fn(&(usize, usize, u64)) -> (&'k [u8], u64),
+) -> RedisResult<Value>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -223,17 +287,17 @@ where
         args: 3 * entries.len(),
         bytes: entries
             .iter()
-            .map(|(key, _, _)| key.len() + 2 * U64_DIGITS)
+            .map(|entry| key_of(entry).0.len() + 2 * U64_DIGITS)
             .sum(),
     };
-    let first = entries.first().map_or(&[][..], |(key, _, _)| key);
+    let first = entries.first().map_or(&[][..], |entry| key_of(entry).0);
     HIT_BATCH
         .run(&mut connection.for_write(first), size, |cmd| {
-            for (key, _, _) in entries {
-                cmd.arg(*key);
+            for entry in entries {
+                cmd.arg(key_of(entry).0);
             }
-            for (_, window, hits) in entries {
-                cmd.arg(*hits).arg(*window);
+            for entry in entries {
+                cmd.arg(entry.2).arg(key_of(entry).1);
             }
         })
         .await

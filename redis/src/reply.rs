@@ -128,33 +128,32 @@ pub(super) fn parse_peek(value: Value, key: &[u8]) -> Result<Option<Hit>, Backen
 /// result per entry, the entry's last hit (its count, the counter's time
 /// left and deadline). `answers` holds two signed 64-bit big-endian
 /// integers per entry (count and deadline, or a code of -1 or -2 and 0 for
-/// an entry refused, whose place, from 1, and reason follow). `entries`
-/// are (storage key, window, hits), in the order of the call. The clock is
+/// an entry refused, whose place, from 1, and reason follow), appended to
+/// `into`. There are `n` entries, in the order of the call, `key_of` each
+/// one's storage key (for a corrupt one's error). The clock is
 /// the server's, in ms, when deadlines follow; -1 (a server before 7.0)
 /// when times left follow instead. A reply of another shape is given back,
 /// for the error.
-pub(super) fn parse_batch(
+pub(super) fn parse_batch<'k>(
     reply: Value,
-    entries: &[(&[u8], u64, u64)],
-) -> Result<Vec<Result<Hit, BackendError>>, Value> {
-    let Some((clock, answers, refused)) = batch_shape(&reply, entries.len()) else {
+    n: usize,
+    key_of: impl Fn(usize) -> &'k [u8],
+    into: &mut Vec<Result<Hit, BackendError>>,
+) -> Result<(), Value> {
+    let Some((clock, answers, refused)) = batch_shape(&reply, n) else {
         return Err(reply);
     };
-    Ok(answers
-        .chunks_exact(16)
-        .zip(entries)
-        .enumerate()
-        .map(|(at, (pair, (key, _, _)))| {
-            let (count, when) = pair.split_at(8);
-            let count = i64::from_be_bytes(count.try_into().expect("8 bytes"));
-            let when = i64::from_be_bytes(when.try_into().expect("8 bytes"));
-            let reason = refused
-                .iter()
-                .find(|(place, _)| *place == at)
-                .map(|(_, reason)| *reason);
-            parse_entry(count, when, reason, clock, key)
-        })
-        .collect())
+    into.extend(answers.chunks_exact(16).enumerate().map(|(at, pair)| {
+        let (count, when) = pair.split_at(8);
+        let count = i64::from_be_bytes(count.try_into().expect("8 bytes"));
+        let when = i64::from_be_bytes(when.try_into().expect("8 bytes"));
+        let reason = refused
+            .iter()
+            .find(|(place, _)| *place == at)
+            .map(|(_, reason)| *reason);
+        parse_entry(count, when, reason, clock, key_of(at))
+    }));
+    Ok(())
 }
 
 /// The parts of a batch reply for `n` entries: the clock (`None` before
@@ -403,13 +402,26 @@ pub(crate) mod fuzzing {
         reply: Value,
         entries: &[(&[u8], u64, u64)],
     ) -> Result<Vec<Result<Hit, BackendError>>, Value> {
-        super::parse_batch(reply, entries)
+        let mut replies = Vec::new();
+        super::parse_batch(reply, entries.len(), |at| entries[at].0, &mut replies)?;
+        Ok(replies)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// [`parse_batch`](super::parse_batch) of `entries` (storage key,
+    /// window, hits), its results in a new list.
+    fn parse_batch(
+        reply: Value,
+        entries: &[(&[u8], u64, u64)],
+    ) -> Result<Vec<Result<Hit, BackendError>>, Value> {
+        let mut replies = Vec::new();
+        super::parse_batch(reply, entries.len(), |at| entries[at].0, &mut replies)?;
+        Ok(replies)
+    }
 
     #[test]
     fn script_replies_parse() {

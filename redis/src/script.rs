@@ -12,6 +12,8 @@ use std::sync::OnceLock;
 use ::redis::aio::ConnectionLike;
 use ::redis::{Cmd, ErrorKind, RedisResult, ServerErrorKind, Value};
 
+use super::connection::guarded::Routed;
+
 /// The script run for every hit, by its SHA1 (`EVALSHA`).
 ///
 /// It increments the counter and attaches the window's lifetime only when the
@@ -108,9 +110,12 @@ pub(super) trait Target {
     fn send(&mut self, cmd: &Cmd) -> impl Future<Output = RedisResult<Value>> + Send;
 }
 
-impl<C: ConnectionLike + Send> Target for C {
+/// As `cmd.query_async(connection)` sends it: a server's error reply
+/// (`NOSCRIPT`, say) is an error, after the breaker has taken the reply as
+/// it came.
+impl<C: ConnectionLike + Clone + Send + 'static> Target for Routed<C> {
     async fn send(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        cmd.query_async(self).await
+        self.call(cmd).await?.extract_error()
     }
 }
 
@@ -259,6 +264,58 @@ mod tests {
                 Ok(Value::Int(cmd.args_iter().count() as i64))
             }
         }
+    }
+
+    /// A connection whose server has lost every script: it answers
+    /// `EVALSHA` with a `NOSCRIPT` error reply, as Redis does (a value, not
+    /// an I/O error), and anything else with 1.
+    #[derive(Clone, Default)]
+    struct Restarted(std::sync::Arc<std::sync::Mutex<Vec<Vec<u8>>>>);
+
+    impl ConnectionLike for Restarted {
+        fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> ::redis::RedisFuture<'a, Value> {
+            let name = match cmd.args_iter().next() {
+                Some(::redis::Arg::Simple(name)) => name.to_vec(),
+                _ => Vec::new(),
+            };
+            let reply = if name == b"EVALSHA" {
+                ::redis::parse_redis_value(b"-NOSCRIPT No matching script.\r\n").unwrap()
+            } else {
+                Value::Int(1)
+            };
+            self.0.lock().unwrap().push(name);
+            Box::pin(std::future::ready(Ok(reply)))
+        }
+
+        fn req_packed_commands<'a>(
+            &'a mut self,
+            _: &'a ::redis::Pipeline,
+            _: usize,
+            _: usize,
+        ) -> ::redis::RedisFuture<'a, Vec<Value>> {
+            unreachable!("a script call is one command")
+        }
+
+        fn get_db(&self) -> i64 {
+            0
+        }
+    }
+
+    #[test]
+    fn a_noscript_reply_through_the_breaker_sends_the_text() {
+        let connection = Restarted::default();
+        let guarded = crate::connection::guarded::Guarded::new(connection.clone(), None, None);
+        let reply = futures_util::FutureExt::now_or_never(HIT.run_on_key(
+            &mut guarded.for_write(b"tpw:n{k}"),
+            b"tpw:n{k}",
+            Some(60_000),
+        ))
+        .expect("ready");
+        assert_eq!(reply.unwrap(), Value::Int(1));
+        assert_eq!(
+            *connection.0.lock().unwrap(),
+            [b"EVALSHA".to_vec(), b"EVAL".to_vec()]
+        );
     }
 
     #[test]

@@ -46,6 +46,7 @@ impl Capture {
         let lines = Lines::default();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(lines.clone())
+            .with_ansi(false)
             .with_max_level(level)
             .finish();
         Self {

@@ -271,14 +271,14 @@ impl Lanes {
     /// Every lane gone and every job dropped: nothing is left behind.
     async fn assert_nothing_left(&self) {
         for _ in 0..10_000 {
-            if self.batcher.lock().is_empty() && Arc::strong_count(&self.alive) == 1 {
+            if self.batcher.lock().by_slot.is_empty() && Arc::strong_count(&self.alive) == 1 {
                 return;
             }
             tokio::task::yield_now().await;
         }
         panic!(
             "left behind: {} lane(s), {} job(s)",
-            self.batcher.lock().len(),
+            self.batcher.lock().by_slot.len(),
             Arc::strong_count(&self.alive) - 1
         );
     }
@@ -544,5 +544,38 @@ async fn hits_on_one_counter_take_their_counts_in_the_order_they_came() {
         );
     }
     assert_eq!(fake.most_in_flight(), 2);
-    assert!(batcher.lock().is_empty(), "the lane is gone");
+    assert!(batcher.lock().by_slot.is_empty(), "the lane is gone");
+}
+
+/// The batch script's buffers are kept per thread from one call to the
+/// next: what a call counted, and a call dropped before its answer, carry
+/// nothing into the next call's entries.
+#[tokio::test(start_paused = true)]
+async fn a_batch_carries_nothing_into_the_next() {
+    let fake = Fake::default();
+    let guarded = Guarded::new(fake.clone(), None, None);
+    let counts = |answers: Answers<tower_pinned_window::backend::Hits>| -> Vec<u64> {
+        answers
+            .into_iter()
+            .map(|hits| hits.unwrap().as_slice()[0].count)
+            .collect()
+    };
+    let first = [hit(b"tpw:api{a}"), hit(b"tpw:api{a}"), hit(b"tpw:api{b}")];
+    let answers = HitWork::run(&guarded, &first).await.unwrap();
+    assert_eq!(counts(answers), [1, 2, 1]);
+
+    // A call dropped while Redis holds it: its buffers go with it.
+    let (_open, hold) = gate();
+    fake.plan([hold]);
+    let dropped = [hit(b"tpw:api{x}"), hit(b"tpw:api{y}")];
+    let mut call = Box::pin(HitWork::run(&guarded, &dropped));
+    assert!(futures_util::FutureExt::now_or_never(&mut call).is_none());
+    drop(call);
+
+    let next = [hit(b"tpw:api{c}"), hit(b"tpw:api{a}"), hit(b"tpw:api{c}")];
+    let answers = HitWork::run(&guarded, &next).await.unwrap();
+    assert_eq!(counts(answers), [1, 3, 2], "only this call's entries");
+    let again = [hit(b"tpw:api{b}"), hit(b"tpw:api{d}")];
+    let answers = HitWork::run(&guarded, &again).await.unwrap();
+    assert_eq!(counts(answers), [2, 1]);
 }

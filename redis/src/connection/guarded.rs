@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use ::redis::aio::ConnectionLike;
-use ::redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use ::redis::{Cmd, Pipeline, RedisError, RedisFuture, RedisResult, Value};
 
 use super::acks::Acks;
 use super::breaker::{Breakers, Settle};
@@ -123,6 +123,25 @@ where
         });
     }
 
+    /// `cmd` past the breaker, as [`req_packed_command`] sends it, in a
+    /// future of its own rather than a box: a script call holds it in
+    /// place (one allocation fewer a call than the trait's boxed future).
+    ///
+    /// [`req_packed_command`]: ConnectionLike::req_packed_command
+    pub(crate) async fn call(&mut self, cmd: &Cmd) -> RedisResult<Value> {
+        // Settled with the breaker when answered, or when dropped (its
+        // request gone) before.
+        let settle = self.admit()?;
+        let result = match self.acks {
+            None => self.inner.req_packed_command(cmd).await,
+            Some(acks) => acks.send(&mut self.inner, cmd).await,
+        };
+        if let Some(settle) = settle {
+            settle.result(&result);
+        }
+        result
+    }
+
     /// Whether a call may go out now, as [`through`] takes it.
     fn admit(&self) -> Result<Option<Settle>, RedisError> {
         self.refresh_map();
@@ -164,11 +183,7 @@ where
     /// The command past its breaker; with [`Acks`], with its `WAIT`, and a
     /// write not acknowledged settles as a failure of the breaker.
     fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
-        let settle = self.admit();
-        match self.acks {
-            None => through(settle, || self.inner.req_packed_command(cmd)),
-            Some(acks) => through(settle, || Box::pin(acks.send(&mut self.inner, cmd))),
-        }
+        Box::pin(self.call(cmd))
     }
 
     fn req_packed_commands<'a>(
