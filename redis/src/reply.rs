@@ -402,26 +402,25 @@ pub(crate) mod fuzzing {
         reply: Value,
         entries: &[(&[u8], u64, u64)],
     ) -> Result<Vec<Result<Hit, BackendError>>, Value> {
-        let mut replies = Vec::new();
-        super::parse_batch(reply, entries.len(), |at| entries[at].0, &mut replies)?;
-        Ok(replies)
+        super::batch_of(reply, entries)
     }
+}
+
+/// [`parse_batch`] of `entries` (storage key, window, hits), its results in
+/// a new list: for the fuzz target and the tests.
+#[cfg(any(test, fuzzing))]
+fn batch_of(
+    reply: Value,
+    entries: &[(&[u8], u64, u64)],
+) -> Result<Vec<Result<Hit, BackendError>>, Value> {
+    let mut replies = Vec::new();
+    parse_batch(reply, entries.len(), |at| entries[at].0, &mut replies)?;
+    Ok(replies)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// [`parse_batch`](super::parse_batch) of `entries` (storage key,
-    /// window, hits), its results in a new list.
-    fn parse_batch(
-        reply: Value,
-        entries: &[(&[u8], u64, u64)],
-    ) -> Result<Vec<Result<Hit, BackendError>>, Value> {
-        let mut replies = Vec::new();
-        super::parse_batch(reply, entries.len(), |at| entries[at].0, &mut replies)?;
-        Ok(replies)
-    }
 
     #[test]
     fn script_replies_parse() {
@@ -647,7 +646,7 @@ mod tests {
                 (4, "value abc"),
             ],
         );
-        let replies = parse_batch(reply, &KEYS).unwrap();
+        let replies = batch_of(reply, &KEYS).unwrap();
         assert_eq!(
             replies[0].as_ref().unwrap(),
             &Hit {
@@ -680,7 +679,7 @@ mod tests {
 
     #[test]
     fn before_redis_7_the_time_left_comes_without_a_deadline() {
-        let replies = parse_batch(batch(-1, &[(2, 5)], &[]), &KEYS[..1]).unwrap();
+        let replies = batch_of(batch(-1, &[(2, 5)], &[]), &KEYS[..1]).unwrap();
         assert_eq!(
             replies[0].as_ref().unwrap(),
             &Hit {
@@ -702,7 +701,7 @@ mod tests {
             ((3, 5), Some("x")),
         ] {
             let refused: Vec<_> = refused.into_iter().map(|r| (1, r)).collect();
-            let replies = parse_batch(batch(1_000, &[entry], &refused), &KEYS[..1]).unwrap();
+            let replies = batch_of(batch(1_000, &[entry], &refused), &KEYS[..1]).unwrap();
             assert!(
                 matches!(replies[0], Err(BackendError::Corrupt { .. })),
                 "{entry:?}"
@@ -728,12 +727,12 @@ mod tests {
             vec![],
         ] {
             assert!(
-                parse_batch(Value::Array(reply.clone()), &KEYS[..1]).is_err(),
+                batch_of(Value::Array(reply.clone()), &KEYS[..1]).is_err(),
                 "{reply:?}"
             );
         }
         // The shape before, two integers per entry, for two entries.
         let before = [1_000, 7, 1_500, 2, 1_005].map(Value::Int).to_vec();
-        assert!(parse_batch(Value::Array(before), &KEYS[..2]).is_err());
+        assert!(batch_of(Value::Array(before), &KEYS[..2]).is_err());
     }
 }
