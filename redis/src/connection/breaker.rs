@@ -287,12 +287,19 @@ impl Breakers {
         }
     }
 
-    /// Take in a `CLUSTER SLOTS` reply; gives the slots that changed
-    /// masters (see [`SlotMap::take`]).
-    pub(super) fn map(&self, reply: &Value) -> Vec<(u16, usize, usize)> {
+    /// The time to ask for the slot map at, for [`map`](Self::map).
+    pub(super) fn map_asked(&self) -> u64 {
+        self.now_ms()
+    }
+
+    /// Take in a `CLUSTER SLOTS` reply to a question asked at `asked`
+    /// ([`map_asked`](Self::map_asked)); gives the slots that changed
+    /// masters (see [`SlotMap::take`]: an answer to an older question than
+    /// the last taken changes nothing).
+    pub(super) fn map(&self, reply: &Value, asked: u64) -> Vec<(u16, usize, usize)> {
         self.map
             .as_ref()
-            .map(|map| map.take(reply))
+            .map(|map| map.take(reply, asked))
             .unwrap_or_default()
     }
 
@@ -765,11 +772,14 @@ mod tests {
                 node(port + 1000),
             ])
         };
-        breakers.map(&Value::Array(vec![
-            range(0, 5460, 7000),
-            range(5461, 10922, 7001),
-            range(10923, 16383, 7002),
-        ]));
+        breakers.map(
+            &Value::Array(vec![
+                range(0, 5460, 7000),
+                range(5461, 10922, 7001),
+                range(10923, 16383, 7002),
+            ]),
+            1,
+        );
         let (ia, ib, ic) = (
             breakers.for_key(a),
             breakers.for_key(b),
@@ -791,10 +801,26 @@ mod tests {
         assert_eq!(breakers.admit(ic), Some(Pass::Closed));
 
         // A replica took over a's slots: they get a breaker of their own.
-        breakers.map(&Value::Array(vec![range(10923, 16383, 7003)]));
+        breakers.map(&Value::Array(vec![range(10923, 16383, 7003)]), 3);
         let promoted = breakers.for_key(a);
         assert_ne!(promoted, ia);
         assert_eq!(breakers.name(promoted), "10.0.0.1:7003");
         assert_eq!(breakers.admit(promoted), Some(Pass::Closed));
+
+        // The old master wakes and answers a question asked before the
+        // promotion was read, with the map it had then: it changes nothing.
+        assert!(
+            breakers
+                .map(&Value::Array(vec![range(10923, 16383, 7002)]), 2)
+                .is_empty()
+        );
+        assert_eq!(
+            breakers.for_key(a),
+            promoted,
+            "an older answer is older news"
+        );
+        // A newer answer is taken in, whatever it says.
+        breakers.map(&Value::Array(vec![range(10923, 16383, 7002)]), 4);
+        assert_eq!(breakers.for_key(a), ia);
     }
 }

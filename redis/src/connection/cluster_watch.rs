@@ -99,6 +99,7 @@ async fn follow_moves<C>(breakers: &Breakers, connection: &mut C)
 where
     C: ConnectionLike + Send + 'static,
 {
+    let asked = breakers.map_asked();
     let reply = tokio::time::timeout(
         CLUSTER_WATCH * 4,
         ::redis::cmd("CLUSTER")
@@ -109,7 +110,7 @@ where
     let Ok(Ok(reply)) = reply else {
         return;
     };
-    for (slot, from, to) in breakers.map(&reply) {
+    for (slot, from, to) in breakers.map(&reply, asked) {
         if !breakers.is_open(from) {
             continue;
         }

@@ -109,14 +109,17 @@ where
             return;
         };
         let (mut connection, breakers) = (self.inner.clone(), Arc::clone(breakers));
+        let asked = breakers.map_asked();
         runtime.spawn(async move {
+            // Asked of a node at random: one that is silent answers when
+            // it wakes, and its map is then older than the watcher's.
             match ::redis::cmd("CLUSTER")
                 .arg("SLOTS")
                 .query_async::<Value>(&mut connection)
                 .await
             {
                 Ok(reply) => {
-                    breakers.map(&reply);
+                    breakers.map(&reply, asked);
                 }
                 Err(err) => tracing::debug!(error = %err, "CLUSTER SLOTS failed: breakers keep the slot map they have"),
             }

@@ -30,6 +30,9 @@ pub(crate) struct SlotMap {
     /// When the map was last asked for, in the caller's milliseconds; 0
     /// never.
     asked_at: AtomicU64,
+    /// When the reply last taken in was asked for, in the same
+    /// milliseconds: a reply to an earlier question is older news.
+    taken_ask: AtomicU64,
 }
 
 impl SlotMap {
@@ -39,6 +42,7 @@ impl SlotMap {
             owners: (0..CLUSTER_SLOTS).map(|_| AtomicU8::new(UNKNOWN)).collect(),
             masters: Mutex::new(Vec::new()),
             asked_at: AtomicU64::new(0),
+            taken_ask: AtomicU64::new(0),
         }
     }
 
@@ -74,15 +78,29 @@ impl SlotMap {
         self.asked_at.store(0, Ordering::Relaxed);
     }
 
-    /// Take in a `CLUSTER SLOTS` reply: each entry is `[start, end, [host,
-    /// port, ...], replicas...]`. Gives the slots that changed masters, one
-    /// slot for each (former master, new master) pair: `(slot, from, to)`.
-    pub(crate) fn take(&self, reply: &Value) -> Vec<(u16, usize, usize)> {
+    /// Take in a `CLUSTER SLOTS` reply to a question asked at `asked_ms`
+    /// (the caller's milliseconds, as [`due`](Self::due) takes them): each
+    /// entry is `[start, end, [host, port, ...], replicas...]`. Gives the
+    /// slots that changed masters, one slot for each (former master, new
+    /// master) pair: `(slot, from, to)`.
+    ///
+    /// A reply to a question asked before the one whose reply was last
+    /// taken changes nothing: a node that was silent (`SIGSTOP`, a long
+    /// pause) answers the questions queued on it when it wakes, with the
+    /// map it had before its replica took over, and that map must not
+    /// point its old slots back at it.
+    pub(crate) fn take(&self, reply: &Value, asked_ms: u64) -> Vec<(u16, usize, usize)> {
         let mut moved: Vec<(u16, usize, usize)> = Vec::new();
         let Value::Array(entries) = reply else {
             return moved;
         };
         let mut masters = self.masters.lock().unwrap_or_else(|e| e.into_inner());
+        // Under the lock: replies are taken one at a time, in the order
+        // of their questions.
+        if asked_ms < self.taken_ask.load(Ordering::Relaxed) {
+            return moved;
+        }
+        self.taken_ask.store(asked_ms, Ordering::Relaxed);
         for entry in entries {
             let Value::Array(fields) = entry else {
                 continue;
