@@ -47,6 +47,9 @@ where
         // an `ok` releases the open breakers again.
         let (mut failed, mut releases) = (false, 0);
         let mut polls = 0u32;
+        // Slots that moved off a silent master, not yet followed by the
+        // Cluster client (see `follow_moves`).
+        let mut moves = Vec::new();
         while breakers.any_open() {
             let info = tokio::time::timeout(
                 CLUSTER_WATCH * 4,
@@ -70,7 +73,7 @@ where
             }
             polls += 1;
             if polls.is_multiple_of(SLOTS_EVERY) {
-                follow_moves(&breakers, &mut connection).await;
+                follow_moves(&breakers, &mut connection, &mut moves).await;
             }
             tokio::time::sleep(CLUSTER_WATCH).await;
         }
@@ -82,7 +85,7 @@ where
 /// Cluster clients: nothing to nudge.
 #[cfg(not(feature = "cluster"))]
 async fn nudge<C>(_connection: &mut C, _slot: u16, _via: &str) -> bool {
-    false
+    true
 }
 
 /// Every how many `CLUSTER INFO` polls the watcher reads `CLUSTER SLOTS`
@@ -95,8 +98,18 @@ const SLOTS_EVERY: u32 = 4;
 /// client read its slot map again ([`nudge`]): a master that went
 /// silent gives the client neither an error nor a redirection, so its
 /// map would point at the silent node until it woke.
-async fn follow_moves<C>(breakers: &Breakers, connection: &mut C)
-where
+///
+/// `moves` holds the moves not yet followed, from one call to the next: a
+/// nudge is sent again, at each call, until one is answered or the silent
+/// master's breaker closes. The node asked may not know of the promotion
+/// yet (the Cluster spreads it by gossip), and send the client back to the
+/// silent master: one nudge only would then leave the client's map
+/// pointing there until the master woke.
+async fn follow_moves<C>(
+    breakers: &Breakers,
+    connection: &mut C,
+    moves: &mut Vec<(u16, usize, usize)>,
+) where
     C: ConnectionLike + Send + 'static,
 {
     let asked = breakers.map_asked();
@@ -107,21 +120,33 @@ where
             .query_async::<Value>(connection),
     )
     .await;
-    let Ok(Ok(reply)) = reply else {
-        return;
-    };
-    for (slot, from, to) in breakers.map(&reply, asked) {
+    if let Ok(Ok(reply)) = reply {
+        for (slot, from, to) in breakers.map(&reply, asked) {
+            if !breakers.is_open(from) {
+                continue;
+            }
+            tracing::info!(
+                from = %breakers.name(from),
+                to = %breakers.name(to),
+                "redis cluster: a silent master's slots have a new master; reading the slot map again"
+            );
+            // One move per (former, new) master pair.
+            moves.retain(|&(_, f, t)| (f, t) != (from, to));
+            moves.push((slot, from, to));
+        }
+    }
+    let mut left = Vec::with_capacity(moves.len());
+    for (slot, from, to) in moves.drain(..) {
         if !breakers.is_open(from) {
             continue;
         }
-        let Some(via) = breakers.bystander(from, to) else {
-            continue;
+        let followed = match breakers.bystander(from, to) {
+            Some(via) => nudge(connection, slot, &via).await,
+            None => false,
         };
-        tracing::info!(
-            from = %breakers.name(from),
-            to = %breakers.name(to),
-            "redis cluster: a silent master's slots have a new master; reading the slot map again"
-        );
-        nudge(connection, slot, &via).await;
+        if !followed {
+            left.push((slot, from, to));
+        }
     }
+    *moves = left;
 }

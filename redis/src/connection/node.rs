@@ -124,7 +124,11 @@ fn key_in(slot: u16) -> Option<Vec<u8>> {
 /// a node that does not serve `slot`) whether a key of `slot` exists. The
 /// node answers `MOVED` to the slot's owner, and the client follows it and
 /// reads the map again. Nothing when `connection` is not one of the
-/// `redis` crate's Cluster clients. Gives whether it was sent.
+/// `redis` crate's Cluster clients. Gives whether it is done: the question
+/// was answered, so the `MOVED` led to a master that answers (`true` too
+/// when there is nothing to nudge). `false` when it went unanswered: `via`
+/// may not know of the promotion yet, and sent the client to the silent
+/// master; the caller nudges again.
 pub(crate) async fn nudge<C: Any>(connection: &mut C, slot: u16, via: &str) -> bool {
     let Some((host, port)) = via.rsplit_once(':') else {
         return false;
@@ -146,7 +150,7 @@ pub(crate) async fn nudge<C: Any>(connection: &mut C, slot: u16, via: &str) -> b
     } else if let Some(cluster) = any.downcast_mut::<ClusterConnection>() {
         tokio::time::timeout(NODE_WAIT * 5, cluster.route_command(cmd, routing)).await
     } else {
-        return false;
+        return true;
     };
     tracing::debug!(
         ?reply,
@@ -154,7 +158,7 @@ pub(crate) async fn nudge<C: Any>(connection: &mut C, slot: u16, via: &str) -> b
         via,
         "nudged the Cluster client to read its slot map"
     );
-    true
+    matches!(reply, Ok(Ok(_)))
 }
 
 #[cfg(test)]
