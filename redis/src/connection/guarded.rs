@@ -132,20 +132,15 @@ where
     ///
     /// [`req_packed_command`]: ConnectionLike::req_packed_command
     pub(crate) async fn call(&mut self, cmd: &Cmd) -> RedisResult<Value> {
-        // Settled with the breaker when answered, or when dropped (its
-        // request gone) before.
         let settle = self.admit()?;
-        let result = match self.acks {
-            None => self.inner.req_packed_command(cmd).await,
-            Some(acks) => acks.send(&mut self.inner, cmd).await,
-        };
-        if let Some(settle) = settle {
-            settle.result(&result);
+        match self.acks {
+            None => settled(settle, self.inner.req_packed_command(cmd)).await,
+            Some(acks) => settled(settle, acks.send(&mut self.inner, cmd)).await,
         }
-        result
     }
 
-    /// Whether a call may go out now, as [`through`] takes it.
+    /// Whether a call may go out now: `Err` while the breaker is open (the
+    /// call is answered at once), else how to settle it ([`settled`]).
     fn admit(&self) -> Result<Option<Settle>, RedisError> {
         self.refresh_map();
         let settle = self.settle();
@@ -158,25 +153,17 @@ where
     }
 }
 
-/// A call past its breaker: answered at once while the breaker is open
-/// (`settle` is the error), otherwise sent and settled with the breaker when
-/// it is answered or dropped.
-fn through<'a, T: Send + 'a>(
-    settle: Result<Option<Settle>, RedisError>,
-    call: impl FnOnce() -> RedisFuture<'a, T>,
-) -> RedisFuture<'a, T> {
-    let settle = match settle {
-        Ok(settle) => settle,
-        Err(err) => return Box::pin(std::future::ready(Err(err))),
-    };
-    let call = call();
-    Box::pin(async move {
-        let result = call.await;
-        if let Some(settle) = settle {
-            settle.result(&result);
-        }
-        result
-    })
+/// A call past its breaker, settled with it when answered, or when
+/// dropped (its request gone) before (see [`Settle`]).
+async fn settled<T>(
+    settle: Option<Settle>,
+    call: impl Future<Output = RedisResult<T>>,
+) -> RedisResult<T> {
+    let result = call.await;
+    if let Some(settle) = settle {
+        settle.result(&result);
+    }
+    result
 }
 
 impl<C> ConnectionLike for Routed<C>
@@ -196,8 +183,12 @@ where
         count: usize,
     ) -> RedisFuture<'a, Vec<Value>> {
         let settle = self.admit();
-        through(settle, || {
-            self.inner.req_packed_commands(pipeline, offset, count)
+        Box::pin(async move {
+            settled(
+                settle?,
+                self.inner.req_packed_commands(pipeline, offset, count),
+            )
+            .await
         })
     }
 
