@@ -220,7 +220,7 @@ struct Lanes<W: Work> {
     /// Queues of lanes gone and batches of calls answered, emptied: a new
     /// lane's queue and a call's batch take one, so that a list grows once
     /// rather than once a lane or a call. At most [`SPARE_LISTS`], each
-    /// with room for at most [`MAX_PER_CALL`] requests.
+    /// with room for at most [`SPARE_ROOM`] requests.
     spare: Vec<Vec<Pending<W>>>,
 }
 
@@ -236,6 +236,14 @@ impl<W: Work> Default for Lanes<W> {
 /// An emptied list of `spare`'s, or a new one.
 fn spare_list<W: Work>(spare: &mut Vec<Vec<Pending<W>>>) -> Vec<Pending<W>> {
     spare.pop().unwrap_or_default()
+}
+
+/// The requests of a lane's next call ([`Lane::take`]), in a list of
+/// `spare`'s.
+fn take_call<W: Work>(lane: &mut Lane<W>, spare: &mut Vec<Vec<Pending<W>>>) -> Vec<Pending<W>> {
+    let mut batch = spare_list(spare);
+    lane.take(&mut batch);
+    batch
 }
 
 /// `list`, emptied, kept in `spare` for the next lane or call.
@@ -334,11 +342,9 @@ where
             // Queued: the call that takes the work answers in a slot.
             let lane_state = busy.get_mut();
             let (reply, answer) = lane_state.channel();
-            let second = lane_state.queue(Pending { work, reply }).then(|| {
-                let mut batch = spare_list(spare);
-                lane_state.take(&mut batch);
-                batch
-            });
+            let second = lane_state
+                .queue(Pending { work, reply })
+                .then(|| take_call(lane_state, spare));
             drop(lanes);
             if let Some(batch) = second {
                 spawn_driver(batcher, runtime, lane, batch);
@@ -470,11 +476,7 @@ where
         match by_slot.entry(lane) {
             Entry::Occupied(mut busy) => {
                 let state = busy.get_mut();
-                state.queue(pending).then(|| {
-                    let mut batch = spare_list(spare);
-                    state.take(&mut batch);
-                    batch
-                })
+                state.queue(pending).then(|| take_call(state, spare))
             }
             Entry::Vacant(idle) => {
                 idle.insert(Lane::alone(spare_list(spare)));
