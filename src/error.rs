@@ -47,6 +47,18 @@ pub enum ConfigError {
     InvalidName(String),
     /// The key-store capacity was zero.
     ZeroCapacity,
+    /// A cap of zero requests in flight (see
+    /// [`InFlight::new`](crate::InFlight::new)): no request could run.
+    ZeroInFlight,
+    /// A slot's lease no longer than the layer's backend timeout (see
+    /// [`InFlightLayer::check`](crate::InFlightLayer::check)): a slot
+    /// could run out before the store's answer that made it arrived.
+    LeaseNotAboveTimeout {
+        /// The lease, in milliseconds.
+        lease_ms: u64,
+        /// The timeout, in milliseconds.
+        timeout_ms: u64,
+    },
     /// A shard count of zero, or above
     /// [`MAX_SHARDS`](crate::backend::MAX_SHARDS).
     InvalidShards(usize),
@@ -182,6 +194,14 @@ impl fmt::Display for ConfigError {
                 MAX_NAME_LEN
             ),
             Self::ZeroCapacity => f.write_str("the key-store capacity must be at least 1"),
+            Self::ZeroInFlight => f.write_str("a cap on requests in flight must be at least 1"),
+            Self::LeaseNotAboveTimeout {
+                lease_ms,
+                timeout_ms,
+            } => write!(
+                f,
+                "a slot's lease of {lease_ms} ms must be longer than the backend timeout of {timeout_ms} ms"
+            ),
             Self::InvalidShards(shards) => {
                 write!(f, "the shard count must be 1 to {MAX_SHARDS}, not {shards}")
             }

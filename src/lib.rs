@@ -230,6 +230,7 @@ pub mod response;
 mod server;
 mod timeout;
 
+pub use backend::InFlight;
 pub use budget::failure::FailurePolicy;
 pub use decision::{Decision, DecisionIn};
 pub use error::ConfigError;

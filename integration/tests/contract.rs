@@ -30,7 +30,17 @@ const SECRET: &[u8; 32] = b"contract: 32 bytes of a secret!!";
 
 fn main() {
     let mut trials = trial::contract("memory", Needs::Nothing, Arc::new(Memory));
+    trials.extend(trial::contract_leases(
+        "memory",
+        Needs::Nothing,
+        Arc::new(Memory),
+    ));
     trials.extend(trial::contract(
+        "private_memory",
+        Needs::Nothing,
+        Arc::new(Private::new(Memory, SECRET)),
+    ));
+    trials.extend(trial::contract_leases(
         "private_memory",
         Needs::Nothing,
         Arc::new(Private::new(Memory, SECRET)),

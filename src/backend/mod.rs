@@ -73,6 +73,35 @@
 //!
 //! [`Backend::reset`] deletes a counter and its lockout.
 //!
+//! # Requests in flight
+//!
+//! [`Leasing`], the third trait, keeps a cap on the requests **in flight**
+//! per key ([`InFlight`]), shared by every instance: a request holds a
+//! **slot** while it runs. A slot is named by its holder ([`SlotId`]) and
+//! exists only with its **lease**, an expiry created with it in the same
+//! atomic step, so no slot outlives a holder that died by more than the
+//! lease.
+//!
+//! - [`Leasing::take`], one atomic step: the key's slots whose lease has
+//!   run out are dropped; then, when fewer than the cap's `max` are live,
+//!   the slot is created with the lease `now + lease` and the key's record
+//!   gets a lifetime of at least that lease (never shortened). Otherwise
+//!   nothing changes and the take is refused, with the time until the
+//!   earliest live lease runs out. Taking a slot the key already holds
+//!   changes nothing and is granted: a take retried never takes two.
+//! - [`Leasing::give_back`] deletes the slot, one atomic step; it never
+//!   creates anything, and a slot given back twice, or one whose lease
+//!   ran out, is not found the second time.
+//! - [`Leasing::extend`] moves each slot a holder still holds to
+//!   `now + lease` and raises its key's lifetime to at least that. A slot
+//!   that is gone (given back, or its lease ran out) is **never created
+//!   again**: another request may hold its place.
+//!
+//! A key's record that is not of the store's shape (another type in Redis,
+//! a member that is not a slot) is corrupt state, as a counter that is not
+//! an integer: [`BackendError::Corrupt`], left as it is. Slots never meet
+//! a counter or a lockout, even of the same namespace.
+//!
 //! They live in a second trait, [`Spending`], as governor adds its extra
 //! abilities: a backend that only implements [`Backend`] serves every layer
 //! that counts plain hits, and a layer that spends does not compile on it.
@@ -128,11 +157,13 @@
 
 mod audit;
 mod expiring;
+mod lease;
 mod memory;
 mod private;
 pub mod toolkit;
 
 pub use audit::AuditReport;
+pub use lease::{Cap, Held, InFlight, NotASlot, SlotId, Taken};
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend};
 pub use private::{MIN_SECRET_LEN, PrivateKeys};
 
@@ -146,7 +177,7 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use crate::key::Key;
-use crate::quota::Quota;
+use crate::quota::{Quota, Window};
 
 /// The outcome of one hit on one counter.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -616,6 +647,49 @@ pub trait Spending: Backend {
     /// in that window: `Ok(true)` when it changed. See
     /// [costs, lockouts and amends](self#costs-lockouts-and-amends).
     fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Self::Refund;
+}
+
+/// A [`Backend`] that also caps requests **in flight** per key, with slots
+/// on leases: what an [`InFlightLayer`](crate::InFlightLayer) needs. Every
+/// backend of this crate implements it; a layer with a cap does not
+/// compile on a backend that does not.
+///
+/// See [requests in flight](self#requests-in-flight) for the contract.
+pub trait Leasing: Backend {
+    /// What [`take`](Leasing::take) returns (`Unpin`, as
+    /// [`Backend::Future`]: the layer polls it inline). Already complete
+    /// when the store is in this process.
+    type Take: Future<Output = Result<Taken, BackendError>> + Unpin + Send + 'static;
+
+    /// Take the slot `slot` of `cap` for `key`, in one atomic step: see
+    /// [requests in flight](self#requests-in-flight).
+    fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> Self::Take;
+
+    /// Give back `slot`, taken for `key` under `namespace`, in one atomic
+    /// step: `Ok(true)` when it was there.
+    fn give_back(
+        &self,
+        namespace: &str,
+        key: &Key,
+        slot: SlotId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<Self>;
+
+    /// Extend every slot of `held` that is still there to `now + lease`,
+    /// each key's record to at least that: the number extended. A slot
+    /// that is gone is never created again. A backend that can reach them
+    /// all in one round trip does (one per node of a Cluster).
+    fn extend(
+        &self,
+        held: &[Held<'_>],
+        lease: Window,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send + 'static + use<Self>;
+
+    /// The live slots of `key` under `namespace`, without changing them.
+    fn in_use(
+        &self,
+        namespace: &str,
+        key: &Key,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send;
 }
 
 /// The future of [`Backend::hit`]: the one [`Hit`] of a one-counter

@@ -8,9 +8,12 @@ use std::sync::Arc;
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
-use super::{Amend, Backend, BackendError, Counter, Hit, Spend, Spending};
+use super::{
+    Amend, Backend, BackendError, Cap, Counter, Held, Hit, Leasing, SlotId, Spend, Spending,
+};
 use crate::error::ConfigError;
 use crate::key::{Key, PRIVATE_KEY_MARK};
+use crate::quota::Window;
 
 /// The shortest secret [`PrivateKeys`] takes, in bytes: as long as the
 /// digest (RFC 2104's advice for an HMAC key).
@@ -198,6 +201,46 @@ impl<B: Spending> Spending for PrivateKeys<B> {
 
     fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> B::Refund {
         self.inner.amend(namespace, &self.digest(key), hit, amend)
+    }
+}
+
+impl<B: Leasing> Leasing for PrivateKeys<B> {
+    type Take = B::Take;
+
+    fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> B::Take {
+        self.inner.take(&self.digest(key), cap, slot)
+    }
+
+    fn give_back(
+        &self,
+        namespace: &str,
+        key: &Key,
+        slot: SlotId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<B> {
+        self.inner.give_back(namespace, &self.digest(key), slot)
+    }
+
+    fn extend(
+        &self,
+        held: &[Held<'_>],
+        lease: Window,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send + 'static + use<B> {
+        let digests: Vec<Key> = held.iter().map(|h| self.digest(h.key)).collect();
+        let held: Vec<Held<'_>> = held
+            .iter()
+            .zip(&digests)
+            .map(|(h, key)| Held { key, ..*h })
+            .collect();
+        self.inner.extend(&held, lease)
+    }
+
+    fn in_use(
+        &self,
+        namespace: &str,
+        key: &Key,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send {
+        let digest = self.digest(key);
+        async move { self.inner.in_use(namespace, &digest).await }
     }
 }
 

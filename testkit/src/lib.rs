@@ -92,6 +92,20 @@ macro_rules! scenario {
             run::<S>,
         )
     }};
+    // A scenario of the in-flight contract: its store's backend leases.
+    (leases: $name:ident $(, $need:ident)*) => {{
+        fn run<S: $crate::store::Store>(store: &S) -> $crate::scenario::ScenarioFuture<'_>
+        where
+            S::Backend: ::tower_pinned_window::backend::Leasing,
+        {
+            Box::pin($name(store))
+        }
+        $crate::scenario::Scenario::new(
+            stringify!($name),
+            &[$($crate::store::Ability::$need),*],
+            run::<S>,
+        )
+    }};
     ($name:ident $(, $need:ident)*) => {{
         fn run<S: $crate::store::Store>(store: &S) -> $crate::scenario::ScenarioFuture<'_> {
             Box::pin($name(store))
@@ -107,12 +121,14 @@ macro_rules! scenario {
 mod check;
 pub mod example;
 mod hits;
+mod leases;
 mod scenario;
 mod spends;
 mod store;
 
+pub use leases::lease_scenarios;
 pub use scenario::{Scenario, ScenarioFuture};
-pub use store::{Ability, Audit, Private, Store, Stored};
+pub use store::{Ability, Audit, Private, SlotsRecord, Store, Stored};
 
 use tower_pinned_window::backend::Spending;
 #[cfg(doc)]

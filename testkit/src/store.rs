@@ -22,6 +22,12 @@ pub enum Ability {
     ReadStored,
     /// [`Store::audit`]: run the backend's audit.
     Audit,
+    /// [`Store::slots_record`]: read what the store holds for a key's
+    /// slots in flight, with its lifetime.
+    ReadSlots,
+    /// [`Store::corrupt_slots`]: write a record of a key's slots that is
+    /// not of the store's shape.
+    CorruptSlots,
 }
 
 impl fmt::Display for Ability {
@@ -30,6 +36,8 @@ impl fmt::Display for Ability {
             Self::Corrupt => "write a corrupt counter",
             Self::ReadStored => "read a stored counter and its lifetime",
             Self::Audit => "run an audit",
+            Self::ReadSlots => "read a key's slots in flight and their lifetime",
+            Self::CorruptSlots => "write a corrupt record of slots",
         })
     }
 }
@@ -48,6 +56,25 @@ pub enum Stored {
         /// [`Hit::deadline`](tower_pinned_window::backend::Hit::deadline); `None` when it has no lifetime.
         expiry: Option<u64>,
     },
+}
+
+/// What a store holds for one key's slots in flight, as its own client
+/// reads it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SlotsRecord {
+    /// Nothing.
+    Absent,
+    /// A record of slots.
+    Held {
+        /// The slots in it, live or not yet dropped.
+        slots: usize,
+        /// The lifetime left on the record; `None` when it has none (a
+        /// leak the contract forbids).
+        lifetime: Option<std::time::Duration>,
+    },
+    /// A record that is not of the store's shape, as text: two reads of an
+    /// untouched record are equal.
+    Other(String),
 }
 
 /// What a backend's audit found, in the terms the suite checks.
@@ -115,6 +142,31 @@ pub trait Store: Send + Sync + 'static {
         namespace: &str,
         key: &Key,
     ) -> impl Future<Output = Option<Stored>> + Send {
+        let _ = (backend, namespace, key);
+        async { None }
+    }
+
+    /// [`Ability::ReadSlots`]: what the store holds for `key`'s slots
+    /// under `namespace`. `None` when the store cannot tell.
+    fn slots_record(
+        &self,
+        backend: &Self::Backend,
+        namespace: &str,
+        key: &Key,
+    ) -> impl Future<Output = Option<SlotsRecord>> + Send {
+        let _ = (backend, namespace, key);
+        async { None }
+    }
+
+    /// [`Ability::CorruptSlots`]: store a record of `key`'s slots under
+    /// `namespace` that is not of the store's shape (another type, a member
+    /// that is not a slot). `None` when the store cannot.
+    fn corrupt_slots(
+        &self,
+        backend: &Self::Backend,
+        namespace: &str,
+        key: &Key,
+    ) -> impl Future<Output = Option<()>> + Send {
         let _ = (backend, namespace, key);
         async { None }
     }
@@ -208,5 +260,29 @@ impl<S: Store> Store for Private<S> {
 
     async fn audit(&self, backend: &Self::Backend) -> Option<Audit> {
         self.inner.audit(backend.get_ref()).await
+    }
+
+    async fn slots_record(
+        &self,
+        backend: &Self::Backend,
+        namespace: &str,
+        key: &Key,
+    ) -> Option<SlotsRecord> {
+        let digest = backend.digest(key);
+        self.inner
+            .slots_record(backend.get_ref(), namespace, &digest)
+            .await
+    }
+
+    async fn corrupt_slots(
+        &self,
+        backend: &Self::Backend,
+        namespace: &str,
+        key: &Key,
+    ) -> Option<()> {
+        let digest = backend.digest(key);
+        self.inner
+            .corrupt_slots(backend.get_ref(), namespace, &digest)
+            .await
     }
 }

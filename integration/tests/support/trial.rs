@@ -178,7 +178,40 @@ pub fn contract<S: tower_pinned_window_testkit::Store>(
 where
     S::Backend: tower_pinned_window::backend::Spending,
 {
-    tower_pinned_window_testkit::scenarios::<S>()
+    trials_of(
+        prefix,
+        needs,
+        store,
+        tower_pinned_window_testkit::scenarios::<S>(),
+    )
+}
+
+/// [`contract`] for the in-flight contract's scenarios (`Leasing`).
+#[allow(dead_code, reason = "not every test crate needs it")]
+pub fn contract_leases<S: tower_pinned_window_testkit::Store>(
+    prefix: &str,
+    needs: Needs,
+    store: std::sync::Arc<S>,
+) -> Vec<Trial>
+where
+    S::Backend: tower_pinned_window::backend::Leasing,
+{
+    trials_of(
+        prefix,
+        needs,
+        store,
+        tower_pinned_window_testkit::lease_scenarios::<S>(),
+    )
+}
+
+/// A trial per scenario of `scenarios`, named `prefix::scenario`.
+fn trials_of<S: tower_pinned_window_testkit::Store>(
+    prefix: &str,
+    needs: Needs,
+    store: std::sync::Arc<S>,
+    scenarios: Vec<tower_pinned_window_testkit::Scenario<S>>,
+) -> Vec<Trial> {
+    scenarios
         .into_iter()
         .map(|scenario| {
             let name = format!("{prefix}::{}", scenario.name);

@@ -1,9 +1,10 @@
 //! The in-memory backend: counters in this process, bounded, sharded.
 
 mod clock;
+mod lease;
 mod spend;
 
-use std::future::{Ready, ready};
+use std::future::{Future, Ready, ready};
 use std::num::{NonZeroU64, NonZeroUsize};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -11,7 +12,10 @@ use std::time::Duration;
 
 use super::expiring::id::{Id, KeyBytes, Scratch};
 use super::expiring::{Entry, Shard, Table};
-use super::{Amend, Backend, BackendError, Counter, Hit, Hits, Spend, Spending};
+use super::{
+    Amend, Backend, BackendError, Cap, Counter, Held, Hit, Hits, Leasing, SlotId, Spend, Spending,
+    Taken,
+};
 use crate::error::ConfigError;
 use crate::key::Key;
 #[cfg(test)]
@@ -151,6 +155,9 @@ struct Inner {
     /// never lands on the new one (a paused test clock can open both in one
     /// instant).
     removed: AtomicU64,
+    /// The slots of requests in flight ([`Leasing`]), apart from every
+    /// counter.
+    slots: lease::Slots,
     /// What it was made with, for a setter to make it anew.
     config: Config,
     clock: Clock,
@@ -184,6 +191,7 @@ impl Config {
                 locks: table.sibling(),
                 table,
                 removed: AtomicU64::new(0),
+                slots: lease::Slots::new(),
                 config: self,
                 clock: if self.tokio_clock {
                     Clock::tokio()
@@ -639,6 +647,44 @@ impl Spending for MemoryBackend {
             self.amend_at(self.now(), namespace, key, deadline.get(), amend)
         });
         ready(Ok(amended))
+    }
+}
+
+/// Exact in this process: each step is one lock of the key's shard of the
+/// slot map (see [requests in flight](super#requests-in-flight)). A slot's
+/// lease runs on the backend's clock, so a test on a paused runtime
+/// ([`tokio_clock`](MemoryBackend::tokio_clock)) moves leases with
+/// `tokio::time::advance`.
+impl Leasing for MemoryBackend {
+    type Take = Ready<Result<Taken, BackendError>>;
+
+    fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> Self::Take {
+        ready(Ok(self.inner.slots.take(self.now(), key, cap, slot)))
+    }
+
+    fn give_back(
+        &self,
+        namespace: &str,
+        key: &Key,
+        slot: SlotId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<> {
+        ready(Ok(self.inner.slots.give_back(namespace, key, slot)))
+    }
+
+    fn extend(
+        &self,
+        held: &[Held<'_>],
+        lease: Window,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send + 'static + use<> {
+        ready(Ok(self.inner.slots.extend(self.now(), held, lease)))
+    }
+
+    fn in_use(
+        &self,
+        namespace: &str,
+        key: &Key,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send {
+        ready(Ok(self.inner.slots.in_use(self.now(), namespace, key)))
     }
 }
 

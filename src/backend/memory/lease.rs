@@ -1,0 +1,184 @@
+//! Slots on leases, in this process: the in-memory backend's
+//! [`Leasing`](crate::backend::Leasing).
+//!
+//! Each key's slots are a short list (at most the cap's `max` live ones)
+//! behind its shard's mutex, so a take, a give-back and an extend are each
+//! one step under one lock: exact in this process. Expired slots are dropped
+//! by the key's next take or extend; a key whose list empties is removed, so
+//! the map holds only keys with slots (at most the requests in flight, plus
+//! the expired slots of holders that stopped extending until their key is
+//! taken again or a sweep, every 1,024 takes on a shard, drops them).
+
+use std::hash::BuildHasher;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hashbrown::DefaultHashBuilder;
+use hashbrown::HashMap;
+use smallvec::SmallVec;
+
+use crate::backend::{Cap, Held, SlotId, Taken};
+use crate::key::Key;
+use crate::quota::Window;
+
+use super::clock::nanos;
+
+/// A key's slots: each slot and its lease's end (nanoseconds on the
+/// backend's clock). Four inline: a cap of four or fewer allocates nothing
+/// once the key's entry exists.
+type Leases = SmallVec<[(SlotId, u64); 4]>;
+
+/// The shards of the slot map.
+const SHARDS: usize = 16;
+
+/// Takes on one shard between two sweeps of its expired slots.
+const SWEEP_EVERY: u32 = 1024;
+
+#[derive(Debug)]
+pub(super) struct Slots {
+    shards: Box<[Mutex<Shard>]>,
+    hasher: DefaultHashBuilder,
+}
+
+#[derive(Debug, Default)]
+struct Shard {
+    /// Per namespace, per key.
+    by_namespace: HashMap<Box<str>, HashMap<Key, Leases>>,
+    takes: u32,
+}
+
+impl Slots {
+    pub(super) fn new() -> Self {
+        Self {
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: DefaultHashBuilder::default(),
+        }
+    }
+
+    fn shard(&self, namespace: &str, key: &Key) -> std::sync::MutexGuard<'_, Shard> {
+        let hash = self.hasher.hash_one((namespace, key));
+        // A panic while the lock was held left no half-done step (each step
+        // writes last): the map is still whole.
+        self.shards[hash as usize % SHARDS]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    pub(super) fn take(&self, now: u64, key: &Key, cap: Cap<'_>, slot: SlotId) -> Taken {
+        let lease_end = now.saturating_add(nanos(cap.in_flight.lease().as_duration()));
+        let max = cap.in_flight.max();
+        let mut shard = self.shard(cap.namespace, key);
+        shard.takes += 1;
+        if shard.takes >= SWEEP_EVERY {
+            shard.takes = 0;
+            shard.sweep(now);
+        }
+        let keys = match shard.by_namespace.get_mut(cap.namespace) {
+            Some(keys) => keys,
+            None => shard.by_namespace.entry(cap.namespace.into()).or_default(),
+        };
+        let leases = keys.entry(key.clone()).or_default();
+        leases.retain(|(_, end)| *end > now);
+        let in_use = leases.len() as u64;
+        if leases.iter().any(|(held, _)| *held == slot) {
+            return Taken {
+                granted: true,
+                in_use,
+                retry: Duration::ZERO,
+            };
+        }
+        if in_use < max {
+            leases.push((slot, lease_end));
+            return Taken {
+                granted: true,
+                in_use: in_use + 1,
+                retry: Duration::ZERO,
+            };
+        }
+        let earliest = leases.iter().map(|(_, end)| *end).min().unwrap_or(now);
+        Taken {
+            granted: false,
+            in_use,
+            retry: Duration::from_nanos(earliest.saturating_sub(now)),
+        }
+    }
+
+    pub(super) fn give_back(&self, namespace: &str, key: &Key, slot: SlotId) -> bool {
+        let mut shard = self.shard(namespace, key);
+        let Some(keys) = shard.by_namespace.get_mut(namespace) else {
+            return false;
+        };
+        let Some(leases) = keys.get_mut(key) else {
+            return false;
+        };
+        let before = leases.len();
+        leases.retain(|(held, _)| *held != slot);
+        let found = leases.len() < before;
+        if leases.is_empty() {
+            keys.remove(key);
+        }
+        found
+    }
+
+    pub(super) fn extend(&self, now: u64, held: &[Held<'_>], lease: Window) -> u64 {
+        let lease_end = now.saturating_add(nanos(lease.as_duration()));
+        let mut extended = 0;
+        for h in held {
+            let mut shard = self.shard(h.namespace, h.key);
+            let Some(leases) = shard
+                .by_namespace
+                .get_mut(h.namespace)
+                .and_then(|keys| keys.get_mut(h.key))
+            else {
+                continue;
+            };
+            // A lease that ran out is gone, whoever asks: never extended.
+            if let Some((_, end)) = leases
+                .iter_mut()
+                .find(|(slot, end)| *slot == h.slot && *end > now)
+            {
+                *end = (*end).max(lease_end);
+                extended += 1;
+            }
+        }
+        extended
+    }
+
+    pub(super) fn in_use(&self, now: u64, namespace: &str, key: &Key) -> u64 {
+        let shard = self.shard(namespace, key);
+        shard
+            .by_namespace
+            .get(namespace)
+            .and_then(|keys| keys.get(key))
+            .map_or(0, |leases| {
+                leases.iter().filter(|(_, end)| *end > now).count() as u64
+            })
+    }
+
+    /// Keys holding slots now, live or expired-but-unswept.
+    #[cfg(test)]
+    pub(super) fn keys(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|shard| {
+                let shard = shard
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                shard.by_namespace.values().map(HashMap::len).sum::<usize>()
+            })
+            .sum()
+    }
+}
+
+impl Shard {
+    /// Drop every expired slot, and the keys and namespaces left empty.
+    fn sweep(&mut self, now: u64) {
+        self.by_namespace.retain(|_, keys| {
+            keys.retain(|_, leases| {
+                leases.retain(|(_, end)| *end > now);
+                !leases.is_empty()
+            });
+            !keys.is_empty()
+        });
+    }
+}
