@@ -4,7 +4,8 @@
 //! Guarantees: [`encode`] is one-to-one ([`decode`] undoes it exactly), two
 //! different (namespace, key) pairs never share a storage key whatever
 //! bytes a client puts in its key, a counter's markers
-//! ([`encode_lockout`], [`encode_reset_marker`]) never meet a counter or
+//! ([`encode_lockout`], [`encode_reset_marker`]) and its key's record of
+//! slots in flight ([`encode_slots`]) never meet a counter or
 //! another counter's marker, and the hash tag is always the crate's.
 //!
 //! The prefix, the escaped namespace, then the escaped key between braces:
@@ -132,6 +133,20 @@ pub fn encode_lockout(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
 
 /// What follows a counter's storage key in its lockout marker's.
 pub const LOCKOUT: &[u8] = b":lock";
+
+/// What follows a key's storage key in the record of its slots in flight
+/// ([`encode_slots`]).
+pub const SLOTS: &[u8] = b":slots";
+
+/// The storage key of the record of `key`'s slots in flight under
+/// `namespace` ([`Leasing`](crate::backend::Leasing)): the storage key a
+/// counter of the pair would have, followed by `:slots`. Apart from every
+/// counter and marker for the reasons [`encode_lockout`] gives, and in the
+/// same Redis Cluster slot as the key's counters.
+#[must_use]
+pub fn encode_slots(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
+    marker(prefix, namespace, key, SLOTS)
+}
 
 /// What follows a counter's storage key in its reset marker's.
 pub const RESET_MARKER: &[u8] = b":reset";
@@ -412,7 +427,7 @@ mod tests {
             prop_assert_eq!(decode(b"tpw:", &sb), Some((b.0.clone(), kb.as_bytes().to_vec())));
         }
 
-        /// Lockout and reset markers never meet a counter or another
+        /// Lockout and reset markers, and records of slots, never meet a counter or another
         /// pair's marker, and keep the counter's hash tag.
         #[test]
         fn markers_never_meet_a_counter_or_another_pairs_marker(
@@ -425,6 +440,7 @@ mod tests {
             for (marker_a, marker_b) in [
                 (encode_lockout(b"tpw:", &a.0, &ka), encode_lockout(b"tpw:", &b.0, &kb)),
                 (encode_reset_marker(b"tpw:", &a.0, &ka), encode_reset_marker(b"tpw:", &b.0, &kb)),
+                (encode_slots(b"tpw:", &a.0, &ka), encode_slots(b"tpw:", &b.0, &kb)),
             ] {
                 prop_assert_ne!(&marker_a, &counter_b);
                 prop_assert_eq!(marker_a == marker_b, same);
@@ -440,6 +456,9 @@ mod tests {
                 encode_lockout(b"tpw:", &a.0, &ka),
                 encode_reset_marker(b"tpw:", &b.0, &kb)
             );
+            for other in [encode_lockout(b"tpw:", &b.0, &kb), encode_reset_marker(b"tpw:", &b.0, &kb)] {
+                prop_assert_ne!(encode_slots(b"tpw:", &a.0, &ka), other);
+            }
         }
 
         #[test]
