@@ -12,8 +12,13 @@
 //! to the backend first, so the backend decides again from its first
 //! answer.
 
+use std::future::Future;
+use std::pin::pin;
+use std::task::{Context, Poll, Waker};
+
 use crate::backend::{
-    Amend, Backend, BackendError, Counter, Hit, Hits, MemoryBackend, Spend, Spending,
+    Amend, Backend, BackendError, Cap, Counter, Hit, Hits, InFlight, Leasing, MemoryBackend,
+    SlotId, Spend, Spending, Taken,
 };
 use crate::key::Key;
 use crate::quota::Share;
@@ -81,6 +86,38 @@ impl Insurance {
             Some(amend) => self.local.amend(namespace, key, hit, amend),
         }
         .into_inner()
+    }
+}
+
+impl Insurance {
+    /// Takes `slot` of `cap` for `key` in the local store, the cap cut to
+    /// the [`share`](Self::share) (at least 1): an in-flight layer's slot
+    /// while its store is out. Never reaches the store.
+    #[cold]
+    pub(crate) fn take(
+        &self,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+    ) -> Result<Taken, BackendError> {
+        let max = self.share.of(cap.in_flight.max());
+        // A local slot dies with the process and is always given back by
+        // its guard: it needs no lease, so it gets the longest.
+        let in_flight = InFlight::new(max, crate::quota::Window::MAX.as_duration())
+            .map_err(|err| BackendError::Unavailable(err.to_string().into()))?;
+        let cut = Cap { in_flight, ..cap };
+        self.local.take(key, cut, slot).into_inner()
+    }
+
+    /// Gives back a slot [`take`](Self::take) took.
+    #[cold]
+    pub(crate) fn give_back(&self, namespace: &str, key: &Key, slot: SlotId) {
+        // The memory backend answers at once.
+        let call = pin!(self.local.give_back(namespace, key, slot));
+        let _ = matches!(
+            call.poll(&mut Context::from_waker(Waker::noop())),
+            Poll::Ready(Ok(true))
+        );
     }
 }
 

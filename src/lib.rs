@@ -179,6 +179,7 @@
 //   config      limits from TOML, YAML, JSON (feature serde): builds layers
 //   outbound/   the client layer, BudgetLayer
 //   server/     the server layer, RateLimitLayer
+//   in_flight/  the in-flight cap, InFlightLayer: slots on leases
 //   core        the settings a server layer's services share
 //   outcome/    counting by the answer: what it does to the hits (kept,
 //               refunded, cleared), count_if and reset_if as one value
@@ -209,6 +210,7 @@ pub mod cost;
 mod count;
 mod decision;
 mod error;
+pub mod in_flight;
 // The guides (docs/*.md) for rustdoc only; their examples run as doctests
 // of integration/, with every feature on.
 #[cfg(all(doc, not(doctest)))]
@@ -234,6 +236,7 @@ pub use backend::InFlight;
 pub use budget::failure::FailurePolicy;
 pub use decision::{Decision, DecisionIn};
 pub use error::ConfigError;
+pub use in_flight::layer::InFlightLayer;
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};

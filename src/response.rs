@@ -158,6 +158,54 @@ pub(crate) fn writes_on_passed(decision: &Decision) -> bool {
         || (decision.outcome() == Outcome::Allowed && decision.remaining() == 0)
 }
 
+/// The `RateLimit-Policy` field of an in-flight cap of `max` named `name`
+/// (a layer name: a valid sf-string), made once when the layer is built:
+/// the quota unit is the IETF draft's `concurrent-requests`.
+pub(crate) fn in_flight_policy(name: &str, max: u64) -> HeaderValue {
+    HeaderValue::try_from(format!("\"{name}\";q={max};qu=\"concurrent-requests\""))
+        .expect("a layer name is printable ASCII without quotes")
+}
+
+/// The in-flight fields on an answer: the cap's policy, and `RateLimit`
+/// with the slots left (`r`) and, on a refusal, the seconds until the
+/// earliest lease runs out (`t`, whole seconds rounded up). Appended beside
+/// any other layer's fields, as more members of the same lists.
+pub(crate) fn in_flight_headers(
+    headers: &mut HeaderMap,
+    name: &str,
+    policy: &HeaderValue,
+    left: u64,
+    retry: Option<std::time::Duration>,
+) {
+    headers.append(RATELIMIT_POLICY, policy.clone());
+    let field = match retry {
+        Some(retry) => format!("\"{name}\";r={left};t={}", ceil_secs(retry).max(1)),
+        None => format!("\"{name}\";r={left}"),
+    };
+    if let Ok(value) = HeaderValue::try_from(field) {
+        headers.append(RATELIMIT, value);
+    }
+}
+
+/// The answer to a request refused a slot in flight: `429` with
+/// `Retry-After` (whole seconds, rounded up, at least 1), or gRPC
+/// RESOURCE_EXHAUSTED with the wait.
+pub(crate) fn busy<B: Default>(grpc: bool, retry: std::time::Duration) -> Response<B> {
+    let mut response = if grpc {
+        grpc_response(
+            GrpcCode::ResourceExhausted,
+            "too many requests in flight",
+            Some(retry),
+        )
+    } else {
+        status_response(StatusCode::TOO_MANY_REQUESTS)
+    };
+    response
+        .headers_mut()
+        .insert(RETRY_AFTER, HeaderValue::from(ceil_secs(retry).max(1)));
+    response
+}
+
 /// The answer under fail-closed when the backend failed: `503` with
 /// `Retry-After: 1`, or gRPC UNAVAILABLE.
 pub(crate) fn unavailable<B: Default>(grpc: bool) -> Response<B> {

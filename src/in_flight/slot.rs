@@ -1,0 +1,320 @@
+//! A slot held by a request: the layer's shared state (the backend, the
+//! cap, the slots this instance holds and the task that extends their
+//! leases), the guard that gives a slot back, and the response body that
+//! holds the guard until the answer ends.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use http_body::{Body, Frame, SizeHint};
+use pin_project_lite::pin_project;
+
+use crate::backend::{Cap, Held, InFlight, Leasing, SlotId};
+use crate::budget::failure::Failure;
+use crate::budget::log::LogGate;
+use crate::key::Key;
+
+/// What every service of one layer shares.
+pub(crate) struct Shared<Bk> {
+    pub(crate) name: Arc<str>,
+    pub(crate) in_flight: InFlight,
+    pub(crate) backend: Bk,
+    pub(crate) failure: Failure,
+    pub(crate) timeout: Duration,
+    /// How long a request may wait for a slot; zero: refused at once.
+    pub(crate) wait: Duration,
+    /// The header values this layer writes, made once.
+    pub(crate) policy_header: http::HeaderValue,
+    pub(crate) gate: LogGate,
+    pub(crate) key_gate: LogGate,
+    /// The slots this instance holds in the store, to extend.
+    held: Mutex<HashMap<SlotId, Key>>,
+    /// Whether the task that extends them runs.
+    renewing: std::sync::atomic::AtomicBool,
+}
+
+impl<Bk> Shared<Bk> {
+    pub(crate) fn new(
+        name: Arc<str>,
+        in_flight: InFlight,
+        backend: Bk,
+        failure: Failure,
+        timeout: Duration,
+        wait: Duration,
+    ) -> Self {
+        Self {
+            policy_header: crate::response::in_flight_policy(&name, in_flight.max()),
+            name,
+            in_flight,
+            backend,
+            failure,
+            timeout,
+            wait,
+            gate: LogGate::default(),
+            key_gate: LogGate::default(),
+            held: Mutex::default(),
+            renewing: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    pub(crate) fn cap(&self) -> Cap<'_> {
+        Cap {
+            namespace: &self.name,
+            in_flight: self.in_flight,
+        }
+    }
+
+    fn held(&self) -> std::sync::MutexGuard<'_, HashMap<SlotId, Key>> {
+        self.held
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// How many slots this instance holds in the store now.
+    pub(crate) fn held_count(&self) -> usize {
+        self.held().len()
+    }
+}
+
+impl<Bk: fmt::Debug> fmt::Debug for Shared<Bk> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("InFlight")
+            .field("name", &self.name)
+            .field("in_flight", &self.in_flight)
+            .field("backend", &self.backend)
+            .field("failure", &self.failure.policy())
+            .field("timeout", &self.timeout)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<Bk: Leasing> Shared<Bk> {
+    /// Hold `slot` of `key`, taken in the store: it is extended every third
+    /// of its lease until it is given back. The first slot starts the task
+    /// that extends them (on the tokio runtime of the request), which ends
+    /// when the layer is gone.
+    pub(crate) fn hold(self: &Arc<Self>, key: &Key, slot: SlotId) {
+        self.held().insert(slot, key.clone());
+        if !self
+            .renewing
+            .swap(true, std::sync::atomic::Ordering::AcqRel)
+        {
+            match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(renew(Arc::downgrade(self)));
+                }
+                Err(_) => {
+                    // No runtime: the slots live out their lease.
+                    self.renewing
+                        .store(false, std::sync::atomic::Ordering::Release);
+                }
+            }
+        }
+    }
+}
+
+/// Extends every slot this instance holds, once every third of the lease,
+/// in one store call, until the layer is dropped.
+async fn renew<Bk: Leasing>(shared: Weak<Shared<Bk>>) {
+    let every = match shared.upgrade() {
+        Some(shared) => shared.in_flight.lease().as_duration() / 3,
+        None => return,
+    };
+    let mut tick = tokio::time::interval(every.max(Duration::from_millis(1)));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        let Some(shared) = shared.upgrade() else {
+            return;
+        };
+        let held: Vec<(Key, SlotId)> = shared
+            .held()
+            .iter()
+            .map(|(slot, key)| (key.clone(), *slot))
+            .collect();
+        if held.is_empty() {
+            continue;
+        }
+        let list: Vec<Held<'_>> = held
+            .iter()
+            .map(|(key, slot)| Held {
+                namespace: &shared.name,
+                key,
+                slot: *slot,
+            })
+            .collect();
+        let call = shared.backend.extend(&list, shared.in_flight.lease());
+        drop(list);
+        match tokio::time::timeout(shared.timeout.max(every / 2), call).await {
+            Ok(Ok(extended)) if extended as usize >= held.len() => {}
+            Ok(Ok(extended)) => {
+                // Given back while the call was on its way, or lost: a
+                // holder stalled past its lease, or a store that lost them.
+                tracing::debug!(limiter = %shared.name, held = held.len(), extended, "some slots in flight were not extended (given back meanwhile, or their lease ran out)");
+            }
+            Ok(Err(err)) => {
+                if shared.gate.admit().is_some() {
+                    tracing::warn!(limiter = %shared.name, error = %err, held = held.len(), "could not extend the leases of the slots in flight: they run out unless the next extend reaches the store");
+                }
+            }
+            Err(_) => {
+                if shared.gate.admit().is_some() {
+                    tracing::warn!(limiter = %shared.name, held = held.len(), "extending the leases of the slots in flight timed out");
+                }
+            }
+        }
+    }
+}
+
+/// Gives back the slots of one layer: a guard names the layer's shared
+/// state without its backend's type.
+pub(crate) trait Release: Send + Sync {
+    fn release(&self, key: &Key, slot: SlotId, local: bool);
+}
+
+impl<Bk: Leasing> Release for Shared<Bk> {
+    fn release(&self, key: &Key, slot: SlotId, local: bool) {
+        if local {
+            // Taken from the insurance limiter while the store was out.
+            if let Some(insurance) = self.failure.insurance() {
+                insurance.give_back(&self.name, key, slot);
+            }
+            return;
+        }
+        self.held().remove(&slot);
+        let mut call = Box::pin(self.backend.give_back(&self.name, key, slot));
+        // A store in this process answers at once; any other is left to
+        // finish on the runtime. A give-back that fails is left to the
+        // lease, never retried: the slot may be another request's by then.
+        let name = Arc::clone(&self.name);
+        let report = move |result| {
+            if let Err(err) = result {
+                tracing::debug!(limiter = %name, error = %err, "a slot in flight could not be given back: its lease frees it");
+            }
+        };
+        match call.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => report(result),
+            Poll::Pending => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move { report(call.await) });
+                }
+                Err(_) => report(Err(crate::backend::BackendError::Unavailable(
+                    "no tokio runtime to give the slot back on".into(),
+                ))),
+            },
+        }
+    }
+}
+
+use std::future::Future;
+
+/// A slot a request holds: given back when dropped.
+pub(crate) struct SlotGuard {
+    shared: Arc<dyn Release>,
+    key: Key,
+    slot: SlotId,
+    local: bool,
+}
+
+impl SlotGuard {
+    pub(crate) fn new(shared: Arc<dyn Release>, key: Key, slot: SlotId, local: bool) -> Self {
+        Self {
+            shared,
+            key,
+            slot,
+            local,
+        }
+    }
+}
+
+impl Drop for SlotGuard {
+    fn drop(&mut self) {
+        self.shared.release(&self.key, self.slot, self.local);
+    }
+}
+
+impl fmt::Debug for SlotGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SlotGuard")
+            .field("key", &self.key)
+            .field("slot", &self.slot)
+            .field("local", &self.local)
+            .finish_non_exhaustive()
+    }
+}
+
+pin_project! {
+    /// The body of an answer from an [`InFlightLayer`](crate::InFlightLayer):
+    /// the service's body, holding the request's slot until the body ends,
+    /// fails or is dropped (a client that went away, a stream cut short).
+    /// Frames, size hints and the end pass through unchanged.
+    pub struct Leased<B> {
+        #[pin]
+        body: B,
+        slot: Option<SlotGuard>,
+    }
+}
+
+impl<B> Leased<B> {
+    pub(crate) fn new(body: B, slot: Option<SlotGuard>) -> Self {
+        Self { body, slot }
+    }
+
+    /// Whether this body still holds its request's slot.
+    pub fn holds_slot(&self) -> bool {
+        self.slot.is_some()
+    }
+
+    /// The service's body; the slot is given back.
+    pub fn into_inner(self) -> B {
+        self.body
+    }
+}
+
+impl<B: Default> Default for Leased<B> {
+    fn default() -> Self {
+        Self::new(B::default(), None)
+    }
+}
+
+impl<B: fmt::Debug> fmt::Debug for Leased<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leased")
+            .field("body", &self.body)
+            .field("slot", &self.slot)
+            .finish()
+    }
+}
+
+impl<B: Body> Body for Leased<B> {
+    type Data = B::Data;
+    type Error = B::Error;
+
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let this = self.project();
+        let frame = this.body.poll_frame(cx);
+        match &frame {
+            // The end, or a failure: the request is over.
+            Poll::Ready(None | Some(Err(_))) => drop(this.slot.take()),
+            Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
+        }
+        frame
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.body.size_hint()
+    }
+}

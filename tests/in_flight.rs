@@ -1,0 +1,540 @@
+//! The in-flight cap through its layer, on the memory backend: a slot is
+//! held from before the service is called until the answer's body ends,
+//! and given back however the request ends (a body read or dropped, a
+//! panicking handler, a cancelled call, a client gone mid-stream); leases
+//! are extended while a request runs; the failure policies; gRPC.
+
+mod support;
+
+use std::convert::Infallible;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::BodyExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tower::{Layer, Service, ServiceExt, service_fn};
+use tower_pinned_window::backend::{
+    Backend, BackendError, Cap, Counter, Held, Hit, Leasing, MemoryBackend, SlotId, Taken,
+};
+use tower_pinned_window::key::Key;
+use tower_pinned_window::{ConfigError, FailurePolicy, InFlight, InFlightLayer, Share, Window};
+
+use support::http::{by_client, from, ok_service};
+
+fn cap(max: u64, lease: Duration) -> InFlight {
+    InFlight::new(max, lease).unwrap()
+}
+
+fn header(response: &Response<impl Sized>, name: &str) -> String {
+    response.headers()[name].to_str().unwrap().to_owned()
+}
+
+#[tokio::test]
+async fn a_slot_is_held_until_the_body_ends_or_is_dropped() {
+    let layer = InFlightLayer::new("jobs", cap(1, Duration::from_secs(30))).key(by_client());
+    let mut service = layer.layer(ok_service());
+    let first = service
+        .ready()
+        .await
+        .unwrap()
+        .call(from("a"))
+        .await
+        .unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    assert_eq!(header(&first, "ratelimit"), "\"jobs\";r=0");
+    assert_eq!(
+        header(&first, "ratelimit-policy"),
+        "\"jobs\";q=1;qu=\"concurrent-requests\""
+    );
+    assert!(first.body().holds_slot());
+    assert_eq!(layer.held(), 1);
+
+    let refused = service
+        .ready()
+        .await
+        .unwrap()
+        .call(from("a"))
+        .await
+        .unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&refused, "retry-after"), "30");
+    assert_eq!(header(&refused, "ratelimit"), "\"jobs\";r=0;t=30");
+    assert!(!refused.body().holds_slot());
+    let other = service
+        .ready()
+        .await
+        .unwrap()
+        .call(from("b"))
+        .await
+        .unwrap();
+    assert_eq!(
+        other.status(),
+        StatusCode::OK,
+        "another key has its own cap"
+    );
+    drop(other);
+
+    // Read to its end, the body gives the slot back.
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "ok");
+    assert_eq!(layer.held(), 0);
+    let second = service
+        .ready()
+        .await
+        .unwrap()
+        .call(from("a"))
+        .await
+        .unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    // Dropped unread, too.
+    drop(second);
+    let third = service
+        .ready()
+        .await
+        .unwrap()
+        .call(from("a"))
+        .await
+        .unwrap();
+    assert_eq!(third.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_panicking_handler_gives_its_slot_back() {
+    let panicked = Arc::new(AtomicBool::new(false));
+    let inner = {
+        let panicked = Arc::clone(&panicked);
+        service_fn(move |_request: Request<String>| {
+            let panicked = Arc::clone(&panicked);
+            async move {
+                if !panicked.swap(true, Ordering::SeqCst) {
+                    panic!("the handler fails");
+                }
+                Ok::<_, Infallible>(Response::new(String::from("ok")))
+            }
+        })
+    };
+    let layer = InFlightLayer::new("jobs", cap(1, Duration::from_secs(30)));
+    let service = layer.layer(inner);
+    let crashed = tokio::spawn(service.clone().oneshot(Request::new(String::new()))).await;
+    assert!(crashed.unwrap_err().is_panic());
+    assert_eq!(layer.held(), 0, "the slot went back as the call unwound");
+    let next = service.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(next.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_cancelled_call_gives_its_slot_back() {
+    let inner = service_fn(|_request: Request<String>| async {
+        std::future::pending::<()>().await;
+        Ok::<_, Infallible>(Response::new(String::new()))
+    });
+    let layer = InFlightLayer::new("jobs", cap(1, Duration::from_secs(30)));
+    let service = layer.layer(inner);
+    let call = service.clone().oneshot(Request::new(String::new()));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(50), call)
+            .await
+            .is_err()
+    );
+    assert_eq!(layer.held(), 0, "the call was dropped: its slot went back");
+    let waiting = service.clone().oneshot(Request::new(String::new()));
+    let refused = tokio::select! {
+        _ = waiting => unreachable!("the handler never answers"),
+        refused = async {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            service.clone().oneshot(Request::new(String::new())).await.unwrap()
+        } => refused,
+    };
+    assert_eq!(
+        refused.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "while a call runs, its slot is held"
+    );
+}
+
+/// One frame, then nothing more, ever: a stream that never ends.
+struct Endless {
+    sent: bool,
+}
+
+impl Body for Endless {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.sent {
+            return Poll::Pending;
+        }
+        self.sent = true;
+        Poll::Ready(Some(Ok(Frame::data(Bytes::from_static(b"first chunk\n")))))
+    }
+}
+
+#[tokio::test]
+async fn a_client_gone_mid_stream_frees_its_slot() {
+    let layer = InFlightLayer::new("stream", cap(1, Duration::from_secs(30)));
+    let app = axum::Router::new()
+        .route(
+            "/",
+            axum::routing::get(|| async { axum::body::Body::new(Endless { sent: false }) }),
+        )
+        .layer(layer.clone());
+    let server = support::http::serve(app).await;
+    let addr = server.url.trim_start_matches("http://").to_owned();
+
+    let mut client = tokio::net::TcpStream::connect(&addr).await.unwrap();
+    client
+        .write_all(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+        .await
+        .unwrap();
+    let mut read = vec![0; 4096];
+    let mut seen = String::new();
+    while !seen.contains("first chunk") {
+        let n = client.read(&mut read).await.unwrap();
+        assert!(n > 0, "the stream's first chunk arrives");
+        seen.push_str(&String::from_utf8_lossy(&read[..n]));
+    }
+    assert!(seen.starts_with("HTTP/1.1 200"), "{seen}");
+    assert_eq!(layer.held(), 1, "the stream holds its slot");
+    let busy = support::http::Client::new().get(&server.url).send().await;
+    assert_eq!(busy.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
+
+    drop(client);
+    let start = tokio::time::Instant::now();
+    while layer.held() > 0 {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "the slot of a client gone is given back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let served = support::http::Client::new().get(&server.url).send();
+    let served = tokio::time::timeout(Duration::from_millis(200), served).await;
+    assert!(served.is_err(), "served again: the new stream never ends");
+}
+
+#[tokio::test(start_paused = true)]
+async fn leases_are_extended_while_a_request_runs_and_a_dead_holders_run_out() {
+    let store = MemoryBackend::new().tokio_clock();
+    let lease = Duration::from_millis(300);
+    let layer = InFlightLayer::new("jobs", cap(1, lease))
+        .backend(store.clone())
+        .key(by_client());
+    let service = layer.layer(ok_service());
+    let held = service.clone().oneshot(from("a")).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    // Ten leases later, the running request still holds its slot.
+    tokio::time::sleep(10 * lease).await;
+    let refused = service.clone().oneshot(from("a")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    drop(held);
+
+    // A holder that never extends (a process killed while it held the
+    // slot): its slot is back within the lease, and not before.
+    let dead = SlotId::next();
+    let key = Key::new("a");
+    let taken = store
+        .take(
+            &key,
+            Cap {
+                namespace: "jobs",
+                in_flight: cap(1, lease),
+            },
+            dead,
+        )
+        .await
+        .unwrap();
+    assert!(taken.granted);
+    tokio::time::sleep(lease - Duration::from_millis(20)).await;
+    let early = service.clone().oneshot(from("a")).await.unwrap();
+    assert_eq!(
+        early.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "not before the lease"
+    );
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    let after = service.oneshot(from("a")).await.unwrap();
+    assert_eq!(after.status(), StatusCode::OK, "back within the lease");
+}
+
+#[tokio::test]
+async fn two_instances_on_one_store_share_the_cap() {
+    let store = MemoryBackend::new();
+    let c = cap(2, Duration::from_secs(30));
+    let a = InFlightLayer::new("jobs", c)
+        .backend(store.clone())
+        .layer(ok_service());
+    let b = InFlightLayer::new("jobs", c)
+        .backend(store.clone())
+        .layer(ok_service());
+    let one = a
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    let two = b
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (one.status(), two.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    let three = a
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(
+        three.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "2 of 2 across both"
+    );
+    drop(two);
+    let four = a.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(
+        four.status(),
+        StatusCode::OK,
+        "the other instance's slot went back"
+    );
+    drop(one);
+}
+
+#[tokio::test]
+async fn a_refused_request_waits_for_a_slot_up_to_its_bound() {
+    let layer =
+        InFlightLayer::new("jobs", cap(1, Duration::from_secs(30))).wait(Duration::from_secs(5));
+    let service = layer.layer(ok_service());
+    let first = service
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(service.clone().oneshot(Request::new(String::new())));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(!waiting.is_finished(), "it waits while the slot is held");
+    drop(first);
+    let second = tokio::time::timeout(Duration::from_secs(1), waiting)
+        .await
+        .expect("served once the slot is back")
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+
+    let bounded = InFlightLayer::new("jobs", cap(1, Duration::from_secs(30)))
+        .wait(Duration::from_millis(150))
+        .layer(ok_service());
+    let held = bounded
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    let start = std::time::Instant::now();
+    let refused = bounded.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(
+        start.elapsed() >= Duration::from_millis(150),
+        "refused once the wait is over"
+    );
+    drop(held);
+}
+
+#[tokio::test]
+async fn grpc_calls_are_refused_with_resource_exhausted() {
+    let service = InFlightLayer::new("jobs", cap(1, Duration::from_secs(30))).layer(ok_service());
+    let grpc = || {
+        Request::builder()
+            .header("content-type", "application/grpc")
+            .body(String::new())
+            .unwrap()
+    };
+    let held = service.clone().oneshot(grpc()).await.unwrap();
+    assert_eq!(held.status(), StatusCode::OK);
+    let refused = service.oneshot(grpc()).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::OK, "a trailers-only answer");
+    assert_eq!(header(&refused, "grpc-status"), "8");
+    assert_eq!(header(&refused, "retry-after"), "30");
+    drop(held);
+}
+
+/// A memory backend whose takes fail as `fail` says.
+#[derive(Clone)]
+struct Failing {
+    inner: MemoryBackend,
+    corrupt: bool,
+}
+
+impl Backend for Failing {
+    type Future = <MemoryBackend as Backend>::Future;
+    type Refund = <MemoryBackend as Backend>::Refund;
+
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
+        self.inner.hit_all(key, counters)
+    }
+
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund {
+        self.inner.refund(namespace, key, hit)
+    }
+
+    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+        self.inner.peek(namespace, key).await
+    }
+
+    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+        self.inner.reset(namespace, key).await
+    }
+}
+
+impl Leasing for Failing {
+    type Take = std::future::Ready<Result<Taken, BackendError>>;
+
+    fn take(&self, _key: &Key, _cap: Cap<'_>, _slot: SlotId) -> Self::Take {
+        std::future::ready(Err(if self.corrupt {
+            BackendError::Corrupt {
+                key: "jobs".into(),
+                detail: "not a set of slots".into(),
+            }
+        } else {
+            BackendError::Unavailable("down".into())
+        }))
+    }
+
+    fn give_back(
+        &self,
+        _namespace: &str,
+        _key: &Key,
+        _slot: SlotId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<> {
+        std::future::ready(Err(BackendError::Unavailable("down".into())))
+    }
+
+    fn extend(
+        &self,
+        _held: &[Held<'_>],
+        _lease: Window,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send + 'static + use<> {
+        std::future::ready(Err(BackendError::Unavailable("down".into())))
+    }
+
+    async fn in_use(&self, _namespace: &str, _key: &Key) -> Result<u64, BackendError> {
+        Err(BackendError::Unavailable("down".into()))
+    }
+}
+
+#[tokio::test]
+async fn a_store_that_fails_is_answered_by_the_failure_policy() {
+    let down = Failing {
+        inner: MemoryBackend::new(),
+        corrupt: false,
+    };
+    let c = cap(4, Duration::from_secs(30));
+    let call = |layer: InFlightLayer<(), Failing>| {
+        layer
+            .layer(ok_service())
+            .oneshot(Request::new(String::new()))
+    };
+
+    let closed = call(InFlightLayer::new("jobs", c).backend(down.clone()))
+        .await
+        .unwrap();
+    assert_eq!(closed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(closed.extensions().get::<Arc<BackendError>>().is_some());
+
+    let open = InFlightLayer::new("jobs", c)
+        .backend(down.clone())
+        .on_failure(FailurePolicy::FailOpen);
+    let passed = call(open).await.unwrap();
+    assert_eq!(passed.status(), StatusCode::OK);
+    assert!(
+        passed.headers().get("ratelimit").is_none(),
+        "uncounted: no fields"
+    );
+    assert!(!passed.body().holds_slot());
+
+    // Insured: this instance holds its share of the cap, 2 of 4, in memory.
+    let insured = InFlightLayer::new("jobs", c)
+        .backend(down.clone())
+        .on_failure(FailurePolicy::Insurance(Share::one_in(2).unwrap()))
+        .layer(ok_service());
+    let one = insured
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    let two = insured
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(
+        (one.status(), two.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    assert_eq!(header(&two, "ratelimit"), "\"jobs\";r=0");
+    let three = insured
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(
+        three.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the share, never the cap"
+    );
+    drop(one);
+    let four = insured.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(
+        four.status(),
+        StatusCode::OK,
+        "a local slot goes back locally"
+    );
+
+    // Corrupt slots stop the request whatever the policy.
+    let corrupt = Failing {
+        inner: MemoryBackend::new(),
+        corrupt: true,
+    };
+    let stopped = call(
+        InFlightLayer::new("jobs", c)
+            .backend(corrupt)
+            .on_failure(FailurePolicy::FailOpen),
+    )
+    .await
+    .unwrap();
+    assert_eq!(stopped.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+#[test]
+fn bad_caps_are_refused_where_they_are_made() {
+    assert_eq!(
+        InFlight::new(0, Duration::from_secs(1)),
+        Err(ConfigError::ZeroInFlight)
+    );
+    assert_eq!(
+        InFlight::new(1, Duration::ZERO),
+        Err(ConfigError::NonPositiveWindow)
+    );
+    let layer = InFlightLayer::new("jobs", cap(1, Duration::from_millis(100)));
+    assert_eq!(
+        layer.check().err(),
+        Some(ConfigError::LeaseNotAboveTimeout {
+            lease_ms: 100,
+            timeout_ms: 100
+        })
+    );
+    let fine = InFlightLayer::new("jobs", cap(1, Duration::from_millis(100)))
+        .timeout(Duration::from_millis(50))
+        .check();
+    assert!(fine.is_ok());
+    assert!(InFlightLayer::try_new("bad name", cap(1, Duration::from_secs(1))).is_err());
+}
