@@ -12,6 +12,7 @@
 //! | [`outcomes`] | counting only failures (`count_if`), and how refunds work |
 //! | [`costs`] | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success |
 //! | [`outbound`] | a budget for the calls your service makes, shared by its instances |
+//! | [`in_flight`] | at most N requests in flight per key across instances, slots on leases, what holds under each failure |
 //! | [`headers`] | `RateLimit`, `RateLimit-Policy`, `Retry-After`, nested layers |
 //! | [`metrics`] | metric names and labels |
 //! | [`grpc`] | tonic servers, per service and per method |
@@ -43,6 +44,7 @@ guides! {
     outcomes = "../../docs/outcomes.md";
     costs = "../../docs/costs.md";
     outbound = "../../docs/outbound.md";
+    in_flight = "../../docs/in-flight.md";
     headers = "../../docs/headers.md";
     metrics = "../../docs/metrics.md";
     grpc = "../../docs/grpc.md";
