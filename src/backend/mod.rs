@@ -10,7 +10,7 @@
 //! **The lifetime is attached only when the counter is created** (or found
 //! without one, which only older code or a crash between two commands can
 //! leave behind), **and an existing lifetime is never extended or shortened.**
-//! Hits never move a window: it closes a fixed [`Window`](crate::Window) after the hit that
+//! Hits never move a window: it closes a fixed [`Window`] after the hit that
 //! opened it, however often the key knocks in between.
 //!
 //! A counter that does not hold an integer is corrupt state: `hit` fails with
@@ -163,7 +163,7 @@ mod private;
 pub mod toolkit;
 
 pub use audit::AuditReport;
-pub use lease::{Cap, Held, InFlight, NotASlot, SlotId, Taken};
+pub use lease::{Cap, Held, InFlight, SlotId, Taken};
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend};
 pub use private::{MIN_SECRET_LEN, PrivateKeys};
 

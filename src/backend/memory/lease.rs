@@ -182,3 +182,38 @@ impl Shard {
         });
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::InFlight;
+
+    fn cap(max: u64, lease_ms: u64) -> Cap<'static> {
+        Cap {
+            namespace: "n",
+            in_flight: InFlight::new(max, Duration::from_millis(lease_ms)).unwrap(),
+        }
+    }
+
+    #[test]
+    fn a_key_without_slots_is_dropped_and_a_sweep_drops_what_ran_out() {
+        let slots = Slots::new();
+        let (a, b) = (Key::new("a"), Key::new("b"));
+        let slot = SlotId::next();
+        assert!(slots.take(0, &a, cap(1, 10), slot).granted);
+        assert_eq!(slots.keys(), 1);
+        assert!(slots.give_back("n", &a, slot));
+        assert_eq!(slots.keys(), 0, "an emptied key is removed");
+        // A holder that never gives back: its slot runs out, and its
+        // shard's next sweep drops it, whichever key of the shard is taken
+        // then (here every shard gets its sweep's worth of takes).
+        assert!(slots.take(0, &b, cap(1, 10), SlotId::next()).granted);
+        let later = 1_000_000_000;
+        for n in 0..4 * SHARDS * SWEEP_EVERY as usize {
+            let (key, slot) = (Key::new(format!("k{n}")), SlotId::next());
+            assert!(slots.take(later, &key, cap(1, 10), slot).granted);
+            assert!(slots.give_back("n", &key, slot));
+        }
+        assert_eq!(slots.keys(), 0, "the sweep dropped the slot that ran out");
+    }
+}
