@@ -538,3 +538,86 @@ fn bad_caps_are_refused_where_they_are_made() {
     assert!(fine.is_ok());
     assert!(InFlightLayer::try_new("bad name", cap(1, Duration::from_secs(1))).is_err());
 }
+
+/// The outbound layer's cap: a call waits in its line for a slot as for a
+/// window, and holds it until its answer's body ends; a call that fails
+/// gives it back at once.
+#[tokio::test]
+async fn outbound_calls_wait_in_their_line_for_a_slot() {
+    use tower_pinned_window::Quota;
+    use tower_pinned_window::outbound::BudgetLayer;
+
+    let fail_next = Arc::new(AtomicBool::new(false));
+    let client = {
+        let fail_next = Arc::clone(&fail_next);
+        service_fn(move |_request: Request<String>| {
+            let fail = fail_next.swap(false, Ordering::SeqCst);
+            async move {
+                if fail {
+                    return Err(std::io::Error::other("connection reset"));
+                }
+                Ok(Response::new(http_body_util::Full::new(
+                    Bytes::from_static(b"answer"),
+                )))
+            }
+        })
+    };
+    let store = MemoryBackend::new();
+    let budget = BudgetLayer::new("partner", Quota::new(100, Duration::from_secs(60)).unwrap())
+        .backend(store.clone())
+        .in_flight(cap(1, Duration::from_secs(30)))
+        .max_wait(Duration::from_secs(5));
+    let client = budget.layer(client);
+    let call = || client.clone().oneshot(Request::new(String::new()));
+
+    let first = call().await.unwrap();
+    assert_eq!(store.in_use("partner", &Key::new("*")).await.unwrap(), 1);
+    let waiting = tokio::spawn(call());
+    tokio::time::sleep(Duration::from_millis(120)).await;
+    assert!(!waiting.is_finished(), "the second call waits for the slot");
+    // The first answer's body read to its end gives the slot back.
+    let body = first.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "answer");
+    let second = tokio::time::timeout(Duration::from_secs(1), waiting)
+        .await
+        .expect("the waiting call is sent once the slot is back")
+        .unwrap()
+        .unwrap();
+    drop(second);
+    assert_eq!(store.in_use("partner", &Key::new("*")).await.unwrap(), 0);
+
+    // A call the client fails gives its slot back.
+    fail_next.store(true, Ordering::SeqCst);
+    assert!(call().await.is_err());
+    assert_eq!(store.in_use("partner", &Key::new("*")).await.unwrap(), 0);
+    let fine = call().await.unwrap();
+    assert_eq!(fine.status(), StatusCode::OK);
+
+    // No slot within the wait: the call fails, naming the budget.
+    let short = BudgetLayer::new("partner", Quota::new(100, Duration::from_secs(60)).unwrap())
+        .backend(store.clone())
+        .in_flight(cap(1, Duration::from_secs(30)))
+        .max_wait(Duration::from_millis(100))
+        .layer(service_fn(|_request: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }));
+    let err = short
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap_err();
+    let err = err
+        .downcast::<tower_pinned_window::outbound::BudgetError>()
+        .expect("a budget error");
+    assert!(err.to_string().contains("partner"), "{err}");
+    drop(fine);
+}
+
+#[test]
+#[should_panic(expected = "call `backend` before `in_flight`")]
+fn an_outbound_cap_is_set_after_its_backend() {
+    use tower_pinned_window::Quota;
+    use tower_pinned_window::outbound::BudgetLayer;
+    let _ = BudgetLayer::new("partner", Quota::new(1, Duration::from_secs(1)).unwrap())
+        .in_flight(cap(1, Duration::from_secs(30)))
+        .backend(MemoryBackend::new());
+}

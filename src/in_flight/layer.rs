@@ -13,17 +13,18 @@ use http::{Request, Response};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::backend::{BackendError, InFlight, Leasing, MemoryBackend, SlotId, Taken};
+use crate::backend::{InFlight, Leasing, MemoryBackend, SlotId};
 use crate::budget::check::{built, layer_name};
 use crate::budget::failure::FailurePolicy;
-use crate::budget::failure::{self, Failure, Outage};
+use crate::budget::failure::{self, Failure};
 use crate::error::ConfigError;
 use crate::key::{Key, KeyError, KeyExtractor};
+use crate::quota::Window;
 use crate::request::RequestHead;
 use crate::response;
 use crate::timeout::DEFAULT_TIMEOUT;
 
-use super::slot::{Leased, Release, Shared, SlotGuard};
+use super::slot::{Admission, Leased, Release, Shared, SlotGuard};
 
 /// Caps the requests **in flight** per key, shared by every instance on the
 /// same backend: at most [`InFlight::max`] run at once per key, each
@@ -189,14 +190,7 @@ impl<K, Bk: Clone> InFlightLayer<K, Bk> {
     /// # Errors
     /// [`ConfigError::LeaseNotAboveTimeout`].
     pub fn check(self) -> Result<Self, ConfigError> {
-        let lease = self.shared.in_flight.lease().as_duration();
-        let timeout = self.shared.timeout;
-        if lease <= timeout {
-            return Err(ConfigError::LeaseNotAboveTimeout {
-                lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
-                timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
-            });
-        }
+        lease_above(self.shared.in_flight.lease(), self.shared.timeout)?;
         Ok(self)
     }
 
@@ -352,20 +346,6 @@ where
     }
 }
 
-/// Which slot a request got, or what it is answered instead.
-enum Admission {
-    /// A slot: in the store, or in the insurance limiter's memory.
-    Slot {
-        local: bool,
-        left: u64,
-    },
-    /// No slot, passed on uncounted (fail open).
-    Uncounted,
-    /// Answered by the layer.
-    Answered(Taken),
-    Failed(BackendError),
-}
-
 /// One request: its slot, then the service, then the answer holding the
 /// slot.
 async fn run<S, Bk, ReqBody, ResBody>(
@@ -427,68 +407,36 @@ where
     Ok(response.map(|body| Leased::new(body, guard)))
 }
 
+/// A lease longer than the store's `timeout`, or the error that says it
+/// is not: a slot could run out before the answer that made it arrived.
+pub(crate) fn lease_above(lease: Window, timeout: Duration) -> Result<(), ConfigError> {
+    let lease = lease.as_duration();
+    if lease <= timeout {
+        return Err(ConfigError::LeaseNotAboveTimeout {
+            lease_ms: u64::try_from(lease.as_millis()).unwrap_or(u64::MAX),
+            timeout_ms: u64::try_from(timeout.as_millis()).unwrap_or(u64::MAX),
+        });
+    }
+    Ok(())
+}
+
 /// Takes `slot` for `key`: from the store (waiting up to the layer's
 /// `wait` while the cap is full), or, when the store fails, as the failure
 /// policy says.
 async fn admit<Bk: Leasing>(shared: &Arc<Shared<Bk>>, key: &Key, slot: SlotId) -> Admission {
     let until = tokio::time::Instant::now() + shared.wait;
     loop {
-        let take = shared.backend.take(key, shared.cap(), slot);
-        let taken = match tokio::time::timeout(shared.timeout, take).await {
-            Ok(Ok(taken)) => taken,
-            Ok(Err(err)) => return outage(shared, key, slot, err),
-            Err(_) => return outage(shared, key, slot, BackendError::TimedOut),
+        let taken = match shared.take_once(key, slot).await {
+            Admission::Answered(taken) => taken,
+            admitted => return admitted,
         };
-        if taken.granted {
-            shared.hold(key, slot);
-            return Admission::Slot {
-                local: false,
-                left: shared.in_flight.max().saturating_sub(taken.in_use),
-            };
-        }
         let now = tokio::time::Instant::now();
         if now >= until {
             return Admission::Answered(taken);
         }
         // Ask again when the earliest lease runs out, at least every 50 ms
         // (a slot given back frees sooner), never past the wait.
-        let next = now
-            + taken
-                .retry
-                .clamp(Duration::from_millis(1), Duration::from_millis(50));
-        tokio::time::sleep_until(next.min(until)).await;
-    }
-}
-
-/// The failure policy's answer for a take the store could not make.
-fn outage<Bk: Leasing>(
-    shared: &Shared<Bk>,
-    key: &Key,
-    slot: SlotId,
-    err: BackendError,
-) -> Admission {
-    if err.is_corrupt() {
-        return Admission::Failed(err);
-    }
-    let decided = shared.failure.decide(
-        &shared.name,
-        &shared.gate,
-        err,
-        "answering 503",
-        |insurance| insurance.take(key, shared.cap(), slot),
-    );
-    match decided {
-        Outage::Insured(taken) if taken.granted => Admission::Slot {
-            local: true,
-            left: shared
-                .failure
-                .insurance()
-                .map_or(0, |i| i.share().of(shared.in_flight.max()))
-                .saturating_sub(taken.in_use),
-        },
-        Outage::Insured(taken) => Admission::Answered(taken),
-        Outage::Open => Admission::Uncounted,
-        Outage::Closed(err) => Admission::Failed(err),
+        tokio::time::sleep_until((now + super::slot::next_ask(taken.retry)).min(until)).await;
     }
 }
 

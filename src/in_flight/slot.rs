@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
 use std::task::{Context, Poll, Waker};
@@ -13,8 +14,8 @@ use std::time::Duration;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
-use crate::backend::{Cap, Held, InFlight, Leasing, SlotId};
-use crate::budget::failure::Failure;
+use crate::backend::{BackendError, Cap, Held, InFlight, Leasing, SlotId, Taken};
+use crate::budget::failure::{Failure, Outage};
 use crate::budget::log::LogGate;
 use crate::key::Key;
 
@@ -31,6 +32,9 @@ pub(crate) struct Shared<Bk> {
     pub(crate) policy_header: http::HeaderValue,
     pub(crate) gate: LogGate,
     pub(crate) key_gate: LogGate,
+    /// What a call gets when the store fails under fail-closed, in the
+    /// middleware's words (for the log).
+    pub(crate) fails: &'static str,
     /// The slots this instance holds in the store, to extend.
     held: Mutex<HashMap<SlotId, Key>>,
     /// Whether the task that extends them runs.
@@ -56,6 +60,7 @@ impl<Bk> Shared<Bk> {
             wait,
             gate: LogGate::default(),
             key_gate: LogGate::default(),
+            fails: "answering 503",
             held: Mutex::default(),
             renewing: std::sync::atomic::AtomicBool::new(false),
         }
@@ -115,6 +120,102 @@ impl<Bk: Leasing> Shared<Bk> {
                 }
             }
         }
+    }
+}
+
+/// Which slot a call got, or what it gets instead.
+#[derive(Debug)]
+pub(crate) enum Admission {
+    /// A slot: in the store, or in the insurance limiter's memory; `left`
+    /// after it.
+    Slot { local: bool, left: u64 },
+    /// No slot: passed on uncounted (fail open).
+    Uncounted,
+    /// Refused: the cap is full.
+    Answered(Taken),
+    /// The store failed, and the failure policy fails the call (or the
+    /// record is corrupt).
+    Failed(BackendError),
+}
+
+/// When a refused call asks again: as the earliest lease runs out, and at
+/// least every 50 ms (a slot given back frees sooner).
+pub(crate) fn next_ask(retry: Duration) -> Duration {
+    retry.clamp(Duration::from_millis(1), Duration::from_millis(50))
+}
+
+impl<Bk: Leasing> Shared<Bk> {
+    /// One ask for `slot` of `key`, within the timeout: held (and extended)
+    /// when the store grants it; when the store fails, the failure policy's
+    /// answer.
+    pub(crate) async fn take_once(self: &Arc<Self>, key: &Key, slot: SlotId) -> Admission {
+        let take = self.backend.take(key, self.cap(), slot);
+        let taken = match tokio::time::timeout(self.timeout, take).await {
+            Ok(Ok(taken)) => taken,
+            Ok(Err(err)) => return self.outage(key, slot, err),
+            Err(_) => return self.outage(key, slot, BackendError::TimedOut),
+        };
+        if !taken.granted {
+            return Admission::Answered(taken);
+        }
+        self.hold(key, slot);
+        Admission::Slot {
+            local: false,
+            left: self.in_flight.max().saturating_sub(taken.in_use),
+        }
+    }
+
+    /// The failure policy's answer for a take the store could not make.
+    fn outage(&self, key: &Key, slot: SlotId, err: BackendError) -> Admission {
+        if err.is_corrupt() {
+            return Admission::Failed(err);
+        }
+        let decided = self
+            .failure
+            .decide(&self.name, &self.gate, err, self.fails, |insurance| {
+                insurance.take(key, self.cap(), slot)
+            });
+        match decided {
+            Outage::Insured(taken) if taken.granted => Admission::Slot {
+                local: true,
+                left: self
+                    .failure
+                    .insurance()
+                    .map_or(0, |i| i.share().of(self.in_flight.max()))
+                    .saturating_sub(taken.in_use),
+            },
+            Outage::Insured(taken) => Admission::Answered(taken),
+            Outage::Open => Admission::Uncounted,
+            Outage::Closed(err) => Admission::Failed(err),
+        }
+    }
+}
+
+/// A layer's slots, without its backend's type: what the outbound layer
+/// holds, whose service does not name [`Leasing`].
+pub(crate) trait Slots: Release {
+    /// [`Shared::take_once`], boxed.
+    fn take_boxed(
+        self: Arc<Self>,
+        key: Key,
+        slot: SlotId,
+    ) -> Pin<Box<dyn Future<Output = Admission> + Send>>;
+
+    /// The guard of a slot [`take_boxed`](Self::take_boxed) gave.
+    fn guard(self: Arc<Self>, key: Key, slot: SlotId, local: bool) -> SlotGuard;
+}
+
+impl<Bk: Leasing> Slots for Shared<Bk> {
+    fn take_boxed(
+        self: Arc<Self>,
+        key: Key,
+        slot: SlotId,
+    ) -> Pin<Box<dyn Future<Output = Admission> + Send>> {
+        Box::pin(async move { self.take_once(&key, slot).await })
+    }
+
+    fn guard(self: Arc<Self>, key: Key, slot: SlotId, local: bool) -> SlotGuard {
+        SlotGuard::new(self, key, slot, local)
     }
 }
 
@@ -211,8 +312,6 @@ impl<Bk: Leasing> Release for Shared<Bk> {
         }
     }
 }
-
-use std::future::Future;
 
 /// A slot a request holds: given back when dropped.
 pub(crate) struct SlotGuard {

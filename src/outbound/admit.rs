@@ -21,6 +21,9 @@ use crate::key::Key;
 use crate::quota::Quota;
 use crate::request::RequestHead;
 
+use crate::backend::SlotId;
+use crate::in_flight::slot::{Admission, SlotGuard, Slots, next_ask};
+
 use super::error::{BudgetError, WaitBound};
 use super::line::{Lines, Turn, Wake};
 
@@ -48,6 +51,9 @@ pub(crate) struct Budget<Bk> {
     pub(crate) failure: Failure,
     pub(crate) lines: Arc<Lines>,
     pub(crate) warn_gate: Arc<LogGate>,
+    /// The cap on calls in flight, under
+    /// [`in_flight`](super::BudgetLayer::in_flight).
+    pub(crate) slots: Option<Arc<dyn Slots>>,
 }
 
 /// A call the budget let through.
@@ -221,7 +227,7 @@ pub(crate) async fn wait<Bk: Spending>(
     cost: u64,
     deadline: Option<(Instant, WaitBound)>,
     start: Start<Bk::Future>,
-) -> Result<Admitted, BudgetError> {
+) -> Result<(Admitted, Option<SlotGuard>), BudgetError> {
     let arrived = Instant::now();
     let (bound, hit) = match deadline {
         Some((deadline, which)) if deadline < arrived + budget.max_wait => (deadline, which),
@@ -232,7 +238,8 @@ pub(crate) async fn wait<Bk: Spending>(
     };
     let denied = match start {
         Start::Pending(answer) => match budget.judge(&key, cost, budget.timed(answer).await)? {
-            Try::Admitted(admitted) => return Ok(admitted),
+            // Never under a cap in flight, whose calls start `Busy`.
+            Try::Admitted(admitted) => return Ok((admitted, None)),
             Try::Denied(reset) => Some(reset),
         },
         Start::Denied(reset) => Some(reset),
@@ -296,19 +303,68 @@ pub(crate) async fn wait<Bk: Spending>(
             let wake = opens_at + budget.lines.jitter(budget.jitter());
             tokio::time::sleep_until(wake.min(bound)).await;
         }
+        // Under a cap in flight, the slot first: a call of the line is
+        // sent only with both, and one refused a slot holds the line as a
+        // spent window does.
+        let slot = match &budget.slots {
+            None => None,
+            Some(slots) => match budget.slot(slots, &key).await? {
+                Ok(guard) => guard,
+                Err(retry) => {
+                    let opens_at = Instant::now() + next_ask(retry);
+                    place.denied(opens_at);
+                    if opens_at > bound {
+                        return Err(budget.exhausted(retry, hit));
+                    }
+                    continue;
+                }
+            },
+        };
         let answer = budget.timed(budget.spend(&key, cost)).await;
         match budget.judge(&key, cost, answer)? {
             Try::Admitted(admitted) => {
                 place.admitted(admitted.room);
-                return Ok(admitted);
+                return Ok((admitted, slot));
             }
             Try::Denied(reset) => {
+                // The slot goes back at once (dropped here).
+                drop(slot);
                 let now = Instant::now();
                 let opens_at = now + reset.max(MIN_NAP);
                 place.denied(opens_at);
                 if opens_at > bound {
                     return Err(budget.exhausted(reset, hit));
                 }
+            }
+        }
+    }
+}
+
+impl<Bk> Budget<Bk> {
+    /// A slot of `slots` for a call of `key`: its guard (none when the
+    /// store is out and the failure policy passes the call uncounted), the
+    /// time until the earliest lease runs out when the cap is full, or the
+    /// failure policy's error.
+    async fn slot(
+        &self,
+        slots: &Arc<dyn Slots>,
+        key: &Key,
+    ) -> Result<Result<Option<SlotGuard>, Duration>, BudgetError> {
+        let id = SlotId::next();
+        match Arc::clone(slots).take_boxed(key.clone(), id).await {
+            Admission::Slot { local, .. } => {
+                Ok(Ok(Some(Arc::clone(slots).guard(key.clone(), id, local))))
+            }
+            Admission::Uncounted => Ok(Ok(None)),
+            Admission::Answered(taken) => Ok(Err(taken.retry)),
+            Admission::Failed(error) => {
+                if error.is_corrupt() {
+                    failure::corrupt(&self.name, &error);
+                }
+                Err(BudgetError::Backend {
+                    budget: Arc::clone(&self.name),
+                    error,
+                })
             }
         }
     }

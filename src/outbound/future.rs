@@ -13,6 +13,7 @@ use tower_service::Service;
 
 use crate::backend::Spending;
 use crate::cost::charge::{Meter, Metered};
+use crate::in_flight::slot::SlotGuard;
 use crate::key::Key;
 
 use super::admit::{Admitted, Budget};
@@ -21,7 +22,8 @@ use super::settle::Tab;
 
 /// The wait for the budget, boxed: only a call the budget turned away, or
 /// whose store answers later, pays for it.
-type Waiting = Pin<Box<dyn Future<Output = Result<Admitted, BudgetError>> + Send>>;
+type Waiting =
+    Pin<Box<dyn Future<Output = Result<(Admitted, Option<SlotGuard>), BudgetError>> + Send>>;
 
 pin_project! {
     /// The future of a [`Budgeted`](super::Budgeted) call.
@@ -146,12 +148,18 @@ where
                     key,
                     cost,
                 } => {
-                    let admitted = match ready!(waiting.as_mut().poll(cx)) {
+                    let (admitted, slot) = match ready!(waiting.as_mut().poll(cx)) {
                         Ok(admitted) => admitted,
                         Err(err) => return Poll::Ready(Err(err.into())),
                     };
                     let (mut service, request) = call.take().expect("polled after completion");
                     let tab = tab(budget, key.clone(), *cost, admitted);
+                    // The slot ends with the answer's body, after its
+                    // charge; a call that fails drops it at once.
+                    let tab = match slot {
+                        Some(slot) => Some(Box::new(Held { slot, tab }) as Box<dyn Meter>),
+                        None => tab,
+                    };
                     state.set(State::Calling {
                         future: service.call(request),
                         tab,
@@ -167,6 +175,23 @@ where
                 }
             }
         }
+    }
+}
+
+/// A call's slot in flight, held by its answer's body until it ends, with
+/// the charge that body settles, if any.
+struct Held {
+    slot: SlotGuard,
+    tab: Option<Box<dyn Meter>>,
+}
+
+impl Meter for Held {
+    fn end(self: Box<Self>, end: &crate::count::ResponseHead<'_>) {
+        let Self { slot, tab } = *self;
+        if let Some(tab) = tab {
+            tab.end(end);
+        }
+        drop(slot);
     }
 }
 

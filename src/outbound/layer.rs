@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use crate::backend::{MemoryBackend, Spending};
+use crate::backend::{InFlight, Leasing, MemoryBackend, Spending};
 use crate::budget::check::{built, layer_name};
 use crate::budget::failure::{Failure, FailurePolicy};
 use crate::budget::log::LogGate;
 use crate::budget::spend::{Cost, SpendPlan};
 use crate::count::ResponseHead;
 use crate::error::ConfigError;
+use crate::in_flight::slot::{Shared, Slots};
 use crate::key::{KeyExtractor, RequestHead};
 use crate::quota::{Quota, Window};
 use crate::timeout::DEFAULT_TIMEOUT;
@@ -71,7 +72,13 @@ struct Settings {
     failure: Failure,
     lines: Arc<Lines>,
     warn_gate: Arc<LogGate>,
+    /// The cap on calls in flight, and what makes its slots on the
+    /// layer's backend once the failure policy and timeout are known.
+    in_flight: Option<(InFlight, MakeSlots)>,
 }
+
+/// Makes a layer's slots, on the backend `in_flight` was given with.
+type MakeSlots = Arc<dyn Fn(&Failure, Duration) -> Arc<dyn Slots> + Send + Sync>;
 
 impl BudgetLayer {
     /// A budget named `name` of `quota`, with one key for every call,
@@ -107,6 +114,7 @@ impl BudgetLayer {
                 failure: Failure::default(),
                 lines: Arc::default(),
                 warn_gate: Arc::default(),
+                in_flight: None,
             },
         })
     }
@@ -127,7 +135,16 @@ impl<K, Bk> BudgetLayer<K, Bk> {
 
     /// Count in `backend`: every process that points at the same store
     /// (Redis, Redis Cluster or Sentinel, PostgreSQL) shares the budget.
+    ///
+    /// # Panics
+    /// After [`in_flight`](Self::in_flight), whose slots live in the
+    /// backend it was given: set the backend first.
+    #[track_caller]
     pub fn backend<Bk2: Spending>(self, backend: Bk2) -> BudgetLayer<K, Bk2> {
+        assert!(
+            self.settings.in_flight.is_none(),
+            "BudgetLayer::in_flight keeps its slots in the layer's backend: call `backend` before `in_flight`"
+        );
         BudgetLayer {
             key: self.key,
             backend,
@@ -252,6 +269,62 @@ impl<K, Bk> BudgetLayer<K, Bk> {
         self
     }
 
+    /// At most `in_flight.max()` calls of a key in flight at once, across
+    /// every instance on the backend, besides the budget: a call waits in
+    /// its key's line until it has both a slot and room in the window, and
+    /// holds its slot until its answer's body ends, fails or is dropped (a
+    /// call that fails gives it back at once). Slots are leases, as under
+    /// an [`InFlightLayer`](crate::InFlightLayer) (see
+    /// [`docs/in-flight.md`](crate::guide::in_flight)); a call that cannot
+    /// get one within its bound fails with
+    /// [`BudgetError::Exhausted`](super::BudgetError::Exhausted). Set the
+    /// [`backend`](Self::backend) first.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_pinned_window::{InFlight, Quota};
+    /// use tower_pinned_window::outbound::BudgetLayer;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// // 600 calls a minute, and at most 2 in flight, for every instance.
+    /// let budget = BudgetLayer::new("partner", Quota::new(600, Duration::from_secs(60)).unwrap())
+    ///     .in_flight(InFlight::new(2, Duration::from_secs(30)).unwrap())
+    ///     .max_wait(Duration::from_millis(50));
+    /// let client = ServiceBuilder::new().layer(budget).service_fn(|_: http::Request<String>| async {
+    ///     Ok::<_, std::convert::Infallible>(http::Response::new(String::from("ok")))
+    /// });
+    /// let one = client.clone().oneshot(http::Request::new(String::new())).await.unwrap();
+    /// let two = client.clone().oneshot(http::Request::new(String::new())).await.unwrap();
+    /// // Both answers' bodies are unread: a third call finds no slot in 50 ms.
+    /// let third = client.clone().oneshot(http::Request::new(String::new())).await;
+    /// assert!(third.unwrap_err().to_string().contains("partner"));
+    /// drop((one, two));
+    /// assert!(client.oneshot(http::Request::new(String::new())).await.is_ok());
+    /// # }
+    /// ```
+    pub fn in_flight(mut self, in_flight: InFlight) -> Self
+    where
+        Bk: Leasing,
+    {
+        let (backend, name) = (self.backend.clone(), Arc::clone(&self.settings.name));
+        let make: MakeSlots = Arc::new(move |failure: &Failure, timeout: Duration| {
+            let mut shared = Shared::new(
+                Arc::clone(&name),
+                in_flight,
+                backend.clone(),
+                failure.clone(),
+                timeout,
+                Duration::ZERO,
+            );
+            shared.fails = "failing the call";
+            Arc::new(shared) as Arc<dyn Slots>
+        });
+        self.settings.in_flight = Some((in_flight, make));
+        self
+    }
+
     /// The budget's name: it names its counters with each key.
     pub fn name(&self) -> &str {
         &self.settings.name
@@ -286,8 +359,14 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     ///   a cost.
     /// - [`ConfigError::WindowTooLong`] when the window and the
     ///   [`margin`](Self::margin) together are longer than [`Window::MAX`].
+    /// - [`ConfigError::LeaseNotAboveTimeout`] for an
+    ///   [`in_flight`](Self::in_flight) lease no longer than the
+    ///   [`timeout`](Self::timeout).
     pub fn check(&self) -> Result<(), ConfigError> {
         self.stored_quota()?;
+        if let Some((in_flight, _)) = &self.settings.in_flight {
+            crate::in_flight::layer::lease_above(in_flight.lease(), self.settings.timeout)?;
+        }
         self.settings.plan.check(self.settings.quota.limit())
     }
 }
@@ -312,6 +391,11 @@ impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
             failure: self.settings.failure.clone(),
             lines: Arc::clone(&self.settings.lines),
             warn_gate: Arc::clone(&self.settings.warn_gate),
+            slots: self
+                .settings
+                .in_flight
+                .as_ref()
+                .map(|(_, make)| make(&self.settings.failure, self.settings.timeout)),
         };
         Budgeted::new(inner, self.key.clone(), Arc::new(budget))
     }
@@ -329,6 +413,10 @@ impl<K, Bk> std::fmt::Debug for BudgetLayer<K, Bk> {
             .field("margin", &self.settings.margin)
             .field("timeout", &self.settings.timeout)
             .field("failure", &self.settings.failure.policy())
+            .field(
+                "in_flight",
+                &self.settings.in_flight.as_ref().map(|(cap, _)| cap),
+            )
             .finish_non_exhaustive()
     }
 }

@@ -103,7 +103,8 @@ where
                 limit: budget.quota.limit(),
             });
         }
-        let start = if budget.lines.busy(&key) {
+        // Under a cap in flight, every call takes its slot in its line.
+        let start = if budget.lines.busy(&key) || budget.slots.is_some() {
             Start::Busy
         } else {
             let mut answer = budget.spend(&key, cost);
