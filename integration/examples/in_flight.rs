@@ -60,10 +60,15 @@ const CHUNK_EVERY: Duration = Duration::from_millis(40);
 /// What the run's settings are.
 #[derive(Debug, Clone, Copy)]
 pub struct Settings {
+    /// Instances of the app, each with its own layer and backend.
     pub instances: usize,
+    /// API keys.
     pub keys: usize,
+    /// Callers per key, each calling again as soon as it is answered.
     pub callers: usize,
+    /// The cap per key.
     pub max: u64,
+    /// How long the callers call.
     pub seconds: u64,
 }
 
@@ -197,10 +202,15 @@ async fn instance<Bk: Leasing>(
 /// What one key's callers got.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct Outcome {
+    /// Completions streamed to their end.
     pub served: u64,
+    /// Calls answered 429.
     pub refused: u64,
+    /// Anything else: an error, another status.
     pub failed: u64,
+    /// The most in flight at once, as the handler counted.
     pub most: u64,
+    /// The mean in flight over the run.
     pub mean: f64,
 }
 
