@@ -36,6 +36,7 @@ per() { # $1 = case name, $2 = iterations
 hot_ours=$(per case_hot_key_ours "$memory"); hot_gov=$(per case_hot_key_governor "$memory")
 keys_ours=$(per case_100k_keys_ours "$memory"); keys_gov=$(per case_100k_keys_governor "$memory")
 two_ours=$(per case_two_counters_ours "$memory")
+slot_ours=$(per case_slot_taken_and_given_back_ours "$memory")
 bare=$(per case_layer_bare "$layer")
 ours_h=$(per case_layer_ours_headers "$layer"); ours_n=$(per case_layer_ours_no_headers "$layer")
 ours_hr=$(per case_layer_ours_headers_response "$layer"); ours_nr=$(per case_layer_ours_no_headers_response "$layer")
@@ -66,6 +67,7 @@ row "layer overhead, with headers (defaults), the request with extensions (as un
 row "layer overhead, no headers (defaults), the request with extensions (as under axum)" "$(over "$ours_nax" "$bare_ax")" "$(over "$tg_nax" "$bare_ax")"
 printf '\nbare `service_fn` request: %.0f instructions; with extensions: %.0f\n' "$bare" "$bare_ax"
 printf 'memory backend, one hot key under two quotas (no governor counterpart): %.0f instructions\n' "$two_ours"
+printf 'memory backend, a slot in flight taken and given back on one hot key: %.0f instructions, %.2f x the hot key'"'"'s hit\n' "$slot_ours" "$(echo "$slot_ours / $hot_ours" | bc -l)"
 
 echo
 echo "| outbound case (instructions per call) | BudgetLayer | tower RateLimit | ratio |"

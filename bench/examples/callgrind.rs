@@ -39,7 +39,8 @@ use tower::{Layer, Service, service_fn};
 use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
-use tower_pinned_window::backend::{Backend, Counter, MemoryBackend};
+use tower_pinned_window::InFlight;
+use tower_pinned_window::backend::{Backend, Cap, Counter, Leasing, MemoryBackend, SlotId};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::outbound::BudgetLayer;
 use tower_pinned_window::{DecisionIn, Quota, RateLimitLayer, response::HeaderStyle};
@@ -113,6 +114,7 @@ macro_rules! cases {
 
 cases!(
     case_hot_key_ours,
+    case_slot_taken_and_given_back_ours,
     case_hot_key_governor,
     case_100k_keys_ours,
     case_100k_keys_governor,
@@ -239,6 +241,26 @@ fn main() {
     };
     warm(KEYS, &mut f);
     case_100k_keys_governor(ITERS, &mut f);
+
+    // A slot in flight taken and given back on one hot key (the in-flight
+    // cap's two store steps per request), beside the plain hit above.
+    let store = MemoryBackend::new();
+    let cap = Cap {
+        namespace: "bench",
+        in_flight: InFlight::new(u64::MAX, Duration::from_secs(30)).unwrap(),
+    };
+    let mut f = |_| {
+        let key = key(black_box(&ips[0]));
+        let slot = SlotId::next();
+        black_box(store.take(&key, cap, slot).into_inner().unwrap());
+        let give_back = pin!(store.give_back("bench", &key, slot));
+        let Poll::Ready(given) = give_back.poll(&mut Context::from_waker(Waker::noop())) else {
+            unreachable!("the memory backend answers at once")
+        };
+        black_box(given.unwrap());
+    };
+    warm(1000, &mut f);
+    case_slot_taken_and_given_back_ours(ITERS, &mut f);
 
     // One hot key under two quotas: no governor counterpart.
     let store = MemoryBackend::new();

@@ -3,18 +3,18 @@
 //!
 //! Each key's slots are a short list (at most the cap's `max` live ones)
 //! behind its shard's mutex, so a take, a give-back and an extend are each
-//! one step under one lock: exact in this process. Expired slots are dropped
-//! by the key's next take or extend; a key whose list empties is removed, so
-//! the map holds only keys with slots (at most the requests in flight, plus
-//! the expired slots of holders that stopped extending until their key is
-//! taken again or a sweep, every 1,024 takes on a shard, drops them).
+//! one step under one lock, one hash of the pair: exact in this process.
+//! Expired slots are dropped by the key's next take; a sweep, every 1,024
+//! takes on a shard, drops them and the keys left without slots, so the map
+//! holds the keys with slots (at most the requests in flight, plus the
+//! expired slots of holders that stopped extending) and the keys emptied
+//! since the shard's last sweep.
 
 use std::hash::BuildHasher;
 use std::sync::Mutex;
 use std::time::Duration;
 
-use hashbrown::DefaultHashBuilder;
-use hashbrown::HashMap;
+use hashbrown::{DefaultHashBuilder, HashTable};
 use smallvec::SmallVec;
 
 use crate::backend::{Cap, Held, SlotId, Taken};
@@ -40,11 +40,35 @@ pub(super) struct Slots {
     hasher: DefaultHashBuilder,
 }
 
+/// One (namespace, key) pair's slots. An entry whose last slot went back
+/// stays until its shard's next sweep, so a key taken and given back again
+/// and again finds its entry in place (no insert, no allocation).
+#[derive(Debug)]
+struct Entry {
+    namespace: Box<str>,
+    key: Key,
+    leases: Leases,
+}
+
 #[derive(Debug, Default)]
 struct Shard {
-    /// Per namespace, per key.
-    by_namespace: HashMap<Box<str>, HashMap<Key, Leases>>,
+    entries: HashTable<Entry>,
     takes: u32,
+}
+
+impl Shard {
+    fn find(&mut self, hash: u64, namespace: &str, key: &Key) -> Option<&mut Entry> {
+        self.entries
+            .find_mut(hash, |e| e.key == *key && &*e.namespace == namespace)
+    }
+
+    /// Drop every expired slot, and the entries left empty.
+    fn sweep(&mut self, now: u64) {
+        self.entries.retain(|entry| {
+            entry.leases.retain(|(_, end)| *end > now);
+            !entry.leases.is_empty()
+        });
+    }
 }
 
 impl Slots {
@@ -55,29 +79,46 @@ impl Slots {
         }
     }
 
-    fn shard(&self, namespace: &str, key: &Key) -> std::sync::MutexGuard<'_, Shard> {
+    /// The pair's hash (one per step) and its shard, locked. A panic while
+    /// the lock was held left no half-done step (each step writes last):
+    /// the map is still whole.
+    fn shard(&self, namespace: &str, key: &Key) -> (u64, std::sync::MutexGuard<'_, Shard>) {
         let hash = self.hasher.hash_one((namespace, key));
-        // A panic while the lock was held left no half-done step (each step
-        // writes last): the map is still whole.
-        self.shards[hash as usize % SHARDS]
+        let shard = self.shards[(hash >> 60) as usize % SHARDS]
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        (hash, shard)
     }
 
     pub(super) fn take(&self, now: u64, key: &Key, cap: Cap<'_>, slot: SlotId) -> Taken {
         let lease_end = now.saturating_add(nanos(cap.in_flight.lease().as_duration()));
         let max = cap.in_flight.max();
-        let mut shard = self.shard(cap.namespace, key);
+        let (hash, mut shard) = self.shard(cap.namespace, key);
         shard.takes += 1;
         if shard.takes >= SWEEP_EVERY {
             shard.takes = 0;
             shard.sweep(now);
         }
-        let keys = match shard.by_namespace.get_mut(cap.namespace) {
-            Some(keys) => keys,
-            None => shard.by_namespace.entry(cap.namespace.into()).or_default(),
+        let hasher = &self.hasher;
+        let entry = match shard
+            .entries
+            .find_entry(hash, |e| e.key == *key && &*e.namespace == cap.namespace)
+        {
+            Ok(found) => found.into_mut(),
+            Err(absent) => absent
+                .into_table()
+                .insert_unique(
+                    hash,
+                    Entry {
+                        namespace: cap.namespace.into(),
+                        key: key.clone(),
+                        leases: Leases::new(),
+                    },
+                    |e| hasher.hash_one((&*e.namespace, &e.key)),
+                )
+                .into_mut(),
         };
-        let leases = keys.entry(key.clone()).or_default();
+        let leases = &mut entry.leases;
         leases.retain(|(_, end)| *end > now);
         let in_use = leases.len() as u64;
         if leases.iter().any(|(held, _)| *held == slot) {
@@ -104,36 +145,30 @@ impl Slots {
     }
 
     pub(super) fn give_back(&self, namespace: &str, key: &Key, slot: SlotId) -> bool {
-        let mut shard = self.shard(namespace, key);
-        let Some(keys) = shard.by_namespace.get_mut(namespace) else {
+        let (hash, mut shard) = self.shard(namespace, key);
+        let Some(entry) = shard.find(hash, namespace, key) else {
             return false;
         };
-        let Some(leases) = keys.get_mut(key) else {
-            return false;
-        };
-        let before = leases.len();
-        leases.retain(|(held, _)| *held != slot);
-        let found = leases.len() < before;
-        if leases.is_empty() {
-            keys.remove(key);
+        match entry.leases.iter().position(|(held, _)| *held == slot) {
+            Some(at) => {
+                entry.leases.swap_remove(at);
+                true
+            }
+            None => false,
         }
-        found
     }
 
     pub(super) fn extend(&self, now: u64, held: &[Held<'_>], lease: Window) -> u64 {
         let lease_end = now.saturating_add(nanos(lease.as_duration()));
         let mut extended = 0;
         for h in held {
-            let mut shard = self.shard(h.namespace, h.key);
-            let Some(leases) = shard
-                .by_namespace
-                .get_mut(h.namespace)
-                .and_then(|keys| keys.get_mut(h.key))
-            else {
+            let (hash, mut shard) = self.shard(h.namespace, h.key);
+            let Some(entry) = shard.find(hash, h.namespace, h.key) else {
                 continue;
             };
             // A lease that ran out is gone, whoever asks: never extended.
-            if let Some((_, end)) = leases
+            if let Some((_, end)) = entry
+                .leases
                 .iter_mut()
                 .find(|(slot, end)| *slot == h.slot && *end > now)
             {
@@ -145,14 +180,10 @@ impl Slots {
     }
 
     pub(super) fn in_use(&self, now: u64, namespace: &str, key: &Key) -> u64 {
-        let shard = self.shard(namespace, key);
-        shard
-            .by_namespace
-            .get(namespace)
-            .and_then(|keys| keys.get(key))
-            .map_or(0, |leases| {
-                leases.iter().filter(|(_, end)| *end > now).count() as u64
-            })
+        let (hash, mut shard) = self.shard(namespace, key);
+        shard.find(hash, namespace, key).map_or(0, |entry| {
+            entry.leases.iter().filter(|(_, end)| *end > now).count() as u64
+        })
     }
 
     /// Keys holding slots now, live or expired-but-unswept.
@@ -164,22 +195,13 @@ impl Slots {
                 let shard = shard
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
-                shard.by_namespace.values().map(HashMap::len).sum::<usize>()
+                shard
+                    .entries
+                    .iter()
+                    .filter(|entry| !entry.leases.is_empty())
+                    .count()
             })
             .sum()
-    }
-}
-
-impl Shard {
-    /// Drop every expired slot, and the keys and namespaces left empty.
-    fn sweep(&mut self, now: u64) {
-        self.by_namespace.retain(|_, keys| {
-            keys.retain(|_, leases| {
-                leases.retain(|(_, end)| *end > now);
-                !leases.is_empty()
-            });
-            !keys.is_empty()
-        });
     }
 }
 
