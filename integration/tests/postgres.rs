@@ -2256,6 +2256,11 @@ fn main() {
         .collect();
     for (name, store) in ["contract", "contract_deny_cache"].into_iter().zip(&stores) {
         trials.extend(trial::contract(name, Needs::Postgres, store.clone()));
+        trials.extend(trial::contract_leases(
+            name,
+            Needs::Postgres,
+            store.clone(),
+        ));
     }
     trial::run(trials, stores)
 }

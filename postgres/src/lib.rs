@@ -263,6 +263,7 @@ mod builder;
 mod cleaner;
 mod db;
 mod error;
+mod lease;
 mod lost;
 mod row;
 mod spend;
@@ -296,7 +297,8 @@ use self::spend::{Cached, Op, Request, Spent};
 use tower_pinned_window::Window;
 use tower_pinned_window::backend::toolkit::{BackendFuture, Denials};
 use tower_pinned_window::backend::{
-    Amend, AuditReport, Backend, BackendError, Counter, Hit, Hits, Spend, Spending,
+    Amend, AuditReport, Backend, BackendError, Cap, Counter, Held, Hit, Hits, Leasing, SlotId,
+    Spend, Spending, Taken,
 };
 use tower_pinned_window::key::Key;
 
@@ -806,6 +808,67 @@ impl Spending for PostgresBackend {
             }
             changed
         })
+    }
+}
+
+impl Leasing for PostgresBackend {
+    type Take = BackendFuture<Taken>;
+
+    /// One statement on the key's record of slots
+    /// ([requests in flight](self#requests-in-flight)).
+    fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> BackendFuture<Taken> {
+        let (backend, namespace, key) = (self.clone(), cap.namespace.into(), key.clone());
+        BackendFuture::calling(async move {
+            backend.start_cleaner();
+            lease::take(
+                Arc::clone(&backend.inner.db),
+                namespace,
+                key,
+                cap.in_flight,
+                slot,
+            )
+            .await
+        })
+    }
+
+    /// One `UPDATE` of the key's record: the slot is taken out when it is
+    /// there with a live lease.
+    fn give_back(
+        &self,
+        namespace: &str,
+        key: &Key,
+        slot: SlotId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<> {
+        let (backend, namespace, key) = (self.clone(), namespace.into(), key.clone());
+        async move {
+            backend.start_cleaner();
+            lease::give_back(Arc::clone(&backend.inner.db), namespace, key, slot).await
+        }
+    }
+
+    /// One statement for every slot of `held`, whatever their keys: the
+    /// records are locked in one order, so two extends never deadlock. A
+    /// record that is not of the store's shape fails the call with
+    /// [`BackendError::Corrupt`] (named), after the others were extended.
+    fn extend(
+        &self,
+        held: &[Held<'_>],
+        lease: Window,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send + 'static + use<> {
+        let backend = self.clone();
+        let held: Vec<lease::HeldSlot> = held
+            .iter()
+            .map(|h| (h.namespace.into(), h.key.clone(), h.slot.to_string()))
+            .collect();
+        async move {
+            backend.start_cleaner();
+            lease::extend(Arc::clone(&backend.inner.db), held, lease).await
+        }
+    }
+
+    async fn in_use(&self, namespace: &str, key: &Key) -> Result<u64, BackendError> {
+        self.start_cleaner();
+        lease::in_use(&self.inner.db, namespace, key).await
     }
 }
 
