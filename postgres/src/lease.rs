@@ -63,7 +63,10 @@ pub(super) async fn take(
     slot: SlotId,
 ) -> Result<Taken, BackendError> {
     let client = db.pool.get().await.map_err(pool_error)?;
-    let statement = client.prepare_cached(&db.sql.take).await.map_err(pg_error)?;
+    let statement = client
+        .prepare_cached(&db.sql.take)
+        .await
+        .map_err(pg_error)?;
     let max = i64::try_from(cap.max()).unwrap_or(i64::MAX);
     let row = client
         .query_opt(

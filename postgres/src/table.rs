@@ -232,4 +232,65 @@ mod tests {
                 .contains("CREATE UNLOGGED TABLE IF NOT EXISTS")
         );
     }
+
+    #[test]
+    fn the_slots_statements_name_their_table_and_check_each_record() {
+        let sql = Sql::new("rate", "hits", false);
+        assert_eq!(sql.slots_table, "rate.hits_slots");
+        for (name, text) in [
+            ("take", &sql.take),
+            ("give_back", &sql.give_back),
+            ("extend", &sql.extend),
+            ("in_use", &sql.in_use),
+            ("slots_audit", &sql.slots_audit),
+            ("clean", &sql.clean),
+        ] {
+            assert!(text.contains("\"rate\".\"hits_slots\""), "{name}: {text}");
+            assert!(
+                text.contains("cardinality(c.slots) = cardinality(c.leases)")
+                    && text.contains("3155760000000 * interval"),
+                "{name}: the record's shape is checked, with the bound: {text}"
+            );
+            let left = text.replace("{batch}", "");
+            assert!(!left.contains('{'), "{name}: a placeholder is left: {text}");
+        }
+        assert!(
+            sql.migrate
+                .contains("CREATE TABLE IF NOT EXISTS \"rate\".\"hits_slots\"")
+        );
+        assert!(
+            sql.migrate
+                .contains("\"hits_slots_ends\" ON \"rate\".\"hits_slots\"")
+        );
+        for (name, text) in [
+            ("hit", &sql.hit),
+            ("peek", &sql.peek),
+            ("reset", &sql.reset),
+            ("refund", &sql.refund),
+            ("spend_lock", &sql.spend_lock),
+            ("spend_read", &sql.spend_read),
+            ("spend_write", &sql.spend_write),
+        ] {
+            assert!(
+                !text.contains("hits_slots"),
+                "{name}: counters never meet slots"
+            );
+        }
+        // A take raises the record's lifetime, never lowers it; extends lock
+        // their records in one order.
+        assert!(
+            sql.take
+                .contains("THEN greatest(c.expires_at, excluded.expires_at)")
+        );
+        assert!(
+            sql.extend
+                .contains("ORDER BY c.namespace, c.key\n    FOR UPDATE OF c")
+        );
+        let unlogged = Sql::new("rate", "hits", true);
+        assert!(
+            unlogged
+                .migrate
+                .contains("CREATE UNLOGGED TABLE IF NOT EXISTS \"rate\".\"hits_slots\"")
+        );
+    }
 }
