@@ -2466,6 +2466,53 @@ async fn the_cleaner_deletes_records_of_slots_after_their_last_lease() {
     assert_eq!(store.in_use("n", &k).await.unwrap(), 1);
 }
 
+/// Takes, extends and give-backs of one key from two instances and many
+/// connections at once: no more slots are ever held than the cap, and all
+/// are back at the end.
+async fn takes_and_give_backs_from_many_connections_never_pass_the_cap() {
+    let schema = pg_or_skip!(TestSchema::create("slot_churn").await);
+    let one = schema.backend().await;
+    let two = schema.builder().build();
+    let cap = in_flight(4, Duration::from_secs(30));
+    let holding = Arc::new(AtomicU64::new(0));
+    let granted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..160u64 {
+        let backend = if i % 2 == 0 { one.clone() } else { two.clone() };
+        let (holding, granted) = (holding.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let slot = SlotId::next();
+            for _ in 0..3 {
+                let taken = take_slot(&backend, "hot", cap, slot).await.unwrap();
+                assert!(taken.in_use <= 4, "{taken:?}");
+                if !taken.granted {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                granted.fetch_add(1, Ordering::Relaxed);
+                // Every task counted here holds a slot in the table.
+                let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                assert!(now <= 4, "{now} slots held at once");
+                let k = Key::new("hot");
+                let held = [HeldSlot {
+                    namespace: "n",
+                    key: &k,
+                    slot,
+                }];
+                assert_eq!(backend.extend(&held, cap.lease()).await.unwrap(), 1);
+                holding.fetch_sub(1, Ordering::SeqCst);
+                assert!(backend.give_back("n", &k, slot).await.unwrap());
+                break;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(granted.load(Ordering::Relaxed) >= 4, "some were granted");
+    assert_eq!(one.in_use("n", &Key::new("hot")).await.unwrap(), 0);
+}
+
 fn main() {
     let mut trials = vec![
         trial::multi(
@@ -2633,6 +2680,11 @@ fn main() {
             "corrupt_records_of_slots_stop_their_key_and_are_left_untouched",
             Needs::Postgres,
             corrupt_records_of_slots_stop_their_key_and_are_left_untouched,
+        ),
+        trial::multi(
+            "takes_and_give_backs_from_many_connections_never_pass_the_cap",
+            Needs::Postgres,
+            takes_and_give_backs_from_many_connections_never_pass_the_cap,
         ),
         trial::current(
             "the_cleaner_deletes_records_of_slots_after_their_last_lease",
