@@ -2483,7 +2483,7 @@ async fn takes_and_give_backs_from_many_connections_never_pass_the_cap() {
         tasks.push(tokio::spawn(async move {
             let slot = SlotId::next();
             for _ in 0..3 {
-                let taken = take_slot(&backend, "hot", cap, slot).await.unwrap();
+                let taken = take_slot(&backend, "hot", cap, slot).await.expect("take");
                 assert!(taken.in_use <= 4, "{taken:?}");
                 if !taken.granted {
                     tokio::time::sleep(Duration::from_millis(2)).await;
@@ -2499,9 +2499,9 @@ async fn takes_and_give_backs_from_many_connections_never_pass_the_cap() {
                     key: &k,
                     slot,
                 }];
-                assert_eq!(backend.extend(&held, cap.lease()).await.unwrap(), 1);
+                assert_eq!(backend.extend(&held, cap.lease()).await.expect("extend"), 1);
                 holding.fetch_sub(1, Ordering::SeqCst);
-                assert!(backend.give_back("n", &k, slot).await.unwrap());
+                assert!(backend.give_back("n", &k, slot).await.expect("give back"));
                 break;
             }
         }));
@@ -2511,6 +2511,71 @@ async fn takes_and_give_backs_from_many_connections_never_pass_the_cap() {
     }
     assert!(granted.load(Ordering::Relaxed) >= 4, "some were granted");
     assert_eq!(one.in_use("n", &Key::new("hot")).await.unwrap(), 0);
+}
+
+/// An extend that waits for a record another step is changing (here a
+/// slot added by hand in an open transaction, as a take would) extends it
+/// as that step left it: the slot added is kept, the one named extended.
+/// (Computing the record from the lock's read, one version, over the row
+/// the statement began with, another, broke the table's constraints.)
+async fn an_extend_that_waits_for_a_record_extends_it_as_the_other_step_left_it() {
+    let schema = pg_or_skip!(TestSchema::create("slot_extend_wait").await);
+    let store = schema.backend().await;
+    let table = slots_table(&schema);
+    let cap = in_flight(3, Duration::from_secs(30));
+    let held_slot = SlotId::next();
+    assert!(
+        take_slot(&store, "k", cap, held_slot)
+            .await
+            .unwrap()
+            .granted
+    );
+    let holder = connect(&schema.url).await.unwrap();
+    holder
+        .batch_execute(&format!(
+            "BEGIN; UPDATE {table} SET slots = slots || '{SLOT}'::text, \
+             leases = leases || (now() + interval '20 s'), \
+             expires_at = greatest(expires_at, now() + interval '20 s') \
+             WHERE key = 'k'"
+        ))
+        .await
+        .unwrap();
+    let extending = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let k = Key::new("k");
+            let held = [HeldSlot {
+                namespace: "n",
+                key: &k,
+                slot: held_slot,
+            }];
+            store
+                .extend(&held, Window::new(Duration::from_secs(60)).unwrap())
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!extending.is_finished(), "the extend waits for the record");
+    holder.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(extending.await.unwrap().unwrap(), 1);
+    let row = schema
+        .client
+        .query_one(
+            &format!(
+                "SELECT slots, ARRAY(SELECT (extract(epoch FROM l - now()))::bigint \
+                 FROM unnest(leases) AS l) FROM {table} WHERE key = 'k'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let (slots, left): (Vec<String>, Vec<i64>) = (row.get(0), row.get(1));
+    assert_eq!(slots, [held_slot.to_string(), SLOT.to_owned()]);
+    assert!(
+        (58..=60).contains(&left[0]) && (18..=20).contains(&left[1]),
+        "the held slot extended, the added one as it was: {left:?}"
+    );
+    assert_eq!(store.in_use("n", &Key::new("k")).await.unwrap(), 2);
 }
 
 fn main() {
@@ -2685,6 +2750,11 @@ fn main() {
             "takes_and_give_backs_from_many_connections_never_pass_the_cap",
             Needs::Postgres,
             takes_and_give_backs_from_many_connections_never_pass_the_cap,
+        ),
+        trial::current(
+            "an_extend_that_waits_for_a_record_extends_it_as_the_other_step_left_it",
+            Needs::Postgres,
+            an_extend_that_waits_for_a_record_extends_it_as_the_other_step_left_it,
         ),
         trial::current(
             "the_cleaner_deletes_records_of_slots_after_their_last_lease",

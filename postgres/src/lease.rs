@@ -1,17 +1,8 @@
 //! Slots on leases, in the table beside the counters' (`{table}_slots`):
 //! the statements of [`Leasing`](tower_pinned_window::backend::Leasing),
-//! one round trip each, and what their rows say.
-//!
-//! A key that holds slots has one **record**: its slots' names and leases
-//! (two arrays, a slot's lease at its name's place) and the record's
-//! `expires_at`, at least its latest lease. Each step is one statement on
-//! that record, under its row lock: a take is an `INSERT ... ON CONFLICT DO
-//! UPDATE` whose `SET` reads the record as the last step left it, so takes
-//! from any number of connections are applied one after the other per key.
-//! (A take over a row per slot would need a lock taken before the statement
-//! reads the key's slots: under `READ COMMITTED` a statement's snapshot is
-//! taken when it starts, so a lock it waits for inside itself would not make
-//! it see the slots its holder just wrote.)
+//! one round trip each, and what their rows say. The design (a record per
+//! key, each step one statement under its row lock) is in the crate docs,
+//! "Requests in flight".
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};

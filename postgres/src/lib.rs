@@ -511,8 +511,8 @@ impl PostgresBackend {
         &self.inner.db.sql.migrate
     }
 
-    /// Create the schema, the table, its index and the reset markers'
-    /// table if they are missing, and add the columns of later releases to
+    /// Create the schema, the table, its index, the reset markers' table
+    /// and the slots' table (with its index) if they are missing, and add the columns of later releases to
     /// an existing table (its rows are left as they are). Instances that start together may
     /// all call it: it runs under a transaction-scoped advisory lock.
     ///
@@ -539,9 +539,10 @@ impl PostgresBackend {
         transaction.commit().await.map_err(pg_error)
     }
 
-    /// Delete at most `batch` expired rows, now, as the cleaner does, and at
-    /// most `batch` reset markers whose deadline passed over a second ago;
-    /// the number of rows deleted, both counted. Rows a hit holds are
+    /// Delete at most `batch` expired rows, now, as the cleaner does, at
+    /// most `batch` reset markers whose deadline passed over a second ago,
+    /// and at most `batch` records of slots whose latest lease has run out;
+    /// the number of rows deleted, all counted. Rows a hit holds are
     /// skipped, never waited for.
     ///
     /// # Errors
