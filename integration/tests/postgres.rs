@@ -20,8 +20,9 @@ use stores::postgres::PostgresStore;
 use support::http::{by_client, from, ok_service};
 use support::postgres::{PgServer, TestSchema, connect, pool};
 use tower::{Layer, ServiceExt};
+use tower_pinned_window::backend::Held as HeldSlot;
 use tower_pinned_window::backend::Hit;
-use tower_pinned_window::backend::{Backend, BackendError, Spending};
+use tower_pinned_window::backend::{Backend, BackendError, Cap, Leasing, SlotId, Spending};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
 use tower_pinned_window_postgres::PostgresBackend;
@@ -1949,6 +1950,13 @@ async fn a_table_of_the_previous_release_is_migrated_in_place() {
         1,
         "migrate made the reset markers' table beside the old one"
     );
+    let slot = SlotId::next();
+    let taken = take_slot(&backend, "k", in_flight(1, Duration::from_secs(60)), slot).await;
+    assert!(
+        taken.unwrap().granted,
+        "migrate made the slots' table beside the old one"
+    );
+    assert!(backend.give_back("n", &Key::new("k"), slot).await.unwrap());
 }
 
 /// The count of the test table's row `x` of `key`, once it reads `want`
@@ -2089,6 +2097,487 @@ async fn a_spend_whose_caller_has_gone_keeps_no_cost() {
 
 /// The tests, listed for libtest-mimic (`tests/support/trial.rs`): a test whose
 /// server is missing is reported as ignored.
+/// The table of the test schema's slots in flight, beside its counters'.
+fn slots_table(schema: &TestSchema) -> String {
+    format!("{}_slots", schema.table())
+}
+
+fn in_flight(max: u64, lease: Duration) -> tower_pinned_window::InFlight {
+    tower_pinned_window::InFlight::new(max, lease).unwrap()
+}
+
+/// Take `slot` of `key` under `n`, as a layer would.
+async fn take_slot(
+    backend: &PostgresBackend,
+    key: &str,
+    cap: tower_pinned_window::InFlight,
+    slot: SlotId,
+) -> Result<tower_pinned_window::backend::Taken, BackendError> {
+    backend
+        .take(
+            &Key::new(key),
+            Cap {
+                namespace: "n",
+                in_flight: cap,
+            },
+            slot,
+        )
+        .await
+}
+
+/// Drop the slots table's constraints, so a test can write records no take
+/// may change.
+async fn slots_without_constraints(schema: &TestSchema) {
+    let table = slots_table(schema);
+    schema
+        .client
+        .batch_execute(&format!(
+            "ALTER TABLE {table} DROP CONSTRAINT slot_names; \
+             ALTER TABLE {table} DROP CONSTRAINT slot_leases; \
+             ALTER TABLE {table} DROP CONSTRAINT record_lifetime; \
+             ALTER TABLE {table} DROP CONSTRAINT a_lease_per_slot; \
+             ALTER TABLE {table} ALTER COLUMN expires_at DROP NOT NULL"
+        ))
+        .await
+        .unwrap();
+}
+
+/// The record's text and its xmin: equal before and after means untouched.
+async fn raw_slots(schema: &TestSchema, key: &str) -> (String, String) {
+    let row = schema
+        .client
+        .query_one(
+            &format!(
+                "SELECT c::text, xmin::text FROM {} c WHERE namespace = 'n' AND key = $1",
+                slots_table(schema)
+            ),
+            &[&key.as_bytes()],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1))
+}
+
+/// A slot's name, as the table holds it.
+const SLOT: &str = "0123456789abcdef0123456789abcdef";
+
+async fn the_constraints_refuse_impossible_records_of_slots() {
+    let schema = pg_or_skip!(TestSchema::create("slot_constraints").await);
+    schema.backend().await;
+    let table = slots_table(&schema);
+    let later = "now() + interval '1 minute'";
+    for (case, values) in [
+        (
+            "a name that is not a slot's",
+            format!("ARRAY['abc'], ARRAY[{later}], {later}"),
+        ),
+        (
+            "an upper-case name",
+            format!("ARRAY['{}'], ARRAY[{later}], {later}", SLOT.to_uppercase()),
+        ),
+        (
+            "a NULL name",
+            format!("ARRAY['{SLOT}', NULL], ARRAY[{later}, {later}], {later}"),
+        ),
+        (
+            "a slot without a lease",
+            format!("ARRAY['{SLOT}'], ARRAY[]::timestamptz[], {later}"),
+        ),
+        (
+            "a NULL lease",
+            format!("ARRAY['{SLOT}'], ARRAY[NULL::timestamptz], {later}"),
+        ),
+        (
+            "no lifetime",
+            format!("ARRAY['{SLOT}'], ARRAY[{later}], NULL"),
+        ),
+        (
+            "an infinite lifetime",
+            format!("ARRAY['{SLOT}'], ARRAY[{later}], 'infinity'"),
+        ),
+    ] {
+        let err = schema
+            .client
+            .execute(
+                &format!("INSERT INTO {table} VALUES ('n', 'k', {values})"),
+                &[],
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            err.as_db_error()
+                .is_some_and(|e| e.code().code().starts_with("23")),
+            "{case}: {err}"
+        );
+    }
+    // What a take writes passes them.
+    schema
+        .client
+        .execute(
+            &format!(
+                "INSERT INTO {table} VALUES ('n', 'k', ARRAY['{SLOT}'], ARRAY[{later}], {later})"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+}
+
+/// Every form of a record no take may change fails the key's takes,
+/// give-backs, extends and counts with `Corrupt` (naming the record), and is
+/// left exactly as it is, by the cleaner and the audit too.
+async fn corrupt_records_of_slots_stop_their_key_and_are_left_untouched() {
+    let schema = pg_or_skip!(TestSchema::create("slot_corrupt").await);
+    let store = schema.builder().no_cleaner().build();
+    store.migrate().await.unwrap();
+    slots_without_constraints(&schema).await;
+    let table = slots_table(&schema);
+    let (later, earlier) = ("now() + interval '1 minute'", "now() - interval '1 minute'");
+    let other = "fedcba9876543210fedcba9876543210";
+    let cases = [
+        (
+            "bad-name",
+            format!("ARRAY['not a slot'], ARRAY[{later}], {later}"),
+        ),
+        (
+            "bad-name-expired",
+            format!("ARRAY['not a slot'], ARRAY[{earlier}], {earlier}"),
+        ),
+        (
+            "twice",
+            format!("ARRAY['{SLOT}', '{SLOT}'], ARRAY[{later}, {later}], {later}"),
+        ),
+        (
+            "no-lease",
+            format!("ARRAY['{SLOT}', '{other}'], ARRAY[{later}], {later}"),
+        ),
+        (
+            "null-lease",
+            format!("ARRAY['{SLOT}'], ARRAY[NULL::timestamptz], {later}"),
+        ),
+        (
+            "no-lifetime",
+            format!("ARRAY['{SLOT}'], ARRAY[{later}], NULL"),
+        ),
+        (
+            "infinite",
+            format!("ARRAY['{SLOT}'], ARRAY[{later}], 'infinity'"),
+        ),
+        (
+            "far",
+            format!("ARRAY['{SLOT}'], ARRAY[{later}], now() + interval '200 years'"),
+        ),
+        (
+            "lease-past-lifetime",
+            format!("ARRAY['{SLOT}'], ARRAY[now() + interval '1 hour'], {later}"),
+        ),
+        (
+            "two-dimensions",
+            format!("ARRAY[ARRAY['{SLOT}']], ARRAY[ARRAY[{later}]], {later}"),
+        ),
+    ];
+    for (key, values) in &cases {
+        schema
+            .client
+            .execute(
+                &format!("INSERT INTO {table} VALUES ('n', '{key}', {values})"),
+                &[],
+            )
+            .await
+            .unwrap();
+    }
+    let cap = in_flight(5, Duration::from_secs(30));
+    let slot: SlotId = SLOT.parse().unwrap();
+    let is_named = |key: &str, result: &dyn std::fmt::Debug, err: Option<&BackendError>| match err {
+        Some(BackendError::Corrupt { key: named, .. }) => {
+            assert_eq!(*named, format!("{table} n{{{key}}}:slots"), "{key}");
+        }
+        _ => panic!("{key}: not corrupt: {result:?}"),
+    };
+    for (key, _) in &cases {
+        let before = raw_slots(&schema, key).await;
+        let taken = take_slot(&store, key, cap, SlotId::next()).await;
+        is_named(key, &taken, taken.as_ref().err());
+        let retried = take_slot(&store, key, cap, slot).await;
+        is_named(key, &retried, retried.as_ref().err());
+        let given = store.give_back("n", &Key::new(*key), slot).await;
+        is_named(key, &given, given.as_ref().err());
+        let k = Key::new(*key);
+        let held = [HeldSlot {
+            namespace: "n",
+            key: &k,
+            slot,
+        }];
+        let extended = store.extend(&held, cap.lease()).await;
+        is_named(key, &extended, extended.as_ref().err());
+        let counted = store.in_use("n", &k).await;
+        is_named(key, &counted, counted.as_ref().err());
+        assert_eq!(raw_slots(&schema, key).await, before, "{key}: written");
+    }
+    // An extend of a good slot and a corrupt record extends the good one
+    // all the same, and names the corrupt one.
+    let good = SlotId::next();
+    assert!(take_slot(&store, "good", cap, good).await.unwrap().granted);
+    let (g, b) = (Key::new("good"), Key::new("bad-name"));
+    let held = [
+        HeldSlot {
+            namespace: "n",
+            key: &b,
+            slot,
+        },
+        HeldSlot {
+            namespace: "n",
+            key: &g,
+            slot: good,
+        },
+    ];
+    let before = raw_slots(&schema, "good").await;
+    let extended = store.extend(&held, cap.lease()).await;
+    is_named("bad-name", &extended, extended.as_ref().err());
+    assert_ne!(
+        raw_slots(&schema, "good").await,
+        before,
+        "the good one moved"
+    );
+    assert_eq!(store.in_use("n", &g).await.unwrap(), 1);
+
+    // Nothing removes them: not the cleaner, not the audit.
+    assert_eq!(
+        store
+            .clean_expired(NonZeroU32::new(100).unwrap())
+            .await
+            .unwrap(),
+        0
+    );
+    let report = store
+        .audit(Some(Window::new(Duration::from_secs(60)).unwrap()))
+        .await
+        .unwrap();
+    let mut want: Vec<String> = cases
+        .iter()
+        .map(|(key, _)| format!("{table} n{{{key}}}:slots"))
+        .collect();
+    want.sort();
+    let mut corrupt = report.corrupt.clone();
+    corrupt.sort();
+    assert_eq!(corrupt, want, "every one");
+    assert_eq!(
+        report.without_lifetime,
+        [
+            format!("{table} n{{far}}:slots"),
+            format!("{table} n{{infinite}}:slots"),
+            format!("{table} n{{no-lifetime}}:slots"),
+        ],
+        "those whose expires_at is not usable"
+    );
+    assert!(report.repaired.is_empty(), "records are never repaired");
+    assert_eq!(report.scanned, 0, "no counter");
+    for (key, _) in &cases {
+        assert_eq!(
+            schema
+                .client
+                .query_one(
+                    &format!("SELECT count(*) FROM {table} WHERE key = $1"),
+                    &[&key.as_bytes()],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0),
+            1,
+            "{key}: still there"
+        );
+    }
+}
+
+/// The cleaner deletes a record once its latest lease has run out, never
+/// before: not one whose slot was extended, nor one with a live slot.
+async fn the_cleaner_deletes_records_of_slots_after_their_last_lease() {
+    let schema = pg_or_skip!(TestSchema::create("slot_clean").await);
+    let store = schema.builder().no_cleaner().build();
+    store.migrate().await.unwrap();
+    let short = in_flight(3, Duration::from_millis(100));
+    let long = in_flight(3, Duration::from_secs(3600));
+    assert!(
+        take_slot(&store, "short", short, SlotId::next())
+            .await
+            .unwrap()
+            .granted
+    );
+    assert!(
+        take_slot(&store, "mixed", short, SlotId::next())
+            .await
+            .unwrap()
+            .granted
+    );
+    assert!(
+        take_slot(&store, "mixed", long, SlotId::next())
+            .await
+            .unwrap()
+            .granted
+    );
+    let extended = SlotId::next();
+    assert!(
+        take_slot(&store, "extended", short, extended)
+            .await
+            .unwrap()
+            .granted
+    );
+    let k = Key::new("extended");
+    let held = [HeldSlot {
+        namespace: "n",
+        key: &k,
+        slot: extended,
+    }];
+    assert_eq!(store.extend(&held, long.lease()).await.unwrap(), 1);
+    let given = SlotId::next();
+    assert!(
+        take_slot(&store, "given", short, given)
+            .await
+            .unwrap()
+            .granted
+    );
+    assert!(
+        store
+            .give_back("n", &Key::new("given"), given)
+            .await
+            .unwrap()
+    );
+    let batch = NonZeroU32::new(100).unwrap();
+    assert_eq!(store.clean_expired(batch).await.unwrap(), 0, "not yet");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert_eq!(
+        store.clean_expired(batch).await.unwrap(),
+        2,
+        "the record of the short slot, and the emptied one"
+    );
+    let left: Vec<Vec<u8>> = schema
+        .client
+        .query(
+            &format!("SELECT key FROM {} ORDER BY key", slots_table(&schema)),
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|row| row.get(0))
+        .collect();
+    assert_eq!(left, [b"extended".to_vec(), b"mixed".to_vec()]);
+    assert_eq!(store.in_use("n", &Key::new("mixed")).await.unwrap(), 1);
+    assert_eq!(store.in_use("n", &k).await.unwrap(), 1);
+}
+
+/// Takes, extends and give-backs of one key from two instances and many
+/// connections at once: no more slots are ever held than the cap, and all
+/// are back at the end.
+async fn takes_and_give_backs_from_many_connections_never_pass_the_cap() {
+    let schema = pg_or_skip!(TestSchema::create("slot_churn").await);
+    let one = schema.backend().await;
+    let two = schema.builder().build();
+    let cap = in_flight(4, Duration::from_secs(30));
+    let holding = Arc::new(AtomicU64::new(0));
+    let granted = Arc::new(AtomicU64::new(0));
+    let mut tasks = Vec::new();
+    for i in 0..160u64 {
+        let backend = if i % 2 == 0 { one.clone() } else { two.clone() };
+        let (holding, granted) = (holding.clone(), granted.clone());
+        tasks.push(tokio::spawn(async move {
+            let slot = SlotId::next();
+            for _ in 0..3 {
+                let taken = take_slot(&backend, "hot", cap, slot).await.expect("take");
+                assert!(taken.in_use <= 4, "{taken:?}");
+                if !taken.granted {
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    continue;
+                }
+                granted.fetch_add(1, Ordering::Relaxed);
+                // Every task counted here holds a slot in the table.
+                let now = holding.fetch_add(1, Ordering::SeqCst) + 1;
+                assert!(now <= 4, "{now} slots held at once");
+                let k = Key::new("hot");
+                let held = [HeldSlot {
+                    namespace: "n",
+                    key: &k,
+                    slot,
+                }];
+                assert_eq!(backend.extend(&held, cap.lease()).await.expect("extend"), 1);
+                holding.fetch_sub(1, Ordering::SeqCst);
+                assert!(backend.give_back("n", &k, slot).await.expect("give back"));
+                break;
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert!(granted.load(Ordering::Relaxed) >= 4, "some were granted");
+    assert_eq!(one.in_use("n", &Key::new("hot")).await.unwrap(), 0);
+}
+
+/// An extend that waits for a record another step is changing (here a
+/// slot added by hand in an open transaction, as a take would) extends it
+/// as that step left it: the slot added is kept, the one named extended.
+/// (Computing the record from the lock's read, one version, over the row
+/// the statement began with, another, broke the table's constraints.)
+async fn an_extend_that_waits_for_a_record_extends_it_as_the_other_step_left_it() {
+    let schema = pg_or_skip!(TestSchema::create("slot_extend_wait").await);
+    let store = schema.backend().await;
+    let table = slots_table(&schema);
+    let cap = in_flight(3, Duration::from_secs(30));
+    let held_slot = SlotId::next();
+    assert!(
+        take_slot(&store, "k", cap, held_slot)
+            .await
+            .unwrap()
+            .granted
+    );
+    let holder = connect(&schema.url).await.unwrap();
+    holder
+        .batch_execute(&format!(
+            "BEGIN; UPDATE {table} SET slots = slots || '{SLOT}'::text, \
+             leases = leases || (now() + interval '20 s'), \
+             expires_at = greatest(expires_at, now() + interval '20 s') \
+             WHERE key = 'k'"
+        ))
+        .await
+        .unwrap();
+    let extending = tokio::spawn({
+        let store = store.clone();
+        async move {
+            let k = Key::new("k");
+            let held = [HeldSlot {
+                namespace: "n",
+                key: &k,
+                slot: held_slot,
+            }];
+            store
+                .extend(&held, Window::new(Duration::from_secs(60)).unwrap())
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!extending.is_finished(), "the extend waits for the record");
+    holder.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(extending.await.unwrap().unwrap(), 1);
+    let row = schema
+        .client
+        .query_one(
+            &format!(
+                "SELECT slots, ARRAY(SELECT (extract(epoch FROM l - now()))::bigint \
+                 FROM unnest(leases) AS l) FROM {table} WHERE key = 'k'"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let (slots, left): (Vec<String>, Vec<i64>) = (row.get(0), row.get(1));
+    assert_eq!(slots, [held_slot.to_string(), SLOT.to_owned()]);
+    assert!(
+        (58..=60).contains(&left[0]) && (18..=20).contains(&left[1]),
+        "the held slot extended, the added one as it was: {left:?}"
+    );
+    assert_eq!(store.in_use("n", &Key::new("k")).await.unwrap(), 2);
+}
+
 fn main() {
     let mut trials = vec![
         trial::multi(
@@ -2247,6 +2736,31 @@ fn main() {
             Needs::Postgres,
             a_late_refund_leaves_the_expired_row_alone,
         ),
+        trial::current(
+            "the_constraints_refuse_impossible_records_of_slots",
+            Needs::Postgres,
+            the_constraints_refuse_impossible_records_of_slots,
+        ),
+        trial::current(
+            "corrupt_records_of_slots_stop_their_key_and_are_left_untouched",
+            Needs::Postgres,
+            corrupt_records_of_slots_stop_their_key_and_are_left_untouched,
+        ),
+        trial::multi(
+            "takes_and_give_backs_from_many_connections_never_pass_the_cap",
+            Needs::Postgres,
+            takes_and_give_backs_from_many_connections_never_pass_the_cap,
+        ),
+        trial::current(
+            "an_extend_that_waits_for_a_record_extends_it_as_the_other_step_left_it",
+            Needs::Postgres,
+            an_extend_that_waits_for_a_record_extends_it_as_the_other_step_left_it,
+        ),
+        trial::current(
+            "the_cleaner_deletes_records_of_slots_after_their_last_lease",
+            Needs::Postgres,
+            the_cleaner_deletes_records_of_slots_after_their_last_lease,
+        ),
     ];
     // The backend contract, each scenario on schemas of its own: without
     // the deny cache, and with it.
@@ -2256,6 +2770,7 @@ fn main() {
         .collect();
     for (name, store) in ["contract", "contract_deny_cache"].into_iter().zip(&stores) {
         trials.extend(trial::contract(name, Needs::Postgres, store.clone()));
+        trials.extend(trial::contract_leases(name, Needs::Postgres, store.clone()));
     }
     trial::run(trials, stores)
 }

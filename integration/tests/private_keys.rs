@@ -315,5 +315,14 @@ fn main() {
             SECRET_A,
         )),
     ));
+    #[cfg(feature = "postgres")]
+    trials.extend(trial::contract_leases(
+        "contract_postgres",
+        Needs::Postgres,
+        Arc::new(Private::new(
+            stores::postgres::PostgresStore::new(0),
+            SECRET_A,
+        )),
+    ));
     trial::run(trials, server)
 }

@@ -1,15 +1,17 @@
 //! The backstop: rows that no hit may count, found and (on request) given a
-//! window.
+//! window, and records of slots that no take may change, found.
 
 use std::time::SystemTime;
 
 use super::db::Db;
 use super::error::{pg_error, pool_error};
+use super::lease::describe_slots;
 use super::row::{WINDOW_BOUND_MS, describe};
 use tower_pinned_window::Window;
 use tower_pinned_window::backend::{AuditReport, BackendError};
 
-/// The most rows no hit may count that one audit lists.
+/// The most rows no hit may count (and records of slots no take may
+/// change) that one audit lists.
 const MAX_LISTED: i64 = 10_000;
 
 /// Scan `db`'s table, and repair what `repair` says: see
@@ -33,6 +35,7 @@ pub(super) async fn run(db: &Db, repair: Option<Window>) -> Result<AuditReport, 
         .query(sql.audit.as_str(), &[&WINDOW_BOUND_MS, &MAX_LISTED])
         .await
         .map_err(pg_error)?;
+    let listed = rows.len() as i64;
     for row in rows {
         let namespace: String = row.get(0);
         let key: Vec<u8> = row.get(1);
@@ -66,6 +69,26 @@ pub(super) async fn run(db: &Db, repair: Option<Window>) -> Result<AuditReport, 
         if without_lifetime {
             report.without_lifetime.push(name);
         }
+    }
+    // Records of slots: never repaired (a lifetime given to a record whose
+    // leases are not read would keep or free slots at random).
+    let records = client
+        .query(sql.slots_audit.as_str(), &[&(MAX_LISTED - listed).max(0)])
+        .await
+        .map_err(pg_error)?;
+    for record in records {
+        let namespace: String = record.get(0);
+        let key: Vec<u8> = record.get(1);
+        let without_lifetime: bool = record.get(2);
+        let name = describe_slots(db, &namespace, &key);
+        tracing::warn!(
+            slots = %name,
+            "rate-limit audit: a record of slots no take may change"
+        );
+        if without_lifetime {
+            report.without_lifetime.push(name.clone());
+        }
+        report.corrupt.push(name);
     }
     Ok(report)
 }

@@ -17,13 +17,14 @@ pub(super) struct Db {
 }
 
 impl Db {
-    /// Delete at most `batch` expired counters and at most `batch` expired
-    /// reset markers; the number of rows deleted, both counted.
+    /// Delete at most `batch` expired counters, at most `batch` expired
+    /// reset markers and at most `batch` records of slots past their last
+    /// lease; the number of rows deleted, all counted.
     pub(super) async fn clean_expired(&self, batch: NonZeroU32) -> Result<u64, BackendError> {
         let client = self.pool.get().await.map_err(pool_error)?;
         let sql = self.sql.clean.replace("{batch}", &batch.to_string());
         let replies = client.simple_query(&sql).await.map_err(pg_error)?;
-        // The SET counts no row; the two DELETEs do.
+        // The SET counts no row; the three DELETEs do.
         Ok(replies
             .iter()
             .map(|reply| match reply {

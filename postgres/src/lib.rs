@@ -3,7 +3,7 @@
 //! the same database.
 //!
 //! Built only on what `tower-pinned-window` makes public for any store
-//! author: its [`Backend`] and [`Spending`] traits and its
+//! author: its [`Backend`], [`Spending`] and [`Leasing`] traits and its
 //! [`toolkit`](tower_pinned_window::backend::toolkit) (the deny cache, the
 //! remote future, the storage key that names a counter in errors). The
 //! guide is
@@ -164,6 +164,48 @@
 //! release resets without a marker: this holds once every instance runs
 //! this one.
 //!
+//! # Requests in flight
+//!
+//! [Slots on leases](tower_pinned_window::backend#requests-in-flight)
+//! ([`Leasing`]) live in a table beside the counters, `{table}_slots`: one
+//! **record** per key that holds slots, with each slot's name (its holder's
+//! [`SlotId`], 32 lowercase hex digits) and its lease at the same place of
+//! two arrays, and the record's `expires_at`, at least its latest lease and
+//! never lowered. Each step is one statement, one round trip, on the key's
+//! record under its row lock:
+//!
+//! - a take (`sql/take.sql`) is an `INSERT ... ON CONFLICT DO UPDATE`
+//!   whose `SET` reads the record as the last step left it: it drops the
+//!   slots whose lease has run out and adds this one, with the lease
+//!   `now + lease`, when it is not held and fewer than `max` are live. Takes
+//!   of one key from any number of connections and instances are applied
+//!   one after the other, so no more than `max` are ever granted;
+//! - a give-back takes the slot out of the record when its lease is live;
+//!   a record left empty is the cleaner's when its `expires_at` passes;
+//! - an extend is one statement for every slot held, whatever their keys:
+//!   it locks their records in one order (`namespace, key`), so two extends
+//!   never deadlock, and moves each slot still live to at least
+//!   `now + lease`. A slot that is gone is never created again.
+//!
+//! "Now" is the database's clock, as for the counters. Each step rewrites
+//! the key's record (a refused take too): its cost grows with the key's
+//! slots, which suits caps of tens, not of thousands. A slot per row would
+//! not do it in one statement: under `READ COMMITTED` a statement reads
+//! from the snapshot it started with, so a lock it waits for inside itself
+//! would not show it the slots the lock's holder had just written.
+//!
+//! **A record no take can have written** is corrupt state: a name that is
+//! not 32 lowercase hex digits or appears twice, a slot without a lease or
+//! with a `NULL` one, a lease past the record's `expires_at`, or no usable
+//! `expires_at` (`NULL`, infinite, or past [`Window::MAX`]: a record without
+//! a lifetime, a leak). Every statement checks the record
+//! (`sql/slot_shape.sql`): the key's takes, give-backs, extends and
+//! [`in_use`](Leasing::in_use) fail with [`BackendError::Corrupt`], naming
+//! it `{table}_slots namespace{key}:slots`, and it is left exactly as it is
+//! (an extend still extends the other keys it names). The table's `CHECK`
+//! constraints refuse such records unless someone drops them; the cleaner
+//! never deletes one, and the [audit](PostgresBackend::audit) lists them.
+//!
 //! # Corrupt rows
 //!
 //! A row no hit can have written (a negative count, no `expires_at`, an
@@ -199,15 +241,30 @@
 //!     key        bytea       NOT NULL,
 //!     PRIMARY KEY (expires_at, namespace, key)
 //! );
+//! CREATE TABLE IF NOT EXISTS "public"."tpw_counters_slots" (
+//!     namespace  text          NOT NULL,
+//!     key        bytea         NOT NULL,
+//!     slots      text[]        NOT NULL CONSTRAINT slot_names CHECK (
+//!         array_to_string(slots, ',', 'NULL')
+//!             ~ ('^(' || repeat('[0-9a-f]', 32) || '(,' || repeat('[0-9a-f]', 32) || ')*)?$')),
+//!     leases     timestamptz[] NOT NULL
+//!         CONSTRAINT slot_leases CHECK (array_position(leases, NULL) IS NULL),
+//!     expires_at timestamptz   NOT NULL
+//!         CONSTRAINT record_lifetime CHECK (isfinite(expires_at)),
+//!     PRIMARY KEY (namespace, key),
+//!     CONSTRAINT a_lease_per_slot CHECK (cardinality(slots) = cardinality(leases))
+//! ) WITH (fillfactor = 80);
+//! CREATE INDEX IF NOT EXISTS "tpw_counters_slots_ends" ON "public"."tpw_counters_slots" (expires_at);
 //! ```
 //!
 //! A table made by an earlier release is migrated in place by running it
 //! again: the lockout column is added (nullable: no rewrite) and the reset
-//! markers' table created beside it. Run the migration before instances of
-//! this release start: their refunds, amends and resets name the markers'
-//! table, and fail (as [`BackendError::Unavailable`]) where it is missing.
-//! The markers' table is `UNLOGGED` when the counters' is made so (a crash
-//! empties both).
+//! markers' and slots' tables created beside it. Run the migration before
+//! instances of this release start: their refunds, amends and resets name
+//! the markers' table, their caps in flight the slots' table, and fail (as
+//! [`BackendError::Unavailable`]) where it is missing. Both are `UNLOGGED`
+//! when the counters' table is made so (a crash empties all three: the
+//! slots held are forgotten, and as many again may be taken).
 //!
 //! The layer's name and the client's key are two columns, so no byte of a
 //! key can reach another layer's counter, and `WHERE namespace = 'login'`
@@ -229,7 +286,9 @@
 //! every [`clean_every`](PostgresBackendBuilder::clean_every) (1 s by
 //! default) and deletes expired rows in batches of at most
 //! [`clean_batch`](PostgresBackendBuilder::clean_batch) (1,000), through the
-//! index on `expires_at`, going on while batches come back full. Rows are
+//! index on `expires_at`, going on while batches come back full; in the
+//! same transaction, the records of slots whose `expires_at` (their latest
+//! lease) has passed, through their own index. Rows are
 //! locked with `SKIP LOCKED`: the cleaner never waits for a hit, and the
 //! cleaners of several instances share the work. A hit never waits for more
 //! than one batch. The table holds about (new keys per second) ×
@@ -254,7 +313,9 @@
 //! [`reset`](Backend::reset) `DELETE`, spends and amends all four (their
 //! batch's statement may delete a cleared row); on the markers' table
 //! (`{table}_resets`), refunds need `SELECT`, spends and amends `SELECT,
-//! INSERT`, resets `INSERT`, the cleaner `DELETE`; `migrate` needs the right to create the
+//! INSERT`, resets `INSERT`, the cleaner `DELETE`; on the slots' table
+//! (`{table}_slots`), caps in flight need `SELECT, INSERT, UPDATE`, the
+//! cleaner `DELETE`; `migrate` needs the right to create the
 //! schema (if missing) and the tables.
 
 mod audit;
@@ -263,6 +324,7 @@ mod builder;
 mod cleaner;
 mod db;
 mod error;
+mod lease;
 mod lost;
 mod row;
 mod spend;
@@ -296,7 +358,8 @@ use self::spend::{Cached, Op, Request, Spent};
 use tower_pinned_window::Window;
 use tower_pinned_window::backend::toolkit::{BackendFuture, Denials};
 use tower_pinned_window::backend::{
-    Amend, AuditReport, Backend, BackendError, Counter, Hit, Hits, Spend, Spending,
+    Amend, AuditReport, Backend, BackendError, Cap, Counter, Held, Hit, Hits, Leasing, SlotId,
+    Spend, Spending, Taken,
 };
 use tower_pinned_window::key::Key;
 
@@ -324,8 +387,10 @@ pub const DEFAULT_CLEAN_EVERY: Duration = Duration::from_secs(1);
 /// Example: [`PostgresBackendBuilder`].
 pub const DEFAULT_CLEAN_BATCH: u32 = 1_000;
 
-/// Counters in a PostgreSQL table, shared by every instance of a service.
-/// See the [module docs](self) for the statement, the table and the cleaner.
+/// Counters in a PostgreSQL table, shared by every instance of a service,
+/// and slots in flight in a table beside it ([`Leasing`]). See the
+/// [module docs](self) for the statements, the tables and the cleaner, and
+/// [requests in flight](self#requests-in-flight) for the slots.
 ///
 /// Clones share one pool and one cleaner.
 pub struct PostgresBackend {
@@ -446,8 +511,8 @@ impl PostgresBackend {
         &self.inner.db.sql.migrate
     }
 
-    /// Create the schema, the table, its index and the reset markers'
-    /// table if they are missing, and add the columns of later releases to
+    /// Create the schema, the table, its index, the reset markers' table
+    /// and the slots' table (with its index) if they are missing, and add the columns of later releases to
     /// an existing table (its rows are left as they are). Instances that start together may
     /// all call it: it runs under a transaction-scoped advisory lock.
     ///
@@ -474,9 +539,10 @@ impl PostgresBackend {
         transaction.commit().await.map_err(pg_error)
     }
 
-    /// Delete at most `batch` expired rows, now, as the cleaner does, and at
-    /// most `batch` reset markers whose deadline passed over a second ago;
-    /// the number of rows deleted, both counted. Rows a hit holds are
+    /// Delete at most `batch` expired rows, now, as the cleaner does, at
+    /// most `batch` reset markers whose deadline passed over a second ago,
+    /// and at most `batch` records of slots whose latest lease has run out;
+    /// the number of rows deleted, all counted. Rows a hit holds are
     /// skipped, never waited for.
     ///
     /// # Errors
@@ -498,7 +564,14 @@ impl PostgresBackend {
     /// checks the row again; its count is kept. Rows with a bad count are
     /// never touched: inspect them.
     ///
-    /// It reads the whole table: run it from a job, not on a request.
+    /// The slots' table is scanned too: each record no take may change (see
+    /// [requests in flight](self#requests-in-flight)) is listed in
+    /// [`AuditReport::corrupt`], and also in
+    /// [`AuditReport::without_lifetime`] when its `expires_at` is not usable;
+    /// records are never repaired, and not counted in `scanned` or
+    /// `expired` (which count counters).
+    ///
+    /// It reads the whole of both tables: run it from a job, not on a request.
     ///
     /// # Errors
     /// [`BackendError::Unavailable`] when the database cannot be reached.
@@ -806,6 +879,67 @@ impl Spending for PostgresBackend {
             }
             changed
         })
+    }
+}
+
+impl Leasing for PostgresBackend {
+    type Take = BackendFuture<Taken>;
+
+    /// One statement on the key's record of slots
+    /// ([requests in flight](self#requests-in-flight)).
+    fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> BackendFuture<Taken> {
+        let (backend, namespace, key) = (self.clone(), cap.namespace.into(), key.clone());
+        BackendFuture::calling(async move {
+            backend.start_cleaner();
+            lease::take(
+                Arc::clone(&backend.inner.db),
+                namespace,
+                key,
+                cap.in_flight,
+                slot,
+            )
+            .await
+        })
+    }
+
+    /// One `UPDATE` of the key's record: the slot is taken out when it is
+    /// there with a live lease.
+    fn give_back(
+        &self,
+        namespace: &str,
+        key: &Key,
+        slot: SlotId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<> {
+        let (backend, namespace, key) = (self.clone(), namespace.into(), key.clone());
+        async move {
+            backend.start_cleaner();
+            lease::give_back(Arc::clone(&backend.inner.db), namespace, key, slot).await
+        }
+    }
+
+    /// One statement for every slot of `held`, whatever their keys: the
+    /// records are locked in one order, so two extends never deadlock. A
+    /// record that is not of the store's shape fails the call with
+    /// [`BackendError::Corrupt`] (named), after the others were extended.
+    fn extend(
+        &self,
+        held: &[Held<'_>],
+        lease: Window,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send + 'static + use<> {
+        let backend = self.clone();
+        let held: Vec<lease::HeldSlot> = held
+            .iter()
+            .map(|h| (h.namespace.into(), h.key.clone(), h.slot.to_string()))
+            .collect();
+        async move {
+            backend.start_cleaner();
+            lease::extend(Arc::clone(&backend.inner.db), held, lease).await
+        }
+    }
+
+    async fn in_use(&self, namespace: &str, key: &Key) -> Result<u64, BackendError> {
+        self.start_cleaner();
+        lease::in_use(&self.inner.db, namespace, key).await
     }
 }
 

@@ -5,6 +5,8 @@ use std::fmt;
 
 use tower_pinned_window::ConfigError;
 
+use super::row::WINDOW_BOUND_MS;
+
 /// The schema used unless [`schema`](super::PostgresBackendBuilder::schema)
 /// names another.
 ///
@@ -26,11 +28,22 @@ const INDEX_SUFFIX: &str = "_expires_at";
 /// The suffix of the table of reset markers beside the counters table.
 const RESETS_SUFFIX: &str = "_resets";
 
+/// The suffix of the table of slots in flight beside the counters table.
+const SLOTS_SUFFIX: &str = "_slots";
+
+/// The suffix of the slots table's `expires_at` index (as long as the
+/// counters' index suffix, so it fits wherever that one does).
+const SLOTS_INDEX_SUFFIX: &str = "_slots_ends";
+
 /// The longest table name: its index name (`{table}_expires_at`) must fit in
-/// 63 bytes too (the reset markers' table, `{table}_resets`, is shorter).
+/// 63 bytes too (the reset markers' table, `{table}_resets`, the slots'
+/// table, `{table}_slots`, and its index, `{table}_slots_ends`, are no
+/// longer).
 pub(super) const MAX_TABLE_LEN: usize = MAX_SCHEMA_LEN - INDEX_SUFFIX.len();
 
 const _: () = assert!(MAX_TABLE_LEN + RESETS_SUFFIX.len() <= MAX_SCHEMA_LEN);
+const _: () = assert!(MAX_TABLE_LEN + SLOTS_SUFFIX.len() <= MAX_SCHEMA_LEN);
+const _: () = assert!(MAX_TABLE_LEN + SLOTS_INDEX_SUFFIX.len() <= MAX_SCHEMA_LEN);
 
 /// `name`, if it is a name this backend accepts for a schema or table: 1 to
 /// `max` characters from `a-z 0-9 _`, not starting with a digit. Such a name
@@ -67,6 +80,13 @@ pub(super) struct Sql {
     pub(super) spend_lock: String,
     pub(super) spend_read: String,
     pub(super) spend_write: String,
+    /// The slots' table, as `schema.table_slots`.
+    pub(super) slots_table: String,
+    pub(super) take: String,
+    pub(super) give_back: String,
+    pub(super) extend: String,
+    pub(super) in_use: String,
+    pub(super) slots_audit: String,
 }
 
 impl fmt::Debug for Sql {
@@ -80,13 +100,21 @@ impl Sql {
     pub(super) fn new(schema: &str, table: &str, unlogged: bool) -> Self {
         let qualified = format!("\"{schema}\".\"{table}\"");
         let render = |sql: &str| {
-            sql.replace("{table}", &qualified)
+            // The fragment first: its own placeholders are rendered below.
+            sql.replace("{slot_shape}", include_str!("sql/slot_shape.sql"))
+                .replace("{table}", &qualified)
                 .replace("{schema}", &format!("\"{schema}\""))
                 .replace("{index}", &format!("\"{table}{INDEX_SUFFIX}\""))
                 .replace(
                     "{resets}",
                     &format!("\"{schema}\".\"{table}{RESETS_SUFFIX}\""),
                 )
+                .replace(
+                    "{slots}",
+                    &format!("\"{schema}\".\"{table}{SLOTS_SUFFIX}\""),
+                )
+                .replace("{slots_index}", &format!("\"{table}{SLOTS_INDEX_SUFFIX}\""))
+                .replace("{window_bound_ms}", &WINDOW_BOUND_MS.to_string())
                 .replace("{unlogged}", if unlogged { "UNLOGGED" } else { "" })
         };
         Self {
@@ -104,6 +132,12 @@ impl Sql {
             spend_lock: render(include_str!("sql/spend_lock.sql")),
             spend_read: render(include_str!("sql/spend_read.sql")),
             spend_write: render(include_str!("sql/spend_write.sql")),
+            slots_table: format!("{schema}.{table}{SLOTS_SUFFIX}"),
+            take: render(include_str!("sql/take.sql")),
+            give_back: render(include_str!("sql/give_back.sql")),
+            extend: render(include_str!("sql/extend.sql")),
+            in_use: render(include_str!("sql/in_use.sql")),
+            slots_audit: render(include_str!("sql/slots_audit.sql")),
         }
     }
 }
@@ -196,6 +230,67 @@ mod tests {
             unlogged
                 .migrate
                 .contains("CREATE UNLOGGED TABLE IF NOT EXISTS")
+        );
+    }
+
+    #[test]
+    fn the_slots_statements_name_their_table_and_check_each_record() {
+        let sql = Sql::new("rate", "hits", false);
+        assert_eq!(sql.slots_table, "rate.hits_slots");
+        for (name, text) in [
+            ("take", &sql.take),
+            ("give_back", &sql.give_back),
+            ("extend", &sql.extend),
+            ("in_use", &sql.in_use),
+            ("slots_audit", &sql.slots_audit),
+            ("clean", &sql.clean),
+        ] {
+            assert!(text.contains("\"rate\".\"hits_slots\""), "{name}: {text}");
+            assert!(
+                text.contains("cardinality(c.slots) = cardinality(c.leases)")
+                    && text.contains("3155760000000 * interval"),
+                "{name}: the record's shape is checked, with the bound: {text}"
+            );
+            let left = text.replace("{batch}", "");
+            assert!(!left.contains('{'), "{name}: a placeholder is left: {text}");
+        }
+        assert!(
+            sql.migrate
+                .contains("CREATE TABLE IF NOT EXISTS \"rate\".\"hits_slots\"")
+        );
+        assert!(
+            sql.migrate
+                .contains("\"hits_slots_ends\" ON \"rate\".\"hits_slots\"")
+        );
+        for (name, text) in [
+            ("hit", &sql.hit),
+            ("peek", &sql.peek),
+            ("reset", &sql.reset),
+            ("refund", &sql.refund),
+            ("spend_lock", &sql.spend_lock),
+            ("spend_read", &sql.spend_read),
+            ("spend_write", &sql.spend_write),
+        ] {
+            assert!(
+                !text.contains("hits_slots"),
+                "{name}: counters never meet slots"
+            );
+        }
+        // A take raises the record's lifetime, never lowers it; extends lock
+        // their records in one order.
+        assert!(
+            sql.take
+                .contains("THEN greatest(c.expires_at, excluded.expires_at)")
+        );
+        assert!(
+            sql.extend
+                .contains("ORDER BY c.namespace, c.key\n    FOR UPDATE OF c")
+        );
+        let unlogged = Sql::new("rate", "hits", true);
+        assert!(
+            unlogged
+                .migrate
+                .contains("CREATE UNLOGGED TABLE IF NOT EXISTS \"rate\".\"hits_slots\"")
         );
     }
 }

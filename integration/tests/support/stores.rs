@@ -178,11 +178,12 @@ pub mod redis {
 #[cfg(feature = "postgres")]
 pub mod postgres {
     use std::sync::Mutex;
-    use std::time::{SystemTime, UNIX_EPOCH};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+    use tower_pinned_window::backend::SlotId;
     use tower_pinned_window::key::Key;
     use tower_pinned_window_postgres::PostgresBackend;
-    use tower_pinned_window_testkit::{Ability, Audit, Store, Stored};
+    use tower_pinned_window_testkit::{Ability, Audit, SlotsRecord, Store, Stored};
 
     use crate::support::postgres::{TestSchema, connect, pool, url};
 
@@ -204,6 +205,11 @@ pub mod postgres {
     /// The schema of `backend`'s table (`schema.table`).
     fn schema_of(backend: &PostgresBackend) -> &str {
         backend.table().split('.').next().unwrap()
+    }
+
+    /// The table of `backend`'s slots in flight, beside its counters'.
+    pub fn slots_table(backend: &PostgresBackend) -> String {
+        format!("{}_slots", backend.table())
     }
 
     impl Store for PostgresStore {
@@ -228,7 +234,13 @@ pub mod postgres {
         }
 
         fn abilities(&self) -> &'static [Ability] {
-            &[Ability::Corrupt, Ability::ReadStored, Ability::Audit]
+            &[
+                Ability::Corrupt,
+                Ability::ReadStored,
+                Ability::Audit,
+                Ability::ReadSlots,
+                Ability::CorruptSlots,
+            ]
         }
 
         /// A negative count, which the table's constraints refuse: they
@@ -295,6 +307,91 @@ pub mod postgres {
         async fn audit(&self, backend: &PostgresBackend) -> Option<Audit> {
             let report = backend.audit(None).await.unwrap();
             Some(super::audit_of(&report))
+        }
+
+        /// The key's record of slots: its slots (live or not yet dropped)
+        /// and the time left on its `expires_at`, by the database's clock;
+        /// `Absent` when there is none or it has expired (waiting for the
+        /// cleaner); `Other` with the row as JSON when it is not of the
+        /// store's shape (a name that is not a slot's, a slot without a
+        /// lease, no `expires_at`).
+        async fn slots_record(
+            &self,
+            backend: &PostgresBackend,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<SlotsRecord> {
+            let client = connect(&url()).await.unwrap();
+            let row = client
+                .query_opt(
+                    &format!(
+                        "SELECT c.slots, cardinality(c.leases), array_position(c.leases, NULL), \
+                         (extract(epoch FROM c.expires_at - now()) * 1000000)::bigint, \
+                         row_to_json(c)::text \
+                         FROM {} AS c WHERE c.namespace = $1 AND c.key = $2",
+                        slots_table(backend)
+                    ),
+                    &[&namespace, &key.as_bytes()],
+                )
+                .await
+                .unwrap();
+            let Some(row) = row else {
+                return Some(SlotsRecord::Absent);
+            };
+            let slots: Option<Vec<Option<String>>> = row.get(0);
+            let leases: Option<i32> = row.get(1);
+            let null_lease: Option<i32> = row.get(2);
+            let left: Option<i64> = row.get(3);
+            let names: Option<Vec<SlotId>> = slots.as_ref().and_then(|slots| {
+                slots
+                    .iter()
+                    .map(|slot| slot.as_deref()?.parse().ok())
+                    .collect()
+            });
+            Some(match (names, leases, null_lease, left) {
+                (Some(names), Some(leases), None, Some(left))
+                    if usize::try_from(leases) == Ok(names.len()) =>
+                {
+                    match u64::try_from(left) {
+                        Ok(micros) if micros > 0 => SlotsRecord::Held {
+                            slots: names.len(),
+                            lifetime: Some(Duration::from_micros(micros)),
+                        },
+                        _ => SlotsRecord::Absent,
+                    }
+                }
+                _ => SlotsRecord::Other(row.get(4)),
+            })
+        }
+
+        /// A record holding a name that is not a slot's, which the table's
+        /// constraints refuse: they are dropped first, as hand-written SQL
+        /// could.
+        async fn corrupt_slots(
+            &self,
+            backend: &PostgresBackend,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<()> {
+            let client = connect(&url()).await.unwrap();
+            let table = slots_table(backend);
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE {table} DROP CONSTRAINT IF EXISTS slot_names"
+                ))
+                .await
+                .unwrap();
+            client
+                .execute(
+                    &format!(
+                        "INSERT INTO {table} VALUES ($1, $2, ARRAY['not a slot'], \
+                         ARRAY[now() + interval '1 minute'], now() + interval '1 minute')"
+                    ),
+                    &[&namespace, &key.as_bytes()],
+                )
+                .await
+                .unwrap();
+            Some(())
         }
     }
 }

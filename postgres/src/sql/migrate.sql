@@ -42,3 +42,30 @@ CREATE {unlogged} TABLE IF NOT EXISTS {resets} (
     key        bytea       NOT NULL,
     PRIMARY KEY (expires_at, namespace, key)
 );
+
+-- Added in the release with caps on requests in flight (created in place
+-- next to a table of an earlier release): one record per key that holds
+-- slots. A slot is its holder's name for it (32 lowercase hex digits) and
+-- its lease (when it runs out), at the same place of two arrays, written
+-- together by one statement; expires_at is the record's lifetime, at least
+-- its latest lease and never lowered, so the cleaner never deletes a live
+-- slot and never leaves a record past its last lease. Counters never meet
+-- it: another table. A record these constraints refuse (or that a dropped
+-- constraint let in) is corrupt state, left as it is (slot_shape.sql).
+CREATE {unlogged} TABLE IF NOT EXISTS {slots} (
+    namespace  text          NOT NULL,
+    key        bytea         NOT NULL,
+    slots      text[]        NOT NULL CONSTRAINT slot_names CHECK (
+        array_to_string(slots, ',', 'NULL')
+            ~ ('^(' || repeat('[0-9a-f]', 32) || '(,' || repeat('[0-9a-f]', 32) || ')*)?$')),
+    leases     timestamptz[] NOT NULL
+        CONSTRAINT slot_leases CHECK (array_position(leases, NULL) IS NULL),
+    expires_at timestamptz   NOT NULL
+        CONSTRAINT record_lifetime CHECK (isfinite(expires_at)),
+    PRIMARY KEY (namespace, key),
+    CONSTRAINT a_lease_per_slot CHECK (cardinality(slots) = cardinality(leases))
+) WITH (fillfactor = 80);
+
+-- The cleaner deletes the records whose last lease has run out through this
+-- index.
+CREATE INDEX IF NOT EXISTS {slots_index} ON {slots} (expires_at);
