@@ -2287,7 +2287,7 @@ async fn corrupt_records_of_slots_stop_their_key_and_are_left_untouched() {
             .unwrap();
     }
     let cap = in_flight(5, Duration::from_secs(30));
-    let slot: SlotId = SLOT.parse().unwrap();
+    let slot = SlotId::parse(SLOT.as_bytes()).unwrap();
     let is_named = |key: &str, result: &dyn std::fmt::Debug, err: Option<&BackendError>| match err {
         Some(BackendError::Corrupt { key: named, .. }) => {
             assert_eq!(*named, format!("{table} n{{{key}}}:slots"), "{key}");

@@ -345,7 +345,7 @@ pub mod postgres {
             let names: Option<Vec<SlotId>> = slots.as_ref().and_then(|slots| {
                 slots
                     .iter()
-                    .map(|slot| slot.as_deref()?.parse().ok())
+                    .map(|slot| SlotId::parse(slot.as_deref()?.as_bytes()))
                     .collect()
             });
             Some(match (names, leases, null_lease, left) {
