@@ -40,6 +40,7 @@ mod builder;
 mod coalesce;
 pub mod connection;
 mod hits;
+mod leases;
 mod lost;
 mod reply;
 mod script;
@@ -106,7 +107,9 @@ pub use connection::breaker::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES
 pub use redis;
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use futures_util::future::join_all;
@@ -125,7 +128,8 @@ use tower_pinned_window::ConfigError;
 use tower_pinned_window::Window;
 use tower_pinned_window::backend::toolkit::{BackendFuture, Denials, storage_key};
 use tower_pinned_window::backend::{
-    Amend, AuditReport, Backend, BackendError, Counter, Hit, Hits, Spend, Spending,
+    Amend, AuditReport, Backend, BackendError, Cap, Counter, Held, Hit, Hits, Leasing, SlotId,
+    Spend, Spending, Taken,
 };
 use tower_pinned_window::key::Key;
 
@@ -360,6 +364,10 @@ struct Inner<C> {
     /// The lanes of coalesced hits, spends and amends (on clones of the
     /// same connection); `None` with `coalesce(false)`.
     lanes: Option<Lanes<C>>,
+    /// An extend's records go in one call per hash slot: a Cluster
+    /// connection (known from its type, or learnt from a `CROSSSLOT`
+    /// refusal, as the lanes learn it).
+    extends_by_slot: AtomicBool,
 }
 
 /// The lanes of each kind of request: a call carries one kind.
@@ -434,6 +442,7 @@ impl<C> RedisBackendBuilder<C> {
         RedisBackend {
             inner: Arc::new(Inner {
                 lanes: self.coalesce.then(|| Lanes::new(&connection, cluster)),
+                extends_by_slot: AtomicBool::new(cluster),
                 connection,
                 prefix: self.prefix.into(),
                 deny: (self.deny_cache > 0)
@@ -807,10 +816,68 @@ where
     }
 }
 
+/// One script call per step (see [requests in flight](RedisBackend#requests-in-flight)),
+/// on the record of the key's slots, which shares the hash slot of the
+/// key's counters: a take, a give-back or a count is one call on the
+/// key's master; an extend is one call for every record on a standalone
+/// server or Sentinel, one per hash slot on a Cluster, sent together. A
+/// take is sent alone, not coalesced with other calls.
+impl<C> Leasing for RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    type Take = BackendFuture<Taken>;
+
+    fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> BackendFuture<Taken> {
+        let record = self.record(cap.namespace, key);
+        let this = self.clone();
+        BackendFuture::calling(async move {
+            leases::take(&this.inner.connection, &record, cap.in_flight, slot).await
+        })
+    }
+
+    fn give_back(
+        &self,
+        namespace: &str,
+        key: &Key,
+        slot: SlotId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<C> {
+        let record = self.record(namespace, key);
+        let this = self.clone();
+        async move { leases::give_back(&this.inner.connection, &record, slot).await }
+    }
+
+    fn extend(
+        &self,
+        held: &[Held<'_>],
+        lease: Window,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send + 'static + use<C> {
+        let mut records = leases::Records::default();
+        for h in held {
+            records.add(self.record(h.namespace, h.key), h.slot);
+        }
+        let this = self.clone();
+        async move {
+            let inner = &this.inner;
+            leases::extend(&inner.connection, &inner.extends_by_slot, &records, lease).await
+        }
+    }
+
+    async fn in_use(&self, namespace: &str, key: &Key) -> Result<u64, BackendError> {
+        leases::in_use(&self.inner.connection, &self.record(namespace, key)).await
+    }
+}
+
 impl<C> RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    /// The key of the record of `key`'s slots in flight under `namespace`
+    /// (`storage_key::encode_slots`: the pair's storage key and `:slots`).
+    fn record(&self, namespace: &str, key: &Key) -> Vec<u8> {
+        storage_key::encode_slots(&self.inner.prefix, namespace, key)
+    }
+
     /// The storage key of `namespace`'s counter for `key`, inline when it
     /// fits (no allocation for most keys).
     fn stored(&self, namespace: &str, key: &Key) -> hits::StoredKey {
