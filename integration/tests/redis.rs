@@ -625,7 +625,9 @@ async fn corrupt_records_of_slots_of_every_shape_are_left_as_they_are() {
     let mut con = server.sync();
     let far = an_hour_on();
     let slot = SlotId::next().to_string();
-    let upper = slot.to_uppercase().replace(|c: char| c.is_ascii_digit(), "A");
+    let upper = slot
+        .to_uppercase()
+        .replace(|c: char| c.is_ascii_digit(), "A");
     let cases: &[(&str, &[&str])] = &[
         ("a string", &["SET", "abc"]),
         ("a counter's digits", &["SET", "3"]),
@@ -644,7 +646,13 @@ async fn corrupt_records_of_slots_of_every_shape_are_left_as_they_are() {
     ];
     let good = Key::new("good");
     let held = SlotId::next();
-    assert!(store.take(&good, slots_cap(3, 30), held).await.unwrap().granted);
+    assert!(
+        store
+            .take(&good, slots_cap(3, 30), held)
+            .await
+            .unwrap()
+            .granted
+    );
     for (case, write) in cases {
         let key = Key::new(*case);
         let record = slots_key(&store, "n", &key);
@@ -655,9 +663,7 @@ async fn corrupt_records_of_slots_of_every_shape_are_left_as_they_are() {
             .unwrap();
         let before = dump(&mut con, &record);
         let name = record.escape_ascii().to_string();
-        let is_this_record = |err: &BackendError| {
-            matches!(err, BackendError::Corrupt { key, detail } if *key == name && !detail.is_empty())
-        };
+        let is_this_record = |err: &BackendError| matches!(err, BackendError::Corrupt { key, detail } if *key == name && !detail.is_empty());
         let taken = store.take(&key, slots_cap(3, 30), SlotId::next()).await;
         assert!(
             taken.as_ref().is_err_and(is_this_record),
@@ -712,12 +718,20 @@ async fn an_extend_of_many_keys_is_one_call() {
     let server = redis_or_skip!(RedisServer::start("an_extend_of_many_keys_is_one_call"));
     let store = backend(&server).await;
     let mut con = server.sync();
-    let keys: Vec<Key> = (0..40).map(|i| Key::display(format_args!("k{i}"))).collect();
+    let keys: Vec<Key> = (0..40)
+        .map(|i| Key::display(format_args!("k{i}")))
+        .collect();
     let mut held = Vec::new();
     for key in &keys {
         for _ in 0..2 {
             let slot = SlotId::next();
-            assert!(store.take(key, slots_cap(2, 10), slot).await.unwrap().granted);
+            assert!(
+                store
+                    .take(key, slots_cap(2, 10), slot)
+                    .await
+                    .unwrap()
+                    .granted
+            );
             held.push(Held {
                 namespace: "n",
                 key,
@@ -759,7 +773,10 @@ async fn an_extend_of_many_keys_is_one_call() {
             .arg(slots_key(&store, "n", key))
             .query(&mut con)
             .unwrap();
-        assert!(ttl > 55_000, "{key:?}: the record lives past the new lease: {ttl}");
+        assert!(
+            ttl > 55_000,
+            "{key:?}: the record lives past the new lease: {ttl}"
+        );
         let refused = store
             .take(key, slots_cap(2, 10), SlotId::next())
             .await
@@ -776,7 +793,10 @@ async fn an_extend_of_many_keys_is_one_call() {
     assert!(!exists, "a slot that is gone is not created");
     assert_eq!(pttl(&mut con, std::str::from_utf8(&record).unwrap()), -1);
     assert_eq!(
-        store.extend(&[], Window::new(Duration::from_secs(60)).unwrap()).await.unwrap(),
+        store
+            .extend(&[], Window::new(Duration::from_secs(60)).unwrap())
+            .await
+            .unwrap(),
         0,
         "nothing to extend: no call"
     );
@@ -794,8 +814,20 @@ async fn the_audit_reports_and_repairs_records_of_slots_without_a_lifetime() {
     let store = backend(&server).await;
     let mut con = server.sync();
     let (short, long) = (Key::new("short"), Key::new("long"));
-    assert!(store.take(&short, slots_cap(2, 30), SlotId::next()).await.unwrap().granted);
-    assert!(store.take(&long, slots_cap(2, 300), SlotId::next()).await.unwrap().granted);
+    assert!(
+        store
+            .take(&short, slots_cap(2, 30), SlotId::next())
+            .await
+            .unwrap()
+            .granted
+    );
+    assert!(
+        store
+            .take(&long, slots_cap(2, 300), SlotId::next())
+            .await
+            .unwrap()
+            .granted
+    );
     let (short_record, long_record) = (
         slots_key(&store, "n", &short),
         slots_key(&store, "n", &long),
@@ -829,7 +861,11 @@ async fn the_audit_reports_and_repairs_records_of_slots_without_a_lifetime() {
         corrupt, bad,
         "records of slots are not corrupt counters; the others are corrupt"
     );
-    assert_eq!(dump(&mut con, &short_record).1, -1, "reporting changes nothing");
+    assert_eq!(
+        dump(&mut con, &short_record).1,
+        -1,
+        "reporting changes nothing"
+    );
 
     let report = store
         .audit(Some(Window::new(Duration::from_secs(120)).unwrap()))
@@ -844,19 +880,33 @@ async fn the_audit_reports_and_repairs_records_of_slots_without_a_lifetime() {
     corrupt.sort();
     assert_eq!(corrupt, bad, "and only they");
     let ttl = dump(&mut con, &short_record).1;
-    assert!((119_000..=120_000).contains(&ttl), "the repair window: {ttl}");
+    assert!(
+        (119_000..=120_000).contains(&ttl),
+        "the repair window: {ttl}"
+    );
     let ttl = dump(&mut con, &long_record).1;
     assert!(
         (295_000..=300_000).contains(&ttl),
         "the latest lease, later than the window: {ttl}"
     );
     for record in [&bad_member, &text] {
-        assert_eq!(dump(&mut con, record).1, -1, "a corrupt record gets no lifetime");
+        assert_eq!(
+            dump(&mut con, record).1,
+            -1,
+            "a corrupt record gets no lifetime"
+        );
     }
-    assert_eq!(store.in_use("n", &long).await.unwrap(), 1, "the slot is kept");
+    assert_eq!(
+        store.in_use("n", &long).await.unwrap(),
+        1,
+        "the slot is kept"
+    );
     let mut without = store.audit(None).await.unwrap().without_lifetime;
     without.sort();
-    assert_eq!(without, bad, "only the corrupt records are left without one");
+    assert_eq!(
+        without, bad,
+        "only the corrupt records are left without one"
+    );
 }
 
 async fn denied_keys_are_answered_locally_until_their_window_closes() {

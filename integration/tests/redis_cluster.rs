@@ -270,7 +270,9 @@ async fn extends_go_by_hash_slot_over_every_master(cluster: &RedisCluster) {
         in_flight: InFlight::new(2, Duration::from_secs(10)).unwrap(),
     };
     let lease = Window::new(Duration::from_secs(60)).unwrap();
-    let keys: Vec<Key> = (0..30).map(|i| Key::display(format_args!("k{i}"))).collect();
+    let keys: Vec<Key> = (0..30)
+        .map(|i| Key::display(format_args!("k{i}")))
+        .collect();
     let mut held = Vec::new();
     for key in &keys {
         for _ in 0..2 {

@@ -510,10 +510,6 @@ fn main() {
         Needs::Redis,
         store.clone(),
     ));
-    trials.extend(trial::contract_leases(
-        "contract_wait",
-        Needs::Redis,
-        store,
-    ));
+    trials.extend(trial::contract_leases("contract_wait", Needs::Redis, store));
     trial::run(trials, group)
 }

@@ -156,9 +156,13 @@ async fn holds_slots<N: Nodes + Send>(
     }
     let mut members = ::redis::cmd("ZRANGE");
     members.arg(key).arg(0).arg(-1);
-    let members: Vec<Vec<u8>> =
-        ::redis::from_redis_value(connection.on_node(node, members).await.map_err(unavailable)?)
-            .map_err(malformed)?;
+    let members: Vec<Vec<u8>> = ::redis::from_redis_value(
+        connection
+            .on_node(node, members)
+            .await
+            .map_err(unavailable)?,
+    )
+    .map_err(malformed)?;
     Ok(members.iter().all(|member| is_slot(member)))
 }
 

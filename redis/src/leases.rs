@@ -97,9 +97,13 @@ where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     let reply = IN_USE
-        .run(&mut connection.for_key(record), Size::one_key(record), |cmd| {
-            cmd.arg(record);
-        })
+        .run(
+            &mut connection.for_key(record),
+            Size::one_key(record),
+            |cmd| {
+                cmd.arg(record);
+            },
+        )
         .await
         .map_err(unavailable)?;
     parse_in_use(reply, record)
@@ -263,7 +267,11 @@ mod tests {
             b"00000000000000000000000000000abc"
         );
         for slot in [0, 1, u128::MAX, SlotId::next().as_u128()].map(SlotId::from_u128) {
-            assert_eq!(&slot_name(slot)[..], slot.to_string().as_bytes(), "{slot:?}");
+            assert_eq!(
+                &slot_name(slot)[..],
+                slot.to_string().as_bytes(),
+                "{slot:?}"
+            );
         }
     }
 
@@ -283,10 +291,7 @@ mod tests {
         assert_eq!(records.records[1].1.as_slice(), [b]);
         // "x" and "y" are in different hash slots; "{x}" shares x's.
         assert_ne!(key_slot(&record("x")), key_slot(&record("y")));
-        records.add(
-            b"tpw:other{x}:slots".to_vec(),
-            SlotId::from_u128(4),
-        );
+        records.add(b"tpw:other{x}:slots".to_vec(), SlotId::from_u128(4));
         let calls: Vec<Vec<usize>> = records
             .by_hash_slot()
             .into_iter()

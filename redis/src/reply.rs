@@ -363,11 +363,7 @@ fn unpack_spends(
 /// (an older script, a proxy in the way). An outage, never corrupt state.
 fn unexpected_slots_reply(what: &str, record: &[u8], value: &Value) -> BackendError {
     BackendError::Unavailable(
-        format!(
-            "unexpected reply to {what} on {}: {value:?}",
-            name(record)
-        )
-        .into(),
+        format!("unexpected reply to {what} on {}: {value:?}", name(record)).into(),
     )
 }
 
@@ -375,9 +371,10 @@ fn unexpected_slots_reply(what: &str, record: &[u8], value: &Value) -> BackendEr
 /// `{reason}`.
 fn corrupt_slots(items: &[Value], record: &[u8]) -> Option<BackendError> {
     match items {
-        [Value::BulkString(reason)] => {
-            Some(corrupt(record, String::from_utf8_lossy(reason).into_owned()))
-        }
+        [Value::BulkString(reason)] => Some(corrupt(
+            record,
+            String::from_utf8_lossy(reason).into_owned(),
+        )),
         _ => None,
     }
 }
@@ -902,7 +899,10 @@ mod tests {
             ("refused with a negative wait", ints(&[0, 3, -1])),
             ("another code", ints(&[2, 1])),
             ("empty", ints(&[])),
-            ("a reason and more", Value::Array(vec![text("x"), Value::Int(1)])),
+            (
+                "a reason and more",
+                Value::Array(vec![text("x"), Value::Int(1)]),
+            ),
             ("a number", Value::Int(1)),
             ("nil", Value::Nil),
             ("a string", text("OK")),
@@ -914,8 +914,8 @@ mod tests {
 
     #[test]
     fn give_back_replies_parse() {
-        assert_eq!(parse_give_back(Value::Int(1), RECORD).unwrap(), true);
-        assert_eq!(parse_give_back(Value::Int(0), RECORD).unwrap(), false);
+        assert!(parse_give_back(Value::Int(1), RECORD).unwrap());
+        assert!(!parse_give_back(Value::Int(0), RECORD).unwrap());
         let err = parse_give_back(Value::Array(vec![text("a key of type hash")]), RECORD);
         assert!(is_corrupt_record(&err.unwrap_err(), "a key of type hash"));
         for (name, value) in [
@@ -964,7 +964,12 @@ mod tests {
         let cases: &[(&str, &[i64], usize, Extended)] = &[
             ("none", &[0], 1, extended(0, &[])),
             ("all of three", &[5], 3, extended(5, &[])),
-            ("the first and last corrupt", &[2, 1, 3], 3, extended(2, &[0, 2])),
+            (
+                "the first and last corrupt",
+                &[2, 1, 3],
+                3,
+                extended(2, &[0, 2]),
+            ),
         ];
         for (name, reply, records, want) in cases {
             assert_eq!(
@@ -981,8 +986,16 @@ mod tests {
             ("a place twice", ints(&[0, 1, 1]), 2),
             ("places out of order", ints(&[0, 2, 1]), 2),
             ("more places than records", ints(&[0, 1, 2]), 1),
-            ("a place that is text", Value::Array(vec![Value::Int(0), text("1")]), 1),
-            ("a reason", Value::Array(vec![text("a key of type string")]), 1),
+            (
+                "a place that is text",
+                Value::Array(vec![Value::Int(0), text("1")]),
+                1,
+            ),
+            (
+                "a reason",
+                Value::Array(vec![text("a key of type string")]),
+                1,
+            ),
             ("a number alone", Value::Int(3), 1),
             ("nil", Value::Nil, 1),
         ] {

@@ -142,7 +142,9 @@ pub mod redis {
                         .unwrap();
                     SlotsRecord::Held {
                         slots,
-                        lifetime: u64::try_from(pttl).ok().map(std::time::Duration::from_millis),
+                        lifetime: u64::try_from(pttl)
+                            .ok()
+                            .map(std::time::Duration::from_millis),
                     }
                 } else {
                     SlotsRecord::Other(format!("zset {members:?}, PTTL {pttl}"))
