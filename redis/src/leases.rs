@@ -15,12 +15,12 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ::redis::aio::ConnectionLike;
-use ::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind, Value};
+use ::redis::{RedisResult, Value};
 use futures_util::future::join_all;
 use hashbrown::HashMap;
 use smallvec::SmallVec;
 
-use super::connection::classify::unavailable;
+use super::connection::classify::{is_cross_slot, unavailable};
 use super::connection::guarded::Guarded;
 use super::connection::slot::key_slot;
 use super::reply::{self, Extended, parse_extend, parse_give_back, parse_in_use, parse_take};
@@ -187,11 +187,6 @@ where
         extended += answered(records, call, result)?;
     }
     Ok(extended)
-}
-
-/// A refusal of keys of several slots in one call: nothing ran.
-fn is_cross_slot(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot)
 }
 
 /// One call of the extend script, on the records of `call` (places in
