@@ -301,10 +301,16 @@ fn main() {
             }
         })
     };
+    let redis = Arc::new(Private::new(redis, SECRET_A));
     trials.extend(trial::contract(
         "contract_redis",
         Needs::Redis,
-        Arc::new(Private::new(redis, SECRET_A)),
+        redis.clone(),
+    ));
+    trials.extend(trial::contract_leases(
+        "contract_redis",
+        Needs::Redis,
+        redis,
     ));
     #[cfg(feature = "postgres")]
     trials.extend(trial::contract(

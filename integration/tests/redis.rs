@@ -16,14 +16,17 @@ use std::time::Duration;
 use http::{Request, StatusCode};
 use redis::AsyncCommands;
 use redis::aio::ConnectionManager;
-use stores::redis::RedisStore;
+use stores::redis::{RedisStore, slots_key};
 use support::http::{by_client, from, multi_thread_runtime, ok_service};
 use support::redis::{RedisServer, Shared, cases};
 use tower::{Layer, ServiceExt};
-use tower_pinned_window::backend::{Amend, Backend, BackendError, Hit, Spend, Spending};
+use tower_pinned_window::backend::{
+    Amend, Backend, BackendError, Cap, Held, Hit, Leasing, SlotId, Spend, Spending,
+};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{
-    ConfigError, Decision, DecisionIn, FailurePolicy, Quota, RateLimitLayer, Share, Window,
+    ConfigError, Decision, DecisionIn, FailurePolicy, InFlight, Quota, RateLimitLayer, Share,
+    Window,
 };
 use tower_pinned_window_redis::RedisBackend;
 use tower_pinned_window_redis::connection::ConnectError;
@@ -583,6 +586,326 @@ async fn the_audit_finds_and_repairs_keys_without_a_lifetime() {
     assert_eq!(
         store.audit(None).await.unwrap().without_lifetime,
         ["tpw:bad:1"]
+    );
+}
+
+/// A cap of `max` slots on leases of `secs` seconds, under the namespace "n".
+fn slots_cap(max: u64, secs: u64) -> Cap<'static> {
+    Cap {
+        namespace: "n",
+        in_flight: InFlight::new(max, Duration::from_secs(secs)).unwrap(),
+    }
+}
+
+/// A Unix time in ms an hour from now: a lease that has not run out.
+fn an_hour_on() -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
+    (now.as_millis() as u64 + 3_600_000).to_string()
+}
+
+/// What `key` holds, exactly (`DUMP`), and its lifetime (`PTTL`, -1 none).
+fn dump(con: &mut redis::Connection, key: &[u8]) -> (Option<Vec<u8>>, i64) {
+    let value = redis::cmd("DUMP").arg(key).query(con).unwrap();
+    let ttl = redis::cmd("PTTL").arg(key).query(con).unwrap();
+    (value, ttl)
+}
+
+/// Every way a record of slots can fail to be one: another type, or a
+/// sorted set with a member that is not a slot's name (live or long past).
+/// Each fails the key's takes, give-backs and counts as corrupt, named by
+/// the record; an extend skips it and extends the rest of its call; and
+/// the record is left exactly as it was.
+async fn corrupt_records_of_slots_of_every_shape_are_left_as_they_are() {
+    let server = redis_or_skip!(RedisServer::start(
+        "corrupt_records_of_slots_of_every_shape_are_left_as_they_are"
+    ));
+    let store = backend(&server).await;
+    let mut con = server.sync();
+    let far = an_hour_on();
+    let slot = SlotId::next().to_string();
+    let upper = slot
+        .to_uppercase()
+        .replace(|c: char| c.is_ascii_digit(), "A");
+    let cases: &[(&str, &[&str])] = &[
+        ("a string", &["SET", "abc"]),
+        ("a counter's digits", &["SET", "3"]),
+        ("a hash", &["HSET", "f", "v"]),
+        ("a list", &["RPUSH", &slot]),
+        ("a set of a slot's name", &["SADD", &slot]),
+        ("a member that is not a slot", &["ZADD", &far, "not-a-slot"]),
+        ("upper-case digits", &["ZADD", &far, &upper]),
+        ("31 digits", &["ZADD", &far, &slot[1..]]),
+        ("33 digits", &["ZADD", &far, &format!("0{slot}")]),
+        (
+            "a bad member beside a live slot",
+            &["ZADD", &far, &slot, &far, "x"],
+        ),
+        ("a bad member long past", &["ZADD", "1", "not-a-slot"]),
+    ];
+    let good = Key::new("good");
+    let held = SlotId::next();
+    assert!(
+        store
+            .take(&good, slots_cap(3, 30), held)
+            .await
+            .unwrap()
+            .granted
+    );
+    for (case, write) in cases {
+        let key = Key::new(*case);
+        let record = slots_key(&store, "n", &key);
+        let _: () = redis::cmd(write[0])
+            .arg(&record)
+            .arg(&write[1..])
+            .query(&mut con)
+            .unwrap();
+        let before = dump(&mut con, &record);
+        let name = record.escape_ascii().to_string();
+        let is_this_record = |err: &BackendError| matches!(err, BackendError::Corrupt { key, detail } if *key == name && !detail.is_empty());
+        let taken = store.take(&key, slots_cap(3, 30), SlotId::next()).await;
+        assert!(
+            taken.as_ref().is_err_and(is_this_record),
+            "{case}: a take is corrupt: {taken:?}"
+        );
+        let given = store.give_back("n", &key, SlotId::next()).await;
+        assert!(
+            given.as_ref().is_err_and(is_this_record),
+            "{case}: a give-back is corrupt: {given:?}"
+        );
+        let counted = store.in_use("n", &key).await;
+        assert!(
+            counted.as_ref().is_err_and(is_this_record),
+            "{case}: a count is corrupt: {counted:?}"
+        );
+        let extended = store
+            .extend(
+                &[
+                    Held {
+                        namespace: "n",
+                        key: &key,
+                        slot: slot.parse().unwrap(),
+                    },
+                    Held {
+                        namespace: "n",
+                        key: &good,
+                        slot: held,
+                    },
+                ],
+                Window::new(Duration::from_secs(60)).unwrap(),
+            )
+            .await;
+        assert_eq!(
+            extended.unwrap(),
+            1,
+            "{case}: the good record of the call is extended, the corrupt one skipped"
+        );
+        assert_eq!(
+            dump(&mut con, &record),
+            before,
+            "{case}: the record is left as it was"
+        );
+    }
+    assert_eq!(store.in_use("n", &good).await.unwrap(), 1);
+}
+
+/// An extend of many keys' slots is one script call on a standalone
+/// server, whatever their hash slots: each live slot and its record get the
+/// new lease, a slot that is gone is not created, and a corrupt record of
+/// the call is skipped.
+async fn an_extend_of_many_keys_is_one_call() {
+    let server = redis_or_skip!(RedisServer::start("an_extend_of_many_keys_is_one_call"));
+    let store = backend(&server).await;
+    let mut con = server.sync();
+    let keys: Vec<Key> = (0..40)
+        .map(|i| Key::display(format_args!("k{i}")))
+        .collect();
+    let mut held = Vec::new();
+    for key in &keys {
+        for _ in 0..2 {
+            let slot = SlotId::next();
+            assert!(
+                store
+                    .take(key, slots_cap(2, 10), slot)
+                    .await
+                    .unwrap()
+                    .granted
+            );
+            held.push(Held {
+                namespace: "n",
+                key,
+                slot,
+            });
+        }
+    }
+    let gone = Key::new("gone");
+    held.push(Held {
+        namespace: "n",
+        key: &gone,
+        slot: SlotId::next(),
+    });
+    let corrupt = Key::new("corrupt");
+    let record = slots_key(&store, "n", &corrupt);
+    set(&mut con, &record, "abc");
+    held.push(Held {
+        namespace: "n",
+        key: &corrupt,
+        slot: SlotId::next(),
+    });
+    // The script loaded first (an EVALSHA answered NOSCRIPT is a call).
+    assert_eq!(
+        store
+            .extend(&held[80..81], Window::new(Duration::from_secs(60)).unwrap())
+            .await
+            .unwrap(),
+        0
+    );
+    let before = server.script_calls();
+    let extended = store
+        .extend(&held, Window::new(Duration::from_secs(60)).unwrap())
+        .await
+        .unwrap();
+    assert_eq!(extended, 80, "every live slot, none of the others");
+    assert_eq!(server.script_calls() - before, 1, "one call for all");
+    for key in &keys {
+        let ttl: i64 = redis::cmd("PTTL")
+            .arg(slots_key(&store, "n", key))
+            .query(&mut con)
+            .unwrap();
+        assert!(
+            ttl > 55_000,
+            "{key:?}: the record lives past the new lease: {ttl}"
+        );
+        let refused = store
+            .take(key, slots_cap(2, 10), SlotId::next())
+            .await
+            .unwrap();
+        assert!(
+            !refused.granted && refused.retry > Duration::from_secs(55),
+            "{key:?}: the earliest lease ends a minute on: {refused:?}"
+        );
+    }
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(slots_key(&store, "n", &gone))
+        .query(&mut con)
+        .unwrap();
+    assert!(!exists, "a slot that is gone is not created");
+    assert_eq!(pttl(&mut con, std::str::from_utf8(&record).unwrap()), -1);
+    assert_eq!(
+        store
+            .extend(&[], Window::new(Duration::from_secs(60)).unwrap())
+            .await
+            .unwrap(),
+        0,
+        "nothing to extend: no call"
+    );
+}
+
+/// A record of slots found without a lifetime (which no step of the crate
+/// leaves: written by hand, or `PERSIST`ed) is reported as one, not as a
+/// corrupt counter; a repair gives it the repair window or its latest
+/// lease, whichever ends later. A record that is not one is corrupt, and
+/// never repaired.
+async fn the_audit_reports_and_repairs_records_of_slots_without_a_lifetime() {
+    let server = redis_or_skip!(RedisServer::start(
+        "the_audit_reports_and_repairs_records_of_slots_without_a_lifetime"
+    ));
+    let store = backend(&server).await;
+    let mut con = server.sync();
+    let (short, long) = (Key::new("short"), Key::new("long"));
+    assert!(
+        store
+            .take(&short, slots_cap(2, 30), SlotId::next())
+            .await
+            .unwrap()
+            .granted
+    );
+    assert!(
+        store
+            .take(&long, slots_cap(2, 300), SlotId::next())
+            .await
+            .unwrap()
+            .granted
+    );
+    let (short_record, long_record) = (
+        slots_key(&store, "n", &short),
+        slots_key(&store, "n", &long),
+    );
+    for record in [&short_record, &long_record] {
+        let _: () = redis::cmd("PERSIST").arg(record).query(&mut con).unwrap();
+    }
+    let bad_member = slots_key(&store, "n", &Key::new("bad member"));
+    let _: () = redis::cmd("ZADD")
+        .arg(&bad_member)
+        .arg(an_hour_on())
+        .arg("not-a-slot")
+        .query(&mut con)
+        .unwrap();
+    let text = slots_key(&store, "n", &Key::new("text"));
+    set(&mut con, &text, "3");
+    let name = |record: &[u8]| record.escape_ascii().to_string();
+
+    let report = store.audit(None).await.unwrap();
+    assert_eq!(report.scanned, 4);
+    let mut without = report.without_lifetime.clone();
+    without.sort();
+    let mut all = [&short_record, &long_record, &bad_member, &text].map(|r| name(r));
+    all.sort();
+    assert_eq!(without, all, "every record without a lifetime is reported");
+    let mut corrupt = report.corrupt.clone();
+    corrupt.sort();
+    let mut bad = vec![name(&bad_member), name(&text)];
+    bad.sort();
+    assert_eq!(
+        corrupt, bad,
+        "records of slots are not corrupt counters; the others are corrupt"
+    );
+    assert_eq!(
+        dump(&mut con, &short_record).1,
+        -1,
+        "reporting changes nothing"
+    );
+
+    let report = store
+        .audit(Some(Window::new(Duration::from_secs(120)).unwrap()))
+        .await
+        .unwrap();
+    let mut repaired = report.repaired.clone();
+    repaired.sort();
+    let mut records = vec![name(&short_record), name(&long_record)];
+    records.sort();
+    assert_eq!(repaired, records, "the records of slots are repaired");
+    let mut corrupt = report.corrupt.clone();
+    corrupt.sort();
+    assert_eq!(corrupt, bad, "and only they");
+    let ttl = dump(&mut con, &short_record).1;
+    assert!(
+        (119_000..=120_000).contains(&ttl),
+        "the repair window: {ttl}"
+    );
+    let ttl = dump(&mut con, &long_record).1;
+    assert!(
+        (295_000..=300_000).contains(&ttl),
+        "the latest lease, later than the window: {ttl}"
+    );
+    for record in [&bad_member, &text] {
+        assert_eq!(
+            dump(&mut con, record).1,
+            -1,
+            "a corrupt record gets no lifetime"
+        );
+    }
+    assert_eq!(
+        store.in_use("n", &long).await.unwrap(),
+        1,
+        "the slot is kept"
+    );
+    let mut without = store.audit(None).await.unwrap().without_lifetime;
+    without.sort();
+    assert_eq!(
+        without, bad,
+        "only the corrupt records are left without one"
     );
 }
 
@@ -2106,6 +2429,21 @@ fn main() {
             the_audit_finds_and_repairs_keys_without_a_lifetime,
         ),
         trial::current(
+            "corrupt_records_of_slots_of_every_shape_are_left_as_they_are",
+            Needs::Redis,
+            corrupt_records_of_slots_of_every_shape_are_left_as_they_are,
+        ),
+        trial::current(
+            "an_extend_of_many_keys_is_one_call",
+            Needs::Redis,
+            an_extend_of_many_keys_is_one_call,
+        ),
+        trial::current(
+            "the_audit_reports_and_repairs_records_of_slots_without_a_lifetime",
+            Needs::Redis,
+            the_audit_reports_and_repairs_records_of_slots_without_a_lifetime,
+        ),
+        trial::current(
             "denied_keys_are_answered_locally_until_their_window_closes",
             Needs::Redis,
             denied_keys_are_answered_locally_until_their_window_closes,
@@ -2216,7 +2554,9 @@ fn main() {
             let server = server.clone();
             async move { manager(server.get()).await }
         });
-        trials.extend(trial::contract(name, Needs::Redis, Arc::new(store)));
+        let store = Arc::new(store);
+        trials.extend(trial::contract(name, Needs::Redis, store.clone()));
+        trials.extend(trial::contract_leases(name, Needs::Redis, store));
     }
     trial::run(trials, server)
 }

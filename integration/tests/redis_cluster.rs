@@ -18,14 +18,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
-use stores::redis::RedisStore;
+use stores::redis::{RedisStore, slots_key};
 use support::http::{burst, from, multi_thread_runtime, ok_count, ok_service};
 use support::logs::capture;
 use support::redis::{RedisCluster, Shared, cases};
 use tower::{Layer, ServiceExt};
-use tower_pinned_window::backend::{Backend, Spending};
+use tower_pinned_window::backend::{Backend, Cap, Held, Leasing, SlotId, Spending};
 use tower_pinned_window::key::Key;
-use tower_pinned_window::{Quota, RateLimitLayer, Window};
+use tower_pinned_window::{InFlight, Quota, RateLimitLayer, Window};
 use tower_pinned_window_redis::RedisBackend;
 use tracing_subscriber::filter::LevelFilter;
 use trial::Needs;
@@ -255,6 +255,75 @@ async fn a_connection_not_known_as_a_cluster_learns_to_coalesce_by_slot(cluster:
         rejected() > before,
         "the first calls mixed slots and were refused (CROSSSLOT), then went by slot"
     );
+}
+
+/// An extend of many keys' slots goes in one call per hash slot (a key's
+/// record of slots shares the slot of its counters), over every master; a
+/// connection not known as a Cluster learns it from its first extend, which
+/// Redis refuses as cross-slot before running anything, and extends all
+/// the same.
+async fn extends_go_by_hash_slot_over_every_master(cluster: &RedisCluster) {
+    let known = RedisBackend::new(cluster.connection().await);
+    let opaque = RedisBackend::new(Opaque(cluster.connection().await));
+    let cap = Cap {
+        namespace: "n",
+        in_flight: InFlight::new(2, Duration::from_secs(10)).unwrap(),
+    };
+    let lease = Window::new(Duration::from_secs(60)).unwrap();
+    let keys: Vec<Key> = (0..30)
+        .map(|i| Key::display(format_args!("k{i}")))
+        .collect();
+    let mut held = Vec::new();
+    for key in &keys {
+        for _ in 0..2 {
+            let slot = SlotId::next();
+            assert!(known.take(key, cap, slot).await.unwrap().granted, "{key:?}");
+            held.push(Held {
+                namespace: "n",
+                key,
+                slot,
+            });
+        }
+    }
+    let hash_slots: std::collections::HashSet<u16> = keys
+        .iter()
+        .map(|key| cluster.keyslot(&slots_key(&known, "n", key)))
+        .collect();
+    let served = cluster.masters();
+    let masters: std::collections::HashSet<u16> = hash_slots
+        .iter()
+        .map(|slot| {
+            served
+                .iter()
+                .find(|(_, ranges)| ranges.iter().any(|(lo, hi)| lo <= slot && slot <= hi))
+                .expect("every slot is served")
+                .0
+        })
+        .collect();
+    assert_eq!(masters.len(), 3, "the keys are over every master");
+    // The first extend loads the script on each master.
+    assert_eq!(known.extend(&held, lease).await.unwrap(), 60);
+    let before = script_calls(cluster);
+    assert_eq!(known.extend(&held, lease).await.unwrap(), 60, "every slot");
+    assert_eq!(
+        script_calls(cluster) - before,
+        hash_slots.len() as u64,
+        "one call per hash slot"
+    );
+    for _ in 0..2 {
+        assert_eq!(
+            opaque.extend(&held, lease).await.unwrap(),
+            60,
+            "a connection not known as a Cluster extends every slot too"
+        );
+    }
+    for key in &keys {
+        let refused = known.take(key, cap, SlotId::next()).await.unwrap();
+        assert!(
+            !refused.granted && refused.retry > Duration::from_secs(55),
+            "{key:?}: extended to a minute: {refused:?}"
+        );
+    }
 }
 
 async fn the_audit_covers_every_master(cluster: &RedisCluster) {
@@ -596,6 +665,7 @@ fn main() {
         on_its_own_cluster!(exactly_the_limit_is_admitted_across_four_instances),
         on_its_own_cluster!(coalesced_hits_take_every_count_once),
         on_its_own_cluster!(a_connection_not_known_as_a_cluster_learns_to_coalesce_by_slot),
+        on_its_own_cluster!(extends_go_by_hash_slot_over_every_master),
         on_its_own_cluster!(the_audit_covers_every_master),
         on_its_own_cluster!(client_chosen_keys_reach_no_other_counter_nor_pick_a_slot),
         on_its_own_cluster!(deny_cache_hits_are_never_refunded),
@@ -614,7 +684,9 @@ fn main() {
             let cluster = cluster.clone();
             async move { cluster.get().connection().await }
         });
-        trials.extend(trial::contract(name, Needs::Redis, Arc::new(store)));
+        let store = Arc::new(store);
+        trials.extend(trial::contract(name, Needs::Redis, store.clone()));
+        trials.extend(trial::contract_leases(name, Needs::Redis, store));
     }
     trial::run(trials, cluster)
 }

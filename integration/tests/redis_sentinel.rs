@@ -700,7 +700,9 @@ fn main() {
             let group = group.clone();
             async move { connect(group.get()).await }
         });
-        trials.extend(trial::contract(name, Needs::Redis, Arc::new(store)));
+        let store = Arc::new(store);
+        trials.extend(trial::contract(name, Needs::Redis, store.clone()));
+        trials.extend(trial::contract_leases(name, Needs::Redis, store));
     }
     trial::run(trials, group)
 }

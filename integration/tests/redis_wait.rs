@@ -504,10 +504,12 @@ fn main() {
         }
     })
     .wait_for_replicas(1, WAIT);
+    let store = Arc::new(store);
     trials.extend(trial::contract(
         "contract_wait",
         Needs::Redis,
-        Arc::new(store),
+        store.clone(),
     ));
+    trials.extend(trial::contract_leases("contract_wait", Needs::Redis, store));
     trial::run(trials, group)
 }

@@ -1,14 +1,17 @@
 //! The backstop: find (and on request repair) limiter keys without a
-//! lifetime, on one server or on every master of a Cluster.
+//! lifetime, on one server or on every master of a Cluster: counters, and
+//! records of slots in flight (a key that holds slots always has a
+//! lifetime, the in-flight contract says).
 
 use ::redis::{Cmd, RedisResult, Value};
 
 use super::connection::classify::unavailable;
 use super::connection::nodes::{Node, Nodes};
 use super::reply::name;
-use super::script::{REPAIR, Target};
+use super::script::{REPAIR, REPAIR_SLOTS, Target};
 use tower_pinned_window::Window;
-use tower_pinned_window::backend::{AuditReport, BackendError};
+use tower_pinned_window::backend::toolkit::storage_key::SLOTS;
+use tower_pinned_window::backend::{AuditReport, BackendError, SlotId};
 
 /// A command target that is one node of a deployment: a script run on it
 /// goes to that node.
@@ -62,12 +65,15 @@ pub(super) async fn run<N: Nodes + Send>(
                 if ttl != -1 {
                     continue;
                 }
+                let slots = is_slots_record(&key);
                 if let Some(window) = repair {
                     let mut target = OnNode {
                         connection: &mut connection,
                         node,
                     };
-                    let reply = REPAIR
+                    // A record of slots keeps its latest lease, at least.
+                    let script = if slots { &REPAIR_SLOTS } else { &REPAIR };
+                    let reply = script
                         .run_on_key(&mut target, &key, Some(window.as_millis()))
                         .await
                         .map_err(unavailable)?;
@@ -76,6 +82,10 @@ pub(super) async fn run<N: Nodes + Send>(
                         1 => report.repaired.push(name(&key)),
                         -1 => report.corrupt.push(name(&key)),
                         _ => {}
+                    }
+                } else if slots {
+                    if !holds_slots(&mut connection, node, &key).await? {
+                        report.corrupt.push(name(&key));
                     }
                 } else if !holds_a_counter(&mut connection, node, &key).await? {
                     report.corrupt.push(name(&key));
@@ -115,6 +125,50 @@ async fn holds_a_counter<N: Nodes + Send>(
         ::redis::from_redis_value(connection.on_node(node, get).await.map_err(unavailable)?)
             .map_err(malformed)?;
     Ok(value.is_none_or(|value| is_count(&value)))
+}
+
+/// Whether `key` names a record of slots in flight
+/// (`storage_key::encode_slots`): a pair's storage key, which ends with its
+/// key's closing brace, then `:slots`. No counter's key ends so (a
+/// counter's ends with the brace), whatever bytes a client sent.
+fn is_slots_record(key: &[u8]) -> bool {
+    key.strip_suffix(SLOTS)
+        .is_some_and(|pair| pair.ends_with(b"}"))
+}
+
+/// Whether `key` holds a record of slots, as the scripts of slots judge
+/// it: a sorted set whose members are slots' names. A key that is gone by
+/// now counts as one. Read only.
+async fn holds_slots<N: Nodes + Send>(
+    connection: &mut N,
+    node: &Node,
+    key: &[u8],
+) -> Result<bool, BackendError> {
+    let mut kind = ::redis::cmd("TYPE");
+    kind.arg(key);
+    let kind: String =
+        ::redis::from_redis_value(connection.on_node(node, kind).await.map_err(unavailable)?)
+            .map_err(malformed)?;
+    match kind.as_str() {
+        "none" => return Ok(true),
+        "zset" => {}
+        _ => return Ok(false),
+    }
+    let mut members = ::redis::cmd("ZRANGE");
+    members.arg(key).arg(0).arg(-1);
+    let members: Vec<Vec<u8>> = ::redis::from_redis_value(
+        connection
+            .on_node(node, members)
+            .await
+            .map_err(unavailable)?,
+    )
+    .map_err(malformed)?;
+    Ok(members.iter().all(|member| is_slot(member)))
+}
+
+/// A slot's name: what [`SlotId`] reads back (32 lowercase hex digits).
+fn is_slot(member: &[u8]) -> bool {
+    std::str::from_utf8(member).is_ok_and(|text| text.parse::<SlotId>().is_ok())
 }
 
 /// A counter's value: one or more ASCII digits (the repair script's
@@ -157,6 +211,39 @@ mod tests {
             (b"1\n", false),
         ] {
             assert_eq!(is_count(value), count, "{value:?}");
+        }
+    }
+
+    #[test]
+    fn records_of_slots_are_told_from_counters_and_markers() {
+        for (key, slots) in [
+            (&b"tpw:api{k}:slots"[..], true),
+            (b"tpw:api{%}:slots", true),
+            (b"tpw:api{k}", false),
+            (b"tpw:api{k}:lock", false),
+            (b"tpw:api{k}:reset", false),
+            // A counter whose key a client made end in ":slots" ends with
+            // its brace all the same.
+            (b"tpw:api{k:slots}", false),
+            (b"tpw:legacy:slots", false),
+            (b":slots", false),
+        ] {
+            assert_eq!(is_slots_record(key), slots, "{}", key.escape_ascii());
+        }
+    }
+
+    #[test]
+    fn slot_members_are_32_lowercase_hex_digits() {
+        for (member, slot) in [
+            (&b"0123456789abcdef0123456789abcdef"[..], true),
+            (b"0123456789ABCDEF0123456789ABCDEF", false),
+            (b"0123456789abcdef0123456789abcde", false),
+            (b"0123456789abcdef0123456789abcdef0", false),
+            (b"not-a-slot", false),
+            (b"", false),
+            (b"\xff", false),
+        ] {
+            assert_eq!(is_slot(member), slot, "{}", member.escape_ascii());
         }
     }
 

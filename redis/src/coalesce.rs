@@ -30,14 +30,14 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use ::redis::RedisResult;
 use ::redis::aio::ConnectionLike;
-use ::redis::{ErrorKind, RedisError, RedisResult, ServerErrorKind};
 use futures_util::future::{Either, select};
 use hashbrown::HashMap;
 use hashbrown::hash_map::Entry;
 use smallvec::SmallVec;
 
-use super::connection::classify::unavailable;
+use super::connection::classify::{is_cross_slot, unavailable};
 use super::connection::guarded::Guarded;
 use super::connection::slot::key_slot;
 use tower_pinned_window::backend::BackendError;
@@ -419,11 +419,6 @@ where
 /// before it was answered.
 pub(super) fn dropped() -> BackendError {
     BackendError::Unavailable("the Redis call was dropped before it was answered".into())
-}
-
-/// A refusal of keys of several slots in one call: nothing ran.
-fn is_cross_slot(err: &RedisError) -> bool {
-    err.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot)
 }
 
 /// Ends a call sent from a request's own task, answered or dropped (or

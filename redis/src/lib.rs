@@ -3,7 +3,7 @@
 //! `cluster`) or Redis behind Sentinel (feature `sentinel`).
 //!
 //! Built only on what `tower-pinned-window` makes public for any store
-//! author: its [`Backend`] and [`Spending`] traits and its
+//! author: its [`Backend`], [`Spending`] and [`Leasing`] traits and its
 //! [`toolkit`](tower_pinned_window::backend::toolkit) (the storage-key
 //! codec, the deny cache, the batched future). [`RedisBackend`] documents
 //! the backend, with an example; the guide is
@@ -21,12 +21,15 @@
 //! - `coalesce`: the lanes that send the requests issued together in one
 //!   call, and what goes through them: `hits`, and `spends` (spends and
 //!   amends);
+//! - `leases`: the slots of requests in flight ([`Leasing`]), a script
+//!   call per step;
 //! - [`connection`]: the connections a user builds (made at once, in the
 //!   background, to a Cluster, through Sentinel) and, inside, the nodes of a
 //!   deployment, Cluster hash slots, the connection wrapper every command
 //!   goes through, and the circuit breaker with its slot map and Cluster
 //!   watcher;
-//! - `audit`: the backstop that finds counters without a lifetime.
+//! - `audit`: the backstop that finds counters (and records of slots)
+//!   without a lifetime.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // The features, rendered from the `##` comments of Cargo.toml's [features].
 #![cfg_attr(
@@ -40,6 +43,7 @@ mod builder;
 mod coalesce;
 pub mod connection;
 mod hits;
+mod leases;
 mod lost;
 mod reply;
 mod script;
@@ -106,7 +110,9 @@ pub use connection::breaker::{DEFAULT_BREAKER_COOLDOWN, DEFAULT_BREAKER_FAILURES
 pub use redis;
 
 use std::fmt;
+use std::future::Future;
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use futures_util::future::join_all;
@@ -125,7 +131,8 @@ use tower_pinned_window::ConfigError;
 use tower_pinned_window::Window;
 use tower_pinned_window::backend::toolkit::{BackendFuture, Denials, storage_key};
 use tower_pinned_window::backend::{
-    Amend, AuditReport, Backend, BackendError, Counter, Hit, Hits, Spend, Spending,
+    Amend, AuditReport, Backend, BackendError, Cap, Counter, Held, Hit, Hits, Leasing, SlotId,
+    Spend, Spending, Taken,
 };
 use tower_pinned_window::key::Key;
 
@@ -260,7 +267,10 @@ use tower_pinned_window::key::Key;
 /// denied, never extended, and deleted by [`reset`](Backend::reset); and
 /// `tpw:login{203.0.113.7}:reset`, left by a reset (or an
 /// [`Amend::Clear`]) until the deleted window's deadline, so that a window
-/// opened after it is never amended for a hit of the deleted one. Counters
+/// opened after it is never amended for a hit of the deleted one. The
+/// slots of the key's requests in flight live beside them too, in
+/// `tpw:login{203.0.113.7}:slots` (see [requests in flight](#requests-in-flight)),
+/// never touched by a counter's steps, nor a counter by theirs. Counters
 /// themselves are stored as before this release (a decimal integer with a
 /// lifetime), so counters written by an older release, during a rolling
 /// upgrade, are counted, expire and are refunded as before.
@@ -302,14 +312,53 @@ use tower_pinned_window::key::Key;
 /// charged either: Redis cannot tell them from the deleted window's, and
 /// the hit stays counted.
 ///
+/// # Requests in flight
+///
+/// [`Leasing`] (a cap on the requests in flight per key, each holding a
+/// slot on a lease) keeps a key's slots in a **sorted set** beside its
+/// counters, in their hash slot: `tpw:api{203.0.113.7}:slots`. Each member
+/// is a slot's name (its [`SlotId`]'s 32 lowercase hex digits), scored by
+/// the end of its lease in Unix milliseconds on **the Redis server's
+/// clock** (`TIME`, read in the script), so instances whose clocks differ
+/// agree on when a lease runs out. Each step is one script call, one
+/// atomic step: a take drops the leases that ran out, then adds the slot
+/// when fewer than the cap are live; a give-back removes it; an extend
+/// moves each slot still live to the new lease's end, and never adds one
+/// that is gone; a count (`in_use`) reads the live ones.
+///
+/// **The record always has a lifetime, at least its latest lease**: the
+/// take that adds a slot sets it in the same step (`PEXPIREAT` when the
+/// record has none, raised when it would end sooner, never shortened), and
+/// so does an extend. Slots of a holder that died are gone a lease later,
+/// and so is the record once its last lease runs out. [`audit`](Self::audit)
+/// reports a record found without one.
+///
+/// A record that is not of this shape (a key of another type, or a member
+/// that is not a slot's name) is **corrupt**: a take, a give-back or a
+/// count on its key fails with [`BackendError::Corrupt`] naming the record,
+/// and the record is left exactly as it was; an extend skips it (logged at
+/// warn, not counted) and extends the other records of its call. Every step
+/// reads the whole record to check it, which is cheap for the caps this is
+/// for (a few slots, plus those whose lease ran out since the key's last
+/// take).
+///
+/// A take, a give-back or a count is one call on the key's master, sent
+/// alone (takes are not coalesced into the lanes of hits). An extend names
+/// the slots of many keys: one call for all of them on a standalone server
+/// or Sentinel, one call per hash slot on a Cluster, sent together; a
+/// connection not known as a Cluster learns it from the first extend Redis
+/// refuses as cross-slot, which ran nothing.
+///
 /// # Requirements
 ///
 /// Redis 7.0 or later for [`refund`](Backend::refund),
-/// [`amend`](Spending::amend) and [`spend_all`](Spending::spend_all), which
-/// identify a window by `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
+/// [`amend`](Spending::amend), [`spend_all`](Spending::spend_all) and
+/// [`Leasing`], which use `PEXPIRETIME`; hits need only Redis 6.0 (on 6.x they carry no
 /// deadline and are never refunded: the hit stays counted). Tested against
 /// 7.0. An ACL user needs `+evalsha +eval +incr +incrby +decr +decrby +pttl
 /// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds,
+/// `+zadd +zrem +zrange +zremrangebyscore +zscore +zcard +zcount` for slots
+/// in flight,
 /// `+set` for spends, amends and resets, `+getdel` for spends (a lost
 /// reply's give-back), `+del` for
 /// [`reset`](Backend::reset) and [`Amend::Clear`], and `+scan` for [`audit`](Self::audit) (plus
@@ -360,6 +409,10 @@ struct Inner<C> {
     /// The lanes of coalesced hits, spends and amends (on clones of the
     /// same connection); `None` with `coalesce(false)`.
     lanes: Option<Lanes<C>>,
+    /// An extend's records go in one call per hash slot: a Cluster
+    /// connection (known from its type, or learnt from a `CROSSSLOT`
+    /// refusal, as the lanes learn it).
+    extends_by_slot: AtomicBool,
 }
 
 /// The lanes of each kind of request: a call carries one kind.
@@ -434,6 +487,7 @@ impl<C> RedisBackendBuilder<C> {
         RedisBackend {
             inner: Arc::new(Inner {
                 lanes: self.coalesce.then(|| Lanes::new(&connection, cluster)),
+                extends_by_slot: AtomicBool::new(cluster),
                 connection,
                 prefix: self.prefix.into(),
                 deny: (self.deny_cache > 0)
@@ -501,6 +555,15 @@ where
     /// it is. Keys that are not counters are reported in
     /// [`AuditReport::corrupt`] and never touched. The report names each key
     /// as [`BackendError::Corrupt`] does.
+    ///
+    /// A record of slots in flight (a key ending `}:slots`, see
+    /// [requests in flight](RedisBackend#requests-in-flight)) found without
+    /// a lifetime is reported in [`AuditReport::without_lifetime`] (a leak:
+    /// the contract says it always has one) and, with `repair`, given a
+    /// lifetime until the later of the window's end and its latest lease's,
+    /// so no live slot is lost; its slots are left as they are. One that is
+    /// not of a record's shape (another type, a member that is not a slot)
+    /// is reported as corrupt and never touched.
     ///
     /// # Errors
     /// [`BackendError::Unavailable`] when a node cannot be scanned.
@@ -807,10 +870,68 @@ where
     }
 }
 
+/// One script call per step (see [requests in flight](RedisBackend#requests-in-flight)),
+/// on the record of the key's slots, which shares the hash slot of the
+/// key's counters: a take, a give-back or a count is one call on the
+/// key's master; an extend is one call for every record on a standalone
+/// server or Sentinel, one per hash slot on a Cluster, sent together. A
+/// take is sent alone, not coalesced with other calls.
+impl<C> Leasing for RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    type Take = BackendFuture<Taken>;
+
+    fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> BackendFuture<Taken> {
+        let record = self.record(cap.namespace, key);
+        let this = self.clone();
+        BackendFuture::calling(async move {
+            leases::take(&this.inner.connection, &record, cap.in_flight, slot).await
+        })
+    }
+
+    fn give_back(
+        &self,
+        namespace: &str,
+        key: &Key,
+        slot: SlotId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<C> {
+        let record = self.record(namespace, key);
+        let this = self.clone();
+        async move { leases::give_back(&this.inner.connection, &record, slot).await }
+    }
+
+    fn extend(
+        &self,
+        held: &[Held<'_>],
+        lease: Window,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send + 'static + use<C> {
+        let mut records = leases::Records::default();
+        for h in held {
+            records.add(self.record(h.namespace, h.key), h.slot);
+        }
+        let this = self.clone();
+        async move {
+            let inner = &this.inner;
+            leases::extend(&inner.connection, &inner.extends_by_slot, &records, lease).await
+        }
+    }
+
+    async fn in_use(&self, namespace: &str, key: &Key) -> Result<u64, BackendError> {
+        leases::in_use(&self.inner.connection, &self.record(namespace, key)).await
+    }
+}
+
 impl<C> RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    /// The key of the record of `key`'s slots in flight under `namespace`
+    /// (`storage_key::encode_slots`: the pair's storage key and `:slots`).
+    fn record(&self, namespace: &str, key: &Key) -> Vec<u8> {
+        storage_key::encode_slots(&self.inner.prefix, namespace, key)
+    }
+
     /// The storage key of `namespace`'s counter for `key`, inline when it
     /// fits (no allocation for most keys).
     fn stored(&self, namespace: &str, key: &Key) -> hits::StoredKey {

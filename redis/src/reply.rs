@@ -9,7 +9,7 @@ use ::redis::Value;
 
 use smallvec::SmallVec;
 
-use tower_pinned_window::backend::{BackendError, Hit};
+use tower_pinned_window::backend::{BackendError, Hit, Taken};
 
 /// A counter that holds something else than a count, named by its storage
 /// key.
@@ -356,6 +356,131 @@ fn unpack_spends(
         });
     }
     nums.next().is_none().then_some(spent)
+}
+
+/// A reply of the wrong shape to a script of slots in flight: not what the
+/// script answers, so the store is not the one the backend was written for
+/// (an older script, a proxy in the way). An outage, never corrupt state.
+fn unexpected_slots_reply(what: &str, record: &[u8], value: &Value) -> BackendError {
+    BackendError::Unavailable(
+        format!("unexpected reply to {what} on {}: {value:?}", name(record)).into(),
+    )
+}
+
+/// A record of slots that is not one, as the scripts of slots answer it:
+/// `{reason}`.
+fn corrupt_slots(items: &[Value], record: &[u8]) -> Option<BackendError> {
+    match items {
+        [Value::BulkString(reason)] => Some(corrupt(
+            record,
+            String::from_utf8_lossy(reason).into_owned(),
+        )),
+        _ => None,
+    }
+}
+
+/// The take script's reply: `{1, in use}` granted, `{0, in use, ms until
+/// the earliest lease runs out}` refused, or `{reason}` for a record that
+/// is not one (corrupt, named by `record`). Any other shape is
+/// [`BackendError::Unavailable`].
+pub(super) fn parse_take(value: Value, record: &[u8]) -> Result<Taken, BackendError> {
+    if let Value::Array(items) = &value {
+        match items.as_slice() {
+            [Value::Int(1), Value::Int(in_use)] if *in_use >= 1 => {
+                return Ok(Taken {
+                    granted: true,
+                    in_use: *in_use as u64,
+                    retry: Duration::ZERO,
+                });
+            }
+            [Value::Int(0), Value::Int(in_use), Value::Int(retry)]
+                if *in_use >= 1 && *retry >= 0 =>
+            {
+                return Ok(Taken {
+                    granted: false,
+                    in_use: *in_use as u64,
+                    retry: Duration::from_millis(*retry as u64),
+                });
+            }
+            items => {
+                if let Some(err) = corrupt_slots(items, record) {
+                    return Err(err);
+                }
+            }
+        }
+    }
+    Err(unexpected_slots_reply("a take", record, &value))
+}
+
+/// The give-back script's reply: 1 the slot was there, 0 it was not, or
+/// `{reason}` for a record that is not one. Any other shape is
+/// [`BackendError::Unavailable`].
+pub(super) fn parse_give_back(value: Value, record: &[u8]) -> Result<bool, BackendError> {
+    match &value {
+        Value::Int(1) => Ok(true),
+        Value::Int(0) => Ok(false),
+        Value::Array(items) => Err(corrupt_slots(items, record)
+            .unwrap_or_else(|| unexpected_slots_reply("a give-back", record, &value))),
+        _ => Err(unexpected_slots_reply("a give-back", record, &value)),
+    }
+}
+
+/// The in-use script's reply: the live slots, or `{reason}` for a record
+/// that is not one. Any other shape is [`BackendError::Unavailable`].
+pub(super) fn parse_in_use(value: Value, record: &[u8]) -> Result<u64, BackendError> {
+    match &value {
+        Value::Int(n) if *n >= 0 => Ok(*n as u64),
+        Value::Array(items) => Err(corrupt_slots(items, record)
+            .unwrap_or_else(|| unexpected_slots_reply("a count of slots", record, &value))),
+        _ => Err(unexpected_slots_reply("a count of slots", record, &value)),
+    }
+}
+
+/// What the extend script answered for one call.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) struct Extended {
+    /// The slots extended.
+    pub(super) slots: u64,
+    /// The places (from 0) of the call's records skipped as corrupt, left
+    /// as they are.
+    pub(super) corrupt: SmallVec<[usize; 1]>,
+}
+
+/// The extend script's reply for a call on `records` records:
+/// `{extended, place, ...}`, the slots extended then the place (from 1) of
+/// each record skipped as corrupt, each once, in order. Any other shape is
+/// [`BackendError::Unavailable`], naming `first`, the call's first record.
+pub(super) fn parse_extend(
+    value: Value,
+    records: usize,
+    first: &[u8],
+) -> Result<Extended, BackendError> {
+    let parsed = match &value {
+        Value::Array(items) => match items.as_slice() {
+            [Value::Int(slots), places @ ..] if *slots >= 0 && places.len() <= records => {
+                let mut corrupt = SmallVec::new();
+                let mut last = 0;
+                places
+                    .iter()
+                    .all(|place| match place {
+                        // In order, each once, within the call.
+                        Value::Int(place) if *place > last && *place as usize <= records => {
+                            last = *place;
+                            corrupt.push(*place as usize - 1);
+                            true
+                        }
+                        _ => false,
+                    })
+                    .then_some(Extended {
+                        slots: *slots as u64,
+                        corrupt,
+                    })
+            }
+            _ => None,
+        },
+        _ => None,
+    };
+    parsed.ok_or_else(|| unexpected_slots_reply("an extend", first, &value))
 }
 
 /// The parsers above, for the fuzz targets (`fuzz/`): built only under
@@ -706,6 +831,176 @@ mod tests {
                 matches!(replies[0], Err(BackendError::Corrupt { .. })),
                 "{entry:?}"
             );
+        }
+    }
+
+    const RECORD: &[u8] = b"tpw:n{k}:slots";
+
+    /// Whether `err` is an outage whose message names the record and says
+    /// the reply was not of the script's shape.
+    fn is_unexpected(err: &BackendError) -> bool {
+        matches!(err, BackendError::Unavailable(detail)
+            if detail.to_string().contains("unexpected reply")
+                && detail.to_string().contains("tpw:n{k}:slots"))
+    }
+
+    fn is_corrupt_record(err: &BackendError, reason: &str) -> bool {
+        matches!(err, BackendError::Corrupt { key, detail }
+            if key == "tpw:n{k}:slots" && detail == reason)
+    }
+
+    fn ints(values: &[i64]) -> Value {
+        Value::Array(values.iter().copied().map(Value::Int).collect())
+    }
+
+    #[test]
+    fn take_replies_parse() {
+        let granted = |in_use| Taken {
+            granted: true,
+            in_use,
+            retry: Duration::ZERO,
+        };
+        let cases: &[(&str, Value, Taken)] = &[
+            ("granted", ints(&[1, 1]), granted(1)),
+            ("granted again, at the cap", ints(&[1, 3]), granted(3)),
+            (
+                "refused",
+                ints(&[0, 3, 29_950]),
+                Taken {
+                    granted: false,
+                    in_use: 3,
+                    retry: Duration::from_millis(29_950),
+                },
+            ),
+            (
+                "refused as a lease runs out",
+                ints(&[0, 1, 0]),
+                Taken {
+                    granted: false,
+                    in_use: 1,
+                    retry: Duration::ZERO,
+                },
+            ),
+        ];
+        for (name, value, want) in cases {
+            assert_eq!(parse_take(value.clone(), RECORD).unwrap(), *want, "{name}");
+        }
+        let err = parse_take(Value::Array(vec![text("a key of type string")]), RECORD);
+        assert!(
+            is_corrupt_record(&err.unwrap_err(), "a key of type string"),
+            "the script's reason, named by the record"
+        );
+        for (name, value) in [
+            ("granted with nothing in use", ints(&[1, 0])),
+            ("granted with a negative count", ints(&[1, -1])),
+            ("granted with a wait", ints(&[1, 1, 5])),
+            ("refused with nothing in use", ints(&[0, 0, 5])),
+            ("refused without a wait", ints(&[0, 3])),
+            ("refused with a negative wait", ints(&[0, 3, -1])),
+            ("another code", ints(&[2, 1])),
+            ("empty", ints(&[])),
+            (
+                "a reason and more",
+                Value::Array(vec![text("x"), Value::Int(1)]),
+            ),
+            ("a number", Value::Int(1)),
+            ("nil", Value::Nil),
+            ("a string", text("OK")),
+        ] {
+            let err = parse_take(value, RECORD).expect_err(name);
+            assert!(is_unexpected(&err), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn give_back_replies_parse() {
+        assert!(parse_give_back(Value::Int(1), RECORD).unwrap());
+        assert!(!parse_give_back(Value::Int(0), RECORD).unwrap());
+        let err = parse_give_back(Value::Array(vec![text("a key of type hash")]), RECORD);
+        assert!(is_corrupt_record(&err.unwrap_err(), "a key of type hash"));
+        for (name, value) in [
+            ("two removed", Value::Int(2)),
+            ("negative", Value::Int(-1)),
+            ("empty", ints(&[])),
+            ("an array of numbers", ints(&[1])),
+            ("nil", Value::Nil),
+            ("a string", text("1")),
+        ] {
+            let err = parse_give_back(value, RECORD).expect_err(name);
+            assert!(is_unexpected(&err), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn in_use_replies_parse() {
+        assert_eq!(parse_in_use(Value::Int(0), RECORD).unwrap(), 0);
+        assert_eq!(parse_in_use(Value::Int(7), RECORD).unwrap(), 7);
+        let err = parse_in_use(
+            Value::Array(vec![text("a member that is not a slot: x")]),
+            RECORD,
+        );
+        assert!(is_corrupt_record(
+            &err.unwrap_err(),
+            "a member that is not a slot: x"
+        ));
+        for (name, value) in [
+            ("negative", Value::Int(-1)),
+            ("empty", ints(&[])),
+            ("an array of numbers", ints(&[3])),
+            ("nil", Value::Nil),
+            ("a string", text("3")),
+        ] {
+            let err = parse_in_use(value, RECORD).expect_err(name);
+            assert!(is_unexpected(&err), "{name}: {err}");
+        }
+    }
+
+    #[test]
+    fn extend_replies_parse() {
+        let extended = |slots, corrupt: &[usize]| Extended {
+            slots,
+            corrupt: corrupt.iter().copied().collect(),
+        };
+        let cases: &[(&str, &[i64], usize, Extended)] = &[
+            ("none", &[0], 1, extended(0, &[])),
+            ("all of three", &[5], 3, extended(5, &[])),
+            (
+                "the first and last corrupt",
+                &[2, 1, 3],
+                3,
+                extended(2, &[0, 2]),
+            ),
+        ];
+        for (name, reply, records, want) in cases {
+            assert_eq!(
+                parse_extend(ints(reply), *records, RECORD).unwrap(),
+                *want,
+                "{name}"
+            );
+        }
+        for (name, value, records) in [
+            ("empty", ints(&[]), 1),
+            ("a negative count", ints(&[-1]), 1),
+            ("a place past the call", ints(&[0, 2]), 1),
+            ("a place of 0", ints(&[0, 0]), 2),
+            ("a place twice", ints(&[0, 1, 1]), 2),
+            ("places out of order", ints(&[0, 2, 1]), 2),
+            ("more places than records", ints(&[0, 1, 2]), 1),
+            (
+                "a place that is text",
+                Value::Array(vec![Value::Int(0), text("1")]),
+                1,
+            ),
+            (
+                "a reason",
+                Value::Array(vec![text("a key of type string")]),
+                1,
+            ),
+            ("a number alone", Value::Int(3), 1),
+            ("nil", Value::Nil, 1),
+        ] {
+            let err = parse_extend(value, records, RECORD).expect_err(name);
+            assert!(is_unexpected(&err), "{name}: {err}");
         }
     }
 

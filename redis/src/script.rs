@@ -55,6 +55,35 @@ const PEEK_SCRIPT: &str = include_str!("peek.lua");
 /// else, and never a corrupt key (whose lifetime would make it vanish).
 const REPAIR_SCRIPT: &str = include_str!("repair.lua");
 
+/// The record of a key's slots in flight (a sorted set of slot names
+/// scored by their leases' ends on the server's clock): what the four
+/// scripts of slots share, their corrupt check first. Each of them is this
+/// text followed by its own file's.
+macro_rules! slots_script {
+    ($file:literal) => {
+        concat!(include_str!("slots.lua"), include_str!($file))
+    };
+}
+
+/// Takes a slot: drops the leases that ran out, then adds the slot with its
+/// lease when fewer than the cap are live, and gives the record a lifetime
+/// of at least that lease in the same step.
+const TAKE_SCRIPT: &str = slots_script!("take.lua");
+
+/// Gives a slot back; never creates a record.
+const GIVE_BACK_SCRIPT: &str = slots_script!("give_back.lua");
+
+/// Extends the live slots of one or more records (skipping a corrupt one);
+/// never adds a slot that is gone.
+const EXTEND_SCRIPT: &str = slots_script!("extend.lua");
+
+/// Counts a record's live slots.
+const IN_USE_SCRIPT: &str = slots_script!("in_use.lua");
+
+/// Attaches a lifetime to a record of slots that has none, never shorter
+/// than its latest lease; never to a record that is not one.
+const REPAIR_SLOTS_SCRIPT: &str = slots_script!("repair_slots.lua");
+
 /// A script, its SHA1 (the name `EVALSHA` runs it by), and what a log line
 /// calls it.
 pub(super) struct Script {
@@ -99,6 +128,21 @@ pub(super) static PEEK: Script = Script::new("peek", PEEK_SCRIPT);
 
 /// A lifetime given to a counter found without one (the audit).
 pub(super) static REPAIR: Script = Script::new("repair", REPAIR_SCRIPT);
+
+/// A slot taken.
+pub(super) static TAKE: Script = Script::new("take", TAKE_SCRIPT);
+
+/// A slot given back.
+pub(super) static GIVE_BACK: Script = Script::new("give_back", GIVE_BACK_SCRIPT);
+
+/// Slots extended.
+pub(super) static EXTEND: Script = Script::new("extend", EXTEND_SCRIPT);
+
+/// Live slots counted.
+pub(super) static IN_USE: Script = Script::new("in_use", IN_USE_SCRIPT);
+
+/// A lifetime given to a record of slots found without one (the audit).
+pub(super) static REPAIR_SLOTS: Script = Script::new("repair_slots", REPAIR_SLOTS_SCRIPT);
 
 /// Bytes in the decimal form of any `u64`, at most.
 pub(super) const U64_DIGITS: usize = 20;
@@ -238,9 +282,52 @@ mod tests {
     #[test]
     fn the_script_shas_are_sha1_of_their_text() {
         assert_eq!(sha1_hex("abc"), "a9993e364706816aba3e25717850c26c9cd0d89d");
-        for script in [&HIT, &HIT_BATCH, &AMEND, &SPEND, &RESET, &PEEK, &REPAIR] {
+        for script in [
+            &HIT,
+            &HIT_BATCH,
+            &AMEND,
+            &SPEND,
+            &RESET,
+            &PEEK,
+            &REPAIR,
+            &TAKE,
+            &GIVE_BACK,
+            &EXTEND,
+            &IN_USE,
+            &REPAIR_SLOTS,
+        ] {
             assert_eq!(script.sha(), sha1_hex(script.text), "{}", script.name);
             assert_eq!(script.sha().len(), 40, "{}", script.name);
+        }
+    }
+
+    /// A record of slots that is not one is left as it is: each script of
+    /// slots reads it through the shared check before its first write
+    /// (the check itself, against a real server, is in the integration
+    /// tests: `corrupt_records_of_slots_of_every_shape_are_left_as_they_are`).
+    #[test]
+    fn the_scripts_of_slots_check_the_record_before_they_write() {
+        let shared = include_str!("slots.lua");
+        for script in [&TAKE, &GIVE_BACK, &EXTEND, &IN_USE, &REPAIR_SLOTS] {
+            let own = script
+                .text
+                .strip_prefix(shared)
+                .unwrap_or_else(|| panic!("{}: the shared text comes first", script.name));
+            let check = own
+                .find("not_slots(")
+                .unwrap_or_else(|| panic!("{}: no corrupt check", script.name));
+            for write in [
+                "'ZADD'",
+                "'ZREM'",
+                "'ZREMRANGEBYSCORE'",
+                "'PEXPIRE",
+                "'DEL'",
+                "live_until(",
+            ] {
+                if let Some(at) = own.find(write) {
+                    assert!(check < at, "{}: {write} before the check", script.name);
+                }
+            }
         }
     }
 

@@ -31,10 +31,12 @@ pub mod redis {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use redis::aio::ConnectionLike;
+    use tower_pinned_window::backend::SlotId;
+    use tower_pinned_window::backend::toolkit::storage_key;
     use tower_pinned_window::key::Key;
     use tower_pinned_window_redis::RedisBackend;
     use tower_pinned_window_redis::connection::Nodes;
-    use tower_pinned_window_testkit::{Ability, Audit, Store, Stored};
+    use tower_pinned_window_testkit::{Ability, Audit, SlotsRecord, Store, Stored};
 
     type Connect<C> = Box<dyn Fn() -> Pin<Box<dyn Future<Output = C> + Send>> + Send + Sync>;
 
@@ -98,6 +100,68 @@ pub mod redis {
         stored[..brace].to_vec()
     }
 
+    /// The key of the record of `key`'s slots under `namespace` of
+    /// `backend`, as the crate's toolkit names it.
+    pub fn slots_key<C>(backend: &RedisBackend<C>, namespace: &str, key: &Key) -> Vec<u8>
+    where
+        C: ConnectionLike + Clone + Send + Sync + 'static,
+    {
+        storage_key::encode_slots(&prefix_of(backend), namespace, key)
+    }
+
+    /// What `record` holds, read with `con`: nothing, a sorted set of
+    /// slots (how many, and the lifetime left), or anything else as text
+    /// (its type, then its members with their scores, or its value).
+    pub async fn read_slots(con: &mut impl ConnectionLike, record: &[u8]) -> SlotsRecord {
+        let kind: String = redis::cmd("TYPE")
+            .arg(record)
+            .query_async(con)
+            .await
+            .unwrap();
+        let pttl: i64 = redis::cmd("PTTL")
+            .arg(record)
+            .query_async(con)
+            .await
+            .unwrap();
+        match kind.as_str() {
+            "none" => SlotsRecord::Absent,
+            "zset" => {
+                let members: Vec<(String, String)> = redis::cmd("ZRANGE")
+                    .arg(record)
+                    .arg(0)
+                    .arg(-1)
+                    .arg("WITHSCORES")
+                    .query_async(con)
+                    .await
+                    .unwrap();
+                if members.iter().all(|(m, _)| m.parse::<SlotId>().is_ok()) {
+                    let slots: usize = redis::cmd("ZCARD")
+                        .arg(record)
+                        .query_async(con)
+                        .await
+                        .unwrap();
+                    SlotsRecord::Held {
+                        slots,
+                        lifetime: u64::try_from(pttl)
+                            .ok()
+                            .map(std::time::Duration::from_millis),
+                    }
+                } else {
+                    SlotsRecord::Other(format!("zset {members:?}, PTTL {pttl}"))
+                }
+            }
+            "string" => {
+                let value: String = redis::cmd("GET")
+                    .arg(record)
+                    .query_async(con)
+                    .await
+                    .unwrap();
+                SlotsRecord::Other(format!("string {value:?}, PTTL {pttl}"))
+            }
+            other => SlotsRecord::Other(format!("a {other}, PTTL {pttl}")),
+        }
+    }
+
     impl<C> Store for RedisStore<C>
     where
         C: ConnectionLike + Nodes + Clone + Send + Sync + 'static,
@@ -114,7 +178,51 @@ pub mod redis {
         }
 
         fn abilities(&self) -> &'static [Ability] {
-            &[Ability::Corrupt, Ability::ReadStored, Ability::Audit]
+            &[
+                Ability::Corrupt,
+                Ability::ReadStored,
+                Ability::Audit,
+                Ability::ReadSlots,
+                Ability::CorruptSlots,
+            ]
+        }
+
+        async fn slots_record(
+            &self,
+            backend: &RedisBackend<C>,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<SlotsRecord> {
+            let mut con = (self.connect)().await;
+            Some(read_slots(&mut con, &slots_key(backend, namespace, key)).await)
+        }
+
+        /// A sorted set of the record's shape but for one member, which is
+        /// not a slot's name, beside a live slot: the record's type alone
+        /// does not give it away. No lifetime, so that two reads of it
+        /// agree.
+        async fn corrupt_slots(
+            &self,
+            backend: &RedisBackend<C>,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<()> {
+            let mut con = (self.connect)().await;
+            let far = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_millis() as u64
+                + 3_600_000;
+            let _: () = redis::cmd("ZADD")
+                .arg(slots_key(backend, namespace, key))
+                .arg(far)
+                .arg(SlotId::next().to_string())
+                .arg(far)
+                .arg("not-a-slot")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            Some(())
         }
 
         async fn corrupt(

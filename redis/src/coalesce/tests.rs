@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::sync::atomic::AtomicUsize;
 use std::time::Duration;
 
-use ::redis::{Arg, Cmd, Pipeline, RedisFuture, Value};
+use ::redis::{Arg, Cmd, Pipeline, RedisError, RedisFuture, Value};
 use tokio::sync::oneshot;
 
 use super::*;

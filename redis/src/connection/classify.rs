@@ -1,8 +1,9 @@
 //! How a Redis call's failure is classified, for the breaker and for the
 //! caller: an outage of the store ([`is_outage`], which counts against the
 //! key's breaker), a Cluster's refusal ([`is_cluster_state`], which counts
-//! neither way), what an open breaker answers ([`open_error`]), and the
-//! [`BackendError`] each reaches the caller as ([`unavailable`]).
+//! neither way), a refusal of keys of several hash slots in one call
+//! ([`is_cross_slot`]), what an open breaker answers ([`open_error`]), and
+//! the [`BackendError`] each reaches the caller as ([`unavailable`]).
 
 use ::redis::{ErrorKind, RedisError, ServerErrorKind};
 
@@ -33,6 +34,12 @@ pub(crate) fn unavailable(err: RedisError) -> BackendError {
 
 pub(super) fn open_error() -> RedisError {
     RedisError::from((ErrorKind::Client, "circuit open", OPEN.to_owned()))
+}
+
+/// Whether `err` is a refusal of keys of several hash slots in one call
+/// (`CROSSSLOT`): nothing ran, and the call may go again, by slot.
+pub(crate) fn is_cross_slot(err: &RedisError) -> bool {
+    err.kind() == ErrorKind::Server(ServerErrorKind::CrossSlot)
 }
 
 /// Whether `err` is a Cluster's refusal rather than a master's failure:
