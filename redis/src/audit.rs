@@ -168,7 +168,7 @@ async fn holds_slots<N: Nodes + Send>(
 
 /// A slot's name: what [`SlotId`] reads back (32 lowercase hex digits).
 fn is_slot(member: &[u8]) -> bool {
-    std::str::from_utf8(member).is_ok_and(|text| text.parse::<SlotId>().is_ok())
+    SlotId::parse(member).is_some()
 }
 
 /// A counter's value: one or more ASCII digits (the repair script's

@@ -134,7 +134,10 @@ pub mod redis {
                     .query_async(con)
                     .await
                     .unwrap();
-                if members.iter().all(|(m, _)| m.parse::<SlotId>().is_ok()) {
+                if members
+                    .iter()
+                    .all(|(m, _)| SlotId::parse(m.as_bytes()).is_some())
+                {
                     let slots: usize = redis::cmd("ZCARD")
                         .arg(record)
                         .query_async(con)
