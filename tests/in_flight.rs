@@ -7,6 +7,7 @@
 mod support;
 
 use std::convert::Infallible;
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -367,11 +368,20 @@ async fn grpc_calls_are_refused_with_resource_exhausted() {
     drop(held);
 }
 
-/// A memory backend whose takes fail as `fail` says.
+/// A memory backend whose takes fail as `mode` says.
 #[derive(Clone)]
 struct Failing {
     inner: MemoryBackend,
-    corrupt: bool,
+    mode: Mode,
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    Down,
+    Corrupt,
+    /// The take is made in the store at once, but answered 300 ms later:
+    /// past the layer's timeout.
+    Slow,
 }
 
 impl Backend for Failing {
@@ -396,26 +406,45 @@ impl Backend for Failing {
 }
 
 impl Leasing for Failing {
-    type Take = std::future::Ready<Result<Taken, BackendError>>;
+    type Take = Pin<Box<dyn Future<Output = Result<Taken, BackendError>> + Send>>;
 
-    fn take(&self, _key: &Key, _cap: Cap<'_>, _slot: SlotId) -> Self::Take {
-        std::future::ready(Err(if self.corrupt {
-            BackendError::Corrupt {
+    fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> Self::Take {
+        match self.mode {
+            Mode::Down => Box::pin(std::future::ready(Err(BackendError::Unavailable(
+                "down".into(),
+            )))),
+            Mode::Corrupt => Box::pin(std::future::ready(Err(BackendError::Corrupt {
                 key: "jobs".into(),
                 detail: "not a set of slots".into(),
+            }))),
+            Mode::Slow => {
+                let taken = self.inner.take(key, cap, slot).into_inner();
+                Box::pin(async move {
+                    tokio::time::sleep(Duration::from_millis(300)).await;
+                    taken
+                })
             }
-        } else {
-            BackendError::Unavailable("down".into())
-        }))
+        }
     }
 
     fn give_back(
         &self,
-        _namespace: &str,
-        _key: &Key,
-        _slot: SlotId,
+        namespace: &str,
+        key: &Key,
+        slot: SlotId,
     ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<> {
-        std::future::ready(Err(BackendError::Unavailable("down".into())))
+        let given = match self.mode {
+            Mode::Slow => {
+                // The memory backend answers at once.
+                let call = std::pin::pin!(self.inner.give_back(namespace, key, slot));
+                match call.poll(&mut Context::from_waker(std::task::Waker::noop())) {
+                    Poll::Ready(given) => Some(given),
+                    Poll::Pending => None,
+                }
+            }
+            _ => None,
+        };
+        std::future::ready(given.unwrap_or(Err(BackendError::Unavailable("down".into()))))
     }
 
     fn extend(
@@ -435,7 +464,7 @@ impl Leasing for Failing {
 async fn a_store_that_fails_is_answered_by_the_failure_policy() {
     let down = Failing {
         inner: MemoryBackend::new(),
-        corrupt: false,
+        mode: Mode::Down,
     };
     let c = cap(4, Duration::from_secs(30));
     let call = |layer: InFlightLayer<(), Failing>| {
@@ -502,7 +531,7 @@ async fn a_store_that_fails_is_answered_by_the_failure_policy() {
     // Corrupt slots stop the request whatever the policy.
     let corrupt = Failing {
         inner: MemoryBackend::new(),
-        corrupt: true,
+        mode: Mode::Corrupt,
     };
     let stopped = call(
         InFlightLayer::new("jobs", c)
@@ -512,6 +541,31 @@ async fn a_store_that_fails_is_answered_by_the_failure_policy() {
     .await
     .unwrap();
     assert_eq!(stopped.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+/// A take the store made but answered too late (the layer's timeout) is
+/// given back by its name: the slot never outlives the call that gave up.
+#[tokio::test]
+async fn a_take_answered_too_late_is_given_back() {
+    let store = MemoryBackend::new();
+    let slow = Failing {
+        inner: store.clone(),
+        mode: Mode::Slow,
+    };
+    let service = InFlightLayer::new("jobs", cap(1, Duration::from_secs(30)))
+        .backend(slow)
+        .layer(ok_service());
+    let answer = service.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(
+        answer.status(),
+        StatusCode::SERVICE_UNAVAILABLE,
+        "timed out: fail closed"
+    );
+    assert_eq!(
+        store.in_use("jobs", &Key::new("*")).await.unwrap(),
+        0,
+        "the slot the store took for it went back"
+    );
 }
 
 #[test]

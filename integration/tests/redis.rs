@@ -685,7 +685,7 @@ async fn corrupt_records_of_slots_of_every_shape_are_left_as_they_are() {
                     Held {
                         namespace: "n",
                         key: &key,
-                        slot: slot.parse().unwrap(),
+                        slot: SlotId::parse(slot.as_bytes()).unwrap(),
                     },
                     Held {
                         namespace: "n",

@@ -674,6 +674,38 @@ pub trait Leasing: Backend {
         slot: SlotId,
     ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<Self>;
 
+    /// Give back `slot` without waiting for the store's answer: what a
+    /// layer does when a request ends (its body over, its call dropped). A
+    /// give-back that fails is left to the lease, never retried, so this
+    /// answers nothing.
+    ///
+    /// The default polls [`give_back`](Leasing::give_back) once, which
+    /// finishes a store in this process, and leaves any other to a task on
+    /// the current tokio runtime (none: to the lease). A store that batches
+    /// its calls may queue the give-back with no task of its own.
+    fn release(&self, namespace: &str, key: &Key, slot: SlotId) {
+        let mut call = Box::pin(self.give_back(namespace, key, slot));
+        let report = |result: Result<bool, BackendError>| {
+            if let Err(err) = result {
+                tracing::debug!(error = %err, "a slot in flight could not be given back: its lease frees it");
+            }
+        };
+        match call
+            .as_mut()
+            .poll(&mut Context::from_waker(std::task::Waker::noop()))
+        {
+            Poll::Ready(result) => report(result),
+            Poll::Pending => match tokio::runtime::Handle::try_current() {
+                Ok(runtime) => {
+                    runtime.spawn(async move { report(call.await) });
+                }
+                Err(_) => tracing::debug!(
+                    "no tokio runtime to give a slot in flight back on: its lease frees it"
+                ),
+            },
+        }
+    }
+
     /// Extend every slot of `held` that is still there to `now + lease`,
     /// each key's record to at least that: the number extended. A slot
     /// that is gone is never created again. A backend that can reach them

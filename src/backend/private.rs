@@ -211,6 +211,10 @@ impl<B: Leasing> Leasing for PrivateKeys<B> {
         self.inner.take(&self.digest(key), cap, slot)
     }
 
+    fn release(&self, namespace: &str, key: &Key, slot: SlotId) {
+        self.inner.release(namespace, &self.digest(key), slot);
+    }
+
     fn give_back(
         &self,
         namespace: &str,

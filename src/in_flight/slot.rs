@@ -8,7 +8,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http_body::{Body, Frame, SizeHint};
@@ -149,12 +149,27 @@ impl<Bk: Leasing> Shared<Bk> {
     /// when the store grants it; when the store fails, the failure policy's
     /// answer.
     pub(crate) async fn take_once(self: &Arc<Self>, key: &Key, slot: SlotId) -> Admission {
+        // Until the store's answer is read, the slot may have been taken
+        // for a call that will never know it (a timeout, a call cancelled
+        // while it asks, an answer lost with its connection): then it is
+        // given back by its name, which frees nothing else.
+        let mut unsure = Unsure {
+            shared: self,
+            key,
+            slot,
+            armed: true,
+        };
         let take = self.backend.take(key, self.cap(), slot);
         let taken = match tokio::time::timeout(self.timeout, take).await {
             Ok(Ok(taken)) => taken,
-            Ok(Err(err)) => return self.outage(key, slot, err),
+            Ok(Err(err)) => {
+                // A corrupt record is left as it is.
+                unsure.armed = !err.is_corrupt();
+                return self.outage(key, slot, err);
+            }
             Err(_) => return self.outage(key, slot, BackendError::TimedOut),
         };
+        unsure.armed = false;
         if !taken.granted {
             return Admission::Answered(taken);
         }
@@ -187,6 +202,23 @@ impl<Bk: Leasing> Shared<Bk> {
             Outage::Insured(taken) => Admission::Answered(taken),
             Outage::Open => Admission::Uncounted,
             Outage::Closed(err) => Admission::Failed(err),
+        }
+    }
+}
+
+/// A take whose answer is not known yet: dropped armed, it gives the slot
+/// back by its name (a give-back of a slot never taken finds nothing).
+struct Unsure<'a, Bk: Leasing> {
+    shared: &'a Shared<Bk>,
+    key: &'a Key,
+    slot: SlotId,
+    armed: bool,
+}
+
+impl<Bk: Leasing> Drop for Unsure<'_, Bk> {
+    fn drop(&mut self) {
+        if self.armed {
+            self.shared.release(self.key, self.slot, false);
         }
     }
 }
@@ -289,27 +321,9 @@ impl<Bk: Leasing> Release for Shared<Bk> {
             return;
         }
         self.held().remove(&slot);
-        let mut call = Box::pin(self.backend.give_back(&self.name, key, slot));
-        // A store in this process answers at once; any other is left to
-        // finish on the runtime. A give-back that fails is left to the
-        // lease, never retried: the slot may be another request's by then.
-        let name = Arc::clone(&self.name);
-        let report = move |result| {
-            if let Err(err) = result {
-                tracing::debug!(limiter = %name, error = %err, "a slot in flight could not be given back: its lease frees it");
-            }
-        };
-        match call.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-            Poll::Ready(result) => report(result),
-            Poll::Pending => match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move { report(call.await) });
-                }
-                Err(_) => report(Err(crate::backend::BackendError::Unavailable(
-                    "no tokio runtime to give the slot back on".into(),
-                ))),
-            },
-        }
+        // A give-back that fails is left to the lease, never retried: the
+        // slot may be another request's by then.
+        self.backend.release(&self.name, key, slot);
     }
 }
 
