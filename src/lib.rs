@@ -119,8 +119,9 @@
 //! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: [`docs/costs.md`](crate::guide::costs)) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseHead`](outcome::ResponseHead), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials (guide: [`docs/headers.md`](crate::guide::headers)) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
 //! | a budget for outbound calls, shared by every instance, that waits for its window (guide: [`docs/outbound.md`](crate::guide::outbound)) | [`outbound::BudgetLayer`] |
+//! | at most N requests in flight per key across instances, slots on leases no crash can leak (guide: [`docs/in-flight.md`](crate::guide::in_flight)) | [`InFlightLayer`], [`InFlight`], [`BudgetLayer::in_flight`](outbound::BudgetLayer::in_flight) |
 //! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`allow_missing_key`](RateLimitLayer::allow_missing_key), [`ConfigError`] |
-//! | where counters live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys) |
+//! | where counters and slots live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys), [`Leasing`](backend::Leasing) |
 //! | a store of your own: storage keys, a deny cache, a batched future | [`backend::toolkit`] |
 //! | Redis, Cluster, Sentinel | the [`tower-pinned-window-redis`][crate-redis] crate |
 //! | PostgreSQL | the [`tower-pinned-window-postgres`][crate-postgres] crate |
