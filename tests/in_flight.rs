@@ -587,9 +587,11 @@ fn bad_caps_are_refused_where_they_are_made() {
         })
     );
     let fine = InFlightLayer::new("jobs", cap(1, Duration::from_millis(100)))
-        .timeout(Duration::from_millis(50))
-        .check();
-    assert!(fine.is_ok());
+        .timeout(Duration::from_millis(50));
+    assert!(fine.check().is_ok());
+    let refused =
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| layer.layer(ok_service())));
+    assert!(refused.is_err(), "layer() panics with check()'s error");
     assert!(InFlightLayer::try_new("bad name", cap(1, Duration::from_secs(1))).is_err());
 }
 

@@ -187,8 +187,8 @@ async fn instance<Bk: Leasing>(
     let cap = InFlight::new(max, Duration::from_secs(10))?;
     let layer = InFlightLayer::new("completions", cap)
         .key(http::HeaderName::from_static(API_KEY))
-        .backend(backend)
-        .check()?;
+        .backend(backend);
+    layer.check()?;
     let app = Router::new()
         .route("/v1/completions", post(complete))
         .with_state(meter)

@@ -171,29 +171,6 @@ impl<K, Bk: Clone> InFlightLayer<K, Bk> {
         self.with(|s| s.failure.set(policy))
     }
 
-    /// The settings checked together: a lease no longer than the
-    /// [`timeout`](Self::timeout) is refused, since a slot could run out
-    /// before the answer that made it arrived.
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use tower_pinned_window::{ConfigError, InFlight, InFlightLayer};
-    ///
-    /// let cap = InFlight::new(3, Duration::from_millis(80)).unwrap();
-    /// let layer = InFlightLayer::new("jobs", cap);
-    /// assert_eq!(
-    ///     layer.check().err(),
-    ///     Some(ConfigError::LeaseNotAboveTimeout { lease_ms: 80, timeout_ms: 100 })
-    /// );
-    /// ```
-    ///
-    /// # Errors
-    /// [`ConfigError::LeaseNotAboveTimeout`].
-    pub fn check(self) -> Result<Self, ConfigError> {
-        lease_above(self.shared.in_flight.lease(), self.shared.timeout)?;
-        Ok(self)
-    }
-
     /// The cap.
     pub fn in_flight(&self) -> InFlight {
         self.shared.in_flight
@@ -230,6 +207,32 @@ impl<K, Bk: Clone> InFlightLayer<K, Bk> {
     }
 }
 
+impl<K, Bk> InFlightLayer<K, Bk> {
+    /// The settings checked together, the one place where settings that
+    /// depend on each other are: a lease no longer than the
+    /// [`timeout`](Self::timeout) is refused, since a slot could run out
+    /// before the answer that made it arrived. [`Layer::layer`] panics with
+    /// this error.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::{ConfigError, InFlight, InFlightLayer};
+    ///
+    /// let cap = InFlight::new(3, Duration::from_millis(80)).unwrap();
+    /// let layer = InFlightLayer::new("jobs", cap);
+    /// assert_eq!(
+    ///     layer.check().err(),
+    ///     Some(ConfigError::LeaseNotAboveTimeout { lease_ms: 80, timeout_ms: 100 })
+    /// );
+    /// ```
+    ///
+    /// # Errors
+    /// [`ConfigError::LeaseNotAboveTimeout`].
+    pub fn check(&self) -> Result<(), ConfigError> {
+        lease_above(self.shared.in_flight.lease(), self.shared.timeout)
+    }
+}
+
 impl<K: Clone, Bk> Clone for InFlightLayer<K, Bk> {
     fn clone(&self) -> Self {
         Self {
@@ -251,7 +254,11 @@ impl<K: fmt::Debug, Bk: fmt::Debug> fmt::Debug for InFlightLayer<K, Bk> {
 impl<S, K: Clone, Bk> Layer<S> for InFlightLayer<K, Bk> {
     type Service = InFlightLimit<S, K, Bk>;
 
+    /// # Panics
+    /// When [`check`](InFlightLayer::check) fails.
+    #[track_caller]
     fn layer(&self, inner: S) -> Self::Service {
+        built(self.check());
         InFlightLimit {
             inner,
             key: self.key.clone(),
