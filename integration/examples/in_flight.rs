@@ -6,7 +6,7 @@
 //! pointed at one store, serve `POST /v1/completions`: an answer streamed in
 //! chunks for about 200 ms. Clients on several API keys call them over TCP
 //! through hyper-util's client, many more at once than the cap allows; a
-//! refused call (429) is tried again 5 ms later. The handler counts what is
+//! refused call (429) is tried again 5 ms later (`RETRY_MS`). The handler counts what is
 //! truly in flight per key, across every instance, while each answer
 //! streams: the count is taken when the handler starts and given back when
 //! the last chunk has gone.
@@ -22,7 +22,10 @@
 //! ```
 //!
 //! Its settings come from the environment: `INSTANCES` (4), `KEYS` (3),
-//! `CALLERS` per key (8), `MAX` in flight per key (3), `DURATION_SECS` (5).
+//! `CALLERS` per key (8), `MAX` in flight per key (3), `DURATION_SECS` (5),
+//! `TIMEOUT_MS`, the layer's timeout for a store call (100; a call past it
+//! fails closed, 503), `RETRY_MS`, how long a refused caller waits before
+//! it calls again (5).
 //! The figures in `bench/README.md` ("Requests in flight") are
 //! `INSTANCES=4 KEYS=20 CALLERS=50 MAX=5 DURATION_SECS=10`: 1,000 callers.
 //!
@@ -70,6 +73,11 @@ pub struct Settings {
     pub max: u64,
     /// How long the callers call.
     pub seconds: u64,
+    /// The layer's timeout for a store call, in milliseconds.
+    pub timeout_ms: u64,
+    /// How long a caller refused (429) waits before it calls again, in
+    /// milliseconds.
+    pub retry_ms: u64,
 }
 
 impl Settings {
@@ -87,6 +95,8 @@ impl Settings {
             callers: usize::try_from(read("CALLERS", 8)?)?,
             max: read("MAX", 3)?,
             seconds: read("DURATION_SECS", 5)?,
+            timeout_ms: read("TIMEOUT_MS", 100)?,
+            retry_ms: read("RETRY_MS", 5)?,
         })
     }
 }
@@ -181,13 +191,14 @@ async fn complete(State(meter): State<Arc<Meter>>, headers: HeaderMap) -> Body {
 /// One instance of the app on 127.0.0.1, with its own layer on `backend`.
 async fn instance<Bk: Leasing>(
     backend: Bk,
-    max: u64,
+    settings: Settings,
     meter: Arc<Meter>,
 ) -> Result<http::Uri, Box<dyn std::error::Error>> {
-    let cap = InFlight::new(max, Duration::from_secs(10))?;
+    let cap = InFlight::new(settings.max, Duration::from_secs(10))?;
     let layer = InFlightLayer::new("completions", cap)
         .key(http::HeaderName::from_static(API_KEY))
-        .backend(backend);
+        .backend(backend)
+        .timeout(Duration::from_millis(settings.timeout_ms));
     layer.check()?;
     let app = Router::new()
         .route("/v1/completions", post(complete))
@@ -223,7 +234,7 @@ pub async fn run<Bk: Leasing>(
     let meter = Arc::new(Meter::default());
     let mut uris = Vec::new();
     for backend in backends {
-        uris.push(instance(backend, settings.max, Arc::clone(&meter)).await?);
+        uris.push(instance(backend, settings, Arc::clone(&meter)).await?);
     }
     let started = Instant::now();
     let end = started + Duration::from_secs(settings.seconds);
@@ -236,6 +247,7 @@ pub async fn run<Bk: Leasing>(
         let key = caller % settings.keys;
         let uri = uris[caller % uris.len()].clone();
         let (client, outcome) = (client.clone(), Arc::clone(&outcomes[key]));
+        let retry = Duration::from_millis(settings.retry_ms);
         callers.push(tokio::spawn(async move {
             while Instant::now() < end {
                 let request = http::Request::post(uri.clone())
@@ -246,7 +258,7 @@ pub async fn run<Bk: Leasing>(
                     Ok(answer) => answer,
                     Err(_) => {
                         outcome.lock().unwrap().failed += 1;
-                        tokio::time::sleep(Duration::from_millis(5)).await;
+                        tokio::time::sleep(retry).await;
                         continue;
                     }
                 };
@@ -263,7 +275,7 @@ pub async fn run<Bk: Leasing>(
                     status == StatusCode::TOO_MANY_REQUESTS
                 };
                 if refused {
-                    tokio::time::sleep(Duration::from_millis(5)).await;
+                    tokio::time::sleep(retry).await;
                 }
             }
         }));
@@ -302,6 +314,8 @@ async fn backends_and_run(settings: Settings) -> Result<Vec<Outcome>, Box<dyn st
         for _ in 0..settings.instances {
             backends.push(tower_pinned_window_postgres::PostgresBackend::connect(&url).await?);
         }
+        // The table (and its slots' table) made if missing.
+        backends[0].migrate().await?;
         println!("store: PostgreSQL at {url}");
         return run(backends, settings).await;
     }
@@ -315,8 +329,13 @@ async fn backends_and_run(settings: Settings) -> Result<Vec<Outcome>, Box<dyn st
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let settings = Settings::from_env()?;
     println!(
-        "{} instances, {} keys x {} callers, at most {} in flight per key, {} s",
-        settings.instances, settings.keys, settings.callers, settings.max, settings.seconds
+        "{} instances, {} keys x {} callers, at most {} in flight per key, {} s, store timeout {} ms",
+        settings.instances,
+        settings.keys,
+        settings.callers,
+        settings.max,
+        settings.seconds,
+        settings.timeout_ms
     );
     let outcomes = backends_and_run(settings).await?;
     let mut most = 0;

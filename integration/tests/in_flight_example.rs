@@ -17,6 +17,8 @@ async fn the_in_flight_example_never_passes_its_cap() {
         callers: 6,
         max: 3,
         seconds: 2,
+        timeout_ms: 100,
+        retry_ms: 5,
     };
     let store = MemoryBackend::new();
     let outcomes = in_flight::run(vec![store; settings.instances], settings)
