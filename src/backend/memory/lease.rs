@@ -119,9 +119,20 @@ impl Slots {
                 .into_mut(),
         };
         let leases = &mut entry.leases;
-        leases.retain(|(_, end)| *end > now);
+        // One pass: the leases that ran out go, and the slot is looked for.
+        let mut held = false;
+        let mut at = 0;
+        while at < leases.len() {
+            let (id, end) = leases[at];
+            if end <= now {
+                leases.swap_remove(at);
+                continue;
+            }
+            held |= id == slot;
+            at += 1;
+        }
         let in_use = leases.len() as u64;
-        if leases.iter().any(|(held, _)| *held == slot) {
+        if held {
             return Taken {
                 granted: true,
                 in_use,
