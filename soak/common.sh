@@ -30,12 +30,13 @@ stop_started() {
 }
 
 # With KEEP set, copy the run's answers and events (and the Cluster soak's
-# slots of the keys, the outbound soak's provider log) there before they go.
+# slots of the keys, the outbound soak's provider log, the in-flight soak's
+# looks at the store) there before they go.
 keep_run() {
   if [ -n "${KEEP:-}" ]; then
     mkdir -p "$KEEP" && cp "$dir"/answers.* "$dir"/events "$KEEP"/ 2>/dev/null || true
     local f
-    for f in slots provider; do
+    for f in slots provider watch; do
       if [ -f "$dir/$f" ]; then cp "$dir/$f" "$KEEP"/; fi
     done
   fi
