@@ -32,6 +32,19 @@ fn cap(max: u64, lease: Duration) -> InFlight {
     InFlight::new(max, lease).unwrap()
 }
 
+/// One request through a clone of `service`, answered.
+async fn ask<S, B>(service: &S) -> Response<B>
+where
+    S: Service<Request<String>, Response = Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    service
+        .clone()
+        .oneshot(Request::new(String::new()))
+        .await
+        .unwrap()
+}
+
 fn header(response: &Response<impl Sized>, name: &str) -> String {
     response.headers()[name].to_str().unwrap().to_owned()
 }
@@ -149,7 +162,7 @@ async fn a_cancelled_call_gives_its_slot_back() {
         _ = waiting => unreachable!("the handler never answers"),
         refused = async {
             tokio::time::sleep(Duration::from_millis(20)).await;
-            service.clone().oneshot(Request::new(String::new())).await.unwrap()
+            ask(&service).await
         } => refused,
     };
     assert_eq!(
@@ -277,25 +290,13 @@ async fn two_instances_on_one_store_share_the_cap() {
     let b = InFlightLayer::new("jobs", c)
         .backend(store.clone())
         .layer(ok_service());
-    let one = a
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
-    let two = b
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
+    let one = ask(&a).await;
+    let two = ask(&b).await;
     assert_eq!(
         (one.status(), two.status()),
         (StatusCode::OK, StatusCode::OK)
     );
-    let three = a
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
+    let three = ask(&a).await;
     assert_eq!(
         three.status(),
         StatusCode::TOO_MANY_REQUESTS,
@@ -316,11 +317,7 @@ async fn a_refused_request_waits_for_a_slot_up_to_its_bound() {
     let layer =
         InFlightLayer::new("jobs", cap(1, Duration::from_secs(30))).wait(Duration::from_secs(5));
     let service = layer.layer(ok_service());
-    let first = service
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
+    let first = ask(&service).await;
     let waiting = tokio::spawn(service.clone().oneshot(Request::new(String::new())));
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(!waiting.is_finished(), "it waits while the slot is held");
@@ -335,11 +332,7 @@ async fn a_refused_request_waits_for_a_slot_up_to_its_bound() {
     let bounded = InFlightLayer::new("jobs", cap(1, Duration::from_secs(30)))
         .wait(Duration::from_millis(150))
         .layer(ok_service());
-    let held = bounded
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
+    let held = ask(&bounded).await;
     let start = std::time::Instant::now();
     let refused = bounded.oneshot(Request::new(String::new())).await.unwrap();
     assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
@@ -495,26 +488,14 @@ async fn a_store_that_fails_is_answered_by_the_failure_policy() {
         .backend(down.clone())
         .on_failure(FailurePolicy::Insurance(Share::one_in(2).unwrap()))
         .layer(ok_service());
-    let one = insured
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
-    let two = insured
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
+    let one = ask(&insured).await;
+    let two = ask(&insured).await;
     assert_eq!(
         (one.status(), two.status()),
         (StatusCode::OK, StatusCode::OK)
     );
     assert_eq!(header(&two, "ratelimit"), "\"jobs\";r=0");
-    let three = insured
-        .clone()
-        .oneshot(Request::new(String::new()))
-        .await
-        .unwrap();
+    let three = ask(&insured).await;
     assert_eq!(
         three.status(),
         StatusCode::TOO_MANY_REQUESTS,

@@ -15,8 +15,7 @@ use tower_service::Service;
 
 use crate::backend::{InFlight, Leasing, MemoryBackend, SlotId};
 use crate::budget::check::{built, layer_name};
-use crate::budget::failure::FailurePolicy;
-use crate::budget::failure::{self, Failure};
+use crate::budget::failure::{self, Failure, FailurePolicy};
 use crate::error::ConfigError;
 use crate::key::{Key, KeyError, KeyExtractor};
 use crate::quota::Window;
