@@ -158,32 +158,63 @@ pub(crate) fn writes_on_passed(decision: &Decision) -> bool {
         || (decision.outcome() == Outcome::Allowed && decision.remaining() == 0)
 }
 
-/// The `RateLimit-Policy` field of an in-flight cap of `max` named `name`
-/// (a layer name: a valid sf-string), made once when the layer is built:
-/// the quota unit is the IETF draft's `concurrent-requests`.
-pub(crate) fn in_flight_policy(name: &str, max: u64) -> HeaderValue {
-    HeaderValue::try_from(format!("\"{name}\";q={max};qu=\"concurrent-requests\""))
-        .expect("a layer name is printable ASCII without quotes")
+/// The fields an in-flight cap named `name` writes, made once when its
+/// layer is built: `RateLimit-Policy` with the IETF draft's quota unit for
+/// concurrency, and `RateLimit` for each number of slots left up to
+/// [`InFlightFields::MADE`] (an answer past it, and a refusal's, are
+/// written when needed). `name` is a layer name: a valid sf-string.
+#[derive(Debug)]
+pub(crate) struct InFlightFields {
+    name: Box<str>,
+    policy: HeaderValue,
+    /// `"name";r=N` for N slots left, by N.
+    left: Box<[HeaderValue]>,
 }
 
-/// The in-flight fields on an answer: the cap's policy, and `RateLimit`
-/// with the slots left (`r`) and, on a refusal, the seconds until the
-/// earliest lease runs out (`t`, whole seconds rounded up). Appended beside
-/// any other layer's fields, as more members of the same lists.
-pub(crate) fn in_flight_headers(
-    headers: &mut HeaderMap,
-    name: &str,
-    policy: &HeaderValue,
-    left: u64,
-    retry: Option<std::time::Duration>,
-) {
-    headers.append(RATELIMIT_POLICY, policy.clone());
-    let field = match retry {
-        Some(retry) => format!("\"{name}\";r={left};t={}", ceil_secs(retry).max(1)),
-        None => format!("\"{name}\";r={left}"),
-    };
-    if let Ok(value) = HeaderValue::try_from(field) {
-        headers.append(RATELIMIT, value);
+impl InFlightFields {
+    /// The most slots left whose `RateLimit` field is made in advance.
+    const MADE: u64 = 64;
+
+    pub(crate) fn new(name: &str, max: u64) -> Self {
+        let value = |text: String| {
+            HeaderValue::from_maybe_shared(Bytes::from(text))
+                .expect("a layer name is printable ASCII without quotes")
+        };
+        Self {
+            name: name.into(),
+            policy: value(format!("\"{name}\";q={max};qu=\"concurrent-requests\"")),
+            left: (0..=max.min(Self::MADE))
+                .map(|left| value(format!("\"{name}\";r={left}")))
+                .collect(),
+        }
+    }
+
+    /// The fields on an answer: the policy, and `RateLimit` with the slots
+    /// left (`r`) and, on a refusal, the seconds until the earliest lease
+    /// runs out (`t`, whole seconds rounded up). Appended beside any other
+    /// layer's fields, as more members of the same lists.
+    pub(crate) fn write(
+        &self,
+        headers: &mut HeaderMap,
+        left: u64,
+        retry: Option<std::time::Duration>,
+    ) {
+        headers.append(RATELIMIT_POLICY, self.policy.clone());
+        let made = usize::try_from(left).ok().and_then(|at| self.left.get(at));
+        let field = match (retry, made) {
+            (None, Some(made)) => made.clone(),
+            (None, None) => self.field(format!("\"{}\";r={left}", self.name)),
+            (Some(retry), _) => self.field(format!(
+                "\"{}\";r={left};t={}",
+                self.name,
+                ceil_secs(retry).max(1)
+            )),
+        };
+        headers.append(RATELIMIT, field);
+    }
+
+    fn field(&self, text: String) -> HeaderValue {
+        HeaderValue::try_from(text).expect("a layer name is printable ASCII without quotes")
     }
 }
 

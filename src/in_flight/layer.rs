@@ -377,13 +377,9 @@ where
         Admission::Answered(taken) => {
             let mut response = response::busy::<ResBody>(grpc, taken.retry);
             let left = shared.in_flight.max().saturating_sub(taken.in_use);
-            response::in_flight_headers(
-                response.headers_mut(),
-                &shared.name,
-                &shared.policy_header,
-                left,
-                Some(taken.retry),
-            );
+            shared
+                .fields
+                .write(response.headers_mut(), left, Some(taken.retry));
             return Ok(response.map(|b| Leased::new(b, None)));
         }
         Admission::Failed(err) => {
@@ -402,13 +398,7 @@ where
     // a panicking handler drops it, which gives the slot back.
     let mut response = inner.call(request).await?;
     if let Some(left) = left {
-        response::in_flight_headers(
-            response.headers_mut(),
-            &shared.name,
-            &shared.policy_header,
-            left,
-            None,
-        );
+        shared.fields.write(response.headers_mut(), left, None);
     }
     Ok(response.map(|body| Leased::new(body, guard)))
 }

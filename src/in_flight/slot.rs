@@ -28,8 +28,8 @@ pub(crate) struct Shared<Bk> {
     pub(crate) timeout: Duration,
     /// How long a request may wait for a slot; zero: refused at once.
     pub(crate) wait: Duration,
-    /// The header values this layer writes, made once.
-    pub(crate) policy_header: http::HeaderValue,
+    /// The header fields this layer writes, made once.
+    pub(crate) fields: crate::response::InFlightFields,
     pub(crate) gate: LogGate,
     pub(crate) key_gate: LogGate,
     /// What a call gets when the store fails under fail-closed, in the
@@ -51,7 +51,7 @@ impl<Bk> Shared<Bk> {
         wait: Duration,
     ) -> Self {
         Self {
-            policy_header: crate::response::in_flight_policy(&name, in_flight.max()),
+            fields: crate::response::InFlightFields::new(&name, in_flight.max()),
             name,
             in_flight,
             backend,

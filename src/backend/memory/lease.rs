@@ -11,7 +11,7 @@
 //! since the shard's last sweep.
 
 use std::hash::BuildHasher;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hashbrown::{DefaultHashBuilder, HashTable};
@@ -45,7 +45,9 @@ pub(super) struct Slots {
 /// and again finds its entry in place (no insert, no allocation).
 #[derive(Debug)]
 struct Entry {
-    namespace: Box<str>,
+    /// One of its shard's `names`: a new key of a known namespace
+    /// allocates nothing for it.
+    namespace: Arc<str>,
     key: Key,
     leases: Leases,
 }
@@ -54,6 +56,9 @@ struct Entry {
 struct Shard {
     entries: HashTable<Entry>,
     takes: u32,
+    /// The namespaces its entries name, each once (a layer's name: a
+    /// handful).
+    names: Vec<Arc<str>>,
 }
 
 impl Shard {
@@ -68,6 +73,18 @@ impl Shard {
             entry.leases.retain(|(_, end)| *end > now);
             !entry.leases.is_empty()
         });
+        // A name no entry holds any more goes too.
+        self.names.retain(|name| Arc::strong_count(name) > 1);
+    }
+
+    /// `namespace`, as one of `names` (added when new).
+    fn name(names: &mut Vec<Arc<str>>, namespace: &str) -> Arc<str> {
+        if let Some(name) = names.iter().find(|name| ***name == *namespace) {
+            return Arc::clone(name);
+        }
+        let name: Arc<str> = namespace.into();
+        names.push(Arc::clone(&name));
+        name
     }
 }
 
@@ -100,6 +117,7 @@ impl Slots {
             shard.sweep(now);
         }
         let hasher = &self.hasher;
+        let shard = &mut *shard;
         let entry = match shard
             .entries
             .find_entry(hash, |e| e.key == *key && &*e.namespace == cap.namespace)
@@ -110,7 +128,7 @@ impl Slots {
                 .insert_unique(
                     hash,
                     Entry {
-                        namespace: cap.namespace.into(),
+                        namespace: Shard::name(&mut shard.names, cap.namespace),
                         key: key.clone(),
                         leases: Leases::new(),
                     },
