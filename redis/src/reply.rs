@@ -483,6 +483,119 @@ pub(super) fn parse_extend(
     parsed.ok_or_else(|| unexpected_slots_reply("an extend", first, &value))
 }
 
+/// What a step of a call of the slots' batch script does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Takes a slot.
+    Take,
+    /// Gives a slot back.
+    GiveBack,
+}
+
+/// The slots' batch script's reply, `[answers, place, reason, ...]`: three
+/// signed 64-bit big-endian integers per step, in order (a take: `1, in
+/// use, 0` granted, `0, in use, ms until the earliest lease runs out`
+/// refused; a give-back: `1, 0, 0` the slot was there, `0, 0, 0` it was
+/// not; either: `-1, 0, 0` a record that is not one, `-2, 0, 0` invalid
+/// arguments), then the place (from 1) and reason of each step answered
+/// -1 or -2. There are `n` steps, `step_of` each one's kind and record.
+/// Each step's answer: a take's [`Taken`]; a give-back's is
+/// `Taken { granted, .. }`, `granted` whether the slot was there, nothing
+/// in use and no wait. A step answered in another shape is
+/// [`BackendError::Unavailable`], as a single step's would be; a reply of
+/// another shape is given back, for the error.
+pub(super) fn parse_slots_batch<'r>(
+    reply: Value,
+    n: usize,
+    step_of: impl Fn(usize) -> (Step, &'r [u8]),
+) -> Result<Vec<Result<Taken, BackendError>>, Value> {
+    let Some((answers, refused)) = slots_batch_shape(&reply, n) else {
+        return Err(reply);
+    };
+    Ok(answers
+        .chunks_exact(24)
+        .enumerate()
+        .map(|(at, step)| {
+            let [code, in_use, ms] = std::array::from_fn(|i| {
+                i64::from_be_bytes(step[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+            });
+            let reason = refused
+                .iter()
+                .find(|(place, _)| *place == at)
+                .map(|(_, reason)| *reason);
+            let (kind, record) = step_of(at);
+            parse_slot_step(kind, [code, in_use, ms], reason, record)
+        })
+        .collect())
+}
+
+/// The parts of a slots' batch reply for `n` steps: the packed answers,
+/// and the refused steps' places (from 0) and reasons; `None` when it is
+/// not of that shape.
+fn slots_batch_shape(reply: &Value, n: usize) -> Option<(&[u8], SmallVec<[(usize, &[u8]); 2]>)> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let [Value::BulkString(answers), tail @ ..] = items.as_slice() else {
+        return None;
+    };
+    if answers.len() != 24 * n || tail.len() % 2 != 0 {
+        return None;
+    }
+    let refused = tail
+        .chunks_exact(2)
+        .map(|pair| match pair {
+            [Value::Int(place), Value::BulkString(reason)] => {
+                let at = usize::try_from(*place).ok()?.checked_sub(1)?;
+                (at < n).then_some((at, reason.as_slice()))
+            }
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    Some((answers, refused))
+}
+
+/// One step's answer in a slots' batch: its three numbers, its reason
+/// when refused, and its record (named by an error).
+fn parse_slot_step(
+    kind: Step,
+    [code, in_use, ms]: [i64; 3],
+    reason: Option<&[u8]>,
+    record: &[u8],
+) -> Result<Taken, BackendError> {
+    let answered = |granted: bool, in_use: i64, ms: i64| Taken {
+        granted,
+        in_use: in_use as u64,
+        retry: Duration::from_millis(ms as u64),
+    };
+    match (kind, code, reason) {
+        (Step::Take, 1, None) if in_use >= 1 && ms == 0 => Ok(answered(true, in_use, 0)),
+        (Step::Take, 0, None) if in_use >= 1 && ms >= 0 => Ok(answered(false, in_use, ms)),
+        (Step::GiveBack, 0 | 1, None) if in_use == 0 && ms == 0 => Ok(answered(code == 1, 0, 0)),
+        (_, -1, Some(reason)) if in_use == 0 && ms == 0 => Err(corrupt(
+            record,
+            String::from_utf8_lossy(reason).into_owned(),
+        )),
+        (_, -2, Some(err)) if in_use == 0 && ms == 0 => Err(BackendError::Unavailable(
+            String::from_utf8_lossy(err).into_owned().into(),
+        )),
+        _ => {
+            let what = match kind {
+                Step::Take => "a take",
+                Step::GiveBack => "a give-back",
+            };
+            Err(BackendError::Unavailable(
+                format!(
+                    "unexpected reply to {what} in a batch on {}: {code}, {in_use}, {ms}, {:?}",
+                    name(record),
+                    reason.map(<[u8]>::escape_ascii)
+                )
+                .into(),
+            ))
+        }
+    }
+}
+
 /// The parsers above, for the fuzz targets (`fuzz/`): built only under
 /// `--cfg fuzzing`, which cargo-fuzz passes, and reached through the
 /// crate's hidden `fuzzing` module.
