@@ -101,10 +101,10 @@ pub(super) trait Work: Send + Sync + Sized + 'static {
         let _ = (connection, unread);
     }
 
-    /// The answer of a request sent with nobody waiting for it
-    /// ([`detach`]). By default it is dropped.
-    fn detached(answer: Result<Self::Answer, BackendError>) {
-        let _ = answer;
+    /// The answer of `work`, sent with nobody waiting for it ([`detach`]).
+    /// By default it is dropped.
+    fn detached(work: Self, answer: Result<Self::Answer, BackendError>) {
+        let _ = (work, answer);
     }
 }
 
@@ -676,7 +676,7 @@ where
     let mut unread = Vec::new();
     for (Pending { work, reply }, answer) in batch.drain(..).zip(answers) {
         let Some(reply) = reply else {
-            W::detached(answer);
+            W::detached(work, answer);
             continue;
         };
         // A waiter that is gone loses its answer: the work was done, and

@@ -1117,6 +1117,211 @@ mod tests {
         }
     }
 
+    /// The slots' batch script's reply: each step's three integers
+    /// packed, then the refused steps' places and reasons.
+    fn slots_batch(steps: &[[i64; 3]], refused: &[(i64, &str)]) -> Value {
+        let packed = steps
+            .iter()
+            .flat_map(|step| step.iter().flat_map(|n| n.to_be_bytes()))
+            .collect();
+        let mut reply = vec![Value::BulkString(packed)];
+        for (place, reason) in refused {
+            reply.extend([Value::Int(*place), text(reason)]);
+        }
+        Value::Array(reply)
+    }
+
+    #[test]
+    fn slots_batch_replies_parse() {
+        use Step::{GiveBack, Take};
+        let taken = |granted, in_use, ms| Taken {
+            granted,
+            in_use,
+            retry: Duration::from_millis(ms),
+        };
+        // (case, kind, the step's numbers, its reason, what it reads as)
+        type Case<'a> = (
+            &'a str,
+            Step,
+            [i64; 3],
+            Option<&'a str>,
+            Result<Taken, &'a str>,
+        );
+        let cases: &[Case<'_>] = &[
+            ("granted", Take, [1, 1, 0], None, Ok(taken(true, 1, 0))),
+            (
+                "refused",
+                Take,
+                [0, 3, 29_950],
+                None,
+                Ok(taken(false, 3, 29_950)),
+            ),
+            (
+                "given back",
+                GiveBack,
+                [1, 0, 0],
+                None,
+                Ok(taken(true, 0, 0)),
+            ),
+            (
+                "not there",
+                GiveBack,
+                [0, 0, 0],
+                None,
+                Ok(taken(false, 0, 0)),
+            ),
+            (
+                "a corrupt take",
+                Take,
+                [-1, 0, 0],
+                Some("a key of type string"),
+                Err("corrupt"),
+            ),
+            (
+                "a corrupt give-back",
+                GiveBack,
+                [-1, 0, 0],
+                Some("a key of type hash"),
+                Err("corrupt"),
+            ),
+            (
+                "refused arguments",
+                Take,
+                [-2, 0, 0],
+                Some("ERR invalid take"),
+                Err("invalid take"),
+            ),
+            (
+                "granted with nothing in use",
+                Take,
+                [1, 0, 0],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "granted with a wait",
+                Take,
+                [1, 2, 5],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "refused with a negative wait",
+                Take,
+                [0, 3, -1],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "refused with nothing in use",
+                Take,
+                [0, 0, 5],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "a give-back with a count",
+                GiveBack,
+                [1, 2, 0],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "a give-back of 2",
+                GiveBack,
+                [2, 0, 0],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "a code without its reason",
+                Take,
+                [-1, 0, 0],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "a grant with a reason",
+                Take,
+                [1, 1, 0],
+                Some("x"),
+                Err("unexpected"),
+            ),
+            (
+                "another code",
+                Take,
+                [-3, 0, 0],
+                Some("x"),
+                Err("unexpected"),
+            ),
+        ];
+        let steps: Vec<[i64; 3]> = cases.iter().map(|c| c.2).collect();
+        let refused: Vec<(i64, &str)> = (1..)
+            .zip(cases)
+            .filter_map(|(place, c)| c.3.map(|why| (place, why)))
+            .collect();
+        let records: Vec<Vec<u8>> = (0..cases.len())
+            .map(|at| format!("tpw:n{{k{at}}}:slots").into_bytes())
+            .collect();
+        let answers = parse_slots_batch(slots_batch(&steps, &refused), cases.len(), |at| {
+            (cases[at].1, records[at].as_slice())
+        })
+        .unwrap();
+        assert_eq!(answers.len(), cases.len());
+        for (at, ((name, _, _, _, want), got)) in cases.iter().zip(answers).enumerate() {
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{name}"),
+                (Err(BackendError::Corrupt { key, detail }), Err("corrupt")) => {
+                    assert_eq!(
+                        key,
+                        format!("tpw:n{{k{at}}}:slots"),
+                        "{name}: its own record"
+                    );
+                    assert_eq!(Some(detail.as_str()), cases[at].3, "{name}");
+                }
+                (Err(BackendError::Unavailable(err)), Err(want)) => {
+                    let err = err.to_string();
+                    assert!(err.contains(want), "{name}: {err}");
+                    if *want == "unexpected" {
+                        assert!(
+                            err.contains(&format!("k{at}")),
+                            "{name} names its record: {err}"
+                        );
+                    }
+                }
+                (got, _) => panic!("{name}: {got:?}"),
+            }
+        }
+        // No steps: an empty string.
+        assert!(
+            parse_slots_batch(slots_batch(&[], &[]), 0, |_| (Take, RECORD))
+                .unwrap()
+                .is_empty()
+        );
+        // Another number of steps, a byte too many, a place outside the
+        // call or half a pair, no packed string: given back whole.
+        let one = [[1, 1, 0]];
+        let packed = |n: usize| Value::BulkString(vec![0; n]);
+        for reply in [
+            slots_batch(&[], &[]),
+            slots_batch(&[[1, 1, 0], [1, 2, 0]], &[]),
+            Value::Array(vec![packed(25)]),
+            slots_batch(&one, &[(2, "x")]),
+            slots_batch(&one, &[(0, "x")]),
+            Value::Array(vec![packed(24), Value::Int(1)]),
+            Value::Array(vec![packed(24), Value::Int(1), Value::Int(1)]),
+            Value::Array(vec![Value::Int(1), packed(24)]),
+            Value::Array(vec![]),
+            Value::Int(1),
+            Value::Nil,
+        ] {
+            assert_eq!(
+                parse_slots_batch(reply.clone(), 1, |_| (Take, RECORD)).unwrap_err(),
+                reply
+            );
+        }
+    }
+
     #[test]
     fn replies_of_another_shape_are_refused_whole() {
         let packed = |n: usize| Value::BulkString(vec![0; n]);

@@ -141,7 +141,7 @@ impl Work for SlotWork {
     /// A give-back nobody waits for (a request's end) that failed: its
     /// lease frees the slot. Never sent again: by then the slot may be
     /// another request's.
-    fn detached(answer: Result<Taken, BackendError>) {
+    fn detached(_: Self, answer: Result<Taken, BackendError>) {
         if let Err(err) = answer {
             left_to_the_lease(&err);
         }
