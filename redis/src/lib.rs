@@ -56,7 +56,7 @@ mod takes;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing {
-    use tower_pinned_window::backend::{BackendError, Hit};
+    use tower_pinned_window::backend::{BackendError, Hit, Taken};
 
     /// The hit script's reply, read as the backend reads it.
     pub fn hit_reply(value: redis::Value, key: &[u8]) -> Result<Hit, BackendError> {
@@ -96,6 +96,45 @@ pub mod fuzzing {
         entries: &[(&[u8], u64, u64)],
     ) -> Result<Vec<Result<Hit, BackendError>>, redis::Value> {
         crate::reply::fuzzing::batch(reply, entries)
+    }
+
+    /// The take script's reply on the record `record`.
+    pub fn take_reply(value: redis::Value, record: &[u8]) -> Result<Taken, BackendError> {
+        crate::reply::fuzzing::take(value, record)
+    }
+
+    /// The give-back script's reply on the record `record`.
+    pub fn give_back_reply(value: redis::Value, record: &[u8]) -> Result<bool, BackendError> {
+        crate::reply::fuzzing::give_back(value, record)
+    }
+
+    /// The in-use script's reply on the record `record`.
+    pub fn in_use_reply(value: redis::Value, record: &[u8]) -> Result<u64, BackendError> {
+        crate::reply::fuzzing::in_use(value, record)
+    }
+
+    /// The extend script's reply for a call on `records` records, the
+    /// first `first`: the slots extended, and the places (from 0) of the
+    /// records skipped as corrupt.
+    pub fn extend_reply(
+        value: redis::Value,
+        records: usize,
+        first: &[u8],
+    ) -> Result<(u64, Vec<usize>), BackendError> {
+        crate::reply::fuzzing::extend(value, records, first)
+    }
+
+    /// The slots' batch script's reply for steps on `record`, each a take
+    /// (`true`) or a give-back: a result per step (a give-back's
+    /// `granted` whether the slot was there), or the reply back when it is
+    /// not of the script's shape.
+    #[allow(clippy::type_complexity)]
+    pub fn slots_batch_reply(
+        value: redis::Value,
+        takes: &[bool],
+        record: &[u8],
+    ) -> Result<Vec<Result<Taken, BackendError>>, redis::Value> {
+        crate::reply::fuzzing::slots_batch(value, takes, record)
     }
 }
 

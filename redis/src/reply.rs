@@ -532,6 +532,7 @@ pub(super) fn parse_slots_batch<'r>(
 /// The parts of a slots' batch reply for `n` steps: the packed answers,
 /// and the refused steps' places (from 0) and reasons; `None` when it is
 /// not of that shape.
+#[allow(clippy::type_complexity)]
 fn slots_batch_shape(reply: &Value, n: usize) -> Option<(&[u8], SmallVec<[(usize, &[u8]); 2]>)> {
     let Value::Array(items) = reply else {
         return None;
@@ -601,7 +602,7 @@ fn parse_slot_step(
 /// crate's hidden `fuzzing` module.
 #[cfg(fuzzing)]
 pub(crate) mod fuzzing {
-    use super::{BackendError, Hit, Value};
+    use super::{BackendError, Hit, Taken, Value};
 
     pub(crate) fn hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
         super::parse_hit(value, key)
@@ -641,6 +642,45 @@ pub(crate) mod fuzzing {
         entries: &[(&[u8], u64, u64)],
     ) -> Result<Vec<Result<Hit, BackendError>>, Value> {
         super::batch_of(reply, entries)
+    }
+
+    pub(crate) fn take(value: Value, record: &[u8]) -> Result<Taken, BackendError> {
+        super::parse_take(value, record)
+    }
+
+    pub(crate) fn give_back(value: Value, record: &[u8]) -> Result<bool, BackendError> {
+        super::parse_give_back(value, record)
+    }
+
+    pub(crate) fn in_use(value: Value, record: &[u8]) -> Result<u64, BackendError> {
+        super::parse_in_use(value, record)
+    }
+
+    /// The slots extended, and the places of the records skipped.
+    pub(crate) fn extend(
+        value: Value,
+        records: usize,
+        first: &[u8],
+    ) -> Result<(u64, Vec<usize>), BackendError> {
+        let extended = super::parse_extend(value, records, first)?;
+        Ok((extended.slots, extended.corrupt.to_vec()))
+    }
+
+    /// `takes`: each step's kind (a take, or a give-back), all on
+    /// `record`.
+    pub(crate) fn slots_batch(
+        value: Value,
+        takes: &[bool],
+        record: &[u8],
+    ) -> Result<Vec<Result<Taken, BackendError>>, Value> {
+        super::parse_slots_batch(value, takes.len(), |at| {
+            let kind = if takes[at] {
+                super::Step::Take
+            } else {
+                super::Step::GiveBack
+            };
+            (kind, record)
+        })
     }
 }
 

@@ -175,6 +175,10 @@ impl ConnectionLike for Fake {
     }
 }
 
+/// A job nobody waited for, as [`Work::detached`] saw it: its id, and its
+/// answer (`None` for an error).
+type Detached = (u64, Option<u64>);
+
 /// One request of the tests.
 struct Job {
     id: u64,
@@ -183,7 +187,7 @@ struct Job {
     unread: Arc<Mutex<Vec<u64>>>,
     /// The answers of the jobs nobody waited for ([`Work::detached`]): the
     /// job's id, and its answer or `None` for an error.
-    detached: Arc<Mutex<Vec<(u64, Option<u64>)>>>,
+    detached: Arc<Mutex<Vec<Detached>>>,
     /// Held while the job lives: a test counts the jobs left (none leak).
     _alive: Arc<()>,
 }
@@ -228,7 +232,7 @@ struct Lanes {
     fake: Fake,
     batcher: Arc<Batcher<Fake, Job>>,
     unread: Arc<Mutex<Vec<u64>>>,
-    detached: Arc<Mutex<Vec<(u64, Option<u64>)>>>,
+    detached: Arc<Mutex<Vec<Detached>>>,
     alive: Arc<()>,
 }
 
@@ -266,7 +270,7 @@ impl Lanes {
     }
 
     /// The answers of the requests nobody waited for, once `n` came.
-    async fn detached(&self, n: usize) -> Vec<(u64, Option<u64>)> {
+    async fn detached(&self, n: usize) -> Vec<Detached> {
         for _ in 0..10_000 {
             if self.detached.lock().unwrap().len() >= n {
                 break;
