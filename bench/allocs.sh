@@ -49,7 +49,7 @@
 #      slot's guard and held map). Their budgets are ratchets at the
 #      measured figures, not the target: memory-in-flight-8=8.6,
 #      memory-in-flight-64=8.6, redis-in-flight-64=7.8 (7.73 to 7.75
-#      measured), redis-in-flight-8=11.5 (11.47 to 11.49).
+#      measured), redis-in-flight-8=11.5 (11.29 to 11.49).
 #    - What the Redis store adds to the in-flight route is held to the
 #      issue's target, against the memory in-flight route of the same run
 #      (--over): at most what the plain Redis route adds over the plain
@@ -57,7 +57,7 @@
 #      redis-in-flight-64 over memory-in-flight-64 at most 2 (-0.87
 #      measured: the lanes' takes and give-backs, shared by the requests of
 #      a call, cost less than the memory store's slots), redis-in-flight-8
-#      over memory-in-flight-8 at most 6.5 (2.88 to 2.90 measured).
+#      over memory-in-flight-8 at most 6.5 (2.70 to 2.90 measured).
 #
 # 2. bench/examples/allocs.rs: the layer's cost by DecisionIn and header
 #    style, requests driven through an axum Router in-process (no TCP), the

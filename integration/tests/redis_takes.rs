@@ -422,7 +422,8 @@ fn the_slots_batch_script_makes_each_step_as_alone_and_refuses_bad_arguments() {
     let c = format!("{:032x}", 0xc);
     // (record, slot, spec, what the step must answer: code, in use, or the
     // reason's end)
-    let steps: &[(&str, &str, &str, Result<(i64, i64), &str>)] = &[
+    type Case<'a> = (&'a str, &'a str, &'a str, Result<(i64, i64), &'a str>);
+    let steps: &[Case<'_>] = &[
         ("x", &a, "2 60000", Ok((1, 1))),
         ("x", &a, "2 60000", Ok((1, 1))),
         ("x", &b, "2 60000", Ok((1, 2))),
@@ -500,12 +501,12 @@ fn the_slots_batch_script_makes_each_step_as_alone_and_refuses_bad_arguments() {
             .query(&mut server.sync())
             .unwrap()
     };
-    assert_eq!(members("x"), [b.clone(), c.clone()]);
+    assert_eq!(members("x"), [b.clone(), c]);
     assert!(
         members("y").is_empty(),
         "nothing written for a refused step"
     );
-    assert_eq!(members("z"), [b.clone()]);
+    assert_eq!(members("z"), [b]);
     let exists: bool = redis::cmd("EXISTS")
         .arg("tpw:n{y}:slots")
         .query(&mut con)
