@@ -28,6 +28,10 @@ local now = now_ms()
 -- Per record: why it is not one (false when it is one), read once a call:
 -- no step of this script makes a record corrupt.
 local bad = {}
+-- Records this call found missing and has not written since: a take there
+-- creates the record (nothing to drop, nothing held, no lifetime yet), a
+-- give-back finds nothing.
+local absent = {}
 -- Records whose leases that ran out were dropped this call (the clock is
 -- read once: none runs out after that).
 local pruned = {}
@@ -66,13 +70,28 @@ for i = 1, #KEYS do
   else
     local reason = bad[record]
     if reason == nil then
-      reason = not_slots(record) or false
+      local kind
+      reason, kind = not_slots(record)
+      reason = reason or false
       bad[record] = reason
+      absent[record] = kind == 'none'
     end
     if reason then
       refuse(i, -1, reason)
     elseif not take then
-      answer(i, redis.call('ZREM', record, slot), 0, 0)
+      if absent[record] then
+        answer(i, 0, 0, 0)
+      else
+        answer(i, redis.call('ZREM', record, slot), 0, 0)
+      end
+    elseif absent[record] then
+      -- A new record: the slot, and the record's lifetime, in this step.
+      local ends = now + lease
+      redis.call('ZADD', record, int(ends), slot)
+      redis.call('PEXPIREAT', record, int(ends))
+      absent[record] = false
+      pruned[record] = true
+      answer(i, 1, 1, 0)
     else
       if not pruned[record] then
         redis.call('ZREMRANGEBYSCORE', record, '-inf', int(now))
