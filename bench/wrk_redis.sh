@@ -16,7 +16,11 @@
 # answered by the deny cache with no hit sent to Redis (requests less the
 # hits Redis counted, the sum of its counters once the run is over: a hit
 # that reaches Redis is counted, denied or not) and the cache's hit rate
-# (local denials over denials).
+# (local denials over denials); redis-in-flight, the in-flight cap
+# (`InFlightLayer`, a cap no key reaches) instead of the rate limit: a take
+# before the handler and a give-back when the body ends, both through the
+# lanes (its script calls per request count both); redis-in-flight-single,
+# the same with one call a step (`.coalesce(false)`).
 # With REPLICA=1, or when ROUTES has redis-wait, the Redis has a replica
 # (`--replicaof`, started by the script too), for every route of the run, so
 # that the routes are compared on the same master. Each route's
@@ -31,6 +35,7 @@
 #   ROUNDS=5 DURATION=5s CASES=hot bash bench/wrk_redis.sh
 #   ROUTES="redis redis-cost redis-charged" CASES=keys bash bench/wrk_redis.sh
 #   ROUTES="redis redis-wait" bash bench/wrk_redis.sh   # on a master with a replica
+#   ROUTES="redis redis-in-flight" CASES=keys bash bench/wrk_redis.sh
 #
 # Needs wrk (Debian: apt-get install wrk) and redis-server.
 set -euo pipefail
@@ -80,8 +85,8 @@ calls() { # script calls the server has run so far
     awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'
 }
 
-counted() { # hits Redis has counted, over every counter but the warm-up's
-  redis-cli -p "$rport" eval "local n = 0 for _, k in ipairs(redis.call('keys', 'tpw:*')) do if not string.find(k, '{warm}', 1, true) then n = n + tonumber(redis.call('get', k)) end end return n" 0
+counted() { # hits Redis has counted, over every counter but the warm-up's (records of slots in flight are not counters)
+  redis-cli -p "$rport" eval "local n = 0 for _, k in ipairs(redis.call('keys', 'tpw:*')) do if not string.find(k, '{warm}', 1, true) and redis.call('type', k).ok == 'string' then n = n + tonumber(redis.call('get', k)) end end return n" 0
 }
 
 run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s, script calls per request, errors (non-2xx + socket errors), denials, and denials answered locally
@@ -113,11 +118,11 @@ for case in $CASES; do
     *) echo "unknown case $case (keys, hot)" >&2; exit 1 ;;
   esac
   echo "case $case: $conns connections, $script"
-  echo "round  route          rps  ratio_to_bare  ratio_to_redis  calls/request  non-2xx[+socket errors]  [denied  local  hit_rate]"
+  echo "round  route                   rps  ratio_to_bare  ratio_to_redis  calls/request  non-2xx[+socket errors]  [denied  local  hit_rate]"
   declare -A ratios=() plain=() percall=() hitrate=()
   for round in $(seq "$ROUNDS"); do
     read -r off _ _ < <(run static-headers "$conns" "$script")
-    printf '%5d  %-13s %8.0f\n' "$round" bare "$off"
+    printf '%5d  %-22s %8.0f\n' "$round" bare "$off"
     declare -A rps=()
     for route in $ROUTES; do
       read -r on per bad denied local < <(run "$route" "$conns" "$script")
@@ -130,7 +135,7 @@ for case in $CASES; do
       fi
       ratios[$route]+="$ratio "
       percall[$route]+="$per "
-      printf '%5d  %-13s %8.0f  %13.3f  %14s  %13.3f  %s' "$round" "$route" "$on" "$ratio" "$to_redis" "$per" "$bad"
+      printf '%5d  %-22s %8.0f  %13.3f  %14s  %13.3f  %s' "$round" "$route" "$on" "$ratio" "$to_redis" "$per" "$bad"
       if [ "$denied" -gt 0 ]; then
         rate=$(echo "$local / $denied" | bc -l)
         hitrate[$route]+="$rate "

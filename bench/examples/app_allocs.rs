@@ -13,7 +13,10 @@
 //! from the `x-api-key` header into `Key::new(value.as_bytes())`, with the
 //! default headers and the `Decision`'s default place (`DecisionIn::Asked`:
 //! nobody reads it, so it goes nowhere), on the memory backend or on Redis; the cost
-//! route adds `.cost(1)`. The base is the same router without `.layer`.
+//! route adds `.cost(1)`. The in-flight route is `.layer(InFlightLayer::new(..)
+//! .key(..))` instead, keyed the same way, with a cap no key reaches (each
+//! request takes a slot before the handler and gives it back when its
+//! answer's body ends). The base is the same router without `.layer`.
 //!
 //! Only the server's allocations are counted: the server's runtime (its
 //! workers and blocking threads, where the Redis client's tasks run too)
@@ -46,8 +49,10 @@
 //! the layer adds more than `N` allocations a request to `CASE` (its count
 //! less its base's); with `--beyond CASE=N`, when `CASE` costs more than
 //! `N` beyond axum's `.layer` (its count less the `noop` case's at the same
-//! connections). `--only PREFIX` runs the cases whose names start with
-//! it (and their bases).
+//! connections); with `--over CASE=OTHER:N`, when `CASE` costs more than `N`
+//! over the case `OTHER` of the same run (the Redis in-flight route over the
+//! memory one: what the store adds under the same layer). `--only PREFIX`
+//! runs the cases whose names start with it (and their bases).
 //!
 //! With `REDIS_URL` (a Redis of the run's own: the keys are written), the
 //! Redis cases are added. With `ALLOCS_TRACE=1`, a backtrace of every
@@ -70,7 +75,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tower::util::MapResponseLayer;
 use tower_pinned_window::key::{Key, KeyError, RequestHead};
-use tower_pinned_window::{Quota, RateLimitLayer, Window};
+use tower_pinned_window::{InFlight, InFlightLayer, Quota, RateLimitLayer, Window};
 use tower_pinned_window_redis::RedisBackend;
 
 #[path = "support/counting.rs"]
@@ -125,12 +130,23 @@ enum Store {
     Redis,
 }
 
+/// What the layer does with a request.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Limit {
+    /// A hit of the rate limit.
+    Hit,
+    /// A spend of 1 (`.cost(1)`).
+    Cost,
+    /// A slot in flight (`InFlightLayer`), taken and given back.
+    InFlight,
+}
+
 #[derive(Clone, Copy)]
 struct Case {
     name: &'static str,
     what: &'static str,
     store: Store,
-    cost: bool,
+    limit: Limit,
     connections: usize,
     /// The same app without the layer, at the same connections.
     base: &'static str,
@@ -138,69 +154,98 @@ struct Case {
 
 fn cases(redis: bool) -> Vec<Case> {
     let mut cases = Vec::new();
-    for (connections, plain, noop, memory, memory_cost, redis_name, redis_cost) in [
+    for (connections, [plain, noop, memory, memory_cost, memory_in_flight], redis_names) in [
         (
             8,
-            "plain-8",
-            "noop-8",
-            "memory-8",
-            "memory-cost-8",
-            "redis-8",
-            "redis-cost-8",
+            [
+                "plain-8",
+                "noop-8",
+                "memory-8",
+                "memory-cost-8",
+                "memory-in-flight-8",
+            ],
+            ["redis-8", "redis-cost-8", "redis-in-flight-8"],
         ),
         (
             64,
-            "plain-64",
-            "noop-64",
-            "memory-64",
-            "memory-cost-64",
-            "redis-64",
-            "redis-cost-64",
+            [
+                "plain-64",
+                "noop-64",
+                "memory-64",
+                "memory-cost-64",
+                "memory-in-flight-64",
+            ],
+            ["redis-64", "redis-cost-64", "redis-in-flight-64"],
         ),
     ] {
-        let case = |name, what, store, cost| Case {
+        let case = |name, what, store, limit| Case {
             name,
             what,
             store,
-            cost,
+            limit,
             connections,
             base: plain,
         };
-        cases.push(case(plain, "the app without the layer", Store::None, false));
+        cases.push(case(
+            plain,
+            "the app without the layer",
+            Store::None,
+            Limit::Hit,
+        ));
         cases.push(case(
             noop,
             "`.layer` of a layer that does nothing",
             Store::Noop,
-            false,
+            Limit::Hit,
         ));
         cases.push(case(
             memory,
             "`.layer(limiter)`, memory backend",
             Store::Memory,
-            false,
+            Limit::Hit,
         ));
         cases.push(case(
             memory_cost,
             "`.layer(limiter.cost(1))`, memory backend",
             Store::Memory,
-            true,
+            Limit::Cost,
+        ));
+        cases.push(case(
+            memory_in_flight,
+            "`.layer(InFlightLayer)`, memory backend",
+            Store::Memory,
+            Limit::InFlight,
         ));
         if redis {
+            let [redis_name, redis_cost, redis_in_flight] = redis_names;
             cases.push(case(
                 redis_name,
                 "`.layer(limiter)`, Redis backend",
                 Store::Redis,
-                false,
+                Limit::Hit,
             ));
             cases.push(case(
                 redis_cost,
                 "`.layer(limiter.cost(1))`, Redis backend",
                 Store::Redis,
-                true,
+                Limit::Cost,
+            ));
+            cases.push(case(
+                redis_in_flight,
+                "`.layer(InFlightLayer)`, Redis backend",
+                Store::Redis,
+                Limit::InFlight,
             ));
         }
     }
     cases
+}
+
+/// The in-flight cap of the in-flight route: a cap no key reaches (each
+/// key has a request or two in flight at most), on a lease longer than the
+/// run.
+fn in_flight() -> InFlight {
+    InFlight::new(1_000, Duration::from_secs(3600)).unwrap()
 }
 
 /// The app of `case`, made on the server's runtime (the Redis client's
@@ -208,26 +253,31 @@ fn cases(redis: bool) -> Vec<Case> {
 async fn app(case: Case) -> Router {
     let router = Router::new().route("/memory", get(handler));
     let limiter = RateLimitLayer::new("app", quota()).key_fn(api_key);
-    match (case.store, case.cost) {
+    let capped = InFlightLayer::new("app", in_flight()).key(api_key);
+    match (case.store, case.limit) {
         (Store::None, _) => router,
         (Store::Noop, _) => router.layer(MapResponseLayer::new(|r: Response| r)),
-        (Store::Memory, false) => router.layer(limiter),
-        (Store::Memory, true) => router.layer(limiter.cost(1)),
-        (Store::Redis, cost) => {
+        (Store::Memory, Limit::Hit) => router.layer(limiter),
+        (Store::Memory, Limit::Cost) => router.layer(limiter.cost(1)),
+        (Store::Memory, Limit::InFlight) => router.layer(capped),
+        (Store::Redis, limit) => {
             let url = std::env::var("REDIS_URL").expect("the Redis cases need REDIS_URL");
             let connection = redis::Client::open(url)
                 .unwrap()
                 .get_connection_manager()
                 .await
                 .unwrap();
+            let backend = RedisBackend::builder(connection).build();
             // A timeout no call reaches on a machine busy with the load
             // generator and redis-server too (the default, 100 ms, answers
             // 503 now and then there): the layer's timer is armed all the
             // same, so the count is the default's.
-            let limiter = limiter
-                .backend(RedisBackend::builder(connection).build())
-                .timeout(Window::new(Duration::from_secs(600)).unwrap());
-            if cost {
+            let timeout = Window::new(Duration::from_secs(600)).unwrap();
+            if limit == Limit::InFlight {
+                return router.layer(capped.backend(backend).timeout(timeout.as_duration()));
+            }
+            let limiter = limiter.backend(backend).timeout(timeout);
+            if limit == Limit::Cost {
                 router.layer(limiter.cost(1))
             } else {
                 router.layer(limiter)
@@ -347,28 +397,50 @@ fn measure(case: Case) -> f64 {
     per_request
 }
 
+/// What a budget counts a case's allocations against.
+enum Against {
+    /// The app without the layer (`--budget`).
+    Base,
+    /// The app with a `.layer` that does nothing (`--beyond`).
+    Noop,
+    /// Another case of the run (`--over CASE=OTHER:N`): what one store
+    /// adds over another under the same layer, say.
+    Case(String),
+}
+
 fn main() -> ExitCode {
-    // (case, allocations, whether counted beyond the no-op `.layer`)
-    let mut budgets: Vec<(String, f64, bool)> = Vec::new();
+    // (case, allocations, what they are counted against)
+    let mut budgets: Vec<(String, f64, Against)> = Vec::new();
     let mut only: Option<String> = None;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match (arg.as_str(), args.next()) {
-            (flag @ ("--budget" | "--beyond"), Some(budget)) => {
+            (flag @ ("--budget" | "--beyond" | "--over"), Some(budget)) => {
                 let Some((case, n)) = budget.split_once('=') else {
-                    eprintln!("{flag} CASE=N");
+                    eprintln!("{flag} CASE=N (--over CASE=OTHER:N)");
                     return ExitCode::from(2);
+                };
+                let (against, n) = match flag {
+                    "--budget" => (Against::Base, n),
+                    "--beyond" => (Against::Noop, n),
+                    _ => match n.split_once(':') {
+                        Some((other, n)) => (Against::Case(other.to_owned()), n),
+                        None => {
+                            eprintln!("--over CASE=OTHER:N");
+                            return ExitCode::from(2);
+                        }
+                    },
                 };
                 let Ok(n) = n.parse() else {
                     eprintln!("not a number of allocations: {n:?}");
                     return ExitCode::from(2);
                 };
-                budgets.push((case.to_owned(), n, flag == "--beyond"));
+                budgets.push((case.to_owned(), n, against));
             }
             ("--only", Some(prefix)) => only = Some(prefix),
             _ => {
                 eprintln!(
-                    "usage: app_allocs [--budget CASE=N]... [--beyond CASE=N]... [--only PREFIX]"
+                    "usage: app_allocs [--budget CASE=N]... [--beyond CASE=N]... [--over CASE=OTHER:N]... [--only PREFIX]"
                 );
                 return ExitCode::from(2);
             }
@@ -423,20 +495,24 @@ fn main() -> ExitCode {
     std::io::stdout().flush().expect("stdout");
 
     let mut over = false;
-    for (name, budget, beyond) in &budgets {
+    for (name, budget, against) in &budgets {
         let Some((case, n)) = measured.iter().find(|(c, _)| c.name == name) else {
             eprintln!("no case {name:?} measured (the Redis cases need REDIS_URL)");
             return ExitCode::from(2);
         };
-        let (base, what) = if *beyond {
-            (
+        let (base, what) = match against {
+            Against::Noop => (
                 case.base.replace("plain", "noop"),
-                "beyond the no-op `.layer`",
-            )
-        } else {
-            (case.base.to_owned(), "added")
+                "beyond the no-op `.layer`".to_owned(),
+            ),
+            Against::Base => (case.base.to_owned(), "added".to_owned()),
+            Against::Case(other) => (other.clone(), format!("over `{other}`")),
         };
-        let added = n - of(&base).expect("its base is measured");
+        let Some(of_base) = of(&base) else {
+            eprintln!("no case {base:?} measured, against which {name:?} is counted");
+            return ExitCode::from(2);
+        };
+        let added = n - of_base;
         // Averages of whole counts over 100,000 requests: a hundredth is one
         // allocation in a hundred requests.
         if added > budget + 0.01 {

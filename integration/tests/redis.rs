@@ -2558,5 +2558,20 @@ fn main() {
         trials.extend(trial::contract(name, Needs::Redis, store.clone()));
         trials.extend(trial::contract_leases(name, Needs::Redis, store));
     }
+    // The lease scenarios on the single-call path too: takes and
+    // give-backs are coalesced by default, one call a step without.
+    let single = RedisStore::new(0, {
+        let server = server.clone();
+        move || {
+            let server = server.clone();
+            async move { manager(server.get()).await }
+        }
+    })
+    .single_calls();
+    trials.extend(trial::contract_leases(
+        "contract_single",
+        Needs::Redis,
+        Arc::new(single),
+    ));
     trial::run(trials, server)
 }

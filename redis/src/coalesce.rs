@@ -1,8 +1,9 @@
 //! Coalesced requests: the requests issued while earlier ones are in
 //! flight go to Redis together, many in one script call. What a request
 //! carries is its [`Work`]: its hits (`hits.rs`, the batch script
-//! `hit_batch.lua`), its spend or its amend (`spends.rs`). Each kind has
-//! lanes of its own; one call carries one kind.
+//! `hit_batch.lua`), its spend or its amend (`spends.rs`), or a take or
+//! give-back of a slot in flight (`takes.rs`). Each kind has lanes of its
+//! own; one call carries one kind.
 //!
 //! Requests wait in a *lane*: one lane for a standalone server (any keys can
 //! go in one script call), one lane per hash slot on a Cluster (a script call
@@ -24,6 +25,14 @@
 //! goes with it, like a lone request's); the requests queued behind it get a
 //! driver. A call that failed is never sent again by the lanes: each of its
 //! requests was done once (the script ran) or not at all.
+//!
+//! A request may also be sent with nobody waiting for its answer
+//! ([`detach`]: a slot given back when a request ends): it is queued as any
+//! other, never withdrawn, and a call that carries one is never dropped for
+//! its waiters being gone; its answer goes to [`Work::detached`]. It needs
+//! no task of its own: behind a busy lane it waits in the queue, and in an
+//! idle lane it starts the lane's driver, which then sends what queues
+//! behind it too.
 
 use std::borrow::Borrow;
 use std::future::Future;
@@ -91,6 +100,12 @@ pub(super) trait Work: Send + Sync + Sized + 'static {
     {
         let _ = (connection, unread);
     }
+
+    /// The answer of `work`, sent with nobody waiting for it ([`detach`]).
+    /// By default it is dropped.
+    fn detached(work: Self, answer: Result<Self::Answer, BackendError>) {
+        let _ = (work, answer);
+    }
 }
 
 /// The answers of one call, one per work: one inline, so that a request
@@ -103,7 +118,17 @@ pub(super) type Answered<W> = Result<<W as Work>::Answer, BackendError>;
 /// One request's work, waiting in a lane.
 pub(super) struct Pending<W: Work> {
     work: W,
-    reply: Reply<W::Answer>,
+    /// Where its answer goes; `None` for a request nobody waits for
+    /// ([`detach`]), sent all the same.
+    reply: Option<Reply<W::Answer>>,
+}
+
+impl<W: Work> Pending<W> {
+    /// Its waiter is gone: it need not be sent. Never so for a request
+    /// nobody waited for.
+    fn is_closed(&self) -> bool {
+        self.reply.as_ref().is_some_and(Reply::is_closed)
+    }
 }
 
 impl<W: Work> Borrow<W> for Pending<W> {
@@ -142,7 +167,10 @@ impl<W: Work> Lane<W> {
     /// request's (one allocation for many requests), in new slots once the
     /// queue was taken.
     fn channel(&self) -> (Reply<W::Answer>, BackendFuture<W::Answer>) {
-        Reply::channel(self.queue.last().map(|p| &p.reply), self.last_call)
+        Reply::channel(
+            self.queue.last().and_then(|p| p.reply.as_ref()),
+            self.last_call,
+        )
     }
 
     /// Queued requests that make a second call: as many as the call in
@@ -168,7 +196,7 @@ impl<W: Work> Lane<W> {
     /// [`MAX_PER_CALL`] requests, none whose waiter is gone (nothing was
     /// counted for them). `false` when the task has nothing more to send.
     fn next_call(&mut self, batch: &mut Vec<Pending<W>>) -> bool {
-        self.queue.retain(|p| !p.reply.is_closed());
+        self.queue.retain(|p| !p.is_closed());
         if self.done_with() {
             return false;
         }
@@ -197,7 +225,7 @@ impl<W: Work> Lane<W> {
         if self.calls >= 2 || self.queue.len() < self.second_call_at() {
             return false;
         }
-        self.queue.retain(|p| !p.reply.is_closed());
+        self.queue.retain(|p| !p.is_closed());
         if self.queue.is_empty() {
             return false;
         }
@@ -343,7 +371,10 @@ where
             let lane_state = busy.get_mut();
             let (reply, answer) = lane_state.channel();
             let second = lane_state
-                .queue(Pending { work, reply })
+                .queue(Pending {
+                    work,
+                    reply: Some(reply),
+                })
                 .then(|| take_call(lane_state, spare));
             drop(lanes);
             if let Some(batch) = second {
@@ -404,7 +435,14 @@ where
                 let (batcher, runtime) = (Arc::clone(batcher), handover.runtime.clone());
                 drop(handover);
                 let (reply, answer) = Reply::channel(None, 1);
-                submit(&batcher, &runtime, Pending { work, reply });
+                submit(
+                    &batcher,
+                    &runtime,
+                    Pending {
+                        work,
+                        reply: Some(reply),
+                    },
+                );
                 answer.await
             }
             Err(err) => {
@@ -459,6 +497,22 @@ where
     }
 }
 
+/// Put `work` in its lane with nobody waiting for its answer: it is sent
+/// all the same (never withdrawn, and its call never dropped for its
+/// waiters being gone), and its answer goes to [`Work::detached`]. Behind a
+/// busy lane it waits in the queue, with no task of its own; in an idle
+/// lane it starts the lane's driver. Needs a tokio runtime, as
+/// [`enqueue`].
+pub(super) fn detach<C, W>(batcher: &Arc<Batcher<C, W>>, runtime: &tokio::runtime::Handle, work: W)
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+    W: Work,
+{
+    submit(batcher, runtime, Pending { work, reply: None });
+}
+
+/// `pending` in its lane: queued behind a busy lane (or making its second
+/// call), or the first call of a driver of an idle one.
 fn submit<C, W>(batcher: &Arc<Batcher<C, W>>, runtime: &tokio::runtime::Handle, pending: Pending<W>)
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
@@ -621,6 +675,10 @@ where
     };
     let mut unread = Vec::new();
     for (Pending { work, reply }, answer) in batch.drain(..).zip(answers) {
+        let Some(reply) = reply else {
+            W::detached(work, answer);
+            continue;
+        };
         // A waiter that is gone loses its answer: the work was done, and
         // is its kind's to undo (`Work::unread`).
         if let Err(Ok(answer)) = reply.send(answer) {
@@ -633,17 +691,22 @@ where
     false
 }
 
-/// Ready once every waiter of a call is gone. Waits on one waiter at a time
-/// (a waiter that is gone stays gone), so a call costs one registered waker
-/// and no future or allocation per waiter.
+/// Ready once every waiter of a call is gone; never for a call that
+/// carries a request nobody waited for ([`detach`]). Waits on one waiter at
+/// a time (a waiter that is gone stays gone), so a call costs one
+/// registered waker and no future or allocation per waiter.
 fn all_closed<W: Work>(batch: &[Pending<W>]) -> impl Future<Output = ()> + '_ {
     let mut next = 0;
     std::future::poll_fn(move |cx| {
         while let Some(Pending { reply, .. }) = batch.get(next) {
-            if reply.poll_closed(cx).is_pending() {
-                return std::task::Poll::Pending;
+            match reply {
+                // Sent whoever waits: the call is never abandoned.
+                None => return std::task::Poll::Pending,
+                Some(reply) if reply.poll_closed(cx).is_pending() => {
+                    return std::task::Poll::Pending;
+                }
+                Some(_) => next += 1,
             }
-            next += 1;
         }
         std::task::Poll::Ready(())
     })

@@ -1,16 +1,18 @@
 //! Slots in flight ([`Leasing`](tower_pinned_window::backend::Leasing)):
-//! each of take, give back, extend and in use is one call of its script
+//! each of take, give back, extend and in use as one call of its script
 //! (`take.lua`, `give_back.lua`, `extend.lua`, `in_use.lua`, each after
-//! `slots.lua`, the record's shape and its corrupt check).
+//! `slots.lua`, the record's shape and its corrupt check). Takes and
+//! give-backs go through the lanes by default (`takes.rs`), which send a
+//! step alone with these calls.
 //!
 //! A key's slots are a sorted set beside its counters
 //! (`storage_key::encode_slots`: the pair's storage key and `:slots`, in the
 //! same Cluster slot): a member per slot, its name's 32 hex digits, scored
 //! by its lease's end in Unix milliseconds on the server's clock (`TIME` in
-//! the script), so every instance reads one clock. A take is sent alone,
-//! not through the lanes of hits and spends. An extend names the records of
-//! many keys: they go in one call on a standalone server or Sentinel, in one
-//! call per hash slot on a Cluster, the calls sent together.
+//! the script), so every instance reads one clock. An extend names the
+//! records of many keys: they go in one call on a standalone server or
+//! Sentinel, in one call per hash slot on a Cluster, the calls sent
+//! together.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
@@ -29,11 +31,11 @@ use tower_pinned_window::Window;
 use tower_pinned_window::backend::{BackendError, InFlight, SlotId, Taken};
 
 /// Bytes of a slot's name (its [`Display`](std::fmt::Display)).
-const SLOT_DIGITS: usize = 32;
+pub(super) const SLOT_DIGITS: usize = 32;
 
 /// A slot's name as the scripts read it: its 32 lowercase hex digits (its
 /// [`Display`](std::fmt::Display)), with no allocation.
-fn slot_name(slot: SlotId) -> [u8; SLOT_DIGITS] {
+pub(super) fn slot_name(slot: SlotId) -> [u8; SLOT_DIGITS] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
     let id = slot.as_u128();
     std::array::from_fn(|at| HEX[(id >> (4 * (SLOT_DIGITS - 1 - at)) & 0xf) as usize])
@@ -49,22 +51,36 @@ pub(super) async fn take<C>(
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    let reply = take_call(connection, record, in_flight, slot)
+        .await
+        .map_err(unavailable)?;
+    parse_take(reply, record)
+}
+
+/// The take script's call for `slot` of `in_flight` in the record at
+/// `record`: its reply, read by [`parse_take`].
+pub(super) async fn take_call<C>(
+    connection: &Guarded<C>,
+    record: &[u8],
+    in_flight: InFlight,
+    slot: SlotId,
+) -> RedisResult<Value>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     let name = slot_name(slot);
     let size = Size {
         keys: 1,
         args: 4,
         bytes: record.len() + SLOT_DIGITS + 2 * U64_DIGITS,
     };
-    let reply = TAKE
-        .run(&mut connection.for_write(record), size, |cmd| {
-            cmd.arg(record)
-                .arg(&name[..])
-                .arg(in_flight.max())
-                .arg(in_flight.lease().as_millis());
-        })
-        .await
-        .map_err(unavailable)?;
-    parse_take(reply, record)
+    TAKE.run(&mut connection.for_write(record), size, |cmd| {
+        cmd.arg(record)
+            .arg(&name[..])
+            .arg(in_flight.max())
+            .arg(in_flight.lease().as_millis());
+    })
+    .await
 }
 
 /// Give `slot` back to the record at `record`: whether it was there.
@@ -76,19 +92,33 @@ pub(super) async fn give_back<C>(
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
+    let reply = give_back_call(connection, record, slot)
+        .await
+        .map_err(unavailable)?;
+    parse_give_back(reply, record)
+}
+
+/// The give-back script's call for `slot` in the record at `record`: its
+/// reply, read by [`parse_give_back`].
+pub(super) async fn give_back_call<C>(
+    connection: &Guarded<C>,
+    record: &[u8],
+    slot: SlotId,
+) -> RedisResult<Value>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
     let name = slot_name(slot);
     let size = Size {
         keys: 1,
         args: 2,
         bytes: record.len() + SLOT_DIGITS,
     };
-    let reply = GIVE_BACK
+    GIVE_BACK
         .run(&mut connection.for_write(record), size, |cmd| {
             cmd.arg(record).arg(&name[..]);
         })
         .await
-        .map_err(unavailable)?;
-    parse_give_back(reply, record)
 }
 
 /// The live slots of the record at `record`.

@@ -19,10 +19,10 @@
 //!   the script;
 //! - `reply`: what the scripts answer, read and checked;
 //! - `coalesce`: the lanes that send the requests issued together in one
-//!   call, and what goes through them: `hits`, and `spends` (spends and
-//!   amends);
-//! - `leases`: the slots of requests in flight ([`Leasing`]), a script
-//!   call per step;
+//!   call, and what goes through them: `hits`, `spends` (spends and
+//!   amends), and `takes` (takes and give-backs of slots in flight);
+//! - `leases`: the slots of requests in flight ([`Leasing`]): a script call
+//!   per step, and the extends;
 //! - [`connection`]: the connections a user builds (made at once, in the
 //!   background, to a Cluster, through Sentinel) and, inside, the nodes of a
 //!   deployment, Cluster hash slots, the connection wrapper every command
@@ -48,6 +48,7 @@ mod lost;
 mod reply;
 mod script;
 mod spends;
+mod takes;
 
 /// Entry points for the fuzz targets in the repository's `fuzz/`
 /// (cargo-fuzz builds with `--cfg fuzzing`): thin wrappers around the reply
@@ -55,7 +56,7 @@ mod spends;
 #[cfg(fuzzing)]
 #[doc(hidden)]
 pub mod fuzzing {
-    use tower_pinned_window::backend::{BackendError, Hit};
+    use tower_pinned_window::backend::{BackendError, Hit, Taken};
 
     /// The hit script's reply, read as the backend reads it.
     pub fn hit_reply(value: redis::Value, key: &[u8]) -> Result<Hit, BackendError> {
@@ -96,6 +97,45 @@ pub mod fuzzing {
     ) -> Result<Vec<Result<Hit, BackendError>>, redis::Value> {
         crate::reply::fuzzing::batch(reply, entries)
     }
+
+    /// The take script's reply on the record `record`.
+    pub fn take_reply(value: redis::Value, record: &[u8]) -> Result<Taken, BackendError> {
+        crate::reply::fuzzing::take(value, record)
+    }
+
+    /// The give-back script's reply on the record `record`.
+    pub fn give_back_reply(value: redis::Value, record: &[u8]) -> Result<bool, BackendError> {
+        crate::reply::fuzzing::give_back(value, record)
+    }
+
+    /// The in-use script's reply on the record `record`.
+    pub fn in_use_reply(value: redis::Value, record: &[u8]) -> Result<u64, BackendError> {
+        crate::reply::fuzzing::in_use(value, record)
+    }
+
+    /// The extend script's reply for a call on `records` records, the
+    /// first `first`: the slots extended, and the places (from 0) of the
+    /// records skipped as corrupt.
+    pub fn extend_reply(
+        value: redis::Value,
+        records: usize,
+        first: &[u8],
+    ) -> Result<(u64, Vec<usize>), BackendError> {
+        crate::reply::fuzzing::extend(value, records, first)
+    }
+
+    /// The slots' batch script's reply for steps on `record`, each a take
+    /// (`true`) or a give-back: a result per step (a give-back's
+    /// `granted` whether the slot was there), or the reply back when it is
+    /// not of the script's shape.
+    #[allow(clippy::type_complexity)]
+    pub fn slots_batch_reply(
+        value: redis::Value,
+        takes: &[bool],
+        record: &[u8],
+    ) -> Result<Vec<Result<Taken, BackendError>>, redis::Value> {
+        crate::reply::fuzzing::slots_batch(value, takes, record)
+    }
 }
 
 pub use self::builder::{
@@ -127,6 +167,7 @@ use self::hits::HitWork;
 use self::reply::{parse_hit, parse_peek};
 use self::script::{HIT, PEEK, RESET, Size};
 use self::spends::SpendWork;
+use self::takes::SlotWork;
 use tower_pinned_window::ConfigError;
 use tower_pinned_window::Window;
 use tower_pinned_window::backend::toolkit::{BackendFuture, Denials, storage_key};
@@ -342,10 +383,27 @@ use tower_pinned_window::key::Key;
 /// for (a few slots, plus those whose lease ran out since the key's last
 /// take).
 ///
-/// A take, a give-back or a count is one call on the key's master, sent
-/// alone (takes are not coalesced into the lanes of hits). An extend names
-/// the slots of many keys: one call for all of them on a standalone server
-/// or Sentinel, one call per hash slot on a Cluster, sent together; a
+/// **Takes and give-backs are coalesced** (the default), as hits are, in
+/// lanes of their own that carry both: the takes and give-backs issued
+/// while a call is in flight go together in the next call of one batch
+/// script (`slots_batch.lua`), which makes each step exactly as the take or
+/// give-back script (`take.lua`, `give_back.lua`) makes it alone, in the
+/// order they came; a corrupt record refuses only its own steps. So a
+/// request's take and its give-back cost a share of a call each, and under
+/// load the slot a request gives back rides with the takes of those that
+/// begin. A step that finds no call in flight goes at once, in a call of
+/// its own script. [`release`](Leasing::release), the give-back the layer
+/// makes when a request ends, joins its lane at once with nobody waiting
+/// for it: no task of its own (an idle lane starts its driver), never
+/// withdrawn, never sent again when its call fails (its lease frees the
+/// slot, which by then may be another request's). A call cut by a dropped
+/// connection is never sent again either: each take in it was made once or
+/// not at all, and one made whose answer was lost is given back by its
+/// name, or asked again with the same [`SlotId`], which is granted without
+/// taking two. With `coalesce(false)`, each step is one call of its own
+/// script. A count is one call on the key's master. An extend names the
+/// slots of many keys: one call for all of them on a standalone server or
+/// Sentinel, one call per hash slot on a Cluster, sent together; a
 /// connection not known as a Cluster learns it from the first extend Redis
 /// refuses as cross-slot, which ran nothing.
 ///
@@ -415,11 +473,13 @@ struct Inner<C> {
     extends_by_slot: AtomicBool,
 }
 
-/// The lanes of each kind of request: a call carries one kind.
+/// The lanes of each kind of request: a call carries one kind (takes and
+/// give-backs of slots are one kind).
 struct Lanes<C> {
     hits: Arc<Batcher<C, HitWork>>,
     spends: Arc<Batcher<C, SpendWork>>,
     amends: Arc<Batcher<C, AmendWork>>,
+    slots: Arc<Batcher<C, SlotWork>>,
 }
 
 impl<C: Clone> Lanes<C> {
@@ -428,6 +488,7 @@ impl<C: Clone> Lanes<C> {
             hits: Arc::new(Batcher::new(connection.clone(), cluster)),
             spends: Arc::new(Batcher::new(connection.clone(), cluster)),
             amends: Arc::new(Batcher::new(connection.clone(), cluster)),
+            slots: Arc::new(Batcher::new(connection.clone(), cluster)),
         }
     }
 }
@@ -870,35 +931,95 @@ where
     }
 }
 
-/// One script call per step (see [requests in flight](RedisBackend#requests-in-flight)),
-/// on the record of the key's slots, which shares the hash slot of the
-/// key's counters: a take, a give-back or a count is one call on the
-/// key's master; an extend is one call for every record on a standalone
-/// server or Sentinel, one per hash slot on a Cluster, sent together. A
-/// take is sent alone, not coalesced with other calls.
+/// Takes and give-backs coalesced (the default) in lanes of their own, as
+/// hits are: the steps issued while a call is in flight go together in the
+/// next call, each exactly as if sent alone; a step alone, or every step of
+/// a backend built with `coalesce(false)`, is one script call on the key's
+/// master (see [requests in flight](RedisBackend#requests-in-flight)). A
+/// count is one call; an extend is one call for every record on a
+/// standalone server or Sentinel, one per hash slot on a Cluster, sent
+/// together.
 impl<C> Leasing for RedisBackend<C>
 where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
     type Take = BackendFuture<Taken>;
 
+    /// Coalesced (the default): the take joins its key's lane when `take`
+    /// is called (on a tokio runtime), not when the future is first
+    /// polled: a future dropped before its call is sent withdraws it, one
+    /// kept unpolled may still take the slot.
     fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> BackendFuture<Taken> {
-        let record = self.record(cap.namespace, key);
+        let record = self.slots_record(cap.namespace, key);
+        if let Some(lanes) = &self.inner.lanes
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            return through(
+                &lanes.slots,
+                &runtime,
+                SlotWork::take(record, cap.in_flight, slot),
+            );
+        }
         let this = self.clone();
         BackendFuture::calling(async move {
             leases::take(&this.inner.connection, &record, cap.in_flight, slot).await
         })
     }
 
+    /// Coalesced (the default) with the takes and give-backs of the key's
+    /// lane, as [`take`](Self::take) is.
     fn give_back(
         &self,
         namespace: &str,
         key: &Key,
         slot: SlotId,
     ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<C> {
-        let record = self.record(namespace, key);
+        let record = self.slots_record(namespace, key);
+        let queued = match (&self.inner.lanes, tokio::runtime::Handle::try_current()) {
+            (Some(lanes), Ok(runtime)) => Ok(through(
+                &lanes.slots,
+                &runtime,
+                SlotWork::give_back(record, slot),
+            )),
+            _ => Err(record),
+        };
         let this = self.clone();
-        async move { leases::give_back(&this.inner.connection, &record, slot).await }
+        async move {
+            match queued {
+                Ok(queued) => queued.await.map(|given| given.granted),
+                Err(record) => leases::give_back(&this.inner.connection, &record, slot).await,
+            }
+        }
+    }
+
+    /// Coalesced (the default): the give-back joins its key's lane at once,
+    /// with nobody waiting for it and no task of its own, and is sent with
+    /// the lane's next call (an idle lane starts its driver, which sends
+    /// it). Otherwise one call, on a task of the current tokio runtime.
+    /// One that fails is left to the lease, never sent again; with no tokio
+    /// runtime, nothing is sent.
+    fn release(&self, namespace: &str, key: &Key, slot: SlotId) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::debug!(
+                "no tokio runtime to give a slot in flight back on: its lease frees it"
+            );
+            return;
+        };
+        let record = self.slots_record(namespace, key);
+        match &self.inner.lanes {
+            Some(lanes) => {
+                coalesce::detach(&lanes.slots, &runtime, SlotWork::give_back(record, slot))
+            }
+            None => {
+                let this = self.clone();
+                runtime.spawn(async move {
+                    if let Err(err) = leases::give_back(&this.inner.connection, &record, slot).await
+                    {
+                        takes::left_to_the_lease(&err);
+                    }
+                });
+            }
+        }
     }
 
     fn extend(
@@ -930,6 +1051,14 @@ where
     /// (`storage_key::encode_slots`: the pair's storage key and `:slots`).
     fn record(&self, namespace: &str, key: &Key) -> Vec<u8> {
         storage_key::encode_slots(&self.inner.prefix, namespace, key)
+    }
+
+    /// [`record`](Self::record), inline when it fits (no allocation for
+    /// most keys).
+    fn slots_record(&self, namespace: &str, key: &Key) -> hits::StoredKey {
+        let mut record = self.stored(namespace, key);
+        record.extend_from_slice(storage_key::SLOTS);
+        record
     }
 
     /// The storage key of `namespace`'s counter for `key`, inline when it

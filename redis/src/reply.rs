@@ -483,12 +483,126 @@ pub(super) fn parse_extend(
     parsed.ok_or_else(|| unexpected_slots_reply("an extend", first, &value))
 }
 
+/// What a step of a call of the slots' batch script does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Step {
+    /// Takes a slot.
+    Take,
+    /// Gives a slot back.
+    GiveBack,
+}
+
+/// The slots' batch script's reply, `[answers, place, reason, ...]`: three
+/// signed 64-bit big-endian integers per step, in order (a take: `1, in
+/// use, 0` granted, `0, in use, ms until the earliest lease runs out`
+/// refused; a give-back: `1, 0, 0` the slot was there, `0, 0, 0` it was
+/// not; either: `-1, 0, 0` a record that is not one, `-2, 0, 0` invalid
+/// arguments), then the place (from 1) and reason of each step answered
+/// -1 or -2. There are `n` steps, `step_of` each one's kind and record.
+/// Each step's answer: a take's [`Taken`]; a give-back's is
+/// `Taken { granted, .. }`, `granted` whether the slot was there, nothing
+/// in use and no wait. A step answered in another shape is
+/// [`BackendError::Unavailable`], as a single step's would be; a reply of
+/// another shape is given back, for the error.
+pub(super) fn parse_slots_batch<'r>(
+    reply: Value,
+    n: usize,
+    step_of: impl Fn(usize) -> (Step, &'r [u8]),
+) -> Result<Vec<Result<Taken, BackendError>>, Value> {
+    let Some((answers, refused)) = slots_batch_shape(&reply, n) else {
+        return Err(reply);
+    };
+    Ok(answers
+        .chunks_exact(24)
+        .enumerate()
+        .map(|(at, step)| {
+            let [code, in_use, ms] = std::array::from_fn(|i| {
+                i64::from_be_bytes(step[8 * i..8 * i + 8].try_into().expect("8 bytes"))
+            });
+            let reason = refused
+                .iter()
+                .find(|(place, _)| *place == at)
+                .map(|(_, reason)| *reason);
+            let (kind, record) = step_of(at);
+            parse_slot_step(kind, [code, in_use, ms], reason, record)
+        })
+        .collect())
+}
+
+/// The parts of a slots' batch reply for `n` steps: the packed answers,
+/// and the refused steps' places (from 0) and reasons; `None` when it is
+/// not of that shape.
+#[allow(clippy::type_complexity)]
+fn slots_batch_shape(reply: &Value, n: usize) -> Option<(&[u8], SmallVec<[(usize, &[u8]); 2]>)> {
+    let Value::Array(items) = reply else {
+        return None;
+    };
+    let [Value::BulkString(answers), tail @ ..] = items.as_slice() else {
+        return None;
+    };
+    if answers.len() != 24 * n || tail.len() % 2 != 0 {
+        return None;
+    }
+    let refused = tail
+        .chunks_exact(2)
+        .map(|pair| match pair {
+            [Value::Int(place), Value::BulkString(reason)] => {
+                let at = usize::try_from(*place).ok()?.checked_sub(1)?;
+                (at < n).then_some((at, reason.as_slice()))
+            }
+            _ => None,
+        })
+        .collect::<Option<_>>()?;
+    Some((answers, refused))
+}
+
+/// One step's answer in a slots' batch: its three numbers, its reason
+/// when refused, and its record (named by an error).
+fn parse_slot_step(
+    kind: Step,
+    [code, in_use, ms]: [i64; 3],
+    reason: Option<&[u8]>,
+    record: &[u8],
+) -> Result<Taken, BackendError> {
+    let answered = |granted: bool, in_use: i64, ms: i64| Taken {
+        granted,
+        in_use: in_use as u64,
+        retry: Duration::from_millis(ms as u64),
+    };
+    match (kind, code, reason) {
+        (Step::Take, 1, None) if in_use >= 1 && ms == 0 => Ok(answered(true, in_use, 0)),
+        (Step::Take, 0, None) if in_use >= 1 && ms >= 0 => Ok(answered(false, in_use, ms)),
+        (Step::GiveBack, 0 | 1, None) if in_use == 0 && ms == 0 => Ok(answered(code == 1, 0, 0)),
+        (_, -1, Some(reason)) if in_use == 0 && ms == 0 => Err(corrupt(
+            record,
+            String::from_utf8_lossy(reason).into_owned(),
+        )),
+        (_, -2, Some(err)) if in_use == 0 && ms == 0 => Err(BackendError::Unavailable(
+            String::from_utf8_lossy(err).into_owned().into(),
+        )),
+        _ => {
+            let what = match kind {
+                Step::Take => "a take",
+                Step::GiveBack => "a give-back",
+            };
+            Err(BackendError::Unavailable(
+                format!(
+                    "unexpected reply to {what} in a batch on {}: {code}, {in_use}, {ms}, {:?}",
+                    name(record),
+                    reason.map(<[u8]>::escape_ascii)
+                )
+                .into(),
+            ))
+        }
+    }
+}
+
 /// The parsers above, for the fuzz targets (`fuzz/`): built only under
 /// `--cfg fuzzing`, which cargo-fuzz passes, and reached through the
 /// crate's hidden `fuzzing` module.
 #[cfg(fuzzing)]
 pub(crate) mod fuzzing {
-    use super::{BackendError, Hit, Value};
+    use super::{BackendError, Hit, Taken, Value};
 
     pub(crate) fn hit(value: Value, key: &[u8]) -> Result<Hit, BackendError> {
         super::parse_hit(value, key)
@@ -528,6 +642,45 @@ pub(crate) mod fuzzing {
         entries: &[(&[u8], u64, u64)],
     ) -> Result<Vec<Result<Hit, BackendError>>, Value> {
         super::batch_of(reply, entries)
+    }
+
+    pub(crate) fn take(value: Value, record: &[u8]) -> Result<Taken, BackendError> {
+        super::parse_take(value, record)
+    }
+
+    pub(crate) fn give_back(value: Value, record: &[u8]) -> Result<bool, BackendError> {
+        super::parse_give_back(value, record)
+    }
+
+    pub(crate) fn in_use(value: Value, record: &[u8]) -> Result<u64, BackendError> {
+        super::parse_in_use(value, record)
+    }
+
+    /// The slots extended, and the places of the records skipped.
+    pub(crate) fn extend(
+        value: Value,
+        records: usize,
+        first: &[u8],
+    ) -> Result<(u64, Vec<usize>), BackendError> {
+        let extended = super::parse_extend(value, records, first)?;
+        Ok((extended.slots, extended.corrupt.to_vec()))
+    }
+
+    /// `takes`: each step's kind (a take, or a give-back), all on
+    /// `record`.
+    pub(crate) fn slots_batch(
+        value: Value,
+        takes: &[bool],
+        record: &[u8],
+    ) -> Result<Vec<Result<Taken, BackendError>>, Value> {
+        super::parse_slots_batch(value, takes.len(), |at| {
+            let kind = if takes[at] {
+                super::Step::Take
+            } else {
+                super::Step::GiveBack
+            };
+            (kind, record)
+        })
     }
 }
 
@@ -1001,6 +1154,211 @@ mod tests {
         ] {
             let err = parse_extend(value, records, RECORD).expect_err(name);
             assert!(is_unexpected(&err), "{name}: {err}");
+        }
+    }
+
+    /// The slots' batch script's reply: each step's three integers
+    /// packed, then the refused steps' places and reasons.
+    fn slots_batch(steps: &[[i64; 3]], refused: &[(i64, &str)]) -> Value {
+        let packed = steps
+            .iter()
+            .flat_map(|step| step.iter().flat_map(|n| n.to_be_bytes()))
+            .collect();
+        let mut reply = vec![Value::BulkString(packed)];
+        for (place, reason) in refused {
+            reply.extend([Value::Int(*place), text(reason)]);
+        }
+        Value::Array(reply)
+    }
+
+    #[test]
+    fn slots_batch_replies_parse() {
+        use Step::{GiveBack, Take};
+        let taken = |granted, in_use, ms| Taken {
+            granted,
+            in_use,
+            retry: Duration::from_millis(ms),
+        };
+        // (case, kind, the step's numbers, its reason, what it reads as)
+        type Case<'a> = (
+            &'a str,
+            Step,
+            [i64; 3],
+            Option<&'a str>,
+            Result<Taken, &'a str>,
+        );
+        let cases: &[Case<'_>] = &[
+            ("granted", Take, [1, 1, 0], None, Ok(taken(true, 1, 0))),
+            (
+                "refused",
+                Take,
+                [0, 3, 29_950],
+                None,
+                Ok(taken(false, 3, 29_950)),
+            ),
+            (
+                "given back",
+                GiveBack,
+                [1, 0, 0],
+                None,
+                Ok(taken(true, 0, 0)),
+            ),
+            (
+                "not there",
+                GiveBack,
+                [0, 0, 0],
+                None,
+                Ok(taken(false, 0, 0)),
+            ),
+            (
+                "a corrupt take",
+                Take,
+                [-1, 0, 0],
+                Some("a key of type string"),
+                Err("corrupt"),
+            ),
+            (
+                "a corrupt give-back",
+                GiveBack,
+                [-1, 0, 0],
+                Some("a key of type hash"),
+                Err("corrupt"),
+            ),
+            (
+                "refused arguments",
+                Take,
+                [-2, 0, 0],
+                Some("ERR invalid take"),
+                Err("invalid take"),
+            ),
+            (
+                "granted with nothing in use",
+                Take,
+                [1, 0, 0],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "granted with a wait",
+                Take,
+                [1, 2, 5],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "refused with a negative wait",
+                Take,
+                [0, 3, -1],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "refused with nothing in use",
+                Take,
+                [0, 0, 5],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "a give-back with a count",
+                GiveBack,
+                [1, 2, 0],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "a give-back of 2",
+                GiveBack,
+                [2, 0, 0],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "a code without its reason",
+                Take,
+                [-1, 0, 0],
+                None,
+                Err("unexpected"),
+            ),
+            (
+                "a grant with a reason",
+                Take,
+                [1, 1, 0],
+                Some("x"),
+                Err("unexpected"),
+            ),
+            (
+                "another code",
+                Take,
+                [-3, 0, 0],
+                Some("x"),
+                Err("unexpected"),
+            ),
+        ];
+        let steps: Vec<[i64; 3]> = cases.iter().map(|c| c.2).collect();
+        let refused: Vec<(i64, &str)> = (1..)
+            .zip(cases)
+            .filter_map(|(place, c)| c.3.map(|why| (place, why)))
+            .collect();
+        let records: Vec<Vec<u8>> = (0..cases.len())
+            .map(|at| format!("tpw:n{{k{at}}}:slots").into_bytes())
+            .collect();
+        let answers = parse_slots_batch(slots_batch(&steps, &refused), cases.len(), |at| {
+            (cases[at].1, records[at].as_slice())
+        })
+        .unwrap();
+        assert_eq!(answers.len(), cases.len());
+        for (at, ((name, _, _, _, want), got)) in cases.iter().zip(answers).enumerate() {
+            match (got, want) {
+                (Ok(got), Ok(want)) => assert_eq!(got, *want, "{name}"),
+                (Err(BackendError::Corrupt { key, detail }), Err("corrupt")) => {
+                    assert_eq!(
+                        key,
+                        format!("tpw:n{{k{at}}}:slots"),
+                        "{name}: its own record"
+                    );
+                    assert_eq!(Some(detail.as_str()), cases[at].3, "{name}");
+                }
+                (Err(BackendError::Unavailable(err)), Err(want)) => {
+                    let err = err.to_string();
+                    assert!(err.contains(want), "{name}: {err}");
+                    if *want == "unexpected" {
+                        assert!(
+                            err.contains(&format!("k{at}")),
+                            "{name} names its record: {err}"
+                        );
+                    }
+                }
+                (got, _) => panic!("{name}: {got:?}"),
+            }
+        }
+        // No steps: an empty string.
+        assert!(
+            parse_slots_batch(slots_batch(&[], &[]), 0, |_| (Take, RECORD))
+                .unwrap()
+                .is_empty()
+        );
+        // Another number of steps, a byte too many, a place outside the
+        // call or half a pair, no packed string: given back whole.
+        let one = [[1, 1, 0]];
+        let packed = |n: usize| Value::BulkString(vec![0; n]);
+        for reply in [
+            slots_batch(&[], &[]),
+            slots_batch(&[[1, 1, 0], [1, 2, 0]], &[]),
+            Value::Array(vec![packed(25)]),
+            slots_batch(&one, &[(2, "x")]),
+            slots_batch(&one, &[(0, "x")]),
+            Value::Array(vec![packed(24), Value::Int(1)]),
+            Value::Array(vec![packed(24), Value::Int(1), Value::Int(1)]),
+            Value::Array(vec![Value::Int(1), packed(24)]),
+            Value::Array(vec![]),
+            Value::Int(1),
+            Value::Nil,
+        ] {
+            assert_eq!(
+                parse_slots_batch(reply.clone(), 1, |_| (Take, RECORD)).unwrap_err(),
+                reply
+            );
         }
     }
 

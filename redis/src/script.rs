@@ -56,7 +56,7 @@ const PEEK_SCRIPT: &str = include_str!("peek.lua");
 const REPAIR_SCRIPT: &str = include_str!("repair.lua");
 
 /// The record of a key's slots in flight (a sorted set of slot names
-/// scored by their leases' ends on the server's clock): what the four
+/// scored by their leases' ends on the server's clock): what the
 /// scripts of slots share, their corrupt check first. Each of them is this
 /// text followed by its own file's.
 macro_rules! slots_script {
@@ -76,6 +76,11 @@ const GIVE_BACK_SCRIPT: &str = slots_script!("give_back.lua");
 /// Extends the live slots of one or more records (skipping a corrupt one);
 /// never adds a slot that is gone.
 const EXTEND_SCRIPT: &str = slots_script!("extend.lua");
+
+/// Takes and gives back slots of one or more records in one call (the
+/// lanes'), each step exactly as [`TAKE_SCRIPT`] or [`GIVE_BACK_SCRIPT`]
+/// makes it alone, a corrupt record refusing only its own steps.
+const SLOTS_BATCH_SCRIPT: &str = slots_script!("slots_batch.lua");
 
 /// Counts a record's live slots.
 const IN_USE_SCRIPT: &str = slots_script!("in_use.lua");
@@ -134,6 +139,9 @@ pub(super) static TAKE: Script = Script::new("take", TAKE_SCRIPT);
 
 /// A slot given back.
 pub(super) static GIVE_BACK: Script = Script::new("give_back", GIVE_BACK_SCRIPT);
+
+/// Slots taken and given back, many in one call.
+pub(super) static SLOTS_BATCH: Script = Script::new("slots_batch", SLOTS_BATCH_SCRIPT);
 
 /// Slots extended.
 pub(super) static EXTEND: Script = Script::new("extend", EXTEND_SCRIPT);
@@ -292,6 +300,7 @@ mod tests {
             &REPAIR,
             &TAKE,
             &GIVE_BACK,
+            &SLOTS_BATCH,
             &EXTEND,
             &IN_USE,
             &REPAIR_SLOTS,
@@ -308,7 +317,14 @@ mod tests {
     #[test]
     fn the_scripts_of_slots_check_the_record_before_they_write() {
         let shared = include_str!("slots.lua");
-        for script in [&TAKE, &GIVE_BACK, &EXTEND, &IN_USE, &REPAIR_SLOTS] {
+        for script in [
+            &TAKE,
+            &GIVE_BACK,
+            &SLOTS_BATCH,
+            &EXTEND,
+            &IN_USE,
+            &REPAIR_SLOTS,
+        ] {
             let own = script
                 .text
                 .strip_prefix(shared)

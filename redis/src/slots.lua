@@ -1,6 +1,6 @@
 -- tower-pinned-window: the record of a key's slots in flight, shared by the
--- scripts of slots (take, give_back, extend, in_use), each of which is this
--- text followed by its own.
+-- scripts of slots (take, give_back, slots_batch, extend, in_use,
+-- repair_slots), each of which is this text followed by its own.
 -- The record is a sorted set: a member per slot, its name (32 lowercase hex
 -- digits), scored by the end of its lease in Unix milliseconds on this
 -- server's clock (TIME). A slot is live while its score is after now. The

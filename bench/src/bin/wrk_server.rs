@@ -14,6 +14,11 @@
 //! counting costs, not how fast 429s are written; except `LIMIT=redis-limited`,
 //! the plain hit with a real limit (5 per 10 s per key), where most
 //! requests are denied, most of them by the deny cache.
+//! `LIMIT=redis-in-flight` caps the requests in flight per `x-client` in the
+//! same Redis instead (`InFlightLayer`, a cap no key reaches): a take before
+//! the handler, a give-back when the answer's body ends, both coalesced;
+//! `LIMIT=redis-in-flight-single` the same with one call a step
+//! (`.coalesce(false)`, as before takes and give-backs were coalesced).
 //!
 //! Used by `bench/wrk.sh` and `bench/wrk_redis.sh`.
 
@@ -22,7 +27,7 @@ use std::time::Duration;
 
 use axum::{Router, routing::get};
 use tower_pinned_window::key::ClientIp;
-use tower_pinned_window::{Quota, RateLimitLayer, response::HeaderStyle};
+use tower_pinned_window::{InFlight, InFlightLayer, Quota, RateLimitLayer, response::HeaderStyle};
 use tower_pinned_window_redis::RedisBackend;
 
 #[tokio::main]
@@ -39,8 +44,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             app = app.route_layer(layer);
         }
-        "redis" | "redis-single" | "redis-cost" | "redis-charged" | "redis-wait"
-        | "redis-limited" => {
+        "redis"
+        | "redis-single"
+        | "redis-cost"
+        | "redis-charged"
+        | "redis-wait"
+        | "redis-limited"
+        | "redis-in-flight"
+        | "redis-in-flight-single" => {
             let url = std::env::var("REDIS_URL")?;
             let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
             // NODELAY=1: TCP_NODELAY on the connection to Redis (off by
@@ -51,11 +62,21 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 info = info.set_tcp_settings(tcp);
             }
             let connection = redis::Client::open(info)?.get_connection_manager().await?;
-            let mut backend = RedisBackend::builder(connection).coalesce(limit != "redis-single");
+            let single = limit == "redis-single" || limit == "redis-in-flight-single";
+            let mut backend = RedisBackend::builder(connection).coalesce(!single);
             if limit == "redis-wait" {
                 backend = backend.wait_for_replicas(1, Duration::from_millis(100));
             }
             let backend = backend.build();
+            if limit.starts_with("redis-in-flight") {
+                // Never reached: a key has a request or two in flight.
+                let cap = InFlight::new(1_000_000, Duration::from_secs(60))?;
+                let layer = InFlightLayer::new("wrk", cap)
+                    .key(axum::http::HeaderName::from_static("x-client"))
+                    .backend(backend);
+                app = app.route_layer(layer);
+                return serve(app, port, &limit).await;
+            }
             let quota = if limit == "redis-limited" {
                 Quota::new(5, Duration::from_secs(10))?
             } else {
@@ -97,11 +118,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => {
             return Err(format!(
-                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, redis-limited, off, identity or static-headers, not {other:?}"
+                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, redis-limited, redis-in-flight, redis-in-flight-single, off, identity or static-headers, not {other:?}"
             )
             .into());
         }
     }
+    serve(app, port, &limit).await
+}
+
+/// Serve `app` on `port` until the process is killed.
+async fn serve(app: Router, port: u16, limit: &str) -> Result<(), Box<dyn std::error::Error>> {
     let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!(
         "listening on http://{} (LIMIT={limit})",

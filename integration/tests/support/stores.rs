@@ -45,6 +45,8 @@ pub mod redis {
         deny_cache: usize,
         /// The replica-acknowledged mode's replicas and timeout, if on.
         wait: Option<(u32, std::time::Duration)>,
+        /// Coalesced calls (the backend's default), or one call a step.
+        coalesce: bool,
     }
 
     /// Numbers the prefixes of every store of the process: stores share a
@@ -62,7 +64,15 @@ pub mod redis {
                 connect: Box::new(move || Box::pin(connect())),
                 deny_cache,
                 wait: None,
+                coalesce: true,
             }
+        }
+
+        /// Backends that send one call a step (`coalesce(false)`).
+        #[allow(dead_code, reason = "not every test crate sends one call a step")]
+        pub fn single_calls(mut self) -> Self {
+            self.coalesce = false;
+            self
         }
 
         /// Backends in the replica-acknowledged mode
@@ -79,7 +89,8 @@ pub mod redis {
         {
             let builder = RedisBackend::builder(connection)
                 .prefix(prefix)
-                .deny_cache(self.deny_cache);
+                .deny_cache(self.deny_cache)
+                .coalesce(self.coalesce);
             match self.wait {
                 Some((replicas, timeout)) => builder.wait_for_replicas(replicas, timeout),
                 None => builder,

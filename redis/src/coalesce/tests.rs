@@ -175,12 +175,19 @@ impl ConnectionLike for Fake {
     }
 }
 
+/// A job nobody waited for, as [`Work::detached`] saw it: its id, and its
+/// answer (`None` for an error).
+type Detached = (u64, Option<u64>);
+
 /// One request of the tests.
 struct Job {
     id: u64,
     /// The answers given back by [`Work::unread`] (their waiters gone),
     /// shared by a test's jobs.
     unread: Arc<Mutex<Vec<u64>>>,
+    /// The answers of the jobs nobody waited for ([`Work::detached`]): the
+    /// job's id, and its answer or `None` for an error.
+    detached: Arc<Mutex<Vec<Detached>>>,
     /// Held while the job lives: a test counts the jobs left (none leak).
     _alive: Arc<()>,
 }
@@ -214,6 +221,10 @@ impl Work for Job {
             work.unread.lock().unwrap().push(answer);
         }
     }
+
+    fn detached(work: Self, answer: Answered<Self>) {
+        work.detached.lock().unwrap().push((work.id, answer.ok()));
+    }
 }
 
 /// A test's lanes on its fake, and what its jobs share.
@@ -221,6 +232,7 @@ struct Lanes {
     fake: Fake,
     batcher: Arc<Batcher<Fake, Job>>,
     unread: Arc<Mutex<Vec<u64>>>,
+    detached: Arc<Mutex<Vec<Detached>>>,
     alive: Arc<()>,
 }
 
@@ -234,19 +246,48 @@ impl Lanes {
             batcher: Arc::new(Batcher::new(Guarded::new(fake.clone(), None, None), false)),
             fake,
             unread: Arc::default(),
+            detached: Arc::default(),
             alive: Arc::default(),
         }
+    }
+
+    fn job(&self, id: u64) -> Job {
+        Job {
+            id,
+            unread: Arc::clone(&self.unread),
+            detached: Arc::clone(&self.detached),
+            _alive: Arc::clone(&self.alive),
+        }
+    }
+
+    /// Request `id`, put in its lane now with nobody waiting for it.
+    fn detach(&self, id: u64) {
+        detach(
+            &self.batcher,
+            &tokio::runtime::Handle::current(),
+            self.job(id),
+        );
+    }
+
+    /// The answers of the requests nobody waited for, once `n` came.
+    async fn detached(&self, n: usize) -> Vec<Detached> {
+        for _ in 0..10_000 {
+            if self.detached.lock().unwrap().len() >= n {
+                break;
+            }
+            tokio::task::yield_now().await;
+        }
+        self.detached.lock().unwrap().clone()
     }
 
     /// Request `id`, put in its lane now (as the backend does); the waiter
     /// of its answer.
     fn request(&self, id: u64) -> Waiter {
-        let job = Job {
-            id,
-            unread: Arc::clone(&self.unread),
-            _alive: Arc::clone(&self.alive),
-        };
-        match enqueue(&self.batcher, &tokio::runtime::Handle::current(), job) {
+        match enqueue(
+            &self.batcher,
+            &tokio::runtime::Handle::current(),
+            self.job(id),
+        ) {
             Enqueued::Queued(answer) => Box::pin(answer),
             Enqueued::Alone(alone) => Box::pin(alone.send()),
         }
@@ -472,6 +513,120 @@ async fn a_failed_call_is_never_sent_twice() {
         lanes.fake.calls(),
         [vec![0], vec![1], (2..6).collect(), vec![6]],
         "every request sent once: a failed call is never sent again"
+    );
+    lanes.assert_nothing_left().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_nobody_waits_for_is_sent_from_an_idle_lane() {
+    let lanes = Lanes::new();
+    lanes.detach(0);
+    assert_eq!(
+        lanes.detached(1).await,
+        [(0, Some(0))],
+        "sent with nobody waiting, and its answer handed to its kind"
+    );
+    assert_eq!(lanes.fake.calls(), [vec![0]]);
+    lanes.assert_nothing_left().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn requests_nobody_waits_for_queue_behind_a_busy_lane_without_a_task_each() {
+    let lanes = Lanes::new();
+    let (open, hold) = gate();
+    lanes.fake.plan([hold]);
+    let first = lanes.spawn(0..1);
+    lanes.until_sent(1).await;
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let tasks = metrics.num_alive_tasks();
+    // Fewer than the call in flight's second call needs (1 in flight: a
+    // second call at 1 queued), so the first is a second call's; the rest
+    // wait in the queue.
+    for id in 1..50 {
+        lanes.detach(id);
+    }
+    assert!(
+        metrics.num_alive_tasks() <= tasks + 1,
+        "one driver at most (the lane's second call), not a task per request: {} tasks, {tasks} before",
+        metrics.num_alive_tasks()
+    );
+    open.send(()).unwrap();
+    assert_eq!(answers(first).await[0].as_ref().ok(), Some(&0));
+    let mut detached = lanes.detached(49).await;
+    detached.sort_unstable();
+    assert_eq!(
+        detached,
+        (1..50).map(|id| (id, Some(id))).collect::<Vec<_>>(),
+        "each sent once and answered to its kind"
+    );
+    assert!(
+        lanes.fake.calls().len() <= 4,
+        "they share calls: {:?}",
+        lanes.fake.calls()
+    );
+    lanes.assert_nothing_left().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_call_that_carries_a_request_nobody_waits_for_is_never_dropped() {
+    let lanes = Lanes::new();
+    let ((open_0, hold_0), (open_1, hold_1), (open_2, hold_2)) = (gate(), gate(), gate());
+    lanes.fake.plan([hold_0, hold_1, hold_2]);
+    // 0 alone and 1, the lane's second call, both held; then 2, which
+    // nobody waits for, and 3, whose waiter the test holds, queue.
+    let first = lanes.spawn(0..2);
+    lanes.until_sent(2).await;
+    lanes.detach(2);
+    let third = lanes.request(3);
+    open_0.send(()).unwrap();
+    lanes.until_sent(3).await;
+    assert_eq!(lanes.fake.calls()[2], [2, 3]);
+    drop(third);
+    for _ in 0..100 {
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        open_2.send(()).is_ok(),
+        "the call goes on for the request nobody waited for"
+    );
+    assert_eq!(lanes.detached(1).await, [(2, Some(2))]);
+    open_1.send(()).unwrap();
+    let answers = answers(first).await;
+    assert_eq!(answers[0].as_ref().ok(), Some(&0));
+    assert_eq!(answers[1].as_ref().ok(), Some(&1));
+    assert_eq!(
+        *lanes.unread.lock().unwrap(),
+        [3],
+        "the waiter gone loses its answer"
+    );
+    lanes.assert_nothing_left().await;
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_nobody_waits_for_is_never_withdrawn_nor_sent_twice() {
+    let lanes = Lanes::new();
+    let (open, hold) = gate();
+    // 0 held; the call of 1 (the lane's second) and the one that carries
+    // 2 and 3 fail.
+    lanes.fake.plan([hold, Step::Fail, Step::Fail]);
+    let first = lanes.spawn(0..1);
+    lanes.until_sent(1).await;
+    for id in 1..4 {
+        lanes.detach(id);
+    }
+    open.send(()).unwrap();
+    assert_eq!(answers(first).await[0].as_ref().ok(), Some(&0));
+    let mut detached = lanes.detached(3).await;
+    detached.sort_unstable();
+    assert_eq!(
+        detached,
+        [(1, None), (2, None), (3, None)],
+        "a failed call's requests are told, once"
+    );
+    assert_eq!(
+        lanes.fake.calls(),
+        [vec![0], vec![1], vec![2, 3]],
+        "each sent once: a failed call is never sent again"
     );
     lanes.assert_nothing_left().await;
 }
