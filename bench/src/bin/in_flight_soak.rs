@@ -317,8 +317,8 @@ async fn instance(id: u32, out: &str) -> Result<(), Error> {
         .build();
     let layer = InFlightLayer::new(LAYER, cap()?)
         .key(HeaderName::from_static("x-key"))
-        .backend(backend)
-        .check()?;
+        .backend(backend);
+    layer.check()?;
     let app = Arc::new(App {
         log: Log::create(out)?,
         next: AtomicU64::new(0),
