@@ -9,6 +9,11 @@
 #   spend-check a check (a spend of 0) on one counter per request
 #   spend-hot   a spend of 1 on one key for every request, a limit of
 #               5,000 (the first half of the calls admit, the rest deny)
+#   slots       a slot in flight per request (the in-flight route): a call
+#               of 32 takes (`slots_batch.lua`, a cap of 1,000 no key
+#               reaches), then a call of their 32 give-backs, as the lanes
+#               send them (a request gives back after its take's answer);
+#               a request is its take and its give-back
 # (Hits on one key need no such case: the lanes send them as one entry.)
 # A count, not a time: it repeats from run to run to within a few
 # instructions, whatever else the machine does.
@@ -32,6 +37,16 @@ random.seed(1)
 for _ in range(calls):
     hot = case.endswith('-hot')
     keys = ['tpw:b{hot}' if hot else 'tpw:b{k%d}' % random.randrange(2000) for _ in range(per)]
+    if case == 'slots':
+        # Half the calls: the takes of one call, then their give-backs.
+        if _ % 2:
+            continue
+        records = [k + ':slots' for k in keys]
+        slots = ['%032x' % random.getrandbits(128) for _ in keys]
+        for spec in ('"1000 60000"', '-'):
+            args = [a for slot in slots for a in (slot, spec)]
+            print(' '.join(['EVALSHA', sha, str(len(records))] + records + args))
+        continue
     if case == 'hit_batch':
         args = [a for _ in keys for a in ('1', '60000')]
         print(' '.join(['EVALSHA', sha, str(len(keys))] + keys + args))
@@ -65,11 +80,21 @@ one() { # $1 = case, $2 = script file: prints instructions per request
     grep -E ':evalGenericCommand ' | head -n 1 | awk '{gsub(",", "", $1); print $1}')
   rm -rf "$dir"
   [ -n "$ir" ] || { echo "no count for $1" >&2; exit 1; }
-  python3 -c "print('%-12s %12.0f' % ('$1', $ir / ($CALLS * $PER_CALL)))"
+  # A slots request is two steps, in two of the calls.
+  local requests=$((CALLS * PER_CALL))
+  [ "$1" = slots ] && requests=$((requests / 2))
+  python3 -c "print('%-12s %12.0f' % ('$1', $ir / $requests))"
 }
+
+# The slots' batch script is sent as the crate sends it: the record's
+# shared text, then its own.
+slots_batch=$(mktemp)
+trap 'rm -f "$slots_batch"' EXIT
+cat redis/src/slots.lua redis/src/slots_batch.lua >"$slots_batch"
 
 printf '%-12s %12s\n' case redis_ir/request
 one hit_batch redis/src/hit_batch.lua
 one spend redis/src/spend.lua
 one spend-check redis/src/spend.lua
 one spend-hot redis/src/spend.lua
+one slots "$slots_batch"

@@ -179,8 +179,10 @@ async fn takes_and_give_backs_in_flight_together_share_calls() {
         assert_eq!(store.in_use("n", key).await.unwrap(), 0);
     }
     let calls = script_calls(&server) - before - keys.len() as u64;
+    // Shared: well under a call each (how many each call carries moves
+    // with the machine's load: 4 to 15 were seen).
     assert!(
-        calls * 4 < granted.len() as u64,
+        calls * 2 < granted.len() as u64,
         "60 give-backs released together share calls: {calls} calls"
     );
 }
@@ -420,6 +422,33 @@ fn the_slots_batch_script_makes_each_step_as_alone_and_refuses_bad_arguments() {
     let a = format!("{:032x}", 0xa);
     let b = format!("{:032x}", 0xb);
     let c = format!("{:032x}", 0xc);
+    let far = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 3_600_000)
+        .to_string();
+    // "old": a lease long run out (a), a live one to the hour (b), the
+    // record living an hour; "stale": a lease run out, still there.
+    for (record, score, slot) in [
+        ("old", "1", &a),
+        ("old", far.as_str(), &b),
+        ("stale", "1", &c),
+    ] {
+        let _: () = redis::cmd("ZADD")
+            .arg(format!("tpw:n{{{record}}}:slots"))
+            .arg(score)
+            .arg(slot)
+            .query(&mut con)
+            .unwrap();
+    }
+    for (record, ms) in [("old", 3_600_000), ("stale", 60_000)] {
+        let _: () = redis::cmd("PEXPIRE")
+            .arg(format!("tpw:n{{{record}}}:slots"))
+            .arg(ms)
+            .query(&mut con)
+            .unwrap();
+    }
     // (record, slot, spec, what the step must answer: code, in use, or the
     // reason's end)
     type Case<'a> = (&'a str, &'a str, &'a str, Result<(i64, i64), &'a str>);
@@ -441,6 +470,12 @@ fn the_slots_batch_script_makes_each_step_as_alone_and_refuses_bad_arguments() {
         ("text", &a, "-", Err("a key of type string")),
         ("y", &a, "-", Ok((0, 0))),
         ("z", &b, "1 30000", Ok((1, 1))),
+        // The lease run out is dropped by the take; the record's hour is
+        // not shortened to the new lease.
+        ("old", &c, "2 60000", Ok((1, 2))),
+        ("old", &a, "-", Ok((0, 0))),
+        // A give-back finds a slot run out but still there, as ZREM does.
+        ("stale", &c, "-", Ok((1, 0))),
     ];
     let mut cmd = redis::cmd("EVAL");
     cmd.arg(concat!(
@@ -501,12 +536,12 @@ fn the_slots_batch_script_makes_each_step_as_alone_and_refuses_bad_arguments() {
             .query(&mut server.sync())
             .unwrap()
     };
-    assert_eq!(members("x"), [b.clone(), c]);
+    assert_eq!(members("x"), [b.clone(), c.clone()]);
     assert!(
         members("y").is_empty(),
         "nothing written for a refused step"
     );
-    assert_eq!(members("z"), [b]);
+    assert_eq!(members("z"), std::slice::from_ref(&b));
     let exists: bool = redis::cmd("EXISTS")
         .arg("tpw:n{y}:slots")
         .query(&mut con)
@@ -519,6 +554,13 @@ fn the_slots_batch_script_makes_each_step_as_alone_and_refuses_bad_arguments() {
             .unwrap();
         assert!(ttl > lease - 5_000 && ttl <= lease, "{record}: {ttl}");
     }
+    assert_eq!(members("old"), [c.clone(), b.clone()]);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg("tpw:n{old}:slots")
+        .query(&mut con)
+        .unwrap();
+    assert!(ttl > 3_500_000, "never shortened: {ttl}");
+    assert!(members("stale").is_empty(), "emptied, so deleted");
     let text: String = redis::cmd("GET")
         .arg("tpw:n{text}:slots")
         .query(&mut con)

@@ -25,6 +25,33 @@ local function not_slots(key)
   return nil
 end
 
+-- The record at `key` as a table, read in one command (no TYPE, no
+-- scores: a score is a double, which Redis formats and Lua parses):
+-- `names`, its slots' names (true each); `count`, how many (live or not);
+-- `lifetime`, -1 when there is no record (so none), else nil (not read).
+-- Or why it is not a record of slots, as not_slots says it. Read only.
+local function slots_of(key)
+  -- Numbers as text: Lua would format them with %.14g, which costs Redis
+  -- more than the command.
+  local got = redis.pcall('ZRANGE', key, '0', '-1')
+  if got.err then
+    local kind = redis.call('TYPE', key).ok
+    if kind ~= 'zset' then
+      return 'a key of type ' .. kind
+    end
+    error(got)
+  end
+  local names = {}
+  for k = 1, #got do
+    local member = got[k]
+    if #member ~= 32 or not string.find(member, '^[0-9a-f]+$') then
+      return 'a member that is not a slot: ' .. string.sub(member, 1, 64)
+    end
+    names[member] = true
+  end
+  return { names = names, count = #got, lifetime = #got == 0 and -1 or nil }
+end
+
 -- Whether `text` is a slot's name.
 local function is_slot(text)
   return type(text) == 'string' and #text == 32 and string.find(text, '^[0-9a-f]+$') ~= nil

@@ -20,29 +20,27 @@
 --                           earliest live lease runs out
 --   1, 0, 0 / 0, 0, 0       a give-back: the slot was there / was not
 --   -1, 0, 0                a record that is not one, left as it is
---   -2, 0, 0                invalid arguments (nothing written for it)
+--   -2, 0, 0                a take's invalid arguments (nothing written
+--                           for it; a give-back's name is not read, as in
+--                           give_back.lua: a name no slot has is found
+--                           nowhere)
 -- then, for each step answered -1 or -2, its place (from 1) and why.
 -- A refusal that is not about one record (READONLY, OOM) fails the call: it
 -- comes at the call's first write, so nothing was written.
 local now = now_ms()
--- Per record: why it is not one (false when it is one), read once a call:
--- no step of this script makes a record corrupt.
-local bad = {}
--- Records this call found missing and has not written since: a take there
--- creates the record (nothing to drop, nothing held, no lifetime yet), a
--- give-back finds nothing.
-local absent = {}
--- Records whose leases that ran out were dropped this call (the clock is
--- read once: none runs out after that).
-local pruned = {}
--- The last take's spec, as sent and as numbers (nil after an invalid one).
-local spec_arg, max, lease = nil, nil, nil
-local nums = {}
+-- The clock and each lease's end as text, written once a call: `%d` costs
+-- Redis more than a command.
+local now_text = nil
+-- Per record, what this call knows of it, read once: only this script
+-- writes to it during the call (`slots_of`).
+local records = {}
+-- The last take's spec, as sent and as numbers, and its lease's end (nil
+-- after an invalid one).
+local spec_arg, max, ends, ends_text = nil, nil, nil, nil
+local packed = {}
 local why = {}
 local function answer(i, code, in_use, ms)
-  nums[3 * i - 2] = code
-  nums[3 * i - 1] = in_use
-  nums[3 * i] = ms
+  packed[i] = struct.pack('>i8i8i8', code, in_use, ms)
 end
 local function refuse(i, code, reason)
   answer(i, code, 0, 0)
@@ -58,67 +56,75 @@ for i = 1, #KEYS do
     local m, l = string.match(spec or '', '^(%d+) (%d+)$')
     m, l = tonumber(m), millis(l)
     if m and m >= 1 and l then
-      spec_arg, max, lease = spec, m, l
+      spec_arg, max, ends = spec, m, now + l
+      ends_text = int(ends)
     else
-      spec_arg, max, lease = nil, nil, nil
+      spec_arg, max, ends, ends_text = nil, nil, nil, nil
     end
   end
-  if not is_slot(slot) then
+  if take and not is_slot(slot) then
     refuse(i, -2, 'ERR tower-pinned-window: invalid slot ' .. tostring(slot))
   elseif take and not spec_arg then
     refuse(i, -2, 'ERR tower-pinned-window: invalid take ' .. tostring(spec))
   else
-    local reason = bad[record]
-    if reason == nil then
-      local kind
-      reason, kind = not_slots(record)
-      reason = reason or false
-      bad[record] = reason
-      absent[record] = kind == 'none'
+    local r = records[record]
+    if r == nil then
+      r = slots_of(record)
+      records[record] = r
     end
-    if reason then
-      refuse(i, -1, reason)
+    if type(r) == 'string' then
+      refuse(i, -1, r)
     elseif not take then
-      if absent[record] then
+      -- As ZREM: a slot whose lease ran out but is still there is found.
+      if r.names[slot] then
+        redis.call('ZREM', record, slot)
+        r.names[slot] = nil
+        r.count = r.count - 1
+        if r.count == 0 then
+          -- Emptied: Redis deleted it, and its lifetime.
+          r.lifetime, r.pruned = -1, true
+        end
+        answer(i, 1, 0, 0)
+      else
         answer(i, 0, 0, 0)
-      else
-        answer(i, redis.call('ZREM', record, slot), 0, 0)
       end
-    elseif absent[record] then
-      -- A new record: the slot, and the record's lifetime, in this step.
-      local ends = now + lease
-      redis.call('ZADD', record, int(ends), slot)
-      redis.call('PEXPIREAT', record, int(ends))
-      absent[record] = false
-      pruned[record] = true
-      answer(i, 1, 1, 0)
     else
-      if not pruned[record] then
-        redis.call('ZREMRANGEBYSCORE', record, '-inf', int(now))
-        pruned[record] = true
+      if not r.pruned then
+        -- The leases that ran out are dropped, once a call (the clock is
+        -- read once: none runs out after that).
+        if r.count > 0 then
+          now_text = now_text or int(now)
+          if redis.call('ZCOUNT', record, '-inf', now_text) > 0 then
+            redis.call('ZREMRANGEBYSCORE', record, '-inf', now_text)
+            local left = slots_of(record)
+            r.names, r.count = left.names, left.count
+            r.lifetime = left.lifetime or r.lifetime
+          end
+        end
+        r.pruned = true
       end
-      local held = redis.call('ZCARD', record)
-      if redis.call('ZSCORE', record, slot) then
-        answer(i, 1, held, 0)
-      elseif held < max then
-        local ends = now + lease
-        redis.call('ZADD', record, int(ends), slot)
-        live_until(record, ends)
-        answer(i, 1, held + 1, 0)
+      if r.names[slot] then
+        answer(i, 1, r.count, 0)
+      elseif r.count < max then
+        redis.call('ZADD', record, ends_text, slot)
+        r.names[slot] = true
+        r.count = r.count + 1
+        -- The record lives at least as long as this lease, from this step.
+        local lifetime = r.lifetime or redis.call('PEXPIRETIME', record)
+        if lifetime < ends then
+          redis.call('PEXPIREAT', record, ends_text)
+          lifetime = ends
+        end
+        r.lifetime = lifetime
+        answer(i, 1, r.count, 0)
       else
-        local earliest = redis.call('ZRANGE', record, 0, 0, 'WITHSCORES')
-        answer(i, 0, held, tonumber(earliest[2]) - now)
+        local earliest = redis.call('ZRANGE', record, '0', '0', 'WITHSCORES')
+        answer(i, 0, r.count, tonumber(earliest[2]) - now)
       end
     end
   end
 end
--- Packed 255 steps at a time: unpack puts each number on Lua's stack.
-local parts = {}
-for at = 1, #nums, 765 do
-  local last = math.min(at + 764, #nums)
-  parts[#parts + 1] = struct.pack('>' .. string.rep('i8', last - at + 1), unpack(nums, at, last))
-end
-local out = { table.concat(parts) }
+local out = { table.concat(packed) }
 for k = 1, #why do
   out[1 + k] = why[k]
 end
