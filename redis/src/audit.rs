@@ -101,6 +101,18 @@ pub(super) async fn run<N: Nodes + Send>(
     Ok(report)
 }
 
+/// The type Redis gives `key` on `node` (`TYPE`: `none` when it is gone).
+async fn type_of<N: Nodes + Send>(
+    connection: &mut N,
+    node: &Node,
+    key: &[u8],
+) -> Result<String, BackendError> {
+    let mut kind = ::redis::cmd("TYPE");
+    kind.arg(key);
+    ::redis::from_redis_value(connection.on_node(node, kind).await.map_err(unavailable)?)
+        .map_err(malformed)
+}
+
 /// Whether `key` holds a counter, as the repair script judges it: a string
 /// of decimal digits. A key that is gone by now counts as one (there is
 /// nothing corrupt left to report). Read only: a report changes nothing.
@@ -109,12 +121,7 @@ async fn holds_a_counter<N: Nodes + Send>(
     node: &Node,
     key: &[u8],
 ) -> Result<bool, BackendError> {
-    let mut kind = ::redis::cmd("TYPE");
-    kind.arg(key);
-    let kind: String =
-        ::redis::from_redis_value(connection.on_node(node, kind).await.map_err(unavailable)?)
-            .map_err(malformed)?;
-    match kind.as_str() {
+    match type_of(connection, node, key).await?.as_str() {
         "none" => return Ok(true),
         "string" => {}
         _ => return Ok(false),
@@ -144,12 +151,7 @@ async fn holds_slots<N: Nodes + Send>(
     node: &Node,
     key: &[u8],
 ) -> Result<bool, BackendError> {
-    let mut kind = ::redis::cmd("TYPE");
-    kind.arg(key);
-    let kind: String =
-        ::redis::from_redis_value(connection.on_node(node, kind).await.map_err(unavailable)?)
-            .map_err(malformed)?;
-    match kind.as_str() {
+    match type_of(connection, node, key).await?.as_str() {
         "none" => return Ok(true),
         "zset" => {}
         _ => return Ok(false),
