@@ -37,6 +37,7 @@ hot_ours=$(per case_hot_key_ours "$memory"); hot_gov=$(per case_hot_key_governor
 keys_ours=$(per case_100k_keys_ours "$memory"); keys_gov=$(per case_100k_keys_governor "$memory")
 two_ours=$(per case_two_counters_ours "$memory")
 slot_ours=$(per case_slot_taken_and_given_back_ours "$memory")
+take_all_ours=$(per case_take_all_and_given_back_ours "$memory")
 bare=$(per case_layer_bare "$layer")
 ours_h=$(per case_layer_ours_headers "$layer"); ours_n=$(per case_layer_ours_no_headers "$layer")
 ours_hr=$(per case_layer_ours_headers_response "$layer"); ours_nr=$(per case_layer_ours_no_headers_response "$layer")
@@ -48,6 +49,10 @@ ours_hax=$(per case_layer_ours_headers_axum_request "$layer"); ours_nax=$(per ca
 tg_hax=$(per case_layer_tower_governor_headers_axum_request "$layer"); tg_nax=$(per case_layer_tower_governor_no_headers_axum_request "$layer")
 client_bare=$(per case_client_bare "$layer")
 client_budget=$(per case_client_budget "$layer"); client_rate=$(per case_client_rate_limit "$layer")
+client_none=$(per case_client_budget_reads_nothing "$layer")
+client_bare_h=$(per case_client_bare_headers "$layer")
+book_empty=$(per case_layer_ours_no_headers_book_empty "$layer"); book_stored=$(per case_layer_ours_no_headers_book_stored "$layer")
+client_budget_h=$(per case_client_budget_headers "$layer"); client_none_h=$(per case_client_budget_headers_reads_nothing "$layer")
 
 row() { printf '| %s | %.0f | %.0f | %.2f |\n' "$1" "$2" "$3" "$(echo "$2 / $3" | bc -l)"; }
 over() { echo "$1 - $2" | bc -l; } # a layer case's overhead: $1 less its bare case $2
@@ -66,11 +71,23 @@ row "layer overhead, no headers, \`Decision\` unread (\`DecisionIn::Asked\`)" "$
 row "layer overhead, with headers (defaults), the request with extensions (as under axum)" "$(over "$ours_hax" "$bare_ax")" "$(over "$tg_hax" "$bare_ax")"
 row "layer overhead, no headers (defaults), the request with extensions (as under axum)" "$(over "$ours_nax" "$bare_ax")" "$(over "$tg_nax" "$bare_ax")"
 printf '\nbare `service_fn` request: %.0f instructions; with extensions: %.0f\n' "$bare" "$bare_ax"
+printf 'limits held in the store (a LimitBook), no headers: nothing stored %.0f, the layer'"'"'s limit stored %.0f instructions per request, %.2f and %.2f x the layer with its fixed quota (%.0f)\n' \
+  "$book_empty" "$book_stored" "$(echo "$book_empty / $ours_n" | bc -l)" "$(echo "$book_stored / $ours_n" | bc -l)" "$ours_n"
 printf 'memory backend, one hot key under two quotas (no governor counterpart): %.0f instructions\n' "$two_ours"
 printf 'memory backend, a slot in flight taken and given back on one hot key: %.0f instructions, %.2f x the hot key'"'"'s hit\n' "$slot_ours" "$(echo "$slot_ours / $hot_ours" | bc -l)"
+printf 'memory backend, a hit and a slot in one step (take_all) and the slot given back: %.0f instructions, %.2f x the hot key'"'"'s hit (the slot adds %.2f x)\n' "$take_all_ours" "$(echo "$take_all_ours / $hot_ours" | bc -l)" "$(echo "($take_all_ours - $hot_ours) / $hot_ours" | bc -l)"
 
 echo
 echo "| outbound case (instructions per call) | BudgetLayer | tower RateLimit | ratio |"
 echo "|---|---|---|---|"
 row "client layer overhead over \`service_fn\`, the budget has room (memory backend)" "$(over "$client_budget" "$client_bare")" "$(over "$client_rate" "$client_bare")"
 printf '\nbare `service_fn` client call: %.0f instructions\n' "$client_bare"
+# The provider's word (BudgetLayer::heed): what reading the answers costs,
+# beside the same layer that reads nothing (Reader::none), as a share of
+# the call through the layer.
+read_silent=$(echo "$client_budget - $client_none" | bc -l)
+read_talk=$(echo "$client_budget_h - $client_none_h" | bc -l)
+printf 'reading a silent answer (no rate-limit header): %.0f instructions, %.1f%% of the call through the layer (%.0f)\n' \
+  "$read_silent" "$(echo "100 * $read_silent / $client_budget" | bc -l)" "$client_budget"
+printf 'reading OpenAI'"'"'s four headers that say nothing new: %.0f instructions, %.1f%% of the call through the layer (%.0f; the bare call with those answers: %.0f)\n' \
+  "$read_talk" "$(echo "100 * $read_talk / $client_budget_h" | bc -l)" "$client_budget_h" "$client_bare_h"

@@ -20,7 +20,10 @@
 # (`InFlightLayer`, a cap no key reaches) instead of the rate limit: a take
 # before the handler and a give-back when the body ends, both through the
 # lanes (its script calls per request count both); redis-in-flight-single,
-# the same with one call a step (`.coalesce(false)`).
+# the same with one call a step (`.coalesce(false)`); redis-capped, the
+# plain hit with an in-flight cap in the same layer (`RateLimitLayer::
+# in_flight`): one step takes the slot and counts the hit, a give-back
+# follows.
 # With REPLICA=1, or when ROUTES has redis-wait, the Redis has a replica
 # (`--replicaof`, started by the script too), for every route of the run, so
 # that the routes are compared on the same master. Each route's
@@ -36,6 +39,7 @@
 #   ROUTES="redis redis-cost redis-charged" CASES=keys bash bench/wrk_redis.sh
 #   ROUTES="redis redis-wait" bash bench/wrk_redis.sh   # on a master with a replica
 #   ROUTES="redis redis-in-flight" CASES=keys bash bench/wrk_redis.sh
+#   ROUTES="redis redis-in-flight redis-capped" CASES=keys bash bench/wrk_redis.sh
 #
 # Needs wrk (Debian: apt-get install wrk) and redis-server.
 set -euo pipefail

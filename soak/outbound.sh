@@ -12,7 +12,7 @@
 # $LIMIT calls a $WINDOW_MS ms window (200 a second), over a RedisBackend of
 # its own, failing closed (INSURE_SHARE=1/4: the insurance limiter at that
 # share). At $KILL_AT seconds Redis gets SIGKILL; $DOWN_FOR seconds later it
-# starts again on the same port, empty. The store is scanned for counters
+# starts again on the same port, empty (KILL_AT=off: no fault). The store is scanned for counters
 # without an expiry at the seconds of $SCAN_AT (not while it is down) and at
 # the end. The report exits 1 on any window that admitted more than $LIMIT,
 # call sent without the store's word (failing closed), counter without an
@@ -21,6 +21,7 @@
 #   bash soak/outbound.sh
 #   INSURE_SHARE=1/4 bash soak/outbound.sh    # the same run, insured during the outage
 #   KEEP=/tmp/out1 bash soak/outbound.sh      # keep the calls, the answers and the events
+#   KILL_AT=off bash soak/outbound.sh         # the load alone, Redis up throughout
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export LIMIT=${LIMIT:-200} WINDOW_MS=${WINDOW_MS:-1000} CALLERS=${CALLERS:-32}
@@ -28,7 +29,11 @@ DURATION=${DURATION:-60}
 . soak/common.sh
 KILL_AT=${KILL_AT:-25}
 DOWN_FOR=${DOWN_FOR:-3}
-SCAN_AT=${SCAN_AT:-"10 20 $(( KILL_AT + DOWN_FOR + 3 )) 45 55"}
+if [ "$KILL_AT" = off ]; then
+  SCAN_AT=${SCAN_AT:-"10 20 31 45 55"}
+else
+  SCAN_AT=${SCAN_AT:-"10 20 $(( KILL_AT + DOWN_FOR + 3 )) 45 55"}
+fi
 export RETRY_MS=${RETRY_MS:-20} PREFIX="tpw-outbound:$$:"
 if [ "${INSURE_SHARE:-off}" = off ]; then unset INSURE_SHARE; else export INSURE_SHARE; fi
 begin_redis_soak outbound_soak
@@ -59,7 +64,7 @@ for i in $(seq 1 "$INSTANCES"); do
   instances+=("$!")
 done
 echo "outbound soak: $INSTANCES clients x $CALLERS callers for $DURATION s, a budget of $LIMIT per $WINDOW_MS ms, failure policy ${INSURE_SHARE:+insurance at }${INSURE_SHARE:-fail closed};" \
-  "Redis (port $port) killed at $KILL_AT s, restarted $DOWN_FOR s later"
+  "Redis (port $port) $([ "$KILL_AT" = off ] && echo "up throughout" || echo "killed at $KILL_AT s, restarted $DOWN_FOR s later")"
 { echo "event $START_MS load-start"; echo "event $END_MS load-end"; } >"$dir/events"
 
 scan_between() { # from to (seconds into the load): the scans of $SCAN_AT in [from, to)
@@ -71,16 +76,20 @@ scan_between() { # from to (seconds into the load): the scans of $SCAN_AT in [fr
     fi
   done
 }
-scan_between 0 "$KILL_AT"
-sleep_until $(( START_MS + KILL_AT * 1000 ))
-count_calls before-kill
-killed_at=$(now_ms)
-{ kill -9 "$redis_pid"; wait "$redis_pid"; } 2>/dev/null || true
-echo "fault $killed_at redis-kill-9" >>"$dir/events"
-sleep_until $(( START_MS + (KILL_AT + DOWN_FOR) * 1000 ))
-start_redis
-echo "event $(now_ms) redis-restarted" >>"$dir/events"
-scan_between $(( KILL_AT + DOWN_FOR )) "$DURATION"
+if [ "$KILL_AT" = off ]; then
+  scan_between 0 "$DURATION"
+else
+  scan_between 0 "$KILL_AT"
+  sleep_until $(( START_MS + KILL_AT * 1000 ))
+  count_calls before-kill
+  killed_at=$(now_ms)
+  { kill -9 "$redis_pid"; wait "$redis_pid"; } 2>/dev/null || true
+  echo "fault $killed_at redis-kill-9" >>"$dir/events"
+  sleep_until $(( START_MS + (KILL_AT + DOWN_FOR) * 1000 ))
+  start_redis
+  echo "event $(now_ms) redis-restarted" >>"$dir/events"
+  scan_between $(( KILL_AT + DOWN_FOR )) "$DURATION"
+fi
 
 wait_instances || failed=1
 scan_redis end "$port"

@@ -33,7 +33,8 @@
 //! assert_eq!(app.clone().oneshot(request(None)).await.unwrap().status(), StatusCode::TOO_MANY_REQUESTS);
 //! let pro = app.oneshot(request(Some("pro"))).await.unwrap();
 //! assert_eq!(pro.status(), StatusCode::OK);
-//! assert_eq!(pro.headers()["ratelimit"], "\"pro\";r=999;t=60");
+//! // Upgraded, the key keeps its count (3, the denial counted): 996 left.
+//! assert_eq!(pro.headers()["ratelimit"], "\"pro\";r=996;t=60");
 //! # }
 //! ```
 //!

@@ -5,19 +5,22 @@
 //! plan with its charge, [`SpendPlan`]; what an answer does to the hits,
 //! [`OutcomeRules`]); the steps that use them live in those modules.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::backend::{BackendError, Hits};
+use crate::backend::{BackendError, Hits, InFlight};
 use crate::budget::failure::Failure;
 use crate::budget::log::LogGate;
 use crate::budget::spend::SpendPlan;
 use crate::decision::{Carry, Decision, DecisionIn};
+use crate::denied::DeniedKeys;
 use crate::metrics::LayerMetrics;
 use crate::outcome::rules::OutcomeRules;
 use crate::policy::Policies;
 use crate::request::RequestHead;
+use crate::response::InFlightFields;
 
 /// What a request gets when its key cannot be extracted: the layer's
 /// [`allow_missing_key`](crate::RateLimitLayer::allow_missing_key), and the
@@ -45,6 +48,21 @@ pub(crate) struct Core<Bk, D> {
     pub(crate) backend: Bk,
     pub(crate) deny: D,
     pub(crate) settings: Settings,
+    /// The in-flight cap's state, made when the layer is built; `None`
+    /// without a cap.
+    pub(crate) cap: Option<CapCore>,
+}
+
+/// A built layer's in-flight cap: the cap, its slots (the in-flight
+/// layer's shared state, `in_flight/slot.rs`, whose type names the
+/// backend: the layer's mode, [`Capped`](crate::cost::Capped), makes the
+/// guards from it) and the header fields it writes (`None` unless the
+/// layer writes the IETF fields).
+#[derive(Clone)]
+pub(crate) struct CapCore {
+    pub(crate) in_flight: InFlight,
+    pub(crate) slots: Arc<dyn Any + Send + Sync>,
+    pub(crate) fields: Option<Arc<InFlightFields>>,
 }
 
 /// Everything in [`Core`] that does not change the layer's type.
@@ -77,6 +95,12 @@ pub(crate) struct Settings {
     /// When set (`count_if`, `reset_if`), a passed request's answer decides
     /// what its hits become: kept, refunded, or cleared.
     pub(crate) outcome: Option<OutcomeRules>,
+    /// The in-flight cap, when set: each request's slot is taken in the
+    /// same store step as its counters.
+    pub(crate) in_flight: Option<InFlight>,
+    /// The keys denied most, when counted
+    /// ([`top_denied`](crate::RateLimitLayer::top_denied)).
+    pub(crate) denied: Option<DeniedKeys>,
 }
 
 impl<Bk, D> Core<Bk, D> {
@@ -109,7 +133,10 @@ impl<Bk, D> Core<Bk, D> {
                 decision_in: DecisionIn::default(),
                 spend: None,
                 outcome: None,
+                in_flight: None,
+                denied: None,
             },
+            cap: None,
         }
     }
 
@@ -178,6 +205,8 @@ impl<Bk: fmt::Debug, D> fmt::Debug for Core<Bk, D> {
             .field("spend", &s.spend)
             .field("reset_if", &outcome.is_some_and(|o| o.reset_if.is_some()))
             .field("charge", &self.charges())
+            .field("in_flight", &s.in_flight)
+            .field("denied", &s.denied)
             .finish_non_exhaustive()
     }
 }

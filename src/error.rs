@@ -15,6 +15,8 @@ const MAX_WINDOW_MS: u64 = 36_525 * 86_400_000;
 const MAX_SHARDS: usize = 1 << 16;
 /// [`MIN_SECRET_LEN`](crate::backend::MIN_SECRET_LEN).
 const MIN_SECRET_LEN: usize = 32;
+/// [`MAX_TOP_DENIED`](crate::denied::MAX_TOP_DENIED).
+const MAX_TOP_DENIED: usize = 1 << 16;
 
 /// A configuration mistake, reported when the limiter is built and never while
 /// serving a request.
@@ -109,9 +111,10 @@ pub enum ConfigError {
     },
     /// A header name that is not a valid HTTP header name.
     InvalidHeaderName(String),
-    /// A secret for [`PrivateKeys`](crate::backend::PrivateKeys) shorter
-    /// than [`MIN_SECRET_LEN`](crate::backend::MIN_SECRET_LEN) bytes (its
-    /// length; the secret itself is never shown).
+    /// A secret for [`PrivateKeys`](crate::backend::PrivateKeys) or
+    /// [`TopDenied::with_secret`](crate::denied::TopDenied::with_secret)
+    /// shorter than [`MIN_SECRET_LEN`](crate::backend::MIN_SECRET_LEN)
+    /// bytes (its length; the secret itself is never shown).
     SecretTooShort(usize),
     /// A Redis URL that does not parse (the reason; the URL itself is not
     /// shown, since it may hold a password).
@@ -123,6 +126,9 @@ pub enum ConfigError {
     /// A replica-acknowledged mode that waits for zero replicas (see
     /// [`RedisBackendBuilder::wait_for_replicas`](https://docs.rs/tower-pinned-window-redis/latest/tower_pinned_window_redis/struct.RedisBackendBuilder.html#method.wait_for_replicas)).
     ZeroWaitReplicas,
+    /// A [`LimitBook`](crate::LimitBook) whose layers would read their
+    /// limits from the store on every request: a zero staleness bound.
+    ZeroStaleness,
     /// A replica-acknowledged mode with a zero timeout: Redis's `WAIT`
     /// would wait forever.
     ZeroWaitTimeout,
@@ -164,6 +170,23 @@ pub enum ConfigError {
     /// ([`BodyEstimate::try_body_limit`](crate::cost::BodyEstimate::try_body_limit)):
     /// no body could be read.
     ZeroBodyLimit,
+    /// A [`BudgetLayer::tokens`](crate::outbound::BudgetLayer::tokens)
+    /// budget named as the budget beside it (the name given): the two
+    /// would be one counter.
+    TokensNameTaken(String),
+    /// A [`BudgetLayer`](crate::outbound::BudgetLayer) that
+    /// [`counts`](crate::outbound::BudgetLayer::counts) tokens and has a
+    /// [`tokens`](crate::outbound::BudgetLayer::tokens) budget too: beside
+    /// one, the budget counts the provider's requests.
+    TokensCountedTwice,
+    /// An `operator::Operator` was given two layers of
+    /// one name (feature `operator`): the operator names a layer by it.
+    OperatorNameTaken(String),
+    /// A table of the keys denied most (see
+    /// [`TopDenied::new`](crate::denied::TopDenied::new)) of zero counters,
+    /// which could show nothing, or of more than
+    /// [`MAX_TOP_DENIED`](crate::denied::MAX_TOP_DENIED) (the size given).
+    InvalidTopDenied(usize),
 }
 
 impl ConfigError {
@@ -233,7 +256,7 @@ impl fmt::Display for ConfigError {
             }
             Self::SecretTooShort(len) => write!(
                 f,
-                "the private-keys secret is {len} bytes; it must be at least {MIN_SECRET_LEN} (random bytes, such as `openssl rand -hex 32`)"
+                "the secret (of private keys, or of the keys denied most) is {len} bytes; it must be at least {MIN_SECRET_LEN} (random bytes, such as `openssl rand -hex 32`)"
             ),
             Self::InvalidUrl(reason) => write!(f, "invalid Redis URL: {reason}"),
             Self::ZeroBreakerFailures => {
@@ -242,6 +265,9 @@ impl fmt::Display for ConfigError {
             Self::ZeroBreakerCooldown => {
                 f.write_str("a circuit breaker's cool-down must be longer than zero")
             }
+            Self::ZeroStaleness => f.write_str(
+                "stored limits need a staleness bound above zero (a zero bound would read the store on every request)",
+            ),
             Self::ZeroWaitReplicas => {
                 f.write_str(
                     "a write must wait for at least one replica (or leave wait_for_replicas off)",
@@ -263,12 +289,27 @@ impl fmt::Display for ConfigError {
             Self::ReserveWithCost => f.write_str(
                 "a reservation (reserve) is the request's cost on the way in: drop .cost(..) or .cost_fn(..), or the reserve",
             ),
+            Self::TokensNameTaken(name) => write!(
+                f,
+                "the tokens budget is named {name:?}, as the budget beside it: give it a name of its own, or the two are one counter"
+            ),
+            Self::TokensCountedTwice => f.write_str(
+                "a budget with a tokens budget beside it counts the provider's requests: drop .counts(Unit::Tokens), or the tokens budget",
+            ),
+            Self::OperatorNameTaken(name) => write!(
+                f,
+                "the operator has a layer named {name:?} already: each layer it serves needs a name of its own"
+            ),
             Self::ZeroBodyLimit => f.write_str(
                 "a body limit must be at least 1 byte: give the most bytes of a body to read for its estimate",
             ),
             Self::InvalidShare(share) => write!(
                 f,
                 "an insurance share must be a fraction N/D above 0 and at most 1, such as 1/4, not {share:?}"
+            ),
+            Self::InvalidTopDenied(capacity) => write!(
+                f,
+                "the table of the keys denied most must hold 1 to {MAX_TOP_DENIED} counters, not {capacity}"
             ),
             Self::InvalidIpv6Prefix(bits) => {
                 write!(
@@ -361,5 +402,6 @@ mod tests {
         assert_eq!(MAX_WINDOW_MS, crate::Window::MAX.as_millis());
         assert_eq!(MAX_SHARDS, crate::backend::MAX_SHARDS);
         assert_eq!(MIN_SECRET_LEN, crate::backend::MIN_SECRET_LEN);
+        assert_eq!(MAX_TOP_DENIED, crate::denied::MAX_TOP_DENIED);
     }
 }

@@ -119,14 +119,16 @@
 //! | request costs, response charges (token budgets), reserve then settle, lockouts, reset on success (guide: [`docs/costs.md`](crate::guide::costs)) | [`cost`](RateLimitLayer::cost), [`cost_fn`](RateLimitLayer::cost_fn), [`charge`](RateLimitLayer::charge), [`reserve`](RateLimitLayer::reserve), [`ResponseHead`](outcome::ResponseHead), [`block_for`](RateLimitLayer::block_for), [`reset_if`](RateLimitLayer::reset_if) |
 //! | the answer's headers and denials (guide: [`docs/headers.md`](crate::guide::headers)) | [`HeaderStyle`](response::HeaderStyle), [`Deny`](response::Deny), [`Decision`] |
 //! | a budget for outbound calls, shared by every instance, that waits for its window (guide: [`docs/outbound.md`](crate::guide::outbound)) | [`outbound::BudgetLayer`] |
-//! | at most N requests in flight per key across instances, slots on leases no crash can leak (guide: [`docs/in-flight.md`](crate::guide::in_flight)) | [`InFlightLayer`], [`InFlight`], [`BudgetLayer::in_flight`](outbound::BudgetLayer::in_flight) |
+//! | the provider's word: its 429s and rate-limit headers, honoured by every instance; requests and tokens in one step | [`BudgetLayer::heed`](outbound::BudgetLayer::heed), [`outbound::Reader`], [`BudgetLayer::tokens`](outbound::BudgetLayer::tokens), [`backend::Heeding`] |
+//! | at most N requests in flight per key across instances, slots on leases no crash can leak (guide: [`docs/in-flight.md`](crate::guide::in_flight)) | [`InFlightLayer`], [`InFlight`], [`RateLimitLayer::in_flight`] (beside the quotas, one store step), [`BudgetLayer::in_flight`](outbound::BudgetLayer::in_flight) |
 //! | failures, the insurance limiter for outages | [`FailurePolicy`], [`Share`], [`allow_missing_key`](RateLimitLayer::allow_missing_key), [`ConfigError`] |
-//! | where counters and slots live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys), [`Leasing`](backend::Leasing) |
+//! | where counters and slots live, and the contract a backend keeps | [`backend`], [`MemoryBackend`](backend::MemoryBackend), [`PrivateKeys`](backend::PrivateKeys), [`Leasing`](backend::Leasing), [`Heeding`](backend::Heeding) (the provider's word) |
 //! | a store of your own: storage keys, a deny cache, a batched future | [`backend::toolkit`] |
 //! | Redis, Cluster, Sentinel | the [`tower-pinned-window-redis`][crate-redis] crate |
 //! | PostgreSQL | the [`tower-pinned-window-postgres`][crate-postgres] crate |
 //! | limits from TOML, YAML, JSON (feature `serde`) | [`config`][mod-config] |
 //! | metrics (feature `metrics`) | [`metrics`][mod-metrics] |
+//! | an admin route: read, reset, block, unblock a key (feature `operator`; guide: [`docs/operations.md`](crate::guide::operations)) | [`operator`][mod-operator] |
 //!
 //! The guides (proxies and forwarded headers, Redis outages and the
 //! circuit breaker, the audit, the PostgreSQL table, gRPC, outbound
@@ -150,6 +152,11 @@
     not(feature = "metrics"),
     doc = "[mod-metrics]: https://docs.rs/tower-pinned-window/latest/tower_pinned_window/metrics/index.html"
 )]
+#![cfg_attr(feature = "operator", doc = "[mod-operator]: operator")]
+#![cfg_attr(
+    not(feature = "operator"),
+    doc = "[mod-operator]: https://docs.rs/tower-pinned-window/latest/tower_pinned_window/operator/index.html"
+)]
 #![forbid(unsafe_code)]
 // docs.rs (and CI's doc build) pass `--cfg docsrs`: with `doc_cfg`, rustdoc
 // marks each item with the features it needs.
@@ -170,22 +177,27 @@
 // bounded prefix of the body (cost/body.rs), then takes service.rs's
 // limiter step.
 // An outbound call: outbound/ (layer → service → future → admit, line.rs:
-// the waiters → settle: the answer's charge).
+// the waiters → heed: the answer's word, read by word.rs, kept in heard.rs
+// and the store → settle: the answer's charge).
 // Both stand on the floor, budget/ (the failure policy, the spend plan and
 // its checks, settling, the log rules), which reaches the backend/.
 //
 // The modules, top to bottom (tools/imports.py, run by CI, fails on an
 // import that points up this list, or on files that import each other in
 // a loop); the faces and the middlewares first, the floor under them:
+//   operator/   the operator's service (feature operator): read, reset,
+//               block, unblock a layer's key; reads the layers
 //   config      limits from TOML, YAML, JSON (feature serde): builds layers
 //   outbound/   the client layer, BudgetLayer
 //   server/     the server layer, RateLimitLayer
 //   in_flight/  the in-flight cap, InFlightLayer: slots on leases
 //   core        the settings a server layer's services share
+//   denied      the keys denied most: a bounded top-N of digests
 //   outcome/    counting by the answer: what it does to the hits (kept,
 //               refunded, cleared), count_if and reset_if as one value
 //   budget/     the floor: failure policy, spend plan, settling, log rules
 //   policy      the quotas a request is charged to
+//   limits      limits held in the store, read with a bounded staleness
 //   insurance   the limiter that decides during outages, over counters
 //   metrics     the layer's metric handles (feature metrics)
 //   response    the way out: headers, denials
@@ -210,6 +222,7 @@ mod core;
 pub mod cost;
 mod count;
 mod decision;
+pub mod denied;
 mod error;
 pub mod in_flight;
 // The guides (docs/*.md) for rustdoc only; their examples run as doctests
@@ -219,11 +232,14 @@ pub mod guide;
 mod insurance;
 pub mod key;
 mod label;
+mod limits;
 #[cfg(feature = "metrics")]
 pub mod metrics;
 #[cfg(not(feature = "metrics"))]
 mod metrics;
 mod name;
+#[cfg(feature = "operator")]
+pub mod operator;
 pub mod outbound;
 pub mod outcome;
 mod policy;
@@ -238,6 +254,7 @@ pub use budget::failure::FailurePolicy;
 pub use decision::{Decision, DecisionIn};
 pub use error::ConfigError;
 pub use in_flight::layer::InFlightLayer;
+pub use limits::LimitBook;
 pub use name::MAX_NAME_LEN;
 pub use policy::NamedQuota;
 pub use quota::{Quota, Share, Window};

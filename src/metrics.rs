@@ -8,6 +8,7 @@
 //! | [`BACKEND_ERRORS`] `tower_pinned_window_backend_errors_total` | counter | `limiter`, `kind` | once per failed backend call: `kind` is `unavailable`, `timed_out`, `circuit_open`, `cluster_down`, `at_capacity` or `corrupt` |
 //! | [`BACKEND_LATENCY`] `tower_pinned_window_backend_latency_seconds` | histogram | `limiter` | once per backend call that had to wait (a round trip to Redis), never for an answer given at once |
 //! | [`DENY_CACHE_ANSWERS`] `tower_pinned_window_deny_cache_answers_total` | counter | `limiter` | once per request a local deny cache denied without asking the store |
+//! | [`TOP_DENIED`] `tower_pinned_window_top_denied` | gauge | `limiter`, `rank` | under [`top_denied`](crate::RateLimitLayer::top_denied), on a denial at most once a second: the denials of the key at `rank` (`1` to `10`, at most the table's capacity) among [the keys denied most](crate::denied) |
 //!
 //! # Labels, and why never the key or the route
 //!
@@ -24,6 +25,11 @@
 //! - The **key is never a label**: keys are client identities (addresses,
 //!   API keys) that a metrics store should not hold, and one series per
 //!   client would grow without bound.
+//! - The keys denied most are told apart by **rank**, not by key or
+//!   digest: at most 10 series per layer, whoever the keys are. A gauge
+//!   says how hard the worst keys hit the limit (alert on rank 1); which
+//!   keys they are is read through the layer's
+//!   [`DeniedKeys`](crate::denied::DeniedKeys) handle, as digests.
 //! - The **route is not a label** either: for a gRPC request it is the
 //!   request's path, which the client chooses (any path, valid method or
 //!   not, reaches the limiter first). Read [`Decision::route`](crate::Decision::route)
@@ -63,12 +69,16 @@
 //! ```
 
 #[cfg(feature = "metrics")]
-pub use enabled::{BACKEND_ERRORS, BACKEND_LATENCY, DECISIONS, DENY_CACHE_ANSWERS};
+pub use enabled::{BACKEND_ERRORS, BACKEND_LATENCY, DECISIONS, DENY_CACHE_ANSWERS, TOP_DENIED};
 #[cfg(feature = "metrics")]
-pub(crate) use enabled::{LayerMetrics, QuotaMetrics, Stopwatch};
+pub(crate) use enabled::{LayerMetrics, QuotaMetrics, Stopwatch, TopDeniedMetrics};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use disabled::{LayerMetrics, QuotaMetrics, Stopwatch};
+pub(crate) use disabled::{LayerMetrics, QuotaMetrics, Stopwatch, TopDeniedMetrics};
+
+/// The ranks of the keys denied most that get a gauge.
+#[cfg(feature = "metrics")]
+const TOP_DENIED_RANKS: usize = 10;
 
 #[cfg(any(feature = "metrics", test))]
 use crate::decision::Outcome;
@@ -94,9 +104,9 @@ mod enabled {
     use std::sync::{Arc, OnceLock};
     use std::time::Duration;
 
-    use ::metrics::{Counter, Histogram, counter, histogram};
+    use ::metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
-    use super::{OUTCOMES, outcome_index};
+    use super::{OUTCOMES, TOP_DENIED_RANKS, outcome_index};
     use crate::backend::{BackendError, Hits};
     use crate::decision::Decision;
 
@@ -117,6 +127,54 @@ mod enabled {
     ///
     /// See the [module's example](crate::metrics#example).
     pub const DENY_CACHE_ANSWERS: &str = "tower_pinned_window_deny_cache_answers_total";
+    /// The denials of the key at each `rank` among a layer's keys denied
+    /// most, by `limiter` and `rank` (gauge), under
+    /// [`top_denied`](crate::RateLimitLayer::top_denied).
+    ///
+    /// See the [module's table](crate::metrics).
+    pub const TOP_DENIED: &str = "tower_pinned_window_top_denied";
+
+    /// The gauges of a table of the keys denied most, registered on first
+    /// use, and when they were last set. Kept in the table, under its lock.
+    #[derive(Default)]
+    pub(crate) struct TopDeniedMetrics {
+        gauges: Vec<Gauge>,
+        last: Option<quanta::Instant>,
+    }
+
+    impl TopDeniedMetrics {
+        /// Whether [`publish`](Self::publish) publishes anything.
+        pub(crate) const RECORDS: bool = true;
+
+        /// Whether the gauges are due to be set: never set, or last set a
+        /// second ago or more.
+        pub(crate) fn due(&mut self) -> bool {
+            let now = quanta::Instant::now();
+            let due = self
+                .last
+                .is_none_or(|last| now.duration_since(last) >= Duration::from_secs(1));
+            if due {
+                self.last = Some(now);
+            }
+            due
+        }
+
+        /// Sets rank `i + 1`'s gauge to `ranked[i]` (0 past its end), for
+        /// the first ranks of a table of `capacity` counters.
+        pub(crate) fn publish(&mut self, limiter: &str, capacity: usize, ranked: &[u64]) {
+            if self.gauges.is_empty() {
+                let ranks = capacity.min(TOP_DENIED_RANKS);
+                self.gauges = (1..=ranks)
+                    .map(|rank| {
+                        gauge!(TOP_DENIED, "limiter" => limiter.to_owned(), "rank" => rank.to_string())
+                    })
+                    .collect();
+            }
+            for (i, gauge) in self.gauges.iter().enumerate() {
+                gauge.set(ranked.get(i).copied().unwrap_or(0) as f64);
+            }
+        }
+    }
 
     /// A quota's decision counters, one per outcome, registered on first
     /// use. Kept beside the quota (in its policy), never in a decision.
@@ -245,6 +303,21 @@ mod disabled {
 
         #[inline(always)]
         pub(crate) fn answered_at_once<E>(&self, _limiter: &str, _result: &Result<Hits, E>) {}
+    }
+
+    #[derive(Default)]
+    pub(crate) struct TopDeniedMetrics;
+
+    impl TopDeniedMetrics {
+        pub(crate) const RECORDS: bool = false;
+
+        #[inline(always)]
+        pub(crate) fn due(&mut self) -> bool {
+            false
+        }
+
+        #[inline(always)]
+        pub(crate) fn publish(&mut self, _limiter: &str, _capacity: usize, _ranked: &[u64]) {}
     }
 
     pub(crate) struct Stopwatch;

@@ -9,11 +9,12 @@ use std::sync::{Arc, PoisonError, RwLock};
 
 use smallvec::SmallVec;
 
-use crate::backend::{Backend, Counter, Hit, Hits};
+use crate::backend::{Backend, Counter, Hit, Hits, LimitScope, StoredLimits};
 use crate::decision::Decision;
 use crate::error::ConfigError;
 use crate::key::Key;
 use crate::label::{Label, QuotaHeaders};
+use crate::limits::{LimitBook, Page};
 use crate::metrics::QuotaMetrics;
 use crate::name::{is_policy_name, is_sf_string_byte};
 use crate::quota::{Quota, Share};
@@ -334,6 +335,10 @@ impl Policy {
     }
 }
 
+/// A quota of a policy being built: the quota, the name clients see, the
+/// counter it is counted in.
+type Named = (Quota, Arc<str>, Arc<str>);
+
 /// What a policy's first quota is to the layer, which decides its default
 /// name.
 #[derive(Clone, Copy)]
@@ -344,6 +349,18 @@ enum Primary<'a> {
     Route(&'a str),
     /// A quota `quota_by` picked.
     Tier,
+}
+
+/// A counter a layer hits, known when the layer is built
+/// ([`Policies::known_counters`]).
+#[cfg(feature = "operator")]
+#[derive(Debug, Clone)]
+pub(crate) struct KnownCounter {
+    /// The counter's namespace in the store (never shown to clients).
+    pub(crate) namespace: Arc<str>,
+    pub(crate) quota: Quota,
+    /// The route whose quota it is, for a route quota.
+    pub(crate) route: Option<Box<str>>,
 }
 
 /// Every policy a layer can apply, and how to pick one.
@@ -363,6 +380,9 @@ pub(crate) struct Policies {
     /// and then only read: a request takes the read lock, which never waits
     /// for another reader.
     chosen: RwLock<HashMap<NamedQuota, Arc<Policy>>>,
+    /// The layer's limits held in the store, as this process last read
+    /// them ([`LimitBook`](crate::LimitBook)).
+    stored: Option<Arc<Page>>,
 }
 
 /// Distinct quotas a `quota_by` closure's policies are kept for. Past it,
@@ -386,14 +406,16 @@ impl Policies {
             quota_by: None,
             lowers: false,
             chosen: RwLock::default(),
+            stored: None,
         };
         this.rebuild();
         this
     }
 
-    /// The counter name of `quota`: the layer's name for its own quota,
-    /// `name:LIMIT/WINDOWms` for any other, so equal quotas share counters
-    /// and different ones never do. Clients never see it.
+    /// The counter name of a route's or an `also` quota: the layer's name
+    /// for the layer's own quota, `name:LIMIT/WINDOWms` for any other, so
+    /// equal quotas share counters and different ones never do. (A tier's
+    /// counter is the layer's: see `build`.) Clients never see it.
     fn counter_name(&self, quota: Quota) -> Arc<str> {
         if quota == self.default_quota {
             self.name.clone()
@@ -429,30 +451,42 @@ impl Policies {
     }
 
     fn build(&self, primary: &NamedQuota, kind: Primary<'_>) -> Arc<Policy> {
-        // Each distinct quota with the name clients see; equal quotas are
+        // Each distinct counter, with its quota and the name clients see.
+        // The layer's quota and every tier `quota_by` picks count in the
+        // layer's own counter, so a tier that changes (an upgrade, a
+        // downgrade) keeps the count: its limit applies to the count so
+        // far, and its window from the key's next window. Equal quotas are
         // one counter: the first one names it.
-        let mut named: SmallVec<[(Quota, Arc<str>); 2]> = SmallVec::new();
-        let quotas =
-            std::iter::once((primary, kind)).chain(self.also.iter().map(|q| (q, Primary::Tier)));
-        for (quota, kind) in quotas {
-            if named.iter().any(|(q, _)| *q == quota.quota) {
+        let counted = match kind {
+            Primary::Layer | Primary::Tier => self.name.clone(),
+            Primary::Route(_) => self.counter_name(primary.quota),
+        };
+        let mut named: SmallVec<[Named; 2]> = SmallVec::new();
+        named.push((primary.quota, self.policy_name(primary, kind), counted));
+        for quota in &self.also {
+            let counted = self.counter_name(quota.quota);
+            if named
+                .iter()
+                .any(|(q, _, n)| *q == quota.quota || *n == counted)
+            {
                 continue;
             }
-            named.push((quota.quota, self.policy_name(quota, kind)));
+            named.push((quota.quota, self.policy_name(quota, Primary::Tier), counted));
         }
         let listed: SmallVec<[(&str, Quota); 2]> =
-            named.iter().map(|(q, name)| (&**name, *q)).collect();
+            named.iter().map(|(q, name, _)| (&**name, *q)).collect();
         let headers = quota_headers(self.style, &listed);
+        drop(listed);
         let slots = named
-            .iter()
+            .into_iter()
             .zip(headers)
-            .map(|((quota, name), headers)| Slot {
-                namespace: self.counter_name(*quota),
-                quota: *quota,
+            .map(|((quota, name, namespace), headers)| Slot {
+                namespace,
+                quota,
                 lowers: self.lowers,
                 label: Arc::new(Label {
                     limiter: self.name.clone(),
-                    policy: name.clone(),
+                    policy: name,
                     headers,
                 }),
                 metrics: Default::default(),
@@ -504,6 +538,33 @@ impl Policies {
         self.quota_by = Some(quota_by);
     }
 
+    /// The counters known when the layer is built, each once: the layer's
+    /// own quota's, those added with `also`, then the routes' (with the
+    /// first route that names each). What the operator's service reads,
+    /// resets and blocks; a `quota_by` closure's are not among them.
+    #[cfg(feature = "operator")]
+    pub(crate) fn known_counters(&self) -> Vec<KnownCounter> {
+        let mut known: Vec<KnownCounter> = Vec::new();
+        let quotas = std::iter::once((self.default_quota, None))
+            .chain(self.also.iter().map(|q| (q.quota(), None)))
+            .chain(
+                self.route_quotas
+                    .iter()
+                    .map(|(route, q)| (q.quota(), Some(route.clone()))),
+            );
+        for (quota, route) in quotas {
+            if known.iter().any(|k| k.quota == quota) {
+                continue;
+            }
+            known.push(KnownCounter {
+                namespace: self.counter_name(quota),
+                quota,
+                route,
+            });
+        }
+        known
+    }
+
     pub(crate) fn default_quota(&self) -> Quota {
         self.default_quota
     }
@@ -520,13 +581,65 @@ impl Policies {
             .unwrap_or(u64::MAX)
     }
 
-    /// The policy for a request.
+    /// Read the layer's limits from `book` too.
+    pub(crate) fn set_book(&mut self, book: &LimitBook) {
+        self.stored = Some(book.page(&self.name));
+    }
+
+    /// The policy for a request of `key`.
     #[inline]
-    pub(crate) fn select(&self, head: &RequestHead<'_>) -> Selected<'_> {
+    pub(crate) fn select(&self, head: &RequestHead<'_>, key: &Key) -> Selected<'_> {
+        if let Some(page) = &self.stored {
+            let stored = page.current();
+            if !stored.is_empty() {
+                return self.select_stored(head, key, &stored);
+            }
+        }
         if self.quota_by.is_none() && self.routes.is_empty() {
             return Selected::Kept(&self.default);
         }
         self.select_among(head)
+    }
+
+    /// [`select`](Self::select) under limits held in the store: the key's
+    /// stored limit, else its tier's (by name), else the tier as picked,
+    /// else the layer's stored limit, for the layer's own counter; a route
+    /// quota's request keeps its route's policy.
+    #[cold]
+    fn select_stored(
+        &self,
+        head: &RequestHead<'_>,
+        key: &Key,
+        stored: &StoredLimits,
+    ) -> Selected<'_> {
+        let tier = self.quota_by.as_ref().and_then(|f| f(head));
+        let by_key = stored.key(key.as_bytes());
+        let quota = match tier {
+            Some(tier) => {
+                let by_tier = tier
+                    .name
+                    .as_deref()
+                    .and_then(|name| stored.get(LimitScope::Tier(name)));
+                NamedQuota {
+                    quota: by_key.or(by_tier).unwrap_or(tier.quota),
+                    name: tier.name,
+                }
+            }
+            None => {
+                if let Some(route) = head.route().and_then(|route| self.routes.get(route)) {
+                    return Selected::Kept(route);
+                }
+                match by_key.or(stored.get(LimitScope::Layer)) {
+                    // Shown under the layer's name, as its own quota is.
+                    Some(quota) => NamedQuota {
+                        quota,
+                        name: Some(self.name.clone()),
+                    },
+                    None => return Selected::Kept(&self.default),
+                }
+            }
+        };
+        self.chosen_policy(quota)
     }
 
     /// [`select`](Self::select), for a layer with route or tier quotas.
@@ -535,33 +648,41 @@ impl Policies {
             if quota.quota == self.default_quota && quota.name.is_none() {
                 return Selected::Kept(&self.default);
             }
-            if let Some(policy) = self
-                .chosen
-                .read()
-                .unwrap_or_else(PoisonError::into_inner)
-                .get(&quota)
-            {
-                return Selected::Built(policy.clone());
-            }
-            let policy = self.build(&quota, Primary::Tier);
-            let mut chosen = self.chosen.write().unwrap_or_else(PoisonError::into_inner);
-            if let Some(kept) = chosen.get(&quota) {
-                // Another request built it meanwhile: one policy per quota.
-                return Selected::Built(kept.clone());
-            }
-            if chosen.len() >= CHOSEN_CAP
-                && let Some(old) = chosen.keys().next().cloned()
-            {
-                chosen.remove(&old);
-            }
-            chosen.insert(quota, policy.clone());
-            return Selected::Built(policy);
+            return self.chosen_policy(quota);
         }
         Selected::Kept(
             head.route()
                 .and_then(|route| self.routes.get(route))
                 .unwrap_or(&self.default),
         )
+    }
+}
+
+impl Policies {
+    /// The policy of a quota picked per request (a tier, a stored limit),
+    /// built on first use and kept (at most [`CHOSEN_CAP`]).
+    fn chosen_policy(&self, quota: NamedQuota) -> Selected<'_> {
+        if let Some(policy) = self
+            .chosen
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&quota)
+        {
+            return Selected::Built(policy.clone());
+        }
+        let policy = self.build(&quota, Primary::Tier);
+        let mut chosen = self.chosen.write().unwrap_or_else(PoisonError::into_inner);
+        if let Some(kept) = chosen.get(&quota) {
+            // Another request built it meanwhile: one policy per quota.
+            return Selected::Built(kept.clone());
+        }
+        if chosen.len() >= CHOSEN_CAP
+            && let Some(old) = chosen.keys().next().cloned()
+        {
+            chosen.remove(&old);
+        }
+        chosen.insert(quota, policy.clone());
+        Selected::Built(policy)
     }
 }
 
@@ -628,6 +749,7 @@ impl Clone for Policies {
             quota_by: self.quota_by.clone(),
             lowers: self.lowers,
             chosen: RwLock::default(),
+            stored: self.stored.clone(),
         }
     }
 }
@@ -748,7 +870,7 @@ mod tests {
                 .header("content-type", "application/grpc")
                 .body(())
                 .unwrap();
-            let selected = policies.select(&RequestHead::new(&request));
+            let selected = policies.select(&RequestHead::new(&request), &Key::new("k"));
             assert!(matches!(selected, Selected::Kept(_)), "{path}");
             assert_eq!(selected.counters()[0].quota, quota_seen, "{path}");
             // While the selection is held: no count was taken.
@@ -803,7 +925,9 @@ mod tests {
                 .header("tier", limit.to_string())
                 .body(())
                 .unwrap();
-            policies.select(&RequestHead::new(&request)).to_arc()
+            policies
+                .select(&RequestHead::new(&request), &Key::new("k"))
+                .to_arc()
         };
         let first = select(1);
         assert!(Arc::ptr_eq(&first, &select(1)), "built once, then found");

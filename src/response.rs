@@ -160,61 +160,83 @@ pub(crate) fn writes_on_passed(decision: &Decision) -> bool {
 
 /// The fields an in-flight cap named `name` writes, made once when its
 /// layer is built: `RateLimit-Policy` with the IETF draft's quota unit for
-/// concurrency, and `RateLimit` for each number of slots left up to
-/// [`InFlightFields::MADE`] (an answer past it, and a refusal's, are
-/// written when needed). `name` is a layer name: a valid sf-string.
+/// concurrency, and the name's sf-string for `RateLimit`, whose parameters
+/// are written per answer into a value cut from the thread's block (no
+/// allocation of its own). `name` is a layer name: a valid sf-string.
 #[derive(Debug)]
 pub(crate) struct InFlightFields {
-    name: Box<str>,
+    /// `"name"`.
+    name_item: Box<str>,
     policy: HeaderValue,
-    /// `"name";r=N` for N slots left, by N.
-    left: Box<[HeaderValue]>,
 }
 
 impl InFlightFields {
-    /// The most slots left whose `RateLimit` field is made in advance.
-    const MADE: u64 = 64;
-
     pub(crate) fn new(name: &str, max: u64) -> Self {
-        let value = |text: String| {
-            HeaderValue::from_maybe_shared(Bytes::from(text))
-                .expect("a layer name is printable ASCII without quotes")
-        };
+        let policy = format!("\"{name}\";q={max};qu=\"concurrent-requests\"");
         Self {
-            name: name.into(),
-            policy: value(format!("\"{name}\";q={max};qu=\"concurrent-requests\"")),
-            left: (0..=max.min(Self::MADE))
-                .map(|left| value(format!("\"{name}\";r={left}")))
-                .collect(),
+            name_item: format!("\"{name}\"").into(),
+            policy: HeaderValue::from_maybe_shared(Bytes::from(policy))
+                .expect("a layer name is printable ASCII without quotes"),
         }
     }
 
     /// The fields on an answer: the policy, and `RateLimit` with the slots
     /// left (`r`) and, on a refusal, the seconds until the earliest lease
-    /// runs out (`t`, whole seconds rounded up). Appended beside any other
-    /// layer's fields, as more members of the same lists.
+    /// runs out (`t`, whole seconds rounded up). Beside another layer's
+    /// fields, they are more members of the same lists, on one line each
+    /// (as [`passed`] writes them).
     pub(crate) fn write(
         &self,
         headers: &mut HeaderMap,
         left: u64,
         retry: Option<std::time::Duration>,
     ) {
-        headers.append(RATELIMIT_POLICY, self.policy.clone());
-        let made = usize::try_from(left).ok().and_then(|at| self.left.get(at));
-        let field = match (retry, made) {
-            (None, Some(made)) => made.clone(),
-            (None, None) => self.field(format!("\"{}\";r={left}", self.name)),
-            (Some(retry), _) => self.field(format!(
-                "\"{}\";r={left};t={}",
-                self.name,
-                ceil_secs(retry).max(1)
-            )),
-        };
-        headers.append(RATELIMIT, field);
+        add_member(headers, RATELIMIT_POLICY, &[self.policy.as_bytes()]);
+        // ";r=" and ";t=", and two sf-integers of at most 15 digits.
+        let mut params = [0u8; 36];
+        let mut start = params.len();
+        if let Some(retry) = retry {
+            start = write_digits(&mut params, start, sf_int_value(ceil_secs(retry).max(1)));
+            start -= 3;
+            params[start..start + 3].copy_from_slice(b";t=");
+        }
+        start = write_digits(&mut params, start, sf_int_value(left));
+        start -= 3;
+        params[start..start + 3].copy_from_slice(b";r=");
+        add_member(
+            headers,
+            RATELIMIT,
+            &[self.name_item.as_bytes(), &params[start..]],
+        );
     }
+}
 
-    fn field(&self, text: String) -> HeaderValue {
-        HeaderValue::try_from(text).expect("a layer name is printable ASCII without quotes")
+/// Adds the member made of `parts` to the list field `name`, on the field's
+/// one line: a field already there (another layer's members) is joined
+/// with it into a value cut from the thread's block, so that neither costs
+/// an allocation of its own.
+fn add_member(headers: &mut HeaderMap, name: HeaderName, parts: &[&[u8]]) {
+    match headers.entry(name) {
+        Entry::Vacant(vacant) => {
+            vacant.insert(cut_value(parts));
+        }
+        Entry::Occupied(mut occupied) => {
+            if occupied.iter().nth(1).is_some() {
+                // Several lines already: appended, then all joined.
+                let name = occupied.key().clone();
+                occupied.append(cut_value(parts));
+                join_lines(headers, name);
+                return;
+            }
+            let line = occupied.get().as_bytes().trim_ascii();
+            let value = match (line.is_empty(), parts) {
+                (true, _) => cut_value(parts),
+                (false, [one]) => cut_value(&[line, b", ", one]),
+                (false, [one, two]) => cut_value(&[line, b", ", one, two]),
+                (false, _) => cut_value(&[line, b", ", &parts.concat()]),
+            };
+            occupied.insert(value);
+        }
     }
 }
 

@@ -2,7 +2,8 @@
 //! held from before the service is called until the answer's body ends,
 //! and given back however the request ends (a body read or dropped, a
 //! panicking handler, a cancelled call, a client gone mid-stream); leases
-//! are extended while a request runs; the failure policies; gRPC.
+//! are extended while a request runs; the failure policies; gRPC; and a
+//! cap beside a rate-limit layer's quotas, decided in one store step.
 
 mod support;
 
@@ -420,6 +421,25 @@ impl Leasing for Failing {
         }
     }
 
+    fn take_all(
+        &self,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+        counters: &[Counter<'_>],
+        spend: Option<tower_pinned_window::backend::Spend>,
+    ) -> Self::Future {
+        match self.mode {
+            Mode::Down => std::future::ready(Err(BackendError::Unavailable("down".into()))),
+            Mode::Corrupt => std::future::ready(Err(BackendError::Corrupt {
+                key: "jobs".into(),
+                detail: "not a set of slots".into(),
+            })),
+            // The memory backend's future is answered at once: so is this.
+            Mode::Slow => self.inner.take_all(key, cap, slot, counters, spend),
+        }
+    }
+
     fn give_back(
         &self,
         namespace: &str,
@@ -657,4 +677,338 @@ fn an_outbound_cap_is_set_after_its_backend() {
     let _ = BudgetLayer::new("partner", Quota::new(1, Duration::from_secs(1)).unwrap())
         .in_flight(cap(1, Duration::from_secs(30)))
         .backend(MemoryBackend::new());
+}
+
+// --- An in-flight cap beside a layer's quotas: one store step for both. ---
+
+/// A memory backend that records which of its steps are called.
+#[derive(Clone, Default)]
+struct Recording {
+    inner: MemoryBackend,
+    calls: Arc<std::sync::Mutex<Vec<&'static str>>>,
+}
+
+impl Recording {
+    fn record(&self, step: &'static str) {
+        self.calls.lock().unwrap().push(step);
+    }
+
+    fn calls(&self) -> Vec<&'static str> {
+        self.calls.lock().unwrap().clone()
+    }
+}
+
+impl Backend for Recording {
+    type Future = <MemoryBackend as Backend>::Future;
+    type Refund = <MemoryBackend as Backend>::Refund;
+
+    fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> Self::Future {
+        self.record("hit_all");
+        self.inner.hit_all(key, counters)
+    }
+
+    fn refund(&self, namespace: &str, key: &Key, hit: &Hit) -> Self::Refund {
+        self.record("refund");
+        self.inner.refund(namespace, key, hit)
+    }
+
+    async fn peek(&self, namespace: &str, key: &Key) -> Result<Option<Hit>, BackendError> {
+        self.inner.peek(namespace, key).await
+    }
+
+    async fn reset(&self, namespace: &str, key: &Key) -> Result<bool, BackendError> {
+        self.inner.reset(namespace, key).await
+    }
+}
+
+impl tower_pinned_window::backend::Spending for Recording {
+    fn spend_all(
+        &self,
+        key: &Key,
+        counters: &[Counter<'_>],
+        spend: tower_pinned_window::backend::Spend,
+    ) -> Self::Future {
+        self.record("spend_all");
+        self.inner.spend_all(key, counters, spend)
+    }
+
+    fn amend(
+        &self,
+        namespace: &str,
+        key: &Key,
+        hit: &Hit,
+        amend: tower_pinned_window::backend::Amend,
+    ) -> Self::Refund {
+        self.record("amend");
+        self.inner.amend(namespace, key, hit, amend)
+    }
+}
+
+impl Leasing for Recording {
+    type Take = <MemoryBackend as Leasing>::Take;
+
+    fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> Self::Take {
+        self.record("take");
+        self.inner.take(key, cap, slot)
+    }
+
+    fn take_all(
+        &self,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+        counters: &[Counter<'_>],
+        spend: Option<tower_pinned_window::backend::Spend>,
+    ) -> Self::Future {
+        self.record("take_all");
+        self.inner.take_all(key, cap, slot, counters, spend)
+    }
+
+    fn give_back(
+        &self,
+        namespace: &str,
+        key: &Key,
+        slot: SlotId,
+    ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<> {
+        self.record("give_back");
+        self.inner.give_back(namespace, key, slot)
+    }
+
+    fn extend(
+        &self,
+        held: &[Held<'_>],
+        lease: Window,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send + 'static + use<> {
+        self.record("extend");
+        self.inner.extend(held, lease)
+    }
+
+    fn in_use(
+        &self,
+        namespace: &str,
+        key: &Key,
+    ) -> impl Future<Output = Result<u64, BackendError>> + Send {
+        self.inner.in_use(namespace, key)
+    }
+}
+
+fn quota(limit: u64) -> tower_pinned_window::Quota {
+    tower_pinned_window::Quota::new(limit, Duration::from_secs(60)).unwrap()
+}
+
+fn all(response: &Response<impl Sized>, name: &str) -> Vec<String> {
+    let values = response.headers().get_all(name).iter();
+    values.map(|v| v.to_str().unwrap().to_owned()).collect()
+}
+
+#[tokio::test]
+async fn quotas_and_a_cap_are_decided_in_one_store_step() {
+    let store = Recording::default();
+    let layer = tower_pinned_window::RateLimitLayer::new("api", quota(2))
+        .backend(store.clone())
+        .in_flight(cap(1, Duration::from_secs(30)));
+    let service = layer.layer(ok_service());
+    let star = Key::new("*");
+
+    let first = ask(&service).await;
+    assert_eq!(first.status(), StatusCode::OK);
+    assert!(first.body().holds_slot());
+    assert_eq!(
+        all(&first, "ratelimit"),
+        ["\"api\";r=1;t=60, \"api\";r=0"],
+        "the quota's member and the cap's, on one line"
+    );
+    assert_eq!(
+        all(&first, "ratelimit-policy"),
+        ["\"api\";q=2;w=60, \"api\";q=1;qu=\"concurrent-requests\""]
+    );
+    assert_eq!(store.calls(), ["take_all"], "one store step for both");
+
+    // The cap is full: refused, and nothing counted.
+    let busy = ask(&service).await;
+    assert_eq!(busy.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(header(&busy, "retry-after"), "30");
+    assert_eq!(all(&busy, "ratelimit"), ["\"api\";r=0;t=30"]);
+    assert_eq!(
+        store.inner.peek("api", &star).await.unwrap().unwrap().count,
+        1
+    );
+    let grpc = Request::builder()
+        .header("content-type", "application/grpc")
+        .body(String::new())
+        .unwrap();
+    let grpc_busy = service.clone().oneshot(grpc).await.unwrap();
+    assert_eq!(header(&grpc_busy, "grpc-status"), "8", "RESOURCE_EXHAUSTED");
+    assert_eq!(
+        store.inner.peek("api", &star).await.unwrap().unwrap().count,
+        1
+    );
+
+    // Its body read, the first gives the slot back.
+    first.into_body().collect().await.unwrap();
+    assert_eq!(store.inner.in_use("api", &star).await.unwrap(), 0);
+    let second = ask(&service).await;
+    assert_eq!(second.status(), StatusCode::OK);
+    drop(second);
+
+    // Over the quota: denied as ever, and no slot taken.
+    let over = ask(&service).await;
+    assert_eq!(over.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!over.body().holds_slot());
+    assert_eq!(store.inner.in_use("api", &star).await.unwrap(), 0);
+    assert_eq!(all(&over, "ratelimit"), ["\"api\";r=0;t=60"]);
+    let calls = store.calls();
+    assert!(
+        calls.iter().all(|c| ["take_all", "give_back"].contains(c)),
+        "no step but take_all and the give-backs: {calls:?}"
+    );
+    assert_eq!(calls.iter().filter(|c| **c == "take_all").count(), 5);
+}
+
+#[tokio::test]
+async fn a_capped_layer_gives_its_slot_back_however_the_request_ends() {
+    let store = MemoryBackend::new();
+    let star = Key::new("*");
+    let panicked = Arc::new(AtomicBool::new(false));
+    let inner = {
+        let panicked = Arc::clone(&panicked);
+        service_fn(move |_request: Request<String>| {
+            let panicked = Arc::clone(&panicked);
+            async move {
+                if !panicked.swap(true, Ordering::SeqCst) {
+                    panic!("the handler fails");
+                }
+                std::future::pending::<()>().await;
+                Ok::<_, Infallible>(Response::new(String::new()))
+            }
+        })
+    };
+    let service = tower_pinned_window::RateLimitLayer::new("api", quota(10))
+        .backend(store.clone())
+        .in_flight(cap(1, Duration::from_secs(30)))
+        .layer(inner);
+    let crashed = tokio::spawn(service.clone().oneshot(Request::new(String::new()))).await;
+    assert!(crashed.unwrap_err().is_panic());
+    assert_eq!(
+        store.in_use("api", &star).await.unwrap(),
+        0,
+        "a panic gives it back"
+    );
+    let call = service.clone().oneshot(Request::new(String::new()));
+    let cancelled = tokio::time::timeout(Duration::from_millis(50), call).await;
+    assert!(cancelled.is_err(), "the handler never answers");
+    assert_eq!(
+        store.in_use("api", &star).await.unwrap(),
+        0,
+        "a cancelled call too"
+    );
+    assert_eq!(store.peek("api", &star).await.unwrap().unwrap().count, 2);
+}
+
+#[tokio::test]
+async fn a_capped_layer_that_charges_holds_its_slot_until_the_charge() {
+    let store = MemoryBackend::new();
+    let star = Key::new("*");
+    let inner = service_fn(|_request: Request<String>| async {
+        let mut response = Response::new(String::from("done"));
+        response
+            .headers_mut()
+            .insert("x-used", http::HeaderValue::from_static("5"));
+        Ok::<_, Infallible>(response)
+    });
+    let service = tower_pinned_window::RateLimitLayer::new("tokens", quota(100))
+        .backend(store.clone())
+        .in_flight(cap(2, Duration::from_secs(30)))
+        .charge(|end: &tower_pinned_window::outcome::ResponseHead<'_>| {
+            end.headers()
+                .get("x-used")?
+                .to_str()
+                .ok()?
+                .parse::<u64>()
+                .ok()
+        })
+        .layer(inner);
+    let answer = ask(&service).await;
+    assert_eq!(answer.status(), StatusCode::OK);
+    assert_eq!(store.in_use("tokens", &star).await.unwrap(), 1);
+    let body = answer.into_body().collect().await.unwrap().to_bytes();
+    assert_eq!(body, "done");
+    assert_eq!(
+        store.in_use("tokens", &star).await.unwrap(),
+        0,
+        "given back at the end"
+    );
+    assert_eq!(
+        store.peek("tokens", &star).await.unwrap().unwrap().count,
+        5,
+        "charged at the end"
+    );
+}
+
+#[tokio::test]
+async fn a_capped_layer_follows_the_failure_policy() {
+    let c = cap(4, Duration::from_secs(30));
+    let layer = |mode| {
+        let store = Failing {
+            inner: MemoryBackend::new(),
+            mode,
+        };
+        tower_pinned_window::RateLimitLayer::new("api", quota(100))
+            .backend(store)
+            .in_flight(c)
+    };
+    let closed = ask(&layer(Mode::Down).layer(ok_service())).await;
+    assert_eq!(closed.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let open = layer(Mode::Down).on_failure(FailurePolicy::FailOpen);
+    let passed = ask(&open.layer(ok_service())).await;
+    assert_eq!(passed.status(), StatusCode::OK);
+    assert!(!passed.body().holds_slot(), "uncounted, without a slot");
+
+    // Insured: this instance's share of the cap, 2 of 4, in memory.
+    let insured = layer(Mode::Down)
+        .on_failure(FailurePolicy::Insurance(Share::one_in(2).unwrap()))
+        .layer(ok_service());
+    let one = ask(&insured).await;
+    let two = ask(&insured).await;
+    assert_eq!(
+        (one.status(), two.status()),
+        (StatusCode::OK, StatusCode::OK)
+    );
+    assert!(two.body().holds_slot());
+    assert!(
+        all(&two, "ratelimit")[0].ends_with(", \"api\";r=0"),
+        "{:?}",
+        all(&two, "ratelimit")
+    );
+    let three = ask(&insured).await;
+    assert_eq!(
+        three.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "the share, never the cap"
+    );
+    drop(one);
+    assert_eq!(
+        ask(&insured).await.status(),
+        StatusCode::OK,
+        "given back locally"
+    );
+
+    let corrupt = layer(Mode::Corrupt).on_failure(FailurePolicy::FailOpen);
+    let stopped = ask(&corrupt.layer(ok_service())).await;
+    assert_eq!(stopped.status(), StatusCode::INTERNAL_SERVER_ERROR);
+}
+
+#[test]
+fn a_capped_layer_refuses_a_lease_within_its_timeout() {
+    let layer = tower_pinned_window::RateLimitLayer::new("api", quota(10))
+        .in_flight(cap(1, Duration::from_millis(100)));
+    assert_eq!(
+        layer.check(),
+        Err(ConfigError::LeaseNotAboveTimeout {
+            lease_ms: 100,
+            timeout_ms: 100
+        })
+    );
+    let fine = layer.timeout(Window::new(Duration::from_millis(50)).unwrap());
+    assert_eq!(fine.check(), Ok(()));
 }

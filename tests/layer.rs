@@ -11,11 +11,13 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use support::http::{Body, burst, by_client, from, multi_thread_runtime, ok_count, ok_service};
 use tokio::time::advance;
 use tower::{Layer, Service, ServiceExt, service_fn};
-use tower_pinned_window::backend::{Backend, BackendError, Counter, Hit, Hits, MemoryBackend};
+use tower_pinned_window::backend::{
+    Backend, BackendError, Counter, Hit, Hits, LimitScope, MemoryBackend,
+};
 use tower_pinned_window::key::{Key, KeyError};
 use tower_pinned_window::{
-    ConfigError, Decision, DecisionIn, FailurePolicy, NamedQuota, Quota, RateLimitLayer, Window,
-    response::HeaderStyle,
+    ConfigError, Decision, DecisionIn, FailurePolicy, LimitBook, NamedQuota, Quota, RateLimitLayer,
+    Window, response::HeaderStyle,
 };
 
 fn quota(limit: u64, secs: u64) -> Quota {
@@ -741,6 +743,166 @@ async fn a_tier_picked_per_request() {
         send(&svc, from("f")).await.status(),
         StatusCode::TOO_MANY_REQUESTS,
         "the default tier's quota"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_tier_that_changes_keeps_the_count() {
+    // The layer's own quota is the free tier; `x-tier: pro` picks 10/min.
+    let svc = limiter("plans", quota(4, 60))
+        .key(by_client())
+        .quota_by(|head| (head.headers().get("x-tier")? == "pro").then(|| quota(10, 60)))
+        .layer(ok_service());
+    let as_tier = |tier: &str| {
+        Request::builder()
+            .header("x-client", "k")
+            .header("x-tier", tier)
+            .body(String::new())
+            .unwrap()
+    };
+    for n in 1..=8 {
+        assert_eq!(
+            send(&svc, as_tier("pro")).await.status(),
+            StatusCode::OK,
+            "pro {n}"
+        );
+    }
+    // Downgraded at 8 of 10: denied under the free tier's 4 until the
+    // window ends, never a fresh budget of 4.
+    assert_eq!(
+        send(&svc, as_tier("free")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "a downgrade keeps the count"
+    );
+    // Upgraded again: the count so far (9, the denial counted) is under 10.
+    assert_eq!(send(&svc, as_tier("pro")).await.status(), StatusCode::OK);
+    assert_eq!(
+        send(&svc, as_tier("pro")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "an upgrade does not start afresh either"
+    );
+    advance(Duration::from_secs(60)).await;
+    let mut free = 0;
+    for _ in 0..6 {
+        if send(&svc, as_tier("free")).await.status() == StatusCode::OK {
+            free += 1;
+        }
+    }
+    assert_eq!(free, 4, "the next window, under the free tier's quota");
+}
+
+/// How many of `n` requests `make` makes are let through.
+async fn oks<S>(svc: &S, make: impl Fn() -> Request<Body>, n: usize) -> usize
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone,
+{
+    let mut ok = 0;
+    for _ in 0..n {
+        if send(svc, make()).await.status() == StatusCode::OK {
+            ok += 1;
+        }
+    }
+    ok
+}
+
+/// Lets the background read of stored limits, spawned by a request, run.
+async fn let_the_read_run() {
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn limits_held_in_the_store_change_the_limit_and_keep_the_count() {
+    let backend = MemoryBackend::new().tokio_clock();
+    let book = LimitBook::new(&backend, Duration::from_secs(1)).unwrap();
+    let svc = RateLimitLayer::new("stored", quota(10, 60))
+        .backend(backend)
+        .key(by_client())
+        .quota_by(|head| {
+            (head.headers().get("x-tier")? == "pro").then(|| NamedQuota::new("pro", quota(20, 60)))
+        })
+        .limits(book.clone())
+        .layer(ok_service());
+    for n in 1..=8 {
+        assert_eq!(
+            send(&svc, from("a")).await.status(),
+            StatusCode::OK,
+            "a {n}"
+        );
+    }
+    // Throttled at 8: a limit of 5 for the key, set while it runs.
+    let a = Key::new("a");
+    book.set("stored", LimitScope::Key(&a), quota(5, 60))
+        .await
+        .unwrap();
+    // The request that finds its copy stale is judged by it (9 of 10) and
+    // reads the store in the background; the next is judged by the new
+    // limit, with the count kept.
+    assert_eq!(send(&svc, from("a")).await.status(), StatusCode::OK);
+    let_the_read_run().await;
+    let res = send(&svc, from("a")).await;
+    assert_eq!(
+        res.status(),
+        StatusCode::TOO_MANY_REQUESTS,
+        "10 > 5: no fresh budget"
+    );
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"stored\";q=5;w=60")
+    );
+
+    // The layer's limit, for every other key, within the staleness bound.
+    book.set("stored", LimitScope::Layer, quota(3, 60))
+        .await
+        .unwrap();
+    send(&svc, from("b")).await;
+    let_the_read_run().await;
+    let ok = oks(&svc, || from("b"), 5).await;
+    assert_eq!(
+        ok, 2,
+        "3 for the layer, one of them spent by the stale request"
+    );
+
+    // A tier's limit, by its name; the key's still beats it.
+    book.set("stored", LimitScope::Tier("pro"), quota(2, 60))
+        .await
+        .unwrap();
+    let pro = |client: &str| {
+        Request::builder()
+            .header("x-client", client)
+            .header("x-tier", "pro")
+            .body(String::new())
+            .unwrap()
+    };
+    send(&svc, pro("warm")).await;
+    let_the_read_run().await;
+    assert_eq!(oks(&svc, || pro("c"), 4).await, 2, "the stored tier limit");
+    assert_eq!(
+        send(&svc, pro("a")).await.status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+
+    // Cleared: the quotas as built apply again, after the staleness bound.
+    book.clear("stored", LimitScope::Layer).await.unwrap();
+    book.clear("stored", LimitScope::Tier("pro")).await.unwrap();
+    send(&svc, from("warm")).await;
+    let_the_read_run().await;
+    assert_eq!(oks(&svc, || from("d"), 12).await, 10);
+    assert!(
+        book.read("stored")
+            .await
+            .unwrap()
+            .get(LimitScope::Key(&a))
+            .is_some()
+    );
+}
+
+#[test]
+fn a_limit_book_refuses_a_zero_staleness() {
+    assert_eq!(
+        LimitBook::new(&MemoryBackend::new(), Duration::ZERO).unwrap_err(),
+        ConfigError::ZeroStaleness
     );
 }
 

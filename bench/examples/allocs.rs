@@ -76,6 +76,7 @@ use tower::Service;
 use tower::limit::RateLimit;
 use tower::limit::rate::Rate;
 use tower::util::MapResponseLayer;
+use tower_pinned_window::denied::TopDenied;
 use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::outbound::BudgetLayer;
 use tower_pinned_window::{
@@ -433,6 +434,67 @@ fn per_request(router: Router) -> f64 {
     total as f64 / f64::from(REQUESTS)
 }
 
+/// Allocations made by `router` answering `request` at once with a 429.
+fn one_denied(router: &mut Router, request: Request<Body>) -> u64 {
+    let mut cx = Context::from_waker(Waker::noop());
+    let before = allocations();
+    {
+        assert!(Service::<Request<Body>>::poll_ready(router, &mut cx).is_ready());
+        let future = pin!(router.call(request));
+        let Poll::Ready(response) = future.poll(&mut cx) else {
+            panic!("the router did not answer at once");
+        };
+        let response = response.unwrap();
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        black_box(response);
+    }
+    allocations() - before
+}
+
+/// Allocations per denied request through `router` (a limit of 1 a key
+/// an hour), once every address was let through once and denied once (so
+/// a table of the keys denied most, smaller than `KEYS`, is full and
+/// evicts on every new key).
+fn per_denial(router: Router) -> f64 {
+    let mut router = router.with_state(());
+    for i in 0..KEYS {
+        one(&mut router, request(i));
+    }
+    for i in 0..KEYS {
+        one_denied(&mut router, request(i));
+    }
+    let mut total = 0;
+    for i in 0..REQUESTS {
+        total += one_denied(&mut router, request(i));
+    }
+    total as f64 / f64::from(REQUESTS)
+}
+
+/// The denial rows: a denied request without and with the keys denied
+/// most (a table of 1,000 counters, 10,000 keys: every denial of a key
+/// out of the table evicts).
+fn denial_rows() -> Vec<(&'static str, &'static str, f64)> {
+    let denying = || {
+        let quota = Quota::new(1, Duration::from_secs(3600)).unwrap();
+        RateLimitLayer::new("bench", quota)
+            .key(ClientIp::new())
+            .headers(HeaderStyle::None)
+    };
+    let route = |layer| Router::new().route("/", get(no_content)).route_layer(layer);
+    vec![
+        (
+            "denied",
+            "headers off, every request denied",
+            per_denial(route(denying())),
+        ),
+        (
+            "top-denied-denials",
+            "the same with `top_denied(TopDenied::new(1000))`: added by the top-N",
+            per_denial(route(denying().top_denied(TopDenied::new(1000).unwrap()))),
+        ),
+    ]
+}
+
 /// The 204 route behind a `route_layer` that does nothing: what the
 /// limiter's cases are measured against.
 fn identity() -> Router {
@@ -634,6 +696,14 @@ fn cases() -> Vec<Case> {
             limited(NoHeaders, Asked),
         ),
         case(
+            "top-denied-unread",
+            "headers-off-unread",
+            "`headers-off-unread` with `top_denied(TopDenied::new(1000))`, every request allowed: added by the top-N",
+            Router::new()
+                .route("/", get(no_content))
+                .route_layer(layer(NoHeaders, Asked).top_denied(TopDenied::new(1000).unwrap())),
+        ),
+        case(
             "headers-off-handler",
             "identity",
             "headers off, the handler extracts `Decision` (`DecisionIn::Request`)",
@@ -742,6 +812,23 @@ fn main() -> ExitCode {
             println!("| `{name}` | {what} | {n:.2} | {:.2} | {added} |", n - bare);
         }
     }
+    let denials = denial_rows();
+    let denied_bare = denials[0].2;
+    let denial_added: Vec<(&str, f64)> = denials
+        .iter()
+        .skip(1)
+        .map(|(name, _, n)| (*name, n - denied_bare))
+        .collect();
+    println!();
+    println!("| case | route | allocations per denied request | added by the top-N |");
+    println!("|---|---|---|---|");
+    for (name, what, n) in &denials {
+        let added = denial_added
+            .iter()
+            .find(|(case, _)| case == name)
+            .map_or_else(String::new, |(_, added)| format!("{added:.2}"));
+        println!("| `{name}` | {what} | {n:.2} | {added} |");
+    }
     let clients = client_rows();
     let client_bare = clients[0].2;
     let client_added: Vec<(&str, f64)> = clients
@@ -768,9 +855,11 @@ fn main() -> ExitCode {
             .map(|(case, n)| n - of(case.base).expect("measured"));
         let redis = || redis_added.iter().find(|(case, _)| case == name);
         let client = || client_added.iter().find(|(case, _)| case == name);
+        let denial = || denial_added.iter().find(|(case, _)| case == name);
         let Some(added) = memory
             .or_else(|| redis().map(|(_, added)| *added))
             .or_else(|| client().map(|(_, added)| *added))
+            .or_else(|| denial().map(|(_, added)| *added))
         else {
             eprintln!("no case {name:?} (the Redis cases need REDIS_URL)");
             return ExitCode::from(2);

@@ -16,7 +16,9 @@
 //! route adds `.cost(1)`. The in-flight route is `.layer(InFlightLayer::new(..)
 //! .key(..))` instead, keyed the same way, with a cap no key reaches (each
 //! request takes a slot before the handler and gives it back when its
-//! answer's body ends). The base is the same router without `.layer`.
+//! answer's body ends). The capped route is the limiter with
+//! `.in_flight(cap)`, the same cap: a hit and a slot in one store step. The
+//! base is the same router without `.layer`.
 //!
 //! Only the server's allocations are counted: the server's runtime (its
 //! workers and blocking threads, where the Redis client's tasks run too)
@@ -139,6 +141,8 @@ enum Limit {
     Cost,
     /// A slot in flight (`InFlightLayer`), taken and given back.
     InFlight,
+    /// A hit and a slot in one step (`RateLimitLayer::in_flight`).
+    Capped,
 }
 
 #[derive(Clone, Copy)]
@@ -154,7 +158,18 @@ struct Case {
 
 fn cases(redis: bool) -> Vec<Case> {
     let mut cases = Vec::new();
-    for (connections, [plain, noop, memory, memory_cost, memory_in_flight], redis_names) in [
+    for (
+        connections,
+        [
+            plain,
+            noop,
+            memory,
+            memory_cost,
+            memory_in_flight,
+            memory_capped,
+        ],
+        redis_names,
+    ) in [
         (
             8,
             [
@@ -163,8 +178,14 @@ fn cases(redis: bool) -> Vec<Case> {
                 "memory-8",
                 "memory-cost-8",
                 "memory-in-flight-8",
+                "memory-capped-8",
             ],
-            ["redis-8", "redis-cost-8", "redis-in-flight-8"],
+            [
+                "redis-8",
+                "redis-cost-8",
+                "redis-in-flight-8",
+                "redis-capped-8",
+            ],
         ),
         (
             64,
@@ -174,8 +195,14 @@ fn cases(redis: bool) -> Vec<Case> {
                 "memory-64",
                 "memory-cost-64",
                 "memory-in-flight-64",
+                "memory-capped-64",
             ],
-            ["redis-64", "redis-cost-64", "redis-in-flight-64"],
+            [
+                "redis-64",
+                "redis-cost-64",
+                "redis-in-flight-64",
+                "redis-capped-64",
+            ],
         ),
     ] {
         let case = |name, what, store, limit| Case {
@@ -216,8 +243,14 @@ fn cases(redis: bool) -> Vec<Case> {
             Store::Memory,
             Limit::InFlight,
         ));
+        cases.push(case(
+            memory_capped,
+            "`.layer(limiter.in_flight(cap))`, memory backend",
+            Store::Memory,
+            Limit::Capped,
+        ));
         if redis {
-            let [redis_name, redis_cost, redis_in_flight] = redis_names;
+            let [redis_name, redis_cost, redis_in_flight, redis_capped] = redis_names;
             cases.push(case(
                 redis_name,
                 "`.layer(limiter)`, Redis backend",
@@ -235,6 +268,12 @@ fn cases(redis: bool) -> Vec<Case> {
                 "`.layer(InFlightLayer)`, Redis backend",
                 Store::Redis,
                 Limit::InFlight,
+            ));
+            cases.push(case(
+                redis_capped,
+                "`.layer(limiter.in_flight(cap))`, Redis backend",
+                Store::Redis,
+                Limit::Capped,
             ));
         }
     }
@@ -260,6 +299,7 @@ async fn app(case: Case) -> Router {
         (Store::Memory, Limit::Hit) => router.layer(limiter),
         (Store::Memory, Limit::Cost) => router.layer(limiter.cost(1)),
         (Store::Memory, Limit::InFlight) => router.layer(capped),
+        (Store::Memory, Limit::Capped) => router.layer(limiter.in_flight(in_flight())),
         (Store::Redis, limit) => {
             let url = std::env::var("REDIS_URL").expect("the Redis cases need REDIS_URL");
             let connection = redis::Client::open(url)
@@ -277,10 +317,10 @@ async fn app(case: Case) -> Router {
                 return router.layer(capped.backend(backend).timeout(timeout.as_duration()));
             }
             let limiter = limiter.backend(backend).timeout(timeout);
-            if limit == Limit::Cost {
-                router.layer(limiter.cost(1))
-            } else {
-                router.layer(limiter)
+            match limit {
+                Limit::Cost => router.layer(limiter.cost(1)),
+                Limit::Capped => router.layer(limiter.in_flight(in_flight())),
+                _ => router.layer(limiter),
             }
         }
     }

@@ -40,10 +40,12 @@ use tower_governor::GovernorLayer;
 use tower_governor::governor::GovernorConfigBuilder;
 use tower_governor::key_extractor::GlobalKeyExtractor;
 use tower_pinned_window::InFlight;
-use tower_pinned_window::backend::{Backend, Cap, Counter, Leasing, MemoryBackend, SlotId};
+use tower_pinned_window::backend::{
+    Backend, Cap, Counter, Leasing, LimitScope, MemoryBackend, SlotId,
+};
 use tower_pinned_window::key::Key;
-use tower_pinned_window::outbound::BudgetLayer;
-use tower_pinned_window::{DecisionIn, Quota, RateLimitLayer, response::HeaderStyle};
+use tower_pinned_window::outbound::{BudgetLayer, Reader};
+use tower_pinned_window::{DecisionIn, LimitBook, Quota, RateLimitLayer, response::HeaderStyle};
 
 const KEYS: usize = 100_000;
 /// Hits per memory case.
@@ -115,6 +117,7 @@ macro_rules! cases {
 cases!(
     case_hot_key_ours,
     case_slot_taken_and_given_back_ours,
+    case_take_all_and_given_back_ours,
     case_hot_key_governor,
     case_100k_keys_ours,
     case_100k_keys_governor,
@@ -138,6 +141,12 @@ cases!(
     case_client_bare,
     case_client_rate_limit,
     case_client_budget,
+    case_client_budget_reads_nothing,
+    case_client_bare_headers,
+    case_client_budget_headers,
+    case_client_budget_headers_reads_nothing,
+    case_layer_ours_no_headers_book_empty,
+    case_layer_ours_no_headers_book_stored,
 );
 
 /// One request through a clone of `svc` (as axum's router clones a route's
@@ -261,6 +270,19 @@ fn main() {
     };
     warm(1000, &mut f);
     case_slot_taken_and_given_back_ours(ITERS, &mut f);
+
+    // A hit and a slot in one step on one hot key, the slot given back (a
+    // `RateLimitLayer` with an in-flight cap: `take_all`, then `release`).
+    let store = MemoryBackend::new();
+    let mut f = |_| {
+        let key = key(black_box(&ips[0]));
+        let slot = SlotId::next();
+        let hits = store.take_all(&key, cap, slot, COUNTER, None).into_inner();
+        black_box(hits.unwrap());
+        store.release("bench", &key, slot);
+    };
+    warm(1000, &mut f);
+    case_take_all_and_given_back_ours(ITERS, &mut f);
 
     // One hot key under two quotas: no governor counterpart.
     let store = MemoryBackend::new();
@@ -441,6 +463,83 @@ fn main() {
         case_client_budget,
         BudgetLayer::new("bench", quota).layer(client)
     );
+    client_case!(
+        case_client_budget_reads_nothing,
+        BudgetLayer::new("bench", quota)
+            .heed(Reader::none())
+            .layer(client)
+    );
+    // A provider that says what it has left on every answer (OpenAI's
+    // headers), and says nothing new: one call of the budget's counted, a
+    // reset an hour away. The bare client with the same answers is
+    // subtracted, and the same layer reading nothing shows what reading
+    // costs.
+    let talking = service_fn(|_req: Request<Empty<Bytes>>| async {
+        let mut response = Response::new(Empty::<Bytes>::new());
+        let headers = response.headers_mut();
+        headers.insert(
+            "x-ratelimit-remaining-requests",
+            http::HeaderValue::from_static("999999999999"),
+        );
+        headers.insert(
+            "x-ratelimit-reset-requests",
+            http::HeaderValue::from_static("59m59.9s"),
+        );
+        headers.insert(
+            "x-ratelimit-remaining-tokens",
+            http::HeaderValue::from_static("149984"),
+        );
+        headers.insert(
+            "x-ratelimit-reset-tokens",
+            http::HeaderValue::from_static("6ms"),
+        );
+        Ok::<_, Infallible>(response)
+    });
+    let talked_to = Quota::new(1_000_000_000_000, Duration::from_secs(3600)).unwrap();
+    client_case!(case_client_bare_headers, talking);
+    client_case!(
+        case_client_budget_headers,
+        BudgetLayer::new("bench", talked_to).layer(talking)
+    );
+    client_case!(
+        case_client_budget_headers_reads_nothing,
+        BudgetLayer::new("bench", talked_to)
+            .heed(Reader::none())
+            .layer(talking)
+    );
+
+    // Limits held in the store (a LimitBook, read once an hour here): with
+    // nothing stored, and with the layer's limit stored, beside the same
+    // layer with its fixed quota (`case_layer_ours_no_headers`). The
+    // book's background read runs on this runtime before the count.
+    let store = MemoryBackend::new();
+    let book = LimitBook::new(&store, Duration::from_secs(3600)).unwrap();
+    let svc = RateLimitLayer::new("bench", quota)
+        .headers(HeaderStyle::None)
+        .backend(store.clone())
+        .limits(book.clone())
+        .layer(inner);
+    one_request(&svc);
+    runtime.block_on(tokio::task::yield_now());
+    let mut f = |_| one_request(&svc);
+    warm(1000, &mut f);
+    case_layer_ours_no_headers_book_empty(REQUESTS, &mut f);
+    let store = MemoryBackend::new();
+    let book = LimitBook::new(&store, Duration::from_secs(3600)).unwrap();
+    let stored = Quota::new(u64::MAX - 1, Duration::from_secs(3600)).unwrap();
+    runtime
+        .block_on(book.set("bench", LimitScope::Layer, stored))
+        .unwrap();
+    let svc = RateLimitLayer::new("bench", quota)
+        .headers(HeaderStyle::None)
+        .backend(store)
+        .limits(book)
+        .layer(inner);
+    one_request(&svc);
+    runtime.block_on(tokio::task::yield_now());
+    let mut f = |_| one_request(&svc);
+    warm(1000, &mut f);
+    case_layer_ours_no_headers_book_stored(REQUESTS, &mut f);
 
     println!("iters memory={ITERS} layer={REQUESTS}");
 }

@@ -1,12 +1,14 @@
-//! The Redis backend's reply parsers: the hit, amend, spend and peek
-//! scripts' replies, and the batch script's, fed `redis::Value` trees built from the
-//! input with `arbitrary` (every RESP2 and RESP3 shape but server errors,
-//! nested up to the input's length).
+//! The Redis backend's reply parsers: the hit, amend, spend, take-all,
+//! peek, close and raise scripts' replies, and the batch script's, fed
+//! `redis::Value` trees built from the input with `arbitrary` (every RESP2
+//! and RESP3 shape but server errors, nested up to the input's length).
 //!
 //! Checked: no panic; a reply of the expected shape is read exactly (its
 //! count, its time left, its deadline), and anything else is an error: a
 //! malformed reply never gives a count, nor a wrong one. A batch gives one
-//! result per entry, or the reply back whole.
+//! result per entry, or the reply back whole. A close or a raise answered
+//! `{reason}` is the counter's corruption, with that reason; any other
+//! shape is an outage, never corrupt state.
 #![no_main]
 
 use std::num::NonZeroU64;
@@ -14,10 +16,12 @@ use std::time::Duration;
 
 use arbitrary::{Arbitrary, Unstructured};
 use libfuzzer_sys::fuzz_target;
+use tower_pinned_window::backend::BackendError;
 use tower_pinned_window_redis::fuzzing::{
-    batch_reply as redis_batch_reply, hit_reply as redis_hit_reply,
-    peek_reply as redis_peek_reply, refund_reply as redis_refund_reply,
-    spend_reply as redis_spend_reply,
+    batch_reply as redis_batch_reply, close_reply as redis_close_reply,
+    hit_reply as redis_hit_reply, peek_reply as redis_peek_reply, raise_reply as redis_raise_reply,
+    refund_reply as redis_refund_reply, spend_reply as redis_spend_reply,
+    take_all_reply as redis_take_all_reply,
 };
 use tower_pinned_window_redis::redis::Value;
 
@@ -146,6 +150,25 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 
+    // The take-all reply, read for requests of 1, 2 and 1 counters: what
+    // is read has every counter of its request, and the cap's answer as
+    // the script can give it (a grant with its slot in use and no wait, a
+    // refusal with slots in use).
+    if let Ok(took) = redis_take_all_reply(single.clone(), &sizes) {
+        assert_eq!(took.len(), sizes.len(), "{single:?}");
+        for (request, n) in took.iter().zip(sizes) {
+            if let Some((taken, counters)) = request {
+                assert_eq!(counters.len(), n, "{single:?}");
+                if let Some(taken) = taken {
+                    assert!(taken.in_use >= 1, "{single:?}");
+                    if taken.granted {
+                        assert_eq!(taken.retry, Duration::ZERO, "{single:?}");
+                    }
+                }
+            }
+        }
+    }
+
     match redis_peek_reply(single.clone(), KEY) {
         Ok(None) => assert!(
             matches!(&single, Value::Array(v) if v.is_empty()),
@@ -165,6 +188,67 @@ fuzz_target!(|data: &[u8]| {
             _ => panic!("a peek {hit:?} read from {single:?}"),
         },
         Err(err) => {
+            let _ = err.to_string();
+        }
+    }
+
+    // The provider's word: a close answers {ms left}, a raise {count as
+    // digits, ms left or -1, deadline}; {reason} is the counter's
+    // corruption; anything else an outage.
+    let reason = |err: &BackendError| match (&single, err) {
+        (Value::Array(items), BackendError::Corrupt { key, detail }) => match items.as_slice() {
+            [Value::BulkString(reason)] => {
+                assert_eq!(key.as_bytes(), KEY, "{single:?}");
+                assert_eq!(*detail, String::from_utf8_lossy(reason), "{single:?}");
+            }
+            _ => panic!("corrupt from {single:?}"),
+        },
+        (_, BackendError::Corrupt { .. }) => panic!("corrupt from {single:?}"),
+        (_, BackendError::Unavailable(_)) => assert!(
+            !matches!(&single, Value::Array(v) if matches!(v.as_slice(), [Value::BulkString(_)])),
+            "a reason read as an outage: {single:?}"
+        ),
+        (_, other) => panic!("{other:?} from {single:?}"),
+    };
+    match redis_close_reply(single.clone(), KEY) {
+        Ok(left) => assert!(
+            matches!(&single, Value::Array(v)
+                if matches!(v.as_slice(), [Value::Int(ms)]
+                    if *ms >= 0 && Duration::from_millis(*ms as u64) == left)),
+            "a close {left:?} read from {single:?}"
+        ),
+        Err(err) => {
+            reason(&err);
+            let _ = err.to_string();
+        }
+    }
+    match redis_raise_reply(single.clone(), KEY) {
+        Ok(hit) => {
+            let Value::Array(items) = &single else {
+                panic!("a raise {hit:?} read from {single:?}");
+            };
+            let [
+                Value::BulkString(digits),
+                Value::Int(left),
+                Value::Int(deadline),
+            ] = items.as_slice()
+            else {
+                panic!("a raise {hit:?} read from {single:?}");
+            };
+            assert!(digits.iter().all(u8::is_ascii_digit), "{single:?}");
+            let text = std::str::from_utf8(digits).expect("digits are text");
+            assert_eq!(text.parse::<u64>(), Ok(hit.count), "{single:?}");
+            assert!(*left >= -1, "{single:?}");
+            let reset = u64::try_from(*left).map_or(Duration::MAX, Duration::from_millis);
+            assert_eq!(hit.reset, reset, "{single:?}");
+            assert_eq!(
+                hit.deadline,
+                u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
+                "{single:?}"
+            );
+        }
+        Err(err) => {
+            reason(&err);
             let _ = err.to_string();
         }
     }

@@ -45,7 +45,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::Spending;
+use tower_pinned_window::backend::Heeding;
 use tower_pinned_window::outbound::{BudgetError, BudgetLayer, DEFAULT_MARGIN};
 
 /// The provider's limit per window.
@@ -126,7 +126,7 @@ pub struct Calls {
 
 /// Runs the story for `seconds` with `backends` (one per client, all on
 /// one store): each client's outcome, and what the provider saw.
-pub async fn run<Bk: Spending>(
+pub async fn run<Bk: Heeding>(
     backends: Vec<Bk>,
     seconds: u64,
 ) -> Result<(Vec<Calls>, Seen), Box<dyn std::error::Error>> {

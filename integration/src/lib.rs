@@ -20,7 +20,8 @@ macro_rules! markdown_doctests {
             feature = "serde",
             feature = "json",
             feature = "tonic",
-            feature = "metrics"
+            feature = "metrics",
+            feature = "operator"
         ))]
         #[doc = include_str!($path)]
         pub struct $item;
@@ -39,6 +40,7 @@ markdown_doctests! {
     OutboundGuide = "../../docs/outbound.md";
     HeadersGuide = "../../docs/headers.md";
     MetricsGuide = "../../docs/metrics.md";
+    OperationsGuide = "../../docs/operations.md";
     GrpcGuide = "../../docs/grpc.md";
     RedisGuide = "../../docs/redis.md";
     PostgresGuide = "../../docs/postgres.md";

@@ -16,6 +16,8 @@ use trial::Needs;
 
 /// A new `MemoryBackend` per scenario; the memory holds no bytes to corrupt
 /// and no lifetime to read, so those scenarios are not applicable.
+/// `PrivateKeys` holds no limits (a key's limit would be stored under its
+/// digest), so the limits' scenarios run on the memory alone.
 struct Memory;
 
 impl Store for Memory {
@@ -35,12 +37,27 @@ fn main() {
         Needs::Nothing,
         Arc::new(Memory),
     ));
+    trials.extend(trial::contract_heeds(
+        "memory",
+        Needs::Nothing,
+        Arc::new(Memory),
+    ));
+    trials.extend(trial::contract_limits(
+        "memory",
+        Needs::Nothing,
+        Arc::new(Memory),
+    ));
     trials.extend(trial::contract(
         "private_memory",
         Needs::Nothing,
         Arc::new(Private::new(Memory, SECRET)),
     ));
     trials.extend(trial::contract_leases(
+        "private_memory",
+        Needs::Nothing,
+        Arc::new(Private::new(Memory, SECRET)),
+    ));
+    trials.extend(trial::contract_heeds(
         "private_memory",
         Needs::Nothing,
         Arc::new(Private::new(Memory, SECRET)),

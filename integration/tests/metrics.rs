@@ -115,6 +115,43 @@ async fn decisions_by_limiter_policy_and_outcome() {
 }
 
 #[tokio::test]
+async fn the_keys_denied_most_by_rank_never_by_key() {
+    use tower_pinned_window::denied::TopDenied;
+    let (recorder, handle) = recorder();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let layer = RateLimitLayer::new("top", quota(1, Duration::from_secs(60)))
+        .key(by_client())
+        .top_denied(TopDenied::new(3).unwrap());
+    let denied = layer.denied_keys().unwrap();
+    let svc = layer.layer(ok_service());
+    svc.clone().oneshot(from("alice-secret-key")).await.unwrap();
+    let rendered = handle.render();
+    assert!(
+        !rendered.contains("tower_pinned_window_top_denied"),
+        "nothing before a denial:\n{rendered}"
+    );
+    // The first denial sets the gauges (then at most once a second).
+    let refused = svc.clone().oneshot(from("alice-secret-key")).await.unwrap();
+    assert_eq!(refused.status(), StatusCode::TOO_MANY_REQUESTS);
+    let rendered = handle.render();
+    let rank = |rank: u32| {
+        value(
+            &rendered,
+            &format!("tower_pinned_window_top_denied{{limiter=\"top\",rank=\"{rank}\"}}"),
+        )
+    };
+    assert_eq!(rank(1), Some(1.0), "{rendered}");
+    assert_eq!(rank(2), Some(0.0), "{rendered}");
+    assert_eq!(rank(3), Some(0.0), "{rendered}");
+    assert_eq!(rank(4), None, "no more ranks than counters:\n{rendered}");
+    let digest = denied.digest(&Key::new("alice-secret-key"));
+    assert!(
+        !rendered.contains("alice") && !rendered.contains(&digest),
+        "neither the key nor its digest in a label:\n{rendered}"
+    );
+}
+
+#[tokio::test]
 async fn backend_errors_by_kind() {
     let (recorder, handle) = recorder();
     let _guard = metrics::set_default_local_recorder(&recorder);

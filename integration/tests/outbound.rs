@@ -23,7 +23,7 @@ use http::{HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::{
-    Amend, Backend, BackendError, Counter, Hit, Hits, MemoryBackend, Spend, Spending,
+    Amend, Backend, BackendError, Counter, Heeding, Hit, Hits, MemoryBackend, Spend, Spending,
 };
 use tower_pinned_window::key::Key;
 use tower_pinned_window::outbound::{BudgetError, BudgetLayer, DEFAULT_MARGIN, WaitBound};
@@ -124,6 +124,27 @@ impl<Bk: Spending> Spending for Recorded<Bk> {
 
     fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Bk::Refund {
         self.inner.amend(namespace, key, hit, amend)
+    }
+}
+
+impl<Bk: Heeding> Heeding for Recorded<Bk> {
+    fn close(
+        &self,
+        namespace: &str,
+        key: &Key,
+        span: Window,
+    ) -> impl Future<Output = Result<Duration, BackendError>> + Send + 'static + use<Bk> {
+        self.inner.close(namespace, key, span)
+    }
+
+    fn raise(
+        &self,
+        key: &Key,
+        counter: Counter<'_>,
+        count: u64,
+        within: Window,
+    ) -> impl Future<Output = Result<Hit, BackendError>> + Send + 'static + use<Bk> {
+        self.inner.raise(key, counter, count, within)
     }
 }
 
@@ -251,7 +272,7 @@ fn patient() -> Window {
 /// back to back for `run`. Every call the provider receives was admitted by
 /// the store, no window admits more than its limit, every window but the
 /// last is used in full, and the store is asked less than twice per call.
-async fn instances_share_the_budget<Bk: Spending>(
+async fn instances_share_the_budget<Bk: Heeding>(
     backends: Vec<Recorded<Bk>>,
     limit: u64,
     window: Duration,
@@ -404,6 +425,34 @@ async fn a_call_that_cannot_be_served_in_time_fails_at_once() {
     assert_eq!(provider.calls(), 1);
     let stored = store.peek(NAME, &Key::new("*")).await.unwrap().unwrap();
     assert_eq!(stored.count, 1, "the failed calls spent nothing");
+}
+
+/// Each call its budget refuses (`Exhausted`) counts once among the keys
+/// refused most, by digest; a call served never does.
+async fn refused_calls_count_among_the_keys_refused_most() {
+    use tower_pinned_window::denied::TopDenied;
+    let provider = Provider::default();
+    let layer = BudgetLayer::new(NAME, quota(1, 60_000))
+        .key(HeaderName::from_static("x-n"))
+        .max_wait(Duration::from_millis(100))
+        .top_denied(TopDenied::new(4).unwrap());
+    let denied = layer.denied_keys().expect("turned on");
+    let client = layer.layer(provider.client());
+    send(&client, call("alice")).await.unwrap();
+    for _ in 0..3 {
+        let err = send(&client, call("alice")).await.unwrap_err();
+        assert!(
+            matches!(budget_error(&err), BudgetError::Exhausted { .. }),
+            "{err}"
+        );
+    }
+    send(&client, call("bob")).await.unwrap();
+    let top = denied.top(10);
+    assert_eq!(top.len(), 1, "{top:?}");
+    assert_eq!(top[0].digest, denied.digest(&Key::new("alice")));
+    assert_eq!((top[0].denied, top[0].error), (3, 0));
+    assert_eq!(denied.get(&Key::new("bob")), None, "served, never refused");
+    assert_eq!(provider.calls(), 2);
 }
 
 /// A call behind more than its wait's worth of queued calls fails at once:
@@ -770,7 +819,7 @@ async fn a_call_dropped_while_waiting_spends_nothing() {
 /// usage settles it in its window: a refund lets the next call in, a
 /// charge above it takes more, and an unreadable usage keeps it and is
 /// logged once.
-async fn a_reservation_settles_to_the_usage<Bk: Spending>(store: Bk) {
+async fn a_reservation_settles_to_the_usage<Bk: Heeding>(store: Bk) {
     let provider = Provider::default();
     let estimate = |head: &tower_pinned_window::key::RequestHead<'_>| {
         head.headers()
@@ -848,7 +897,7 @@ async fn a_reservation_settles_to_the_usage<Bk: Spending>(store: Bk) {
 /// cache learns the key is full); A's answer settles to 100; once B's
 /// `recheck` bound has passed, B's reservation is sent, not turned away
 /// until the window ends.
-async fn a_settle_frees_the_budget_on_another_instance<Bk: Spending>(
+async fn a_settle_frees_the_budget_on_another_instance<Bk: Heeding>(
     a: Bk,
     b: Bk,
     recheck: Duration,
@@ -1175,6 +1224,11 @@ fn main() {
             "a_call_that_cannot_be_served_in_time_fails_at_once",
             Needs::Nothing,
             a_call_that_cannot_be_served_in_time_fails_at_once,
+        ),
+        trial::multi(
+            "refused_calls_count_among_the_keys_refused_most",
+            Needs::Nothing,
+            refused_calls_count_among_the_keys_refused_most,
         ),
         trial::multi(
             "a_call_behind_too_long_a_line_fails_at_once",

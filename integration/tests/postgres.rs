@@ -22,7 +22,9 @@ use support::postgres::{PgServer, TestSchema, connect, pool};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::Held as HeldSlot;
 use tower_pinned_window::backend::Hit;
-use tower_pinned_window::backend::{Backend, BackendError, Cap, Leasing, SlotId, Spending};
+use tower_pinned_window::backend::{
+    Backend, BackendError, Cap, Leasing, LimitScope, Limits, SlotId, Spending,
+};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{ConfigError, Decision, FailurePolicy, Quota, RateLimitLayer, Window};
 use tower_pinned_window_postgres::PostgresBackend;
@@ -762,6 +764,42 @@ async fn several_quotas_are_counted_together() {
     assert_eq!(rows(&schema).await, 2, "one row per quota");
 }
 
+/// A database of the release before limits (no `{table}_limits`) migrates
+/// forward: its counters are kept, and limits work once `migrate` ran.
+async fn a_database_without_limits_migrates_forward_and_keeps_its_counters() {
+    let schema = pg_or_skip!(TestSchema::create("limits_forward").await);
+    let store = schema.backend().await;
+    let key = Key::new("k");
+    let q = quota(10, Duration::from_secs(60));
+    store.hit("api", &key, q).await.unwrap();
+    store.hit("api", &key, q).await.unwrap();
+    schema
+        .client
+        .batch_execute(&format!("DROP TABLE {}_limits", schema.table()))
+        .await
+        .unwrap();
+    assert!(
+        store.limits("api").await.is_err(),
+        "before the migration, limits fail: never \"no limit\" in silence"
+    );
+    store.migrate().await.unwrap();
+    assert_eq!(store.peek("api", &key).await.unwrap().unwrap().count, 2);
+    store
+        .set_limit(
+            "api",
+            LimitScope::Layer,
+            Some(quota(1, Duration::from_secs(60))),
+        )
+        .await
+        .unwrap();
+    let limits = store.limits("api").await.unwrap();
+    assert_eq!(
+        limits.get(LimitScope::Layer),
+        Some(quota(1, Duration::from_secs(60)))
+    );
+    assert_eq!(store.hit("api", &key, q).await.unwrap().count, 3);
+}
+
 async fn migrate_is_idempotent_concurrent_and_takes_its_names() {
     let schema = pg_or_skip!(TestSchema::create("migrate").await);
     let backends: Vec<PostgresBackend> = (0..4)
@@ -789,6 +827,19 @@ async fn migrate_is_idempotent_concurrent_and_takes_its_names() {
         .unwrap()
         .get(0);
     assert_eq!(persistence as u8, b'u', "unlogged");
+    let limits: i8 = schema
+        .client
+        .query_one(
+            "SELECT relpersistence::\"char\" FROM pg_class WHERE oid = $1::text::regclass",
+            &[&format!("{}.limits_limits", schema.name)],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        limits as u8, b'p',
+        "limits are configuration: logged beside an unlogged table"
+    );
     assert!(
         backends[0]
             .migration_sql()
@@ -1962,13 +2013,20 @@ async fn a_table_of_the_previous_release_is_migrated_in_place() {
 /// The count of the test table's row `x` of `key`, once it reads `want`
 /// (the give-back is a task of its own), or as it is after 5 s.
 async fn count_once(schema: &TestSchema, key: &str, want: i64) -> i64 {
+    count_once_on(schema, "x", key, want).await
+}
+
+/// [`count_once`] on the row of `namespace`.
+async fn count_once_on(schema: &TestSchema, namespace: &str, key: &str, want: i64) -> i64 {
     for _ in 0..100 {
-        if row(schema, "x", key).await.map(|(count, _)| count) == Some(want) {
+        if row(schema, namespace, key).await.map(|(count, _)| count) == Some(want) {
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    row(schema, "x", key).await.map_or(0, |(count, _)| count)
+    row(schema, namespace, key)
+        .await
+        .map_or(0, |(count, _)| count)
 }
 
 fn spend_x(
@@ -2021,6 +2079,61 @@ async fn a_spend_whose_commit_reply_is_lost_keeps_no_cost() {
     );
     // The connection is back, and the budget is whole.
     assert_eq!(spend_x(&store, "lost", 9).await.unwrap()[0].count, 10);
+}
+
+/// A spend with a first unit whose `COMMIT` reply is lost, as above: each
+/// counter is given back what it spent, the unit on the first and the
+/// cost on the other.
+async fn a_first_unit_whose_commit_reply_is_lost_is_given_back_on_each_counter() {
+    let schema = pg_or_skip!(TestSchema::create("first_commit_lost").await);
+    let upstream: tokio_postgres::Config = schema.url.parse().unwrap();
+    let proxy = support::drop_reply::DropReply::start(upstream.get_ports()[0]).await;
+    let through = format!(
+        "postgres://{}@127.0.0.1:{}/{}",
+        upstream.get_user().unwrap_or("postgres"),
+        proxy.port(),
+        upstream.get_dbname().unwrap_or("test")
+    );
+    let pool = pool(&through, &schema.name, 1);
+    let store = PostgresBackend::builder(pool)
+        .schema(&schema.name)
+        .deny_cache(0)
+        .build();
+    store.migrate().await.unwrap();
+    let key = Key::new("lost");
+    let both = [
+        tower_pinned_window::backend::Counter {
+            namespace: "x",
+            quota: quota(10, Duration::from_secs(60)),
+            lowers: false,
+        },
+        tower_pinned_window::backend::Counter {
+            namespace: "y",
+            quota: quota(100, Duration::from_secs(60)),
+            lowers: false,
+        },
+    ];
+    let spend = |unit, cost| {
+        let spend = tower_pinned_window::backend::Spend::cost(cost).first(unit);
+        store.spend_all(&key, &both, spend)
+    };
+    let kept = spend(1, 3).await.unwrap();
+    assert_eq!((kept[0].count, kept[1].count), (1, 3));
+
+    proxy.drop_reply_to(b"COMMIT\0", b"COMMIT\0");
+    let lost = spend(2, 5).await;
+    assert!(lost.is_err(), "{lost:?}");
+    assert_eq!(proxy.dropped(), 1);
+    assert_eq!(
+        count_once_on(&schema, "y", "lost", 3).await,
+        3,
+        "the refused spend's 5 tokens stay counted"
+    );
+    assert_eq!(
+        count_once_on(&schema, "x", "lost", 1).await,
+        1,
+        "the requests counter is given back its unit, 2, not the cost"
+    );
 }
 
 /// A spend whose caller gives up (the layer's timeout) while its
@@ -2578,12 +2691,389 @@ async fn an_extend_that_waits_for_a_record_extends_it_as_the_other_step_left_it(
     assert_eq!(store.in_use("n", &Key::new("k")).await.unwrap(), 2);
 }
 
+/// A backend on `schema` whose one connection goes through `proxy`, with
+/// no deny cache and no cleaner: every call of a test on it is on that
+/// connection.
+async fn through_proxy(
+    schema: &TestSchema,
+    proxy: &support::drop_reply::DropReply,
+) -> PostgresBackend {
+    let upstream: tokio_postgres::Config = schema.url.parse().unwrap();
+    let through = format!(
+        "postgres://{}@127.0.0.1:{}/{}",
+        upstream.get_user().unwrap_or("postgres"),
+        proxy.port(),
+        upstream.get_dbname().unwrap_or("test")
+    );
+    let store = PostgresBackend::builder(pool(&through, &schema.name, 1))
+        .schema(&schema.name)
+        .deny_cache(0)
+        .no_cleaner()
+        .build();
+    store.migrate().await.unwrap();
+    store
+}
+
+/// The transaction ids (`xmin`) that last wrote the key's record of slots
+/// under `n` and its counter's row under `namespace`, once both show
+/// `slot` held and the counter at `count`: what another connection sees
+/// only once the step has committed.
+async fn committed_step(
+    schema: &TestSchema,
+    key: &str,
+    slot: SlotId,
+    namespace: &str,
+    count: i64,
+) -> Option<(String, String)> {
+    let row = schema
+        .client
+        .query_opt(
+            &format!(
+                "SELECT s.xmin::text, c.xmin::text FROM {slots} s, {table} c \
+                 WHERE s.namespace = 'n' AND s.key = $1 AND $2 = ANY(s.slots) \
+                   AND c.namespace = $3 AND c.key = $1 AND c.count = $4",
+                slots = slots_table(schema),
+                table = schema.table()
+            ),
+            &[&key.as_bytes(), &slot.to_string(), &namespace, &count],
+        )
+        .await
+        .unwrap()?;
+    Some((row.get(0), row.get(1)))
+}
+
+/// A `take_all` is one round trip: with every reply held back from its
+/// `BEGIN` on, its step still commits (the slot and the counters written
+/// by one transaction), so nothing of it waited for an answer; once the
+/// replies go on, it answers what it did. The same for hits and for a
+/// spend.
+async fn a_take_all_is_one_transaction_sent_in_one_round_trip() {
+    use tower_pinned_window::backend::{Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("take_all_round_trip").await);
+    let proxy = support::drop_reply::DropReply::start(
+        schema
+            .url
+            .parse::<tokio_postgres::Config>()
+            .unwrap()
+            .get_ports()[0],
+    )
+    .await;
+    let store = through_proxy(&schema, &proxy).await;
+    let cap = in_flight(3, Duration::from_secs(30));
+    for (n, spend) in [None, Some(Spend::cost(2))].into_iter().enumerate() {
+        let namespace = format!("q{n}");
+        let counters = [Counter {
+            namespace: &namespace,
+            quota: quota(10, Duration::from_secs(60)),
+            lowers: false,
+        }];
+        let key = format!("k{n}");
+        // The connection's statements prepared: the step alone is left.
+        let warm = store
+            .take_all(
+                &Key::new(format!("warm{n}")),
+                Cap {
+                    namespace: "n",
+                    in_flight: cap,
+                },
+                SlotId::next(),
+                &counters,
+                spend,
+            )
+            .await
+            .unwrap();
+        assert!(
+            warm.clone().split_taken().1.is_some_and(|t| t.granted),
+            "{warm:?}"
+        );
+
+        proxy.hold_reply_to(b"BEGIN\0");
+        let slot = SlotId::next();
+        let call = tokio::spawn({
+            let (store, key, namespace) = (store.clone(), key.clone(), namespace.clone());
+            async move {
+                let counters = [Counter {
+                    namespace: &namespace,
+                    quota: quota(10, Duration::from_secs(60)),
+                    lowers: false,
+                }];
+                let cap = Cap {
+                    namespace: "n",
+                    in_flight: cap,
+                };
+                store
+                    .take_all(&Key::new(key), cap, slot, &counters, spend)
+                    .await
+            }
+        });
+        let want = if spend.is_some() { 2 } else { 1 };
+        let mut step = None;
+        for _ in 0..100 {
+            step = committed_step(&schema, &key, slot, &namespace, want).await;
+            if step.is_some() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let (slots_xmin, counter_xmin) = step.unwrap_or_else(|| {
+            panic!("step {n}: with every reply held, the take_all never committed")
+        });
+        assert_eq!(
+            slots_xmin, counter_xmin,
+            "step {n}: one transaction wrote the slot and the counter"
+        );
+        assert!(
+            !call.is_finished(),
+            "step {n}: no reply has reached the caller yet"
+        );
+        proxy.release();
+        let hits = call.await.unwrap().unwrap();
+        let taken = hits.clone().split_taken().1.expect("the cap answered");
+        assert!(taken.granted && taken.in_use == 1, "step {n}: {hits:?}");
+        assert_eq!(hits[0].count, want as u64, "step {n}: {hits:?}");
+        assert!(hits[0].deadline.is_some(), "step {n}: counted: {hits:?}");
+    }
+}
+
+/// Concurrent `take_all`s on one key, from two instances, hits and spends
+/// mixed, none giving its slot back: exactly the cap's `max` are granted,
+/// and only those are counted. Each counts a counter of its own, so only
+/// the key's record of slots orders them.
+async fn concurrent_take_alls_never_pass_the_cap() {
+    use tower_pinned_window::backend::{Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("take_all_cap").await);
+    let one = schema.backend().await;
+    let two = schema.builder().build();
+    let cap = in_flight(5, Duration::from_secs(60));
+    let tasks: Vec<_> = (0..50u64)
+        .map(|i| {
+            let backend = if i % 2 == 0 { one.clone() } else { two.clone() };
+            tokio::spawn(async move {
+                let namespace = format!("q{i}");
+                let counters = [Counter {
+                    namespace: &namespace,
+                    quota: quota(1_000, Duration::from_secs(60)),
+                    lowers: false,
+                }];
+                let spend = (i % 4 >= 2).then_some(Spend::cost(1));
+                let cap = Cap {
+                    namespace: "n",
+                    in_flight: cap,
+                };
+                backend
+                    .take_all(&Key::new("hot"), cap, SlotId::next(), &counters, spend)
+                    .await
+                    .expect("take_all")
+            })
+        })
+        .collect();
+    let mut granted = 0;
+    for task in tasks {
+        let hits = task.await.unwrap();
+        let taken = hits
+            .clone()
+            .split_taken()
+            .1
+            .expect("the quota admits every request");
+        assert!(taken.in_use <= 5, "{hits:?}");
+        if taken.granted {
+            granted += 1;
+            assert_eq!(hits[0].count, 1, "counted with its slot: {hits:?}");
+            assert!(hits[0].deadline.is_some(), "{hits:?}");
+        } else {
+            assert_eq!(hits[0].count, 0, "refused, not counted: {hits:?}");
+            assert!(hits[0].deadline.is_none(), "{hits:?}");
+            assert_eq!(taken.in_use, 5, "{hits:?}");
+        }
+    }
+    assert_eq!(granted, 5, "exactly the cap granted");
+    let counted: i64 = schema
+        .client
+        .query_one(
+            &format!(
+                "SELECT coalesce(sum(count), 0)::bigint FROM {} WHERE expires_at > now()",
+                schema.table()
+            ),
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(counted, 5, "only the granted steps counted");
+    assert_eq!(one.in_use("n", &Key::new("hot")).await.unwrap(), 5);
+}
+
+/// A `take_all` whose counters include a row no hit may count fails whole,
+/// hits and spends alike: corrupt, naming that row; the row is left as it
+/// is, and nothing else is written (no slot, no other counter counted, no
+/// record or row made by the step's locks).
+async fn a_take_all_on_a_corrupt_counter_changes_nothing() {
+    use tower_pinned_window::backend::{Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("take_all_corrupt").await);
+    let store = schema.backend().await;
+    without_constraints(&schema).await;
+    let table = schema.table();
+    let cases = [
+        (
+            "negative",
+            "-1, now() + interval '1 minute'",
+            "count Some(-1)",
+        ),
+        ("no-expiry", "7, NULL", "expires_at is NULL"),
+        ("infinite", "7, 'infinity'", "past the bound"),
+    ];
+    let cap = in_flight(3, Duration::from_secs(30));
+    for (key, values, detail) in cases {
+        schema
+            .client
+            .execute(
+                &format!("INSERT INTO {table} VALUES ('n', '{key}', {values})"),
+                &[],
+            )
+            .await
+            .unwrap();
+        let before = raw(&schema, key).await;
+        for spend in [None, Some(Spend::cost(1))] {
+            let q = quota(10, Duration::from_secs(60));
+            let counters = [
+                Counter {
+                    namespace: "good",
+                    quota: q,
+                    lowers: false,
+                },
+                Counter {
+                    namespace: "n",
+                    quota: q,
+                    lowers: false,
+                },
+            ];
+            let cap = Cap {
+                namespace: "cap",
+                in_flight: cap,
+            };
+            let err = store
+                .take_all(&Key::new(key), cap, SlotId::next(), &counters, spend)
+                .await
+                .expect_err("a corrupt counter fails the step");
+            match &err {
+                BackendError::Corrupt {
+                    key: name,
+                    detail: said,
+                } => {
+                    assert!(name.ends_with(&format!("n{{{key}}}")), "{key}: {name}");
+                    assert!(said.contains(detail), "{key}: {said}");
+                }
+                other => panic!("{key}: corrupt, not {other}"),
+            }
+            assert_eq!(raw(&schema, key).await, before, "{key}: left as it is");
+            assert_eq!(
+                row(&schema, "good", key).await,
+                None,
+                "{key} ({spend:?}): the other counter is not counted, nor made"
+            );
+            let records: i64 = schema
+                .client
+                .query_one(
+                    &format!("SELECT count(*) FROM {}", slots_table(&schema)),
+                    &[],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            assert_eq!(records, 0, "{key} ({spend:?}): no record of slots made");
+        }
+    }
+}
+
+/// A `take_all` that spends with a lockout: a counter that does not fit is
+/// locked out in the same step, no slot is taken, and the next spend is
+/// refused by the lockout (here by the deny cache, with nothing sent: not
+/// even the slot's record is read).
+async fn a_take_all_that_spends_locks_out_as_a_spend_does() {
+    use tower_pinned_window::backend::{Counter, Spend};
+    let schema = pg_or_skip!(TestSchema::create("take_all_lockout").await);
+    let store = schema.backend().await;
+    let counters = [Counter {
+        namespace: "login",
+        quota: quota(2, Duration::from_secs(60)),
+        lowers: false,
+    }];
+    let block = Window::new(Duration::from_secs(600)).unwrap();
+    let spend = Some(Spend::cost(1).block(block));
+    let cap = Cap {
+        namespace: "n",
+        in_flight: in_flight(10, Duration::from_secs(30)),
+    };
+    let key = Key::new("mallory");
+    for n in 1..=2 {
+        let hits = store
+            .take_all(&key, cap, SlotId::next(), &counters, spend)
+            .await
+            .unwrap();
+        assert!(
+            hits.clone().split_taken().1.is_some_and(|t| t.granted),
+            "{n}: {hits:?}"
+        );
+        assert_eq!(hits[0].count, n);
+    }
+    let denied = store
+        .take_all(&key, cap, SlotId::next(), &counters, spend)
+        .await
+        .unwrap();
+    assert_eq!(denied.clone().split_taken().1, None, "no slot: {denied:?}");
+    assert!(
+        denied[0].count > 2 && denied[0].deadline.is_none(),
+        "{denied:?}"
+    );
+    assert!(
+        denied[0].reset > Duration::from_secs(590),
+        "the lockout's end: {denied:?}"
+    );
+    let locked = blocked_until(&schema).await;
+    let left = locked.duration_since(SystemTime::now()).unwrap();
+    assert!(
+        left > Duration::from_secs(590),
+        "locked out for the block: {left:?}"
+    );
+    assert_eq!(store.in_use("n", &key).await.unwrap(), 2);
+    // Answered here: the key's record is locked by another connection, and
+    // the step does not wait for it.
+    let holder = connect(&schema.url).await.unwrap();
+    holder
+        .batch_execute(&format!(
+            "BEGIN; SELECT 1 FROM {} FOR UPDATE",
+            slots_table(&schema)
+        ))
+        .await
+        .unwrap();
+    let again = tokio::time::timeout(
+        Duration::from_secs(2),
+        store.take_all(&key, cap, SlotId::next(), &counters, spend),
+    )
+    .await
+    .expect("the deny cache answers without the database")
+    .unwrap();
+    assert_eq!(again.clone().split_taken().1, None, "{again:?}");
+    assert!(
+        again[0].count > 2 && again[0].deadline.is_none(),
+        "{again:?}"
+    );
+    holder.batch_execute("ROLLBACK").await.unwrap();
+    assert_eq!(blocked_until(&schema).await, locked, "never extended");
+    assert_eq!(row(&schema, "login", "mallory").await.unwrap().0, 2);
+}
+
 fn main() {
     let mut trials = vec![
         trial::multi(
             "a_spend_whose_commit_reply_is_lost_keeps_no_cost",
             Needs::Postgres,
             a_spend_whose_commit_reply_is_lost_keeps_no_cost,
+        ),
+        trial::multi(
+            "a_first_unit_whose_commit_reply_is_lost_is_given_back_on_each_counter",
+            Needs::Postgres,
+            a_first_unit_whose_commit_reply_is_lost_is_given_back_on_each_counter,
         ),
         trial::multi(
             "a_spend_whose_caller_has_gone_keeps_no_cost",
@@ -2691,6 +3181,11 @@ fn main() {
             several_quotas_are_counted_together,
         ),
         trial::current(
+            "a_database_without_limits_migrates_forward_and_keeps_its_counters",
+            Needs::Postgres,
+            a_database_without_limits_migrates_forward_and_keeps_its_counters,
+        ),
+        trial::current(
             "migrate_is_idempotent_concurrent_and_takes_its_names",
             Needs::Postgres,
             migrate_is_idempotent_concurrent_and_takes_its_names,
@@ -2757,6 +3252,26 @@ fn main() {
             an_extend_that_waits_for_a_record_extends_it_as_the_other_step_left_it,
         ),
         trial::current(
+            "a_take_all_is_one_transaction_sent_in_one_round_trip",
+            Needs::Postgres,
+            a_take_all_is_one_transaction_sent_in_one_round_trip,
+        ),
+        trial::current(
+            "a_take_all_on_a_corrupt_counter_changes_nothing",
+            Needs::Postgres,
+            a_take_all_on_a_corrupt_counter_changes_nothing,
+        ),
+        trial::current(
+            "a_take_all_that_spends_locks_out_as_a_spend_does",
+            Needs::Postgres,
+            a_take_all_that_spends_locks_out_as_a_spend_does,
+        ),
+        trial::multi(
+            "concurrent_take_alls_never_pass_the_cap",
+            Needs::Postgres,
+            concurrent_take_alls_never_pass_the_cap,
+        ),
+        trial::current(
             "the_cleaner_deletes_records_of_slots_after_their_last_lease",
             Needs::Postgres,
             the_cleaner_deletes_records_of_slots_after_their_last_lease,
@@ -2771,6 +3286,8 @@ fn main() {
     for (name, store) in ["contract", "contract_deny_cache"].into_iter().zip(&stores) {
         trials.extend(trial::contract(name, Needs::Postgres, store.clone()));
         trials.extend(trial::contract_leases(name, Needs::Postgres, store.clone()));
+        trials.extend(trial::contract_heeds(name, Needs::Postgres, store.clone()));
+        trials.extend(trial::contract_limits(name, Needs::Postgres, store.clone()));
     }
     trial::run(trials, stores)
 }

@@ -310,8 +310,9 @@ fn main() {
     trials.extend(trial::contract_leases(
         "contract_redis",
         Needs::Redis,
-        redis,
+        redis.clone(),
     ));
+    trials.extend(trial::contract_heeds("contract_redis", Needs::Redis, redis));
     #[cfg(feature = "postgres")]
     trials.extend(trial::contract(
         "contract_postgres",
@@ -323,6 +324,15 @@ fn main() {
     ));
     #[cfg(feature = "postgres")]
     trials.extend(trial::contract_leases(
+        "contract_postgres",
+        Needs::Postgres,
+        Arc::new(Private::new(
+            stores::postgres::PostgresStore::new(0),
+            SECRET_A,
+        )),
+    ));
+    #[cfg(feature = "postgres")]
+    trials.extend(trial::contract_heeds(
         "contract_postgres",
         Needs::Postgres,
         Arc::new(Private::new(

@@ -21,7 +21,8 @@ use support::http::{by_client, from, multi_thread_runtime, ok_service};
 use support::redis::{RedisServer, Shared, cases};
 use tower::{Layer, ServiceExt};
 use tower_pinned_window::backend::{
-    Amend, Backend, BackendError, Cap, Held, Hit, Leasing, SlotId, Spend, Spending,
+    Amend, Backend, BackendError, Cap, Held, Hit, Leasing, LimitScope, Limits, SlotId, Spend,
+    Spending,
 };
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{
@@ -137,6 +138,69 @@ async fn a_counter_without_a_lifetime_is_healed_not_reset() {
         "the window was attached: {ttl}"
     );
     assert_eq!(hit.reset, Duration::from_secs(30));
+}
+
+/// A layer's limits are one hash at `PREFIX LAYER:limits`, fields the
+/// scopes, values the limits; a key of another type there fails the read
+/// and the set as corrupt and is left as it is; the audit never reports or
+/// touches a limits hash.
+async fn limits_are_one_hash_per_layer_and_a_wrong_type_is_corrupt() {
+    let server = redis_or_skip!(RedisServer::start(
+        "limits_are_one_hash_per_layer_and_a_wrong_type_is_corrupt"
+    ));
+    let store = backend(&server).await;
+    let minute = quota(100, Duration::from_secs(60));
+    store
+        .set_limit("api", LimitScope::Tier("pro"), Some(minute))
+        .await
+        .unwrap();
+    store
+        .set_limit("api", LimitScope::Key(&Key::new("k")), Some(minute))
+        .await
+        .unwrap();
+    let mut con = server.sync();
+    let fields: Vec<(String, String)> = redis::cmd("HGETALL")
+        .arg("tpw:api:limits")
+        .query(&mut con)
+        .unwrap();
+    let mut fields = fields;
+    fields.sort();
+    assert_eq!(
+        fields,
+        [
+            ("key:k".to_string(), "100/60000ms".to_string()),
+            ("tier:pro".to_string(), "100/60000ms".to_string()),
+        ]
+    );
+    let pttl: i64 = redis::cmd("PTTL")
+        .arg("tpw:api:limits")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(pttl, -1, "limits are configuration: no lifetime");
+    let window = Window::new(Duration::from_secs(60)).unwrap();
+    let report = store.audit(Some(window)).await.unwrap();
+    assert!(
+        report.without_lifetime.is_empty() && report.corrupt.is_empty(),
+        "{report:?}"
+    );
+    assert_eq!(store.limits("api").await.unwrap().len(), 2, "left as it is");
+
+    set(&mut con, "tpw:other:limits", "100/60000ms");
+    let err = store.limits("other").await.unwrap_err();
+    assert!(err.is_corrupt(), "{err}");
+    assert!(err.to_string().contains("other:limits"), "{err}");
+    assert!(err.to_string().contains("another type"), "{err}");
+    let err = store
+        .set_limit("other", LimitScope::Layer, Some(minute))
+        .await
+        .unwrap_err();
+    assert!(err.is_corrupt(), "{err}");
+    assert!(err.to_string().contains("another type"), "{err}");
+    let value: String = redis::cmd("GET")
+        .arg("tpw:other:limits")
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(value, "100/60000ms", "left as it is");
 }
 
 async fn corrupt_counters_stop_requests_and_are_left_untouched() {
@@ -2469,6 +2533,11 @@ fn main() {
             client_chosen_keys_reach_no_other_layers_or_quotas_counter,
         ),
         trial::current(
+            "limits_are_one_hash_per_layer_and_a_wrong_type_is_corrupt",
+            Needs::Redis,
+            limits_are_one_hash_per_layer_and_a_wrong_type_is_corrupt,
+        ),
+        trial::current(
             "refunds_of_deny_cache_answers_send_nothing",
             Needs::Redis,
             refunds_of_deny_cache_answers_send_nothing,
@@ -2556,7 +2625,9 @@ fn main() {
         });
         let store = Arc::new(store);
         trials.extend(trial::contract(name, Needs::Redis, store.clone()));
-        trials.extend(trial::contract_leases(name, Needs::Redis, store));
+        trials.extend(trial::contract_leases(name, Needs::Redis, store.clone()));
+        trials.extend(trial::contract_heeds(name, Needs::Redis, store.clone()));
+        trials.extend(trial::contract_limits(name, Needs::Redis, store));
     }
     // The lease scenarios on the single-call path too: takes and
     // give-backs are coalesced by default, one call a step without.

@@ -702,7 +702,9 @@ fn main() {
         });
         let store = Arc::new(store);
         trials.extend(trial::contract(name, Needs::Redis, store.clone()));
-        trials.extend(trial::contract_leases(name, Needs::Redis, store));
+        trials.extend(trial::contract_leases(name, Needs::Redis, store.clone()));
+        trials.extend(trial::contract_heeds(name, Needs::Redis, store.clone()));
+        trials.extend(trial::contract_limits(name, Needs::Redis, store));
     }
     trial::run(trials, group)
 }

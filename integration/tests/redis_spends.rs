@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 use support::redis::RedisServer;
-use tower_pinned_window::backend::{Amend, BackendError, Counter, Hit, Spend, Spending};
+use tower_pinned_window::backend::{
+    Amend, Backend, BackendError, Counter, Hit, MemoryBackend, Spend, Spending,
+};
 use tower_pinned_window::key::Key;
 use tower_pinned_window::{Quota, Window};
 use tower_pinned_window_redis::RedisBackend;
@@ -535,9 +537,14 @@ async fn a_connection_killed_mid_batch_never_counts_a_spend_twice() {
 /// The stored count of `key` on counter `x`, once it reads `want` (the
 /// give-back is a task of its own), or as it is after 5 s.
 fn count_once(server: &RedisServer, key: &str, want: u64) -> u64 {
+    count_once_on(server, "x", key, want)
+}
+
+/// [`count_once`] on the counter `namespace`.
+fn count_once_on(server: &RedisServer, namespace: &str, key: &str, want: u64) -> u64 {
     let mut con = server.sync();
     let read = |con: &mut redis::Connection| {
-        get(con, &format!("tpw:x{{{key}}}")).map_or(0, |v| v.parse::<u64>().unwrap())
+        get(con, &format!("tpw:{namespace}{{{key}}}")).map_or(0, |v| v.parse::<u64>().unwrap())
     };
     for _ in 0..100 {
         if read(&mut con) == want {
@@ -610,6 +617,38 @@ async fn a_spend_dropped_in_flight_keeps_no_cost() {
         "the dropped spend's 3 stay counted"
     );
     assert_eq!(markers(&server).len(), 1, "the first spend's only");
+}
+
+/// A spend with a first unit, dropped in flight as above: each counter is
+/// given back what it spent, the unit on the first and the cost on the
+/// other.
+async fn a_first_unit_dropped_in_flight_is_given_back_on_each_counter() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_first_unit_dropped_in_flight_is_given_back_on_each_counter"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let key = Key::new("lost");
+    let both = [counter("x", 10, 60), counter("y", 100, 60)];
+    let spend = |unit, cost| store.spend_all(&key, &both, Spend::cost(cost).first(unit));
+    let kept = spend(1, 3).await.unwrap();
+    assert_eq!((kept[0].count, kept[1].count), (1, 3));
+
+    server.signal("STOP");
+    let timed_out = tokio::time::timeout(Duration::from_millis(100), spend(2, 5)).await;
+    assert!(timed_out.is_err(), "answered by a frozen server");
+    server.signal("CONT");
+    assert_eq!(
+        count_once_on(&server, "y", "lost", 3),
+        3,
+        "the dropped spend's 5 tokens stay counted"
+    );
+    assert_eq!(
+        count_once_on(&server, "x", "lost", 1),
+        1,
+        "the requests counter is given back its unit, 2, not the cost"
+    );
 }
 
 /// A spend whose waiter gives up (the layer's timeout) while its call is in
@@ -692,6 +731,215 @@ async fn answered_spends_leave_markers_with_a_lifetime_only() {
     assert_eq!(count_once(&server, "kept", 4), 4);
 }
 
+/// One request of [`a_batch_mixing_first_units_answers_each_as_if_alone`]:
+/// both counters (requests, then tokens), or the requests counter alone,
+/// and what it spends.
+fn mixed(i: u64) -> (bool, Spend) {
+    let tokens = 1 + (i * 7) % 40;
+    match i % 50 {
+        // A run of the same plain spend on the requests counter alone
+        // (the script decides such a run at once)...
+        0..8 => (false, Spend::cost(1)),
+        // ...and one of the same spend with a first unit, which must not be
+        // taken for one.
+        8..14 => (false, Spend::cost(1).first(2)),
+        _ => match i % 4 {
+            0 => (true, Spend::cost(tokens).first(1)),
+            1 => (true, Spend::cost(1 + i % 3)),
+            2 => (true, Spend::cost(tokens).first(0)),
+            _ => (false, Spend::cost(1)),
+        },
+    }
+}
+
+/// Spends with and without a first unit, on the same two counters (and on
+/// the first alone), queued behind the lane's two calls in flight on a
+/// frozen server, go in one call: each is answered as if it had been
+/// alone, in order. The
+/// in-memory backend, given the same spends one after another, is the
+/// reference: the same requests admitted, each counter counted (or
+/// denied) at the same count, the same totals stored.
+async fn a_batch_mixing_first_units_answers_each_as_if_alone() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_batch_mixing_first_units_answers_each_as_if_alone"
+    ));
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let reference = MemoryBackend::new();
+    let both = [counter("requests", 150, 60), counter("tokens", 2000, 60)];
+    let key = Key::new("mixed");
+    // The script loaded first (a first call is answered NOSCRIPT and sent
+    // again with EVAL), the same spend on the reference.
+    let warm = Spend::cost(3).first(1);
+    let got = store.spend_all(&key, &both, warm).await.unwrap();
+    let want = reference.spend_all(&key, &both, warm).await.unwrap();
+    assert_eq!(got.iter().map(|h| h.count).collect::<Vec<_>>(), [1, 3]);
+    assert_eq!(want.iter().map(|h| h.count).collect::<Vec<_>>(), [1, 3]);
+
+    let spends: Vec<(bool, Spend)> = (0..400).map(mixed).collect();
+    let before = server.script_calls();
+    // Two calls in flight on a frozen server (a lane's most), on other
+    // keys: the spends after them queue, and go together once it wakes.
+    server.signal("STOP");
+    let held: Vec<_> = ["w1", "w2"]
+        .into_iter()
+        .map(|other| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let counters = [counter("other", 10, 60)];
+                store
+                    .spend_all(&Key::new(other), &counters, Spend::cost(1))
+                    .await
+            })
+        })
+        .collect();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    // Each joins the key's lane when it is called: in this order.
+    let calls: Vec<_> = spends
+        .iter()
+        .map(|&(two, spend)| {
+            let counters = if two { &both[..] } else { &both[..1] };
+            store.spend_all(&key, counters, spend)
+        })
+        .collect();
+    let (_, answers) = tokio::join!(
+        async {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            server.signal("CONT");
+        },
+        futures_util::future::join_all(calls)
+    );
+    for call in held {
+        assert_eq!(call.await.unwrap().unwrap()[0].count, 1);
+    }
+    let calls = server.script_calls() - before;
+    assert_eq!(calls, 3, "the two held, then one call for the 400 spends");
+
+    let (mut admitted, mut denied, mut firsts) = (0, 0, 0);
+    for (i, ((two, spend), answer)) in spends.iter().zip(answers).enumerate() {
+        let counters = if *two { &both[..] } else { &both[..1] };
+        let got = answer.unwrap_or_else(|e| panic!("spend {i}: {e}"));
+        let want = reference.spend_all(&key, counters, *spend).await.unwrap();
+        assert_eq!(got.len(), counters.len(), "spend {i}");
+        let counted = want.iter().any(|h| h.count > 0 && h.deadline.is_some());
+        let refused = want
+            .iter()
+            .zip(counters)
+            .any(|(h, c)| h.count > c.quota.limit());
+        for (at, ((got, want), c)) in got.iter().zip(&want).zip(counters).enumerate() {
+            let what = format!("spend {i} ({spend:?}), counter {at}");
+            assert_eq!(
+                got.deadline.is_some(),
+                want.deadline.is_some(),
+                "{what}: counted? {got:?} / {want:?}"
+            );
+            if refused && want.count <= c.quota.limit() {
+                // It fits, another counter does not: nothing was counted;
+                // its count is not the contract's to say.
+                assert!(got.count <= c.quota.limit(), "{what}: {got:?}");
+            } else {
+                assert_eq!(got.count, want.count, "{what}: {got:?} / {want:?}");
+            }
+        }
+        if refused {
+            denied += 1;
+        } else if counted {
+            admitted += 1;
+            firsts += usize::from(spend.first.is_some());
+        }
+    }
+    assert!(
+        admitted > 100 && denied > 100 && firsts > 50,
+        "both outcomes, with first units among the admitted: {admitted} admitted ({firsts} with a first unit), {denied} denied"
+    );
+    let mut con = server.sync();
+    for name in ["requests", "tokens"] {
+        let stored: u64 = get(&mut con, &format!("tpw:{name}{{mixed}}"))
+            .unwrap()
+            .parse()
+            .unwrap();
+        let want = reference.peek(name, &key).await.unwrap().unwrap().count;
+        assert_eq!(stored, want, "{name}: the stored total");
+    }
+}
+
+/// The spend script on its own (`EVAL` of its text): a first unit after
+/// the counters (`first 1`) is read as the first counter's amount, and
+/// forgotten by the next argument without one; a tail that is not the word
+/// `first` and a whole number in digits refuses only its own request
+/// (-2, invalid), with nothing written for it, and the call's other
+/// requests are decided.
+fn the_spend_script_reads_a_first_unit_and_refuses_a_bad_one() {
+    let server = redis_or_skip!(RedisServer::start(
+        "the_spend_script_reads_a_first_unit_and_refuses_a_bad_one"
+    ));
+    let mut con = server.sync();
+    let head = "2 7 0 0 5 60000 100 60000";
+    // (argument, the request's code, its counts when decided)
+    let requests: Vec<(String, i64, [i64; 2])> = vec![
+        (format!("{head} first 1"), 1, [1, 7]),
+        (format!("{head} first x"), -2, [0, 0]),
+        (format!("{head} second 1"), -2, [0, 0]),
+        (format!("{head} first -1"), -2, [0, 0]),
+        (format!("{head} first 1.0"), -2, [0, 0]),
+        (format!("{head} first 01"), -2, [0, 0]),
+        ("2 07 0 0 5 60000 100 60000".to_owned(), -2, [0, 0]),
+        // Without the tail, both counters are spent the cost: the requests
+        // counter does not fit 7 more (1 and 7), the tokens would (7).
+        (head.to_owned(), 0, [1 + 7, 7]),
+        (format!("{head} first 4"), 1, [5, 14]),
+        (format!("{head} first 0"), 0, [5 + 1, 14]),
+    ];
+    let mut cmd = redis::cmd("EVAL");
+    cmd.arg(include_str!("../../redis/src/spend.lua"))
+        .arg(4 * requests.len());
+    for _ in &requests {
+        cmd.arg("tpw:requests{a}")
+            .arg("tpw:requests{a}:lock")
+            .arg("tpw:tokens{a}")
+            .arg("tpw:tokens{a}:lock");
+    }
+    for (argument, ..) in &requests {
+        cmd.arg(argument.as_str());
+    }
+    let reply: Vec<redis::Value> = cmd.query(&mut con).unwrap();
+    let (packed, reasons) = match reply.as_slice() {
+        [redis::Value::BulkString(packed), reasons @ ..] => (packed, reasons),
+        other => panic!("unexpected reply {other:?}"),
+    };
+    let mut nums = packed
+        .chunks(8)
+        .map(|n| i64::from_be_bytes(n.try_into().unwrap()));
+    let mut reasons = reasons.iter();
+    for (argument, want, counts) in &requests {
+        let code = nums.next().unwrap();
+        assert_eq!(code, *want, "{argument:?}");
+        if code == -2 {
+            match reasons.next() {
+                Some(redis::Value::BulkString(reason)) => assert!(
+                    reason.ends_with(b"invalid spend"),
+                    "{argument:?}: {}",
+                    String::from_utf8_lossy(reason)
+                ),
+                other => panic!("{argument:?}: reason {other:?}"),
+            }
+            continue;
+        }
+        for (at, want) in counts.iter().enumerate() {
+            let [count, _, deadline, _] = std::array::from_fn(|_| nums.next().unwrap());
+            assert_eq!(count, *want, "{argument:?}, counter {at}");
+            assert_eq!(deadline > 0, code == 1, "{argument:?}, counter {at}");
+        }
+    }
+    assert!(
+        nums.next().is_none() && reasons.next().is_none(),
+        "{reply:?}"
+    );
+    assert_eq!(get(&mut con, "tpw:requests{a}").as_deref(), Some("5"));
+    assert_eq!(get(&mut con, "tpw:tokens{a}").as_deref(), Some("14"));
+}
+
 fn main() {
     let trials = vec![
         trial::multi(
@@ -730,6 +978,11 @@ fn main() {
             a_spend_dropped_in_flight_keeps_no_cost,
         ),
         trial::multi(
+            "a_first_unit_dropped_in_flight_is_given_back_on_each_counter",
+            Needs::Redis,
+            a_first_unit_dropped_in_flight_is_given_back_on_each_counter,
+        ),
+        trial::multi(
             "a_spend_answered_to_a_waiter_gone_keeps_no_cost",
             Needs::Redis,
             a_spend_answered_to_a_waiter_gone_keeps_no_cost,
@@ -738,6 +991,16 @@ fn main() {
             "answered_spends_leave_markers_with_a_lifetime_only",
             Needs::Redis,
             answered_spends_leave_markers_with_a_lifetime_only,
+        ),
+        trial::multi(
+            "a_batch_mixing_first_units_answers_each_as_if_alone",
+            Needs::Redis,
+            a_batch_mixing_first_units_answers_each_as_if_alone,
+        ),
+        trial::trial(
+            "the_spend_script_reads_a_first_unit_and_refuses_a_bad_one",
+            Needs::Redis,
+            the_spend_script_reads_a_first_unit_and_refuses_a_bad_one,
         ),
     ];
     trial::run(trials, ());

@@ -4,7 +4,11 @@
 //! corrupt record fails only its own steps, a give-back nobody waits for
 //! is sent, and a connection killed mid-batch counts a take once or not at
 //! all. The slots' batch script itself: each step as if sent alone, bad
-//! arguments refused with nothing written for them.
+//! arguments refused with nothing written for them. Take-alls (a slot and
+//! the request's counters in one step): a script call each at most, fewer
+//! when coalesced, each exact; a corrupt record or counter fails its own
+//! step with nothing written; counted as `hit_all` and `spend_all` count;
+//! denied by the deny cache without a call.
 
 #[path = "support/stores.rs"]
 mod stores;
@@ -18,9 +22,11 @@ use std::time::Duration;
 use redis::aio::ConnectionManager;
 use stores::redis::slots_key;
 use support::redis::RedisServer;
-use tower_pinned_window::InFlight;
-use tower_pinned_window::backend::{BackendError, Cap, Leasing, SlotId, Taken};
+use tower_pinned_window::backend::{
+    Backend, BackendError, Cap, Counter, Hits, Leasing, SlotId, Spend, Spending, Taken,
+};
 use tower_pinned_window::key::Key;
+use tower_pinned_window::{InFlight, Quota, Window};
 use tower_pinned_window_redis::RedisBackend;
 use trial::Needs;
 
@@ -405,6 +411,547 @@ async fn a_client_kill_mid_batch_counts_a_take_once_or_not_at_all() {
     assert!(retried > 0, "no take was asked again after a kill");
 }
 
+/// A counter of `namespace` with a quota of `limit` a minute.
+fn counter(namespace: &'static str, limit: u64) -> Counter<'static> {
+    Counter {
+        namespace,
+        quota: Quota::new(limit, Duration::from_secs(60)).unwrap(),
+        lowers: false,
+    }
+}
+
+/// Take-alls on their own tasks, so that many are in flight together: one
+/// per (key, slot) of `steps`, each under `cap` on `counters` (plain
+/// hits). Gives back each one's key, slot and answer, in order.
+async fn take_all_together(
+    store: &RedisBackend<ConnectionManager>,
+    cap: Cap<'static>,
+    counters: &[Counter<'static>],
+    steps: Vec<(Key, SlotId)>,
+) -> Vec<(Key, SlotId, Result<Hits, BackendError>)> {
+    let tasks: Vec<_> = steps
+        .into_iter()
+        .map(|(key, slot)| {
+            let store = store.clone();
+            let counters = counters.to_vec();
+            tokio::spawn(async move {
+                let hits = store.take_all(&key, cap, slot, &counters, None).await;
+                (key, slot, hits)
+            })
+        })
+        .collect();
+    let mut answers = Vec::new();
+    for task in tasks {
+        answers.push(task.await.unwrap());
+    }
+    answers
+}
+
+/// The count stored in `namespace`'s counter for `key` (0 when missing).
+fn stored_count(
+    con: &mut redis::Connection,
+    store: &RedisBackend<ConnectionManager>,
+    namespace: &str,
+    key: &Key,
+) -> u64 {
+    let value: Option<u64> = redis::cmd("GET")
+        .arg(store.storage_key(namespace, key))
+        .query(con)
+        .unwrap();
+    value.unwrap_or(0)
+}
+
+/// Take-alls in flight together, with and without lanes: at most a script
+/// call each (a call each without lanes; far fewer with them), and each
+/// exact: every key grants exactly its cap, its record holds exactly the
+/// slots granted, and its counters count exactly the steps that were
+/// counted (the cap's refusals read them, counting nothing).
+async fn take_alls_in_flight_use_a_call_each_at_most_and_stay_exact() {
+    let server = redis_or_skip!(RedisServer::start(
+        "take_alls_in_flight_use_a_call_each_at_most_and_stay_exact"
+    ));
+    let counters = [counter("q", 5), counter("q:10", 10)];
+    for coalesce in [true, false] {
+        let store = RedisBackend::builder(manager(&server).await)
+            .coalesce(coalesce)
+            .build();
+        let round = if coalesce { "lanes" } else { "alone" };
+        // The script loaded (the first call is an `EVAL` too).
+        let warm = Key::display(format_args!("{round}-warm"));
+        take_all_together(&store, cap(3, 60), &counters, vec![(warm, SlotId::next())]).await;
+        let keys: Vec<Key> = (0..10)
+            .map(|k| Key::display(format_args!("{round}{k}")))
+            .collect();
+        let steps: Vec<(Key, SlotId)> = (0..8)
+            .flat_map(|_| keys.iter().map(|key| (key.clone(), SlotId::next())))
+            .collect();
+        let before = script_calls(&server);
+        let answers = take_all_together(&store, cap(3, 60), &counters, steps).await;
+        let calls = script_calls(&server) - before;
+        let n = answers.len() as u64;
+        eprintln!("{round}: {n} take-alls in {calls} script calls");
+        if coalesce {
+            assert!(
+                calls * 2 < n,
+                "{n} take-alls in flight together share calls: {calls} calls"
+            );
+        } else {
+            assert_eq!(calls, n, "a call a take-all");
+        }
+        let mut con = server.sync();
+        for key in &keys {
+            let mut granted = BTreeSet::new();
+            for (_, slot, hits) in answers.iter().filter(|(at, ..)| at == key) {
+                let (hits, taken) = hits.as_ref().unwrap().clone().split_taken();
+                let taken = taken.expect("the counters admit every step");
+                assert_eq!(hits.len(), 2, "{key:?}: {hits:?}");
+                if taken.granted {
+                    granted.insert(*slot);
+                    assert!(hits.iter().all(|h| h.deadline.is_some()), "{hits:?}");
+                } else {
+                    assert_eq!(taken.in_use, 3, "{key:?}: refused at the cap");
+                    assert!(hits.iter().all(|h| h.deadline.is_none()), "{hits:?}");
+                }
+            }
+            assert_eq!(granted.len(), 3, "{key:?}: its cap, no more, no less");
+            assert_eq!(members(&mut con, &store, key), granted, "{key:?}");
+            for namespace in ["q", "q:10"] {
+                assert_eq!(
+                    stored_count(&mut con, &store, namespace, key),
+                    3,
+                    "{key:?}: counted with the slots granted only"
+                );
+            }
+        }
+    }
+}
+
+/// A take-all on a corrupt record (another type) fails as corrupt, named
+/// by the record, and changes nothing: its counters are not created, the
+/// record is left as it was; in the same calls, the take-alls of good
+/// keys are made. A corrupt counter fails its step too, before anything
+/// is written: the other counter is not counted, and a lease run out in
+/// the record is not even dropped.
+async fn a_corrupt_record_or_counter_fails_a_take_all_and_writes_nothing() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_corrupt_record_or_counter_fails_a_take_all_and_writes_nothing"
+    ));
+    let store = RedisBackend::new(manager(&server).await);
+    let mut con = server.sync();
+    let bad = Key::new("bad");
+    let record = slots_key(&store, "n", &bad);
+    let _: () = redis::cmd("SET")
+        .arg(&record)
+        .arg("abc")
+        .query(&mut con)
+        .unwrap();
+    let before: Vec<u8> = redis::cmd("DUMP").arg(&record).query(&mut con).unwrap();
+    let counters = [counter("q", 100)];
+    let steps: Vec<(Key, SlotId)> = (0..40)
+        .map(|i| {
+            let key = if i % 4 == 3 {
+                bad.clone()
+            } else {
+                Key::display(format_args!("good{}", i % 5))
+            };
+            (key, SlotId::next())
+        })
+        .collect();
+    let answers = take_all_together(&store, cap(100, 60), &counters, steps).await;
+    let name = record.escape_ascii().to_string();
+    for (key, _, hits) in &answers {
+        if *key == bad {
+            assert!(
+                matches!(hits, Err(BackendError::Corrupt { key, detail }) if *key == name && detail.contains("type string")),
+                "{hits:?}"
+            );
+        } else {
+            let (hits, taken) = hits.as_ref().unwrap().clone().split_taken();
+            assert!(taken.is_some_and(|t| t.granted), "{key:?}: {hits:?}");
+        }
+    }
+    let exists: bool = redis::cmd("EXISTS")
+        .arg(store.storage_key("q", &bad))
+        .query(&mut con)
+        .unwrap();
+    assert!(!exists, "a take-all that failed creates no counter");
+    let after: Vec<u8> = redis::cmd("DUMP").arg(&record).query(&mut con).unwrap();
+    assert_eq!(after, before, "the corrupt record is left as it was");
+    let counted: u64 = (0..5)
+        .map(|k| {
+            stored_count(
+                &mut con,
+                &store,
+                "q",
+                &Key::display(format_args!("good{k}")),
+            )
+        })
+        .sum();
+    assert_eq!(counted, 30, "every good take-all of the calls was counted");
+
+    // A corrupt counter, beside a good one and a record with a lease run
+    // out.
+    let key = Key::new("counter");
+    let record = slots_key(&store, "n", &key);
+    let stale = format!("{:032x}", 0x5);
+    let _: () = redis::cmd("ZADD")
+        .arg(&record)
+        .arg(1)
+        .arg(&stale)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("PEXPIRE")
+        .arg(&record)
+        .arg(60_000)
+        .query(&mut con)
+        .unwrap();
+    let _: () = redis::cmd("SET")
+        .arg(store.storage_key("r", &key))
+        .arg("12abc")
+        .query(&mut con)
+        .unwrap();
+    for spend in [None, Some(Spend::cost(1))] {
+        let err = store
+            .take_all(
+                &key,
+                cap(5, 60),
+                SlotId::next(),
+                &[counter("q", 100), counter("r", 100)],
+                spend,
+            )
+            .await
+            .expect_err("a corrupt counter fails the step");
+        let name = store.storage_key("r", &key).escape_ascii().to_string();
+        assert!(
+            matches!(&err, BackendError::Corrupt { key, detail } if *key == name && detail.contains("12abc")),
+            "{spend:?}: {err:?}"
+        );
+        assert_eq!(stored_count(&mut con, &store, "q", &key), 0, "{spend:?}");
+        assert_eq!(
+            members(&mut con, &store, &key),
+            BTreeSet::from([SlotId::parse(stale.as_bytes()).unwrap()]),
+            "{spend:?}: nothing written, not even the lease run out dropped"
+        );
+    }
+    let value: String = redis::cmd("GET")
+        .arg(store.storage_key("r", &key))
+        .query(&mut con)
+        .unwrap();
+    assert_eq!(value, "12abc", "a corrupt counter is left as it is");
+}
+
+/// A take-all with room in the cap counts exactly as `hit_all` (no
+/// spend) or `spend_all` (a spend) counts on another key: the same counts,
+/// times left and deadlines (or none), the same stored counts and
+/// lockouts; the slot is taken exactly when every count is within its
+/// limit.
+async fn a_take_all_counts_as_hit_all_and_spend_all() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_take_all_counts_as_hit_all_and_spend_all"
+    ));
+    // No deny cache: every step goes to Redis on both sides.
+    let store = RedisBackend::builder(manager(&server).await)
+        .deny_cache(0)
+        .build();
+    let mut con = server.sync();
+    let counters = [counter("q", 3), counter("q:10", 10)];
+    let lockout = Window::new(Duration::from_secs(10)).unwrap();
+    let steps: Vec<Option<Spend>> = vec![
+        None,
+        Some(Spend::cost(0)),
+        Some(Spend::cost(0).open()),
+        Some(Spend::cost(1)),
+        None,
+        Some(Spend::cost(2)),
+        Some(Spend::cost(2).block(lockout)),
+        Some(Spend::cost(1)),
+        None,
+        Some(Spend::cost(0)),
+    ];
+    let (alone, together) = (Key::new("alone"), Key::new("together"));
+    let mut held = 0;
+    for (at, spend) in steps.iter().enumerate() {
+        let want = match spend {
+            None => store.hit_all(&alone, &counters).await.unwrap(),
+            Some(spend) => store.spend_all(&alone, &counters, *spend).await.unwrap(),
+        };
+        let (got, taken) = store
+            .take_all(&together, cap(100, 60), SlotId::next(), &counters, *spend)
+            .await
+            .unwrap()
+            .split_taken();
+        let what = format!("step {at} ({spend:?}): {want:?} / {got:?}");
+        assert_eq!(got.len(), want.len(), "{what}");
+        for (got, want) in got.iter().zip(want.iter()) {
+            assert_eq!(got.count, want.count, "{what}");
+            assert_eq!(got.deadline.is_some(), want.deadline.is_some(), "{what}");
+            let apart = got.reset.abs_diff(want.reset);
+            assert!(apart < Duration::from_millis(500), "{what}");
+        }
+        let admitted = want
+            .iter()
+            .zip(&counters)
+            .all(|(hit, c)| hit.count <= c.quota.limit());
+        if admitted {
+            held += 1;
+            assert!(
+                taken.is_some_and(|t| t.granted && t.in_use == held),
+                "{what}"
+            );
+        } else {
+            assert_eq!(taken, None, "{what}: no slot");
+        }
+        assert_eq!(store.in_use("n", &together).await.unwrap(), held, "{what}");
+        for c in &counters {
+            assert_eq!(
+                stored_count(&mut con, &store, c.namespace, &together),
+                stored_count(&mut con, &store, c.namespace, &alone),
+                "{what}: {}",
+                c.namespace
+            );
+            let mut locked = |key: &Key| -> i64 {
+                let mut lock = store.storage_key(c.namespace, key);
+                lock.extend_from_slice(b":lock");
+                redis::cmd("PTTL").arg(lock).query(&mut con).unwrap()
+            };
+            let (here, there) = (locked(&together), locked(&alone));
+            assert_eq!(here > 0, there > 0, "{what}: lockout");
+        }
+    }
+    assert!(
+        held > 0 && held < steps.len() as u64,
+        "some admitted, some not"
+    );
+}
+
+/// A take-all the deny cache already denies is answered without a call:
+/// nothing counted, no slot taken (`taken` is `None`); the denial was
+/// remembered from a take-all's own answer.
+async fn a_take_all_the_deny_cache_denies_makes_no_call() {
+    let server = redis_or_skip!(RedisServer::start(
+        "a_take_all_the_deny_cache_denies_makes_no_call"
+    ));
+    let store = RedisBackend::new(manager(&server).await);
+    let mut con = server.sync();
+    let key = Key::new("denied");
+    let counters = [counter("q", 2)];
+    for n in 1..=3u64 {
+        let hits = store
+            .take_all(&key, cap(100, 60), SlotId::next(), &counters, None)
+            .await
+            .unwrap();
+        assert_eq!(hits[0].count, n, "{hits:?}");
+        let (hits, taken) = hits.split_taken();
+        assert_eq!(taken.is_some(), n <= 2, "{hits:?}");
+    }
+    let before = script_calls(&server);
+    for spend in [None, Some(Spend::cost(1))] {
+        let hits = store
+            .take_all(&key, cap(100, 60), SlotId::next(), &counters, spend)
+            .await
+            .unwrap();
+        assert_eq!(hits.clone().split_taken().1, None, "{spend:?}: {hits:?}");
+        assert!(hits[0].count > 2 && hits[0].deadline.is_none(), "{hits:?}");
+    }
+    assert_eq!(script_calls(&server), before, "answered by the deny cache");
+    assert_eq!(stored_count(&mut con, &store, "q", &key), 3);
+    assert_eq!(store.in_use("n", &key).await.unwrap(), 2);
+}
+
+/// The take-all script on its own (`EVAL` of its text): requests in one
+/// call, each as if sent alone; bad arguments, a corrupt record and a
+/// corrupt counter or lockout each refuse only their own request, with
+/// nothing written for it; a call whose requests cannot be read at all is
+/// refused whole, before anything is written.
+fn the_take_all_script_refuses_bad_requests_and_writes_nothing_for_them() {
+    let server = redis_or_skip!(RedisServer::start(
+        "the_take_all_script_refuses_bad_requests_and_writes_nothing_for_them"
+    ));
+    let mut con = server.sync();
+    for (key, value) in [("tpw:n{text}:slots", "abc"), ("tpw:q{bad}", "1x")] {
+        let _: () = redis::cmd("SET")
+            .arg(key)
+            .arg(value)
+            .query(&mut con)
+            .unwrap();
+    }
+    // A lockout without a lifetime.
+    let _: () = redis::cmd("SET")
+        .arg("tpw:q{lock}:lock")
+        .arg("1")
+        .query(&mut con)
+        .unwrap();
+    let a = format!("{:032x}", 0xa);
+    let script = concat!(
+        include_str!("../../redis/src/slots.lua"),
+        include_str!("../../redis/src/take_all.lua")
+    );
+    // (key, argument after the slot, spends, what the request must answer:
+    // its code, or the reason's end)
+    type Case<'a> = (&'a str, &'a str, bool, Result<i64, &'a str>);
+    let requests: &[Case<'_>] = &[
+        ("x", "2 60000 1 - 0 0 5 60000", false, Ok(1)),
+        ("x", "2 60000 1 1 0 0 5 60000", true, Ok(1)),
+        ("x", "2 60000 1 - 0 0 5 60000", false, Ok(0)),
+        (
+            "y",
+            "0 60000 1 - 0 0 5 60000",
+            false,
+            Err("invalid cap 0 60000"),
+        ),
+        ("y", "2 0 1 - 0 0 5 60000", false, Err("invalid cap 2 0")),
+        ("y", "2 60000 1 1.5 0 0 5 60000", true, Err("invalid spend")),
+        (
+            "y",
+            "2 60000 1 1 0 0 5 60000 first x",
+            true,
+            Err("invalid spend"),
+        ),
+        (
+            "y",
+            "2 60000 1 1 0 0 5 60000 first 01",
+            true,
+            Err("invalid spend"),
+        ),
+        (
+            "y",
+            "2 60000 1 - 0 0 5 60000 first 1",
+            false,
+            Err("invalid spend"),
+        ),
+        ("y", "2 60000 1 01 0 0 5 60000", true, Err("invalid spend")),
+        (
+            "y",
+            "2 60000 1 - 0 0 5 0",
+            false,
+            Err("invalid limit or window"),
+        ),
+        (
+            "text",
+            "2 60000 1 - 0 0 5 60000",
+            false,
+            Err("a key of type string"),
+        ),
+        ("bad", "2 60000 1 - 0 0 5 60000", false, Err("value 1x")),
+        (
+            "lock",
+            "2 60000 1 1 0 0 5 60000",
+            true,
+            Err("a lockout without a lifetime"),
+        ),
+    ];
+    let mut cmd = redis::cmd("EVAL");
+    let keys: usize = requests.iter().map(|r| if r.2 { 3 } else { 2 }).sum();
+    cmd.arg(script).arg(keys);
+    for (key, _, spends, _) in requests {
+        cmd.arg(format!("tpw:n{{{key}}}:slots"))
+            .arg(format!("tpw:q{{{key}}}"));
+        if *spends {
+            cmd.arg(format!("tpw:q{{{key}}}:lock"));
+        }
+    }
+    for (at, (_, argument, ..)) in requests.iter().enumerate() {
+        // The third request's slot differs: the cap of 2 is then full.
+        let slot = if at == 2 {
+            format!("{:032x}", 0xb)
+        } else {
+            a.clone()
+        };
+        let slot = if at == 1 {
+            format!("{:032x}", 0xc)
+        } else {
+            slot
+        };
+        cmd.arg(format!("{slot} {argument}"));
+    }
+    let reply: Vec<redis::Value> = cmd.query(&mut con).unwrap();
+    let (packed, reasons) = match reply.as_slice() {
+        [redis::Value::BulkString(packed), reasons @ ..] => (packed, reasons),
+        other => panic!("unexpected reply {other:?}"),
+    };
+    let mut nums = packed
+        .chunks(8)
+        .map(|n| i64::from_be_bytes(n.try_into().unwrap()));
+    let mut reasons = reasons.iter();
+    for (at, (key, argument, _, want)) in requests.iter().enumerate() {
+        let code = nums.next().unwrap();
+        let what = format!("request {at}: {key} {argument:?}: {code}");
+        match want {
+            Ok(want) => {
+                assert_eq!(code, *want, "{what}");
+                let (in_use, ms) = (nums.next().unwrap(), nums.next().unwrap());
+                assert_eq!(in_use, 2.min(at as i64 + 1), "{what}");
+                let [count, left, deadline, full] = std::array::from_fn(|_| nums.next().unwrap());
+                assert_eq!(count, 2.min(at as i64 + 1), "{what}: counted, then read");
+                assert!(left > 55_000 && full == 0, "{what}: {left} {full}");
+                if code == 0 {
+                    assert!(ms > 55_000 && deadline == -1, "{what}: {ms}");
+                } else {
+                    assert!(ms == 0 && deadline > 0, "{what}: {ms}");
+                }
+            }
+            Err(why) => {
+                let want = if why.starts_with("invalid") { -2 } else { -1 };
+                assert_eq!(code, want, "{what}");
+                if code == -1 {
+                    let place = nums.next().unwrap();
+                    assert_eq!(place, if *key == "text" { 0 } else { 1 }, "{what}");
+                }
+                let reason = match reasons.next() {
+                    Some(redis::Value::BulkString(reason)) => String::from_utf8_lossy(reason),
+                    other => panic!("{what}: reason {other:?}"),
+                };
+                assert!(reason.ends_with(why), "{what}: {reason}");
+            }
+        }
+    }
+    assert!(
+        nums.next().is_none() && reasons.next().is_none(),
+        "{reply:?}"
+    );
+    for key in [
+        "tpw:n{y}:slots",
+        "tpw:q{y}",
+        "tpw:q{text}",
+        "tpw:n{bad}:slots",
+        "tpw:n{lock}:slots",
+        "tpw:q{lock}",
+    ] {
+        let exists: bool = redis::cmd("EXISTS").arg(key).query(&mut con).unwrap();
+        assert!(!exists, "{key}: nothing written for a refused request");
+    }
+    let kept: Vec<(String, String)> = ["tpw:n{text}:slots", "tpw:q{bad}"]
+        .iter()
+        .map(|key| {
+            let value: String = redis::cmd("GET").arg(*key).query(&mut con).unwrap();
+            (key.to_string(), value)
+        })
+        .collect();
+    assert_eq!(
+        kept,
+        [
+            ("tpw:n{text}:slots".to_string(), "abc".to_string()),
+            ("tpw:q{bad}".to_string(), "1x".to_string())
+        ],
+        "corrupt keys are left as they are"
+    );
+    // A request whose counters cannot be read refuses the call whole.
+    let err = redis::cmd("EVAL")
+        .arg(script)
+        .arg(2)
+        .arg("tpw:n{z}:slots")
+        .arg("tpw:q{z}")
+        .arg(format!("{a} 2 60000 2 - 0 0 5 60000"))
+        .query::<redis::Value>(&mut con)
+        .expect_err("two counters named, one sent");
+    assert!(err.to_string().contains("invalid take_all batch"), "{err}");
+    let exists: bool = redis::cmd("EXISTS")
+        .arg("tpw:n{z}:slots")
+        .query(&mut con)
+        .unwrap();
+    assert!(!exists);
+}
+
 /// The slots' batch script on its own (`EVAL` of its text): each step
 /// answered as if sent alone, in order, a record named twice seeing the
 /// steps before; bad arguments refused with nothing written for them; a
@@ -589,6 +1136,31 @@ fn main() {
             "a_client_kill_mid_batch_counts_a_take_once_or_not_at_all",
             Needs::Redis,
             a_client_kill_mid_batch_counts_a_take_once_or_not_at_all,
+        ),
+        trial::multi(
+            "take_alls_in_flight_use_a_call_each_at_most_and_stay_exact",
+            Needs::Redis,
+            take_alls_in_flight_use_a_call_each_at_most_and_stay_exact,
+        ),
+        trial::multi(
+            "a_corrupt_record_or_counter_fails_a_take_all_and_writes_nothing",
+            Needs::Redis,
+            a_corrupt_record_or_counter_fails_a_take_all_and_writes_nothing,
+        ),
+        trial::multi(
+            "a_take_all_counts_as_hit_all_and_spend_all",
+            Needs::Redis,
+            a_take_all_counts_as_hit_all_and_spend_all,
+        ),
+        trial::multi(
+            "a_take_all_the_deny_cache_denies_makes_no_call",
+            Needs::Redis,
+            a_take_all_the_deny_cache_denies_makes_no_call,
+        ),
+        trial::trial(
+            "the_take_all_script_refuses_bad_requests_and_writes_nothing_for_them",
+            Needs::Redis,
+            the_take_all_script_refuses_bad_requests_and_writes_nothing_for_them,
         ),
         trial::trial(
             "the_slots_batch_script_makes_each_step_as_alone_and_refuses_bad_arguments",

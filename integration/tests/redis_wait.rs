@@ -510,6 +510,16 @@ fn main() {
         Needs::Redis,
         store.clone(),
     ));
-    trials.extend(trial::contract_leases("contract_wait", Needs::Redis, store));
+    trials.extend(trial::contract_leases(
+        "contract_wait",
+        Needs::Redis,
+        store.clone(),
+    ));
+    trials.extend(trial::contract_heeds(
+        "contract_wait",
+        Needs::Redis,
+        store.clone(),
+    ));
+    trials.extend(trial::contract_limits("contract_wait", Needs::Redis, store));
     trial::run(trials, group)
 }

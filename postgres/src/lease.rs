@@ -32,7 +32,9 @@ pub(super) fn describe_slots(db: &Db, namespace: &str, key: &[u8]) -> String {
     name
 }
 
-fn corrupt(db: &Db, namespace: &str, key: &[u8]) -> BackendError {
+/// The error for the key's record of slots that is not of the store's
+/// shape.
+pub(super) fn corrupt(db: &Db, namespace: &str, key: &[u8]) -> BackendError {
     BackendError::Corrupt {
         key: describe_slots(db, namespace, key),
         detail: NOT_A_RECORD.to_owned(),
@@ -41,7 +43,7 @@ fn corrupt(db: &Db, namespace: &str, key: &[u8]) -> BackendError {
 
 /// A window in milliseconds, as the statements take it: [`Window::MAX`]
 /// keeps every one inside an `i64`.
-fn millis(window: Window) -> i64 {
+pub(super) fn millis(window: Window) -> i64 {
     i64::try_from(window.as_millis()).unwrap_or(i64::MAX)
 }
 

@@ -3,7 +3,8 @@
 //! the same database.
 //!
 //! Built only on what `tower-pinned-window` makes public for any store
-//! author: its [`Backend`], [`Spending`] and [`Leasing`] traits and its
+//! author: its [`Backend`], [`Spending`], [`Leasing`] and [`Heeding`]
+//! traits and its
 //! [`toolkit`](tower_pinned_window::backend::toolkit) (the deny cache, the
 //! remote future, the storage key that names a counter in errors). The
 //! guide is
@@ -127,9 +128,9 @@
 //! than that bound and a round trip ([`docs/guarantees.md`](https://docs.rs/tower-pinned-window/latest/tower_pinned_window/guide/guarantees/index.html)). Deadlines are
 //! measured from when the request was queued, before the database read its
 //! clock, so they never outlast the window in the table. Such denials
-//! report a count of `limit + 1` (a spend's: the limit plus its cost, as the
-//! spend contract says), and are not counted in the table. The
-//! trade-off left is a [`reset`](Backend::reset) or
+//! report a count of `limit + 1` (a spend's: the limit plus its cost on
+//! that counter, as the spend contract says), and are not counted in the
+//! table. The trade-off left is a [`reset`](Backend::reset) or
 //! [`refund`](Backend::refund) your own code calls on a counter that does
 //! not lower: it clears this instance's cache, but other instances keep
 //! denying the counter until the window they cached closes; turn the cache
@@ -164,6 +165,32 @@
 //! release resets without a marker: this holds once every instance runs
 //! this one.
 //!
+//! # The provider's word
+//!
+//! [`Heeding`] (a `429`, a `Retry-After` or a rate-limit header that an
+//! outbound budget follows; see the
+//! [contract](tower_pinned_window::backend#the-providers-word)) is one
+//! statement a step on the counter's row, under its row lock, on the
+//! database's clock, sent at once (a provider speaks rarely: nothing to
+//! batch with):
+//!
+//! - a close (`sql/close.sql`) writes only the row's `blocked_until`, the
+//!   lockout a spend sets and reads: `now + span` when there is none or it
+//!   ends sooner, left as it is when it ends later. A missing row is made as
+//!   a spend's lock makes one, a closed window (count 0, `expires_at` at the
+//!   epoch), with that lockout; the cleaner keeps it until the lockout ends;
+//! - a raise (`sql/raise.sql`) is an `INSERT ... ON CONFLICT DO UPDATE`:
+//!   a live row's count becomes `greatest(count, least(n, limit))`, its
+//!   `expires_at` kept; a missing row, or one whose window has closed, gets
+//!   `least(n, limit)` and `expires_at = now + least(within, window)`, its
+//!   lockout kept. A raise of 0 writes nothing.
+//!
+//! A row no hit may count, or (for a close) a `blocked_until` past
+//! [`Window::MAX`] or infinite (a lockout without a lifetime), fails the
+//! statement's `WHERE`: it is left as it is, and the step fails with
+//! [`BackendError::Corrupt`], described from the row as the statement's
+//! snapshot read it, in the same round trip.
+//!
 //! # Requests in flight
 //!
 //! [Slots on leases](tower_pinned_window::backend#requests-in-flight)
@@ -171,8 +198,8 @@
 //! **record** per key that holds slots, with each slot's name (its holder's
 //! [`SlotId`], 32 lowercase hex digits) and its lease at the same place of
 //! two arrays, and the record's `expires_at`, at least its latest lease and
-//! never lowered. Each step is one statement, one round trip, on the key's
-//! record under its row lock:
+//! never lowered. Each step is one round trip (one statement, but for a
+//! `take_all`'s transaction) on the key's record under its row lock:
 //!
 //! - a take (`sql/take.sql`) is an `INSERT ... ON CONFLICT DO UPDATE`
 //!   whose `SET` reads the record as the last step left it: it drops the
@@ -180,6 +207,16 @@
 //!   `now + lease`, when it is not held and fewer than `max` are live. Takes
 //!   of one key from any number of connections and instances are applied
 //!   one after the other, so no more than `max` are ever granted;
+//! - a take with counters ([`take_all`](Leasing::take_all): a layer with
+//!   quotas and a cap) is one transaction sent in one round trip,
+//!   pipelined: the record locked (made empty, with its lifetime, when
+//!   missing), the counters' rows locked in one order (a missing one made
+//!   a closed window, as a spend makes it), then `sql/take_all.sql`, which
+//!   reads them as the locks hold them, drops the slots whose lease has run
+//!   out, and either reads the counters (the slot already held, or the cap
+//!   full: nothing counted) or counts them as a hit statement or a batch's
+//!   spend would, adding the slot when they admit the request. A record or
+//!   a counter no step may change rolls the whole transaction back;
 //! - a give-back takes the slot out of the record when its lease is live;
 //!   a record left empty is the cleaner's when its `expires_at` passes;
 //! - an extend is one statement for every slot held, whatever their keys:
@@ -255,11 +292,21 @@
 //!     CONSTRAINT a_lease_per_slot CHECK (cardinality(slots) = cardinality(leases))
 //! ) WITH (fillfactor = 80);
 //! CREATE INDEX IF NOT EXISTS "tpw_counters_slots_ends" ON "public"."tpw_counters_slots" (expires_at);
+//! CREATE TABLE IF NOT EXISTS "public"."tpw_counters_limits" (
+//!     layer text  NOT NULL,
+//!     scope bytea NOT NULL,
+//!     value text  NOT NULL,
+//!     PRIMARY KEY (layer, scope)
+//! );
 //! ```
+//!
+//! The last table holds the limits held in the store
+//! ([`Limits`]), never `UNLOGGED`: a
+//! limit is configuration.
 //!
 //! A table made by an earlier release is migrated in place by running it
 //! again: the lockout column is added (nullable: no rewrite) and the reset
-//! markers' and slots' tables created beside it. Run the migration before
+//! markers', slots' and limits' tables created beside it. Run the migration before
 //! instances of this release start: their refunds, amends and resets name
 //! the markers' table, their caps in flight the slots' table, and fail (as
 //! [`BackendError::Unavailable`]) where it is missing. Both are `UNLOGGED`
@@ -309,9 +356,9 @@
 //! # Requirements
 //!
 //! PostgreSQL 9.5 or later (`ON CONFLICT`); tested against 15. Hits need
-//! `SELECT, INSERT, UPDATE` on the table, the cleaner and
-//! [`reset`](Backend::reset) `DELETE`, spends and amends all four (their
-//! batch's statement may delete a cleared row); on the markers' table
+//! `SELECT, INSERT, UPDATE` on the table (so do a close and a raise), the
+//! cleaner and [`reset`](Backend::reset) `DELETE`, spends and amends all
+//! four (their batch's statement may delete a cleared row); on the markers' table
 //! (`{table}_resets`), refunds need `SELECT`, spends and amends `SELECT,
 //! INSERT`, resets `INSERT`, the cleaner `DELETE`; on the slots' table
 //! (`{table}_slots`), caps in flight need `SELECT, INSERT, UPDATE`, the
@@ -324,11 +371,14 @@ mod builder;
 mod cleaner;
 mod db;
 mod error;
+mod heed;
 mod lease;
+mod limit;
 mod lost;
 mod row;
 mod spend;
 mod table;
+mod take_all;
 
 pub use batch::DEFAULT_STATEMENTS;
 pub use builder::PostgresBackendBuilder;
@@ -355,11 +405,12 @@ use self::db::Db;
 use self::error::{pg_error, pool_error};
 use self::row::{deadline_time, describe, read_row};
 use self::spend::{Cached, Op, Request, Spent};
+use tower_pinned_window::Quota;
 use tower_pinned_window::Window;
-use tower_pinned_window::backend::toolkit::{BackendFuture, Denials};
+use tower_pinned_window::backend::toolkit::{BackendFuture, Denials, Denied};
 use tower_pinned_window::backend::{
-    Amend, AuditReport, Backend, BackendError, Cap, Counter, Held, Hit, Hits, Leasing, SlotId,
-    Spend, Spending, Taken,
+    Amend, AuditReport, Backend, BackendError, Cap, Counter, Heeding, Held, Hit, Hits, Leasing,
+    LimitScope, Limits, SlotId, Spend, Spending, StoredLimits, Taken,
 };
 use tower_pinned_window::key::Key;
 
@@ -669,11 +720,7 @@ impl Backend for PostgresBackend {
     /// one row each; a counter in the local deny cache answers at once, and
     /// then none of them is sent.
     fn hit_all(&self, key: &Key, counters: &[Counter<'_>]) -> BackendFuture<Hits> {
-        let now = std::time::Instant::now();
-        if let Some(deny) = &self.inner.deny
-            && let Some(denied) =
-                BackendFuture::denied(counters, 1, |c| deny.hit(c.namespace, key.as_bytes(), now))
-        {
+        if let Some(denied) = self.denied_hit(key, counters) {
             // Denied here, with no statement; the counters are not hit.
             return denied;
         }
@@ -717,7 +764,14 @@ impl Backend for PostgresBackend {
                     // From when the hit was queued, before the database read
                     // its clock: the entry never outlasts the window.
                     let key = denied_key.as_bytes();
-                    deny.remember(&namespace, key, queued, hit.reset, false, lowers);
+                    deny.remember(
+                        &namespace,
+                        key,
+                        queued,
+                        hit.reset,
+                        Denied::AtLimit { limit },
+                        lowers,
+                    );
                 }
                 hits.push(hit);
             }
@@ -824,20 +878,7 @@ impl Spending for PostgresBackend {
                     "the PostgreSQL sender stopped before answering".into(),
                 ))
             })?;
-            for ((namespace, cached), lowers) in namespaces.iter().zip(cache).zip(lowers) {
-                // From when the spend was queued, before the database read
-                // its clock: the entry never outlasts the window or the
-                // lockout.
-                let Some(deny) = &backend.inner.deny else {
-                    break;
-                };
-                let (locked, left) = match cached {
-                    Some(Cached::Over(left)) => (false, left),
-                    Some(Cached::Locked(left)) => (true, left),
-                    None => continue,
-                };
-                deny.remember(namespace, key.as_bytes(), queued, left, locked, lowers);
-            }
+            backend.remember(&key, &namespaces, &cache, &lowers, queued);
             Ok(hits)
         })
     }
@@ -882,6 +923,94 @@ impl Spending for PostgresBackend {
     }
 }
 
+/// Limits in their own table beside the counters' (`{table}_limits`, made
+/// by [`migrate`](PostgresBackend::migrate); never `UNLOGGED`: a limit is
+/// configuration), one row per layer and scope: a set is one statement (an
+/// upsert, or a `DELETE`), a read one `SELECT`. A stored value that is not
+/// a limit is left out and counted ([`StoredLimits::corrupt`]). Never
+/// touches a counter.
+impl Limits for PostgresBackend {
+    fn set_limit(
+        &self,
+        layer: &str,
+        scope: LimitScope<'_>,
+        quota: Option<Quota>,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send + 'static {
+        let (backend, layer) = (self.clone(), layer.to_owned());
+        let scope = tower_pinned_window::backend::encode_scope(scope);
+        async move { limit::set(&backend.inner.db, &layer, &scope, quota).await }
+    }
+
+    fn limits(
+        &self,
+        layer: &str,
+    ) -> impl Future<Output = Result<StoredLimits, BackendError>> + Send + 'static {
+        let (backend, layer) = (self.clone(), layer.to_owned());
+        async move { limit::read(&backend.inner.db, &layer).await }
+    }
+}
+
+/// Each step is one statement on the counter's row
+/// ([the provider's word](self#the-providers-word)), sent at once: not
+/// batched, since a provider speaks rarely.
+impl Heeding for PostgresBackend {
+    /// `sql/close.sql`: the row's `blocked_until`, the lockout a spend sets
+    /// and reads, raised to `now + span` and never lowered; a missing row
+    /// made a closed window with that lockout. Once the database has
+    /// answered, this instance's deny cache holds the lockout until the end
+    /// the database named, so its spends on the counter are refused here,
+    /// with the new end, without a statement; other instances learn it from
+    /// their next spend that reaches the database.
+    fn close(
+        &self,
+        namespace: &str,
+        key: &Key,
+        span: Window,
+    ) -> impl Future<Output = Result<Duration, BackendError>> + Send + 'static + use<> {
+        let (backend, namespace, key) = (self.clone(), namespace.to_owned(), key.clone());
+        async move {
+            backend.start_cleaner();
+            let sent = std::time::Instant::now();
+            let left = heed::close(&backend.inner.db, &namespace, &key, span).await?;
+            if let Some(deny) = &backend.inner.deny {
+                deny.remember(
+                    &namespace,
+                    key.as_bytes(),
+                    sent,
+                    left,
+                    Denied::Locked,
+                    false,
+                );
+            }
+            Ok(left)
+        }
+    }
+
+    /// `sql/raise.sql`: an `INSERT ... ON CONFLICT DO UPDATE` that raises a
+    /// live row's count and keeps its `expires_at`, or opens a window for a
+    /// missing (or closed) one. A raise never lowers a count, so what this
+    /// instance's deny cache holds stays true: it is left as it is.
+    fn raise(
+        &self,
+        key: &Key,
+        counter: Counter<'_>,
+        count: u64,
+        within: Window,
+    ) -> impl Future<Output = Result<Hit, BackendError>> + Send + 'static + use<> {
+        let (backend, namespace, key) = (self.clone(), counter.namespace.to_owned(), key.clone());
+        let raise = heed::Raise {
+            count,
+            limit: counter.quota.limit(),
+            window: counter.quota.window(),
+            within,
+        };
+        async move {
+            backend.start_cleaner();
+            heed::raise(&backend.inner.db, &namespace, &key, raise).await
+        }
+    }
+}
+
 impl Leasing for PostgresBackend {
     type Take = BackendFuture<Taken>;
 
@@ -899,6 +1028,55 @@ impl Leasing for PostgresBackend {
                 slot,
             )
             .await
+        })
+    }
+
+    /// One transaction, sent in one round trip, on the key's record of
+    /// slots and the counters' rows
+    /// ([requests in flight](self#requests-in-flight)); a request the local
+    /// deny cache denies (as [`hit_all`](Backend::hit_all) or
+    /// [`spend_all`](Spending::spend_all) would be denied) answers at once,
+    /// with no slot taken and nothing sent.
+    fn take_all(
+        &self,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+        counters: &[Counter<'_>],
+        spend: Option<Spend>,
+    ) -> BackendFuture<Hits> {
+        let denied = match spend {
+            None => self.denied_hit(key, counters),
+            Some(spend) => self.denied_spend(key, counters, spend),
+        };
+        if let Some(denied) = denied {
+            // Denied here: no slot taken, no counter counted.
+            return denied;
+        }
+        let backend = self.clone();
+        let lowers: SmallVec<[bool; 2]> = counters.iter().map(|c| c.lowers).collect();
+        let step = take_all::Step {
+            namespace: cap.namespace.into(),
+            key: key.clone(),
+            cap: cap.in_flight,
+            slot,
+            counters: counters
+                .iter()
+                .map(|c| (c.namespace.into(), c.quota))
+                .collect(),
+            spend,
+        };
+        BackendFuture::calling(async move {
+            // From the first poll, before the database read its clock: a
+            // denial remembered never outlasts its window.
+            let queued = std::time::Instant::now();
+            backend.start_cleaner();
+            let key = step.key.clone();
+            let namespaces: SmallVec<[Box<str>; 2]> =
+                step.counters.iter().map(|(n, _)| n.clone()).collect();
+            let Spent { hits, cache } = take_all::run(Arc::clone(&backend.inner.db), step).await?;
+            backend.remember(&key, &namespaces, &cache, &lowers, queued);
+            Ok(hits)
         })
     }
 
@@ -944,6 +1122,42 @@ impl Leasing for PostgresBackend {
 }
 
 impl PostgresBackend {
+    /// The local deny cache's answer to a hit of `counters`, when it knows
+    /// one of them over its limit: nothing is sent then, and nothing
+    /// counted.
+    fn denied_hit(&self, key: &Key, counters: &[Counter<'_>]) -> Option<BackendFuture<Hits>> {
+        let deny = self.inner.deny.as_ref()?;
+        let now = std::time::Instant::now();
+        BackendFuture::denied(counters, 1, |c| {
+            deny.hit(c.namespace, key.as_bytes(), c.quota.limit(), now)
+        })
+    }
+
+    /// What the local deny cache learns from a request's answer, one entry
+    /// per counter (`cache`), held from `queued`: when the request was
+    /// queued, before the database read its clock, so an entry never
+    /// outlasts the window or the lockout.
+    fn remember(
+        &self,
+        key: &Key,
+        namespaces: &[Box<str>],
+        cache: &[Option<Cached>],
+        lowers: &[bool],
+        queued: std::time::Instant,
+    ) {
+        let Some(deny) = &self.inner.deny else {
+            return;
+        };
+        for ((namespace, cached), &lowers) in namespaces.iter().zip(cache).zip(lowers) {
+            let (denied, left) = match *cached {
+                Some(Cached::Over(left, limit)) => (Denied::AtLimit { limit }, left),
+                Some(Cached::Locked(left)) => (Denied::Locked, left),
+                None => continue,
+            };
+            deny.remember(namespace, key.as_bytes(), queued, left, denied, lowers);
+        }
+    }
+
     /// The local deny cache's answer to a spend, when it knows one of its
     /// counters denies every spend: locked out, or (for a spend that would
     /// not lock it out) at its limit until its window closes. Nothing is
@@ -956,8 +1170,14 @@ impl PostgresBackend {
     ) -> Option<BackendFuture<Hits>> {
         let deny = self.inner.deny.as_ref()?;
         let now = std::time::Instant::now();
-        BackendFuture::denied(counters, spend.cost.max(1), |c| {
-            deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
+        BackendFuture::denied_spend(counters, spend, |c| {
+            deny.spend(
+                c.namespace,
+                key.as_bytes(),
+                c.quota.limit(),
+                now,
+                spend.block.is_some(),
+            )
         })
     }
 }

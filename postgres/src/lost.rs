@@ -1,7 +1,8 @@
 //! Spends that were refused after they were counted: the `COMMIT` of their
 //! batch was sent and its reply lost (the connection failed), or their
 //! caller had gone (the layer's timeout) when the batch committed. Each is
-//! given back: its cost refunded on each of its counters, only in the
+//! given back: what it spent refunded on each of its counters (its cost,
+//! or the first counter's own amount), only in the
 //! window it was counted in, never below zero, in one transaction of
 //! amends (the same rules as [`Amend::Refund`]).
 //!
@@ -38,7 +39,8 @@ pub(super) struct Refund {
 }
 
 /// Adds to `out` what the spend `spend` of `key` on `counters` counted,
-/// from its `hits`: its cost on each counter that counted it.
+/// from its `hits`: what it added to each counter that counted it
+/// ([`Spend::cost_of`]).
 pub(super) fn refunds(
     out: &mut Vec<Refund>,
     key: &Key,
@@ -46,16 +48,14 @@ pub(super) fn refunds(
     spend: Spend,
     hits: &Hits,
 ) {
-    if spend.cost == 0 {
-        return;
-    }
-    for ((namespace, _), hit) in counters.iter().zip(hits) {
-        if let Some(deadline) = hit.deadline {
+    for (i, ((namespace, _), hit)) in counters.iter().zip(hits).enumerate() {
+        let cost = spend.cost_of(i);
+        if let (Some(deadline), true) = (hit.deadline, cost > 0) {
             out.push(Refund {
                 key: key.clone(),
                 namespace: namespace.clone(),
                 expires_at: deadline_time(deadline),
-                cost: spend.cost,
+                cost,
             });
         }
     }

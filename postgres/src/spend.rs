@@ -68,8 +68,9 @@ pub(super) struct Spent {
 #[derive(Debug, Clone, Copy)]
 pub(super) enum Cached {
     /// Its count is at its limit or over, until its window closes: a spend
-    /// without a lockout is denied, and so is a hit.
-    Over(Duration),
+    /// without a lockout under that limit (or a lower one) is denied, and so
+    /// is a hit.
+    Over(Duration, u64),
     /// It is locked out: every spend is denied.
     Locked(Duration),
 }
@@ -171,7 +172,7 @@ fn left(at: SystemTime, now: SystemTime) -> Duration {
 /// that is not one (NULL, negative, or one that cannot grow), no
 /// `expires_at`, or one further away than [`Window::MAX`](tower_pinned_window::Window::MAX)
 /// (or infinite).
-fn classify(
+pub(super) fn classify(
     count: Option<i64>,
     expires_at: Option<SystemTime>,
     now: SystemTime,
@@ -191,7 +192,7 @@ fn classify(
 
 /// Polls `a`, then `b` (each sends its request on its first poll, in that
 /// order: a pipeline), until both are done.
-async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
+pub(super) async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
     let (mut a, mut b) = (pin!(a), pin!(b));
     let (mut from_a, mut from_b) = (None, None);
     poll_fn(|cx| {
@@ -218,13 +219,25 @@ async fn both<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
     }
 }
 
-/// A connection in the middle of a batch's transaction: unless
-/// [`release`](Self::release)d once it has committed, it is dropped, never
-/// handed out again (a failed batch, or its task cancelled).
-struct InTransaction(Option<Object>);
+/// A connection in the middle of a transaction (a batch's, or a
+/// `take_all`'s): unless [`release`](Self::release)d once it has ended, it
+/// is dropped, never handed out again (a failed batch or step, or its task
+/// cancelled).
+pub(super) struct InTransaction(Option<Object>);
 
 impl InTransaction {
-    fn release(mut self) {
+    /// `client`, about to begin a transaction.
+    pub(super) fn new(client: Object) -> Self {
+        Self(Some(client))
+    }
+
+    /// The connection, while held.
+    pub(super) fn client(&self) -> &Object {
+        self.0.as_ref().expect("held until released or dropped")
+    }
+
+    /// Hand the connection back to the pool: its transaction has ended.
+    pub(super) fn release(mut self) {
         drop(self.0.take());
     }
 }
@@ -579,6 +592,45 @@ async fn transaction<'a>(
     Ok(answers)
 }
 
+/// A counter's row as a `take_all` read it under its lock (`take_all.sql`),
+/// checked: its count, `expires_at` and `blocked_until`.
+pub(super) type Read = (i64, SystemTime, Option<SystemTime>);
+
+/// The answer to the spend of a `take_all`, from its counters' rows as its
+/// statement read them (`reads`, one per counter, in order), the statement
+/// having written what the spend decides: the answer a spend of a batch
+/// gets ([`spend_one`]), so both answer alike. A counter named twice is
+/// one row, as in a batch.
+pub(super) fn decide(
+    table: &str,
+    key: &[u8],
+    reads: &[Read],
+    counters: &[(Box<str>, Quota)],
+    spend: Spend,
+    now: SystemTime,
+) -> Result<Spent, BackendError> {
+    let mut rows: Vec<Row> = Vec::with_capacity(reads.len());
+    let mut index: HashMap<&str, usize> = HashMap::with_capacity(reads.len());
+    let ids: SmallVec<[usize; 2]> = counters
+        .iter()
+        .zip(reads)
+        .map(|((namespace, _), &(count, expires_at, blocked_until))| {
+            *index.entry(namespace).or_insert_with(|| {
+                rows.push(Row {
+                    was: true,
+                    exists: true,
+                    count,
+                    expires_at,
+                    blocked_until,
+                    ..Row::missing()
+                });
+                rows.len() - 1
+            })
+        })
+        .collect();
+    spend_one(table, key, &mut rows, &ids, counters, spend, now)
+}
+
 /// One spend, on the rows as the batch has left them so far: all or
 /// nothing across its counters (see the contract, "Costs, lockouts and
 /// amends").
@@ -632,27 +684,31 @@ fn spend_one(
             )
         })
         .collect();
-    let need = spend.cost.max(1);
+    // Each counter's own cost (`Spend::first` for the first), and what it
+    // needs to fit.
+    let need = |at: usize| spend.cost_of(at).max(1);
     let fits: SmallVec<[bool; 2]> = counters
         .iter()
         .zip(&seen)
-        .map(|((_, quota), &(live, _, blocked))| {
-            blocked.is_none() && live.saturating_add(need) <= quota.limit()
+        .enumerate()
+        .map(|(at, ((_, quota), &(live, _, blocked)))| {
+            blocked.is_none() && live.saturating_add(need(at)) <= quota.limit()
         })
         .collect();
     let admitted = fits.iter().all(|&f| f);
-    let cost = i64::try_from(spend.cost).unwrap_or(i64::MAX);
     let mut hits = Hits::with_capacity(counters.len());
     let mut cache = SmallVec::with_capacity(counters.len());
-    for (((&i, (_, quota)), &(live, expires_at, blocked)), &fit) in
-        ids.iter().zip(counters).zip(&seen).zip(&fits)
+    for (at, (((&i, (_, quota)), &(live, expires_at, blocked)), &fit)) in
+        ids.iter().zip(counters).zip(&seen).zip(&fits).enumerate()
     {
         let row = &mut rows[i];
         let window = quota.window().as_duration();
+        let spent = spend.cost_of(at);
+        let cost = i64::try_from(spent).unwrap_or(i64::MAX);
         let mut cached = None;
         if admitted {
-            let opens = expires_at.is_none() && (spend.cost > 0 || spend.open);
-            let adds = expires_at.is_some() && spend.cost > 0;
+            let opens = expires_at.is_none() && (spent > 0 || spend.open);
+            let adds = expires_at.is_some() && spent > 0;
             if opens || adds {
                 row.count = (live as i64).saturating_add(cost).min(i64::MAX - 1);
                 if opens {
@@ -679,7 +735,7 @@ fn spend_one(
             });
         } else {
             let locks = blocked.is_some() || spend.block.is_some();
-            let count = refused_count(live, quota.limit(), locks, need);
+            let count = refused_count(live, quota.limit(), locks, need(at));
             let mut reset = match (blocked, expires_at) {
                 (Some(b), _) => left(b, now),
                 (None, Some(at)) => left(at, now),
@@ -695,7 +751,7 @@ fn spend_one(
                 cached = Some(Cached::Locked(reset));
             } else if live >= quota.limit() {
                 // Even a check would be denied, until the window closes.
-                cached = Some(Cached::Over(reset));
+                cached = Some(Cached::Over(reset, quota.limit()));
             }
             hits.push(Hit {
                 count,

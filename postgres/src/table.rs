@@ -31,6 +31,10 @@ const RESETS_SUFFIX: &str = "_resets";
 /// The suffix of the table of slots in flight beside the counters table.
 const SLOTS_SUFFIX: &str = "_slots";
 
+/// The suffix of the table of limits held in the store beside the counters
+/// table.
+const LIMITS_SUFFIX: &str = "_limits";
+
 /// The suffix of the slots table's `expires_at` index (as long as the
 /// counters' index suffix, so it fits wherever that one does).
 const SLOTS_INDEX_SUFFIX: &str = "_slots_ends";
@@ -43,6 +47,7 @@ pub(super) const MAX_TABLE_LEN: usize = MAX_SCHEMA_LEN - INDEX_SUFFIX.len();
 
 const _: () = assert!(MAX_TABLE_LEN + RESETS_SUFFIX.len() <= MAX_SCHEMA_LEN);
 const _: () = assert!(MAX_TABLE_LEN + SLOTS_SUFFIX.len() <= MAX_SCHEMA_LEN);
+const _: () = assert!(MAX_TABLE_LEN + LIMITS_SUFFIX.len() <= MAX_SCHEMA_LEN);
 const _: () = assert!(MAX_TABLE_LEN + SLOTS_INDEX_SUFFIX.len() <= MAX_SCHEMA_LEN);
 
 /// `name`, if it is a name this backend accepts for a schema or table: 1 to
@@ -80,13 +85,27 @@ pub(super) struct Sql {
     pub(super) spend_lock: String,
     pub(super) spend_read: String,
     pub(super) spend_write: String,
+    /// The provider's word: a counter closed, a counter raised.
+    pub(super) close: String,
+    pub(super) raise: String,
     /// The slots' table, as `schema.table_slots`.
     pub(super) slots_table: String,
     pub(super) take: String,
+    /// The first statement of a `take_all`'s transaction: the record locked.
+    pub(super) take_lock: String,
+    /// Then: the step decided and written.
+    pub(super) take_all: String,
+    /// And last before the `COMMIT`: a failed step rolled back.
+    pub(super) take_end: String,
     pub(super) give_back: String,
     pub(super) extend: String,
     pub(super) in_use: String,
     pub(super) slots_audit: String,
+    /// The limits held in the store (`schema.table_limits`): one set, one
+    /// removed, a layer's read.
+    pub(super) limit_set: String,
+    pub(super) limit_remove: String,
+    pub(super) limits: String,
 }
 
 impl fmt::Debug for Sql {
@@ -113,6 +132,10 @@ impl Sql {
                     "{slots}",
                     &format!("\"{schema}\".\"{table}{SLOTS_SUFFIX}\""),
                 )
+                .replace(
+                    "{limits}",
+                    &format!("\"{schema}\".\"{table}{LIMITS_SUFFIX}\""),
+                )
                 .replace("{slots_index}", &format!("\"{table}{SLOTS_INDEX_SUFFIX}\""))
                 .replace("{window_bound_ms}", &WINDOW_BOUND_MS.to_string())
                 .replace("{unlogged}", if unlogged { "UNLOGGED" } else { "" })
@@ -132,12 +155,20 @@ impl Sql {
             spend_lock: render(include_str!("sql/spend_lock.sql")),
             spend_read: render(include_str!("sql/spend_read.sql")),
             spend_write: render(include_str!("sql/spend_write.sql")),
+            close: render(include_str!("sql/close.sql")),
+            raise: render(include_str!("sql/raise.sql")),
             slots_table: format!("{schema}.{table}{SLOTS_SUFFIX}"),
             take: render(include_str!("sql/take.sql")),
+            take_lock: render(include_str!("sql/take_lock.sql")),
+            take_all: render(include_str!("sql/take_all.sql")),
+            take_end: render(include_str!("sql/take_end.sql")),
             give_back: render(include_str!("sql/give_back.sql")),
             extend: render(include_str!("sql/extend.sql")),
             in_use: render(include_str!("sql/in_use.sql")),
             slots_audit: render(include_str!("sql/slots_audit.sql")),
+            limit_set: render(include_str!("sql/limit_set.sql")),
+            limit_remove: render(include_str!("sql/limit_remove.sql")),
+            limits: render(include_str!("sql/limits.sql")),
         }
     }
 }
@@ -201,6 +232,9 @@ mod tests {
             ("spend_lock", &sql.spend_lock),
             ("spend_read", &sql.spend_read),
             ("spend_write", &sql.spend_write),
+            ("take_all", &sql.take_all),
+            ("close", &sql.close),
+            ("raise", &sql.raise),
         ] {
             assert!(text.contains("\"rate\".\"hits\""), "{name}: {text}");
             let left = text.replace("{batch}", "");
@@ -220,6 +254,13 @@ mod tests {
                 text.contains("\"rate\".\"hits_resets\""),
                 "{name}: the reset markers"
             );
+        }
+        for (name, text) in [("take_lock", &sql.take_lock), ("take_all", &sql.take_all)] {
+            assert!(
+                text.contains("\"rate\".\"hits_slots\""),
+                "{name}: the slots"
+            );
+            assert!(!text.contains('{'), "{name}: a placeholder is left: {text}");
         }
         assert!(
             !sql.hit.contains("hits_resets"),
@@ -270,6 +311,8 @@ mod tests {
             ("spend_lock", &sql.spend_lock),
             ("spend_read", &sql.spend_read),
             ("spend_write", &sql.spend_write),
+            ("close", &sql.close),
+            ("raise", &sql.raise),
         ] {
             assert!(
                 !text.contains("hits_slots"),
@@ -292,5 +335,34 @@ mod tests {
                 .migrate
                 .contains("CREATE UNLOGGED TABLE IF NOT EXISTS \"rate\".\"hits_slots\"")
         );
+    }
+
+    #[test]
+    fn the_limits_statements_name_their_table_and_it_is_never_unlogged() {
+        let sql = Sql::new("rate", "hits", true);
+        for (name, text) in [
+            ("limit_set", &sql.limit_set),
+            ("limit_remove", &sql.limit_remove),
+            ("limits", &sql.limits),
+        ] {
+            assert!(text.contains("\"rate\".\"hits_limits\""), "{name}: {text}");
+            assert!(!text.contains('{'), "{name}: a placeholder is left: {text}");
+        }
+        assert!(
+            sql.migrate
+                .contains("CREATE TABLE IF NOT EXISTS \"rate\".\"hits_limits\""),
+            "limits are configuration: logged even when the counters are not"
+        );
+        for (name, text) in [
+            ("hit", &sql.hit),
+            ("reset", &sql.reset),
+            ("clean", &sql.clean),
+            ("spend_write", &sql.spend_write),
+        ] {
+            assert!(
+                !text.contains("hits_limits"),
+                "{name}: counters never meet limits"
+            );
+        }
     }
 }

@@ -10,7 +10,7 @@ use super::connection::nodes::{Node, Nodes};
 use super::reply::name;
 use super::script::{REPAIR, REPAIR_SLOTS, Target};
 use tower_pinned_window::Window;
-use tower_pinned_window::backend::toolkit::storage_key::SLOTS;
+use tower_pinned_window::backend::toolkit::storage_key::{LIMITS, SLOTS};
 use tower_pinned_window::backend::{AuditReport, BackendError, SlotId};
 
 /// A command target that is one node of a deployment: a script run on it
@@ -56,6 +56,10 @@ pub(super) async fn run<N: Nodes + Send>(
                 ::redis::from_redis_value(reply).map_err(malformed)?;
             for key in keys {
                 report.scanned += 1;
+                if is_limits(&key) {
+                    // Limits are configuration: they live until removed.
+                    continue;
+                }
                 let mut pttl = ::redis::cmd("PTTL");
                 pttl.arg(&key);
                 let ttl: i64 = ::redis::from_redis_value(
@@ -143,6 +147,14 @@ fn is_slots_record(key: &[u8]) -> bool {
         .is_some_and(|pair| pair.ends_with(b"}"))
 }
 
+/// Whether `key` names a layer's limits (`storage_key::encode_limits`):
+/// a key with no brace that ends with `:limits`. Every counter's key and
+/// every marker's holds the brace of its hash tag, whatever bytes a client
+/// sent, so none is taken for one.
+fn is_limits(key: &[u8]) -> bool {
+    key.ends_with(LIMITS) && !key.contains(&b'{')
+}
+
 /// Whether `key` holds a record of slots, as the scripts of slots judge
 /// it: a sorted set whose members are slots' names. A key that is gone by
 /// now counts as one. Read only.
@@ -199,6 +211,26 @@ fn malformed(err: ::redis::ParsingError) -> BackendError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use tower_pinned_window::backend::toolkit::storage_key;
+    use tower_pinned_window::key::Key;
+
+    #[test]
+    fn only_a_layers_limits_are_taken_for_limits() {
+        assert!(is_limits(&storage_key::encode_limits(b"tpw:", "api{x}")));
+        for key in [Key::new(":limits"), Key::new("}:limits"), Key::new("")] {
+            for name in ["api", "api:limits", ""] {
+                let counter = storage_key::encode(b"tpw:", name, &key);
+                assert!(!is_limits(&counter), "{}", counter.escape_ascii());
+                for marker in [
+                    storage_key::encode_lockout(b"tpw:", name, &key),
+                    storage_key::encode_slots(b"tpw:", name, &key),
+                    storage_key::encode_reset_marker(b"tpw:", name, &key),
+                ] {
+                    assert!(!is_limits(&marker), "{}", marker.escape_ascii());
+                }
+            }
+        }
+    }
 
     #[test]
     fn counts_are_digits_only() {

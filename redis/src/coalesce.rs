@@ -1,9 +1,10 @@
 //! Coalesced requests: the requests issued while earlier ones are in
 //! flight go to Redis together, many in one script call. What a request
 //! carries is its [`Work`]: its hits (`hits.rs`, the batch script
-//! `hit_batch.lua`), its spend or its amend (`spends.rs`), or a take or
-//! give-back of a slot in flight (`takes.rs`). Each kind has lanes of its
-//! own; one call carries one kind.
+//! `hit_batch.lua`), its spend or its amend (`spends.rs`), a take or
+//! give-back of a slot in flight (`takes.rs`), or a slot taken with its
+//! request's counters (`take_alls.rs`). Each kind has lanes of its own;
+//! one call carries one kind.
 //!
 //! Requests wait in a *lane*: one lane for a standalone server (any keys can
 //! go in one script call), one lane per hash slot on a Cluster (a script call

@@ -23,11 +23,11 @@ use smallvec::SmallVec;
 
 use super::coalesce::{Answers, Work};
 use super::connection::guarded::Guarded;
-use super::reply::{parse_batch, parse_hit};
+use super::reply::{Full, parse_batch, parse_hit};
 use super::script::{HIT, HIT_BATCH, Size, U64_DIGITS};
 use tower_pinned_window::Quota;
-use tower_pinned_window::backend::toolkit::Denials;
 use tower_pinned_window::backend::toolkit::storage_key;
+use tower_pinned_window::backend::toolkit::{Denials, Denied};
 use tower_pinned_window::backend::{BackendError, Hit, Hits};
 
 /// The answer to one request: a result per counter, in order.
@@ -75,18 +75,46 @@ impl Finish {
         {
             let hit = answer?;
             if hit.count > counter.quota.limit() {
-                self.remember(stored, hit.reset, false, counter.lowers);
+                self.remember(stored, hit.reset, at_limit(counter), counter.lowers);
             }
             hits.push(hit);
         }
         Ok(hits)
     }
 
+    /// The request's hits from a spend's (or a take-all's) answers for its
+    /// `counters`, in order, each with whether no step can fit it until its
+    /// time left is over: such a counter, at its limit or locked out, is
+    /// remembered by the deny cache until then.
+    pub(super) fn decided(
+        &self,
+        counters: &[StoredKey],
+        answers: SmallVec<[(Hit, Full); 2]>,
+    ) -> Hits {
+        answers
+            .into_iter()
+            .zip(counters)
+            .zip(&self.quotas)
+            .map(|(((hit, full), stored), counter)| {
+                match full {
+                    Full::No => {}
+                    Full::AtLimit => {
+                        self.remember(stored, hit.reset, at_limit(counter), counter.lowers);
+                    }
+                    Full::Locked => {
+                        self.remember(stored, hit.reset, Denied::Locked, counter.lowers);
+                    }
+                }
+                hit
+            })
+            .collect()
+    }
+
     /// The counter `stored` is denied for `left` from when the request was
-    /// sent, at its limit or `locked` out: the deny cache, when there is
-    /// one, remembers it until then, or for its recheck bound when the
-    /// counter `lowers`.
-    pub(super) fn remember(&self, stored: &[u8], left: Duration, locked: bool, lowers: bool) {
+    /// sent, as `denied` says (at its limit, or locked out): the deny
+    /// cache, when there is one, remembers it until then, or for its
+    /// recheck bound when the counter `lowers`.
+    pub(super) fn remember(&self, stored: &[u8], left: Duration, denied: Denied, lowers: bool) {
         let Some(denials) = &self.deny else {
             return;
         };
@@ -94,10 +122,18 @@ impl Finish {
         // through copies nothing for the cache.
         match storage_key::decode(&stored[..self.prefix], stored) {
             Some((namespace, key)) => {
-                denials.remember(&namespace, &key, self.sent, left, locked, lowers);
+                denials.remember(&namespace, &key, self.sent, left, denied, lowers);
             }
             None => debug_assert!(false, "a storage key this backend made decodes"),
         }
+    }
+}
+
+/// A denial of `counter` at its limit, for the deny cache: it answers
+/// requests under that limit or a lower one (a tier's limit may change).
+fn at_limit(counter: &CounterQuota) -> Denied {
+    Denied::AtLimit {
+        limit: counter.quota.limit(),
     }
 }
 

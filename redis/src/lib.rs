@@ -3,7 +3,8 @@
 //! `cluster`) or Redis behind Sentinel (feature `sentinel`).
 //!
 //! Built only on what `tower-pinned-window` makes public for any store
-//! author: its [`Backend`], [`Spending`] and [`Leasing`] traits and its
+//! author: its [`Backend`], [`Spending`], [`Leasing`] and [`Heeding`]
+//! traits and its
 //! [`toolkit`](tower_pinned_window::backend::toolkit) (the storage-key
 //! codec, the deny cache, the batched future). [`RedisBackend`] documents
 //! the backend, with an example; the guide is
@@ -20,7 +21,8 @@
 //! - `reply`: what the scripts answer, read and checked;
 //! - `coalesce`: the lanes that send the requests issued together in one
 //!   call, and what goes through them: `hits`, `spends` (spends and
-//!   amends), and `takes` (takes and give-backs of slots in flight);
+//!   amends), `takes` (takes and give-backs of slots in flight) and
+//!   `take_alls` (a slot and a request's counters in one step);
 //! - `leases`: the slots of requests in flight ([`Leasing`]): a script call
 //!   per step, and the extends;
 //! - [`connection`]: the connections a user builds (made at once, in the
@@ -42,12 +44,15 @@ mod audit;
 mod builder;
 mod coalesce;
 pub mod connection;
+mod heeds;
 mod hits;
 mod leases;
+mod limits;
 mod lost;
 mod reply;
 mod script;
 mod spends;
+mod take_alls;
 mod takes;
 
 /// Entry points for the fuzz targets in the repository's `fuzz/`
@@ -84,9 +89,37 @@ pub mod fuzzing {
         crate::reply::fuzzing::spend(value, sizes)
     }
 
+    /// The take-all script's reply for requests of `sizes` counters: per
+    /// request, the cap's answer (`None` when the counters refused) and
+    /// each counter's hit and whether it is full, or `None` for a corrupt
+    /// record or counter or refused arguments; the reply back when it is
+    /// not of the script's shape.
+    #[allow(clippy::type_complexity)]
+    pub fn take_all_reply(
+        value: redis::Value,
+        sizes: &[usize],
+    ) -> Result<Vec<Option<(Option<Taken>, Vec<(Hit, bool)>)>>, redis::Value> {
+        crate::reply::fuzzing::take_all(value, sizes)
+    }
+
     /// The peek script's reply.
     pub fn peek_reply(value: redis::Value, key: &[u8]) -> Result<Option<Hit>, BackendError> {
         crate::reply::fuzzing::peek(value, key)
+    }
+
+    /// The close script's reply on the counter `key`: the lockout's time
+    /// left.
+    pub fn close_reply(
+        value: redis::Value,
+        key: &[u8],
+    ) -> Result<std::time::Duration, BackendError> {
+        crate::reply::parse_close(value, key)
+    }
+
+    /// The raise script's reply on the counter `key`: the counter after the
+    /// step.
+    pub fn raise_reply(value: redis::Value, key: &[u8]) -> Result<Hit, BackendError> {
+        crate::reply::parse_raise(value, key)
     }
 
     /// The batch script's reply for `entries` (storage key, window, hits).
@@ -153,6 +186,7 @@ use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, ConnectionManager};
 use futures_util::future::join_all;
@@ -167,13 +201,15 @@ use self::hits::HitWork;
 use self::reply::{parse_hit, parse_peek};
 use self::script::{HIT, PEEK, RESET, Size};
 use self::spends::SpendWork;
+use self::take_alls::TakeAllWork;
 use self::takes::SlotWork;
 use tower_pinned_window::ConfigError;
+use tower_pinned_window::Quota;
 use tower_pinned_window::Window;
-use tower_pinned_window::backend::toolkit::{BackendFuture, Denials, storage_key};
+use tower_pinned_window::backend::toolkit::{BackendFuture, Denials, Denied, storage_key};
 use tower_pinned_window::backend::{
-    Amend, AuditReport, Backend, BackendError, Cap, Counter, Held, Hit, Hits, Leasing, SlotId,
-    Spend, Spending, Taken,
+    Amend, AuditReport, Backend, BackendError, Cap, Counter, Heeding, Held, Hit, Hits, Leasing,
+    LimitScope, Limits, SlotId, Spend, Spending, StoredLimits, Taken,
 };
 use tower_pinned_window::key::Key;
 
@@ -305,7 +341,9 @@ use tower_pinned_window::key::Key;
 /// with `}`): `tpw:login{203.0.113.7}:lost:` and 32 hex digits, a spend
 /// call's answers, for 5 s (see [spends](#spends)); `tpw:login{203.0.113.7}:lock`,
 /// a lockout ([`Spend::block`]), created with its lifetime in the step that
-/// denied, never extended, and deleted by [`reset`](Backend::reset); and
+/// denied (or by [`Heeding::close`], the provider's word), never extended
+/// by a spend, moved later only by a close, and deleted by
+/// [`reset`](Backend::reset); and
 /// `tpw:login{203.0.113.7}:reset`, left by a reset (or an
 /// [`Amend::Clear`]) until the deleted window's deadline, so that a window
 /// opened after it is never amended for a hit of the deleted one. The
@@ -401,7 +439,11 @@ use tower_pinned_window::key::Key;
 /// not at all, and one made whose answer was lost is given back by its
 /// name, or asked again with the same [`SlotId`], which is granted without
 /// taking two. With `coalesce(false)`, each step is one call of its own
-/// script. A count is one call on the key's master. An extend names the
+/// script. A [`take_all`](Leasing::take_all) (a slot and the request's
+/// counters together) is one call of its own script (`take_all.lua`) on
+/// the record and the counters, which share the key's hash tag, coalesced
+/// or not: take-alls share calls in lanes of their own, each made as if
+/// sent alone. A count is one call on the key's master. An extend names the
 /// slots of many keys: one call for all of them on a standalone server or
 /// Sentinel, one call per hash slot on a Cluster, sent together; a
 /// connection not known as a Cluster learns it from the first extend Redis
@@ -416,8 +458,9 @@ use tower_pinned_window::key::Key;
 /// 7.0. An ACL user needs `+evalsha +eval +incr +incrby +decr +decrby +pttl
 /// +pexpire +pexpireat +pexpiretime +time +type +get` for hits and refunds,
 /// `+zadd +zrem +zrange +zremrangebyscore +zscore +zcard +zcount` for slots
-/// in flight,
-/// `+set` for spends, amends and resets, `+getdel` for spends (a lost
+/// in flight (a [`take_all`](Leasing::take_all) needs those and its hits'
+/// or spend's),
+/// `+set` for spends, amends, resets and [`Heeding`], `+getdel` for spends (a lost
 /// reply's give-back), `+del` for
 /// [`reset`](Backend::reset) and [`Amend::Clear`], and `+scan` for [`audit`](Self::audit) (plus
 /// `+cluster|slots` on a Cluster, and `+cluster|info` for the breakers to
@@ -445,7 +488,7 @@ use tower_pinned_window::key::Key;
 ///   round trip ([`docs/guarantees.md`](https://docs.rs/tower-pinned-window/latest/tower_pinned_window/guide/guarantees/index.html)).
 ///
 /// Such denials report a count of `limit + 1` (a spend's: the limit plus
-/// its cost, as the [spend contract](tower_pinned_window::backend#costs-lockouts-and-amends)
+/// its cost on that counter, as the [spend contract](tower_pinned_window::backend#costs-lockouts-and-amends)
 /// says) and no [deadline](Hit::deadline): they were not counted in Redis, so they are
 /// never refunded. An amend, a [`refund`](Backend::refund) or a
 /// [`reset`](Backend::reset) clears this instance's cache for the key. The
@@ -480,6 +523,9 @@ struct Lanes<C> {
     spends: Arc<Batcher<C, SpendWork>>,
     amends: Arc<Batcher<C, AmendWork>>,
     slots: Arc<Batcher<C, SlotWork>>,
+    /// A slot and its request's counters in one step: lanes of their own,
+    /// since their answer is the counters' hits.
+    take_alls: Arc<Batcher<C, TakeAllWork>>,
 }
 
 impl<C: Clone> Lanes<C> {
@@ -489,6 +535,7 @@ impl<C: Clone> Lanes<C> {
             spends: Arc::new(Batcher::new(connection.clone(), cluster)),
             amends: Arc::new(Batcher::new(connection.clone(), cluster)),
             slots: Arc::new(Batcher::new(connection.clone(), cluster)),
+            take_alls: Arc::new(Batcher::new(connection.clone(), cluster)),
         }
     }
 }
@@ -616,6 +663,10 @@ where
     /// it is. Keys that are not counters are reported in
     /// [`AuditReport::corrupt`] and never touched. The report names each key
     /// as [`BackendError::Corrupt`] does.
+    ///
+    /// A layer's limits (a key with no brace ending `:limits`, see
+    /// [`Limits`]) live until
+    /// removed: scanned, never reported, never touched.
     ///
     /// A record of slots in flight (a key ending `}:slots`, see
     /// [requests in flight](RedisBackend#requests-in-flight)) found without
@@ -776,8 +827,9 @@ where
         // hits were sent.
         let now = std::time::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) =
-                BackendFuture::denied(counters, 1, |c| deny.hit(c.namespace, key.as_bytes(), now))
+            && let Some(denied) = BackendFuture::denied(counters, 1, |c| {
+                deny.hit(c.namespace, key.as_bytes(), c.quota.limit(), now)
+            })
         {
             // Denied here, without a round trip; the counters are not hit.
             return denied;
@@ -882,8 +934,14 @@ where
     fn spend_all(&self, key: &Key, counters: &[Counter<'_>], spend: Spend) -> BackendFuture<Hits> {
         let now = std::time::Instant::now();
         if let Some(deny) = &self.inner.deny
-            && let Some(denied) = BackendFuture::denied(counters, spend.cost.max(1), |c| {
-                deny.spend(c.namespace, key.as_bytes(), now, spend.block.is_some())
+            && let Some(denied) = BackendFuture::denied_spend(counters, spend, |c| {
+                deny.spend(
+                    c.namespace,
+                    key.as_bytes(),
+                    c.quota.limit(),
+                    now,
+                    spend.block.is_some(),
+                )
             })
         {
             // Denied here, without a round trip: nothing is spent.
@@ -931,6 +989,106 @@ where
     }
 }
 
+/// Each step is one call of its script (`close.lua`, `raise.lua`) on the
+/// key's master, through the backend's breaker (and its `WAIT` in the
+/// replica-acknowledged mode), as a [`reset`](Backend::reset) is sent: no
+/// lane, since a provider speaks rarely. A close names the counter and its
+/// lockout, which share the key's hash tag (one Cluster slot); both steps
+/// read the server's clock. Needs Redis 7.0 (`PEXPIRETIME`).
+impl<C> Heeding for RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    /// The lockout is the one a spend sets and reads (`…}:lock`). Once
+    /// Redis has answered, this instance's deny cache holds the lockout
+    /// until the end Redis named, so its spends on the counter are refused
+    /// here, with the new end, without a round trip; other instances learn
+    /// the new end from their next spend that reaches Redis.
+    fn close(
+        &self,
+        namespace: &str,
+        key: &Key,
+        span: Window,
+    ) -> impl Future<Output = Result<Duration, BackendError>> + Send + 'static + use<C> {
+        let counter = self.storage_key(namespace, key);
+        let lock = storage_key::encode_lockout(&self.inner.prefix, namespace, key);
+        let (this, namespace, key) = (self.clone(), namespace.to_owned(), key.clone());
+        async move {
+            let sent = std::time::Instant::now();
+            let left = heeds::close(&this.inner.connection, &counter, &lock, span).await?;
+            if let Some(deny) = &this.inner.deny {
+                deny.remember(
+                    &namespace,
+                    key.as_bytes(),
+                    sent,
+                    left,
+                    Denied::Locked,
+                    false,
+                );
+            }
+            Ok(left)
+        }
+    }
+
+    /// A raise never lowers a count, so what this instance's deny cache
+    /// holds stays true: it is left as it is.
+    fn raise(
+        &self,
+        key: &Key,
+        counter: Counter<'_>,
+        count: u64,
+        within: Window,
+    ) -> impl Future<Output = Result<Hit, BackendError>> + Send + 'static + use<C> {
+        let stored = self.storage_key(counter.namespace, key);
+        let raise = heeds::Raise {
+            count,
+            limit: counter.quota.limit(),
+            window: counter.quota.window(),
+            within,
+        };
+        let this = self.clone();
+        async move { heeds::raise(&this.inner.connection, &stored, raise).await }
+    }
+}
+
+/// One Redis hash per layer, at
+/// [`storage_key::encode_limits`] (`PREFIX LAYER:limits`: no brace, so it
+/// never meets a counter or a marker, and one Cluster slot): fields are
+/// scopes ([`encode_scope`](tower_pinned_window::backend::encode_scope)),
+/// values limits ([`encode_limit`](tower_pinned_window::backend::encode_limit)).
+/// A set is one `HSET` or `HDEL`, a read one `HGETALL`, on the hash's
+/// master through the backend's breaker (a set with its `WAIT` in the
+/// replica-acknowledged mode). A field whose value is not a limit is left
+/// out and counted ([`StoredLimits::corrupt`]); a key of another type (a
+/// string `SET` there by hand) fails the read and the set with
+/// [`BackendError::Corrupt`], and is left as it is. Never touches a
+/// counter.
+impl<C> Limits for RedisBackend<C>
+where
+    C: ConnectionLike + Clone + Send + Sync + 'static,
+{
+    fn set_limit(
+        &self,
+        layer: &str,
+        scope: LimitScope<'_>,
+        quota: Option<Quota>,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send + 'static {
+        let hash = storage_key::encode_limits(&self.inner.prefix, layer);
+        let field = tower_pinned_window::backend::encode_scope(scope);
+        let this = self.clone();
+        async move { limits::set(&this.inner.connection, &hash, &field, quota).await }
+    }
+
+    fn limits(
+        &self,
+        layer: &str,
+    ) -> impl Future<Output = Result<StoredLimits, BackendError>> + Send + 'static {
+        let hash = storage_key::encode_limits(&self.inner.prefix, layer);
+        let this = self.clone();
+        async move { limits::read(&this.inner.connection, &hash).await }
+    }
+}
+
 /// Takes and give-backs coalesced (the default) in lanes of their own, as
 /// hits are: the steps issued while a call is in flight go together in the
 /// next call, each exactly as if sent alone; a step alone, or every step of
@@ -964,6 +1122,62 @@ where
         BackendFuture::calling(async move {
             leases::take(&this.inner.connection, &record, cap.in_flight, slot).await
         })
+    }
+
+    /// One call of the take-all script (`take_all.lua`) on the key's
+    /// record of slots and its counters (and their lockouts, for a spend),
+    /// which share the key's hash tag: one atomic step, one round trip.
+    /// Coalesced (the default) with the other take-alls of the key's lane,
+    /// many steps in one call, each exactly as if sent alone; it joins the
+    /// lane when `take_all` is called (on a tokio runtime), as
+    /// [`take`](Self::take) does. The local deny cache answers a request
+    /// it already denies (nothing counted, no slot taken: `taken` is
+    /// `None`), and remembers the counters the answer shows full.
+    fn take_all(
+        &self,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+        counters: &[Counter<'_>],
+        spend: Option<Spend>,
+    ) -> BackendFuture<Hits> {
+        let now = std::time::Instant::now();
+        if let Some(deny) = &self.inner.deny {
+            let denied = match spend {
+                None => BackendFuture::denied(counters, 1, |c| {
+                    deny.hit(c.namespace, key.as_bytes(), c.quota.limit(), now)
+                }),
+                Some(spend) => BackendFuture::denied_spend(counters, spend, |c| {
+                    deny.spend(
+                        c.namespace,
+                        key.as_bytes(),
+                        c.quota.limit(),
+                        now,
+                        spend.block.is_some(),
+                    )
+                }),
+            };
+            if let Some(denied) = denied {
+                // Denied here, without a round trip: nothing is counted,
+                // and no slot is taken.
+                return denied;
+            }
+        }
+        let work = TakeAllWork {
+            record: self.slots_record(cap.namespace, key),
+            slot,
+            in_flight: cap.in_flight,
+            counters: counters
+                .iter()
+                .map(|c| self.stored(c.namespace, key))
+                .collect(),
+            spend,
+            finish: self.finish(counters, now),
+        };
+        self.send(
+            self.inner.lanes.as_ref().map(|lanes| &lanes.take_alls),
+            work,
+        )
     }
 
     /// Coalesced (the default) with the takes and give-backs of the key's

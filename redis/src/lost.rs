@@ -8,8 +8,9 @@
 //! [`MARKER_LIFETIME`], in the same atomic step as the spends. When a
 //! call's reply is lost, a task on the runtime takes the marker
 //! (`GETDEL`) once Redis answers again: when there is one, the call ran,
-//! and each request it admitted is refunded its cost on each of its
-//! counters, only in the window it was counted in, never below zero (the
+//! and each request it admitted is refunded what it spent on each of its
+//! counters (its cost, or the first counter's own amount), only in the
+//! window it was counted in, never below zero (the
 //! amend script, as [`Amend::Refund`](tower_pinned_window::backend::Amend::Refund)).
 //! When there is none, the call did not run, or its marker expired before
 //! Redis answered again (the spends stay counted: the safe side). The
@@ -33,7 +34,7 @@ use super::connection::acks::is_not_acknowledged;
 use super::connection::guarded::Guarded;
 use super::hits::StoredKey;
 use super::reply::{Spent, parse_spend_marker};
-use tower_pinned_window::backend::{Amend, Hits};
+use tower_pinned_window::backend::{Amend, Hits, Spend};
 
 /// How long a spend call's marker lives: a reply lost longer ago than this
 /// (Redis unreachable all that time) is not given back.
@@ -83,10 +84,17 @@ pub(super) fn marker_key(counter: &[u8]) -> StoredKey {
 }
 
 /// What the give-back reads of a spend a call carried: its counters'
-/// storage keys, and the cost spent on each.
+/// storage keys, and the spend (what it adds to each:
+/// [`Spend::cost_of`]).
 pub(super) trait Carried {
     fn counters(&self) -> &[StoredKey];
-    fn cost(&self) -> u64;
+    fn spend(&self) -> Spend;
+}
+
+/// Whether `spend` adds nothing to any of its `n` counters: then there is
+/// nothing to give back.
+fn spends_nothing(spend: Spend, n: usize) -> bool {
+    (0..n).all(|i| spend.cost_of(i) == 0)
 }
 
 /// Whether a call that failed with `err` may have run with its reply lost:
@@ -162,15 +170,18 @@ where
             );
             return;
         };
-        let spends: Vec<(SmallVec<[StoredKey; 2]>, u64)> = self
+        let spends: Vec<(SmallVec<[StoredKey; 2]>, Spend)> = self
             .works
             .iter()
             .map(|w| {
                 let w = w.borrow();
-                (w.counters().iter().cloned().collect(), w.cost())
+                (w.counters().iter().cloned().collect(), w.spend())
             })
             .collect();
-        if spends.iter().all(|(_, cost)| *cost == 0) {
+        if spends
+            .iter()
+            .all(|(counters, spend)| spends_nothing(*spend, counters.len()))
+        {
             return;
         }
         runtime.spawn(give_back(
@@ -186,7 +197,7 @@ where
 async fn give_back<C>(
     connection: Guarded<C>,
     marker: StoredKey,
-    spends: Vec<(SmallVec<[StoredKey; 2]>, u64)>,
+    spends: Vec<(SmallVec<[StoredKey; 2]>, Spend)>,
 ) where
     C: ConnectionLike + Clone + Send + Sync + 'static,
 {
@@ -222,8 +233,7 @@ async fn give_back<C>(
     let refunds: Vec<AmendWork> = spends
         .iter()
         .zip(spent)
-        .filter(|((_, cost), _)| *cost > 0)
-        .flat_map(|((counters, cost), spent)| {
+        .flat_map(|((counters, spend), spent)| {
             let hits = match spent {
                 Spent::Decided(hits) => hits,
                 _ => SmallVec::new(),
@@ -231,10 +241,15 @@ async fn give_back<C>(
             counters
                 .iter()
                 .zip(hits)
-                .filter_map(move |(counter, (hit, _))| {
+                .enumerate()
+                .filter_map(move |(i, (counter, (hit, _)))| {
+                    let cost = spend.cost_of(i);
+                    if cost == 0 {
+                        return None;
+                    }
                     Some(AmendWork {
                         counter: counter.clone(),
-                        amend: Amend::Refund(*cost),
+                        amend: Amend::Refund(cost),
                         deadline: hit.deadline?,
                         forget: None,
                     })
@@ -253,22 +268,24 @@ where
 {
     let refunds: Vec<AmendWork> = unread
         .into_iter()
-        .filter(|(work, _)| work.cost() > 0)
         .flat_map(|(work, hits)| {
-            let cost = work.cost();
+            let spend = work.spend();
             let deadlines: SmallVec<[_; 2]> = (&hits).into_iter().map(|hit| hit.deadline).collect();
             let counters: SmallVec<[StoredKey; 2]> = work.counters().iter().cloned().collect();
-            counters
-                .into_iter()
-                .zip(deadlines)
-                .filter_map(move |(counter, deadline)| {
+            counters.into_iter().zip(deadlines).enumerate().filter_map(
+                move |(i, (counter, deadline))| {
+                    let cost = spend.cost_of(i);
+                    if cost == 0 {
+                        return None;
+                    }
                     Some(AmendWork {
                         counter,
                         amend: Amend::Refund(cost),
                         deadline: deadline?,
                         forget: None,
                     })
-                })
+                },
+            )
         })
         .collect();
     if refunds.is_empty() {

@@ -358,6 +358,126 @@ fn unpack_spends(
     nums.next().is_none().then_some(spent)
 }
 
+/// What the take-all script answered for one request.
+#[derive(Debug)]
+pub(super) enum TookAll {
+    /// Decided: the cap's answer (`None` when the counters refused the
+    /// request and no slot was taken), and each counter's hit (a deadline
+    /// only when it was counted) with whether no step can fit it until the
+    /// hit's time left is over.
+    Decided {
+        taken: Option<Taken>,
+        counters: SmallVec<[(Hit, Full); 2]>,
+    },
+    /// The record of slots (`None`) or counter `i` (from 0) is corrupt;
+    /// nothing was written.
+    Corrupt {
+        counter: Option<usize>,
+        reason: String,
+    },
+    /// The request's arguments were refused; nothing was written.
+    Invalid(String),
+}
+
+/// The take-all script's reply, `[answers, reason, ...]`: signed 64-bit
+/// big-endian integers, per request in order: `code, in use, ms` (code 1
+/// the slot granted, `in use` after it, ms 0; 0 refused by the cap, ms
+/// until the earliest lease runs out; 2 refused by the counters, no slot
+/// taken, ms 0), then four per counter (count, ms left, deadline or -1,
+/// and 1 at its limit or 2 locked out, else 0); or `-1, i` when the record
+/// (`i` 0) or counter `i` (from 1) is corrupt; or `-2` when the request's
+/// arguments were refused; then the reason of each request answered -1 or
+/// -2, in order. `sizes`: each request's number of counters. A reply of
+/// another shape (or with anything left over) is given back, for the
+/// error.
+pub(super) fn parse_take_alls(
+    value: Value,
+    sizes: impl Iterator<Item = usize>,
+) -> Result<Vec<TookAll>, Value> {
+    match take_alls_shape(&value, sizes) {
+        Some(took) => Ok(took),
+        None => Err(value),
+    }
+}
+
+fn take_alls_shape(value: &Value, sizes: impl Iterator<Item = usize>) -> Option<Vec<TookAll>> {
+    let Value::Array(items) = value else {
+        return None;
+    };
+    let [Value::BulkString(packed), reasons @ ..] = items.as_slice() else {
+        return None;
+    };
+    if !packed.len().is_multiple_of(8) {
+        return None;
+    }
+    let mut reasons = reasons.iter().map(|r| match r {
+        Value::BulkString(reason) => Some(String::from_utf8_lossy(reason).into_owned()),
+        _ => None,
+    });
+    let mut nums = packed
+        .chunks_exact(8)
+        .map(|n| i64::from_be_bytes(n.try_into().expect("8 bytes")));
+    let mut took = Vec::with_capacity(sizes.size_hint().0);
+    for n in sizes {
+        took.push(match nums.next()? {
+            -1 => {
+                let at = usize::try_from(nums.next()?).ok()?;
+                if at > n {
+                    return None;
+                }
+                TookAll::Corrupt {
+                    counter: at.checked_sub(1),
+                    reason: reasons.next()??,
+                }
+            }
+            -2 => TookAll::Invalid(reasons.next()??),
+            code @ 0..=2 => {
+                let (in_use, ms) = (nums.next()?, nums.next()?);
+                let taken = match code {
+                    1 if in_use >= 1 && ms == 0 => Some(Taken {
+                        granted: true,
+                        in_use: in_use as u64,
+                        retry: Duration::ZERO,
+                    }),
+                    0 if in_use >= 1 && ms >= 0 => Some(Taken {
+                        granted: false,
+                        in_use: in_use as u64,
+                        retry: Duration::from_millis(ms as u64),
+                    }),
+                    2 if in_use >= 0 && ms == 0 => None,
+                    _ => return None,
+                };
+                let counters = (0..n)
+                    .map(|_| {
+                        let (count, left, deadline, full) =
+                            (nums.next()?, nums.next()?, nums.next()?, nums.next()?);
+                        let full = match full {
+                            0 => Full::No,
+                            1 => Full::AtLimit,
+                            2 => Full::Locked,
+                            _ => return None,
+                        };
+                        if count < 0 || left < 0 || deadline < -1 {
+                            return None;
+                        }
+                        Some((
+                            Hit {
+                                count: count as u64,
+                                reset: Duration::from_millis(left as u64),
+                                deadline: u64::try_from(deadline).ok().and_then(NonZeroU64::new),
+                            },
+                            full,
+                        ))
+                    })
+                    .collect::<Option<_>>()?;
+                TookAll::Decided { taken, counters }
+            }
+            _ => return None,
+        });
+    }
+    (nums.next().is_none() && reasons.next().is_none()).then_some(took)
+}
+
 /// A reply of the wrong shape to a script of slots in flight: not what the
 /// script answers, so the store is not the one the backend was written for
 /// (an older script, a proxy in the way). An outage, never corrupt state.
@@ -434,6 +554,72 @@ pub(super) fn parse_in_use(value: Value, record: &[u8]) -> Result<u64, BackendEr
             .unwrap_or_else(|| unexpected_slots_reply("a count of slots", record, &value))),
         _ => Err(unexpected_slots_reply("a count of slots", record, &value)),
     }
+}
+
+/// A reply of the provider's word (`what`, on `counter`) that is of no
+/// shape its script answers: [`BackendError::Unavailable`].
+fn unexpected_heed_reply(what: &str, counter: &[u8], value: &Value) -> BackendError {
+    BackendError::Unavailable(
+        format!("unexpected reply to {what} on {}: {value:?}", name(counter)).into(),
+    )
+}
+
+/// The close script's reply: `{ms left of the lockout}`, or `{reason}` for
+/// a counter that is not one or a lockout without a lifetime (corrupt,
+/// named by `counter`). Any other shape is [`BackendError::Unavailable`].
+pub(super) fn parse_close(value: Value, counter: &[u8]) -> Result<Duration, BackendError> {
+    if let Value::Array(items) = &value {
+        match items.as_slice() {
+            [Value::Int(left)] if *left >= 0 => {
+                return Ok(Duration::from_millis(*left as u64));
+            }
+            [Value::BulkString(reason)] => {
+                return Err(corrupt(
+                    counter,
+                    String::from_utf8_lossy(reason).into_owned(),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Err(unexpected_heed_reply("a close", counter, &value))
+}
+
+/// The raise script's reply: `{count, ms left, deadline}` (the count as
+/// decimal text; ms left -1 for a counter without a lifetime, a deadline
+/// of -1 for none), or `{reason}` for a counter that is not one (corrupt,
+/// named by `counter`). Any other shape is [`BackendError::Unavailable`].
+pub(super) fn parse_raise(value: Value, counter: &[u8]) -> Result<Hit, BackendError> {
+    if let Value::Array(items) = &value {
+        match items.as_slice() {
+            [
+                Value::BulkString(count),
+                Value::Int(left),
+                Value::Int(deadline),
+            ] if *left >= -1 => {
+                let count = std::str::from_utf8(count)
+                    .ok()
+                    .filter(|digits| digits.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|digits| digits.parse::<u64>().ok());
+                if let Some(count) = count {
+                    return Ok(Hit {
+                        count,
+                        // No lifetime (older code; a raise of 0 gives none).
+                        reset: u64::try_from(*left).map_or(Duration::MAX, Duration::from_millis),
+                        deadline: u64::try_from(*deadline).ok().and_then(NonZeroU64::new),
+                    });
+                }
+            }
+            [Value::BulkString(reason)] => {
+                return Err(corrupt(
+                    counter,
+                    String::from_utf8_lossy(reason).into_owned(),
+                ));
+            }
+            _ => {}
+        }
+    }
+    Err(unexpected_heed_reply("a raise", counter, &value))
 }
 
 /// What the extend script answered for one call.
@@ -666,6 +852,31 @@ pub(crate) mod fuzzing {
         Ok((extended.slots, extended.corrupt.to_vec()))
     }
 
+    /// The take-all script's reply for requests of `sizes` counters: per
+    /// request, the cap's answer (`None` when the counters refused) and
+    /// each counter's hit and whether it is full, or `None` for a corrupt
+    /// record or counter or refused arguments; the reply back when it is
+    /// not of the script's shape.
+    #[allow(clippy::type_complexity)]
+    pub(crate) fn take_all(
+        value: Value,
+        sizes: &[usize],
+    ) -> Result<Vec<Option<(Option<Taken>, Vec<(Hit, bool)>)>>, Value> {
+        Ok(super::parse_take_alls(value, sizes.iter().copied())?
+            .into_iter()
+            .map(|took| match took {
+                super::TookAll::Decided { taken, counters } => Some((
+                    taken,
+                    counters
+                        .into_iter()
+                        .map(|(hit, full)| (hit, full != super::Full::No))
+                        .collect(),
+                )),
+                _ => None,
+            })
+            .collect())
+    }
+
     /// `takes`: each step's kind (a take, or a give-back), all on
     /// `record`.
     pub(crate) fn slots_batch(
@@ -888,6 +1099,105 @@ mod tests {
         }
     }
 
+    #[test]
+    fn take_all_replies_parse() {
+        // Granted with two counters counted (the second at its limit),
+        // refused by the cap (counters read), refused by the counters,
+        // a corrupt record, corrupt counter 1, refused arguments.
+        let reply = spends(
+            &[
+                1,
+                2,
+                0,
+                3,
+                1_000,
+                1_700_000_000_000,
+                0,
+                10,
+                500,
+                1_700_000_000_001,
+                1,
+                0,
+                2,
+                25_000,
+                3,
+                1_000,
+                -1,
+                0,
+                2,
+                1,
+                0,
+                11,
+                2_000,
+                -1,
+                2,
+                -1,
+                0,
+                -1,
+                1,
+                -2,
+            ],
+            &["a key of type string", "value abc", "ERR invalid slot"],
+        );
+        let took = parse_take_alls(reply, [2, 1, 1, 1, 1, 1].into_iter()).unwrap();
+        match &took[..] {
+            [
+                TookAll::Decided {
+                    taken: Some(granted),
+                    counters: counted,
+                },
+                TookAll::Decided {
+                    taken: Some(refused),
+                    counters: read,
+                },
+                TookAll::Decided {
+                    taken: None,
+                    counters: denied,
+                },
+                TookAll::Corrupt {
+                    counter: None,
+                    reason: record,
+                },
+                TookAll::Corrupt {
+                    counter: Some(0),
+                    reason: value,
+                },
+                TookAll::Invalid(err),
+            ] => {
+                assert!(granted.granted && granted.in_use == 2, "{granted:?}");
+                assert_eq!(counted.len(), 2);
+                assert_eq!(counted[0].0.deadline, NonZeroU64::new(1_700_000_000_000));
+                assert_eq!((counted[0].1, counted[1].1), (Full::No, Full::AtLimit));
+                assert!(!refused.granted && refused.in_use == 2);
+                assert_eq!(refused.retry, Duration::from_secs(25));
+                assert_eq!((read[0].0.count, read[0].0.deadline), (3, None));
+                assert_eq!((denied[0].0.count, denied[0].1), (11, Full::Locked));
+                assert_eq!(record, "a key of type string");
+                assert_eq!(value, "value abc");
+                assert!(err.contains("invalid slot"), "{err}");
+            }
+            other => panic!("{other:?}"),
+        }
+        // Malformed: too short, too long, a code out of range, granted with
+        // nothing in use, a counter index out of range, a full flag of 3,
+        // a reason missing or left over: each is given back whole.
+        for (reply, sizes) in [
+            (spends(&[1, 1, 0, 3, 1, -1], &[]), vec![1]),
+            (spends(&[1, 1, 0, 3, 1, -1, 0, 9], &[]), vec![1]),
+            (spends(&[3, 1, 0, 3, 1, -1, 0], &[]), vec![1]),
+            (spends(&[1, 0, 0, 3, 1, -1, 0], &[]), vec![1]),
+            (spends(&[-1, 2], &["x"]), vec![1]),
+            (spends(&[1, 1, 0, 3, 1, -1, 3], &[]), vec![1]),
+            (spends(&[-2], &[]), vec![1]),
+            (spends(&[1, 1, 0, 3, 1, -1, 0], &["x"]), vec![1]),
+        ] {
+            assert_eq!(
+                parse_take_alls(reply.clone(), sizes.into_iter()).unwrap_err(),
+                reply
+            );
+        }
+    }
+
     fn text(s: &str) -> Value {
         Value::BulkString(s.as_bytes().to_vec())
     }
@@ -1105,6 +1415,113 @@ mod tests {
         ] {
             let err = parse_in_use(value, RECORD).expect_err(name);
             assert!(is_unexpected(&err), "{name}: {err}");
+        }
+    }
+
+    /// An unexpected reply on the counter `tpw:n{k}`: not corrupt state.
+    fn is_unexpected_of_counter(err: &BackendError) -> bool {
+        matches!(err, BackendError::Unavailable(detail)
+            if detail.to_string().contains("unexpected reply")
+                && detail.to_string().contains("on tpw:n{k}:"))
+    }
+
+    #[test]
+    fn close_replies_parse() {
+        let counter = b"tpw:n{k}";
+        assert_eq!(
+            parse_close(ints(&[60_000]), counter).unwrap(),
+            Duration::from_secs(60)
+        );
+        assert_eq!(parse_close(ints(&[0]), counter).unwrap(), Duration::ZERO);
+        let err = parse_close(
+            Value::Array(vec![text("a lockout without a lifetime")]),
+            counter,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Corrupt { key, detail }
+                if key == "tpw:n{k}" && detail == "a lockout without a lifetime"),
+            "{err:?}"
+        );
+        for (case, bad) in [
+            ("negative", ints(&[-1])),
+            ("two numbers", ints(&[1, 2])),
+            ("empty", ints(&[])),
+            ("not an array", Value::Int(5)),
+            ("nil", Value::Nil),
+        ] {
+            let err = parse_close(bad, counter).unwrap_err();
+            assert!(is_unexpected_of_counter(&err), "{case}: {err:?}");
+        }
+    }
+
+    #[test]
+    fn raise_replies_parse() {
+        let counter = b"tpw:n{k}";
+        let reply = |count: &str, left, deadline| {
+            Value::Array(vec![text(count), Value::Int(left), Value::Int(deadline)])
+        };
+        let cases: &[(&str, Value, Hit)] = &[
+            (
+                "raised",
+                reply("7", 59_000, 1_700_000_060_000),
+                Hit {
+                    count: 7,
+                    reset: Duration::from_secs(59),
+                    deadline: NonZeroU64::new(1_700_000_060_000),
+                },
+            ),
+            (
+                "at the most a counter holds",
+                reply("9223372036854775807", 5, 1_700_000_000_005),
+                Hit {
+                    count: i64::MAX as u64,
+                    reset: Duration::from_millis(5),
+                    deadline: NonZeroU64::new(1_700_000_000_005),
+                },
+            ),
+            (
+                "a raise of 0 on no counter",
+                reply("0", 300, -1),
+                Hit {
+                    count: 0,
+                    reset: Duration::from_millis(300),
+                    deadline: None,
+                },
+            ),
+            (
+                "a raise of 0 on a counter without a lifetime",
+                reply("4", -1, -1),
+                Hit {
+                    count: 4,
+                    reset: Duration::MAX,
+                    deadline: None,
+                },
+            ),
+        ];
+        for (case, value, want) in cases {
+            assert_eq!(
+                &parse_raise(value.clone(), counter).unwrap(),
+                want,
+                "{case}"
+            );
+        }
+        let err = parse_raise(Value::Array(vec![text("value abc")]), counter).unwrap_err();
+        assert!(
+            matches!(&err, BackendError::Corrupt { detail, .. } if detail == "value abc"),
+            "{err:?}"
+        );
+        for (case, bad) in [
+            ("a count that is not one", reply("-3", 5, 5)),
+            ("a count past 64 bits", reply("18446744073709551616", 5, 5)),
+            ("a count with a sign", reply("+3", 5, 5)),
+            ("ms left below -1", reply("3", -2, 5)),
+            ("a count as a number", ints(&[3, 5, 5])),
+            ("two items", Value::Array(vec![text("3"), Value::Int(5)])),
+            ("not an array", text("3")),
+        ] {
+            let err = parse_raise(bad, counter).unwrap_err();
+            assert!(is_unexpected_of_counter(&err), "{case}: {err:?}");
         }
     }
 

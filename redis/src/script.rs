@@ -51,6 +51,15 @@ const RESET_SCRIPT: &str = include_str!("reset.lua");
 /// Reads a counter without counting.
 const PEEK_SCRIPT: &str = include_str!("peek.lua");
 
+/// Closes a counter for a span (the provider's word): its lockout created
+/// with that lifetime, or moved later, never sooner.
+const CLOSE_SCRIPT: &str = include_str!("close.lua");
+
+/// Raises a counter's count (the provider's word): never past the limit,
+/// never lowered, a live window kept, a missing counter created with its
+/// lifetime in the same step.
+const RAISE_SCRIPT: &str = include_str!("raise.lua");
+
 /// Attaches a window to a counter that has no lifetime; touches nothing
 /// else, and never a corrupt key (whose lifetime would make it vanish).
 const REPAIR_SCRIPT: &str = include_str!("repair.lua");
@@ -81,6 +90,12 @@ const EXTEND_SCRIPT: &str = slots_script!("extend.lua");
 /// lanes'), each step exactly as [`TAKE_SCRIPT`] or [`GIVE_BACK_SCRIPT`]
 /// makes it alone, a corrupt record refusing only its own steps.
 const SLOTS_BATCH_SCRIPT: &str = slots_script!("slots_batch.lua");
+
+/// Takes a slot and counts (or spends on) a request's counters in one
+/// atomic step, for one or more requests: the slot only when the counters
+/// admit the request, the counters only read when the slot is held already
+/// or the cap is full.
+const TAKE_ALL_SCRIPT: &str = slots_script!("take_all.lua");
 
 /// Counts a record's live slots.
 const IN_USE_SCRIPT: &str = slots_script!("in_use.lua");
@@ -131,6 +146,12 @@ pub(super) static RESET: Script = Script::new("reset", RESET_SCRIPT);
 /// A counter read.
 pub(super) static PEEK: Script = Script::new("peek", PEEK_SCRIPT);
 
+/// A counter closed by the provider's word.
+pub(super) static CLOSE: Script = Script::new("close", CLOSE_SCRIPT);
+
+/// A counter raised by the provider's word.
+pub(super) static RAISE: Script = Script::new("raise", RAISE_SCRIPT);
+
 /// A lifetime given to a counter found without one (the audit).
 pub(super) static REPAIR: Script = Script::new("repair", REPAIR_SCRIPT);
 
@@ -142,6 +163,9 @@ pub(super) static GIVE_BACK: Script = Script::new("give_back", GIVE_BACK_SCRIPT)
 
 /// Slots taken and given back, many in one call.
 pub(super) static SLOTS_BATCH: Script = Script::new("slots_batch", SLOTS_BATCH_SCRIPT);
+
+/// Slots taken with their requests' counters, one or more in one call.
+pub(super) static TAKE_ALL: Script = Script::new("take_all", TAKE_ALL_SCRIPT);
 
 /// Slots extended.
 pub(super) static EXTEND: Script = Script::new("extend", EXTEND_SCRIPT);
@@ -297,10 +321,13 @@ mod tests {
             &SPEND,
             &RESET,
             &PEEK,
+            &CLOSE,
+            &RAISE,
             &REPAIR,
             &TAKE,
             &GIVE_BACK,
             &SLOTS_BATCH,
+            &TAKE_ALL,
             &EXTEND,
             &IN_USE,
             &REPAIR_SLOTS,
@@ -321,6 +348,7 @@ mod tests {
             &TAKE,
             &GIVE_BACK,
             &SLOTS_BATCH,
+            &TAKE_ALL,
             &EXTEND,
             &IN_USE,
             &REPAIR_SLOTS,
@@ -342,10 +370,43 @@ mod tests {
                 "'ZREMRANGEBYSCORE'",
                 "'PEXPIRE",
                 "'DEL'",
+                "'SET'",
+                "'INCR",
                 "live_until(",
             ] {
                 if let Some(at) = own.find(write) {
                     assert!(check < at, "{}: {write} before the check", script.name);
+                }
+            }
+        }
+    }
+
+    /// A counter that is not one, and a lockout without a lifetime, are
+    /// left as they are: the scripts of the provider's word read them
+    /// before their first write (the checks themselves, against a real
+    /// server, are in the integration tests).
+    #[test]
+    fn the_scripts_of_the_providers_word_check_before_they_write() {
+        for (script, checks) in [
+            (
+                &CLOSE,
+                &["redis.pcall('GET', KEYS[1])", "'PEXPIRETIME', KEYS[2]"][..],
+            ),
+            (&RAISE, &["redis.pcall('GET', KEYS[1])"][..]),
+        ] {
+            let last_check = checks
+                .iter()
+                .map(|check| {
+                    script
+                        .text
+                        .find(check)
+                        .unwrap_or_else(|| panic!("{}: no {check}", script.name))
+                })
+                .max()
+                .unwrap_or_default();
+            for write in ["'SET'", "'PEXPIREAT'", "'PEXPIRE'", "'DEL'", "'INCR"] {
+                if let Some(at) = script.text.find(write) {
+                    assert!(last_check < at, "{}: {write} before a check", script.name);
                 }
             }
         }

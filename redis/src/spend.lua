@@ -8,9 +8,12 @@
 --   ARGV: one argument, its words apart by a space: n; the cost; '1' to
 --         open a missing counter at a cost of 0; the lockout in
 --         milliseconds, '0' for none; then counter i's limit and window in
---         milliseconds, for each counter ('1 5 0 0 100 60000'). One
---         argument costs Redis less than six, and the requests of a call
---         mostly repeat the same one, read only once.
+--         milliseconds, for each counter ('1 5 0 0 100 60000'); then, when
+--         the first counter is spent an amount of its own instead of the
+--         cost (Spend::first), the word 'first' and that amount
+--         ('2 700 0 0 50 60000 10000 60000 first 1'). One argument costs
+--         Redis less than six, and the requests of a call mostly repeat
+--         the same one, read only once.
 -- Returns {answers, reason, reason, ...}: one string of signed 64-bit
 -- big-endian integers (one value for the client to read, however many
 -- requests), per request in order:
@@ -44,6 +47,14 @@ local function whole(sent, max)
   return nil
 end
 local big = 9007199254740991
+-- An amount sent on to INCRBY as it was sent: a whole number, without the
+-- leading zero INCRBY refuses.
+local function amount(sent, max)
+  if sent and #sent > 1 and string.sub(sent, 1, 1) == '0' then
+    return nil
+  end
+  return whole(sent, max)
+end
 local n_args, n_keys, marker, marker_ms = #ARGV, #KEYS, nil, nil
 if n_args > 0 and string.sub(ARGV[n_args], 1, 7) == 'marker ' then
   marker_ms = whole(string.sub(ARGV[n_args], 8), big)
@@ -59,9 +70,11 @@ local nums, np = {}, 0
 local why = {}
 -- The last request's argument, as sent, and what it says: n, the cost (as
 -- sent and as a number), open, the lockout, each counter's limit and
--- window; `refused` the reason when it is invalid (n is nil when even its
--- number of counters cannot be read).
+-- window, the first counter's own amount (as sent and as a number; nil
+-- when it is spent the cost); `refused` the reason when it is invalid (n
+-- is nil when even its number of counters cannot be read).
 local said, n_said, cost_arg, cost, open, block = nil, nil, nil, nil, nil, nil
+local first_arg, first = nil, nil
 local said_limits, said_windows, refused = {}, {}, nil
 local function read(sent)
   if sent == said then
@@ -73,12 +86,21 @@ local function read(sent)
     words[#words + 1] = word
   end
   n_said = whole(words[1], 4096)
-  if not n_said or n_said < 1 or #words ~= 4 + 2 * n_said then
+  if not n_said or n_said < 1 or (#words ~= 4 + 2 * n_said and #words ~= 6 + 2 * n_said) then
     n_said = nil
     return
   end
-  cost_arg, cost = words[2], whole(words[2], u64)
+  cost_arg, cost = words[2], amount(words[2], u64)
   open, block = words[3] == '1', whole(words[4], big)
+  first_arg, first = nil, nil
+  if #words == 6 + 2 * n_said then
+    first_arg = words[6 + 2 * n_said]
+    first = words[5 + 2 * n_said] == 'first' and amount(first_arg, u64) or nil
+    if not first then
+      refused = 'ERR tower-pinned-window: invalid spend'
+      return
+    end
+  end
   if not cost or not block then
     refused = 'ERR tower-pinned-window: invalid spend'
     return
@@ -93,9 +115,10 @@ local function read(sent)
     said_limits[i], said_windows[i] = limit, window
   end
 end
--- Per counter of the request: key, lockout, limit, window, count, whether
--- it exists, its lockout's PTTL, whether it fits.
-local keys, locks, limits, windows = {}, {}, {}, {}
+-- Per counter of the request: key, lockout, limit, window, cost (as a
+-- number and as sent), count, whether it exists, its lockout's PTTL,
+-- whether it fits.
+local keys, locks, limits, windows, costs, cost_args = {}, {}, {}, {}, {}, {}
 local counts, exist, lockeds, fitting = {}, {}, {}, {}
 
 -- A request of one counter with a cost, when it fits: the cost added
@@ -198,10 +221,13 @@ local function spend(k, n)
     why[#why + 1] = refused
     return
   end
-  local step = math.max(cost, 1)
   for i = 1, n do
     keys[i], locks[i] = KEYS[k + 2 * i - 1], KEYS[k + 2 * i]
     limits[i], windows[i] = said_limits[i], said_windows[i]
+    costs[i], cost_args[i] = cost, cost_arg
+  end
+  if first then
+    costs[1], cost_args[1] = first, first_arg
   end
   local admitted = true
   for i = 1, n do
@@ -229,13 +255,14 @@ local function spend(k, n)
       return
     end
     counts[i], exist[i], lockeds[i] = count, value ~= false, locked
-    fitting[i] = locked == -2 and count + step <= limits[i]
+    fitting[i] = locked == -2 and count + math.max(costs[i], 1) <= limits[i]
     admitted = admitted and fitting[i]
   end
   np = np + 1
   nums[np] = admitted and 1 or 0
   for i = 1, n do
     local key, count, exists, locked = keys[i], counts[i], exist[i], lockeds[i]
+    local cost_i = costs[i]
     local left, deadline, full = 0, -1, 0
     local expiry = -2
     if exists then
@@ -247,9 +274,9 @@ local function spend(k, n)
       end
     end
     if admitted then
-      if cost > 0 or exists or open then
-        if cost > 0 then
-          count = redis.call('INCRBY', key, cost_arg)
+      if cost_i > 0 or exists or open then
+        if cost_i > 0 then
+          count = redis.call('INCRBY', key, cost_args[i])
         elseif not exists then
           redis.call('SET', key, '0')
         end
@@ -270,7 +297,7 @@ local function spend(k, n)
       if locked ~= -2 or block > 0 then
         count = math.max(count, limits[i])
       end
-      count = count + step
+      count = count + math.max(cost_i, 1)
       if locked == -2 and block > 0 then
         redis.call('SET', locks[i], string.format('%d', now), 'PX', block)
         locked = block
@@ -305,7 +332,7 @@ while a <= n_args do
   -- The requests that follow with the same argument on the same counter.
   local m = 1
   local key = KEYS[k + 1]
-  if KEYS[k + 3] == key and n == 1 and not refused and cost > 0 and block == 0 then
+  if KEYS[k + 3] == key and n == 1 and not refused and not first and cost > 0 and block == 0 then
     while ARGV[a + m] == sent and KEYS[k + 2 * m + 1] == key do
       m = m + 1
     end
@@ -313,8 +340,9 @@ while a <= n_args do
   if m > 1 and admit_run(KEYS[k + 1], KEYS[k + 2], said_limits[1], said_windows[1], m) then
     k, a = k + 2 * m, a + m
   else
-    -- Most requests: one counter, a cost, and it fits.
-    if refused or n > 1 or cost == 0
+    -- Most requests: one counter, a cost, and it fits. A first counter
+    -- with an amount of its own goes the general way.
+    if refused or n > 1 or cost == 0 or first
         or not admit_one(KEYS[k + 1], KEYS[k + 2], said_limits[1], said_windows[1]) then
       spend(k, n)
     end

@@ -27,7 +27,7 @@ use super::coalesce::{Answers, Work};
 use super::connection::guarded::Guarded;
 use super::hits::{Finish, StoredKey};
 use super::lost::{self, Carried, InFlight, MARKER_ARG};
-use super::reply::{Full, Spent, corrupt, parse_spends};
+use super::reply::{Spent, corrupt, parse_spends};
 use super::script::{SPEND, Size, U64_DIGITS};
 use tower_pinned_window::backend::toolkit::storage_key::LOCKOUT;
 use tower_pinned_window::backend::{BackendError, Hits, Spend};
@@ -44,16 +44,25 @@ pub(super) struct SpendWork {
 
 impl SpendWork {
     /// The numbers of the request's one argument: n, cost, open, lockout,
-    /// then each counter's limit and window.
+    /// then each counter's limit and window, then the first counter's own
+    /// amount and its word, when it has one.
     fn numbers(&self) -> usize {
-        4 + 2 * self.counters.len()
+        let first = if self.spend.first.is_some() { 2 } else { 0 };
+        4 + 2 * self.counters.len() + first
     }
 
     /// The request's one argument: its numbers in decimal, apart by a
-    /// space (`1 5 0 0 100 60000`), written inline.
+    /// space (`1 5 0 0 100 60000`), written inline; a spend whose first
+    /// counter has an amount of its own ([`Spend::first`]) ends with the
+    /// word `first` and that amount (`2 700 0 0 50 60000 10000 60000
+    /// first 1`), and any other is sent as it was before there was one.
     fn argument(&self) -> SmallVec<[u8; 64]> {
         let Spend {
-            cost, open, block, ..
+            cost,
+            open,
+            block,
+            first,
+            ..
         } = self.spend;
         let head = [
             self.counters.len() as u64,
@@ -73,6 +82,10 @@ impl SpendWork {
                 out.push(b' ');
             }
             out.extend_from_slice(digits.format(n).as_bytes());
+        }
+        if let Some(unit) = first {
+            out.extend_from_slice(b" first ");
+            out.extend_from_slice(digits.format(unit).as_bytes());
         }
         out
     }
@@ -162,20 +175,7 @@ impl SpendWork {
     /// out) is remembered by the deny cache until then.
     fn answer(&self, spent: Spent) -> Result<Hits, BackendError> {
         match spent {
-            Spent::Decided(counters) => Ok(counters
-                .into_iter()
-                .zip(&self.counters)
-                .zip(&self.finish.quotas)
-                .map(|(((hit, full), stored), counter)| {
-                    let lowers = counter.lowers;
-                    match full {
-                        Full::No => {}
-                        Full::AtLimit => self.finish.remember(stored, hit.reset, false, lowers),
-                        Full::Locked => self.finish.remember(stored, hit.reset, true, lowers),
-                    }
-                    hit
-                })
-                .collect()),
+            Spent::Decided(counters) => Ok(self.finish.decided(&self.counters, counters)),
             Spent::Corrupt { counter, reason } => {
                 let key = self.counters.get(counter).map_or(&[][..], |stored| stored);
                 Err(corrupt(key, reason))
@@ -191,7 +191,73 @@ impl Carried for SpendWork {
         &self.counters
     }
 
-    fn cost(&self) -> u64 {
-        self.spend.cost
+    fn spend(&self) -> Spend {
+        self.spend
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    use tower_pinned_window::{Quota, Window};
+
+    use super::*;
+    use crate::hits::CounterQuota;
+
+    fn work(limits: &[u64], spend: Spend) -> SpendWork {
+        SpendWork {
+            counters: limits.iter().map(|_| StoredKey::from_slice(b"k")).collect(),
+            spend,
+            finish: Finish {
+                quotas: limits
+                    .iter()
+                    .map(|&limit| CounterQuota {
+                        quota: Quota::new(limit, Duration::from_secs(60)).unwrap(),
+                        lowers: false,
+                    })
+                    .collect(),
+                deny: None,
+                prefix: 0,
+                sent: Instant::now(),
+            },
+        }
+    }
+
+    /// A spend without a first unit sends the argument it sent before
+    /// there was one; with one, the tail `first <unit>`. Each as many
+    /// numbers as `numbers` counts.
+    #[test]
+    fn a_first_unit_is_a_tail_and_nothing_else_changes() {
+        let block = Window::new(Duration::from_secs(5)).unwrap();
+        let cases: [(&[u64], Spend, &str); 5] = [
+            (&[100], Spend::cost(5), "1 5 0 0 100 60000"),
+            (&[100], Spend::cost(0).open(), "1 0 1 0 100 60000"),
+            (
+                &[3, 9],
+                Spend::cost(1).block(block),
+                "2 1 0 5000 3 60000 9 60000",
+            ),
+            (
+                &[50, 10_000],
+                Spend::cost(700).first(1),
+                "2 700 0 0 50 60000 10000 60000 first 1",
+            ),
+            (
+                &[50],
+                Spend::cost(u64::MAX).first(0).open(),
+                "1 18446744073709551615 1 0 50 60000 first 0",
+            ),
+        ];
+        for (limits, spend, want) in cases {
+            let work = work(limits, spend);
+            let sent = work.argument();
+            assert_eq!(std::str::from_utf8(&sent).unwrap(), want, "{spend:?}");
+            assert_eq!(
+                want.split(' ').count(),
+                work.numbers(),
+                "{spend:?}: the words counted for the call's size"
+            );
+        }
     }
 }

@@ -27,37 +27,44 @@
 //!
 //! [`Spending::spend_all`], the second trait's step, is the one atomic step for a request with a
 //! [`Spend`]: a cost, a window opened for a charge to come, or a lockout.
+//! A spend's cost is per counter: counter `i` is spent `cost_i`
+//! ([`Spend::cost_of`]), the spend's `cost` for every counter, except the
+//! first when [`Spend::first`] names a unit of its own (a call that spends
+//! one request from a requests budget and its tokens from a tokens budget).
 //! For each counter, with `c` its count (0 when it has none) and `L` its
 //! quota's limit:
 //!
 //! - a counter under a live lockout does not fit;
-//! - otherwise it fits when `c + max(cost, 1) <= L`: a cost of 0 is a check,
-//!   admitted while the counter is under its limit, as a hit of 1 would be.
+//! - otherwise it fits when `c + max(cost_i, 1) <= L`: a cost of 0 is a
+//!   check, admitted while the counter is under its limit, as a hit of 1
+//!   would be.
 //!
-//! **All or nothing.** When every counter fits, each one gets `cost` added
-//! (a counter it creates gets its quota's window as its lifetime, in the same
-//! step; with a cost of 0 a counter is created, at 0, only when
-//! [`Spend::open`] asks for it). When any counter does not fit, nothing is
-//! added to any of them: **a denied request spends nothing**. With
-//! [`Spend::block`] set, each counter that did not fit and is not yet locked
-//! gets a lockout with that lifetime, created in the same step and never
-//! extended: more attempts do not move its end.
+//! **All or nothing.** When every counter fits, each one gets its `cost_i`
+//! added (a counter it creates gets its quota's window as its lifetime, in
+//! the same step; with a `cost_i` of 0 a counter is created, at 0, only
+//! when [`Spend::open`] asks for it). When any counter does not fit,
+//! nothing is added to any of them: **a denied request spends nothing**.
+//! With [`Spend::block`] set, each counter that did not fit and is not yet
+//! locked gets a lockout with that lifetime, created in the same step. A
+//! spend never extends a lockout: more attempts do not move its end. Only
+//! [`Heeding::close`], the provider's word, moves one later (see
+//! [the provider's word](self#the-providers-word)).
 //!
 //! The [`Hits`] report, per counter:
 //!
-//! - a counter that fits: its count after the step (`c + cost`, or `c` when
-//!   nothing was added), the time left in its window, and the window's
-//!   identity in [`Hit::deadline`] when the counter exists;
-//! - a counter that does not fit: `s + max(cost, 1)` (saturating), the
+//! - a counter that fits: its count after the step (`c + cost_i`, or `c`
+//!   when nothing was added), the time left in its window, and the
+//!   window's identity in [`Hit::deadline`] when the counter exists;
+//! - a counter that does not fit: `s + max(cost_i, 1)` (saturating), the
 //!   count the spend would have made, with `s` what stands in its way: its
 //!   count `c`, or, under a lockout (one it had, or one this step set), the
 //!   larger of `c` and `L`. That count is above the limit, which says the
-//!   counter did not fit, and less `max(cost, 1)` it gives what is left,
+//!   counter did not fit, and less `max(cost_i, 1)` it gives what is left,
 //!   `L - s` (saturating): what the layer's `RateLimit` header shows on a
 //!   denial. With it, the time until it can fit again (the lockout's end
 //!   when locked, else its window's end), and `deadline: None`. A local
 //!   deny cache that answers for a counter at its limit or locked out
-//!   reports `L + max(cost, 1)`;
+//!   reports `L + max(cost_i, 1)`;
 //! - every counter of a denied request: `deadline: None`, since nothing was
 //!   counted, so nothing is ever amended.
 //!
@@ -72,6 +79,48 @@
 //! limit: later requests are denied until the window closes.
 //!
 //! [`Backend::reset`] deletes a counter and its lockout.
+//!
+//! # The provider's word
+//!
+//! [`Heeding`], the fourth trait, takes a provider's word about an outbound
+//! budget: what a [`BudgetLayer`](crate::outbound::BudgetLayer) needs to
+//! follow `429`s and rate-limit headers on every instance. Each of its two
+//! steps is **one atomic step** on one counter (and, for a close, its
+//! lockout), on the store's own clock:
+//!
+//! - [`Heeding::close`] closes the counter for a `span` from now. Its
+//!   **lockout**, the same marker a [`Spend::block`] lockout is, which every
+//!   spend already reads in its own atomic step (so honouring a closure
+//!   costs no extra store call), is created with the lifetime `span` in the
+//!   same step, or, when a live one ends sooner, moved to end `span` from
+//!   now. **Deadlines only extend**: a live lockout that ends later is left
+//!   as it is, so a later, shorter closure never shortens an earlier one.
+//!   The answer is the time left of the lockout after the step. The
+//!   counter's count and window are never touched, and no counter is
+//!   created. A lockout a spend sets is never extended by more attempts; a
+//!   close is the one step that moves a lockout later, and a
+//!   [`reset`](Backend::reset) deletes it as any other.
+//! - [`Heeding::raise`] raises the counter's count to at least `count`: the
+//!   provider says fewer calls remain than the budget thinks. The new count
+//!   is `max(c, min(count, L))`, with `c` the count and `L` the quota's
+//!   limit: **never past the limit, and never lowered** (a count a charge
+//!   took past the limit stays). A live counter keeps its window: its
+//!   deadline never moves. A missing counter (or one whose window has
+//!   closed) is created at `min(count, L)` with the lifetime
+//!   `min(within, window)`, `window` the quota's, set in the same step: the
+//!   provider's window resets then; a counter found without a lifetime
+//!   (which only older code can leave behind) gets that lifetime too. A
+//!   `count` of 0 changes nothing and creates nothing. The answer is the
+//!   counter as it stands after the step: a [`Hit`] with its count, its
+//!   time left and, when it exists, its [`deadline`](Hit::deadline), the
+//!   window's identity as a spend answers it (so an
+//!   [amend](Spending::amend) of that window works with it); a missing
+//!   counter reads 0, with the lifetime the step would have given it and no
+//!   deadline.
+//!
+//! A counter that is not an integer (or a key of another type), or, for a
+//! close, a lockout without a lifetime, is [`BackendError::Corrupt`]: the
+//! step writes nothing and leaves it as it is.
 //!
 //! # Requests in flight
 //!
@@ -101,6 +150,31 @@
 //! a member that is not a slot) is corrupt state, as a counter that is not
 //! an integer: [`BackendError::Corrupt`], left as it is. Slots never meet
 //! a counter or a lockout, even of the same namespace.
+//!
+//! ## Quotas and a cap in one step
+//!
+//! [`Leasing::take_all`] decides a request's slot and its counters in one
+//! atomic step, so that neither is spent for a request the other refuses:
+//!
+//! 1. the key's slots whose lease has run out are dropped;
+//! 2. when the key already holds `slot` (a step retried), nothing changes:
+//!    the slot is granted and the counters are read, not counted again;
+//! 3. when the cap is full, nothing changes: the take is refused, as
+//!    [`Leasing::take`] refuses it, and the counters are **read, not
+//!    counted** (each [`Hit`] as the counter stands: its count, its time
+//!    left, and a `deadline` of `None`; a missing counter reads 0 with its
+//!    full window);
+//! 4. otherwise the counters are counted as [`Backend::hit_all`] counts
+//!    them (`spend` `None`) or as [`Spending::spend_all`] spends (`Some`);
+//!    when every hit's count is within its counter's limit, the slot is
+//!    created with its lease as [`Leasing::take`] creates it; otherwise **no
+//!    slot is taken**.
+//!
+//! The answer is the counters' [`Hits`] with the cap's answer added by
+//! [`Hits::with_taken`] (and read by [`Hits::split_taken`]): `Some` with
+//! `granted` for steps 2 and 4 when the slot is held, `Some` refused for
+//! step 3, `None` when the counters refused the request in step 4. A corrupt counter or record fails the whole step
+//! and changes nothing.
 //!
 //! They live in a second trait, [`Spending`], as governor adds its extra
 //! abilities: a backend that only implements [`Backend`] serves every layer
@@ -158,12 +232,14 @@
 mod audit;
 mod expiring;
 mod lease;
+mod limits;
 mod memory;
 mod private;
 pub mod toolkit;
 
 pub use audit::AuditReport;
 pub use lease::{Cap, Held, InFlight, SlotId, Taken};
+pub use limits::{LimitScope, Limits, StoredLimits, decode_limit, encode_limit, encode_scope};
 pub use memory::{DEFAULT_MAX_KEYS, MAX_SHARDS, MemoryBackend};
 pub use private::{MIN_SECRET_LEN, PrivateKeys};
 
@@ -208,6 +284,11 @@ pub struct Hit {
 }
 
 pub(crate) use toolkit::refused_count;
+
+/// The deadline that marks the entry [`Hits::with_taken`] adds: no store's
+/// window ever ends at it (nanoseconds, or Unix milliseconds or
+/// microseconds, all far below).
+const TAKEN: NonZeroU64 = NonZeroU64::MAX;
 
 /// A backend could not answer. Which of these a request sees decides its fate:
 /// see [`FailurePolicy`](crate::FailurePolicy).
@@ -371,11 +452,19 @@ pub struct Counter<'a> {
 /// assert_eq!(login.cost, 1);
 /// let charged_later = Spend::cost(0).open();
 /// assert!(charged_later.open);
+///
+/// // One call to a provider that limits requests and tokens: 1 from the
+/// // requests counter (the first), its 700 tokens from the tokens counter.
+/// let call = Spend::cost(700).first(1);
+/// assert_eq!((call.cost_of(0), call.cost_of(1)), (1, 700));
+/// // Without `first`, every counter is spent the cost.
+/// assert_eq!((login.cost_of(0), login.cost_of(1)), (1, 1));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct Spend {
-    /// Added to every counter when all of them fit.
+    /// Added to every counter when all of them fit; to every counter but
+    /// the first when [`first`](Self::first) is set.
     pub cost: u64,
     /// With a cost of 0, still create a missing counter (at 0, with its
     /// window): the window is pinned to this request, and a charge after
@@ -384,15 +473,19 @@ pub struct Spend {
     /// Lock a counter that does not fit for this long, counted from that
     /// first denial.
     pub block: Option<crate::quota::Window>,
+    /// What the first counter is spent instead of [`cost`](Self::cost);
+    /// `None` (what [`Spend::cost`] makes): the cost, as every counter.
+    pub first: Option<u64>,
 }
 
 impl Spend {
-    /// A spend of `cost`, with no lockout.
+    /// A spend of `cost` on every counter, with no lockout.
     pub const fn cost(cost: u64) -> Self {
         Self {
             cost,
             open: false,
             block: None,
+            first: None,
         }
     }
 
@@ -406,6 +499,29 @@ impl Spend {
     pub const fn block(mut self, block: crate::quota::Window) -> Self {
         self.block = Some(block);
         self
+    }
+
+    /// Spend `unit` from the first counter instead of the cost, in the
+    /// same atomic step: a call that takes one request from a requests
+    /// budget (the first counter) and its tokens from a tokens budget.
+    /// Each counter fits, and is reported, by its own amount
+    /// ([`cost_of`](Self::cost_of)); `first(0)` makes the first counter a
+    /// check.
+    #[must_use]
+    pub const fn first(mut self, unit: u64) -> Self {
+        self.first = Some(unit);
+        self
+    }
+
+    /// What this spend adds to the counter at `index` (from 0) of its
+    /// counters: [`first`](Self::first)'s unit for the first one when it is
+    /// set, else [`cost`](Self::cost).
+    #[must_use]
+    pub const fn cost_of(self, index: usize) -> u64 {
+        match (index, self.first) {
+            (0, Some(unit)) => unit,
+            _ => self.cost,
+        }
     }
 }
 
@@ -440,6 +556,24 @@ pub enum Amend {
 /// assert_eq!(hits.len(), 2);
 /// assert_eq!(hits.first().map(|h| h.count), Some(1));
 /// assert_eq!(hits.iter().map(|h| h.count).sum::<u64>(), 3);
+/// ```
+///
+/// The answer of a [`Leasing::take_all`] carries the cap's answer too, as
+/// one more entry at its end: a store adds it with
+/// [`with_taken`](Hits::with_taken), and [`split_taken`](Hits::split_taken)
+/// takes it off, so that `Hits` stays the size of two `Hit`s.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::backend::{Hit, Hits, Taken};
+///
+/// let hit = Hit { count: 1, reset: Duration::from_secs(60), deadline: None };
+/// let taken = Taken { granted: true, in_use: 2, retry: Duration::ZERO };
+/// let answer = Hits::one(hit).with_taken(Some(taken));
+/// let (hits, cap) = answer.split_taken();
+/// assert_eq!((hits.as_slice(), cap), (&[hit][..], Some(taken)));
+/// // No slot asked for (the counters refused): nothing to split.
+/// assert_eq!(Hits::one(hit).with_taken(None).split_taken().1, None);
 /// ```
 #[derive(Debug, Clone)]
 pub struct Hits(Repr);
@@ -499,6 +633,50 @@ impl Hits {
             Repr::Two(hits) => hits,
             Repr::Many(hits) => hits,
         }
+    }
+
+    /// These hits with the cap's answer after them: what a store's
+    /// [`Leasing::take_all`] answers. `None` (the counters refused: no
+    /// slot was asked for) adds nothing.
+    #[must_use]
+    pub fn with_taken(mut self, taken: Option<Taken>) -> Self {
+        if let Some(taken) = taken {
+            self.push(Hit {
+                count: taken.in_use | u64::from(taken.granted) << 63,
+                reset: taken.retry,
+                deadline: Some(TAKEN),
+            });
+        }
+        self
+    }
+
+    /// The hits of the counters, and the cap's answer when
+    /// [`with_taken`](Self::with_taken) added one: the slot taken
+    /// (`granted`), or refused by a full cap with nothing counted; `None`
+    /// when no slot was asked for (the counters refused the request, and
+    /// any step but a `take_all`).
+    #[must_use]
+    pub fn split_taken(mut self) -> (Self, Option<Taken>) {
+        let Some(last) = self.as_slice().last().copied() else {
+            return (self, None);
+        };
+        if last.deadline != Some(TAKEN) {
+            return (self, None);
+        }
+        self.0 = match std::mem::replace(&mut self.0, Repr::Many(Vec::new())) {
+            Repr::One(_) => Repr::Many(Vec::new()),
+            Repr::Two([first, _]) => Repr::One(first),
+            Repr::Many(mut hits) => {
+                hits.pop();
+                Repr::Many(hits)
+            }
+        };
+        let taken = Taken {
+            granted: last.count >> 63 == 1,
+            in_use: last.count & !(1 << 63),
+            retry: last.reset,
+        };
+        (self, Some(taken))
     }
 }
 
@@ -665,6 +843,23 @@ pub trait Leasing: Backend {
     /// [requests in flight](self#requests-in-flight).
     fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> Self::Take;
 
+    /// Take the slot `slot` of `cap` for `key` **and** count `counters`,
+    /// in one atomic step: what a [`RateLimitLayer`](crate::RateLimitLayer)
+    /// with quotas and an [`in_flight`](crate::RateLimitLayer::in_flight)
+    /// cap asks, one round trip for both. `spend` is `None` for plain hits
+    /// ([`hit_all`](Backend::hit_all)); a layer passes `Some` only when it
+    /// spends, which builds only on a store that implements [`Spending`]
+    /// ([`spend_all`](Spending::spend_all)). See
+    /// [quotas and a cap in one step](self#quotas-and-a-cap-in-one-step).
+    fn take_all(
+        &self,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+        counters: &[Counter<'_>],
+        spend: Option<Spend>,
+    ) -> Self::Future;
+
     /// Give back `slot`, taken for `key` under `namespace`, in one atomic
     /// step: `Ok(true)` when it was there.
     fn give_back(
@@ -722,6 +917,88 @@ pub trait Leasing: Backend {
         namespace: &str,
         key: &Key,
     ) -> impl Future<Output = Result<u64, BackendError>> + Send;
+}
+
+/// A [`Spending`] store that also takes a provider's word about an outbound
+/// budget (what a `BudgetLayer` needs to follow 429s and rate-limit headers
+/// on every instance). Every backend of this crate implements it.
+///
+/// See [the provider's word](self#the-providers-word) for the contract.
+///
+/// ```
+/// use std::time::Duration;
+/// use tower_pinned_window::backend::{Counter, Heeding, MemoryBackend, Spend, Spending};
+/// use tower_pinned_window::key::Key;
+/// use tower_pinned_window::{Quota, Window};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let store = MemoryBackend::new();
+/// let key = Key::new("openai");
+/// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
+/// let counter = Counter { namespace: "requests", quota, lowers: false };
+///
+/// // `x-ratelimit-remaining-requests: 10`, resetting in 6 s: 90 are spent.
+/// let six = Window::new(Duration::from_secs(6)).unwrap();
+/// let raised = store.raise(&key, counter, 90, six).await.unwrap();
+/// assert_eq!(raised.count, 90);
+/// assert!(raised.reset <= Duration::from_secs(6), "the provider's window");
+/// // Never lowered: a later, larger remaining changes nothing.
+/// assert_eq!(store.raise(&key, counter, 20, six).await.unwrap().count, 90);
+///
+/// // `429` with `Retry-After: 3`: closed for every instance, 3 s from now.
+/// let three = Window::new(Duration::from_secs(3)).unwrap();
+/// let left = store.close("requests", &key, three).await.unwrap();
+/// assert_eq!(left, Duration::from_secs(3));
+/// let denied = store.spend_all(&key, &[counter], Spend::cost(1)).await.unwrap()[0];
+/// assert!(denied.count > 100 && denied.reset <= left, "refused until it opens");
+/// // A shorter closure never shortens it.
+/// let one = Window::new(Duration::from_secs(1)).unwrap();
+/// assert!(store.close("requests", &key, one).await.unwrap() > Duration::from_secs(2));
+/// # }
+/// ```
+pub trait Heeding: Spending {
+    /// Close `namespace`'s counter for `key` for `span` from now, in one
+    /// atomic step: the counter's lockout (the same marker a
+    /// [`Spend::block`] lockout is, which every spend already reads in its
+    /// own atomic step, so honouring a closure costs no extra store call)
+    /// is created with the lifetime `span` in the same step, or, when one
+    /// is live and ends sooner, moved to end `span` from now. Deadlines
+    /// only extend: a live lockout that ends later is left as it is.
+    /// Answers the time left of the lockout after the step.
+    ///
+    /// A lockout without a lifetime, or a counter that is not an integer,
+    /// is [`BackendError::Corrupt`] and left as it is. See
+    /// [the provider's word](self#the-providers-word).
+    fn close(
+        &self,
+        namespace: &str,
+        key: &Key,
+        span: Window,
+    ) -> impl Future<Output = Result<Duration, BackendError>> + Send + 'static + use<Self>;
+
+    /// Raise `counter`'s count for `key` to at least `count`, in one atomic
+    /// step, never past the counter's quota limit and never lowered: a
+    /// provider says fewer calls remain than the budget thinks. A live
+    /// counter keeps its window (its deadline never moves). A missing one
+    /// is created at `min(count, limit)` with the lifetime
+    /// `min(within, window)` (the quota's window), set in the same step
+    /// (the provider's window resets then). A `count` of 0 changes nothing
+    /// and creates nothing.
+    ///
+    /// Answers the counter as it stands after the step: a [`Hit`] with its
+    /// count, time left and, when it exists, its
+    /// [`deadline`](Hit::deadline) (the window's identity, as a spend
+    /// answers it). A counter that is not an integer (or a key of another
+    /// type) is [`BackendError::Corrupt`] and left as it is. See
+    /// [the provider's word](self#the-providers-word).
+    fn raise(
+        &self,
+        key: &Key,
+        counter: Counter<'_>,
+        count: u64,
+        within: Window,
+    ) -> impl Future<Output = Result<Hit, BackendError>> + Send + 'static + use<Self>;
 }
 
 /// The future of [`Backend::hit`]: the one [`Hit`] of a one-counter

@@ -4,12 +4,14 @@
 use std::fmt;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
 
 use super::{
-    Amend, Backend, BackendError, Cap, Counter, Held, Hit, Leasing, SlotId, Spend, Spending,
+    Amend, Backend, BackendError, Cap, Counter, Heeding, Held, Hit, Leasing, SlotId, Spend,
+    Spending,
 };
 use crate::error::ConfigError;
 use crate::key::{Key, PRIVATE_KEY_MARK};
@@ -204,11 +206,44 @@ impl<B: Spending> Spending for PrivateKeys<B> {
     }
 }
 
+impl<B: Heeding> Heeding for PrivateKeys<B> {
+    fn close(
+        &self,
+        namespace: &str,
+        key: &Key,
+        span: Window,
+    ) -> impl Future<Output = Result<Duration, BackendError>> + Send + 'static + use<B> {
+        self.inner.close(namespace, &self.digest(key), span)
+    }
+
+    fn raise(
+        &self,
+        key: &Key,
+        counter: Counter<'_>,
+        count: u64,
+        within: Window,
+    ) -> impl Future<Output = Result<Hit, BackendError>> + Send + 'static + use<B> {
+        self.inner.raise(&self.digest(key), counter, count, within)
+    }
+}
+
 impl<B: Leasing> Leasing for PrivateKeys<B> {
     type Take = B::Take;
 
     fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> B::Take {
         self.inner.take(&self.digest(key), cap, slot)
+    }
+
+    fn take_all(
+        &self,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+        counters: &[Counter<'_>],
+        spend: Option<Spend>,
+    ) -> B::Future {
+        self.inner
+            .take_all(&self.digest(key), cap, slot, counters, spend)
     }
 
     fn release(&self, namespace: &str, key: &Key, slot: SlotId) {
@@ -292,7 +327,9 @@ mod tests {
     }
 
     #[test]
-    #[should_panic(expected = "the private-keys secret is 3 bytes")]
+    #[should_panic(
+        expected = "the secret (of private keys, or of the keys denied most) is 3 bytes"
+    )]
     fn a_short_literal_secret_panics() {
         let _ = PrivateKeys::new(MemoryBackend::new(), b"abc");
     }

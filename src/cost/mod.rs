@@ -20,38 +20,61 @@
 
 pub use self::body::{BodyEstimate, DEFAULT_BODY_LIMIT, Replay};
 pub use self::charge::Metered;
+pub use self::leased::Capped;
 
 pub(crate) mod body;
 pub(crate) mod charge;
+pub(crate) mod leased;
+
+use std::any::Any;
+use std::sync::Arc;
 
 use http::Response;
 
-use crate::backend::{Amend, Backend, Counter, Hit, Spend, Spending};
+use crate::backend::{Amend, Backend, Cap, Counter, Hit, SlotId, Spend, Spending};
 use crate::cost::charge::Meter;
+use crate::cost::leased::SlotGuard;
 use crate::key::Key;
 
 mod sealed {
     /// How a layer counts, in its type: `()`, plain hits, or
     /// [`Spends`](super::Spends) and [`Charged`](super::Charged), which
-    /// need a backend that implements [`Spending`](super::Spending). Sealed:
-    /// the layer's setters move it from one to the next, whatever their
-    /// order.
+    /// need a backend that implements [`Spending`](super::Spending), each
+    /// possibly [`Capped`](super::Capped) (a backend that implements
+    /// [`Leasing`](crate::backend::Leasing) too). Sealed: the layer's
+    /// setters move it from one to the next, whatever their order.
     pub trait Mode {
         /// The mode once the layer spends: `Spends`, or `Charged` when it
         /// is already charged.
         type Spending: Mode;
+        /// The mode once the layer is charged.
+        type Charged: Mode;
+        /// The mode once the layer has an in-flight cap.
+        type Capped: Mode;
     }
 
     impl Mode for () {
         type Spending = super::Spends;
+        type Charged = super::Charged;
+        type Capped = super::Capped<()>;
     }
 
     impl Mode for super::Spends {
         type Spending = super::Spends;
+        type Charged = super::Charged;
+        type Capped = super::Capped<super::Spends>;
     }
 
     impl Mode for super::Charged {
         type Spending = super::Charged;
+        type Charged = super::Charged;
+        type Capped = super::Capped<super::Charged>;
+    }
+
+    impl<M: Mode> Mode for super::Capped<M> {
+        type Spending = super::Capped<M::Spending>;
+        type Charged = super::Capped<M::Charged>;
+        type Capped = Self;
     }
 }
 
@@ -141,9 +164,45 @@ pub trait Counts<Bk, B>: sealed::Mode {
     where
         Bk: Backend;
 
-    /// Hands back `response`, metered by `meter` when there is one.
+    /// Hands back `response`, metered by `meter` when there is one, its
+    /// body holding `slot` under a cap.
     #[doc(hidden)]
-    fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<Self::Body>;
+    fn answer(
+        response: Response<B>,
+        meter: Option<Box<dyn Meter>>,
+        slot: Option<SlotGuard>,
+    ) -> Response<Self::Body>;
+
+    /// Takes `slot` of `cap` for `key` and counts `counters` in one step,
+    /// under a cap ([`Capped`]); no other mode is asked.
+    #[doc(hidden)]
+    fn take_all(
+        backend: &Bk,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+        counters: &[Counter<'_>],
+        spend: Option<Spend>,
+    ) -> Bk::Future
+    where
+        Bk: Backend,
+    {
+        let _ = (cap, slot);
+        debug_assert!(false, "only a capped layer takes slots");
+        match spend {
+            Some(spend) => Self::spend_all(backend, key, counters, spend),
+            None => backend.hit_all(key, counters),
+        }
+    }
+
+    /// The guard of `slot` of `key`, for the layer's slots `state` (its
+    /// in-flight state, whose type names the backend), under a cap; no
+    /// other mode is asked.
+    #[doc(hidden)]
+    fn guard(state: &Arc<dyn Any + Send + Sync>, key: &Key, slot: SlotId) -> Option<SlotGuard> {
+        let _ = (state, key, slot);
+        None
+    }
 }
 
 impl<Bk: Backend, B> Counts<Bk, B> for () {
@@ -169,8 +228,13 @@ impl<Bk: Backend, B> Counts<Bk, B> for () {
     }
 
     #[inline(always)]
-    fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<B> {
+    fn answer(
+        response: Response<B>,
+        meter: Option<Box<dyn Meter>>,
+        slot: Option<SlotGuard>,
+    ) -> Response<B> {
         debug_assert!(meter.is_none(), "a layer without a charge meters nothing");
+        debug_assert!(slot.is_none(), "a layer without a cap holds no slot");
         response
     }
 }
@@ -188,8 +252,13 @@ impl<Bk: Spending, B> Counts<Bk, B> for Spends {
     }
 
     #[inline(always)]
-    fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<B> {
+    fn answer(
+        response: Response<B>,
+        meter: Option<Box<dyn Meter>>,
+        slot: Option<SlotGuard>,
+    ) -> Response<B> {
         debug_assert!(meter.is_none(), "a layer without a charge meters nothing");
+        debug_assert!(slot.is_none(), "a layer without a cap holds no slot");
         response
     }
 }
@@ -207,7 +276,12 @@ impl<Bk: Spending, B: http_body::Body> Counts<Bk, B> for Charged {
     }
 
     #[inline]
-    fn answer(response: Response<B>, meter: Option<Box<dyn Meter>>) -> Response<Metered<B>> {
+    fn answer(
+        response: Response<B>,
+        meter: Option<Box<dyn Meter>>,
+        slot: Option<SlotGuard>,
+    ) -> Response<Metered<B>> {
+        debug_assert!(slot.is_none(), "a layer without a cap holds no slot");
         Metered::wrap(response, meter)
     }
 }

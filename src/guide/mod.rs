@@ -15,6 +15,7 @@
 //! | [`in_flight`] | at most N requests in flight per key across instances, slots on leases, what holds under each failure |
 //! | [`headers`] | `RateLimit`, `RateLimit-Policy`, `Retry-After`, nested layers |
 //! | [`metrics`] | metric names and labels |
+//! | [`operations`] | the operator's service: an admin route to read, reset, block and unblock a key, never mounted without authentication |
 //! | [`grpc`] | tonic servers, per service and per method |
 //! | [`redis`] | Redis, Cluster, Sentinel, outages and the circuit breaker, the audit |
 //! | [`postgres`] | the table, the cleaner, the audit |
@@ -47,6 +48,7 @@ guides! {
     in_flight = "../../docs/in-flight.md";
     headers = "../../docs/headers.md";
     metrics = "../../docs/metrics.md";
+    operations = "../../docs/operations.md";
     grpc = "../../docs/grpc.md";
     redis = "../../docs/redis.md";
     postgres = "../../docs/postgres.md";

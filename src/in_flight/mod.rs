@@ -6,8 +6,9 @@
 //! the guard that gives a slot back, and the answer's body that holds it
 //! (`slot.rs`).
 
+mod capped;
 pub(crate) mod layer;
 pub(crate) mod slot;
 
+pub use crate::cost::leased::Leased;
 pub use layer::{InFlightFuture, InFlightLimit};
-pub use slot::Leased;

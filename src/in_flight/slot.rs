@@ -1,22 +1,19 @@
-//! A slot held by a request: the layer's shared state (the backend, the
-//! cap, the slots this instance holds and the task that extends their
-//! leases), the guard that gives a slot back, and the response body that
-//! holds the guard until the answer ends.
+//! The slots of one layer: its shared state (the backend, the cap, the
+//! slots this instance holds and the task that extends their leases),
+//! which takes, extends and gives back slots. The guard that gives a slot
+//! back and the body that holds it are below, in `cost/leased.rs`.
 
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, Weak};
-use std::task::{Context, Poll};
 use std::time::Duration;
-
-use http_body::{Body, Frame, SizeHint};
-use pin_project_lite::pin_project;
 
 use crate::backend::{BackendError, Cap, Held, InFlight, Leasing, SlotId, Taken};
 use crate::budget::failure::{Failure, Outage};
 use crate::budget::log::LogGate;
+pub(crate) use crate::cost::leased::{Leased, Release, SlotGuard};
 use crate::key::Key;
 
 /// What every service of one layer shares.
@@ -103,7 +100,7 @@ impl<Bk: Leasing> Shared<Bk> {
     /// of its lease until it is given back. The first slot starts the task
     /// that extends them (on the tokio runtime of the request), which ends
     /// when the layer is gone.
-    pub(crate) fn hold(self: &Arc<Self>, key: &Key, slot: SlotId) {
+    pub(crate) fn hold_slot(self: &Arc<Self>, key: &Key, slot: SlotId) {
         self.held().insert(slot, key.clone());
         if !self
             .renewing
@@ -173,7 +170,7 @@ impl<Bk: Leasing> Shared<Bk> {
         if !taken.granted {
             return Admission::Answered(taken);
         }
-        self.hold(key, slot);
+        self.hold_slot(key, slot);
         Admission::Slot {
             local: false,
             left: self.in_flight.max().saturating_sub(taken.in_use),
@@ -305,13 +302,11 @@ async fn renew<Bk: Leasing>(shared: Weak<Shared<Bk>>) {
     }
 }
 
-/// Gives back the slots of one layer: a guard names the layer's shared
-/// state without its backend's type.
-pub(crate) trait Release: Send + Sync {
-    fn release(&self, key: &Key, slot: SlotId, local: bool);
-}
-
 impl<Bk: Leasing> Release for Shared<Bk> {
+    fn hold(self: Arc<Self>, key: &Key, slot: SlotId) {
+        self.hold_slot(key, slot);
+    }
+
     fn release(&self, key: &Key, slot: SlotId, local: bool) {
         if local {
             // Taken from the insurance limiter while the store was out.
@@ -324,110 +319,5 @@ impl<Bk: Leasing> Release for Shared<Bk> {
         // A give-back that fails is left to the lease, never retried: the
         // slot may be another request's by then.
         self.backend.release(&self.name, key, slot);
-    }
-}
-
-/// A slot a request holds: given back when dropped.
-pub(crate) struct SlotGuard {
-    shared: Arc<dyn Release>,
-    key: Key,
-    slot: SlotId,
-    local: bool,
-}
-
-impl SlotGuard {
-    pub(crate) fn new(shared: Arc<dyn Release>, key: Key, slot: SlotId, local: bool) -> Self {
-        Self {
-            shared,
-            key,
-            slot,
-            local,
-        }
-    }
-}
-
-impl Drop for SlotGuard {
-    fn drop(&mut self) {
-        self.shared.release(&self.key, self.slot, self.local);
-    }
-}
-
-impl fmt::Debug for SlotGuard {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SlotGuard")
-            .field("key", &self.key)
-            .field("slot", &self.slot)
-            .field("local", &self.local)
-            .finish_non_exhaustive()
-    }
-}
-
-pin_project! {
-    /// The body of an answer from an [`InFlightLayer`](crate::InFlightLayer):
-    /// the service's body, holding the request's slot until the body ends,
-    /// fails or is dropped (a client that went away, a stream cut short).
-    /// Frames, size hints and the end pass through unchanged.
-    pub struct Leased<B> {
-        #[pin]
-        body: B,
-        slot: Option<SlotGuard>,
-    }
-}
-
-impl<B> Leased<B> {
-    pub(crate) fn new(body: B, slot: Option<SlotGuard>) -> Self {
-        Self { body, slot }
-    }
-
-    /// Whether this body still holds its request's slot.
-    pub fn holds_slot(&self) -> bool {
-        self.slot.is_some()
-    }
-
-    /// The service's body; the slot is given back.
-    pub fn into_inner(self) -> B {
-        self.body
-    }
-}
-
-impl<B: Default> Default for Leased<B> {
-    fn default() -> Self {
-        Self::new(B::default(), None)
-    }
-}
-
-impl<B: fmt::Debug> fmt::Debug for Leased<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Leased")
-            .field("body", &self.body)
-            .field("slot", &self.slot)
-            .finish()
-    }
-}
-
-impl<B: Body> Body for Leased<B> {
-    type Data = B::Data;
-    type Error = B::Error;
-
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = self.project();
-        let frame = this.body.poll_frame(cx);
-        match &frame {
-            // The end, or a failure: the request is over.
-            Poll::Ready(None | Some(Err(_))) => drop(this.slot.take()),
-            Poll::Ready(Some(Ok(_))) | Poll::Pending => {}
-        }
-        frame
-    }
-
-    fn is_end_stream(&self) -> bool {
-        self.body.is_end_stream()
-    }
-
-    fn size_hint(&self) -> SizeHint {
-        self.body.size_hint()
     }
 }

@@ -17,6 +17,7 @@ use crate::backend::{BackendError, Counter, Hit, Hits, Spending};
 use crate::budget::failure::{self, Failure, Outage};
 use crate::budget::log::LogGate;
 use crate::budget::spend::SpendPlan;
+use crate::denied::DeniedKeys;
 use crate::key::Key;
 use crate::quota::Quota;
 use crate::request::RequestHead;
@@ -25,7 +26,9 @@ use crate::backend::SlotId;
 use crate::in_flight::slot::{Admission, SlotGuard, Slots, next_ask};
 
 use super::error::{BudgetError, WaitBound};
+use super::heard::Heard;
 use super::line::{Lines, Turn, Wake};
+use super::word::{Reader, Unit};
 
 /// The shortest nap between two asks of a spent budget, when the store says
 /// it returns in less (a window that ends this millisecond).
@@ -54,6 +57,41 @@ pub(crate) struct Budget<Bk> {
     /// The cap on calls in flight, under
     /// [`in_flight`](super::BudgetLayer::in_flight).
     pub(crate) slots: Option<Arc<dyn Slots>>,
+    /// The provider's tokens, a budget of their own beside the calls,
+    /// under [`tokens`](super::BudgetLayer::tokens).
+    pub(crate) tokens: Option<Tokens>,
+    /// Which of the provider's budgets the first counter counts (requests
+    /// beside `tokens`).
+    pub(crate) unit: Unit,
+    /// How the provider's answers are read.
+    pub(crate) reader: Reader,
+    /// What this process heard from the provider.
+    pub(crate) heard: Arc<Heard>,
+    /// The keys refused most, when counted.
+    pub(crate) denied: Option<DeniedKeys>,
+}
+
+/// A provider's tokens: a second budget on every call, which spends its
+/// cost there and one call from the first.
+#[derive(Debug, Clone)]
+pub(crate) struct Tokens {
+    pub(crate) name: Arc<str>,
+    pub(crate) quota: Quota,
+}
+
+/// A budget's counters: the calls', and the tokens' when there are any.
+pub(crate) struct Counters<'a> {
+    all: [Counter<'a>; 2],
+    len: usize,
+}
+
+impl<'a> std::ops::Deref for Counters<'a> {
+    type Target = [Counter<'a>];
+
+    #[inline]
+    fn deref(&self) -> &[Counter<'a>] {
+        &self.all[..self.len]
+    }
 }
 
 /// A call the budget let through.
@@ -66,6 +104,19 @@ pub(crate) struct Admitted {
     pub(crate) insured: bool,
     /// What is left in the window after it, as far as the store said.
     pub(crate) room: u64,
+    /// Beside a [`tokens`](super::BudgetLayer::tokens) budget, what the
+    /// calls' counter counted (`hit` is the tokens').
+    pub(crate) calls: Option<Hit>,
+}
+
+impl Admitted {
+    /// What counter `at` of the budget counted for the call.
+    pub(crate) fn own(&self, at: usize) -> Option<Hit> {
+        match (at, self.calls) {
+            (0, Some(calls)) => Some(calls),
+            _ => self.hit,
+        }
+    }
 }
 
 /// One ask's answer.
@@ -92,23 +143,17 @@ impl<Bk: Spending> Budget<Bk> {
         self.plan.cost(head)
     }
 
-    /// The budget's one counter.
-    #[inline]
-    fn counter(&self) -> Counter<'_> {
-        Counter {
-            namespace: &self.name,
-            quota: self.quota,
-            // A settle may give back part of a reservation.
-            lowers: self.plan.reserves(),
-        }
-    }
-
-    /// The store's step for a call of `cost` on `key`.
+    /// The store's step for a call of `cost` on `key`: beside a tokens
+    /// budget, one call from the first counter and `cost` from the tokens,
+    /// all or nothing.
     #[inline]
     pub(crate) fn spend(&self, key: &Key, cost: u64) -> Bk::Future {
-        let counter = self.counter();
-        self.backend
-            .spend_all(key, std::slice::from_ref(&counter), self.plan.spend(cost))
+        let counters = self.counters();
+        let mut spend = self.plan.spend(cost);
+        if self.tokens.is_some() {
+            spend = spend.first(1);
+        }
+        self.backend.spend_all(key, &counters, spend)
     }
 
     /// What the store's answer to a spend of `cost` on `key` means for the
@@ -120,8 +165,8 @@ impl<Bk: Spending> Budget<Bk> {
         cost: u64,
         answer: Result<Hits, BackendError>,
     ) -> Result<Try, BudgetError> {
-        match answer.and_then(one) {
-            Ok(hit) => Ok(verdict(hit, self.quota.limit(), false)),
+        match answer.and_then(|hits| self.verdict(&hits, &self.counters(), false)) {
+            Ok(judged) => Ok(judged),
             Err(err) if err.is_corrupt() => {
                 failure::corrupt(&self.name, &err);
                 Err(self.backend_error(err))
@@ -137,14 +182,17 @@ impl<Bk: Spending> Budget<Bk> {
         // What a call gets when its store fails under fail-closed.
         let fails = "failing the call";
         let decided = self.failure.decide(name, gate, err, fails, |insurance| {
-            // The budget's counter, its limit cut to the share.
-            let counter = Counter {
-                quota: self.quota.share(insurance.share()),
-                ..self.counter()
-            };
-            let counters = std::slice::from_ref(&counter);
-            let hits = insurance.count(key, counters, Some(self.plan.spend(cost)))?;
-            Ok(verdict(one(hits)?, counter.quota.limit(), true))
+            // The budget's counters, their limits cut to the share.
+            let mut counters = self.counters();
+            for counter in &mut counters.all {
+                counter.quota = counter.quota.share(insurance.share());
+            }
+            let mut spend = self.plan.spend(cost);
+            if self.tokens.is_some() {
+                spend = spend.first(1);
+            }
+            let hits = insurance.count(key, &counters, Some(spend))?;
+            self.verdict(&hits, &counters, true)
         });
         match decided {
             Outage::Insured(judged) => Ok(judged),
@@ -152,6 +200,7 @@ impl<Bk: Spending> Budget<Bk> {
                 hit: None,
                 insured: false,
                 room: 0,
+                calls: None,
             })),
             Outage::Closed(err) => Err(self.backend_error(err)),
         }
@@ -165,9 +214,18 @@ impl<Bk: Spending> Budget<Bk> {
         }
     }
 
-    /// This budget cannot return within `bound` for a call: it returns in
-    /// `retry_after`.
-    pub(crate) fn exhausted(&self, retry_after: Duration, bound: WaitBound) -> BudgetError {
+    /// This budget cannot return within `bound` for a call of `key`: it
+    /// returns in `retry_after`. The one refusal of a call by its budget,
+    /// counted here among the keys refused most.
+    pub(crate) fn exhausted(
+        &self,
+        key: &Key,
+        retry_after: Duration,
+        bound: WaitBound,
+    ) -> BudgetError {
+        if let Some(denied) = &self.denied {
+            denied.record(key);
+        }
         BudgetError::Exhausted {
             budget: Arc::clone(&self.name),
             retry_after,
@@ -185,27 +243,92 @@ impl<Bk: Spending> Budget<Bk> {
 
     /// The longest jitter of a line's head.
     fn jitter(&self) -> Duration {
-        MAX_JITTER.min(self.quota.window().as_duration() / 20)
+        MAX_JITTER.min(self.cost_quota().window().as_duration() / 20)
     }
-}
 
-/// The one hit of a store's answer about the budget's one counter.
-#[inline]
-fn one(hits: Hits) -> Result<Hit, BackendError> {
-    hits.first().copied().ok_or_else(failure::no_hit)
-}
+    /// The budget's counters: the calls', then the tokens' when there are
+    /// any.
+    #[inline]
+    pub(crate) fn counters(&self) -> Counters<'_> {
+        let calls = Counter {
+            namespace: &self.name,
+            quota: self.quota,
+            // A settle may give back part of a reservation.
+            lowers: self.plan.reserves() && self.tokens.is_none(),
+        };
+        match &self.tokens {
+            None => Counters {
+                all: [calls; 2],
+                len: 1,
+            },
+            Some(tokens) => Counters {
+                all: [
+                    calls,
+                    Counter {
+                        namespace: &tokens.name,
+                        quota: tokens.quota,
+                        lowers: self.plan.reserves(),
+                    },
+                ],
+                len: 2,
+            },
+        }
+    }
 
-/// A hit's meaning under `limit`: counted in the store's step (a spend's
-/// count within its limit), or turned away until its reset.
-fn verdict(hit: Hit, limit: u64, insured: bool) -> Try {
-    if hit.count <= limit {
-        Try::Admitted(Admitted {
-            hit: Some(hit),
+    /// The name of counter `at`.
+    pub(crate) fn namespace(&self, at: usize) -> &str {
+        match (at, &self.tokens) {
+            (0, _) | (_, None) => &self.name,
+            (_, Some(tokens)) => &tokens.name,
+        }
+    }
+
+    /// The quota a call's cost is spent from: the tokens', or the one.
+    #[inline]
+    pub(crate) fn cost_quota(&self) -> Quota {
+        self.tokens
+            .as_ref()
+            .map_or(self.quota, |tokens| tokens.quota)
+    }
+
+    /// The meaning of `hits`, a spend's answer on `counters`: counted in
+    /// the store's step (every count within its limit), or turned away
+    /// until the last of the counters that did not fit returns.
+    #[inline]
+    fn verdict(
+        &self,
+        hits: &Hits,
+        counters: &[Counter<'_>],
+        insured: bool,
+    ) -> Result<Try, BackendError> {
+        if hits.len() != counters.len() {
+            return Err(failure::no_hit());
+        }
+        let mut denied: Option<Duration> = None;
+        for (hit, counter) in hits.iter().zip(counters) {
+            if hit.count > counter.quota.limit() {
+                denied = Some(denied.map_or(hit.reset, |reset| reset.max(hit.reset)));
+            }
+        }
+        if let Some(reset) = denied {
+            return Ok(Try::Denied(reset));
+        }
+        // The cost's counter is the last; the calls' is first beside it.
+        let (last, limit) = (
+            hits[hits.len() - 1],
+            counters[counters.len() - 1].quota.limit(),
+        );
+        let calls = (hits.len() > 1).then(|| hits[0]);
+        let room = match calls {
+            Some(calls) if calls.count >= counters[0].quota.limit() => 0,
+            _ => limit - last.count,
+        };
+        Ok(Try::Admitted(Admitted {
+            hit: Some(last),
             insured,
-            room: limit - hit.count,
-        })
-    } else {
-        Try::Denied(hit.reset)
+            room,
+            calls,
+        }))
     }
 }
 
@@ -239,7 +362,12 @@ pub(crate) async fn wait<Bk: Spending>(
     let denied = match start {
         Start::Pending(answer) => match budget.judge(&key, cost, budget.timed(answer).await)? {
             // Never under a cap in flight, whose calls start `Busy`.
-            Try::Admitted(admitted) => return Ok((admitted, None)),
+            Try::Admitted(admitted) => match budget.heard.closed_for(&key) {
+                None => return Ok((admitted, None)),
+                // Closed by the provider's word while the store answered:
+                // the call waits for it as a denied one would.
+                Some(left) => Some(left),
+            },
             Try::Denied(reset) => Some(reset),
         },
         Start::Denied(reset) => Some(reset),
@@ -249,7 +377,7 @@ pub(crate) async fn wait<Bk: Spending>(
     if let Some(reset) = denied
         && now + reset > bound
     {
-        return Err(budget.exhausted(reset, hit));
+        return Err(budget.exhausted(&key, reset, hit));
     }
     let (place, ahead) = budget
         .lines
@@ -257,7 +385,7 @@ pub(crate) async fn wait<Bk: Spending>(
             &key,
             cost,
             budget.max_waiters,
-            budget.quota.window().as_duration(),
+            budget.cost_quota().window().as_duration(),
         )
         .ok_or_else(|| BudgetError::Overloaded {
             budget: Arc::clone(&budget.name),
@@ -266,18 +394,18 @@ pub(crate) async fn wait<Bk: Spending>(
     if let Some(reset) = denied {
         place.closed_until(now + reset.max(MIN_NAP));
     }
-    if let Some(earliest) = place.earliest(now, ahead, budget.quota)
+    if let Some(earliest) = place.earliest(now, ahead, budget.cost_quota())
         && earliest > bound
     {
-        return Err(budget.exhausted(earliest - now, hit));
+        return Err(budget.exhausted(&key, earliest - now, hit));
     }
     loop {
         let Ok(wake) = tokio::time::timeout_at(bound, place.turn()).await else {
             let now = Instant::now();
             let returns = place
-                .earliest(now, place.ahead(), budget.quota)
+                .earliest(now, place.ahead(), budget.cost_quota())
                 .unwrap_or(now);
-            return Err(budget.exhausted(returns - now, hit));
+            return Err(budget.exhausted(&key, returns - now, hit));
         };
         let now = Instant::now();
         let turn = match wake {
@@ -285,10 +413,10 @@ pub(crate) async fn wait<Bk: Spending>(
             Wake::Missed => {
                 // The store turned a call of the line away: the window it
                 // waited for went (to another process, or to calls ahead).
-                if let Some(earliest) = place.earliest(now, place.ahead(), budget.quota)
+                if let Some(earliest) = place.earliest(now, place.ahead(), budget.cost_quota())
                     && earliest > bound
                 {
-                    return Err(budget.exhausted(earliest - now, hit));
+                    return Err(budget.exhausted(&key, earliest - now, hit));
                 }
                 continue;
             }
@@ -298,10 +426,20 @@ pub(crate) async fn wait<Bk: Spending>(
         {
             // The one call of this line that waits for the window's end.
             if opens_at > bound {
-                return Err(budget.exhausted(opens_at - now, hit));
+                return Err(budget.exhausted(&key, opens_at - now, hit));
             }
             let wake = opens_at + budget.lines.jitter(budget.jitter());
             tokio::time::sleep_until(wake.min(bound)).await;
+        }
+        // Closed by the provider's word in this process (its write to the
+        // store may be late, or lost): no call goes before it opens.
+        if let Some(left) = budget.heard.closed_for(&key) {
+            let opens_at = Instant::now() + left;
+            place.denied(opens_at);
+            if opens_at > bound {
+                return Err(budget.exhausted(&key, left, hit));
+            }
+            continue;
         }
         // Under a cap in flight, the slot first: a call of the line is
         // sent only with both, and one refused a slot holds the line as a
@@ -314,7 +452,7 @@ pub(crate) async fn wait<Bk: Spending>(
                     let opens_at = Instant::now() + next_ask(retry);
                     place.denied(opens_at);
                     if opens_at > bound {
-                        return Err(budget.exhausted(retry, hit));
+                        return Err(budget.exhausted(&key, retry, hit));
                     }
                     continue;
                 }
@@ -323,6 +461,18 @@ pub(crate) async fn wait<Bk: Spending>(
         let answer = budget.timed(budget.spend(&key, cost)).await;
         match budget.judge(&key, cost, answer)? {
             Try::Admitted(admitted) => {
+                // Closed by the provider's word while the store answered
+                // (the store decided before the closure reached it): the
+                // call is not sent before it opens, and asks again then.
+                if let Some(left) = budget.heard.closed_for(&key) {
+                    drop(slot);
+                    let opens_at = Instant::now() + left;
+                    place.denied(opens_at);
+                    if opens_at > bound {
+                        return Err(budget.exhausted(&key, left, hit));
+                    }
+                    continue;
+                }
                 place.admitted(admitted.room);
                 return Ok((admitted, slot));
             }
@@ -333,7 +483,7 @@ pub(crate) async fn wait<Bk: Spending>(
                 let opens_at = now + reset.max(MIN_NAP);
                 place.denied(opens_at);
                 if opens_at > bound {
-                    return Err(budget.exhausted(reset, hit));
+                    return Err(budget.exhausted(&key, reset, hit));
                 }
             }
         }

@@ -11,8 +11,9 @@ use http::Response;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::backend::Spending;
+use crate::backend::Heeding;
 use crate::cost::charge::{Meter, Metered};
+use crate::count::ResponseHead;
 use crate::in_flight::slot::SlotGuard;
 use crate::key::Key;
 
@@ -53,6 +54,7 @@ pin_project! {
             #[pin]
             future: S::Future,
             tab: Option<Box<dyn Meter>>,
+            hearing: Option<Hearing<Bk>>,
         },
         Failed {
             error: Option<BudgetError>,
@@ -60,10 +62,30 @@ pin_project! {
     }
 }
 
+/// What a call's answer is heard with (see [`Budget::hear`]): the
+/// budget, the call's key, and what the store counted for it.
+struct Hearing<Bk> {
+    budget: Arc<Budget<Bk>>,
+    key: Key,
+    admitted: Admitted,
+}
+
+impl<Bk> Hearing<Bk> {
+    /// What `budget`'s reader needs to hear the answer of a call of `key`
+    /// `admitted` so; `None` when it reads nothing.
+    fn new(budget: &Arc<Budget<Bk>>, key: &Key, admitted: Admitted) -> Option<Self> {
+        budget.reader.reads().then(|| Self {
+            budget: Arc::clone(budget),
+            key: key.clone(),
+            admitted,
+        })
+    }
+}
+
 impl<S, R, Bk> BudgetFuture<S, R, Bk>
 where
     S: Service<R>,
-    Bk: Spending,
+    Bk: Heeding,
 {
     pub(crate) fn failed(error: BudgetError) -> Self {
         Self {
@@ -80,11 +102,13 @@ where
         cost: u64,
         admitted: Admitted,
     ) -> Self {
+        let hearing = Hearing::new(budget, &key, admitted);
         let tab = tab(budget, key, cost, admitted);
         Self {
             state: State::Calling {
                 future: service.call(request),
                 tab,
+                hearing,
             },
         }
     }
@@ -111,7 +135,7 @@ where
 }
 
 /// What a counted call owes its answer's charge, when there is one.
-fn tab<Bk: Spending>(
+fn tab<Bk: Heeding>(
     budget: &Arc<Budget<Bk>>,
     key: Key,
     cost: u64,
@@ -132,7 +156,7 @@ impl<S, R, Bk, ResB> Future for BudgetFuture<S, R, Bk>
 where
     S: Service<R, Response = Response<ResB>>,
     S::Error: Into<BoxError>,
-    Bk: Spending,
+    Bk: Heeding,
     ResB: http_body::Body,
 {
     type Output = Result<Response<Metered<ResB>>, BoxError>;
@@ -153,6 +177,7 @@ where
                         Err(err) => return Poll::Ready(Err(err.into())),
                     };
                     let (mut service, request) = call.take().expect("polled after completion");
+                    let hearing = Hearing::new(budget, key, admitted);
                     let tab = tab(budget, key.clone(), *cost, admitted);
                     // The slot ends with the answer's body, after its
                     // charge; a call that fails drops it at once.
@@ -163,10 +188,23 @@ where
                     state.set(State::Calling {
                         future: service.call(request),
                         tab,
+                        hearing,
                     });
                 }
-                StateProj::Calling { future, tab } => {
+                StateProj::Calling {
+                    future,
+                    tab,
+                    hearing,
+                } => {
                     let response = ready!(future.poll(cx)).map_err(Into::into)?;
+                    if let Some(Hearing {
+                        budget,
+                        key,
+                        admitted,
+                    }) = hearing.take()
+                    {
+                        budget.hear(&key, &admitted, &ResponseHead::new(&response));
+                    }
                     return Poll::Ready(Ok(Metered::wrap(response, tab.take())));
                 }
                 StateProj::Failed { error } => {

@@ -7,21 +7,24 @@ use std::time::Duration;
 
 use tower_layer::Layer;
 
-use crate::backend::{InFlight, Leasing, MemoryBackend, Spending};
+use crate::backend::{Heeding, InFlight, Leasing, MemoryBackend};
 use crate::budget::check::{built, layer_name};
 use crate::budget::failure::{Failure, FailurePolicy};
 use crate::budget::log::LogGate;
 use crate::budget::spend::{Cost, SpendPlan};
 use crate::count::ResponseHead;
+use crate::denied::{DeniedKeys, TopDenied};
 use crate::error::ConfigError;
 use crate::in_flight::slot::{Shared, Slots};
 use crate::key::{KeyExtractor, RequestHead};
 use crate::quota::{Quota, Window};
 use crate::timeout::DEFAULT_TIMEOUT;
 
-use super::admit::Budget;
+use super::admit::{Budget, Tokens};
+use super::heard::Heard;
 use super::line::Lines;
 use super::service::Budgeted;
+use super::word::{Reader, Unit};
 
 /// How long a call waits for its budget by default.
 pub const DEFAULT_MAX_WAIT: Duration = Duration::from_secs(30);
@@ -75,6 +78,14 @@ struct Settings {
     /// The cap on calls in flight, and what makes its slots on the
     /// layer's backend once the failure policy and timeout are known.
     in_flight: Option<(InFlight, MakeSlots)>,
+    /// The provider's tokens, a budget beside the calls.
+    tokens: Option<Tokens>,
+    /// Which of the provider's budgets the budget counts.
+    unit: Unit,
+    reader: Reader,
+    heard: Arc<Heard>,
+    /// The keys refused most, when counted (`top_denied`).
+    denied: Option<DeniedKeys>,
 }
 
 /// Makes a layer's slots, on the backend `in_flight` was given with.
@@ -115,12 +126,27 @@ impl BudgetLayer {
                 lines: Arc::default(),
                 warn_gate: Arc::default(),
                 in_flight: None,
+                tokens: None,
+                unit: Unit::Requests,
+                reader: Reader::standard(),
+                heard: Arc::default(),
+                denied: None,
             },
         })
     }
 }
 
 impl<K, Bk> BudgetLayer<K, Bk> {
+    /// What the operator's service reads of the budget in this process.
+    #[cfg(feature = "operator")]
+    pub(crate) fn watch(&self) -> super::watch::Watch {
+        super::watch::Watch {
+            name: Arc::clone(&self.settings.name),
+            lines: Arc::clone(&self.settings.lines),
+            heard: Arc::clone(&self.settings.heard),
+        }
+    }
+
     /// Charge each call to the key `key` reads from it (see
     /// [`crate::key`]), such as the provider's API key in a header:
     /// its [`HeaderName`](http::HeaderName), or a closure. The default,
@@ -140,7 +166,7 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// After [`in_flight`](Self::in_flight), whose slots live in the
     /// backend it was given: set the backend first.
     #[track_caller]
-    pub fn backend<Bk2: Spending>(self, backend: Bk2) -> BudgetLayer<K, Bk2> {
+    pub fn backend<Bk2: Heeding>(self, backend: Bk2) -> BudgetLayer<K, Bk2> {
         assert!(
             self.settings.in_flight.is_none(),
             "BudgetLayer::in_flight keeps its slots in the layer's backend: call `backend` before `in_flight`"
@@ -325,6 +351,174 @@ impl<K, Bk> BudgetLayer<K, Bk> {
         self
     }
 
+    /// A second budget on every call, for a provider that limits tokens as
+    /// well as requests: a call spends its cost ([`cost`](Self::cost),
+    /// [`cost_fn`](Self::cost_fn) or [`reserve`](Self::reserve), settled
+    /// by [`charge`](Self::charge)) from the tokens budget `name` of
+    /// `quota`, and one call from the layer's own budget, which then counts
+    /// requests: both in one atomic step of the store, all or nothing, in
+    /// one round trip. A call waits until both have room. The provider's
+    /// word about one (its `x-ratelimit-remaining-tokens`, say) changes
+    /// only that one.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::Quota;
+    /// use tower_pinned_window::outbound::BudgetLayer;
+    ///
+    /// // 500 requests and 30,000 tokens a minute; a call's tokens read
+    /// // from a header the client sets.
+    /// let budget = BudgetLayer::new("openai", Quota::new(500, Duration::from_secs(60)).unwrap())
+    ///     .tokens("openai-tokens", Quota::new(30_000, Duration::from_secs(60)).unwrap())
+    ///     .cost_fn(|request| {
+    ///         request.headers().get("x-max-tokens")
+    ///             .and_then(|v| v.to_str().ok()?.parse().ok())
+    ///             .unwrap_or(1_000)
+    ///     });
+    /// assert!(budget.check().is_ok());
+    /// ```
+    ///
+    /// # Panics
+    /// When `name` is not a valid budget name, as
+    /// [`new`](BudgetLayer::new); see [`try_tokens`](Self::try_tokens).
+    #[track_caller]
+    pub fn tokens(self, name: &'static str, quota: Quota) -> Self {
+        built(self.try_tokens(name, quota))
+    }
+
+    /// Like [`tokens`](Self::tokens), for a name known only at run time.
+    ///
+    /// # Errors
+    /// [`ConfigError::InvalidName`], as [`try_new`](BudgetLayer::try_new).
+    /// A name equal to the budget's own is refused by
+    /// [`check`](Self::check), whatever the order of the setters.
+    pub fn try_tokens(
+        mut self,
+        name: impl Into<String>,
+        quota: Quota,
+    ) -> Result<Self, ConfigError> {
+        let name = layer_name(name.into())?;
+        self.settings.tokens = Some(Tokens { name, quota });
+        Ok(self)
+    }
+
+    /// Which of the provider's budgets this one counts, for the
+    /// provider's word (default [`Unit::Requests`]): a budget whose calls
+    /// cost their tokens says [`Unit::Tokens`], so that a remaining of
+    /// requests is never taken for tokens. Beside a
+    /// [`tokens`](Self::tokens) budget, the budget counts requests.
+    pub fn counts(mut self, unit: Unit) -> Self {
+        self.settings.unit = unit;
+        self
+    }
+
+    /// How the provider's answers are read (default
+    /// [`Reader::standard`]: `Retry-After` on a 429 or 503, and the
+    /// `RateLimit`, `x-ratelimit-*` and `anthropic-ratelimit-*` fields).
+    /// What an answer says becomes shared state in the store, which every
+    /// instance's calls honour: **closed until** a time (a 429 with
+    /// `Retry-After`, a remaining of 0 with its reset), which only ever
+    /// extends, and **fewer remain** than the budget thinks, which raises
+    /// its count (never lowers it, never past the limit). A value that is
+    /// missing, malformed or absurd changes nothing and is logged at most
+    /// once every 5 s: no wait is ever invented. [`Reader::none`] reads
+    /// nothing. See [the provider's word](crate::guide::outbound#the-providers-word).
+    ///
+    /// The caller gets a 429 as it is. Behind `tower::retry`, with a policy
+    /// that retries a 429 once, the retry waits in the budget's line for the
+    /// provider's time:
+    ///
+    /// ```
+    /// use std::sync::Arc;
+    /// use std::sync::atomic::{AtomicU32, Ordering};
+    /// use std::time::Duration;
+    /// use http::{Request, Response, StatusCode};
+    /// use tower::retry::{Policy, RetryLayer};
+    /// use tower::{ServiceBuilder, ServiceExt};
+    /// use tower_pinned_window::Quota;
+    /// use tower_pinned_window::outbound::{BudgetLayer, Reader};
+    ///
+    /// /// Retries a call answered 429, once.
+    /// #[derive(Clone)]
+    /// struct RetryA429Once {
+    ///     retried: bool,
+    /// }
+    ///
+    /// impl<B, E> Policy<Request<String>, Response<B>, E> for RetryA429Once {
+    ///     type Future = std::future::Ready<()>;
+    ///
+    ///     fn retry(
+    ///         &mut self,
+    ///         _: &mut Request<String>,
+    ///         result: &mut Result<Response<B>, E>,
+    ///     ) -> Option<std::future::Ready<()>> {
+    ///         let refused = matches!(result, Ok(answer) if answer.status() == StatusCode::TOO_MANY_REQUESTS);
+    ///         (refused && !std::mem::replace(&mut self.retried, true)).then(|| std::future::ready(()))
+    ///     }
+    ///
+    ///     fn clone_request(&mut self, request: &Request<String>) -> Option<Request<String>> {
+    ///         let mut copy = Request::new(request.body().clone());
+    ///         *copy.headers_mut() = request.headers().clone();
+    ///         Some(copy)
+    ///     }
+    /// }
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let budget = BudgetLayer::new("partner", Quota::new(100, Duration::from_secs(60)).unwrap())
+    ///     .heed(Reader::standard());
+    /// let calls = Arc::new(AtomicU32::new(0));
+    /// let provider = {
+    ///     let calls = Arc::clone(&calls);
+    ///     tower::service_fn(move |_: Request<String>| {
+    ///         // The provider refuses the first call, for 1 s.
+    ///         let first = calls.fetch_add(1, Ordering::Relaxed) == 0;
+    ///         async move {
+    ///             let answer = Response::builder();
+    ///             let answer = match first {
+    ///                 true => answer.status(429).header("retry-after", "1"),
+    ///                 false => answer.status(200),
+    ///             };
+    ///             Ok::<_, std::convert::Infallible>(answer.body(String::new()).unwrap())
+    ///         }
+    ///     })
+    /// };
+    /// let client = ServiceBuilder::new()
+    ///     .layer(RetryLayer::new(RetryA429Once { retried: false }))
+    ///     .layer(budget)
+    ///     .service(provider);
+    /// let started = tokio::time::Instant::now();
+    /// let answer = client.oneshot(Request::new(String::new())).await.unwrap();
+    /// // The retry waited for the provider's second, and went through.
+    /// assert_eq!(answer.status(), StatusCode::OK);
+    /// assert!(started.elapsed() >= Duration::from_secs(1));
+    /// assert_eq!(calls.load(Ordering::Relaxed), 2);
+    /// # }
+    /// ```
+    pub fn heed(mut self, reader: Reader) -> Self {
+        self.settings.reader = reader;
+        self
+    }
+
+    /// Count the keys whose calls this budget refuses most
+    /// ([`BudgetError::Exhausted`](super::BudgetError::Exhausted): not
+    /// served within their wait bound), in a table of `top.capacity()`
+    /// counters kept in this process's memory, shown as keyed digests;
+    /// read it through [`denied_keys`](Self::denied_keys). As the server
+    /// layer's [`top_denied`](crate::RateLimitLayer::top_denied): see
+    /// [`denied`](crate::denied).
+    pub fn top_denied(mut self, top: TopDenied) -> Self {
+        let s = &mut self.settings;
+        s.denied = Some(top.table(&s.name));
+        self
+    }
+
+    /// The handle on the keys this budget refused most, when
+    /// [`top_denied`](Self::top_denied) turned them on; `None` otherwise.
+    pub fn denied_keys(&self) -> Option<DeniedKeys> {
+        self.settings.denied.clone()
+    }
+
     /// The budget's name: it names its counters with each key.
     pub fn name(&self) -> &str {
         &self.settings.name
@@ -337,7 +531,11 @@ impl<K, Bk> BudgetLayer<K, Bk> {
 
     /// The quota the store counts: the quota's window plus the margin.
     fn stored_quota(&self) -> Result<Quota, ConfigError> {
-        let quota = self.settings.quota;
+        self.stored(self.settings.quota)
+    }
+
+    /// `quota` as the store counts it: its window plus the margin.
+    fn stored(&self, quota: Quota) -> Result<Quota, ConfigError> {
         let window = quota
             .window()
             .as_duration()
@@ -362,12 +560,25 @@ impl<K, Bk> BudgetLayer<K, Bk> {
     /// - [`ConfigError::LeaseNotAboveTimeout`] for an
     ///   [`in_flight`](Self::in_flight) lease no longer than the
     ///   [`timeout`](Self::timeout).
+    /// - [`ConfigError::TokensNameTaken`] for a [`tokens`](Self::tokens)
+    ///   budget named as this one, and [`ConfigError::TokensCountedTwice`]
+    ///   for one beside [`counts`](Self::counts)`(Unit::Tokens)`.
     pub fn check(&self) -> Result<(), ConfigError> {
         self.stored_quota()?;
         if let Some((in_flight, _)) = &self.settings.in_flight {
             crate::in_flight::layer::lease_above(in_flight.lease(), self.settings.timeout)?;
         }
-        self.settings.plan.check(self.settings.quota.limit())
+        let Some(tokens) = &self.settings.tokens else {
+            return self.settings.plan.check(self.settings.quota.limit());
+        };
+        self.stored(tokens.quota)?;
+        if tokens.name == self.settings.name {
+            return Err(ConfigError::TokensNameTaken(tokens.name.to_string()));
+        }
+        if self.settings.unit == Unit::Tokens {
+            return Err(ConfigError::TokensCountedTwice);
+        }
+        self.settings.plan.check(tokens.quota.limit())
     }
 }
 
@@ -380,6 +591,10 @@ impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
     fn layer(&self, inner: S) -> Self::Service {
         built(self.check());
         let quota = built(self.stored_quota());
+        let tokens = self.settings.tokens.as_ref().map(|tokens| Tokens {
+            name: Arc::clone(&tokens.name),
+            quota: built(self.stored(tokens.quota)),
+        });
         let budget = Budget {
             name: Arc::clone(&self.settings.name),
             quota,
@@ -396,6 +611,11 @@ impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
                 .in_flight
                 .as_ref()
                 .map(|(_, make)| make(&self.settings.failure, self.settings.timeout)),
+            tokens,
+            unit: self.settings.unit,
+            reader: self.settings.reader.clone(),
+            heard: Arc::clone(&self.settings.heard),
+            denied: self.settings.denied.clone(),
         };
         Budgeted::new(inner, self.key.clone(), Arc::new(budget))
     }
@@ -417,6 +637,9 @@ impl<K, Bk> std::fmt::Debug for BudgetLayer<K, Bk> {
                 "in_flight",
                 &self.settings.in_flight.as_ref().map(|(cap, _)| cap),
             )
+            .field("tokens", &self.settings.tokens)
+            .field("counts", &self.settings.unit)
+            .field("heed", &self.settings.reader)
             .finish_non_exhaustive()
     }
 }

@@ -170,6 +170,27 @@ impl Lines {
         ))
     }
 
+    /// The calls waiting in each key's line, its head included (a
+    /// snapshot, for the operator's service); keys with none are left out.
+    #[cfg(feature = "operator")]
+    pub(crate) fn waiting_by_key(&self) -> Vec<(Key, usize)> {
+        if self.waiting.load(Ordering::Acquire) == 0 {
+            return Vec::new();
+        }
+        // The lines' lock, then each line's: no one holds a line's lock
+        // while it waits for the lines' (`join` and `Drop` take them one
+        // after the other), and no line is cloned, which `Drop` counts on.
+        let lines = lock(&self.lines);
+        lines
+            .iter()
+            .map(|(key, line)| {
+                let state = lock(&line.state);
+                (key.clone(), state.queue.len() + usize::from(state.head))
+            })
+            .filter(|(_, waiting)| *waiting > 0)
+            .collect()
+    }
+
     /// A wake-up delay in `[0, max)`, different on each draw: the heads of
     /// one budget in different processes do not ask the store in the same
     /// instant when its window opens.

@@ -95,12 +95,18 @@ mod admit;
 mod deadline;
 mod error;
 mod future;
+mod heard;
+mod heed;
 mod layer;
 mod line;
 mod service;
 mod settle;
+#[cfg(feature = "operator")]
+pub(crate) mod watch;
+mod word;
 
 pub use error::{BudgetError, WaitBound};
 pub use future::BudgetFuture;
 pub use layer::{BudgetLayer, DEFAULT_MARGIN, DEFAULT_MAX_WAIT, DEFAULT_MAX_WAITERS};
 pub use service::Budgeted;
+pub use word::{DEFAULT_MAX_SIGNAL, Ignored, Reader, Remaining, Signal, Unit, Word};

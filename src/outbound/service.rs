@@ -10,7 +10,7 @@ use std::task::{Context, Poll, Waker};
 use http::{Request, Response};
 use tower_service::Service;
 
-use crate::backend::Spending;
+use crate::backend::Heeding;
 use crate::key::KeyExtractor;
 use crate::request::RequestHead;
 
@@ -68,7 +68,7 @@ where
     S: Service<Request<B>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Error: Into<BoxError>,
     K: KeyExtractor,
-    Bk: Spending,
+    Bk: Heeding,
     B: Send + 'static,
     ResB: http_body::Body,
 {
@@ -96,15 +96,20 @@ where
             }
         };
         let cost = budget.cost(&head);
-        if cost > budget.quota.limit() {
+        let limit = budget.cost_quota().limit();
+        if cost > limit {
             return BudgetFuture::failed(BudgetError::NeverFits {
                 budget: Arc::clone(&budget.name),
                 cost,
-                limit: budget.quota.limit(),
+                limit,
             });
         }
-        // Under a cap in flight, every call takes its slot in its line.
-        let start = if budget.lines.busy(&key) || budget.slots.is_some() {
+        // Under a cap in flight, every call takes its slot in its line; a
+        // key the provider closed waits in its line until it opens.
+        let closed = budget.heard.closed_for(&key);
+        let start = if let Some(left) = closed {
+            Start::Denied(left)
+        } else if budget.lines.busy(&key) || budget.slots.is_some() {
             Start::Busy
         } else {
             let mut answer = budget.spend(&key, cost);

@@ -34,8 +34,11 @@ impl<Bk: Spending> Meter for Tab<Bk> {
         let Some(amending) = Amending::new(name, gate, &budget.failure, self.insured) else {
             return;
         };
-        let in_store = || budget.backend.amend(name, &self.key, &self.hit, amend);
-        let Some(pending) = amending.amend(name, &self.key, &self.hit, Some(amend), in_store)
+        // The counter the call's cost was spent from: the tokens', when the
+        // budget has them.
+        let namespace = budget.namespace(budget.counters().len() - 1);
+        let in_store = || budget.backend.amend(namespace, &self.key, &self.hit, amend);
+        let Some(pending) = amending.amend(namespace, &self.key, &self.hit, Some(amend), in_store)
         else {
             return;
         };

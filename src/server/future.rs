@@ -27,7 +27,7 @@ use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
 use crate::response::{self, Deny};
 use crate::server::tab::{Passed, RefundTab, Settled};
-use crate::server::verdict::{self, Ask, Verdict};
+use crate::server::verdict::{self, Ask, Holding, Verdict};
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): what its
@@ -83,13 +83,17 @@ pin_project! {
             stopwatch: Stopwatch,
             // Only when the layer counts by outcome.
             tab: Option<Box<T>>,
-            // The key, for the insurance limiter; only under
-            // `FailurePolicy::Insurance` without a tab (which holds it).
+            // The key, for the insurance limiter and the keys denied most;
+            // only under `FailurePolicy::Insurance` or `top_denied`,
+            // without a tab (which holds it). Inline: no allocation.
             fallback: Option<Key>,
             // What the request spends, under a layer that spends, and the
             // quota its cost can never fit, when there is one.
             cost: Option<u64>,
             never_fits: Option<usize>,
+            // Under an in-flight cap, the guard of the slot asked for, boxed
+            // (8 bytes here).
+            slot: Option<Box<Holding>>,
         },
         // Passed on: waiting for the service, whose answer gets what the
         // decision writes onto it, if the request was counted and anything
@@ -98,6 +102,8 @@ pin_project! {
             #[pin]
             future: F,
             answer: Option<Answer>,
+            // Under an in-flight cap, the slot the answer's body holds.
+            held: Option<Box<Holding>>,
         },
         // Passed on counted, under a layer that counts by outcome: waiting
         // for the service, whose answer settles the tab (the decision is
@@ -106,12 +112,15 @@ pin_project! {
             #[pin]
             future: F,
             tab: Option<Box<T>>,
+            held: Option<Box<Holding>>,
         },
         // Answered, waiting for refunds that no tokio runtime can finish
         // in the background.
         Refunding {
             wait: Wait,
             response: Option<Res>,
+            // A passed answer's slot, under a cap (a denial holds none).
+            slot: Option<Box<Holding>>,
         },
         // Answered by the limiter itself.
         Respond {
@@ -217,6 +226,7 @@ where
         Self::with(State::Inner {
             future,
             answer: None,
+            held: None,
         })
     }
 
@@ -245,12 +255,17 @@ where
     fn decided(
         verdict: Verdict<ResBody, RefundTab<Bk, D>>,
         carry: Carry,
+        held: Option<Box<Holding>>,
         call: impl FnOnce(Option<Decision>) -> S::Future,
     ) -> Self {
         // Each arm builds its state in place: a state built first and
         // moved after is a copy of the whole future.
         match verdict {
-            Verdict::Pass(None) => Self::passing(call(None)),
+            Verdict::Pass(None) => Self::with(State::Inner {
+                future: call(None),
+                answer: None,
+                held,
+            }),
             Verdict::Pass(Some(Passed { decision, .. })) => {
                 if carry.response || response::writes_on_passed(&decision) {
                     let for_request = carry.request.then(|| decision.clone());
@@ -261,21 +276,28 @@ where
                     Self::with(State::Inner {
                         future: call(for_request),
                         answer: Some(answer),
+                        held,
                     })
                 } else {
                     // Nothing to write onto the answer: the decision goes
                     // to the request, or nowhere.
-                    Self::passing(call(carry.request.then_some(decision)))
+                    Self::with(State::Inner {
+                        future: call(carry.request.then_some(decision)),
+                        answer: None,
+                        held,
+                    })
                 }
             }
             Verdict::Counted(tab) => Self::with(State::Counting {
                 future: call(carry.request.then(|| tab.decision().cloned()).flatten()),
                 tab: Some(tab),
+                held,
             }),
             Verdict::Respond(response) => Self::respond(response),
             Verdict::Refunding(response, wait) => Self::with(State::Refunding {
                 wait,
                 response: Some(response),
+                slot: None,
             }),
         }
     }
@@ -292,6 +314,9 @@ pub(crate) struct Count<'a> {
     /// the backend was asked only to learn what the key's counters hold
     /// (a cost above a limit never fits, so nothing is spent).
     pub(crate) never_fits: Option<usize>,
+    /// Under an in-flight cap, the guard of the slot asked for with the
+    /// counters.
+    pub(crate) slot: Option<Box<Holding>>,
 }
 
 impl<S, ReqBody, ResBody, Bk, D, M, R, K> ResponseFuture<S, ReqBody, Bk, D, M, R, K>
@@ -324,6 +349,7 @@ where
             key,
             cost,
             never_fits,
+            slot,
         } = count;
         // A request that can never fit is counted nowhere: nothing to
         // amend.
@@ -342,18 +368,19 @@ where
                     cost,
                     never_fits,
                 };
-                let verdict = verdict::decide(core, result, ask, tab);
-                Self::decided(verdict, carry, |decision| {
+                let (verdict, held) = verdict::decide_holding(core, result, ask, tab, slot);
+                Self::decided(verdict, carry, held, |decision| {
                     call_with(service, request, decision)
                 })
             }
             Poll::Pending => {
                 let clone = service.clone();
                 let service = std::mem::replace(service, clone);
-                // The insurance limiter needs the key; a tab holds it
-                // already.
-                let fallback = (tab.is_none() && core.settings.failure.insurance().is_some())
-                    .then(|| key.clone());
+                // The insurance limiter and the keys denied most need the
+                // key; a tab holds it already.
+                let s = &core.settings;
+                let needs_key = s.failure.insurance().is_some() || s.denied.is_some();
+                let fallback = (tab.is_none() && needs_key).then(|| key.clone());
                 Self::with(State::Checking {
                     core: Arc::clone(core),
                     hit,
@@ -366,6 +393,7 @@ where
                     fallback,
                     cost,
                     never_fits,
+                    slot,
                 })
             }
         }
@@ -441,6 +469,7 @@ where
                     fallback,
                     cost,
                     never_fits,
+                    slot,
                 } => {
                     let result = match Pin::new(hit).poll(cx) {
                         Poll::Ready(result) => result,
@@ -467,13 +496,20 @@ where
                         cost: *cost,
                         never_fits: *never_fits,
                     };
-                    let verdict = verdict::decide(core, result, ask, tab.take());
-                    let next = Self::decided(verdict, carry, |d| call_once(service, request, d));
+                    let (verdict, held) =
+                        verdict::decide_holding(core, result, ask, tab.take(), slot.take());
+                    let next =
+                        Self::decided(verdict, carry, held, |d| call_once(service, request, d));
                     this.state.set(next.state);
                 }
-                StateProj::Inner { future, answer } => {
+                StateProj::Inner {
+                    future,
+                    answer,
+                    held,
+                } => {
                     let result = ready!(future.poll(cx));
                     let answer = answer.take();
+                    let held = held.take();
                     this.state.set(State::Done);
                     let mut response = result?;
                     if let Some(Answer {
@@ -483,11 +519,13 @@ where
                     {
                         response::passed(&mut response, decision, in_extensions);
                     }
-                    return Poll::Ready(Ok(M::answer(response, None)));
+                    let slot = held.map(|held| held.onto(&mut response));
+                    return Poll::Ready(Ok(M::answer(response, None, slot)));
                 }
-                StateProj::Counting { future, tab } => {
+                StateProj::Counting { future, tab, held } => {
                     let result = ready!(future.poll(cx));
                     let tab = tab.take().expect("the tab is taken once");
+                    let held = held.take();
                     this.state.set(State::Done);
                     // An error is no answer: the hit stays counted.
                     let mut response = result?;
@@ -497,23 +535,30 @@ where
                             this.state.set(State::Refunding {
                                 wait,
                                 response: Some(response),
+                                slot: held,
                             });
                             continue;
                         }
                         Settled::Meter(tab) => Some(tab as Box<dyn Meter>),
                     };
-                    return Poll::Ready(Ok(M::answer(response, meter)));
+                    let slot = held.map(|held| held.onto(&mut response));
+                    return Poll::Ready(Ok(M::answer(response, meter, slot)));
                 }
-                StateProj::Refunding { wait, response } => {
+                StateProj::Refunding {
+                    wait,
+                    response,
+                    slot,
+                } => {
                     ready!(wait.as_mut().poll(cx));
-                    let response = response.take().expect("the response is taken once");
+                    let mut response = response.take().expect("the response is taken once");
+                    let slot = slot.take().map(|held| held.onto(&mut response));
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(M::answer(response, None)));
+                    return Poll::Ready(Ok(M::answer(response, None, slot)));
                 }
                 StateProj::Respond { response } => {
                     let response = response.take().expect("the response is taken once");
                     this.state.set(State::Done);
-                    return Poll::Ready(Ok(M::answer(response, None)));
+                    return Poll::Ready(Ok(M::answer(response, None, None)));
                 }
                 StateProj::Done => panic!("ResponseFuture polled after it completed"),
             }

@@ -3,25 +3,30 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
+use std::time::Duration;
 
 use http::Response;
 use tower_layer::Layer;
 
-use crate::backend::{Backend, MemoryBackend};
+use crate::backend::{Backend, InFlight, MemoryBackend};
 use crate::budget::check::{built, layer_name};
 use crate::budget::failure::FailurePolicy;
 use crate::budget::spend::{Cost, CostFn, SpendPlan};
-use crate::core::{Core, OnMissingKey, Settings, SkipIf};
+use crate::core::{CapCore, Core, OnMissingKey, Settings, SkipIf};
+use crate::cost::Mode;
 use crate::cost::body::{self, BodyEstimate};
-use crate::cost::{Charged, Mode};
 use crate::count::ResponseHead;
 use crate::decision::{Decision, DecisionIn};
+use crate::denied::{DeniedKeys, TopDenied};
 use crate::error::ConfigError;
+use crate::in_flight::layer::lease_above;
+use crate::in_flight::slot::Shared;
 use crate::key::{Allowlist, Key, KeyError, KeyExtractor};
+use crate::limits::LimitBook;
 use crate::policy::{NamedQuota, Policies};
 use crate::quota::{Quota, Window};
 use crate::request::RequestHead;
-use crate::response::{DefaultDeny, HeaderStyle};
+use crate::response::{DefaultDeny, HeaderStyle, InFlightFields};
 use crate::server::service::RateLimit;
 use crate::timeout::DEFAULT_TIMEOUT;
 
@@ -81,7 +86,8 @@ use crate::timeout::DEFAULT_TIMEOUT;
 /// `M` is the layer's mode: `()`, plain hits, unless it spends (a
 /// [`cost`](Self::cost), a [`reserve`](Self::reserve), a
 /// [`block_for`](Self::block_for), a [`reset_if`](Self::reset_if)) or has a
-/// [`charge`](Self::charge).
+/// [`charge`](Self::charge), and [`Capped`](crate::cost::Capped) over that
+/// with an [`in_flight`](Self::in_flight) cap.
 ///
 /// `R` says where a reservation is read from: `()`, the request's head,
 /// unless [`reserve_from_body`](Self::reserve_from_body) made it a
@@ -181,6 +187,7 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
                 backend,
                 deny: self.core.deny,
                 settings: self.core.settings,
+                cap: None,
             },
             mode: PhantomData,
             reads: self.reads,
@@ -201,7 +208,74 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
                 backend: self.core.backend,
                 deny,
                 settings: self.core.settings,
+                cap: None,
             },
+            mode: PhantomData,
+            reads: self.reads,
+        }
+    }
+
+    /// At most `cap.max()` requests **in flight** per key as well, shared
+    /// by every instance on the backend, in the same store step as the
+    /// quotas: one round trip decides both. A request takes a slot with its
+    /// counters and holds it until its answer's body ends, fails or is
+    /// dropped; the answers' bodies become [`Leased`](crate::in_flight::Leased).
+    ///
+    /// - A request refused by the cap counts nothing: `429` with
+    ///   `Retry-After` (gRPC `RESOURCE_EXHAUSTED`), and the cap's IETF
+    ///   fields (`qu="concurrent-requests"`) beside the quotas'.
+    /// - A request refused by its quotas takes no slot, and is denied as
+    ///   any other.
+    /// - Slots live on leases, extended by one store call per instance
+    ///   every third of the lease, as [`InFlightLayer`](crate::InFlightLayer)'s:
+    ///   the guide, [`docs/in-flight.md`](crate::guide::in_flight), says
+    ///   what "at most N" means under each failure.
+    ///
+    /// It builds only on a backend that implements
+    /// [`Leasing`](crate::backend::Leasing) (every backend of this crate
+    /// does), set before or after it. A lease no longer than the layer's
+    /// [`timeout`](Self::timeout) is refused by [`check`](Self::check).
+    /// The slots are named by the layer's name and the key, apart from its
+    /// counters.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use axum::{Router, body::Body, http::{Request, StatusCode}, routing::get};
+    /// use tower::ServiceExt;
+    /// use tower_pinned_window::{InFlight, Quota, RateLimitLayer};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = RateLimitLayer::new("completions", Quota::new(100, Duration::from_secs(60)).unwrap())
+    ///     .in_flight(InFlight::new(1, Duration::from_secs(30)).unwrap());
+    /// let app = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// let call = || app.clone().oneshot(Request::new(Body::empty()));
+    /// let fields = |response: &axum::response::Response| -> Vec<String> {
+    ///     let all = response.headers().get_all("ratelimit").iter();
+    ///     all.map(|value| value.to_str().unwrap().to_owned()).collect()
+    /// };
+    /// let first = call().await.unwrap();
+    /// assert_eq!(first.status(), StatusCode::OK);
+    /// // The quota's member, and the cap's: no slot left.
+    /// assert_eq!(fields(&first), ["\"completions\";r=99;t=60, \"completions\";r=0"]);
+    /// // The first answer's body still holds its slot: nothing is counted.
+    /// let second = call().await.unwrap();
+    /// assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    /// assert_eq!(fields(&second), ["\"completions\";r=0;t=30"]);
+    /// drop(first);
+    /// let third = call().await.unwrap();
+    /// assert_eq!(third.status(), StatusCode::OK);
+    /// assert_eq!(fields(&third), ["\"completions\";r=98;t=60, \"completions\";r=0"]);
+    /// # }
+    /// ```
+    pub fn in_flight(mut self, cap: InFlight) -> RateLimitLayer<K, Bk, D, M::Capped, R>
+    where
+        M: Mode,
+    {
+        self.core.settings.in_flight = Some(cap);
+        RateLimitLayer {
+            key: self.key,
+            core: self.core,
             mode: PhantomData,
             reads: self.reads,
         }
@@ -240,7 +314,9 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
 
     /// Pick a request's quota with `choose` (a tier your authentication
     /// attached, say); `None` falls back to the route's quota or the layer's.
-    /// Quotas added with [`also`](Self::also) still apply. Guide:
+    /// Quotas added with [`also`](Self::also) still apply. Every tier counts
+    /// in the layer's own counter, so a key whose tier changes keeps its
+    /// count and its window (a downgrade mid-window denies at once). Guide:
     /// [`docs/quotas.md#tiers-quota_by`](crate::guide::quotas#tiers-quota_by).
     pub fn quota_by<F, Q>(mut self, choose: F) -> Self
     where
@@ -251,6 +327,17 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
             .settings
             .policies
             .set_quota_by(Arc::new(move |head| choose(head).map(Into::into)));
+        self
+    }
+
+    /// Read the layer's limits from `book` too: limits held in the store per
+    /// layer, tier and key, set while the service runs and applied within
+    /// the book's staleness bound, with no store call on the request path
+    /// (see [`LimitBook`](crate::LimitBook) for which limit applies). The
+    /// count is kept when a limit changes. Guide:
+    /// [limits that change](crate::guide::guarantees#limits-that-change).
+    pub fn limits(mut self, book: LimitBook) -> Self {
+        self.core.settings.policies.set_book(&book);
         self
     }
 
@@ -384,6 +471,38 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
         self
     }
 
+    /// Count the keys this layer denies most in a table of
+    /// `top.capacity()` counters, kept in this process's memory and shown
+    /// as keyed digests, never the keys; read it through
+    /// [`denied_keys`](Self::denied_keys). An allowed request never touches
+    /// it, and a denial costs no store call. Each call makes a new, empty
+    /// table, which the layer's clones and services then share. Module
+    /// docs: [`denied`](crate::denied); guide:
+    /// [`docs/metrics.md#the-keys-denied-most`](crate::guide::metrics#the-keys-denied-most).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::denied::TopDenied;
+    /// use tower_pinned_window::{Quota, RateLimitLayer};
+    ///
+    /// let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
+    /// let layer = RateLimitLayer::new("api", quota).top_denied(TopDenied::new(1_000).unwrap());
+    /// assert_eq!(layer.denied_keys().unwrap().capacity(), 1_000);
+    /// ```
+    pub fn top_denied(mut self, top: TopDenied) -> Self {
+        let s = &mut self.core.settings;
+        s.denied = Some(top.table(&s.name));
+        self
+    }
+
+    /// The handle on the keys this layer denied most, when
+    /// [`top_denied`](Self::top_denied) turned them on; `None` otherwise.
+    /// Take it before the layer goes into a router: the handle and the
+    /// layer's services share one table.
+    pub fn denied_keys(&self) -> Option<DeniedKeys> {
+        self.core.settings.denied.clone()
+    }
+
     /// The layer's name.
     pub fn name(&self) -> &str {
         &self.core.settings.name
@@ -400,11 +519,18 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     pub fn backend_ref(&self) -> &Bk {
         &self.core.backend
     }
+
+    /// The layer's settings, for the operator's service
+    /// (`operator/`), which reads its name, counters and whether it spends.
+    #[cfg(feature = "operator")]
+    pub(crate) fn settings(&self) -> &Settings {
+        &self.core.settings
+    }
 }
 
 /// Costs, reservations, charges, lockouts and resets on success (the
 /// guide: [`docs/costs.md`](crate::guide::costs)). Each moves the layer to a mode that spends
-/// ([`Spends`](crate::cost::Spends), or [`Charged`]), which builds only on a
+/// ([`Spends`](crate::cost::Spends), or [`Charged`](crate::cost::Charged)), which builds only on a
 /// backend that implements [`Spending`](crate::backend::Spending), whatever
 /// the order of the calls.
 impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
@@ -482,7 +608,7 @@ impl<K, Bk, D, M: Mode, R> RateLimitLayer<K, Bk, D, M, R> {
     /// let by_calls = RateLimitLayer::new("calls", quota).charge(|end| u64::from(end.status().is_success()));
     /// assert!(by_tokens.check().is_ok() && by_calls.check().is_ok());
     /// ```
-    pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, Charged, R>
+    pub fn charge<F, T>(self, charge: F) -> RateLimitLayer<K, Bk, D, M::Charged, R>
     where
         F: Fn(&ResponseHead<'_>) -> T + Send + Sync + 'static,
         T: Into<Option<u64>>,
@@ -657,11 +783,18 @@ impl<K, Bk, D, M, R> RateLimitLayer<K, Bk, D, M, R> {
     /// - [`ConfigError::ReserveWithoutCharge`] for a
     ///   [`reserve`](Self::reserve) without a [`charge`](Self::charge) to
     ///   settle it.
+    /// - [`ConfigError::LeaseNotAboveTimeout`] for an
+    ///   [`in_flight`](Self::in_flight) cap whose lease is no longer than
+    ///   the layer's [`timeout`](Self::timeout): a slot could run out before
+    ///   the answer that took it arrived.
     /// - [`ConfigError::ReserveWithCost`] for a `reserve` together with a
     ///   `cost` or [`cost_fn`](Self::cost_fn): the reservation is the
     ///   request's cost on the way in.
     pub fn check(&self) -> Result<(), ConfigError> {
         let s = &self.core.settings;
+        if let Some(cap) = s.in_flight {
+            lease_above(cap.lease(), s.timeout)?;
+        }
         match &s.spend {
             Some(plan) => plan.check(s.policies.smallest_limit()),
             None => Ok(()),
@@ -699,7 +832,7 @@ impl<K: fmt::Debug, Bk: fmt::Debug, D, M, R: fmt::Debug> fmt::Debug
 ///
 /// # Panics
 /// When the layer cannot work: see [`check`](RateLimitLayer::check).
-impl<S, K: Clone, Bk: Clone, D: Clone, M, R: Clone> Layer<S> for RateLimitLayer<K, Bk, D, M, R> {
+impl<S, K: Clone, Bk: Backend, D: Clone, M, R: Clone> Layer<S> for RateLimitLayer<K, Bk, D, M, R> {
     type Service = RateLimit<S, K, Bk, D, M, R>;
 
     #[track_caller]
@@ -709,6 +842,24 @@ impl<S, K: Clone, Bk: Clone, D: Clone, M, R: Clone> Layer<S> for RateLimitLayer<
         // Known only now, whatever the order the options were set in.
         let lowers = core.lowers_counts();
         core.settings.policies.set_lowers(lowers);
+        if let Some(in_flight) = core.settings.in_flight {
+            let s = &core.settings;
+            let slots = Shared::new(
+                Arc::clone(&s.name),
+                in_flight,
+                core.backend.clone(),
+                s.failure.clone(),
+                s.timeout,
+                Duration::ZERO,
+            );
+            let fields = (s.policies.style() == HeaderStyle::Ietf)
+                .then(|| Arc::new(InFlightFields::new(&s.name, in_flight.max())));
+            core.cap = Some(CapCore {
+                in_flight,
+                slots: Arc::new(slots),
+                fields,
+            });
+        }
         RateLimit::new(inner, self.key.clone(), Arc::new(core), self.reads.clone())
     }
 }

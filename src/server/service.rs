@@ -11,7 +11,7 @@ use http::{Request, Response};
 use http_body::Body;
 use tower_service::Service;
 
-use crate::backend::{Backend, Spend};
+use crate::backend::{Backend, Cap, SlotId, Spend};
 use crate::core::{Core, OnMissingKey};
 use crate::cost::Counts;
 use crate::cost::body::{self, BodyEstimate, BodyReader, Replay, Start, TooLarge};
@@ -19,6 +19,7 @@ use crate::key::KeyExtractor;
 use crate::request::RequestHead;
 use crate::response::Deny;
 use crate::server::future::{Count, Reads, ResponseFuture};
+use crate::server::verdict::Holding;
 
 /// Rate-limits the requests to `S`; made by [`RateLimitLayer`](crate::RateLimitLayer).
 ///
@@ -186,11 +187,11 @@ impl<S, K, Bk, D, M, R> RateLimit<S, K, Bk, D, M, R> {
                 return ResponseFuture::key_rejected(core, &err, &head);
             }
         };
-        let policy = s.policies.select(&head);
+        let policy = s.policies.select(&head, &key);
         // A layer with a cost, a charge, a lockout or a reset on success
         // spends; any other hits, as it always has.
-        let (hit, cost, never_fits) = match &s.spend {
-            None => (policy.hit(&core.backend, &key), None, None),
+        let (spend, cost, never_fits) = match &s.spend {
+            None => (None, None, None),
             Some(plan) => {
                 let cost = plan.cost(&head);
                 // A cost above a limit is denied whatever the count; it is
@@ -201,9 +202,28 @@ impl<S, K, Bk, D, M, R> RateLimit<S, K, Bk, D, M, R> {
                     None => plan.spend(cost),
                     Some(_) => Spend::cost(cost),
                 };
-                let hit = policy
-                    .with_counters(|counters| M::spend_all(&core.backend, &key, counters, spend));
-                (hit, Some(cost), never_fits)
+                (Some(spend), Some(cost), never_fits)
+            }
+        };
+        let (hit, slot) = match (&core.cap, spend) {
+            (None, None) => (policy.hit(&core.backend, &key), None),
+            (None, Some(spend)) => (
+                policy.with_counters(|counters| M::spend_all(&core.backend, &key, counters, spend)),
+                None,
+            ),
+            // Under a cap, the slot is taken in the counters' step; its
+            // guard is made first, so that a take whose answer never comes
+            // back is given back by its name.
+            (Some(cap), spend) => {
+                let slot = SlotId::next();
+                let in_flight = Cap {
+                    namespace: &s.name,
+                    in_flight: cap.in_flight,
+                };
+                let hit = policy.with_counters(|counters| {
+                    M::take_all(&core.backend, &key, in_flight, slot, counters, spend)
+                });
+                (hit, M::guard(&cap.slots, &key, slot).map(Holding::boxed))
             }
         };
         tracing::trace!(limiter = %s.name, %key, ?cost, "rate-limit hit");
@@ -212,6 +232,7 @@ impl<S, K, Bk, D, M, R> RateLimit<S, K, Bk, D, M, R> {
             key: &key,
             cost,
             never_fits,
+            slot,
         };
         ResponseFuture::start(core, hit, count, &mut self.inner, request)
     }

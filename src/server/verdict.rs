@@ -15,15 +15,16 @@ use std::sync::Arc;
 
 use http::Response;
 
-use crate::backend::{Backend, BackendError, Hits};
+use crate::backend::{Backend, BackendError, Cap, Hits, Taken};
 use crate::budget::failure::{self, Outage};
 use crate::budget::settle::Wait;
-use crate::core::Core;
+use crate::core::{CapCore, Core};
+use crate::cost::leased::SlotGuard;
 use crate::decision::{Carry, Decision};
 use crate::key::{Key, KeyError};
 use crate::policy::{Policy, Selected};
 use crate::request::RequestHead;
-use crate::response::{self, Deny};
+use crate::response::{self, Deny, InFlightFields};
 use crate::server::tab::{Passed, RefundTab};
 
 /// What the limiter does with a request.
@@ -53,7 +54,8 @@ pub(crate) struct Ask<'a> {
     pub(crate) policy: &'a Selected<'a>,
     /// Where a passed request's decision goes.
     pub(crate) carry: Carry,
-    /// The key, for the insurance limiter (a tab holds its own).
+    /// The key, for the insurance limiter and the keys denied most (a tab
+    /// holds its own).
     pub(crate) key: Option<&'a Key>,
     /// What the request spends, under a layer that spends.
     pub(crate) cost: Option<u64>,
@@ -82,7 +84,7 @@ where
     B: Default,
 {
     if let (Some(index), Some(cost)) = (ask.never_fits, ask.cost) {
-        return never_fits(core, result, ask.policy, index, cost, ask.request);
+        return never_fits(core, result, ask.policy, index, cost, ask.request, ask.key);
     }
     if let Err(err) = &result
         && core.settings.failure.insures(err)
@@ -93,21 +95,223 @@ where
         return insured(core, err, &ask, tab);
     }
     match tab {
-        None => judge(
-            core,
-            result,
-            ask.policy,
-            ask.request,
-            ask.cost,
-            ask.carry.anywhere(),
-            false,
-        ),
+        None => {
+            let judged = Judged {
+                policy: ask.policy,
+                request: ask.request,
+                key: ask.key,
+                cost: ask.cost,
+            };
+            judge(core, result, judged, ask.carry.anywhere(), false)
+        }
         Some(tab) => {
             let kept = || ask.policy.to_arc();
             let judged = (&**ask.policy, ask.request, ask.cost);
             tabbed(core, result, judged, kept, tab, false)
         }
     }
+}
+
+/// A verdict under a cap, and the slot a passed request holds.
+pub(crate) type Holds<B, T> = (Verdict<B, T>, Option<Box<Holding>>);
+
+/// A slot a passed request holds until its answer's body ends, and what
+/// its answer says of it.
+pub(crate) struct Holding {
+    guard: SlotGuard,
+    /// The slots left after this one.
+    left: u64,
+    fields: Option<Arc<InFlightFields>>,
+}
+
+impl Holding {
+    /// The slot `guard` asked for, before the store's answer: boxed at
+    /// once, the one allocation a request under a cap keeps until its
+    /// answer's body ends (and a future waiting on the store holds 8 bytes
+    /// for it, not the guard's).
+    pub(crate) fn boxed(guard: SlotGuard) -> Box<Self> {
+        Box::new(Self {
+            guard,
+            left: 0,
+            fields: None,
+        })
+    }
+
+    /// Writes the cap's fields onto `response`; the guard goes to its body.
+    pub(crate) fn onto<B>(self, response: &mut Response<B>) -> SlotGuard {
+        if let Some(fields) = &self.fields {
+            fields.write(response.headers_mut(), self.left, None);
+        }
+        self.guard
+    }
+}
+
+/// [`decide`], under an in-flight cap when `slot` (the guard of the
+/// request's slot) is there: the verdict, and the slot a passed request
+/// holds.
+#[inline(always)]
+pub(crate) fn decide_holding<Bk, D, B>(
+    core: &Core<Bk, D>,
+    result: Result<Hits, BackendError>,
+    ask: Ask<'_>,
+    tab: Option<Box<RefundTab<Bk, D>>>,
+    slot: Option<Box<Holding>>,
+) -> Holds<B, RefundTab<Bk, D>>
+where
+    Bk: Backend,
+    D: Deny<B>,
+    B: Default,
+{
+    match slot {
+        None => (decide(core, result, ask, tab), None),
+        Some(held) => capped(core, result, ask, tab, held),
+    }
+}
+
+/// [`decide_holding`] under a cap, whose store step took the slot with the
+/// counters ([`Leasing::take_all`](crate::backend::Leasing::take_all)): a
+/// full cap answers 429 with nothing counted; counters that refuse took no
+/// slot, and decide as without a cap; a slot taken goes with a request
+/// that passes, and back when it does not.
+#[inline(never)]
+fn capped<Bk, D, B>(
+    core: &Core<Bk, D>,
+    result: Result<Hits, BackendError>,
+    ask: Ask<'_>,
+    tab: Option<Box<RefundTab<Bk, D>>>,
+    mut held: Box<Holding>,
+) -> Holds<B, RefundTab<Bk, D>>
+where
+    Bk: Backend,
+    D: Deny<B>,
+    B: Default,
+{
+    let cap = core.cap.as_ref().expect("a slot's guard comes with a cap");
+    let (result, taken) = match result {
+        Ok(hits) => {
+            let (hits, taken) = hits.split_taken();
+            (Ok(hits), taken)
+        }
+        Err(err) => (Err(err), None),
+    };
+    let taken = match &result {
+        Ok(_) => taken,
+        Err(err) if err.is_corrupt() => {
+            // Left as it is: nothing to give back.
+            held.guard.disarm();
+            return (decide(core, result, ask, tab), None);
+        }
+        Err(err) => {
+            let insured = core.settings.failure.insures(err);
+            return capped_outage(core, cap, result, ask, tab, held, insured);
+        }
+    };
+    match taken {
+        Some(taken) if !taken.granted => {
+            held.guard.disarm();
+            (busy(core, cap, taken, ask.request), None)
+        }
+        Some(taken) => {
+            let verdict = decide(core, result, ask, tab);
+            // A request that does not pass drops the guard: the slot goes
+            // back.
+            if !passes(&verdict) {
+                return (verdict, None);
+            }
+            held.guard.hold();
+            held.left = cap.in_flight.max().saturating_sub(taken.in_use);
+            held.fields.clone_from(&cap.fields);
+            (verdict, Some(held))
+        }
+        None => {
+            // The counters refused: no slot was taken.
+            held.guard.disarm();
+            (decide(core, result, ask, tab), None)
+        }
+    }
+}
+
+/// [`capped`] when the store failed (not on corrupt state): its take may
+/// have been made (a timeout), so the guard, dropped, gives it back by
+/// name. Under insurance the slot is taken in this instance's share of
+/// the cap first, then the counters are counted there too; otherwise the
+/// failure policy decides as without a cap (a request passed uncounted
+/// holds no slot).
+#[cold]
+fn capped_outage<Bk, D, B>(
+    core: &Core<Bk, D>,
+    cap: &CapCore,
+    result: Result<Hits, BackendError>,
+    ask: Ask<'_>,
+    tab: Option<Box<RefundTab<Bk, D>>>,
+    mut held: Box<Holding>,
+    insured: bool,
+) -> Holds<B, RefundTab<Bk, D>>
+where
+    Bk: Backend,
+    D: Deny<B>,
+    B: Default,
+{
+    let s = &core.settings;
+    let insurance = s.failure.insurance().filter(|_| insured);
+    let Some(insurance) = insurance else {
+        return (decide(core, result, ask, tab), None);
+    };
+    let in_flight = Cap {
+        namespace: &s.name,
+        in_flight: cap.in_flight,
+    };
+    match insurance.take(held.guard.key(), in_flight, held.guard.slot()) {
+        Ok(taken) if taken.granted => {
+            // The local slot's guard takes the place of the store's, which,
+            // dropped, gives back the store's take, if any; the local one is
+            // given back locally unless the request passes.
+            let local = held.guard.local();
+            drop(std::mem::replace(&mut held.guard, local));
+            let verdict = decide(core, result, ask, tab);
+            if !passes(&verdict) {
+                return (verdict, None);
+            }
+            let share = insurance.share().of(cap.in_flight.max());
+            held.left = share.saturating_sub(taken.in_use);
+            held.fields.clone_from(&cap.fields);
+            (verdict, Some(held))
+        }
+        Ok(taken) => (busy(core, cap, taken, ask.request), None),
+        Err(local) => {
+            s.metrics.backend_error(&s.name, &local);
+            (decide(core, result, ask, tab), None)
+        }
+    }
+}
+
+/// Whether `verdict` calls the service.
+fn passes<B, T>(verdict: &Verdict<B, T>) -> bool {
+    matches!(verdict, Verdict::Pass(_) | Verdict::Counted(_))
+}
+
+/// The answer to `request`, refused a slot by a full cap (`taken`):
+/// `429` with `Retry-After` (gRPC `RESOURCE_EXHAUSTED`) and the cap's
+/// fields; nothing was counted. In shadow mode it passes, uncounted.
+#[cold]
+fn busy<Bk, D, B: Default, T>(
+    core: &Core<Bk, D>,
+    cap: &CapCore,
+    taken: Taken,
+    request: &RequestHead<'_>,
+) -> Verdict<B, T> {
+    let s = &core.settings;
+    if s.shadow {
+        tracing::debug!(limiter = %s.name, in_use = taken.in_use, "in-flight cap full (shadow mode): passing the request uncounted");
+        return Verdict::Pass(None);
+    }
+    tracing::debug!(limiter = %s.name, in_use = taken.in_use, "in-flight cap full: answering 429");
+    let mut response = response::busy(request.is_grpc(), taken.retry);
+    if let Some(fields) = &cap.fields {
+        let left = cap.in_flight.max().saturating_sub(taken.in_use);
+        fields.write(response.headers_mut(), left, Some(taken.retry));
+    }
+    Verdict::Respond(response)
 }
 
 /// [`decide`] when the backend failed with `err` and the layer is insured:
@@ -159,7 +363,15 @@ where
         Outage::Closed(err) => return unavailable(err, ask.request),
     };
     match tab {
-        None => judge(core, Ok(hits), &policy, ask.request, ask.cost, true, true),
+        None => {
+            let judged = Judged {
+                policy: &policy,
+                request: ask.request,
+                key: Some(key),
+                cost: ask.cost,
+            };
+            judge(core, Ok(hits), judged, true, true)
+        }
         Some(tab) => {
             // What the insurance counted is refunded, charged or cleared
             // in its own store, never in the backend.
@@ -198,7 +410,13 @@ where
         Err(_) => false,
     };
     let (policy, request, cost) = judged;
-    match judge(core, result, policy, request, cost, true, insured) {
+    let judged = Judged {
+        policy,
+        request,
+        key: Some(&tab.key),
+        cost,
+    };
+    match judge(core, result, judged, true, insured) {
         Verdict::Pass(Some(passed)) => {
             tab.pass(passed);
             Verdict::Counted(tab)
@@ -211,9 +429,20 @@ where
     }
 }
 
-/// The verdict on `request`, given the hits (or failure) `result` on
-/// `policy`'s counters; `cost` is the request's under a layer that spends;
-/// `insured` when the insurance limiter counted them.
+/// What [`judge`] judges: the request, its key when it is known (to
+/// count a denial among the keys denied most), its cost under a layer
+/// that spends, and the policy whose counters were hit.
+#[derive(Clone, Copy)]
+struct Judged<'a> {
+    policy: &'a Policy,
+    request: &'a RequestHead<'a>,
+    key: Option<&'a Key>,
+    cost: Option<u64>,
+}
+
+/// The verdict on `judged`'s request, given the hits (or failure) `result`
+/// on its policy's counters; `insured` when the insurance limiter counted
+/// them.
 ///
 /// Unless `read` (the decision on a passed request is carried to the
 /// request or the response, settled under `count_if`, or insured), a
@@ -225,9 +454,7 @@ where
 fn judge<Bk, D, B, T>(
     core: &Core<Bk, D>,
     result: Result<Hits, BackendError>,
-    policy: &Policy,
-    request: &RequestHead<'_>,
-    cost: Option<u64>,
+    judged: Judged<'_>,
     read: bool,
     insured: bool,
 ) -> Verdict<B, T>
@@ -235,6 +462,12 @@ where
     D: Deny<B>,
     B: Default,
 {
+    let Judged {
+        policy,
+        request,
+        key,
+        cost,
+    } = judged;
     let s = &core.settings;
     if let Err(err) = &result {
         s.metrics.backend_error(&s.name, err);
@@ -266,12 +499,13 @@ where
         decision.insure();
     }
     tracing::debug!(limiter = %s.name, policy = decision.policy(), count = decision.count(), limit = decision.limit(), outcome = ?decision.outcome(), insured, "rate-limit decision");
-    conclude(core, policy, index, decision, request)
+    conclude(core, policy, index, decision, request, key)
 }
 
 /// The verdict of `decision`, made on the quota at `index` of `policy`:
-/// counted in the quota's metrics, shown to the observer, then passed on
-/// or denied.
+/// counted in the quota's metrics, shown to the observer, counted among
+/// the keys denied most when it is over the limit (a denial, or a
+/// shadowed one) and the layer counts them, then passed on or denied.
 #[inline(always)]
 fn conclude<Bk, D, B, T>(
     core: &Core<Bk, D>,
@@ -279,6 +513,7 @@ fn conclude<Bk, D, B, T>(
     index: usize,
     decision: Decision,
     request: &RequestHead<'_>,
+    key: Option<&Key>,
 ) -> Verdict<B, T>
 where
     D: Deny<B>,
@@ -287,6 +522,11 @@ where
     policy.quota_metrics(index).record(&decision);
     if let Some(observer) = &core.settings.observer {
         observer(&decision);
+    }
+    if decision.over_limit()
+        && let (Some(denied), Some(key)) = (&core.settings.denied, key)
+    {
+        denied.record(key);
     }
     if decision.passed() {
         return Verdict::Pass(Some(Passed {
@@ -312,6 +552,7 @@ fn never_fits<Bk, D, B, T>(
     index: usize,
     cost: u64,
     request: &RequestHead<'_>,
+    key: Option<&Key>,
 ) -> Verdict<B, T>
 where
     D: Deny<B>,
@@ -328,7 +569,7 @@ where
     };
     let decision = policy.never_fitting(index, cost, hit, s.shadow, request.route_owned());
     tracing::debug!(limiter = %s.name, policy = decision.policy(), cost, limit = decision.limit(), "rate-limit cost above the limit: the request can never be admitted");
-    conclude(core, policy, index, decision, request)
+    conclude(core, policy, index, decision, request, key)
 }
 
 /// The verdict on `request` when the backend failed with `err`: a pass

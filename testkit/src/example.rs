@@ -185,17 +185,19 @@
 //!             .iter()
 //!             .map(|c| *state.entry(now, c.namespace, key))
 //!             .collect();
-//!         let need = spend.cost.max(1);
+//!         // Each counter's cost: the first's own unit when the spend has one.
+//!         let need = |i: usize| spend.cost_of(i).max(1);
 //!         let count = |entry: &Entry| entry.window.map_or(0, |(count, _)| count);
-//!         let fits = |counter: &Counter<'_>, entry: &Entry| {
+//!         let fits = |i: usize, counter: &Counter<'_>, entry: &Entry| {
 //!             entry.locked_until.is_none()
 //!                 && count(entry)
-//!                     .checked_add(need)
+//!                     .checked_add(need(i))
 //!                     .is_some_and(|n| n <= counter.quota.limit())
 //!         };
-//!         let all_fit = counters.iter().zip(&found).all(|(c, e)| fits(c, e));
+//!         let all_fit = (0..counters.len()).all(|i| fits(i, &counters[i], &found[i]));
 //!         let mut hits = Hits::with_capacity(counters.len());
-//!         for (counter, found) in counters.iter().zip(&found) {
+//!         for (i, (counter, found)) in counters.iter().zip(&found).enumerate() {
+//!             let cost = spend.cost_of(i);
 //!             // Time left until `end`, or a whole window when there is none.
 //!             let left = |end: Option<u64>| {
 //!                 Duration::from_nanos(
@@ -203,10 +205,10 @@
 //!                 )
 //!             };
 //!             let window_end = found.window.map(|(_, deadline)| deadline);
-//!             hits.push(if !all_fit && fits(counter, found) {
+//!             hits.push(if !all_fit && fits(i, counter, found) {
 //!                 // It fits, another counter does not: nothing is spent.
 //!                 Hit {
-//!                     count: count(found).saturating_add(spend.cost),
+//!                     count: count(found).saturating_add(cost),
 //!                     reset: left(window_end),
 //!                     deadline: None,
 //!                 }
@@ -225,16 +227,16 @@
 //!                     None => count(found),
 //!                 };
 //!                 Hit {
-//!                     count: stands.saturating_add(need),
+//!                     count: stands.saturating_add(need(i)),
 //!                     reset: left(until.or(window_end)),
 //!                     deadline: None,
 //!                 }
-//!             } else if found.window.is_some() || spend.cost > 0 || spend.open {
+//!             } else if found.window.is_some() || cost > 0 || spend.open {
 //!                 // Every counter fits: add the cost, opening the window if need be.
 //!                 let opened = state.open(now, counter.quota);
 //!                 let entry = state.entry(now, counter.namespace, key);
 //!                 let (count, deadline) = entry.window.get_or_insert((0, opened));
-//!                 *count = count.saturating_add(spend.cost);
+//!                 *count = count.saturating_add(cost);
 //!                 Hit {
 //!                     count: *count,
 //!                     reset: Duration::from_nanos(*deadline - now),

@@ -25,6 +25,7 @@ pub(crate) fn scenarios<S: Store>() -> Vec<Scenario<S>> {
         scenario!(a_closed_window_starts_over_at_one),
         scenario!(concurrent_hits_count_each_count_once),
         scenario!(never_more_admitted_than_the_limit),
+        scenario!(a_raised_limit_counts_on_the_same_counter),
         scenario!(every_counter_of_a_hit_is_counted),
         scenario!(keys_and_namespaces_never_meet),
         scenario!(a_window_of_window_max_works),
@@ -48,6 +49,32 @@ pub(crate) fn scenarios<S: Store>() -> Vec<Scenario<S>> {
             ReadStored
         ),
     ]
+}
+
+/// A counter's limit may change from one hit to the next (a tier that
+/// changes shares the counter): the count carries over, a lower limit
+/// denies at once, and under a raised limit the hit is counted by the
+/// store even where an earlier hit was denied at the lower limit (a local
+/// cache of denials answers only for that limit or a lower one).
+async fn a_raised_limit_counts_on_the_same_counter<S: Store>(store: &S) {
+    let backend = store.fresh().await;
+    let key = Key::new("upgraded");
+    let (low, high) = (minute(2), minute(5));
+    for n in 1..=3 {
+        assert_eq!(hit(&backend, "tier", &key, low).await.count, n, "hit {n}");
+    }
+    // Denied at 2 (count 3): asked again at the same limit, a deny cache
+    // may answer; asked under a limit of 5, the store counts it.
+    let raised = hit(&backend, "tier", &key, high).await;
+    assert_eq!(raised.count, 4, "counted on the same counter, not afresh");
+    assert!(
+        raised.deadline.is_some(),
+        "counted in the store, not answered by a cache of the lower limit's denial"
+    );
+    assert_eq!(peek(&backend, "tier", &key).await.map(|h| h.count), Some(4));
+    // Back under the lower limit: denied with the count so far.
+    let lowered = hit(&backend, "tier", &key, low).await;
+    assert!(lowered.count > low.limit(), "denied under the lower limit");
 }
 
 /// Hits never move the deadline: every hit of a window names the deadline

@@ -1,16 +1,19 @@
 //! The in-flight contract: slots on leases ([`Leasing`]).
 //!
-//! These scenarios call [`Leasing::take`], [`Leasing::give_back`],
-//! [`Leasing::extend`] and [`Leasing::in_use`]; [`lease_scenarios`] is the one
-//! list that asks for [`Leasing`], so a backend that only counts hits (or
-//! also spends) runs the rest.
+//! These scenarios call [`Leasing::take`], [`Leasing::take_all`],
+//! [`Leasing::give_back`], [`Leasing::extend`] and [`Leasing::in_use`];
+//! [`lease_scenarios`] is the one list that asks for [`Leasing`] (with
+//! [`Spending`], for a step that takes a slot and spends), so a backend
+//! that only counts hits (or also spends) runs the rest.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use tower_pinned_window::InFlight;
-use tower_pinned_window::backend::{Backend, Cap, Held, Leasing, SlotId, Taken};
+use tower_pinned_window::backend::{
+    Backend, Cap, Counter, Held, Hits, Leasing, SlotId, Spend, Spending, Taken,
+};
 use tower_pinned_window::key::Key;
 
 use crate::check::{count, hit, minute};
@@ -18,12 +21,12 @@ use crate::scenario::Scenario;
 use crate::store::{SlotsRecord, Store};
 
 /// The scenarios of the in-flight contract, in a fixed order, for a store
-/// whose backend implements [`Leasing`] (every backend of
+/// whose backend implements [`Leasing`] and [`Spending`] (every backend of
 /// `tower-pinned-window` does). [`scenarios`](crate::scenarios) does not
 /// hold them, so that a backend without the third trait runs the rest.
 pub fn lease_scenarios<S: Store>() -> Vec<Scenario<S>>
 where
-    S::Backend: Leasing,
+    S::Backend: Leasing + Spending,
 {
     vec![
         scenario!(leases: slots_are_capped_and_given_back),
@@ -34,6 +37,10 @@ where
         scenario!(leases: slots_never_meet_counters_namespaces_or_keys),
         scenario!(leases: a_record_with_slots_has_a_lifetime_past_its_leases, ReadSlots),
         scenario!(leases: corrupt_slots_fail_and_are_left_as_they_are, CorruptSlots, ReadSlots),
+        scenario!(leases: take_all_counts_and_takes_together_or_neither),
+        scenario!(leases: take_all_retried_counts_once),
+        scenario!(leases: take_all_spends_only_what_fits),
+        scenario!(leases: take_all_spends_a_first_unit_on_the_first_counter),
     ]
 }
 
@@ -59,6 +66,34 @@ async fn take<B: Leasing>(
         )
         .await
         .unwrap_or_else(|e| panic!("take on {namespace}/{key:?}: {e}"))
+}
+
+/// One [`Leasing::take_all`] of `slot` on `counters`.
+async fn take_all<B: Leasing>(
+    backend: &B,
+    key: &Key,
+    in_flight: InFlight,
+    slot: SlotId,
+    counters: &[Counter<'_>],
+    spend: Option<Spend>,
+) -> (Hits, Option<Taken>) {
+    let cap = Cap {
+        namespace: "n",
+        in_flight,
+    };
+    backend
+        .take_all(key, cap, slot, counters, spend)
+        .await
+        .unwrap_or_else(|e| panic!("take_all on {key:?}: {e}"))
+        .split_taken()
+}
+
+fn counter(namespace: &str, limit: u64) -> Counter<'_> {
+    Counter {
+        namespace,
+        quota: minute(limit),
+        lowers: false,
+    }
 }
 
 async fn give_back<B: Leasing>(backend: &B, namespace: &str, key: &Key, slot: SlotId) -> bool {
@@ -497,6 +532,26 @@ where
         .slots_record(&backend, "n", &key)
         .await
         .expect("ReadSlots");
+    let counters = [counter("q", 5)];
+    let err = backend
+        .take_all(
+            &key,
+            Cap {
+                namespace: "n",
+                in_flight: c,
+            },
+            SlotId::next(),
+            &counters,
+            None,
+        )
+        .await
+        .expect_err("a take_all on corrupt slots fails");
+    assert!(err.is_corrupt(), "{err}");
+    assert_eq!(
+        count(&backend, "q", &key).await,
+        0,
+        "a take_all that failed counts nothing"
+    );
     assert_eq!(before, after, "the corrupt record is left as it was");
     assert!(
         take(&backend, "n", &Key::new("good"), c, SlotId::next())
@@ -504,4 +559,206 @@ where
             .granted,
         "other keys are served"
     );
+}
+
+/// `take_all`: a full cap counts nothing (the counters are read), counters
+/// that refuse take no slot (and count as hits count), and both pass
+/// together: the slot is taken and every counter counted.
+async fn take_all_counts_and_takes_together_or_neither<S: Store>(store: &S)
+where
+    S::Backend: Leasing + Spending,
+{
+    let backend = store.fresh().await;
+    let key = Key::new("both");
+    let c = cap(2, Duration::from_secs(30));
+    let counters = [counter("q", 3), counter("q:10", 10)];
+    let (a, b) = (SlotId::next(), SlotId::next());
+    for (n, slot) in [a, b].into_iter().enumerate() {
+        let (hits, hits_taken) = take_all(&backend, &key, c, slot, &counters, None).await;
+        let taken = hits_taken.expect("the cap answered");
+        assert!(taken.granted, "slot {n} is taken: {hits:?}");
+        assert_eq!(taken.in_use, n as u64 + 1, "slot {n}: in use after it");
+        assert_eq!(hits.len(), 2, "a hit per counter");
+        for hit in hits.iter() {
+            assert_eq!(hit.count, n as u64 + 1, "counted with the slot: {hits:?}");
+            assert!(hit.deadline.is_some(), "counted in the store: {hit:?}");
+        }
+    }
+    // The cap is full: nothing is counted, the counters are read.
+    let (full, full_taken) = take_all(&backend, &key, c, SlotId::next(), &counters, None).await;
+    let refused = full_taken.expect("the cap answered");
+    assert!(!refused.granted && refused.in_use == 2, "{full:?}");
+    assert!(refused.retry > Duration::from_secs(25), "{refused:?}");
+    for hit in full.iter() {
+        assert_eq!(hit.count, 2, "read, not counted: {full:?}");
+        assert!(hit.deadline.is_none(), "nothing counted: {hit:?}");
+        assert!(hit.reset > Duration::from_secs(50), "{hit:?}");
+    }
+    assert_eq!(
+        count(&backend, "q", &key).await,
+        2,
+        "refused by the cap: uncounted"
+    );
+    assert_eq!(in_use(&backend, "n", &key).await, 2);
+    // A counter missing from a full cap's step reads 0 with its window.
+    let fresh = [counter("fresh", 3)];
+    let (read, read_taken) = take_all(&backend, &key, c, SlotId::next(), &fresh, None).await;
+    assert!(
+        read_taken.is_some_and(|t| !t.granted),
+        "the cap is full: {read:?}"
+    );
+    assert_eq!(read[0].count, 0, "{read:?}");
+    assert_eq!(
+        count(&backend, "fresh", &key).await,
+        0,
+        "and is not created"
+    );
+    assert!(give_back(&backend, "n", &key, a).await);
+    let (third, third_taken) = take_all(&backend, &key, c, SlotId::next(), &counters, None).await;
+    assert!(third_taken.is_some_and(|t| t.granted), "{third:?}");
+    assert_eq!(third[0].count, 3, "the third of 3 is counted with its slot");
+    assert!(give_back(&backend, "n", &key, b).await);
+    // The counters refuse (4 of 3): counted as hits are, and no slot.
+    let (over, over_taken) = take_all(&backend, &key, c, SlotId::next(), &counters, None).await;
+    assert_eq!(over_taken, None, "refused by a quota: no slot: {over:?}");
+    assert_eq!(
+        over[0].count, 4,
+        "a plain hit counts when refused, as hit_all"
+    );
+    assert_eq!(over[1].count, 4);
+    assert_eq!(
+        in_use(&backend, "n", &key).await,
+        1,
+        "only the third's slot"
+    );
+    assert_eq!(count(&backend, "q", &key).await, 4);
+    let plain = take(&backend, "n", &Key::new("other"), c, SlotId::next()).await;
+    assert!(plain.granted && plain.in_use == 1, "other keys: {plain:?}");
+}
+
+/// A `take_all` retried with its slot (held) is granted and counts nothing
+/// again.
+async fn take_all_retried_counts_once<S: Store>(store: &S)
+where
+    S::Backend: Leasing + Spending,
+{
+    let backend = store.fresh().await;
+    let key = Key::new("again");
+    let c = cap(2, Duration::from_secs(30));
+    let counters = [counter("q", 5)];
+    let slot = SlotId::next();
+    let (first, first_taken) = take_all(&backend, &key, c, slot, &counters, None).await;
+    assert!(
+        first_taken.is_some_and(|t| t.granted && t.in_use == 1),
+        "{first:?}"
+    );
+    assert_eq!(first[0].count, 1);
+    let (again, again_taken) = take_all(&backend, &key, c, slot, &counters, None).await;
+    assert!(
+        again_taken.is_some_and(|t| t.granted && t.in_use == 1),
+        "{again:?}"
+    );
+    assert_eq!(again[0].count, 1, "read, not counted again: {again:?}");
+    assert!(again[0].deadline.is_none(), "nothing counted: {again:?}");
+    assert_eq!(count(&backend, "q", &key).await, 1);
+    assert_eq!(in_use(&backend, "n", &key).await, 1);
+}
+
+/// A `take_all` that spends: a spend that does not fit spends nothing and
+/// takes no slot; one that fits spends its cost with the slot.
+async fn take_all_spends_only_what_fits<S: Store>(store: &S)
+where
+    S::Backend: Leasing + Spending,
+{
+    let backend = store.fresh().await;
+    let key = Key::new("spend");
+    let c = cap(5, Duration::from_secs(30));
+    let counters = [counter("q", 3)];
+    let spend = Some(Spend::cost(2));
+    let (first, first_taken) = take_all(&backend, &key, c, SlotId::next(), &counters, spend).await;
+    assert!(first_taken.is_some_and(|t| t.granted), "{first:?}");
+    assert_eq!(first[0].count, 2, "the cost is spent with the slot");
+    let (second, second_taken) =
+        take_all(&backend, &key, c, SlotId::next(), &counters, spend).await;
+    assert_eq!(
+        second_taken, None,
+        "2 more of 3 do not fit: no slot: {second:?}"
+    );
+    assert!(
+        second[0].count > 3,
+        "a spend that did not fit says so: {second:?}"
+    );
+    assert_eq!(count(&backend, "q", &key).await, 2, "and spends nothing");
+    assert_eq!(
+        in_use(&backend, "n", &key).await,
+        1,
+        "the first's slot only"
+    );
+    let (one, one_taken) = take_all(
+        &backend,
+        &key,
+        c,
+        SlotId::next(),
+        &counters,
+        Some(Spend::cost(1)),
+    )
+    .await;
+    assert!(
+        one_taken.is_some_and(|t| t.granted && t.in_use == 2),
+        "{one:?}"
+    );
+    assert_eq!(count(&backend, "q", &key).await, 3);
+    // Spent in full, the counter is never a slot's record.
+    assert_eq!(hit(&backend, "q", &key, minute(3)).await.count, 4);
+}
+
+/// A `take_all` whose spend has a first unit ([`Spend::first`]) spends as
+/// [`Spending::spend_all`] does: the unit on the first counter, the cost
+/// on the other, all or nothing, and a slot only when both fit.
+async fn take_all_spends_a_first_unit_on_the_first_counter<S: Store>(store: &S)
+where
+    S::Backend: Leasing + Spending,
+{
+    let backend = store.fresh().await;
+    let key = Key::new("first");
+    let c = cap(5, Duration::from_secs(30));
+    let counters = [counter("requests", 3), counter("tokens", 100)];
+    let call = |unit, tokens| Some(Spend::cost(tokens).first(unit));
+    let (both, both_taken) =
+        take_all(&backend, &key, c, SlotId::next(), &counters, call(1, 60)).await;
+    assert!(both_taken.is_some_and(|t| t.granted), "{both:?}");
+    assert_eq!(
+        (both[0].count, both[1].count),
+        (1, 60),
+        "each its own amount"
+    );
+    assert!(both.iter().all(|h| h.deadline.is_some()), "{both:?}");
+
+    let (tokens, tokens_taken) =
+        take_all(&backend, &key, c, SlotId::next(), &counters, call(1, 50)).await;
+    assert_eq!(
+        tokens_taken, None,
+        "the tokens do not fit: no slot: {tokens:?}"
+    );
+    assert!(tokens.iter().all(|h| h.deadline.is_none()), "{tokens:?}");
+    assert_eq!(tokens[1].count, 60 + 50, "what stands plus the cost");
+    let (requests, requests_taken) =
+        take_all(&backend, &key, c, SlotId::next(), &counters, call(3, 10)).await;
+    assert_eq!(
+        requests_taken, None,
+        "the requests do not fit: no slot: {requests:?}"
+    );
+    assert_eq!(requests[0].count, 1 + 3, "what stands plus the unit");
+    assert_eq!(count(&backend, "requests", &key).await, 1, "nothing spent");
+    assert_eq!(count(&backend, "tokens", &key).await, 60, "nothing spent");
+
+    let (check, check_taken) =
+        take_all(&backend, &key, c, SlotId::next(), &counters, call(0, 10)).await;
+    assert!(
+        check_taken.is_some_and(|t| t.granted && t.in_use == 2),
+        "a unit of 0 checks the requests: {check:?}"
+    );
+    assert_eq!((check[0].count, check[1].count), (1, 70));
+    assert_eq!(count(&backend, "requests", &key).await, 1);
+    assert_eq!(count(&backend, "tokens", &key).await, 70);
 }

@@ -7,8 +7,11 @@
 //! Each [`Scenario`] checks one promise of the contract on a fresh backend:
 //! the pinned window, the exact count under concurrency, refunds, corrupt
 //! counters, peek and reset, the audit where the store has one, and the
-//! spend contract (costs, lockouts, amends). A test harness turns each
-//! scenario into a test of its own (so a failure names itself), or
+//! spend contract (costs, lockouts, amends); [`lease_scenarios`],
+//! [`heed_scenarios`] and [`limit_scenarios`] hold those of the in-flight
+//! contract, of the provider's word and of limits held in the store, for a
+//! backend with those traits. A test harness turns
+//! each scenario into a test of its own (so a failure names itself), or
 //! [`run_all`] runs them one after another.
 //!
 //! The suite reaches the store through a [`Store`]: a fresh, isolated
@@ -92,11 +95,43 @@ macro_rules! scenario {
             run::<S>,
         )
     }};
-    // A scenario of the in-flight contract: its store's backend leases.
+    // A scenario of the in-flight contract: its store's backend leases
+    // (and spends, for the steps that take a slot and spend together).
     (leases: $name:ident $(, $need:ident)*) => {{
         fn run<S: $crate::store::Store>(store: &S) -> $crate::scenario::ScenarioFuture<'_>
         where
-            S::Backend: ::tower_pinned_window::backend::Leasing,
+            S::Backend: ::tower_pinned_window::backend::Leasing
+                + ::tower_pinned_window::backend::Spending,
+        {
+            Box::pin($name(store))
+        }
+        $crate::scenario::Scenario::new(
+            stringify!($name),
+            &[$($crate::store::Ability::$need),*],
+            run::<S>,
+        )
+    }};
+    // A scenario of the provider's word: its store's backend heeds (and
+    // so spends).
+    (heeds: $name:ident $(, $need:ident)*) => {{
+        fn run<S: $crate::store::Store>(store: &S) -> $crate::scenario::ScenarioFuture<'_>
+        where
+            S::Backend: ::tower_pinned_window::backend::Heeding,
+        {
+            Box::pin($name(store))
+        }
+        $crate::scenario::Scenario::new(
+            stringify!($name),
+            &[$($crate::store::Ability::$need),*],
+            run::<S>,
+        )
+    }};
+    // A scenario of limits held in the store: its store's backend holds
+    // them.
+    (limits: $name:ident $(, $need:ident)*) => {{
+        fn run<S: $crate::store::Store>(store: &S) -> $crate::scenario::ScenarioFuture<'_>
+        where
+            S::Backend: ::tower_pinned_window::backend::Limits,
         {
             Box::pin($name(store))
         }
@@ -120,13 +155,17 @@ macro_rules! scenario {
 
 mod check;
 pub mod example;
+mod heeds;
 mod hits;
 mod leases;
+mod limits;
 mod scenario;
 mod spends;
 mod store;
 
+pub use heeds::heed_scenarios;
 pub use leases::lease_scenarios;
+pub use limits::limit_scenarios;
 pub use scenario::{Scenario, ScenarioFuture};
 pub use store::{Ability, Audit, Private, SlotsRecord, Store, Stored};
 

@@ -1,4 +1,5 @@
-//! The spend contract: costs, checks and opened windows, lockouts, amends.
+//! The spend contract: costs (a first counter's own unit among them),
+//! checks and opened windows, lockouts, amends.
 //!
 //! These scenarios call [`Spending::spend_all`] and [`Spending::amend`], and
 //! a backend that does not keep that contract fails them. They are kept
@@ -34,6 +35,10 @@ where
         scenario!(spends: amends_follow_the_refund_rules),
         scenario!(spends: amends_after_a_reset_never_touch_the_new_window),
         scenario!(spends: concurrent_spends_never_pass_the_limit),
+        scenario!(spends: a_first_unit_and_a_cost_count_each_their_own),
+        scenario!(spends: a_first_unit_spends_nothing_when_the_cost_does_not_fit),
+        scenario!(spends: a_cost_spends_nothing_when_the_first_unit_does_not_fit),
+        scenario!(spends: a_first_unit_of_zero_is_a_check_on_the_first_counter),
     ]
 }
 
@@ -467,4 +472,203 @@ where
         admitted > limit / 2,
         "most of the budget was spent: {admitted}"
     );
+}
+
+/// A provider's two budgets, for the scenarios of [`Spend::first`]: the
+/// requests counter first (`requests` a minute), then the tokens counter
+/// (`tokens` a minute).
+fn requests_and_tokens(requests: u64, tokens: u64) -> [Counter<'static>; 2] {
+    [
+        Counter {
+            namespace: "requests",
+            quota: minute(requests),
+            lowers: false,
+        },
+        Counter {
+            namespace: "tokens",
+            quota: minute(tokens),
+            lowers: false,
+        },
+    ]
+}
+
+/// One call: `unit` from the requests counter, `tokens` from the tokens
+/// counter.
+fn call(unit: u64, tokens: u64) -> Spend {
+    Spend::cost(tokens).first(unit)
+}
+
+/// With [`Spend::first`], the first counter is spent its unit and the
+/// others the cost, in one step: each counted with its own amount, in its
+/// own window.
+async fn a_first_unit_and_a_cost_count_each_their_own<S: Store>(store: &S)
+where
+    S::Backend: Spending,
+{
+    let backend = spender(store).await;
+    let key = Key::new("k");
+    let both = requests_and_tokens(5, 100);
+    let hits = spend(&backend, &key, &both, call(1, 60)).await;
+    assert_eq!(
+        (hits[0].count, hits[1].count),
+        (1, 60),
+        "each its own amount"
+    );
+    for (hit, what) in hits
+        .iter()
+        .zip(["the requests counter", "the tokens counter"])
+    {
+        assert!(
+            hit.deadline.is_some(),
+            "{what} is counted, its window named"
+        );
+        assert_reset_within(hit, Duration::from_secs(60), what);
+    }
+    assert_eq!(count(&backend, "requests", &key).await, 1);
+    assert_eq!(count(&backend, "tokens", &key).await, 60);
+    let again = spend(&backend, &key, &both, call(2, 30)).await;
+    assert_eq!((again[0].count, again[1].count), (3, 90));
+    assert_eq!(
+        (again[0].deadline, again[1].deadline),
+        (hits[0].deadline, hits[1].deadline),
+        "the same windows"
+    );
+    // Without `first`, the same counters are each spent the cost.
+    let plain = spend(&backend, &key, &both, Spend::cost(1)).await;
+    assert_eq!((plain[0].count, plain[1].count), (4, 91));
+}
+
+/// The tokens do not fit: nothing is spent on either counter, the
+/// requests counter stays as it was, and the tokens counter reports what
+/// stands plus its own cost. At its limit, asked twice (a local deny cache
+/// may answer the second): its limit plus the cost, at least 1.
+async fn a_first_unit_spends_nothing_when_the_cost_does_not_fit<S: Store>(store: &S)
+where
+    S::Backend: Spending,
+{
+    let backend = spender(store).await;
+    let key = Key::new("k");
+    let both = requests_and_tokens(5, 100);
+    spend(&backend, &key, &both, call(1, 60)).await;
+    let hits = spend(&backend, &key, &both, call(1, 50)).await;
+    assert!(
+        hits.iter().all(|h| h.deadline.is_none()),
+        "nothing counted anywhere"
+    );
+    assert_eq!(
+        hits[1].count,
+        60 + 50,
+        "the tokens: what stands plus the cost"
+    );
+    assert_reset_within(&hits[1], Duration::from_secs(60), "its window's end");
+    assert!(
+        hits[0].count <= 5,
+        "the requests counter fits: {:?}",
+        hits[0]
+    );
+    assert_eq!(count(&backend, "requests", &key).await, 1, "all or nothing");
+    assert_eq!(count(&backend, "tokens", &key).await, 60, "all or nothing");
+
+    let full = spend(&backend, &key, &both, call(1, 40)).await;
+    assert_eq!((full[0].count, full[1].count), (2, 100));
+    for asked in ["first", "again"] {
+        let hits = spend(&backend, &key, &both, call(2, 7)).await;
+        assert!(hits.iter().all(|h| h.deadline.is_none()), "asked {asked}");
+        assert_eq!(
+            hits[1].count,
+            100 + 7,
+            "the tokens at their limit, asked {asked}"
+        );
+        let check = spend(&backend, &key, &both, call(2, 0)).await;
+        assert_eq!(
+            check[1].count,
+            100 + 1,
+            "a check of the tokens, asked {asked}"
+        );
+    }
+    assert_eq!(
+        count(&backend, "requests", &key).await,
+        2,
+        "the requests stay"
+    );
+}
+
+/// The requests do not fit: nothing is spent on either counter, though the
+/// tokens would fit, and the requests counter reports what stands plus its
+/// own unit (below its limit, then at it, asked twice).
+async fn a_cost_spends_nothing_when_the_first_unit_does_not_fit<S: Store>(store: &S)
+where
+    S::Backend: Spending,
+{
+    let backend = spender(store).await;
+    let key = Key::new("k");
+    let both = requests_and_tokens(5, 1000);
+    assert_eq!(spend(&backend, &key, &both, call(4, 10)).await[0].count, 4);
+    let hits = spend(&backend, &key, &both, call(3, 10)).await;
+    assert!(
+        hits.iter().all(|h| h.deadline.is_none()),
+        "nothing counted anywhere"
+    );
+    assert_eq!(
+        hits[0].count,
+        4 + 3,
+        "the requests: what stands plus the unit"
+    );
+    assert_reset_within(&hits[0], Duration::from_secs(60), "its window's end");
+    assert!(hits[1].count <= 1000, "the tokens fit: {:?}", hits[1]);
+    assert_eq!(count(&backend, "requests", &key).await, 4, "all or nothing");
+    assert_eq!(count(&backend, "tokens", &key).await, 10, "all or nothing");
+
+    let full = spend(&backend, &key, &both, call(1, 10)).await;
+    assert_eq!((full[0].count, full[1].count), (5, 20));
+    for asked in ["first", "again"] {
+        let hits = spend(&backend, &key, &both, call(2, 10)).await;
+        assert!(hits.iter().all(|h| h.deadline.is_none()), "asked {asked}");
+        assert_eq!(
+            hits[0].count,
+            5 + 2,
+            "the requests at their limit, asked {asked}"
+        );
+    }
+    assert_eq!(count(&backend, "tokens", &key).await, 20, "the tokens stay");
+}
+
+/// `first(0)` with a cost of 5: the first counter is checked (admitted
+/// while under its limit, created only when the spend opens it), the
+/// other spent 5.
+async fn a_first_unit_of_zero_is_a_check_on_the_first_counter<S: Store>(store: &S)
+where
+    S::Backend: Spending,
+{
+    let backend = spender(store).await;
+    let key = Key::new("k");
+    let both = requests_and_tokens(2, 100);
+    let hits = spend(&backend, &key, &both, call(0, 5)).await;
+    assert_eq!(
+        (hits[0].count, hits[0].deadline),
+        (0, None),
+        "a check creates nothing"
+    );
+    assert_eq!(peek(&backend, "requests", &key).await, None);
+    assert_eq!(hits[1].count, 5);
+    assert!(hits[1].deadline.is_some(), "the cost is counted");
+    let hits = spend(&backend, &key, &both, call(2, 5)).await;
+    assert_eq!((hits[0].count, hits[1].count), (2, 10));
+    let checked = spend(&backend, &key, &both, call(0, 5)).await;
+    assert!(
+        checked.iter().all(|h| h.deadline.is_none()),
+        "a full requests counter refuses the check, and the cost is not spent"
+    );
+    assert_eq!(checked[0].count, 2 + 1, "a check reports the count and 1");
+    assert_eq!(count(&backend, "tokens", &key).await, 10);
+
+    let other = Key::new("opened");
+    let opened = spend(&backend, &other, &both, call(0, 5).open()).await;
+    assert_eq!((opened[0].count, opened[1].count), (0, 5));
+    assert!(opened[0].deadline.is_some(), "open creates it, at 0");
+    let seen = peek(&backend, "requests", &other)
+        .await
+        .expect("open creates the counter");
+    assert_eq!(seen.count, 0);
+    assert_reset_within(&seen, Duration::from_secs(60), "an opened counter");
 }

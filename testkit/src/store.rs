@@ -7,7 +7,7 @@ use std::fmt;
 use std::future::Future;
 
 use tower_pinned_window::ConfigError;
-use tower_pinned_window::backend::{Backend, MIN_SECRET_LEN, PrivateKeys};
+use tower_pinned_window::backend::{Backend, LimitScope, MIN_SECRET_LEN, PrivateKeys};
 use tower_pinned_window::key::Key;
 
 /// What a store may be able to do besides making backends. A scenario that
@@ -28,6 +28,11 @@ pub enum Ability {
     /// [`Store::corrupt_slots`]: write a record of a key's slots that is
     /// not of the store's shape.
     CorruptSlots,
+    /// [`Store::corrupt_lockout`]: write a counter's lockout without a
+    /// lifetime.
+    CorruptLockout,
+    /// [`Store::corrupt_limit`]: write a stored limit that is not a limit.
+    CorruptLimit,
 }
 
 impl fmt::Display for Ability {
@@ -38,6 +43,8 @@ impl fmt::Display for Ability {
             Self::Audit => "run an audit",
             Self::ReadSlots => "read a key's slots in flight and their lifetime",
             Self::CorruptSlots => "write a corrupt record of slots",
+            Self::CorruptLockout => "write a lockout without a lifetime",
+            Self::CorruptLimit => "write a stored limit that is not a limit",
         })
     }
 }
@@ -171,6 +178,37 @@ pub trait Store: Send + Sync + 'static {
         async { None }
     }
 
+    /// [`Ability::CorruptLockout`]: store a lockout without a lifetime for
+    /// `namespace`'s counter for `key` of `backend`: the marker a
+    /// [`Spend::block`](tower_pinned_window::backend::Spend::block) lockout
+    /// is, with no end (a Redis key without a TTL, an infinite
+    /// `blocked_until` in PostgreSQL). `None` when the store cannot.
+    fn corrupt_lockout(
+        &self,
+        backend: &Self::Backend,
+        namespace: &str,
+        key: &Key,
+    ) -> impl Future<Output = Option<()>> + Send {
+        let _ = (backend, namespace, key);
+        async { None }
+    }
+
+    /// [`Ability::CorruptLimit`]: store, as the limit of `scope` for the
+    /// layer `layer` of `backend`, a value that is not a limit (text, a
+    /// limit of 0: what [`decode_limit`](tower_pinned_window::backend::decode_limit)
+    /// refuses), where the backend's
+    /// [`Limits::limits`](tower_pinned_window::backend::Limits::limits)
+    /// reads it. `None` when the store cannot.
+    fn corrupt_limit(
+        &self,
+        backend: &Self::Backend,
+        layer: &str,
+        scope: LimitScope<'_>,
+    ) -> impl Future<Output = Option<()>> + Send {
+        let _ = (backend, layer, scope);
+        async { None }
+    }
+
     /// [`Ability::Audit`]: run `backend`'s audit and say what it found
     /// (repairing what it repairs is allowed: the suite only reads what was
     /// found). `None` when the backend has none.
@@ -248,6 +286,18 @@ impl<S: Store> Store for Private<S> {
         let digest = backend.digest(key);
         self.inner
             .corrupt(backend.get_ref(), namespace, &digest)
+            .await
+    }
+
+    async fn corrupt_lockout(
+        &self,
+        backend: &Self::Backend,
+        namespace: &str,
+        key: &Key,
+    ) -> Option<()> {
+        let digest = backend.digest(key);
+        self.inner
+            .corrupt_lockout(backend.get_ref(), namespace, &digest)
             .await
     }
 

@@ -1,17 +1,22 @@
-//! The load and the judge of the outbound soak (`bash soak/outbound.sh`;
-//! soak/README.md says what it does): clients of a fake provider that share
-//! one budget through one Redis, with the client layer
-//! `tower_pinned_window::outbound::BudgetLayer`.
+//! The load and the judge of the outbound soaks (`bash soak/outbound.sh`
+//! and `bash soak/provider.sh`; soak/README.md says what they do): clients
+//! of a fake provider that share one budget through one Redis, with the
+//! client layer `tower_pinned_window::outbound::BudgetLayer`.
 //!
 //! ```text
-//! outbound_soak provider OUT           the fake provider: answers 200, writes when each call came
+//! outbound_soak provider OUT           the fake provider: answers at once, writes when each call came
 //! outbound_soak client ID OUT          one client process: CALLERS callers through a BudgetLayer
 //! outbound_soak report EVENTS PROVIDER OUT...   the figures; exits 1 when a guarantee broke
+//! outbound_soak provider-report EVENTS PROVIDER OUT...   the provider's word soak's figures; exits 1 on a missed target
 //! ```
 //!
-//! The provider listens on `PROVIDER_ADDR` (127.0.0.1:PORT), answers every
-//! call with 200 at once, and at `END_MS` + 1 s writes one line a call to
-//! OUT: the Unix microseconds it came.
+//! The provider listens on `PROVIDER_ADDR` (127.0.0.1:PORT) and answers
+//! every call at once: by default 200 without a header; with
+//! `PROVIDER_LIMIT`, `PROVIDER_WINDOW_MS`, `PROVIDER_HEADERS=openai` and
+//! `RETRY_ONCE_AT`, as a provider with a limit of its own (see [`Rules`]).
+//! At `END_MS` + 1 s it writes one line a call to OUT, in the order they
+//! came: `at_us status window_opened_us`, the Unix microseconds it came,
+//! its answer's status, and when the provider's window it fell in opened.
 //!
 //! A client is a hyper-util client over TCP behind a `BudgetLayer` named
 //! `provider` (one key for every call: the budget of one API key), `LIMIT`
@@ -39,8 +44,8 @@
 //!   `unanswered` (dropped before its answer: the layer's timeout, or a
 //!   call dropped while it waited);
 //!   `local` 1 when the answer was ready at once, without a round trip (the
-//!   Redis backend's deny cache), and a last line `totals spends amends
-//!   hits refunds` of the calls to each step.
+//!   Redis backend's deny cache), and last lines `totals spends amends
+//!   hits refunds` and `heeds closes raises` of the calls to each step.
 //!
 //! The report groups the admitted answers of every client by their window
 //! (the deadline names it) and fails on a window past `LIMIT`, on a call
@@ -53,6 +58,10 @@
 //! UNIX_MS redis-restarted`, `event UNIX_MS load-end`), and the Redis
 //! script calls (`calls UNIX_MS NAME N`, `EVALSHA`s from `INFO
 //! commandstats`, before the kill and at the end).
+//!
+//! The provider's word soak has a report of its own
+//! (`bench/src/provider_report.rs`): per provider window, its calls and
+//! 429s, and the targets of issue 42.
 
 use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap};
@@ -65,24 +74,33 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use axum::body::Bytes;
-use axum::http::{Request, StatusCode};
+use axum::http::header::RETRY_AFTER;
+use axum::http::{HeaderMap, HeaderValue, Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use tower::{Service, ServiceBuilder, ServiceExt};
-use tower_pinned_window::Quota;
 use tower_pinned_window::backend::{
-    Amend, Backend, BackendError, Counter, Hit, Hits, Spend, Spending,
+    Amend, Backend, BackendError, Counter, Heeding, Hit, Hits, Spend, Spending,
 };
 use tower_pinned_window::key::Key;
 use tower_pinned_window::outbound::{BudgetError, BudgetLayer};
+use tower_pinned_window::{Quota, Window};
 use tower_pinned_window_redis::RedisBackend;
 use tower_pinned_window_redis::connection::connection_manager_config;
 
 #[path = "../soak_env.rs"]
 mod soak_env;
 use soak_env::{Error, env, failure_policy, required, unix_us};
+#[path = "../outbound_files.rs"]
+mod outbound_files;
+use outbound_files::{
+    CallLine, Events, SpendLine, Totals, quantile, read_calls, read_events, read_provider,
+    read_spends, summary,
+};
+#[path = "../provider_report.rs"]
+mod provider_report;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
@@ -103,8 +121,15 @@ async fn main() -> Result<(), Error> {
                 std::process::exit(1)
             }
         }
+        ["provider-report", events, provider, outs @ ..] if !outs.is_empty() => {
+            if provider_report::report(events, provider, outs)? {
+                Ok(())
+            } else {
+                std::process::exit(1)
+            }
+        }
         _ => Err(
-            "usage: outbound_soak provider OUT | outbound_soak client ID OUT | outbound_soak report EVENTS PROVIDER OUT..."
+            "usage: outbound_soak provider OUT | outbound_soak client ID OUT | outbound_soak report EVENTS PROVIDER OUT... | outbound_soak provider-report EVENTS PROVIDER OUT..."
                 .into(),
         ),
     }
@@ -121,18 +146,134 @@ fn quota() -> Result<Quota, Error> {
 // ---------------------------------------------------------------------------
 // The fake provider.
 
-/// Answers 200 at once to every call on `PROVIDER_ADDR` and notes when each
-/// came; at `END_MS` + 1 s writes them to `out` and returns.
+/// How the fake provider answers, from the environment. Unset, it answers
+/// every call 200 without a header.
+struct Rules {
+    /// `PROVIDER_LIMIT`: calls it serves in a window of its own; past it,
+    /// it answers 429 with `Retry-After`, the whole seconds left of that
+    /// window (rounded up).
+    limit: Option<u64>,
+    /// `PROVIDER_WINDOW_MS` (default `WINDOW_MS`), in µs: its window, pinned
+    /// to the first call after the last one ended.
+    window_us: u64,
+    /// `PROVIDER_HEADERS=openai`: every answer says what remains of its
+    /// window after the call (`x-ratelimit-remaining-requests`) and when
+    /// the window ends (`x-ratelimit-reset-requests`, `1.234s`).
+    openai: bool,
+    /// `RETRY_ONCE_AT` seconds after `START_MS`, as Unix µs: the first call
+    /// at or after it is answered 429 with `Retry-After: 3`, once,
+    /// whatever else.
+    retry_once_at_us: Option<u64>,
+}
+
+impl Rules {
+    fn from_env() -> Result<Self, Error> {
+        let limit = match std::env::var("PROVIDER_LIMIT") {
+            Ok(_) => Some(required::<u64>("PROVIDER_LIMIT")?),
+            Err(_) => None,
+        };
+        if limit == Some(0) {
+            return Err("PROVIDER_LIMIT=0: a provider serves at least one call a window".into());
+        }
+        let window_ms: u64 = env("PROVIDER_WINDOW_MS", env("WINDOW_MS", 1_000)?)?;
+        if window_ms == 0 {
+            return Err("PROVIDER_WINDOW_MS=0: a window is at least 1 ms".into());
+        }
+        let openai = match std::env::var("PROVIDER_HEADERS").as_deref() {
+            Err(_) => false,
+            Ok("openai") if limit.is_some() => true,
+            Ok("openai") => return Err("PROVIDER_HEADERS=openai needs PROVIDER_LIMIT".into()),
+            Ok(other) => return Err(format!("PROVIDER_HEADERS={other}: only openai").into()),
+        };
+        let retry_once_at_us = match std::env::var("RETRY_ONCE_AT") {
+            Ok(_) => {
+                let at: f64 = required("RETRY_ONCE_AT")?;
+                if !(at >= 0.0 && at.is_finite()) {
+                    return Err(format!("RETRY_ONCE_AT={at}: seconds into the load").into());
+                }
+                Some(required::<u64>("START_MS")? * 1000 + (at * 1e6) as u64)
+            }
+            Err(_) => None,
+        };
+        Ok(Self {
+            limit,
+            window_us: window_ms * 1000,
+            openai,
+            retry_once_at_us,
+        })
+    }
+}
+
+/// The fake provider's window, and its log.
+#[derive(Default)]
+struct Books {
+    /// When its window opened (Unix µs); 0 before the first call.
+    opened_us: u64,
+    /// The calls it answered 200 in that window.
+    served: u64,
+    /// `RETRY_ONCE_AT`'s 429 was sent.
+    retried: bool,
+    /// Every call: when it came, its status, when its window opened.
+    log: Vec<(u64, u16, u64)>,
+}
+
+impl Books {
+    /// The answer to a call that came at `at_us` (Unix µs, after every
+    /// call before it): its status and headers, written down.
+    fn answer(&mut self, rules: &Rules, at_us: u64) -> (StatusCode, HeaderMap) {
+        if self.opened_us == 0 || at_us >= self.opened_us + rules.window_us {
+            self.opened_us = at_us;
+            self.served = 0;
+        }
+        let left_us = self.opened_us + rules.window_us - at_us;
+        let mut headers = HeaderMap::new();
+        let status = if !self.retried && rules.retry_once_at_us.is_some_and(|t| at_us >= t) {
+            self.retried = true;
+            headers.insert(RETRY_AFTER, HeaderValue::from_static("3"));
+            StatusCode::TOO_MANY_REQUESTS
+        } else if rules.limit.is_some_and(|limit| self.served >= limit) {
+            headers.insert(RETRY_AFTER, HeaderValue::from(left_us.div_ceil(1_000_000)));
+            StatusCode::TOO_MANY_REQUESTS
+        } else {
+            self.served += 1;
+            StatusCode::OK
+        };
+        if rules.openai
+            && let Some(limit) = rules.limit
+        {
+            let ms = left_us.div_ceil(1000);
+            headers.insert(
+                "x-ratelimit-remaining-requests",
+                HeaderValue::from(limit.saturating_sub(self.served)),
+            );
+            headers.insert(
+                "x-ratelimit-reset-requests",
+                HeaderValue::try_from(format!("{}.{:03}s", ms / 1000, ms % 1000))
+                    .expect("digits are a header value"),
+            );
+        }
+        self.log.push((at_us, status.as_u16(), self.opened_us));
+        (status, headers)
+    }
+}
+
+/// Answers every call on `PROVIDER_ADDR` at once, as its [`Rules`] say
+/// (200 without a header by default), and notes each; at `END_MS` + 1 s
+/// writes them to `out`, one line a call in the order they came: `at_us
+/// status window_opened_us`, and returns.
 async fn provider(out: &str) -> Result<(), Error> {
     let addr: String = required("PROVIDER_ADDR")?;
     let end_ms: u64 = required("END_MS")?;
-    let seen: Arc<Mutex<Vec<u64>>> = Arc::default();
+    let rules = Arc::new(Rules::from_env()?);
+    let books: Arc<Mutex<Books>> = Arc::default();
     let app = axum::Router::new().fallback({
-        let seen = Arc::clone(&seen);
+        let books = Arc::clone(&books);
         move || {
-            let at = unix_us();
-            seen.lock().expect("not poisoned").push(at);
-            async { StatusCode::OK }
+            let answer = {
+                let mut books = books.lock().expect("not poisoned");
+                books.answer(&rules, unix_us())
+            };
+            async move { answer }
         }
     });
     let listener = tokio::net::TcpListener::bind(&addr).await?;
@@ -140,11 +281,15 @@ async fn provider(out: &str) -> Result<(), Error> {
     let stop = end_ms * 1000 + 1_000_000;
     tokio::time::sleep(Duration::from_micros(stop.saturating_sub(unix_us()))).await;
     server.abort();
-    let mut seen = std::mem::take(&mut *seen.lock().expect("not poisoned"));
-    seen.sort_unstable();
-    let text: String = seen.iter().map(|at| format!("{at}\n")).collect();
+    let mut log = std::mem::take(&mut books.lock().expect("not poisoned").log);
+    log.sort_by_key(|c| c.0);
+    let text: String = log
+        .iter()
+        .map(|(at, status, opened)| format!("{at} {status} {opened}\n"))
+        .collect();
     std::fs::write(out, text)?;
-    eprintln!("provider: {} calls", seen.len());
+    let refused = log.iter().filter(|c| c.1 != 200).count();
+    eprintln!("provider: {} calls, {refused} answered 429", log.len());
     Ok(())
 }
 
@@ -209,6 +354,8 @@ struct Log {
     amends: AtomicU64,
     hits: AtomicU64,
     refunds: AtomicU64,
+    closes: AtomicU64,
+    raises: AtomicU64,
 }
 
 /// A backend that delegates every step to `inner` and writes down each
@@ -326,6 +473,30 @@ impl<B: Spending> Spending for Recording<B> {
     fn amend(&self, namespace: &str, key: &Key, hit: &Hit, amend: Amend) -> Self::Refund {
         self.log.amends.fetch_add(1, Ordering::Relaxed);
         self.inner.amend(namespace, key, hit, amend)
+    }
+}
+
+/// The provider's word goes to the store as it is, counted.
+impl<B: Heeding> Heeding for Recording<B> {
+    fn close(
+        &self,
+        namespace: &str,
+        key: &Key,
+        span: Window,
+    ) -> impl Future<Output = Result<Duration, BackendError>> + Send + 'static + use<B> {
+        self.log.closes.fetch_add(1, Ordering::Relaxed);
+        self.inner.close(namespace, key, span)
+    }
+
+    fn raise(
+        &self,
+        key: &Key,
+        counter: Counter<'_>,
+        count: u64,
+        within: Window,
+    ) -> impl Future<Output = Result<Hit, BackendError>> + Send + 'static + use<B> {
+        self.log.raises.fetch_add(1, Ordering::Relaxed);
+        self.inner.raise(key, counter, count, within)
     }
 }
 
@@ -516,6 +687,11 @@ async fn client(id: u32, out: &str) -> Result<(), Error> {
         log.hits.load(Ordering::Relaxed),
         log.refunds.load(Ordering::Relaxed),
     ));
+    text.push_str(&format!(
+        "heeds {} {}\n",
+        log.closes.load(Ordering::Relaxed),
+        log.raises.load(Ordering::Relaxed),
+    ));
     std::fs::write(format!("{out}.spends"), text)?;
     eprintln!("client {id}: calls by outcome {outcomes:?}");
     Ok(())
@@ -523,113 +699,6 @@ async fn client(id: u32, out: &str) -> Result<(), Error> {
 
 // ---------------------------------------------------------------------------
 // The report.
-
-/// A call line of a client's OUT.
-struct CallLine {
-    client: usize,
-    arrived_us: u64,
-    admitted_us: u64,
-    ended_us: u64,
-    outcome: String,
-    deadline_ms: u64,
-    spends: u64,
-    insured: bool,
-}
-
-/// An answer line of a client's OUT.spends.
-struct SpendLine {
-    unix_us: u64,
-    verdict: String,
-    count: u64,
-    deadline_ms: u64,
-    local: bool,
-}
-
-#[derive(Default)]
-struct Totals {
-    spends: u64,
-    amends: u64,
-    hits: u64,
-    refunds: u64,
-}
-
-fn fields<const N: usize>(line: &str, file: &str) -> Result<[String; N], Error> {
-    let parts: Vec<String> = line.split_whitespace().map(str::to_owned).collect();
-    parts
-        .try_into()
-        .map_err(|_| format!("{file}: a line of {N} fields expected: {line:?}").into())
-}
-
-fn read_calls(client: usize, path: &str) -> Result<Vec<CallLine>, Error> {
-    let mut calls = Vec::new();
-    for line in std::fs::read_to_string(path)?.lines() {
-        let [a, t, e, outcome, d, _count, s, i] = fields::<8>(line, path)?;
-        calls.push(CallLine {
-            client,
-            arrived_us: a.parse()?,
-            admitted_us: t.parse()?,
-            ended_us: e.parse()?,
-            outcome,
-            deadline_ms: d.parse()?,
-            spends: s.parse()?,
-            insured: i == "1",
-        });
-    }
-    Ok(calls)
-}
-
-fn read_spends(path: &str, totals: &mut Totals) -> Result<Vec<SpendLine>, Error> {
-    let mut spends = Vec::new();
-    let mut seen_totals = false;
-    for line in std::fs::read_to_string(path)?.lines() {
-        if let Some(rest) = line.strip_prefix("totals ") {
-            let [s, a, h, r] = fields::<4>(rest, path)?;
-            totals.spends += s.parse::<u64>()?;
-            totals.amends += a.parse::<u64>()?;
-            totals.hits += h.parse::<u64>()?;
-            totals.refunds += r.parse::<u64>()?;
-            seen_totals = true;
-            continue;
-        }
-        let [t, verdict, count, d, _reset, local] = fields::<6>(line, path)?;
-        spends.push(SpendLine {
-            unix_us: t.parse()?,
-            verdict,
-            count: count.parse()?,
-            deadline_ms: d.parse()?,
-            local: local == "1",
-        });
-    }
-    if !seen_totals {
-        return Err(format!("{path}: no totals line (the client did not finish)").into());
-    }
-    Ok(spends)
-}
-
-/// The `q` quantile (0..=1) of sorted `values`.
-fn quantile(sorted: &[i64], q: f64) -> i64 {
-    if sorted.is_empty() {
-        return 0;
-    }
-    let i = ((sorted.len() - 1) as f64 * q).round() as usize;
-    sorted[i]
-}
-
-/// p50, p99 and max of `values`, in ms from µs.
-fn summary(mut values: Vec<i64>) -> String {
-    values.sort_unstable();
-    if values.is_empty() {
-        return "none".into();
-    }
-    let ms = |us: i64| us as f64 / 1000.0;
-    format!(
-        "p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms (n = {})",
-        ms(quantile(&values, 0.5)),
-        ms(quantile(&values, 0.99)),
-        ms(*values.last().expect("not empty")),
-        values.len()
-    )
-}
 
 /// The report over every client's files; `false` when a guarantee broke.
 fn report(events: &str, provider: &str, outs: &[&str]) -> Result<bool, Error> {
@@ -644,30 +713,14 @@ fn report(events: &str, provider: &str, outs: &[&str]) -> Result<bool, Error> {
     };
 
     // The events.
-    let (mut start_ms, mut end_ms, mut kill_ms, mut restart_ms) = (0u64, 0u64, None, None);
-    let mut scans = Vec::new();
-    let mut evalsha = 0u64;
-    for line in std::fs::read_to_string(events)?.lines() {
-        let parts: Vec<&str> = line.split_whitespace().collect();
-        match parts.as_slice() {
-            ["event", at, "load-start"] => start_ms = at.parse()?,
-            ["event", at, "load-end"] => end_ms = at.parse()?,
-            ["fault", at, _] => kill_ms = Some(at.parse::<u64>()?),
-            ["event", at, "redis-restarted"] => restart_ms = Some(at.parse::<u64>()?),
-            ["scan", at, name, n, bad, longest] => scans.push((
-                at.parse::<u64>()?,
-                (*name).to_owned(),
-                n.parse::<i64>()?,
-                bad.parse::<i64>()?,
-                longest.parse::<i64>()?,
-            )),
-            ["calls", _, _, n] => evalsha += n.parse::<u64>()?,
-            _ => {}
-        }
-    }
-    if start_ms == 0 || end_ms == 0 {
-        return Err(format!("{events}: no load-start or load-end event").into());
-    }
+    let Events {
+        start_ms,
+        end_ms,
+        kill_ms,
+        restart_ms,
+        scans,
+        evalsha,
+    } = read_events(events)?;
 
     // Every client's calls and the store's answers.
     let mut calls = Vec::new();
@@ -1003,6 +1056,10 @@ fn report(events: &str, provider: &str, outs: &[&str]) -> Result<bool, Error> {
         evalsha as f64 / admitted_store
     );
     println!(
+        "the provider's word written to the store: {} closes, {} raises",
+        totals.closes, totals.raises
+    );
+    println!(
         "denials from Redis per window (clear of the outage): p50 {}, max {}",
         quantile(&denials, 0.5),
         denials.last().copied().unwrap_or(0)
@@ -1095,10 +1152,7 @@ fn report(events: &str, provider: &str, outs: &[&str]) -> Result<bool, Error> {
     }
 
     // 7. The provider's view.
-    let seen: Vec<u64> = std::fs::read_to_string(provider)?
-        .lines()
-        .map(str::parse)
-        .collect::<Result<_, _>>()?;
+    let seen: Vec<u64> = read_provider(provider)?.iter().map(|c| c.at_us).collect();
     // (opened, calls) of each window pinned to its first call.
     let mut pinned_windows: Vec<(u64, u64)> = Vec::new();
     for &at in &seen {

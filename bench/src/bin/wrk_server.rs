@@ -19,6 +19,9 @@
 //! the handler, a give-back when the answer's body ends, both coalesced;
 //! `LIMIT=redis-in-flight-single` the same with one call a step
 //! (`.coalesce(false)`, as before takes and give-backs were coalesced).
+//! `LIMIT=redis-capped` is the plain route's quota with an in-flight cap in
+//! the same layer (`RateLimitLayer::in_flight`, a cap no key reaches): one
+//! store step takes the slot and counts the hit, and a give-back follows.
 //!
 //! Used by `bench/wrk.sh` and `bench/wrk_redis.sh`.
 
@@ -51,7 +54,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         | "redis-wait"
         | "redis-limited"
         | "redis-in-flight"
-        | "redis-in-flight-single" => {
+        | "redis-in-flight-single"
+        | "redis-capped" => {
             let url = std::env::var("REDIS_URL")?;
             let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
             // NODELAY=1: TCP_NODELAY on the connection to Redis (off by
@@ -87,6 +91,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 .backend(backend);
             app = match limit.as_str() {
                 "redis-cost" => app.route_layer(layer.cost(1)),
+                "redis-capped" => {
+                    let cap = InFlight::new(1_000_000, Duration::from_secs(60))?;
+                    app.route_layer(layer.in_flight(cap))
+                }
                 "redis-charged" => app.route_layer(layer.charge(|_| 1)),
                 _ => app.route_layer(layer),
             };
@@ -118,7 +126,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => {
             return Err(format!(
-                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, redis-limited, redis-in-flight, redis-in-flight-single, off, identity or static-headers, not {other:?}"
+                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, redis-limited, redis-in-flight, redis-in-flight-single, redis-capped, off, identity or static-headers, not {other:?}"
             )
             .into());
         }

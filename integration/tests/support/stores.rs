@@ -31,8 +31,8 @@ pub mod redis {
     use std::sync::atomic::{AtomicUsize, Ordering};
 
     use redis::aio::ConnectionLike;
-    use tower_pinned_window::backend::SlotId;
     use tower_pinned_window::backend::toolkit::storage_key;
+    use tower_pinned_window::backend::{LimitScope, SlotId, encode_scope};
     use tower_pinned_window::key::Key;
     use tower_pinned_window_redis::RedisBackend;
     use tower_pinned_window_redis::connection::Nodes;
@@ -198,7 +198,46 @@ pub mod redis {
                 Ability::Audit,
                 Ability::ReadSlots,
                 Ability::CorruptSlots,
+                Ability::CorruptLockout,
+                Ability::CorruptLimit,
             ]
+        }
+
+        /// The counter's lockout marker as a spend sets it (the time it was
+        /// set), with no lifetime.
+        async fn corrupt_lockout(
+            &self,
+            backend: &RedisBackend<C>,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<()> {
+            let mut con = (self.connect)().await;
+            let lock = storage_key::encode_lockout(&prefix_of(backend), namespace, key);
+            let _: () = redis::cmd("SET")
+                .arg(lock)
+                .arg("1700000000000")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            Some(())
+        }
+
+        /// A field of the layer's limits hash whose value is not a limit.
+        async fn corrupt_limit(
+            &self,
+            backend: &RedisBackend<C>,
+            layer: &str,
+            scope: LimitScope<'_>,
+        ) -> Option<()> {
+            let mut con = (self.connect)().await;
+            let _: () = redis::cmd("HSET")
+                .arg(storage_key::encode_limits(&prefix_of(backend), layer))
+                .arg(encode_scope(scope))
+                .arg("lots/60000ms")
+                .query_async(&mut con)
+                .await
+                .unwrap();
+            Some(())
         }
 
         async fn slots_record(
@@ -302,7 +341,7 @@ pub mod postgres {
     use std::sync::Mutex;
     use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-    use tower_pinned_window::backend::SlotId;
+    use tower_pinned_window::backend::{LimitScope, SlotId, encode_scope};
     use tower_pinned_window::key::Key;
     use tower_pinned_window_postgres::PostgresBackend;
     use tower_pinned_window_testkit::{Ability, Audit, SlotsRecord, Store, Stored};
@@ -327,6 +366,12 @@ pub mod postgres {
     /// The schema of `backend`'s table (`schema.table`).
     fn schema_of(backend: &PostgresBackend) -> &str {
         backend.table().split('.').next().unwrap()
+    }
+
+    /// The table of `backend`'s limits held in the store, beside its
+    /// counters'.
+    pub fn limits_table(backend: &PostgresBackend) -> String {
+        format!("{}_limits", backend.table())
     }
 
     /// The table of `backend`'s slots in flight, beside its counters'.
@@ -362,7 +407,61 @@ pub mod postgres {
                 Ability::Audit,
                 Ability::ReadSlots,
                 Ability::CorruptSlots,
+                Ability::CorruptLockout,
+                Ability::CorruptLimit,
             ]
+        }
+
+        /// A live counter locked out until `infinity`, which the table's
+        /// constraint refuses: it is dropped first, as hand-written SQL
+        /// could.
+        async fn corrupt_lockout(
+            &self,
+            backend: &PostgresBackend,
+            namespace: &str,
+            key: &Key,
+        ) -> Option<()> {
+            let client = connect(&url()).await.unwrap();
+            let table = backend.table();
+            client
+                .batch_execute(&format!(
+                    "ALTER TABLE {table} DROP CONSTRAINT IF EXISTS tpw_counters_blocked_until_check"
+                ))
+                .await
+                .unwrap();
+            client
+                .execute(
+                    &format!(
+                        "INSERT INTO {table} VALUES \
+                         ($1, $2, 1, now() + interval '1 minute', 'infinity')"
+                    ),
+                    &[&namespace, &key.as_bytes()],
+                )
+                .await
+                .unwrap();
+            Some(())
+        }
+
+        /// A limit of 0, written as hand-written SQL could.
+        async fn corrupt_limit(
+            &self,
+            backend: &PostgresBackend,
+            layer: &str,
+            scope: LimitScope<'_>,
+        ) -> Option<()> {
+            let client = connect(&url()).await.unwrap();
+            client
+                .execute(
+                    &format!(
+                        "INSERT INTO {} VALUES ($1, $2, '0/60000ms') \
+                         ON CONFLICT (layer, scope) DO UPDATE SET value = excluded.value",
+                        limits_table(backend)
+                    ),
+                    &[&layer, &encode_scope(scope)],
+                )
+                .await
+                .unwrap();
+            Some(())
         }
 
         /// A negative count, which the table's constraints refuse: they

@@ -194,13 +194,49 @@ pub fn contract_leases<S: tower_pinned_window_testkit::Store>(
     store: std::sync::Arc<S>,
 ) -> Vec<Trial>
 where
-    S::Backend: tower_pinned_window::backend::Leasing,
+    S::Backend: tower_pinned_window::backend::Leasing + tower_pinned_window::backend::Spending,
 {
     trials_of(
         prefix,
         needs,
         store,
         tower_pinned_window_testkit::lease_scenarios::<S>(),
+    )
+}
+
+/// [`contract`] for the scenarios of the provider's word (`Heeding`).
+#[allow(dead_code, reason = "not every test crate needs it")]
+pub fn contract_heeds<S: tower_pinned_window_testkit::Store>(
+    prefix: &str,
+    needs: Needs,
+    store: std::sync::Arc<S>,
+) -> Vec<Trial>
+where
+    S::Backend: tower_pinned_window::backend::Heeding,
+{
+    trials_of(
+        prefix,
+        needs,
+        store,
+        tower_pinned_window_testkit::heed_scenarios::<S>(),
+    )
+}
+
+/// [`contract`] for the scenarios of limits held in the store (`Limits`).
+#[allow(dead_code, reason = "not every test crate needs it")]
+pub fn contract_limits<S: tower_pinned_window_testkit::Store>(
+    prefix: &str,
+    needs: Needs,
+    store: std::sync::Arc<S>,
+) -> Vec<Trial>
+where
+    S::Backend: tower_pinned_window::backend::Limits,
+{
+    trials_of(
+        prefix,
+        needs,
+        store,
+        tower_pinned_window_testkit::limit_scenarios::<S>(),
     )
 }
 

@@ -22,8 +22,9 @@ CREATE INDEX IF NOT EXISTS {index} ON {table} (expires_at);
 -- Added in the release with costs and lockouts (a table of an earlier
 -- release is migrated in place; NULL for every existing row, no rewrite):
 -- the end of the counter's lockout, set by the first denied spend with a
--- lockout, never extended; kept on the counter's row, so it never meets
--- another counter.
+-- lockout and never extended by a spend (a close, the provider's word, may
+-- move it later, never sooner); kept on the counter's row, so it never
+-- meets another counter.
 ALTER TABLE {table} ADD COLUMN IF NOT EXISTS blocked_until timestamptz
     CHECK (isfinite(blocked_until));
 
@@ -69,3 +70,17 @@ CREATE {unlogged} TABLE IF NOT EXISTS {slots} (
 -- The cleaner deletes the records whose last lease has run out through this
 -- index.
 CREATE INDEX IF NOT EXISTS {slots_index} ON {slots} (expires_at);
+
+-- Added in the release with limits held in the store (created in place next
+-- to a table of an earlier release): one row per layer and scope, the scope
+-- as encode_scope makes it (`layer`, `tier:NAME`, `key:BYTES`), the value as
+-- encode_limit makes it (`LIMIT/WINDOWms`). Never UNLOGGED: a limit is
+-- configuration, and must outlive a crash. Counters never meet it: another
+-- table. A value that is not a limit (written by hand) is left out of a
+-- read and counted, never read as "no limit".
+CREATE TABLE IF NOT EXISTS {limits} (
+    layer text  NOT NULL,
+    scope bytea NOT NULL,
+    value text  NOT NULL,
+    PRIMARY KEY (layer, scope)
+);

@@ -29,8 +29,8 @@
 //! master opens only its own breaker, and the healthy masters' keys go on as
 //! before. On any other connection there is one breaker.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use ::redis::{RedisError, Value};
@@ -166,6 +166,9 @@ pub(crate) struct Breakers {
     /// On a Cluster: `CLUSTER INFO` is being watched in the background
     /// (while a breaker is open).
     watching: AtomicBool,
+    /// On a Cluster: slots that moved off a master whose breaker is open,
+    /// `(slot, former, new)`, not yet followed by the Cluster client.
+    unfollowed: Mutex<Vec<(u16, usize, usize)>>,
 }
 
 impl Breakers {
@@ -184,6 +187,7 @@ impl Breakers {
             map: cluster.then(SlotMap::new),
             found,
             watching: AtomicBool::new(false),
+            unfollowed: Mutex::new(Vec::new()),
         }
     }
 
@@ -293,14 +297,53 @@ impl Breakers {
     }
 
     /// Take in a `CLUSTER SLOTS` reply to a question asked at `asked`
-    /// ([`map_asked`](Self::map_asked)); gives the slots that changed
-    /// masters (see [`SlotMap::take`]: an answer to an older question than
-    /// the last taken changes nothing).
-    pub(super) fn map(&self, reply: &Value, asked: u64) -> Vec<(u16, usize, usize)> {
-        self.map
-            .as_ref()
-            .map(|map| map.take(reply, asked))
-            .unwrap_or_default()
+    /// ([`map_asked`](Self::map_asked)), from whichever read asked it (the
+    /// periodic one or the Cluster watcher's). Slots that moved off a
+    /// master whose breaker is open are kept, one per (former, new) master
+    /// pair, for the watcher to make the Cluster client follow
+    /// ([`unfollowed`](Self::unfollowed)): a read that found the move and
+    /// dropped it would leave the client's map pointing at the silent
+    /// master, with no later reply showing a change. See [`SlotMap::take`]:
+    /// an answer to an older question than the last taken changes nothing.
+    pub(super) fn map(&self, reply: &Value, asked: u64) {
+        let Some(map) = &self.map else {
+            return;
+        };
+        let moved = map.take(reply, asked);
+        if moved.is_empty() {
+            return;
+        }
+        let mut unfollowed = self.unfollowed.lock().unwrap_or_else(|e| e.into_inner());
+        for (slot, from, to) in moved {
+            if !self.is_open(from) {
+                continue;
+            }
+            tracing::info!(
+                from = %self.name(from),
+                to = %self.name(to),
+                "redis cluster: a silent master's slots have a new master; reading the slot map again"
+            );
+            unfollowed.retain(|&(_, f, t)| (f, t) != (from, to));
+            unfollowed.push((slot, from, to));
+        }
+    }
+
+    /// The moves off silent masters not yet followed by the Cluster client
+    /// (see [`map`](Self::map)), taken out: the watcher puts back those it
+    /// could not follow yet ([`unfollowed_again`](Self::unfollowed_again)).
+    pub(super) fn unfollowed(&self) -> Vec<(u16, usize, usize)> {
+        std::mem::take(&mut *self.unfollowed.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Moves the watcher could not follow yet: kept for its next round,
+    /// unless a newer move of the same pair came in meanwhile.
+    pub(super) fn unfollowed_again(&self, moves: Vec<(u16, usize, usize)>) {
+        let mut unfollowed = self.unfollowed.lock().unwrap_or_else(|e| e.into_inner());
+        for (slot, from, to) in moves {
+            if !unfollowed.iter().any(|&(_, f, t)| (f, t) == (from, to)) {
+                unfollowed.push((slot, from, to));
+            }
+        }
     }
 
     /// Whether breaker `index` is open now.
@@ -800,27 +843,37 @@ mod tests {
         assert_eq!(breakers.admit(ib), Some(Pass::Closed), "the others are not");
         assert_eq!(breakers.admit(ic), Some(Pass::Closed));
 
-        // A replica took over a's slots: they get a breaker of their own.
+        // A replica took over a's slots: they get a breaker of their own,
+        // and the move off an open breaker is kept for the watcher to make
+        // the Cluster client follow, whichever read found it.
+        assert!(breakers.unfollowed().is_empty());
         breakers.map(&Value::Array(vec![range(10923, 16383, 7003)]), 3);
         let promoted = breakers.for_key(a);
         assert_ne!(promoted, ia);
         assert_eq!(breakers.name(promoted), "10.0.0.1:7003");
         assert_eq!(breakers.admit(promoted), Some(Pass::Closed));
+        let unfollowed = breakers.unfollowed();
+        assert_eq!(unfollowed, vec![(10923, ia, promoted)]);
+        assert!(breakers.unfollowed().is_empty(), "taken out");
+        breakers.unfollowed_again(unfollowed);
+        assert_eq!(
+            breakers.unfollowed(),
+            vec![(10923, ia, promoted)],
+            "put back until followed"
+        );
 
         // The old master wakes and answers a question asked before the
         // promotion was read, with the map it had then: it changes nothing.
-        assert!(
-            breakers
-                .map(&Value::Array(vec![range(10923, 16383, 7002)]), 2)
-                .is_empty()
-        );
+        breakers.map(&Value::Array(vec![range(10923, 16383, 7002)]), 2);
         assert_eq!(
             breakers.for_key(a),
             promoted,
             "an older answer is older news"
         );
-        // A newer answer is taken in, whatever it says.
+        // A newer answer is taken in, whatever it says; a move off a
+        // closed breaker has nothing to follow.
         breakers.map(&Value::Array(vec![range(10923, 16383, 7002)]), 4);
         assert_eq!(breakers.for_key(a), ia);
+        assert!(breakers.unfollowed().is_empty());
     }
 }

@@ -47,9 +47,6 @@ where
         // an `ok` releases the open breakers again.
         let (mut failed, mut releases) = (false, 0);
         let mut polls = 0u32;
-        // Slots that moved off a silent master, not yet followed by the
-        // Cluster client (see `follow_moves`).
-        let mut moves = Vec::new();
         while breakers.any_open() {
             let info = tokio::time::timeout(
                 CLUSTER_WATCH * 4,
@@ -73,7 +70,7 @@ where
             }
             polls += 1;
             if polls.is_multiple_of(SLOTS_EVERY) {
-                follow_moves(&breakers, &mut connection, &mut moves).await;
+                follow_moves(&breakers, &mut connection).await;
             }
             tokio::time::sleep(CLUSTER_WATCH).await;
         }
@@ -94,22 +91,21 @@ async fn nudge<C>(_connection: &mut C, _slot: u16, _via: &str) -> bool {
 const SLOTS_EVERY: u32 = 4;
 
 /// Read `CLUSTER SLOTS` (bounded), take it in, and when slots of a
-/// master whose breaker is open have a new master, make the Cluster
-/// client read its slot map again ([`nudge`]): a master that went
-/// silent gives the client neither an error nor a redirection, so its
-/// map would point at the silent node until it woke.
+/// master whose breaker is open have a new master (found by this read or
+/// by the periodic one: [`Breakers::map`]), make the Cluster client read
+/// its slot map again ([`nudge`]): a master that went silent gives the
+/// client neither an error nor a redirection, so its map would point at
+/// the silent node until it woke.
 ///
-/// `moves` holds the moves not yet followed, from one call to the next: a
-/// nudge is sent again, at each call, until one is answered or the silent
-/// master's breaker closes. The node asked may not know of the promotion
-/// yet (the Cluster spreads it by gossip), and send the client back to the
-/// silent master: one nudge only would then leave the client's map
-/// pointing there until the master woke.
-async fn follow_moves<C>(
-    breakers: &Breakers,
-    connection: &mut C,
-    moves: &mut Vec<(u16, usize, usize)>,
-) where
+/// A nudge is sent again, at each call, until the client routes the slot
+/// to a master that answers, or the silent master's breaker closes. The
+/// node asked, or the node the client reads its map from, may not know of
+/// the promotion yet (the Cluster spreads it by gossip) and send the
+/// client back to the silent master: one nudge only would then leave the
+/// client's map pointing there until the master woke, and the hits on its
+/// keys would time out behind the new master's breaker.
+async fn follow_moves<C>(breakers: &Breakers, connection: &mut C)
+where
     C: ConnectionLike + Send + 'static,
 {
     let asked = breakers.map_asked();
@@ -121,22 +117,10 @@ async fn follow_moves<C>(
     )
     .await;
     if let Ok(Ok(reply)) = reply {
-        for (slot, from, to) in breakers.map(&reply, asked) {
-            if !breakers.is_open(from) {
-                continue;
-            }
-            tracing::info!(
-                from = %breakers.name(from),
-                to = %breakers.name(to),
-                "redis cluster: a silent master's slots have a new master; reading the slot map again"
-            );
-            // One move per (former, new) master pair.
-            moves.retain(|&(_, f, t)| (f, t) != (from, to));
-            moves.push((slot, from, to));
-        }
+        breakers.map(&reply, asked);
     }
-    let mut left = Vec::with_capacity(moves.len());
-    for (slot, from, to) in moves.drain(..) {
+    let mut left = Vec::new();
+    for (slot, from, to) in breakers.unfollowed() {
         if !breakers.is_open(from) {
             continue;
         }
@@ -148,5 +132,5 @@ async fn follow_moves<C>(
             left.push((slot, from, to));
         }
     }
-    *moves = left;
+    breakers.unfollowed_again(left);
 }

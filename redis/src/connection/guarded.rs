@@ -14,6 +14,7 @@ use super::acks::Acks;
 use super::breaker::{Breakers, Settle};
 use super::classify::open_error;
 use super::cluster_watch::watch_cluster;
+use super::slot_map::MAP_REPLY_BOUND;
 
 /// A connection behind the backend's breakers. Commands go out on
 /// [`for_key`](Self::for_key), or [`for_write`](Self::for_write) for those
@@ -112,16 +113,24 @@ where
         let asked = breakers.map_asked();
         runtime.spawn(async move {
             // Asked of a node at random: one that is silent answers when
-            // it wakes, and its map is then older than the watcher's.
-            match ::redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async::<Value>(&mut connection)
-                .await
-            {
-                Ok(reply) => {
+            // it wakes, with the map it had before it went silent. A reply
+            // later than `MAP_REPLY_BOUND` is dropped: taken in, it could
+            // point a promoted replica's slots back at the old master
+            // (newer than anything the watcher read, once the watcher
+            // stopped with the breakers closed).
+            let reply = tokio::time::timeout(
+                MAP_REPLY_BOUND,
+                ::redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async::<Value>(&mut connection),
+            )
+            .await;
+            match reply {
+                Ok(Ok(reply)) => {
                     breakers.map(&reply, asked);
                 }
-                Err(err) => tracing::debug!(error = %err, "CLUSTER SLOTS failed: breakers keep the slot map they have"),
+                Ok(Err(err)) => tracing::debug!(error = %err, "CLUSTER SLOTS failed: breakers keep the slot map they have"),
+                Err(_) => tracing::debug!("CLUSTER SLOTS answered too late: breakers keep the slot map they have"),
             }
         });
     }

@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ::redis::aio::{ConnectionLike, MultiplexedConnection};
 use ::redis::cluster_async::{ClusterConnection, Connect};
-use ::redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use ::redis::cluster_routing::{Route, RoutingInfo, SingleNodeRoutingInfo, SlotAddr};
 use ::redis::{Arg, AsyncConnectionConfig, Cmd, IntoConnectionInfo, RedisFuture, Value};
 
 use super::slot::key_slot;
@@ -124,11 +124,16 @@ fn key_in(slot: u16) -> Option<Vec<u8>> {
 /// a node that does not serve `slot`) whether a key of `slot` exists. The
 /// node answers `MOVED` to the slot's owner, and the client follows it and
 /// reads the map again. Nothing when `connection` is not one of the
-/// `redis` crate's Cluster clients. Gives whether it is done: the question
-/// was answered, so the `MOVED` led to a master that answers (`true` too
-/// when there is nothing to nudge). `false` when it went unanswered: `via`
-/// may not know of the promotion yet, and sent the client to the silent
-/// master; the caller nudges again.
+/// `redis` crate's Cluster clients.
+///
+/// Gives whether it is done: the client now routes `slot` to a master that
+/// answers. The same question, routed by the client's own map once it has
+/// read it again, must be answered within `NODE_WAIT * 5`. `via` may not
+/// know of the promotion yet and send the client to the silent master, or
+/// the client may read its map again from a node that does not know yet:
+/// either way its map still points at the silent master, the check goes
+/// unanswered, and the caller nudges again (`true` when there is nothing
+/// to nudge).
 pub(crate) async fn nudge<C: Any>(connection: &mut C, slot: u16, via: &str) -> bool {
     let Some((host, port)) = via.rsplit_once(':') else {
         return false;
@@ -139,26 +144,48 @@ pub(crate) async fn nudge<C: Any>(connection: &mut C, slot: u16, via: &str) -> b
     let Some(key) = key_in(slot) else {
         return false;
     };
-    let routing = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+    let by_address = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
         host: host.to_owned(),
         port,
     });
+    let by_slot = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(Route::new(
+        slot,
+        SlotAddr::Master,
+    )));
     let cmd = ::redis::cmd("EXISTS").arg(key).to_owned();
     let any: &mut dyn Any = connection;
-    let reply = if let Some(cluster) = any.downcast_mut::<ClusterConnection<ClusterNode>>() {
-        tokio::time::timeout(NODE_WAIT * 5, cluster.route_command(cmd, routing)).await
-    } else if let Some(cluster) = any.downcast_mut::<ClusterConnection>() {
-        tokio::time::timeout(NODE_WAIT * 5, cluster.route_command(cmd, routing)).await
-    } else {
-        return true;
-    };
+    let (nudged, routed) =
+        if let Some(cluster) = any.downcast_mut::<ClusterConnection<ClusterNode>>() {
+            let nudged = ask(cluster.route_command(cmd.clone(), by_address)).await;
+            (
+                nudged,
+                nudged && ask(cluster.route_command(cmd, by_slot)).await,
+            )
+        } else if let Some(cluster) = any.downcast_mut::<ClusterConnection>() {
+            let nudged = ask(cluster.route_command(cmd.clone(), by_address)).await;
+            (
+                nudged,
+                nudged && ask(cluster.route_command(cmd, by_slot)).await,
+            )
+        } else {
+            return true;
+        };
     tracing::debug!(
-        ?reply,
+        nudged,
+        routed,
         slot,
         via,
         "nudged the Cluster client to read its slot map"
     );
-    matches!(reply, Ok(Ok(_)))
+    routed
+}
+
+/// Whether `question` was answered within `NODE_WAIT * 5`.
+async fn ask(question: impl Future<Output = ::redis::RedisResult<Value>>) -> bool {
+    matches!(
+        tokio::time::timeout(NODE_WAIT * 5, question).await,
+        Ok(Ok(_))
+    )
 }
 
 #[cfg(test)]

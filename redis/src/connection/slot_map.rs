@@ -12,6 +12,12 @@ use super::slot::CLUSTER_SLOTS;
 /// How often a Cluster's slot map is read again (on a command).
 pub(crate) const MAP_REFRESH: Duration = Duration::from_secs(5);
 
+/// The longest a background `CLUSTER SLOTS` may take: a later reply is
+/// dropped, since the node that sent it was silent (`SIGSTOP`, a long
+/// pause) and answers with the map it had before, which may give its old
+/// slots back to it after its replica took over.
+pub(crate) const MAP_REPLY_BOUND: Duration = Duration::from_secs(1);
+
 /// Masters the map tells apart; past that, a slot has no known master.
 pub(crate) const MAX_NODES: usize = 128;
 

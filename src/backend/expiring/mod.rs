@@ -122,6 +122,12 @@ impl<V> Entry<V> {
     pub(crate) fn deadline(&self) -> u64 {
         self.deadline
     }
+
+    /// What the entry holds beside its deadline.
+    #[inline(always)]
+    pub(crate) fn value(&self) -> &V {
+        &self.value
+    }
 }
 
 impl<V> Table<V> {

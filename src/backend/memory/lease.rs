@@ -108,6 +108,28 @@ impl Slots {
     }
 
     pub(super) fn take(&self, now: u64, key: &Key, cap: Cap<'_>, slot: SlotId) -> Taken {
+        let taken: Result<_, std::convert::Infallible> =
+            self.take_with(now, key, cap, slot, |_| Ok(((), true)));
+        match taken {
+            Ok((taken, ())) => taken.expect("a take without counters always answers"),
+            Err(never) => match never {},
+        }
+    }
+
+    /// [`take`](Self::take), with the counters of a `take_all` counted by
+    /// `count` while the key's shard is locked: `count` is told whether the
+    /// cap has room (`true`: count; `false`: read only) and answers what it
+    /// counted and whether the counters admit the request; the slot is
+    /// taken only when they do. Answers the cap's answer (`None` when the
+    /// counters refused) and what `count` gave.
+    pub(super) fn take_with<T, E>(
+        &self,
+        now: u64,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+        count: impl FnOnce(bool) -> Result<(T, bool), E>,
+    ) -> Result<(Option<Taken>, T), E> {
         let lease_end = now.saturating_add(nanos(cap.in_flight.lease().as_duration()));
         let max = cap.in_flight.max();
         let (hash, mut shard) = self.shard(cap.namespace, key);
@@ -150,27 +172,30 @@ impl Slots {
             at += 1;
         }
         let in_use = leases.len() as u64;
+        let granted = |in_use| Taken {
+            granted: true,
+            in_use,
+            retry: Duration::ZERO,
+        };
         if held {
-            return Taken {
-                granted: true,
-                in_use,
-                retry: Duration::ZERO,
-            };
+            // A step retried: the counters are read, not counted again.
+            return Ok((Some(granted(in_use)), count(false)?.0));
         }
         if in_use < max {
+            let (counted, admitted) = count(true)?;
+            if !admitted {
+                return Ok((None, counted));
+            }
             leases.push((slot, lease_end));
-            return Taken {
-                granted: true,
-                in_use: in_use + 1,
-                retry: Duration::ZERO,
-            };
+            return Ok((Some(granted(in_use + 1)), counted));
         }
         let earliest = leases.iter().map(|(_, end)| *end).min().unwrap_or(now);
-        Taken {
+        let refused = Taken {
             granted: false,
             in_use,
             retry: Duration::from_nanos(earliest.saturating_sub(now)),
-        }
+        };
+        Ok((Some(refused), count(false)?.0))
     }
 
     pub(super) fn give_back(&self, namespace: &str, key: &Key, slot: SlotId) -> bool {

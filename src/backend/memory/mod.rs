@@ -1,6 +1,7 @@
 //! The in-memory backend: counters in this process, bounded, sharded.
 
 mod clock;
+mod heed;
 mod lease;
 mod spend;
 
@@ -13,14 +14,12 @@ use std::time::Duration;
 use super::expiring::id::{Id, KeyBytes, Scratch};
 use super::expiring::{Entry, Shard, Table};
 use super::{
-    Amend, Backend, BackendError, Cap, Counter, Held, Hit, Hits, Leasing, SlotId, Spend, Spending,
-    Taken,
+    Amend, Backend, BackendError, Cap, Counter, Heeding, Held, Hit, Hits, Leasing, LimitScope,
+    Limits, SlotId, Spend, Spending, StoredLimits, Taken,
 };
 use crate::error::ConfigError;
 use crate::key::Key;
-#[cfg(test)]
-use crate::quota::Quota;
-use crate::quota::Window;
+use crate::quota::{Quota, Window};
 use clock::Clock;
 
 /// Live keys held by default before new keys are refused (see
@@ -158,6 +157,9 @@ struct Inner {
     /// The slots of requests in flight ([`Leasing`]), apart from every
     /// counter.
     slots: lease::Slots,
+    /// The limits held here ([`Limits`]), per layer: apart from every
+    /// counter, never counted against `max_keys`.
+    limits: std::sync::Mutex<std::collections::HashMap<Box<str>, StoredLimits>>,
     /// What it was made with, for a setter to make it anew.
     config: Config,
     clock: Clock,
@@ -192,6 +194,7 @@ impl Config {
                 table,
                 removed: AtomicU64::new(0),
                 slots: lease::Slots::new(),
+                limits: std::sync::Mutex::default(),
                 config: self,
                 clock: if self.tokio_clock {
                     Clock::tokio()
@@ -490,6 +493,23 @@ impl MemoryBackend {
         self.inner.removed.store(deadline, Ordering::Relaxed);
     }
 
+    /// Each of `counters` as it stands, uncounted (`deadline` `None`); a
+    /// missing one at 0 with its full window: what a `take_all` refused by
+    /// its cap answers.
+    fn read_at(&self, now: u64, key: &Key, counters: &[Counter<'_>]) -> Hits {
+        counters
+            .iter()
+            .map(|counter| {
+                let hit = self.peek_at(now, counter.namespace, key);
+                Hit {
+                    count: hit.map_or(0, |hit| hit.count),
+                    reset: hit.map_or(counter.quota.window().as_duration(), |hit| hit.reset),
+                    deadline: None,
+                }
+            })
+            .collect()
+    }
+
     fn peek_at(&self, now: u64, namespace: &str, key: &Key) -> Option<Hit> {
         let table = &self.inner.table;
         let mut scratch = Scratch::new();
@@ -650,16 +670,101 @@ impl Spending for MemoryBackend {
     }
 }
 
+/// Exact in this process: each step is one atomic step under the write lock
+/// of the counter's shard (and, for a close, of its lockout's shard after
+/// it), the locks a spend that creates a counter or a lockout takes (see
+/// [the provider's word](super#the-providers-word)). A lockout or a counter
+/// refused because its shard is full of live ones is
+/// [`BackendError::AtCapacity`], and nothing changes.
+impl Heeding for MemoryBackend {
+    fn close(
+        &self,
+        namespace: &str,
+        key: &Key,
+        span: Window,
+    ) -> impl Future<Output = Result<Duration, BackendError>> + Send + 'static + use<> {
+        ready(self.close_at(self.now(), namespace, key, span))
+    }
+
+    fn raise(
+        &self,
+        key: &Key,
+        counter: Counter<'_>,
+        count: u64,
+        within: Window,
+    ) -> impl Future<Output = Result<Hit, BackendError>> + Send + 'static + use<> {
+        ready(self.raise_at(self.now(), key, &counter, count, within))
+    }
+}
+
 /// Exact in this process: each step is one lock of the key's shard of the
 /// slot map (see [requests in flight](super#requests-in-flight)). A slot's
 /// lease runs on the backend's clock, so a test on a paused runtime
 /// ([`tokio_clock`](MemoryBackend::tokio_clock)) moves leases with
 /// `tokio::time::advance`.
+/// Limits in this process: exact, and read by every layer on this backend.
+impl Limits for MemoryBackend {
+    fn set_limit(
+        &self,
+        layer: &str,
+        scope: LimitScope<'_>,
+        quota: Option<Quota>,
+    ) -> impl Future<Output = Result<(), BackendError>> + Send + 'static {
+        let mut limits = self
+            .inner
+            .limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        limits.entry(layer.into()).or_default().set(scope, quota);
+        ready(Ok(()))
+    }
+
+    fn limits(
+        &self,
+        layer: &str,
+    ) -> impl Future<Output = Result<StoredLimits, BackendError>> + Send + 'static {
+        let limits = self
+            .inner
+            .limits
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        ready(Ok(limits.get(layer).cloned().unwrap_or_default()))
+    }
+}
+
 impl Leasing for MemoryBackend {
     type Take = Ready<Result<Taken, BackendError>>;
 
     fn take(&self, key: &Key, cap: Cap<'_>, slot: SlotId) -> Self::Take {
         ready(Ok(self.inner.slots.take(self.now(), key, cap, slot)))
+    }
+
+    fn take_all(
+        &self,
+        key: &Key,
+        cap: Cap<'_>,
+        slot: SlotId,
+        counters: &[Counter<'_>],
+        spend: Option<Spend>,
+    ) -> Self::Future {
+        let now = self.now();
+        // The key's slots stay locked while its counters are counted: no
+        // other step on the key's slots comes in between.
+        let step = self.inner.slots.take_with(now, key, cap, slot, |count| {
+            if !count {
+                return Ok((self.read_at(now, key, counters), false));
+            }
+            let hits = match spend {
+                None => self.hit_many(now, key, counters)?,
+                Some(spend) => self.spend_at(now, key, counters, spend)?,
+            };
+            let admitted = hits
+                .iter()
+                .zip(counters)
+                .all(|(hit, counter)| hit.count <= counter.quota.limit());
+            Ok((hits, admitted))
+        });
+        ready(step.map(|(taken, hits)| hits.with_taken(taken)))
     }
 
     fn give_back(
@@ -669,6 +774,11 @@ impl Leasing for MemoryBackend {
         slot: SlotId,
     ) -> impl Future<Output = Result<bool, BackendError>> + Send + 'static + use<> {
         ready(Ok(self.inner.slots.give_back(namespace, key, slot)))
+    }
+
+    /// At once, in this process: no future to box.
+    fn release(&self, namespace: &str, key: &Key, slot: SlotId) {
+        self.inner.slots.give_back(namespace, key, slot);
     }
 
     fn extend(

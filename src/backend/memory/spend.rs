@@ -95,7 +95,9 @@ impl MemoryBackend {
         let id = table.id(counter.namespace, KeyBytes::of(key), &mut scratch);
         let (hash, shard) = table.locate(&id);
         let limit = counter.quota.limit();
-        let need = spend.cost.max(1);
+        // The one counter is the first: `Spend::first` names its cost.
+        let cost = spend.cost_of(0);
+        let need = cost.max(1);
         let fits = |count: u64| count.checked_add(need).is_some_and(|total| total <= limit);
         let denied = |count: u64, locked: bool, until: u64| Hit {
             count: refused_count(count, limit, locked, need),
@@ -121,7 +123,7 @@ impl MemoryBackend {
                     // extended.
                     return Ok(denied(entry.value.load(Ordering::Relaxed), true, end));
                 }
-                let taken = if spend.cost == 0 {
+                let taken = if cost == 0 {
                     // A check: nothing to add.
                     let count = entry.value.load(Ordering::Relaxed);
                     if fits(count) { Ok(count) } else { Err(count) }
@@ -129,13 +131,13 @@ impl MemoryBackend {
                     entry
                         .value
                         .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |count| {
-                            fits(count).then(|| count + spend.cost)
+                            fits(count).then(|| count + cost)
                         })
                 };
                 match taken {
                     Ok(count) => {
                         return Ok(Hit {
-                            count: count + spend.cost,
+                            count: count + cost,
                             reset: Duration::from_nanos(deadline - now),
                             deadline: NonZeroU64::new(deadline),
                         });
@@ -212,12 +214,15 @@ impl MemoryBackend {
                 Found { live, locked }
             })
             .collect();
-        let need = spend.cost.max(1);
+        // Each counter's own cost (`Spend::first` for the first), and
+        // what it needs to fit.
+        let cost = |i: usize| spend.cost_of(i);
+        let need = |i: usize| cost(i).max(1);
         let fits = |i: usize, f: &Found| {
             let count = f.live.map_or(0, |(count, _)| count);
             f.locked.is_none()
                 && count
-                    .checked_add(need)
+                    .checked_add(need(i))
                     .is_some_and(|total| total <= counters[i].quota.limit())
         };
         let all_fit = found.iter().enumerate().all(|(i, f)| fits(i, f));
@@ -232,7 +237,7 @@ impl MemoryBackend {
                 if fits(i, f) {
                     let reset = f.live.map_or(window_ns(i), |(_, d)| d - now);
                     hits.push(Hit {
-                        count: count.saturating_add(spend.cost),
+                        count: count.saturating_add(cost(i)),
                         reset: Duration::from_nanos(reset),
                         deadline: None,
                     });
@@ -260,7 +265,7 @@ impl MemoryBackend {
                     .or(f.live.map(|(_, d)| d))
                     .map_or(window_ns(i), |end| end - now);
                 hits.push(Hit {
-                    count: refused_count(count, limit, until.is_some(), need),
+                    count: refused_count(count, limit, until.is_some(), need(i)),
                     reset: Duration::from_nanos(reset),
                     deadline: None,
                 });
@@ -270,9 +275,9 @@ impl MemoryBackend {
 
         // Every counter fits: room first, so that nothing is changed when a
         // new counter is refused.
-        let creates = |f: &Found| f.live.is_none() && (spend.cost > 0 || spend.open);
+        let creates = |i: usize, f: &Found| f.live.is_none() && (cost(i) > 0 || spend.open);
         for (i, f) in found.iter().enumerate() {
-            if creates(f) {
+            if creates(i, f) {
                 let slots = &mut slots[at[i]];
                 let missing = slots.find(placed[i].0, &ids[i]).is_none();
                 if missing && !slots.has_room(now) {
@@ -289,28 +294,28 @@ impl MemoryBackend {
                         .find(placed[i].0, &ids[i])
                         .expect("found live under the same lock");
                     let value = entry.value_mut().get_mut();
-                    *value = value.saturating_add(spend.cost);
+                    *value = value.saturating_add(cost(i));
                     Hit {
-                        count: count.saturating_add(spend.cost),
+                        count: count.saturating_add(cost(i)),
                         reset: Duration::from_nanos(deadline - now),
                         deadline: NonZeroU64::new(deadline),
                     }
                 }
-                None if creates(f) => {
+                None if creates(i, f) => {
                     let deadline = self.opened(now, counters[i].quota.window());
                     match slots.find(placed[i].0, &ids[i]) {
                         Some(mut entry) => {
-                            *entry.value_mut().get_mut() = spend.cost;
+                            *entry.value_mut().get_mut() = cost(i);
                             entry.set_deadline(deadline);
                         }
                         None => slots.insert(
                             placed[i].0,
                             ids[i],
-                            Entry::new(deadline, AtomicU64::new(spend.cost)),
+                            Entry::new(deadline, AtomicU64::new(cost(i))),
                         ),
                     }
                     Hit {
-                        count: spend.cost,
+                        count: cost(i),
                         reset: Duration::from_nanos(deadline - now),
                         deadline: NonZeroU64::new(deadline),
                     }
@@ -438,6 +443,96 @@ mod tests {
             .unwrap();
         assert!(big[0].count > 10 && big[0].deadline.is_none());
         assert!(store.peek_at(1, "a", &other).is_none());
+    }
+
+    #[test]
+    fn a_first_unit_spends_the_first_counter_its_own_amount() {
+        let store = MemoryBackend::new();
+        let key = Key::new("k");
+        // A provider's budgets: 3 requests and 100 tokens.
+        let both = [
+            Counter {
+                namespace: "requests",
+                quota: quota(3, 1000),
+                lowers: false,
+            },
+            Counter {
+                namespace: "tokens",
+                quota: quota(100, 1000),
+                lowers: false,
+            },
+        ];
+        let call = |t, tokens| {
+            store
+                .spend_at(t, &key, &both, Spend::cost(tokens).first(1))
+                .unwrap()
+        };
+        let peeked = |name| store.peek_at(MS, name, &key).map(|h| h.count);
+        // Both fit: each counted with its own amount, in its own window.
+        let hits = call(0, 60);
+        assert_eq!(counts(&hits), [1, 60]);
+        assert!(hits.iter().all(|h| h.deadline.is_some()));
+        let tokens_window = hits[1].deadline.unwrap().get();
+        // The tokens do not fit: nothing on either; the tokens counter
+        // reports what stands plus its cost, the requests counter is not
+        // counted.
+        let hits = call(0, 50);
+        assert!(hits.iter().all(|h| h.deadline.is_none()));
+        assert_eq!(hits[1].count, 60 + 50);
+        assert_eq!((peeked("requests"), peeked("tokens")), (Some(1), Some(60)));
+        assert_eq!(counts(&call(0, 40)), [2, 100]);
+        let check = call(0, 0);
+        assert_eq!(check[1].count, 100 + 1, "a check of the tokens at 100");
+        assert_eq!(peeked("requests"), Some(2), "the requests counter stays");
+        // The requests do not fit: nothing on either, though the tokens
+        // would (30 of them given back first).
+        assert!(store.amend_at(MS, "tokens", &key, tokens_window, Amend::Refund(30)));
+        assert_eq!(counts(&call(MS, 10)), [3, 80]);
+        let hits = call(MS, 10);
+        assert!(hits.iter().all(|h| h.deadline.is_none()));
+        assert_eq!(hits[0].count, 3 + 1, "the requests counter: 3 and its unit");
+        assert_eq!((peeked("requests"), peeked("tokens")), (Some(3), Some(80)));
+
+        // `first(0)` with a cost of 5: a check on the first counter.
+        let other = Key::new("other");
+        let check = |t| {
+            store
+                .spend_at(t, &other, &both, Spend::cost(5).first(0))
+                .unwrap()
+        };
+        let hits = check(0);
+        assert_eq!(counts(&hits), [0, 5]);
+        assert_eq!(hits[0].deadline, None, "a check creates no counter");
+        assert!(store.peek_at(0, "requests", &other).is_none());
+        let opened = store
+            .spend_at(0, &other, &both, Spend::cost(5).first(0).open())
+            .unwrap();
+        assert_eq!(counts(&opened), [0, 10]);
+        assert!(opened[0].deadline.is_some(), "open creates it at 0");
+        // A full first counter refuses the check, and the cost is not spent.
+        let requests_window = opened[0].deadline.unwrap().get();
+        assert!(store.amend_at(0, "requests", &other, requests_window, Amend::Charge(3)));
+        let hits = check(MS);
+        assert_eq!(hits[0].count, 3 + 1, "a check reports the count and 1");
+        assert_eq!(store.peek_at(MS, "tokens", &other).unwrap().count, 10);
+
+        // One counter: the first, spent its unit, on the fast path as on
+        // the general one.
+        let one = [both[0]];
+        let lone = Key::new("lone");
+        let general = store
+            .spend_at(0, &lone, &one, Spend::cost(9).first(1))
+            .unwrap();
+        assert_eq!(general[0].count, 1);
+        // On a live counter, under the read lock.
+        let fast = store
+            .spend_one(0, &lone, &one[0], Spend::cost(9).first(2))
+            .unwrap();
+        assert_eq!(fast.count, 3);
+        let fast = store
+            .spend_one(0, &lone, &one[0], Spend::cost(0).first(1))
+            .unwrap();
+        assert_eq!((fast.count, fast.deadline), (4, None), "denied by its unit");
     }
 
     #[test]
@@ -704,6 +799,7 @@ mod tests {
             cost: u64,
             open: bool,
             block_ms: Option<u64>,
+            first: Option<u64>,
         },
         /// 0: refund, 1: charge, 2: clear; of the last counted hit.
         Amend(u8, u64),
@@ -712,8 +808,8 @@ mod tests {
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            6 => (0u64..6, any::<bool>(), proptest::option::of(1u64..30))
-                .prop_map(|(cost, open, block_ms)| Step::Spend { cost, open, block_ms }),
+            6 => (0u64..6, any::<bool>(), proptest::option::of(1u64..30), proptest::option::of(0u64..6))
+                .prop_map(|(cost, open, block_ms, first)| Step::Spend { cost, open, block_ms, first }),
             2 => (0u8..3, 0u64..4).prop_map(|(kind, n)| Step::Amend(kind, n)),
             1 => Just(Step::Reset),
         ]
@@ -724,7 +820,8 @@ mod tests {
         /// through the general `spend_at`, on two backends given the same
         /// steps at the same times, answer exactly alike: counts, resets,
         /// deadlines (the window's identity, after resets too), lockouts,
-        /// amends and what a peek then sees. Keys in short and long ids;
+        /// amends and what a peek then sees, with and without a first
+        /// counter's own unit. Keys in short and long ids;
         /// one shard, so that other keys' lockouts share a lockout shard.
         #[test]
         fn the_one_counter_spend_answers_as_the_general_one(
@@ -747,10 +844,13 @@ mod tests {
                 now += advance;
                 let key = &keys[k];
                 match step {
-                    Step::Spend { cost, open, block_ms } => {
+                    Step::Spend { cost, open, block_ms, first } => {
                         let mut spend = Spend::cost(cost);
                         if open {
                             spend = spend.open();
+                        }
+                        if let Some(unit) = first {
+                            spend = spend.first(unit);
                         }
                         if let Some(ms) = block_ms {
                             spend = spend.block(Window::new(Duration::from_millis(ms)).unwrap());

@@ -4,7 +4,8 @@
 //! counter is its namespace and its key's bytes, looked up as they are (no
 //! storage key is built to ask), and deadlines are instants of this process.
 //! The denials are held in the memory backend's own [expiring
-//! table](crate::backend::MemoryBackend), with nothing beside each deadline.
+//! table](crate::backend::MemoryBackend), each deadline with the limit the
+//! counter was denied at.
 
 use std::time::{Duration, Instant};
 
@@ -36,8 +37,9 @@ const MIN_PER_SHARD: usize = 64;
 /// wrong answer.
 struct DenyCache {
     capacity: usize,
-    /// Deadlines in nanoseconds since `epoch`.
-    table: Table<()>,
+    /// Deadlines in nanoseconds since `epoch`, each with the highest limit
+    /// it answers for.
+    table: Table<u64>,
     epoch: Instant,
 }
 
@@ -56,18 +58,25 @@ impl DenyCache {
         u64::try_from(since.as_nanos()).unwrap_or(u64::MAX)
     }
 
-    /// Time left while the counter (`namespace`, `key`) is denied.
-    /// `now`: the caller's reading of the clock, which it also uses for
-    /// what it sends.
-    fn check(&self, namespace: &str, key: &[u8], now: Instant) -> Option<Duration> {
+    /// Time left while the counter (`namespace`, `key`) is denied under a
+    /// limit of `limit`: `None` when it is not held, or held for lower
+    /// limits only. `now`: the caller's reading of the clock, which it also
+    /// uses for what it sends.
+    fn check(&self, namespace: &str, key: &[u8], limit: u64, now: Instant) -> Option<Duration> {
         self.find(namespace, key, |id, hash, shard| {
             if shard.held() == 0 {
                 return None;
             }
             let now = self.nanos(now);
-            let deadline = shard.read().find(hash, &id)?.deadline();
+            let (deadline, most) = {
+                let slots = shard.read();
+                let entry = slots.find(hash, &id)?;
+                (entry.deadline(), *entry.value())
+            };
             if deadline > now {
-                return Some(Duration::from_nanos(deadline - now));
+                // Denied at a lower limit than this request's (the limit
+                // was raised): the store may admit it.
+                return (limit <= most).then(|| Duration::from_nanos(deadline - now));
             }
             // Found expired: dropped by the check that found it, unless it
             // was denied again meanwhile.
@@ -82,8 +91,9 @@ impl DenyCache {
         })
     }
 
-    /// Deny the counter (`namespace`, `key`) until `deadline`.
-    fn insert(&self, namespace: &str, key: &[u8], deadline: Instant) {
+    /// Deny the counter (`namespace`, `key`) until `deadline`, for any
+    /// limit up to `most`.
+    fn insert(&self, namespace: &str, key: &[u8], deadline: Instant, most: u64) {
         let now = Instant::now();
         if deadline <= now {
             return;
@@ -93,11 +103,12 @@ impl DenyCache {
             let mut slots = self.table.write(shard);
             if let Some(mut entry) = slots.find(hash, &id) {
                 entry.set_deadline(deadline);
+                *entry.value_mut() = most;
                 return;
             }
             // Full of live entries: this key just costs a round trip.
             if slots.has_room(now) {
-                slots.insert(hash, id, Entry::new(deadline, ()));
+                slots.insert(hash, id, Entry::new(deadline, most));
             }
         });
     }
@@ -116,7 +127,7 @@ impl DenyCache {
         &self,
         namespace: &str,
         key: &[u8],
-        f: impl FnOnce(Id<'_>, u64, &Shard<()>) -> R,
+        f: impl FnOnce(Id<'_>, u64, &Shard<u64>) -> R,
     ) -> R {
         let (mut buffer, mut scratch) = ([0; HASHED_KEY_LEN], Scratch::new());
         let id = self
@@ -155,6 +166,12 @@ impl DenyCache {
 /// a counter that [lowers](crate::backend::Counter::lowers) on every amend
 /// that takes something back.
 ///
+/// A limit that changes (a [`quota_by`](crate::RateLimitLayer::quota_by)
+/// tier, on a counter that tiers share) is told by the limit each request
+/// asks with: a denial at its limit answers only requests under that limit
+/// or a lower one, and a request under a higher limit (an upgrade) goes to
+/// the store.
+///
 /// Example: the [module docs](super).
 pub struct Denials {
     over: DenyCache,
@@ -182,48 +199,56 @@ impl Denials {
     }
 
     /// The store denied the counter (`namespace`, `key`) for `left` from
-    /// `sent` (when the request that learnt it was sent), at its limit or
-    /// `locked` out: hold the denial until then, or for at most the
-    /// recheck bound when the counter `lowers`. A denial that has already
-    /// ended is not held.
+    /// `sent` (when the request that learnt it was sent), as `denied` says
+    /// (at its limit, or locked out): hold the denial until then, or for
+    /// at most the recheck bound when the counter `lowers`. A denial that
+    /// has already ended is not held.
     pub fn remember(
         &self,
         namespace: &str,
         key: &[u8],
         sent: Instant,
         left: Duration,
-        locked: bool,
+        denied: Denied,
         lowers: bool,
     ) {
-        let cache = if locked { &self.locked } else { &self.over };
+        let (cache, most) = match denied {
+            Denied::AtLimit { limit } => (&self.over, limit),
+            Denied::Locked => (&self.locked, u64::MAX),
+        };
         let held = if lowers { left.min(self.recheck) } else { left };
-        cache.insert(namespace, key, sent + held);
+        cache.insert(namespace, key, sent + held, most);
     }
 
-    /// Time left at `now` while a hit on (`namespace`, `key`) is denied
-    /// here (the counter is at its limit), or `None`: ask the store.
+    /// Time left at `now` while a hit on (`namespace`, `key`) under a limit
+    /// of `limit` is denied here (the counter was denied at that limit or a
+    /// higher one), or `None`: ask the store.
     #[must_use]
-    pub fn hit(&self, namespace: &str, key: &[u8], now: Instant) -> Option<Duration> {
-        self.over.check(namespace, key, now)
+    pub fn hit(&self, namespace: &str, key: &[u8], limit: u64, now: Instant) -> Option<Duration> {
+        self.over.check(namespace, key, limit, now)
     }
 
-    /// Time left at `now` while a spend on (`namespace`, `key`) is denied
-    /// here, or `None`: ask the store. `locks`: the spend would lock the
-    /// counter out, so only a lockout answers it (a counter merely at its
-    /// limit goes to the store, which locks it out).
+    /// Time left at `now` while a spend on (`namespace`, `key`) under a
+    /// limit of `limit` is denied here, or `None`: ask the store. `locks`:
+    /// the spend would lock the counter out, so only a lockout answers it
+    /// (a counter merely at its limit goes to the store, which locks it
+    /// out).
     #[must_use]
     pub fn spend(
         &self,
         namespace: &str,
         key: &[u8],
+        limit: u64,
         now: Instant,
         locks: bool,
     ) -> Option<Duration> {
-        self.locked.check(namespace, key, now).or_else(|| {
-            (!locks)
-                .then(|| self.over.check(namespace, key, now))
-                .flatten()
-        })
+        self.locked
+            .check(namespace, key, u64::MAX, now)
+            .or_else(|| {
+                (!locks)
+                    .then(|| self.over.check(namespace, key, limit, now))
+                    .flatten()
+            })
     }
 
     /// Forget a denial of the counter (`namespace`, `key`) at its limit, and
@@ -238,6 +263,21 @@ impl Denials {
         self.over.remove(namespace, key);
         self.locked.remove(namespace, key);
     }
+}
+
+/// How the store denied a counter, for [`Denials::remember`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Denied {
+    /// At its limit or over it, `limit` being the limit the request was
+    /// judged under: requests under that limit or a lower one are denied
+    /// until the time given.
+    AtLimit {
+        /// The limit the store denied the counter at.
+        limit: u64,
+    },
+    /// Locked out: every spend is denied until the time given, whatever
+    /// its limit.
+    Locked,
 }
 
 impl std::fmt::Debug for Denials {
@@ -268,32 +308,84 @@ mod tests {
         let cache = DenyCache::new(2);
         let now = Instant::now();
         let later = now + Duration::from_secs(60);
-        cache.insert("n", b"a", later);
-        cache.insert("n", b"b", later);
-        cache.insert("n", b"c", later);
-        assert!(cache.check("n", b"a", Instant::now()).is_some());
-        assert!(cache.check("n", b"b", Instant::now()).is_some());
+        cache.insert("n", b"a", later, u64::MAX);
+        cache.insert("n", b"b", later, u64::MAX);
+        cache.insert("n", b"c", later, u64::MAX);
+        assert!(cache.check("n", b"a", 1, Instant::now()).is_some());
+        assert!(cache.check("n", b"b", 1, Instant::now()).is_some());
         assert_eq!(
-            cache.check("n", b"c", Instant::now()),
+            cache.check("n", b"c", 1, Instant::now()),
             None,
             "a full cache of live entries takes no more"
         );
         counts_match(&cache);
         cache.remove("n", b"a");
         counts_match(&cache);
-        assert_eq!(cache.check("n", b"a", Instant::now()), None);
+        assert_eq!(cache.check("n", b"a", 1, Instant::now()), None);
         // An entry found expired is dropped by the check that finds it.
         let soon = Instant::now() + Duration::from_millis(1);
-        cache.insert("n", b"soon", soon);
+        cache.insert("n", b"soon", soon, u64::MAX);
         counts_match(&cache);
-        assert_eq!(cache.check("n", b"soon", soon), None);
+        assert_eq!(cache.check("n", b"soon", 1, soon), None);
         counts_match(&cache);
         assert_eq!(held(&cache), 1);
-        cache.insert("n", b"past", now);
+        cache.insert("n", b"past", now, u64::MAX);
         assert_eq!(
-            cache.check("n", b"past", Instant::now()),
+            cache.check("n", b"past", 1, Instant::now()),
             None,
             "a deadline already gone is not cached"
+        );
+    }
+
+    /// A lockout, or a denial at a limit of 1.
+    fn denied(locked: bool) -> Denied {
+        if locked {
+            Denied::Locked
+        } else {
+            Denied::AtLimit { limit: 1 }
+        }
+    }
+
+    #[test]
+    fn a_denial_answers_only_requests_under_its_limit_or_a_lower_one() {
+        let denials = Denials::new(64, Duration::from_secs(1));
+        let sent = Instant::now() + Duration::from_secs(10);
+        let window = Duration::from_secs(60);
+        denials.remember(
+            "n",
+            b"k",
+            sent,
+            window,
+            Denied::AtLimit { limit: 50 },
+            false,
+        );
+        assert!(denials.hit("n", b"k", 50, sent).is_some(), "the same limit");
+        assert!(denials.hit("n", b"k", 20, sent).is_some(), "a lower limit");
+        assert_eq!(
+            denials.hit("n", b"k", 51, sent),
+            None,
+            "a raised limit asks"
+        );
+        assert!(denials.spend("n", b"k", 50, sent, false).is_some());
+        assert_eq!(denials.spend("n", b"k", 100, sent, false), None);
+        // A later denial at the higher limit answers for it.
+        denials.remember(
+            "n",
+            b"k",
+            sent,
+            window,
+            Denied::AtLimit { limit: 100 },
+            false,
+        );
+        assert!(denials.hit("n", b"k", 100, sent).is_some());
+        // A lockout answers spends under any limit.
+        denials.remember("n", b"l", sent, window, Denied::Locked, false);
+        assert!(denials.spend("n", b"l", u64::MAX, sent, false).is_some());
+        assert!(denials.spend("n", b"l", 1, sent, true).is_some());
+        assert_eq!(
+            denials.hit("n", b"l", 1, sent),
+            None,
+            "hits read no lockout"
         );
     }
 
@@ -312,34 +404,34 @@ mod tests {
                 &denials.over
             };
             let (steady, lowers) = (format!("steady{locked}"), format!("lowers{locked}"));
-            denials.remember("n", steady.as_bytes(), sent, window, locked, false);
-            denials.remember("n", lowers.as_bytes(), sent, window, locked, true);
+            denials.remember("n", steady.as_bytes(), sent, window, denied(locked), false);
+            denials.remember("n", lowers.as_bytes(), sent, window, denied(locked), true);
             // Read at instants given, not the clock's: nothing here waits.
             let before = sent + recheck - Duration::from_millis(1);
             let after = sent + recheck + Duration::from_millis(1);
-            let held = cache.check("n", lowers.as_bytes(), before);
+            let held = cache.check("n", lowers.as_bytes(), 1, before);
             assert_eq!(
                 held,
                 Some(Duration::from_millis(1)),
                 "{locked}: held until the bound"
             );
             assert_eq!(
-                cache.check("n", lowers.as_bytes(), after),
+                cache.check("n", lowers.as_bytes(), 1, after),
                 None,
                 "{locked}: asked again past the bound"
             );
             let late = sent + Duration::from_secs(59);
             assert_eq!(
-                cache.check("n", steady.as_bytes(), late),
+                cache.check("n", steady.as_bytes(), 1, late),
                 Some(Duration::from_secs(1)),
                 "{locked}: a counter that only goes up is held for its whole window"
             );
         }
         // A window that ends before the bound ends the denial with it.
         let short = Duration::from_millis(10);
-        denials.remember("n", b"short", sent, short, false, true);
-        assert_eq!(denials.over.check("n", b"short", sent), Some(short));
-        assert_eq!(denials.over.check("n", b"short", sent + short), None);
+        denials.remember("n", b"short", sent, short, denied(false), true);
+        assert_eq!(denials.over.check("n", b"short", 1, sent), Some(short));
+        assert_eq!(denials.over.check("n", b"short", 1, sent + short), None);
     }
 
     #[test]
@@ -351,14 +443,14 @@ mod tests {
             assert!(cache.table.shards() <= MAX_SHARDS);
             let later = Instant::now() + Duration::from_secs(60);
             for i in 0..3 * capacity {
-                cache.insert("n", i.to_string().as_bytes(), later);
+                cache.insert("n", i.to_string().as_bytes(), later, u64::MAX);
             }
             let held = held(&cache);
             assert!(held <= capacity, "{held} > {capacity}");
             let found = (0..3 * capacity)
                 .filter(|i| {
                     let now = Instant::now();
-                    cache.check("n", i.to_string().as_bytes(), now).is_some()
+                    cache.check("n", i.to_string().as_bytes(), 1, now).is_some()
                 })
                 .count();
             assert_eq!(found, held, "every entry held is found");
@@ -369,15 +461,15 @@ mod tests {
     fn a_counter_is_its_namespace_and_key_together() {
         let cache = DenyCache::new(64);
         let later = Instant::now() + Duration::from_secs(60);
-        cache.insert("a:b", b"c", later);
+        cache.insert("a:b", b"c", later, u64::MAX);
         // The same bytes, cut elsewhere, are other counters.
-        assert_eq!(cache.check("a", b":bc", Instant::now()), None);
-        assert_eq!(cache.check("a:", b"bc", Instant::now()), None);
-        assert_eq!(cache.check("a:bc", b"", Instant::now()), None);
-        assert_eq!(cache.check("", b"a:bc", Instant::now()), None);
-        assert!(cache.check("a:b", b"c", Instant::now()).is_some());
-        cache.insert("", b"", later);
-        assert!(cache.check("", b"", Instant::now()).is_some());
+        assert_eq!(cache.check("a", b":bc", 1, Instant::now()), None);
+        assert_eq!(cache.check("a:", b"bc", 1, Instant::now()), None);
+        assert_eq!(cache.check("a:bc", b"", 1, Instant::now()), None);
+        assert_eq!(cache.check("", b"a:bc", 1, Instant::now()), None);
+        assert!(cache.check("a:b", b"c", 1, Instant::now()).is_some());
+        cache.insert("", b"", later, u64::MAX);
+        assert!(cache.check("", b"", 1, Instant::now()).is_some());
     }
 
     #[test]
@@ -396,10 +488,10 @@ mod tests {
         let later = Instant::now() + Duration::from_secs(60);
         for (i, name) in names.iter().enumerate() {
             for (j, key) in keys.iter().enumerate() {
-                cache.insert(name, key, later);
+                cache.insert(name, key, later, u64::MAX);
                 for (m, other_name) in names.iter().enumerate() {
                     for (n, other) in keys.iter().enumerate() {
-                        let denied = cache.check(other_name, other, Instant::now());
+                        let denied = cache.check(other_name, other, 1, Instant::now());
                         let before = (m, n) <= (i, j);
                         assert_eq!(denied.is_some(), before, "{m}/{n} after inserting {i}/{j}");
                     }

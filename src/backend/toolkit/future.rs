@@ -13,7 +13,7 @@ use smallvec::SmallVec;
 
 use super::refused_count;
 use super::slots::Ticket;
-use crate::backend::{BackendError, Counter, Hit, Hits};
+use crate::backend::{BackendError, Counter, Hit, Hits, Spend};
 
 /// The future of a remote backend's call (a hit, a spend, a refund or an
 /// amend): the `Future` and `Refund` of the Redis and PostgreSQL backends,
@@ -81,11 +81,58 @@ impl BackendFuture<Hits> {
     /// hit. `None` when it remembers none: the request goes to the store.
     /// A remembered counter reports its limit plus `need` (the spend's
     /// cost, at least 1; 1 for a hit), as a counter at its limit that did
-    /// not fit does.
+    /// not fit does. For a spend, [`denied_spend`](Self::denied_spend)
+    /// gives each counter its own cost.
     #[must_use]
     pub fn denied(
         counters: &[Counter<'_>],
         need: u64,
+        left: impl Fn(&Counter<'_>) -> Option<Duration>,
+    ) -> Option<Self> {
+        Self::denied_each(counters, |_| need, left)
+    }
+
+    /// [`denied`](Self::denied) for a [`Spend`]: a remembered counter
+    /// reports its limit plus its own cost, at least 1
+    /// ([`Spend::cost_of`]), as the
+    /// [contract](crate::backend#costs-lockouts-and-amends) has it.
+    ///
+    /// ```
+    /// use std::num::NonZeroU32;
+    /// use std::time::Duration;
+    /// use tower_pinned_window::Quota;
+    /// use tower_pinned_window::backend::toolkit::BackendFuture;
+    /// use tower_pinned_window::backend::{Counter, Spend};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let quota = |n| Quota::per_minute(NonZeroU32::new(n).unwrap());
+    /// let counters = [
+    ///     Counter { namespace: "requests", quota: quota(50), lowers: false },
+    ///     Counter { namespace: "tokens", quota: quota(10_000), lowers: false },
+    /// ];
+    /// // The cache remembers the requests counter at its limit for 5 s.
+    /// let left = |c: &Counter<'_>| (c.namespace == "requests").then(|| Duration::from_secs(5));
+    /// let spend = Spend::cost(700).first(1);
+    /// let hits = BackendFuture::denied_spend(&counters, spend, left).unwrap().await.unwrap();
+    /// assert_eq!(hits[0].count, 50 + 1, "its limit and its unit");
+    /// assert_eq!((hits[1].count, hits[1].deadline), (0, None), "not asked");
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn denied_spend(
+        counters: &[Counter<'_>],
+        spend: Spend,
+        left: impl Fn(&Counter<'_>) -> Option<Duration>,
+    ) -> Option<Self> {
+        Self::denied_each(counters, |i| spend.cost_of(i).max(1), left)
+    }
+
+    /// The deny cache's answer, with counter `i` reporting its limit plus
+    /// `need(i)`.
+    fn denied_each(
+        counters: &[Counter<'_>],
+        need: impl Fn(usize) -> u64,
         left: impl Fn(&Counter<'_>) -> Option<Duration>,
     ) -> Option<Self> {
         let cached: SmallVec<[Option<Duration>; 2]> = counters.iter().map(left).collect();
@@ -95,8 +142,9 @@ impl BackendFuture<Hits> {
         let hits = counters
             .iter()
             .zip(cached)
-            .map(|(c, left)| Hit {
-                count: left.map_or(0, |_| refused_count(0, c.quota.limit(), true, need)),
+            .enumerate()
+            .map(|(i, (c, left))| Hit {
+                count: left.map_or(0, |_| refused_count(0, c.quota.limit(), true, need(i))),
                 reset: left.unwrap_or(Duration::ZERO),
                 deadline: None,
             })

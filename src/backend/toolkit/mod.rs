@@ -27,19 +27,22 @@
 //!
 //! ```
 //! use std::time::{Duration, Instant};
-//! use tower_pinned_window::backend::toolkit::{Denials, storage_key};
+//! use tower_pinned_window::backend::toolkit::{Denials, Denied, storage_key};
 //! use tower_pinned_window::key::Key;
 //!
 //! let key = Key::new("203.0.113.7");
 //! assert_eq!(storage_key::encode(b"tpw:", "api", &key), b"tpw:api{203.0.113.7}");
 //!
-//! // The store denied the counter for 10 s from now: asked again, the cache
-//! // answers for it.
+//! // The store denied the counter at a limit of 100, for 10 s from now:
+//! // asked again under that limit, the cache answers for it.
 //! let denials = Denials::new(1024, Duration::from_secs(1));
 //! let now = Instant::now();
-//! denials.remember("api", key.as_bytes(), now, Duration::from_secs(10), false, false);
-//! assert!(denials.hit("api", key.as_bytes(), now).is_some());
-//! assert!(denials.hit("api", b"198.51.100.1", now).is_none());
+//! let at_limit = Denied::AtLimit { limit: 100 };
+//! denials.remember("api", key.as_bytes(), now, Duration::from_secs(10), at_limit, false);
+//! assert!(denials.hit("api", key.as_bytes(), 100, now).is_some());
+//! assert!(denials.hit("api", b"198.51.100.1", 100, now).is_none());
+//! // Under a raised limit, the store is asked.
+//! assert!(denials.hit("api", key.as_bytes(), 200, now).is_none());
 //! ```
 
 mod deny_cache;
@@ -47,7 +50,7 @@ mod future;
 mod slots;
 pub mod storage_key;
 
-pub use deny_cache::Denials;
+pub use deny_cache::{Denials, Denied};
 pub use future::BackendFuture;
 pub use slots::{ARENA_SLOTS, Reply};
 

@@ -6,7 +6,8 @@
 //! bytes a client puts in its key, a counter's markers
 //! ([`encode_lockout`], [`encode_reset_marker`]) and its key's record of
 //! slots in flight ([`encode_slots`]) never meet a counter or
-//! another counter's marker, and the hash tag is always the crate's.
+//! another counter's marker, a layer's limits ([`encode_limits`]) never
+//! meet any of them, and the hash tag is always the crate's.
 //!
 //! The prefix, the escaped namespace, then the escaped key between braces:
 //!
@@ -159,6 +160,40 @@ pub const RESET_MARKER: &[u8] = b":reset";
 #[must_use]
 pub fn encode_reset_marker(prefix: &[u8], namespace: &str, key: &Key) -> Vec<u8> {
     marker(prefix, namespace, key, RESET_MARKER)
+}
+
+/// What follows a layer's escaped name in the storage key of its limits
+/// ([`encode_limits`]).
+pub const LIMITS: &[u8] = b":limits";
+
+/// The storage key of the limits held in the store for the layer `layer`
+/// ([`Limits`](crate::backend::Limits)): the prefix, the escaped layer name
+/// and `:limits`, with no brace at all.
+///
+/// Every counter's storage key, and every marker's, holds the `{` that
+/// opens its hash tag, and an escaped name never holds one: so a layer's
+/// limits never meet a counter, a lockout, a reset marker or a record of
+/// slots, whatever bytes a layer name or a client's key holds; the escape
+/// is one-to-one, so two layers' limits never meet either. With no hash
+/// tag, Redis Cluster places it by the whole key: one key, one slot.
+/// [`decode`] reads none.
+///
+/// ```
+/// use tower_pinned_window::backend::toolkit::storage_key;
+///
+/// assert_eq!(storage_key::encode_limits(b"tpw:", "api"), b"tpw:api:limits");
+/// assert_eq!(storage_key::encode_limits(b"tpw:", "a{b}"), b"tpw:a%7Bb%7D:limits");
+/// ```
+#[must_use]
+pub fn encode_limits(prefix: &[u8], layer: &str) -> Vec<u8> {
+    let mut out = Vec::with_capacity(prefix.len() + layer.len() + LIMITS.len());
+    out.extend_from_slice(prefix);
+    escape_into(
+        &mut |bytes: &[u8]| out.extend_from_slice(bytes),
+        layer.as_bytes(),
+    );
+    out.extend_from_slice(LIMITS);
+    out
 }
 
 fn marker(prefix: &[u8], namespace: &str, key: &Key, suffix: &[u8]) -> Vec<u8> {
@@ -459,6 +494,30 @@ mod tests {
             for other in [encode_lockout(b"tpw:", &b.0, &kb), encode_reset_marker(b"tpw:", &b.0, &kb)] {
                 prop_assert_ne!(encode_slots(b"tpw:", &a.0, &ka), other);
             }
+        }
+
+        /// A layer's limits never meet a counter, a marker, a record of
+        /// slots or another layer's limits.
+        #[test]
+        fn limits_never_meet_a_counter_a_marker_or_another_layers_limits(
+            layer in any_name(),
+            other in any_name(),
+            b in (any_name(), any_key()),
+        ) {
+            let limits = encode_limits(b"tpw:", &layer);
+            let kb = Key::new(&b.1);
+            for form in [
+                encode(b"tpw:", &b.0, &kb),
+                encode_lockout(b"tpw:", &b.0, &kb),
+                encode_reset_marker(b"tpw:", &b.0, &kb),
+                encode_slots(b"tpw:", &b.0, &kb),
+            ] {
+                prop_assert_ne!(&limits, &form);
+            }
+            prop_assert_eq!(limits == encode_limits(b"tpw:", &other), layer == other);
+            prop_assert_eq!(decode(b"tpw:", &limits), None);
+            let braces = limits.iter().filter(|&&c| c == b'{' || c == b'}').count();
+            prop_assert_eq!(braces, 0, "a brace in {}", limits.escape_ascii());
         }
 
         #[test]

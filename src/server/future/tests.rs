@@ -415,3 +415,110 @@ async fn the_insurance_limiter_takes_charges_in_its_own_store() {
         assert_eq!(statuses, [200, 429, 429], "{out:?}");
     }
 }
+
+/// A request from `client` (the `x-client` header).
+fn from_client(client: &str) -> Request<String> {
+    Request::builder()
+        .header("x-client", client)
+        .body(String::new())
+        .unwrap()
+}
+
+/// The statuses of `requests` from `client`, through `service`, one after
+/// the other.
+async fn statuses<S>(service: &S, client: &str, requests: usize) -> Vec<u16>
+where
+    S: Service<Request<String>, Response = Response<String>> + Clone,
+    S::Error: fmt::Debug,
+{
+    let mut statuses = Vec::new();
+    for _ in 0..requests {
+        let response = service.clone().oneshot(from_client(client)).await.unwrap();
+        statuses.push(response.status().as_u16());
+    }
+    statuses
+}
+
+/// Five requests from "alice" and one from "bob" through `layer` (a limit
+/// of 2), then alice's statuses, the table's entry for alice, and its
+/// denials in all.
+macro_rules! through {
+    ($layer:expr) => {{
+        let layer = $layer;
+        let denied = layer.denied_keys().expect("top_denied is on");
+        let ok = service_fn(|_request: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        });
+        let service = layer.layer(ok);
+        let alice = statuses(&service, "alice", 5).await;
+        statuses(&service, "bob", 1).await;
+        let entry = denied.get(&Key::new("alice")).map(|k| (k.denied, k.error));
+        assert_eq!(denied.get(&Key::new("bob")), None, "bob was never denied");
+        (alice, entry, denied.denials())
+    }};
+}
+
+#[tokio::test]
+async fn denials_are_counted_among_the_keys_denied_most_at_once_and_later() {
+    use crate::denied::TopDenied;
+    let quota = Quota::new(2, Duration::from_secs(60)).unwrap();
+    let plain = || {
+        RateLimitLayer::new("api", quota)
+            .key(http::HeaderName::from_static("x-client"))
+            .top_denied(TopDenied::new(8).unwrap())
+    };
+    let denied = vec![200, 200, 429, 429, 429];
+    let cases = [
+        ("at once, plain", through!(plain()), &denied),
+        (
+            "later, plain",
+            through!(plain().backend(Later(MemoryBackend::new()))),
+            &denied,
+        ),
+        (
+            "at once, count_if",
+            through!(plain().count_if(|_| true)),
+            &denied,
+        ),
+        (
+            "later, count_if",
+            through!(
+                plain()
+                    .count_if(|_| true)
+                    .backend(Later(MemoryBackend::new()))
+            ),
+            &denied,
+        ),
+        (
+            "later, insured",
+            through!(
+                plain()
+                    .on_failure(crate::FailurePolicy::Insurance(crate::Share::WHOLE))
+                    .backend(Later(MemoryBackend::new()))
+            ),
+            &denied,
+        ),
+        (
+            "at once, shadow: the would-be denials",
+            through!(plain().shadow(true)),
+            &vec![200; 5],
+        ),
+    ];
+    for (case, (statuses, alice, denials), want) in cases {
+        assert_eq!(&statuses, want, "{case}");
+        assert_eq!(alice, Some((3, 0)), "{case}");
+        assert_eq!(denials, 3, "{case}");
+    }
+}
+
+#[tokio::test]
+async fn allowed_requests_are_never_counted_among_the_keys_denied_most() {
+    use crate::denied::TopDenied;
+    let quota = Quota::new(100, Duration::from_secs(60)).unwrap();
+    let layer = RateLimitLayer::new("api", quota)
+        .key(http::HeaderName::from_static("x-client"))
+        .top_denied(TopDenied::new(8).unwrap());
+    let (statuses, alice, denials) = through!(layer);
+    assert_eq!(statuses, [200; 5]);
+    assert_eq!((alice, denials), (None, 0));
+}
