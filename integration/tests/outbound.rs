@@ -847,35 +847,48 @@ async fn a_reservation_settles_to_the_usage<Bk: Heeding>(store: Bk) {
         }
         builder.body(String::new()).unwrap()
     };
-    let stored = |key: &'static str| {
+    // A settle that goes out finishes on its own task: wait until `key`'s
+    // count is `want`, and fail when it is not after ten seconds.
+    let settled = |key: &'static str, want: u64, what: &'static str| {
         let store = store.clone();
         async move {
-            // A settle that goes out finishes on its own task.
-            tokio::time::sleep(Duration::from_millis(30)).await;
-            store
-                .peek(NAME, &Key::new(key))
-                .await
-                .unwrap()
-                .map_or(0, |hit| hit.count)
+            let start = std::time::Instant::now();
+            loop {
+                let now = store
+                    .peek(NAME, &Key::new(key))
+                    .await
+                    .unwrap()
+                    .map_or(0, |hit| hit.count);
+                if now == want {
+                    return;
+                }
+                assert!(
+                    start.elapsed() < Duration::from_secs(10),
+                    "{what}: the count is {now}, not {want}"
+                );
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
         }
     };
     // 300 reserved, 120 used: 120 stays.
     send(&client, request("a", 300, Some(120))).await.unwrap();
-    assert_eq!(stored("a").await, 120);
+    settled("a", 120, "120 used of 300 reserved").await;
     // 300 reserved, 450 used: 450 more.
     send(&client, request("a", 300, Some(450))).await.unwrap();
-    assert_eq!(stored("a").await, 570);
+    settled("a", 570, "450 used of 300 reserved").await;
     // 430 left: a reservation of 500 does not fit.
     let err = send(&client, request("a", 500, Some(1))).await.unwrap_err();
     assert!(budget_error(&err).retry_after().is_some(), "{err}");
-    assert_eq!(stored("a").await, 570, "a call turned away spends nothing");
+    // Anything it had spent would show at once: its reservation is counted
+    // before the call goes out.
+    settled("a", 570, "a call turned away spends nothing").await;
     // Reservations never pass the budget, whatever the answers say: three
     // of 300 fit on a fresh key, the fourth does not.
     for _ in 0..3 {
         send(&client, request("b", 300, Some(300))).await.unwrap();
     }
     assert!(send(&client, request("b", 300, Some(300))).await.is_err());
-    assert_eq!(stored("b").await, 900);
+    settled("b", 900, "three reservations of 300").await;
     // No usage: the reservation stands, and it is logged once.
     let capture = support::logs::Capture::start(tracing::level_filters::LevelFilter::WARN);
     for _ in 0..2 {
@@ -883,7 +896,7 @@ async fn a_reservation_settles_to_the_usage<Bk: Heeding>(store: Bk) {
     }
     let lines = capture.lines();
     drop(capture);
-    assert_eq!(stored("c").await, 400);
+    settled("c", 400, "two reservations that stand").await;
     let logged = lines
         .iter()
         .filter(|line| line.contains("could not read the answer's usage"))
