@@ -23,7 +23,9 @@
 # the same with one call a step (`.coalesce(false)`); redis-capped, the
 # plain hit with an in-flight cap in the same layer (`RateLimitLayer::
 # in_flight`): one step takes the slot and counts the hit, a give-back
-# follows.
+# follows; redis-book, the plain hit with its limit held in the same Redis
+# (a LimitBook read at most once a second, in the background: its HGETALL
+# reads are counted with the script calls).
 # With REPLICA=1, or when ROUTES has redis-wait, the Redis has a replica
 # (`--replicaof`, started by the script too), for every route of the run, so
 # that the routes are compared on the same master. Each route's
@@ -40,6 +42,7 @@
 #   ROUTES="redis redis-wait" bash bench/wrk_redis.sh   # on a master with a replica
 #   ROUTES="redis redis-in-flight" CASES=keys bash bench/wrk_redis.sh
 #   ROUTES="redis redis-in-flight redis-capped" CASES=keys bash bench/wrk_redis.sh
+#   ROUTES="redis redis-book" CASES=keys bash bench/wrk_redis.sh
 #
 # Needs wrk (Debian: apt-get install wrk) and redis-server.
 set -euo pipefail
@@ -84,9 +87,9 @@ fi
 cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
 server="${CARGO_TARGET_DIR:-target}"/release/wrk_server
 
-calls() { # script calls the server has run so far
+calls() { # script calls and stored-limit reads the server has run so far
   redis-cli -p "$rport" info commandstats | tr -d '\r' |
-    awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'
+    awk -F'[:=,]' '/^cmdstat_(evalsha|eval|hgetall):/ {n += $3} END {print n + 0}'
 }
 
 counted() { # hits Redis has counted, over every counter but the warm-up's (records of slots in flight are not counters)

@@ -15,6 +15,7 @@ use tokio::time::Instant;
 
 use crate::backend::{BackendError, LimitScope, Limits, StoredLimits};
 use crate::error::ConfigError;
+use crate::metrics::StoredLimitsMetrics;
 use crate::quota::Quota;
 
 type Boxed<T> = Pin<Box<dyn Future<Output = Result<T, BackendError>> + Send>>;
@@ -57,8 +58,10 @@ impl<B: Limits> Store for B {
 /// request's read; by the others within `staleness` plus one read.
 ///
 /// **Bad input.** A stored value that is not a limit is left out (the layer's
-/// quota applies to that scope), counted and logged, never read as "no
-/// limit"; a [`Quota`] cannot be zero, so no setter takes one.
+/// quota applies to that scope), counted ([`StoredLimits::corrupt`], and the
+/// gauge `tower_pinned_window_stored_limits_corrupt` under the `metrics`
+/// feature) and logged when the count changes, never read as "no limit"; a
+/// [`Quota`] cannot be zero, so no setter takes one.
 ///
 /// **Private keys.** [`PrivateKeys`](crate::backend::PrivateKeys) holds no
 /// limits: a key's limit would be stored under the key as given, not its
@@ -189,6 +192,7 @@ impl LimitBook {
                 read_at: AtomicU64::new(0),
                 reading: AtomicBool::new(false),
                 corrupt: AtomicUsize::new(0),
+                metrics: StoredLimitsMetrics::default(),
             })
         }))
     }
@@ -208,6 +212,8 @@ pub(crate) struct Page {
     reading: AtomicBool,
     /// Corrupt values in the last read, to log a change once.
     corrupt: AtomicUsize,
+    /// Their gauge (feature `metrics`).
+    metrics: StoredLimitsMetrics,
 }
 
 impl Page {
@@ -246,6 +252,7 @@ impl Page {
             match read {
                 Ok(Ok(limits)) => {
                     let corrupt = limits.corrupt();
+                    page.metrics.read(&page.layer, corrupt);
                     if page.corrupt.swap(corrupt, Ordering::Relaxed) != corrupt && corrupt > 0 {
                         tracing::warn!(
                             limiter = %page.layer,

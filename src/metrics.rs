@@ -8,6 +8,7 @@
 //! | [`BACKEND_ERRORS`] `tower_pinned_window_backend_errors_total` | counter | `limiter`, `kind` | once per failed backend call: `kind` is `unavailable`, `timed_out`, `circuit_open`, `cluster_down`, `at_capacity` or `corrupt` |
 //! | [`BACKEND_LATENCY`] `tower_pinned_window_backend_latency_seconds` | histogram | `limiter` | once per backend call that had to wait (a round trip to Redis), never for an answer given at once |
 //! | [`DENY_CACHE_ANSWERS`] `tower_pinned_window_deny_cache_answers_total` | counter | `limiter` | once per request a local deny cache denied without asking the store |
+//! | [`STORED_LIMITS_CORRUPT`] `tower_pinned_window_stored_limits_corrupt` | gauge | `limiter` | under [`limits`](crate::RateLimitLayer::limits), once per read of a layer's stored limits (at most once per staleness bound): how many stored values are not limits, and so are left out (the layer's own quotas apply to them); alert on anything above 0 |
 //! | [`TOP_DENIED`] `tower_pinned_window_top_denied` | gauge | `limiter`, `rank` | under [`top_denied`](crate::RateLimitLayer::top_denied), on a denial at most once a second: the denials of the key at `rank` (`1` to `10`, at most the table's capacity) among [the keys denied most](crate::denied) |
 //!
 //! # Labels, and why never the key or the route
@@ -69,12 +70,19 @@
 //! ```
 
 #[cfg(feature = "metrics")]
-pub use enabled::{BACKEND_ERRORS, BACKEND_LATENCY, DECISIONS, DENY_CACHE_ANSWERS, TOP_DENIED};
+pub use enabled::{
+    BACKEND_ERRORS, BACKEND_LATENCY, DECISIONS, DENY_CACHE_ANSWERS, STORED_LIMITS_CORRUPT,
+    TOP_DENIED,
+};
 #[cfg(feature = "metrics")]
-pub(crate) use enabled::{LayerMetrics, QuotaMetrics, Stopwatch, TopDeniedMetrics};
+pub(crate) use enabled::{
+    LayerMetrics, QuotaMetrics, Stopwatch, StoredLimitsMetrics, TopDeniedMetrics,
+};
 
 #[cfg(not(feature = "metrics"))]
-pub(crate) use disabled::{LayerMetrics, QuotaMetrics, Stopwatch, TopDeniedMetrics};
+pub(crate) use disabled::{
+    LayerMetrics, QuotaMetrics, Stopwatch, StoredLimitsMetrics, TopDeniedMetrics,
+};
 
 /// The ranks of the keys denied most that get a gauge.
 #[cfg(feature = "metrics")]
@@ -133,6 +141,26 @@ mod enabled {
     ///
     /// See the [module's table](crate::metrics).
     pub const TOP_DENIED: &str = "tower_pinned_window_top_denied";
+    /// The stored values of a layer that are not limits, as of its last
+    /// read, by `limiter` (gauge), under
+    /// [`limits`](crate::RateLimitLayer::limits).
+    ///
+    /// See the [module's table](crate::metrics).
+    pub const STORED_LIMITS_CORRUPT: &str = "tower_pinned_window_stored_limits_corrupt";
+
+    /// The gauge of a layer's corrupt stored limits, registered on first
+    /// use: kept in the layer's copy of its limits.
+    #[derive(Default)]
+    pub(crate) struct StoredLimitsMetrics(OnceLock<Gauge>);
+
+    impl StoredLimitsMetrics {
+        /// Sets the gauge of `limiter` to `corrupt`, after a read.
+        pub(crate) fn read(&self, limiter: &str, corrupt: usize) {
+            self.0
+                .get_or_init(|| gauge!(STORED_LIMITS_CORRUPT, "limiter" => limiter.to_owned()))
+                .set(corrupt as f64);
+        }
+    }
 
     /// The gauges of a table of the keys denied most, registered on first
     /// use, and when they were last set. Kept in the table, under its lock.
@@ -303,6 +331,14 @@ mod disabled {
 
         #[inline(always)]
         pub(crate) fn answered_at_once<E>(&self, _limiter: &str, _result: &Result<Hits, E>) {}
+    }
+
+    #[derive(Default)]
+    pub(crate) struct StoredLimitsMetrics;
+
+    impl StoredLimitsMetrics {
+        #[inline(always)]
+        pub(crate) fn read(&self, _limiter: &str, _corrupt: usize) {}
     }
 
     #[derive(Default)]

@@ -390,6 +390,88 @@ async fn redis_round_trips_and_deny_cache_answers() {
     );
 }
 
+/// A stored limit that is not a limit (written behind the book's back) is
+/// left out: the layer's own quota applies, and the layer's gauge of
+/// corrupt stored limits says how many there are, back to 0 once it is
+/// cleared.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn corrupt_stored_limits_are_counted_and_ignored() {
+    use support::redis::RedisServer;
+    use tower_pinned_window::LimitBook;
+    use tower_pinned_window::backend::toolkit::storage_key;
+    use tower_pinned_window::backend::{LimitScope, encode_scope};
+    use tower_pinned_window_redis::RedisBackend;
+
+    let server = redis_or_skip!(RedisServer::start(
+        "corrupt_stored_limits_are_counted_and_ignored"
+    ));
+    let (recorder, handle) = recorder();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let backend = RedisBackend::new(server.client().get_connection_manager().await.unwrap());
+    let book = LimitBook::new(&backend, Duration::from_millis(20)).unwrap();
+    let hash = storage_key::encode_limits(b"tpw:", "stored");
+    let _: () = redis::cmd("HSET")
+        .arg(&hash)
+        .arg(encode_scope(LimitScope::Layer))
+        .arg("lots/60000ms")
+        .query(&mut server.sync())
+        .unwrap();
+    let svc = RateLimitLayer::new("stored", quota(2, Duration::from_secs(60)))
+        .key(by_client())
+        .backend(backend)
+        .limits(book.clone())
+        .layer(ok_service());
+    let gauge = |handle: &PrometheusHandle| {
+        value(
+            &handle.render(),
+            "tower_pinned_window_stored_limits_corrupt{limiter=\"stored\"}",
+        )
+    };
+    // Each request past the staleness bound starts a read in the background.
+    let start = std::time::Instant::now();
+    let mut statuses = Vec::new();
+    while gauge(&handle) != Some(1.0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "no gauge of 1 after 10 s:\n{}",
+            handle.render()
+        );
+        let key = format!("client-{}", statuses.len());
+        statuses.push(svc.clone().oneshot(from(&key)).await.unwrap().status());
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    // The layer's own quota of 2 applies, never "no limit".
+    for _ in 0..3 {
+        statuses.push(svc.clone().oneshot(from("alice")).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses[statuses.len() - 3..],
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let left: String = redis::cmd("HGET")
+        .arg(&hash)
+        .arg(encode_scope(LimitScope::Layer))
+        .query(&mut server.sync())
+        .unwrap();
+    assert_eq!(left, "lots/60000ms", "a corrupt limit is left as it is");
+    book.clear("stored", LimitScope::Layer).await.unwrap();
+    let start = std::time::Instant::now();
+    while gauge(&handle) != Some(0.0) {
+        assert!(
+            start.elapsed() < Duration::from_secs(10),
+            "the gauge stayed at {:?} after the value was cleared",
+            gauge(&handle)
+        );
+        svc.clone().oneshot(from("bob")).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
 /// On a real Redis Cluster (`cluster-require-full-coverage yes`, Redis's
 /// default) whose master of a key has one of its slots taken away
 /// (`CLUSTER DELSLOTS`): that master refuses every key (`CLUSTERDOWN`).

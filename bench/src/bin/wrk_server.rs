@@ -22,6 +22,10 @@
 //! `LIMIT=redis-capped` is the plain route's quota with an in-flight cap in
 //! the same layer (`RateLimitLayer::in_flight`, a cap no key reaches): one
 //! store step takes the slot and counts the hit, and a give-back follows.
+//! `LIMIT=redis-book` is the plain route with its limit held in the same
+//! Redis (a [`LimitBook`] with a staleness of 1 s, the layer's stored limit
+//! set once at start, also too large to reach): what reading stored limits
+//! costs a request.
 //!
 //! Used by `bench/wrk.sh` and `bench/wrk_redis.sh`.
 
@@ -29,8 +33,11 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
+use tower_pinned_window::backend::LimitScope;
 use tower_pinned_window::key::ClientIp;
-use tower_pinned_window::{InFlight, InFlightLayer, Quota, RateLimitLayer, response::HeaderStyle};
+use tower_pinned_window::{
+    InFlight, InFlightLayer, LimitBook, Quota, RateLimitLayer, response::HeaderStyle,
+};
 use tower_pinned_window_redis::RedisBackend;
 
 #[tokio::main]
@@ -55,7 +62,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         | "redis-limited"
         | "redis-in-flight"
         | "redis-in-flight-single"
-        | "redis-capped" => {
+        | "redis-capped"
+        | "redis-book" => {
             let url = std::env::var("REDIS_URL")?;
             let mut info = redis::IntoConnectionInfo::into_connection_info(url.as_str())?;
             // NODELAY=1: TCP_NODELAY on the connection to Redis (off by
@@ -86,9 +94,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             } else {
                 Quota::new(u64::MAX / 2, Duration::from_secs(60))?
             };
-            let layer = RateLimitLayer::new("wrk", quota)
+            let mut layer = RateLimitLayer::new("wrk", quota)
                 .key(axum::http::HeaderName::from_static("x-client"))
-                .backend(backend);
+                .backend(backend.clone());
+            if limit == "redis-book" {
+                let book = LimitBook::new(&backend, Duration::from_secs(1))?;
+                let stored = Quota::new(u64::MAX / 4, Duration::from_secs(60))?;
+                book.set("wrk", LimitScope::Layer, stored).await?;
+                layer = layer.limits(book);
+            }
             app = match limit.as_str() {
                 "redis-cost" => app.route_layer(layer.cost(1)),
                 "redis-capped" => {
@@ -126,7 +140,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => {
             return Err(format!(
-                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, redis-limited, redis-in-flight, redis-in-flight-single, redis-capped, off, identity or static-headers, not {other:?}"
+                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, redis-limited, redis-in-flight, redis-in-flight-single, redis-capped, redis-book, off, identity or static-headers, not {other:?}"
             )
             .into());
         }
