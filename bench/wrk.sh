@@ -7,6 +7,8 @@
 #
 #   bash bench/wrk.sh            # 3 rounds of 10 s each way
 #   ROUNDS=5 DURATION=20s bash bench/wrk.sh
+#   BOOK=1 bash bench/wrk.sh     # and the layer with its limit held in the
+#                                # store (LIMIT=book), its ratio to the layer
 #
 # Needs wrk (Debian: apt-get install wrk). Only 127.0.0.1 is loaded.
 set -euo pipefail
@@ -22,7 +24,7 @@ PORT=${PORT:-3917}
 cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
 server="${CARGO_TARGET_DIR:-target}"/release/wrk_server
 
-run() { # $1 = LIMIT (on, off, noheaders, static-headers); prints requests/s
+run() { # $1 = LIMIT (on, off, noheaders, static-headers, book); prints requests/s
   LIMIT=$1 PORT=$PORT taskset -c 0 "$server" >/dev/null &
   local pid=$!
   for _ in $(seq 50); do curl -fs "http://127.0.0.1:$PORT/" >/dev/null && break; sleep 0.1; done
@@ -43,3 +45,16 @@ for round in $(seq "$ROUNDS"); do
 done
 printf 'total  %17.0f  %14.0f  %5.3f  %14.0f  %5.3f  %18.0f  %5.3f\n' "$sum_off" "$sum_on" "$(echo "$sum_on / $sum_off" | bc -l)" "$sum_bare" "$(echo "$sum_bare / $sum_off" | bc -l)" \
   "$sum_static" "$(echo "$sum_static / $sum_off" | bc -l)"
+
+if [ "${BOOK:-0}" = 1 ]; then
+  # The layer with its limit in the store, against the layer with its fixed
+  # quota, interleaved in the same rounds.
+  echo "round  with_layer_rps  book_rps  ratio"
+  sum_on=0; sum_book=0
+  for round in $(seq "$ROUNDS"); do
+    on=$(run on); book=$(run book)
+    sum_on=$(echo "$sum_on + $on" | bc -l); sum_book=$(echo "$sum_book + $book" | bc -l)
+    printf '%5d  %14.0f  %8.0f  %5.3f\n' "$round" "$on" "$book" "$(echo "$book / $on" | bc -l)"
+  done
+  printf 'total  %14.0f  %8.0f  %5.3f\n' "$sum_on" "$sum_book" "$(echo "$sum_book / $sum_on" | bc -l)"
+fi

@@ -24,8 +24,8 @@
 # plain hit with an in-flight cap in the same layer (`RateLimitLayer::
 # in_flight`): one step takes the slot and counts the hit, a give-back
 # follows; redis-book, the plain hit with its limit held in the same Redis
-# (a LimitBook read at most once a second, in the background: its HGETALL
-# reads are counted with the script calls).
+# (a LimitBook read at most once a second, in the background: its reads,
+# HGETALL, are not script calls; the line adds how many it made).
 # With REPLICA=1, or when ROUTES has redis-wait, the Redis has a replica
 # (`--replicaof`, started by the script too), for every route of the run, so
 # that the routes are compared on the same master. Each route's
@@ -87,22 +87,27 @@ fi
 cargo build --release -p tower-pinned-window-bench --bin wrk_server --quiet
 server="${CARGO_TARGET_DIR:-target}"/release/wrk_server
 
-calls() { # script calls and stored-limit reads the server has run so far
+calls() { # script calls the server has run so far
   redis-cli -p "$rport" info commandstats | tr -d '\r' |
-    awk -F'[:=,]' '/^cmdstat_(evalsha|eval|hgetall):/ {n += $3} END {print n + 0}'
+    awk -F'[:=,]' '/^cmdstat_(evalsha|eval):/ {n += $3} END {print n + 0}'
+}
+
+reads() { # stored-limit reads (HGETALL) the server has run so far
+  redis-cli -p "$rport" info commandstats | tr -d '\r' |
+    awk -F'[:=,]' '/^cmdstat_hgetall:/ {n += $3} END {print n + 0}'
 }
 
 counted() { # hits Redis has counted, over every counter but the warm-up's (records of slots in flight are not counters)
   redis-cli -p "$rport" eval "local n = 0 for _, k in ipairs(redis.call('keys', 'tpw:*')) do if not string.find(k, '{warm}', 1, true) and redis.call('type', k).ok == 'string' then n = n + tonumber(redis.call('get', k)) end end return n" 0
 }
 
-run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s, script calls per request, errors (non-2xx + socket errors), denials, and denials answered locally
+run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s, script calls per request, errors (non-2xx + socket errors), denials, denials answered locally, and stored-limit reads
   redis-cli -p "$rport" flushall >/dev/null
   LIMIT=$1 PORT=$PORT REDIS_URL="redis://127.0.0.1:$rport/" taskset -c 0 "$server" >/dev/null &
   local pid=$!
   for _ in $(seq 50); do curl -fs -H 'x-client: warm' "http://127.0.0.1:$PORT/" >/dev/null && break; sleep 0.1; done
-  local out before after
-  before=$(calls)
+  local out before after read_before
+  before=$(calls); read_before=$(reads)
   out=$(taskset -c 1 wrk -t"$THREADS" -c"$2" -d"$DURATION" -s "$3" "http://127.0.0.1:$PORT/")
   kill "$pid"; wait "$pid" 2>/dev/null || true
   after=$(calls)
@@ -112,7 +117,7 @@ run() { # $1 = LIMIT, $2 = connections, $3 = wrk script; prints requests/s, scri
   rps=$(echo "$out" | awk '/Requests\/sec/ {print $2}')
   requests=$(echo "$out" | awk '/requests in/ {print $1}')
   bad=$(echo "$out" | awk '/Non-2xx/ {n = $NF} /Socket errors/ {s = $0; sub(/.*Socket errors: */, "", s); gsub(/ /, "", s)} END {printf "%d%s", n, (s == "" ? "" : "+socket:" s)}')
-  echo "$rps $(echo "($after - $before) / $requests" | bc -l) $bad $denied $((requests - reached))"
+  echo "$rps $(echo "($after - $before) / $requests" | bc -l) $bad $denied $((requests - reached)) $(($(reads) - read_before)) $requests"
 }
 
 median() { sort -g | awk '{a[NR] = $1} END {if (NR % 2) print a[(NR + 1) / 2]; else print (a[NR / 2] + a[NR / 2 + 1]) / 2}'; }
@@ -132,7 +137,7 @@ for case in $CASES; do
     printf '%5d  %-22s %8.0f\n' "$round" bare "$off"
     declare -A rps=()
     for route in $ROUTES; do
-      read -r on per bad denied local < <(run "$route" "$conns" "$script")
+      read -r on per bad denied local limit_reads requests < <(run "$route" "$conns" "$script")
       rps[$route]=$on
       ratio=$(echo "$on / $off" | bc -l)
       to_redis=-
@@ -147,6 +152,9 @@ for case in $CASES; do
         rate=$(echo "$local / $denied" | bc -l)
         hitrate[$route]+="$rate "
         printf '  %d  %d  %.4f' "$denied" "$local" "$rate"
+      fi
+      if [ "$limit_reads" -gt 0 ]; then
+        printf '  (stored-limit reads: %d in %d requests)' "$limit_reads" "$requests"
       fi
       printf '\n'
     done

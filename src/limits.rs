@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, PoisonError, RwLock};
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, Guard};
 use tokio::time::Instant;
 
 use crate::backend::{BackendError, LimitScope, Limits, StoredLimits};
@@ -188,7 +189,7 @@ impl LimitBook {
                 store: Arc::clone(&self.store),
                 staleness: self.staleness,
                 origin: Instant::now(),
-                current: RwLock::default(),
+                current: ArcSwap::default(),
                 read_at: AtomicU64::new(0),
                 reading: AtomicBool::new(false),
                 corrupt: AtomicUsize::new(0),
@@ -204,7 +205,9 @@ pub(crate) struct Page {
     store: Arc<dyn Store>,
     staleness: Duration,
     origin: Instant,
-    current: RwLock<Arc<StoredLimits>>,
+    /// The limits as last read: swapped whole by a read, loaded by every
+    /// request without a lock or a count on a shared reference.
+    current: ArcSwap<StoredLimits>,
     /// When the copy was last read, in milliseconds since `origin` plus
     /// one; 0: never (or a limit was set here since).
     read_at: AtomicU64,
@@ -219,7 +222,8 @@ pub(crate) struct Page {
 impl Page {
     /// The limits as last read; starts a read in the background when the
     /// copy is older than the staleness bound (and none is out).
-    pub(crate) fn current(self: &Arc<Self>) -> Arc<StoredLimits> {
+    #[inline]
+    pub(crate) fn current(self: &Arc<Self>) -> Guard<Arc<StoredLimits>> {
         let now = self.now_ms();
         let read_at = self.read_at.load(Ordering::Acquire);
         let staleness = u64::try_from(self.staleness.as_millis()).unwrap_or(u64::MAX);
@@ -228,7 +232,7 @@ impl Page {
         {
             self.read_again();
         }
-        Arc::clone(&self.current.read().unwrap_or_else(PoisonError::into_inner))
+        self.current.load()
     }
 
     fn now_ms(&self) -> u64 {
@@ -260,8 +264,7 @@ impl Page {
                             "stored limits that are not limits were left out: the layer's own quotas apply to them"
                         );
                     }
-                    *page.current.write().unwrap_or_else(PoisonError::into_inner) =
-                        Arc::new(limits);
+                    page.current.store(Arc::new(limits));
                 }
                 Ok(Err(err)) => tracing::warn!(
                     limiter = %page.layer,

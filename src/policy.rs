@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, PoisonError, RwLock};
 
+use arc_swap::ArcSwapOption;
 use smallvec::SmallVec;
 
 use crate::backend::{Backend, Counter, Hit, Hits, LimitScope, StoredLimits};
@@ -383,6 +384,17 @@ pub(crate) struct Policies {
     /// The layer's limits held in the store, as this process last read
     /// them ([`LimitBook`](crate::LimitBook)).
     stored: Option<Arc<Page>>,
+    /// The policy of the layer's stored limit, as last chosen: the requests
+    /// it applies to find it with no lock and no hash of the quota. (Keys'
+    /// limits differ from key to key: kept here, they would take each
+    /// other's place.)
+    stored_last: ArcSwapOption<StoredChoice>,
+}
+
+/// A stored limit's policy, kept by [`Policies::stored_last`].
+struct StoredChoice {
+    quota: Quota,
+    policy: Arc<Policy>,
 }
 
 /// Distinct quotas a `quota_by` closure's policies are kept for. Past it,
@@ -407,6 +419,7 @@ impl Policies {
             lowers: false,
             chosen: RwLock::default(),
             stored: None,
+            stored_last: ArcSwapOption::empty(),
         };
         this.rebuild();
         this
@@ -605,7 +618,6 @@ impl Policies {
     /// stored limit, else its tier's (by name), else the tier as picked,
     /// else the layer's stored limit, for the layer's own counter; a route
     /// quota's request keeps its route's policy.
-    #[cold]
     fn select_stored(
         &self,
         head: &RequestHead<'_>,
@@ -629,14 +641,28 @@ impl Policies {
                 if let Some(route) = head.route().and_then(|route| self.routes.get(route)) {
                     return Selected::Kept(route);
                 }
-                match by_key.or(stored.get(LimitScope::Layer)) {
-                    // Shown under the layer's name, as its own quota is.
-                    Some(quota) => NamedQuota {
-                        quota,
-                        name: Some(self.name.clone()),
-                    },
-                    None => return Selected::Kept(&self.default),
+                // Shown under the layer's name, as its own quota is.
+                let named = |quota| NamedQuota {
+                    quota,
+                    name: Some(self.name.clone()),
+                };
+                if let Some(quota) = by_key {
+                    return self.chosen_policy(named(quota));
                 }
+                let Some(quota) = stored.get(LimitScope::Layer) else {
+                    return Selected::Kept(&self.default);
+                };
+                if let Some(last) = &*self.stored_last.load()
+                    && last.quota == quota
+                {
+                    return Selected::Built(Arc::clone(&last.policy));
+                }
+                let chosen = self.chosen_policy(named(quota));
+                self.stored_last.store(Some(Arc::new(StoredChoice {
+                    quota,
+                    policy: chosen.to_arc(),
+                })));
+                return chosen;
             }
         };
         self.chosen_policy(quota)
@@ -750,6 +776,7 @@ impl Clone for Policies {
             lowers: self.lowers,
             chosen: RwLock::default(),
             stored: self.stored.clone(),
+            stored_last: ArcSwapOption::empty(),
         }
     }
 }

@@ -863,6 +863,24 @@ async fn limits_held_in_the_store_change_the_limit_and_keep_the_count() {
         ok, 2,
         "3 for the layer, one of them spent by the stale request"
     );
+    // Raised to 4: the policy of the layer's limit kept beside the copy is
+    // not the one applied once the copy changes.
+    book.set("stored", LimitScope::Layer, quota(4, 60))
+        .await
+        .unwrap();
+    send(&svc, from("warm-4")).await;
+    let_the_read_run().await;
+    assert_eq!(oks(&svc, || from("f"), 6).await, 4, "4 for the layer");
+    let res = send(&svc, from("e")).await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"stored\";q=4;w=60")
+    );
+    book.set("stored", LimitScope::Layer, quota(3, 60))
+        .await
+        .unwrap();
+    send(&svc, from("warm-3")).await;
+    let_the_read_run().await;
 
     // A tier's limit, by its name; the key's still beats it.
     book.set("stored", LimitScope::Tier("pro"), quota(2, 60))

@@ -1,6 +1,8 @@
 //! The quickstart's server for load tests: `GET /` per client IP, with the
 //! layer (`LIMIT=on`, the default; `LIMIT=noheaders` without the RateLimit
-//! headers) or without it (`LIMIT=off`). `LIMIT=redis` counts in the Redis
+//! headers) or without it (`LIMIT=off`); `LIMIT=book` is `on` with its
+//! limit held in the memory backend (a [`LimitBook`] with a staleness of 1 s,
+//! the layer's stored limit set once at start). `LIMIT=redis` counts in the Redis
 //! at `REDIS_URL` (coalesced hits, the default) and `LIMIT=redis-single` with
 //! one EVALSHA per hit (`.coalesce(false)`), both keyed by the `x-client`
 //! header (`bench/wrk_keys.lua` spreads it over 10,000 values);
@@ -33,7 +35,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use axum::{Router, routing::get};
-use tower_pinned_window::backend::LimitScope;
+use tower_pinned_window::backend::{LimitScope, MemoryBackend};
 use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::{
     InFlight, InFlightLayer, LimitBook, Quota, RateLimitLayer, response::HeaderStyle,
@@ -46,11 +48,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let limit = std::env::var("LIMIT").unwrap_or_else(|_| "on".into());
     let mut app = Router::new().route("/", get(|| async { "hello\n" }));
     match limit.as_str() {
-        "on" | "noheaders" => {
+        "on" | "noheaders" | "book" => {
             let quota = Quota::new(u64::MAX, Duration::from_secs(10))?;
             let mut layer = RateLimitLayer::new("wrk", quota).key(ClientIp::new());
             if limit == "noheaders" {
                 layer = layer.headers(HeaderStyle::None);
+            }
+            if limit == "book" {
+                let backend = MemoryBackend::new();
+                let book = LimitBook::new(&backend, Duration::from_secs(1))?;
+                let stored = Quota::new(u64::MAX / 2, Duration::from_secs(10))?;
+                book.set("wrk", LimitScope::Layer, stored).await?;
+                layer = layer.backend(backend).limits(book);
             }
             app = app.route_layer(layer);
         }
@@ -140,7 +149,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         other => {
             return Err(format!(
-                "LIMIT must be on, noheaders, redis, redis-single, redis-cost, redis-charged, redis-wait, redis-limited, redis-in-flight, redis-in-flight-single, redis-capped, redis-book, off, identity or static-headers, not {other:?}"
+                "LIMIT must be on, noheaders, book, redis, redis-single, redis-cost, redis-charged, redis-wait, redis-limited, redis-in-flight, redis-in-flight-single, redis-capped, redis-book, off, identity or static-headers, not {other:?}"
             )
             .into());
         }
