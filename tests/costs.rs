@@ -336,6 +336,45 @@ async fn a_lockout_by_cost_shows_nothing_left() {
     }
 }
 
+/// A limit held in the store applies to costs and lockouts as the layer's
+/// own quota does: a cost is spent against it, and a request that does not
+/// fit it locks the key out.
+#[tokio::test(start_paused = true)]
+async fn costs_and_lockouts_follow_a_stored_limit() {
+    use tower_pinned_window::LimitBook;
+    use tower_pinned_window::backend::LimitScope;
+
+    let backend = MemoryBackend::new().tokio_clock();
+    let book = LimitBook::new(&backend, Duration::from_secs(1)).unwrap();
+    // Set before the first request: its copy is read in the background,
+    // and the first request finds none yet.
+    book.set("otp", LimitScope::Layer, quota(7, 60))
+        .await
+        .unwrap();
+    let layer = RateLimitLayer::new("otp", quota(100, 60))
+        .backend(backend)
+        .limits(book)
+        .block_for(Window::new(Duration::from_secs(600)).unwrap())
+        .cost(3);
+    let service = layer.layer(streaming());
+    let call = || service.clone().oneshot(request(&[]));
+    // The first request reads the store (and is judged by the quota as
+    // built): 3 of 100.
+    let first = call().await.unwrap();
+    assert_eq!(first.status(), StatusCode::OK);
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    // 6 of 7: fits; 9 of 7 does not, and locks the key out.
+    let second = call().await.unwrap();
+    assert_eq!(second.status(), StatusCode::OK);
+    assert_eq!(second.headers()["ratelimit"], "\"otp\";r=1;t=60");
+    let locked = call().await.unwrap();
+    assert_eq!(locked.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(locked.headers()["ratelimit"], "\"otp\";r=0;t=600");
+    assert_eq!(locked.headers()["retry-after"], "600");
+}
+
 /// A store that is out: every call fails.
 #[derive(Clone, Debug)]
 struct Out;
