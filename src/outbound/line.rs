@@ -27,6 +27,8 @@ use tokio::time::Instant;
 use crate::key::Key;
 use crate::quota::Quota;
 
+use super::admit::Quotas;
+
 /// The lines of one layer (its clones and services share them).
 #[derive(Debug, Default)]
 pub(crate) struct Lines {
@@ -58,6 +60,11 @@ struct State {
     queued: u64,
     /// When the store said the budget returns, from its last denial.
     opens_at: Option<Instant>,
+    /// The quotas the store's last denial was made under (none: the line
+    /// waits for something else, the provider's word or a slot). A limit
+    /// held in the store raised above them lets the head ask before
+    /// `opens_at`.
+    under: Option<Quotas>,
     /// The next call's number: its place in arrival order.
     next: u64,
     /// How many times the store turned a call of the line away, or said
@@ -256,6 +263,21 @@ impl Place {
         missed(&mut lock(&self.line.state), at);
     }
 
+    /// The store's last denial (just told with [`denied`](Self::denied) or
+    /// [`closed_until`](Self::closed_until)) was made under `quotas`.
+    pub(crate) fn under(&self, quotas: Quotas) {
+        lock(&self.line.state).under = Some(quotas);
+    }
+
+    /// Whether `quotas` raise a limit above the one the store last turned
+    /// the line away under: the budget may have room before the window
+    /// ends.
+    pub(crate) fn raised(&self, quotas: &Quotas) -> bool {
+        lock(&self.line.state)
+            .under
+            .is_some_and(|under| quotas.raised_from(&under))
+    }
+
     /// What the calls of the line ahead of this one cost together: the
     /// head's and a wave's, and those before it in the queue.
     pub(crate) fn ahead(&self) -> u64 {
@@ -386,6 +408,7 @@ fn missed(state: &mut State, at: Instant) {
         state.window_ends = Some(at);
     }
     state.opens_at = Some(at);
+    state.under = None;
     state.missed += 1;
     for ticket in &state.queue {
         ticket.wake.notify_one();
