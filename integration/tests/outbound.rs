@@ -1124,7 +1124,10 @@ async fn stored_limits_change_the_budget<Bk: Heeding + Limits>(one: Bk, two: Bk)
             .limits(book.clone())
             .layer(provider.client())
     };
-    let (a, b) = (budget(one.clone(), &books[0]), budget(two.clone(), &books[1]));
+    let (a, b) = (
+        budget(one.clone(), &books[0]),
+        budget(two.clone(), &books[1]),
+    );
 
     // Lowered: "k" at 6 of 30 gets a limit of 4, set by instance one.
     // Instance two reads it within its staleness bound, and instance one
@@ -1204,7 +1207,10 @@ async fn stored_limits_change_the_budget<Bk: Heeding + Limits>(one: Bk, two: Bk)
             .limits(book.clone())
             .layer(provider.client())
     };
-    let (ta, tb) = (tokens(one.clone(), &books[0]), tokens(two.clone(), &books[1]));
+    let (ta, tb) = (
+        tokens(one.clone(), &books[0]),
+        tokens(two.clone(), &books[1]),
+    );
     assert_eq!(admitted_until_refused(&tb, "t-before", 5, 20).await, 10);
     let t = Key::new("t");
     books[0]

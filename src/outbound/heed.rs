@@ -28,7 +28,8 @@ use crate::count::ResponseHead;
 use crate::key::Key;
 use crate::quota::Window;
 
-use super::admit::{Admitted, Budget, Quotas};
+use super::admit::{Admitted, Budget};
+use super::stored::Quotas;
 use super::word::{Ignored, Remaining, Unit};
 
 impl<Bk: Heeding> Budget<Bk> {

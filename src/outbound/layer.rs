@@ -21,10 +21,11 @@ use crate::limits::LimitBook;
 use crate::quota::{Quota, Window};
 use crate::timeout::DEFAULT_TIMEOUT;
 
-use super::admit::{Budget, Stored, Tokens};
+use super::admit::{Budget, Tokens};
 use super::heard::Heard;
 use super::line::Lines;
 use super::service::Budgeted;
+use super::stored::Stored;
 use super::word::{Reader, Unit};
 
 /// How long a call waits for its budget by default.

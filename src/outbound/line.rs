@@ -27,7 +27,7 @@ use tokio::time::Instant;
 use crate::key::Key;
 use crate::quota::Quota;
 
-use super::admit::Quotas;
+use super::stored::Quotas;
 
 /// The lines of one layer (its clones and services share them).
 #[derive(Debug, Default)]
