@@ -1495,6 +1495,34 @@ mod stores {
         assert_eq!(provider.calls(), 8);
         server.restart();
     }
+
+    /// Under `FailurePolicy::Insurance`, the instance's share is taken of
+    /// the limit held in the store (read while the store was up), not of
+    /// the quota the layer was built with.
+    pub async fn insurance_takes_its_share_of_a_stored_limit() {
+        let mut server = redis_or_skip!(RedisServer::start("insurance_of_a_stored_limit"));
+        let backend = RedisBackend::new(manager(&server).await);
+        let book = LimitBook::new(&backend, STALENESS).unwrap();
+        let provider = Provider::default();
+        let client = BudgetLayer::new(NAME, quota(4, 60_000))
+            .backend(backend)
+            .key(HeaderName::from_static("x-key"))
+            .max_wait(Duration::from_secs(2))
+            .on_failure(FailurePolicy::Insurance(Share::one_in(2).unwrap()))
+            .limits(book.clone())
+            .layer(provider.client());
+        book.set(NAME, LimitScope::Layer, quota(8, 60_000))
+            .await
+            .unwrap();
+        until_fresh_keys_get(&client, "up-", 1, 8).await;
+        server.stop();
+        assert_eq!(
+            admitted_until_refused(&client, "down", 1, 8).await,
+            4,
+            "half of the stored 8 in this process, not half of 4"
+        );
+        server.restart();
+    }
 }
 
 fn main() {
@@ -1578,6 +1606,11 @@ fn main() {
             "stored_limits_change_a_postgres_budget",
             Needs::Postgres,
             stores::stored_limits_change_a_postgres_budget,
+        ),
+        trial::multi(
+            "insurance_takes_its_share_of_a_stored_limit",
+            Needs::Redis,
+            stores::insurance_takes_its_share_of_a_stored_limit,
         ),
         trial::multi(
             "two_instances_share_a_redis_budget",
