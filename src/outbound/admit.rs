@@ -39,6 +39,11 @@ const MIN_NAP: Duration = Duration::from_millis(1);
 /// when that is shorter).
 const MAX_JITTER: Duration = Duration::from_millis(1);
 
+/// The longest jitter of a line's head, under `quota`.
+fn jitter(quota: Quota) -> Duration {
+    MAX_JITTER.min(quota.window().as_duration() / 20)
+}
+
 /// A budget's settings and state, shared by a layer's services.
 pub(crate) struct Budget<Bk> {
     pub(crate) name: Arc<str>,
@@ -253,11 +258,6 @@ impl<Bk: Spending> Budget<Bk> {
         answer: impl Future<Output = Result<Hits, BackendError>>,
     ) -> Result<Hits, BackendError> {
         failure::timed(self.timeout, answer).await
-    }
-
-    /// The longest jitter of a line's head, under `quota`.
-    fn jitter(quota: Quota) -> Duration {
-        MAX_JITTER.min(quota.window().as_duration() / 20)
     }
 
     /// The quotas a call of `key` spends from now: the limits held in the
@@ -485,8 +485,8 @@ pub(crate) async fn wait<Bk: Spending>(
             if opens_at > bound {
                 return Err(budget.exhausted(&key, opens_at - now, hit));
             }
-            let jitter = Budget::<Bk>::jitter(budget.quotas(&key).cost());
-            let wake = opens_at + budget.lines.jitter(jitter);
+            let most = jitter(budget.quotas(&key).cost());
+            let wake = opens_at + budget.lines.jitter(most);
             budget.nap(&place, &key, wake.min(bound)).await;
         }
         // Closed by the provider's word in this process (its write to the
