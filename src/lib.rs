@@ -177,7 +177,8 @@
 // bounded prefix of the body (cost/body.rs), then takes service.rs's
 // limiter step.
 // An outbound call: outbound/ (layer → service → future → admit, line.rs:
-// the waiters → heed: the answer's word, read by word.rs, kept in heard.rs
+// the waiters, stored.rs: the quotas a call spends from, limits held in
+// the store among them → heed: the answer's word, read by word.rs, kept in heard.rs
 // and the store → settle: the answer's charge).
 // Both stand on the floor, budget/ (the failure policy, the spend plan and
 // its checks, settling, the log rules), which reaches the backend/.

@@ -39,16 +39,20 @@ impl<B: Limits> Store for B {
 }
 
 /// The limits held in a store, set and read by the application, and read
-/// by the layers it is given to ([`RateLimitLayer::limits`](crate::RateLimitLayer::limits))
-/// with a bounded staleness.
+/// by the layers it is given to, both of them
+/// ([`RateLimitLayer::limits`](crate::RateLimitLayer::limits) and
+/// [`BudgetLayer::limits`](crate::outbound::BudgetLayer::limits)), with a
+/// bounded staleness.
 ///
-/// What a layer applies, for a request whose count is in the layer's own
+/// What a server layer applies, for a request whose count is in the layer's own
 /// counter (its quota, or a tier [`quota_by`](crate::RateLimitLayer::quota_by)
 /// picked): the key's stored limit, else its tier's (by the
 /// [`NamedQuota`](crate::NamedQuota)'s name), else the tier's quota as
 /// the closure gave it, else the layer's stored limit, else the layer's
-/// quota. Route quotas and `also` quotas are not changed. The count is
-/// kept whatever the limit (see
+/// quota. Route quotas and `also` quotas are not changed. What an outbound
+/// budget applies to a call: the stored limit of its budget key, else the
+/// budget's, else its quota; a tokens budget reads its own under its own
+/// name. The count is kept whatever the limit (see
 /// [limits that change](crate::guide::guarantees#limits-that-change)).
 ///
 /// **Staleness.** Each process reads a layer's limits at most once per

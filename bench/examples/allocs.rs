@@ -76,11 +76,12 @@ use tower::Service;
 use tower::limit::RateLimit;
 use tower::limit::rate::Rate;
 use tower::util::MapResponseLayer;
+use tower_pinned_window::backend::MemoryBackend;
 use tower_pinned_window::denied::TopDenied;
 use tower_pinned_window::key::ClientIp;
 use tower_pinned_window::outbound::BudgetLayer;
 use tower_pinned_window::{
-    Decision, DecisionIn, Quota, RateLimitLayer, Window, outcome::WantDecision,
+    Decision, DecisionIn, LimitBook, Quota, RateLimitLayer, Window, outcome::WantDecision,
     response::HeaderStyle,
 };
 use tower_pinned_window_redis::RedisBackend;
@@ -620,6 +621,15 @@ fn client_rows() -> Vec<(&'static str, &'static str, f64)> {
             "`outbound::BudgetLayer`, memory backend, the budget has room",
             per_call(tower::Layer::layer(
                 &BudgetLayer::new("bench", quota),
+                client,
+            )),
+        ),
+        (
+            "client-budget-limits",
+            "the same, reading limits held in the store (`limits`, none stored)",
+            per_call(tower::Layer::layer(
+                &BudgetLayer::new("bench", quota)
+                    .limits(LimitBook::new(&MemoryBackend::new(), Duration::from_secs(1)).unwrap()),
                 client,
             )),
         ),

@@ -23,11 +23,12 @@ use http::{HeaderName, Request, Response};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
 use tower_pinned_window::backend::{
-    Amend, Backend, BackendError, Counter, Heeding, Hit, Hits, MemoryBackend, Spend, Spending,
+    Amend, Backend, BackendError, Counter, Heeding, Hit, Hits, LimitScope, Limits, MemoryBackend,
+    Spend, Spending,
 };
 use tower_pinned_window::key::Key;
 use tower_pinned_window::outbound::{BudgetError, BudgetLayer, DEFAULT_MARGIN, WaitBound};
-use tower_pinned_window::{ConfigError, FailurePolicy, Quota, Share, Window};
+use tower_pinned_window::{ConfigError, FailurePolicy, LimitBook, Quota, Share, Window};
 use trial::Needs;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -1019,6 +1020,265 @@ async fn impossible_calls_and_bad_settings_are_refused() {
     assert!(built.is_err(), "a layer that cannot work is not built");
 }
 
+/// How stale a layer's copy of the limits held in the store may be, in the
+/// tests of those limits.
+const STALENESS: Duration = Duration::from_millis(100);
+
+/// How long a test of limits held in the store waits for what it expects
+/// (a limit read by another instance, waiting calls served) before it fails.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+/// A call charged to the budget key `key`, of `cost` (`x-cost`).
+fn keyed(key: &str, cost: u64) -> Request<String> {
+    Request::builder()
+        .header("x-key", key)
+        .header("x-cost", cost.to_string())
+        .body(String::new())
+        .unwrap()
+}
+
+/// The cost a call says in `x-cost`.
+fn cost_of(request: &tower_pinned_window::key::RequestHead<'_>) -> u64 {
+    request
+        .headers()
+        .get("x-cost")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// Calls of `key` and `cost` sent one after the other until the budget
+/// refuses one (it must be `Exhausted`: the budget, not the store), or
+/// `most` were admitted: how many were admitted.
+async fn admitted_until_refused<S, B>(client: &S, key: &str, cost: u64, most: u64) -> u64
+where
+    S: Service<Request<String>, Response = Response<B>, Error = BoxError> + Clone,
+    B: http_body_util::BodyExt + Send,
+    B::Error: std::fmt::Debug,
+    B::Data: Send,
+{
+    let mut admitted = 0;
+    while admitted < most {
+        match send(client, keyed(key, cost)).await {
+            Ok(_) => admitted += 1,
+            Err(err) => {
+                assert!(
+                    matches!(budget_error(&err), BudgetError::Exhausted { .. }),
+                    "{err}"
+                );
+                break;
+            }
+        }
+    }
+    admitted
+}
+
+/// Fresh keys (`prefix` and a number) tried one after the other until one
+/// is admitted exactly `expected` calls of `cost`: the instance of `client`
+/// has read the limit that gives it. Fails after [`PATIENCE`].
+async fn until_fresh_keys_get<S, B>(client: &S, prefix: &str, cost: u64, expected: u64)
+where
+    S: Service<Request<String>, Response = Response<B>, Error = BoxError> + Clone,
+    B: http_body_util::BodyExt + Send,
+    B::Error: std::fmt::Debug,
+    B::Data: Send,
+{
+    let give_up = Instant::now() + PATIENCE;
+    let mut seen = Vec::new();
+    for n in 0.. {
+        let got = admitted_until_refused(client, &format!("{prefix}{n}"), cost, expected + 1).await;
+        if got == expected {
+            return;
+        }
+        seen.push(got);
+        assert!(
+            Instant::now() < give_up,
+            "{prefix}: never {expected} within {PATIENCE:?}: {seen:?}"
+        );
+        tokio::time::sleep(STALENESS / 4).await;
+    }
+}
+
+/// Limits held in the store change an outbound budget, on two instances
+/// (`one` and `two`, each with its own backend and its own `LimitBook`),
+/// with the count kept: a lowered key limit stops the key's calls at once
+/// on the other instance (not at the old limit, and not with a fresh
+/// budget), a key's limit beats the budget's, clearing returns to the
+/// quota as built, a raised limit lets calls that wait for the window's
+/// end go before it ends, and a tokens budget reads its own limits under
+/// its own name.
+async fn stored_limits_change_the_budget<Bk: Heeding + Limits>(one: Bk, two: Bk) {
+    let provider = Provider::default();
+    let minute = |n| Quota::new(n, Duration::from_secs(60)).unwrap();
+    let books = [
+        LimitBook::new(&one, STALENESS).unwrap(),
+        LimitBook::new(&two, STALENESS).unwrap(),
+    ];
+    let name = "stored";
+    // A refused call fails at once: a window of a minute is past its wait.
+    let budget = |backend: Bk, book: &LimitBook| {
+        BudgetLayer::new(name, minute(30))
+            .backend(backend)
+            .key(HeaderName::from_static("x-key"))
+            .max_wait(Duration::from_secs(2))
+            .timeout(patient())
+            .limits(book.clone())
+            .layer(provider.client())
+    };
+    let (a, b) = (
+        budget(one.clone(), &books[0]),
+        budget(two.clone(), &books[1]),
+    );
+
+    // Lowered: "k" at 6 of 30 gets a limit of 4, set by instance one.
+    // Instance two reads it within its staleness bound, and instance one
+    // from its next call's read (that call is judged by the copy it finds),
+    // and both stop the key: far before the old limit (their calls are
+    // spaced so that 24 stale ones take more than ten bounds), and for
+    // good, since 6 > 4.
+    for _ in 0..6 {
+        send(&a, keyed("k", 1)).await.unwrap();
+    }
+    let k = Key::new("k");
+    books[0]
+        .set(name, LimitScope::Key(&k), minute(4))
+        .await
+        .unwrap();
+    let mut stale = 0;
+    for (instance, client) in [("two", &b), ("one", &a)] {
+        loop {
+            match send(client, keyed("k", 1)).await {
+                Ok(_) => stale += 1,
+                Err(err) => {
+                    assert!(
+                        matches!(budget_error(&err), BudgetError::Exhausted { .. }),
+                        "{err}"
+                    );
+                    break;
+                }
+            }
+            assert!(stale < 24, "instance {instance} never read the lower limit");
+            tokio::time::sleep(STALENESS / 2).await;
+        }
+    }
+    for client in [&a, &b] {
+        assert_eq!(
+            admitted_until_refused(client, "k", 1, 30).await,
+            0,
+            "the count is kept: no fresh budget of 4"
+        );
+    }
+
+    // A key's limit beats the budget's. The key's is set first, so a read
+    // that has the budget's has the key's too.
+    books[0]
+        .set(name, LimitScope::Key(&Key::new("big")), minute(6))
+        .await
+        .unwrap();
+    books[0]
+        .set(name, LimitScope::Layer, minute(3))
+        .await
+        .unwrap();
+    until_fresh_keys_get(&b, "layer-", 1, 3).await;
+    assert_eq!(admitted_until_refused(&b, "big", 1, 30).await, 6);
+
+    // Cleared: the quota as built applies again, with the count kept.
+    books[0].clear(name, LimitScope::Layer).await.unwrap();
+    books[0]
+        .clear(name, LimitScope::Key(&Key::new("big")))
+        .await
+        .unwrap();
+    until_fresh_keys_get(&b, "cleared-", 1, 30).await;
+    assert_eq!(
+        admitted_until_refused(&b, "big", 1, 30).await,
+        24,
+        "6 of 30 spent"
+    );
+
+    // A tokens budget reads its own limits, under its own name: the
+    // budget's of 20 tokens, and a key's of 10 (set first).
+    let tokens = |backend: Bk, book: &LimitBook| {
+        BudgetLayer::new("calls", minute(100))
+            .tokens("tokens", minute(50))
+            .cost_fn(cost_of)
+            .backend(backend)
+            .key(HeaderName::from_static("x-key"))
+            .max_wait(Duration::from_secs(2))
+            .timeout(patient())
+            .limits(book.clone())
+            .layer(provider.client())
+    };
+    let (ta, tb) = (
+        tokens(one.clone(), &books[0]),
+        tokens(two.clone(), &books[1]),
+    );
+    assert_eq!(admitted_until_refused(&tb, "t-before", 5, 20).await, 10);
+    let t = Key::new("t");
+    books[0]
+        .set("tokens", LimitScope::Key(&t), minute(10))
+        .await
+        .unwrap();
+    books[0]
+        .set("tokens", LimitScope::Layer, minute(20))
+        .await
+        .unwrap();
+    until_fresh_keys_get(&tb, "t-layer-", 5, 4).await;
+    assert_eq!(admitted_until_refused(&tb, "t", 5, 20).await, 2);
+    // Instance one reads them too.
+    until_fresh_keys_get(&ta, "t-one-", 5, 4).await;
+
+    // Raised: calls that wait for the end of a 20 s window go before it
+    // ends once the budget's limit is raised on the other instance. The
+    // store's windows say so, not a clock: all 13 calls are counted in the
+    // window of the first.
+    let window = Duration::from_secs(20);
+    let record = Recorded::new(one.clone());
+    let waiting = |backend, book: &LimitBook| {
+        BudgetLayer::new("raised", Quota::new(10, window).unwrap())
+            .backend(backend)
+            .key(HeaderName::from_static("x-key"))
+            .max_wait(Duration::from_secs(30))
+            .timeout(patient())
+            .limits(book.clone())
+            .layer(provider.client())
+    };
+    let wa = waiting(record.clone(), &books[0]);
+    let wb = waiting(record.beside(two.clone()), &books[1]);
+    for _ in 0..10 {
+        send(&wa, keyed("w", 1)).await.unwrap();
+    }
+    let asked = record.calls.load(Ordering::Relaxed);
+    let calls: Vec<_> = (0..3)
+        .map(|_| {
+            let client = wb.clone();
+            tokio::spawn(async move { send(&client, keyed("w", 1)).await })
+        })
+        .collect();
+    // The store turned the first of them away: they wait.
+    let give_up = Instant::now() + PATIENCE;
+    while record.calls.load(Ordering::Relaxed) == asked {
+        assert!(Instant::now() < give_up, "the waiting calls never asked");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    books[0]
+        .set("raised", LimitScope::Layer, Quota::new(13, window).unwrap())
+        .await
+        .unwrap();
+    for call in calls {
+        tokio::time::timeout(PATIENCE, call)
+            .await
+            .expect("a raised limit lets the waiting calls go")
+            .unwrap()
+            .unwrap();
+    }
+    let per_window: Vec<u64> = record.windows().values().copied().collect();
+    assert_eq!(per_window, vec![13], "before the window's end");
+}
+
+async fn stored_limits_change_a_memory_budget() {
+    let store = MemoryBackend::new();
+    stored_limits_change_the_budget(store.clone(), store).await;
+}
+
 mod stores {
     use super::*;
 
@@ -1089,6 +1349,22 @@ mod stores {
         let first = Recorded::new(schema.backend().await);
         let second: Recorded<PostgresBackend> = first.beside(schema.backend().await);
         instances_share_the_budget(vec![first, second], LIMIT, WINDOW, 8, RUN).await;
+    }
+
+    pub async fn stored_limits_change_a_redis_budget() {
+        let server = redis_or_skip!(RedisServer::start("stored_limits_change_a_redis_budget"));
+        let (one, two) = (manager(&server).await, manager(&server).await);
+        stored_limits_change_the_budget(RedisBackend::new(one), RedisBackend::new(two)).await;
+    }
+
+    pub async fn stored_limits_change_a_postgres_budget() {
+        let Some(schema) =
+            support::postgres::TestSchema::create("stored_limits_change_a_postgres_budget").await
+        else {
+            return;
+        };
+        let (one, two) = (schema.backend().await, schema.backend().await);
+        stored_limits_change_the_budget(one, two).await;
     }
 
     pub async fn a_reservation_settles_on_redis() {
@@ -1219,6 +1495,34 @@ mod stores {
         assert_eq!(provider.calls(), 8);
         server.restart();
     }
+
+    /// Under `FailurePolicy::Insurance`, the instance's share is taken of
+    /// the limit held in the store (read while the store was up), not of
+    /// the quota the layer was built with.
+    pub async fn insurance_takes_its_share_of_a_stored_limit() {
+        let mut server = redis_or_skip!(RedisServer::start("insurance_of_a_stored_limit"));
+        let backend = RedisBackend::new(manager(&server).await);
+        let book = LimitBook::new(&backend, STALENESS).unwrap();
+        let provider = Provider::default();
+        let client = BudgetLayer::new(NAME, quota(4, 60_000))
+            .backend(backend)
+            .key(HeaderName::from_static("x-key"))
+            .max_wait(Duration::from_secs(2))
+            .on_failure(FailurePolicy::Insurance(Share::one_in(2).unwrap()))
+            .limits(book.clone())
+            .layer(provider.client());
+        book.set(NAME, LimitScope::Layer, quota(8, 60_000))
+            .await
+            .unwrap();
+        until_fresh_keys_get(&client, "up-", 1, 8).await;
+        server.stop();
+        assert_eq!(
+            admitted_until_refused(&client, "down", 1, 8).await,
+            4,
+            "half of the stored 8 in this process, not half of 4"
+        );
+        server.restart();
+    }
 }
 
 fn main() {
@@ -1287,6 +1591,26 @@ fn main() {
             "impossible_calls_and_bad_settings_are_refused",
             Needs::Nothing,
             impossible_calls_and_bad_settings_are_refused,
+        ),
+        trial::multi(
+            "stored_limits_change_a_memory_budget",
+            Needs::Nothing,
+            stored_limits_change_a_memory_budget,
+        ),
+        trial::multi(
+            "stored_limits_change_a_redis_budget",
+            Needs::Redis,
+            stores::stored_limits_change_a_redis_budget,
+        ),
+        trial::multi(
+            "stored_limits_change_a_postgres_budget",
+            Needs::Postgres,
+            stores::stored_limits_change_a_postgres_budget,
+        ),
+        trial::multi(
+            "insurance_takes_its_share_of_a_stored_limit",
+            Needs::Redis,
+            stores::insurance_takes_its_share_of_a_stored_limit,
         ),
         trial::multi(
             "two_instances_share_a_redis_budget",

@@ -27,7 +27,8 @@ use crate::in_flight::slot::{Admission, SlotGuard, Slots, next_ask};
 
 use super::error::{BudgetError, WaitBound};
 use super::heard::Heard;
-use super::line::{Lines, Turn, Wake};
+use super::line::{Lines, Place, Turn, Wake};
+use super::stored::{Quotas, Stored};
 use super::word::{Reader, Unit};
 
 /// The shortest nap between two asks of a spent budget, when the store says
@@ -37,6 +38,11 @@ const MIN_NAP: Duration = Duration::from_millis(1);
 /// The longest wake-up jitter of a line's head (a twentieth of the window
 /// when that is shorter).
 const MAX_JITTER: Duration = Duration::from_millis(1);
+
+/// The longest jitter of a line's head, under `quota`.
+fn jitter(quota: Quota) -> Duration {
+    MAX_JITTER.min(quota.window().as_duration() / 20)
+}
 
 /// A budget's settings and state, shared by a layer's services.
 pub(crate) struct Budget<Bk> {
@@ -69,6 +75,9 @@ pub(crate) struct Budget<Bk> {
     pub(crate) heard: Arc<Heard>,
     /// The keys refused most, when counted.
     pub(crate) denied: Option<DeniedKeys>,
+    /// The limits held in the store, under
+    /// [`limits`](super::BudgetLayer::limits).
+    pub(crate) stored: Option<Box<Stored>>,
 }
 
 /// A provider's tokens: a second budget on every call, which spends its
@@ -128,10 +137,12 @@ pub(crate) enum Try {
 
 /// Where a call's wait starts from.
 pub(crate) enum Start<F> {
-    /// The store is still answering the first ask.
-    Pending(F),
-    /// The first ask was turned away.
-    Denied(Duration),
+    /// The store is still answering the first ask, made under these
+    /// quotas.
+    Pending(F, Quotas),
+    /// The first ask was turned away, under these quotas (none: by the
+    /// provider's word).
+    Denied(Duration, Option<Quotas>),
     /// Calls of its key already wait here: it queues behind them.
     Busy,
 }
@@ -143,12 +154,12 @@ impl<Bk: Spending> Budget<Bk> {
         self.plan.cost(head)
     }
 
-    /// The store's step for a call of `cost` on `key`: beside a tokens
-    /// budget, one call from the first counter and `cost` from the tokens,
-    /// all or nothing.
+    /// The store's step for a call of `cost` on `key` under `quotas`:
+    /// beside a tokens budget, one call from the first counter and `cost`
+    /// from the tokens, all or nothing.
     #[inline]
-    pub(crate) fn spend(&self, key: &Key, cost: u64) -> Bk::Future {
-        let counters = self.counters();
+    pub(crate) fn spend(&self, key: &Key, cost: u64, quotas: &Quotas) -> Bk::Future {
+        let counters = self.counters(quotas);
         let mut spend = self.plan.spend(cost);
         if self.tokens.is_some() {
             spend = spend.first(1);
@@ -158,32 +169,40 @@ impl<Bk: Spending> Budget<Bk> {
 
     /// What the store's answer to a spend of `cost` on `key` means for the
     /// call: admitted, turned away until the budget returns, or failed as
-    /// the failure policy says.
+    /// the failure policy says; `quotas` are the ones the spend was made
+    /// under.
     pub(crate) fn judge(
         &self,
         key: &Key,
         cost: u64,
+        quotas: &Quotas,
         answer: Result<Hits, BackendError>,
     ) -> Result<Try, BudgetError> {
-        match answer.and_then(|hits| self.verdict(&hits, &self.counters(), false)) {
+        match answer.and_then(|hits| self.verdict(&hits, &self.counters(quotas), false)) {
             Ok(judged) => Ok(judged),
             Err(err) if err.is_corrupt() => {
                 failure::corrupt(&self.name, &err);
                 Err(self.backend_error(err))
             }
-            Err(err) => self.outage(key, cost, err),
+            Err(err) => self.outage(key, cost, quotas, err),
         }
     }
 
     /// The store failed: the failure policy decides.
     #[cold]
-    fn outage(&self, key: &Key, cost: u64, err: BackendError) -> Result<Try, BudgetError> {
+    fn outage(
+        &self,
+        key: &Key,
+        cost: u64,
+        quotas: &Quotas,
+        err: BackendError,
+    ) -> Result<Try, BudgetError> {
         let (name, gate) = (&*self.name, &*self.warn_gate);
         // What a call gets when its store fails under fail-closed.
         let fails = "failing the call";
         let decided = self.failure.decide(name, gate, err, fails, |insurance| {
             // The budget's counters, their limits cut to the share.
-            let mut counters = self.counters();
+            let mut counters = self.counters(quotas);
             for counter in &mut counters.all {
                 counter.quota = counter.quota.share(insurance.share());
             }
@@ -241,18 +260,29 @@ impl<Bk: Spending> Budget<Bk> {
         failure::timed(self.timeout, answer).await
     }
 
-    /// The longest jitter of a line's head.
-    fn jitter(&self) -> Duration {
-        MAX_JITTER.min(self.cost_quota().window().as_duration() / 20)
+    /// The quotas a call of `key` spends from now: the limits held in the
+    /// store when the layer reads them (its copy, read again in the
+    /// background once it is older than the staleness bound), else the
+    /// layer's own.
+    #[inline]
+    pub(crate) fn quotas(&self, key: &Key) -> Quotas {
+        let own = Quotas {
+            calls: self.quota,
+            tokens: self.tokens.as_ref().map(|tokens| tokens.quota),
+        };
+        match &self.stored {
+            None => own,
+            Some(stored) => stored.apply(key, own),
+        }
     }
 
-    /// The budget's counters: the calls', then the tokens' when there are
-    /// any.
+    /// The budget's counters under `quotas`: the calls', then the tokens'
+    /// when there are any.
     #[inline]
-    pub(crate) fn counters(&self) -> Counters<'_> {
+    pub(crate) fn counters(&self, quotas: &Quotas) -> Counters<'_> {
         let calls = Counter {
             namespace: &self.name,
-            quota: self.quota,
+            quota: quotas.calls,
             // A settle may give back part of a reservation.
             lowers: self.plan.reserves() && self.tokens.is_none(),
         };
@@ -266,7 +296,7 @@ impl<Bk: Spending> Budget<Bk> {
                     calls,
                     Counter {
                         namespace: &tokens.name,
-                        quota: tokens.quota,
+                        quota: quotas.tokens.unwrap_or(tokens.quota),
                         lowers: self.plan.reserves(),
                     },
                 ],
@@ -283,12 +313,31 @@ impl<Bk: Spending> Budget<Bk> {
         }
     }
 
-    /// The quota a call's cost is spent from: the tokens', or the one.
-    #[inline]
-    pub(crate) fn cost_quota(&self) -> Quota {
-        self.tokens
-            .as_ref()
-            .map_or(self.quota, |tokens| tokens.quota)
+    /// Where the counter a call's cost is spent from is: the tokens', or
+    /// the one.
+    pub(crate) fn cost_at(&self) -> usize {
+        usize::from(self.tokens.is_some())
+    }
+
+    /// Sleeps until `until`, the end of the window the head of `place`'s
+    /// line waits for; under limits held in the store, wakes sooner when a
+    /// limit of `key` rises above the one the store turned the line away
+    /// under, looking at the layer's copy a few times per staleness bound.
+    async fn nap(&self, place: &Place, key: &Key, until: Instant) {
+        let Some(stored) = &self.stored else {
+            tokio::time::sleep_until(until).await;
+            return;
+        };
+        loop {
+            let now = Instant::now();
+            if now >= until {
+                return;
+            }
+            tokio::time::sleep_until(until.min(now + stored.look)).await;
+            if Instant::now() < until && place.raised(&self.quotas(key)) {
+                return;
+            }
+        }
     }
 
     /// The meaning of `hits`, a spend's answer on `counters`: counted in
@@ -359,19 +408,21 @@ pub(crate) async fn wait<Bk: Spending>(
             WaitBound::MaxWait(budget.max_wait),
         ),
     };
-    let denied = match start {
-        Start::Pending(answer) => match budget.judge(&key, cost, budget.timed(answer).await)? {
-            // Never under a cap in flight, whose calls start `Busy`.
-            Try::Admitted(admitted) => match budget.heard.closed_for(&key) {
-                None => return Ok((admitted, None)),
-                // Closed by the provider's word while the store answered:
-                // the call waits for it as a denied one would.
-                Some(left) => Some(left),
-            },
-            Try::Denied(reset) => Some(reset),
-        },
-        Start::Denied(reset) => Some(reset),
-        Start::Busy => None,
+    let (denied, under) = match start {
+        Start::Pending(answer, quotas) => {
+            match budget.judge(&key, cost, &quotas, budget.timed(answer).await)? {
+                // Never under a cap in flight, whose calls start `Busy`.
+                Try::Admitted(admitted) => match budget.heard.closed_for(&key) {
+                    None => return Ok((admitted, None)),
+                    // Closed by the provider's word while the store answered:
+                    // the call waits for it as a denied one would.
+                    Some(left) => (Some(left), None),
+                },
+                Try::Denied(reset) => (Some(reset), Some(quotas)),
+            }
+        }
+        Start::Denied(reset, under) => (Some(reset), under),
+        Start::Busy => (None, None),
     };
     let now = Instant::now();
     if let Some(reset) = denied
@@ -385,7 +436,7 @@ pub(crate) async fn wait<Bk: Spending>(
             &key,
             cost,
             budget.max_waiters,
-            budget.cost_quota().window().as_duration(),
+            budget.quotas(&key).cost().window().as_duration(),
         )
         .ok_or_else(|| BudgetError::Overloaded {
             budget: Arc::clone(&budget.name),
@@ -393,8 +444,13 @@ pub(crate) async fn wait<Bk: Spending>(
         })?;
     if let Some(reset) = denied {
         place.closed_until(now + reset.max(MIN_NAP));
+        if let Some(under) = under {
+            place.under(under);
+        }
     }
-    if let Some(earliest) = place.earliest(now, ahead, budget.cost_quota())
+    // Each look at what the budget can serve is under the quotas in force
+    // then: a limit held in the store may change while the call waits.
+    if let Some(earliest) = place.earliest(now, ahead, budget.quotas(&key).cost())
         && earliest > bound
     {
         return Err(budget.exhausted(&key, earliest - now, hit));
@@ -403,7 +459,7 @@ pub(crate) async fn wait<Bk: Spending>(
         let Ok(wake) = tokio::time::timeout_at(bound, place.turn()).await else {
             let now = Instant::now();
             let returns = place
-                .earliest(now, place.ahead(), budget.cost_quota())
+                .earliest(now, place.ahead(), budget.quotas(&key).cost())
                 .unwrap_or(now);
             return Err(budget.exhausted(&key, returns - now, hit));
         };
@@ -413,7 +469,8 @@ pub(crate) async fn wait<Bk: Spending>(
             Wake::Missed => {
                 // The store turned a call of the line away: the window it
                 // waited for went (to another process, or to calls ahead).
-                if let Some(earliest) = place.earliest(now, place.ahead(), budget.cost_quota())
+                if let Some(earliest) =
+                    place.earliest(now, place.ahead(), budget.quotas(&key).cost())
                     && earliest > bound
                 {
                     return Err(budget.exhausted(&key, earliest - now, hit));
@@ -428,8 +485,9 @@ pub(crate) async fn wait<Bk: Spending>(
             if opens_at > bound {
                 return Err(budget.exhausted(&key, opens_at - now, hit));
             }
-            let wake = opens_at + budget.lines.jitter(budget.jitter());
-            tokio::time::sleep_until(wake.min(bound)).await;
+            let most = jitter(budget.quotas(&key).cost());
+            let wake = opens_at + budget.lines.jitter(most);
+            budget.nap(&place, &key, wake.min(bound)).await;
         }
         // Closed by the provider's word in this process (its write to the
         // store may be late, or lost): no call goes before it opens.
@@ -458,8 +516,9 @@ pub(crate) async fn wait<Bk: Spending>(
                 }
             },
         };
-        let answer = budget.timed(budget.spend(&key, cost)).await;
-        match budget.judge(&key, cost, answer)? {
+        let quotas = budget.quotas(&key);
+        let answer = budget.timed(budget.spend(&key, cost, &quotas)).await;
+        match budget.judge(&key, cost, &quotas, answer)? {
             Try::Admitted(admitted) => {
                 // Closed by the provider's word while the store answered
                 // (the store decided before the closure reached it): the
@@ -482,6 +541,7 @@ pub(crate) async fn wait<Bk: Spending>(
                 let now = Instant::now();
                 let opens_at = now + reset.max(MIN_NAP);
                 place.denied(opens_at);
+                place.under(quotas);
                 if opens_at > bound {
                     return Err(budget.exhausted(&key, reset, hit));
                 }

@@ -29,6 +29,7 @@ use crate::key::Key;
 use crate::quota::Window;
 
 use super::admit::{Admitted, Budget};
+use super::stored::Quotas;
 use super::word::{Ignored, Remaining, Unit};
 
 impl<Bk: Heeding> Budget<Bk> {
@@ -43,13 +44,15 @@ impl<Bk: Heeding> Budget<Bk> {
             return;
         }
         let now = Instant::now();
-        let counters = self.counters();
+        let quotas = self.quotas(key);
+        let counters = self.counters(&quotas);
         for (at, counter) in counters.iter().enumerate() {
             let signal = word.of(self.unit(at));
             if let Some(span) = signal.closed_for.filter(|span| !span.is_zero()) {
                 self.closed(key, at, span, now);
             } else if let Some(remaining) = signal.remaining {
-                self.remains(key, at, counter, remaining, admitted.own(at), now);
+                let own = admitted.own(at);
+                self.remains(key, at, (counter, quotas), remaining, own, now);
             }
         }
     }
@@ -77,7 +80,7 @@ impl<Bk: Heeding> Budget<Bk> {
         self: &Arc<Self>,
         key: &Key,
         at: usize,
-        counter: &Counter<'_>,
+        (counter, quotas): (&Counter<'_>, Quotas),
         remaining: Remaining,
         own: Option<Hit>,
         now: Instant,
@@ -99,7 +102,7 @@ impl<Bk: Heeding> Budget<Bk> {
         let key = key.clone();
         let forgotten = key.clone();
         let sent = self.write("raise", move || async move {
-            let counter = budget.counters()[at];
+            let counter = budget.counters(&quotas)[at];
             let write = budget.backend.raise(&key, counter, target, within);
             let written = timed(budget.timeout, write).await.map(drop);
             if written.is_err() {

@@ -17,6 +17,7 @@ use crate::denied::{DeniedKeys, TopDenied};
 use crate::error::ConfigError;
 use crate::in_flight::slot::{Shared, Slots};
 use crate::key::{KeyExtractor, RequestHead};
+use crate::limits::LimitBook;
 use crate::quota::{Quota, Window};
 use crate::timeout::DEFAULT_TIMEOUT;
 
@@ -24,6 +25,7 @@ use super::admit::{Budget, Tokens};
 use super::heard::Heard;
 use super::line::Lines;
 use super::service::Budgeted;
+use super::stored::Stored;
 use super::word::{Reader, Unit};
 
 /// How long a call waits for its budget by default.
@@ -86,6 +88,8 @@ struct Settings {
     heard: Arc<Heard>,
     /// The keys refused most, when counted (`top_denied`).
     denied: Option<DeniedKeys>,
+    /// The limits held in the store, when read (`limits`).
+    book: Option<LimitBook>,
 }
 
 /// Makes a layer's slots, on the backend `in_flight` was given with.
@@ -131,6 +135,7 @@ impl BudgetLayer {
                 reader: Reader::standard(),
                 heard: Arc::default(),
                 denied: None,
+                book: None,
             },
         })
     }
@@ -513,6 +518,55 @@ impl<K, Bk> BudgetLayer<K, Bk> {
         self
     }
 
+    /// Read the budget's limits from `book` too: limits held in the store,
+    /// set while the service runs (a provider lowers a tier, a customer's
+    /// API key gets a higher one) and applied within the book's staleness
+    /// bound, with no store call on a call's path: each process reads them
+    /// in the background at most once per staleness bound (see
+    /// [`LimitBook`]).
+    ///
+    /// A call's budget is the stored limit of its budget key
+    /// ([`LimitScope::Key`](crate::backend::LimitScope::Key)), else the
+    /// budget's ([`LimitScope::Layer`](crate::backend::LimitScope::Layer)),
+    /// else the layer's quota, all under the budget's name; a
+    /// [`tokens`](Self::tokens) budget reads its own, under its own name,
+    /// the same way. A stored limit is the provider's, as the layer's quota
+    /// is: the [`margin`](Self::margin) is added to its window, and an
+    /// insurance limiter's share is taken of it.
+    ///
+    /// The count is kept: a lower limit makes calls wait for the end of
+    /// the key's window (or fail when they cannot be served in time), and a
+    /// higher one lets waiting calls go before it ends, within the
+    /// staleness bound. A new window length applies from the key's next
+    /// window. Guide:
+    /// [limits that change](crate::guide::guarantees#limits-that-change).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tower_pinned_window::backend::{LimitScope, MemoryBackend};
+    /// use tower_pinned_window::outbound::BudgetLayer;
+    /// use tower_pinned_window::{LimitBook, Quota};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let backend = MemoryBackend::new();
+    /// let book = LimitBook::new(&backend, Duration::from_secs(1))?;
+    /// let minute = |n| Quota::new(n, Duration::from_secs(60));
+    /// let budget = BudgetLayer::new("partner", minute(600)?)
+    ///     .backend(backend)
+    ///     .limits(book.clone());
+    /// // The partner moved us to a lower tier: every instance follows
+    /// // within a second, with the calls counted so far kept.
+    /// book.set("partner", LimitScope::Layer, minute(300)?).await?;
+    /// # let _ = budget;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn limits(mut self, book: LimitBook) -> Self {
+        self.settings.book = Some(book);
+        self
+    }
+
     /// The handle on the keys this budget refused most, when
     /// [`top_denied`](Self::top_denied) turned them on; `None` otherwise.
     pub fn denied_keys(&self) -> Option<DeniedKeys> {
@@ -616,6 +670,14 @@ impl<S, K: Clone, Bk: Clone> Layer<S> for BudgetLayer<K, Bk> {
             reader: self.settings.reader.clone(),
             heard: Arc::clone(&self.settings.heard),
             denied: self.settings.denied.clone(),
+            stored: self.settings.book.as_ref().map(|book| {
+                Box::new(Stored {
+                    calls: book.page(&self.settings.name),
+                    tokens: (self.settings.tokens.as_ref()).map(|tokens| book.page(&tokens.name)),
+                    margin: self.settings.margin,
+                    look: (book.staleness() / 4).max(Duration::from_millis(1)),
+                })
+            }),
         };
         Budgeted::new(inner, self.key.clone(), Arc::new(budget))
     }
@@ -640,6 +702,7 @@ impl<K, Bk> std::fmt::Debug for BudgetLayer<K, Bk> {
             .field("tokens", &self.settings.tokens)
             .field("counts", &self.settings.unit)
             .field("heed", &self.settings.reader)
+            .field("limits", &self.settings.book)
             .finish_non_exhaustive()
     }
 }

@@ -27,6 +27,8 @@ use tokio::time::Instant;
 use crate::key::Key;
 use crate::quota::Quota;
 
+use super::stored::Quotas;
+
 /// The lines of one layer (its clones and services share them).
 #[derive(Debug, Default)]
 pub(crate) struct Lines {
@@ -58,6 +60,11 @@ struct State {
     queued: u64,
     /// When the store said the budget returns, from its last denial.
     opens_at: Option<Instant>,
+    /// The quotas the store's last denial was made under (none: the line
+    /// waits for something else, the provider's word or a slot). A limit
+    /// held in the store raised above them lets the head ask before
+    /// `opens_at`.
+    under: Option<Quotas>,
     /// The next call's number: its place in arrival order.
     next: u64,
     /// How many times the store turned a call of the line away, or said
@@ -256,6 +263,24 @@ impl Place {
         missed(&mut lock(&self.line.state), at);
     }
 
+    /// The store's last denial (just told with [`denied`](Self::denied) or
+    /// [`closed_until`](Self::closed_until)) was made under `quotas`,
+    /// whose window tells the line's store windows apart from now on.
+    pub(crate) fn under(&self, quotas: Quotas) {
+        let mut state = lock(&self.line.state);
+        state.window = quotas.cost().window().as_duration();
+        state.under = Some(quotas);
+    }
+
+    /// Whether `quotas` raise a limit above the one the store last turned
+    /// the line away under: the budget may have room before the window
+    /// ends.
+    pub(crate) fn raised(&self, quotas: &Quotas) -> bool {
+        lock(&self.line.state)
+            .under
+            .is_some_and(|under| quotas.raised_from(&under))
+    }
+
     /// What the calls of the line ahead of this one cost together: the
     /// head's and a wave's, and those before it in the queue.
     pub(crate) fn ahead(&self) -> u64 {
@@ -386,6 +411,7 @@ fn missed(state: &mut State, at: Instant) {
         state.window_ends = Some(at);
     }
     state.opens_at = Some(at);
+    state.under = None;
     state.missed += 1;
     for ticket in &state.queue {
         ticket.wake.notify_one();
@@ -630,6 +656,44 @@ mod tests {
         assert_eq!(places[0].turn().await, Wake::Turn(Turn::Head));
         let ahead: Vec<u64> = places.iter().map(Place::ahead).collect();
         assert_eq!(ahead, vec![0, 2, 5, 10]);
+    }
+
+    /// Under limits held in the store: a limit raised above the one the
+    /// store turned the line away under may let the head ask before the
+    /// window ends; a lower one, the same one, or a denial for another
+    /// reason (the provider's word) never does. A new window length counts
+    /// from the window the store said ends (its deadline never moves).
+    #[tokio::test(start_paused = true)]
+    async fn a_raised_limit_is_news_and_a_new_window_counts_from_the_next() {
+        let lines = Arc::new(Lines::default());
+        let key = Key::new("k");
+        let now = Instant::now();
+        let (place, _) = lines.join(&key, 1, 10, WINDOW).unwrap();
+        let quotas = |limit, tokens: Option<u64>| Quotas {
+            calls: quota(limit),
+            tokens: tokens.map(quota),
+        };
+        assert!(!place.raised(&quotas(9, None)), "never turned away");
+        place.denied(now + Duration::from_secs(2));
+        place.under(quotas(5, Some(50)));
+        assert!(place.raised(&quotas(6, Some(50))));
+        assert!(place.raised(&quotas(5, Some(51))), "the tokens' raised");
+        assert!(!place.raised(&quotas(5, Some(50))));
+        assert!(!place.raised(&quotas(4, Some(40))), "lowered");
+        // Closed by the provider's word: no limit opens it.
+        place.denied(now + Duration::from_secs(3));
+        assert!(!place.raised(&quotas(9, Some(90))));
+
+        // The window shortened from 10 s to 1 s: the window the store
+        // pinned still ends when it said, the next ones are a second.
+        let opens = now + Duration::from_secs(3);
+        let second = Quota::new(5, Duration::from_secs(1)).unwrap();
+        assert_eq!(place.earliest(now, 4, second), Some(opens));
+        assert_eq!(
+            place.earliest(now, 12, second),
+            Some(opens + Duration::from_secs(2)),
+            "the 13th of 5 a second: two short windows after"
+        );
     }
 
     #[test]

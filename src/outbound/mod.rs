@@ -101,6 +101,7 @@ mod layer;
 mod line;
 mod service;
 mod settle;
+mod stored;
 #[cfg(feature = "operator")]
 pub(crate) mod watch;
 mod word;

@@ -96,7 +96,8 @@ where
             }
         };
         let cost = budget.cost(&head);
-        let limit = budget.cost_quota().limit();
+        let quotas = budget.quotas(&key);
+        let limit = quotas.cost().limit();
         if cost > limit {
             return BudgetFuture::failed(BudgetError::NeverFits {
                 budget: Arc::clone(&budget.name),
@@ -108,20 +109,20 @@ where
         // key the provider closed waits in its line until it opens.
         let closed = budget.heard.closed_for(&key);
         let start = if let Some(left) = closed {
-            Start::Denied(left)
+            Start::Denied(left, None)
         } else if budget.lines.busy(&key) || budget.slots.is_some() {
             Start::Busy
         } else {
-            let mut answer = budget.spend(&key, cost);
+            let mut answer = budget.spend(&key, cost, &quotas);
             match Pin::new(&mut answer).poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(answer) => match budget.judge(&key, cost, answer) {
+                Poll::Ready(answer) => match budget.judge(&key, cost, &quotas, answer) {
                     Ok(Try::Admitted(admitted)) => {
                         return BudgetFuture::call(service, request, budget, key, cost, admitted);
                     }
-                    Ok(Try::Denied(reset)) => Start::Denied(reset),
+                    Ok(Try::Denied(reset)) => Start::Denied(reset, Some(quotas)),
                     Err(err) => return BudgetFuture::failed(err),
                 },
-                Poll::Pending => Start::Pending(answer),
+                Poll::Pending => Start::Pending(answer, quotas),
             }
         };
         let deadline = deadline::of(&request, tokio::time::Instant::now());

@@ -36,7 +36,7 @@ impl<Bk: Spending> Meter for Tab<Bk> {
         };
         // The counter the call's cost was spent from: the tokens', when the
         // budget has them.
-        let namespace = budget.namespace(budget.counters().len() - 1);
+        let namespace = budget.namespace(budget.cost_at());
         let in_store = || budget.backend.amend(namespace, &self.key, &self.hit, amend);
         let Some(pending) = amending.amend(namespace, &self.key, &self.hit, Some(amend), in_store)
         else {
