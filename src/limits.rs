@@ -197,7 +197,7 @@ impl LimitBook {
                 read_at: AtomicU64::new(0),
                 reading: AtomicBool::new(false),
                 corrupt: AtomicUsize::new(0),
-                metrics: StoredLimitsMetrics::default(),
+                metrics: StoredLimitsMetrics::new(),
             })
         }))
     }

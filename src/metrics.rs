@@ -150,10 +150,13 @@ mod enabled {
 
     /// The gauge of a layer's corrupt stored limits, registered on first
     /// use: kept in the layer's copy of its limits.
-    #[derive(Default)]
     pub(crate) struct StoredLimitsMetrics(OnceLock<Gauge>);
 
     impl StoredLimitsMetrics {
+        pub(crate) fn new() -> Self {
+            Self(OnceLock::new())
+        }
+
         /// Sets the gauge of `limiter` to `corrupt`, after a read.
         pub(crate) fn read(&self, limiter: &str, corrupt: usize) {
             self.0
@@ -333,10 +336,14 @@ mod disabled {
         pub(crate) fn answered_at_once<E>(&self, _limiter: &str, _result: &Result<Hits, E>) {}
     }
 
-    #[derive(Default)]
     pub(crate) struct StoredLimitsMetrics;
 
     impl StoredLimitsMetrics {
+        #[inline(always)]
+        pub(crate) fn new() -> Self {
+            Self
+        }
+
         #[inline(always)]
         pub(crate) fn read(&self, _limiter: &str, _corrupt: usize) {}
     }
