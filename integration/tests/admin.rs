@@ -427,7 +427,7 @@ async fn a_tier_set_under_load_takes_effect(app: Router) {
 
     let (status, _, body) = admin_call(&app, "/limits", r#"{"layer":"api"}"#).await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    assert_eq!(body["tiers"]["free"], "3/min", "{body}");
+    assert_eq!(body["tiers"]["free"], "3/1min", "{body}");
 }
 
 type Scenario = fn(Router) -> Pin<Box<dyn Future<Output = ()>>>;

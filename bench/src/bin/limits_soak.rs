@@ -372,7 +372,9 @@ where
     control
         .set(LAYER, LimitScope::Layer, settings.quota()?)
         .await?;
-    tokio::time::sleep(settings.staleness + settings.read).await;
+    // Applied, and every window of the changing stretch closed (no load
+    // meanwhile): both stretches start on fresh windows.
+    tokio::time::sleep(settings.staleness + settings.read + settings.window).await;
     println!(
         "\nsteady stretches of {} s, the same load: the layers with the book (stored limit {}, applied), then layers of the same quota, fixed, without a book",
         settings.steady.as_secs(),
@@ -446,6 +448,8 @@ where
             total as f64 / requests.max(1) as f64,
             (total - reads) as f64 / requests.max(1) as f64,
         ));
+        // The next stretch starts on fresh windows too.
+        tokio::time::sleep(settings.window).await;
     }
     if let Calls::Postgres(..) = calls {
         println!(
