@@ -362,7 +362,11 @@ impl Load {
             );
             tokio::time::sleep(std::time::Duration::from_millis(5)).await;
         }
-        assert_eq!(self.other.load(Ordering::Relaxed), 0, "answers but 200 and 429");
+        assert_eq!(
+            self.other.load(Ordering::Relaxed),
+            0,
+            "answers but 200 and 429"
+        );
     }
 }
 
@@ -389,7 +393,8 @@ async fn a_tier_set_under_load_takes_effect(app: Router) {
     )
     .await;
     assert_eq!(status, StatusCode::OK, "{body}");
-    erin.until("the upgrade to 12", |l| l.admitted() >= 12).await;
+    erin.until("the upgrade to 12", |l| l.admitted() >= 12)
+        .await;
     let denied = erin.denied();
     erin.until("50 more denials", |l| l.denied() >= denied + 50)
         .await;
@@ -410,11 +415,17 @@ async fn a_tier_set_under_load_takes_effect(app: Router) {
             .body(Body::empty())
             .unwrap();
         let response = app.clone().oneshot(request).await.unwrap();
-        let policy = response.headers()["ratelimit-policy"].to_str().unwrap().to_owned();
+        let policy = response.headers()["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .to_owned();
         if policy.contains(";q=3;") {
             break;
         }
-        assert!(std::time::Instant::now() < patience, "not applied within 10 s: {policy}");
+        assert!(
+            std::time::Instant::now() < patience,
+            "not applied within 10 s: {policy}"
+        );
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;
     }
     let frank = Load::start(&app, "frank", 4);

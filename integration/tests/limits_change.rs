@@ -87,7 +87,8 @@ where
     let controller = backends.pop().unwrap();
     let control = LimitBook::new(&controller, STALENESS).unwrap();
     let quota = |limit| Quota::new(limit, WINDOW).unwrap();
-    let applied: Arc<Vec<AtomicU64>> = Arc::new((0..INSTANCES).map(|_| AtomicU64::new(0)).collect());
+    let applied: Arc<Vec<AtomicU64>> =
+        Arc::new((0..INSTANCES).map(|_| AtomicU64::new(0)).collect());
     let stop = Arc::new(AtomicBool::new(false));
     let mut workers = Vec::new();
     for (instance, backend) in backends.into_iter().enumerate() {
@@ -189,14 +190,17 @@ fn judge(sets: &[Set], answers: &[Answer]) {
     }
     for a in answers {
         assert!(
-            sets.iter().any(|s| s.limit == a.limit && s.start_us <= a.start_us + 1_000),
+            sets.iter()
+                .any(|s| s.limit == a.limit && s.start_us <= a.start_us + 1_000),
             "decided under {} before it was set: {a:?}",
             a.limit
         );
     }
     let in_force = |from_us: u64, to_us: u64| {
         sets.iter()
-            .filter(|s| s.start_us <= to_us && last_end.get(&s.limit).is_some_and(|&e| e >= from_us))
+            .filter(|s| {
+                s.start_us <= to_us && last_end.get(&s.limit).is_some_and(|&e| e >= from_us)
+            })
             .map(|s| s.limit)
             .max()
             .unwrap_or(BASE)
@@ -233,7 +237,11 @@ fn judge(sets: &[Set], answers: &[Answer]) {
         full += usize::from(n == applied);
     }
     // Not vacuous: windows filled to their limit.
-    assert!(full >= 3, "only {full} of {} windows reached their limit", windows.len());
+    assert!(
+        full >= 3,
+        "only {full} of {} windows reached their limit",
+        windows.len()
+    );
 
     // Once every instance applied a lowered limit, nothing counted past it.
     for pair in sets.windows(2) {

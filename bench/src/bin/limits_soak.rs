@@ -100,7 +100,7 @@ impl Settings {
             limits,
             period: Duration::from_millis(env("PERIOD_MS", 1_000)?),
             duration: Duration::from_secs(env("DURATION", 30)?),
-            steady: Duration::from_secs(env("STEADY", 5)?),
+            steady: Duration::from_secs(env("STEADY", 10)?),
             staleness: Duration::from_millis(env("STALENESS_MS", 200)?),
             read: Duration::from_millis(env("READ_MS", 100)?),
         })
@@ -125,7 +125,12 @@ async fn main() -> Result<(), Error> {
         .init();
     let args: Vec<String> = std::env::args().skip(1).collect();
     let settings = Settings::read()?;
-    let passed = match args.iter().map(String::as_str).collect::<Vec<_>>().as_slice() {
+    let passed = match args
+        .iter()
+        .map(String::as_str)
+        .collect::<Vec<_>>()
+        .as_slice()
+    {
         ["redis"] => redis_run(&settings).await?,
         ["postgres"] => postgres_run(&settings).await?,
         _ => return Err("usage: limits_soak redis|postgres".into()),
@@ -353,7 +358,11 @@ where
         tokio::time::sleep(Duration::from_micros(next.saturating_sub(unix_us()))).await;
         let set_start = unix_us();
         control
-            .set(LAYER, LimitScope::Layer, Quota::new(*limit, settings.window)?)
+            .set(
+                LAYER,
+                LimitScope::Layer,
+                Quota::new(*limit, settings.window)?,
+            )
             .await?;
         sets.push(Set {
             start_us: set_start,
@@ -409,8 +418,10 @@ where
         let total: u64 = diff
             .iter()
             .filter(|(k, _)| {
-                matches!(k.as_str(), "evalsha" | "eval" | "evalsha_ro" | "eval_ro" | "hgetall")
-                    || k.ends_with(" scans")
+                matches!(
+                    k.as_str(),
+                    "evalsha" | "eval" | "evalsha_ro" | "eval_ro" | "hgetall"
+                ) || k.ends_with(" scans")
             })
             .map(|(_, v)| v)
             .sum();
@@ -418,7 +429,10 @@ where
             "  {name}: {requests} requests ({admitted} admitted), store calls {total}: {:.4} a request; all counted: {}",
             total as f64 / requests.max(1) as f64,
             diff.iter()
-                .map(|(k, v)| format!("{k} {v} ({:.4}/request)", *v as f64 / requests.max(1) as f64))
+                .map(|(k, v)| format!(
+                    "{k} {v} ({:.4}/request)",
+                    *v as f64 / requests.max(1) as f64
+                ))
                 .collect::<Vec<_>>()
                 .join(", ")
         );
@@ -427,7 +441,8 @@ where
             // instance (and one more each, at the stretch's edges).
             let reads = limit_reads(&diff);
             let most = settings.instances as u64
-                * (settings.steady.as_millis() as u64 / settings.staleness.as_millis().max(1) as u64
+                * (settings.steady.as_millis() as u64
+                    / settings.staleness.as_millis().max(1) as u64
                     + 2);
             match reads {
                 Some(reads) => {
@@ -649,7 +664,10 @@ fn judge(settings: &Settings, start_us: u64, sets: &[Set], answers: &[Answer]) -
     let mut lines = Vec::new();
     for w in &windows {
         let start_ms = w.deadline_ms - window_ms;
-        let highest = in_force((start_ms * 1000).saturating_sub(bound), w.deadline_ms * 1000);
+        let highest = in_force(
+            (start_ms * 1000).saturating_sub(bound),
+            w.deadline_ms * 1000,
+        );
         let over = w.admitted > highest;
         exceeded += usize::from(over);
         past_applied += usize::from(w.admitted > w.applied);
