@@ -595,7 +595,7 @@ fn judge(settings: &Settings, start_us: u64, sets: &[Set], answers: &[Answer]) -
         *statuses.entry(a.status).or_default() += 1;
     }
     println!("\nanswers by status: {statuses:?}");
-    if statuses.get(&500).is_some() {
+    if statuses.contains_key(&500) {
         println!("FAILED: answers of 500");
         passed = false;
     }
