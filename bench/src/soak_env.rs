@@ -38,6 +38,7 @@ pub fn unix_us() -> u64 {
 }
 
 /// `INSURE_SHARE` (`N/D`), when set.
+#[allow(dead_code, reason = "not every soak program needs it")]
 pub fn insure_share() -> Result<Option<Share>, Error> {
     match std::env::var("INSURE_SHARE") {
         Ok(text) => Ok(Some(
@@ -49,6 +50,7 @@ pub fn insure_share() -> Result<Option<Share>, Error> {
 }
 
 /// Insurance at `INSURE_SHARE` when it is set, else failing closed.
+#[allow(dead_code, reason = "not every soak program needs it")]
 pub fn failure_policy() -> Result<FailurePolicy, Error> {
     Ok(insure_share()?.map_or(FailurePolicy::FailClosed, FailurePolicy::Insurance))
 }

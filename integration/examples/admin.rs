@@ -1,11 +1,15 @@
 //! An API with an operator's route: `/admin/limits`, behind a bearer
-//! token, reads, resets, blocks and unblocks an API key's budget.
+//! token, reads, resets, blocks and unblocks an API key's budget, and sets
+//! the limits of a tier while the API runs.
 //!
 //! **Never mount the operator's service without authentication**: here a
 //! bearer token from `ADMIN_TOKEN` (at least 16 characters), compared in
 //! constant time. The API, `GET /api/hello`, allows 5 requests a minute per
-//! `x-api-key`, and its requests spend (`cost(1)`), so they read lockouts
-//! and a block blocks.
+//! `x-api-key` (tier `free`), or 60 for keys that start with `pro_` (tier
+//! `pro`), and its requests spend (`cost(1)`), so they read lockouts and a
+//! block blocks. The tiers' limits are held in the store too (a
+//! [`LimitBook`], staleness 1 s): `/admin/limits/limits/set` changes a tier
+//! for every instance on the store, the count of each key kept.
 //!
 //! The store is the memory backend, or Redis when `REDIS_URL` is set
 //! (build with `--features redis`), or PostgreSQL when `DATABASE_URL` is
@@ -22,8 +26,23 @@
 //! curl -H "$T" -H "$J" -d '{"layer":"api","key":"alice"}' localhost:3000/admin/limits/reset
 //! ```
 //!
-//! Changing a key's tier under load needs limits held in the store, which
-//! are not built yet.
+//! A tier upgraded and downgraded under load: one shell sends a request a
+//! tenth of a second as `bob` and prints each status, another changes the
+//! `free` tier. Bob gets 5, then 429s; upgraded to 12 a minute he gets 7
+//! more (his count is kept, no fresh budget), within a second; downgraded
+//! to 3 he is denied until his window ends, and so is a new key past its 3rd:
+//!
+//! ```text
+//! while sleep 0.1; do curl -s -o /dev/null -w '%{http_code} ' -H 'x-api-key: bob' localhost:3000/api/hello; done
+//! curl -H "$T" -H "$J" -d '{"layer":"api","tier":"free","rate":"12/min"}' localhost:3000/admin/limits/limits/set
+//! curl -H "$T" -H "$J" -d '{"layer":"api","tier":"free","rate":"3/min"}' localhost:3000/admin/limits/limits/set
+//! curl -H "$T" -H "$J" -d '{"layer":"api"}' localhost:3000/admin/limits/limits
+//! curl -H "$T" -H "$J" -d '{"layer":"api","tier":"free"}' localhost:3000/admin/limits/limits/clear
+//! ```
+//!
+//! With `REDIS_URL` or `DATABASE_URL`, run two instances on two ports
+//! (`PORT=3001`): a set through either applies on both within the book's
+//! staleness (1 s) plus one read.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -35,9 +54,10 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tower_pinned_window::backend::Heeding;
+use tower_pinned_window::backend::{Heeding, Limits};
+use tower_pinned_window::key::RequestHead;
 use tower_pinned_window::operator::Operator;
-use tower_pinned_window::{Quota, RateLimitLayer};
+use tower_pinned_window::{LimitBook, NamedQuota, Quota, RateLimitLayer};
 
 /// The header that names the caller's API key.
 pub const API_KEY: &str = "x-api-key";
@@ -45,21 +65,42 @@ pub const API_KEY: &str = "x-api-key";
 /// The shortest admin token accepted.
 pub const MIN_TOKEN_LEN: usize = 16;
 
-/// The app: the API, rate-limited per API key in `store`, and the
+/// How stale each instance's copy of the limits held in the store may be.
+pub const STALENESS: Duration = Duration::from_secs(1);
+
+/// The tier of a request: `pro` for an API key that starts with `pro_`,
+/// else `free` (an application would look it up from its authentication).
+fn tier(head: &RequestHead<'_>, free: &NamedQuota, pro: &NamedQuota) -> Option<NamedQuota> {
+    let key = head.headers().get(API_KEY)?.as_bytes();
+    Some(if key.starts_with(b"pro_") { pro } else { free }.clone())
+}
+
+/// The app: the API, rate-limited per API key in `store` at its tier's
+/// limit (held in the store, else `free` 5 a minute, `pro` 60), and the
 /// operator's service under `/admin/limits`, behind `token`.
 ///
 /// # Panics
 /// When `token` is shorter than [`MIN_TOKEN_LEN`].
-pub fn app<Bk: Heeding>(store: Bk, token: &str) -> Router {
+pub fn app<Bk: Heeding + Limits>(store: Bk, token: &str) -> Router {
     assert!(
         token.len() >= MIN_TOKEN_LEN,
         "the admin token must be at least {MIN_TOKEN_LEN} characters"
     );
-    let api = RateLimitLayer::new("api", Quota::new(5, Duration::from_secs(60)).unwrap())
+    let minute = |n| Quota::new(n, Duration::from_secs(60)).unwrap();
+    let (free, pro) = (
+        NamedQuota::new("free", minute(5)),
+        NamedQuota::new("pro", minute(60)),
+    );
+    // One book for the layer and the operator: a set through the
+    // operator is read again by this instance at its next request.
+    let book = LimitBook::new(&store, STALENESS).unwrap();
+    let api = RateLimitLayer::new("api", minute(5))
         .key(header::HeaderName::from_static(API_KEY))
+        .quota_by(move |head| tier(head, &free, &pro))
         .backend(store)
+        .limits(book.clone())
         .cost(1);
-    let operator = Operator::new().layer(&api);
+    let operator = Operator::new().layer(&api).limits(book);
     let token: Arc<[u8]> = token.as_bytes().into();
     let admin = Router::new()
         .nest_service("/admin/limits", operator.service())
@@ -116,7 +157,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         return Err("ADMIN_TOKEN must be at least 16 characters".into());
     }
     let app = store_app(&token).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    let port: u16 = std::env::var("PORT").map_or(Ok(3000), |p| p.parse())?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", port)).await?;
     println!("listening on http://{}", listener.local_addr()?);
     axum::serve(listener, app).await?;
     Ok(())

@@ -16,6 +16,8 @@ mod admin;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use axum::Router;
 use axum::body::Body;
@@ -299,6 +301,146 @@ impl http_body::Body for Spaces {
     }
 }
 
+/// Requests as one key from `tasks` tasks in a loop, counted by answer,
+/// until dropped.
+struct Load {
+    admitted: Arc<AtomicU64>,
+    denied: Arc<AtomicU64>,
+    other: Arc<AtomicU64>,
+    stop: Arc<AtomicBool>,
+}
+
+impl Load {
+    fn start(app: &Router, key: &'static str, tasks: usize) -> Self {
+        let load = Self {
+            admitted: Arc::default(),
+            denied: Arc::default(),
+            other: Arc::default(),
+            stop: Arc::default(),
+        };
+        for _ in 0..tasks {
+            let app = app.clone();
+            let (admitted, denied, other, stop) = (
+                Arc::clone(&load.admitted),
+                Arc::clone(&load.denied),
+                Arc::clone(&load.other),
+                Arc::clone(&load.stop),
+            );
+            tokio::spawn(async move {
+                while !stop.load(Ordering::Relaxed) {
+                    let counter = match hello(&app, key).await {
+                        StatusCode::OK => &admitted,
+                        StatusCode::TOO_MANY_REQUESTS => &denied,
+                        _ => &other,
+                    };
+                    counter.fetch_add(1, Ordering::Relaxed);
+                    tokio::task::yield_now().await;
+                }
+            });
+        }
+        load
+    }
+
+    fn admitted(&self) -> u64 {
+        self.admitted.load(Ordering::Relaxed)
+    }
+
+    fn denied(&self) -> u64 {
+        self.denied.load(Ordering::Relaxed)
+    }
+
+    /// Wait until `done` holds, up to 10 s (the patience, not a
+    /// measurement), with every answer a 200 or a 429.
+    async fn until(&self, what: &str, done: impl Fn(&Self) -> bool) {
+        let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while !done(self) {
+            assert!(
+                std::time::Instant::now() < patience,
+                "{what}: not within 10 s ({} admitted, {} denied)",
+                self.admitted(),
+                self.denied()
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(
+            self.other.load(Ordering::Relaxed),
+            0,
+            "answers but 200 and 429"
+        );
+    }
+}
+
+impl Drop for Load {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// A tier's limit set through `/limits/set` while a key's requests run:
+/// an upgrade lets the key in up to the new limit, its count kept (no
+/// fresh budget); a downgrade denies it again, and a new key gets only the
+/// new limit once the layer applies it.
+async fn a_tier_set_under_load_takes_effect(app: Router) {
+    let erin = Load::start(&app, "erin", 4);
+    erin.until("the free tier's 5, then 20 denials", |l| {
+        l.admitted() == 5 && l.denied() >= 20
+    })
+    .await;
+    let (status, _, body) = admin_call(
+        &app,
+        "/limits/set",
+        r#"{"layer":"api","tier":"free","rate":"12/min"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    erin.until("the upgrade to 12", |l| l.admitted() >= 12)
+        .await;
+    let denied = erin.denied();
+    erin.until("50 more denials", |l| l.denied() >= denied + 50)
+        .await;
+    assert_eq!(erin.admitted(), 12, "the count is kept: 7 more, not 12");
+
+    let (status, _, body) = admin_call(
+        &app,
+        "/limits/set",
+        r#"{"layer":"api","tier":"free","rate":"3/min"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    // Once a request is decided under the new limit, every later one is.
+    let patience = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let request = Request::get("/api/hello")
+            .header(admin::API_KEY, "probe")
+            .body(Body::empty())
+            .unwrap();
+        let response = app.clone().oneshot(request).await.unwrap();
+        let policy = response.headers()["ratelimit-policy"]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        if policy.contains(";q=3;") {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < patience,
+            "not applied within 10 s: {policy}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    let frank = Load::start(&app, "frank", 4);
+    frank.until("50 denials", |l| l.denied() >= 50).await;
+    assert_eq!(frank.admitted(), 3, "a new key gets the lowered limit");
+    let denied = erin.denied();
+    erin.until("50 more denials", |l| l.denied() >= denied + 50)
+        .await;
+    assert_eq!(erin.admitted(), 12, "at 12 of a limit of 3: denied");
+
+    let (status, _, body) = admin_call(&app, "/limits", r#"{"layer":"api"}"#).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(body["tiers"]["free"], "3/1min", "{body}");
+}
+
 type Scenario = fn(Router) -> Pin<Box<dyn Future<Output = ()>>>;
 
 fn scenarios() -> Vec<(&'static str, Scenario)> {
@@ -320,6 +462,9 @@ fn scenarios() -> Vec<(&'static str, Scenario)> {
         }),
         ("without_the_token_it_is_401", |app| {
             Box::pin(without_the_token_it_is_401(app))
+        }),
+        ("a_tier_set_under_load_takes_effect", |app| {
+            Box::pin(a_tier_set_under_load_takes_effect(app))
         }),
     ]
 }
